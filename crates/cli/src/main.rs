@@ -1,0 +1,2 @@
+//! The `settle` binary (placeholder until its issue lands).
+fn main() {}

@@ -1,0 +1,232 @@
+//! The words of SPEC §1–4 as types: states, outcomes, end reasons, cancel modes.
+//!
+//! Each has a stable lowercase spelling ([`as_str`](State::as_str), `Display`,
+//! `FromStr`) used in database rows, JSON and the timeline.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A word that is not one of a vocabulary's spellings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{word}` is not a known {kind}; expected one of: {expected}")]
+pub struct UnknownWord {
+    /// What was given.
+    pub word: String,
+    /// Which vocabulary it was read as.
+    pub kind: &'static str,
+    /// The accepted spellings, comma-separated.
+    pub expected: &'static str,
+}
+
+macro_rules! vocabulary {
+    (
+        $(#[$meta:meta])*
+        $name:ident, $kind:literal {
+            $( $(#[$vmeta:meta])* $variant:ident => $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The stable lowercase spelling.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownWord;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownWord {
+                        word: s.to_owned(),
+                        kind: $kind,
+                        expected: concat!($($text, " "),+),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+vocabulary! {
+    /// The lifecycle state of a session (SPEC §2). A state never moves backwards,
+    /// except `running → registered` when a turn ends and the session stays open.
+    State, "state" {
+        /// Open, no turn in flight.
+        Registered => "registered",
+        /// A turn's work is in flight.
+        Running => "running",
+        /// Cancelled; waiting for its work and its descendants to settle.
+        Cancelling => "cancelling",
+        /// Its work has ended (or was detached); waiting to be finalized.
+        Settled => "settled",
+        /// The one-shot end has run. Terminal.
+        Finalized => "finalized",
+    }
+}
+
+impl State {
+    /// Whether a turn's work may still be writing: `running` or `cancelling`.
+    pub const fn is_live(self) -> bool {
+        matches!(self, State::Running | State::Cancelling)
+    }
+
+    /// Whether the session is still open: neither settled nor finalized.
+    pub const fn is_open(self) -> bool {
+        matches!(
+            self,
+            State::Registered | State::Running | State::Cancelling
+        )
+    }
+
+    /// Position in the forward order `registered < running < cancelling <
+    /// settled < finalized`, used to check that states never move backwards.
+    pub const fn rank(self) -> u8 {
+        match self {
+            State::Registered => 0,
+            State::Running => 1,
+            State::Cancelling => 2,
+            State::Settled => 3,
+            State::Finalized => 4,
+        }
+    }
+}
+
+vocabulary! {
+    /// How a turn, or the work of a session, ended.
+    Outcome, "outcome" {
+        /// The provider stream ended normally.
+        Completed => "completed",
+        /// The provider reported an error.
+        Failed => "failed",
+        /// The work stopped because it was cancelled (by itself or by a request).
+        Cancelled => "cancelled",
+        /// No event arrived within the idle timeout.
+        IdleTimeout => "idle_timeout",
+        /// The work ignored cancellation past the settle deadline and was abandoned.
+        Detached => "detached",
+        /// The process died mid-turn; found later by recovery.
+        Interrupted => "interrupted",
+    }
+}
+
+impl Outcome {
+    /// Whether a transcript ending in a turn with this outcome is whole, so
+    /// memory may be committed from it (G7).
+    pub const fn is_complete(self) -> bool {
+        matches!(self, Outcome::Completed)
+    }
+
+    /// Whether the turn was cut short from outside (cancel, detach, crash).
+    pub const fn is_interrupted(self) -> bool {
+        matches!(
+            self,
+            Outcome::Cancelled | Outcome::Detached | Outcome::Interrupted
+        )
+    }
+}
+
+vocabulary! {
+    /// Why a session was finalized (SPEC §4).
+    EndReason, "end reason" {
+        /// The agent finished and its last turn completed.
+        Completed => "completed",
+        /// The agent finished and its last turn failed or timed out.
+        Failed => "failed",
+        /// An ancestor finished while this session was still open.
+        ParentFinished => "parent_finished",
+        /// The session (or an ancestor) was cancelled.
+        Cancelled => "cancelled",
+        /// A user closed it explicitly.
+        UserClose => "user_close",
+        /// Idle for longer than the idle TTL.
+        IdleReap => "idle_reap",
+        /// Least recently active when the live-session cap was exceeded.
+        LruEvict => "lru_evict",
+        /// Its transport was gone for longer than the orphan grace.
+        OrphanReap => "orphan_reap",
+        /// Its close-on-disconnect transport dropped.
+        TransportClosed => "transport_closed",
+        /// The process shut down.
+        Shutdown => "shutdown",
+        /// Found live after its owning process crashed.
+        Recovered => "recovered",
+    }
+}
+
+impl EndReason {
+    /// Whether this reason comes from an automatic reclaim path (SPEC §5),
+    /// which must never take a running, cancelling or held session (G3).
+    pub const fn is_reclaim(self) -> bool {
+        matches!(
+            self,
+            EndReason::IdleReap
+                | EndReason::LruEvict
+                | EndReason::OrphanReap
+                | EndReason::TransportClosed
+                | EndReason::Shutdown
+        )
+    }
+}
+
+vocabulary! {
+    /// How hard to ask work to stop.
+    CancelMode, "cancel mode" {
+        /// Finish the current turn, start no more.
+        Graceful => "graceful",
+        /// Stop now: the provider stream is closed.
+        Immediate => "immediate",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_word_round_trips_through_its_spelling() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>(), Ok(*s));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(o.as_str().parse::<Outcome>(), Ok(*o));
+        }
+        for r in EndReason::ALL {
+            assert_eq!(r.as_str().parse::<EndReason>(), Ok(*r));
+        }
+        for m in CancelMode::ALL {
+            assert_eq!(m.as_str().parse::<CancelMode>(), Ok(*m));
+        }
+    }
+
+    #[test]
+    fn an_unknown_word_names_the_alternatives() {
+        let err = "asleep".parse::<State>().unwrap_err();
+        assert!(err.to_string().contains("registered"), "{err}");
+        assert!(err.to_string().contains("asleep"), "{err}");
+    }
+
+    #[test]
+    fn ranks_follow_the_lifecycle_order() {
+        let ranks: Vec<u8> = State::ALL.iter().map(|s| s.rank()).collect();
+        assert_eq!(ranks, vec![0, 1, 2, 3, 4]);
+    }
+}

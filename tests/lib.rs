@@ -1,0 +1,1 @@
+//! End-to-end tests of settle live in `tests/tests/`; this library holds their shared helpers.
