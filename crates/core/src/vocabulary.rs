@@ -91,10 +91,7 @@ impl State {
 
     /// Whether the session is still open: neither settled nor finalized.
     pub const fn is_open(self) -> bool {
-        matches!(
-            self,
-            State::Registered | State::Running | State::Cancelling
-        )
+        matches!(self, State::Registered | State::Running | State::Cancelling)
     }
 
     /// Position in the forward order `registered < running < cancelling <

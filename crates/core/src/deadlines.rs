@@ -1,0 +1,70 @@
+//! The one deadline table of the whole tree (the quinn-proto model): settle
+//! deadlines, orphan grace, idle TTL and the drain deadline all answer
+//! [`Core::poll_timeout`](crate::Core::poll_timeout) from here.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+use std::time::{Duration, Instant};
+
+use crate::SessionId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Timer {
+    Settle,
+    Orphan,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Deadlines {
+    /// Per-session deadlines. Entries are never removed eagerly: an entry whose
+    /// session no longer carries that deadline is stale and skipped when it
+    /// surfaces, so re-arming is O(log n) and cancelling is free.
+    timers: BinaryHeap<Reverse<(Instant, SessionId, Timer)>>,
+    /// Reclaimable idle sessions keyed by when they became idle: the idle reap
+    /// takes from the front once `since + ttl` has passed, the LRU cap evicts
+    /// from the front. Only turn starts and ends touch it, never chunks.
+    pub idle: BTreeSet<(Instant, SessionId)>,
+    /// The end of the shutdown drain, until it has passed.
+    pub drain: Option<Instant>,
+}
+
+impl Deadlines {
+    pub fn arm(&mut self, at: Instant, session: SessionId, timer: Timer) {
+        self.timers.push(Reverse((at, session, timer)));
+    }
+
+    /// Removes and returns the earliest timer due at `now`, stale or not.
+    pub fn pop_due(&mut self, now: Instant) -> Option<(Instant, SessionId, Timer)> {
+        match self.timers.peek() {
+            Some(Reverse((at, _, _))) if *at <= now => self.timers.pop().map(|Reverse(t)| t),
+            _ => None,
+        }
+    }
+
+    /// Drops stale entries from the top, as judged by `is_live`, so that
+    /// [`next`](Self::next) does not report a deadline nobody waits for.
+    pub fn prune(&mut self, mut is_live: impl FnMut(Instant, SessionId, Timer) -> bool) {
+        while let Some(Reverse((at, id, timer))) = self.timers.peek() {
+            if is_live(*at, *id, *timer) {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+
+    /// The earliest instant at which [`Core::handle_timeout`](crate::Core::handle_timeout)
+    /// has something to do.
+    pub fn next(&self, idle_ttl: Option<Duration>) -> Option<Instant> {
+        let timer = self.timers.peek().map(|Reverse((at, _, _))| *at);
+        let idle = idle_ttl.and_then(|ttl| {
+            self.idle
+                .first()
+                .and_then(|(since, _)| since.checked_add(ttl))
+        });
+        [timer, idle, self.drain].into_iter().flatten().min()
+    }
+
+    pub fn len(&self) -> usize {
+        self.timers.len()
+    }
+}

@@ -1,0 +1,38 @@
+use std::time::Duration;
+
+/// The tunables of the lifecycle (SPEC §3, §5), with the defaults of the spec.
+///
+/// ```
+/// use std::time::Duration;
+/// use settle_core::Policy;
+///
+/// let policy = Policy {
+///     settle_timeout: Duration::from_millis(250),
+///     ..Policy::default()
+/// };
+/// assert_eq!(policy.lru_cap, Some(1000));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// How long cancelled work may take to unwind before it is detached (G5).
+    pub settle_timeout: Duration,
+    /// How long a session may sit idle before the idle reap claims it; `None` disables it.
+    pub idle_ttl: Option<Duration>,
+    /// How many open sessions may exist before the least recently active idle
+    /// one is evicted; `None` disables the cap.
+    pub lru_cap: Option<usize>,
+    /// How long a session may have no transport attached before the orphan
+    /// reap claims it (only sessions that had a transport are ever orphans).
+    pub orphan_grace: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            settle_timeout: Duration::from_secs(1),
+            idle_ttl: Some(Duration::from_secs(30 * 60)),
+            lru_cap: Some(1000),
+            orphan_grace: Duration::from_secs(60),
+        }
+    }
+}

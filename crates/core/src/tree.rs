@@ -1,0 +1,53 @@
+//! Walks of the agent tree without recursion, so trees of any depth work.
+
+use std::collections::HashMap;
+
+use crate::session::Session;
+use crate::{SessionId, State};
+
+/// The not-finalized descendants of `root` (excluding `root`), every session
+/// listed after all of its own descendants: cancel and finalize in this order
+/// and children always go before parents (G1).
+pub(crate) fn open_descendants_bottom_up(
+    sessions: &HashMap<SessionId, Session>,
+    root: SessionId,
+) -> Vec<SessionId> {
+    let mut order = Vec::new();
+    let mut stack: Vec<SessionId> = Vec::new();
+    if let Some(s) = sessions.get(&root) {
+        stack.extend(s.children.iter().copied());
+    }
+    while let Some(id) = stack.pop() {
+        let Some(s) = sessions.get(&id) else { continue };
+        // A finalized session has only finalized descendants (G1).
+        if s.state == State::Finalized {
+            continue;
+        }
+        order.push(id);
+        stack.extend(s.children.iter().copied());
+    }
+    order.reverse();
+    order
+}
+
+/// Every not-finalized session of the forest, each after all its descendants.
+pub(crate) fn open_sessions_bottom_up(sessions: &HashMap<SessionId, Session>) -> Vec<SessionId> {
+    let mut order = Vec::new();
+    let mut stack: Vec<SessionId> = sessions
+        .iter()
+        .filter(|(_, s)| s.parent.is_none_or(|p| !sessions.contains_key(&p)))
+        .map(|(id, _)| *id)
+        .collect();
+    // Deterministic order for reproducible effect sequences.
+    stack.sort_unstable_by(|a, b| b.cmp(a));
+    while let Some(id) = stack.pop() {
+        let Some(s) = sessions.get(&id) else { continue };
+        if s.state == State::Finalized {
+            continue;
+        }
+        order.push(id);
+        stack.extend(s.children.iter().copied());
+    }
+    order.reverse();
+    order
+}

@@ -1,0 +1,666 @@
+//! The seed scenarios and one test per reclaim path, named after the guarantee
+//! each one protects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use settle_core::{
+    CancelMode, Effect, EndReason, Event, Finalize, Handled, Hold, Outcome, Policy, SessionId,
+    State, Sweep, WorkId,
+};
+
+struct Harness {
+    core: settle_core::Core,
+    now: Instant,
+    log: Vec<Effect>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with(Policy::default())
+    }
+
+    fn with(policy: Policy) -> Self {
+        Harness {
+            core: settle_core::Core::new(policy),
+            now: Instant::now(),
+            log: Vec::new(),
+        }
+    }
+
+    fn drain(&mut self) -> Vec<Effect> {
+        let mut out = Vec::new();
+        while let Some(e) = self.core.poll_effect() {
+            out.push(e);
+        }
+        self.log.extend(out.iter().cloned());
+        out
+    }
+
+    fn ev(&mut self, event: Event) {
+        let _ = self.ev_h(event);
+    }
+
+    fn ev_h(&mut self, event: Event) -> Handled {
+        let handled = self.core.handle(self.now, event).expect("event accepted");
+        self.drain();
+        handled
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.core.handle_timeout(self.now);
+        self.drain();
+    }
+
+    fn register(&mut self, id: u64, parent: Option<u64>) -> SessionId {
+        let session = SessionId(id);
+        self.ev(Event::Register {
+            session,
+            parent: parent.map(SessionId),
+        });
+        session
+    }
+
+    fn state(&self, id: SessionId) -> State {
+        self.core.session(id).expect("known").state()
+    }
+
+    fn finalized(&self) -> Vec<(SessionId, EndReason)> {
+        self.log
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Finalize(f) => Some((f.session, f.reason)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn finalize_of(&self, id: SessionId) -> Option<Finalize> {
+        self.log.iter().find_map(|e| match e {
+            Effect::Finalize(f) if f.session == id => Some(f.clone()),
+            _ => None,
+        })
+    }
+
+    fn cancels_of(&self, id: SessionId) -> usize {
+        self.log
+            .iter()
+            .filter(|e| matches!(e, Effect::CancelWork { work, .. } if work.session == id))
+            .count()
+    }
+
+    fn closes_of(&self, id: SessionId) -> usize {
+        self.log
+            .iter()
+            .filter(|e| matches!(e, Effect::CloseStream { work } if work.session == id))
+            .count()
+    }
+}
+
+#[test]
+fn g1_root_finishing_settles_a_mid_turn_child_before_any_finalize() {
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    let grandchild = h.register(3, Some(2));
+    h.ev(Event::StartTurn { session: child });
+    h.ev(Event::StreamAttached { session: child });
+    h.ev(Event::StartTurn {
+        session: grandchild,
+    });
+    h.ev(Event::StartTurn { session: root });
+    h.ev(Event::TurnEnded {
+        session: root,
+        outcome: Outcome::Completed,
+    });
+
+    let effects = {
+        let _ = h
+            .core
+            .handle(h.now, Event::AgentFinished { session: root })
+            .unwrap();
+        h.drain()
+    };
+    // Both descendants are asked to stop, the grandchild first.
+    let cancelled: Vec<SessionId> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CancelWork { work, mode } => {
+                assert_eq!(*mode, CancelMode::Immediate);
+                Some(work.session)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, vec![grandchild, child]);
+    // Nothing is finalized while they are still live.
+    assert!(h.finalized().is_empty(), "{:?}", h.finalized());
+    assert_eq!(h.state(child), State::Cancelling);
+    assert_eq!(h.state(root), State::Settled);
+
+    // The child unwinds; the grandchild ignores the cancel and is detached.
+    h.ev(Event::TurnEnded {
+        session: child,
+        outcome: Outcome::Cancelled,
+    });
+    assert!(
+        h.finalized().is_empty(),
+        "the child waits for its own child"
+    );
+    h.advance(Duration::from_secs(1));
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (grandchild, EndReason::ParentFinished),
+            (child, EndReason::ParentFinished),
+            (root, EndReason::Completed),
+        ]
+    );
+    let root_end = h.finalize_of(root).unwrap();
+    assert!(root_end.commit_memory, "the root's own last turn completed");
+    assert_eq!(
+        h.finalize_of(grandchild).unwrap().last_outcome,
+        Some(Outcome::Detached)
+    );
+}
+
+#[test]
+fn g1_cancel_descendants_never_cancels_the_caller() {
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.ev(Event::StartTurn { session: root });
+    h.ev(Event::StartTurn { session: child });
+    h.ev(Event::CancelDescendants { session: root });
+    assert_eq!(h.cancels_of(root), 0);
+    assert_eq!(h.cancels_of(child), 1);
+    assert_eq!(h.state(root), State::Running);
+    h.ev(Event::WorkExited { session: child });
+    assert_eq!(h.finalized(), vec![(child, EndReason::Cancelled)]);
+}
+
+#[test]
+fn g6_work_that_cancelled_itself_is_not_cancelled_again() {
+    let mut h = Harness::new();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::StreamAttached { session: s });
+    // The provider cancelled itself: the turn is over before anyone asked.
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Cancelled,
+    });
+    let handled = h.ev_h(Event::Cancel {
+        session: s,
+        mode: CancelMode::Immediate,
+    });
+    assert_eq!(handled, Handled::Applied, "the session itself is cancelled");
+    assert_eq!(h.cancels_of(s), 0, "but there is no work left to cancel");
+    assert_eq!(h.closes_of(s), 0);
+    // A second cancel of a settled session is a no-op.
+    let again = h.ev_h(Event::Cancel {
+        session: s,
+        mode: CancelMode::Immediate,
+    });
+    assert_eq!(again, Handled::AlreadyFinalized);
+}
+
+#[test]
+fn g6_a_second_cancel_of_a_live_work_is_a_no_op() {
+    let mut h = Harness::new();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::Cancel {
+        session: s,
+        mode: CancelMode::Graceful,
+    });
+    let again = h.ev_h(Event::Cancel {
+        session: s,
+        mode: CancelMode::Immediate,
+    });
+    assert_eq!(again, Handled::NoOp);
+    h.ev(Event::UserClose { session: s });
+    assert_eq!(h.cancels_of(s), 1);
+}
+
+#[test]
+fn g4_cancel_during_stream_attach_still_closes_the_stream() {
+    let mut h = Harness::new();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    // The cancel lands after the run started but before its stream attached.
+    h.ev(Event::Cancel {
+        session: s,
+        mode: CancelMode::Immediate,
+    });
+    assert_eq!(h.cancels_of(s), 1);
+    assert_eq!(h.closes_of(s), 0, "no stream to close yet");
+    h.ev(Event::StreamAttached { session: s });
+    assert_eq!(h.closes_of(s), 1, "the late stream is closed at once");
+    h.ev(Event::StreamClosed { session: s });
+    h.ev(Event::WorkExited { session: s });
+    assert_eq!(h.closes_of(s), 1, "and only once");
+    assert_eq!(h.finalized(), vec![(s, EndReason::Cancelled)]);
+    assert!(!h.finalize_of(s).unwrap().commit_memory);
+}
+
+#[test]
+fn g5_a_work_that_ignores_cancel_is_detached_at_the_settle_deadline() {
+    let mut h = Harness::with(Policy {
+        settle_timeout: Duration::from_millis(250),
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::StreamAttached { session: s });
+    h.ev(Event::Cancel {
+        session: s,
+        mode: CancelMode::Graceful,
+    });
+    assert_eq!(
+        h.core.poll_timeout(),
+        Some(h.now + Duration::from_millis(250))
+    );
+    h.advance(Duration::from_millis(249));
+    assert_eq!(h.state(s), State::Cancelling);
+    h.advance(Duration::from_millis(1));
+    let work = WorkId {
+        session: s,
+        turn: 1,
+    };
+    let tail: Vec<&Effect> = h
+        .log
+        .iter()
+        .filter(|e| matches!(e, Effect::CloseStream { .. } | Effect::DetachWork { .. }))
+        .collect();
+    assert_eq!(
+        tail,
+        vec![&Effect::CloseStream { work }, &Effect::DetachWork { work }]
+    );
+    assert_eq!(h.finalized(), vec![(s, EndReason::Cancelled)]);
+    // The detached work reporting late changes nothing.
+    assert_eq!(
+        h.core.handle(h.now, Event::WorkExited { session: s }),
+        Err(settle_core::Error::SessionClosed(s))
+    );
+}
+
+#[test]
+fn g3_shutdown_sweep_spares_running_and_finalized_sessions() {
+    let mut h = Harness::new();
+    let live = h.register(1, None);
+    let idle = h.register(2, None);
+    let done = h.register(3, None);
+    h.ev(Event::UserClose { session: done });
+    assert_eq!(h.finalized(), vec![(done, EndReason::UserClose)]);
+    h.ev(Event::StartTurn { session: live });
+    h.ev(Event::BeginShutdown {
+        drain: Duration::from_secs(5),
+    });
+    // Only the idle one is finalized now, and the finalized one not again.
+    assert_eq!(
+        h.finalized(),
+        vec![(done, EndReason::UserClose), (idle, EndReason::Shutdown)]
+    );
+    assert_eq!(h.state(live), State::Running);
+    assert_eq!(
+        h.cancels_of(live),
+        0,
+        "a running turn may finish in the drain"
+    );
+    // No new turn or session during shutdown.
+    assert_eq!(
+        h.core.handle(
+            h.now,
+            Event::Register {
+                session: SessionId(9),
+                parent: None
+            }
+        ),
+        Err(settle_core::Error::ShuttingDown)
+    );
+    // The live turn completes within the drain: finalized with its memory.
+    h.ev(Event::TurnEnded {
+        session: live,
+        outcome: Outcome::Completed,
+    });
+    let f = h.finalize_of(live).unwrap();
+    assert_eq!(f.reason, EndReason::Shutdown);
+    assert!(f.commit_memory);
+    assert!(h.log.contains(&Effect::ShutdownComplete));
+}
+
+#[test]
+fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
+    let mut h = Harness::with(Policy {
+        settle_timeout: Duration::from_millis(100),
+        ..Policy::default()
+    });
+    let parent = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.ev(Event::StartTurn { session: child });
+    h.ev(Event::StreamAttached { session: child });
+    h.ev(Event::BeginShutdown {
+        drain: Duration::from_millis(500),
+    });
+    assert!(
+        h.finalized().is_empty(),
+        "the parent waits for its running child"
+    );
+    assert!(h.log.contains(&Effect::FlushTranscript { session: child }));
+    h.advance(Duration::from_millis(500));
+    assert_eq!(h.cancels_of(child), 1);
+    assert_eq!(h.closes_of(child), 1);
+    h.ev(Event::WorkExited { session: child });
+    assert_eq!(
+        h.finalized(),
+        vec![(child, EndReason::Shutdown), (parent, EndReason::Shutdown)]
+    );
+    assert!(!h.finalize_of(child).unwrap().commit_memory);
+    assert!(h.log.contains(&Effect::ShutdownComplete));
+}
+
+#[test]
+fn g3_a_turn_started_after_the_sweep_looked_is_not_reclaimed() {
+    let ttl = Duration::from_secs(60);
+    let mut h = Harness::with(Policy {
+        idle_ttl: Some(ttl),
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    // The sweeper looked: the session is due at `now + ttl`.
+    let due = h.core.poll_timeout().unwrap();
+    assert_eq!(due, h.now + ttl);
+    // A turn starts just before the claim.
+    h.now = due - Duration::from_millis(1);
+    h.ev(Event::StartTurn { session: s });
+    h.now = due;
+    h.core.handle_timeout(due);
+    h.drain();
+    assert!(h.finalized().is_empty());
+    assert_eq!(h.state(s), State::Running);
+}
+
+#[test]
+fn g3_idle_reap_claims_an_idle_session_and_spares_running_and_held_ones() {
+    let ttl = Duration::from_secs(60);
+    let mut h = Harness::with(Policy {
+        idle_ttl: Some(ttl),
+        ..Policy::default()
+    });
+    let idle = h.register(1, None);
+    let running = h.register(2, None);
+    let held = h.register(3, None);
+    h.ev(Event::StartTurn { session: running });
+    h.ev(Event::Hold {
+        session: held,
+        hold: Hold::PendingInput,
+    });
+    h.advance(ttl);
+    assert_eq!(h.finalized(), vec![(idle, EndReason::IdleReap)]);
+    // Once the turn ends and the hold is released, each is reaped a TTL later.
+    h.ev(Event::TurnEnded {
+        session: running,
+        outcome: Outcome::Completed,
+    });
+    h.ev(Event::Release {
+        session: held,
+        hold: Hold::PendingInput,
+    });
+    h.advance(ttl - Duration::from_millis(1));
+    assert_eq!(h.finalized().len(), 1);
+    h.advance(Duration::from_millis(1));
+    let reaped: Vec<EndReason> = h.finalized().iter().map(|(_, r)| *r).collect();
+    assert_eq!(reaped, vec![EndReason::IdleReap; 3]);
+}
+
+#[test]
+fn g3_lru_cap_evicts_the_least_recently_active_idle_session() {
+    let mut h = Harness::with(Policy {
+        lru_cap: Some(2),
+        ..Policy::default()
+    });
+    let oldest = h.register(1, None);
+    h.now += Duration::from_secs(1);
+    let running = h.register(2, None);
+    h.ev(Event::StartTurn { session: running });
+    h.now += Duration::from_secs(1);
+    h.register(3, None);
+    assert_eq!(h.finalized(), vec![(oldest, EndReason::LruEvict)]);
+    // Over the cap again, but the only older session is mid-turn: spared.
+    h.now += Duration::from_secs(1);
+    h.register(4, None);
+    let evicted: Vec<SessionId> = h.finalized().iter().map(|(s, _)| *s).collect();
+    assert_eq!(evicted, vec![oldest, SessionId(3)]);
+    assert_eq!(h.state(running), State::Running);
+    assert_eq!(
+        h.core.handle(h.now, Event::Sweep(Sweep::Lru)),
+        Ok(Handled::NoOp)
+    );
+}
+
+#[test]
+fn g3_orphan_reap_waits_for_the_grace_and_re_arms_while_a_turn_runs() {
+    let grace = Duration::from_secs(60);
+    let mut h = Harness::with(Policy {
+        orphan_grace: grace,
+        idle_ttl: None,
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    let never_attached = h.register(2, None);
+    h.ev(Event::TransportAttached {
+        session: s,
+        close_on_disconnect: false,
+    });
+    h.ev(Event::TransportDetached { session: s });
+    h.ev(Event::StartTurn { session: s });
+    h.advance(grace);
+    assert!(h.finalized().is_empty(), "a live turn is never reaped");
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Completed,
+    });
+    h.advance(grace);
+    assert_eq!(h.finalized(), vec![(s, EndReason::OrphanReap)]);
+    assert_eq!(h.state(never_attached), State::Registered);
+}
+
+#[test]
+fn g3_a_reattached_transport_cancels_the_orphan_reap() {
+    let grace = Duration::from_secs(60);
+    let mut h = Harness::with(Policy {
+        orphan_grace: grace,
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    h.ev(Event::TransportAttached {
+        session: s,
+        close_on_disconnect: false,
+    });
+    h.ev(Event::TransportDetached { session: s });
+    h.ev(Event::TransportAttached {
+        session: s,
+        close_on_disconnect: false,
+    });
+    h.advance(grace * 2);
+    assert!(h.finalized().is_empty());
+}
+
+#[test]
+fn g3_transport_closed_reclaims_at_once_or_after_the_live_turn() {
+    let mut h = Harness::new();
+    let idle = h.register(1, None);
+    let busy = h.register(2, None);
+    for s in [idle, busy] {
+        h.ev(Event::TransportAttached {
+            session: s,
+            close_on_disconnect: true,
+        });
+    }
+    h.ev(Event::StartTurn { session: busy });
+    h.ev(Event::TransportDetached { session: idle });
+    h.ev(Event::TransportDetached { session: busy });
+    assert_eq!(h.finalized(), vec![(idle, EndReason::TransportClosed)]);
+    h.ev(Event::TurnEnded {
+        session: busy,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (idle, EndReason::TransportClosed),
+            (busy, EndReason::TransportClosed)
+        ]
+    );
+    assert!(h.finalize_of(busy).unwrap().commit_memory);
+}
+
+#[test]
+fn g3_user_close_cancels_first_and_finalizes_once_settled() {
+    let mut h = Harness::new();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::StreamAttached { session: s });
+    h.ev(Event::UserClose { session: s });
+    assert_eq!(h.cancels_of(s), 1);
+    assert_eq!(h.closes_of(s), 1);
+    assert!(h.finalized().is_empty());
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Cancelled,
+    });
+    assert_eq!(h.finalized(), vec![(s, EndReason::UserClose)]);
+    assert_eq!(
+        h.ev_h(Event::UserClose { session: s }),
+        Handled::AlreadyFinalized
+    );
+    assert_eq!(h.finalized().len(), 1, "G2: finalized once");
+}
+
+#[test]
+fn g3_a_held_session_survives_every_automatic_path_until_the_drain_ends() {
+    let mut h = Harness::with(Policy {
+        idle_ttl: Some(Duration::from_secs(1)),
+        lru_cap: Some(1),
+        ..Policy::default()
+    });
+    let held = h.register(1, None);
+    h.ev(Event::Hold {
+        session: held,
+        hold: Hold::Delegation,
+    });
+    h.register(2, None);
+    h.advance(Duration::from_secs(2));
+    // The second session was evicted or reaped, never the held one.
+    assert!(h.finalized().iter().all(|(s, _)| *s != held));
+    h.ev(Event::BeginShutdown {
+        drain: Duration::from_secs(1),
+    });
+    assert!(h.finalized().iter().all(|(s, _)| *s != held));
+    h.advance(Duration::from_secs(1));
+    assert!(h.finalized().contains(&(held, EndReason::Shutdown)));
+}
+
+#[test]
+fn g10_events_for_a_finalized_session_report_session_closed() {
+    let mut h = Harness::new();
+    let s = h.register(1, None);
+    h.ev(Event::UserClose { session: s });
+    for event in [
+        Event::StartTurn { session: s },
+        Event::StreamAttached { session: s },
+        Event::Hold {
+            session: s,
+            hold: Hold::PendingInput,
+        },
+    ] {
+        assert_eq!(
+            h.core.handle(h.now, event),
+            Err(settle_core::Error::SessionClosed(s))
+        );
+    }
+}
+
+#[test]
+fn a_turn_cancel_keeps_the_session_open() {
+    let mut h = Harness::new();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::StreamAttached { session: s });
+    h.ev(Event::CancelTurn { session: s });
+    assert_eq!((h.cancels_of(s), h.closes_of(s)), (1, 1));
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Cancelled,
+    });
+    assert_eq!(h.state(s), State::Registered);
+    h.ev(Event::StartTurn { session: s });
+    assert_eq!(h.core.session(s).unwrap().turns(), 2);
+}
+
+#[test]
+fn registration_errors_name_what_is_wrong() {
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let err = h
+        .core
+        .handle(
+            h.now,
+            Event::Register {
+                session: root,
+                parent: None,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("already registered"), "{err}");
+    let err = h
+        .core
+        .handle(
+            h.now,
+            Event::Register {
+                session: SessionId(5),
+                parent: Some(SessionId(42)),
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("42"), "{err}");
+    h.ev(Event::AgentFinished { session: root });
+    let err = h
+        .core
+        .handle(
+            h.now,
+            Event::Register {
+                session: SessionId(6),
+                parent: Some(root),
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("finalized"), "{err}");
+}
+
+#[test]
+fn deep_and_wide_trees_wind_down_without_recursion() {
+    let mut h = Harness::with(Policy {
+        lru_cap: None,
+        ..Policy::default()
+    });
+    let depth = 10_000u64;
+    h.register(0, None);
+    for i in 1..depth {
+        h.register(i, Some(i - 1));
+    }
+    h.ev(Event::StartTurn {
+        session: SessionId(depth - 1),
+    });
+    h.ev(Event::AgentFinished {
+        session: SessionId(0),
+    });
+    h.ev(Event::WorkExited {
+        session: SessionId(depth - 1),
+    });
+    let order: Vec<u64> = h.finalized().iter().map(|(s, _)| s.0).collect();
+    let expected: Vec<u64> = (0..depth).rev().collect();
+    assert_eq!(order, expected);
+}
