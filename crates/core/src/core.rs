@@ -326,9 +326,13 @@ impl Core {
         if matches!(s.closing, None | Some(EndReason::Shutdown)) {
             s.closing = Some(reason);
         }
-        // G1: wind down the subtree before the agent itself settles.
-        self.cancel_subtree(now, id, EndReason::ParentFinished);
+        // Settle before winding the subtree down: the cascade from a child
+        // that finalizes during the wind-down reaches this session, and a
+        // still-`registered` session with a close intent reads as claimed and
+        // would be finalized mid-transition (then settled and finalized again,
+        // breaking G2). Settled, it waits for its children like any other (G1).
         self.transition(now, id, State::Settled, Cause::AgentFinished);
+        self.cancel_subtree(now, id, EndReason::ParentFinished);
         self.cascade(now, id, Cause::AgentFinished);
         Ok(Handled::Applied)
     }

@@ -664,3 +664,39 @@ fn deep_and_wide_trees_wind_down_without_recursion() {
     let expected: Vec<u64> = (0..depth).rev().collect();
     assert_eq!(order, expected);
 }
+
+#[test]
+fn g2_an_agent_finishing_with_an_idle_child_is_finalized_once() {
+    // Found by the property suite: the idle child settles and is finalized
+    // inside the subtree wind-down, and the cascade from it used to finalize
+    // the finishing agent too, which was then settled and finalized again.
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.ev(Event::AgentFinished { session: root });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (child, EndReason::ParentFinished),
+            (root, EndReason::Completed)
+        ]
+    );
+    assert_eq!(h.state(root), State::Finalized);
+    assert_eq!(h.core.open_sessions(), 0);
+    let root_states: Vec<(Option<State>, State)> = h
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Transition(t) if t.session == root => Some((t.from, t.to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        root_states,
+        vec![
+            (None, State::Registered),
+            (Some(State::Registered), State::Settled),
+            (Some(State::Settled), State::Finalized),
+        ]
+    );
+}
