@@ -667,7 +667,12 @@ impl Core {
         if !matches!(s.state, State::Registered | State::Running) {
             return;
         }
-        s.closing.get_or_insert(reason);
+        // An explicit cancel, close or finish says what happened and beats the
+        // shutdown's blanket intent (as in `agent_finished`); a `shutdown`
+        // reason is left to what the shutdown itself ends (G3).
+        if matches!(s.closing, None | Some(EndReason::Shutdown)) {
+            s.closing = Some(reason);
+        }
         let mut effects = [None, None];
         if let Some(work) = s.work.as_mut() {
             work.turn_only = false;

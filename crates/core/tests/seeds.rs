@@ -700,3 +700,37 @@ fn g2_an_agent_finishing_with_an_idle_child_is_finalized_once() {
         ]
     );
 }
+
+#[test]
+fn g3_a_held_session_cancelled_during_the_drain_ends_cancelled_not_shutdown() {
+    // Found by the property suite: the shutdown's blanket close intent used to
+    // win over an explicit cancel or close, so a held session closed by a user
+    // during the drain was finalized with the reclaim reason `shutdown` before
+    // the drain ended, as if the shutdown sweep had taken a held session.
+    let mut h = Harness::new();
+    let held = h.register(1, None);
+    let running = h.register(2, None);
+    h.ev(Event::Hold {
+        session: held,
+        hold: Hold::PendingInput,
+    });
+    h.ev(Event::StartTurn { session: running });
+    h.ev(Event::BeginShutdown {
+        drain: Duration::from_secs(5),
+    });
+    assert!(h.finalized().is_empty());
+    h.ev(Event::Cancel {
+        session: held,
+        mode: CancelMode::Graceful,
+    });
+    h.ev(Event::UserClose { session: running });
+    h.ev(Event::WorkExited { session: running });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (held, EndReason::Cancelled),
+            (running, EndReason::UserClose)
+        ]
+    );
+    assert!(!h.core.is_drained());
+}
