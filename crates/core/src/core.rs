@@ -1,9 +1,10 @@
 //! The lifecycle state machine. Every transition of SPEC §2 is in this file.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::deadlines::{Deadlines, Timer};
+use crate::hash::SessionMap;
 use crate::session::{Session, SessionView, Work};
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::{
@@ -23,7 +24,7 @@ use crate::{
 #[derive(Debug)]
 pub struct Core {
     policy: Policy,
-    sessions: HashMap<SessionId, Session>,
+    sessions: SessionMap<Session>,
     effects: VecDeque<crate::Effect>,
     deadlines: Deadlines,
     /// Sessions not yet finalized.
@@ -44,7 +45,7 @@ impl Core {
     pub fn new(policy: Policy) -> Self {
         Core {
             policy,
-            sessions: HashMap::new(),
+            sessions: SessionMap::default(),
             effects: VecDeque::new(),
             deadlines: Deadlines::default(),
             open: 0,
@@ -897,7 +898,7 @@ impl Core {
     }
 }
 
-fn s_is_open(sessions: &HashMap<SessionId, Session>, id: SessionId) -> bool {
+fn s_is_open(sessions: &SessionMap<Session>, id: SessionId) -> bool {
     sessions
         .get(&id)
         .is_some_and(|s| s.state.is_open() && s.closing.is_none())
