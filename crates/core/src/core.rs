@@ -1,9 +1,10 @@
 //! The lifecycle state machine. Every transition of SPEC §2 is in this file.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::deadlines::{Deadlines, Timer};
+use crate::hash::SessionMap;
 use crate::session::{Session, SessionView, Work};
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::{
@@ -23,7 +24,7 @@ use crate::{
 #[derive(Debug)]
 pub struct Core {
     policy: Policy,
-    sessions: HashMap<SessionId, Session>,
+    sessions: SessionMap<Session>,
     effects: VecDeque<crate::Effect>,
     deadlines: Deadlines,
     /// Sessions not yet finalized.
@@ -44,7 +45,7 @@ impl Core {
     pub fn new(policy: Policy) -> Self {
         Core {
             policy,
-            sessions: HashMap::new(),
+            sessions: SessionMap::default(),
             effects: VecDeque::new(),
             deadlines: Deadlines::default(),
             open: 0,
@@ -326,9 +327,13 @@ impl Core {
         if matches!(s.closing, None | Some(EndReason::Shutdown)) {
             s.closing = Some(reason);
         }
-        // G1: wind down the subtree before the agent itself settles.
-        self.cancel_subtree(now, id, EndReason::ParentFinished);
+        // Settle before winding the subtree down: the cascade from a child
+        // that finalizes during the wind-down reaches this session, and a
+        // still-`registered` session with a close intent reads as claimed and
+        // would be finalized mid-transition (then settled and finalized again,
+        // breaking G2). Settled, it waits for its children like any other (G1).
         self.transition(now, id, State::Settled, Cause::AgentFinished);
+        self.cancel_subtree(now, id, EndReason::ParentFinished);
         self.cascade(now, id, Cause::AgentFinished);
         Ok(Handled::Applied)
     }
@@ -663,7 +668,12 @@ impl Core {
         if !matches!(s.state, State::Registered | State::Running) {
             return;
         }
-        s.closing.get_or_insert(reason);
+        // An explicit cancel, close or finish says what happened and beats the
+        // shutdown's blanket intent (as in `agent_finished`); a `shutdown`
+        // reason is left to what the shutdown itself ends (G3).
+        if matches!(s.closing, None | Some(EndReason::Shutdown)) {
+            s.closing = Some(reason);
+        }
         let mut effects = [None, None];
         if let Some(work) = s.work.as_mut() {
             work.turn_only = false;
@@ -888,7 +898,7 @@ impl Core {
     }
 }
 
-fn s_is_open(sessions: &HashMap<SessionId, Session>, id: SessionId) -> bool {
+fn s_is_open(sessions: &SessionMap<Session>, id: SessionId) -> bool {
     sessions
         .get(&id)
         .is_some_and(|s| s.state.is_open() && s.closing.is_none())

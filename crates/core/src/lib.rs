@@ -72,6 +72,7 @@ mod deadlines;
 mod effect;
 mod error;
 mod event;
+mod hash;
 mod id;
 mod policy;
 mod session;

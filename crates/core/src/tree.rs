@@ -1,7 +1,6 @@
 //! Walks of the agent tree without recursion, so trees of any depth work.
 
-use std::collections::HashMap;
-
+use crate::hash::SessionMap;
 use crate::session::Session;
 use crate::{SessionId, State};
 
@@ -9,7 +8,7 @@ use crate::{SessionId, State};
 /// listed after all of its own descendants: cancel and finalize in this order
 /// and children always go before parents (G1).
 pub(crate) fn open_descendants_bottom_up(
-    sessions: &HashMap<SessionId, Session>,
+    sessions: &SessionMap<Session>,
     root: SessionId,
 ) -> Vec<SessionId> {
     let mut order = Vec::new();
@@ -31,7 +30,7 @@ pub(crate) fn open_descendants_bottom_up(
 }
 
 /// Every not-finalized session of the forest, each after all its descendants.
-pub(crate) fn open_sessions_bottom_up(sessions: &HashMap<SessionId, Session>) -> Vec<SessionId> {
+pub(crate) fn open_sessions_bottom_up(sessions: &SessionMap<Session>) -> Vec<SessionId> {
     let mut order = Vec::new();
     let mut stack: Vec<SessionId> = sessions
         .iter()

@@ -664,3 +664,73 @@ fn deep_and_wide_trees_wind_down_without_recursion() {
     let expected: Vec<u64> = (0..depth).rev().collect();
     assert_eq!(order, expected);
 }
+
+#[test]
+fn g2_an_agent_finishing_with_an_idle_child_is_finalized_once() {
+    // Found by the property suite: the idle child settles and is finalized
+    // inside the subtree wind-down, and the cascade from it used to finalize
+    // the finishing agent too, which was then settled and finalized again.
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.ev(Event::AgentFinished { session: root });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (child, EndReason::ParentFinished),
+            (root, EndReason::Completed)
+        ]
+    );
+    assert_eq!(h.state(root), State::Finalized);
+    assert_eq!(h.core.open_sessions(), 0);
+    let root_states: Vec<(Option<State>, State)> = h
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Transition(t) if t.session == root => Some((t.from, t.to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        root_states,
+        vec![
+            (None, State::Registered),
+            (Some(State::Registered), State::Settled),
+            (Some(State::Settled), State::Finalized),
+        ]
+    );
+}
+
+#[test]
+fn g3_a_held_session_cancelled_during_the_drain_ends_cancelled_not_shutdown() {
+    // Found by the property suite: the shutdown's blanket close intent used to
+    // win over an explicit cancel or close, so a held session closed by a user
+    // during the drain was finalized with the reclaim reason `shutdown` before
+    // the drain ended, as if the shutdown sweep had taken a held session.
+    let mut h = Harness::new();
+    let held = h.register(1, None);
+    let running = h.register(2, None);
+    h.ev(Event::Hold {
+        session: held,
+        hold: Hold::PendingInput,
+    });
+    h.ev(Event::StartTurn { session: running });
+    h.ev(Event::BeginShutdown {
+        drain: Duration::from_secs(5),
+    });
+    assert!(h.finalized().is_empty());
+    h.ev(Event::Cancel {
+        session: held,
+        mode: CancelMode::Graceful,
+    });
+    h.ev(Event::UserClose { session: running });
+    h.ev(Event::WorkExited { session: running });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (held, EndReason::Cancelled),
+            (running, EndReason::UserClose)
+        ]
+    );
+    assert!(!h.core.is_drained());
+}
