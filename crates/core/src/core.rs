@@ -100,6 +100,7 @@ impl Core {
     /// not the deadline that woke you. Spurious calls are harmless no-ops.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock(now);
+        self.prune_stale();
         if self.deadlines.drain.is_some_and(|at| at <= now) {
             self.end_drain(now);
         }
@@ -114,7 +115,25 @@ impl Core {
             }
         }
         self.reap_idle(now);
+        self.prune_stale();
         self.settle_bookkeeping();
+    }
+
+    /// Drops stale entries from the top of the deadline table, so that
+    /// [`poll_timeout`](Self::poll_timeout) names a deadline someone waits for.
+    fn prune_stale(&mut self) {
+        let sessions = &self.sessions;
+        self.deadlines.prune(|at, id, timer| {
+            sessions.get(&id).is_some_and(|s| match timer {
+                Timer::Settle => s.settle_deadline == Some(at),
+                Timer::Orphan => s.orphan_deadline == Some(at),
+            })
+        });
+        self.deadlines.prune_idle(|since, id| {
+            sessions
+                .get(&id)
+                .is_some_and(|s| s.indexed_since == Some(since))
+        });
     }
 
     /// The next effect to execute, in order. Drain until `None` after every input.
@@ -123,7 +142,9 @@ impl Core {
     }
 
     /// When to call [`handle_timeout`](Self::handle_timeout) next, if ever.
-    /// Call again after every input: deadlines move.
+    /// Call again after every input: deadlines move. It may name a deadline
+    /// that was cancelled since (a work that exited before its settle
+    /// deadline); the wake is then a harmless no-op.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.deadlines.next(self.policy.idle_ttl)
     }
@@ -494,11 +515,7 @@ impl Core {
             complete_sent: false,
         });
         // No automatic path but the shutdown's own runs from here on.
-        for (since, id) in std::mem::take(&mut self.deadlines.idle) {
-            debug_assert_eq!(
-                self.sessions.get(&id).and_then(|s| s.indexed_since),
-                Some(since)
-            );
+        for (_, id) in self.deadlines.take_idle() {
             if let Some(s) = self.sessions.get_mut(&id) {
                 s.indexed_since = None;
             }
@@ -576,13 +593,13 @@ impl Core {
         let Some(ttl) = self.policy.idle_ttl else {
             return;
         };
-        while let Some(&(since, id)) = self.deadlines.idle.first() {
+        while let Some((since, id)) = self.oldest_idle() {
             if since.checked_add(ttl).is_none_or(|at| at > now) {
                 break;
             }
-            if !self.claim(now, id, EndReason::IdleReap) {
-                self.unindex(id);
-            }
+            self.deadlines.pop_idle();
+            self.unindex(id);
+            self.claim(now, id, EndReason::IdleReap);
         }
     }
 
@@ -591,12 +608,12 @@ impl Core {
             return;
         };
         while self.open > cap {
-            let Some(&(_, id)) = self.deadlines.idle.first() else {
+            let Some((_, id)) = self.oldest_idle() else {
                 break;
             };
-            if !self.claim(now, id, EndReason::LruEvict) {
-                self.unindex(id);
-            }
+            self.deadlines.pop_idle();
+            self.unindex(id);
+            self.claim(now, id, EndReason::LruEvict);
         }
     }
 
@@ -738,26 +755,25 @@ impl Core {
         let Some(s) = self.sessions.get(&id) else {
             return false;
         };
-        let mut changed = false;
-        if s.state == State::Cancelling && s.work.is_none() && s.unsettled_children == 0 {
-            self.transition(now, id, State::Settled, cause);
-            changed = true;
-        }
-        let s = self.session_mut(now, id);
-        let finalizable = s.work.is_none()
+        // Decided from one lookup: most calls find nothing to do.
+        let settle = s.state == State::Cancelling && s.work.is_none() && s.unsettled_children == 0;
+        let state = if settle { State::Settled } else { s.state };
+        let finalize = s.work.is_none()
             && s.unfinalized_children == 0
-            && match (s.state, s.closing) {
+            && match (state, s.closing) {
                 (State::Settled, Some(_)) => true,
                 // A claimed idle session, or one closed by shutdown; a held one
                 // waits for the end of the drain.
                 (State::Registered, Some(_)) => s.holds.is_empty() || drained,
                 _ => false,
             };
-        if finalizable {
-            self.finalize(now, id);
-            changed = true;
+        if settle {
+            self.transition(now, id, State::Settled, cause);
         }
-        changed
+        if finalize {
+            self.finalize(now, id);
+        }
+        settle || finalize
     }
 
     /// Spends the latch (G2): emitted once, the state is terminal.
@@ -831,33 +847,35 @@ impl Core {
         if s.indexed_since == want {
             return;
         }
-        if let Some(old) = s.indexed_since {
-            self.deadlines.idle.remove(&(old, id));
-        }
+        // The old entry, if any, goes stale by itself: it no longer matches.
         if let Some(new) = want {
-            self.deadlines.idle.insert((new, id));
+            self.deadlines.index_idle(new, id);
         }
         s.indexed_since = want;
     }
 
+    /// Marks `id` as out of the idle index (its entries go stale).
     fn unindex(&mut self, id: SessionId) {
         if let Some(s) = self.sessions.get_mut(&id) {
-            if let Some(old) = s.indexed_since.take() {
-                self.deadlines.idle.remove(&(old, id));
-            }
+            s.indexed_since = None;
         }
     }
 
-    /// After every input: drop stale timers from the top of the table, and
-    /// announce the end of a shutdown once.
-    fn settle_bookkeeping(&mut self) {
+    /// The oldest idle entry that is still current, dropping stale ones.
+    fn oldest_idle(&mut self) -> Option<(Instant, SessionId)> {
         let sessions = &self.sessions;
-        self.deadlines.prune(|at, id, timer| {
-            sessions.get(&id).is_some_and(|s| match timer {
-                Timer::Settle => s.settle_deadline == Some(at),
-                Timer::Orphan => s.orphan_deadline == Some(at),
-            })
+        self.deadlines.prune_idle(|since, id| {
+            sessions
+                .get(&id)
+                .is_some_and(|s| s.indexed_since == Some(since))
         });
+        self.deadlines.oldest_idle()
+    }
+
+    /// After every input: announce the end of a shutdown once. Stale entries
+    /// on top of the deadline table are left for `handle_timeout` to drop:
+    /// at worst they cost the driver one spurious wake, which is a no-op.
+    fn settle_bookkeeping(&mut self) {
         if let Some(shutdown) = self.shutdown.as_mut() {
             if self.open == 0 && !shutdown.complete_sent {
                 shutdown.complete_sent = true;

@@ -3,7 +3,7 @@
 //! [`Core::poll_timeout`](crate::Core::poll_timeout) from here.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use crate::SessionId;
@@ -20,10 +20,13 @@ pub(crate) struct Deadlines {
     /// session no longer carries that deadline is stale and skipped when it
     /// surfaces, so re-arming is O(log n) and cancelling is free.
     timers: BinaryHeap<Reverse<(Instant, SessionId, Timer)>>,
-    /// Reclaimable idle sessions keyed by when they became idle: the idle reap
-    /// takes from the front once `since + ttl` has passed, the LRU cap evicts
-    /// from the front. Only turn starts and ends touch it, never chunks.
-    pub idle: BTreeSet<(Instant, SessionId)>,
+    /// Reclaimable idle sessions by when they became idle, oldest first: the
+    /// idle reap takes from the top once `since + ttl` has passed, the LRU cap
+    /// evicts from the top. Like the timers, entries are never removed
+    /// eagerly: a session that starts a turn leaves a stale entry behind
+    /// (its `indexed_since` no longer matches), skipped when it surfaces. So a
+    /// turn start costs nothing here and a turn end one push.
+    idle: BinaryHeap<Reverse<(Instant, SessionId)>>,
     /// The end of the shutdown drain, until it has passed.
     pub drain: Option<Instant>,
 }
@@ -38,6 +41,38 @@ impl Deadlines {
         match self.timers.peek() {
             Some(Reverse((at, _, _))) if *at <= now => self.timers.pop().map(|Reverse(t)| t),
             _ => None,
+        }
+    }
+
+    /// Files a session as idle since `since`.
+    pub fn index_idle(&mut self, since: Instant, session: SessionId) {
+        self.idle.push(Reverse((since, session)));
+    }
+
+    /// The oldest idle entry, stale or not.
+    pub fn oldest_idle(&self) -> Option<(Instant, SessionId)> {
+        self.idle.peek().map(|Reverse(entry)| *entry)
+    }
+
+    /// Removes the oldest idle entry.
+    pub fn pop_idle(&mut self) {
+        self.idle.pop();
+    }
+
+    /// Empties the idle index, handing back every entry.
+    pub fn take_idle(&mut self) -> impl Iterator<Item = (Instant, SessionId)> {
+        std::mem::take(&mut self.idle)
+            .into_iter()
+            .map(|Reverse(entry)| entry)
+    }
+
+    /// Drops stale idle entries from the top, as judged by `is_live`.
+    pub fn prune_idle(&mut self, mut is_live: impl FnMut(Instant, SessionId) -> bool) {
+        while let Some(Reverse((since, id))) = self.idle.peek() {
+            if is_live(*since, *id) {
+                break;
+            }
+            self.idle.pop();
         }
     }
 
@@ -58,8 +93,8 @@ impl Deadlines {
         let timer = self.timers.peek().map(|Reverse((at, _, _))| *at);
         let idle = idle_ttl.and_then(|ttl| {
             self.idle
-                .first()
-                .and_then(|(since, _)| since.checked_add(ttl))
+                .peek()
+                .and_then(|Reverse((since, _))| since.checked_add(ttl))
         });
         [timer, idle, self.drain].into_iter().flatten().min()
     }
