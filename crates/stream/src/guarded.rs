@@ -94,6 +94,21 @@ where
     }
 }
 
+/// The stream has ended: finish its close, then report the held-back error.
+#[cold]
+#[inline(never)]
+fn poll_end<S, T, E>(
+    state: &mut State<S>,
+    error: &mut Option<E>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<T, E>>>
+where
+    S: Close + 'static,
+{
+    ready!(state.poll_close(cx));
+    Poll::Ready(error.take().map(Err))
+}
+
 /// Lets a close that is already in flight finish on the runtime.
 fn hand_off(close: CloseFuture) {
     match tokio::runtime::Handle::try_current() {
@@ -160,8 +175,7 @@ where
                 None => {}
             }
         }
-        ready!(this.state.poll_close(cx));
-        Poll::Ready(this.error.take().map(Err))
+        poll_end(this.state, this.error, cx)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

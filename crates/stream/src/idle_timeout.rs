@@ -110,33 +110,20 @@ where
     type Item = Result<T, E>;
 
     #[inline]
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let mut this = self.project();
-        if *this.done {
-            return Poll::Ready(None);
-        }
-        if this.fired.is_none() {
-            let (limit, first) = if *this.got_first {
-                (*this.idle, false)
-            } else {
-                (*this.first, true)
-            };
-            match this.inner.as_mut().poll_next(cx) {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        // The hot path: a ready event costs a poll and two stores, no clock.
+        let this = self.as_mut().project();
+        if !*this.done && this.fired.is_none() {
+            match this.inner.poll_next(cx) {
                 Poll::Ready(Some(Ok(item))) => {
                     if !item.is_keepalive() {
                         *this.got_first = true;
-                        *this.waiting_since = None;
+                        if this.waiting_since.is_some() {
+                            *this.waiting_since = None;
+                        }
                         return Poll::Ready(Some(Ok(item)));
                     }
-                    // A provider that sends keepalives back to back never
-                    // leaves us waiting on the timer, so check it here.
-                    let overdue = match (limit, *this.waiting_since) {
-                        (Some(limit), Some(since)) => Instant::now() >= since + limit,
-                        _ => false,
-                    };
-                    if !overdue {
-                        return Poll::Ready(Some(Ok(item)));
-                    }
+                    return self.keepalive(item, cx);
                 }
                 Poll::Ready(end) => {
                     *this.done = true;
@@ -144,6 +131,55 @@ where
                 }
                 Poll::Pending => {}
             }
+        }
+        self.poll_wait(cx)
+    }
+}
+
+impl<S, T, E> IdleTimeout<S, E>
+where
+    S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
+    T: Event,
+    E: From<IdleTimedOut> + From<FirstEventTimedOut>,
+{
+    /// The timeout that applies now and whether it is the first-event one.
+    fn limit(&self) -> (Option<Duration>, bool) {
+        if self.got_first {
+            (self.idle, false)
+        } else {
+            (self.first, true)
+        }
+    }
+
+    /// A keepalive arrived. A provider that sends them back to back never
+    /// leaves us waiting on the timer, so check the deadline here.
+    #[cold]
+    fn keepalive(
+        mut self: Pin<&mut Self>,
+        item: T,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<T, E>>> {
+        let overdue = match (self.limit().0, self.waiting_since) {
+            (Some(limit), Some(since)) => Instant::now() >= since + limit,
+            _ => false,
+        };
+        if !overdue {
+            return Poll::Ready(Some(Ok(item)));
+        }
+        self.as_mut().poll_wait(cx)
+    }
+
+    /// Nothing is ready: wait on the timer, and once it has fired, close the
+    /// inner stream and report the timeout.
+    #[cold]
+    #[inline(never)]
+    fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<T, E>>> {
+        let (limit, first) = self.limit();
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        if this.fired.is_none() {
             let Some(limit) = limit else {
                 return Poll::Pending;
             };
