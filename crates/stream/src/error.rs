@@ -26,10 +26,58 @@ pub struct FirstEventTimedOut {
 
 /// Why a provider stream ended without completing.
 ///
-/// Every variant is terminal: a stream yields at most one error, and it is
-/// closed before the error reaches the consumer.
+/// Terminal: a stream yields at most one error, and it is closed before the
+/// error reaches the consumer. One pointer wide (the [`StreamErrorKind`] is
+/// boxed), so every item of a stream stays small on the hot path.
 #[derive(Debug, thiserror::Error)]
-pub enum StreamError {
+#[error(transparent)]
+pub struct StreamError(Box<StreamErrorKind>);
+
+impl StreamError {
+    /// What went wrong.
+    pub fn kind(&self) -> &StreamErrorKind {
+        &self.0
+    }
+
+    /// What went wrong, by value.
+    pub fn into_kind(self) -> StreamErrorKind {
+        *self.0
+    }
+
+    /// The outcome a turn ending with this error has (SPEC §1, [`settle_core::Outcome`]).
+    pub fn outcome(&self) -> settle_core::Outcome {
+        use settle_core::Outcome;
+        match self.kind() {
+            StreamErrorKind::IdleTimeout(_) | StreamErrorKind::FirstEventTimeout(_) => {
+                Outcome::IdleTimeout
+            }
+            StreamErrorKind::SelfCancelled => Outcome::Cancelled,
+            _ => Outcome::Failed,
+        }
+    }
+}
+
+impl From<StreamErrorKind> for StreamError {
+    fn from(kind: StreamErrorKind) -> Self {
+        StreamError(Box::new(kind))
+    }
+}
+
+impl From<IdleTimedOut> for StreamError {
+    fn from(e: IdleTimedOut) -> Self {
+        StreamErrorKind::IdleTimeout(e).into()
+    }
+}
+
+impl From<FirstEventTimedOut> for StreamError {
+    fn from(e: FirstEventTimedOut) -> Self {
+        StreamErrorKind::FirstEventTimeout(e).into()
+    }
+}
+
+/// The kinds of [`StreamError`].
+#[derive(Debug, thiserror::Error)]
+pub enum StreamErrorKind {
     /// The provider reported an error in the stream (an `error` object, a
     /// scripted failure).
     #[error("the provider reported an error: {message}")]
@@ -39,10 +87,10 @@ pub enum StreamError {
     },
     /// No event within the idle timeout.
     #[error(transparent)]
-    IdleTimeout(#[from] IdleTimedOut),
+    IdleTimeout(IdleTimedOut),
     /// No first event within the first-event timeout.
     #[error(transparent)]
-    FirstEventTimeout(#[from] FirstEventTimedOut),
+    FirstEventTimeout(FirstEventTimedOut),
     /// The provider cancelled the turn itself (not a cancel request of ours).
     #[error("the provider cancelled the turn itself")]
     SelfCancelled,
@@ -79,18 +127,6 @@ pub enum StreamError {
     /// A scripted provider was asked for more turns than its script has.
     #[error("the scripted provider has no turn left to play; add a turn to the script")]
     ScriptExhausted,
-}
-
-impl StreamError {
-    /// The outcome a turn ending with this error has (SPEC §1, [`settle_core::Outcome`]).
-    pub fn outcome(&self) -> settle_core::Outcome {
-        use settle_core::Outcome;
-        match self {
-            StreamError::IdleTimeout(_) | StreamError::FirstEventTimeout(_) => Outcome::IdleTimeout,
-            StreamError::SelfCancelled => Outcome::Cancelled,
-            _ => Outcome::Failed,
-        }
-    }
 }
 
 /// Why closing a stream did not succeed. Only ever logged, never propagated

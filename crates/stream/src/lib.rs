@@ -59,7 +59,7 @@ mod sink;
 
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use close::{close_best_effort, close_without_waiting, Close};
-pub use error::{CloseError, FirstEventTimedOut, IdleTimedOut, StreamError};
+pub use error::{CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind};
 pub use event::{Event, StreamEvent};
 pub use guarded::Guarded;
 pub use handoff::{

@@ -14,7 +14,9 @@ use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 
 use crate::close::Close;
-use crate::{CloseError, Provider, ProviderStream, Request, StreamError, StreamEvent};
+use crate::{
+    CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
+};
 
 /// The default time to wait for a server's response headers.
 pub const DEFAULT_HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -90,12 +92,12 @@ impl OpenAiProvider {
     /// A provider for `config`.
     pub fn new(config: OpenAiConfig) -> Result<Self, StreamError> {
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|source| StreamError::Http {
+        let client = reqwest::Client::builder().build().map_err(|source| {
+            StreamError::from(StreamErrorKind::Http {
                 url: url.clone(),
                 source,
-            })?;
+            })
+        })?;
         Ok(OpenAiProvider {
             config,
             url,
@@ -122,9 +124,11 @@ impl OpenAiProvider {
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);
         }
-        let http = |source| StreamError::Http {
-            url: self.url.clone(),
-            source,
+        let http = |source| {
+            StreamError::from(StreamErrorKind::Http {
+                url: self.url.clone(),
+                source,
+            })
         };
         let timeout = self.config.headers_timeout;
         if timeout.is_zero() {
@@ -132,10 +136,11 @@ impl OpenAiProvider {
         }
         match tokio::time::timeout(timeout, builder.send()).await {
             Ok(response) => response.map_err(http),
-            Err(_) => Err(StreamError::HeadersTimeout {
+            Err(_) => Err(StreamErrorKind::HeadersTimeout {
                 url: self.url.clone(),
                 timeout,
-            }),
+            }
+            .into()),
         }
     }
 }
@@ -153,11 +158,12 @@ impl Provider for OpenAiProvider {
             if let Ok(Ok(text)) = read {
                 body = text.chars().take(ERROR_BODY_LIMIT).collect();
             }
-            return Err(StreamError::Status {
+            return Err(StreamErrorKind::Status {
                 url: self.url.clone(),
                 status: status.as_u16(),
                 body,
-            });
+            }
+            .into());
         }
         let keepalives = Arc::new(AtomicUsize::new(0));
         let tapped = CommentTap {
@@ -204,10 +210,11 @@ impl OpenAiStream {
         let value: Value = match serde_json::from_str(data) {
             Ok(value) => value,
             Err(e) => {
-                return Some(Err(StreamError::Protocol(format!(
+                return Some(Err(StreamErrorKind::Protocol(format!(
                     "an event's data is not JSON ({e}): {}",
                     data.chars().take(200).collect::<String>()
-                ))))
+                ))
+                .into()))
             }
         };
         if let Some(error) = value.get("error") {
@@ -215,7 +222,7 @@ impl OpenAiStream {
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_owned);
-            return Some(Err(StreamError::Provider { message }));
+            return Some(Err(StreamErrorKind::Provider { message }.into()));
         }
         let content = value
             .pointer("/choices/0/delta/content")
@@ -240,16 +247,18 @@ impl Stream for OpenAiStream {
         let item = match events.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(event))) => this.decode(&event),
             Poll::Ready(Some(Err(EventStreamError::Transport(source)))) => {
-                Some(Err(StreamError::Http {
+                Some(Err(StreamErrorKind::Http {
                     url: this.url.clone(),
                     source,
-                }))
+                }
+                .into()))
             }
-            Poll::Ready(Some(Err(e))) => Some(Err(StreamError::Protocol(e.to_string()))),
-            Poll::Ready(None) => Some(Err(StreamError::Protocol(
+            Poll::Ready(Some(Err(e))) => Some(Err(StreamErrorKind::Protocol(e.to_string()).into())),
+            Poll::Ready(None) => Some(Err(StreamErrorKind::Protocol(
                 "the server ended the stream before `data: [DONE]`; the reply may be cut short"
                     .to_owned(),
-            ))),
+            )
+            .into())),
             Poll::Pending => {
                 let comments = this.keepalives.load(Ordering::Relaxed);
                 if comments == this.keepalives_seen {

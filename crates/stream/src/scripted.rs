@@ -17,7 +17,9 @@ use settle_core::UnknownWord;
 use tokio::time::Sleep;
 
 use crate::close::Close;
-use crate::{CloseError, Provider, ProviderStream, Request, StreamError, StreamEvent};
+use crate::{
+    CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
+};
 
 /// How a scripted turn ends, after its chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -202,7 +204,7 @@ impl ScriptedProvider {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop_front()
-            .ok_or(StreamError::ScriptExhausted)?;
+            .ok_or_else(|| StreamError::from(StreamErrorKind::ScriptExhausted))?;
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         Ok(ScriptedStream {
             chunks: script.chunks.into(),
@@ -289,10 +291,11 @@ impl Stream for ScriptedStream {
         }
         let end = match this.script_end {
             ScriptedEnd::Complete | ScriptedEnd::IgnoreCancel => None,
-            ScriptedEnd::Fail => Some(Err(StreamError::Provider {
+            ScriptedEnd::Fail => Some(Err(StreamErrorKind::Provider {
                 message: "the scripted turn fails here".to_owned(),
-            })),
-            ScriptedEnd::SelfCancel => Some(Err(StreamError::SelfCancelled)),
+            }
+            .into())),
+            ScriptedEnd::SelfCancel => Some(Err(StreamErrorKind::SelfCancelled.into())),
             // Registers no waker on purpose: only a timeout or a close (both
             // outside this stream) can end a hung provider.
             ScriptedEnd::Hang => return Poll::Pending,

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use settle_core::Outcome;
 use settle_stream::{
     settle, CancellationToken, Guarded, IdleTimeout, OpenAiConfig, OpenAiProvider, Provider,
-    Request, StreamError, StreamEvent, Turn, TurnOptions,
+    Request, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -205,7 +205,10 @@ async fn g4_http_keepalive_only_stall_trips_the_idle_timeout_and_closes() {
             other => panic!("expected keepalives then a timeout, got {other:?}"),
         }
     };
-    assert!(matches!(error, StreamError::IdleTimeout(_)), "{error}");
+    assert!(
+        matches!(error.kind(), StreamErrorKind::IdleTimeout(_)),
+        "{error}"
+    );
     assert!(
         keepalives >= 1,
         "the stall's keepalives came through as keepalives"
@@ -291,7 +294,7 @@ async fn g4_http_headers_timeout_is_a_typed_error_and_closes() {
         Ok(_) => panic!("a server that never answers must time out"),
     };
     assert!(
-        matches!(error, StreamError::HeadersTimeout { .. }),
+        matches!(error.kind(), StreamErrorKind::HeadersTimeout { .. }),
         "{error}"
     );
     assert!(error.to_string().contains("500ms"), "{error}");

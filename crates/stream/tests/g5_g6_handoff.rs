@@ -14,7 +14,7 @@ use settle_core::{CancelMode, Outcome};
 use settle_stream::{
     settle, CancelIssued, CancellationToken, CancelledBy, Cut, FnSink, ForceClosed, Guarded,
     Provider, ProviderStream, Request, Scope, ScriptStats, ScriptedEnd, ScriptedProvider,
-    StreamError, Turn, TurnEnd, TurnOptions, TurnScript,
+    StreamError, StreamErrorKind, Turn, TurnEnd, TurnOptions, TurnScript,
 };
 use tokio::time::Instant;
 
@@ -462,7 +462,9 @@ async fn g4_fail_ends_failed_and_closed() {
     );
     let end = turn.exited().await;
     assert_eq!(end.outcome(), Outcome::Failed);
-    assert!(matches!(end, TurnEnd::Failed(e) if matches!(*e, StreamError::Provider { .. })));
+    assert!(
+        matches!(end, TurnEnd::Failed(e) if matches!(e.kind(), StreamErrorKind::Provider { .. }))
+    );
     assert_eq!(provider.stats().close_finished, 1);
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::{FutureExt, Stream};
-use settle_stream::{Close, CloseError, StreamError, StreamEvent};
+use settle_stream::{Close, CloseError, StreamError, StreamErrorKind, StreamEvent};
 use tokio::time::Sleep;
 
 /// A shared, ordered event log.
@@ -115,9 +115,10 @@ impl Stream for Recording {
                 Step::Fail => {
                     this.steps.pop_front();
                     this.steps.clear();
-                    return Poll::Ready(Some(Err(StreamError::Provider {
+                    return Poll::Ready(Some(Err(StreamErrorKind::Provider {
                         message: "boom".into(),
-                    })));
+                    }
+                    .into())));
                 }
             }
         }
