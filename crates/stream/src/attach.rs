@@ -1,0 +1,328 @@
+//! Attaching a stream to a turn's [`Scope`]: the stream ends when the scope
+//! is cancelled, and a [`CloseHandle`] can close it from outside even while
+//! the work that reads it is stuck.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::task::{Context, Poll, Waker};
+
+use async_trait::async_trait;
+use futures_util::stream::Stream;
+use futures_util::FutureExt;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::close::{close_best_effort, close_without_waiting, Close};
+use crate::{CloseError, Guarded};
+
+/// Why an attached stream ended before its provider ended it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// The scope's cancellation token was cancelled.
+    Cancelled,
+    /// Its [`CloseHandle`] closed it.
+    ForceClosed,
+}
+
+/// The cancellation scope of one turn: a child of the session's token and the
+/// handle that can close the turn's stream from outside.
+///
+/// Create it before the stream exists: a child of an already cancelled token
+/// is born cancelled, so a cancel that lands before or while the stream is
+/// being opened still ends the stream at its first poll.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    token: CancellationToken,
+    handle: CloseHandle,
+}
+
+impl Scope {
+    /// A scope under `parent` (the session's token).
+    pub fn new(parent: &CancellationToken) -> Self {
+        Scope {
+            token: parent.child_token(),
+            handle: CloseHandle::default(),
+        }
+    }
+
+    /// The turn's token: cancelling it ends every stream attached here.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// The handle that closes the streams attached here from outside.
+    pub fn close_handle(&self) -> &CloseHandle {
+        &self.handle
+    }
+
+    /// Attaches `stream` to this scope and guards it. The stream has not been
+    /// polled yet, so it cannot produce before it is attached.
+    ///
+    /// If the handle has already closed the scope, `stream` is closed at
+    /// once and the returned stream is empty.
+    pub fn attach<S, T, E>(&self, stream: S) -> Guarded<Attached<S>, E>
+    where
+        S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
+    {
+        Guarded::new(self.handle.attach(stream, self.token.clone()))
+    }
+}
+
+/// What [`CloseHandle::close`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceClosed {
+    /// At least one attached stream was closed now.
+    Closed,
+    /// Nothing was open: the streams had already closed, or none was attached
+    /// yet (a stream attached later is closed at once).
+    NothingOpen,
+    /// A stream was inside its own poll; it closes as soon as that poll
+    /// returns.
+    Requested,
+}
+
+/// Closes the streams of a [`Scope`] from outside, exactly once, without
+/// waiting for the work that reads them. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct CloseHandle {
+    shared: Arc<Mutex<HandleState>>,
+}
+
+#[derive(Default)]
+struct HandleState {
+    closed: bool,
+    cut: Option<Cut>,
+    slots: Vec<Arc<dyn ForceClose>>,
+}
+
+impl fmt::Debug for CloseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CloseHandle")
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves the data consistent
+    // (every critical section is a take or a flag), so poison is ignored.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl CloseHandle {
+    /// Closes every stream attached through this handle, now and in the
+    /// future. Never blocks: a sync close runs here, an async-only close is
+    /// handed to the tokio runtime, and a stream that is inside its own poll
+    /// is closed by that poll when it returns.
+    pub fn close(&self) -> ForceClosed {
+        let slots = {
+            let mut state = lock(&self.shared);
+            state.closed = true;
+            std::mem::take(&mut state.slots)
+        };
+        let mut result = ForceClosed::NothingOpen;
+        for slot in slots {
+            match slot.force_close() {
+                ForceClosed::NothingOpen => {}
+                ForceClosed::Requested => result = ForceClosed::Requested,
+                ForceClosed::Closed if result == ForceClosed::NothingOpen => {
+                    result = ForceClosed::Closed;
+                }
+                ForceClosed::Closed => {}
+            }
+        }
+        result
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared).closed
+    }
+
+    /// Why the first stream attached through this handle that ended early
+    /// did so; `None` while none has been cut short.
+    pub fn cut(&self) -> Option<Cut> {
+        lock(&self.shared).cut
+    }
+
+    fn record_cut(&self, cut: Cut) {
+        lock(&self.shared).cut.get_or_insert(cut);
+    }
+
+    fn attach<S>(&self, stream: S, token: CancellationToken) -> Attached<S>
+    where
+        S: Close + 'static,
+    {
+        let slot = Arc::new(Slot {
+            inner: Mutex::new(SlotInner {
+                stream: Some(stream),
+                waker: None,
+            }),
+            close_requested: AtomicBool::new(false),
+        });
+        let closed = {
+            let mut state = lock(&self.shared);
+            if !state.closed {
+                state.slots.push(slot.clone());
+            }
+            state.closed
+        };
+        if closed {
+            slot.force_close();
+        }
+        Attached {
+            cancelled: Box::pin(token.clone().cancelled_owned()),
+            token,
+            slot,
+            handle: self.clone(),
+            cut: None,
+        }
+    }
+}
+
+struct SlotInner<S> {
+    stream: Option<S>,
+    waker: Option<Waker>,
+}
+
+struct Slot<S> {
+    inner: Mutex<SlotInner<S>>,
+    close_requested: AtomicBool,
+}
+
+trait ForceClose: Send + Sync {
+    fn force_close(&self) -> ForceClosed;
+}
+
+impl<S: Close + 'static> ForceClose for Slot<S> {
+    fn force_close(&self) -> ForceClosed {
+        self.close_requested.store(true, Ordering::Release);
+        let (stream, waker) = match self.inner.try_lock() {
+            Ok(mut inner) => (inner.stream.take(), inner.waker.take()),
+            Err(TryLockError::Poisoned(poisoned)) => {
+                let mut inner = poisoned.into_inner();
+                (inner.stream.take(), inner.waker.take())
+            }
+            Err(TryLockError::WouldBlock) => return ForceClosed::Requested,
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        match stream {
+            Some(stream) => {
+                close_without_waiting(stream);
+                ForceClosed::Closed
+            }
+            None => ForceClosed::NothingOpen,
+        }
+    }
+}
+
+/// A stream attached to a [`Scope`]; see [`Scope::attach`].
+///
+/// It ends (yields `None`) when the scope is cancelled or its handle closes
+/// it; [`cut`](Self::cut) says which. The stream lives behind a lock shared
+/// with the handle, taken once per poll.
+pub struct Attached<S> {
+    token: CancellationToken,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    slot: Arc<Slot<S>>,
+    handle: CloseHandle,
+    cut: Option<Cut>,
+}
+
+impl<S> fmt::Debug for Attached<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attached")
+            .field("cancelled", &self.token.is_cancelled())
+            .field("cut", &self.cut)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Attached<S> {
+    /// Why the stream ended early, if it did.
+    pub fn cut(&self) -> Option<Cut> {
+        self.cut
+    }
+
+    fn end<T>(&mut self, cut: Cut) -> Poll<Option<T>> {
+        self.cut = Some(cut);
+        self.handle.record_cut(cut);
+        Poll::Ready(None)
+    }
+}
+
+impl<S> Stream for Attached<S>
+where
+    S: Stream + Unpin,
+{
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.cut.is_some() {
+            return Poll::Ready(None);
+        }
+        // Cancellation wins over a ready item, so nothing is produced after a
+        // cancel, including one that landed while the stream was attached.
+        if this.token.is_cancelled() {
+            return this.end(Cut::Cancelled);
+        }
+        let polled = {
+            let mut inner = lock(&this.slot.inner);
+            if this.slot.close_requested.load(Ordering::Acquire) && inner.stream.is_some() {
+                // The handle found us mid-poll; the Guarded around us closes
+                // the stream when it sees the end.
+                None
+            } else {
+                match inner.stream.as_mut() {
+                    None => None,
+                    Some(stream) => {
+                        let poll = Pin::new(stream).poll_next(cx);
+                        if poll.is_pending() {
+                            match &inner.waker {
+                                Some(w) if w.will_wake(cx.waker()) => {}
+                                _ => inner.waker = Some(cx.waker().clone()),
+                            }
+                        }
+                        Some(poll)
+                    }
+                }
+            }
+        };
+        match polled {
+            None => this.end(Cut::ForceClosed),
+            Some(Poll::Pending) => {
+                if this.cancelled.poll_unpin(cx).is_ready() {
+                    return this.end(Cut::Cancelled);
+                }
+                Poll::Pending
+            }
+            Some(ready) => ready,
+        }
+    }
+}
+
+#[async_trait]
+impl<S> Close for Attached<S>
+where
+    S: Close + 'static,
+{
+    async fn close(&mut self) -> Result<(), CloseError> {
+        let stream = lock(&self.slot.inner).stream.take();
+        if let Some(mut stream) = stream {
+            close_best_effort(&mut stream).await;
+        }
+        Ok(())
+    }
+
+    fn close_now(&mut self) -> Result<(), CloseError> {
+        let stream = lock(&self.slot.inner).stream.take();
+        if let Some(stream) = stream {
+            close_without_waiting(stream);
+        }
+        Ok(())
+    }
+}

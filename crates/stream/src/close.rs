@@ -1,0 +1,84 @@
+//! Closing a provider stream: the [`Close`] trait and the one best-effort
+//! closer every path goes through (G4).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use async_trait::async_trait;
+use futures_util::FutureExt;
+
+use crate::CloseError;
+
+/// A provider stream that can be closed, releasing what it holds (an HTTP
+/// connection, a subprocess, a gRPC call).
+///
+/// [`close_now`](Close::close_now) is required because it is what runs at
+/// drop; a stream that can only close asynchronously returns
+/// [`CloseError::AsyncOnly`] there and overrides [`close`](Close::close).
+/// Closing twice must be harmless, but the wrappers of this crate never do it.
+#[async_trait]
+pub trait Close: Send {
+    /// Close, waiting for the provider to acknowledge where that takes time.
+    async fn close(&mut self) -> Result<(), CloseError> {
+        self.close_now()
+    }
+
+    /// Close without waiting, from synchronous code such as `drop`.
+    fn close_now(&mut self) -> Result<(), CloseError>;
+}
+
+#[async_trait]
+impl<C: Close + ?Sized> Close for Box<C> {
+    async fn close(&mut self) -> Result<(), CloseError> {
+        (**self).close().await
+    }
+
+    fn close_now(&mut self) -> Result<(), CloseError> {
+        (**self).close_now()
+    }
+}
+
+/// Close `stream` and never fail: try the async close, fall back to the sync
+/// close if it errors or panics, and log what went wrong.
+///
+/// This is the only closer the wrappers use, so every path logs the same way.
+pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
+    let error = match AssertUnwindSafe(stream.close()).catch_unwind().await {
+        Ok(Ok(())) => return,
+        Ok(Err(CloseError::AsyncOnly)) => "it reported that only an async close works".to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "its close panicked".to_owned(),
+    };
+    tracing::warn!(%error, "async close of a provider stream failed; trying the sync close");
+    close_now_logged(stream);
+}
+
+/// Close `stream` from synchronous code (typically a `drop`) without blocking.
+///
+/// The sync close runs in place. A stream that can only close asynchronously
+/// is moved onto the current tokio runtime, where [`close_best_effort`]
+/// finishes it; without a runtime it is dropped and that is logged.
+pub fn close_without_waiting<C: Close + 'static>(mut stream: C) {
+    match catch_unwind(AssertUnwindSafe(|| stream.close_now())) {
+        Ok(Ok(())) => {}
+        Ok(Err(CloseError::AsyncOnly)) => match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { close_best_effort(&mut stream).await });
+            }
+            Err(_) => tracing::warn!(
+                "a provider stream that closes only asynchronously was dropped outside a tokio \
+                 runtime; it is dropped without its close"
+            ),
+        },
+        Ok(Err(e)) => tracing::warn!(error = %e, "closing a provider stream failed"),
+        Err(_) => tracing::warn!("closing a provider stream panicked"),
+    }
+}
+
+fn close_now_logged<C: Close + ?Sized>(stream: &mut C) {
+    match catch_unwind(AssertUnwindSafe(|| stream.close_now())) {
+        Ok(Ok(())) => {}
+        Ok(Err(CloseError::AsyncOnly)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "sync close of a provider stream failed"),
+        Err(_) => tracing::warn!("sync close of a provider stream panicked"),
+    }
+}

@@ -1,0 +1,26 @@
+//! What a provider stream yields, and what counts as activity for timeouts.
+
+/// Whether an item is a real event or only a protocol keepalive.
+///
+/// [`IdleTimeout`](crate::IdleTimeout) counts only real events: a provider
+/// that sends nothing but keepalives is idle.
+pub trait Event {
+    /// True for a protocol keepalive (an SSE comment, a ping frame).
+    fn is_keepalive(&self) -> bool;
+}
+
+/// One item of a provider stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// A piece of the model's reply.
+    Chunk(String),
+    /// Protocol activity without content; does not count as an event.
+    KeepAlive,
+}
+
+impl Event for StreamEvent {
+    #[inline]
+    fn is_keepalive(&self) -> bool {
+        matches!(self, StreamEvent::KeepAlive)
+    }
+}

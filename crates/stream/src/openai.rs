@@ -1,0 +1,318 @@
+//! A provider for OpenAI-compatible chat-completion servers, streamed over
+//! server-sent events.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures_util::{Stream, StreamExt};
+use serde_json::{json, Value};
+
+use crate::close::Close;
+use crate::{
+    CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
+};
+
+/// The default time to wait for a server's response headers.
+pub const DEFAULT_HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How much of an error response's body is kept for the error message.
+const ERROR_BODY_LIMIT: usize = 2048;
+
+/// Where and how to reach an OpenAI-compatible server.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OpenAiConfig {
+    /// The API base, e.g. `http://127.0.0.1:8080/v1`; `/chat/completions` is
+    /// appended.
+    pub base_url: String,
+    /// The model name sent with each request.
+    pub model: String,
+    /// Sent as a bearer token when set.
+    pub api_key: Option<String>,
+    /// How long to wait for the response headers; zero disables.
+    pub headers_timeout: Duration,
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("headers_timeout", &self.headers_timeout)
+            .finish()
+    }
+}
+
+impl OpenAiConfig {
+    /// A config for `model` at `base_url`, without an API key.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        OpenAiConfig {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            headers_timeout: DEFAULT_HEADERS_TIMEOUT,
+        }
+    }
+
+    /// Sets the API key.
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// Sets the headers timeout.
+    pub fn headers_timeout(mut self, timeout: Duration) -> Self {
+        self.headers_timeout = timeout;
+        self
+    }
+}
+
+/// Streams chat completions from an OpenAI-compatible server:
+/// `POST {base_url}/chat/completions` with `stream: true`.
+///
+/// `data: [DONE]` ends the stream; an `error` object is a provider error; SSE
+/// comments (`: keepalive`) become [`StreamEvent::KeepAlive`]; a stream the
+/// server ends without `[DONE]` is a protocol error, since the reply may be
+/// cut short. Closing the stream drops the response body, which closes the
+/// connection.
+#[derive(Debug, Clone)]
+pub struct OpenAiProvider {
+    config: OpenAiConfig,
+    url: String,
+    client: reqwest::Client,
+}
+
+impl OpenAiProvider {
+    /// A provider for `config`.
+    pub fn new(config: OpenAiConfig) -> Result<Self, StreamError> {
+        let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let client = reqwest::Client::builder().build().map_err(|source| {
+            StreamError::from(StreamErrorKind::Http {
+                url: url.clone(),
+                source,
+            })
+        })?;
+        Ok(OpenAiProvider {
+            config,
+            url,
+            client,
+        })
+    }
+
+    /// The URL requests go to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn body(&self, request: &Request) -> Value {
+        let messages: Vec<Value> = request
+            .messages
+            .iter()
+            .map(|m| json!({ "role": m.role.as_str(), "content": m.content }))
+            .collect();
+        json!({ "model": self.config.model, "messages": messages, "stream": true })
+    }
+
+    async fn send(&self, request: &Request) -> Result<reqwest::Response, StreamError> {
+        let mut builder = self.client.post(&self.url).json(&self.body(request));
+        if let Some(key) = &self.config.api_key {
+            builder = builder.bearer_auth(key);
+        }
+        let http = |source| {
+            StreamError::from(StreamErrorKind::Http {
+                url: self.url.clone(),
+                source,
+            })
+        };
+        let timeout = self.config.headers_timeout;
+        if timeout.is_zero() {
+            return builder.send().await.map_err(http);
+        }
+        match tokio::time::timeout(timeout, builder.send()).await {
+            Ok(response) => response.map_err(http),
+            Err(_) => Err(StreamErrorKind::HeadersTimeout {
+                url: self.url.clone(),
+                timeout,
+            }
+            .into()),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    async fn open(&self, request: &Request) -> Result<ProviderStream, StreamError> {
+        let response = self.send(request).await?;
+        let status = response.status();
+        if !status.is_success() {
+            let mut body = String::new();
+            // The body explains the status, but a stalled server must not
+            // hold the turn: read what comes within a short while.
+            let read = tokio::time::timeout(Duration::from_secs(5), response.text()).await;
+            if let Ok(Ok(text)) = read {
+                body = text.chars().take(ERROR_BODY_LIMIT).collect();
+            }
+            return Err(StreamErrorKind::Status {
+                url: self.url.clone(),
+                status: status.as_u16(),
+                body,
+            }
+            .into());
+        }
+        let keepalives = Arc::new(AtomicUsize::new(0));
+        let tapped = CommentTap {
+            inner: response.bytes_stream(),
+            at_line_start: true,
+            comments: keepalives.clone(),
+        };
+        Ok(Box::new(OpenAiStream {
+            events: Some(Box::pin(tapped.eventsource())),
+            keepalives,
+            keepalives_seen: 0,
+            url: self.url.clone(),
+        }))
+    }
+}
+
+type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
+
+/// The event stream of one chat completion.
+pub struct OpenAiStream {
+    // `None` once closed: dropping it drops the response body and with it
+    // the connection.
+    events: Option<Events>,
+    keepalives: Arc<AtomicUsize>,
+    keepalives_seen: usize,
+    url: String,
+}
+
+impl fmt::Debug for OpenAiStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiStream")
+            .field("url", &self.url)
+            .field("open", &self.events.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenAiStream {
+    fn decode(&self, event: &Event) -> Option<Result<StreamEvent, StreamError>> {
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            return None;
+        }
+        let value: Value = match serde_json::from_str(data) {
+            Ok(value) => value,
+            Err(e) => {
+                return Some(Err(StreamErrorKind::Protocol(format!(
+                    "an event's data is not JSON ({e}): {}",
+                    data.chars().take(200).collect::<String>()
+                ))
+                .into()))
+            }
+        };
+        if let Some(error) = value.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_owned);
+            return Some(Err(StreamErrorKind::Provider { message }.into()));
+        }
+        let content = value
+            .pointer("/choices/0/delta/content")
+            .and_then(Value::as_str)
+            .filter(|text| !text.is_empty());
+        Some(Ok(match content {
+            Some(text) => StreamEvent::Chunk(text.to_owned()),
+            // A role announcement or a finish reason: activity, not content.
+            None => StreamEvent::KeepAlive,
+        }))
+    }
+}
+
+impl Stream for OpenAiStream {
+    type Item = Result<StreamEvent, StreamError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let Some(events) = this.events.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let item = match events.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(event))) => this.decode(&event),
+            Poll::Ready(Some(Err(EventStreamError::Transport(source)))) => {
+                Some(Err(StreamErrorKind::Http {
+                    url: this.url.clone(),
+                    source,
+                }
+                .into()))
+            }
+            Poll::Ready(Some(Err(e))) => Some(Err(StreamErrorKind::Protocol(e.to_string()).into())),
+            Poll::Ready(None) => Some(Err(StreamErrorKind::Protocol(
+                "the server ended the stream before `data: [DONE]`; the reply may be cut short"
+                    .to_owned(),
+            )
+            .into())),
+            Poll::Pending => {
+                let comments = this.keepalives.load(Ordering::Relaxed);
+                if comments == this.keepalives_seen {
+                    return Poll::Pending;
+                }
+                this.keepalives_seen = comments;
+                Some(Ok(StreamEvent::KeepAlive))
+            }
+        };
+        if !matches!(item, Some(Ok(_))) {
+            this.events = None;
+        }
+        Poll::Ready(item)
+    }
+}
+
+#[async_trait]
+impl Close for OpenAiStream {
+    fn close_now(&mut self) -> Result<(), CloseError> {
+        self.events = None;
+        Ok(())
+    }
+}
+
+/// Counts SSE comment lines on their way to the parser, which drops them.
+struct CommentTap<S> {
+    inner: S,
+    at_line_start: bool,
+    comments: Arc<AtomicUsize>,
+}
+
+impl<S, B, E> Stream for CommentTap<S>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    type Item = Result<B, E>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let poll = self.inner.poll_next_unpin(cx);
+        if let Poll::Ready(Some(Ok(bytes))) = &poll {
+            let mut comments = 0;
+            let mut at_line_start = self.at_line_start;
+            for &b in bytes.as_ref() {
+                if at_line_start && b == b':' {
+                    comments += 1;
+                }
+                at_line_start = b == b'\n' || b == b'\r';
+            }
+            self.at_line_start = at_line_start;
+            if comments > 0 {
+                self.comments.fetch_add(comments, Ordering::Relaxed);
+            }
+        }
+        poll
+    }
+}

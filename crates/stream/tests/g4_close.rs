@@ -1,0 +1,278 @@
+//! G4: every provider stream is closed exactly once, on every path, and before
+//! the end or the error reaches the consumer.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{chunk, CloseKind, Log, Recording, Step};
+use futures_util::StreamExt;
+use settle_stream::{
+    close_best_effort, Close, FirstEventTimedOut, Guarded, IdleTimedOut, IdleTimeout,
+    StreamErrorKind, StreamEvent,
+};
+use tokio::time::Instant;
+
+const MS: Duration = Duration::from_millis(1);
+const S: Duration = Duration::from_secs(1);
+
+#[tokio::test(start_paused = true)]
+async fn g4_normal_end_closes_once_before_the_end_is_seen() {
+    let log = Log::default();
+    let mut stream = Guarded::new(Recording::new(&log, [Step::Chunk("a"), Step::Chunk("b")]));
+    assert_eq!(
+        stream.next().await.map(|r| r.unwrap()),
+        chunk("a").map(|r| r.unwrap())
+    );
+    assert_eq!(
+        stream.next().await.map(|r| r.unwrap()),
+        chunk("b").map(|r| r.unwrap())
+    );
+    assert!(
+        log.entries().is_empty(),
+        "closed too early: {:?}",
+        log.entries()
+    );
+    assert!(stream.next().await.is_none());
+    log.push("end seen");
+    assert!(stream.next().await.is_none(), "fused after the end");
+    drop(stream);
+    assert_eq!(log.entries(), ["close", "closed", "end seen"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_provider_error_closes_once_before_the_error_is_seen() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Chunk("a"), Step::Fail, Step::Chunk("never")])
+        .close_kind(CloseKind::AsyncOnly(50 * MS));
+    let mut stream = Guarded::new(inner);
+    assert!(stream.next().await.unwrap().is_ok());
+    let started = Instant::now();
+    let error = stream.next().await.unwrap().unwrap_err();
+    log.push("error seen");
+    assert!(
+        matches!(error.kind(), StreamErrorKind::Provider { .. }),
+        "{error}"
+    );
+    assert_eq!(
+        started.elapsed(),
+        50 * MS,
+        "the slow close ran before the error"
+    );
+    assert!(stream.next().await.is_none(), "an error ends the stream");
+    drop(stream);
+    assert_eq!(log.entries(), ["close", "closed", "error seen"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_idle_timeout_fires_after_idle_and_closes_once() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Wait(2 * S), Step::Chunk("a"), Step::Hang]);
+    let mut stream = Guarded::new(IdleTimeout::new(inner, 5 * S).first_event(10 * S));
+    assert!(stream.next().await.unwrap().is_ok());
+    let last_event = Instant::now();
+    let error = stream.next().await.unwrap().unwrap_err();
+    log.push("timeout seen");
+    assert_eq!(
+        last_event.elapsed(),
+        5 * S,
+        "fires exactly `idle` after the last event"
+    );
+    match error.kind() {
+        StreamErrorKind::IdleTimeout(IdleTimedOut { idle }) => assert_eq!(*idle, 5 * S),
+        other => panic!("expected an idle timeout, got {other}"),
+    }
+    assert!(error_message_names(5 * S));
+    assert!(stream.next().await.is_none());
+    drop(stream);
+    assert_eq!(log.entries(), ["close", "closed", "timeout seen"]);
+}
+
+fn error_message_names(d: Duration) -> bool {
+    IdleTimedOut { idle: d }
+        .to_string()
+        .contains(&format!("{d:?}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_first_event_timeout_fires_and_closes_once() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Hang]);
+    let mut stream = IdleTimeout::new(inner, 10 * S).first_event(2 * S);
+    let started = Instant::now();
+    let error = stream.next().await.unwrap().unwrap_err();
+    assert_eq!(started.elapsed(), 2 * S);
+    match error.kind() {
+        StreamErrorKind::FirstEventTimeout(FirstEventTimedOut { first }) => {
+            assert_eq!(*first, 2 * S)
+        }
+        other => panic!("expected a first-event timeout, got {other}"),
+    }
+    assert!(error.to_string().contains("2s"), "{error}");
+    assert_eq!(log.entries(), ["close", "closed"]);
+    assert!(stream.next().await.is_none());
+    drop(stream);
+    assert_eq!(log.count("close"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_first_event_timeout_defaults_to_the_idle_timeout() {
+    let log = Log::default();
+    let mut stream = IdleTimeout::new(Recording::new(&log, [Step::Hang]), 3 * S);
+    let started = Instant::now();
+    let error = stream.next().await.unwrap().unwrap_err();
+    assert!(
+        matches!(error.kind(), StreamErrorKind::FirstEventTimeout(FirstEventTimedOut { first }) if *first == 3 * S)
+    );
+    assert_eq!(started.elapsed(), 3 * S);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_keepalives_do_not_count_as_events() {
+    let log = Log::default();
+    let mut steps = vec![Step::Chunk("a")];
+    for _ in 0..10 {
+        steps.push(Step::Wait(S));
+        steps.push(Step::KeepAlive);
+    }
+    steps.push(Step::Hang);
+    let mut stream = IdleTimeout::new(Recording::new(&log, steps), 3 * S);
+    assert!(stream.next().await.unwrap().is_ok());
+    let last_event = Instant::now();
+    let mut keepalives = 0;
+    let error = loop {
+        match stream.next().await.unwrap() {
+            Ok(StreamEvent::KeepAlive) => keepalives += 1,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(error.kind(), StreamErrorKind::IdleTimeout(_)),
+        "{error}"
+    );
+    assert_eq!(keepalives, 2, "keepalives pass through until the timeout");
+    assert_eq!(
+        last_event.elapsed(),
+        3 * S,
+        "keepalives did not push the deadline"
+    );
+    assert_eq!(log.count("close"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_steady_stream_never_times_out() {
+    // Events every second for a minute under a 3 s idle timeout: the timer,
+    // armed once, must be re-armed from the last event whenever it fires
+    // early, never fire spuriously.
+    let log = Log::default();
+    let mut steps = Vec::new();
+    for _ in 0..60 {
+        steps.push(Step::Wait(S));
+        steps.push(Step::Chunk("tick"));
+    }
+    let mut stream = Guarded::new(IdleTimeout::new(Recording::new(&log, steps), 3 * S));
+    let mut n = 0;
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 60);
+    assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_zero_duration_disables_the_timeout() {
+    let log = Log::default();
+    let mut stream = IdleTimeout::new(Recording::new(&log, [Step::Hang]), Duration::ZERO);
+    let waited = tokio::time::timeout(3600 * S, stream.next()).await;
+    assert!(waited.is_err(), "no timeout fired in an hour");
+    assert!(log.entries().is_empty());
+    drop(stream);
+    assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_consumer_drop_closes_once_in_place() {
+    let log = Log::default();
+    let mut stream = Guarded::new(IdleTimeout::new(
+        Recording::new(&log, [Step::Chunk("a"), Step::Hang]),
+        5 * S,
+    ));
+    assert!(stream.next().await.unwrap().is_ok());
+    drop(stream);
+    assert_eq!(log.entries(), ["close", "closed"], "sync close ran in drop");
+    tokio::time::sleep(10 * S).await;
+    assert_eq!(log.count("close"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_consumer_drop_hands_an_async_close_to_the_runtime() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Chunk("a"), Step::Hang])
+        .close_kind(CloseKind::AsyncOnly(100 * MS));
+    let mut stream = Guarded::new(IdleTimeout::new(inner, 5 * S));
+    assert!(stream.next().await.unwrap().is_ok());
+    drop(stream);
+    log.push("dropped");
+    tokio::time::sleep(S).await;
+    assert_eq!(log.entries(), ["dropped", "close", "closed"]);
+}
+
+#[test]
+fn g4_drop_outside_a_runtime_does_not_panic() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Chunk("a")]).close_kind(CloseKind::AsyncOnly(MS));
+    drop(Guarded::new(inner));
+    // Logged, not panicked; a sync close still runs without a runtime.
+    drop(Guarded::new(Recording::new(&log, [Step::Chunk("a")])));
+    assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_outer_close_closes_the_inner_stream_once() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Chunk("a"), Step::Hang])
+        .close_kind(CloseKind::AsyncOnly(200 * MS));
+    let mut stream = Guarded::new(IdleTimeout::new(inner, 5 * S));
+    assert!(stream.next().await.unwrap().is_ok());
+    let started = Instant::now();
+    stream.close().await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        200 * MS,
+        "close waited for the inner async close"
+    );
+    assert!(stream.is_closed());
+    stream.close().await.unwrap();
+    stream.close_now().unwrap();
+    assert!(stream.next().await.is_none());
+    drop(stream);
+    assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_close_mid_flight_finishes_after_drop() {
+    let log = Log::default();
+    let inner = Recording::new(&log, [Step::Hang]).close_kind(CloseKind::AsyncOnly(S));
+    let mut stream = Guarded::new(inner);
+    // Start the close, give up on it half way, drop the wrapper.
+    assert!(tokio::time::timeout(S / 2, stream.close()).await.is_err());
+    drop(stream);
+    tokio::time::sleep(2 * S).await;
+    assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_panicking_close_is_swallowed() {
+    let log = Log::default();
+    let mut inner = Recording::new(&log, [Step::Hang]).close_kind(CloseKind::Panics);
+    close_best_effort(&mut inner).await;
+    let mut stream = Guarded::new(Recording::new(&log, [Step::Fail]).close_kind(CloseKind::Panics));
+    assert!(stream.next().await.unwrap().is_err());
+    assert!(stream.next().await.is_none());
+    drop(Guarded::new(
+        Recording::new(&log, [Step::Hang]).close_kind(CloseKind::Panics),
+    ));
+}

@@ -1,0 +1,305 @@
+//! G4 against a real HTTP server on 127.0.0.1: the server itself sees the
+//! connection closed after the consumer drops the stream, after the idle
+//! timeout, and after the run is cancelled. Real time, generous bounds.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use settle_core::Outcome;
+use settle_stream::{
+    settle, CancellationToken, Guarded, IdleTimeout, OpenAiConfig, OpenAiProvider, Provider,
+    Request, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{timeout, Instant};
+
+/// How long the server may take to notice a close; generous for a busy box.
+const CLOSE_BOUND: Duration = Duration::from_secs(5);
+const IDLE: Duration = Duration::from_millis(200);
+
+#[derive(Clone, Copy)]
+enum Script {
+    /// Two chunks, then keepalive comments every 50 ms, forever.
+    ChunksThenKeepalives,
+    /// Two chunks and `[DONE]`.
+    Complete,
+    /// An `error` object.
+    ErrorObject,
+    /// Accepts the connection and never answers.
+    NoHeaders,
+}
+
+struct Server {
+    base_url: String,
+    /// The request the server got (headers and body).
+    request: oneshot::Receiver<String>,
+    /// Fires when the server sees the connection closed by the client.
+    closed: oneshot::Receiver<Instant>,
+}
+
+fn chunk_json(text: &str) -> String {
+    format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{text}"}}}}]}}"#)
+}
+
+async fn serve(script: Script) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let (request_tx, request) = oneshot::channel();
+    let (closed_tx, closed) = oneshot::channel();
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr) = socket.into_split();
+        // Read the request: headers, then the body by Content-Length.
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        let head_end = loop {
+            let n = rd.read(&mut tmp).await.unwrap();
+            assert!(n > 0, "client closed before sending a request");
+            buf.extend_from_slice(&tmp[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            let n = rd.read(&mut tmp).await.unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        let _ = request_tx.send(String::from_utf8_lossy(&buf).into_owned());
+
+        // Watch for the client closing: a read of 0 bytes or an error.
+        let watcher = tokio::spawn(async move {
+            let mut tmp = [0u8; 64];
+            loop {
+                match rd.read(&mut tmp).await {
+                    Ok(0) | Err(_) => return Instant::now(),
+                    Ok(_) => {}
+                }
+            }
+        });
+        let writer = async move {
+            if let Script::NoHeaders = script {
+                std::future::pending::<()>().await;
+            }
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                        cache-control: no-cache\r\nconnection: keep-alive\r\n\
+                        transfer-encoding: chunked\r\n\r\n";
+            wr.write_all(head.as_bytes()).await?;
+            let send = |text: String| {
+                let frame = format!("{:x}\r\n{text}\r\n", text.len());
+                frame.into_bytes()
+            };
+            match script {
+                Script::ErrorObject => {
+                    let e = r#"data: {"error":{"message":"model is overloaded","type":"server_error"}}"#;
+                    wr.write_all(&send(format!("{e}\n\n"))).await?;
+                }
+                _ => {
+                    for text in ["hello", " world"] {
+                        wr.write_all(&send(format!(
+                            ": keepalive\n\ndata: {}\n\n",
+                            chunk_json(text)
+                        )))
+                        .await?;
+                    }
+                }
+            }
+            if let Script::Complete = script {
+                wr.write_all(&send("data: [DONE]\n\n".into())).await?;
+                wr.write_all(b"0\r\n\r\n").await?;
+            }
+            // Stall with keepalives only, until the client goes away.
+            for _ in 0..2000 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                wr.write_all(&send(": keepalive\n\n".into())).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        tokio::select! {
+            at = watcher => { let _ = closed_tx.send(at.unwrap()); }
+            _ = writer => {
+                // A failed write also means the client closed.
+                let _ = closed_tx.send(Instant::now());
+            }
+        }
+    });
+    Server {
+        base_url,
+        request,
+        closed,
+    }
+}
+
+fn provider(server: &Server) -> OpenAiProvider {
+    OpenAiProvider::new(
+        OpenAiConfig::new(&server.base_url, "test-model")
+            .api_key("secret-key")
+            .headers_timeout(Duration::from_millis(500)),
+    )
+    .unwrap()
+}
+
+async fn next_chunk<S>(stream: &mut S) -> String
+where
+    S: futures_util::Stream<Item = Result<StreamEvent, StreamError>> + Unpin,
+{
+    loop {
+        match timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
+            Some(Ok(StreamEvent::Chunk(text))) => return text,
+            Some(Ok(StreamEvent::KeepAlive)) => {}
+            other => panic!("expected a chunk, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn g4_http_consumer_drop_closes_the_connection() {
+    let server = serve(Script::ChunksThenKeepalives).await;
+    let provider = provider(&server);
+    let mut stream = Guarded::new(provider.open(&Request::prompt("hi")).await.unwrap());
+    assert_eq!(next_chunk(&mut stream).await, "hello");
+    assert_eq!(next_chunk(&mut stream).await, " world");
+
+    let request = server.request.await.unwrap();
+    assert!(
+        request.starts_with("POST /v1/chat/completions "),
+        "{request}"
+    );
+    assert!(request
+        .to_lowercase()
+        .contains("authorization: bearer secret-key"));
+    assert!(request.contains(r#""stream":true"#), "{request}");
+    assert!(request.contains(r#""content":"hi""#), "{request}");
+
+    let dropped = Instant::now();
+    drop(stream);
+    let closed = timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close");
+    assert!(closed.unwrap() >= dropped);
+}
+
+#[tokio::test]
+async fn g4_http_keepalive_only_stall_trips_the_idle_timeout_and_closes() {
+    let server = serve(Script::ChunksThenKeepalives).await;
+    let provider = provider(&server);
+    let stream = provider.open(&Request::prompt("hi")).await.unwrap();
+    let mut stream = Guarded::new(IdleTimeout::new(stream, IDLE));
+    assert_eq!(next_chunk(&mut stream).await, "hello");
+    assert_eq!(next_chunk(&mut stream).await, " world");
+    let mut keepalives = 0;
+    let error = loop {
+        match timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
+            Some(Ok(StreamEvent::KeepAlive)) => keepalives += 1,
+            Some(Err(e)) => break e,
+            other => panic!("expected keepalives then a timeout, got {other:?}"),
+        }
+    };
+    assert!(
+        matches!(error.kind(), StreamErrorKind::IdleTimeout(_)),
+        "{error}"
+    );
+    assert!(
+        keepalives >= 1,
+        "the stall's keepalives came through as keepalives"
+    );
+    // The stream was closed before the error was yielded: the server sees it.
+    let fired = Instant::now();
+    let closed = timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close");
+    assert!(closed.unwrap() <= fired + CLOSE_BOUND);
+    assert!(stream.next().await.is_none());
+}
+
+#[tokio::test]
+async fn g4_http_cancelled_run_closes_the_connection() {
+    let server = serve(Script::ChunksThenKeepalives).await;
+    let provider: Arc<dyn Provider> = Arc::new(provider(&server));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let session = CancellationToken::new();
+    let turn = Turn::spawn(
+        provider,
+        Request::prompt("hi"),
+        &session,
+        tx,
+        TurnOptions {
+            idle_timeout: Duration::from_secs(60),
+            first_event_timeout: None,
+        },
+    );
+    assert_eq!(
+        timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
+        "hello"
+    );
+    assert_eq!(
+        timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
+        " world"
+    );
+    let settled = settle(turn, Duration::from_secs(1), |_| {}).await;
+    assert_eq!(settled.outcome(), Outcome::Cancelled);
+    assert!(settled.cancelled);
+    timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn g4_http_done_completes_and_an_error_object_fails() {
+    let server = serve(Script::Complete).await;
+    let provider = provider(&server);
+    let mut stream = Guarded::new(provider.open(&Request::prompt("hi")).await.unwrap());
+    let mut reply = String::new();
+    while let Some(event) = timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
+        if let StreamEvent::Chunk(text) = event.unwrap() {
+            reply.push_str(&text);
+        }
+    }
+    assert_eq!(reply, "hello world");
+    assert!(stream.is_closed());
+
+    let server = serve(Script::ErrorObject).await;
+    let failing = self::provider(&server);
+    let mut stream = Guarded::new(failing.open(&Request::prompt("hi")).await.unwrap());
+    let error = timeout(CLOSE_BOUND, stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(error.to_string().contains("model is overloaded"), "{error}");
+    assert_eq!(error.outcome(), Outcome::Failed);
+    timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn g4_http_headers_timeout_is_a_typed_error_and_closes() {
+    let server = serve(Script::NoHeaders).await;
+    let provider = provider(&server);
+    let error = match provider.open(&Request::prompt("hi")).await {
+        Err(e) => e,
+        Ok(_) => panic!("a server that never answers must time out"),
+    };
+    assert!(
+        matches!(error.kind(), StreamErrorKind::HeadersTimeout { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("500ms"), "{error}");
+    timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close")
+        .unwrap();
+}
