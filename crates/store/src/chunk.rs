@@ -3,8 +3,8 @@
 //!
 //! A batch is one transaction. Its chunks are grouped by turn; each group claims
 //! a range of sequence numbers with one conditional UPDATE of its turn row (the
-//! turn must still be open and its session not finalized) and is inserted with
-//! one multi-row INSERT. A refused group is answered with the reason; the rest
+//! turn must still be open and its session not finalized), and the accepted
+//! chunks of all groups are inserted with one multi-row INSERT. A refused group is answered with the reason; the rest
 //! of the batch still commits. A chunk is acknowledged only after the commit.
 
 use std::future::Future;
@@ -116,6 +116,7 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) {
     let committed = write_tx!(db, |c| {
         let mut answers: Vec<Option<Result<ChunkAck, StoreError>>> =
             (0..batch.len()).map(|_| None).collect();
+        let mut rows: Vec<NewChunk<'_>> = Vec::with_capacity(batch.len());
         for ((session, turn), members) in &groups {
             let raw = sid(*session)?;
             let n = i64::try_from(members.len()).unwrap_or(i64::MAX);
@@ -142,24 +143,13 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) {
                 }
                 continue;
             };
-            let first = end - n;
-            let rows: Vec<NewChunk<'_>> = members
-                .iter()
-                .zip(first..)
-                .map(|(&i, seq)| NewChunk {
+            for (&i, seq) in members.iter().zip(end - n..) {
+                rows.push(NewChunk {
                     session: raw,
                     turn_no: i64::from(*turn),
                     seq,
                     text: &batch[i].text,
-                })
-                .collect();
-            for part in rows.chunks(ROWS_PER_INSERT) {
-                diesel::insert_into(chunks::table)
-                    .values(part)
-                    .execute(c)
-                    .context("inserting chunks")?;
-            }
-            for (&i, seq) in members.iter().zip(first..) {
+                });
                 answers[i] = Some(match u32::try_from(seq) {
                     Ok(seq) => Ok(ChunkAck {
                         session: *session,
@@ -172,6 +162,14 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) {
                     }),
                 });
             }
+        }
+        // Every accepted group in one multi-row INSERT (split under the bind
+        // limits).
+        for part in rows.chunks(ROWS_PER_INSERT) {
+            diesel::insert_into(chunks::table)
+                .values(part)
+                .execute(c)
+                .context("inserting chunks")?;
         }
         Ok::<_, StoreError>(answers)
     });

@@ -55,6 +55,7 @@
 #[macro_use]
 mod conn;
 
+mod checkpoint;
 mod chunk;
 mod claim;
 mod error;

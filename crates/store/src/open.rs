@@ -42,6 +42,8 @@ const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 pub(crate) struct Opened {
     pub(crate) writer: AnyConn,
     pub(crate) pool: ReadPool,
+    /// For SQLite: the path the checkpoint thread opens.
+    pub(crate) checkpoint: Option<String>,
 }
 
 /// Where a URL points.
@@ -240,7 +242,13 @@ fn establish_sqlite(
     // Reading the schema reads page 1 and the schema table: a damaged file
     // fails here, before anything is written.
     check_schema(Db::Sqlite(&mut conn), true).map_err(|r| r.into_open(path, &location))?;
-    for pragma in &rest {
+    // Checkpoints run on their own thread (see `checkpoint`), not inside
+    // the writer's commits.
+    for pragma in rest
+        .iter()
+        .map(String::as_str)
+        .chain(["PRAGMA wal_autocheckpoint = 0"])
+    {
         conn.batch_execute(pragma)
             .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;
     }
@@ -263,6 +271,7 @@ fn establish_sqlite(
     Ok(Opened {
         writer: AnyConn::Sqlite(conn),
         pool: ReadPool::Sqlite(pool),
+        checkpoint: Some(path_str.to_owned()),
     })
 }
 
@@ -289,6 +298,7 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     Ok(Opened {
         writer: AnyConn::Pg(conn),
         pool: ReadPool::Pg(pool),
+        checkpoint: None,
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use settle_core::{EndReason, Outcome, SessionId, State};
 
+use crate::checkpoint::Checkpointer;
 use crate::chunk::ChunkReceipt;
 use crate::claim::Claim;
 use crate::conn::Db;
@@ -31,9 +32,11 @@ pub struct Store {
     inner: Arc<Inner>,
 }
 
+// Fields drop in order: the writer commits what is queued and closes first.
 struct Inner {
     writer: Writer,
     pool: ReadPool,
+    _checkpointer: Option<Checkpointer>,
     location: String,
     postgres: bool,
 }
@@ -73,10 +76,20 @@ impl Store {
             context: "starting the writer thread",
             message: e.to_string(),
         })?;
+        let checkpointer = opened
+            .checkpoint
+            .map(|path| Checkpointer::spawn(&path, options.busy_timeout()))
+            .transpose()
+            .map_err(|e| OpenError::Database {
+                location: location.clone(),
+                context: "starting the checkpoint thread",
+                message: e.to_string(),
+            })?;
         Ok(Store {
             inner: Arc::new(Inner {
                 writer,
                 pool: opened.pool,
+                _checkpointer: checkpointer,
                 location,
                 postgres: matches!(target, Target::Postgres(_)),
             }),
