@@ -102,8 +102,9 @@ struct NewChunk<'a> {
 /// How many rows go in one INSERT, well under both backends' bind limits.
 const ROWS_PER_INSERT: usize = 500;
 
-/// Commit `batch` in one transaction and answer every chunk in it.
-pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) {
+/// Commit `batch` in one transaction and answer every chunk in it. Returns
+/// whether the transaction failed.
+pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
     // Groups in order of first appearance; within a group, append order.
     let mut groups: Vec<((SessionId, u32), Vec<usize>)> = Vec::new();
     for (i, chunk) in batch.iter().enumerate() {
@@ -181,12 +182,14 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) {
                     .ack
                     .send(answer.unwrap_or(Err(StoreError::Unavailable)));
             }
+            false
         }
         Err(e) => {
             tracing::warn!(error = %e, chunks = batch.len(), "a batch of chunks was not committed");
             for chunk in batch {
                 let _ = chunk.ack.send(Err(e.clone()));
             }
+            true
         }
     }
 }

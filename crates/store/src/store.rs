@@ -70,6 +70,10 @@ impl Store {
             opened.writer,
             options.batch_size(),
             options.flush_interval(),
+            match &target {
+                Target::Postgres(url) => Some(url.clone()),
+                Target::Sqlite(_) => None,
+            },
         )
         .map_err(|e| OpenError::Database {
             location: location.clone(),

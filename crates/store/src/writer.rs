@@ -12,6 +12,9 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use diesel::pg::PgConnection;
+use diesel::r2d2::R2D2Connection;
+use diesel::Connection;
 use settle_core::SessionId;
 use tokio::sync::oneshot;
 
@@ -19,7 +22,8 @@ use crate::chunk::{commit_batch, ChunkReceipt, PendingChunk};
 use crate::conn::{AnyConn, Db};
 use crate::error::StoreError;
 
-type Op = Box<dyn FnOnce(Db<'_>) + Send>;
+/// A write; returns whether it failed in the database (not a refusal).
+type Op = Box<dyn FnOnce(Db<'_>) -> bool + Send>;
 
 enum Command {
     Chunk(PendingChunk),
@@ -35,15 +39,26 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Start the writer on `conn`.
+    /// Start the writer on `conn`. With `reconnect` (a PostgreSQL URL), a
+    /// connection found dead after a failed write is established again.
     pub(crate) fn spawn(
         conn: AnyConn,
         batch_size: usize,
         flush_interval: Duration,
+        reconnect: Option<String>,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("settle-store-writer".into())
-            .spawn(move || run(conn, rx, batch_size.max(1), flush_interval))?;
+            .spawn(move || {
+                run(
+                    conn,
+                    rx,
+                    batch_size.max(1),
+                    flush_interval,
+                    reconnect.as_deref(),
+                )
+            })?;
         Ok(Writer {
             tx: Some(tx),
             thread: Some(thread),
@@ -73,8 +88,14 @@ impl Writer {
     {
         let (reply, rx) = oneshot::channel();
         let op: Op = Box::new(move |db| {
+            let result = f(db);
+            let failed = matches!(
+                result,
+                Err(StoreError::Database { .. } | StoreError::Connection { .. })
+            );
             // Nobody waiting for the answer is not an error.
-            let _ = reply.send(f(db));
+            let _ = reply.send(result);
+            failed
         });
         let tx = self.tx.as_ref().ok_or(StoreError::Unavailable)?;
         tx.send(Command::Op(op))
@@ -94,7 +115,13 @@ impl Drop for Writer {
     }
 }
 
-fn run(mut conn: AnyConn, rx: Receiver<Command>, batch_size: usize, flush_interval: Duration) {
+fn run(
+    mut conn: AnyConn,
+    rx: Receiver<Command>,
+    batch_size: usize,
+    flush_interval: Duration,
+    reconnect: Option<&str>,
+) {
     let mut next: Option<Command> = None;
     loop {
         let command = match next.take() {
@@ -104,7 +131,7 @@ fn run(mut conn: AnyConn, rx: Receiver<Command>, batch_size: usize, flush_interv
                 Err(_) => return,
             },
         };
-        match command {
+        let failed = match command {
             Command::Op(op) => op(conn.db()),
             Command::Chunk(first) => {
                 let opened = Instant::now();
@@ -119,8 +146,33 @@ fn run(mut conn: AnyConn, rx: Receiver<Command>, batch_size: usize, flush_interv
                         Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                     }
                 }
-                commit_batch(conn.db(), batch);
+                commit_batch(conn.db(), batch)
             }
+        };
+        if failed {
+            repair(&mut conn, reconnect);
+        }
+    }
+}
+
+/// After a failed write, check that a PostgreSQL connection is still alive
+/// and establish it again if not, so that a server restart costs the writes in
+/// flight, not every later one. (The failed write is not retried: whether a
+/// commit interrupted by a lost connection took effect is unknown.)
+fn repair(conn: &mut AnyConn, reconnect: Option<&str>) {
+    let (AnyConn::Pg(c), Some(url)) = (conn, reconnect) else {
+        return;
+    };
+    if c.ping().is_ok() {
+        return;
+    }
+    match PgConnection::establish(url) {
+        Ok(fresh) => {
+            *c = fresh;
+            tracing::info!("the store's writer connection was lost and is established again");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the store's writer connection is lost; will retry after the next failed write")
         }
     }
 }

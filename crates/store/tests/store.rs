@@ -1469,6 +1469,39 @@ fn g11_open_refuses_a_missing_postgres_database() {
     assert!(err.to_string().contains("createdb"), "{err}");
 }
 
+/// The server drops the store's connections (a restart, an administrator):
+/// the write in flight fails, later ones go through on a new connection.
+#[test]
+fn postgres_writer_reconnects_after_losing_its_connection() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let store = open(&db);
+    rt().block_on(async {
+        let (o, _) = session(&store, "before").await;
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut attempts = 0;
+        let id = loop {
+            attempts += 1;
+            match store.create_session(NewSession::new("after", o)).await {
+                Ok(id) => break id,
+                Err(StoreError::Database { .. }) if attempts < 3 => continue,
+                Err(e) => panic!("the writer did not recover: {e:?}"),
+            }
+        };
+        assert_eq!(
+            attempts, 2,
+            "the first write should meet the dead connection"
+        );
+        let rows = store.list_sessions(None).await.unwrap();
+        assert_eq!(rows.last().unwrap().id, id);
+    });
+}
+
 // --- children --------------------------------------------------------------------------------
 
 /// Not a test of its own: the entry point of the child processes above. Does
