@@ -1,1 +1,89 @@
-//! Placeholder until its issue lands.
+//! The durable side of settle's session lifecycle: transcripts, turns, the
+//! timeline, memory, the finalize latch, leases and recovery, on a real
+//! database through Diesel — SQLite by default (a file, created on first use),
+//! PostgreSQL when several processes share one store.
+//!
+//! The guarantees this crate carries (see the project's SPEC):
+//!
+//! - **G2 finalize exactly once**: [`SessionStore::finalize`] is a conditional
+//!   UPDATE (compare-and-set on the state and a version), so exactly one
+//!   caller wins across connections and processes.
+//! - **G3 sweepers spare live turns**: [`SessionStore::claim`] re-evaluates
+//!   the reclaim predicate in the same statement that marks the session closing.
+//! - **G7 nothing acknowledged is lost**: a chunk's [`ChunkReceipt`] resolves
+//!   only after the transaction holding it committed; memory is committed only
+//!   from completed turns.
+//! - **G8 recovery**: [`SessionStore::recover`] finalizes, once, the sessions
+//!   of owners whose lease expired or whose process is gone.
+//! - **G10 closed handles fail loudly**: any write to a finalized session is
+//!   refused with [`StoreError::SessionClosed`]; a write to an ended turn with
+//!   [`StoreError::TurnClosed`].
+//! - **G11 bad input is refused whole**: a bad location gives one
+//!   [`OpenError`] and nothing is written.
+//!
+//! Diesel is synchronous, so it never runs on an async worker: every write
+//! goes through one writer thread per [`Store`] (which group-commits chunk
+//! appends), every read through a connection pool on `spawn_blocking`.
+//!
+//! # Opening a store and recovering
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use settle_store::{NewSession, OwnerInfo, RecoverOptions, SessionStore, Store};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("settle.db");
+//! let store = Store::open(path.to_str().ok_or("not UTF-8")?)?;
+//!
+//! let runtime = tokio::runtime::Runtime::new()?;
+//! runtime.block_on(async {
+//!     // A process registers itself and owns the sessions it creates.
+//!     let owner = store.register_owner(OwnerInfo::this_process(), Duration::from_secs(30)).await?;
+//!     let id = store.create_session(NewSession::new("root", owner)).await?;
+//!
+//!     // At start-up, finalize whatever crashed processes left live. Our own
+//!     // lease is live and our process is running, so nothing is recovered.
+//!     let report = store.recover(RecoverOptions::now_on_this_host()).await?;
+//!     assert!(report.recovered.is_empty());
+//!     assert_eq!(store.list_sessions(None).await?[0].id, id);
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok(()) }
+//! ```
+
+#[macro_use]
+mod conn;
+
+mod checkpoint;
+mod chunk;
+mod claim;
+mod error;
+mod latch;
+mod lease;
+mod open;
+mod options;
+mod pool;
+mod read;
+mod recover;
+mod schema;
+mod session;
+mod session_store;
+mod store;
+mod sys;
+mod time;
+mod writer;
+
+pub use chunk::{ChunkAck, ChunkReceipt};
+pub use claim::{Claim, Ineligible};
+pub use error::{DbError, OpenError, StoreError};
+pub use latch::{Finalize, FinalizeReport, FinalizeStep, Finalized, StepFailure};
+pub use lease::{local_host_name, OwnerId, OwnerInfo};
+pub use options::StoreOptions;
+pub use read::{MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
+pub use recover::{OwnerGone, RecoverOptions, RecoveryReport};
+pub use session::NewSession;
+pub use session_store::SessionStore;
+pub use store::Store;
+
+pub use settle_core::{EndReason, Outcome, SessionId, State};

@@ -1,0 +1,195 @@
+//! Transcript chunks: what an append returns, and how one batch of appends is
+//! committed.
+//!
+//! A batch is one transaction. Its chunks are grouped by turn; each group claims
+//! a range of sequence numbers with one conditional UPDATE of its turn row (the
+//! turn must still be open and its session not finalized), and the accepted
+//! chunks of all groups are inserted with one multi-row INSERT. A refused group is answered with the reason; the rest
+//! of the batch still commits. A chunk is acknowledged only after the commit.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use diesel::dsl::exists;
+use diesel::prelude::*;
+use settle_core::SessionId;
+use tokio::sync::oneshot;
+
+use crate::conn::Db;
+use crate::error::{Context, StoreError};
+use crate::schema::{chunks, sessions, turns};
+use crate::session::why_turn_refused;
+use crate::time::sid;
+
+/// The acknowledgement of a chunk: it is committed and survives a crash (G7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChunkAck {
+    /// The session written to.
+    pub session: SessionId,
+    /// The turn written to.
+    pub turn: u32,
+    /// The chunk's position in its turn, from 0, in append order.
+    pub seq: u32,
+}
+
+/// The future of one appended chunk: resolves to its [`ChunkAck`] once it is
+/// committed, or to the reason it was refused.
+///
+/// The chunk is queued when [`append_chunk`](crate::SessionStore::append_chunk)
+/// is called, not when this is first polled, so appends keep their call order
+/// whether or not each receipt is awaited before the next append. Dropping the
+/// receipt does not withdraw the chunk.
+#[derive(Debug)]
+#[must_use = "a chunk is only known to be persisted once its receipt resolves"]
+pub struct ChunkReceipt {
+    state: Receipt,
+}
+
+#[derive(Debug)]
+enum Receipt {
+    Pending(oneshot::Receiver<Result<ChunkAck, StoreError>>),
+    Ready(Option<Result<ChunkAck, StoreError>>),
+}
+
+impl ChunkReceipt {
+    /// A receipt that is already resolved, for stores that persist synchronously
+    /// (or stubs in tests and benchmarks).
+    pub fn ready(result: Result<ChunkAck, StoreError>) -> Self {
+        ChunkReceipt {
+            state: Receipt::Ready(Some(result)),
+        }
+    }
+
+    pub(crate) fn pending(rx: oneshot::Receiver<Result<ChunkAck, StoreError>>) -> Self {
+        ChunkReceipt {
+            state: Receipt::Pending(rx),
+        }
+    }
+}
+
+impl Future for ChunkReceipt {
+    type Output = Result<ChunkAck, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            Receipt::Pending(rx) => Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.unwrap_or(Err(StoreError::Unavailable))),
+            Receipt::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(StoreError::Unavailable))),
+        }
+    }
+}
+
+/// A chunk waiting in the writer's queue.
+#[derive(Debug)]
+pub(crate) struct PendingChunk {
+    pub(crate) session: SessionId,
+    pub(crate) turn: u32,
+    pub(crate) text: String,
+    pub(crate) ack: oneshot::Sender<Result<ChunkAck, StoreError>>,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = chunks)]
+struct NewChunk<'a> {
+    session: i64,
+    turn_no: i64,
+    seq: i64,
+    text: &'a str,
+}
+
+/// How many rows go in one INSERT, well under both backends' bind limits.
+const ROWS_PER_INSERT: usize = 500;
+
+/// Commit `batch` in one transaction and answer every chunk in it. Returns
+/// whether the transaction failed.
+pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
+    // Groups in order of first appearance; within a group, append order.
+    let mut groups: Vec<((SessionId, u32), Vec<usize>)> = Vec::new();
+    for (i, chunk) in batch.iter().enumerate() {
+        let key = (chunk.session, chunk.turn);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    let committed = write_tx!(db, |c| {
+        let mut answers: Vec<Option<Result<ChunkAck, StoreError>>> =
+            (0..batch.len()).map(|_| None).collect();
+        let mut rows: Vec<NewChunk<'_>> = Vec::with_capacity(batch.len());
+        for ((session, turn), members) in &groups {
+            let raw = sid(*session)?;
+            let n = i64::try_from(members.len()).unwrap_or(i64::MAX);
+            let end: Option<i64> = diesel::update(
+                turns::table
+                    .filter(turns::session.eq(raw))
+                    .filter(turns::no.eq(i64::from(*turn)))
+                    .filter(turns::ended_at.is_null())
+                    .filter(exists(
+                        sessions::table
+                            .filter(sessions::id.eq(raw))
+                            .filter(sessions::state.ne("finalized")),
+                    )),
+            )
+            .set(turns::next_seq.eq(turns::next_seq + n))
+            .returning(turns::next_seq)
+            .get_result(c)
+            .optional()
+            .context("reserving sequence numbers for chunks")?;
+            let Some(end) = end else {
+                let why = why_turn_refused(Db::from(&mut *c), *session, *turn)?;
+                for &i in members {
+                    answers[i] = Some(Err(why.clone()));
+                }
+                continue;
+            };
+            for (&i, seq) in members.iter().zip(end - n..) {
+                rows.push(NewChunk {
+                    session: raw,
+                    turn_no: i64::from(*turn),
+                    seq,
+                    text: &batch[i].text,
+                });
+                answers[i] = Some(match u32::try_from(seq) {
+                    Ok(seq) => Ok(ChunkAck {
+                        session: *session,
+                        turn: *turn,
+                        seq,
+                    }),
+                    Err(_) => Err(StoreError::OutOfRange {
+                        what: "chunk sequence number",
+                        value: seq.unsigned_abs(),
+                    }),
+                });
+            }
+        }
+        // Every accepted group in one multi-row INSERT (split under the bind
+        // limits).
+        for part in rows.chunks(ROWS_PER_INSERT) {
+            diesel::insert_into(chunks::table)
+                .values(part)
+                .execute(c)
+                .context("inserting chunks")?;
+        }
+        Ok::<_, StoreError>(answers)
+    });
+    match committed {
+        Ok(answers) => {
+            for (chunk, answer) in batch.into_iter().zip(answers) {
+                // A dropped receipt only means nobody waits for the answer.
+                let _ = chunk
+                    .ack
+                    .send(answer.unwrap_or(Err(StoreError::Unavailable)));
+            }
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, chunks = batch.len(), "a batch of chunks was not committed");
+            for chunk in batch {
+                let _ = chunk.ack.send(Err(e.clone()));
+            }
+            true
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The two error types: [`OpenError`] (the database could not be opened; nothing
+//! was written) and [`StoreError`] (an operation on an open store failed).
+//!
+//! Every message is a sentence that names what failed and says what to do.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use settle_core::{EndReason, SessionId, State};
+
+use crate::lease::OwnerId;
+
+/// Why [`Store::open`](crate::Store::open) refused a database location.
+///
+/// Each variant is a distinct, user-correctable condition. When `open` returns
+/// one of these it has written nothing: no file was created, and an existing
+/// file was not modified.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The folder that should hold a new SQLite database does not exist.
+    #[error(
+        "cannot create the database {}: its folder {} does not exist; create the folder or choose another path",
+        path.display(), folder.display()
+    )]
+    MissingFolder {
+        /// The database path asked for.
+        path: PathBuf,
+        /// The folder that is missing (or is not a folder).
+        folder: PathBuf,
+    },
+    /// The location cannot be written (permissions or a read-only file system).
+    #[error(
+        "cannot open the database {} for writing: {reason}; choose a writable location or fix its permissions",
+        path.display()
+    )]
+    ReadOnly {
+        /// The database path asked for.
+        path: PathBuf,
+        /// What refused the write, as the operating system said it.
+        reason: String,
+    },
+    /// The path names a directory, not a database file.
+    #[error(
+        "{} is a directory, not a database file; pass a file path such as {}",
+        path.display(), path.join("settle.db").display()
+    )]
+    IsDirectory {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The file exists but is not an SQLite database; it was left untouched.
+    #[error(
+        "{} is not an SQLite database (its header is wrong); it was left untouched; pass the path of a settle database or of a new file",
+        path.display()
+    )]
+    NotADatabase {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The file is an SQLite database whose contents are damaged.
+    #[error(
+        "the database {} is corrupt ({message}); restore it from a backup or move it aside and start a new one",
+        path.display()
+    )]
+    Corrupt {
+        /// The path asked for.
+        path: PathBuf,
+        /// What SQLite reported.
+        message: String,
+    },
+    /// The SQLite database holds tables of another program.
+    #[error(
+        "the database {} belongs to another program (it has tables but no settle schema); it was left untouched; choose another path",
+        path.display()
+    )]
+    ForeignDatabase {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The database was written by a newer settle whose schema this build does
+    /// not know.
+    #[error(
+        "the database {location} has schema version {found}, newer than the {supported} this settle understands; upgrade settle to open it"
+    )]
+    NewerSchema {
+        /// The path or (password-redacted) URL.
+        location: String,
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this build understands.
+        supported: i64,
+    },
+    /// The path is not valid UTF-8, which SQLite's API needs.
+    #[error("the database path {} is not valid UTF-8; choose a path made of UTF-8 characters", path.display())]
+    InvalidPath {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The PostgreSQL URL could not be understood.
+    #[error(
+        "the database URL {url} is not valid ({message}); use postgres://user@host:port/database"
+    )]
+    BadUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// What the client library said.
+        message: String,
+    },
+    /// No PostgreSQL server answered at the URL.
+    #[error("cannot reach the PostgreSQL server at {url} ({message}); check that it is running and the host and port are right")]
+    Unreachable {
+        /// The URL, password redacted.
+        url: String,
+        /// What the client library said.
+        message: String,
+    },
+    /// The PostgreSQL server answered but has no such database.
+    #[error("the PostgreSQL server at {url} has no such database ({message}); create it first (createdb) or fix the URL")]
+    MissingDatabase {
+        /// The URL, password redacted.
+        url: String,
+        /// What the server said.
+        message: String,
+    },
+    /// The PostgreSQL server refused the connection (authentication, role, limits).
+    #[error("the PostgreSQL server at {url} refused the connection ({message}); check the user, password and server limits")]
+    Rejected {
+        /// The URL, password redacted.
+        url: String,
+        /// What the server said.
+        message: String,
+    },
+    /// Bringing the schema up to date failed.
+    #[error("cannot bring the schema of {location} up to date ({message}); the database was left as it was")]
+    Migration {
+        /// The path or (password-redacted) URL.
+        location: String,
+        /// What failed.
+        message: String,
+    },
+    /// Any other database failure while opening.
+    #[error("cannot open the database {location} while {context} ({message})")]
+    Database {
+        /// The path or (password-redacted) URL.
+        location: String,
+        /// What `open` was doing.
+        context: &'static str,
+        /// What the database said.
+        message: String,
+    },
+}
+
+/// A database error kept cheaply cloneable, so that one failed group commit can
+/// be reported to every chunk of the batch.
+#[derive(Clone)]
+pub struct DbError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl DbError {
+    pub(crate) fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        DbError(Arc::new(e))
+    }
+}
+
+impl fmt::Debug for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for DbError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Why an operation on an open [`Store`](crate::Store) failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The session is finalized: it accepts no more writes (G10). Its row is
+    /// unchanged.
+    #[error("session {0} is finalized and accepts no more writes; start a new session")]
+    SessionClosed(SessionId),
+    /// The turn has ended: it accepts no more chunks. This is how the write
+    /// access of a detached work is revoked.
+    #[error("turn {turn} of session {session} has ended and accepts no more chunks; its work's write access was revoked")]
+    TurnClosed {
+        /// The session.
+        session: SessionId,
+        /// The turn number.
+        turn: u32,
+    },
+    /// No session with this id exists in the store.
+    #[error("there is no session {0} in this store; check the id (`settle sessions` lists them)")]
+    UnknownSession(SessionId),
+    /// The session has no turn with this number.
+    #[error("session {session} has no turn {turn}; start the turn before writing to it")]
+    UnknownTurn {
+        /// The session.
+        session: SessionId,
+        /// The turn number.
+        turn: u32,
+    },
+    /// A turn with this number was already started in the session.
+    #[error("session {session} already has a turn {turn}; number each turn of a session once")]
+    TurnExists {
+        /// The session.
+        session: SessionId,
+        /// The turn number.
+        turn: u32,
+    },
+    /// Another turn of the session is still open.
+    #[error("session {session} still has turn {open} open; end it before starting another")]
+    TurnInFlight {
+        /// The session.
+        session: SessionId,
+        /// The turn that is still open.
+        open: u32,
+    },
+    /// The session was claimed by a reclaim path and admits no new turn.
+    #[error("session {session} is closing ({reason}) and admits no new turn")]
+    SessionClosing {
+        /// The session.
+        session: SessionId,
+        /// Why it is closing.
+        reason: EndReason,
+    },
+    /// The session is in a state that admits no new turn.
+    #[error("session {session} is {state} and admits no new turn; only a registered or running session does")]
+    NotAcceptingTurns {
+        /// The session.
+        session: SessionId,
+        /// Its state.
+        state: State,
+    },
+    /// A conditional transition found the session in another state.
+    #[error("session {session} was expected to be {expected} but is {found}; the transition was not applied")]
+    StateMismatch {
+        /// The session.
+        session: SessionId,
+        /// The state the caller expected.
+        expected: State,
+        /// The state the session is in.
+        found: State,
+    },
+    /// The transition is not one of the lifecycle's (SPEC §2).
+    #[error("{from} → {to} is not a lifecycle transition (states never move backwards, and only finalize reaches finalized)")]
+    InvalidTransition {
+        /// The session.
+        session: SessionId,
+        /// The state moved from.
+        from: State,
+        /// The state asked for.
+        to: State,
+    },
+    /// The parent of a new session is settled or finalized.
+    #[error("session {parent} is {state} and cannot take a new child; register the child under an open session")]
+    ParentClosed {
+        /// The parent asked for.
+        parent: SessionId,
+        /// Its state.
+        state: State,
+    },
+    /// No owner with this id is registered.
+    #[error("there is no owner {0} in this store; register the process with register_owner first")]
+    UnknownOwner(OwnerId),
+    /// The owner's lease expired before it was renewed, so its sessions may
+    /// already have been recovered by another process.
+    #[error("the lease of owner {0} expired before it was renewed; its sessions may have been recovered; register the process again")]
+    LeaseLost(OwnerId),
+    /// A row holds a value this build does not understand.
+    #[error("the database holds an unexpected value {value:?} in {column}; it may have been written by a newer settle")]
+    Corrupt {
+        /// Which column.
+        column: &'static str,
+        /// The value found.
+        value: String,
+    },
+    /// A number does not fit the database's 64-bit signed integers.
+    #[error("{what} {value} is too large for the database")]
+    OutOfRange {
+        /// What the number is.
+        what: &'static str,
+        /// The number.
+        value: u64,
+    },
+    /// The database reported an error.
+    #[error("the database failed while {context}: {source}")]
+    Database {
+        /// What the store was doing.
+        context: &'static str,
+        /// The database's error.
+        source: DbError,
+    },
+    /// No pooled read connection could be had.
+    #[error("no database connection became free for reading: {source}; check that the database is reachable")]
+    Connection {
+        /// The pool's error.
+        source: DbError,
+    },
+    /// The writer thread has stopped, so nothing more can be written.
+    #[error("the store's writer has stopped; open the store again")]
+    Unavailable,
+}
+
+impl From<diesel::result::Error> for StoreError {
+    fn from(e: diesel::result::Error) -> Self {
+        StoreError::Database {
+            context: "running a transaction",
+            source: DbError::new(e),
+        }
+    }
+}
+
+/// Attach what the store was doing to a Diesel error.
+pub(crate) trait Context<T> {
+    fn context(self, what: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> Context<T> for Result<T, diesel::result::Error> {
+    fn context(self, what: &'static str) -> Result<T, StoreError> {
+        self.map_err(|e| StoreError::Database {
+            context: what,
+            source: DbError::new(e),
+        })
+    }
+}

@@ -1,0 +1,311 @@
+//! The finalize latch (G2) and the finalize plan's durable steps (SPEC §4).
+//!
+//! The latch is one conditional UPDATE: `state <> 'finalized' AND version = v`.
+//! Exactly one caller sees it affect a row, across connections and processes;
+//! that caller, in the same transaction, ends the row (state, end reason, time),
+//! closes any turn still open (revoking its writes), commits memory from
+//! completed turns only when asked (G7), and records the timeline row.
+
+use std::time::SystemTime;
+
+use diesel::prelude::*;
+use settle_core::{EndReason, Outcome, SessionId, State};
+
+use crate::conn::Db;
+use crate::error::{Context, StoreError};
+use crate::schema::{chunks, memories, sessions, turns};
+use crate::session::{current, record, Current};
+use crate::time::{sid, to_millis, turn_no};
+
+/// What [`finalize`](crate::SessionStore::finalize) does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finalize {
+    /// Why the session ends.
+    pub reason: EndReason,
+    /// Whether to commit memory (from completed turns only).
+    pub commit_memory: bool,
+    /// The outcome of the session's work, if known; otherwise the outcome of
+    /// its last turn is kept (or `interrupted` if a turn was still open).
+    pub outcome: Option<Outcome>,
+    /// When it is finalized.
+    pub at: SystemTime,
+}
+
+impl Finalize {
+    /// End with `reason` now, without committing memory.
+    pub fn new(reason: EndReason) -> Self {
+        Finalize {
+            reason,
+            commit_memory: false,
+            outcome: None,
+            at: SystemTime::now(),
+        }
+    }
+
+    /// Commit memory from the completed turns.
+    pub fn commit_memory(mut self, commit: bool) -> Self {
+        self.commit_memory = commit;
+        self
+    }
+
+    /// Record `outcome` as the session's outcome.
+    pub fn with_outcome(mut self, outcome: Outcome) -> Self {
+        self.outcome = Some(outcome);
+        self
+    }
+
+    /// Finalize at `at`.
+    pub fn at(mut self, at: SystemTime) -> Self {
+        self.at = at;
+        self
+    }
+}
+
+/// Who won the latch.
+#[derive(Debug, Clone)]
+#[must_use]
+pub enum Finalized {
+    /// This call finalized the session.
+    Won(FinalizeReport),
+    /// The session was already finalized; nothing was changed.
+    AlreadyFinalized,
+}
+
+impl Finalized {
+    /// Whether this call finalized the session.
+    pub fn won(&self) -> bool {
+        matches!(self, Finalized::Won(_))
+    }
+}
+
+/// What the winning finalize did.
+#[derive(Debug, Clone, Default)]
+pub struct FinalizeReport {
+    /// The turn that was still open and is now `interrupted`, if any.
+    pub interrupted_turn: Option<u32>,
+    /// Memory rows committed (one per completed turn with chunks).
+    pub memories: usize,
+    /// Steps that failed; the session was finalized all the same.
+    pub failed_steps: Vec<StepFailure>,
+}
+
+/// A durable step of the finalize plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FinalizeStep {
+    /// Commit memory from completed turns.
+    CommitMemory,
+}
+
+impl FinalizeStep {
+    /// A stable lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinalizeStep::CommitMemory => "commit_memory",
+        }
+    }
+}
+
+/// A finalize step that failed; it is also recorded on the session.
+#[derive(Debug, Clone)]
+pub struct StepFailure {
+    /// Which step.
+    pub step: FinalizeStep,
+    /// Why it failed.
+    pub error: StoreError,
+}
+
+/// How the latch ends a row.
+pub(crate) struct Ending<'a> {
+    pub(crate) reason: EndReason,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) at: i64,
+    /// Only spend the latch while the session still has this owner.
+    pub(crate) owner: Option<i64>,
+    pub(crate) cause: &'a str,
+}
+
+/// What spending the latch found and did.
+pub(crate) struct Spent {
+    pub(crate) interrupted: Option<u32>,
+}
+
+/// Spend the latch of session `raw` inside the caller's transaction.
+/// `Ok(None)`: already finalized (or no longer this owner's).
+pub(crate) fn spend(
+    mut db: Db<'_>,
+    id: SessionId,
+    ending: &Ending<'_>,
+) -> Result<Option<Spent>, StoreError> {
+    let raw = sid(id)?;
+    // On SQLite the caller's IMMEDIATE transaction already excludes other
+    // writers, so the first attempt wins or finds the row finalized. On
+    // PostgreSQL a concurrent update between our read and our CAS makes the
+    // CAS miss; re-read and try again.
+    for _ in 0..64 {
+        let Some(cur) = current(db.reborrow(), raw)? else {
+            return Err(StoreError::UnknownSession(id));
+        };
+        if cur.state == State::Finalized || ending.owner.is_some_and(|o| o != cur.owner) {
+            return Ok(None);
+        }
+        let Current {
+            state: from,
+            version,
+            open_turn,
+            ..
+        } = cur;
+        let outcome = ending.outcome.or(if open_turn.is_some() {
+            Some(Outcome::Interrupted)
+        } else {
+            cur.outcome
+        });
+        let won = on_db!(db.reborrow(), |c| diesel::update(
+            sessions::table
+                .filter(sessions::id.eq(raw))
+                .filter(sessions::version.eq(version))
+                .filter(sessions::state.ne(State::Finalized.as_str())),
+        )
+        .set((
+            sessions::state.eq(State::Finalized.as_str()),
+            sessions::end_reason.eq(Some(ending.reason.as_str())),
+            sessions::finalized_at.eq(Some(ending.at)),
+            sessions::outcome.eq(outcome.map(Outcome::as_str)),
+            sessions::open_turn.eq(None::<i64>),
+            sessions::version.eq(sessions::version + 1),
+        ))
+        .execute(c))
+        .context("spending the finalize latch")?;
+        if won == 0 {
+            continue;
+        }
+        // Close whatever turn is still open, so its work can write no more.
+        let closed: Vec<i64> = on_db!(db.reborrow(), |c| diesel::update(
+            turns::table
+                .filter(turns::session.eq(raw))
+                .filter(turns::ended_at.is_null()),
+        )
+        .set((
+            turns::ended_at.eq(Some(ending.at)),
+            turns::outcome.eq(Some(Outcome::Interrupted.as_str())),
+        ))
+        .returning(turns::no)
+        .get_results(c))
+        .context("interrupting the open turn")?;
+        record(
+            db.reborrow(),
+            raw,
+            ending.at,
+            Some(from),
+            State::Finalized,
+            ending.cause,
+        )?;
+        let interrupted = closed.into_iter().max().map(turn_no).transpose()?;
+        return Ok(Some(Spent { interrupted }));
+    }
+    Err(StoreError::Database {
+        context: "spending the finalize latch",
+        source: crate::error::DbError::new(std::io::Error::other(
+            "the session kept changing under the latch; try again",
+        )),
+    })
+}
+
+/// Finalize session `id` according to `plan`.
+pub(crate) fn finalize(
+    db: Db<'_>,
+    id: SessionId,
+    plan: &Finalize,
+) -> Result<Finalized, StoreError> {
+    let at = to_millis(plan.at);
+    let cause = format!("finalize: {}", plan.reason);
+    let ending = Ending {
+        reason: plan.reason,
+        outcome: plan.outcome,
+        at,
+        owner: None,
+        cause: &cause,
+    };
+    write_tx!(db, |c| {
+        let Some(spent) = spend(Db::from(&mut *c), id, &ending)? else {
+            return Ok(Finalized::AlreadyFinalized);
+        };
+        let mut report = FinalizeReport {
+            interrupted_turn: spent.interrupted,
+            ..FinalizeReport::default()
+        };
+        if plan.commit_memory {
+            // A savepoint: a failed memory commit is rolled back alone and the
+            // session is finalized all the same (SPEC §4: best-effort steps).
+            match c.transaction(|c| commit_memory(Db::from(c), id, at)) {
+                Ok(n) => report.memories = n,
+                Err(error) => {
+                    tracing::warn!(session = %id, %error, "finalize: committing memory failed");
+                    report.failed_steps.push(StepFailure {
+                        step: FinalizeStep::CommitMemory,
+                        error,
+                    });
+                }
+            }
+        }
+        if !report.failed_steps.is_empty() {
+            let text = report
+                .failed_steps
+                .iter()
+                .map(|f| format!("{}: {}", f.step.as_str(), f.error))
+                .collect::<Vec<_>>()
+                .join("\n");
+            diesel::update(sessions::table.find(sid(id)?))
+                .set(sessions::finalize_errors.eq(Some(text)))
+                .execute(c)
+                .context("recording failed finalize steps")?;
+        }
+        Ok(Finalized::Won(report))
+    })
+}
+
+/// Commit one memory row per completed turn: its chunks, in order, joined.
+/// Turns that failed, were cancelled, detached or interrupted contribute
+/// nothing (G7).
+fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError> {
+    let raw = sid(id)?;
+    on_db!(db, |c| {
+        let rows: Vec<(i64, String)> = chunks::table
+            .inner_join(
+                turns::table.on(turns::session
+                    .eq(chunks::session)
+                    .and(turns::no.eq(chunks::turn_no))),
+            )
+            .filter(chunks::session.eq(raw))
+            .filter(turns::outcome.eq(Outcome::Completed.as_str()))
+            .order((chunks::turn_no.asc(), chunks::seq.asc()))
+            .select((chunks::turn_no, chunks::text))
+            .load(c)
+            .context("reading completed turns for memory")?;
+        let mut per_turn: Vec<(i64, String)> = Vec::new();
+        for (turn, text) in rows {
+            match per_turn.last_mut() {
+                Some((t, content)) if *t == turn => content.push_str(&text),
+                _ => per_turn.push((turn, text)),
+            }
+        }
+        let values: Vec<_> = per_turn
+            .iter()
+            .map(|(turn, content)| {
+                (
+                    memories::session.eq(raw),
+                    memories::turn_no.eq(*turn),
+                    memories::content.eq(content.as_str()),
+                    memories::created_at.eq(at),
+                )
+            })
+            .collect();
+        if !values.is_empty() {
+            diesel::insert_into(memories::table)
+                .values(&values)
+                .execute(c)
+                .context("committing memory")?;
+        }
+        Ok(per_turn.len())
+    })
+}

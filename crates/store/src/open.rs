@@ -1,0 +1,412 @@
+//! Opening a store: telling a path from a URL, refusing bad locations before
+//! anything is written (G11), checking the schema version, running the embedded
+//! migrations, and building the connections.
+//!
+//! For SQLite the order is: look at the path (missing folder, directory,
+//! read-only location) and, for an existing file, read its header before SQLite
+//! may touch it; open one connection; set the busy timeout; read the schema
+//! (which finds a corrupt file) and refuse a newer or foreign one; only then
+//! switch to WAL and migrate, inside an IMMEDIATE transaction so two processes
+//! opening a new file at once migrate it once. A file this call created is
+//! removed again if any later step fails.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::sql_types::Text;
+use diesel::sqlite::SqliteConnection;
+use diesel::ConnectionError;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use crate::conn::{AnyConn, Db};
+use crate::error::OpenError;
+use crate::options::StoreOptions;
+use crate::pool::{sqlite_pragmas, ReadPool, SqliteSettings};
+use crate::schema::{settle_meta, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
+
+const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+
+/// Serialises migrations of one PostgreSQL database across processes.
+const PG_MIGRATION_LOCK: i64 = 0x5e77_1e00;
+
+/// The first 16 bytes of every SQLite database file.
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// What `open` produced.
+pub(crate) struct Opened {
+    pub(crate) writer: AnyConn,
+    pub(crate) pool: ReadPool,
+    /// For SQLite: the path the checkpoint thread opens.
+    pub(crate) checkpoint: Option<String>,
+}
+
+/// Where a URL points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl Target {
+    pub(crate) fn parse(url: &str) -> Target {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Target::Postgres(url.to_owned());
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        Target::Sqlite(PathBuf::from(path))
+    }
+
+    /// How to name this location in messages (passwords redacted).
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Target::Sqlite(p) => p.display().to_string(),
+            Target::Postgres(u) => redact(u),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+pub(crate) fn open(target: &Target, options: &StoreOptions) -> Result<Opened, OpenError> {
+    match target {
+        Target::Sqlite(path) => open_sqlite(path, options),
+        Target::Postgres(url) => open_postgres(url, options),
+    }
+}
+
+// --- SQLite ---------------------------------------------------------------
+
+/// What the path looked like before `open` touched it.
+enum Before {
+    /// A database file (or an empty file) was there.
+    Existing,
+    /// Nothing was there; these are the files to remove if `open` fails.
+    Nothing(Vec<PathBuf>),
+}
+
+fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError> {
+    let Some(path_str) = path.to_str() else {
+        return Err(OpenError::InvalidPath {
+            path: path.to_owned(),
+        });
+    };
+    let before = preflight(path)?;
+    let opened = establish_sqlite(path, path_str, options);
+    if let (Err(_), Before::Nothing(created)) = (&opened, &before) {
+        for file in created {
+            if let Err(e) = fs::remove_file(file) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(file = %file.display(), error = %e, "could not remove a file left by a failed open");
+                }
+            }
+        }
+    }
+    opened
+}
+
+/// Refuse a bad location before SQLite sees it.
+fn preflight(path: &Path) -> Result<Before, OpenError> {
+    let read_only = |e: io::Error| OpenError::ReadOnly {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(OpenError::IsDirectory {
+            path: path.to_owned(),
+        }),
+        Ok(meta) if !meta.is_file() => Err(OpenError::NotADatabase {
+            path: path.to_owned(),
+        }),
+        Ok(_) => {
+            let mut header = Vec::with_capacity(100);
+            File::open(path)
+                .and_then(|f| f.take(100).read_to_end(&mut header))
+                .map_err(read_only)?;
+            // An empty file is a database with no pages yet; anything else
+            // must carry SQLite's header.
+            if !header.is_empty() && (header.len() < 100 || !header.starts_with(SQLITE_MAGIC)) {
+                return Err(OpenError::NotADatabase {
+                    path: path.to_owned(),
+                });
+            }
+            // Opening for writing (without truncating) writes nothing.
+            OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(read_only)?;
+            // WAL keeps two files beside the database.
+            crate::sys::writable(&folder_of(path)).map_err(read_only)?;
+            Ok(Before::Existing)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let folder = folder_of(path);
+            match fs::metadata(&folder) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => {
+                    return Err(OpenError::MissingFolder {
+                        path: path.to_owned(),
+                        folder,
+                    })
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(OpenError::MissingFolder {
+                        path: path.to_owned(),
+                        folder,
+                    })
+                }
+                Err(e) => return Err(read_only(e)),
+            }
+            crate::sys::writable(&folder).map_err(read_only)?;
+            let created = ["", "-wal", "-shm", "-journal"]
+                .iter()
+                .map(|suffix| {
+                    let mut p = path.as_os_str().to_owned();
+                    p.push(suffix);
+                    PathBuf::from(p)
+                })
+                .filter(|p| !p.exists())
+                .collect();
+            Ok(Before::Nothing(created))
+        }
+        Err(e) => Err(read_only(e)),
+    }
+}
+
+fn folder_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Turn an SQLite error met while opening into the matching refusal.
+fn sqlite_refusal(path: &Path, context: &'static str, message: String) -> OpenError {
+    let lower = message.to_lowercase();
+    if lower.contains("not a database") {
+        OpenError::NotADatabase {
+            path: path.to_owned(),
+        }
+    } else if lower.contains("malformed") || lower.contains("corrupt") {
+        OpenError::Corrupt {
+            path: path.to_owned(),
+            message,
+        }
+    } else if lower.contains("readonly") || lower.contains("read-only") {
+        OpenError::ReadOnly {
+            path: path.to_owned(),
+            reason: message,
+        }
+    } else {
+        OpenError::Database {
+            location: path.display().to_string(),
+            context,
+            message,
+        }
+    }
+}
+
+fn establish_sqlite(
+    path: &Path,
+    path_str: &str,
+    options: &StoreOptions,
+) -> Result<Opened, OpenError> {
+    let location = path.display().to_string();
+    let mut conn = SqliteConnection::establish(path_str)
+        .map_err(|e| sqlite_refusal(path, "connecting", e.to_string()))?;
+    let [busy, rest @ ..] = sqlite_pragmas(options.busy_timeout());
+    conn.batch_execute(&busy)
+        .map_err(|e| sqlite_refusal(path, "setting the busy timeout", e.to_string()))?;
+    // Reading the schema reads page 1 and the schema table: a damaged file
+    // fails here, before anything is written.
+    check_schema(Db::Sqlite(&mut conn), true).map_err(|r| r.into_open(path, &location))?;
+    // Checkpoints run on their own thread (see `checkpoint`), not inside
+    // the writer's commits.
+    for pragma in rest
+        .iter()
+        .map(String::as_str)
+        .chain(["PRAGMA wal_autocheckpoint = 0"])
+    {
+        conn.batch_execute(pragma)
+            .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;
+    }
+    conn.immediate_transaction(|c| {
+        check_schema(Db::Sqlite(&mut *c), true)?;
+        c.run_pending_migrations(SQLITE_MIGRATIONS)
+            .map_err(|e| Refusal::Migration(e.to_string()))?;
+        Ok::<_, Refusal>(())
+    })
+    .map_err(|r| r.into_open(path, &location))?;
+
+    let pool = Pool::builder()
+        .max_size(options.read_connections())
+        .min_idle(Some(0))
+        .connection_timeout(options.connection_timeout())
+        .connection_customizer(Box::new(SqliteSettings {
+            busy_timeout: options.busy_timeout(),
+        }))
+        .build_unchecked(ConnectionManager::<SqliteConnection>::new(path_str));
+    Ok(Opened {
+        writer: AnyConn::Sqlite(conn),
+        pool: ReadPool::Sqlite(pool),
+        checkpoint: Some(path_str.to_owned()),
+    })
+}
+
+// --- PostgreSQL -----------------------------------------------------------
+
+fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError> {
+    let shown = redact(url);
+    let mut conn = PgConnection::establish(url).map_err(|e| pg_refusal(&shown, e))?;
+    check_schema(Db::Pg(&mut conn), false).map_err(|r| r.into_open_pg(&shown))?;
+    conn.transaction(|c| {
+        diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
+            .execute(c)?;
+        check_schema(Db::Pg(&mut *c), false)?;
+        c.run_pending_migrations(PG_MIGRATIONS)
+            .map_err(|e| Refusal::Migration(e.to_string()))?;
+        Ok::<_, Refusal>(())
+    })
+    .map_err(|r| r.into_open_pg(&shown))?;
+    let pool = Pool::builder()
+        .max_size(options.read_connections())
+        .min_idle(Some(0))
+        .connection_timeout(options.connection_timeout())
+        .build_unchecked(ConnectionManager::<PgConnection>::new(url));
+    Ok(Opened {
+        writer: AnyConn::Pg(conn),
+        pool: ReadPool::Pg(pool),
+        checkpoint: None,
+    })
+}
+
+fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
+    let url = url.to_owned();
+    match e {
+        ConnectionError::InvalidConnectionUrl(message) => OpenError::BadUrl { url, message },
+        ConnectionError::BadConnection(message) => {
+            let message = message.trim().to_owned();
+            let lower = message.to_lowercase();
+            if lower.contains("database \"") && lower.contains("does not exist") {
+                OpenError::MissingDatabase { url, message }
+            } else if lower.contains("fatal") {
+                OpenError::Rejected { url, message }
+            } else {
+                OpenError::Unreachable { url, message }
+            }
+        }
+        other => OpenError::Rejected {
+            url,
+            message: other.to_string(),
+        },
+    }
+}
+
+// --- schema version ---------------------------------------------------------
+
+/// Why the schema check or migration refused.
+#[derive(Debug)]
+enum Refusal {
+    Db(diesel::result::Error),
+    Newer(i64),
+    Foreign,
+    Migration(String),
+}
+
+impl From<diesel::result::Error> for Refusal {
+    fn from(e: diesel::result::Error) -> Self {
+        Refusal::Db(e)
+    }
+}
+
+impl Refusal {
+    fn into_open(self, path: &Path, location: &str) -> OpenError {
+        match self {
+            Refusal::Db(e) => sqlite_refusal(path, "reading the schema", e.to_string()),
+            other => other.into_open_pg(location),
+        }
+    }
+
+    fn into_open_pg(self, location: &str) -> OpenError {
+        match self {
+            Refusal::Db(e) => OpenError::Database {
+                location: location.to_owned(),
+                context: "reading the schema",
+                message: e.to_string(),
+            },
+            Refusal::Newer(found) => OpenError::NewerSchema {
+                location: location.to_owned(),
+                found,
+                supported: SCHEMA_VERSION,
+            },
+            Refusal::Foreign => OpenError::ForeignDatabase {
+                path: PathBuf::from(location),
+            },
+            Refusal::Migration(message) => OpenError::Migration {
+                location: location.to_owned(),
+                message,
+            },
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct TableName {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+/// Read-only: refuse a database of a newer schema version, and (for SQLite,
+/// where a file is one program's) one that holds another program's tables.
+fn check_schema(db: Db<'_>, refuse_foreign: bool) -> Result<(), Refusal> {
+    on_db!(db, |c| {
+        let sql = if refuse_foreign {
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        } else {
+            "SELECT table_name::text AS name FROM information_schema.tables \
+             WHERE table_schema = current_schema()"
+        };
+        let tables: Vec<TableName> = diesel::sql_query(sql).load(c)?;
+        if tables.is_empty() {
+            return Ok(());
+        }
+        if !tables.iter().any(|t| t.name == "settle_meta") {
+            return if refuse_foreign {
+                Err(Refusal::Foreign)
+            } else {
+                Ok(())
+            };
+        }
+        let version: Option<i64> = settle_meta::table
+            .find(SCHEMA_VERSION_KEY)
+            .select(settle_meta::value)
+            .first(c)
+            .optional()?;
+        match version {
+            Some(v) if v > SCHEMA_VERSION => Err(Refusal::Newer(v)),
+            _ => Ok(()),
+        }
+    })
+}

@@ -1,0 +1,68 @@
+//! The pooled read connections, and the SQLite settings every connection gets.
+
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
+use diesel::sqlite::SqliteConnection;
+
+use crate::conn::Db;
+use crate::error::{DbError, StoreError};
+
+/// The SQLite settings, in this order and each its own statement: the busy
+/// timeout first (so the others wait for a lock instead of failing), then WAL,
+/// `synchronous = NORMAL` (durable at commit under WAL), foreign keys.
+pub(crate) fn sqlite_pragmas(busy_timeout: Duration) -> [String; 4] {
+    [
+        format!("PRAGMA busy_timeout = {}", busy_timeout.as_millis()),
+        "PRAGMA journal_mode = WAL".to_owned(),
+        "PRAGMA synchronous = NORMAL".to_owned(),
+        "PRAGMA foreign_keys = ON".to_owned(),
+    ]
+}
+
+/// Applies [`sqlite_pragmas`] to every pooled connection.
+#[derive(Debug)]
+pub(crate) struct SqliteSettings {
+    pub(crate) busy_timeout: Duration,
+}
+
+impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqliteSettings {
+    fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
+        for statement in sqlite_pragmas(self.busy_timeout) {
+            conn.batch_execute(&statement)
+                .map_err(diesel::r2d2::Error::QueryError)?;
+        }
+        Ok(())
+    }
+}
+
+/// A pool of read connections of either backend.
+#[derive(Clone)]
+pub(crate) enum ReadPool {
+    Sqlite(Pool<ConnectionManager<SqliteConnection>>),
+    Pg(Pool<ConnectionManager<PgConnection>>),
+}
+
+impl ReadPool {
+    /// Run `f` on a pooled connection (blocking).
+    pub(crate) fn with<T>(
+        &self,
+        f: impl FnOnce(Db<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let refused = |e| StoreError::Connection {
+            source: DbError::new(e),
+        };
+        match self {
+            ReadPool::Sqlite(p) => {
+                let mut c = p.get().map_err(refused)?;
+                f(Db::Sqlite(&mut c))
+            }
+            ReadPool::Pg(p) => {
+                let mut c = p.get().map_err(refused)?;
+                f(Db::Pg(&mut c))
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Reads for the command line and for tests: the session list, one session's
+//! turns, transcript and timeline, and its committed memory. Each read sees one
+//! snapshot of the database.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use diesel::dsl::count_star;
+use diesel::prelude::*;
+use settle_core::{EndReason, Outcome, SessionId, State};
+
+use crate::conn::Db;
+use crate::error::{Context, StoreError};
+use crate::schema::{chunks, memories, sessions, timeline, turns};
+use crate::time::{from_millis, opt_word, session_id, sid, turn_no, word};
+
+/// One session, with exactly the fields `settle sessions --json` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    /// Its id.
+    pub id: SessionId,
+    /// Its name.
+    pub name: String,
+    /// Its parent, if it is not a root.
+    pub parent: Option<SessionId>,
+    /// Its lifecycle state.
+    pub state: State,
+    /// The outcome of its last turn or of its work, if any.
+    pub outcome: Option<Outcome>,
+    /// Why it was finalized, once it is.
+    pub end_reason: Option<EndReason>,
+    /// How many turns it started.
+    pub turns: u64,
+    /// How many chunks its transcript holds.
+    pub chunks: u64,
+    /// When it was registered.
+    pub created_at: SystemTime,
+    /// When it was finalized, once it is.
+    pub finalized_at: Option<SystemTime>,
+}
+
+/// One turn of a session, with its transcript.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnRow {
+    /// Its number within the session.
+    pub no: u32,
+    /// How it ended, once it has.
+    pub outcome: Option<Outcome>,
+    /// When it started.
+    pub started_at: SystemTime,
+    /// When it ended, once it has.
+    pub ended_at: Option<SystemTime>,
+    /// Its chunks, in order.
+    pub chunks: Vec<String>,
+}
+
+/// One recorded transition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineRow {
+    /// When it happened.
+    pub at: SystemTime,
+    /// The state left (`None` for the registration itself).
+    pub from: Option<State>,
+    /// The state entered.
+    pub to: State,
+    /// Why, in words.
+    pub cause: String,
+}
+
+/// Everything `settle show ID` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionDetail {
+    /// The session's row.
+    pub session: SessionRow,
+    /// Its turns, in order, with their chunks.
+    pub turns: Vec<TurnRow>,
+    /// Its transitions, in order.
+    pub timeline: Vec<TimelineRow>,
+    /// Finalize steps that failed, as recorded when it was finalized.
+    pub finalize_errors: Option<String>,
+}
+
+/// One committed memory row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryRow {
+    /// The completed turn it was built from.
+    pub turn: u32,
+    /// The turn's chunks, joined in order.
+    pub content: String,
+}
+
+type SessionColumns = (
+    i64,
+    String,
+    Option<i64>,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<i64>,
+);
+
+type SessionSelect = (
+    sessions::id,
+    sessions::name,
+    sessions::parent,
+    sessions::state,
+    sessions::outcome,
+    sessions::end_reason,
+    sessions::created_at,
+    sessions::finalized_at,
+);
+
+const SESSION_COLUMNS: SessionSelect = (
+    sessions::id,
+    sessions::name,
+    sessions::parent,
+    sessions::state,
+    sessions::outcome,
+    sessions::end_reason,
+    sessions::created_at,
+    sessions::finalized_at,
+);
+
+fn session_row(cols: SessionColumns, turns: u64, chunks: u64) -> Result<SessionRow, StoreError> {
+    let (id, name, parent, state, outcome, end_reason, created_at, finalized_at) = cols;
+    Ok(SessionRow {
+        id: session_id(id),
+        name,
+        parent: parent.map(session_id),
+        state: word("sessions.state", &state)?,
+        outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+        end_reason: opt_word("sessions.end_reason", end_reason.as_deref())?,
+        turns,
+        chunks,
+        created_at: from_millis(created_at),
+        finalized_at: finalized_at.map(from_millis),
+    })
+}
+
+fn count(n: i64) -> u64 {
+    n.unsigned_abs()
+}
+
+/// Every session (in `state`, if given), by id.
+pub(crate) fn list_sessions(
+    db: Db<'_>,
+    state: Option<State>,
+) -> Result<Vec<SessionRow>, StoreError> {
+    let (rows, turn_counts, chunk_counts) = read_tx!(db, |c| {
+        let mut q = sessions::table.select(SESSION_COLUMNS).into_boxed();
+        let mut tq = turns::table
+            .group_by(turns::session)
+            .select((turns::session, count_star()))
+            .into_boxed();
+        let mut cq = chunks::table
+            .group_by(chunks::session)
+            .select((chunks::session, count_star()))
+            .into_boxed();
+        if let Some(s) = state {
+            q = q.filter(sessions::state.eq(s.as_str()));
+            let ids = sessions::table
+                .filter(sessions::state.eq(s.as_str()))
+                .select(sessions::id);
+            tq = tq.filter(turns::session.eq_any(ids));
+            let ids = sessions::table
+                .filter(sessions::state.eq(s.as_str()))
+                .select(sessions::id);
+            cq = cq.filter(chunks::session.eq_any(ids));
+        }
+        let rows: Vec<SessionColumns> = q
+            .order(sessions::id.asc())
+            .load(c)
+            .context("listing sessions")?;
+        let tc: Vec<(i64, i64)> = tq.load(c).context("counting turns")?;
+        let cc: Vec<(i64, i64)> = cq.load(c).context("counting chunks")?;
+        Ok::<_, StoreError>((rows, tc, cc))
+    })?;
+    let turns: HashMap<i64, i64> = turn_counts.into_iter().collect();
+    let chunks: HashMap<i64, i64> = chunk_counts.into_iter().collect();
+    rows.into_iter()
+        .map(|r| {
+            let id = r.0;
+            session_row(
+                r,
+                count(turns.get(&id).copied().unwrap_or(0)),
+                count(chunks.get(&id).copied().unwrap_or(0)),
+            )
+        })
+        .collect()
+}
+
+type TurnColumns = (i64, Option<String>, i64, Option<i64>);
+type TimelineColumns = (i64, Option<String>, String, String);
+
+/// One session with its turns, transcript and timeline.
+pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
+    let raw = sid(id)?;
+    let (row, errors, turn_rows, chunk_rows, timeline_rows) = read_tx!(db, |c| {
+        let row: Option<(SessionColumns, Option<String>)> = sessions::table
+            .find(raw)
+            .select((SESSION_COLUMNS, sessions::finalize_errors))
+            .first(c)
+            .optional()
+            .context("reading a session")?;
+        let Some((row, errors)) = row else {
+            return Err(StoreError::UnknownSession(id));
+        };
+        let turn_rows: Vec<TurnColumns> = turns::table
+            .filter(turns::session.eq(raw))
+            .order(turns::no.asc())
+            .select((
+                turns::no,
+                turns::outcome,
+                turns::started_at,
+                turns::ended_at,
+            ))
+            .load(c)
+            .context("reading turns")?;
+        let chunk_rows: Vec<(i64, String)> = chunks::table
+            .filter(chunks::session.eq(raw))
+            .order((chunks::turn_no.asc(), chunks::seq.asc()))
+            .select((chunks::turn_no, chunks::text))
+            .load(c)
+            .context("reading the transcript")?;
+        let timeline_rows: Vec<TimelineColumns> = timeline::table
+            .filter(timeline::session.eq(raw))
+            .order(timeline::id.asc())
+            .select((
+                timeline::at,
+                timeline::from_state,
+                timeline::to_state,
+                timeline::cause,
+            ))
+            .load(c)
+            .context("reading the timeline")?;
+        Ok::<_, StoreError>((row, errors, turn_rows, chunk_rows, timeline_rows))
+    })?;
+
+    let mut by_turn: HashMap<i64, Vec<String>> = HashMap::new();
+    let chunk_count = chunk_rows.len() as u64;
+    for (turn, text) in chunk_rows {
+        by_turn.entry(turn).or_default().push(text);
+    }
+    let turns = turn_rows
+        .into_iter()
+        .map(|(no, outcome, started_at, ended_at)| {
+            Ok(TurnRow {
+                no: turn_no(no)?,
+                outcome: opt_word("turns.outcome", outcome.as_deref())?,
+                started_at: from_millis(started_at),
+                ended_at: ended_at.map(from_millis),
+                chunks: by_turn.remove(&no).unwrap_or_default(),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let timeline = timeline_rows
+        .into_iter()
+        .map(|(at, from, to, cause)| {
+            Ok(TimelineRow {
+                at: from_millis(at),
+                from: opt_word("timeline.from_state", from.as_deref())?,
+                to: word("timeline.to_state", &to)?,
+                cause,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(SessionDetail {
+        session: session_row(row, turns.len() as u64, chunk_count)?,
+        turns,
+        timeline,
+        finalize_errors: errors,
+    })
+}
+
+/// The memory committed for session `id`, in commit order.
+pub(crate) fn memories(db: Db<'_>, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
+    let raw = sid(id)?;
+    let rows: Vec<(i64, String)> = on_db!(db, |c| memories::table
+        .filter(memories::session.eq(raw))
+        .order(memories::id.asc())
+        .select((memories::turn_no, memories::content))
+        .load(c))
+    .context("reading memory")?;
+    rows.into_iter()
+        .map(|(turn, content)| {
+            Ok(MemoryRow {
+                turn: turn_no(turn)?,
+                content,
+            })
+        })
+        .collect()
+}

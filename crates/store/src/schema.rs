@@ -1,0 +1,101 @@
+//! The tables, as Diesel sees them. One schema serves both backends: every
+//! integer is a `BIGINT` (`i64`), every timestamp milliseconds since the UNIX
+//! epoch, every state/outcome/end reason settle-core's lowercase spelling.
+
+/// The schema version this build writes. A database that records a higher one
+/// was written by a newer settle and is refused on open.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// The `settle_meta` key that holds [`SCHEMA_VERSION`].
+pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
+
+diesel::table! {
+    settle_meta (key) {
+        key -> Text,
+        value -> BigInt,
+    }
+}
+
+diesel::table! {
+    owners (id) {
+        id -> BigInt,
+        host -> Text,
+        pid -> BigInt,
+        started_at -> BigInt,
+        lease_expires_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    sessions (id) {
+        id -> BigInt,
+        name -> Text,
+        parent -> Nullable<BigInt>,
+        tree -> BigInt,
+        state -> Text,
+        outcome -> Nullable<Text>,
+        end_reason -> Nullable<Text>,
+        closing_reason -> Nullable<Text>,
+        open_turn -> Nullable<BigInt>,
+        created_at -> BigInt,
+        finalized_at -> Nullable<BigInt>,
+        finalize_errors -> Nullable<Text>,
+        version -> BigInt,
+        owner -> BigInt,
+    }
+}
+
+diesel::table! {
+    turns (session, no) {
+        session -> BigInt,
+        no -> BigInt,
+        outcome -> Nullable<Text>,
+        started_at -> BigInt,
+        ended_at -> Nullable<BigInt>,
+        next_seq -> BigInt,
+    }
+}
+
+diesel::table! {
+    chunks (session, turn_no, seq) {
+        session -> BigInt,
+        turn_no -> BigInt,
+        seq -> BigInt,
+        text -> Text,
+    }
+}
+
+diesel::table! {
+    timeline (id) {
+        id -> BigInt,
+        session -> BigInt,
+        at -> BigInt,
+        from_state -> Nullable<Text>,
+        to_state -> Text,
+        cause -> Text,
+    }
+}
+
+diesel::table! {
+    memories (id) {
+        id -> BigInt,
+        session -> BigInt,
+        turn_no -> BigInt,
+        content -> Text,
+        created_at -> BigInt,
+    }
+}
+
+diesel::joinable!(sessions -> owners (owner));
+diesel::joinable!(timeline -> sessions (session));
+diesel::joinable!(memories -> sessions (session));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    settle_meta,
+    owners,
+    sessions,
+    turns,
+    chunks,
+    timeline,
+    memories,
+);

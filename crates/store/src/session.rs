@@ -1,0 +1,389 @@
+//! Session rows and their turns: creating a session, moving it between states
+//! (conditionally, with a timeline row in the same transaction), opening and
+//! ending turns. Every write is one conditional UPDATE whose affected-row count
+//! says whether it applied; only when it did not is the row read, to say why.
+
+use std::time::SystemTime;
+
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use settle_core::{EndReason, Outcome, SessionId, State};
+
+use crate::conn::Db;
+use crate::error::{Context, StoreError};
+use crate::lease::OwnerId;
+use crate::schema::{sessions, timeline, turns};
+use crate::time::{opt_word, session_id, sid, to_millis, word};
+
+/// What [`create_session`](crate::SessionStore::create_session) inserts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSession {
+    /// A human-readable name (need not be unique).
+    pub name: String,
+    /// The parent session, which must exist and be open; `None` for a root.
+    pub parent: Option<SessionId>,
+    /// The owning process.
+    pub owner: OwnerId,
+    /// When the session was registered.
+    pub created_at: SystemTime,
+}
+
+impl NewSession {
+    /// A root session named `name`, owned by `owner`, registered now.
+    pub fn new(name: impl Into<String>, owner: OwnerId) -> Self {
+        NewSession {
+            name: name.into(),
+            parent: None,
+            owner,
+            created_at: SystemTime::now(),
+        }
+    }
+
+    /// Make it a child of `parent`.
+    pub fn with_parent(mut self, parent: SessionId) -> Self {
+        self.parent = Some(parent);
+        self
+    }
+
+    /// Record it as registered at `at`.
+    pub fn at(mut self, at: SystemTime) -> Self {
+        self.created_at = at;
+        self
+    }
+}
+
+/// The states in which a session can still take a child.
+const OPEN_STATES: [&str; 3] = ["registered", "running", "cancelling"];
+
+/// The mutable columns of a session, as one read sees them.
+#[derive(Debug, Clone)]
+pub(crate) struct Current {
+    pub(crate) state: State,
+    pub(crate) version: i64,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) open_turn: Option<u32>,
+    pub(crate) closing: Option<EndReason>,
+    pub(crate) owner: i64,
+}
+
+type CurrentColumns = (
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    i64,
+);
+
+/// Read the mutable columns of session `id`, if it exists.
+pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError> {
+    let row: Option<CurrentColumns> = on_db!(db, |c| sessions::table
+        .find(id)
+        .select((
+            sessions::state,
+            sessions::version,
+            sessions::outcome,
+            sessions::open_turn,
+            sessions::closing_reason,
+            sessions::owner,
+        ))
+        .first(c)
+        .optional())
+    .context("reading a session")?;
+    row.map(|(state, version, outcome, open_turn, closing, owner)| {
+        Ok(Current {
+            state: word("sessions.state", &state)?,
+            version,
+            outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+            open_turn: open_turn.map(crate::time::turn_no).transpose()?,
+            closing: opt_word("sessions.closing_reason", closing.as_deref())?,
+            owner,
+        })
+    })
+    .transpose()
+}
+
+/// Append a timeline row.
+pub(crate) fn record(
+    db: Db<'_>,
+    session: i64,
+    at: i64,
+    from: Option<State>,
+    to: State,
+    cause: &str,
+) -> Result<(), StoreError> {
+    on_db!(db, |c| diesel::insert_into(timeline::table)
+        .values((
+            timeline::session.eq(session),
+            timeline::at.eq(at),
+            timeline::from_state.eq(from.map(State::as_str)),
+            timeline::to_state.eq(to.as_str()),
+            timeline::cause.eq(cause),
+        ))
+        .execute(c))
+    .context("recording a timeline row")?;
+    Ok(())
+}
+
+/// Insert a session (and its first timeline row) and return its id.
+pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, StoreError> {
+    let parent = new.parent.map(sid).transpose()?;
+    let owner = new.owner.raw()?;
+    let at = to_millis(new.created_at);
+    write_tx!(db, |c| {
+        // Touching the parent row both checks that it is open and, on
+        // PostgreSQL, locks it against a concurrent finalize until we commit.
+        let tree = match (parent, new.parent) {
+            (Some(p), Some(parent_id)) => {
+                let tree: Option<i64> = diesel::update(
+                    sessions::table
+                        .filter(sessions::id.eq(p))
+                        .filter(sessions::state.eq_any(OPEN_STATES)),
+                )
+                .set(sessions::version.eq(sessions::version))
+                .returning(sessions::tree)
+                .get_result(c)
+                .optional()
+                .context("checking the parent session")?;
+                match tree {
+                    Some(t) => Some(t),
+                    None => {
+                        return Err(match current(Db::from(&mut *c), p)? {
+                            None => StoreError::UnknownSession(parent_id),
+                            Some(cur) => StoreError::ParentClosed {
+                                parent: parent_id,
+                                state: cur.state,
+                            },
+                        })
+                    }
+                }
+            }
+            _ => None,
+        };
+        let inserted: Result<i64, DieselError> = diesel::insert_into(sessions::table)
+            .values((
+                sessions::name.eq(&new.name),
+                sessions::parent.eq(parent),
+                sessions::tree.eq(tree.unwrap_or(0)),
+                sessions::state.eq(State::Registered.as_str()),
+                sessions::created_at.eq(at),
+                sessions::version.eq(0_i64),
+                sessions::owner.eq(owner),
+            ))
+            .returning(sessions::id)
+            .get_result(c);
+        let id = match inserted {
+            Ok(id) => id,
+            Err(DieselError::DatabaseError(DatabaseErrorKind::ForeignKeyViolation, _)) => {
+                return Err(StoreError::UnknownOwner(new.owner))
+            }
+            Err(e) => return Err(e).context("inserting a session"),
+        };
+        if tree.is_none() {
+            diesel::update(sessions::table.find(id))
+                .set(sessions::tree.eq(id))
+                .execute(c)
+                .context("rooting a session's tree")?;
+        }
+        record(
+            Db::from(&mut *c),
+            id,
+            at,
+            None,
+            State::Registered,
+            "registered",
+        )?;
+        Ok(session_id(id))
+    })
+}
+
+/// Whether `from → to` is a move the lifecycle allows outside finalize:
+/// forward only, except `running → registered` when a turn ends.
+fn allowed(from: State, to: State) -> bool {
+    to != State::Finalized
+        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
+}
+
+/// Move session `id` from `from` to `to`, only if it is in `from` now.
+pub(crate) fn transition(
+    db: Db<'_>,
+    id: SessionId,
+    from: State,
+    to: State,
+    cause: &str,
+    at: SystemTime,
+) -> Result<(), StoreError> {
+    let raw = sid(id)?;
+    if !allowed(from, to) {
+        return Err(StoreError::InvalidTransition {
+            session: id,
+            from,
+            to,
+        });
+    }
+    let at = to_millis(at);
+    write_tx!(db, |c| {
+        let moved = diesel::update(
+            sessions::table
+                .filter(sessions::id.eq(raw))
+                .filter(sessions::state.eq(from.as_str())),
+        )
+        .set((
+            sessions::state.eq(to.as_str()),
+            sessions::version.eq(sessions::version + 1),
+        ))
+        .execute(c)
+        .context("moving a session to a new state")?;
+        if moved == 0 {
+            return Err(match current(Db::from(&mut *c), raw)? {
+                None => StoreError::UnknownSession(id),
+                Some(cur) if cur.state == State::Finalized => StoreError::SessionClosed(id),
+                Some(cur) => StoreError::StateMismatch {
+                    session: id,
+                    expected: from,
+                    found: cur.state,
+                },
+            });
+        }
+        record(Db::from(&mut *c), raw, at, Some(from), to, cause)
+    })
+}
+
+/// Open turn `no` of session `id`: only while the session is registered or
+/// running, not closing, and has no other open turn.
+pub(crate) fn start_turn(
+    db: Db<'_>,
+    id: SessionId,
+    no: u32,
+    at: SystemTime,
+) -> Result<(), StoreError> {
+    let raw = sid(id)?;
+    let at = to_millis(at);
+    write_tx!(db, |c| {
+        let opened = diesel::update(
+            sessions::table
+                .filter(sessions::id.eq(raw))
+                .filter(sessions::state.eq_any(["registered", "running"]))
+                .filter(sessions::closing_reason.is_null())
+                .filter(sessions::open_turn.is_null()),
+        )
+        .set((
+            sessions::open_turn.eq(Some(i64::from(no))),
+            sessions::version.eq(sessions::version + 1),
+        ))
+        .execute(c)
+        .context("opening a turn")?;
+        if opened == 0 {
+            return Err(match current(Db::from(&mut *c), raw)? {
+                None => StoreError::UnknownSession(id),
+                Some(cur) if cur.state == State::Finalized => StoreError::SessionClosed(id),
+                Some(Current {
+                    closing: Some(reason),
+                    ..
+                }) => StoreError::SessionClosing {
+                    session: id,
+                    reason,
+                },
+                Some(Current {
+                    open_turn: Some(open),
+                    ..
+                }) => StoreError::TurnInFlight { session: id, open },
+                Some(cur) => StoreError::NotAcceptingTurns {
+                    session: id,
+                    state: cur.state,
+                },
+            });
+        }
+        let inserted = diesel::insert_into(turns::table)
+            .values((
+                turns::session.eq(raw),
+                turns::no.eq(i64::from(no)),
+                turns::started_at.eq(at),
+                turns::next_seq.eq(0_i64),
+            ))
+            .execute(c);
+        match inserted {
+            Ok(_) => Ok(()),
+            Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                Err(StoreError::TurnExists {
+                    session: id,
+                    turn: no,
+                })
+            }
+            Err(e) => Err(e).context("inserting a turn"),
+        }
+    })
+}
+
+/// End turn `no` of session `id` with `outcome`; later chunks for it are refused.
+pub(crate) fn end_turn(
+    db: Db<'_>,
+    id: SessionId,
+    no: u32,
+    outcome: Outcome,
+    at: SystemTime,
+) -> Result<(), StoreError> {
+    let raw = sid(id)?;
+    let at = to_millis(at);
+    write_tx!(db, |c| {
+        let ended = diesel::update(
+            turns::table
+                .filter(turns::session.eq(raw))
+                .filter(turns::no.eq(i64::from(no)))
+                .filter(turns::ended_at.is_null()),
+        )
+        .set((
+            turns::ended_at.eq(Some(at)),
+            turns::outcome.eq(Some(outcome.as_str())),
+        ))
+        .execute(c)
+        .context("ending a turn")?;
+        if ended == 0 {
+            return Err(why_turn_refused(Db::from(&mut *c), id, no)?);
+        }
+        diesel::update(
+            sessions::table
+                .filter(sessions::id.eq(raw))
+                .filter(sessions::open_turn.eq(i64::from(no))),
+        )
+        .set((
+            sessions::open_turn.eq(None::<i64>),
+            sessions::outcome.eq(Some(outcome.as_str())),
+            sessions::version.eq(sessions::version + 1),
+        ))
+        .execute(c)
+        .context("recording a turn's outcome on its session")?;
+        Ok(())
+    })
+}
+
+/// Why a write to turn `no` of session `id` was refused: the session is
+/// unknown or finalized, or the turn is unknown or has ended.
+pub(crate) fn why_turn_refused(
+    mut db: Db<'_>,
+    id: SessionId,
+    no: u32,
+) -> Result<StoreError, StoreError> {
+    let raw = sid(id)?;
+    match current(db.reborrow(), raw)? {
+        None => return Ok(StoreError::UnknownSession(id)),
+        Some(cur) if cur.state == State::Finalized => return Ok(StoreError::SessionClosed(id)),
+        Some(_) => {}
+    }
+    let ended: Option<Option<i64>> = on_db!(db, |c| turns::table
+        .find((raw, i64::from(no)))
+        .select(turns::ended_at)
+        .first(c)
+        .optional())
+    .context("reading a turn")?;
+    Ok(match ended {
+        None => StoreError::UnknownTurn {
+            session: id,
+            turn: no,
+        },
+        Some(_) => StoreError::TurnClosed {
+            session: id,
+            turn: no,
+        },
+    })
+}

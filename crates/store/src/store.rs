@@ -1,0 +1,215 @@
+//! [`Store`]: the Diesel implementation of [`SessionStore`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use settle_core::{EndReason, Outcome, SessionId, State};
+
+use crate::checkpoint::Checkpointer;
+use crate::chunk::ChunkReceipt;
+use crate::claim::Claim;
+use crate::conn::Db;
+use crate::error::{OpenError, StoreError};
+use crate::latch::{Finalize, Finalized};
+use crate::lease::{OwnerId, OwnerInfo};
+use crate::open::{open, Target};
+use crate::options::StoreOptions;
+use crate::pool::ReadPool;
+use crate::read::{MemoryRow, SessionDetail, SessionRow};
+use crate::recover::{RecoverOptions, RecoveryReport};
+use crate::session::NewSession;
+use crate::session_store::SessionStore;
+use crate::writer::Writer;
+
+/// A session store on SQLite or PostgreSQL. Cheap to clone: clones share one
+/// writer thread and one read pool. When the last clone is dropped the writer
+/// commits what was queued and closes its connection (dropping blocks until
+/// then).
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+// Fields drop in order: the writer commits what is queued and closes first.
+struct Inner {
+    writer: Writer,
+    pool: ReadPool,
+    _checkpointer: Option<Checkpointer>,
+    location: String,
+    postgres: bool,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("location", &self.inner.location)
+            .field("postgres", &self.inner.postgres)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Open the store at `url` with default [`StoreOptions`].
+    ///
+    /// `url` is a `postgres://` or `postgresql://` URL, or else an SQLite path
+    /// (optionally prefixed `sqlite://`); an SQLite file is created on first
+    /// use. The schema is brought up to date. This blocks; from async code call
+    /// it inside `spawn_blocking`.
+    pub fn open(url: impl AsRef<str>) -> Result<Store, OpenError> {
+        Store::open_with(url, StoreOptions::default())
+    }
+
+    /// Open the store at `url` with `options`. See [`Store::open`].
+    pub fn open_with(url: impl AsRef<str>, options: StoreOptions) -> Result<Store, OpenError> {
+        let target = Target::parse(url.as_ref());
+        let location = target.describe();
+        let opened = open(&target, &options)?;
+        let writer = Writer::spawn(
+            opened.writer,
+            options.batch_size(),
+            options.flush_interval(),
+            match &target {
+                Target::Postgres(url) => Some(url.clone()),
+                Target::Sqlite(_) => None,
+            },
+        )
+        .map_err(|e| OpenError::Database {
+            location: location.clone(),
+            context: "starting the writer thread",
+            message: e.to_string(),
+        })?;
+        let checkpointer = opened
+            .checkpoint
+            .map(|path| Checkpointer::spawn(&path, options.busy_timeout()))
+            .transpose()
+            .map_err(|e| OpenError::Database {
+                location: location.clone(),
+                context: "starting the checkpoint thread",
+                message: e.to_string(),
+            })?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                writer,
+                pool: opened.pool,
+                _checkpointer: checkpointer,
+                location,
+                postgres: matches!(target, Target::Postgres(_)),
+            }),
+        })
+    }
+
+    /// The path or (password-redacted) URL this store was opened at.
+    pub fn location(&self) -> &str {
+        &self.inner.location
+    }
+
+    /// Whether the store is on PostgreSQL (else SQLite).
+    pub fn is_postgres(&self) -> bool {
+        self.inner.postgres
+    }
+
+    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Db<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.inner.writer.call(f).await
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Db<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let pool = self.inner.pool.clone();
+        tokio::task::spawn_blocking(move || pool.with(f))
+            .await
+            .map_err(|_| StoreError::Unavailable)?
+    }
+}
+
+#[async_trait]
+impl SessionStore for Store {
+    async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError> {
+        self.write(move |db| crate::lease::register_owner(db, &owner, ttl))
+            .await
+    }
+
+    async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
+        self.write(move |db| crate::lease::renew_lease(db, owner, ttl))
+            .await
+    }
+
+    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
+        self.write(move |db| crate::session::create_session(db, &new))
+            .await
+    }
+
+    async fn transition(
+        &self,
+        id: SessionId,
+        from: State,
+        to: State,
+        cause: &str,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        let cause = cause.to_owned();
+        self.write(move |db| crate::session::transition(db, id, from, to, &cause, at))
+            .await
+    }
+
+    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
+        self.write(move |db| crate::session::start_turn(db, id, no, at))
+            .await
+    }
+
+    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt {
+        self.inner.writer.append(id, turn, text)
+    }
+
+    async fn end_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        outcome: Outcome,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.write(move |db| crate::session::end_turn(db, id, no, outcome, at))
+            .await
+    }
+
+    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
+        self.write(move |db| crate::claim::claim(db, id, reason))
+            .await
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.write(|_| Ok(())).await
+    }
+
+    async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
+        self.write(move |db| crate::latch::finalize(db, id, &plan))
+            .await
+    }
+
+    async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
+        self.write(move |db| crate::recover::recover(db, &options))
+            .await
+    }
+
+    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(move |db| crate::read::list_sessions(db, state))
+            .await
+    }
+
+    async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
+        self.read(move |db| crate::read::session_detail(db, id))
+            .await
+    }
+
+    async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
+        self.read(move |db| crate::read::memories(db, id)).await
+    }
+}

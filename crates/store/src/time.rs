@@ -1,0 +1,70 @@
+//! Conversions between Rust values and the columns' portable representations:
+//! `SystemTime` ⇄ milliseconds since the UNIX epoch, ids ⇄ `BIGINT`, and the
+//! core's vocabulary ⇄ its lowercase spellings.
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use settle_core::SessionId;
+
+use crate::error::StoreError;
+
+/// Milliseconds since the UNIX epoch (negative before it), saturating.
+pub(crate) fn to_millis(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_millis()).map_or(i64::MIN, |m| -m),
+    }
+}
+
+/// The instant `ms` milliseconds after (or before) the UNIX epoch.
+pub(crate) fn from_millis(ms: i64) -> SystemTime {
+    let d = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
+    }
+}
+
+/// A duration in milliseconds, saturating.
+pub(crate) fn duration_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A session id as the database stores it.
+pub(crate) fn sid(id: SessionId) -> Result<i64, StoreError> {
+    i64::try_from(id.get()).map_err(|_| StoreError::OutOfRange {
+        what: "session id",
+        value: id.get(),
+    })
+}
+
+/// A session id read from the database (ids are allocated positive).
+pub(crate) fn session_id(raw: i64) -> SessionId {
+    SessionId(raw.unsigned_abs())
+}
+
+/// A turn number read from the database, which only ever holds `u32`s.
+pub(crate) fn turn_no(raw: i64) -> Result<u32, StoreError> {
+    u32::try_from(raw).map_err(|_| StoreError::Corrupt {
+        column: "turn number",
+        value: raw.to_string(),
+    })
+}
+
+/// Parse one of the core's words from a column.
+pub(crate) fn word<T: FromStr>(column: &'static str, raw: &str) -> Result<T, StoreError> {
+    raw.parse().map_err(|_| StoreError::Corrupt {
+        column,
+        value: raw.to_owned(),
+    })
+}
+
+/// Parse an optional word from a nullable column.
+pub(crate) fn opt_word<T: FromStr>(
+    column: &'static str,
+    raw: Option<&str>,
+) -> Result<Option<T>, StoreError> {
+    raw.map(|r| word(column, r)).transpose()
+}

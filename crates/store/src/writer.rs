@@ -1,0 +1,178 @@
+//! The writer thread: every write of a [`Store`](crate::Store) runs here, on
+//! one dedicated connection, in the order it was submitted, so Diesel never
+//! blocks an async worker and a chunk appended before `end_turn` is committed
+//! before it.
+//!
+//! Chunk appends are group-committed: the writer takes every chunk already
+//! waiting (up to the batch size, for at most the flush interval) and commits
+//! them in one transaction, then answers each. Any other command is a
+//! transaction of its own and closes the batch before it.
+
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use diesel::pg::PgConnection;
+use diesel::r2d2::R2D2Connection;
+use diesel::Connection;
+use settle_core::SessionId;
+use tokio::sync::oneshot;
+
+use crate::chunk::{commit_batch, ChunkReceipt, PendingChunk};
+use crate::conn::{AnyConn, Db};
+use crate::error::StoreError;
+
+/// A write; returns whether it failed in the database (not a refusal).
+type Op = Box<dyn FnOnce(Db<'_>) -> bool + Send>;
+
+enum Command {
+    Chunk(PendingChunk),
+    Op(Op),
+}
+
+/// The handle to the writer thread. Dropping it lets the thread finish what
+/// was queued, close its connection and exit, and waits for that.
+pub(crate) struct Writer {
+    tx: Option<Sender<Command>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Start the writer on `conn`.
+    /// Start the writer on `conn`. With `reconnect` (a PostgreSQL URL), a
+    /// connection found dead after a failed write is established again.
+    pub(crate) fn spawn(
+        conn: AnyConn,
+        batch_size: usize,
+        flush_interval: Duration,
+        reconnect: Option<String>,
+    ) -> std::io::Result<Writer> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("settle-store-writer".into())
+            .spawn(move || {
+                run(
+                    conn,
+                    rx,
+                    batch_size.max(1),
+                    flush_interval,
+                    reconnect.as_deref(),
+                )
+            })?;
+        Ok(Writer {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queue a chunk now; the receipt resolves after its commit.
+    pub(crate) fn append(&self, session: SessionId, turn: u32, text: String) -> ChunkReceipt {
+        let (ack, rx) = oneshot::channel();
+        let chunk = PendingChunk {
+            session,
+            turn,
+            text,
+            ack,
+        };
+        match &self.tx {
+            Some(tx) if tx.send(Command::Chunk(chunk)).is_ok() => ChunkReceipt::pending(rx),
+            _ => ChunkReceipt::ready(Err(StoreError::Unavailable)),
+        }
+    }
+
+    /// Run `f` on the writer's connection after everything queued before it.
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Db<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let op: Op = Box::new(move |db| {
+            let result = f(db);
+            let failed = matches!(
+                result,
+                Err(StoreError::Database { .. } | StoreError::Connection { .. })
+            );
+            // Nobody waiting for the answer is not an error.
+            let _ = reply.send(result);
+            failed
+        });
+        let tx = self.tx.as_ref().ok_or(StoreError::Unavailable)?;
+        tx.send(Command::Op(op))
+            .map_err(|_| StoreError::Unavailable)?;
+        rx.await.map_err(|_| StoreError::Unavailable)?
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the store's writer thread panicked");
+            }
+        }
+    }
+}
+
+fn run(
+    mut conn: AnyConn,
+    rx: Receiver<Command>,
+    batch_size: usize,
+    flush_interval: Duration,
+    reconnect: Option<&str>,
+) {
+    let mut next: Option<Command> = None;
+    loop {
+        let command = match next.take() {
+            Some(c) => c,
+            None => match rx.recv() {
+                Ok(c) => c,
+                Err(_) => return,
+            },
+        };
+        let failed = match command {
+            Command::Op(op) => op(conn.db()),
+            Command::Chunk(first) => {
+                let opened = Instant::now();
+                let mut batch = vec![first];
+                while batch.len() < batch_size && opened.elapsed() < flush_interval {
+                    match rx.try_recv() {
+                        Ok(Command::Chunk(c)) => batch.push(c),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    }
+                }
+                commit_batch(conn.db(), batch)
+            }
+        };
+        if failed {
+            repair(&mut conn, reconnect);
+        }
+    }
+}
+
+/// After a failed write, check that a PostgreSQL connection is still alive
+/// and establish it again if not, so that a server restart costs the writes in
+/// flight, not every later one. (The failed write is not retried: whether a
+/// commit interrupted by a lost connection took effect is unknown.)
+fn repair(conn: &mut AnyConn, reconnect: Option<&str>) {
+    let (AnyConn::Pg(c), Some(url)) = (conn, reconnect) else {
+        return;
+    };
+    if c.ping().is_ok() {
+        return;
+    }
+    match PgConnection::establish(url) {
+        Ok(fresh) => {
+            *c = fresh;
+            tracing::info!("the store's writer connection was lost and is established again");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the store's writer connection is lost; will retry after the next failed write")
+        }
+    }
+}
