@@ -18,7 +18,7 @@ use diesel::Connection;
 use crate::pool::sqlite_pragmas;
 
 /// How often the WAL is folded back into the database.
-const EVERY: Duration = Duration::from_millis(250);
+const EVERY: Duration = Duration::from_millis(100);
 
 /// The checkpoint thread; dropping it stops the thread and waits for it.
 pub(crate) struct Checkpointer {

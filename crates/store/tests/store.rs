@@ -1379,7 +1379,11 @@ fn g11_open_refuses_a_read_only_location() {
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false);
     let out = if is_root {
-        let exe = std::env::current_exe().unwrap();
+        // `nobody` may not be able to reach the build folder: run a copy of
+        // this test binary from the (world-readable) temporary folder.
+        let exe = dir.path().join("store-test-binary");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         let probe = std::process::Command::new("runuser")
             .args(["-u", "nobody", "--"])
             .arg(&exe)
@@ -1396,7 +1400,7 @@ fn g11_open_refuses_a_read_only_location() {
         }
         std::process::Command::new("runuser")
             .args(["-u", "nobody", "--"])
-            .arg(exe)
+            .arg(&exe)
             .args([
                 "child_process",
                 "--exact",
