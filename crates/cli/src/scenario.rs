@@ -48,6 +48,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+#[allow(unused_imports)] // part of the module's API, used by its tests
 pub use error::{AgentRef, Location, Problem, ScenarioError};
 
 /// The largest scenario file accepted, in bytes (1 MiB). A larger file is

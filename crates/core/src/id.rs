@@ -17,7 +17,8 @@ impl SessionId {
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        // Forward the formatter so widths and alignment apply.
+        fmt::Display::fmt(&self.0, f)
     }
 }
 

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 /// A word that is not one of a vocabulary's spellings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{word}` is not a known {kind}; expected one of: {expected}")]
+#[error("`{word}` is not a known {kind}; expected one of: {}", expected.trim_end())]
 pub struct UnknownWord {
     /// What was given.
     pub word: String,

@@ -1,0 +1,122 @@
+//! Runs a scenario's agent tree on a runtime: each agent registers under its
+//! parent after its spawn delay, plays its scripted turns, then finishes. The
+//! run ends when the root has finished and every session is finalized.
+
+use std::sync::Arc;
+
+use settle_runtime::{Outcome, Runtime, SessionHandle, SessionId, TurnRequest};
+use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};
+use tokio::task::JoinSet;
+
+use crate::scenario::{AgentSpec, Scenario, TurnEnd, TurnSpec};
+
+/// What the run of the root agent came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootResult {
+    /// The root's session.
+    pub session: SessionId,
+    /// The outcome of the root's last turn.
+    pub outcome: Option<Outcome>,
+}
+
+impl RootResult {
+    /// `settle run` exits 1 when the root's last turn failed or timed out.
+    pub fn failed(&self) -> bool {
+        matches!(self.outcome, Some(Outcome::Failed | Outcome::IdleTimeout))
+    }
+}
+
+/// Plays `scenario` on `runtime` until the root is finalized. Returns `None`
+/// when the root could not even register (shutdown began first).
+pub async fn run(scenario: Arc<Scenario>, runtime: Runtime) -> Option<RootResult> {
+    let root = scenario.root().clone();
+    let mut agents = JoinSet::new();
+    let result = run_agent(scenario, runtime, root, None, &mut agents).await;
+    // Agents still waiting to spawn find their parent gone and give up.
+    while agents.join_next().await.is_some() {}
+    result
+}
+
+fn boxed_agent(
+    scenario: Arc<Scenario>,
+    runtime: Runtime,
+    spec: AgentSpec,
+    parent: SessionId,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        tokio::time::sleep(spec.spawn_after).await;
+        let mut grandchildren = JoinSet::new();
+        run_agent(scenario, runtime, spec, Some(parent), &mut grandchildren).await;
+        while grandchildren.join_next().await.is_some() {}
+    })
+}
+
+async fn run_agent(
+    scenario: Arc<Scenario>,
+    runtime: Runtime,
+    spec: AgentSpec,
+    parent: Option<SessionId>,
+    children: &mut JoinSet<()>,
+) -> Option<RootResult> {
+    let session = match runtime.register(spec.name.clone(), parent).await {
+        Ok(session) => session,
+        Err(error) => {
+            tracing::info!(agent = %spec.name, %error, "agent not started");
+            return None;
+        }
+    };
+    for child in scenario.children(&spec.name) {
+        children.spawn(boxed_agent(
+            scenario.clone(),
+            runtime.clone(),
+            child.clone(),
+            session.id(),
+        ));
+    }
+    let outcome = play_turns(&session, &spec).await;
+    // Finishing winds the subtree down first (G1); for a session that was
+    // cancelled meanwhile it only waits for the finalize.
+    if let Err(error) = session.finish().await {
+        tracing::debug!(agent = %spec.name, %error, "finish after the session closed");
+    }
+    Some(RootResult {
+        session: session.id(),
+        outcome,
+    })
+}
+
+async fn play_turns(session: &SessionHandle, spec: &AgentSpec) -> Option<Outcome> {
+    let provider = Arc::new(ScriptedProvider::new(spec.turns.iter().map(script)));
+    let mut last = None;
+    for (no, _) in spec.turns.iter().enumerate() {
+        let request = TurnRequest::prompt(format!("{} turn {}", spec.name, no + 1));
+        let mut turn = match session.run_turn(provider.clone(), request).await {
+            Ok(turn) => turn,
+            // Closing, cancelled or shutting down: this agent plays no more.
+            Err(_) => break,
+        };
+        while turn.next_chunk().await.is_some() {}
+        let outcome = turn.outcome().await;
+        last = Some(outcome);
+        if matches!(outcome, Outcome::Detached | Outcome::Interrupted) {
+            break;
+        }
+    }
+    last
+}
+
+/// The scripted provider's script for one turn of the file.
+pub fn script(turn: &TurnSpec) -> TurnScript {
+    let end = match turn.end {
+        TurnEnd::Complete => ScriptedEnd::Complete,
+        TurnEnd::Fail => ScriptedEnd::Fail,
+        TurnEnd::Hang => ScriptedEnd::Hang,
+        TurnEnd::SelfCancel => ScriptedEnd::SelfCancel,
+        TurnEnd::IgnoreCancel => ScriptedEnd::IgnoreCancel,
+    };
+    TurnScript::new(turn.chunks.iter().cloned())
+        .chunk_delay(turn.chunk_delay)
+        .end(end)
+        .close_delay(turn.close_delay)
+        .ignore(turn.ignore)
+}

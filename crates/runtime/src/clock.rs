@@ -1,0 +1,31 @@
+use std::time::{Instant, SystemTime};
+
+/// The driver's clock: tokio's (so tests can pause it) fed to the core as
+/// `std::time::Instant`, and mapped to wall-clock time for durable records.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    origin: Instant,
+    wall_origin: SystemTime,
+}
+
+impl Clock {
+    pub fn new() -> Self {
+        Clock {
+            origin: tokio::time::Instant::now().into_std(),
+            wall_origin: SystemTime::now(),
+        }
+    }
+
+    /// Now, as the core wants it.
+    pub fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    /// The wall-clock time of a core instant.
+    pub fn wall(&self, at: Instant) -> SystemTime {
+        match at.checked_duration_since(self.origin) {
+            Some(ahead) => self.wall_origin + ahead,
+            None => self.wall_origin - self.origin.duration_since(at),
+        }
+    }
+}

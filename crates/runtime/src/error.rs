@@ -1,0 +1,36 @@
+use settle_core::SessionId;
+
+/// Why a runtime call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The core refused the request (wrong state, shutting down, closing...).
+    #[error(transparent)]
+    Lifecycle(#[from] settle_core::Error),
+    /// The session is finalized: its handle is closed (G10).
+    #[error("session {0} is finalized; its handle is closed")]
+    SessionClosed(SessionId),
+    /// The store failed.
+    #[error("the session store failed: {0}")]
+    Store(#[from] settle_store::StoreError),
+    /// The provider could not start the turn.
+    #[error("the provider failed to start the turn: {0}")]
+    Provider(String),
+    /// Every active-session slot is taken.
+    #[error("all {0} active-session slots are taken; wait for a session to be finalized or configure more slots")]
+    NoSlot(usize),
+    /// The runtime's driver has stopped (after shutdown, or it was dropped).
+    #[error("the runtime has shut down; no further requests are accepted")]
+    Stopped,
+}
+
+impl RuntimeError {
+    /// Whether this is the typed `SessionClosed` of G10, from the core or the store.
+    pub fn is_session_closed(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::SessionClosed(_)
+                | RuntimeError::Lifecycle(settle_core::Error::SessionClosed(_))
+                | RuntimeError::Store(settle_store::StoreError::SessionClosed(_))
+        )
+    }
+}

@@ -1,0 +1,62 @@
+//! Shutdown on SIGINT, SIGTERM and SIGHUP, for frontends.
+
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::Runtime;
+
+/// Which signal started the shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownSignal {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+    /// SIGHUP.
+    Hangup,
+}
+
+impl ShutdownSignal {
+    /// The conventional exit code of a process ended by this signal (128 + n).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            ShutdownSignal::Interrupt => 130,
+            ShutdownSignal::Terminate => 143,
+            ShutdownSignal::Hangup => 129,
+        }
+    }
+}
+
+/// Waits for the first SIGINT, SIGTERM or SIGHUP and starts the graceful
+/// shutdown (G9) with `drain`; a second signal skips the rest of the drain.
+/// Returns the first signal once it has started the shutdown; the second is
+/// watched in the background for as long as the runtime lives.
+///
+/// # Errors
+/// When the signal handlers cannot be installed.
+pub async fn shutdown_on_signals(
+    runtime: Runtime,
+    drain: Duration,
+) -> std::io::Result<ShutdownSignal> {
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let first = tokio::select! {
+        _ = int.recv() => ShutdownSignal::Interrupt,
+        _ = term.recv() => ShutdownSignal::Terminate,
+        _ = hup.recv() => ShutdownSignal::Hangup,
+    };
+    tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
+    runtime.begin_shutdown(drain);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {},
+            _ = term.recv() => {},
+            _ = hup.recv() => {},
+        }
+        tracing::warn!("second signal: skipping the rest of the drain");
+        runtime.skip_drain();
+    });
+    Ok(first)
+}
