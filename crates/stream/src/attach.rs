@@ -4,9 +4,8 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, PoisonError, TryLockError};
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use futures_util::stream::Stream;
@@ -14,6 +13,7 @@ use futures_util::FutureExt;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::close::{close_best_effort, close_without_waiting, Close};
+use crate::sync::{AtomicBool, AtomicWaker, Mutex, Ordering};
 use crate::{CloseError, Guarded};
 
 /// Why an attached stream ended before its provider ended it.
@@ -86,7 +86,7 @@ pub enum ForceClosed {
 /// waiting for the work that reads them. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct CloseHandle {
-    shared: Arc<Mutex<HandleState>>,
+    shared: Arc<std::sync::Mutex<HandleState>>,
 }
 
 #[derive(Default)]
@@ -104,10 +104,14 @@ impl fmt::Debug for CloseHandle {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves the data consistent
-    // (every critical section is a take or a flag), so poison is ignored.
+// A panic while holding one of these locks leaves the data consistent
+// (every critical section is a take or a flag), so poison is ignored.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn lock_slot<S>(slot: &Slot<S>) -> impl std::ops::DerefMut<Target = Option<S>> + '_ {
+    slot.stream.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl CloseHandle {
@@ -155,10 +159,8 @@ impl CloseHandle {
         S: Close + 'static,
     {
         let slot = Arc::new(Slot {
-            inner: Mutex::new(SlotInner {
-                stream: Some(stream),
-                waker: None,
-            }),
+            stream: Mutex::new(Some(stream)),
+            waker: AtomicWaker::new(),
             close_requested: AtomicBool::new(false),
         });
         let closed = {
@@ -181,13 +183,16 @@ impl CloseHandle {
     }
 }
 
-struct SlotInner<S> {
-    stream: Option<S>,
-    waker: Option<Waker>,
-}
-
+/// Where an attached stream lives, shared by its reader and its handle.
+///
+/// The protocol (model-checked with loom): the handle raises
+/// `close_requested`, takes the stream if the lock is free and closes it,
+/// then wakes the reader. The reader polls under the lock; when it has to
+/// wait it registers its waker and only then re-reads the flag, so a close
+/// that lands at any moment either is seen or wakes it.
 struct Slot<S> {
-    inner: Mutex<SlotInner<S>>,
+    stream: Mutex<Option<S>>,
+    waker: AtomicWaker,
     close_requested: AtomicBool,
 }
 
@@ -197,25 +202,24 @@ trait ForceClose: Send + Sync {
 
 impl<S: Close + 'static> ForceClose for Slot<S> {
     fn force_close(&self) -> ForceClosed {
-        self.close_requested.store(true, Ordering::Release);
-        let (stream, waker) = match self.inner.try_lock() {
-            Ok(mut inner) => (inner.stream.take(), inner.waker.take()),
-            Err(TryLockError::Poisoned(poisoned)) => {
-                let mut inner = poisoned.into_inner();
-                (inner.stream.take(), inner.waker.take())
-            }
-            Err(TryLockError::WouldBlock) => return ForceClosed::Requested,
+        self.close_requested.store(true, Ordering::SeqCst);
+        // Never block the caller: a reader inside its poll holds the lock and
+        // closes the stream itself when that poll returns.
+        let taken = match self.stream.try_lock() {
+            Ok(mut stream) => Some(stream.take()),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner().take()),
+            Err(TryLockError::WouldBlock) => None,
         };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-        match stream {
-            Some(stream) => {
+        let result = match taken {
+            Some(Some(stream)) => {
                 close_without_waiting(stream);
                 ForceClosed::Closed
             }
-            None => ForceClosed::NothingOpen,
-        }
+            Some(None) => ForceClosed::NothingOpen,
+            None => ForceClosed::Requested,
+        };
+        self.waker.wake();
+        result
     }
 }
 
@@ -271,30 +275,22 @@ where
             return this.end(Cut::Cancelled);
         }
         let polled = {
-            let mut inner = lock(&this.slot.inner);
-            if this.slot.close_requested.load(Ordering::Acquire) && inner.stream.is_some() {
-                // The handle found us mid-poll; the Guarded around us closes
-                // the stream when it sees the end.
-                None
-            } else {
-                match inner.stream.as_mut() {
-                    None => None,
-                    Some(stream) => {
-                        let poll = Pin::new(stream).poll_next(cx);
-                        if poll.is_pending() {
-                            match &inner.waker {
-                                Some(w) if w.will_wake(cx.waker()) => {}
-                                _ => inner.waker = Some(cx.waker().clone()),
-                            }
-                        }
-                        Some(poll)
-                    }
-                }
+            let mut stream = lock_slot(&this.slot);
+            match stream.as_mut() {
+                // The handle asked while a poll held the lock; the Guarded
+                // around us closes the stream when it sees the end.
+                Some(_) if this.slot.close_requested.load(Ordering::SeqCst) => None,
+                Some(stream) => Some(Pin::new(stream).poll_next(cx)),
+                None => None,
             }
         };
         match polled {
             None => this.end(Cut::ForceClosed),
             Some(Poll::Pending) => {
+                crate::sync::register(&this.slot.waker, cx.waker());
+                if this.slot.close_requested.load(Ordering::SeqCst) {
+                    return this.end(Cut::ForceClosed);
+                }
                 if this.cancelled.poll_unpin(cx).is_ready() {
                     return this.end(Cut::Cancelled);
                 }
@@ -311,7 +307,7 @@ where
     S: Close + 'static,
 {
     async fn close(&mut self) -> Result<(), CloseError> {
-        let stream = lock(&self.slot.inner).stream.take();
+        let stream = lock_slot(&self.slot).take();
         if let Some(mut stream) = stream {
             close_best_effort(&mut stream).await;
         }
@@ -319,10 +315,92 @@ where
     }
 
     fn close_now(&mut self) -> Result<(), CloseError> {
-        let stream = lock(&self.slot.inner).stream.take();
+        let stream = lock_slot(&self.slot).take();
         if let Some(stream) = stream {
             close_without_waiting(stream);
         }
         Ok(())
+    }
+}
+
+/// Model-checks the force-close protocol of [`Slot`]. Run with
+/// `RUSTFLAGS="--cfg settle_loom" cargo test -p settle-stream --lib --release loom`.
+#[cfg(all(test, settle_loom))]
+mod loom_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::AtomicUsize;
+
+    use futures_util::task::{waker, ArcWake};
+
+    use super::*;
+
+    struct Hung {
+        closes: Arc<AtomicUsize>,
+    }
+
+    impl Stream for Hung {
+        type Item = Result<(), ()>;
+
+        fn poll_next(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            Poll::Pending
+        }
+    }
+
+    #[async_trait]
+    impl Close for Hung {
+        fn close_now(&mut self) -> Result<(), CloseError> {
+            self.closes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    struct Woken(AtomicBool);
+
+    impl ArcWake for Woken {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn loom_force_close_racing_a_poll_closes_once_and_never_loses_the_wakeup() {
+        loom::model(|| {
+            let closes = Arc::new(AtomicUsize::new(0));
+            let handle = CloseHandle::default();
+            let mut attached = handle.attach(
+                Hung {
+                    closes: closes.clone(),
+                },
+                CancellationToken::new(),
+            );
+            let woken = Arc::new(Woken(AtomicBool::new(false)));
+            let waker = waker(woken.clone());
+            let mut cx = Context::from_waker(&waker);
+
+            let closer = handle.clone();
+            let thread = loom::thread::spawn(move || closer.close());
+            let first = Pin::new(&mut attached).poll_next(&mut cx);
+            let forced = thread.join().unwrap();
+
+            match first {
+                Poll::Ready(None) => {}
+                Poll::Pending => {
+                    assert!(
+                        woken.0.load(Ordering::SeqCst),
+                        "the close did not wake the reader"
+                    );
+                    let second = Pin::new(&mut attached).poll_next(&mut cx);
+                    assert!(matches!(second, Poll::Ready(None)));
+                }
+                Poll::Ready(Some(_)) => unreachable!("a hung stream yields nothing"),
+            }
+            assert_eq!(attached.cut(), Some(Cut::ForceClosed));
+            // What the Guarded around it does once it has seen the end.
+            attached.close_now().unwrap();
+            assert_eq!(closes.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert_ne!(forced, ForceClosed::NothingOpen);
+        });
     }
 }

@@ -56,6 +56,7 @@ mod openai;
 mod provider;
 mod scripted;
 mod sink;
+mod sync;
 
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use close::{close_best_effort, close_without_waiting, Close};
