@@ -331,8 +331,12 @@ impl Driver {
                     // Graceful: the turn may finish; the settle deadline bounds it.
                 }
                 Effect::CloseStream { work } => {
+                    // The work closes its own stream when its scope is
+                    // cancelled (a scope born cancelled closes one that raced
+                    // the attach). Forcing it closed from outside is for a
+                    // detach only: a work gets its bounded chance first (G5).
                     if let Some(handle) = self.works.get(&work) {
-                        handle.scope.close_handle().close();
+                        handle.scope.token().cancel();
                     }
                 }
                 Effect::DetachWork { work } => {
