@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use settle_runtime::{Outcome, Runtime, SessionHandle, SessionId, TurnRequest};
-use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};
+use settle_stream::{ScriptedProvider, TurnScript};
 use tokio::task::JoinSet;
 
-use crate::scenario::{AgentSpec, Scenario, TurnEnd, TurnSpec};
+use crate::scenario::{AgentSpec, Scenario, TurnSpec};
 
 /// What the run of the root agent came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,16 +107,9 @@ async fn play_turns(session: &SessionHandle, spec: &AgentSpec) -> Option<Outcome
 
 /// The scripted provider's script for one turn of the file.
 pub fn script(turn: &TurnSpec) -> TurnScript {
-    let end = match turn.end {
-        TurnEnd::Complete => ScriptedEnd::Complete,
-        TurnEnd::Fail => ScriptedEnd::Fail,
-        TurnEnd::Hang => ScriptedEnd::Hang,
-        TurnEnd::SelfCancel => ScriptedEnd::SelfCancel,
-        TurnEnd::IgnoreCancel => ScriptedEnd::IgnoreCancel,
-    };
     TurnScript::new(turn.chunks.iter().cloned())
         .chunk_delay(turn.chunk_delay)
-        .end(end)
+        .end(turn.end)
         .close_delay(turn.close_delay)
         .ignore(turn.ignore)
 }

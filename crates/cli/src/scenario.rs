@@ -40,13 +40,10 @@ mod validate;
 mod tests;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
-
-use serde::Deserialize;
 
 #[allow(unused_imports)] // part of the module's API, used by its tests
 pub use error::{AgentRef, Location, Problem, ScenarioError};
@@ -122,53 +119,10 @@ pub struct TurnSpec {
     pub ignore: Duration,
 }
 
-/// How a scripted turn ends once its chunks are out (`end` in the file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TurnEnd {
-    /// A normal end (`complete`, the default).
-    #[default]
-    Complete,
-    /// A provider error (`fail`).
-    Fail,
-    /// Nothing more and no end, until the stream is closed: the idle timeout
-    /// must fire (`hang`).
-    Hang,
-    /// The provider cancels itself (`self_cancel`).
-    SelfCancel,
-    /// Streams like `complete`, but once cancelled keeps ignoring the
-    /// cancellation for the turn's `ignore` time, like a blocking call that
-    /// cannot be interrupted (`ignore_cancel`).
-    IgnoreCancel,
-}
-
-impl TurnEnd {
-    /// Every turn end, in the order the documentation lists them.
-    pub const ALL: [TurnEnd; 5] = [
-        Self::Complete,
-        Self::Fail,
-        Self::Hang,
-        Self::SelfCancel,
-        Self::IgnoreCancel,
-    ];
-
-    /// The value as written in a scenario file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Complete => "complete",
-            Self::Fail => "fail",
-            Self::Hang => "hang",
-            Self::SelfCancel => "self_cancel",
-            Self::IgnoreCancel => "ignore_cancel",
-        }
-    }
-}
-
-impl fmt::Display for TurnEnd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// How a scripted turn ends once its chunks are out (`end` in the file):
+/// the scripted provider's own vocabulary (`complete`, `fail`, `hang`,
+/// `self_cancel`, `ignore_cancel`).
+pub use settle_stream::ScriptedEnd as TurnEnd;
 
 impl Scenario {
     /// Reads and validates the scenario file at `path`.

@@ -5,10 +5,27 @@
 //! parents, ranges) is checked afterwards, in `validate`. Values keep their
 //! spans so that those later errors can still point at a line and column.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 use super::TurnEnd;
+
+/// `end` as written: one of the scripted provider's turn ends, read through
+/// its own spelling so the file and the provider cannot drift apart.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawEnd(pub(crate) TurnEnd);
+
+/// The spellings serde lists when a value is not one of them.
+const END_SPELLINGS: &[&str] = &["complete", "fail", "hang", "self_cancel", "ignore_cancel"];
+
+impl<'de> Deserialize<'de> for RawEnd {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse()
+            .map(RawEnd)
+            .map_err(|_| serde::de::Error::unknown_variant(&text, END_SPELLINGS))
+    }
+}
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -50,7 +67,7 @@ pub(crate) struct RawTurn {
     /// `chunk_delay_ms`.
     pub(crate) chunk_delay_ms: Option<Spanned<i64>>,
     /// `end`.
-    pub(crate) end: Option<Spanned<TurnEnd>>,
+    pub(crate) end: Option<Spanned<RawEnd>>,
     /// `close_delay_ms`.
     pub(crate) close_delay_ms: Option<Spanned<i64>>,
     /// `ignore_ms`.

@@ -147,7 +147,7 @@ impl Ctx<'_> {
         let end = turn
             .end
             .as_ref()
-            .map_or(TurnEnd::Complete, |end| *end.get_ref());
+            .map_or(TurnEnd::Complete, |end| end.get_ref().0);
         let close_delay = self.duration(turn.close_delay_ms.as_ref(), place, "close_delay_ms")?;
         let ignore = self.duration(turn.ignore_ms.as_ref(), place, "ignore_ms")?;
         if let (Some(span), true) = (
