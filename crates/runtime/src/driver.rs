@@ -137,7 +137,10 @@ impl Driver {
             }
             Command::WaitFinalized { session, reply } => match self.core.session(session) {
                 Some(view) if view.state() == State::Finalized => {
-                    let _ = reply.send(view.closing().unwrap_or(EndReason::Completed));
+                    // Answered by the recorder, after the finalize plan it has
+                    // queued for this session: the durable row is ended first.
+                    let reason = view.closing().unwrap_or(EndReason::Completed);
+                    let _ = self.recorder.send(Record::Notify { reply, reason });
                 }
                 Some(_) => {
                     if let Some(entry) = self.sessions.get_mut(&session) {

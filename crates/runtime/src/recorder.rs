@@ -34,6 +34,12 @@ pub(crate) enum Record {
     ShutdownBegan {
         running: Vec<SessionId>,
     },
+    /// Tell a waiter that a session is finalized, once every record before
+    /// this one (its finalize plan among them) is applied.
+    Notify {
+        reply: oneshot::Sender<settle_core::EndReason>,
+        reason: settle_core::EndReason,
+    },
     ShutdownComplete {
         waiters: Vec<oneshot::Sender<ShutdownReport>>,
     },
@@ -135,6 +141,9 @@ impl Recorder {
                 };
             }
             Record::Finalize(job) => self.finalize(*job).await,
+            Record::Notify { reply, reason } => {
+                let _ = reply.send(reason);
+            }
             Record::ShutdownBegan { running } => {
                 self.shutting_down = true;
                 self.running_at_shutdown = running;
