@@ -129,11 +129,7 @@ impl Core {
                 Timer::Orphan => s.orphan_deadline == Some(at),
             })
         });
-        self.deadlines.prune_idle(|since, id| {
-            sessions
-                .get(&id)
-                .is_some_and(|s| s.indexed_since == Some(since))
-        });
+        self.oldest_idle();
     }
 
     /// The next effect to execute, in order. Drain until `None` after every input.
@@ -518,6 +514,7 @@ impl Core {
         for (_, id) in self.deadlines.take_idle() {
             if let Some(s) = self.sessions.get_mut(&id) {
                 s.indexed_since = None;
+                s.idle_key = None;
             }
         }
         let order = open_sessions_bottom_up(&self.sessions);
@@ -844,32 +841,51 @@ impl Core {
             return;
         };
         let want = (!shutting_down && s.is_reclaimable()).then_some(s.idle_since);
-        if s.indexed_since == want {
-            return;
-        }
-        // The old entry, if any, goes stale by itself: it no longer matches.
-        if let Some(new) = want {
-            self.deadlines.index_idle(new, id);
-        }
         s.indexed_since = want;
+        // An entry already in the heap is early or on time; it is re-armed
+        // when it surfaces. Only a session with no entry needs one.
+        if let (Some(since), None) = (want, s.idle_key) {
+            s.idle_key = Some(since);
+            self.deadlines.index_idle(since, id);
+        }
     }
 
-    /// Marks `id` as out of the idle index (its entries go stale).
+    /// Marks `id` as out of the idle index, once its entry was popped.
     fn unindex(&mut self, id: SessionId) {
         if let Some(s) = self.sessions.get_mut(&id) {
             s.indexed_since = None;
+            s.idle_key = None;
         }
     }
 
-    /// The oldest idle entry that is still current, dropping stale ones.
+    /// The oldest idle session and since when, after dropping the entries of
+    /// sessions no longer reclaimable and re-arming the ones that surfaced
+    /// early (their session went busy and idle again since).
     fn oldest_idle(&mut self) -> Option<(Instant, SessionId)> {
-        let sessions = &self.sessions;
-        self.deadlines.prune_idle(|since, id| {
-            sessions
-                .get(&id)
-                .is_some_and(|s| s.indexed_since == Some(since))
-        });
-        self.deadlines.oldest_idle()
+        while let Some((key, id)) = self.deadlines.oldest_idle() {
+            let Some(s) = self.sessions.get_mut(&id) else {
+                self.deadlines.pop_idle();
+                continue;
+            };
+            if s.idle_key != Some(key) {
+                // Not this session's entry any more (it was taken at shutdown).
+                self.deadlines.pop_idle();
+                continue;
+            }
+            match s.indexed_since {
+                Some(since) if since == key => return Some((key, id)),
+                Some(since) => {
+                    self.deadlines.pop_idle();
+                    s.idle_key = Some(since);
+                    self.deadlines.index_idle(since, id);
+                }
+                None => {
+                    self.deadlines.pop_idle();
+                    s.idle_key = None;
+                }
+            }
+        }
+        None
     }
 
     /// After every input: announce the end of a shutdown once. Stale entries

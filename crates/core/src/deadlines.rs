@@ -22,10 +22,10 @@ pub(crate) struct Deadlines {
     timers: BinaryHeap<Reverse<(Instant, SessionId, Timer)>>,
     /// Reclaimable idle sessions by when they became idle, oldest first: the
     /// idle reap takes from the top once `since + ttl` has passed, the LRU cap
-    /// evicts from the top. Like the timers, entries are never removed
-    /// eagerly: a session that starts a turn leaves a stale entry behind
-    /// (its `indexed_since` no longer matches), skipped when it surfaces. So a
-    /// turn start costs nothing here and a turn end one push.
+    /// evicts from the top. A session has at most one entry, whose key is a
+    /// lower bound of when it became idle: a turn that starts and ends leaves
+    /// the entry where it is, and when it surfaces early it is re-armed at the
+    /// real time (the quinn timer habit). So turns cost nothing here.
     idle: BinaryHeap<Reverse<(Instant, SessionId)>>,
     /// The end of the shutdown drain, until it has passed.
     pub drain: Option<Instant>,
@@ -64,16 +64,6 @@ impl Deadlines {
         std::mem::take(&mut self.idle)
             .into_iter()
             .map(|Reverse(entry)| entry)
-    }
-
-    /// Drops stale idle entries from the top, as judged by `is_live`.
-    pub fn prune_idle(&mut self, mut is_live: impl FnMut(Instant, SessionId) -> bool) {
-        while let Some(Reverse((since, id))) = self.idle.peek() {
-            if is_live(*since, *id) {
-                break;
-            }
-            self.idle.pop();
-        }
     }
 
     /// Drops stale entries from the top, as judged by `is_live`, so that

@@ -26,6 +26,9 @@ pub(crate) struct Session {
     pub idle_since: Instant,
     /// The key under which it sits in the idle index, if it is reclaimable.
     pub indexed_since: Option<Instant>,
+    /// The key of this session's one entry in the idle heap, if it has one:
+    /// a lower bound of `indexed_since`, re-armed when it surfaces early.
+    pub idle_key: Option<Instant>,
     pub settle_deadline: Option<Instant>,
     pub orphan_deadline: Option<Instant>,
 }
@@ -46,6 +49,7 @@ impl Session {
             transport: Transport::default(),
             idle_since: now,
             indexed_since: None,
+            idle_key: None,
             settle_deadline: None,
             orphan_deadline: None,
         }
