@@ -104,6 +104,11 @@ impl Driver {
             }
             self.execute_effects();
         }
+        // Every session is finalized, so no work may write any more; one that
+        // is still around (it ignored its cancel) is abandoned, not left running.
+        for (_, mut handle) in self.works.drain() {
+            handle.detach();
+        }
     }
 
     async fn on_command(&mut self, command: Command) {
@@ -126,7 +131,18 @@ impl Driver {
                 let _ = reply.send(result);
             }
             Command::Core { event, reply } => {
+                // An agent that finishes from inside its own turn ends that
+                // turn with it: the core forgets the work at once.
+                let finishing = match event {
+                    Event::AgentFinished { session } => {
+                        self.core.session(session).and_then(|v| v.work())
+                    }
+                    _ => None,
+                };
                 let result = self.handle(event);
+                if let Some(work) = finishing {
+                    self.forgotten(work);
+                }
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
                 }
@@ -296,6 +312,30 @@ impl Driver {
             }
         };
         let _ = self.handle(event);
+    }
+
+    /// The core ended `work`'s turn without waiting for the work (its agent
+    /// finished from inside it). Its end is recorded now, ahead of any
+    /// finalize the same input decided, and the work is abandoned (its
+    /// writes revoked, its stream closed), so nothing writes to the session
+    /// after its row is ended.
+    fn forgotten(&mut self, work: WorkId) {
+        if self.core.session(work.session).and_then(|v| v.work()) == Some(work) {
+            return;
+        }
+        let Some(mut handle) = self.works.remove(&work) else {
+            return;
+        };
+        handle.detach();
+        let outcome = self
+            .core
+            .session(work.session)
+            .and_then(|v| v.last_outcome())
+            .unwrap_or(Outcome::Completed);
+        self.end_turn(work, outcome);
+        if let Some(tx) = handle.outcome.take() {
+            let _ = tx.send(outcome);
+        }
     }
 
     fn end_turn(&mut self, work: WorkId, outcome: Outcome) {

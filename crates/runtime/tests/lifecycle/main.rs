@@ -1,0 +1,5 @@
+//! End-to-end tests of the runtime, each named after the guarantee it checks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod g1_settle_before_close;
