@@ -21,5 +21,7 @@ pub use event::LifecycleEvent;
 pub use hook::{SessionEnd, SessionEndHook};
 pub use report::ShutdownReport;
 pub use runtime::{Runtime, RuntimeBuilder, SessionHandle, Turn};
-pub use settle_core::{CancelMode, EndReason, Hold, Outcome, SessionId, State, UnknownWord};
+pub use settle_core::{
+    CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, UnknownWord, WorkId,
+};
 pub use settle_stream::Request as TurnRequest;
