@@ -276,6 +276,10 @@ impl Driver {
         if let Some(reply) = reply {
             self.shutdown_waiters.push(reply);
         }
+        if self.core.is_shutting_down() {
+            // A second request only waits for the first one's end.
+            return;
+        }
         let running: Vec<SessionId> = self
             .core
             .sessions()

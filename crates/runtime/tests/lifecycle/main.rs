@@ -4,3 +4,4 @@
 mod common;
 mod g1_settle_before_close;
 mod g4_g5_attach_and_settle;
+mod g9_shutdown;
