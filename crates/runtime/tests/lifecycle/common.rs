@@ -116,3 +116,12 @@ pub async fn settle_tasks() {
         tokio::task::yield_now().await;
     }
 }
+
+/// Asserts that the runtime applied a request.
+#[track_caller]
+pub fn applied(result: Result<settle_runtime::Handled, settle_runtime::RuntimeError>) {
+    assert!(
+        matches!(result, Ok(settle_runtime::Handled::Applied)),
+        "{result:?}"
+    );
+}

@@ -3,5 +3,7 @@
 
 mod common;
 mod g1_settle_before_close;
+mod g2_g10_handles_and_hooks;
+mod g3_sweepers;
 mod g4_g5_attach_and_settle;
 mod g9_shutdown;
