@@ -25,6 +25,9 @@ struct Entry {
     waiters: Vec<oneshot::Sender<EndReason>>,
 }
 
+/// How many work reports the driver takes per wake.
+const REPORT_BATCH: usize = 256;
+
 pub(crate) struct Driver {
     pub core: Core,
     pub clock: Clock,
@@ -77,17 +80,29 @@ impl Driver {
 
     pub async fn run(mut self) {
         let mut commands_open = true;
+        // One timer, reset only when the core's next deadline moves: building
+        // a new one on every wake costs a timer-wheel insert and removal per
+        // input, which dominates a teardown of thousands of sessions.
+        let mut timer = Box::pin(tokio::time::sleep(std::time::Duration::ZERO));
+        let mut armed: Option<std::time::Instant> = None;
+        let mut reports = Vec::with_capacity(REPORT_BATCH);
         while !self.done {
             let deadline = self.core.poll_timeout();
-            let sleep = async move {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-                    None => std::future::pending().await,
+            if deadline != armed {
+                if let Some(at) = deadline {
+                    timer.as_mut().reset(tokio::time::Instant::from_std(at));
                 }
-            };
+                armed = deadline;
+            }
             tokio::select! {
                 biased;
-                Some(report) = self.reports.recv() => self.on_report(report),
+                n = self.reports.recv_many(&mut reports, REPORT_BATCH) => {
+                    for report in reports.drain(..n) {
+                        self.on_report(report);
+                        // The drain rule: effects after every input.
+                        self.execute_effects();
+                    }
+                }
                 command = self.commands.recv(), if commands_open => match command {
                     Some(command) => self.on_command(command).await,
                     None => {
@@ -96,7 +111,8 @@ impl Driver {
                         self.begin_shutdown(std::time::Duration::ZERO, None);
                     }
                 },
-                () = sleep => {
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
                     // The current time, not the deadline: the core never sees time go back.
                     let now = self.clock.now();
                     self.core.handle_timeout(now);
