@@ -25,6 +25,9 @@ struct Entry {
     waiters: Vec<oneshot::Sender<EndReason>>,
 }
 
+/// How many work reports the driver takes per wake.
+const REPORT_BATCH: usize = 256;
+
 pub(crate) struct Driver {
     pub core: Core,
     pub clock: Clock,
@@ -77,17 +80,29 @@ impl Driver {
 
     pub async fn run(mut self) {
         let mut commands_open = true;
+        // One timer, reset only when the core's next deadline moves: building
+        // a new one on every wake costs a timer-wheel insert and removal per
+        // input, which dominates a teardown of thousands of sessions.
+        let mut timer = Box::pin(tokio::time::sleep(std::time::Duration::ZERO));
+        let mut armed: Option<std::time::Instant> = None;
+        let mut reports = Vec::with_capacity(REPORT_BATCH);
         while !self.done {
             let deadline = self.core.poll_timeout();
-            let sleep = async move {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-                    None => std::future::pending().await,
+            if deadline != armed {
+                if let Some(at) = deadline {
+                    timer.as_mut().reset(tokio::time::Instant::from_std(at));
                 }
-            };
+                armed = deadline;
+            }
             tokio::select! {
                 biased;
-                Some(report) = self.reports.recv() => self.on_report(report),
+                n = self.reports.recv_many(&mut reports, REPORT_BATCH) => {
+                    for report in reports.drain(..n) {
+                        self.on_report(report);
+                        // The drain rule: effects after every input.
+                        self.execute_effects();
+                    }
+                }
                 command = self.commands.recv(), if commands_open => match command {
                     Some(command) => self.on_command(command).await,
                     None => {
@@ -96,13 +111,19 @@ impl Driver {
                         self.begin_shutdown(std::time::Duration::ZERO, None);
                     }
                 },
-                () = sleep => {
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
                     // The current time, not the deadline: the core never sees time go back.
                     let now = self.clock.now();
                     self.core.handle_timeout(now);
                 }
             }
             self.execute_effects();
+        }
+        // Every session is finalized, so no work may write any more; one that
+        // is still around (it ignored its cancel) is abandoned, not left running.
+        for (_, mut handle) in self.works.drain() {
+            handle.detach();
         }
     }
 
@@ -126,7 +147,18 @@ impl Driver {
                 let _ = reply.send(result);
             }
             Command::Core { event, reply } => {
+                // An agent that finishes from inside its own turn ends that
+                // turn with it: the core forgets the work at once.
+                let finishing = match event {
+                    Event::AgentFinished { session } => {
+                        self.core.session(session).and_then(|v| v.work())
+                    }
+                    _ => None,
+                };
                 let result = self.handle(event);
+                if let Some(work) = finishing {
+                    self.forgotten(work);
+                }
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
                 }
@@ -263,6 +295,10 @@ impl Driver {
         if let Some(reply) = reply {
             self.shutdown_waiters.push(reply);
         }
+        if self.core.is_shutting_down() {
+            // A second request only waits for the first one's end.
+            return;
+        }
         let running: Vec<SessionId> = self
             .core
             .sessions()
@@ -299,6 +335,30 @@ impl Driver {
             }
         };
         let _ = self.handle(event);
+    }
+
+    /// The core ended `work`'s turn without waiting for the work (its agent
+    /// finished from inside it). Its end is recorded now, ahead of any
+    /// finalize the same input decided, and the work is abandoned (its
+    /// writes revoked, its stream closed), so nothing writes to the session
+    /// after its row is ended.
+    fn forgotten(&mut self, work: WorkId) {
+        if self.core.session(work.session).and_then(|v| v.work()) == Some(work) {
+            return;
+        }
+        let Some(mut handle) = self.works.remove(&work) else {
+            return;
+        };
+        handle.detach();
+        let outcome = self
+            .core
+            .session(work.session)
+            .and_then(|v| v.last_outcome())
+            .unwrap_or(Outcome::Completed);
+        self.end_turn(work, outcome);
+        if let Some(tx) = handle.outcome.take() {
+            let _ = tx.send(outcome);
+        }
     }
 
     fn end_turn(&mut self, work: WorkId, outcome: Outcome) {

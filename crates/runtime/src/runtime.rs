@@ -273,9 +273,12 @@ impl Runtime {
 
     /// Waits until the driver and its recorder have stopped (after a shutdown).
     pub async fn finished(&self) {
-        let handle = self.inner.finished.lock().await.take();
-        if let Some(handle) = handle {
+        // The lock is held across the wait, so a second caller (a concurrent
+        // `shutdown`) waits for the same end instead of returning early.
+        let mut finished = self.inner.finished.lock().await;
+        if let Some(handle) = finished.as_mut() {
             let _ = handle.await;
+            *finished = None;
         }
     }
 

@@ -25,6 +25,9 @@
 //! goes through one writer thread per [`Store`] (which group-commits chunk
 //! appends), every read through a connection pool on `spawn_blocking`.
 //!
+//! [`MemoryStore`] keeps the same rules in memory and answers at once, for
+//! tests under tokio's paused clock and for benchmarks that stub the store out.
+//!
 //! # Opening a store and recovering
 //!
 //! ```
@@ -61,6 +64,7 @@ mod claim;
 mod error;
 mod latch;
 mod lease;
+mod memory;
 mod open;
 mod options;
 mod pool;
@@ -79,6 +83,7 @@ pub use claim::{Claim, Ineligible};
 pub use error::{DbError, OpenError, StoreError};
 pub use latch::{Finalize, FinalizeReport, FinalizeStep, Finalized, StepFailure};
 pub use lease::{local_host_name, OwnerId, OwnerInfo};
+pub use memory::MemoryStore;
 pub use options::StoreOptions;
 pub use read::{MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
 pub use recover::{OwnerGone, RecoverOptions, RecoveryReport};

@@ -1,0 +1,201 @@
+//! G2 and the `on_session_end` hook: once per session, with the right flags,
+//! and never able to stop a shutdown. G10: closed handles fail loudly; the
+//! active-session slot is released at finalize.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use settle_runtime::{
+    CancelMode, Config, EndReason, Handled, Hold, Outcome, RuntimeError, SessionEnd,
+    SessionEndHook, TurnRequest,
+};
+use settle_store::{MemoryStore, SessionStore, StoreError};
+use tokio::time::Instant;
+
+use crate::common::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+#[tokio::test(start_paused = true)]
+async fn g2_the_end_hook_fires_once_per_session_with_its_flags() {
+    let store = MemoryStore::new();
+    let ends: Arc<Mutex<Vec<SessionEnd>>> = Arc::default();
+    let seen = ends.clone();
+    let runtime = runtime_on(&store, move |b| {
+        b.on_session_end(move |end: SessionEnd| seen.lock().unwrap().push(end))
+    })
+    .await;
+    let done = runtime.register("done", None).await.unwrap();
+    let cancelled = runtime.register("cancelled", None).await.unwrap();
+    let closed = runtime.register("closed", None).await.unwrap();
+    let idle = runtime.register("idle", None).await.unwrap();
+
+    let p = provider([complete(&["ok"], 10 * MS)]);
+    assert_eq!(start(&done, &p).await.outcome().await, Outcome::Completed);
+    assert_eq!(done.finish().await.unwrap(), EndReason::Completed);
+    let p2 = provider([hang(&["half"], 10 * MS)]);
+    let mut turn = start(&cancelled, &p2).await;
+    read_chunks(&mut turn, 1).await;
+    applied(cancelled.cancel(CancelMode::Immediate).await);
+    assert_eq!(cancelled.finalized().await.unwrap(), EndReason::Cancelled);
+    // Closing twice finalizes once (G2) and reports the end reason both times.
+    assert_eq!(closed.close().await.unwrap(), EndReason::UserClose);
+    assert_eq!(closed.close().await.unwrap(), EndReason::UserClose);
+    runtime.shutdown(Duration::ZERO).await;
+
+    let ends = ends.lock().unwrap().clone();
+    let of = |id| {
+        let mine: Vec<&SessionEnd> = ends.iter().filter(|e| e.session == id).collect();
+        assert_eq!(mine.len(), 1, "hook calls for {id}: {ends:?}");
+        (mine[0].reason, mine[0].completed, mine[0].interrupted)
+    };
+    assert_eq!(ends.len(), 4);
+    assert_eq!(of(done.id()), (EndReason::Completed, true, false));
+    assert_eq!(of(cancelled.id()), (EndReason::Cancelled, false, true));
+    assert_eq!(of(closed.id()), (EndReason::UserClose, false, false));
+    assert_eq!(of(idle.id()), (EndReason::Shutdown, false, false));
+}
+
+/// Panics for the session named "panics", never returns for "hangs".
+struct Unruly {
+    fired: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl SessionEndHook for Unruly {
+    async fn on_session_end(&self, end: SessionEnd) {
+        self.fired.lock().unwrap().push(end.name.clone());
+        match end.name.as_str() {
+            "panics" => panic!("a hook that panics"),
+            "hangs" => std::future::pending::<()>().await,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn g9_a_panicking_or_hanging_hook_does_not_stop_shutdown() {
+    let store = MemoryStore::new();
+    let fired: Arc<Mutex<Vec<String>>> = Arc::default();
+    let hook_timeout = Duration::from_secs(1);
+    let config = Config {
+        hook_timeout,
+        ..Config::default()
+    };
+    let hook = Unruly {
+        fired: fired.clone(),
+    };
+    let runtime = runtime_on(&store, |b| {
+        b.config(config).idle_timeout(None).on_session_end(hook)
+    })
+    .await;
+    let ids: Vec<_> = [("panics"), ("hangs"), ("fine")]
+        .into_iter()
+        .map(|name| {
+            let runtime = runtime.clone();
+            async move { runtime.register(name, None).await.unwrap().id() }
+        })
+        .collect();
+    let mut sessions = Vec::new();
+    for id in ids {
+        sessions.push(id.await);
+    }
+
+    let began = Instant::now();
+    let report = runtime.shutdown(Duration::ZERO).await;
+    let took = began.elapsed();
+    assert!(took <= hook_timeout + 100 * MS, "shutdown took {took:?}");
+    assert_eq!(report.finalized.len(), 3);
+    let mut fired = fired.lock().unwrap().clone();
+    fired.sort();
+    assert_eq!(fired, vec!["fine", "hangs", "panics"]);
+    for id in sessions {
+        let d = detail(&store, id).await;
+        assert_eq!(d.session.end_reason, Some(EndReason::Shutdown));
+    }
+    assert_eq!(report.store_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g10_a_handle_used_after_its_finalize_returns_session_closed() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b).await;
+    let session = runtime.register("s", None).await.unwrap();
+    let other = runtime.register("other", None).await.unwrap();
+    let p = provider([complete(&["x"], 10 * MS), complete(&["y"], 10 * MS)]);
+    assert_eq!(
+        start(&session, &p).await.outcome().await,
+        Outcome::Completed
+    );
+    assert_eq!(session.finish().await.unwrap(), EndReason::Completed);
+
+    let id = session.id();
+    let closed = |r: Result<Handled, RuntimeError>| {
+        assert!(
+            matches!(&r, Err(RuntimeError::SessionClosed(s)) if *s == id),
+            "{r:?}"
+        );
+    };
+    let turn = session
+        .run_turn(p.clone(), TurnRequest::prompt("again"))
+        .await;
+    assert!(matches!(turn, Err(RuntimeError::SessionClosed(s)) if s == id));
+    closed(session.hold(Hold::PendingInput).await);
+    closed(session.release(Hold::PendingInput).await);
+    closed(session.attach_transport(true).await);
+    closed(session.detach_transport().await);
+    closed(session.cancel_turn().await);
+    let finished = session.finish().await;
+    assert!(
+        matches!(&finished, Err(e) if e.is_session_closed()),
+        "{finished:?}"
+    );
+    let delegated = session.delegate(&other).await;
+    assert!(matches!(delegated, Err(RuntimeError::SessionClosed(s)) if s == id));
+    // Asking again for the end is not a write: it reports it (G2).
+    assert_eq!(session.close().await.unwrap(), EndReason::Completed);
+    assert_eq!(session.finalized().await.unwrap(), EndReason::Completed);
+    assert_eq!(
+        session.cancel(CancelMode::Immediate).await.unwrap(),
+        Handled::AlreadyFinalized
+    );
+    // The store refuses a late write to the row the same way, and the row is intact.
+    let late = store.append_chunk(id, 1, "late".into()).await;
+    assert!(matches!(late, Err(StoreError::SessionClosed(s)) if s == id));
+    let d = detail(&store, id).await;
+    assert_eq!(d.turns.len(), 1);
+    assert_eq!(d.turns[0].chunks, vec!["x"]);
+    assert_eq!(runtime.store_failures(), 0);
+
+    runtime.shutdown(Duration::ZERO).await;
+    // After the runtime stopped: an error, never a panic or a hang.
+    assert!(matches!(
+        session.hold(Hold::PendingInput).await,
+        Err(RuntimeError::Stopped)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g10_the_active_session_slot_is_released_at_finalize() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b.slots(Some(1))).await;
+    let first = runtime.register("first", None).await.unwrap();
+    let second = runtime.register("second", None).await.unwrap();
+    let p = provider([
+        complete(&["a"], 10 * MS),
+        complete(&["b"], 10 * MS),
+        complete(&["c"], 10 * MS),
+    ]);
+    assert_eq!(start(&first, &p).await.outcome().await, Outcome::Completed);
+    // The first session keeps its slot between turns, until it is finalized.
+    let refused = second.run_turn(p.clone(), TurnRequest::prompt("b")).await;
+    assert!(
+        matches!(refused, Err(RuntimeError::NoSlot(1))),
+        "{refused:?}"
+    );
+    assert_eq!(start(&first, &p).await.outcome().await, Outcome::Completed);
+    assert_eq!(first.finish().await.unwrap(), EndReason::Completed);
+    assert_eq!(start(&second, &p).await.outcome().await, Outcome::Completed);
+    runtime.shutdown(Duration::ZERO).await;
+}

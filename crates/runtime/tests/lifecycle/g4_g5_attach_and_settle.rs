@@ -1,0 +1,198 @@
+//! Seed 001: a cancel landing while a turn's stream is being attached, and a
+//! work that ignores its cancellation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use settle_runtime::{CancelMode, EndReason, Handled, Outcome, State, TurnRequest};
+use settle_store::{MemoryStore, SessionStore};
+use settle_stream::{
+    Guarded, Provider, ProviderStream, Request, ScriptedEnd, ScriptedProvider, StreamError,
+    TurnScript,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::common::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A provider whose `open` has its stream in hand and then waits at a gate
+/// before returning it: the window in which the stream exists but is not yet
+/// attached to its turn. As the `Provider` contract asks, the stream is
+/// guarded as soon as it exists, so a dropped `open` closes it.
+struct Gated {
+    inner: ScriptedProvider,
+    entered: Notify,
+    gate: Notify,
+}
+
+#[async_trait]
+impl Provider for Gated {
+    async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+        let stream = Guarded::new(self.inner.open_next()?);
+        self.entered.notify_one();
+        self.gate.notified().await;
+        Ok(Box::new(stream))
+    }
+}
+
+fn gated(script: TurnScript) -> Arc<Gated> {
+    Arc::new(Gated {
+        inner: ScriptedProvider::new([script]),
+        entered: Notify::new(),
+        gate: Notify::new(),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_cancel_landing_while_the_stream_attaches_still_closes_it() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b).await;
+    let session = runtime.register("agent", None).await.unwrap();
+    let provider = gated(hang(&["never read"], 10 * MS));
+
+    let turn = session
+        .run_turn(provider.clone(), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    provider.entered.notified().await;
+    // The stream exists and its attach is pending: the cancel lands now.
+    assert_eq!(
+        session.cancel(CancelMode::Immediate).await.unwrap(),
+        Handled::Applied
+    );
+    provider.gate.notify_one();
+
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    assert_eq!(session.finalized().await.unwrap(), EndReason::Cancelled);
+    settle_tasks().await;
+    let stats = provider.inner.stats();
+    assert_eq!(stats.opened, 1);
+    assert_eq!(stats.close_started, stats.opened, "{stats:?}");
+    let d = detail(&store, session.id()).await;
+    assert_eq!(d.session.outcome, Some(Outcome::Cancelled));
+    assert!(d.turns[0].chunks.is_empty());
+    assert_eq!(runtime.store_failures(), 0);
+    runtime.shutdown(Duration::ZERO).await;
+}
+
+/// The other order: the stream is handed over and the cancel is sent in the
+/// same instant, so the core may hear of the cancel before the attach. The
+/// stream is closed exactly once either way.
+#[tokio::test(start_paused = true)]
+async fn g4_a_cancel_racing_the_attach_report_still_closes_the_stream_once() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b).await;
+    let session = runtime.register("agent", None).await.unwrap();
+    let provider = gated(hang(&["a", "b"], 10 * MS));
+
+    let turn = session
+        .run_turn(provider.clone(), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    provider.entered.notified().await;
+    provider.gate.notify_one();
+    assert_eq!(
+        session.cancel(CancelMode::Immediate).await.unwrap(),
+        Handled::Applied
+    );
+
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    assert_eq!(session.finalized().await.unwrap(), EndReason::Cancelled);
+    settle_tasks().await;
+    let stats = provider.inner.stats();
+    assert_eq!((stats.opened, stats.close_started), (1, 1), "{stats:?}");
+    runtime.shutdown(Duration::ZERO).await;
+}
+
+/// A cancel sent in the same instant the turn starts: whether the work had
+/// opened its stream yet or not, what was opened is closed.
+#[tokio::test(start_paused = true)]
+async fn g4_a_cancel_as_the_turn_starts_closes_whatever_was_opened() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b).await;
+    let session = runtime.register("agent", None).await.unwrap();
+    let p = provider([hang(&["a"], 10 * MS)]);
+    let turn = start(&session, &p).await;
+    assert_eq!(
+        session.cancel(CancelMode::Immediate).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    assert_eq!(session.finalized().await.unwrap(), EndReason::Cancelled);
+    settle_tasks().await;
+    let stats = p.stats();
+    assert_eq!(stats.opened, stats.close_started, "{stats:?}");
+    runtime.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_a_work_ignoring_its_cancel_is_detached_after_the_settle_timeout() {
+    let store = MemoryStore::new();
+    let settle = Duration::from_millis(500);
+    let runtime = runtime_on(&store, |b| b.settle_timeout(settle)).await;
+    let session = runtime.register("agent", None).await.unwrap();
+    let chunks = numbered("c", 100);
+    let p = provider([TurnScript::new(chunks)
+        .chunk_delay(100 * MS)
+        .end(ScriptedEnd::IgnoreCancel)]);
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 2).await;
+
+    let cancelled_at = Instant::now();
+    assert_eq!(
+        session.cancel(CancelMode::Immediate).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(session.finalized().await.unwrap(), EndReason::Cancelled);
+    let waited = cancelled_at.elapsed();
+    assert!(waited >= settle && waited <= settle + 50 * MS, "{waited:?}");
+    assert_eq!(turn.outcome().await, Outcome::Detached);
+
+    // Its write access is revoked: the transcript no longer grows.
+    let d = detail(&store, session.id()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = detail(&store, session.id()).await;
+    assert_eq!(d.turns[0].chunks, later.turns[0].chunks);
+    assert_eq!(later.session.outcome, Some(Outcome::Detached));
+    assert_eq!(later.turns[0].outcome, Some(Outcome::Detached));
+    assert!(store.memories(session.id()).await.unwrap().is_empty());
+    assert_eq!(p.stats().close_started, 1);
+    assert_eq!(runtime.store_failures(), 0);
+    runtime.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_shutdown_ends_on_time_despite_a_work_ignoring_its_cancel() {
+    let store = MemoryStore::new();
+    let (settle, drain) = (Duration::from_secs(1), Duration::from_secs(2));
+    let runtime = runtime_on(&store, |b| b.settle_timeout(settle)).await;
+    let session = runtime.register("agent", None).await.unwrap();
+    let p = provider([TurnScript::new(numbered("c", 100))
+        .chunk_delay(100 * MS)
+        .end(ScriptedEnd::IgnoreCancel)]);
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 2).await;
+
+    let began = Instant::now();
+    let report = runtime.shutdown(drain).await;
+    let took = began.elapsed();
+    assert!(took <= drain + settle + 100 * MS, "shutdown took {took:?}");
+    assert!(
+        took >= drain + settle,
+        "the work had its settle time: {took:?}"
+    );
+
+    assert_eq!(report.cancelled, vec![session.id()]);
+    assert_eq!(report.detached, vec![session.id()]);
+    assert_eq!(report.finalized, vec![(session.id(), EndReason::Shutdown)]);
+    assert!(report.drained.is_empty());
+    assert_eq!(report.store_failures, 0);
+    assert_eq!(turn.outcome().await, Outcome::Detached);
+    let d = detail(&store, session.id()).await;
+    assert_eq!(d.session.state, State::Finalized);
+    assert_eq!(d.session.outcome, Some(Outcome::Detached));
+    assert!(store.memories(session.id()).await.unwrap().is_empty());
+}
