@@ -35,8 +35,39 @@ pub fn settle_bin() -> &'static Path {
         if let Some(bin) = std::env::var_os("SETTLE_BIN") {
             return PathBuf::from(bin);
         }
-        build_settle()
+        pin(&build_settle())
     })
+}
+
+/// A hard link (or copy) of the freshly built binary that no later build
+/// replaces, so that every test of this process runs the same binary even if
+/// another build into the same target folder runs meanwhile. Named after the
+/// build's inode; older pins are removed. Falls back to `built` itself.
+fn pin(built: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let pinned = (|| -> std::io::Result<PathBuf> {
+        let dir = built
+            .parent()
+            .ok_or(std::io::ErrorKind::NotFound)?
+            .join("settle-e2e");
+        std::fs::create_dir_all(&dir)?;
+        let name = format!("settle-{}", std::fs::metadata(built)?.ino());
+        let pinned = dir.join(&name);
+        if !pinned.exists() {
+            let partial = dir.join(format!("{name}.{}", std::process::id()));
+            if std::fs::hard_link(built, &partial).is_err() {
+                std::fs::copy(built, &partial)?;
+            }
+            std::fs::rename(&partial, &pinned)?;
+        }
+        for entry in std::fs::read_dir(&dir)?.flatten() {
+            if entry.file_name() != name.as_str() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(pinned)
+    })();
+    pinned.unwrap_or_else(|_| built.to_path_buf())
 }
 
 fn build_settle() -> PathBuf {
@@ -377,6 +408,21 @@ impl Running {
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = i32::try_from(self.pid()).expect("pid fits in i32");
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("send a signal");
+    }
+
+    /// Its exit status, if it exits within `limit` (it is left running
+    /// otherwise).
+    pub fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits for the process to exit (within [`PATIENCE`]); returns its exit

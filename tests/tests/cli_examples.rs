@@ -299,3 +299,46 @@ fn shows_ok(out: std::process::Output) -> Vec<u8> {
     assert_success(&out, "settle show --json");
     out.stdout
 }
+
+/// An agent whose second turn starts the moment its first ends, next to a
+/// busy child: the second turn's start must be recorded after the first
+/// turn's end, or the store refuses it ("still has turn 1 open") and the run
+/// exits 3 with the root's outcome `failed`. It failed about one run in four
+/// when written: the turn's start is written by its work task directly, the
+/// previous turn's end goes through the recorder's queue.
+#[test]
+#[ignore = "settle-runtime bug: a turn's start can overtake the previous turn's end on its way to the store"]
+fn back_to_back_turns_are_recorded_in_order() {
+    let sandbox = Sandbox::new();
+    let scenario = sandbox.write(
+        "two.toml",
+        r#"
+name = "two"
+[[agent]]
+name = "root"
+[[agent.turn]]
+chunks = ["plan"]
+chunk_delay_ms = 10
+[[agent.turn]]
+chunks = ["a", "b"]
+chunk_delay_ms = 10
+[[agent]]
+name = "worker"
+parent = "root"
+spawn_after_ms = 10
+[[agent.turn]]
+chunks = ["w"]
+chunk_delay_ms = 10
+"#,
+    );
+    for round in 0..20 {
+        let db = format!("round{round}.db");
+        let out = sandbox.run_command({
+            let mut cmd =
+                sandbox.command_default_db(&["run", "--json", scenario.to_str().unwrap()]);
+            cmd.arg("--db").arg(&db);
+            cmd
+        });
+        assert_success(&out, &format!("settle run two.toml (round {round})"));
+    }
+}
