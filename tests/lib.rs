@@ -6,6 +6,9 @@
 //! Every wait here polls for a condition under a generous deadline, so the
 //! tests stay correct on a loaded machine; none asserts a tight timing.
 
+// Test helpers: a failure is a panic with a message, as in the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
