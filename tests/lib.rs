@@ -639,3 +639,9 @@ mod tests {
         );
     }
 }
+
+/// The README's Rust example, compiled as a doctest so that it stays true to
+/// the API.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
