@@ -1,0 +1,295 @@
+//! `settle run` interrupted: SIGTERM and SIGINT mid-run shut down gracefully
+//! (G9) and exit 143 / 130; a second signal skips the drain; `kill -9` loses
+//! nothing the run reported as persisted, and `settle recover` finalizes what
+//! it left live (G7, G8).
+//!
+//! Each test writes a scenario with slow turns into its temporary folder,
+//! waits for progress lines before it signals, and checks the store after.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use settle_tests::{
+    assert_children_finalized_first, by_name, id_of, persisted_chunks, Running, Sandbox, PATIENCE,
+};
+
+/// A turn of `n` chunks named `prefix1..prefixN`, `delay_ms` apart.
+fn turn(prefix: &str, n: usize, delay_ms: u64, extra: &str) -> String {
+    let chunks: Vec<String> = (1..=n).map(|i| format!("\"{prefix}{i}\"")).collect();
+    format!(
+        "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n{extra}\n",
+        chunks.join(", ")
+    )
+}
+
+fn agent(name: &str, parent: Option<&str>) -> String {
+    match parent {
+        Some(parent) => {
+            format!("[[agent]]\nname = \"{name}\"\nparent = \"{parent}\"\nspawn_after_ms = 10\n")
+        }
+        None => format!("[[agent]]\nname = \"{name}\"\n"),
+    }
+}
+
+/// A tree mid-turn for long enough to be interrupted: the root and "worker"
+/// stream slowly for 12 s; "quick" ends its one short turn within any drain;
+/// "stubborn", under the worker, ignores its cancellation.
+fn slow_tree(sandbox: &Sandbox) -> String {
+    let text = [
+        "name = \"slow\"\nsettle_timeout_ms = 500\n".to_owned(),
+        agent("root", None),
+        turn("root", 60, 200, ""),
+        agent("worker", Some("root")),
+        turn("work", 60, 200, ""),
+        agent("quick", Some("root")),
+        turn("quick", 4, 150, ""),
+        agent("stubborn", Some("worker")),
+        turn(
+            "stuck",
+            60,
+            200,
+            "end = \"ignore_cancel\"\nignore_ms = 600000",
+        ),
+    ]
+    .concat();
+    sandbox
+        .write("slow.toml", &text)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Starts `settle run` on `scenario` with `options`, and waits until every
+/// agent named in `streaming` has had a chunk persisted.
+fn start(sandbox: &Sandbox, scenario: &str, options: &[&str], streaming: &[&str]) -> Running {
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.push(scenario);
+    let mut run = sandbox.spawn(&args);
+    run.wait_for("every agent to stream", |out| {
+        streaming.iter().all(|name| {
+            out.lines()
+                .any(|l| l.contains(&format!(" {name}#")) && l.contains(" persisted turn "))
+        })
+    });
+    run
+}
+
+/// The turn numbers of `session` that completed.
+fn completed_turns(shown: &Value) -> Vec<u64> {
+    shown["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["outcome"] == "completed")
+        .map(|t| t["no"].as_u64().unwrap())
+        .collect()
+}
+
+/// G9 after a signal: every session finalized, children first, each with a
+/// settled outcome; memory only from completed turns; nothing for
+/// `recover` to do.
+fn assert_shut_down_gracefully(sandbox: &Sandbox) -> Vec<Value> {
+    let sessions = sandbox.sessions();
+    assert_eq!(sessions.len(), 4, "{sessions:#?}");
+    assert_children_finalized_first(&sessions);
+    for session in &sessions {
+        let name = session["name"].as_str().unwrap();
+        let outcome = session["outcome"].as_str().unwrap();
+        assert!(
+            ["cancelled", "detached", "completed"].contains(&outcome),
+            "{name}: outcome {outcome}"
+        );
+        let end = session["end_reason"].as_str().unwrap();
+        if outcome == "completed" {
+            // It ended its turns within the drain, and so finished on its own
+            // or was swept by the shutdown.
+            assert!(["completed", "shutdown"].contains(&end), "{name}: {end}");
+        } else {
+            assert_eq!(end, "shutdown", "{name} was cut by the shutdown");
+        }
+        // Memory only from completed turns, never from a cut one (G7, G9).
+        let shown = sandbox.show(id_of(session));
+        let completed = completed_turns(&shown);
+        for (turn, _) in sandbox.memories(id_of(session)) {
+            assert!(
+                completed.contains(&u64::from(turn)),
+                "{name}: memory from turn {turn}, which did not complete"
+            );
+        }
+        for turn in shown["turns"].as_array().unwrap() {
+            assert!(turn["outcome"].is_string(), "{name}: a turn left open");
+        }
+    }
+    // The worker was mid-turn throughout: cut. The stubborn one ignored the
+    // cancellation: detached after the settle timeout (G5).
+    assert_eq!(by_name(&sessions, "worker")["outcome"], "cancelled");
+    assert_eq!(by_name(&sessions, "stubborn")["outcome"], "detached");
+    assert_eq!(
+        sandbox.recover(),
+        "recovered 0 sessions (0 interrupted turns)"
+    );
+    sessions
+}
+
+#[test]
+fn g9_sigterm_mid_run_shuts_down_gracefully_and_exits_143() {
+    let sandbox = Sandbox::new();
+    let scenario = slow_tree(&sandbox);
+    let mut run = start(
+        &sandbox,
+        &scenario,
+        &["--drain-timeout", "300ms"],
+        &["root", "worker", "stubborn"],
+    );
+    run.signal(Signal::SIGTERM);
+    let (status, _) = run.wait();
+    assert_eq!(status.code(), Some(143), "{}", run.stderr_text());
+    let sessions = assert_shut_down_gracefully(&sandbox);
+    // The root was mid-way through its 12-second turn.
+    let root = by_name(&sessions, "root");
+    assert_eq!(root["outcome"], "cancelled");
+    assert_eq!(sandbox.memories(id_of(root)), []);
+}
+
+#[test]
+fn g9_sigint_mid_run_shuts_down_gracefully_and_exits_130() {
+    let sandbox = Sandbox::new();
+    let scenario = slow_tree(&sandbox);
+    let mut run = start(
+        &sandbox,
+        &scenario,
+        &["--drain-timeout", "300ms"],
+        &["root", "worker", "stubborn"],
+    );
+    run.signal(Signal::SIGINT);
+    let (status, _) = run.wait();
+    assert_eq!(status.code(), Some(130), "{}", run.stderr_text());
+    assert_shut_down_gracefully(&sandbox);
+}
+
+#[test]
+fn g9_a_second_signal_skips_the_drain() {
+    // With a ten-minute drain, only the second signal can make the run end
+    // before its 12-second turns do: the worker's turn is then cut, not
+    // completed.
+    let sandbox = Sandbox::new();
+    let scenario = slow_tree(&sandbox);
+    let mut run = start(
+        &sandbox,
+        &scenario,
+        &["--drain-timeout", "10m"],
+        &["root", "worker", "stubborn"],
+    );
+    run.signal(Signal::SIGTERM);
+    // Signals that arrive together may be delivered as one: repeat the second
+    // until the process is gone (every later one just skips the drain again).
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = run.exited_within(Duration::from_millis(300)) {
+            break status;
+        }
+        assert!(start.elapsed() < PATIENCE, "the run did not end");
+        run.signal(Signal::SIGTERM);
+    };
+    assert_eq!(status.code(), Some(143), "{}", run.stderr_text());
+    let sessions = assert_shut_down_gracefully(&sandbox);
+    assert_eq!(by_name(&sessions, "root")["outcome"], "cancelled");
+}
+
+#[test]
+fn g7_g8_kill_9_loses_no_persisted_chunk_and_recover_finalizes_the_rest() {
+    let sandbox = Sandbox::new();
+    let text = [
+        "name = \"crash\"\n".to_owned(),
+        agent("root", None),
+        turn("root", 100, 50, ""),
+        agent("worker", Some("root")),
+        turn("work", 100, 40, ""),
+        agent("helper", Some("worker")),
+        turn("help", 100, 30, ""),
+    ]
+    .concat();
+    let scenario = sandbox.write("crash.toml", &text);
+    let mut run = start(
+        &sandbox,
+        scenario.to_str().unwrap(),
+        &[],
+        &["root", "worker", "helper"],
+    );
+    run.wait_for("a dozen persisted chunks", |out| {
+        persisted_chunks(out).len() >= 12
+    });
+    run.signal(Signal::SIGKILL);
+    let (status, log) = run.wait();
+    assert_eq!(status.code(), None, "killed by the signal");
+
+    // Left live: nothing finalized, the turns open.
+    let before = sandbox.sessions();
+    assert_eq!(before.len(), 3);
+    for session in &before {
+        assert_ne!(session["state"], "finalized", "{session}");
+    }
+
+    // G7: every chunk printed as persisted is in the store, in order.
+    let persisted = persisted_chunks(&log);
+    assert!(persisted.len() >= 12, "{log}");
+    let mut shown: BTreeMap<u64, Value> = BTreeMap::new();
+    for p in &persisted {
+        let detail = shown
+            .entry(p.session)
+            .or_insert_with(|| sandbox.show(p.session));
+        let chunks = &detail["turns"][p.turn as usize - 1]["chunks"];
+        assert_eq!(
+            chunks[p.seq as usize],
+            p.text.as_str(),
+            "{p:?} lost:\n{detail:#}"
+        );
+    }
+    // ... and printed in order: within a turn, 0, 1, 2, ...
+    let mut next: BTreeMap<(u64, u32), u32> = BTreeMap::new();
+    for p in &persisted {
+        let seq = next.entry((p.session, p.turn)).or_insert(0);
+        assert_eq!(p.seq, *seq, "{p:?} out of order");
+        *seq += 1;
+    }
+
+    // G8: the process is gone (and reaped), so recovery on this host takes
+    // its sessions over at once, children first; and only once.
+    assert_eq!(
+        sandbox.recover(),
+        "recovered 3 sessions (3 interrupted turns)"
+    );
+    assert_eq!(
+        sandbox.recover(),
+        "recovered 0 sessions (0 interrupted turns)"
+    );
+    let after = sandbox.sessions();
+    assert_children_finalized_first(&after);
+    for session in &after {
+        let name = session["name"].as_str().unwrap();
+        assert_eq!(session["end_reason"], "recovered", "{name}");
+        assert_eq!(session["outcome"], "interrupted", "{name}");
+        let detail = sandbox.show(id_of(session));
+        let turns = detail["turns"].as_array().unwrap();
+        assert_eq!(turns.last().unwrap()["outcome"], "interrupted", "{name}");
+        // The transcript is intact: what was there before recovery still is.
+        assert_eq!(
+            detail["turns"]
+                .as_array()
+                .map(|t| t.iter().map(|t| t["chunks"].clone()).collect::<Vec<_>>()),
+            shown.get(&id_of(session)).map(|d| d["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["chunks"].clone())
+                .collect::<Vec<_>>()),
+            "{name}: transcript changed by recovery"
+        );
+        // An interrupted turn commits no memory.
+        assert_eq!(sandbox.memories(id_of(session)), [], "{name}");
+    }
+}
