@@ -229,10 +229,20 @@ impl Driver {
         let Some(work) = self.core.session(session).and_then(|v| v.work()) else {
             return Err(RuntimeError::SessionClosed(session));
         };
+        // The turn's row is written by the recorder, in order after the end
+        // of the previous turn (which the store must see first).
+        let (started_tx, started) = oneshot::channel();
+        let at = self.clock.wall(self.clock.now());
+        let _ = self.recorder.send(Record::StartTurn {
+            work,
+            at,
+            done: started_tx,
+        });
         let (handle, turn) = work::spawn(work::WorkContext {
             work,
             provider,
             request,
+            started,
             session_token: &session_token,
             store: self.store.clone(),
             reports: self.report_tx.clone(),

@@ -3,7 +3,7 @@
 //! sees it (G7).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use settle_core::{Outcome, WorkId};
@@ -41,6 +41,8 @@ pub(crate) struct WorkContext<'a> {
     pub work: WorkId,
     pub provider: Arc<dyn Provider>,
     pub request: Request,
+    /// Answered once the recorder has written the turn's start.
+    pub started: oneshot::Receiver<Result<(), settle_store::StoreError>>,
     pub session_token: &'a CancellationToken,
     pub store: Arc<dyn SessionStore>,
     pub reports: mpsc::UnboundedSender<WorkReport>,
@@ -53,6 +55,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         work,
         provider,
         request,
+        started,
         session_token,
         store,
         reports,
@@ -75,9 +78,9 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
             let report = |kind| {
                 let _ = reports.send(WorkReport { work, kind });
             };
-            let started = store
-                .start_turn(work.session, work.turn, SystemTime::now())
-                .await;
+            let started = started
+                .await
+                .unwrap_or(Err(settle_store::StoreError::Unavailable));
             let outcome = match started {
                 Err(error) => {
                     tracing::error!(session = %work.session, %error, "could not record the turn's start");
