@@ -36,6 +36,8 @@ pub(crate) struct Driver {
     pub report_tx: mpsc::UnboundedSender<WorkReport>,
     pub recorder: mpsc::UnboundedSender<Record>,
     pub events: broadcast::Sender<LifecycleEvent>,
+    /// Store writes that failed (shared with the recorder).
+    pub failures: Arc<std::sync::atomic::AtomicUsize>,
     pub slots: Option<Arc<Semaphore>>,
     pub names: HashMap<SessionId, Arc<str>>,
     sessions: HashMap<SessionId, Entry>,
@@ -53,6 +55,7 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
         recorder: mpsc::UnboundedSender<Record>,
         events: broadcast::Sender<LifecycleEvent>,
+        failures: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
         Driver {
@@ -67,6 +70,7 @@ impl Driver {
             report_tx,
             recorder,
             events,
+            failures,
             names: HashMap::new(),
             sessions: HashMap::new(),
             works: HashMap::new(),
@@ -247,6 +251,7 @@ impl Driver {
             store: self.store.clone(),
             reports: self.report_tx.clone(),
             events: self.events.clone(),
+            failures: self.failures.clone(),
             idle_timeout: self.config.idle_timeout,
         });
         self.works.insert(work, handle);

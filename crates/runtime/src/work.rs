@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use settle_core::{Outcome, WorkId};
-use settle_store::SessionStore;
+use settle_store::{SessionStore, StoreError};
 use settle_stream::{
     run_turn, ChunkSink, Provider, ProviderStream, Request, Scope, SinkClosed, StreamError,
     TurnOptions,
@@ -47,6 +47,7 @@ pub(crate) struct WorkContext<'a> {
     pub store: Arc<dyn SessionStore>,
     pub reports: mpsc::UnboundedSender<WorkReport>,
     pub events: broadcast::Sender<LifecycleEvent>,
+    pub failures: Arc<std::sync::atomic::AtomicUsize>,
     pub idle_timeout: Option<Duration>,
 }
 
@@ -60,6 +61,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         store,
         reports,
         events,
+        failures,
         idle_timeout,
     } = ctx;
     // A child of the session's scope: born cancelled if the session already is.
@@ -98,6 +100,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                         revoked,
                         consumer: Some(chunk_tx),
                         events,
+                        failures,
                         seq: 0,
                     };
                     let end = run_turn(&provider, &request, &scope, &mut sink, options).await;
@@ -153,6 +156,7 @@ struct Persisting {
     revoked: CancellationToken,
     consumer: Option<mpsc::UnboundedSender<String>>,
     events: broadcast::Sender<LifecycleEvent>,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
     seq: u32,
 }
 
@@ -169,6 +173,20 @@ impl ChunkSink for Persisting {
         };
         if let Err(error) = appended {
             tracing::warn!(session = %self.work.session, %error, "chunk refused by the store; stopping the turn");
+            // A closed session or turn is revoked write access (G10), not a
+            // fault; anything else is a failed write, counted and shown like
+            // the recorder's.
+            if !matches!(
+                error,
+                StoreError::SessionClosed(_) | StoreError::TurnClosed { .. }
+            ) {
+                self.failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _ = self.events.send(LifecycleEvent::StoreFailed {
+                    session: Some(self.work.session),
+                    message: format!("failed to persist a chunk: {error}"),
+                });
+            }
             return Err(SinkClosed);
         }
         let _ = self.events.send(LifecycleEvent::Chunk {
