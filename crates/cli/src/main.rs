@@ -123,7 +123,8 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("settle: {}", failure.message);
+            // One line (G11), even when a driver's message spans several.
+            eprintln!("settle: {}", one_line(&failure.message));
             ExitCode::from(failure.code)
         }
     }
@@ -149,13 +150,42 @@ fn usage_error(error: clap::Error) -> ExitCode {
         );
     }
     let rendered = error.render().to_string();
-    let line = rendered
+    // The error line, with the indented lines that follow it (clap lists the
+    // missing arguments there), made one line.
+    let mut lines = rendered
         .lines()
-        .find(|l| l.starts_with("error:"))
+        .skip_while(|l| !l.starts_with("error:"))
+        .take_while(|l| !l.trim().is_empty());
+    let mut line = lines
+        .next()
         .unwrap_or("error: invalid arguments")
-        .trim_start_matches("error: ");
-    eprintln!("settle: {line} (see `settle --help`)");
+        .trim_start_matches("error: ")
+        .to_owned();
+    for more in lines.filter(|l| l.starts_with(char::is_whitespace)) {
+        line.push(' ');
+        line.push_str(more.trim());
+    }
+    eprintln!("settle: {} (see `settle --help`)", one_line(&line));
     ExitCode::from(exit::BAD_INPUT)
+}
+
+/// `text` with every run of whitespace (newlines included) made one space.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// For the commands that only read (or recover) a store: the SQLite file
+/// named by `db` when there is none, so that they report an empty store
+/// instead of creating a database (G11: a lookup writes nothing).
+fn missing_sqlite_file(db: &str) -> Option<&str> {
+    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+        return None;
+    }
+    let path = db
+        .strip_prefix("sqlite://")
+        .or_else(|| db.strip_prefix("sqlite:"))
+        .unwrap_or(db);
+    std::fs::symlink_metadata(path).is_err().then_some(path)
 }
 
 fn init_tracing() {
@@ -170,6 +200,25 @@ fn init_tracing() {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run(&cli.db, args).await,
+        Command::Sessions(args) if missing_sqlite_file(&cli.db).is_some() => {
+            let rows: [settle_store::SessionRow; 0] = [];
+            if args.json {
+                outln!("{}", output::sessions_json(&rows));
+            } else {
+                out!("{}", output::sessions_table(&rows));
+            }
+            Ok(exit::DONE)
+        }
+        Command::Show(args) if missing_sqlite_file(&cli.db).is_some() => {
+            Err(Failure::bad_input(format!(
+                "no session {} in {}: there is no database there; see `settle sessions`",
+                args.id, cli.db
+            )))
+        }
+        Command::Recover if missing_sqlite_file(&cli.db).is_some() => {
+            outln!("recovered 0 sessions (0 interrupted turns)");
+            Ok(exit::DONE)
+        }
         Command::Sessions(args) => {
             let store = open_store(&cli.db)?;
             let rows = store.list_sessions(args.state).await?;

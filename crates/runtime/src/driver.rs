@@ -39,6 +39,8 @@ pub(crate) struct Driver {
     pub report_tx: mpsc::UnboundedSender<WorkReport>,
     pub recorder: mpsc::UnboundedSender<Record>,
     pub events: broadcast::Sender<LifecycleEvent>,
+    /// Store writes that failed (shared with the recorder).
+    pub failures: Arc<std::sync::atomic::AtomicUsize>,
     pub slots: Option<Arc<Semaphore>>,
     pub names: HashMap<SessionId, Arc<str>>,
     sessions: HashMap<SessionId, Entry>,
@@ -56,6 +58,7 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
         recorder: mpsc::UnboundedSender<Record>,
         events: broadcast::Sender<LifecycleEvent>,
+        failures: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
         Driver {
@@ -70,6 +73,7 @@ impl Driver {
             report_tx,
             recorder,
             events,
+            failures,
             names: HashMap::new(),
             sessions: HashMap::new(),
             works: HashMap::new(),
@@ -261,14 +265,25 @@ impl Driver {
         let Some(work) = self.core.session(session).and_then(|v| v.work()) else {
             return Err(RuntimeError::SessionClosed(session));
         };
+        // The turn's row is written by the recorder, in order after the end
+        // of the previous turn (which the store must see first).
+        let (started_tx, started) = oneshot::channel();
+        let at = self.clock.wall(self.clock.now());
+        let _ = self.recorder.send(Record::StartTurn {
+            work,
+            at,
+            done: started_tx,
+        });
         let (handle, turn) = work::spawn(work::WorkContext {
             work,
             provider,
             request,
+            started,
             session_token: &session_token,
             store: self.store.clone(),
             reports: self.report_tx.clone(),
             events: self.events.clone(),
+            failures: self.failures.clone(),
             idle_timeout: self.config.idle_timeout,
         });
         self.works.insert(work, handle);

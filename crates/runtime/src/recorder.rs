@@ -21,6 +21,14 @@ pub(crate) enum Record {
         cause: String,
         at: SystemTime,
     },
+    /// Written here, not by the work itself, so that it lands after the end
+    /// of the session's previous turn (queued before it); `done` tells the
+    /// work whether it may stream.
+    StartTurn {
+        work: WorkId,
+        at: SystemTime,
+        done: oneshot::Sender<Result<(), settle_store::StoreError>>,
+    },
     EndTurn {
         work: WorkId,
         outcome: Outcome,
@@ -115,6 +123,11 @@ impl Recorder {
                 }
                 let result = self.store.transition(session, from, to, &cause, at).await;
                 self.check(Some(session), "record a transition", result);
+            }
+            Record::StartTurn { work, at, done } => {
+                let result = self.store.start_turn(work.session, work.turn, at).await;
+                let _ = done.send(result.clone());
+                self.check(Some(work.session), "start a turn", result);
             }
             Record::EndTurn { work, outcome, at } => {
                 if self.shutting_down

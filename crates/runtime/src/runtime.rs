@@ -110,7 +110,15 @@ impl RuntimeBuilder {
         let recorder = tokio::spawn(recorder.run(records));
         let lease = tokio::spawn(renew_lease(store.clone(), owner, config.lease_ttl));
         let drain = config.drain_timeout;
-        let driver = Driver::new(config, store, owner, commands, record_tx, events.clone());
+        let driver = Driver::new(
+            config,
+            store,
+            owner,
+            commands,
+            record_tx,
+            events.clone(),
+            failures.clone(),
+        );
         let driver = tokio::spawn(driver.run());
         let finished = tokio::spawn(async move {
             let _ = driver.await;

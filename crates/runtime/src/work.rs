@@ -3,11 +3,11 @@
 //! sees it (G7).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use settle_core::{Outcome, WorkId};
-use settle_store::SessionStore;
+use settle_store::{SessionStore, StoreError};
 use settle_stream::{
     run_turn, ChunkSink, Provider, ProviderStream, Request, Scope, SinkClosed, StreamError,
     TurnOptions,
@@ -41,10 +41,13 @@ pub(crate) struct WorkContext<'a> {
     pub work: WorkId,
     pub provider: Arc<dyn Provider>,
     pub request: Request,
+    /// Answered once the recorder has written the turn's start.
+    pub started: oneshot::Receiver<Result<(), settle_store::StoreError>>,
     pub session_token: &'a CancellationToken,
     pub store: Arc<dyn SessionStore>,
     pub reports: mpsc::UnboundedSender<WorkReport>,
     pub events: broadcast::Sender<LifecycleEvent>,
+    pub failures: Arc<std::sync::atomic::AtomicUsize>,
     pub idle_timeout: Option<Duration>,
 }
 
@@ -53,10 +56,12 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         work,
         provider,
         request,
+        started,
         session_token,
         store,
         reports,
         events,
+        failures,
         idle_timeout,
     } = ctx;
     // A child of the session's scope: born cancelled if the session already is.
@@ -75,9 +80,9 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
             let report = |kind| {
                 let _ = reports.send(WorkReport { work, kind });
             };
-            let started = store
-                .start_turn(work.session, work.turn, SystemTime::now())
-                .await;
+            let started = started
+                .await
+                .unwrap_or(Err(settle_store::StoreError::Unavailable));
             let outcome = match started {
                 Err(error) => {
                     tracing::error!(session = %work.session, %error, "could not record the turn's start");
@@ -95,6 +100,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                         revoked,
                         consumer: Some(chunk_tx),
                         events,
+                        failures,
                         seq: 0,
                     };
                     let end = run_turn(&provider, &request, &scope, &mut sink, options).await;
@@ -150,6 +156,7 @@ struct Persisting {
     revoked: CancellationToken,
     consumer: Option<mpsc::UnboundedSender<String>>,
     events: broadcast::Sender<LifecycleEvent>,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
     seq: u32,
 }
 
@@ -166,6 +173,20 @@ impl ChunkSink for Persisting {
         };
         if let Err(error) = appended {
             tracing::warn!(session = %self.work.session, %error, "chunk refused by the store; stopping the turn");
+            // A closed session or turn is revoked write access (G10), not a
+            // fault; anything else is a failed write, counted and shown like
+            // the recorder's.
+            if !matches!(
+                error,
+                StoreError::SessionClosed(_) | StoreError::TurnClosed { .. }
+            ) {
+                self.failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _ = self.events.send(LifecycleEvent::StoreFailed {
+                    session: Some(self.work.session),
+                    message: format!("failed to persist a chunk: {error}"),
+                });
+            }
             return Err(SinkClosed);
         }
         let _ = self.events.send(LifecycleEvent::Chunk {

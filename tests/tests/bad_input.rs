@@ -1,0 +1,544 @@
+//! G11, bad input is refused whole: a table of bad arguments, scenario files
+//! and `--db` values, each run through the `settle` binary in a folder of its
+//! own. Each must print exactly one line on stderr, starting `settle:` and
+//! naming the offending thing, exit with the documented code (2 for bad input,
+//! 3 for a server that cannot be reached), and leave every file of the folder
+//! as it was: same names, same bytes, no new file (no `settle.db` for a bad
+//! scenario, no database for a lookup that fails).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+const OK_SCENARIO: &str =
+    "name = \"ok\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"a\"]\n";
+
+/// One bad input: what to lay out in the folder, the arguments (the folder
+/// is the working directory), the exit code, and what the line must name.
+struct Case {
+    name: &'static str,
+    setup: fn(&Path),
+    args: &'static [&'static str],
+    code: i32,
+    names: &'static str,
+    /// Run as `nobody` (a root process may write anywhere).
+    as_nobody: bool,
+}
+
+fn case(
+    name: &'static str,
+    setup: fn(&Path),
+    args: &'static [&'static str],
+    code: i32,
+    names: &'static str,
+) -> Case {
+    Case {
+        name,
+        setup,
+        args,
+        code,
+        names,
+        as_nobody: false,
+    }
+}
+
+fn nothing(_: &Path) {}
+
+fn ok_scenario(dir: &Path) {
+    fs::write(dir.join("ok.toml"), OK_SCENARIO).unwrap();
+}
+
+fn scenario(dir: &Path, file: &str, text: &str) {
+    fs::write(dir.join(file), text).unwrap();
+}
+
+/// A settle database with one finished session, made by the binary itself.
+fn database(dir: &Path, file: &str) {
+    ok_scenario(dir);
+    let db = dir.join(file);
+    let out = common::settle(db.to_str().unwrap())
+        .args(["run", "ok.toml", "--json"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    fs::remove_file(dir.join("ok.toml")).unwrap();
+    // `settle` may exit with its write-ahead log still beside the database
+    // (see `sqlite_companions`): fold it in, so the file holds everything.
+    common::execute(db.to_str().unwrap(), "PRAGMA wal_checkpoint(TRUNCATE)");
+}
+
+/// Drops SQLite's `-wal` and `-shm` companions of a database that was there
+/// before: a process that only reads a WAL database may create them, or
+/// remove ones left behind (`settle` does not always close its connections
+/// before it exits, so they outlive it). The database file itself, every
+/// other file, and any file next to a database that did not exist, still
+/// count.
+fn sqlite_companions(before: &mut Snapshot, after: &mut Snapshot) {
+    let companion = |name: &str, before: &Snapshot| {
+        ["-wal", "-shm"].iter().any(|suffix| {
+            name.strip_suffix(suffix)
+                .is_some_and(|base| before.get(base).is_some_and(|f| f.0 == "file"))
+        })
+    };
+    let names: Vec<String> = before.keys().chain(after.keys()).cloned().collect();
+    for name in names {
+        if companion(&name, before) {
+            before.remove(&name);
+            after.remove(&name);
+        }
+    }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        // --- arguments ---
+        case("unknown command", nothing, &["frobnicate"], 2, "frobnicate"),
+        case(
+            "unknown option",
+            ok_scenario,
+            &["run", "--frobnicate", "ok.toml"],
+            2,
+            "--frobnicate",
+        ),
+        case(
+            "duration without unit",
+            ok_scenario,
+            &["run", "ok.toml", "--settle-timeout", "5"],
+            2,
+            "--settle-timeout",
+        ),
+        case(
+            "negative duration",
+            ok_scenario,
+            &["run", "ok.toml", "--settle-timeout", "-1s"],
+            2,
+            "-1",
+        ),
+        case(
+            "unknown duration unit",
+            ok_scenario,
+            &["run", "ok.toml", "--drain-timeout", "2h"],
+            2,
+            "--drain-timeout",
+        ),
+        case(
+            "duration too large",
+            ok_scenario,
+            &["run", "ok.toml", "--idle-timeout", "99999999999999999999ms"],
+            2,
+            "--idle-timeout",
+        ),
+        case("run without a scenario", nothing, &["run"], 2, "SCENARIO"),
+        case("show of a non-number", nothing, &["show", "abc"], 2, "abc"),
+        case(
+            "show of a negative id",
+            nothing,
+            &["show", "--", "-4"],
+            2,
+            "-4",
+        ),
+        case(
+            "unknown state",
+            nothing,
+            &["sessions", "--state", "bogus"],
+            2,
+            "bogus",
+        ),
+        // --- scenario files ---
+        case(
+            "missing scenario file",
+            nothing,
+            &["run", "missing.toml"],
+            2,
+            "missing.toml",
+        ),
+        case(
+            "directory as scenario",
+            |d| fs::create_dir(d.join("folder.toml")).unwrap(),
+            &["run", "folder.toml"],
+            2,
+            "folder.toml",
+        ),
+        case(
+            "empty scenario",
+            |d| scenario(d, "empty.toml", ""),
+            &["run", "empty.toml"],
+            2,
+            "empty.toml",
+        ),
+        case(
+            "non-UTF-8 scenario",
+            |d| fs::write(d.join("latin1.toml"), b"name = \"caf\xe9\"\n").unwrap(),
+            &["run", "latin1.toml"],
+            2,
+            "latin1.toml",
+        ),
+        case(
+            "invalid TOML",
+            |d| scenario(d, "broken.toml", "name = \"x\"\n[[agent]\nname = 1\n"),
+            &["run", "broken.toml"],
+            2,
+            "broken.toml",
+        ),
+        case(
+            "unknown key",
+            |d| scenario(d, "key.toml", &format!("colour = \"red\"\n{OK_SCENARIO}")),
+            &["run", "key.toml"],
+            2,
+            "colour",
+        ),
+        case(
+            "two roots",
+            |d| {
+                scenario(
+                    d,
+                    "roots.toml",
+                    &format!(
+                        "{OK_SCENARIO}[[agent]]\nname = \"second\"\n[[agent.turn]]\nchunks = []\n"
+                    ),
+                )
+            },
+            &["run", "roots.toml"],
+            2,
+            "second",
+        ),
+        case(
+            "a cycle of parents",
+            |d| {
+                scenario(
+                    d,
+                    "cycle.toml",
+                    &format!(
+                        "{OK_SCENARIO}[[agent]]\nname = \"x\"\nparent = \"y\"\n[[agent.turn]]\nchunks = []\n\
+                         [[agent]]\nname = \"y\"\nparent = \"x\"\n[[agent.turn]]\nchunks = []\n"
+                    ),
+                )
+            },
+            &["run", "cycle.toml"],
+            2,
+            "cycle",
+        ),
+        case(
+            "unknown parent",
+            |d| {
+                scenario(d, "orphan.toml", &format!("{OK_SCENARIO}[[agent]]\nname = \"kid\"\nparent = \"ghost\"\n[[agent.turn]]\nchunks = []\n"))
+            },
+            &["run", "orphan.toml"],
+            2,
+            "ghost",
+        ),
+        case(
+            "duplicate agent names",
+            |d| {
+                scenario(d, "dup.toml", &format!("{OK_SCENARIO}[[agent]]\nname = \"root\"\nparent = \"root\"\n[[agent.turn]]\nchunks = []\n"))
+            },
+            &["run", "dup.toml"],
+            2,
+            "root",
+        ),
+        case(
+            "agent without a turn",
+            |d| {
+                scenario(
+                    d,
+                    "idle.toml",
+                    &format!("{OK_SCENARIO}[[agent]]\nname = \"lazy\"\nparent = \"root\"\n"),
+                )
+            },
+            &["run", "idle.toml"],
+            2,
+            "lazy",
+        ),
+        case(
+            "unknown turn end",
+            |d| {
+                scenario(d, "end.toml", "name = \"e\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = []\nend = \"explode\"\n")
+            },
+            &["run", "end.toml"],
+            2,
+            "explode",
+        ),
+        case(
+            "negative delay",
+            |d| {
+                scenario(d, "neg.toml", "name = \"n\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = []\nchunk_delay_ms = -5\n")
+            },
+            &["run", "neg.toml"],
+            2,
+            "chunk_delay_ms",
+        ),
+        case(
+            "huge scenario (over 1 MiB)",
+            |d| {
+                let mut text = OK_SCENARIO.to_owned();
+                text.push_str(&format!("# {}\n", "x".repeat(1024 * 1024)));
+                scenario(d, "huge.toml", &text)
+            },
+            &["run", "huge.toml"],
+            2,
+            "huge.toml",
+        ),
+        case(
+            "symlink loop",
+            |d| std::os::unix::fs::symlink("loop.toml", d.join("loop.toml")).unwrap(),
+            &["run", "loop.toml"],
+            2,
+            "loop.toml",
+        ),
+        // --- database locations ---
+        case(
+            "--db in a missing folder",
+            ok_scenario,
+            &["--db", "no/such/folder/s.db", "run", "ok.toml"],
+            2,
+            "no/such/folder",
+        ),
+        case(
+            "--db a directory",
+            |d| fs::create_dir(d.join("dbdir")).unwrap(),
+            &["--db", "dbdir", "sessions"],
+            2,
+            "dbdir",
+        ),
+        case(
+            "--db a file that is not a database",
+            |d| {
+                scenario(
+                    d,
+                    "notes.txt",
+                    "these are notes, not a database\n".repeat(20).as_str(),
+                )
+            },
+            &["--db", "notes.txt", "sessions"],
+            2,
+            "notes.txt",
+        ),
+        case(
+            "--db a corrupt database",
+            |d| {
+                database(d, "corrupt.db");
+                // Keep the 100-byte header, turn the rest of every page to garbage.
+                let path = d.join("corrupt.db");
+                let mut bytes = fs::read(&path).unwrap();
+                for (i, b) in bytes.iter_mut().enumerate().skip(100) {
+                    *b = (i as u8).wrapping_mul(31) ^ 0xa5;
+                }
+                fs::write(&path, bytes).unwrap();
+            },
+            &["--db", "corrupt.db", "sessions"],
+            2,
+            "corrupt.db",
+        ),
+        case(
+            "--db another program's SQLite database",
+            |d| {
+                common::execute(
+                    d.join("other.db").to_str().unwrap(),
+                    "CREATE TABLE accounts (id INTEGER PRIMARY KEY)",
+                )
+            },
+            &["--db", "other.db", "sessions"],
+            2,
+            "other.db",
+        ),
+        case(
+            "--db a database of a future schema version",
+            |d| {
+                database(d, "future.db");
+                common::execute(
+                    d.join("future.db").to_str().unwrap(),
+                    "UPDATE settle_meta SET value = 99 WHERE key = 'schema_version'",
+                );
+            },
+            &["--db", "future.db", "sessions"],
+            2,
+            "99",
+        ),
+        Case {
+            as_nobody: true,
+            ..case(
+                "--db in a read-only folder",
+                |d| {
+                    ok_scenario(d);
+                    let ro = d.join("ro");
+                    fs::create_dir(&ro).unwrap();
+                    fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+                },
+                &["--db", "ro/settle.db", "run", "ok.toml"],
+                2,
+                "ro/settle.db",
+            )
+        },
+        Case {
+            as_nobody: true,
+            ..case(
+                "--db a read-only database file",
+                |d| {
+                    database(d, "locked.db");
+                    fs::set_permissions(d.join("locked.db"), fs::Permissions::from_mode(0o444))
+                        .unwrap();
+                },
+                &["--db", "locked.db", "sessions"],
+                2,
+                "locked.db",
+            )
+        },
+        case(
+            "--db an unreachable PostgreSQL server",
+            nothing,
+            &["--db", "postgres://127.0.0.1:1/x", "sessions"],
+            3,
+            "127.0.0.1:1",
+        ),
+        // --- lookups ---
+        case(
+            "show of a missing id",
+            |d| database(d, "settle.db"),
+            &["show", "42"],
+            2,
+            "42",
+        ),
+        case(
+            "show in a folder with no database",
+            nothing,
+            &["show", "1"],
+            2,
+            "settle.db",
+        ),
+    ]
+}
+
+/// Every file under `dir`: kind, mode and a hash of its bytes (or of the
+/// target of a link).
+type Snapshot = BTreeMap<String, (String, u32, u64)>;
+
+fn snapshot(dir: &Path) -> Snapshot {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(folder) = stack.pop() {
+        for entry in fs::read_dir(&folder).unwrap().flatten() {
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let mut hasher = DefaultHasher::new();
+            let kind = if meta.file_type().is_symlink() {
+                fs::read_link(&path).unwrap().hash(&mut hasher);
+                "link"
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                "dir"
+            } else {
+                fs::read(&path).unwrap().hash(&mut hasher);
+                "file"
+            };
+            let name = path.strip_prefix(dir).unwrap().display().to_string();
+            files.insert(name, (kind.to_owned(), meta.mode(), hasher.finish()));
+        }
+    }
+    files
+}
+
+/// Runs `case` in a folder of its own; returns what went wrong, if anything.
+fn run_case(case: &Case, bin: &Path) -> Result<(), String> {
+    let dir = common::open_tempdir();
+    (case.setup)(dir.path());
+    let mut command = if case.as_nobody {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let mut before = snapshot(dir.path());
+    let out = command
+        .args(case.args)
+        .current_dir(dir.path())
+        .env_remove("SETTLE_DB")
+        .env_remove("SETTLE_LOG")
+        .output()
+        .unwrap();
+    let mut after = snapshot(dir.path());
+    sqlite_companions(&mut before, &mut after);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let mut problems = Vec::new();
+    if out.status.code() != Some(case.code) {
+        problems.push(format!("exit {:?}, not {}", out.status.code(), case.code));
+    }
+    if lines.len() != 1 {
+        problems.push(format!("{} lines on stderr, not 1", lines.len()));
+    }
+    match lines.first() {
+        Some(line) if line.starts_with("settle: ") && line.contains(case.names) => {}
+        Some(_) => problems.push(format!(
+            "the line does not start `settle: ` and name {:?}",
+            case.names
+        )),
+        None => {}
+    }
+    if before != after {
+        problems.push(format!(
+            "files changed:\nbefore {before:?}\nafter  {after:?}"
+        ));
+    }
+    if problems.is_empty() {
+        eprintln!("ok  {:<44} exit {}  {}", case.name, case.code, lines[0]);
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: settle {:?}\n  {}\n  stderr: {stderr}\n  stdout: {}",
+            case.name,
+            case.args,
+            problems.join("\n  "),
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    }
+}
+
+#[test]
+fn g11_bad_input_is_refused_whole() {
+    let cases = cases();
+    assert!(cases.len() >= 25, "{} cases", cases.len());
+    // `nobody` may not be able to reach the build folder: run a copy of the
+    // binary from a folder everyone can read.
+    let shared = common::open_tempdir();
+    let copy = shared.path().join("settle");
+    fs::copy(common::settle_bin(), &copy).unwrap();
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
+    let can_be_nobody = common::is_root()
+        && Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&copy)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for case in &cases {
+        if case.as_nobody && !can_be_nobody && common::is_root() {
+            common::skip(
+                case.name,
+                "running as root, and `runuser -u nobody` does not work",
+            );
+            continue;
+        }
+        let bin = if case.as_nobody && can_be_nobody {
+            copy.as_path()
+        } else {
+            common::settle_bin()
+        };
+        ran += 1;
+        if let Err(e) = run_case(case, bin) {
+            failures.push(e);
+        }
+    }
+    eprintln!("{ran} bad inputs tried, {} refused wrongly", failures.len());
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
