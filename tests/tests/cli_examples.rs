@@ -303,13 +303,11 @@ fn shows_ok(out: std::process::Output) -> Vec<u8> {
 /// An agent whose second turn starts the moment its first ends, next to a
 /// busy child: the second turn's start must be recorded after the first
 /// turn's end, or the store refuses it ("still has turn 1 open") and the run
-/// exits 3 with the root's outcome `failed`. It failed about one run in four
-/// when written: the turn's start is written by its work task directly, the
-/// previous turn's end goes through the recorder's queue. `examples/scan.toml`
-/// (the root's two turns) hits it too, about one run in fifty on a loaded
-/// machine, so the scan tests above can fail with exit 3 until it is fixed.
+/// exits 3 with the root's outcome `failed`. This failed about one run in
+/// four while a turn's start was written by its work task directly and the
+/// previous turn's end went through the recorder's queue; both now go
+/// through the recorder, in order.
 #[test]
-#[ignore = "settle-runtime bug: a turn's start can overtake the previous turn's end on its way to the store"]
 fn back_to_back_turns_are_recorded_in_order() {
     let sandbox = Sandbox::new();
     let scenario = sandbox.write(
