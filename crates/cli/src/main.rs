@@ -302,16 +302,16 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     };
     let (stop_display, stop) = tokio::sync::oneshot::channel();
     let display = tokio::spawn(display::show(runtime.subscribe(), mode, stop));
-    let mut signal = tokio::spawn(signals::shutdown_on_signals(
-        runtime.clone(),
-        args.drain_timeout,
-    ));
+    // Installed before any agent starts: an early signal is a graceful shutdown too.
+    let watch = signals::shutdown_on_signals(runtime.clone(), args.drain_timeout)
+        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
+    let mut signal = tokio::spawn(watch);
     let mut run = tokio::spawn(runner::run(scenario, runtime.clone()));
 
     let (root, signalled) = tokio::select! {
         root = &mut run => (root.ok().flatten(), None),
         signalled = &mut signal => {
-            let signalled = signalled.ok().and_then(Result::ok);
+            let signalled = signalled.ok();
             // Shutdown is under way: agents are refused new turns and wind down.
             runtime.finished().await;
             let root = run.await.ok().flatten();

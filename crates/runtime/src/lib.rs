@@ -35,7 +35,7 @@
 //!     .start()
 //!     .await?;
 //! // SIGINT/SIGTERM/SIGHUP start the graceful shutdown; a second one skips the drain.
-//! tokio::spawn(signals::shutdown_on_signals(runtime.clone(), Duration::from_secs(5)));
+//! tokio::spawn(signals::shutdown_on_signals(runtime.clone(), Duration::from_secs(5))?);
 //!
 //! let root = runtime.register("root", None).await?;
 //! let child = runtime.register("recon", Some(root.id())).await?;

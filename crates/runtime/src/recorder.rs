@@ -13,6 +13,9 @@ use crate::command::Command;
 use crate::hook::{self, SessionEnd, SessionEndHook};
 use crate::{LifecycleEvent, ShutdownReport};
 
+/// How many queued records the recorder takes per wake.
+const RECORD_BATCH: usize = 256;
+
 pub(crate) enum Record {
     Transition {
         session: SessionId,
@@ -98,8 +101,14 @@ impl Recorder {
     }
 
     pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Record>) {
-        while let Some(record) = records.recv().await {
-            self.apply(record).await;
+        // Everything already queued is applied per wake: a teardown queues
+        // several records per session, and waking once per record costs more
+        // than applying them.
+        let mut batch = Vec::with_capacity(RECORD_BATCH);
+        while records.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+            for record in batch.drain(..) {
+                self.apply(record).await;
+            }
         }
     }
 

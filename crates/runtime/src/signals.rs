@@ -1,5 +1,6 @@
 //! Shutdown on SIGINT, SIGTERM and SIGHUP, for frontends.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -28,35 +29,43 @@ impl ShutdownSignal {
     }
 }
 
-/// Waits for the first SIGINT, SIGTERM or SIGHUP and starts the graceful
-/// shutdown (G9) with `drain`; a second signal skips the rest of the drain.
-/// Returns the first signal once it has started the shutdown; the second is
+/// Installs handlers for SIGINT, SIGTERM and SIGHUP now, and returns a future
+/// that waits for the first of them and starts the graceful shutdown (G9)
+/// with `drain`; a second signal skips the rest of the drain. The future
+/// yields the first signal once it has started the shutdown; the second is
 /// watched in the background for as long as the runtime lives.
+///
+/// The handlers are in place when this returns, so a signal that arrives
+/// before the future is first polled (say, while the frontend is still
+/// spawning its agents) still starts a graceful shutdown instead of killing
+/// the process. Call it inside a tokio runtime.
 ///
 /// # Errors
 /// When the signal handlers cannot be installed.
-pub async fn shutdown_on_signals(
+pub fn shutdown_on_signals(
     runtime: Runtime,
     drain: Duration,
-) -> std::io::Result<ShutdownSignal> {
+) -> std::io::Result<impl Future<Output = ShutdownSignal> + Send + 'static> {
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let first = tokio::select! {
-        _ = int.recv() => ShutdownSignal::Interrupt,
-        _ = term.recv() => ShutdownSignal::Terminate,
-        _ = hup.recv() => ShutdownSignal::Hangup,
-    };
-    tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
-    runtime.begin_shutdown(drain);
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {},
-            _ = term.recv() => {},
-            _ = hup.recv() => {},
-        }
-        tracing::warn!("second signal: skipping the rest of the drain");
-        runtime.skip_drain();
-    });
-    Ok(first)
+    Ok(async move {
+        let first = tokio::select! {
+            _ = int.recv() => ShutdownSignal::Interrupt,
+            _ = term.recv() => ShutdownSignal::Terminate,
+            _ = hup.recv() => ShutdownSignal::Hangup,
+        };
+        tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
+        runtime.begin_shutdown(drain);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
+                _ = hup.recv() => {},
+            }
+            tracing::warn!("second signal: skipping the rest of the drain");
+            runtime.skip_drain();
+        });
+        first
+    })
 }
