@@ -72,6 +72,9 @@ struct Args {
     /// Largest chain depth for the teardown bench (default: the largest tree size).
     #[arg(long, value_name = "N")]
     max_chain: Option<usize>,
+    /// Teardown tree sizes instead of the defaults (comma-separated).
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
+    sizes: Vec<usize>,
 }
 
 /// Sizes and rounds of one run.
@@ -157,11 +160,31 @@ fn run_teardown(sizes: &Sizes, max_chain: Option<usize>) -> Result<(Vec<Row>, Ve
                 plan.warmup,
                 plan.rounds
             ));
+            let mut phases = Vec::new();
             let pairs = interleave(
                 plan,
-                || rt.block_on(teardown::ours(shape, n)),
+                || {
+                    let p = rt.block_on(teardown::ours(shape, n))?;
+                    phases.push(p);
+                    Ok(p.all_finalized)
+                },
                 || rt.block_on(teardown::baseline(shape, n)),
             )?;
+            let phases = &phases[plan.warmup..];
+            let at = |f: fn(&teardown::Phases) -> Duration| {
+                let times: Vec<Duration> = phases.iter().map(f).collect();
+                num(ms(measure::median_duration(&times)))
+            };
+            let note = format!(
+                "ours, median ms after the cancel: driver handled it {}; recorder ended turns {}–{}; \
+                 first finalize {}; core finalized the root {}; last finalize {}",
+                at(|p| p.cancel_handled),
+                at(|p| p.first_turn_ended),
+                at(|p| p.last_turn_ended),
+                at(|p| p.first_finalized),
+                at(|p| p.root_finalized_in_core),
+                at(|p| p.all_finalized),
+            );
             let point = |times: &[Duration]| {
                 let s = spread(times.iter().map(|d| ms(*d)).collect());
                 svg::Point {
@@ -173,16 +196,19 @@ fn run_teardown(sizes: &Sizes, max_chain: Option<usize>) -> Result<(Vec<Row>, Ve
             };
             ours_pts.push(point(&pairs.ours));
             base_pts.push(point(&pairs.base));
-            rows.push(Row::compared(
-                format!("teardown {}", shape.name()),
-                format!("{} agents", grouped(n as i64)),
-                "ms",
-                ms(pairs.ours_median()),
-                ms(pairs.base_median()),
-                pairs.ratios(Sense::TimeRatio),
-                Target::ratio_at_most(1.5),
-                plan.rounds,
-            ));
+            rows.push(
+                Row::compared(
+                    format!("teardown {}", shape.name()),
+                    format!("{} agents", grouped(n as i64)),
+                    "ms",
+                    ms(pairs.ours_median()),
+                    ms(pairs.base_median()),
+                    pairs.ratios(Sense::TimeRatio),
+                    Target::ratio_at_most(1.5),
+                    plan.rounds,
+                )
+                .with_note(note),
+            );
         }
         let (color_ours, color_base) = ("#c0392b", "#2471a3");
         let dashed = shape == Shape::Chain;
@@ -342,6 +368,24 @@ fn run(args: &Args) -> Result<()> {
     } else {
         Sizes::full()
     };
+    let mut sizes = sizes;
+    if !args.sizes.is_empty() {
+        let plan = |n: usize| {
+            sizes
+                .teardown
+                .iter()
+                .find(|(m, _)| *m >= n)
+                .or(sizes.teardown.last())
+                .map_or(
+                    Plan {
+                        warmup: 1,
+                        rounds: 3,
+                    },
+                    |(_, p)| *p,
+                )
+        };
+        sizes.teardown = args.sizes.iter().map(|&n| (n, plan(n))).collect();
+    }
     let wants = |b: Bench| args.only.is_empty() || args.only.contains(&b);
     let mut rows = Vec::new();
     // Memory first: the allocator counts every thread, and none is running yet.

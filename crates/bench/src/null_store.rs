@@ -2,7 +2,7 @@
 //! lifecycle, not the database (the store row measures that).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use settle_core::{EndReason, Outcome, SessionId, State};
@@ -22,6 +22,10 @@ pub struct NullStore {
     finalized: AtomicUsize,
     expect: usize,
     all_finalized: Notify,
+    base: Instant,
+    first_end_turn: AtomicU64,
+    last_end_turn: AtomicU64,
+    first_finalize: AtomicU64,
 }
 
 impl NullStore {
@@ -32,7 +36,30 @@ impl NullStore {
             finalized: AtomicUsize::new(0),
             expect,
             all_finalized: Notify::new(),
+            base: Instant::now(),
+            first_end_turn: AtomicU64::new(u64::MAX),
+            last_end_turn: AtomicU64::new(0),
+            first_finalize: AtomicU64::new(u64::MAX),
         }
+    }
+
+    fn since_base(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// When the recorder wrote its first and last turn end and its first
+    /// finalize, as offsets from `from` (zero if before it or never).
+    pub fn marks(&self, from: Instant) -> [Duration; 3] {
+        let offset = from.saturating_duration_since(self.base);
+        [
+            &self.first_end_turn,
+            &self.last_end_turn,
+            &self.first_finalize,
+        ]
+        .map(|mark| {
+            Duration::from_nanos(mark.load(Ordering::SeqCst).min(u64::MAX - 1))
+                .saturating_sub(offset)
+        })
     }
 
     /// How many sessions were finalized so far.
@@ -94,6 +121,9 @@ impl SessionStore for NullStore {
         _: Outcome,
         _: SystemTime,
     ) -> Result<(), StoreError> {
+        let now = self.since_base();
+        self.first_end_turn.fetch_min(now, Ordering::Relaxed);
+        self.last_end_turn.fetch_max(now, Ordering::Relaxed);
         Ok(())
     }
 
@@ -106,6 +136,8 @@ impl SessionStore for NullStore {
     }
 
     async fn finalize(&self, _: SessionId, _: Finalize) -> Result<Finalized, StoreError> {
+        self.first_finalize
+            .fetch_min(self.since_base(), Ordering::Relaxed);
         if self.finalized.fetch_add(1, Ordering::SeqCst) + 1 == self.expect {
             // A permit is stored if nobody waits yet.
             self.all_finalized.notify_one();

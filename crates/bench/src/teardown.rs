@@ -68,8 +68,36 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
     Ok(())
 }
 
+/// With `SETTLE_BENCH_PERF_CTL` naming the control FIFO of a
+/// `perf record --delay=-1 --control=fifo:PATH` session, profiles only the
+/// timed teardown of ours (see BENCHMARKS.md).
+fn perf_control(command: &str) {
+    if let Some(path) = std::env::var_os("SETTLE_BENCH_PERF_CTL") {
+        if let Err(e) = std::fs::write(&path, format!("{command}\n")) {
+            eprintln!("settle-bench: perf control {}: {e}", path.to_string_lossy());
+        }
+    }
+}
+
+/// Where the time of one teardown of ours went: offsets from the cancel.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// The driver handled the cancel (the core cancelled the whole subtree).
+    pub cancel_handled: Duration,
+    /// The recorder ended the first turn in the store.
+    pub first_turn_ended: Duration,
+    /// The recorder ended the last turn in the store.
+    pub last_turn_ended: Duration,
+    /// The recorder ran the first finalize plan.
+    pub first_finalized: Duration,
+    /// The driver's core had finalized the root.
+    pub root_finalized_in_core: Duration,
+    /// The last finalize plan reached the store: the figure timed.
+    pub all_finalized: Duration,
+}
+
 /// One round of ours: build the tree, open every turn, then time the teardown.
-pub async fn ours(shape: Shape, n: usize) -> Result<Duration> {
+pub async fn ours(shape: Shape, n: usize) -> Result<Phases> {
     let store = Arc::new(NullStore::expecting(n));
     let runtime = Runtime::builder(store.clone())
         .idle_timeout(None)
@@ -102,14 +130,18 @@ pub async fn ours(shape: Shape, n: usize) -> Result<Duration> {
     .await?;
     wait_until("every stream to open", || provider.stats().opened == n).await?;
 
+    perf_control("enable");
     let start = Instant::now();
     let _ = root.cancel(CancelMode::Immediate).await?;
+    let cancel_handled = start.elapsed();
     // Not `root.finalized()` alone: it answers as soon as the core has
     // finalized the root, which can be before the recorder ran the finalize
     // plans of the last sessions.
     root.finalized().await?;
+    let root_finalized_in_core = start.elapsed();
     store.all_finalized().await;
     let took = start.elapsed();
+    perf_control("disable");
 
     let (finalized, closed) = (store.finalized(), provider.stats().close_finished);
     if finalized != n || closed != n {
@@ -122,7 +154,15 @@ pub async fn ours(shape: Shape, n: usize) -> Result<Duration> {
     drop(turns);
     drop(sessions);
     let _ = runtime.shutdown(Duration::ZERO).await;
-    Ok(took)
+    let [first_turn_ended, last_turn_ended, first_finalized] = store.marks(start);
+    Ok(Phases {
+        cancel_handled,
+        first_turn_ended,
+        last_turn_ended,
+        first_finalized,
+        root_finalized_in_core,
+        all_finalized: took,
+    })
 }
 
 /// One round of the baseline: the same tree of tokens and tasks.
