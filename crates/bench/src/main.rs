@@ -72,6 +72,10 @@ struct Args {
     /// Largest chain depth for the teardown bench (default: the largest tree size).
     #[arg(long, value_name = "N")]
     max_chain: Option<usize>,
+    /// Tokio worker threads for the teardown row (default: one per core;
+    /// 1 runs it on a current-thread runtime).
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
     /// Teardown tree sizes instead of the defaults (comma-separated).
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     sizes: Vec<usize>,
@@ -139,12 +143,21 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The teardown rows, and the chart's series.
-fn run_teardown(sizes: &Sizes, max_chain: Option<usize>) -> Result<(Vec<Row>, Vec<svg::Series>)> {
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()?;
+fn run_teardown(
+    sizes: &Sizes,
+    max_chain: Option<usize>,
+    workers: Option<usize>,
+) -> Result<(Vec<Row>, Vec<svg::Series>)> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rt = match workers.unwrap_or(cores) {
+        0 | 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
     let mut rows = Vec::new();
     let mut series = Vec::new();
     for shape in [Shape::Flat, Shape::Chain] {
@@ -394,7 +407,7 @@ fn run(args: &Args) -> Result<()> {
     }
     let mut series = Vec::new();
     if wants(Bench::Teardown) {
-        let (teardown_rows, teardown_series) = run_teardown(&sizes, args.max_chain)?;
+        let (teardown_rows, teardown_series) = run_teardown(&sizes, args.max_chain, args.workers)?;
         rows.extend(teardown_rows);
         series = teardown_series;
     }

@@ -71,7 +71,9 @@ pub fn chart(title: &str, series: &[Series]) -> String {
     let (x0, x1) = decades(all().map(|p| p.n));
     let (y0, y1) = decades(all().flat_map(|p| [p.min, p.max, p.median]));
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
-    let x = |n: f64| LEFT + (n.log10() - f64::from(x0)) / f64::from(x1 - x0) * pw;
+    // A little room left and right, so the end points are not on the frame.
+    let (xl, xr) = (f64::from(x0) - 0.08, f64::from(x1) + 0.08);
+    let x = |n: f64| LEFT + (n.log10() - xl) / (xr - xl) * pw;
     let y = |ms: f64| TOP + ph - (ms.log10() - f64::from(y0)) / f64::from(y1 - y0) * ph;
 
     let mut s = String::new();
