@@ -285,6 +285,28 @@ fn run_stream(sizes: &Sizes) -> Result<Row> {
         || Ok(stream_bench::bare_round(&rt, n)),
     )?;
     let per_item = |d: Duration| d.as_secs_f64() * 1e9 / n as f64;
+    // The layers one by one, against the bare stream again (fewer rounds).
+    let layers = Plan {
+        warmup: 1,
+        rounds: sizes.stream.rounds.div_ceil(2),
+    };
+    let guarded = interleave(
+        layers,
+        || Ok(stream_bench::guarded_only_round(&rt, n)),
+        || Ok(stream_bench::bare_round(&rt, n)),
+    )?;
+    let idle = interleave(
+        layers,
+        || Ok(stream_bench::idle_only_round(&rt, n)),
+        || Ok(stream_bench::bare_round(&rt, n)),
+    )?;
+    let note = format!(
+        "per layer, median ratio to the bare stream: Guarded<S> {:.2}×, IdleTimeout<S> \
+         (which holds a Guarded<S>) {:.2}×, Guarded<IdleTimeout<S>> {:.2}×",
+        guarded.ratios(Sense::TimeRatio).median,
+        idle.ratios(Sense::TimeRatio).median,
+        pairs.ratios(Sense::TimeRatio).median,
+    );
     Ok(Row::compared(
         "stream",
         format!("{} items", grouped(n as i64)),
@@ -294,7 +316,8 @@ fn run_stream(sizes: &Sizes) -> Result<Row> {
         pairs.ratios(Sense::TimeRatio),
         Target::ratio_at_most(1.10),
         sizes.stream.rounds,
-    ))
+    )
+    .with_note(note))
 }
 
 fn run_store(sizes: &Sizes) -> Result<Vec<Row>> {

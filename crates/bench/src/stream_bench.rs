@@ -68,3 +68,20 @@ pub fn bare_round(rt: &tokio::runtime::Runtime, items: usize) -> Duration {
     black_box(rt.block_on(drain(stream)));
     start.elapsed()
 }
+
+/// Where the wrapper overhead sits: one round of `Guarded<S>` alone.
+pub fn guarded_only_round(rt: &tokio::runtime::Runtime, items: usize) -> Duration {
+    let stream: Guarded<Ready> = Guarded::new(Ready(chunks(items).into_iter()));
+    let start = Instant::now();
+    black_box(rt.block_on(drain(stream)));
+    start.elapsed()
+}
+
+/// Where the wrapper overhead sits: one round of `IdleTimeout<S>` alone
+/// (which holds its own `Guarded<S>` inside).
+pub fn idle_only_round(rt: &tokio::runtime::Runtime, items: usize) -> Duration {
+    let stream = IdleTimeout::new(Ready(chunks(items).into_iter()), IDLE);
+    let start = Instant::now();
+    black_box(rt.block_on(drain(stream)));
+    start.elapsed()
+}
