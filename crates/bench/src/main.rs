@@ -190,7 +190,7 @@ fn run_teardown(
             };
             let note = format!(
                 "ours, median ms after the cancel: driver handled it {}; recorder ended turns {}–{}; \
-                 first finalize {}; core finalized the root {}; last finalize {}",
+                 first finalize {}; the root's finalized() answered {}; last finalize {}",
                 at(|p| p.cancel_handled),
                 at(|p| p.first_turn_ended),
                 at(|p| p.last_turn_ended),

@@ -90,7 +90,8 @@ pub struct Phases {
     pub last_turn_ended: Duration,
     /// The recorder ran the first finalize plan.
     pub first_finalized: Duration,
-    /// The driver's core had finalized the root.
+    /// `finalized()` of the root answered (at the core's finalize, or after
+    /// the recorder ran its plan if the wait reached the driver first).
     pub root_finalized_in_core: Duration,
     /// The last finalize plan reached the store: the figure timed.
     pub all_finalized: Duration,
