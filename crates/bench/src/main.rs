@@ -2,7 +2,7 @@
 //! in one process, interleaved, side by side.
 //!
 //! ```text
-//! cargo run --release -p settle-bench                  # the full run (a few minutes)
+//! cargo run --release -p settle-bench                  # the full run (about a minute)
 //! cargo run --release -p settle-bench -- --quick       # small sizes, for CI
 //! cargo run --release -p settle-bench -- --json        # the same rows as JSON
 //! cargo run --release -p settle-bench -- --svg docs/teardown.svg
