@@ -1,0 +1,223 @@
+//! The store row: chunk appends to SQLite through the [`Store`] (WAL, one
+//! writer thread, group commit) against a raw batched insert of the same rows
+//! with plain Diesel, one transaction per `batch` rows on both sides; and the
+//! durability lag (append → acknowledgement) of a streaming load, against the
+//! flush interval. The logic is that of `crates/store/benches/store.rs`, with
+//! the batch size as a parameter.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sqlite::SqliteConnection;
+use settle_store::{NewSession, OwnerInfo, SessionId, SessionStore, Store, StoreOptions};
+
+use crate::Result;
+
+/// Sessions the chunks are spread over, round-robin.
+pub const SESSIONS: usize = 8;
+
+diesel::table! {
+    chunks (session, turn_no, seq) {
+        session -> BigInt,
+        turn_no -> BigInt,
+        seq -> BigInt,
+        text -> Text,
+    }
+}
+
+fn text(i: usize) -> String {
+    format!("chunk {i:06} of a streamed reply, about sixty-four bytes long..")
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| format!("{} is not UTF-8", path.display()).into())
+}
+
+/// `SESSIONS` sessions in `store`, each with turn 1 open.
+fn prepared_on(rt: &tokio::runtime::Runtime, store: &Store) -> Result<Vec<SessionId>> {
+    rt.block_on(async {
+        let owner = store
+            .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
+            .await?;
+        let mut ids = Vec::new();
+        for i in 0..SESSIONS {
+            let id = store
+                .create_session(NewSession::new(format!("s{i}"), owner))
+                .await?;
+            store.start_turn(id, 1, SystemTime::now()).await?;
+            ids.push(id);
+        }
+        Ok(ids)
+    })
+}
+
+/// Ours: a store whose writer commits at most `batch` chunks per transaction.
+pub struct Ours {
+    store: Store,
+    ids: Vec<SessionId>,
+    rows: usize,
+}
+
+impl Ours {
+    /// A fresh store at `path`.
+    pub fn new(
+        rt: &tokio::runtime::Runtime,
+        path: &Path,
+        batch: usize,
+        rows: usize,
+    ) -> Result<Ours> {
+        let options = StoreOptions::default().with_batch_size(batch);
+        let store = Store::open_with(path_str(path)?, options)?;
+        let ids = prepared_on(rt, &store)?;
+        Ok(Ours { store, ids, rows })
+    }
+
+    /// Appends `rows` chunks round-robin over the sessions, all in flight at
+    /// once, and waits for every acknowledgement.
+    pub fn round(&self, rt: &tokio::runtime::Runtime) -> Result<Duration> {
+        let texts: Vec<String> = (0..self.rows).map(text).collect();
+        let start = Instant::now();
+        rt.block_on(async {
+            let receipts: Vec<_> = texts
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| self.store.append_chunk(self.ids[i % SESSIONS], 1, t))
+                .collect();
+            for r in receipts {
+                black_box(r.await?);
+            }
+            Ok::<_, settle_store::StoreError>(())
+        })?;
+        Ok(start.elapsed())
+    }
+}
+
+/// The baseline: the same rows, plain Diesel, one transaction per `batch`.
+pub struct Raw {
+    conn: SqliteConnection,
+    ids: Vec<i64>,
+    next_seq: i64,
+    batch: usize,
+    rows: usize,
+}
+
+impl Raw {
+    /// A fresh database at `path`, with the store's schema and sessions (made
+    /// by the store), opened with the store's pragmas.
+    pub fn new(
+        rt: &tokio::runtime::Runtime,
+        path: &Path,
+        batch: usize,
+        rows: usize,
+    ) -> Result<Raw> {
+        let store = Store::open(path_str(path)?)?;
+        let ids = prepared_on(rt, &store)?;
+        drop(store);
+        let mut conn = SqliteConnection::establish(path_str(path)?)?;
+        for pragma in [
+            "PRAGMA busy_timeout = 5000",
+            "PRAGMA journal_mode = WAL",
+            "PRAGMA synchronous = NORMAL",
+            "PRAGMA foreign_keys = ON",
+        ] {
+            conn.batch_execute(pragma)?;
+        }
+        Ok(Raw {
+            conn,
+            ids: ids.iter().map(|i| i.get() as i64).collect(),
+            next_seq: 0,
+            batch,
+            rows,
+        })
+    }
+
+    /// Inserts the round's rows, `batch` per transaction.
+    pub fn round(&mut self) -> Result<Duration> {
+        let texts: Vec<String> = (0..self.rows).map(text).collect();
+        let start = Instant::now();
+        let base = self.next_seq;
+        let rows: Vec<_> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                (
+                    chunks::session.eq(self.ids[i % SESSIONS]),
+                    chunks::turn_no.eq(1_i64),
+                    chunks::seq.eq(base + (i / SESSIONS) as i64),
+                    chunks::text.eq(t.as_str()),
+                )
+            })
+            .collect();
+        for batch in rows.chunks(self.batch) {
+            self.conn.immediate_transaction(|c| {
+                diesel::insert_into(chunks::table).values(batch).execute(c)
+            })?;
+        }
+        self.next_seq += self.rows.div_ceil(SESSIONS) as i64;
+        Ok(start.elapsed())
+    }
+}
+
+/// Durability lag percentiles of a streaming load.
+#[derive(Debug, Clone, Copy)]
+pub struct Lag {
+    /// The median lag.
+    pub p50: Duration,
+    /// The 99th percentile.
+    pub p99: Duration,
+    /// The largest.
+    pub max: Duration,
+    /// The store's flush interval.
+    pub interval: Duration,
+    /// How many chunks were timed.
+    pub samples: usize,
+}
+
+/// Every session appends a chunk each millisecond, `per_session` times, and
+/// waits for its acknowledgement; the time from append to ack is the lag.
+pub fn durability_lag(path: &Path, per_session: usize) -> Result<Lag> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let options = StoreOptions::default();
+    let interval = options.flush_interval();
+    let store = Store::open_with(path_str(path)?, options)?;
+    let ids = prepared_on(&rt, &store)?;
+    let mut lags: Vec<Duration> = rt.block_on(async {
+        let tasks: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(Duration::from_millis(1));
+                    let mut lags = Vec::with_capacity(per_session);
+                    for i in 0..per_session {
+                        tick.tick().await;
+                        let t = Instant::now();
+                        store.append_chunk(id, 1, text(i)).await?;
+                        lags.push(t.elapsed());
+                    }
+                    Ok::<_, settle_store::StoreError>(lags)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        Ok::<_, crate::Error>(all)
+    })?;
+    lags.sort();
+    Ok(Lag {
+        p50: crate::measure::quantile(&lags, 0.50),
+        p99: crate::measure::quantile(&lags, 0.99),
+        max: lags.last().copied().unwrap_or_default(),
+        interval,
+        samples: lags.len(),
+    })
+}
