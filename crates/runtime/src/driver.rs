@@ -397,13 +397,18 @@ impl Driver {
                         .session(work.session)
                         .is_some_and(|v| v.state() != State::Running);
                     if mode == CancelMode::Immediate {
-                        if let Some(handle) = self.works.get(&work) {
-                            handle.scope.token().cancel();
-                        }
-                        if session_level {
-                            if let Some(entry) = self.sessions.get(&work.session) {
-                                entry.token.cancel();
-                            }
+                        // A session-level cancel cancels the session's scope,
+                        // and the work's scope (its child) with it; a turn
+                        // cancel only the work's.
+                        let session_token = self
+                            .sessions
+                            .get(&work.session)
+                            .filter(|_| session_level)
+                            .map(|entry| &entry.token);
+                        match (session_token, self.works.get(&work)) {
+                            (Some(token), _) => cancel_once(token),
+                            (None, Some(handle)) => cancel_once(handle.scope.token()),
+                            (None, None) => {}
                         }
                     }
                     // Graceful: the turn may finish; the settle deadline bounds it.
@@ -414,7 +419,7 @@ impl Driver {
                     // the attach). Forcing it closed from outside is for a
                     // detach only: a work gets its bounded chance first (G5).
                     if let Some(handle) = self.works.get(&work) {
-                        handle.scope.token().cancel();
+                        cancel_once(handle.scope.token());
                     }
                 }
                 Effect::DetachWork { work } => {
@@ -438,21 +443,24 @@ impl Driver {
                     let at = self.clock.wall(t.at);
                     if matches!(t.to, State::Settled | State::Finalized) {
                         if let Some(entry) = self.sessions.get(&t.session) {
-                            entry.token.cancel();
+                            cancel_once(&entry.token);
                         }
                     }
-                    let _ = self.events.send(LifecycleEvent::Transition {
-                        session: t.session,
-                        from: t.from,
-                        to: t.to,
-                        cause: t.cause.to_string(),
-                        at,
-                    });
+                    // Events are for displays: none are built when nobody listens.
+                    if self.events.receiver_count() > 0 {
+                        let _ = self.events.send(LifecycleEvent::Transition {
+                            session: t.session,
+                            from: t.from,
+                            to: t.to,
+                            cause: t.cause.to_string(),
+                            at,
+                        });
+                    }
                     let _ = self.recorder.send(Record::Transition {
                         session: t.session,
                         from: t.from,
                         to: t.to,
-                        cause: t.cause.to_string(),
+                        cause: t.cause,
                         at,
                     });
                 }
@@ -484,5 +492,13 @@ impl Driver {
         if flush {
             let _ = self.recorder.send(Record::Flush);
         }
+    }
+}
+
+/// Cancels `token` unless it already is: a cancelled token's subtree is
+/// already cancelled, and cancelling again takes its lock for nothing.
+fn cancel_once(token: &CancellationToken) {
+    if !token.is_cancelled() {
+        token.cancel();
     }
 }

@@ -21,7 +21,7 @@ pub(crate) enum Record {
         session: SessionId,
         from: Option<State>,
         to: State,
-        cause: String,
+        cause: Cause,
         at: SystemTime,
     },
     /// Written here, not by the work itself, so that it lands after the end
@@ -121,7 +121,7 @@ impl Recorder {
                 cause,
                 at,
             } => {
-                if cause == Cause::DrainEnded.to_string() {
+                if cause == Cause::DrainEnded {
                     self.report.cancelled.push(session);
                 }
                 // Registration wrote the row, and the finalize latch writes the
@@ -130,6 +130,7 @@ impl Recorder {
                 if to == State::Finalized {
                     return;
                 }
+                let cause = cause.to_string();
                 let result = self.store.transition(session, from, to, &cause, at).await;
                 self.check(Some(session), "record a transition", result);
             }
