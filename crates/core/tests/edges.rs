@@ -375,6 +375,60 @@ fn g3_a_replaced_orphan_deadline_does_not_fire_only_the_last_one_does() {
 }
 
 #[test]
+fn g3_a_replaced_orphan_deadline_behind_a_live_one_does_not_fire() {
+    // The stale entry is not on top of the deadline table when it comes due:
+    // another session's live deadline is earlier, so only the guard on the
+    // session's current deadline keeps it from firing.
+    let mut h = Harness::quiet(); // orphan grace 60 s
+    let other = h.register(1, None);
+    let s = h.register(2, None);
+    h.attach(other);
+    h.attach(s);
+    h.ev(Event::TransportDetached { session: other }); // orphan at 60 s
+    h.at(5 * SEC);
+    h.ev(Event::TransportDetached { session: s }); // orphan at 65 s
+    h.at(30 * SEC);
+    h.attach(s);
+    h.at(40 * SEC);
+    h.ev(Event::TransportDetached { session: s }); // orphan at 100 s
+
+    h.tick(70 * SEC);
+    assert_eq!(h.finalized(), vec![(other, EndReason::OrphanReap)]);
+    assert_eq!(h.state(s), State::Registered, "the replaced deadline fired");
+    h.tick(100 * SEC);
+    assert_eq!(
+        h.finalized(),
+        vec![(other, EndReason::OrphanReap), (s, EndReason::OrphanReap)]
+    );
+}
+
+#[test]
+fn g5_a_replaced_settle_deadline_behind_a_live_one_does_not_fire() {
+    let mut h = Harness::quiet(); // settle timeout 1 s
+    let other = h.register(1, None);
+    let s = h.register(2, None);
+    h.ev(Event::StartTurn { session: other });
+    h.ev(Event::CancelTurn { session: other }); // settle at 1 s
+    h.at(100 * MS);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::CancelTurn { session: s }); // settle at 1.1 s
+    h.at(200 * MS);
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Cancelled,
+    });
+    h.at(300 * MS);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::CancelTurn { session: s }); // settle at 1.3 s
+
+    h.tick(1200 * MS);
+    assert_eq!(h.detaches_of(other), 1);
+    assert_eq!(h.detaches_of(s), 0, "the replaced deadline fired");
+    h.tick(1300 * MS);
+    assert_eq!(h.detaches_of(s), 1);
+}
+
+#[test]
 fn g3_one_of_two_transports_leaving_arms_no_orphan_reap() {
     let mut h = Harness::quiet();
     let s = h.register(1, None);
