@@ -1098,6 +1098,7 @@ impl StateMachineTest for CoreUnderTest {
             g4_each_stream_is_closed_at_most_once(&mut sut, effect);
             g6_no_duplicate_or_late_cancel(&mut sut, &works_before, effect);
             g9_no_finalize_while_the_work_can_write(&mut sut, effect);
+            end_hook_flags_match_the_last_outcome(&sut, effect);
         }
         g4_a_stream_attached_after_an_immediate_cancel_is_closed(
             &sut,
@@ -1121,6 +1122,7 @@ impl StateMachineTest for CoreUnderTest {
         g1_no_finalized_session_has_an_unfinalized_descendant(sut);
         g5_every_cancelled_work_settles_by_its_deadline(sut);
         g9_shutdown_completes_once_every_work_is_gone(sut);
+        session_views_match_the_model(sut, model);
     }
 }
 
@@ -1191,6 +1193,76 @@ fn states_never_move_backwards_and_match_the_model(sut: &Sut, model: &Model) {
     }
     assert_eq!(sut.core.sessions().count(), model.sessions.len());
     assert_eq!(sut.core.is_drained(), model.drained());
+}
+
+/// Every accessor of a session's view, and the core's own counters, say what
+/// the model says: parent and children, the cancel sent to its work, holds,
+/// transports, the pending settle deadline.
+fn session_views_match_the_model(sut: &Sut, model: &Model) {
+    assert_eq!(sut.core.policy(), &model.policy.to_policy());
+    assert_eq!(
+        sut.core.open_sessions(),
+        model.open_count(),
+        "open sessions"
+    );
+    for (id, expected) in &model.sessions {
+        let view = sut.core.session(SessionId(*id)).expect("known");
+        assert_eq!(view.id(), SessionId(*id));
+        assert_eq!(
+            view.parent(),
+            expected.parent.map(SessionId),
+            "session {id}: parent"
+        );
+        let mut children: Vec<u64> = view.children().iter().map(|c| c.get()).collect();
+        children.sort_unstable();
+        let expected_children: Vec<u64> = model
+            .sessions
+            .iter()
+            .filter(|(_, c)| c.parent == Some(*id))
+            .map(|(c, _)| *c)
+            .collect();
+        assert_eq!(children, expected_children, "session {id}: children");
+        assert_eq!(
+            view.work_cancel(),
+            expected.work.as_ref().and_then(|w| w.cancel),
+            "session {id}: the cancel sent to its work"
+        );
+        assert_eq!(view.is_held(), expected.held(), "session {id}: held");
+        assert_eq!(
+            u32::from(view.transports()),
+            expected.transports,
+            "session {id}: transports"
+        );
+        assert_eq!(
+            view.settle_deadline(),
+            expected
+                .settle_at
+                .map(|ms| sut.base + Duration::from_millis(ms)),
+            "session {id}: settle deadline"
+        );
+        assert_eq!(
+            view.state().is_live(),
+            matches!(expected.state, State::Running | State::Cancelling),
+            "session {id}: is_live"
+        );
+    }
+}
+
+/// SPEC §4: the `completed` / `interrupted` flags of the `on_session_end` hook
+/// follow the session's last outcome (seed 004): `completed` only after a
+/// completed turn, `interrupted` only after one cut short from outside.
+fn end_hook_flags_match_the_last_outcome(sut: &Sut, effect: &Effect) {
+    let Effect::Finalize(f) = effect else { return };
+    let view = sut.core.session(f.session).expect("known");
+    assert_eq!(f.last_outcome, view.last_outcome(), "{f:?}");
+    let completed = f.last_outcome == Some(Outcome::Completed);
+    let interrupted = matches!(
+        f.last_outcome,
+        Some(Outcome::Cancelled | Outcome::Detached | Outcome::Interrupted)
+    );
+    assert_eq!(f.completed(), completed, "completed flag of {f:?}");
+    assert_eq!(f.interrupted(), interrupted, "interrupted flag of {f:?}");
+    assert!(!(f.completed() && f.interrupted()), "{f:?}");
 }
 
 /// G1, in effect order: a session is finalized only after all its children.

@@ -1,0 +1,891 @@
+//! The edges of the lifecycle that the seed scenarios do not reach: exact
+//! deadline boundaries, replaced deadlines, what each input reports when it
+//! has nothing to do, forgetting finalized sessions, and every public
+//! accessor. Each test is named after the behaviour it protects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use settle_core::{
+    CancelMode, Cause, Core, Effect, EndReason, Error, Event, Finalize, Handled, Hold, Outcome,
+    Policy, SessionId, State, Sweep,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+struct Harness {
+    core: Core,
+    start: Instant,
+    now: Instant,
+    log: Vec<Effect>,
+}
+
+impl Harness {
+    fn with(policy: Policy) -> Self {
+        let start = Instant::now();
+        Harness {
+            core: Core::new(policy),
+            start,
+            now: start,
+            log: Vec::new(),
+        }
+    }
+
+    /// No idle reap and no LRU cap unless a test asks for them.
+    fn quiet() -> Self {
+        Self::with(Policy {
+            idle_ttl: None,
+            lru_cap: None,
+            ..Policy::default()
+        })
+    }
+
+    fn drain(&mut self) -> Vec<Effect> {
+        let mut out = Vec::new();
+        while let Some(e) = self.core.poll_effect() {
+            out.push(e);
+        }
+        self.log.extend(out.iter().cloned());
+        out
+    }
+
+    fn try_ev(&mut self, event: Event) -> Result<Handled, Error> {
+        let handled = self.core.handle(self.now, event);
+        self.drain();
+        handled
+    }
+
+    fn ev_h(&mut self, event: Event) -> Handled {
+        self.try_ev(event).expect("event accepted")
+    }
+
+    fn ev(&mut self, event: Event) {
+        let _ = self.ev_h(event);
+    }
+
+    /// Moves the clock to `start + at` without waking the core.
+    fn at(&mut self, at: Duration) {
+        self.now = self.start + at;
+    }
+
+    /// Moves the clock to `start + at` and lets the deadlines fire.
+    fn tick(&mut self, at: Duration) {
+        self.at(at);
+        self.core.handle_timeout(self.now);
+        self.drain();
+    }
+
+    fn register(&mut self, id: u64, parent: Option<u64>) -> SessionId {
+        let session = SessionId(id);
+        assert_eq!(
+            self.ev_h(Event::Register {
+                session,
+                parent: parent.map(SessionId),
+            }),
+            Handled::Applied
+        );
+        session
+    }
+
+    fn attach(&mut self, session: SessionId) {
+        self.ev(Event::TransportAttached {
+            session,
+            close_on_disconnect: false,
+        });
+    }
+
+    fn state(&self, id: SessionId) -> State {
+        self.core.session(id).expect("known").state()
+    }
+
+    fn finalized(&self) -> Vec<(SessionId, EndReason)> {
+        self.log
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Finalize(f) => Some((f.session, f.reason)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn finalize_of(&self, id: SessionId) -> Option<Finalize> {
+        self.log.iter().find_map(|e| match e {
+            Effect::Finalize(f) if f.session == id => Some(f.clone()),
+            _ => None,
+        })
+    }
+
+    fn count(&self, pred: impl Fn(&Effect) -> bool) -> usize {
+        self.log.iter().filter(|e| pred(e)).count()
+    }
+
+    fn closes_of(&self, id: SessionId) -> usize {
+        self.count(|e| matches!(e, Effect::CloseStream { work } if work.session == id))
+    }
+
+    fn detaches_of(&self, id: SessionId) -> usize {
+        self.count(|e| matches!(e, Effect::DetachWork { work } if work.session == id))
+    }
+
+    fn cancels_of(&self, id: SessionId) -> usize {
+        self.count(|e| matches!(e, Effect::CancelWork { work, .. } if work.session == id))
+    }
+}
+
+// ----- the vocabulary and the accessors ------------------------------------
+
+#[test]
+fn vocabulary_predicates_pick_exactly_their_words() {
+    let live: Vec<State> = State::ALL.iter().copied().filter(|s| s.is_live()).collect();
+    assert_eq!(live, vec![State::Running, State::Cancelling]);
+
+    let complete: Vec<Outcome> = Outcome::ALL
+        .iter()
+        .copied()
+        .filter(|o| o.is_complete())
+        .collect();
+    assert_eq!(complete, vec![Outcome::Completed]);
+
+    let interrupted: Vec<Outcome> = Outcome::ALL
+        .iter()
+        .copied()
+        .filter(|o| o.is_interrupted())
+        .collect();
+    assert_eq!(
+        interrupted,
+        vec![Outcome::Cancelled, Outcome::Detached, Outcome::Interrupted]
+    );
+
+    let reclaims: Vec<EndReason> = EndReason::ALL
+        .iter()
+        .copied()
+        .filter(|r| r.is_reclaim())
+        .collect();
+    assert_eq!(
+        reclaims,
+        vec![
+            EndReason::IdleReap,
+            EndReason::LruEvict,
+            EndReason::OrphanReap,
+            EndReason::TransportClosed,
+            EndReason::Shutdown,
+        ]
+    );
+}
+
+#[test]
+fn end_hook_flags_follow_the_last_outcome() {
+    let flags = |last_outcome| {
+        let f = Finalize {
+            session: SessionId(1),
+            reason: EndReason::Completed,
+            last_outcome,
+            commit_memory: false,
+        };
+        (f.completed(), f.interrupted())
+    };
+    assert_eq!(flags(None), (false, false));
+    assert_eq!(flags(Some(Outcome::Completed)), (true, false));
+    assert_eq!(flags(Some(Outcome::Failed)), (false, false));
+    assert_eq!(flags(Some(Outcome::IdleTimeout)), (false, false));
+    for o in [Outcome::Cancelled, Outcome::Detached, Outcome::Interrupted] {
+        assert_eq!(flags(Some(o)), (false, true), "{o}");
+    }
+}
+
+#[test]
+fn every_cause_reads_as_words_on_the_timeline() {
+    let cases = [
+        (Cause::Registered, "registered"),
+        (Cause::TurnStarted, "turn started"),
+        (
+            Cause::TurnEnded(Outcome::IdleTimeout),
+            "turn ended: idle_timeout",
+        ),
+        (Cause::AgentFinished, "agent finished"),
+        (
+            Cause::CancelRequested(CancelMode::Graceful),
+            "cancel requested (graceful)",
+        ),
+        (Cause::UserClose, "closed by user"),
+        (Cause::AncestorWindingDown, "ancestor winding down"),
+        (Cause::DescendantsSettled, "descendants settled"),
+        (
+            Cause::SettleDeadline,
+            "settle deadline passed: work detached",
+        ),
+        (Cause::DrainEnded, "drain ended: cancelled"),
+        (
+            Cause::Finalized(EndReason::OrphanReap),
+            "finalized: orphan_reap",
+        ),
+    ];
+    for (cause, text) in cases {
+        assert_eq!(cause.to_string(), text);
+    }
+}
+
+#[test]
+fn the_core_reports_its_policy_and_open_session_count() {
+    let policy = Policy {
+        settle_timeout: Duration::from_millis(250),
+        idle_ttl: None,
+        lru_cap: Some(7),
+        orphan_grace: Duration::from_secs(5),
+    };
+    let mut h = Harness::with(policy.clone());
+    assert_eq!(h.core.policy(), &policy);
+    assert_eq!(h.core.open_sessions(), 0);
+    let a = h.register(1, None);
+    h.register(2, None);
+    h.register(3, Some(2));
+    assert_eq!(h.core.open_sessions(), 3);
+    h.ev(Event::UserClose { session: a });
+    assert_eq!(h.core.open_sessions(), 2);
+}
+
+#[test]
+fn a_session_view_reports_tree_work_holds_transports_and_deadline() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let a = h.register(2, Some(1));
+    let b = h.register(3, Some(1));
+    let r = h.core.session(root).unwrap();
+    assert_eq!(r.parent(), None);
+    assert_eq!(r.children(), &[a, b]);
+    assert_eq!(h.core.session(a).unwrap().parent(), Some(root));
+    assert!(h.core.session(a).unwrap().children().is_empty());
+
+    let view = h.core.session(a).unwrap();
+    assert_eq!(
+        (view.is_held(), view.transports(), view.work_cancel()),
+        (false, 0, None)
+    );
+    assert_eq!(view.settle_deadline(), None);
+
+    h.ev(Event::Hold {
+        session: a,
+        hold: Hold::Delegation,
+    });
+    h.attach(a);
+    h.attach(a);
+    h.ev(Event::StartTurn { session: a });
+    assert_eq!(h.core.session(a).unwrap().work_cancel(), None);
+    h.at(SEC);
+    h.ev(Event::Cancel {
+        session: a,
+        mode: CancelMode::Graceful,
+    });
+    let view = h.core.session(a).unwrap();
+    assert!(view.is_held());
+    assert_eq!(view.transports(), 2);
+    assert_eq!(view.work_cancel(), Some(CancelMode::Graceful));
+    assert_eq!(view.settle_deadline(), Some(h.start + 2 * SEC));
+    assert!(view.state().is_live());
+}
+
+// ----- forget ----------------------------------------------------------------
+
+#[test]
+fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let gone = h.register(2, Some(1));
+    let kept = h.register(3, Some(1));
+
+    assert!(!h.core.forget(gone), "an open session is kept");
+    assert!(
+        !h.core.forget(SessionId(99)),
+        "an unknown id is not dropped"
+    );
+    assert_eq!(h.state(gone), State::Registered);
+
+    h.ev(Event::UserClose { session: gone });
+    assert_eq!(h.state(gone), State::Finalized);
+    assert!(h.core.forget(gone));
+    assert!(h.core.session(gone).is_none());
+    assert_eq!(h.core.session(root).unwrap().children(), &[kept]);
+    assert_eq!(h.core.sessions().count(), 2);
+    assert!(!h.core.forget(gone), "already forgotten");
+
+    assert_eq!(
+        h.try_ev(Event::StartTurn { session: gone }),
+        Err(Error::UnknownSession(gone))
+    );
+    assert_eq!(
+        h.try_ev(Event::UserClose { session: gone }),
+        Err(Error::UnknownSession(gone))
+    );
+    // The rest of the tree is untouched and still works.
+    assert_eq!(h.state(kept), State::Registered);
+    assert_eq!(h.ev_h(Event::StartTurn { session: kept }), Handled::Applied);
+}
+
+// ----- timers ------------------------------------------------------------------
+
+#[test]
+fn g5_a_replaced_settle_deadline_does_not_detach_the_next_turn() {
+    let mut h = Harness::quiet(); // settle timeout 1 s
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::CancelTurn { session: s }); // settle deadline at 1 s
+    h.at(500 * MS);
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Cancelled,
+    });
+    h.at(600 * MS);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::CancelTurn { session: s }); // settle deadline at 1.6 s
+
+    h.tick(SEC);
+    assert_eq!(h.detaches_of(s), 0, "the first turn's deadline fired");
+    assert_eq!(h.state(s), State::Running);
+    assert!(h.core.session(s).unwrap().work().is_some());
+
+    h.tick(1599 * MS);
+    assert_eq!(h.detaches_of(s), 0);
+    h.tick(1600 * MS);
+    assert_eq!(h.detaches_of(s), 1);
+    assert_eq!(h.state(s), State::Registered);
+    assert_eq!(
+        h.core.session(s).unwrap().last_outcome(),
+        Some(Outcome::Detached)
+    );
+}
+
+#[test]
+fn g3_a_replaced_orphan_deadline_does_not_fire_only_the_last_one_does() {
+    let mut h = Harness::quiet(); // orphan grace 60 s
+    let s = h.register(1, None);
+    h.attach(s);
+    h.ev(Event::TransportDetached { session: s }); // orphan at 60 s
+    h.at(30 * SEC);
+    h.attach(s);
+    h.at(40 * SEC);
+    h.ev(Event::TransportDetached { session: s }); // orphan at 100 s
+
+    h.tick(60 * SEC);
+    assert!(h.finalized().is_empty(), "the replaced deadline fired");
+    h.tick(100 * SEC - MS);
+    assert!(h.finalized().is_empty(), "reaped before the grace ran out");
+    h.tick(100 * SEC);
+    assert_eq!(h.finalized(), vec![(s, EndReason::OrphanReap)]);
+}
+
+#[test]
+fn g3_a_replaced_orphan_deadline_behind_a_live_one_does_not_fire() {
+    // The stale entry is not on top of the deadline table when it comes due:
+    // another session's live deadline is earlier, so only the guard on the
+    // session's current deadline keeps it from firing.
+    let mut h = Harness::quiet(); // orphan grace 60 s
+    let other = h.register(1, None);
+    let s = h.register(2, None);
+    h.attach(other);
+    h.attach(s);
+    h.ev(Event::TransportDetached { session: other }); // orphan at 60 s
+    h.at(5 * SEC);
+    h.ev(Event::TransportDetached { session: s }); // orphan at 65 s
+    h.at(30 * SEC);
+    h.attach(s);
+    h.at(40 * SEC);
+    h.ev(Event::TransportDetached { session: s }); // orphan at 100 s
+
+    h.tick(70 * SEC);
+    assert_eq!(h.finalized(), vec![(other, EndReason::OrphanReap)]);
+    assert_eq!(h.state(s), State::Registered, "the replaced deadline fired");
+    h.tick(100 * SEC);
+    assert_eq!(
+        h.finalized(),
+        vec![(other, EndReason::OrphanReap), (s, EndReason::OrphanReap)]
+    );
+}
+
+#[test]
+fn g5_a_replaced_settle_deadline_behind_a_live_one_does_not_fire() {
+    let mut h = Harness::quiet(); // settle timeout 1 s
+    let other = h.register(1, None);
+    let s = h.register(2, None);
+    h.ev(Event::StartTurn { session: other });
+    h.ev(Event::CancelTurn { session: other }); // settle at 1 s
+    h.at(100 * MS);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::CancelTurn { session: s }); // settle at 1.1 s
+    h.at(200 * MS);
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Cancelled,
+    });
+    h.at(300 * MS);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::CancelTurn { session: s }); // settle at 1.3 s
+
+    h.tick(1200 * MS);
+    assert_eq!(h.detaches_of(other), 1);
+    assert_eq!(h.detaches_of(s), 0, "the replaced deadline fired");
+    h.tick(1300 * MS);
+    assert_eq!(h.detaches_of(s), 1);
+}
+
+#[test]
+fn g3_one_of_two_transports_leaving_arms_no_orphan_reap() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.attach(s);
+    h.attach(s);
+    assert_eq!(
+        h.ev_h(Event::TransportDetached { session: s }),
+        Handled::Applied
+    );
+    assert_eq!(h.core.session(s).unwrap().transports(), 1);
+    assert_eq!(h.core.poll_timeout(), None, "no orphan deadline is armed");
+    h.tick(600 * SEC);
+    assert!(h.finalized().is_empty());
+
+    assert_eq!(
+        h.ev_h(Event::TransportDetached { session: s }),
+        Handled::Applied
+    );
+    assert_eq!(h.core.poll_timeout(), Some(h.now + 60 * SEC));
+    assert_eq!(
+        h.ev_h(Event::TransportDetached { session: s }),
+        Handled::NoOp,
+        "no transport left to detach"
+    );
+}
+
+#[test]
+fn g3_an_orphan_skipped_for_its_live_turn_is_not_claimed_and_may_start_another() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.attach(s);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::TransportDetached { session: s }); // orphan at 60 s
+    h.tick(60 * SEC);
+    assert_eq!(
+        h.core.session(s).unwrap().closing(),
+        None,
+        "G3: not claimed"
+    );
+    h.at(61 * SEC);
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(h.state(s), State::Registered, "still open after its turn");
+    h.at(62 * SEC);
+    assert_eq!(h.ev_h(Event::StartTurn { session: s }), Handled::Applied);
+    h.at(63 * SEC);
+    h.ev(Event::TurnEnded {
+        session: s,
+        outcome: Outcome::Completed,
+    });
+    // The re-armed deadline (60 s + grace) reaps it.
+    h.tick(120 * SEC - MS);
+    assert!(h.finalized().is_empty());
+    h.tick(120 * SEC);
+    assert_eq!(h.finalized(), vec![(s, EndReason::OrphanReap)]);
+}
+
+#[test]
+fn g9_an_orphan_deadline_during_shutdown_is_not_re_armed() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.attach(s);
+    h.ev(Event::Hold {
+        session: s,
+        hold: Hold::PendingInput,
+    });
+    h.ev(Event::TransportDetached { session: s }); // orphan at 60 s
+    h.at(SEC);
+    h.ev(Event::BeginShutdown {
+        drain: Duration::from_secs(1000),
+    });
+    assert_eq!(
+        h.state(s),
+        State::Registered,
+        "held: spared until the drain"
+    );
+    h.tick(60 * SEC);
+    assert!(h.finalized().is_empty());
+    assert_eq!(
+        h.core.poll_timeout(),
+        Some(h.start + 1001 * SEC),
+        "only the drain deadline is left"
+    );
+    h.tick(1001 * SEC);
+    assert_eq!(h.finalized(), vec![(s, EndReason::Shutdown)]);
+}
+
+#[test]
+fn sweep_orphan_claims_exactly_at_the_grace_and_reports_what_it_did() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.attach(s);
+    h.ev(Event::TransportDetached { session: s });
+    h.at(60 * SEC - MS);
+    assert_eq!(h.ev_h(Event::Sweep(Sweep::Orphan)), Handled::NoOp);
+    assert_eq!(h.state(s), State::Registered);
+    h.at(60 * SEC);
+    assert_eq!(h.ev_h(Event::Sweep(Sweep::Orphan)), Handled::Applied);
+    assert_eq!(h.finalized(), vec![(s, EndReason::OrphanReap)]);
+    assert_eq!(h.ev_h(Event::Sweep(Sweep::Orphan)), Handled::NoOp);
+}
+
+#[test]
+fn sweep_idle_claims_exactly_at_the_ttl_and_reports_what_it_did() {
+    let mut h = Harness::with(Policy {
+        idle_ttl: Some(30 * SEC),
+        lru_cap: None,
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    h.at(10 * SEC);
+    let later = h.register(2, None);
+    assert_eq!(h.core.poll_timeout(), Some(h.start + 30 * SEC));
+    h.at(30 * SEC - MS);
+    assert_eq!(h.ev_h(Event::Sweep(Sweep::Idle)), Handled::NoOp);
+    h.at(30 * SEC);
+    assert_eq!(h.ev_h(Event::Sweep(Sweep::Idle)), Handled::Applied);
+    assert_eq!(h.finalized(), vec![(s, EndReason::IdleReap)]);
+    assert_eq!(h.state(later), State::Registered);
+    assert_eq!(h.core.poll_timeout(), Some(h.start + 40 * SEC));
+    h.tick(40 * SEC);
+    assert_eq!(
+        h.finalized(),
+        vec![(s, EndReason::IdleReap), (later, EndReason::IdleReap)]
+    );
+}
+
+#[test]
+fn sweep_lru_reports_a_no_op_under_the_cap() {
+    let mut h = Harness::with(Policy {
+        idle_ttl: None,
+        lru_cap: Some(2),
+        ..Policy::default()
+    });
+    h.register(1, None);
+    h.register(2, None);
+    assert_eq!(h.ev_h(Event::Sweep(Sweep::Lru)), Handled::NoOp);
+    assert!(h.finalized().is_empty());
+    h.register(3, None);
+    assert_eq!(h.finalized(), vec![(SessionId(1), EndReason::LruEvict)]);
+}
+
+#[test]
+fn a_spurious_wake_drops_deadlines_nobody_waits_for() {
+    let mut h = Harness::quiet();
+    let a = h.register(1, None);
+    let b = h.register(2, None);
+    for s in [a, b] {
+        h.ev(Event::StartTurn { session: s });
+        h.ev(Event::CancelTurn { session: s });
+    }
+    assert_eq!(h.core.deadline_entries(), 2);
+    assert_eq!(h.core.poll_timeout(), Some(h.start + SEC));
+    h.at(100 * MS);
+    for s in [a, b] {
+        h.ev(Event::TurnEnded {
+            session: s,
+            outcome: Outcome::Cancelled,
+        });
+    }
+    h.tick(200 * MS);
+    assert_eq!(h.core.deadline_entries(), 0);
+    assert_eq!(h.core.poll_timeout(), None);
+}
+
+#[test]
+fn g9_shutdown_leaves_no_idle_deadline_to_wake_for() {
+    let mut h = Harness::with(Policy {
+        idle_ttl: Some(10 * SEC),
+        lru_cap: None,
+        ..Policy::default()
+    });
+    let idle = h.register(1, None);
+    let busy = h.register(2, None);
+    h.ev(Event::StartTurn { session: busy });
+    assert_eq!(h.core.poll_timeout(), Some(h.start + 10 * SEC));
+    h.ev(Event::BeginShutdown { drain: 60 * SEC });
+    assert_eq!(h.finalized(), vec![(idle, EndReason::Shutdown)]);
+    assert_eq!(h.core.poll_timeout(), Some(h.start + 60 * SEC));
+}
+
+// ----- streams -----------------------------------------------------------------
+
+#[test]
+fn g4_a_stream_the_work_reported_closed_is_not_closed_again() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    assert_eq!(
+        h.ev_h(Event::StreamClosed { session: s }),
+        Handled::NoOp,
+        "no work, no stream"
+    );
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::StreamAttached { session: s });
+    assert_eq!(h.ev_h(Event::StreamClosed { session: s }), Handled::Applied);
+    assert_eq!(h.ev_h(Event::StreamClosed { session: s }), Handled::NoOp);
+    h.ev(Event::Cancel {
+        session: s,
+        mode: CancelMode::Immediate,
+    });
+    assert_eq!(h.cancels_of(s), 1);
+    assert_eq!(h.closes_of(s), 0, "closed by the work already");
+    h.tick(SEC);
+    assert_eq!(h.detaches_of(s), 1);
+    assert_eq!(h.closes_of(s), 0, "no close on detach either");
+}
+
+#[test]
+fn g4_a_detach_closes_an_attached_stream_nobody_closed() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    h.ev(Event::StreamAttached { session: s });
+    h.ev(Event::Cancel {
+        session: s,
+        mode: CancelMode::Graceful,
+    });
+    assert_eq!(h.closes_of(s), 0, "a graceful cancel leaves the stream");
+    h.tick(SEC);
+    assert_eq!(h.closes_of(s), 1);
+    assert_eq!(h.detaches_of(s), 1);
+}
+
+#[test]
+fn g4_cancel_turn_closes_only_an_attached_unclosed_stream_once() {
+    let mut h = Harness::quiet();
+    // Attached and open: closed once, not again on detach.
+    let open = h.register(1, None);
+    h.ev(Event::StartTurn { session: open });
+    h.ev(Event::StreamAttached { session: open });
+    assert_eq!(
+        h.ev_h(Event::CancelTurn { session: open }),
+        Handled::Applied
+    );
+    assert_eq!(h.closes_of(open), 1);
+    assert_eq!(h.ev_h(Event::CancelTurn { session: open }), Handled::NoOp);
+    assert_eq!(h.cancels_of(open), 1);
+
+    // Attached but already closed by the work: nothing to close.
+    let closed = h.register(2, None);
+    h.ev(Event::StartTurn { session: closed });
+    h.ev(Event::StreamAttached { session: closed });
+    h.ev(Event::StreamClosed { session: closed });
+    h.ev(Event::CancelTurn { session: closed });
+    assert_eq!(h.closes_of(closed), 0);
+
+    // Not attached yet: closed when it attaches (seed 001), once.
+    let late = h.register(3, None);
+    h.ev(Event::StartTurn { session: late });
+    h.ev(Event::CancelTurn { session: late });
+    assert_eq!(h.closes_of(late), 0);
+    h.ev(Event::StreamAttached { session: late });
+    assert_eq!(h.closes_of(late), 1);
+
+    h.tick(SEC);
+    for s in [open, closed, late] {
+        assert_eq!(h.detaches_of(s), 1);
+        assert_eq!(h.state(s), State::Registered, "a turn cancel keeps it open");
+    }
+    assert_eq!(h.closes_of(open), 1);
+    assert_eq!(h.closes_of(closed), 0);
+    assert_eq!(h.closes_of(late), 1);
+
+    let idle = h.register(4, None);
+    assert_eq!(h.ev_h(Event::CancelTurn { session: idle }), Handled::NoOp);
+}
+
+// ----- cancel, holds, drain ----------------------------------------------------
+
+#[test]
+fn g1_cancel_descendants_reports_what_it_cancelled() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    assert_eq!(
+        h.ev_h(Event::CancelDescendants { session: root }),
+        Handled::NoOp,
+        "no descendant to cancel"
+    );
+    assert_eq!(h.state(root), State::Registered);
+
+    let a = h.register(2, Some(1));
+    let b = h.register(3, Some(1));
+    let done = h.register(4, Some(1));
+    h.ev(Event::UserClose { session: done });
+    h.ev(Event::StartTurn { session: b });
+    assert_eq!(
+        h.ev_h(Event::CancelDescendants { session: root }),
+        Handled::Applied
+    );
+    assert_eq!(h.state(root), State::Registered, "G1: not the caller");
+    assert_eq!(h.state(a), State::Finalized);
+    assert_eq!(h.state(b), State::Cancelling);
+    assert_eq!(
+        h.ev_h(Event::CancelDescendants { session: root }),
+        Handled::NoOp,
+        "every descendant is cancelled already"
+    );
+
+    h.ev(Event::WorkExited { session: b });
+    h.ev(Event::UserClose { session: root });
+    assert_eq!(h.state(root), State::Finalized);
+    assert_eq!(
+        h.ev_h(Event::CancelDescendants { session: root }),
+        Handled::AlreadyFinalized
+    );
+}
+
+#[test]
+fn g1_one_exit_finalizes_three_waiting_levels_children_first() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    let leaf = h.register(3, Some(2));
+    h.ev(Event::StartTurn { session: leaf });
+    h.ev(Event::AgentFinished { session: root });
+    assert_eq!(h.state(root), State::Settled);
+    assert_eq!(h.state(child), State::Cancelling);
+    assert_eq!(h.state(leaf), State::Cancelling);
+    assert!(h.finalized().is_empty());
+
+    h.ev(Event::WorkExited { session: leaf });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (leaf, EndReason::ParentFinished),
+            (child, EndReason::ParentFinished),
+            (root, EndReason::Completed),
+        ]
+    );
+}
+
+#[test]
+fn releasing_a_hold_never_held_is_a_no_op() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.ev(Event::Hold {
+        session: s,
+        hold: Hold::PendingInput,
+    });
+    assert_eq!(
+        h.ev_h(Event::Release {
+            session: s,
+            hold: Hold::Delegation,
+        }),
+        Handled::NoOp
+    );
+    assert!(h.core.session(s).unwrap().is_held());
+    assert_eq!(
+        h.ev_h(Event::Release {
+            session: s,
+            hold: Hold::PendingInput,
+        }),
+        Handled::Applied
+    );
+    assert!(!h.core.session(s).unwrap().is_held());
+}
+
+#[test]
+fn g3_idle_time_restarts_when_the_last_hold_is_released() {
+    let mut h = Harness::with(Policy {
+        idle_ttl: Some(30 * SEC),
+        lru_cap: None,
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    for hold in [Hold::PendingInput, Hold::Delegation] {
+        h.ev(Event::Hold { session: s, hold });
+    }
+    h.at(10 * SEC);
+    h.ev(Event::Release {
+        session: s,
+        hold: Hold::PendingInput,
+    });
+    assert_eq!(
+        h.core.session(s).unwrap().idle_since(),
+        h.start,
+        "still held: idle time does not restart"
+    );
+    h.at(20 * SEC);
+    h.ev(Event::Release {
+        session: s,
+        hold: Hold::Delegation,
+    });
+    assert_eq!(h.core.session(s).unwrap().idle_since(), h.start + 20 * SEC);
+    h.tick(49 * SEC);
+    assert!(h.finalized().is_empty(), "reaped before a full TTL idle");
+    h.tick(50 * SEC);
+    assert_eq!(h.finalized(), vec![(s, EndReason::IdleReap)]);
+}
+
+#[test]
+fn g3_releasing_a_hold_mid_turn_does_not_restart_idle_time() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.ev(Event::Hold {
+        session: s,
+        hold: Hold::Delegation,
+    });
+    h.ev(Event::StartTurn { session: s });
+    h.at(10 * SEC);
+    h.ev(Event::Release {
+        session: s,
+        hold: Hold::Delegation,
+    });
+    assert_eq!(h.core.session(s).unwrap().idle_since(), h.start);
+}
+
+#[test]
+fn g9_skip_drain_acts_only_during_an_undrained_shutdown() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.ev(Event::StartTurn { session: s });
+    assert_eq!(h.ev_h(Event::SkipDrain), Handled::NoOp, "no shutdown yet");
+    assert_eq!(h.state(s), State::Running);
+    assert_eq!(
+        h.ev_h(Event::BeginShutdown { drain: 60 * SEC }),
+        Handled::Applied
+    );
+    assert_eq!(
+        h.ev_h(Event::BeginShutdown { drain: 60 * SEC }),
+        Handled::NoOp
+    );
+    assert!(!h.core.is_drained());
+    assert_eq!(h.ev_h(Event::SkipDrain), Handled::Applied);
+    assert!(h.core.is_drained());
+    assert_eq!(h.state(s), State::Cancelling);
+    assert_eq!(h.ev_h(Event::SkipDrain), Handled::NoOp, "drained already");
+    assert_eq!(h.cancels_of(s), 1);
+}
+
+#[test]
+fn g9_shutdown_flushes_each_transcript_once_children_first() {
+    let mut h = Harness::quiet();
+    h.register(1, None);
+    h.register(2, Some(1));
+    h.register(3, Some(2));
+    h.register(4, Some(1));
+    h.register(5, None);
+    h.ev(Event::BeginShutdown { drain: 60 * SEC });
+    let flushed: Vec<SessionId> = h
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::FlushTranscript { session } => Some(*session),
+            _ => None,
+        })
+        .collect();
+    let mut ids: Vec<u64> = flushed.iter().map(|s| s.get()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5], "each once: {flushed:?}");
+    let pos = |id: u64| flushed.iter().position(|s| s.get() == id).unwrap();
+    assert!(pos(3) < pos(2) && pos(2) < pos(1) && pos(4) < pos(1));
+    let finalized: Vec<SessionId> = h.finalized().iter().map(|(s, _)| *s).collect();
+    assert_eq!(finalized.len(), 5, "{finalized:?}");
+    assert_eq!(h.count(|e| matches!(e, Effect::ShutdownComplete)), 1);
+    assert_eq!(h.core.open_sessions(), 0);
+    assert!(h.finalize_of(SessionId(1)).is_some());
+}
