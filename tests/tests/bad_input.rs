@@ -102,6 +102,13 @@ fn cases() -> Vec<Case> {
         // --- arguments ---
         case("unknown command", nothing, &["frobnicate"], 2, "frobnicate"),
         case(
+            "no command at all",
+            nothing,
+            &[],
+            2,
+            "a command is required",
+        ),
+        case(
             "unknown option",
             ok_scenario,
             &["run", "--frobnicate", "ok.toml"],

@@ -136,18 +136,18 @@ fn usage_error(error: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     if matches!(
         error.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
     ) {
         let _ = error.print();
-        return ExitCode::from(
-            if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                exit::BAD_INPUT
-            } else {
-                exit::DONE
-            },
+        return ExitCode::from(exit::DONE);
+    }
+    if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // No command at all: one line that says what to type (G11), not the
+        // whole help on stderr.
+        eprintln!(
+            "settle: a command is required: run, sessions, show, recover or chat (see `settle --help`)"
         );
+        return ExitCode::from(exit::BAD_INPUT);
     }
     let rendered = error.render().to_string();
     // The error line, with the indented lines that follow it (clap lists the
