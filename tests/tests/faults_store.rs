@@ -174,7 +174,11 @@ fn after_the_fault(
         &memory_turns(db),
         &persisted,
         scripted,
-        Ending::Recovered,
+        if store_errors > 0 {
+            Ending::StoreFault
+        } else {
+            Ending::Recovered
+        },
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", context()));
     let summary = format!(

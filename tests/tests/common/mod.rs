@@ -383,6 +383,12 @@ pub enum Ending {
     /// The run was killed (or failed) and `settle recover` has run since:
     /// sessions it left live are `recovered`.
     Recovered,
+    /// Like `Recovered`, after a run whose store writes failed: a turn whose
+    /// end could not be written is still open when its session's finalize
+    /// latch runs, which closes it as `interrupted` (the transcript is cut
+    /// where the store stopped taking it), so `interrupted` may appear in a
+    /// session that was not recovered.
+    StoreFault,
     /// The run ended by itself or by a graceful shutdown (G9): nothing was
     /// left for recovery, no turn was interrupted, no session was finalized
     /// while its timeline shows it running or cancelling.
@@ -497,7 +503,7 @@ pub fn check_db(
                 Some("interrupted") if ending == Ending::Graceful => {
                     errors.push(format!("{who}: turn {no} interrupted without a crash"));
                 }
-                Some("interrupted") if end != "recovered" => {
+                Some("interrupted") if end != "recovered" && ending != Ending::StoreFault => {
                     errors.push(format!("{who}: turn {no} interrupted, yet not recovered"));
                 }
                 _ => {}
