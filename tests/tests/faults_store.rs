@@ -462,16 +462,13 @@ fn postgres_server_restarted_mid_run() {
     restart_mid_run(false);
 }
 
-/// The store's writer re-establishes a lost PostgreSQL connection only after
-/// a write has failed on it. When every write that fails meets the server
-/// still down, the dead connection is kept, and the first write after the
-/// server is back fails too ("The transaction manager is broken") before the
-/// connection is made again: here the root's one chunk after the restart is
-/// lost and its turn ends `cancelled`. A fix belongs in the store's writer
-/// (`repair` in `crates/store/src/writer.rs`: remember that the connection is
-/// lost and establish it again before the next write, not after it fails).
+/// After a PostgreSQL restart the store's writer must come back by itself:
+/// when every write that fails meets the server still down, it remembers the
+/// connection is lost and establishes it again before the next write, so the
+/// first write after the server is back succeeds (it used to fail with "The
+/// transaction manager is broken", losing the root's one chunk after the
+/// restart).
 #[test]
-#[ignore = "store bug: the first write after a PostgreSQL restart fails (see the doc comment)"]
 fn postgres_writer_comes_back_after_a_restart() {
     restart_mid_run(true);
 }

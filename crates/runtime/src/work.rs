@@ -96,6 +96,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                     };
                     let mut sink = Persisting {
                         work,
+                        store_failed: false,
                         store,
                         revoked,
                         consumer: Some(chunk_tx),
@@ -105,7 +106,13 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                     };
                     let end = run_turn(&provider, &request, &scope, &mut sink, options).await;
                     report(WorkReportKind::StreamClosed);
-                    end.outcome()
+                    // Stopped because the store failed a write: the turn
+                    // failed, it was not cancelled.
+                    if sink.store_failed {
+                        Outcome::Failed
+                    } else {
+                        end.outcome()
+                    }
                 }
             };
             report(WorkReportKind::Ended(outcome));
@@ -152,6 +159,8 @@ impl Provider for Reporting {
 /// is detached, and when the store says the session or turn is closed (G10).
 struct Persisting {
     work: WorkId,
+    /// A chunk write failed (not a revoked write): the turn ends `failed`.
+    store_failed: bool,
     store: Arc<dyn SessionStore>,
     revoked: CancellationToken,
     consumer: Option<mpsc::UnboundedSender<String>>,
@@ -180,6 +189,7 @@ impl ChunkSink for Persisting {
                 error,
                 StoreError::SessionClosed(_) | StoreError::TurnClosed { .. }
             ) {
+                self.store_failed = true;
                 self.failures
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let _ = self.events.send(LifecycleEvent::StoreFailed {

@@ -123,6 +123,9 @@ fn run(
     reconnect: Option<&str>,
 ) {
     let mut next: Option<Command> = None;
+    // The connection was lost and could not be established again yet: try
+    // again before the next write instead of spending that write on it.
+    let mut lost = false;
     loop {
         let command = match next.take() {
             Some(c) => c,
@@ -131,6 +134,9 @@ fn run(
                 Err(_) => return,
             },
         };
+        if lost {
+            lost = !repair(&mut conn, reconnect);
+        }
         let failed = match command {
             Command::Op(op) => op(conn.db()),
             Command::Chunk(first) => {
@@ -150,29 +156,32 @@ fn run(
             }
         };
         if failed {
-            repair(&mut conn, reconnect);
+            lost = !repair(&mut conn, reconnect);
         }
     }
 }
 
-/// After a failed write, check that a PostgreSQL connection is still alive
-/// and establish it again if not, so that a server restart costs the writes in
-/// flight, not every later one. (The failed write is not retried: whether a
-/// commit interrupted by a lost connection took effect is unknown.)
-fn repair(conn: &mut AnyConn, reconnect: Option<&str>) {
+/// After a failed write (and before the next one while it stays lost), check
+/// that a PostgreSQL connection is still alive and establish it again if not,
+/// so that a server restart costs the writes in flight, not later ones.
+/// Returns whether the connection is usable. (A failed write is not retried:
+/// whether a commit interrupted by a lost connection took effect is unknown.)
+fn repair(conn: &mut AnyConn, reconnect: Option<&str>) -> bool {
     let (AnyConn::Pg(c), Some(url)) = (conn, reconnect) else {
-        return;
+        return true;
     };
     if c.ping().is_ok() {
-        return;
+        return true;
     }
     match PgConnection::establish(url) {
         Ok(fresh) => {
             *c = fresh;
             tracing::info!("the store's writer connection was lost and is established again");
+            true
         }
         Err(e) => {
-            tracing::warn!(error = %e, "the store's writer connection is lost; will retry after the next failed write")
+            tracing::warn!(error = %e, "the store's writer connection is lost; will try again before the next write");
+            false
         }
     }
 }
