@@ -8,14 +8,19 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+
+#[path = "../../../crates/store/tests/support/pg_cluster.rs"]
+mod pg_cluster;
+use pg_cluster::as_owner;
+#[allow(unused_imports)] // not every test binary asks
+pub use pg_cluster::is_root;
+pub use pg_cluster::Cluster;
 
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
@@ -153,13 +158,6 @@ pub fn send_signal(pid: u32, signal: &str) {
         .args(["-s", signal, &pid.to_string()])
         .stderr(Stdio::null())
         .status();
-}
-
-/// `true` when this process runs as root.
-pub fn is_root() -> bool {
-    fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
 }
 
 /// Under `CI=true` a skipped fault is a failure; elsewhere it is said loudly.
@@ -764,14 +762,8 @@ pub fn random_scenario(rng: &mut Rng, shape: Shape) -> RandomScenario {
 
 // --- PostgreSQL ------------------------------------------------------------------
 
-/// A throwaway PostgreSQL cluster this test binary started (and that a
-/// watchdog stops when the binary exits).
-pub struct Cluster {
-    pub admin_url: String,
-    bin: PathBuf,
-    data: PathBuf,
-}
-
+// A throwaway cluster this test binary started (a watchdog stops it when the
+// binary exits); restarting it is this suite's own need.
 impl Cluster {
     /// Restarts the server (fast shutdown: every connection is dropped).
     pub fn restart(&self) -> bool {
@@ -802,124 +794,13 @@ pub fn pg_admin_url() -> Option<String> {
 /// saying why.
 pub fn own_cluster() -> Option<&'static Cluster> {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    match CLUSTER.get_or_init(start_cluster) {
+    match CLUSTER.get_or_init(|| pg_cluster::start_cluster("settle-faults-pg-")) {
         Ok(c) => Some(c),
         Err(why) => {
             skip("PostgreSQL test", why);
             None
         }
     }
-}
-
-fn pg_bin_dir() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|d| d.join("initdb").exists() && d.join("pg_ctl").exists())
-        .collect();
-    dirs.sort_by_key(|d| {
-        d.parent()
-            .and_then(|v| v.file_name())
-            .and_then(|v| v.to_str())
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    if let Some(d) = dirs.pop() {
-        return Some(d);
-    }
-    let out = Command::new("pg_config").arg("--bindir").output().ok()?;
-    let d = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    d.join("initdb").exists().then_some(d)
-}
-
-fn uid_of(user: &str) -> Option<(u32, u32)> {
-    let passwd = fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let f: Vec<&str> = line.split(':').collect();
-        (f.first() == Some(&user))
-            .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
-    })
-}
-
-fn as_owner(program: &Path) -> Command {
-    if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn start_cluster() -> Result<Cluster, String> {
-    let bin = pg_bin_dir().ok_or("no PostgreSQL server binaries (initdb, pg_ctl) were found")?;
-    let dir = tempfile::Builder::new()
-        .prefix("settle-faults-pg-")
-        .tempdir()
-        .map_err(|e| format!("cannot make a folder for the cluster: {e}"))?
-        .keep();
-    if is_root() {
-        let (uid, gid) = uid_of("postgres")
-            .ok_or("running as root, and there is no `postgres` user to own a cluster")?;
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
-            .map_err(|e| format!("cannot hand the cluster folder to postgres: {e}"))?;
-    }
-    let data = dir.join("data");
-    let status = as_owner(&bin.join("initdb"))
-        .arg("-D")
-        .arg(&data)
-        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run initdb: {e}"))?;
-    if !status.success() {
-        return Err(format!("initdb failed ({status})"));
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?
-        .port();
-    let options = format!(
-        "-c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=200 -c fsync=off -c full_page_writes=off",
-        dir.display()
-    );
-    let status = as_owner(&bin.join("pg_ctl"))
-        .arg("-D")
-        .arg(&data)
-        .arg("-l")
-        .arg(dir.join("log"))
-        .args(["-w", "-o", &options, "start"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
-    if !status.success() {
-        let log = fs::read_to_string(dir.join("log")).unwrap_or_default();
-        return Err(format!("pg_ctl start failed ({status}): {log}"));
-    }
-    let watchdog = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-         kill -QUIT $(head -n 1 '{data}/postmaster.pid') 2>/dev/null; sleep 1; rm -rf '{dir}'",
-        pid = std::process::id(),
-        data = data.display(),
-        dir = dir.display(),
-    );
-    Command::new("sh")
-        .args(["-c", &watchdog])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start the cluster's watchdog: {e}"))?;
-    Ok(Cluster {
-        admin_url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-        bin,
-        data,
-    })
 }
 
 /// `admin` with its database replaced by `name`.
