@@ -86,4 +86,6 @@ pub use event::{Event, Hold, Sweep};
 pub use id::SessionId;
 pub use policy::Policy;
 pub use session::SessionView;
-pub use vocabulary::{CancelMode, EndReason, Outcome, State, UnknownWord};
+pub use vocabulary::{
+    CancelMode, ChunkKind, EndReason, Outcome, State, TurnError, TurnErrorKind, UnknownWord,
+};

@@ -1,4 +1,5 @@
-//! The words of SPEC §1–4 as types: states, outcomes, end reasons, cancel modes.
+//! The words of SPEC §1–4 as types: states, outcomes, end reasons, cancel
+//! modes, and the kinds of turn errors and chunks.
 //!
 //! Each has a stable lowercase spelling ([`as_str`](State::as_str), `Display`,
 //! `FromStr`) used in database rows, JSON and the timeline.
@@ -194,6 +195,76 @@ vocabulary! {
     }
 }
 
+vocabulary! {
+    /// What kind of failure ended a turn `failed` (or `idle_timeout`): stored
+    /// with the turn beside its message, so `settle show` and scripts can say why.
+    TurnErrorKind, "turn error kind" {
+        /// The provider answered with a non-success HTTP status.
+        HttpStatus => "http_status",
+        /// The provider could not be reached (refused, DNS, TLS, reset).
+        Connect => "connect",
+        /// A timeout ran out: headers, first event, idle, or a store bound.
+        Timeout => "timeout",
+        /// The provider sent something that is not a valid stream event.
+        Protocol => "protocol",
+        /// The provider reported an error of its own in the stream.
+        Provider => "provider",
+        /// The provider or the work panicked.
+        Panic => "panic",
+        /// The reply was cut short by the provider (e.g. `finish_reason:
+        /// length`): the transcript is truncated, so memory is not committed (G7).
+        Truncated => "truncated",
+        /// The store refused or failed a write the turn needed.
+        Store => "store",
+    }
+}
+
+/// Why a turn failed: a kind to sort by and a message a person can act on
+/// (for HTTP, the status line and a short excerpt of the body).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TurnError {
+    /// What kind of failure.
+    pub kind: TurnErrorKind,
+    /// What happened, in words.
+    pub message: String,
+}
+
+impl TurnError {
+    /// A turn error of `kind` saying `message`.
+    pub fn new(kind: TurnErrorKind, message: impl Into<String>) -> Self {
+        TurnError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for TurnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TurnError {}
+
+vocabulary! {
+    /// What a chunk of a turn's output carries. Text is the common case; the
+    /// others carry a JSON payload so a framework's structured transcript
+    /// (tool calls, reasoning, usage) is persisted like text is (G7).
+    ChunkKind, "chunk kind" {
+        /// A piece of the model's reply text.
+        Text => "text",
+        /// A piece of the model's reasoning, when the provider exposes it.
+        Reasoning => "reasoning",
+        /// A tool call (or a piece of one): name and arguments as JSON.
+        ToolCall => "tool_call",
+        /// Token usage reported by the provider.
+        Usage => "usage",
+        /// Any other structured event the provider sent, as JSON.
+        Data => "data",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +282,12 @@ mod tests {
         }
         for m in CancelMode::ALL {
             assert_eq!(m.as_str().parse::<CancelMode>(), Ok(*m));
+        }
+        for k in TurnErrorKind::ALL {
+            assert_eq!(k.as_str().parse::<TurnErrorKind>(), Ok(*k));
+        }
+        for k in ChunkKind::ALL {
+            assert_eq!(k.as_str().parse::<ChunkKind>(), Ok(*k));
         }
     }
 
