@@ -1,15 +1,16 @@
-//! The lifecycle state machine. Every transition of SPEC §2 is in this file.
+//! The lifecycle state machine. Every transition of SPEC §2 happens in this
+//! file, through [`Core::transition`], which asserts [`State::can_move_to`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::deadlines::{Deadlines, Timer};
+use crate::deadlines::{Deadline, Deadlines, Timer};
 use crate::hash::SessionMap;
-use crate::session::{Session, SessionView, Work};
+use crate::session::{Intent, Session, SessionView, Work};
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::{
-    CancelMode, Cause, EndReason, Error, Event, Finalize, Handled, Hold, Outcome, Policy,
-    SessionId, State, Sweep, Transition,
+    CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled, Hold, Outcome, Policy,
+    SessionId, ShutdownSummary, State, Sweep, Transition, WorkId, WorkKind,
 };
 
 /// The sans-IO lifecycle kernel for one tree (or forest) of agent sessions.
@@ -25,7 +26,7 @@ use crate::{
 pub struct Core {
     policy: Policy,
     sessions: SessionMap<Session>,
-    effects: VecDeque<crate::Effect>,
+    effects: VecDeque<Effect>,
     deadlines: Deadlines,
     /// Sessions not yet finalized.
     open: usize,
@@ -34,10 +35,23 @@ pub struct Core {
     now: Option<Instant>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Shutdown {
     drained: bool,
     complete_sent: bool,
+    summary: ShutdownSummary,
+}
+
+/// How an input relates to a session, for the answer a finalized one gets
+/// (the table on [`Event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asks {
+    /// To end it, or to let go of it: a finalized session says `AlreadyFinalized`.
+    ToEnd,
+    /// To use it: a finalized session is `SessionClosed`.
+    ToUse,
+    /// A work's report: a finalized session has no works, so it is a no-op.
+    Report,
 }
 
 impl Core {
@@ -64,104 +78,93 @@ impl Core {
         let now = self.clock(now);
         let handled = match event {
             Event::Register { session, parent } => self.register(now, session, parent),
-            Event::StartTurn { session } => self.start_turn(now, session),
-            Event::StreamAttached { session } => self.stream_attached(now, session),
-            Event::StreamClosed { session } => self.stream_closed(now, session),
-            Event::TurnEnded { session, outcome } => self.work_ended(now, session, Some(outcome)),
-            Event::WorkExited { session } => self.work_ended(now, session, None),
+            Event::StartTurn { session } => self.start_work(now, session, WorkKind::Turn),
+            Event::StartTask { session } => self.start_work(now, session, WorkKind::Task),
+            Event::StreamAttached { work } => self.stream_attached(work),
+            Event::StreamClosed { work } => self.stream_closed(work),
+            Event::WorkEnded { work, outcome } => self.work_reported(now, work, Some(outcome)),
+            Event::WorkExited { work } => self.work_reported(now, work, None),
             Event::AgentFinished { session } => self.agent_finished(now, session),
             Event::Cancel { session, mode } => {
-                let cause = Cause::CancelRequested(mode);
-                self.cancel(now, session, mode, EndReason::Cancelled, cause)
+                let (intent, cause) = (EndReason::Cancelled, Cause::CancelRequested(mode));
+                self.cancel(now, session, mode, intent, cause)
             }
             Event::CancelTurn { session } => self.cancel_turn(now, session),
             Event::CancelDescendants { session } => self.cancel_descendants(now, session),
             Event::UserClose { session } => {
-                let (mode, cause) = (CancelMode::Immediate, Cause::UserClose);
-                self.cancel(now, session, mode, EndReason::UserClose, cause)
+                let mode = CancelMode::Immediate;
+                self.cancel(now, session, mode, EndReason::UserClose, Cause::UserClose)
             }
-            Event::Hold { session, hold } => self.hold(now, session, hold, true),
-            Event::Release { session, hold } => self.hold(now, session, hold, false),
+            Event::Hold { session, hold } => self.hold(now, session, hold),
+            Event::Release { session, hold } => self.release(now, session, hold),
             Event::TransportAttached {
                 session,
                 close_on_disconnect,
-            } => self.transport_attached(now, session, close_on_disconnect),
+            } => self.transport_attached(session, close_on_disconnect),
             Event::TransportDetached { session } => self.transport_detached(now, session),
             Event::Sweep(sweep) => Ok(self.sweep(now, sweep)),
             Event::BeginShutdown { drain } => Ok(self.begin_shutdown(now, drain)),
             Event::SkipDrain => Ok(self.skip_drain(now)),
         };
-        self.settle_bookkeeping();
+        self.after_input();
         handled
     }
 
     /// Processes every deadline due at `now`: settle deadlines (detach, G5),
     /// the drain deadline, orphan grace and idle TTL. Pass the current time,
     /// not the deadline that woke you. Spurious calls are harmless no-ops.
+    /// Afterwards [`poll_timeout`](Self::poll_timeout) names a time after `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock(now);
-        self.prune_stale();
         if self.deadlines.drain.is_some_and(|at| at <= now) {
             self.end_drain(now);
         }
         while let Some((at, id, timer)) = self.deadlines.pop_due(now) {
-            let Some(s) = self.sessions.get(&id) else {
-                continue;
-            };
             match timer {
-                Timer::Settle if s.settle_deadline == Some(at) => self.settle_deadline(now, id),
-                Timer::Orphan if s.orphan_deadline == Some(at) => self.orphan_deadline(now, id),
-                _ => {}
+                Timer::Settle(kind, no) => self.settle_deadline(now, id, kind, no, at),
+                Timer::Orphan => {
+                    let due = self
+                        .sessions
+                        .get(&id)
+                        .is_some_and(|s| s.orphan_deadline == Some(at));
+                    if due {
+                        self.orphan_deadline(now, id);
+                    }
+                }
             }
         }
         self.reap_idle(now);
         self.prune_stale();
-        self.settle_bookkeeping();
-    }
-
-    /// Drops stale entries from the top of the deadline table, so that
-    /// [`poll_timeout`](Self::poll_timeout) names a deadline someone waits for.
-    fn prune_stale(&mut self) {
-        let sessions = &self.sessions;
-        self.deadlines.prune(|at, id, timer| {
-            sessions.get(&id).is_some_and(|s| match timer {
-                Timer::Settle => s.settle_deadline == Some(at),
-                Timer::Orphan => s.orphan_deadline == Some(at),
-            })
-        });
-        self.oldest_idle();
+        self.after_input();
     }
 
     /// The next effect to execute, in order. Drain until `None` after every input.
-    pub fn poll_effect(&mut self) -> Option<crate::Effect> {
+    pub fn poll_effect(&mut self) -> Option<Effect> {
         self.effects.pop_front()
     }
 
-    /// When to call [`handle_timeout`](Self::handle_timeout) next, if ever.
-    /// Call again after every input: deadlines move. It may name a deadline
-    /// that was cancelled since (a work that exited before its settle
+    /// When to call [`handle_timeout`](Self::handle_timeout) next, if ever,
+    /// and why. Call again after every input: deadlines move. It may name a
+    /// deadline that was cancelled since (a work that exited before its settle
     /// deadline); the wake is then a harmless no-op.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Deadline> {
         self.deadlines.next(self.policy.idle_ttl)
     }
 
     /// Whether a session could be registered under `parent` right now, without
-    /// registering it. A driver that must create a durable row before it can
-    /// name the session checks here first, so a refused registration writes nothing.
+    /// registering it: the same answer [`Event::Register`] would give for a
+    /// fresh id.
     pub fn check_register(&self, parent: Option<SessionId>) -> Result<(), Error> {
         if self.shutdown.is_some() {
             return Err(Error::ShuttingDown);
         }
         let Some(parent) = parent else { return Ok(()) };
-        let p = self
-            .sessions
-            .get(&parent)
-            .ok_or(Error::UnknownSession(parent))?;
-        if !matches!(p.state, State::Registered | State::Running) || p.closing.is_some() {
+        let p = self.asks(parent, Asks::ToUse)?;
+        if !matches!(p.state, State::Registered | State::Running) || p.intent.is_some() {
             return Err(Error::ParentNotLive {
                 parent,
                 state: p.state,
-                closing: p.closing.is_some(),
+                closing: p.intent.is_some(),
             });
         }
         Ok(())
@@ -193,20 +196,23 @@ impl Core {
 
     /// Whether shutdown has begun and its drain period is over.
     pub fn is_drained(&self) -> bool {
-        self.shutdown.is_some_and(|s| s.drained)
+        self.shutdown.as_ref().is_some_and(|s| s.drained)
     }
 
     /// Drops the record of a finalized session, so a long-lived process does
-    /// not keep one per session it ever ran. Returns whether it was dropped;
-    /// sessions that are not finalized are kept. Events for a forgotten id
-    /// report [`Error::UnknownSession`].
+    /// not keep one per session it ever ran: a driver calls it once it has
+    /// executed the session's [`Effect::Finalize`]. Returns whether it was
+    /// dropped; sessions that are not finalized are kept. Every input naming a
+    /// forgotten id is refused with [`Error::UnknownSession`].
     pub fn forget(&mut self, id: SessionId) -> bool {
         if self.sessions.get(&id).map(|s| s.state) != Some(State::Finalized) {
             return false;
         }
         if let Some(s) = self.sessions.remove(&id) {
             if let Some(p) = s.parent.and_then(|p| self.sessions.get_mut(&p)) {
-                p.children.retain(|c| *c != id);
+                if let Some(at) = p.children.iter().position(|c| *c == id) {
+                    p.children.swap_remove(at);
+                }
             }
         }
         true
@@ -224,133 +230,171 @@ impl Core {
             return Err(Error::DuplicateSession(id));
         }
         self.check_register(parent)?;
+        let mut parent_was_childless = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
             p.children.push(id);
             p.unsettled_children += 1;
             p.unfinalized_children += 1;
+            parent_was_childless = p.unfinalized_children == 1;
         }
         self.sessions.insert(id, Session::new(parent, now));
         self.open += 1;
         self.record(now, id, None, State::Registered, Cause::Registered);
         self.refresh_index(id);
-        if let Some(p) = parent {
+        if let (Some(p), true) = (parent, parent_was_childless) {
+            // It has a child to finalize first now: no longer reclaimable (G1).
             self.refresh_index(p);
         }
         self.enforce_lru_cap(now);
         Ok(Handled::Applied)
     }
 
-    fn start_turn(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        let s = self.open_session(id)?;
+    fn start_work(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        kind: WorkKind,
+    ) -> Result<Handled, Error> {
+        let s = self.asks(id, Asks::ToUse)?;
         if self.shutdown.is_some() {
             return Err(Error::ShuttingDown);
         }
-        if let Some(reason) = s.closing {
+        if let Some(intent) = s.intent {
             return Err(Error::Closing {
                 session: id,
-                reason,
+                reason: intent.reason(s.last_outcome),
             });
         }
-        if s.state != State::Registered {
-            return Err(wrong_state(id, s.state, "start a turn"));
+        let (action, admitted) = match kind {
+            WorkKind::Turn => ("start a turn", s.works.turn.is_none()),
+            WorkKind::Task => ("start a task", true),
+        };
+        if !matches!(s.state, State::Registered | State::Running) || !admitted {
+            return Err(wrong_state(id, s.state, action));
         }
         let s = self.session_mut(now, id);
-        s.turns += 1;
-        s.work = Some(Work::new(s.turns));
-        self.transition(now, id, State::Running, Cause::TurnStarted);
+        let from = s.state;
+        let work = match kind {
+            WorkKind::Turn => {
+                s.turns += 1;
+                let work = Work::new(kind, s.turns);
+                s.works.turn = Some(work);
+                work
+            }
+            WorkKind::Task => {
+                s.tasks += 1;
+                let work = Work::new(kind, s.tasks);
+                s.works.tasks.push(work);
+                work
+            }
+        };
+        if from == State::Registered {
+            let cause = match kind {
+                WorkKind::Turn => Cause::TurnStarted,
+                WorkKind::Task => Cause::TaskStarted,
+            };
+            self.transition(now, id, State::Running, cause);
+        }
+        self.effects
+            .push_back(Effect::StartWork { work: work.id(id) });
         Ok(Handled::Applied)
     }
 
-    fn stream_attached(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        self.open_session(id)?;
-        let s = self.session_mut(now, id);
-        let Some(work) = s.work.as_mut() else {
+    fn stream_attached(&mut self, work: WorkId) -> Result<Handled, Error> {
+        self.asks(work.session, Asks::Report)?;
+        let Some(w) = self.work_mut(work) else {
             return Ok(Handled::NoOp);
         };
-        work.stream_attached = true;
-        // The attach race of seed 001: the cancel landed before the stream was
-        // attached, so the work may never see it; close the stream from here.
-        if work.cancel == Some(CancelMode::Immediate) && work.stream_needs_close() {
-            work.close_sent = true;
-            let work = work.id(id);
-            self.effects.push_back(crate::Effect::CloseStream { work });
+        if w.stream_attached {
+            return Ok(Handled::NoOp);
+        }
+        w.stream_attached = true;
+        // The attach race of seed 001: an immediate cancel landed before the
+        // stream was attached, so the work may never see it; close it from here.
+        if w.cancel == Some(CancelMode::Immediate) && w.stream_needs_close() {
+            w.close_sent = true;
+            self.effects.push_back(Effect::CloseStream { work });
         }
         Ok(Handled::Applied)
     }
 
-    fn stream_closed(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        self.open_session(id)?;
-        match self.session_mut(now, id).work.as_mut() {
-            Some(work) if !work.stream_closed => {
-                work.stream_closed = true;
+    fn stream_closed(&mut self, work: WorkId) -> Result<Handled, Error> {
+        self.asks(work.session, Asks::Report)?;
+        match self.work_mut(work) {
+            Some(w) if !w.stream_closed => {
+                w.stream_closed = true;
                 Ok(Handled::Applied)
             }
             _ => Ok(Handled::NoOp),
         }
     }
 
-    /// The turn's work is gone: it reported an outcome, or just exited.
-    fn work_ended(
+    /// A work reported its end, with an outcome or without one.
+    fn work_reported(
         &mut self,
         now: Instant,
-        id: SessionId,
+        work: WorkId,
         outcome: Option<Outcome>,
     ) -> Result<Handled, Error> {
-        self.open_session(id)?;
-        let s = self.session_mut(now, id);
-        let Some(work) = s.work.take() else {
-            // A detached work reporting late: its session moved on without it.
+        self.asks(work.session, Asks::Report)?;
+        let Some(s) = self.sessions.get_mut(&work.session) else {
+            return Err(Error::UnknownSession(work.session));
+        };
+        let Some(w) = s.works.take(work.kind, work.no) else {
+            // A late report from a detached (or long gone) work: its session
+            // moved on without it.
             return Ok(Handled::NoOp);
         };
-        let outcome = outcome.unwrap_or(if work.cancel.is_some() {
+        let outcome = outcome.unwrap_or(if w.cancel.is_some() {
             Outcome::Cancelled
         } else {
             Outcome::Failed
         });
-        s.last_outcome = Some(outcome);
-        s.settle_deadline = None;
-        match s.state {
-            State::Running => {
-                s.idle_since = now;
-                self.transition(now, id, State::Registered, Cause::TurnEnded(outcome));
-                self.after_turn(now, id);
+        let cause = match work.kind {
+            WorkKind::Turn => Cause::TurnEnded(outcome),
+            WorkKind::Task => Cause::TaskEnded(outcome),
+        };
+        // A turn that was running when the shutdown began and ended on its
+        // own within the drain was drained (G9).
+        if let Some(shutdown) = self.shutdown.as_mut() {
+            if work.kind == WorkKind::Turn && std::mem::take(&mut s.running_at_shutdown) {
+                if !shutdown.drained && w.cancel.is_none() {
+                    shutdown.summary.drained.push(work.session);
+                }
             }
-            _ => self.cascade(now, id, Cause::TurnEnded(outcome)),
         }
+        self.end_work(now, work, outcome, cause);
         Ok(Handled::Applied)
     }
 
     fn agent_finished(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        let s = self.open_session(id)?;
+        let s = self.asks(id, Asks::ToEnd)?;
+        if s.state == State::Finalized {
+            return Ok(Handled::AlreadyFinalized);
+        }
         if !matches!(s.state, State::Registered | State::Running) {
             return Ok(Handled::NoOp);
         }
+        // During the drain the descendants' running turns keep the drain (G9);
+        // otherwise finishing winds the subtree down first (G1).
+        let wind_down = !self.shutdown.as_ref().is_some_and(|s| !s.drained);
         let s = self.session_mut(now, id);
-        if let Some(work) = s.work.take() {
-            // Finished from inside its own turn: that turn is over.
-            s.last_outcome = Some(Outcome::Completed);
-            s.settle_deadline = None;
-            if work.stream_needs_close() {
-                let work = work.id(id);
-                self.effects.push_back(crate::Effect::CloseStream { work });
-            }
-        }
-        let s = self.session_mut(now, id);
-        let reason = match s.last_outcome {
-            None | Some(Outcome::Completed) => EndReason::Completed,
-            Some(_) => EndReason::Failed,
+        s.intent = Some(Intent::Finished);
+        let to = if s.works.is_empty() {
+            State::Settled
+        } else {
+            State::Cancelling
         };
-        // Finishing on its own beats the shutdown's blanket intent: say what happened.
-        if matches!(s.closing, None | Some(EndReason::Shutdown)) {
-            s.closing = Some(reason);
+        // Leave `registered`/`running` before winding the subtree down: the
+        // cascade from a child finalized during the wind-down reaches this
+        // session, and one still `registered` with a close intent would read
+        // as claimed and be finalized mid-transition (G2).
+        self.transition(now, id, to, Cause::AgentFinished);
+        if wind_down {
+            self.cancel_subtree(now, id, EndReason::ParentFinished);
         }
-        // Settle before winding the subtree down: the cascade from a child
-        // that finalizes during the wind-down reaches this session, and a
-        // still-`registered` session with a close intent reads as claimed and
-        // would be finalized mid-transition (then settled and finalized again,
-        // breaking G2). Settled, it waits for its children like any other (G1).
-        self.transition(now, id, State::Settled, Cause::AgentFinished);
-        self.cancel_subtree(now, id, EndReason::ParentFinished);
+        // Finishing from inside its own turn: the turn is not wanted any more.
+        self.cancel_works(now, id, CancelMode::Immediate, false);
         self.cascade(now, id, Cause::AgentFinished);
         Ok(Handled::Applied)
     }
@@ -363,10 +407,7 @@ impl Core {
         reason: EndReason,
         cause: Cause,
     ) -> Result<Handled, Error> {
-        let Some(s) = self.sessions.get(&id) else {
-            return Err(Error::UnknownSession(id));
-        };
-        match s.state {
+        match self.asks(id, Asks::ToEnd)?.state {
             State::Finalized => return Ok(Handled::AlreadyFinalized),
             // G6: already cancelled, or already ended on its own.
             State::Cancelling | State::Settled => return Ok(Handled::NoOp),
@@ -379,37 +420,17 @@ impl Core {
     }
 
     fn cancel_turn(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        self.open_session(id)?;
-        let settle_at = now + self.policy.settle_timeout;
-        let s = self.session_mut(now, id);
-        let Some(work) = s.work.as_mut() else {
-            return Ok(Handled::NoOp);
-        };
-        if work.cancel.is_some() {
-            return Ok(Handled::NoOp);
+        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
+            return Ok(Handled::AlreadyFinalized);
         }
-        work.cancel = Some(CancelMode::Immediate);
-        work.turn_only = true;
-        let close = work.stream_needs_close();
-        work.close_sent |= close;
-        let work = work.id(id);
-        s.settle_deadline = Some(settle_at);
-        self.deadlines.arm(settle_at, id, Timer::Settle);
-        self.effects.push_back(crate::Effect::CancelWork {
-            work,
-            mode: CancelMode::Immediate,
-        });
-        if close {
-            self.effects.push_back(crate::Effect::CloseStream { work });
+        if self.cancel_works(now, id, CancelMode::Immediate, true) == 0 {
+            return Ok(Handled::NoOp);
         }
         Ok(Handled::Applied)
     }
 
     fn cancel_descendants(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        let Some(s) = self.sessions.get(&id) else {
-            return Err(Error::UnknownSession(id));
-        };
-        if s.state == State::Finalized {
+        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
             return Ok(Handled::AlreadyFinalized);
         }
         if self.cancel_subtree(now, id, EndReason::Cancelled) == 0 {
@@ -418,38 +439,41 @@ impl Core {
         Ok(Handled::Applied)
     }
 
-    fn hold(
-        &mut self,
-        now: Instant,
-        id: SessionId,
-        hold: Hold,
-        add: bool,
-    ) -> Result<Handled, Error> {
-        self.open_session(id)?;
+    fn hold(&mut self, now: Instant, id: SessionId, hold: Hold) -> Result<Handled, Error> {
+        self.asks(id, Asks::ToUse)?;
         let s = self.session_mut(now, id);
         let slot = s.holds.slot(hold);
-        if add {
-            *slot = slot.saturating_add(1);
-        } else if *slot == 0 {
-            return Ok(Handled::NoOp);
-        } else {
-            *slot -= 1;
-            if s.holds.is_empty() && s.work.is_none() {
-                s.idle_since = now;
-            }
+        *slot = slot.saturating_add(1);
+        self.refresh_index(id);
+        Ok(Handled::Applied)
+    }
+
+    fn release(&mut self, now: Instant, id: SessionId, hold: Hold) -> Result<Handled, Error> {
+        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
+            return Ok(Handled::AlreadyFinalized);
         }
-        self.after_turn(now, id);
+        let s = self.session_mut(now, id);
+        let slot = s.holds.slot(hold);
+        if *slot == 0 {
+            return Ok(Handled::NoOp);
+        }
+        *slot -= 1;
+        if s.holds.is_empty() && s.works.is_empty() {
+            s.idle_since = now;
+        }
+        self.after_idle(now, id);
         Ok(Handled::Applied)
     }
 
     fn transport_attached(
         &mut self,
-        now: Instant,
         id: SessionId,
         close_on_disconnect: bool,
     ) -> Result<Handled, Error> {
-        self.open_session(id)?;
-        let s = self.session_mut(now, id);
+        self.asks(id, Asks::ToUse)?;
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
         s.transport.attached = s.transport.attached.saturating_add(1);
         s.transport.close_on_disconnect |= close_on_disconnect;
         s.orphan_deadline = None;
@@ -457,7 +481,9 @@ impl Core {
     }
 
     fn transport_detached(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        self.open_session(id)?;
+        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
+            return Ok(Handled::AlreadyFinalized);
+        }
         let grace = self.policy.orphan_grace;
         let s = self.session_mut(now, id);
         if s.transport.attached == 0 {
@@ -469,9 +495,8 @@ impl Core {
         }
         if s.transport.close_on_disconnect {
             s.transport.close_pending = true;
-            self.after_turn(now, id);
-        } else {
-            let at = now + grace;
+            self.after_idle(now, id);
+        } else if let Some(at) = now.checked_add(grace) {
             s.orphan_deadline = Some(at);
             self.deadlines.arm(at, id, Timer::Orphan);
         }
@@ -484,13 +509,15 @@ impl Core {
             Sweep::Idle => self.reap_idle(now),
             Sweep::Lru => self.enforce_lru_cap(now),
             Sweep::Orphan => {
-                let due: Vec<SessionId> = self
+                let mut due: Vec<(Instant, SessionId)> = self
                     .sessions
                     .iter()
-                    .filter(|(_, s)| s.orphan_deadline.is_some_and(|at| at <= now))
-                    .map(|(id, _)| *id)
+                    .filter_map(|(id, s)| s.orphan_deadline.map(|at| (at, *id)))
+                    .filter(|(at, _)| *at <= now)
                     .collect();
-                for id in due {
+                // The longest orphaned first, as the deadlines would have.
+                due.sort_unstable();
+                for (_, id) in due {
                     self.orphan_deadline(now, id);
                 }
             }
@@ -509,6 +536,7 @@ impl Core {
         self.shutdown = Some(Shutdown {
             drained: false,
             complete_sent: false,
+            summary: ShutdownSummary::default(),
         });
         // No automatic path but the shutdown's own runs from here on.
         for (_, id) in self.deadlines.take_idle() {
@@ -517,27 +545,28 @@ impl Core {
                 s.idle_key = None;
             }
         }
+        self.effects.push_back(Effect::FlushTranscripts);
         let order = open_sessions_bottom_up(&self.sessions);
         for &id in &order {
             let s = self.session_mut(now, id);
-            s.closing.get_or_insert(EndReason::Shutdown);
-            self.effects
-                .push_back(crate::Effect::FlushTranscript { session: id });
+            s.intent.get_or_insert(Intent::End(EndReason::Shutdown));
+            s.running_at_shutdown = s.state == State::Running && s.works.turn.is_some();
         }
         // Idle sessions go now, children before parents; running turns drain.
         for &id in &order {
             self.settle_or_finalize(now, id, Cause::DescendantsSettled);
         }
-        if drain.is_zero() {
-            self.end_drain(now);
-        } else {
-            self.deadlines.drain = Some(now + drain);
+        match now.checked_add(drain) {
+            _ if drain.is_zero() => self.end_drain(now),
+            Some(at) => self.deadlines.drain = Some(at),
+            // A drain too long to represent ends only when skipped.
+            None => {}
         }
         Handled::Applied
     }
 
     fn skip_drain(&mut self, now: Instant) -> Handled {
-        match self.shutdown {
+        match &self.shutdown {
             Some(s) if !s.drained => {
                 self.end_drain(now);
                 Handled::Applied
@@ -549,40 +578,51 @@ impl Core {
     // ----- deadlines ------------------------------------------------------
 
     /// G5: the work had its chance to unwind; abandon it.
-    fn settle_deadline(&mut self, now: Instant, id: SessionId) {
-        let s = self.session_mut(now, id);
-        s.settle_deadline = None;
-        let Some(work) = s.work.take() else { return };
-        s.last_outcome = Some(Outcome::Detached);
-        let work_id = work.id(id);
-        if work.stream_needs_close() {
-            self.effects
-                .push_back(crate::Effect::CloseStream { work: work_id });
+    fn settle_deadline(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        kind: WorkKind,
+        no: u32,
+        at: Instant,
+    ) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let due = s
+            .works
+            .get_mut(kind, no)
+            .is_some_and(|w| w.settle_at == Some(at));
+        if !due {
+            return;
         }
-        self.effects
-            .push_back(crate::Effect::DetachWork { work: work_id });
-        if self.session_mut(now, id).state == State::Running {
-            // Only the turn was cancelled: the session goes on.
-            self.session_mut(now, id).idle_since = now;
-            self.transition(now, id, State::Registered, Cause::SettleDeadline);
-            self.after_turn(now, id);
-        } else {
-            self.cascade(now, id, Cause::SettleDeadline);
+        let Some(w) = s.works.take(kind, no) else {
+            return;
+        };
+        let work = w.id(id);
+        if w.stream_needs_close() {
+            self.effects.push_back(Effect::CloseStream { work });
         }
+        self.effects.push_back(Effect::DetachWork { work });
+        if let Some(shutdown) = self.shutdown.as_mut() {
+            shutdown.summary.detached.push(work);
+        }
+        self.end_work(now, work, Outcome::Detached, Cause::SettleDeadline);
     }
 
     fn orphan_deadline(&mut self, now: Instant, id: SessionId) {
         let grace = self.policy.orphan_grace;
         let s = self.session_mut(now, id);
         s.orphan_deadline = None;
-        if s.transport.attached > 0 || s.state.rank() >= State::Settled.rank() {
+        if s.transport.attached > 0 || !s.state.is_open() || s.intent.is_some() {
             return;
         }
-        if !self.claim(now, id, EndReason::OrphanReap) && s_is_open(&self.sessions, id) {
-            // Skipped because a turn (or hold) is live: try again later (SPEC §5).
-            let at = now + grace;
-            self.session_mut(now, id).orphan_deadline = Some(at);
-            self.deadlines.arm(at, id, Timer::Orphan);
+        if !self.claim(now, id, EndReason::OrphanReap) {
+            // Skipped because a work (or a hold) is live: try again later (SPEC §5).
+            if let Some(at) = now.checked_add(grace) {
+                self.session_mut(now, id).orphan_deadline = Some(at);
+                self.deadlines.arm(at, id, Timer::Orphan);
+            }
         }
     }
 
@@ -623,6 +663,9 @@ impl Core {
         let order = open_sessions_bottom_up(&self.sessions);
         for &id in &order {
             if self.session_mut(now, id).state == State::Running {
+                if let Some(shutdown) = self.shutdown.as_mut() {
+                    shutdown.summary.cancelled.push(id);
+                }
                 let mode = CancelMode::Immediate;
                 self.cancel_one(now, id, mode, EndReason::Shutdown, Cause::DrainEnded);
             }
@@ -645,7 +688,7 @@ impl Core {
         if shutting_down || !s.is_reclaimable() {
             return false;
         }
-        s.closing = Some(reason);
+        s.intent = Some(Intent::End(reason));
         self.cascade(now, id, Cause::DescendantsSettled);
         true
     }
@@ -667,8 +710,8 @@ impl Core {
     }
 
     /// Cancels one registered or running session (its descendants are the
-    /// caller's business): cancel its work once (G6), close its stream if the
-    /// cancel is immediate, arm the settle deadline (G5).
+    /// caller's business): cancel each of its works once (G6) and move it to
+    /// `cancelling`, or straight to `settled` when nothing of it is live.
     fn cancel_one(
         &mut self,
         now: Instant,
@@ -677,49 +720,84 @@ impl Core {
         reason: EndReason,
         cause: Cause,
     ) {
-        let settle_at = now + self.policy.settle_timeout;
         let s = self.session_mut(now, id);
         if !matches!(s.state, State::Registered | State::Running) {
             return;
         }
-        // An explicit cancel, close or finish says what happened and beats the
-        // shutdown's blanket intent (as in `agent_finished`); a `shutdown`
-        // reason is left to what the shutdown itself ends (G3).
-        if matches!(s.closing, None | Some(EndReason::Shutdown)) {
-            s.closing = Some(reason);
-        }
-        let mut effects = [None, None];
-        if let Some(work) = s.work.as_mut() {
-            work.turn_only = false;
-            if work.cancel.is_none() {
-                work.cancel = Some(mode);
-                effects[0] = Some(crate::Effect::CancelWork {
-                    work: work.id(id),
-                    mode,
-                });
-            }
-            if mode == CancelMode::Immediate && work.stream_needs_close() {
-                work.close_sent = true;
-                effects[1] = Some(crate::Effect::CloseStream { work: work.id(id) });
-            }
-            if s.settle_deadline.is_none() {
-                s.settle_deadline = Some(settle_at);
-                self.deadlines.arm(settle_at, id, Timer::Settle);
-            }
-        }
-        self.effects.extend(effects.into_iter().flatten());
-        let s = self.session_mut(now, id);
-        let to = if s.work.is_none() && s.unsettled_children == 0 {
+        // The first decision says what happened; a shutdown finalizes
+        // everything `shutdown` anyway.
+        s.intent.get_or_insert(Intent::End(reason));
+        let to = if s.works.is_empty() && s.unsettled_children == 0 {
             State::Settled
         } else {
             State::Cancelling
         };
         self.transition(now, id, to, cause);
+        self.cancel_works(now, id, mode, false);
     }
 
-    /// After a turn ended or a hold or transport changed: claims that were
-    /// waiting for the session to be idle, and a closing session's finalize.
-    fn after_turn(&mut self, now: Instant, id: SessionId) {
+    /// Sends each live work of `id` (only its turn, with `turn_only`) its one
+    /// cancel (G6), orders the stream of an immediate cancel closed, and arms
+    /// each work's settle deadline (G5). Returns how many works it cancelled.
+    fn cancel_works(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        mode: CancelMode,
+        turn_only: bool,
+    ) -> usize {
+        let settle_at = now.checked_add(self.policy.settle_timeout);
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return 0;
+        };
+        let mut cancelled = 0;
+        for w in s.works.iter_mut() {
+            if w.cancel.is_some() || (turn_only && w.kind != WorkKind::Turn) {
+                continue;
+            }
+            let work = w.id(id);
+            w.cancel = Some(mode);
+            self.effects.push_back(Effect::CancelWork { work, mode });
+            if mode == CancelMode::Immediate && w.stream_needs_close() {
+                w.close_sent = true;
+                self.effects.push_back(Effect::CloseStream { work });
+            }
+            // A settle timeout too long to represent never detaches.
+            if let Some(at) = settle_at {
+                w.settle_at = Some(at);
+                self.deadlines.arm(at, id, Timer::Settle(w.kind, w.no));
+            }
+            cancelled += 1;
+        }
+        cancelled
+    }
+
+    /// A work is over (it reported, or it was detached): record it, and move
+    /// its session on once it has no work left.
+    fn end_work(&mut self, now: Instant, work: WorkId, outcome: Outcome, cause: Cause) {
+        let id = work.session;
+        let s = self.session_mut(now, id);
+        if work.kind == WorkKind::Turn {
+            s.last_outcome = Some(outcome);
+        }
+        self.effects.push_back(Effect::WorkEnded { work, outcome });
+        let s = self.session_mut(now, id);
+        if !s.works.is_empty() {
+            return;
+        }
+        match s.state {
+            State::Running => {
+                s.idle_since = now;
+                self.transition(now, id, State::Registered, cause);
+                self.after_idle(now, id);
+            }
+            _ => self.cascade(now, id, cause),
+        }
+    }
+
+    /// After a session became idle, or a hold or transport changed: claims
+    /// that were waiting for it to be idle, and a closing session's finalize.
+    fn after_idle(&mut self, now: Instant, id: SessionId) {
         let s = self.session_mut(now, id);
         if s.transport.close_pending && s.transport.attached == 0 && s.is_reclaimable() {
             s.transport.close_pending = false;
@@ -753,11 +831,12 @@ impl Core {
             return false;
         };
         // Decided from one lookup: most calls find nothing to do.
-        let settle = s.state == State::Cancelling && s.work.is_none() && s.unsettled_children == 0;
+        let idle = s.works.is_empty();
+        let settle = s.state == State::Cancelling && idle && s.unsettled_children == 0;
         let state = if settle { State::Settled } else { s.state };
-        let finalize = s.work.is_none()
+        let finalize = idle
             && s.unfinalized_children == 0
-            && match (state, s.closing) {
+            && match (state, s.intent) {
                 (State::Settled, Some(_)) => true,
                 // A claimed idle session, or one closed by shutdown; a held one
                 // waits for the end of the drain.
@@ -775,14 +854,19 @@ impl Core {
 
     /// Spends the latch (G2): emitted once, the state is terminal.
     fn finalize(&mut self, now: Instant, id: SessionId) {
+        let shutting_down = self.shutdown.is_some();
         let s = self.session_mut(now, id);
-        let reason = s.closing.unwrap_or(EndReason::Completed);
+        // Every session finalized after a shutdown began ends `shutdown` (G9).
+        let reason = match s.intent {
+            _ if shutting_down => EndReason::Shutdown,
+            Some(intent) => intent.reason(s.last_outcome),
+            None => EndReason::Completed,
+        };
         let last_outcome = s.last_outcome;
-        s.settle_deadline = None;
         s.orphan_deadline = None;
         s.children.shrink_to_fit();
         self.transition(now, id, State::Finalized, Cause::Finalized(reason));
-        self.effects.push_back(crate::Effect::Finalize(Finalize {
+        self.effects.push_back(Effect::Finalize(Finalize {
             session: id,
             reason,
             last_outcome,
@@ -791,19 +875,24 @@ impl Core {
     }
 
     /// Moves `id` to `to`, records it, and keeps the parent's counts and the
-    /// idle index true.
+    /// idle index true. The one place a state changes.
     fn transition(&mut self, now: Instant, id: SessionId, to: State, cause: Cause) {
         let s = self.session_mut(now, id);
         let from = s.state;
+        debug_assert!(
+            from.can_move_to(to),
+            "session {id}: {from} -> {to} ({cause})"
+        );
         s.state = to;
         let parent = s.parent;
-        let was_unsettled = from.is_open();
+        let mut parent_may_reclaim = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
-            if was_unsettled && !to.is_open() {
+            if from.is_open() && !to.is_open() {
                 p.unsettled_children -= 1;
             }
             if to == State::Finalized {
                 p.unfinalized_children -= 1;
+                parent_may_reclaim = p.unfinalized_children == 0;
             }
         }
         if to == State::Finalized {
@@ -811,7 +900,7 @@ impl Core {
         }
         self.record(now, id, Some(from), to, cause);
         self.refresh_index(id);
-        if let Some(p) = parent {
+        if let (Some(p), true) = (parent, parent_may_reclaim) {
             self.refresh_index(p);
         }
     }
@@ -824,14 +913,13 @@ impl Core {
         to: State,
         cause: Cause,
     ) {
-        self.effects
-            .push_back(crate::Effect::Transition(Transition {
-                session,
-                at,
-                from,
-                to,
-                cause,
-            }));
+        self.effects.push_back(Effect::Transition(Transition {
+            session,
+            at,
+            from,
+            to,
+            cause,
+        }));
     }
 
     /// Puts `id` in the idle index exactly when it is reclaimable.
@@ -888,14 +976,31 @@ impl Core {
         None
     }
 
+    /// Drops stale entries from the top of the deadline table, so that
+    /// [`poll_timeout`](Self::poll_timeout) names a deadline someone waits for.
+    fn prune_stale(&mut self) {
+        let sessions = &self.sessions;
+        self.deadlines.prune(|at, id, timer| {
+            sessions.get(&id).is_some_and(|s| match timer {
+                Timer::Settle(kind, no) => s
+                    .works
+                    .iter()
+                    .any(|w| w.kind == kind && w.no == no && w.settle_at == Some(at)),
+                Timer::Orphan => s.orphan_deadline == Some(at),
+            })
+        });
+        self.oldest_idle();
+    }
+
     /// After every input: announce the end of a shutdown once. Stale entries
     /// on top of the deadline table are left for `handle_timeout` to drop:
     /// at worst they cost the driver one spurious wake, which is a no-op.
-    fn settle_bookkeeping(&mut self) {
+    fn after_input(&mut self) {
         if let Some(shutdown) = self.shutdown.as_mut() {
             if self.open == 0 && !shutdown.complete_sent {
                 shutdown.complete_sent = true;
-                self.effects.push_back(crate::Effect::ShutdownComplete);
+                let summary = std::mem::take(&mut shutdown.summary);
+                self.effects.push_back(Effect::ShutdownComplete(summary));
             }
         }
     }
@@ -906,12 +1011,23 @@ impl Core {
         now
     }
 
-    fn open_session(&self, id: SessionId) -> Result<&Session, Error> {
+    /// Looks `id` up for an input that `asks` this of it; a finalized session
+    /// is an error only for inputs that want to use it (the table on [`Event`]).
+    fn asks(&self, id: SessionId, asks: Asks) -> Result<&Session, Error> {
         match self.sessions.get(&id) {
             None => Err(Error::UnknownSession(id)),
-            Some(s) if s.state == State::Finalized => Err(Error::SessionClosed(id)),
+            Some(s) if s.state == State::Finalized && asks == Asks::ToUse => {
+                Err(Error::SessionClosed(id))
+            }
             Some(s) => Ok(s),
         }
+    }
+
+    fn work_mut(&mut self, work: WorkId) -> Option<&mut Work> {
+        self.sessions
+            .get_mut(&work.session)?
+            .works
+            .get_mut(work.kind, work.no)
     }
 
     /// For ids the core itself put in its tables. A missing one would be a
@@ -930,12 +1046,6 @@ impl Core {
     pub fn deadline_entries(&self) -> usize {
         self.deadlines.len()
     }
-}
-
-fn s_is_open(sessions: &SessionMap<Session>, id: SessionId) -> bool {
-    sessions
-        .get(&id)
-        .is_some_and(|s| s.state.is_open() && s.closing.is_none())
 }
 
 fn wrong_state(session: SessionId, state: State, action: &'static str) -> Error {

@@ -6,12 +6,48 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use crate::SessionId;
+use crate::{SessionId, WorkKind};
+
+/// When the core next wants [`Core::handle_timeout`](crate::Core::handle_timeout),
+/// and why (the model of str0m's timeout reason and firezone's
+/// `(Instant, &'static str)`): a driver can log it, and a test can check the
+/// core never asks for a time in the past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline {
+    /// When. Compare it with your own clock when you wake: a timer may fire
+    /// early or late, and the core is fed the current time, not this one.
+    pub at: Instant,
+    /// Which kind of deadline it is (the earliest one, if several are due).
+    pub kind: DeadlineKind,
+}
+
+/// The kinds of deadline the core keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeadlineKind {
+    /// A cancelled work's settle deadline: past it the work is detached (G5).
+    Settle,
+    /// A session without a transport reaches the end of its orphan grace.
+    Orphan,
+    /// The oldest idle session reaches the idle TTL.
+    IdleReap,
+    /// The drain period of a shutdown ends (G9).
+    Drain,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
-    Settle,
+    /// The settle deadline of one work of the session.
+    Settle(WorkKind, u32),
     Orphan,
+}
+
+impl Timer {
+    fn kind(self) -> DeadlineKind {
+        match self {
+            Timer::Settle(..) => DeadlineKind::Settle,
+            Timer::Orphan => DeadlineKind::Orphan,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -77,16 +113,26 @@ impl Deadlines {
         }
     }
 
-    /// The earliest instant at which [`Core::handle_timeout`](crate::Core::handle_timeout)
+    /// The earliest deadline at which [`Core::handle_timeout`](crate::Core::handle_timeout)
     /// has something to do.
-    pub fn next(&self, idle_ttl: Option<Duration>) -> Option<Instant> {
-        let timer = self.timers.peek().map(|Reverse((at, _, _))| *at);
-        let idle = idle_ttl.and_then(|ttl| {
-            self.idle
-                .peek()
-                .and_then(|Reverse((since, _))| since.checked_add(ttl))
+    pub fn next(&self, idle_ttl: Option<Duration>) -> Option<Deadline> {
+        let timer = self.timers.peek().map(|Reverse((at, _, timer))| Deadline {
+            at: *at,
+            kind: timer.kind(),
         });
-        [timer, idle, self.drain].into_iter().flatten().min()
+        let idle = idle_ttl.and_then(|ttl| {
+            self.idle.peek().and_then(|Reverse((since, _))| {
+                since.checked_add(ttl).map(|at| Deadline {
+                    at,
+                    kind: DeadlineKind::IdleReap,
+                })
+            })
+        });
+        let drain = self.drain.map(|at| Deadline {
+            at,
+            kind: DeadlineKind::Drain,
+        });
+        [timer, idle, drain].into_iter().flatten().min()
     }
 
     pub fn len(&self) -> usize {

@@ -1,58 +1,90 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::{CancelMode, EndReason, Outcome, SessionId, State};
+use crate::{CancelMode, EndReason, Outcome, SessionId, State, WorkId};
 
-/// The identity of one work: the turn `turn` of `session`. A work is never
-/// cancelled twice (G6), and detach applies only to the work it names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkId {
-    /// The session.
-    pub session: SessionId,
-    /// The turn number, from 1.
-    pub turn: u32,
-}
-
-/// An output of the core: something the driver must do, or record.
+/// An output of the core: an order for the driver, to execute as it says.
 ///
 /// Drain them with [`Core::poll_effect`](crate::Core::poll_effect) after every
 /// input, in order: the order carries the guarantees (descendants are
-/// cancelled before their ancestors, children finalized before parents).
+/// cancelled before their ancestors, a turn's end is recorded before its
+/// session's finalize, children are finalized before parents). Every effect
+/// names what it is about and carries everything needed to execute it: a
+/// driver never looks at the core's state to learn what an effect means.
+///
+/// There is no session-wide cancellation token: a session's cancel is one
+/// [`CancelWork`](Self::CancelWork) per live work of the session (and of each
+/// cancelled descendant).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
+    /// Start the work that a [`StartTurn`](crate::Event::StartTurn) or
+    /// [`StartTask`](crate::Event::StartTask) asked for, under this id.
+    /// Emitted once per work, right after the input that admitted it.
+    StartWork {
+        /// The new work.
+        work: WorkId,
+    },
     /// Ask a work to stop. Emitted at most once per work (G6).
+    /// `Immediate`: cancel the work's own token now (its stream is closed by a
+    /// [`CloseStream`](Self::CloseStream) that follows when one is attached).
+    /// `Graceful`: let the current turn finish; nothing to do now, the settle
+    /// deadline bounds it (G5).
     CancelWork {
         /// The work.
         work: WorkId,
         /// Graceful: let the turn finish; immediate: stop now.
         mode: CancelMode,
     },
-    /// Close the work's provider stream. Emitted at most once per work, when
-    /// the work itself may not: a cancel that landed before the stream
-    /// attached, an immediate cancel, a detach (G4).
+    /// Close the work's provider stream now, from outside, whatever the work
+    /// is doing (G4). Emitted at most once per work: on an immediate cancel of
+    /// an attached stream, when a stream attaches after an immediate cancel
+    /// (the attach race), and right before a detach.
     CloseStream {
         /// The work whose stream to close.
         work: WorkId,
     },
     /// The work ignored cancellation past the settle deadline: abandon it and
-    /// revoke its write access to the session (G5).
+    /// revoke its write access to the session first (G5). A
+    /// [`WorkEnded`](Self::WorkEnded) with outcome `detached` follows.
     DetachWork {
         /// The work to abandon.
         work: WorkId,
     },
-    /// Persist everything buffered for this session's transcript now (G9).
-    FlushTranscript {
-        /// The session.
-        session: SessionId,
+    /// A work is over, with the outcome the core settled on: record a turn's
+    /// end, answer whoever waits for it. Emitted exactly once per work, before
+    /// any transition or finalize the end causes.
+    WorkEnded {
+        /// The work.
+        work: WorkId,
+        /// How it ended (for a report without one, `cancelled` if it was asked
+        /// to stop, else `failed`; `detached` after a detach).
+        outcome: Outcome,
     },
+    /// Persist everything buffered for every transcript now (G9). Emitted once,
+    /// when a shutdown begins, before any finalize of the shutdown.
+    FlushTranscripts,
     /// Run the finalize plan for this session. Emitted exactly once per
-    /// session (G2), after all its descendants (G1), never while its work can
-    /// still write (G9).
+    /// session (G2), after all its descendants' (G1), never while a work of
+    /// it can still write (G9).
     Finalize(Finalize),
     /// A state transition to record on the session's timeline.
     Transition(Transition),
     /// Shutdown has begun and every session is finalized: the driver may exit.
-    ShutdownComplete,
+    /// Says what the shutdown did.
+    ShutdownComplete(ShutdownSummary),
+}
+
+/// What a shutdown did to the works it found (G9), as decided by the core.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownSummary {
+    /// Sessions whose turn was running when shutdown began and ended on its
+    /// own within the drain.
+    pub drained: Vec<SessionId>,
+    /// Sessions whose turn was still running when the drain ended, and was
+    /// cancelled immediately.
+    pub cancelled: Vec<SessionId>,
+    /// Works detached (write access revoked) after shutdown began.
+    pub detached: Vec<WorkId>,
 }
 
 /// The finalize plan for one session (SPEC §4).
@@ -135,8 +167,12 @@ pub enum Cause {
     Registered,
     /// A turn started.
     TurnStarted,
+    /// A task started.
+    TaskStarted,
     /// The turn's work ended with this outcome.
     TurnEnded(Outcome),
+    /// A task ended with this outcome.
+    TaskEnded(Outcome),
     /// The agent reported itself finished.
     AgentFinished,
     /// A cancel was requested for this session.
@@ -160,7 +196,9 @@ impl fmt::Display for Cause {
         match self {
             Cause::Registered => f.write_str("registered"),
             Cause::TurnStarted => f.write_str("turn started"),
+            Cause::TaskStarted => f.write_str("task started"),
             Cause::TurnEnded(outcome) => write!(f, "turn ended: {outcome}"),
+            Cause::TaskEnded(outcome) => write!(f, "task ended: {outcome}"),
             Cause::AgentFinished => f.write_str("agent finished"),
             Cause::CancelRequested(mode) => write!(f, "cancel requested ({mode})"),
             Cause::UserClose => f.write_str("closed by user"),

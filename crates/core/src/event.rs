@@ -1,11 +1,25 @@
 use std::time::Duration;
 
-use crate::{CancelMode, Outcome, SessionId};
+use crate::{CancelMode, Outcome, SessionId, WorkId};
 
 /// An input to the core: something that happened, or something asked of it.
 ///
 /// Feed each with [`Core::handle`](crate::Core::handle), then drain
 /// [`Core::poll_effect`](crate::Core::poll_effect) before the next input.
+///
+/// # What each input answers for a finalized session
+///
+/// One answer per kind of input, whatever the path that finalized it:
+///
+/// | input | answer |
+/// |---|---|
+/// | a request to end it: `AgentFinished`, `Cancel`, `CancelTurn`, `CancelDescendants`, `UserClose` | `Ok(Handled::AlreadyFinalized)` (G2: a no-op that says so) |
+/// | letting go of it: `Release`, `TransportDetached` | `Ok(Handled::AlreadyFinalized)` |
+/// | using it: `StartTurn`, `StartTask`, `Hold`, `TransportAttached`, `Register` under it | `Err(Error::SessionClosed)` (G10: closed handles fail loudly) |
+/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited` | `Ok(Handled::NoOp)` (the work is gone) |
+///
+/// After [`Core::forget`](crate::Core::forget) every input naming the session
+/// is refused with [`Error::UnknownSession`](crate::Error::UnknownSession).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A new session, optionally under a parent that is registered or running
@@ -16,45 +30,58 @@ pub enum Event {
         /// The session that spawned this one.
         parent: Option<SessionId>,
     },
-    /// A turn's work starts. Refused while shutting down or while the session is closing.
+    /// Start a turn. Accepted while the session is open, not closing, has no
+    /// turn in flight, and no shutdown has begun; the core then orders
+    /// [`Effect::StartWork`](crate::Effect::StartWork) with the turn's
+    /// [`WorkId`].
     StartTurn {
         /// The session whose turn starts.
         session: SessionId,
     },
-    /// The current turn's provider stream is attached to its work. If a cancel
-    /// has already landed, the core asks for the stream to be closed (G4).
+    /// Start a task: work other than a turn (a tool call, a subprocess) that
+    /// the session owns and that is cancelled, settled and detached like a
+    /// turn. Admitted like [`StartTurn`](Self::StartTurn), also beside a turn.
+    StartTask {
+        /// The session that owns the task.
+        session: SessionId,
+    },
+    /// The work's provider stream is attached. If an immediate cancel has
+    /// already landed, the core orders the stream closed (G4, the attach race
+    /// of seed 001).
     StreamAttached {
-        /// The session whose stream attached.
-        session: SessionId,
+        /// The work whose stream attached.
+        work: WorkId,
     },
-    /// The current turn's provider stream reported itself closed.
+    /// The work's provider stream reported itself closed.
     StreamClosed {
-        /// The session whose stream closed.
-        session: SessionId,
+        /// The work whose stream closed.
+        work: WorkId,
     },
-    /// The current turn's work ended on its own terms (completed, failed, idle
-    /// timeout, cancelled itself). The session stays open for another turn
-    /// unless it is being cancelled.
-    TurnEnded {
-        /// The session whose turn ended.
-        session: SessionId,
+    /// The work ended and says how (completed, failed, idle timeout, cancelled).
+    WorkEnded {
+        /// The work.
+        work: WorkId,
         /// How it ended.
         outcome: Outcome,
     },
-    /// The current turn's work exited without reporting an outcome of its own:
-    /// `cancelled` if it was asked to stop, `failed` otherwise.
+    /// The work exited without an outcome of its own: `cancelled` if it was
+    /// asked to stop, `failed` otherwise.
     WorkExited {
-        /// The session whose work exited.
-        session: SessionId,
+        /// The work.
+        work: WorkId,
     },
-    /// The agent is done. Its live descendants are cancelled first; it settles
-    /// and is finalized after all of them (G1).
+    /// The agent is done. Its own works are cancelled, its live descendants
+    /// are cancelled first (G1) — except during a shutdown's drain, where
+    /// their running turns keep the drain (G9) — and it is finalized after
+    /// all of them. The end reason follows its last turn's outcome:
+    /// `completed` (or no turn), `failed` (failed, idle timeout), `cancelled`
+    /// (cancelled, detached, interrupted).
     AgentFinished {
         /// The finishing session.
         session: SessionId,
     },
-    /// Cancel the session: its descendants first, then its own work. The
-    /// session settles when its work has exited (or was detached, G5).
+    /// Cancel the session: its descendants first, then its own works. The
+    /// session settles when its works have exited (or were detached, G5).
     Cancel {
         /// The session to cancel.
         session: SessionId,
@@ -106,7 +133,9 @@ pub enum Event {
     /// Run one automatic reclaim path now instead of waiting for its deadline.
     Sweep(Sweep),
     /// Start the graceful shutdown (G9): no new session or turn, transcripts
-    /// flushed, idle sessions finalized, running turns drained until `now + drain`.
+    /// flushed, idle sessions finalized, running turns drained until
+    /// `now + drain` (a drain too long to represent lasts until
+    /// [`SkipDrain`](Self::SkipDrain)).
     BeginShutdown {
         /// How long running turns may still finish.
         drain: Duration,

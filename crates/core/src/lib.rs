@@ -19,13 +19,29 @@
 //! [`Core::poll_effect`] until it returns `None`, then read
 //! [`Core::poll_timeout`], before the next input.** Effects are ordered and the
 //! order carries the guarantees; the next deadline moves with every input.
-//! When a deadline wakes you, pass the current time, not the deadline.
+//! When a deadline wakes you, compare it with your clock and pass the current
+//! time, not the deadline: the core never sees time go backwards.
+//!
+//! # The contract
+//!
+//! - Every [`Effect`] is an order that says everything needed to execute it
+//!   (start this work, cancel that one, close its stream, detach it, record
+//!   its end, run this finalize plan). A driver never inspects the core's
+//!   state to learn what happened.
+//! - Every report of a work names its [`WorkId`]; a report from an old work
+//!   (detached, or long over) is a no-op, never applied to the current one.
+//! - Each input gets one answer for a finalized session, whatever finalized
+//!   it (the table on [`Event`]).
+//! - [`Core::poll_timeout`] says when and why ([`Deadline`]); after
+//!   `handle_timeout(now)` it never names a time at or before `now`.
+//! - [`State::can_move_to`] is the one transition table; every state change
+//!   goes through it.
 //!
 //! # Example: a driver loop
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use settle_core::{Core, Effect, Event, Outcome, Policy, SessionId};
+//! use settle_core::{Core, Effect, EndReason, Event, Outcome, Policy, SessionId, WorkId};
 //!
 //! let mut core = Core::new(Policy::default());
 //! let start = Instant::now(); // the driver's clock, never the core's
@@ -33,36 +49,38 @@
 //!
 //! fn drain(core: &mut Core, log: &mut Vec<Effect>) {
 //!     while let Some(effect) = core.poll_effect() {
-//!         // A real driver executes it: cancel a token, close a stream, run the finalize plan.
+//!         // A real driver executes it: spawn the work, cancel its token,
+//!         // close its stream, run the finalize plan.
 //!         log.push(effect);
 //!     }
 //! }
 //! let mut log = Vec::new();
 //!
 //! core.handle(start, Event::Register { session: root, parent: None })?;
-//! drain(&mut core, &mut log);
 //! core.handle(start, Event::Register { session: child, parent: Some(root) })?;
-//! drain(&mut core, &mut log);
 //! core.handle(start, Event::StartTurn { session: child })?;
 //! drain(&mut core, &mut log);
+//! let work = WorkId::turn(child, 1);
+//! assert!(log.contains(&Effect::StartWork { work }));
 //!
 //! // The root finishes while the child is mid-turn (seed 000): the child is
 //! // cancelled first, and nothing is finalized while it is still live.
 //! core.handle(start, Event::AgentFinished { session: root })?;
 //! drain(&mut core, &mut log);
-//! assert!(log.iter().any(|e| matches!(e, Effect::CancelWork { work, .. } if work.session == child)));
+//! assert!(log.iter().any(|e| matches!(e, Effect::CancelWork { work: w, .. } if *w == work)));
 //! assert!(!log.iter().any(|e| matches!(e, Effect::Finalize(_))));
 //!
 //! // The child ignores the cancel: at its settle deadline it is detached (G5),
 //! // then the child and only then the root are finalized (G1).
 //! let deadline = core.poll_timeout().expect("a settle deadline is armed");
-//! core.handle_timeout(deadline + Duration::from_millis(3));
+//! core.handle_timeout(deadline.at + Duration::from_millis(3));
 //! drain(&mut core, &mut log);
-//! let finalized: Vec<SessionId> = log
+//! assert!(log.contains(&Effect::DetachWork { work }));
+//! let finalized: Vec<(SessionId, EndReason)> = log
 //!     .iter()
-//!     .filter_map(|e| match e { Effect::Finalize(f) => Some(f.session), _ => None })
+//!     .filter_map(|e| match e { Effect::Finalize(f) => Some((f.session, f.reason)), _ => None })
 //!     .collect();
-//! assert_eq!(finalized, vec![child, root]);
+//! assert_eq!(finalized, vec![(child, EndReason::ParentFinished), (root, EndReason::Completed)]);
 //! assert_eq!(core.session(child).unwrap().last_outcome(), Some(Outcome::Detached));
 //! # Ok::<(), settle_core::Error>(())
 //! ```
@@ -80,10 +98,11 @@ mod tree;
 pub mod vocabulary;
 
 pub use crate::core::Core;
-pub use effect::{Cause, Effect, Finalize, FinalizeStep, Transition, WorkId};
+pub use deadlines::{Deadline, DeadlineKind};
+pub use effect::{Cause, Effect, Finalize, FinalizeStep, ShutdownSummary, Transition};
 pub use error::{Error, Handled};
 pub use event::{Event, Hold, Sweep};
-pub use id::SessionId;
+pub use id::{SessionId, WorkId, WorkKind};
 pub use policy::Policy;
 pub use session::SessionView;
 pub use vocabulary::{

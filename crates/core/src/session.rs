@@ -1,6 +1,6 @@
 use std::time::Instant;
 
-use crate::{CancelMode, EndReason, Hold, Outcome, SessionId, State, WorkId};
+use crate::{CancelMode, EndReason, Hold, Outcome, SessionId, State, WorkId, WorkKind};
 
 /// The core's record of one session. Kept small: an idle session costs a few
 /// hundred bytes (SPEC §9).
@@ -13,15 +13,20 @@ pub(crate) struct Session {
     pub unsettled_children: u32,
     /// Children not yet `finalized` (G1: finalize waits for zero).
     pub unfinalized_children: u32,
-    /// The current turn's work, from `StartTurn` until it exits or is detached.
-    pub work: Option<Work>,
+    /// The works in flight: at most one turn, any number of tasks.
+    pub works: Works,
+    /// Turns started so far (the next turn is `turns + 1`).
     pub turns: u32,
+    /// Tasks started so far.
+    pub tasks: u32,
     pub last_outcome: Option<Outcome>,
     /// The close intent: once set, the session admits no new turn and is
-    /// finalized with this reason as soon as it may be.
-    pub closing: Option<EndReason>,
+    /// finalized as soon as it may be.
+    pub intent: Option<Intent>,
     pub holds: Holds,
     pub transport: Transport,
+    /// A turn was running when the shutdown began (for its summary).
+    pub running_at_shutdown: bool,
     /// The last time it became idle (registered, turn ended, hold released).
     pub idle_since: Instant,
     /// The key under which it sits in the idle index, if it is reclaimable.
@@ -29,8 +34,33 @@ pub(crate) struct Session {
     /// The key of this session's one entry in the idle heap, if it has one:
     /// a lower bound of `indexed_since`, re-armed when it surfaces early.
     pub idle_key: Option<Instant>,
-    pub settle_deadline: Option<Instant>,
     pub orphan_deadline: Option<Instant>,
+}
+
+/// Why a session will be finalized, once that is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Intent {
+    /// The agent finished: the end reason follows the last turn's outcome,
+    /// which may still change while its works unwind.
+    Finished,
+    /// Ends with this reason.
+    End(EndReason),
+}
+
+impl Intent {
+    /// The end reason this intent gives a session whose last turn ended with `last`.
+    pub fn reason(self, last: Option<Outcome>) -> EndReason {
+        match self {
+            Intent::End(reason) => reason,
+            Intent::Finished => match last {
+                None | Some(Outcome::Completed) => EndReason::Completed,
+                Some(Outcome::Failed | Outcome::IdleTimeout) => EndReason::Failed,
+                Some(Outcome::Cancelled | Outcome::Detached | Outcome::Interrupted) => {
+                    EndReason::Cancelled
+                }
+            },
+        }
+    }
 }
 
 impl Session {
@@ -41,62 +71,105 @@ impl Session {
             state: State::Registered,
             unsettled_children: 0,
             unfinalized_children: 0,
-            work: None,
+            works: Works::default(),
             turns: 0,
+            tasks: 0,
             last_outcome: None,
-            closing: None,
+            intent: None,
             holds: Holds::default(),
             transport: Transport::default(),
+            running_at_shutdown: false,
             idle_since: now,
             indexed_since: None,
             idle_key: None,
-            settle_deadline: None,
             orphan_deadline: None,
         }
     }
 
     /// The reclaim predicate shared by every automatic path (SPEC §5, G3):
-    /// registered, no turn, not already closing, no hold, and no child that
+    /// registered, no work, not already closing, no hold, and no child that
     /// still has to be finalized first (G1).
     pub fn is_reclaimable(&self) -> bool {
         self.state == State::Registered
-            && self.work.is_none()
-            && self.closing.is_none()
+            && self.works.is_empty()
+            && self.intent.is_none()
             && self.holds.is_empty()
             && self.unfinalized_children == 0
     }
 }
 
-/// The work of the turn in flight.
+/// The works of a session in flight. The turn has its own slot, so the common
+/// case (one turn, no task) never allocates.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Works {
+    pub turn: Option<Work>,
+    pub tasks: Vec<Work>,
+}
+
+impl Works {
+    pub fn is_empty(&self) -> bool {
+        self.turn.is_none() && self.tasks.is_empty()
+    }
+
+    pub fn get_mut(&mut self, kind: WorkKind, no: u32) -> Option<&mut Work> {
+        match kind {
+            WorkKind::Turn => self.turn.as_mut().filter(|w| w.no == no),
+            WorkKind::Task => self.tasks.iter_mut().find(|w| w.no == no),
+        }
+    }
+
+    pub fn take(&mut self, kind: WorkKind, no: u32) -> Option<Work> {
+        match kind {
+            WorkKind::Turn => self.turn.take_if(|w| w.no == no),
+            WorkKind::Task => {
+                let at = self.tasks.iter().position(|w| w.no == no)?;
+                Some(self.tasks.swap_remove(at))
+            }
+        }
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Work> {
+        self.turn.iter_mut().chain(self.tasks.iter_mut())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Work> {
+        self.turn.iter().chain(self.tasks.iter())
+    }
+}
+
+/// One work in flight.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Work {
-    pub turn: u32,
+    pub kind: WorkKind,
+    pub no: u32,
     pub stream_attached: bool,
     pub stream_closed: bool,
     /// The one cancel this work was sent (G6).
     pub cancel: Option<CancelMode>,
     /// Whether a `CloseStream` was already emitted for it (G4).
     pub close_sent: bool,
-    /// The cancel targets only the turn; the session stays open.
-    pub turn_only: bool,
+    /// Its settle deadline, once it was cancelled (G5).
+    pub settle_at: Option<Instant>,
 }
 
 impl Work {
-    pub fn new(turn: u32) -> Self {
+    pub fn new(kind: WorkKind, no: u32) -> Self {
         Work {
-            turn,
+            kind,
+            no,
             stream_attached: false,
             stream_closed: false,
             cancel: None,
             close_sent: false,
-            turn_only: false,
+            settle_at: None,
         }
     }
 
     pub fn id(&self, session: SessionId) -> WorkId {
         WorkId {
             session,
-            turn: self.turn,
+            kind: self.kind,
+            no: self.no,
         }
     }
 
@@ -164,19 +237,27 @@ impl<'a> SessionView<'a> {
     }
     /// The work of the turn in flight, if any.
     pub fn work(&self) -> Option<WorkId> {
-        self.inner.work.map(|w| w.id(self.id))
+        self.inner.works.turn.map(|w| w.id(self.id))
     }
-    /// The cancel its current work was sent, if any.
+    /// Every work in flight: the turn first, then the tasks.
+    pub fn works(&self) -> impl Iterator<Item = WorkId> + 'a {
+        let id = self.id;
+        self.inner.works.iter().map(move |w| w.id(id))
+    }
+    /// The cancel the turn in flight was sent, if any.
     pub fn work_cancel(&self) -> Option<CancelMode> {
-        self.inner.work.and_then(|w| w.cancel)
+        self.inner.works.turn.and_then(|w| w.cancel)
     }
     /// The outcome of its last turn (or of its work, if detached).
     pub fn last_outcome(&self) -> Option<Outcome> {
         self.inner.last_outcome
     }
-    /// Why it is closing (or was finalized), once a close was decided.
+    /// Why it is closing, once a close was decided: the end reason it would
+    /// be finalized with now (a shutdown finalizes everything `shutdown`).
     pub fn closing(&self) -> Option<EndReason> {
-        self.inner.closing
+        self.inner
+            .intent
+            .map(|intent| intent.reason(self.inner.last_outcome))
     }
     /// Whether it holds on pending input or an active delegation.
     pub fn is_held(&self) -> bool {
@@ -190,8 +271,8 @@ impl<'a> SessionView<'a> {
     pub fn idle_since(&self) -> Instant {
         self.inner.idle_since
     }
-    /// Its pending settle deadline, if its work is being cancelled.
+    /// The earliest pending settle deadline of its works, if any is being cancelled.
     pub fn settle_deadline(&self) -> Option<Instant> {
-        self.inner.settle_deadline
+        self.inner.works.iter().filter_map(|w| w.settle_at).min()
     }
 }

@@ -95,6 +95,31 @@ impl State {
         matches!(self, State::Registered | State::Running | State::Cancelling)
     }
 
+    /// The one transition table of SPEC §2: whether a session may move from
+    /// `self` to `to`. The core asserts it on every transition, and the store
+    /// and the tests ask it too.
+    ///
+    /// | from | to |
+    /// |---|---|
+    /// | registered | running, cancelling, settled, finalized (a reclaim) |
+    /// | running | registered (the turn ended), cancelling, settled |
+    /// | cancelling | settled |
+    /// | settled | finalized |
+    /// | finalized | — |
+    pub const fn can_move_to(self, to: State) -> bool {
+        matches!(
+            (self, to),
+            (
+                State::Registered,
+                State::Running | State::Cancelling | State::Settled | State::Finalized
+            ) | (
+                State::Running,
+                State::Registered | State::Cancelling | State::Settled
+            ) | (State::Cancelling, State::Settled)
+                | (State::Settled, State::Finalized)
+        )
+    }
+
     /// Position in the forward order `registered < running < cancelling <
     /// settled < finalized`, used to check that states never move backwards.
     pub const fn rank(self) -> u8 {
@@ -296,6 +321,24 @@ mod tests {
         let err = "asleep".parse::<State>().unwrap_err();
         assert!(err.to_string().contains("registered"), "{err}");
         assert!(err.to_string().contains("asleep"), "{err}");
+    }
+
+    #[test]
+    fn the_transition_table_only_moves_forward_but_for_a_turn_ending() {
+        for from in State::ALL {
+            for to in State::ALL {
+                if from.can_move_to(*to) {
+                    let back = to.rank() < from.rank();
+                    assert!(
+                        !back || (*from, *to) == (State::Running, State::Registered),
+                        "{from} -> {to} moves backwards"
+                    );
+                }
+            }
+        }
+        assert!(!State::Finalized.can_move_to(State::Registered));
+        assert!(State::Registered.can_move_to(State::Finalized));
+        assert!(!State::Cancelling.can_move_to(State::Finalized));
     }
 
     #[test]
