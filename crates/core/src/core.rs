@@ -357,10 +357,10 @@ impl Core {
         // A turn that was running when the shutdown began and ended on its
         // own within the drain was drained (G9).
         if let Some(shutdown) = self.shutdown.as_mut() {
-            if work.kind == WorkKind::Turn && std::mem::take(&mut s.running_at_shutdown) {
-                if !shutdown.drained && w.cancel.is_none() {
-                    shutdown.summary.drained.push(work.session);
-                }
+            let was_running =
+                work.kind == WorkKind::Turn && std::mem::take(&mut s.running_at_shutdown);
+            if was_running && !shutdown.drained && w.cancel.is_none() {
+                shutdown.summary.drained.push(work.session);
             }
         }
         self.end_work(now, work, outcome, cause);
@@ -377,7 +377,7 @@ impl Core {
         }
         // During the drain the descendants' running turns keep the drain (G9);
         // otherwise finishing winds the subtree down first (G1).
-        let wind_down = !self.shutdown.as_ref().is_some_and(|s| !s.drained);
+        let wind_down = self.shutdown.as_ref().is_none_or(|s| s.drained);
         let s = self.session_mut(now, id);
         s.intent = Some(Intent::Finished);
         let to = if s.works.is_empty() {
