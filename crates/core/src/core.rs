@@ -90,6 +90,8 @@ impl Core {
                 self.cancel(now, session, mode, intent, cause)
             }
             Event::CancelTurn { session } => self.cancel_turn(now, session),
+            Event::CancelWork { work } => self.cancel_work(now, work),
+            Event::Withdraw { session } => self.withdraw(session),
             Event::CancelDescendants { session } => self.cancel_descendants(now, session),
             Event::UserClose { session } => {
                 let mode = CancelMode::Immediate;
@@ -425,6 +427,70 @@ impl Core {
         }
         if self.cancel_works(now, id, CancelMode::Immediate, true) == 0 {
             return Ok(Handled::NoOp);
+        }
+        Ok(Handled::Applied)
+    }
+
+    fn cancel_work(&mut self, now: Instant, work: WorkId) -> Result<Handled, Error> {
+        if self.asks(work.session, Asks::ToEnd)?.state == State::Finalized {
+            return Ok(Handled::AlreadyFinalized);
+        }
+        let settle_at = now.checked_add(self.policy.settle_timeout);
+        let Some(w) = self.work_mut(work) else {
+            return Ok(Handled::NoOp);
+        };
+        if w.cancel.is_some() {
+            return Ok(Handled::NoOp);
+        }
+        let mode = CancelMode::Immediate;
+        w.cancel = Some(mode);
+        let close = w.stream_needs_close();
+        w.close_sent |= close;
+        if let Some(at) = settle_at {
+            w.settle_at = Some(at);
+        }
+        self.effects.push_back(Effect::CancelWork { work, mode });
+        if close {
+            self.effects.push_back(Effect::CloseStream { work });
+        }
+        if let Some(at) = settle_at {
+            let timer = Timer::Settle(work.kind, work.no);
+            self.deadlines.arm(at, work.session, timer);
+        }
+        Ok(Handled::Applied)
+    }
+
+    fn withdraw(&mut self, id: SessionId) -> Result<Handled, Error> {
+        let s = self.asks(id, Asks::ToEnd)?;
+        if s.state == State::Finalized {
+            return Ok(Handled::AlreadyFinalized);
+        }
+        let pristine = s.state == State::Registered
+            && s.turns == 0
+            && s.tasks == 0
+            && s.children.is_empty()
+            && s.intent.is_none();
+        if !pristine {
+            return Err(wrong_state(
+                id,
+                s.state,
+                "withdraw a registration that was used",
+            ));
+        }
+        let parent = s.parent;
+        self.sessions.remove(&id);
+        self.open -= 1;
+        let mut parent_may_reclaim = false;
+        if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
+            if let Some(at) = p.children.iter().position(|c| *c == id) {
+                p.children.swap_remove(at);
+            }
+            p.unsettled_children -= 1;
+            p.unfinalized_children -= 1;
+            parent_may_reclaim = p.unfinalized_children == 0;
+        }
+        if let (Some(p), true) = (parent, parent_may_reclaim) {
+            self.refresh_index(p);
         }
         Ok(Handled::Applied)
     }

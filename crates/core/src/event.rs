@@ -13,8 +13,8 @@ use crate::{CancelMode, Outcome, SessionId, WorkId};
 ///
 /// | input | answer |
 /// |---|---|
-/// | a request to end it: `AgentFinished`, `Cancel`, `CancelTurn`, `CancelDescendants`, `UserClose` | `Ok(Handled::AlreadyFinalized)` (G2: a no-op that says so) |
-/// | letting go of it: `Release`, `TransportDetached` | `Ok(Handled::AlreadyFinalized)` |
+/// | a request to end it: `AgentFinished`, `Cancel`, `CancelTurn`, `CancelWork`, `CancelDescendants`, `UserClose` | `Ok(Handled::AlreadyFinalized)` (G2: a no-op that says so) |
+/// | letting go of it: `Release`, `TransportDetached`, `Withdraw` | `Ok(Handled::AlreadyFinalized)` |
 /// | using it: `StartTurn`, `StartTask`, `Hold`, `TransportAttached`, `Register` under it | `Err(Error::SessionClosed)` (G10: closed handles fail loudly) |
 /// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited` | `Ok(Handled::NoOp)` (the work is gone) |
 ///
@@ -94,6 +94,13 @@ pub enum Event {
         /// The session whose turn to cancel.
         session: SessionId,
     },
+    /// Cancel one work (immediately): a turn whose consumer went away, a task
+    /// its owner gave up on. The session stays open. A work that is not
+    /// current (it already ended) is a no-op.
+    CancelWork {
+        /// The work to cancel.
+        work: WorkId,
+    },
     /// Cancel every live descendant, never the session itself.
     CancelDescendants {
         /// The session whose subtree to cancel.
@@ -128,6 +135,14 @@ pub enum Event {
     /// A transport detached from the session.
     TransportDetached {
         /// The session.
+        session: SessionId,
+    },
+    /// The registration of `session` could not be made durable (its row was
+    /// not written): forget it as if it had never been registered. Accepted
+    /// only while it is registered and has never run a work nor had a child
+    /// (nobody could have used it yet); nothing is emitted.
+    Withdraw {
+        /// The session whose registration is withdrawn.
         session: SessionId,
     },
     /// Run one automatic reclaim path now instead of waiting for its deadline.
