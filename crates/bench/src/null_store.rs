@@ -87,6 +87,11 @@ impl SessionStore for NullStore {
         Ok(SystemTime::now() + ttl)
     }
 
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        let start = self.next_id.fetch_add(u64::from(count), Ordering::Relaxed) + 1;
+        Ok(start..start + u64::from(count))
+    }
+
     async fn create_session(&self, _: NewSession) -> Result<SessionId, StoreError> {
         Ok(SessionId(self.next_id.fetch_add(1, Ordering::Relaxed) + 1))
     }

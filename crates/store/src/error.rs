@@ -276,6 +276,12 @@ pub enum StoreError {
     /// already have been recovered by another process.
     #[error("the lease of owner {0} expired before it was renewed; its sessions may have been recovered; register the process again")]
     LeaseLost(OwnerId),
+    /// A session with this id exists already: ids come from
+    /// [`reserve_ids`](crate::SessionStore::reserve_ids), each used once.
+    #[error(
+        "session {0} exists already; register new sessions under ids from reserve_ids, each once"
+    )]
+    DuplicateSession(SessionId),
     /// A row holds a value this build does not understand.
     #[error("the database holds an unexpected value {value:?} in {column}; it may have been written by a newer settle")]
     Corrupt {

@@ -62,6 +62,8 @@ mod checkpoint;
 mod chunk;
 mod claim;
 mod error;
+#[macro_use]
+mod ids;
 mod latch;
 mod lease;
 mod memory;

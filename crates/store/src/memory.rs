@@ -260,6 +260,13 @@ impl SessionStore for MemoryStore {
         Ok(from_millis(entry.lease_expires_at))
     }
 
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        let mut tables = self.lock();
+        let start = tables.next_session + 1;
+        tables.next_session += u64::from(count);
+        Ok(start..tables.next_session + 1)
+    }
+
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
         let mut tables = self.lock();
         if let Some(parent) = new.parent {
@@ -274,8 +281,19 @@ impl SessionStore for MemoryStore {
         if !tables.owners.contains_key(&new.owner.0) {
             return Err(StoreError::UnknownOwner(new.owner));
         }
-        tables.next_session += 1;
-        let id = tables.next_session;
+        let id = match new.id {
+            Some(SessionId(id)) if tables.sessions.contains_key(&id) => {
+                return Err(StoreError::DuplicateSession(SessionId(id)))
+            }
+            Some(SessionId(id)) => {
+                tables.next_session = tables.next_session.max(id);
+                id
+            }
+            None => {
+                tables.next_session += 1;
+                tables.next_session
+            }
+        };
         let at = to_millis(new.created_at);
         let mut row = Row {
             name: new.name,

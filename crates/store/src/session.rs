@@ -18,6 +18,9 @@ use crate::time::{opt_word, session_id, sid, to_millis, word};
 /// What [`create_session`](crate::SessionStore::create_session) inserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewSession {
+    /// Its id, reserved with [`reserve_ids`](crate::SessionStore::reserve_ids);
+    /// `None` to have one allocated.
+    pub id: Option<SessionId>,
     /// A human-readable name (need not be unique).
     pub name: String,
     /// The parent session, which must exist and be open; `None` for a root.
@@ -32,11 +35,19 @@ impl NewSession {
     /// A root session named `name`, owned by `owner`, registered now.
     pub fn new(name: impl Into<String>, owner: OwnerId) -> Self {
         NewSession {
+            id: None,
             name: name.into(),
             parent: None,
             owner,
             created_at: SystemTime::now(),
         }
+    }
+
+    /// Register it under `id`, reserved earlier with
+    /// [`reserve_ids`](crate::SessionStore::reserve_ids).
+    pub fn with_id(mut self, id: SessionId) -> Self {
+        self.id = Some(id);
+        self
     }
 
     /// Make it a child of `parent`.
@@ -160,8 +171,18 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
             }
             _ => None,
         };
+        // Every id comes from the reservation counter, so explicit and
+        // allocated ids never collide.
+        let id = match new.id {
+            Some(id) => sid(id)?,
+            None => {
+                let range = reserve_ids_on!(&mut *c, 1_u32)?;
+                sid(SessionId(range.start))?
+            }
+        };
         let inserted: Result<i64, DieselError> = diesel::insert_into(sessions::table)
             .values((
+                sessions::id.eq(id),
                 sessions::name.eq(&new.name),
                 sessions::parent.eq(parent),
                 sessions::tree.eq(tree.unwrap_or(0)),
@@ -176,6 +197,9 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
             Ok(id) => id,
             Err(DieselError::DatabaseError(DatabaseErrorKind::ForeignKeyViolation, _)) => {
                 return Err(StoreError::UnknownOwner(new.owner))
+            }
+            Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                return Err(StoreError::DuplicateSession(session_id(id)))
             }
             Err(e) => return Err(e).context("inserting a session"),
         };

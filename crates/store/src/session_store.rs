@@ -28,7 +28,13 @@ pub trait SessionStore: Send + Sync {
     /// Fails with [`StoreError::LeaseLost`] once the lease has expired.
     async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError>;
 
-    /// Register a session and return the id the store allocated.
+    /// Reserve `count` fresh session ids for [`NewSession::with_id`]: ids
+    /// are never handed out twice, across connections and processes (an id
+    /// reserved and never used leaves a gap).
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError>;
+
+    /// Register a session and return its id: the one it was given with
+    /// [`NewSession::with_id`] (reserved earlier), or a fresh one.
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError>;
 
     /// Move `id` from `from` to `to`, only if it is in `from` now, recording a

@@ -142,6 +142,10 @@ impl SessionStore for Store {
             .await
     }
 
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        self.write(move |db| crate::ids::reserve(db, count)).await
+    }
+
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
         self.write(move |db| crate::session::create_session(db, &new))
             .await

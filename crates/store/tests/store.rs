@@ -31,6 +31,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     schema_is_created_on_first_use_and_kept,
+    reserved_ids_are_never_handed_out_twice,
     sessions_form_trees_under_open_parents,
     transition_is_conditional_and_recorded,
     chunks_keep_append_order_per_turn,
@@ -1523,4 +1524,46 @@ fn child_process() {
         "read_only" => child_read_only(),
         other => panic!("unknown child role {other}"),
     }
+}
+
+fn reserved_ids_are_never_handed_out_twice(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let rt = rt();
+    let (one, two) = (open(&db), open(&db));
+    rt.block_on(async {
+        let o = owner(&one, HOUR).await;
+        // A session created before any reservation: the counter starts above it.
+        let first = one
+            .create_session(NewSession::new("first", o))
+            .await
+            .unwrap();
+        let a = one.reserve_ids(10).await.unwrap();
+        let b = two.reserve_ids(10).await.unwrap();
+        assert_eq!(a.end - a.start, 10);
+        assert_eq!(b.end - b.start, 10);
+        assert!(a.start > first.0, "{a:?} after {first}");
+        assert!(
+            a.end <= b.start || b.end <= a.start,
+            "{a:?} and {b:?} overlap"
+        );
+        // Reserved ids are used as given; allocated ones never collide with them.
+        let given = SessionId(b.start + 3);
+        let created = two
+            .create_session(NewSession::new("given", o).with_id(given))
+            .await
+            .unwrap();
+        assert_eq!(created, given);
+        let fresh = one
+            .create_session(NewSession::new("fresh", o))
+            .await
+            .unwrap();
+        assert!(!a.contains(&fresh.0) && !b.contains(&fresh.0), "{fresh}");
+        let again = one
+            .create_session(NewSession::new("again", o).with_id(given))
+            .await;
+        assert!(
+            matches!(again, Err(StoreError::DuplicateSession(id)) if id == given),
+            "{again:?}"
+        );
+    });
 }
