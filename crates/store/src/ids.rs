@@ -19,9 +19,9 @@ pub(crate) struct Next {
     pub(crate) value: i64,
 }
 
-/// The statement that creates the counter above every id already in use;
-/// (`WHERE TRUE` lets SQLite parse `ON CONFLICT` after a `SELECT`)
-/// a no-op once it exists.
+/// The statement that creates the counter above every id already in use; a
+/// no-op once it exists. (`WHERE TRUE` lets SQLite parse `ON CONFLICT` after
+/// a `SELECT`.)
 pub(crate) const SEED: &str = "INSERT INTO settle_meta (\"key\", \"value\") \
      SELECT 'next_session_id', COALESCE(MAX(id), 0) + 1 FROM sessions WHERE TRUE \
      ON CONFLICT (\"key\") DO NOTHING";
