@@ -444,15 +444,10 @@ impl Core {
         }
         let mode = CancelMode::Immediate;
         w.cancel = Some(mode);
-        let close = w.stream_needs_close();
-        w.close_sent |= close;
         if let Some(at) = settle_at {
             w.settle_at = Some(at);
         }
         self.effects.push_back(Effect::CancelWork { work, mode });
-        if close {
-            self.effects.push_back(Effect::CloseStream { work });
-        }
         if let Some(at) = settle_at {
             let timer = Timer::Settle(work.kind, work.no);
             self.deadlines.arm(at, work.session, timer);
@@ -803,8 +798,9 @@ impl Core {
     }
 
     /// Sends each live work of `id` (only its turn, with `turn_only`) its one
-    /// cancel (G6), orders the stream of an immediate cancel closed, and arms
-    /// each work's settle deadline (G5). Returns how many works it cancelled.
+    /// cancel (G6) and arms each work's settle deadline (G5). The work closes
+    /// its own stream when its token is cancelled; the core orders a close from
+    /// outside only where the work may not (the attach race, a detach). Returns how many works it cancelled.
     fn cancel_works(
         &mut self,
         now: Instant,
@@ -824,10 +820,6 @@ impl Core {
             let work = w.id(id);
             w.cancel = Some(mode);
             self.effects.push_back(Effect::CancelWork { work, mode });
-            if mode == CancelMode::Immediate && w.stream_needs_close() {
-                w.close_sent = true;
-                self.effects.push_back(Effect::CloseStream { work });
-            }
             // A settle timeout too long to represent never detaches.
             if let Some(at) = settle_at {
                 w.settle_at = Some(at);

@@ -25,10 +25,9 @@ pub enum Effect {
         work: WorkId,
     },
     /// Ask a work to stop. Emitted at most once per work (G6).
-    /// `Immediate`: cancel the work's own token now (its stream is closed by a
-    /// [`CloseStream`](Self::CloseStream) that follows when one is attached).
-    /// `Graceful`: let the current turn finish; nothing to do now, the settle
-    /// deadline bounds it (G5).
+    /// `Immediate`: cancel the work's own token now; the work closes its
+    /// stream as it unwinds (it gets its bounded chance, G5). `Graceful`: let
+    /// the current turn finish; nothing to do now, the settle deadline bounds it.
     CancelWork {
         /// The work.
         work: WorkId,
@@ -36,9 +35,9 @@ pub enum Effect {
         mode: CancelMode,
     },
     /// Close the work's provider stream now, from outside, whatever the work
-    /// is doing (G4). Emitted at most once per work: on an immediate cancel of
-    /// an attached stream, when a stream attaches after an immediate cancel
-    /// (the attach race), and right before a detach.
+    /// is doing (G4). Emitted at most once per work, where the work itself may
+    /// not close it: when a stream attaches after an immediate cancel (the
+    /// attach race of seed 001), and right before a detach.
     CloseStream {
         /// The work whose stream to close.
         work: WorkId,

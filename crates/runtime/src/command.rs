@@ -1,20 +1,26 @@
-//! What the handles ask of the driver, and what works report to it.
+//! What the handles ask of the driver, what works report to it, and what the
+//! recorder tells it back. Each is an input the driver turns into one input
+//! of the core (or none).
 
+use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
-use settle_core::{EndReason, Event, Handled, Outcome, SessionId, WorkId};
+use settle_core::{Event, Handled, Outcome, SessionId, TurnError, WorkId};
+use settle_store::StoreError;
 use settle_stream::Provider;
 use tokio::sync::oneshot;
 
+use crate::shared::SessionShared;
 use crate::{RuntimeError, ShutdownReport, Turn, TurnRequest};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
 pub(crate) enum Command {
     Register {
-        name: String,
+        name: Arc<str>,
         parent: Option<SessionId>,
-        reply: Reply<SessionId>,
+        reply: Reply<Arc<SessionShared>>,
     },
     StartTurn {
         session: SessionId,
@@ -26,19 +32,22 @@ pub(crate) enum Command {
         event: Event,
         reply: Option<Reply<Handled>>,
     },
+    /// A handle for a session this kernel knows.
+    Lookup {
+        session: SessionId,
+        reply: Reply<Arc<SessionShared>>,
+    },
     Delegate {
         from: SessionId,
         to: SessionId,
         reply: Reply<()>,
     },
-    WaitFinalized {
-        session: SessionId,
-        reply: oneshot::Sender<EndReason>,
-    },
     Shutdown {
-        drain: std::time::Duration,
+        drain: Duration,
         reply: Option<oneshot::Sender<ShutdownReport>>,
     },
+    /// The lease renewer lost this process's lease (G8).
+    LeaseLost,
 }
 
 /// A work's report about itself.
@@ -52,5 +61,19 @@ pub(crate) struct WorkReport {
 pub(crate) enum WorkReportKind {
     StreamAttached,
     StreamClosed,
-    Ended(Outcome),
+    Ended {
+        outcome: Outcome,
+        error: Option<TurnError>,
+    },
+}
+
+/// What the recorder tells the driver after a store call.
+#[derive(Debug)]
+pub(crate) enum Ack {
+    /// A block of session ids was reserved.
+    Ids(Range<u64>),
+    /// No ids could be reserved.
+    IdsFailed(StoreError),
+    /// A session's row could not be written: withdraw its registration.
+    RegisterFailed(SessionId),
 }

@@ -2,27 +2,50 @@ use std::time::Duration;
 
 use settle_core::Policy;
 
-/// Everything a runtime is tuned by, with the defaults of SPEC §3–5.
+/// Everything a kernel is tuned by, with the defaults of SPEC §3–5.
+///
+/// Build one with the setters (each returns the config, so they chain), or
+/// set the same fields through [`KernelBuilder`](crate::KernelBuilder)'s setters.
+///
+/// ```
+/// use std::time::Duration;
+/// use settle_runtime::Config;
+///
+/// let config = Config::default()
+///     .settle_timeout(Duration::from_millis(250))
+///     .drain_timeout(Duration::from_secs(2));
+/// assert_eq!(config.policy.settle_timeout, Duration::from_millis(250));
+/// assert_eq!(config.flush_budget, Duration::from_secs(2));
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// The core's policy: settle timeout, idle TTL, LRU cap, orphan grace.
     pub policy: Policy,
     /// How long running turns may finish once shutdown begins (G9).
     pub drain_timeout: Duration,
     /// How long a provider stream may go without an event before the turn
-    /// ends with `idle_timeout`; `None` disables it. A turn's request can override it.
+    /// ends with `idle_timeout`; `None` disables it.
     pub idle_timeout: Option<Duration>,
-    /// The budget for flushing every transcript at the start of a shutdown.
+    /// How long the store may take to commit what a shutdown must write
+    /// (every transcript, every finalize) once the drain and the settle
+    /// timeout are over. Past it the rest is left for recovery (G8, G9).
     pub flush_budget: Duration,
+    /// How long any other store call may take before it is given up as
+    /// failed: a registration or turn start that cannot commit in time fails
+    /// with a clear error instead of hanging.
+    pub store_timeout: Duration,
     /// How many sessions may hold an active-session slot (run turns) at once;
     /// `None` for no limit.
     pub slots: Option<usize>,
     /// How long the `on_session_end` hook may run before it is abandoned.
     pub hook_timeout: Duration,
+    /// How many `on_session_end` hooks may run at once.
+    pub hook_concurrency: usize,
     /// How long this process's lease on its live sessions lasts; it is renewed
     /// at a third of that. Another process recovers them only after it lapses (G8).
     pub lease_ttl: Duration,
-    /// Run recovery for sessions of dead owners when the runtime starts.
+    /// Run recovery for sessions of dead owners when the kernel starts.
     pub recover_on_start: bool,
 }
 
@@ -33,10 +56,77 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(300)),
             flush_budget: Duration::from_secs(2),
+            store_timeout: Duration::from_secs(10),
             slots: None,
             hook_timeout: Duration::from_secs(5),
+            hook_concurrency: 64,
             lease_ttl: Duration::from_secs(30),
             recover_on_start: false,
         }
+    }
+}
+
+macro_rules! setters {
+    ($( $(#[$doc:meta])* $name:ident: $ty:ty => $($field:ident).+ ;)*) => {
+        impl Config {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $name(mut self, value: $ty) -> Self {
+                    self.$($field).+ = value;
+                    self
+                }
+            )*
+        }
+
+        impl crate::KernelBuilder {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $name(mut self, value: $ty) -> Self {
+                    self.config.$($field).+ = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// How long cancelled work may take to unwind before it is detached (G5).
+    settle_timeout: Duration => policy.settle_timeout;
+    /// How long an idle session lives before the idle reap claims it; `None` disables it.
+    idle_ttl: Option<Duration> => policy.idle_ttl;
+    /// How many open sessions before the least recently active idle one is evicted.
+    lru_cap: Option<usize> => policy.lru_cap;
+    /// How long a session may have lost its transport before the orphan reap.
+    orphan_grace: Duration => policy.orphan_grace;
+    /// How long running turns may finish once shutdown begins (G9).
+    drain_timeout: Duration => drain_timeout;
+    /// How long a provider stream may be silent before its turn times out.
+    idle_timeout: Option<Duration> => idle_timeout;
+    /// The store's budget at shutdown, after the drain and the settle timeout.
+    flush_budget: Duration => flush_budget;
+    /// The bound of every other store call.
+    store_timeout: Duration => store_timeout;
+    /// How many sessions may run turns at once.
+    slots: Option<usize> => slots;
+    /// How long the `on_session_end` hook may run.
+    hook_timeout: Duration => hook_timeout;
+    /// How many `on_session_end` hooks may run at once.
+    hook_concurrency: usize => hook_concurrency;
+    /// How long this process's lease lasts (renewed at a third of it).
+    lease_ttl: Duration => lease_ttl;
+    /// Recover the sessions of dead owners when the kernel starts.
+    recover_on_start: bool => recover_on_start;
+}
+
+impl Config {
+    /// The longest a shutdown takes once begun with `drain`, whatever the
+    /// store and the works do: the drain, the settle timeout, the flush budget.
+    pub fn shutdown_bound(&self, drain: Duration) -> Duration {
+        drain
+            .saturating_add(self.policy.settle_timeout)
+            .saturating_add(self.flush_budget)
     }
 }

@@ -1,97 +1,148 @@
-//! The one task that owns the core. It `select!`s over commands, work reports
-//! and the core's next deadline, passes the current time on every wake, and
-//! drains the core's effects after every input.
+//! The one task that owns the core, and executes what it orders.
+//!
+//! It decides nothing about the lifecycle. All it does, mechanically:
+//!
+//! - turns each command of a handle, report of a work and answer of the
+//!   recorder into one input of the core (or answers it from its own tables:
+//!   a session's name, its slot, its waiters);
+//! - after every input, drains the core's effects and executes each as it
+//!   says: starts a work, cancels its token, closes its stream, detaches it,
+//!   hands its end and the session's transitions and finalize plan to the
+//!   recorder, forgets a finalized session;
+//! - keeps one timer for the core's next deadline and, after every wake,
+//!   compares that deadline with the clock itself (a steady stream of
+//!   commands cannot push a settle deadline past its bound, G5);
+//! - does no I/O: the store is written by the recorder, whose answers come
+//!   back here as inputs (a registration's row, a block of ids).
+//!
+//! It never looks at the core's state to guess what an input did: what the
+//! core decided comes out as effects, and only effects are executed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
+use std::time::Duration;
 
-use settle_core::{
-    CancelMode, Core, Effect, EndReason, Event, Handled, Outcome, SessionId, State, WorkId,
-};
-use settle_store::{NewSession, OwnerId, SessionStore};
-use tokio::sync::{broadcast, mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::CancellationToken;
+use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
+use settle_store::SessionStore;
+use settle_stream::Provider;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::command::{Command, WorkReport, WorkReportKind};
-use crate::recorder::{FinalizeJob, Record};
+use crate::command::{Ack, Command, Reply, WorkReport, WorkReportKind};
+use crate::event::EventBus;
+use crate::ids::IdBlock;
+use crate::record::{FinalizeJob, Record};
+use crate::shared::SessionShared;
 use crate::work::{self, WorkHandle};
-use crate::{Config, LifecycleEvent, RuntimeError, Turn};
+use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, Turn, TurnRequest};
 
+/// How many reports (or acknowledgements) the driver takes per wake.
+const BATCH: usize = 512;
+
+/// What the driver keeps per open session: nothing the core decides with.
 struct Entry {
-    token: CancellationToken,
+    shared: Arc<SessionShared>,
     slot: Option<OwnedSemaphorePermit>,
     delegates: Vec<SessionId>,
-    waiters: Vec<oneshot::Sender<EndReason>>,
 }
 
-/// How many work reports the driver takes per wake.
-const REPORT_BATCH: usize = 256;
+/// A start the core has not admitted yet: consumed by the `StartWork` the
+/// same input orders.
+enum PendingStart {
+    Turn {
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+        reply: Reply<Turn>,
+    },
+}
+
+/// A registration waiting for a block of ids.
+struct Parked {
+    name: Arc<str>,
+    parent: Option<SessionId>,
+    reply: Reply<Arc<SessionShared>>,
+}
+
+pub(crate) struct Channels {
+    pub commands: mpsc::UnboundedReceiver<Command>,
+    pub acks: mpsc::UnboundedReceiver<Ack>,
+    pub recorder: mpsc::UnboundedSender<Record>,
+    /// Only handed to works, for their chunks: the driver itself never awaits it.
+    pub store: Arc<dyn SessionStore>,
+}
 
 pub(crate) struct Driver {
-    pub core: Core,
-    pub clock: Clock,
-    pub config: Config,
-    pub store: Arc<dyn SessionStore>,
-    pub owner: OwnerId,
-    pub commands: mpsc::UnboundedReceiver<Command>,
-    pub reports: mpsc::UnboundedReceiver<WorkReport>,
-    pub report_tx: mpsc::UnboundedSender<WorkReport>,
-    pub recorder: mpsc::UnboundedSender<Record>,
-    pub events: broadcast::Sender<LifecycleEvent>,
-    /// Store writes that failed (shared with the recorder).
-    pub failures: Arc<std::sync::atomic::AtomicUsize>,
-    pub slots: Option<Arc<Semaphore>>,
-    pub names: HashMap<SessionId, Arc<str>>,
+    core: Core,
+    clock: Clock,
+    config: Config,
+    commands: mpsc::UnboundedReceiver<Command>,
+    reports: mpsc::UnboundedReceiver<WorkReport>,
+    report_tx: mpsc::UnboundedSender<WorkReport>,
+    acks: mpsc::UnboundedReceiver<Ack>,
+    recorder: mpsc::UnboundedSender<Record>,
+    store: Arc<dyn SessionStore>,
+    events: EventBus,
+    works_tracker: TaskTracker,
+    slots: Option<Arc<Semaphore>>,
+    ids: IdBlock,
+    parked: VecDeque<Parked>,
     sessions: HashMap<SessionId, Entry>,
     works: HashMap<WorkId, WorkHandle>,
-    shutdown_waiters: Vec<oneshot::Sender<crate::ShutdownReport>>,
+    pending: Option<PendingStart>,
+    shutdown_waiters: Vec<oneshot::Sender<ShutdownReport>>,
+    lease_lost: bool,
+    /// Store writes that failed, counted by the works' chunk writes too.
+    failures: Arc<AtomicUsize>,
     done: bool,
 }
 
 impl Driver {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Config,
-        store: Arc<dyn SessionStore>,
-        owner: OwnerId,
-        commands: mpsc::UnboundedReceiver<Command>,
-        recorder: mpsc::UnboundedSender<Record>,
-        events: broadcast::Sender<LifecycleEvent>,
-        failures: Arc<std::sync::atomic::AtomicUsize>,
+        clock: Clock,
+        channels: Channels,
+        events: EventBus,
+        works_tracker: TaskTracker,
+        ids: IdBlock,
+        failures: Arc<AtomicUsize>,
     ) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
         Driver {
             core: Core::new(config.policy.clone()),
-            clock: Clock::new(),
+            clock,
             slots: config.slots.map(|n| Arc::new(Semaphore::new(n))),
             config,
-            store,
-            owner,
-            commands,
+            commands: channels.commands,
             reports,
             report_tx,
-            recorder,
+            acks: channels.acks,
+            recorder: channels.recorder,
+            store: channels.store,
             events,
-            failures,
-            names: HashMap::new(),
+            works_tracker,
+            ids,
+            parked: VecDeque::new(),
             sessions: HashMap::new(),
             works: HashMap::new(),
+            pending: None,
             shutdown_waiters: Vec::new(),
+            lease_lost: false,
+            failures,
             done: false,
         }
     }
 
     pub async fn run(mut self) {
         let mut commands_open = true;
-        // One timer, reset only when the core's next deadline moves: building
-        // a new one on every wake costs a timer-wheel insert and removal per
-        // input, which dominates a teardown of thousands of sessions.
-        let mut timer = Box::pin(tokio::time::sleep(std::time::Duration::ZERO));
-        let mut armed: Option<std::time::Instant> = None;
-        let mut reports = Vec::with_capacity(REPORT_BATCH);
+        // One timer, reset only when the core's next deadline moves.
+        let mut timer = Box::pin(tokio::time::sleep(Duration::ZERO));
+        let mut armed = None;
+        let mut reports = Vec::with_capacity(BATCH);
+        let mut acks = Vec::with_capacity(BATCH);
         while !self.done {
-            let deadline = self.core.poll_timeout();
+            let deadline = self.core.poll_timeout().map(|d| d.at);
             if deadline != armed {
                 if let Some(at) = deadline {
                     timer.as_mut().reset(tokio::time::Instant::from_std(at));
@@ -100,194 +151,182 @@ impl Driver {
             }
             tokio::select! {
                 biased;
-                n = self.reports.recv_many(&mut reports, REPORT_BATCH) => {
+                () = &mut timer, if armed.is_some() => armed = None,
+                n = self.reports.recv_many(&mut reports, BATCH) => {
                     for report in reports.drain(..n) {
                         self.on_report(report);
-                        // The drain rule: effects after every input.
-                        self.execute_effects();
+                    }
+                }
+                n = self.acks.recv_many(&mut acks, BATCH) => {
+                    for ack in acks.drain(..n) {
+                        self.on_ack(ack);
                     }
                 }
                 command = self.commands.recv(), if commands_open => match command {
-                    Some(command) => self.on_command(command).await,
+                    Some(command) => self.on_command(command),
                     None => {
                         // Every handle is gone: nobody can drive the sessions any more.
                         commands_open = false;
-                        self.begin_shutdown(std::time::Duration::ZERO, None);
+                        self.begin_shutdown(Duration::ZERO, None);
                     }
                 },
-                () = &mut timer, if armed.is_some() => {
-                    armed = None;
-                    // The current time, not the deadline: the core never sees time go back.
-                    let now = self.clock.now();
-                    self.core.handle_timeout(now);
-                }
             }
-            self.execute_effects();
+            // quinn's `drive_timer`: whatever woke us, a deadline that is due
+            // is handled now, with the current time.
+            let now = self.clock.now();
+            if self.core.poll_timeout().is_some_and(|d| d.at <= now) {
+                self.core.handle_timeout(now);
+                self.execute();
+            }
         }
         // Every session is finalized, so no work may write any more; one that
-        // is still around (it ignored its cancel) is abandoned, not left running.
+        // is still around is abandoned, not left running.
         for (_, mut handle) in self.works.drain() {
             handle.detach();
         }
+        for parked in self.parked.drain(..) {
+            let _ = parked.reply.send(Err(RuntimeError::Stopped));
+        }
     }
 
-    async fn on_command(&mut self, command: Command) {
+    /// Feeds one input to the core and executes what it ordered.
+    fn input(&mut self, event: Event) -> Result<Handled, settle_core::Error> {
+        let handled = self.core.handle(self.clock.now(), event);
+        self.execute();
+        handled
+    }
+
+    fn on_command(&mut self, command: Command) {
         match command {
             Command::Register {
                 name,
                 parent,
                 reply,
-            } => {
-                let result = self.register(name, parent).await;
-                let _ = reply.send(result);
-            }
+            } => self.register(name, parent, reply),
             Command::StartTurn {
                 session,
                 provider,
                 request,
                 reply,
-            } => {
-                let result = self.start_turn(session, provider, request);
-                let _ = reply.send(result);
-            }
+            } => self.start_turn(session, provider, request, reply),
             Command::Core { event, reply } => {
-                // An agent that finishes from inside its own turn ends that
-                // turn with it: the core forgets the work at once.
-                let finishing = match event {
-                    Event::AgentFinished { session } => {
-                        self.core.session(session).and_then(|v| v.work())
-                    }
-                    _ => None,
-                };
-                let result = self.handle(event);
-                if let Some(work) = finishing {
-                    self.forgotten(work);
-                }
+                let result = self.input(event);
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
                 }
             }
-            Command::Delegate { from, to, reply } => {
-                let result = self.delegate(from, to);
-                let _ = reply.send(result);
+            Command::Lookup { session, reply } => {
+                let found = match self.sessions.get(&session) {
+                    Some(entry) => Ok(entry.shared.clone()),
+                    None => Err(settle_core::Error::UnknownSession(session).into()),
+                };
+                let _ = reply.send(found);
             }
-            Command::WaitFinalized { session, reply } => match self.core.session(session) {
-                Some(view) if view.state() == State::Finalized => {
-                    // Answered by the recorder, after the finalize plan it has
-                    // queued for this session: the durable row is ended first.
-                    let reason = view.closing().unwrap_or(EndReason::Completed);
-                    let _ = self.recorder.send(Record::Notify { reply, reason });
-                }
-                Some(_) => {
-                    if let Some(entry) = self.sessions.get_mut(&session) {
-                        entry.waiters.push(reply);
-                    }
-                }
-                None => drop(reply),
-            },
+            Command::Delegate { from, to, reply } => {
+                let _ = reply.send(self.delegate(from, to));
+            }
             Command::Shutdown { drain, reply } => self.begin_shutdown(drain, reply),
+            Command::LeaseLost => {
+                // Nothing may start, and every work is cancelled now: its
+                // writes would be refused (G8).
+                self.lease_lost = true;
+                self.begin_shutdown(Duration::ZERO, None);
+                let _ = self.input(Event::SkipDrain);
+            }
         }
     }
 
-    fn handle(&mut self, event: Event) -> Result<Handled, settle_core::Error> {
-        let now = self.clock.now();
-        self.core.handle(now, event)
+    fn register(
+        &mut self,
+        name: Arc<str>,
+        parent: Option<SessionId>,
+        reply: Reply<Arc<SessionShared>>,
+    ) {
+        let parked = Parked {
+            name,
+            parent,
+            reply,
+        };
+        // Registrations keep their order while ids are on their way.
+        if !self.parked.is_empty() {
+            self.parked.push_back(parked);
+        } else if let Some(parked) = self.try_register(parked) {
+            self.parked.push_back(parked);
+        }
     }
 
-    async fn register(
-        &mut self,
-        name: String,
-        parent: Option<SessionId>,
-    ) -> Result<SessionId, RuntimeError> {
-        // Refuse before the durable row exists, so a refused registration writes nothing.
-        self.core.check_register(parent)?;
-        let id = self
-            .store
-            .create_session(NewSession {
-                name: name.clone(),
-                parent,
-                owner: self.owner,
-                created_at: self.clock.wall(self.clock.now()),
-            })
-            .await?;
-        let _ = self.handle(Event::Register {
-            session: id,
+    /// Registers under the next reserved id; hands the registration back when
+    /// the block is empty (a refill is on its way).
+    fn try_register(&mut self, parked: Parked) -> Option<Parked> {
+        let Some(id) = self.ids.take(&self.recorder) else {
+            return Some(parked);
+        };
+        let Parked {
+            name,
             parent,
-        })?;
-        // The session's scope is a child of its parent's: a cancelled parent's
-        // children are born cancelled.
-        let token = parent
-            .and_then(|p| self.sessions.get(&p))
-            .map_or_else(CancellationToken::new, |p| p.token.child_token());
-        self.sessions.insert(
-            id,
-            Entry {
-                token,
-                slot: None,
-                delegates: Vec::new(),
-                waiters: Vec::new(),
-            },
-        );
-        let name: Arc<str> = name.into();
-        self.names.insert(id, name.clone());
-        let _ = self.events.send(LifecycleEvent::Registered {
-            session: id,
-            name: name.to_string(),
-            parent,
-            at: self.clock.wall(self.clock.now()),
-        });
-        Ok(id)
+            reply,
+        } = parked;
+        let session = SessionId(id);
+        let registered = self
+            .core
+            .handle(self.clock.now(), Event::Register { session, parent });
+        match registered {
+            Err(refused) => {
+                let _ = reply.send(Err(refused.into()));
+            }
+            Ok(_) => {
+                let shared = SessionShared::new(session, name, parent);
+                self.sessions.insert(
+                    session,
+                    Entry {
+                        shared: shared.clone(),
+                        slot: None,
+                        delegates: Vec::new(),
+                    },
+                );
+                // The row goes first: every record the registration's
+                // effects queue is about a session the store has.
+                let at = self.clock.wall(self.clock.now());
+                let _ = self.recorder.send(Record::CreateSession { shared, at, reply });
+            }
+        }
+        self.execute();
+        None
     }
 
     fn start_turn(
         &mut self,
         session: SessionId,
-        provider: Arc<dyn settle_stream::Provider>,
-        request: crate::TurnRequest,
-    ) -> Result<Turn, RuntimeError> {
-        let Some(entry) = self.sessions.get_mut(&session) else {
-            return Err(match self.core.session(session) {
-                Some(_) => RuntimeError::SessionClosed(session),
-                None => settle_core::Error::UnknownSession(session).into(),
-            });
-        };
-        if entry.slot.is_none() {
-            if let Some(slots) = &self.slots {
-                let permit = slots
-                    .clone()
-                    .try_acquire_owned()
-                    .map_err(|_| RuntimeError::NoSlot(self.config.slots.unwrap_or_default()))?;
-                entry.slot = Some(permit);
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+        reply: Reply<Turn>,
+    ) {
+        if let Some(entry) = self.sessions.get_mut(&session) {
+            if let (None, Some(slots)) = (&entry.slot, &self.slots) {
+                match slots.clone().try_acquire_owned() {
+                    Ok(permit) => entry.slot = Some(permit),
+                    Err(_) => {
+                        let slots = self.config.slots.unwrap_or_default();
+                        let _ = reply.send(Err(RuntimeError::NoSlot(slots)));
+                        return;
+                    }
+                }
             }
         }
-        let session_token = entry.token.clone();
-        let _ = self.handle(Event::StartTurn { session })?;
-        let Some(work) = self.core.session(session).and_then(|v| v.work()) else {
-            return Err(RuntimeError::SessionClosed(session));
-        };
-        // The turn's row is written by the recorder, in order after the end
-        // of the previous turn (which the store must see first).
-        let (started_tx, started) = oneshot::channel();
-        let at = self.clock.wall(self.clock.now());
-        let _ = self.recorder.send(Record::StartTurn {
-            work,
-            at,
-            done: started_tx,
-        });
-        let (handle, turn) = work::spawn(work::WorkContext {
-            work,
+        self.pending = Some(PendingStart::Turn {
             provider,
             request,
-            started,
-            session_token: &session_token,
-            store: self.store.clone(),
-            reports: self.report_tx.clone(),
-            events: self.events.clone(),
-            failures: self.failures.clone(),
-            idle_timeout: self.config.idle_timeout,
+            reply,
         });
-        self.works.insert(work, handle);
-        Ok(turn)
+        let started = self
+            .core
+            .handle(self.clock.now(), Event::StartTurn { session });
+        if let Err(refused) = started {
+            if let Some(PendingStart::Turn { reply, .. }) = self.pending.take() {
+                let _ = reply.send(Err(refused.into()));
+            }
+        }
+        self.execute();
     }
 
     fn delegate(&mut self, from: SessionId, to: SessionId) -> Result<(), RuntimeError> {
@@ -302,203 +341,202 @@ impl Driver {
         Ok(())
     }
 
-    fn begin_shutdown(
-        &mut self,
-        drain: std::time::Duration,
-        reply: Option<oneshot::Sender<crate::ShutdownReport>>,
-    ) {
-        if let Some(reply) = reply {
-            self.shutdown_waiters.push(reply);
-        }
+    fn begin_shutdown(&mut self, drain: Duration, reply: Option<oneshot::Sender<ShutdownReport>>) {
+        self.shutdown_waiters.extend(reply);
         if self.core.is_shutting_down() {
-            // A second request only waits for the first one's end.
             return;
         }
-        let running: Vec<SessionId> = self
-            .core
-            .sessions()
-            .filter(|s| s.state() == State::Running)
-            .map(|s| s.id())
-            .collect();
-        let _ = self.recorder.send(Record::ShutdownBegan { running });
-        let _ = self.handle(Event::BeginShutdown { drain });
+        // The recorder's budget for the shutdown's writes starts now.
+        let bound = self.config.shutdown_bound(drain);
+        let deadline = tokio::time::Instant::now() + bound;
+        let _ = self.recorder.send(Record::ShutdownBegan { deadline });
+        let _ = self.input(Event::BeginShutdown { drain });
+        for parked in self.parked.drain(..) {
+            let _ = parked.reply.send(Err(settle_core::Error::ShuttingDown.into()));
+        }
     }
 
     fn on_report(&mut self, report: WorkReport) {
-        // A report from a work that was detached (or replaced) changes nothing.
-        let Some(handle) = self.works.get_mut(&report.work) else {
-            return;
-        };
-        let session = report.work.session;
+        let work = report.work;
         let event = match report.kind {
-            WorkReportKind::StreamAttached => Event::StreamAttached { session },
-            WorkReportKind::StreamClosed => Event::StreamClosed { session },
-            WorkReportKind::Ended(outcome) => {
-                let outcome_tx = handle.outcome.take();
-                self.works.remove(&report.work);
-                let _ = self.handle(Event::TurnEnded { session, outcome });
-                let recorded = self
-                    .core
-                    .session(session)
-                    .and_then(|v| v.last_outcome())
-                    .unwrap_or(outcome);
-                self.end_turn(report.work, recorded);
-                if let Some(tx) = outcome_tx {
-                    let _ = tx.send(recorded);
+            WorkReportKind::StreamAttached => Event::StreamAttached { work },
+            WorkReportKind::StreamClosed => Event::StreamClosed { work },
+            WorkReportKind::Ended { outcome, error } => {
+                if let Some(handle) = self.works.get_mut(&work) {
+                    handle.error = error;
                 }
-                return;
+                Event::WorkEnded { work, outcome }
             }
         };
-        let _ = self.handle(event);
+        // A report from a forgotten session is as stale as one from a gone work.
+        let _ = self.input(event);
     }
 
-    /// The core ended `work`'s turn without waiting for the work (its agent
-    /// finished from inside it). Its end is recorded now, ahead of any
-    /// finalize the same input decided, and the work is abandoned (its
-    /// writes revoked, its stream closed), so nothing writes to the session
-    /// after its row is ended.
-    fn forgotten(&mut self, work: WorkId) {
-        if self.core.session(work.session).and_then(|v| v.work()) == Some(work) {
-            return;
+    fn on_ack(&mut self, ack: Ack) {
+        match ack {
+            Ack::Ids(range) => {
+                self.ids.refill(range);
+                while let Some(parked) = self.parked.pop_front() {
+                    if let Some(parked) = self.try_register(parked) {
+                        self.parked.push_front(parked);
+                        break;
+                    }
+                }
+            }
+            Ack::IdsFailed(error) => {
+                self.ids.failed();
+                tracing::error!(%error, "no session ids could be reserved");
+                let error = Arc::new(error);
+                for parked in self.parked.drain(..) {
+                    let _ = parked
+                        .reply
+                        .send(Err(RuntimeError::Registration(error.clone())));
+                }
+            }
+            Ack::RegisterFailed(session) => {
+                self.sessions.remove(&session);
+                let _ = self.input(Event::Withdraw { session });
+            }
         }
-        let Some(mut handle) = self.works.remove(&work) else {
-            return;
-        };
-        handle.detach();
-        let outcome = self
-            .core
-            .session(work.session)
-            .and_then(|v| v.last_outcome())
-            .unwrap_or(Outcome::Completed);
-        self.end_turn(work, outcome);
-        if let Some(tx) = handle.outcome.take() {
-            let _ = tx.send(outcome);
-        }
     }
 
-    fn end_turn(&mut self, work: WorkId, outcome: Outcome) {
-        let at = self.clock.wall(self.clock.now());
-        let _ = self.recorder.send(Record::EndTurn { work, outcome, at });
-        let _ = self.events.send(LifecycleEvent::TurnEnded {
-            session: work.session,
-            turn: work.turn,
-            outcome,
-        });
-    }
-
-    /// Executes every effect the core queued, in order.
-    fn execute_effects(&mut self) {
-        let mut flush = false;
+    /// Executes every effect the core queued, in order, as it says.
+    fn execute(&mut self) {
         while let Some(effect) = self.core.poll_effect() {
             match effect {
+                Effect::StartWork { work } => self.start_work(work),
                 Effect::CancelWork { work, mode } => {
-                    let session_level = self
-                        .core
-                        .session(work.session)
-                        .is_some_and(|v| v.state() != State::Running);
+                    // Graceful: the turn may finish; the settle deadline bounds it.
                     if mode == CancelMode::Immediate {
-                        // A session-level cancel cancels the session's scope,
-                        // and the work's scope (its child) with it; a turn
-                        // cancel only the work's.
-                        let session_token = self
-                            .sessions
-                            .get(&work.session)
-                            .filter(|_| session_level)
-                            .map(|entry| &entry.token);
-                        match (session_token, self.works.get(&work)) {
-                            (Some(token), _) => cancel_once(token),
-                            (None, Some(handle)) => cancel_once(handle.scope.token()),
-                            (None, None) => {}
+                        if let Some(handle) = self.works.get(&work) {
+                            handle.cancel();
                         }
                     }
-                    // Graceful: the turn may finish; the settle deadline bounds it.
                 }
                 Effect::CloseStream { work } => {
-                    // The work closes its own stream when its scope is
-                    // cancelled (a scope born cancelled closes one that raced
-                    // the attach). Forcing it closed from outside is for a
-                    // detach only: a work gets its bounded chance first (G5).
                     if let Some(handle) = self.works.get(&work) {
-                        cancel_once(handle.scope.token());
+                        handle.close_stream();
                     }
                 }
                 Effect::DetachWork { work } => {
-                    if let Some(mut handle) = self.works.remove(&work) {
-                        tracing::warn!(session = %work.session, turn = work.turn,
-                            "work ignored cancellation past the settle deadline; detached");
+                    if let Some(handle) = self.works.get_mut(&work) {
+                        tracing::warn!(%work, "work ignored cancellation past the settle deadline; detached");
                         handle.detach();
-                        if let Some(tx) = handle.outcome.take() {
-                            let _ = tx.send(Outcome::Detached);
-                        }
                     }
-                    let _ = self.recorder.send(Record::Detached { work });
-                    let _ = self.events.send(LifecycleEvent::Detached {
+                    let shared = self.sessions.get(&work.session).map(|e| &e.shared);
+                    self.events.emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
                         session: work.session,
-                        turn: work.turn,
+                        turn: work.no,
                     });
-                    self.end_turn(work, Outcome::Detached);
                 }
-                Effect::FlushTranscript { .. } => flush = true,
+                Effect::WorkEnded { work, outcome } => {
+                    let handle = self.works.remove(&work);
+                    let (error, notify) = match handle {
+                        Some(mut h) => (h.error.take(), h.outcome.take()),
+                        None => (None, None),
+                    };
+                    let shared = self.sessions.get(&work.session).map(|e| &e.shared);
+                    self.events.emit(shared.map(Arc::as_ref), || LifecycleEvent::TurnEnded {
+                        session: work.session,
+                        turn: work.no,
+                        outcome,
+                        error: error.clone(),
+                    });
+                    let at = self.clock.wall(self.clock.now());
+                    let _ = self.recorder.send(Record::EndTurn {
+                        work,
+                        outcome,
+                        error,
+                        at,
+                        notify,
+                    });
+                }
+                Effect::FlushTranscripts => {
+                    let _ = self.recorder.send(Record::Flush);
+                }
                 Effect::Transition(t) => {
                     let at = self.clock.wall(t.at);
-                    if matches!(t.to, State::Settled | State::Finalized) {
-                        if let Some(entry) = self.sessions.get(&t.session) {
-                            cancel_once(&entry.token);
-                        }
-                    }
-                    // Events are for displays: none are built when nobody listens.
-                    if self.events.receiver_count() > 0 {
-                        let _ = self.events.send(LifecycleEvent::Transition {
-                            session: t.session,
-                            from: t.from,
-                            to: t.to,
-                            cause: t.cause.to_string(),
-                            at,
-                        });
-                    }
-                    let _ = self.recorder.send(Record::Transition {
+                    let shared = self.sessions.get(&t.session).map(|e| &e.shared);
+                    self.events.emit(shared.map(Arc::as_ref), || LifecycleEvent::Transition {
                         session: t.session,
                         from: t.from,
                         to: t.to,
-                        cause: t.cause,
+                        cause: t.cause.to_string(),
                         at,
                     });
+                    let _ = self.recorder.send(Record::Transition { transition: t, at });
                 }
                 Effect::Finalize(plan) => {
-                    let entry = self.sessions.remove(&plan.session);
-                    let (slot, delegates, waiters) = match entry {
-                        Some(e) => (e.slot, e.delegates, e.waiters),
-                        None => (None, Vec::new(), Vec::new()),
+                    let session = plan.session;
+                    let (shared, slot, delegates) = match self.sessions.remove(&session) {
+                        Some(e) => (Some(e.shared), e.slot, e.delegates),
+                        None => (None, None, Vec::new()),
                     };
-                    let name = self
-                        .names
-                        .remove(&plan.session)
-                        .unwrap_or_else(|| Arc::from(""));
+                    let at = self.clock.wall(self.clock.now());
                     let _ = self.recorder.send(Record::Finalize(Box::new(FinalizeJob {
                         plan,
-                        name,
+                        at,
+                        shared,
                         slot,
                         delegates,
-                        waiters,
                     })));
+                    // Its record is no use to the core any more (G2 holds in
+                    // the store's latch; a long-lived kernel must not grow).
+                    self.core.forget(session);
                 }
-                Effect::ShutdownComplete => {
+                Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);
-                    let _ = self.recorder.send(Record::ShutdownComplete { waiters });
+                    let _ = self.recorder.send(Record::ShutdownComplete {
+                        summary,
+                        waiters,
+                        lease_lost: self.lease_lost,
+                    });
                     self.done = true;
                 }
             }
         }
-        if flush {
-            let _ = self.recorder.send(Record::Flush);
-        }
     }
-}
 
-/// Cancels `token` unless it already is: a cancelled token's subtree is
-/// already cancelled, and cancelling again takes its lock for nothing.
-fn cancel_once(token: &CancellationToken) {
-    if !token.is_cancelled() {
-        token.cancel();
+    /// Starts the work the core admitted, with what its command brought.
+    fn start_work(&mut self, work: WorkId) {
+        let Some(PendingStart::Turn {
+            provider,
+            request,
+            reply,
+        }) = self.pending.take()
+        else {
+            tracing::error!(%work, "the core started a work nobody asked for");
+            return;
+        };
+        let Some(entry) = self.sessions.get(&work.session) else {
+            let _ = reply.send(Err(RuntimeError::SessionClosed(work.session)));
+            return;
+        };
+        // The turn's row is written by the recorder, in order after the end
+        // of the previous turn; the work streams once it is committed.
+        let (started_tx, started) = oneshot::channel();
+        let at = self.clock.wall(self.clock.now());
+        let _ = self.recorder.send(Record::StartTurn {
+            work,
+            at,
+            input: Some(crate::work::input_json(&request)),
+            done: started_tx,
+        });
+        let (handle, turn) = work::spawn(work::WorkContext {
+            work,
+            provider,
+            request,
+            started,
+            shared: entry.shared.clone(),
+            reports: self.report_tx.clone(),
+            store: self.store.clone(),
+            store_timeout: self.config.store_timeout,
+            failures: self.failures.clone(),
+            events: self.events.clone(),
+            idle_timeout: self.config.idle_timeout,
+            tracker: &self.works_tracker,
+        });
+        self.works.insert(work, handle);
+        let _ = reply.send(Ok(turn));
     }
 }

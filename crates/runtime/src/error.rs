@@ -12,9 +12,18 @@ pub enum RuntimeError {
     /// The store failed.
     #[error("the session store failed: {0}")]
     Store(#[from] settle_store::StoreError),
-    /// The provider could not start the turn.
-    #[error("the provider failed to start the turn: {0}")]
-    Provider(String),
+    /// The store did not answer in time: the request was given up (what it
+    /// wrote, if anything, is decided by the store; nothing was acknowledged).
+    #[error("the store did not answer within {after:?} while {what}; check that the database is up and reachable")]
+    StoreTimeout {
+        /// What the kernel was doing.
+        what: &'static str,
+        /// The bound that ran out.
+        after: std::time::Duration,
+    },
+    /// No session id could be reserved for a registration.
+    #[error("no session id could be reserved: {0}")]
+    Registration(std::sync::Arc<settle_store::StoreError>),
     /// Every active-session slot is taken.
     #[error("all {0} active-session slots are taken; wait for a session to be finalized or configure more slots")]
     NoSlot(usize),

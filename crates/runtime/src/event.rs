@@ -1,6 +1,6 @@
 use std::time::SystemTime;
 
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
 /// What happened in the runtime, for progress displays and logs.
 ///
@@ -52,6 +52,8 @@ pub enum LifecycleEvent {
         turn: u32,
         /// How.
         outcome: Outcome,
+        /// Why, when it failed or timed out.
+        error: Option<TurnError>,
     },
     /// A work ignored cancellation past its settle deadline and was detached.
     Detached {
@@ -69,6 +71,13 @@ pub enum LifecycleEvent {
         /// Whether memory was committed.
         memory_committed: bool,
     },
+    /// This process could not renew its lease on its sessions in time (G8):
+    /// it starts nothing more, cancels its works and writes nothing more as
+    /// their owner; another process recovers them.
+    LeaseLost {
+        /// What the renewal said.
+        message: String,
+    },
     /// A store write failed; the runtime carried on (G7 still holds for
     /// everything acknowledged).
     StoreFailed {
@@ -77,4 +86,46 @@ pub enum LifecycleEvent {
         /// What failed.
         message: String,
     },
+}
+
+/// Sends lifecycle events to the kernel's subscribers and to the subscribers
+/// of the session they are about; builds none when nobody listens.
+#[derive(Debug, Clone)]
+pub(crate) struct EventBus {
+    all: tokio::sync::broadcast::Sender<LifecycleEvent>,
+}
+
+impl EventBus {
+    /// How many events a kernel-wide subscriber may fall behind.
+    const CAPACITY: usize = 16 * 1024;
+
+    pub fn new() -> Self {
+        EventBus {
+            all: tokio::sync::broadcast::channel(Self::CAPACITY).0,
+        }
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<LifecycleEvent> {
+        self.all.subscribe()
+    }
+
+    /// Emits the event `make` builds, to everyone and to `session`'s subscribers.
+    pub fn emit(
+        &self,
+        session: Option<&crate::shared::SessionShared>,
+        make: impl FnOnce() -> LifecycleEvent,
+    ) {
+        let everyone = self.all.receiver_count() > 0;
+        let watched = session.is_some_and(|s| s.is_watched());
+        if !everyone && !watched {
+            return;
+        }
+        let event = make();
+        if let Some(s) = session.filter(|_| watched) {
+            s.publish(&event);
+        }
+        if everyone {
+            let _ = self.all.send(event);
+        }
+    }
 }

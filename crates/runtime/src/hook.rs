@@ -41,31 +41,62 @@ where
     }
 }
 
-/// Why a hook call did not finish normally.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HookFailure {
-    Panicked,
-    TimedOut,
+/// Runs `on_session_end` hooks off the recorder's path: each on its own
+/// task (a panic stays there), at most `concurrency` at once, each bounded by
+/// the hook timeout. A session's hook fires once, after its row is ended, so
+/// per-session order holds by construction.
+#[derive(Clone)]
+pub(crate) struct HookRunner {
+    hook: Option<Arc<dyn SessionEndHook>>,
+    limit: Duration,
+    permits: Arc<tokio::sync::Semaphore>,
+    tracker: tokio_util::task::TaskTracker,
 }
 
-/// Runs the hook in its own task, so a panic stays there, bounded by `limit`.
-pub(crate) async fn fire(
-    hook: Arc<dyn SessionEndHook>,
-    end: SessionEnd,
-    limit: Duration,
-) -> Result<(), HookFailure> {
-    let task = tokio::spawn(async move {
-        std::panic::AssertUnwindSafe(hook.on_session_end(end))
-            .catch_unwind()
-            .await
-    });
-    let abort = task.abort_handle();
-    match tokio::time::timeout(limit, task).await {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(_))) | Ok(Err(_)) => Err(HookFailure::Panicked),
-        Err(_) => {
-            abort.abort();
-            Err(HookFailure::TimedOut)
+impl HookRunner {
+    pub fn new(
+        hook: Option<Arc<dyn SessionEndHook>>,
+        limit: Duration,
+        concurrency: usize,
+        tracker: tokio_util::task::TaskTracker,
+    ) -> Self {
+        HookRunner {
+            hook,
+            limit,
+            permits: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
+            tracker,
         }
+    }
+
+    /// Fires the hook for `end`, without waiting for it.
+    pub fn fire(&self, end: SessionEnd) {
+        let Some(hook) = self.hook.clone() else {
+            return;
+        };
+        let (permits, limit) = (self.permits.clone(), self.limit);
+        let span = tracing::info_span!("on_session_end", session = %end.session, name = %end.name);
+        self.tracker.spawn(tracing::Instrument::instrument(
+            async move {
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                let session = end.session;
+                let call = std::panic::AssertUnwindSafe(hook.on_session_end(end)).catch_unwind();
+                match tokio::time::timeout(limit, call).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => tracing::warn!(%session, "on_session_end hook panicked; carrying on"),
+                    Err(_) => tracing::warn!(%session, ?limit, "on_session_end hook overran its timeout; abandoned"),
+                }
+            },
+            span,
+        ));
+    }
+
+    /// Waits until every hook fired so far has returned, or `until`; returns
+    /// how many were still running then (abandoned).
+    pub async fn settle(&self, until: tokio::time::Instant) -> usize {
+        self.tracker.close();
+        let _ = tokio::time::timeout_at(until, self.tracker.wait()).await;
+        self.tracker.len()
     }
 }

@@ -76,19 +76,28 @@ mod driver;
 mod error;
 mod event;
 mod hook;
+mod ids;
+mod kernel;
+mod lease;
+mod record;
 mod recorder;
 mod report;
-mod runtime;
+mod session;
+mod shared;
 pub mod signals;
+mod turn;
 mod work;
 
 pub use config::Config;
 pub use error::RuntimeError;
 pub use event::LifecycleEvent;
 pub use hook::{SessionEnd, SessionEndHook};
+pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
-pub use runtime::{Runtime, RuntimeBuilder, SessionHandle, Turn};
+pub use session::SessionHandle;
 pub use settle_core::{
-    CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, UnknownWord, WorkId,
+    CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, TurnError,
+    TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
 pub use settle_stream::Request as TurnRequest;
+pub use turn::Turn;

@@ -1,7 +1,8 @@
 use settle_core::{EndReason, SessionId};
 
-/// What a shutdown did (G9).
+/// What a shutdown did (G9): what the core decided, and what the store made of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShutdownReport {
     /// Turns that were running when shutdown began and finished within the drain.
     pub drained: Vec<SessionId>,
@@ -11,11 +12,18 @@ pub struct ShutdownReport {
     pub detached: Vec<SessionId>,
     /// Every session finalized during the shutdown, with its end reason, in order.
     pub finalized: Vec<(SessionId, EndReason)>,
-    /// Sessions left unfinalized (recoverable by `recover`, G8); empty unless
-    /// the store failed.
+    /// Sessions whose finalize was not committed (the store failed, or did not
+    /// answer within the shutdown's budget): left for `recover` (G8). Empty
+    /// unless the store failed.
     pub left_recoverable: Vec<SessionId>,
     /// Store writes that failed during the shutdown.
     pub store_failures: usize,
     /// Whether every transcript was flushed within the flush budget.
     pub flushed_in_budget: bool,
+    /// `on_session_end` hooks still running when the shutdown's budget ran
+    /// out; they were abandoned.
+    pub hooks_abandoned: usize,
+    /// The shutdown was forced by the loss of this process's lease (G8):
+    /// what was not finalized is left for another process to recover.
+    pub lease_lost: bool,
 }

@@ -1,13 +1,19 @@
 //! Shutdown on SIGINT, SIGTERM and SIGHUP, for frontends.
+//!
+//! Once a process installs a handler for a signal, that signal no longer
+//! kills it: a frontend that stops listening after the first signal ignores
+//! every later one (the review of the first wave found `settle run` hanging
+//! that way). So the handlers here are kept until the process exits, and
+//! every signal after the first skips the rest of the drain.
 
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::Runtime;
+use crate::{Kernel, WeakKernel};
 
-/// Which signal started the shutdown.
+/// Which signal arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownSignal {
     /// SIGINT (Ctrl-C).
@@ -29,43 +35,84 @@ impl ShutdownSignal {
     }
 }
 
-/// Installs handlers for SIGINT, SIGTERM and SIGHUP now, and returns a future
-/// that waits for the first of them and starts the graceful shutdown (G9)
-/// with `drain`; a second signal skips the rest of the drain. The future
-/// yields the first signal once it has started the shutdown; the second is
-/// watched in the background for as long as the runtime lives.
-///
-/// The handlers are in place when this returns, so a signal that arrives
-/// before the future is first polled (say, while the frontend is still
-/// spawning its agents) still starts a graceful shutdown instead of killing
-/// the process. Call it inside a tokio runtime.
+/// The handlers of SIGINT, SIGTERM and SIGHUP, installed for as long as this
+/// value lives (keep it until the process exits).
+#[derive(Debug)]
+pub struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers now: from here on these signals are delivered
+    /// to [`recv`](Self::recv) instead of killing the process. Call it inside
+    /// a tokio runtime, before anything a signal should be able to stop.
+    ///
+    /// # Errors
+    /// When the handlers cannot be installed.
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal.
+    pub async fn recv(&mut self) -> ShutdownSignal {
+        tokio::select! {
+            _ = self.int.recv() => ShutdownSignal::Interrupt,
+            _ = self.term.recv() => ShutdownSignal::Terminate,
+            _ = self.hup.recv() => ShutdownSignal::Hangup,
+        }
+    }
+
+    /// Drives `kernel`'s shutdown from these signals: the first starts the
+    /// graceful shutdown (G9) with `drain`, every later one skips the rest of
+    /// the drain. Returns a future that yields the first signal once it has
+    /// started the shutdown; the later ones are watched by a task that holds
+    /// the handlers (and only a [`WeakKernel`]) until the process exits.
+    pub fn drive(
+        mut self,
+        kernel: &Kernel,
+        drain: Duration,
+    ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        let kernel: WeakKernel = kernel.downgrade();
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let first = self.recv().await;
+            tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
+            if let Some(kernel) = kernel.upgrade() {
+                kernel.begin_shutdown(drain);
+            }
+            let _ = first_tx.send(first);
+            loop {
+                let again = self.recv().await;
+                tracing::warn!(signal = ?again, "another signal: skipping the rest of the drain");
+                if let Some(kernel) = kernel.upgrade() {
+                    kernel.skip_drain();
+                }
+            }
+        });
+        async move {
+            match first_rx.await {
+                Ok(first) => first,
+                // The watcher cannot end before sending; if it did, wait forever.
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+}
+
+/// Installs the handlers now and drives `kernel`'s shutdown from them (see
+/// [`Signals::drive`]).
 ///
 /// # Errors
 /// When the signal handlers cannot be installed.
 pub fn shutdown_on_signals(
-    runtime: Runtime,
+    kernel: &Kernel,
     drain: Duration,
 ) -> std::io::Result<impl Future<Output = ShutdownSignal> + Send + 'static> {
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    Ok(async move {
-        let first = tokio::select! {
-            _ = int.recv() => ShutdownSignal::Interrupt,
-            _ = term.recv() => ShutdownSignal::Terminate,
-            _ = hup.recv() => ShutdownSignal::Hangup,
-        };
-        tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
-        runtime.begin_shutdown(drain);
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {},
-                _ = term.recv() => {},
-                _ = hup.recv() => {},
-            }
-            tracing::warn!("second signal: skipping the rest of the drain");
-            runtime.skip_drain();
-        });
-        first
-    })
+    Ok(Signals::install()?.drive(kernel, drain))
 }

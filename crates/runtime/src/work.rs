@@ -1,33 +1,54 @@
-//! The work of one turn: a tokio task that opens the provider's stream inside
-//! the turn's cancellation scope and persists each chunk before the consumer
-//! sees it (G7).
+//! The work of one turn: a tracked tokio task that opens the provider's
+//! stream inside the work's own cancellation scope, persists each chunk
+//! before the consumer sees it (G7), and reports its stream and its end to
+//! the driver under its `WorkId`. The driver holds a [`WorkHandle`] and
+//! executes the core's orders on it: cancel, close the stream, detach.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use settle_core::{Outcome, WorkId};
+use futures_util::FutureExt;
+use settle_core::{Outcome, TurnError, TurnErrorKind, WorkId};
 use settle_store::{SessionStore, StoreError};
 use settle_stream::{
     run_turn, ChunkSink, Provider, ProviderStream, Request, Scope, SinkClosed, StreamError,
-    TurnOptions,
+    TurnEnd, TurnOptions,
 };
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::command::{WorkReport, WorkReportKind};
+use crate::event::EventBus;
+use crate::shared::SessionShared;
 use crate::{LifecycleEvent, Turn};
 
-/// The driver's grip on a work.
+/// The driver's grip on a work. Dropping it revokes the work's write access.
 pub(crate) struct WorkHandle {
-    pub scope: Scope,
-    pub outcome: Option<oneshot::Sender<Outcome>>,
+    scope: Scope,
     revoked: CancellationToken,
     task: AbortHandle,
+    /// Why it failed, as its last report said.
+    pub error: Option<TurnError>,
+    /// Who waits for its end.
+    pub outcome: Option<oneshot::Sender<(Outcome, Option<TurnError>)>>,
 }
 
 impl WorkHandle {
+    /// An immediate cancel: the work's token, which ends its attached stream.
+    pub fn cancel(&self) {
+        self.scope.token().cancel();
+    }
+
+    /// Closes the work's stream from outside, whatever the work is doing (G4).
+    pub fn close_stream(&self) {
+        self.scope.close_handle().close();
+    }
+
     /// Abandons the work (G5): its write access is revoked first, then its
     /// stream is force-closed and its task aborted.
     pub fn detach(&mut self) {
@@ -37,18 +58,36 @@ impl WorkHandle {
     }
 }
 
+impl Drop for WorkHandle {
+    fn drop(&mut self) {
+        self.revoked.cancel();
+    }
+}
+
 pub(crate) struct WorkContext<'a> {
     pub work: WorkId,
     pub provider: Arc<dyn Provider>,
     pub request: Request,
     /// Answered once the recorder has written the turn's start.
-    pub started: oneshot::Receiver<Result<(), settle_store::StoreError>>,
-    pub session_token: &'a CancellationToken,
-    pub store: Arc<dyn SessionStore>,
+    pub started: oneshot::Receiver<Result<(), StoreError>>,
+    pub shared: Arc<SessionShared>,
     pub reports: mpsc::UnboundedSender<WorkReport>,
-    pub events: broadcast::Sender<LifecycleEvent>,
-    pub failures: Arc<std::sync::atomic::AtomicUsize>,
+    pub store: Arc<dyn SessionStore>,
+    pub store_timeout: Duration,
+    pub failures: Arc<AtomicUsize>,
+    pub events: EventBus,
     pub idle_timeout: Option<Duration>,
+    pub tracker: &'a TaskTracker,
+}
+
+/// The messages sent to the provider, as the store keeps a turn's input.
+pub(crate) fn input_json(request: &Request) -> String {
+    let messages: Vec<serde_json::Value> = request
+        .messages
+        .iter()
+        .map(|m| serde_json::json!({ "role": m.role.as_str(), "content": m.content }))
+        .collect();
+    serde_json::Value::Array(messages).to_string()
 }
 
 pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
@@ -57,15 +96,16 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         provider,
         request,
         started,
-        session_token,
-        store,
+        shared,
         reports,
-        events,
+        store,
+        store_timeout,
         failures,
+        events,
         idle_timeout,
+        tracker,
     } = ctx;
-    // A child of the session's scope: born cancelled if the session already is.
-    let scope = Scope::new(session_token);
+    let scope = Scope::new(&CancellationToken::new());
     let (chunk_tx, chunks) = mpsc::unbounded_channel();
     let (outcome_tx, outcome) = oneshot::channel();
     let revoked = CancellationToken::new();
@@ -73,66 +113,109 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         idle_timeout: idle_timeout.unwrap_or(Duration::ZERO),
         first_event_timeout: None,
     };
-    let task = {
-        let scope = scope.clone();
-        let revoked = revoked.clone();
-        tokio::spawn(async move {
-            let report = |kind| {
-                let _ = reports.send(WorkReport { work, kind });
+    let span = tracing::info_span!(
+        "turn",
+        session = %work.session,
+        name = %shared.name,
+        no = work.no,
+    );
+    let body = {
+        let (scope, revoked, reports) = (scope.clone(), revoked.clone(), reports.clone());
+        async move {
+            let started = started.await.unwrap_or(Err(StoreError::Unavailable));
+            if let Err(error) = started {
+                tracing::error!(%error, "could not record the turn's start");
+                let error = TurnError::new(TurnErrorKind::Store, format!("could not record the turn's start: {error}"));
+                return (Outcome::Failed, Some(error));
+            }
+            let provider = Reporting {
+                inner: provider,
+                reports: reports.clone(),
+                work,
             };
-            let started = started
-                .await
-                .unwrap_or(Err(settle_store::StoreError::Unavailable));
-            let outcome = match started {
-                Err(error) => {
-                    tracing::error!(session = %work.session, %error, "could not record the turn's start");
-                    Outcome::Failed
-                }
-                Ok(()) => {
-                    let provider = Reporting {
-                        inner: provider,
-                        reports: reports.clone(),
-                        work,
-                    };
-                    let mut sink = Persisting {
-                        work,
-                        store_failed: false,
-                        store,
-                        revoked,
-                        consumer: Some(chunk_tx),
-                        events,
-                        failures,
-                        seq: 0,
-                    };
-                    let end = run_turn(&provider, &request, &scope, &mut sink, options).await;
-                    report(WorkReportKind::StreamClosed);
-                    // Stopped because the store failed a write: the turn
-                    // failed, it was not cancelled.
-                    if sink.store_failed {
-                        Outcome::Failed
-                    } else {
-                        end.outcome()
-                    }
-                }
+            let mut sink = Persisting {
+                work,
+                store_failed: None,
+                store,
+                store_timeout,
+                failures,
+                revoked,
+                consumer: Some(chunk_tx),
+                shared,
+                events,
+                seq: 0,
             };
-            report(WorkReportKind::Ended(outcome));
-        })
-        .abort_handle()
+            let end = run_turn(&provider, &request, &scope, &mut sink, options).await;
+            let _ = reports.send(WorkReport {
+                work,
+                kind: WorkReportKind::StreamClosed,
+            });
+            // Stopped because the store failed a write: the turn failed, it
+            // was not cancelled.
+            if let Some(error) = sink.store_failed {
+                return (Outcome::Failed, Some(error));
+            }
+            (end.outcome(), turn_error(&end))
+        }
     };
+    let task = tracker
+        .spawn(
+            async move {
+                // A panic anywhere in the work still ends it, once, as failed.
+                let (outcome, error) = match std::panic::AssertUnwindSafe(body).catch_unwind().await
+                {
+                    Ok(end) => end,
+                    Err(panic) => (Outcome::Failed, Some(panicked(panic.as_ref()))),
+                };
+                let _ = reports.send(WorkReport {
+                    work,
+                    kind: WorkReportKind::Ended { outcome, error },
+                });
+            }
+            .instrument(span),
+        )
+        .abort_handle();
     let handle = WorkHandle {
         scope,
-        outcome: Some(outcome_tx),
         revoked,
         task,
+        error: None,
+        outcome: Some(outcome_tx),
     };
-    (
-        handle,
-        Turn {
-            work,
-            chunks,
-            outcome,
-        },
-    )
+    (handle, Turn::new(work, chunks, outcome))
+}
+
+/// The error of a turn that did not complete, in words a person can act on.
+fn turn_error(end: &TurnEnd) -> Option<TurnError> {
+    match end {
+        TurnEnd::Failed(error) => Some(stream_error(error)),
+        TurnEnd::IdleTimeout(error) => Some(TurnError::new(TurnErrorKind::Timeout, error.to_string())),
+        TurnEnd::Panicked => Some(TurnError::new(TurnErrorKind::Panic, "the turn's work panicked")),
+        _ => None,
+    }
+}
+
+fn stream_error(error: &StreamError) -> TurnError {
+    use settle_stream::StreamErrorKind as K;
+    let kind = match error.kind() {
+        K::Status { .. } => TurnErrorKind::HttpStatus,
+        K::Http { .. } => TurnErrorKind::Connect,
+        K::HeadersTimeout { .. } | K::IdleTimeout(_) | K::FirstEventTimeout(_) => {
+            TurnErrorKind::Timeout
+        }
+        K::Protocol(_) => TurnErrorKind::Protocol,
+        _ => TurnErrorKind::Provider,
+    };
+    TurnError::new(kind, error.to_string())
+}
+
+fn panicked(panic: &(dyn std::any::Any + Send)) -> TurnError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned());
+    TurnError::new(TurnErrorKind::Panic, format!("the turn's work panicked: {message}"))
 }
 
 /// Tells the core when the stream exists, so a cancel that raced the attach
@@ -160,12 +243,14 @@ impl Provider for Reporting {
 struct Persisting {
     work: WorkId,
     /// A chunk write failed (not a revoked write): the turn ends `failed`.
-    store_failed: bool,
+    store_failed: Option<TurnError>,
     store: Arc<dyn SessionStore>,
+    store_timeout: Duration,
+    failures: Arc<AtomicUsize>,
     revoked: CancellationToken,
     consumer: Option<mpsc::UnboundedSender<String>>,
-    events: broadcast::Sender<LifecycleEvent>,
-    failures: Arc<std::sync::atomic::AtomicUsize>,
+    shared: Arc<SessionShared>,
+    events: EventBus,
     seq: u32,
 }
 
@@ -175,37 +260,44 @@ impl ChunkSink for Persisting {
         if self.revoked.is_cancelled() {
             return Err(SinkClosed);
         }
+        let receipt = self
+            .store
+            .append_chunk(self.work.session, self.work.no, text.clone());
         let appended = tokio::select! {
             biased;
             () = self.revoked.cancelled() => return Err(SinkClosed),
-            appended = self.store.append_chunk(self.work.session, self.work.turn, text.clone()) => appended,
+            appended = tokio::time::timeout(self.store_timeout, receipt) => appended,
         };
-        if let Err(error) = appended {
-            tracing::warn!(session = %self.work.session, %error, "chunk refused by the store; stopping the turn");
-            // A closed session or turn is revoked write access (G10), not a
-            // fault; anything else is a failed write, counted and shown like
-            // the recorder's.
-            if !matches!(
-                error,
-                StoreError::SessionClosed(_) | StoreError::TurnClosed { .. }
-            ) {
-                self.store_failed = true;
-                self.failures
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let _ = self.events.send(LifecycleEvent::StoreFailed {
-                    session: Some(self.work.session),
-                    message: format!("failed to persist a chunk: {error}"),
-                });
+        let failure = match appended {
+            Ok(Ok(_)) => None,
+            // A closed session or turn is revoked write access (G10), not a fault.
+            Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
+                return Err(SinkClosed)
             }
+            Ok(Err(error)) => Some(format!("could not persist a chunk: {error}")),
+            Err(_) => Some(format!(
+                "could not persist a chunk: the store did not answer within {:?}",
+                self.store_timeout
+            )),
+        };
+        if let Some(message) = failure {
+            tracing::warn!(%message, "stopping the turn");
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.events.emit(Some(&self.shared), || LifecycleEvent::StoreFailed {
+                session: Some(self.work.session),
+                message: message.clone(),
+            });
+            self.store_failed = Some(TurnError::new(TurnErrorKind::Store, message));
             return Err(SinkClosed);
         }
-        let _ = self.events.send(LifecycleEvent::Chunk {
+        let seq = self.seq;
+        self.seq += 1;
+        self.events.emit(Some(&self.shared), || LifecycleEvent::Chunk {
             session: self.work.session,
-            turn: self.work.turn,
-            seq: self.seq,
+            turn: self.work.no,
+            seq,
             text: text.clone(),
         });
-        self.seq += 1;
         // A consumer that stopped reading does not stop the turn: the
         // transcript is what matters, and it is persisted.
         if let Some(consumer) = &self.consumer {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_runtime::{
-    EndReason, LifecycleEvent, Runtime, RuntimeBuilder, SessionHandle, SessionId, Turn, TurnRequest,
+    EndReason, LifecycleEvent, Kernel, KernelBuilder, SessionHandle, SessionId, Turn, TurnRequest,
 };
 use settle_store::{MemoryStore, SessionDetail, SessionStore};
 use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};
@@ -16,9 +16,9 @@ use tokio::sync::broadcast;
 /// stream must only end when a test says so) unless `tune` sets one.
 pub async fn runtime_on(
     store: &MemoryStore,
-    tune: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
-) -> Runtime {
-    let builder = Runtime::builder(Arc::new(store.clone())).idle_timeout(None);
+    tune: impl FnOnce(KernelBuilder) -> KernelBuilder,
+) -> Kernel {
+    let builder = Kernel::builder(Arc::new(store.clone())).idle_timeout(None);
     tune(builder).start().await.expect("the runtime starts")
 }
 

@@ -79,15 +79,12 @@ async fn g9_a_panicking_or_hanging_hook_does_not_stop_shutdown() {
     let store = MemoryStore::new();
     let fired: Arc<Mutex<Vec<String>>> = Arc::default();
     let hook_timeout = Duration::from_secs(1);
-    let config = Config {
-        hook_timeout,
-        ..Config::default()
-    };
+    let config = Config::default().hook_timeout(hook_timeout);
     let hook = Unruly {
         fired: fired.clone(),
     };
     let runtime = runtime_on(&store, |b| {
-        b.config(config).idle_timeout(None).on_session_end(hook)
+        b.with_config(config).idle_timeout(None).on_session_end(hook)
     })
     .await;
     let ids: Vec<_> = [("panics"), ("hangs"), ("fine")]

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_runtime::{EndReason, LifecycleEvent, Outcome, Runtime, State, TurnRequest};
+use settle_runtime::{EndReason, LifecycleEvent, Outcome, Kernel, State, TurnRequest};
 use settle_store::{MemoryStore, RecoverOptions, SessionStore, Store};
 use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};
 
@@ -262,7 +262,7 @@ fn killed_child(path: &str) {
         .unwrap();
     rt.block_on(async {
         let store = Store::open(path).unwrap();
-        let runtime = Runtime::builder(Arc::new(store)).start().await.unwrap();
+        let runtime = Kernel::builder(Arc::new(store)).start().await.unwrap();
         let session = runtime.register("doomed", None).await.unwrap();
         let mut out = std::io::stdout().lock();
         writeln!(out, "SESSION {}", session.id()).unwrap();
