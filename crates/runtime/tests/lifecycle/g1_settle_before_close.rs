@@ -87,8 +87,8 @@ async fn g1_root_finish_settles_and_finalizes_descendants_before_the_root() {
     assert_eq!(report.store_failures, 0);
 }
 
-/// The seed's own shape: the root finishes from inside its turn (a
-/// `finish` tool call) while a child is mid-turn.
+/// The seed's own shape: the root finishes while a child is mid-turn; here
+/// it does so with its own stream still open, which cuts that turn short.
 #[tokio::test(start_paused = true)]
 async fn g1_root_finishing_inside_its_own_turn_settles_the_child_first() {
     let store = MemoryStore::new();
@@ -105,9 +105,11 @@ async fn g1_root_finishing_inside_its_own_turn_settles_the_child_first() {
     let mut root_turn = start(&root, &root_provider).await;
     read_chunks(&mut root_turn, 1).await;
 
-    assert_eq!(root.finish().await.unwrap(), EndReason::Completed);
+    // Finishing cuts the root's own turn short: it is recorded cancelled,
+    // not completed (G7), and the root ends `cancelled`.
+    assert_eq!(root.finish().await.unwrap(), EndReason::Cancelled);
     assert_eq!(child_turn.outcome().await, Outcome::Cancelled);
-    assert_eq!(root_turn.outcome().await, Outcome::Completed);
+    assert_eq!(root_turn.outcome().await, Outcome::Cancelled);
     settle_tasks().await;
 
     let seen = drain(&mut events);
@@ -120,8 +122,8 @@ async fn g1_root_finishing_inside_its_own_turn_settles_the_child_first() {
         assert_eq!(stats.opened, stats.close_started, "{stats:?}");
     }
     let root_detail = detail(&store, root.id()).await;
-    assert_eq!(root_detail.session.outcome, Some(Outcome::Completed));
-    assert_eq!(root_detail.session.end_reason, Some(EndReason::Completed));
+    assert_eq!(root_detail.session.outcome, Some(Outcome::Cancelled));
+    assert_eq!(root_detail.session.end_reason, Some(EndReason::Cancelled));
     assert_eq!(
         root_detail.turns[0].chunks,
         vec!["calling finish".to_owned()]
@@ -131,8 +133,8 @@ async fn g1_root_finishing_inside_its_own_turn_settles_the_child_first() {
     assert_eq!(report.store_failures, 0);
 }
 
-/// A leaf agent finishing from inside its own turn: nothing waits for a
-/// child, so its finalize is decided before its work has even exited.
+/// A leaf agent finishing from inside its own turn: the turn is cancelled
+/// and the finalize waits for its work to exit, so nothing is written after it.
 #[tokio::test(start_paused = true)]
 async fn g1_a_leaf_finishing_inside_its_turn_writes_nothing_after_its_finalize() {
     let store = MemoryStore::new();
@@ -143,8 +145,8 @@ async fn g1_a_leaf_finishing_inside_its_turn_writes_nothing_after_its_finalize()
     let p = provider([hang(&["done, calling finish"], 10 * MS)]);
     let mut turn = start(&agent, &p).await;
     read_chunks(&mut turn, 1).await;
-    assert_eq!(agent.finish().await.unwrap(), EndReason::Completed);
-    assert_eq!(turn.outcome().await, Outcome::Completed);
+    assert_eq!(agent.finish().await.unwrap(), EndReason::Cancelled);
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
     settle_tasks().await;
 
     let seen = drain(&mut events);
@@ -152,9 +154,9 @@ async fn g1_a_leaf_finishing_inside_its_turn_writes_nothing_after_its_finalize()
     assert_eq!(runtime.store_failures(), 0);
     assert_eq!(p.stats().close_started, 1);
     let d = detail(&store, agent.id()).await;
-    assert_eq!(d.session.outcome, Some(Outcome::Completed));
-    assert_eq!(d.turns[0].outcome, Some(Outcome::Completed));
-    // Its finished turn is whole: memory is committed from it.
-    assert_eq!(store.memories(agent.id()).await.unwrap().len(), 1);
+    assert_eq!(d.session.outcome, Some(Outcome::Cancelled));
+    assert_eq!(d.turns[0].outcome, Some(Outcome::Cancelled));
+    // Its cut turn is not whole: no memory is committed from it (G7).
+    assert!(store.memories(agent.id()).await.unwrap().is_empty());
     runtime.shutdown(Duration::ZERO).await;
 }

@@ -138,11 +138,17 @@ async fn g10_a_handle_used_after_its_finalize_returns_session_closed() {
         .run_turn(p.clone(), TurnRequest::prompt("again"))
         .await;
     assert!(matches!(turn, Err(RuntimeError::SessionClosed(s)) if s == id));
+    // Using it fails loudly (G10); ending it or letting go of it again is a
+    // no-op that says it was already finalized (G2).
     closed(session.hold(Hold::PendingInput).await);
-    closed(session.release(Hold::PendingInput).await);
     closed(session.attach_transport(true).await);
-    closed(session.detach_transport().await);
-    closed(session.cancel_turn().await);
+    for again in [
+        session.release(Hold::PendingInput).await,
+        session.detach_transport().await,
+        session.cancel_turn().await,
+    ] {
+        assert_eq!(again.unwrap(), Handled::AlreadyFinalized);
+    }
     let finished = session.finish().await;
     assert!(
         matches!(&finished, Err(e) if e.is_session_closed()),

@@ -1,0 +1,380 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_core::{Event, Handled, SessionId};
+use settle_store::{OwnerId, OwnerInfo, SessionStore};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::command::{Command, Reply};
+use crate::driver::{Channels, Driver};
+use crate::event::EventBus;
+use crate::hook::HookRunner;
+use crate::ids::{IdBlock, BLOCK};
+use crate::recorder::Recorder;
+use crate::{
+    Config, LifecycleEvent, RuntimeError, SessionEndHook, SessionHandle, ShutdownReport,
+};
+
+/// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.
+pub struct KernelBuilder {
+    store: Arc<dyn SessionStore>,
+    pub(crate) config: Config,
+    hook: Option<Arc<dyn SessionEndHook>>,
+}
+
+impl std::fmt::Debug for KernelBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KernelBuilder {
+    /// Starts from `config` instead of the defaults; setters called after
+    /// this one change it further.
+    #[must_use]
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The `on_session_end` hook, fired once per finalized session, after its
+    /// row is ended (SPEC §4 step 4).
+    #[must_use]
+    pub fn on_session_end(mut self, hook: impl SessionEndHook) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Starts the kernel on the current tokio runtime: registers this process
+    /// as an owner in the store, reserves a first block of session ids, and
+    /// recovers dead owners' sessions first if configured to.
+    ///
+    /// # Errors
+    /// When the store cannot register the owner, reserve ids or recover,
+    /// within the store timeout.
+    pub async fn start(self) -> Result<Kernel, RuntimeError> {
+        let KernelBuilder {
+            store,
+            config,
+            hook,
+        } = self;
+        let bound = config.store_timeout;
+        let within = |what: &'static str| move |_| RuntimeError::StoreTimeout { what, after: bound };
+        let owner = tokio::time::timeout(
+            bound,
+            store.register_owner(OwnerInfo::this_process(), config.lease_ttl),
+        )
+        .await
+        .map_err(within("registering this process"))??;
+        if config.recover_on_start {
+            tokio::time::timeout(
+                bound,
+                store.recover(settle_store::RecoverOptions::now_on_this_host()),
+            )
+            .await
+            .map_err(within("recovering sessions"))??;
+        }
+        let first = tokio::time::timeout(bound, store.reserve_ids(BLOCK))
+            .await
+            .map_err(within("reserving session ids"))??;
+
+        let (command_tx, commands) = mpsc::unbounded_channel();
+        let (record_tx, records) = mpsc::unbounded_channel();
+        let (ack_tx, acks) = mpsc::unbounded_channel();
+        let events = EventBus::new();
+        let failures = Arc::new(AtomicUsize::new(0));
+        let last_report = Arc::new(std::sync::OnceLock::new());
+        let works = TaskTracker::new();
+        let hooks = HookRunner::new(
+            hook,
+            config.hook_timeout,
+            config.hook_concurrency,
+            TaskTracker::new(),
+        );
+        let recorder = Recorder {
+            store: store.clone(),
+            owner,
+            hooks,
+            store_timeout: config.store_timeout,
+            events: events.clone(),
+            acks: ack_tx,
+            commands: command_tx.downgrade(),
+            failures: failures.clone(),
+            report: ShutdownReport::default(),
+            deadline: None,
+            last_report: last_report.clone(),
+        };
+        let recorder = tokio::spawn(recorder.run(records));
+        let lease = tokio::spawn(crate::lease::renew(
+            store.clone(),
+            owner,
+            config.lease_ttl,
+            command_tx.downgrade(),
+            events.clone(),
+        ));
+        let drain = config.drain_timeout;
+        let driver = Driver::new(
+            config,
+            Clock::new(),
+            Channels {
+                commands,
+                acks,
+                recorder: record_tx,
+                store: store.clone(),
+            },
+            events.clone(),
+            works.clone(),
+            IdBlock::new(first),
+            failures.clone(),
+        );
+        let driver = tokio::spawn(driver.run());
+        let finished = tokio::spawn(async move {
+            let _ = driver.await;
+            // The recorder ends once the driver's last record is applied.
+            let _ = recorder.await;
+            lease.abort();
+        });
+        Ok(Kernel {
+            inner: Arc::new(Inner {
+                commands: command_tx,
+                events,
+                failures,
+                drain,
+                store,
+                owner,
+                last_report,
+                finished: tokio::sync::Mutex::new(Some(finished)),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    commands: mpsc::UnboundedSender<Command>,
+    events: EventBus,
+    failures: Arc<AtomicUsize>,
+    drain: Duration,
+    store: Arc<dyn SessionStore>,
+    owner: OwnerId,
+    /// The report of the shutdown, once it completed (a shutdown the kernel
+    /// began itself, on a lost lease or when every handle was dropped, has no
+    /// other waiter).
+    last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A running `settle` kernel: what a frontend holds. Cheap to clone.
+///
+/// One driver task owns the lifecycle core; every method here is a message to
+/// it. When the last clone (and the last [`SessionHandle`]) is dropped, the
+/// kernel shuts down with no drain. A [`WeakKernel`] does not keep it alive.
+#[derive(Clone)]
+pub struct Kernel {
+    inner: Arc<Inner>,
+}
+
+/// A [`Kernel`] that does not keep it running (for watchers such as the
+/// signal handler).
+#[derive(Clone)]
+pub struct WeakKernel {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl WeakKernel {
+    /// The kernel, if it is still held somewhere.
+    pub fn upgrade(&self) -> Option<Kernel> {
+        self.inner.upgrade().map(|inner| Kernel { inner })
+    }
+}
+
+impl std::fmt::Debug for WeakKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakKernel").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("owner", &self.inner.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kernel {
+    /// A builder over `store`, with the defaults of SPEC §3–5.
+    pub fn builder(store: Arc<dyn SessionStore>) -> KernelBuilder {
+        KernelBuilder {
+            store,
+            config: Config::default(),
+            hook: None,
+        }
+    }
+
+    /// A handle that does not keep the kernel running.
+    pub fn downgrade(&self) -> WeakKernel {
+        WeakKernel {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    pub(crate) fn send(&self, command: Command) -> Result<(), RuntimeError> {
+        self.inner
+            .commands
+            .send(command)
+            .map_err(|_| RuntimeError::Stopped)
+    }
+
+    pub(crate) async fn ask<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx))?;
+        rx.await.map_err(|_| RuntimeError::Stopped)?
+    }
+
+    pub(crate) fn commands(&self) -> mpsc::WeakUnboundedSender<Command> {
+        self.inner.commands.downgrade()
+    }
+
+    /// Registers a session named `name` under `parent` (G1: the parent must be
+    /// open and not winding down), and returns its handle once its row is
+    /// committed. Refused while shutting down.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
+    /// or [`RuntimeError::StoreTimeout`] when the row cannot be written.
+    pub async fn register(
+        &self,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        let name: Arc<str> = name.into().into();
+        let shared = self
+            .ask(|reply| Command::Register {
+                name,
+                parent,
+                reply,
+            })
+            .await?;
+        Ok(SessionHandle::new(shared, self.clone()))
+    }
+
+    /// A handle for a session of this kernel that is still open.
+    ///
+    /// # Errors
+    /// `SessionClosed` when it is finalized (its row says so),
+    /// `Lifecycle(UnknownSession)` when this kernel never registered it.
+    pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
+        let found = self
+            .ask(|reply| Command::Lookup { session: id, reply })
+            .await;
+        match found {
+            Ok(shared) => Ok(SessionHandle::new(shared, self.clone())),
+            Err(error) => Err(self.explain_unknown(id, error).await),
+        }
+    }
+
+    /// The core forgets finalized sessions; the store remembers them. An
+    /// unknown id that the store has finalized is a closed session (G10).
+    pub(crate) async fn explain_unknown(&self, id: SessionId, error: RuntimeError) -> RuntimeError {
+        if !matches!(
+            error,
+            RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))
+        ) {
+            return error;
+        }
+        match self.inner.store.session_detail(id).await {
+            Ok(detail) if detail.session.state == settle_core::State::Finalized => {
+                RuntimeError::SessionClosed(id)
+            }
+            _ => error,
+        }
+    }
+
+    /// Cancels every live descendant of `session`, never `session` itself.
+    ///
+    /// # Errors
+    /// When the session is unknown or the kernel stopped.
+    pub async fn cancel_subtree(&self, session: SessionId) -> Result<Handled, RuntimeError> {
+        self.core(Event::CancelDescendants { session }).await
+    }
+
+    pub(crate) async fn core(&self, event: Event) -> Result<Handled, RuntimeError> {
+        self.ask(|reply| Command::Core {
+            event,
+            reply: Some(reply),
+        })
+        .await
+    }
+
+    /// Starts the graceful shutdown (G9) without waiting for it.
+    pub fn begin_shutdown(&self, drain: Duration) {
+        let _ = self.send(Command::Shutdown { drain, reply: None });
+    }
+
+    /// Ends the drain now (what a second signal does).
+    pub fn skip_drain(&self) {
+        let _ = self.send(Command::Core {
+            event: Event::SkipDrain,
+            reply: None,
+        });
+    }
+
+    /// Shuts down (G9): no new session or turn, transcripts flushed, idle
+    /// sessions finalized, running turns drained for `drain`, then cancelled,
+    /// settled and finalized. Returns what it did once every session is
+    /// finalized and every write applied, or once the shutdown's budget
+    /// (drain + settle timeout + flush budget) ran out on a stalled store:
+    /// then [`ShutdownReport::left_recoverable`] names what was left.
+    pub async fn shutdown(&self, drain: Duration) -> ShutdownReport {
+        let (tx, rx) = oneshot::channel();
+        let answered = match self.send(Command::Shutdown {
+            drain,
+            reply: Some(tx),
+        }) {
+            Ok(()) => rx.await.ok(),
+            Err(_) => None,
+        };
+        self.finished().await;
+        answered
+            .or_else(|| self.inner.last_report.get().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Shuts down with the configured drain timeout.
+    pub async fn shutdown_default(&self) -> ShutdownReport {
+        self.shutdown(self.inner.drain).await
+    }
+
+    /// Waits until the driver and its recorder have stopped (after a shutdown).
+    pub async fn finished(&self) {
+        // The lock is held across the wait, so a second caller (a concurrent
+        // `shutdown`) waits for the same end instead of returning early.
+        let mut finished = self.inner.finished.lock().await;
+        if let Some(handle) = finished.as_mut() {
+            let _ = handle.await;
+            *finished = None;
+        }
+    }
+
+    /// Lifecycle events of every session, for progress displays. A
+    /// subscriber that falls far behind misses events (it is told how many);
+    /// the store's record is always complete. For one session's events, see
+    /// [`SessionHandle::subscribe`].
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// How many store writes have failed so far (the CLI exits 3 when any did).
+    pub fn store_failures(&self) -> usize {
+        self.inner.failures.load(Ordering::Relaxed)
+    }
+}

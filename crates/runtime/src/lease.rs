@@ -1,0 +1,64 @@
+//! The lease renewer: keeps this process's lease on its sessions alive, and
+//! says so loudly when it cannot (G8).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_store::{OwnerId, SessionStore, StoreError};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::command::Command;
+use crate::event::EventBus;
+use crate::LifecycleEvent;
+
+/// Renews the lease at a third of its TTL. The lease counts as lost when the
+/// store says it expired, or when no renewal has succeeded for a whole TTL
+/// (measured from the last success's request, so the local view is never
+/// more optimistic than the store's): then the driver is told, which stops
+/// starting anything and cancels every work, and the loop ends.
+pub(crate) async fn renew(
+    store: Arc<dyn SessionStore>,
+    owner: OwnerId,
+    ttl: Duration,
+    commands: mpsc::WeakUnboundedSender<Command>,
+    events: EventBus,
+) {
+    let every = (ttl / 3).max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut valid_until = Instant::now() + ttl;
+    loop {
+        tick.tick().await;
+        let asked = Instant::now();
+        let message = match tokio::time::timeout(every, store.renew_lease(owner, ttl)).await {
+            Ok(Ok(_)) => {
+                valid_until = asked + ttl;
+                continue;
+            }
+            Ok(Err(error @ StoreError::LeaseLost(_))) => error.to_string(),
+            Ok(Err(error)) if Instant::now() >= valid_until => {
+                format!("the lease could not be renewed before it expired: {error}")
+            }
+            Err(_) if Instant::now() >= valid_until => format!(
+                "the lease could not be renewed before it expired: the store did not answer within {every:?}"
+            ),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "failed to renew this process's lease; trying again");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(?every, "the store did not answer a lease renewal in time; trying again");
+                continue;
+            }
+        };
+        tracing::error!(%message, "this process lost its lease on its sessions");
+        events.emit(None, || LifecycleEvent::LeaseLost {
+            message: message.clone(),
+        });
+        if let Some(commands) = commands.upgrade() {
+            let _ = commands.send(Command::LeaseLost);
+        }
+        return;
+    }
+}

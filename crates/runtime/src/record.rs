@@ -1,0 +1,67 @@
+//! What the driver hands the recorder: the durable side of the effects it
+//! executed, in the order the core decided them.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use settle_core::{Finalize, Outcome, SessionId, ShutdownSummary, Transition, TurnError, WorkId};
+use settle_store::StoreError;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+
+use crate::command::Reply;
+use crate::shared::SessionShared;
+use crate::ShutdownReport;
+
+pub(crate) enum Record {
+    /// Reserve a block of session ids; the answer goes back to the driver.
+    ReserveIds { count: u32 },
+    /// Write a registered session's row; answer the caller once committed.
+    CreateSession {
+        shared: Arc<SessionShared>,
+        at: SystemTime,
+        reply: Reply<Arc<SessionShared>>,
+    },
+    /// A timeline row.
+    Transition {
+        transition: Transition,
+        at: SystemTime,
+    },
+    /// Open a turn's row, after the end of the session's previous turn
+    /// (queued before it); `done` tells the work whether it may stream.
+    StartTurn {
+        work: WorkId,
+        at: SystemTime,
+        input: Option<String>,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// A work is over: end a turn's row, then tell whoever waits for it.
+    EndTurn {
+        work: WorkId,
+        outcome: Outcome,
+        error: Option<TurnError>,
+        at: SystemTime,
+        notify: Option<oneshot::Sender<(Outcome, Option<TurnError>)>>,
+    },
+    /// Commit every transcript now (G9).
+    Flush,
+    /// Run a session's finalize plan (SPEC §4).
+    Finalize(Box<FinalizeJob>),
+    /// A shutdown began: every store call from here on shares its budget.
+    ShutdownBegan { deadline: tokio::time::Instant },
+    /// Every session is finalized: answer the shutdown's waiters once every
+    /// record before this one is applied.
+    ShutdownComplete {
+        summary: ShutdownSummary,
+        waiters: Vec<oneshot::Sender<ShutdownReport>>,
+        lease_lost: bool,
+    },
+}
+
+pub(crate) struct FinalizeJob {
+    pub plan: Finalize,
+    pub at: SystemTime,
+    /// `None` for a session the driver no longer knew (it never does today).
+    pub shared: Option<Arc<SessionShared>>,
+    pub slot: Option<OwnedSemaphorePermit>,
+    pub delegates: Vec<SessionId>,
+}

@@ -1,0 +1,243 @@
+use std::sync::Arc;
+
+use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId};
+use settle_stream::Provider;
+use tokio::sync::broadcast;
+
+use crate::command::Command;
+use crate::shared::SessionShared;
+use crate::{Kernel, LifecycleEvent, RuntimeError, Turn, TurnRequest};
+
+/// One session of a [`Kernel`]. Cheap to clone; every method is safe to
+/// call at any time: after the session is finalized they return a
+/// `SessionClosed` error (G10), or say it was already finalized (G2), and
+/// never panic.
+#[derive(Clone)]
+pub struct SessionHandle {
+    shared: Arc<SessionShared>,
+    kernel: Kernel,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("id", &self.shared.id)
+            .field("name", &self.shared.name)
+            .finish()
+    }
+}
+
+impl SessionHandle {
+    pub(crate) fn new(shared: Arc<SessionShared>, kernel: Kernel) -> Self {
+        SessionHandle { shared, kernel }
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> SessionId {
+        self.shared.id
+    }
+
+    /// The session's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The session that spawned it.
+    pub fn parent(&self) -> Option<SessionId> {
+        self.shared.parent
+    }
+
+    /// The kernel it belongs to.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// Starts a turn against `provider`. The returned [`Turn`] yields each
+    /// chunk once the store has acknowledged it (G7); dropping it before its
+    /// end cancels the turn.
+    ///
+    /// # Errors
+    /// When the session is closing, finalized, a turn is already in flight,
+    /// the kernel is shutting down, or no slot is free.
+    pub async fn run_turn(
+        &self,
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+    ) -> Result<Turn, RuntimeError> {
+        let session = self.id();
+        let turn = self
+            .kernel
+            .ask(|reply| Command::StartTurn {
+                session,
+                provider,
+                request,
+                reply,
+            })
+            .await;
+        match turn {
+            Ok(turn) => Ok(turn.cancel_on_drop(self.kernel.commands())),
+            Err(error) => Err(self.closed(self.kernel.explain_unknown(session, error).await)),
+        }
+    }
+
+    /// The agent is done: its own works are cancelled, its live descendants
+    /// cancelled and finalized first, then it is (G1). Returns the end reason
+    /// once it is finalized: `completed`, `failed` or `cancelled` after its
+    /// last turn (`shutdown` during a shutdown).
+    ///
+    /// # Errors
+    /// `SessionClosed` when it was already finalized.
+    pub async fn finish(&self) -> Result<EndReason, RuntimeError> {
+        match self.event(Event::AgentFinished { session: self.id() }).await? {
+            Handled::AlreadyFinalized => Err(RuntimeError::SessionClosed(self.id())),
+            _ => self.finalized().await,
+        }
+    }
+
+    /// Cancels the session: descendants first, then its own works (G1, G5).
+    ///
+    /// # Errors
+    /// When the kernel stopped.
+    pub async fn cancel(&self, mode: CancelMode) -> Result<Handled, RuntimeError> {
+        self.event(Event::Cancel {
+            session: self.id(),
+            mode,
+        })
+        .await
+    }
+
+    /// Cancels only the turn in flight; the session stays open.
+    ///
+    /// # Errors
+    /// When the kernel stopped.
+    pub async fn cancel_turn(&self) -> Result<Handled, RuntimeError> {
+        self.event(Event::CancelTurn { session: self.id() }).await
+    }
+
+    /// Closes the session on a user's request: cancel first, then finalize
+    /// (`user_close`). Returns the end reason once finalized; closing a closed
+    /// session is a no-op that reports its end reason (G2).
+    ///
+    /// # Errors
+    /// When the kernel stopped.
+    pub async fn close(&self) -> Result<EndReason, RuntimeError> {
+        self.event(Event::UserClose { session: self.id() }).await?;
+        self.finalized().await
+    }
+
+    /// Marks the session as waiting on `hold`: no automatic path reclaims it.
+    ///
+    /// # Errors
+    /// `SessionClosed` when finalized.
+    pub async fn hold(&self, hold: Hold) -> Result<Handled, RuntimeError> {
+        self.event(Event::Hold {
+            session: self.id(),
+            hold,
+        })
+        .await
+    }
+
+    /// Ends a hold.
+    ///
+    /// # Errors
+    /// When the kernel stopped.
+    pub async fn release(&self, hold: Hold) -> Result<Handled, RuntimeError> {
+        self.event(Event::Release {
+            session: self.id(),
+            hold,
+        })
+        .await
+    }
+
+    /// Records that this session delegated to `to`: if this session is
+    /// finalized first, `to` is interrupted (SPEC §4 step 6).
+    ///
+    /// # Errors
+    /// `SessionClosed` when either is finalized.
+    pub async fn delegate(&self, to: &SessionHandle) -> Result<(), RuntimeError> {
+        let (from, to) = (self.id(), to.id());
+        self.kernel
+            .ask(|reply| Command::Delegate { from, to, reply })
+            .await
+    }
+
+    /// A transport (socket, window) attached to the session.
+    ///
+    /// # Errors
+    /// `SessionClosed` when finalized.
+    pub async fn attach_transport(
+        &self,
+        close_on_disconnect: bool,
+    ) -> Result<Handled, RuntimeError> {
+        self.event(Event::TransportAttached {
+            session: self.id(),
+            close_on_disconnect,
+        })
+        .await
+    }
+
+    /// A transport detached; the orphan reap (or the transport-closed reclaim)
+    /// may follow.
+    ///
+    /// # Errors
+    /// When the kernel stopped.
+    pub async fn detach_transport(&self) -> Result<Handled, RuntimeError> {
+        self.event(Event::TransportDetached { session: self.id() })
+            .await
+    }
+
+    /// This session's own lifecycle events from now on: its transitions,
+    /// chunks, turn ends and finalize.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.shared.subscribe()
+    }
+
+    /// Waits until the session is finalized (its row ended) and returns its
+    /// end reason.
+    ///
+    /// # Errors
+    /// When the kernel stopped before it was.
+    pub async fn finalized(&self) -> Result<EndReason, RuntimeError> {
+        if let Some(reason) = self.shared.end_reason() {
+            return Ok(reason);
+        }
+        tokio::select! {
+            reason = self.shared.finalized() => reason.ok_or(RuntimeError::Stopped),
+            () = self.kernel.finished() => self.shared.end_reason().ok_or(RuntimeError::Stopped),
+        }
+    }
+
+    /// Feeds `event` to the core. The core forgets a session once it is
+    /// finalized; then the store says it was, and the answer is the one the
+    /// core gives a finalized session (the table on `settle_core::Event`):
+    /// `AlreadyFinalized` to a request to end it or let go of it,
+    /// `SessionClosed` to a request to use it.
+    async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
+        let ends = matches!(
+            event,
+            Event::AgentFinished { .. }
+                | Event::Cancel { .. }
+                | Event::CancelTurn { .. }
+                | Event::CancelWork { .. }
+                | Event::CancelDescendants { .. }
+                | Event::UserClose { .. }
+                | Event::Release { .. }
+                | Event::TransportDetached { .. }
+        );
+        match self.kernel.core(event).await {
+            Ok(handled) => Ok(handled),
+            Err(error) => match self.closed(self.kernel.explain_unknown(self.id(), error).await) {
+                RuntimeError::SessionClosed(_) if ends => Ok(Handled::AlreadyFinalized),
+                error => Err(error),
+            },
+        }
+    }
+
+    fn closed(&self, error: RuntimeError) -> RuntimeError {
+        if error.is_session_closed() {
+            RuntimeError::SessionClosed(self.id())
+        } else {
+            error
+        }
+    }
+}

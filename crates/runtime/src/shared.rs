@@ -1,0 +1,77 @@
+//! What a session's handles share with the kernel: its identity, its end
+//! once the finalize plan has run, and its own stream of lifecycle events.
+
+use std::sync::{Arc, OnceLock};
+
+use settle_core::{EndReason, SessionId};
+use tokio::sync::{broadcast, watch};
+
+use crate::LifecycleEvent;
+
+/// How many events a session's subscribers may fall behind before they miss some.
+const SESSION_EVENTS: usize = 256;
+
+#[derive(Debug)]
+pub(crate) struct SessionShared {
+    pub id: SessionId,
+    pub name: Arc<str>,
+    pub parent: Option<SessionId>,
+    /// Set once the finalize plan has run, after the commit of its row.
+    finalized: watch::Sender<Option<EndReason>>,
+    /// The session's own events, created by its first subscriber.
+    events: OnceLock<broadcast::Sender<LifecycleEvent>>,
+}
+
+impl SessionShared {
+    pub fn new(id: SessionId, name: Arc<str>, parent: Option<SessionId>) -> Arc<Self> {
+        Arc::new(SessionShared {
+            id,
+            name,
+            parent,
+            finalized: watch::Sender::new(None),
+            events: OnceLock::new(),
+        })
+    }
+
+    /// The end reason, if the finalize plan has run.
+    pub fn end_reason(&self) -> Option<EndReason> {
+        *self.finalized.borrow()
+    }
+
+    /// Records the end (once) and wakes every waiter.
+    pub fn set_finalized(&self, reason: EndReason) {
+        self.finalized.send_if_modified(|slot| {
+            let first = slot.is_none();
+            slot.get_or_insert(reason);
+            first
+        });
+    }
+
+    /// Waits for the end; `None` if the kernel went away before it.
+    pub async fn finalized(&self) -> Option<EndReason> {
+        let mut rx = self.finalized.subscribe();
+        let seen = rx.wait_for(Option::is_some).await.ok().and_then(|r| *r);
+        seen
+    }
+
+    /// A receiver of this session's events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.events
+            .get_or_init(|| broadcast::channel(SESSION_EVENTS).0)
+            .subscribe()
+    }
+
+    /// Whether anyone listens to this session's events.
+    pub fn is_watched(&self) -> bool {
+        self.events.get().is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    /// Sends `event` to this session's subscribers, if it has any.
+    pub fn publish(&self, event: &LifecycleEvent) {
+        if let Some(tx) = self.events.get() {
+            if tx.receiver_count() > 0 {
+                let _ = tx.send(event.clone());
+            }
+        }
+    }
+}

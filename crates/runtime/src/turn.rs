@@ -1,0 +1,112 @@
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::Stream;
+use settle_core::{Event, Outcome, TurnError, WorkId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::command::Command;
+
+/// A turn in flight: a [`Stream`] of its chunks, each yielded once the store
+/// has it (G7), then its outcome.
+///
+/// Dropping a `Turn` before its stream has ended cancels the turn (its
+/// provider stream is closed, G4): a consumer that goes away does not leave a
+/// stream running and spending. Once the stream has ended, or after
+/// [`outcome`](Self::outcome) or [`result`](Self::result), dropping it does
+/// nothing.
+#[derive(Debug)]
+pub struct Turn {
+    work: WorkId,
+    chunks: mpsc::UnboundedReceiver<String>,
+    outcome: Option<oneshot::Receiver<(Outcome, Option<TurnError>)>>,
+    /// Where a cancel goes; set until the turn is known to be over.
+    cancel_on_drop: Option<mpsc::WeakUnboundedSender<Command>>,
+}
+
+impl Turn {
+    pub(crate) fn new(
+        work: WorkId,
+        chunks: mpsc::UnboundedReceiver<String>,
+        outcome: oneshot::Receiver<(Outcome, Option<TurnError>)>,
+    ) -> Self {
+        Turn {
+            work,
+            chunks,
+            outcome: Some(outcome),
+            cancel_on_drop: None,
+        }
+    }
+
+    pub(crate) fn cancel_on_drop(mut self, commands: mpsc::WeakUnboundedSender<Command>) -> Self {
+        self.cancel_on_drop = Some(commands);
+        self
+    }
+
+    /// Which work this is: the session and the turn's number.
+    pub fn work(&self) -> WorkId {
+        self.work
+    }
+
+    /// The next chunk, once persisted; `None` when the turn has ended.
+    pub async fn next_chunk(&mut self) -> Option<String> {
+        let chunk = self.chunks.recv().await;
+        if chunk.is_none() {
+            self.cancel_on_drop = None;
+        }
+        chunk
+    }
+
+    /// Cancels this turn now (its stream is closed); the session stays open.
+    /// A turn that already ended is not cancelled again (G6).
+    pub fn cancel(&self) {
+        if let Some(commands) = self.cancel_on_drop.as_ref().and_then(|c| c.upgrade()) {
+            let event = Event::CancelWork { work: self.work };
+            let _ = commands.send(Command::Core { event, reply: None });
+        }
+    }
+
+    /// How the turn ended, once it has: the chunks not yet read are dropped
+    /// unread (they are persisted all the same). `Interrupted` if the kernel
+    /// stopped before it could say.
+    pub async fn outcome(self) -> Outcome {
+        self.finish().await.0
+    }
+
+    /// How the turn ended, with the reason when it failed or timed out:
+    /// `Ok(outcome)` unless the turn failed (`Failed`, `IdleTimeout`), whose
+    /// [`TurnError`] says why (an HTTP status, a refused connection, a
+    /// truncated reply, a panic).
+    pub async fn result(self) -> Result<Outcome, TurnError> {
+        match self.finish().await {
+            (_, Some(error)) => Err(error),
+            (outcome, None) => Ok(outcome),
+        }
+    }
+
+    async fn finish(mut self) -> (Outcome, Option<TurnError>) {
+        self.cancel_on_drop = None;
+        match self.outcome.take() {
+            Some(rx) => rx.await.unwrap_or((Outcome::Interrupted, None)),
+            None => (Outcome::Interrupted, None),
+        }
+    }
+}
+
+impl Stream for Turn {
+    type Item = String;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<String>> {
+        let polled = self.chunks.poll_recv(cx);
+        if let Poll::Ready(None) = polled {
+            self.cancel_on_drop = None;
+        }
+        polled
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
