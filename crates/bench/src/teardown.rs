@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 use futures_util::StreamExt;
-use settle_runtime::{CancelMode, Runtime, TurnRequest};
+use settle_runtime::{CancelMode, Kernel, TurnRequest};
 use settle_stream::{Close, Provider, ScriptedEnd, ScriptedProvider, TurnScript};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -100,7 +100,7 @@ pub struct Phases {
 /// One round of ours: build the tree, open every turn, then time the teardown.
 pub async fn ours(shape: Shape, n: usize) -> Result<Phases> {
     let store = Arc::new(NullStore::expecting(n));
-    let runtime = Runtime::builder(store.clone())
+    let runtime = Kernel::builder(store.clone())
         .idle_timeout(None)
         .idle_ttl(None)
         .lru_cap(None)

@@ -2,17 +2,19 @@
 //! streams as it is persisted; Ctrl-C cancels the reply in flight (the stream
 //! is closed, the partial turn kept as `cancelled`, the session goes on);
 //! Ctrl-D or `/exit` ends the session (`user_close`); SIGTERM, or Ctrl-C at
-//! the prompt, shuts down gracefully (G9).
+//! the prompt, shuts down gracefully (G9), and any further signal skips the
+//! rest of the drain. The signal handlers are installed before anything else
+//! and kept until the process exits.
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use settle_runtime::{Outcome, Runtime};
+use settle_runtime::signals::{ShutdownSignal, Signals};
+use settle_runtime::{Kernel, Outcome};
 use settle_stream::{Message, OpenAiConfig, OpenAiProvider, Provider, Request, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{exit, open_store, Failure};
 
@@ -40,8 +42,19 @@ pub struct ChatArgs {
     drain_timeout: Duration,
 }
 
+/// How the chat ended.
+enum End {
+    /// Ctrl-D or `/exit`: the session is closed.
+    Closed,
+    /// A signal: shut down, exit with its code.
+    Signalled(ShutdownSignal),
+}
+
 /// Runs the chat until Ctrl-D, `/exit` or a shutdown signal; returns the exit code.
 pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
+    // Before anything can block: no signal is swallowed, ever.
+    let mut signals = Signals::install()
+        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
     let mut config = OpenAiConfig::new(args.base_url.clone(), args.model.clone());
     if let Some(key) = &args.api_key {
         config = config.api_key(key.clone());
@@ -49,18 +62,16 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     let provider: Arc<dyn Provider> =
         Arc::new(OpenAiProvider::new(config).map_err(Failure::bad_input)?);
     let store: Arc<dyn settle_store::SessionStore> = Arc::new(open_store(db)?);
-    let runtime = Runtime::builder(store)
+    let kernel = Kernel::builder(store)
         .idle_timeout(Some(args.idle_timeout))
         .drain_timeout(args.drain_timeout)
         .start()
         .await
         .map_err(Failure::store)?;
-    let session = runtime
+    let session = kernel
         .register("chat", None)
         .await
         .map_err(Failure::store)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(Failure::store)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(Failure::store)?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut history: Vec<Message> = Vec::new();
     eprintln!(
@@ -69,12 +80,11 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         args.model,
         args.base_url
     );
-    let code = loop {
+    let end = loop {
         prompt();
         let line = tokio::select! {
             line = lines.next_line() => line,
-            _ = interrupt.recv() => break shutdown(&runtime, args.drain_timeout, 130).await,
-            _ = terminate.recv() => break shutdown(&runtime, args.drain_timeout, 143).await,
+            signal = signals.recv() => break End::Signalled(signal),
         };
         let text = match line {
             Ok(Some(text)) if text.trim() == "/exit" => None,
@@ -82,10 +92,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             Ok(None) | Err(_) => None,
         };
         let Some(text) = text else {
-            // Ctrl-D: the user ends the session.
-            let _ = session.close().await;
-            runtime.shutdown(Duration::ZERO).await;
-            break exit::DONE;
+            break End::Closed;
         };
         if text.trim().is_empty() {
             continue;
@@ -98,11 +105,12 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             Ok(turn) => turn,
             Err(error) => {
                 eprintln!("settle: {error}");
+                history.pop();
                 continue;
             }
         };
         let mut reply = String::new();
-        let mut terminated = false;
+        let mut terminated = None;
         loop {
             tokio::select! {
                 chunk = turn.next_chunk() => match chunk {
@@ -113,36 +121,69 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
                     }
                     None => break,
                 },
-                _ = interrupt.recv() => {
-                    let _ = session.cancel_turn().await;
-                }
-                _ = terminate.recv() => {
-                    terminated = true;
-                    runtime.begin_shutdown(args.drain_timeout);
-                }
+                signal = signals.recv() => match (signal, terminated) {
+                    // Ctrl-C in a reply cancels the reply; the chat goes on.
+                    (ShutdownSignal::Interrupt, None) => turn.cancel(),
+                    (signal, None) => {
+                        terminated = Some(signal);
+                        kernel.begin_shutdown(args.drain_timeout);
+                    }
+                    // A shutdown is under way: skip the rest of its drain.
+                    (_, Some(_)) => kernel.skip_drain(),
+                },
             }
         }
-        let outcome = turn.outcome().await;
+        let result = turn.result().await;
         outln!();
-        if outcome != Outcome::Completed {
-            eprintln!("settle: reply {outcome}");
+        match result {
+            Ok(Outcome::Completed) => history.push(Message::new(Role::Assistant, reply)),
+            Ok(outcome) => {
+                eprintln!("settle: reply {outcome}");
+                history.push(Message::new(Role::Assistant, reply));
+            }
+            Err(error) => {
+                eprintln!("settle: reply failed: {error}");
+                // The prompt stays in the history; the failed reply does not.
+            }
         }
-        history.push(Message::new(Role::Assistant, reply));
-        if terminated {
-            runtime.finished().await;
-            break 143;
+        if let Some(signal) = terminated {
+            break End::Signalled(signal);
         }
     };
-    Ok(code)
+    match end {
+        End::Closed => {
+            let _ = session.close().await;
+            kernel.shutdown(Duration::ZERO).await;
+            Ok(exit::DONE)
+        }
+        End::Signalled(signal) => {
+            outln!();
+            let shutdown = kernel.shutdown(args.drain_timeout);
+            tokio::pin!(shutdown);
+            let mut more = 0;
+            let report = loop {
+                tokio::select! {
+                    report = &mut shutdown => break report,
+                    _ = signals.recv() => {
+                        more += 1;
+                        if more == 1 {
+                            kernel.skip_drain();
+                        } else {
+                            std::process::exit(signal.exit_code());
+                        }
+                    }
+                }
+            };
+            if report.lease_lost || !report.left_recoverable.is_empty() {
+                crate::shutdown::say_left(&report);
+                return Ok(exit::STORE);
+            }
+            Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE))
+        }
+    }
 }
 
 fn prompt() {
     out!("> ");
     let _ = std::io::stdout().flush();
-}
-
-async fn shutdown(runtime: &Runtime, drain: Duration, code: u8) -> u8 {
-    outln!();
-    runtime.shutdown(drain).await;
-    code
 }

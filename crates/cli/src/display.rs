@@ -144,7 +144,7 @@ fn apply(rows: &mut BTreeMap<SessionId, Row>, event: &LifecycleEvent) {
                 row.end = Some(reason.to_string());
             }
         }
-        LifecycleEvent::Detached { .. } | LifecycleEvent::StoreFailed { .. } => {}
+        _ => {}
     }
 }
 
@@ -188,7 +188,14 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
             session,
             turn,
             outcome,
-        } => format!("{:<24} turn {turn} ended: {outcome}", who(rows, *session)),
+            error,
+        } => match error {
+            Some(error) => format!(
+                "{:<24} turn {turn} ended: {outcome}: {error}",
+                who(rows, *session)
+            ),
+            None => format!("{:<24} turn {turn} ended: {outcome}", who(rows, *session)),
+        },
         LifecycleEvent::Detached { session, turn } => format!(
             "{:<24} turn {turn} ignored cancellation: detached, write access revoked",
             who(rows, *session)
@@ -206,10 +213,12 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
                 ""
             }
         ),
+        LifecycleEvent::LeaseLost { message } => format!("LEASE LOST: {message}"),
         LifecycleEvent::StoreFailed { session, message } => match session {
             Some(session) => format!("{:<24} STORE ERROR: {message}", who(rows, *session)),
             None => format!("STORE ERROR: {message}"),
         },
+        _ => return None,
     })
 }
 

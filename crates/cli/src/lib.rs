@@ -9,9 +9,9 @@
 //!
 //! let scenario = Arc::new(Scenario::load("examples/scan.toml").map_err(settle_cli::Failure::bad_input)?);
 //! let store = Arc::new(open_store("settle.db")?);
-//! let runtime = settle_runtime::Runtime::builder(store).start().await.map_err(settle_cli::Failure::store)?;
-//! let root = runner::run(scenario, runtime.clone()).await;
-//! runtime.shutdown(std::time::Duration::ZERO).await;
+//! let kernel = settle_runtime::Kernel::builder(store).start().await.map_err(settle_cli::Failure::store)?;
+//! let root = runner::run(scenario, kernel.clone()).await;
+//! kernel.shutdown(std::time::Duration::ZERO).await;
 //! # Ok(()) }
 //! ```
 
@@ -34,6 +34,7 @@ pub mod duration;
 pub mod output;
 pub mod runner;
 pub mod scenario;
+pub mod shutdown;
 
 use std::io::Write;
 

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use settle_cli::scenario::Scenario;
-use settle_cli::{chat, display, duration, exit, open_store, out, outln, output, runner, Failure};
-use settle_runtime::{signals, Runtime, SessionId, State};
+use settle_cli::{
+    chat, display, duration, exit, open_store, out, outln, output, runner, shutdown, Failure,
+};
+use settle_runtime::{Kernel, SessionId, State};
 use settle_store::{SessionStore, StoreError};
 
 const EXAMPLES: &str = "\
@@ -282,7 +284,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         .idle_timeout
         .or(scenario.idle_timeout())
         .unwrap_or(Duration::from_secs(30));
-    let runtime = Runtime::builder(store.clone())
+    let kernel = Kernel::builder(store.clone())
         .settle_timeout(settle_timeout)
         .drain_timeout(args.drain_timeout)
         .idle_timeout(Some(idle_timeout))
@@ -301,31 +303,34 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         display::Mode::Plain
     };
     let (stop_display, stop) = tokio::sync::oneshot::channel();
-    let display = tokio::spawn(display::show(runtime.subscribe(), mode, stop));
-    // Installed before any agent starts: an early signal is a graceful shutdown too.
-    let watch = signals::shutdown_on_signals(runtime.clone(), args.drain_timeout)
-        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
-    let mut signal = tokio::spawn(watch);
-    let mut run = tokio::spawn(runner::run(scenario, runtime.clone()));
+    let display = tokio::spawn(display::show(kernel.subscribe(), mode, stop));
+    // Installed before any agent starts, and kept until the process exits: an
+    // early signal is a graceful shutdown too, and none is ever swallowed.
+    let mut signal = tokio::spawn(shutdown::watch(&kernel, args.drain_timeout)?);
+    let mut run = tokio::spawn(runner::run(scenario, kernel.clone()));
 
     let (root, signalled) = tokio::select! {
         root = &mut run => (root.ok().flatten(), None),
         signalled = &mut signal => {
             let signalled = signalled.ok();
-            // Shutdown is under way: agents are refused new turns and wind down.
-            runtime.finished().await;
+            // Shutdown is under way: agents are refused new turns, those
+            // waiting to spawn give up, running turns drain.
+            kernel.finished().await;
             let root = run.await.ok().flatten();
             (root, signalled)
         }
     };
-    signal.abort();
-    runtime.shutdown(Duration::ZERO).await;
-    let failures = runtime.store_failures();
+    let report = kernel.shutdown(Duration::ZERO).await;
+    let failures = kernel.store_failures();
     let _ = stop_display.send(());
     let _ = display.await;
 
     let rows = store.list_sessions(None).await?;
-    let code = if let Some(signal) = signalled {
+    let left = report.lease_lost || !report.left_recoverable.is_empty();
+    let code = if left {
+        // What could not be committed is left for `settle recover` (G8).
+        exit::STORE
+    } else if let Some(signal) = signalled {
         // 130 / 143: a shell's code for the signal, after a clean shutdown.
         u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)
     } else if failures > 0 {
@@ -335,6 +340,9 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     } else {
         exit::DONE
     };
+    if left {
+        shutdown::say_left(&report);
+    }
     if args.json {
         outln!("{}", output::run_json(i32::from(code), &rows));
     } else {

@@ -1,10 +1,14 @@
-//! Runs a scenario's agent tree on a runtime: each agent registers under its
+//! Runs a scenario's agent tree on a kernel: each agent registers under its
 //! parent after its spawn delay, plays its scripted turns, then finishes. The
 //! run ends when the root has finished and every session is finalized.
+//!
+//! Every wait of the runner gives way to a shutdown: an agent still waiting
+//! to spawn gives up at once, an agent between turns starts no more, and an
+//! agent in a turn reads it to its end (the drain, or its cancel).
 
 use std::sync::Arc;
 
-use settle_runtime::{Outcome, Runtime, SessionHandle, SessionId, TurnRequest};
+use settle_runtime::{Kernel, Outcome, SessionHandle, SessionId, TurnRequest};
 use settle_stream::{ScriptedProvider, TurnScript};
 use tokio::task::JoinSet;
 
@@ -26,39 +30,44 @@ impl RootResult {
     }
 }
 
-/// Plays `scenario` on `runtime` until the root is finalized. Returns `None`
-/// when the root could not even register (shutdown began first).
-pub async fn run(scenario: Arc<Scenario>, runtime: Runtime) -> Option<RootResult> {
+/// Plays `scenario` on `kernel` until the root is finalized and every agent
+/// task is done. Returns `None` when the root could not even register
+/// (shutdown began first).
+pub async fn run(scenario: Arc<Scenario>, kernel: Kernel) -> Option<RootResult> {
     let root = scenario.root().clone();
     let mut agents = JoinSet::new();
-    let result = run_agent(scenario, runtime, root, None, &mut agents).await;
-    // Agents still waiting to spawn find their parent gone and give up.
+    let result = run_agent(scenario, kernel, root, None, &mut agents).await;
+    // Agents still waiting to spawn give up as soon as a shutdown begins or
+    // their parent is gone.
     while agents.join_next().await.is_some() {}
     result
 }
 
 fn boxed_agent(
     scenario: Arc<Scenario>,
-    runtime: Runtime,
+    kernel: Kernel,
     spec: AgentSpec,
     parent: SessionId,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
-        tokio::time::sleep(spec.spawn_after).await;
+        tokio::select! {
+            () = tokio::time::sleep(spec.spawn_after) => {}
+            () = kernel.shutdown_begun() => return,
+        }
         let mut grandchildren = JoinSet::new();
-        run_agent(scenario, runtime, spec, Some(parent), &mut grandchildren).await;
+        run_agent(scenario, kernel, spec, Some(parent), &mut grandchildren).await;
         while grandchildren.join_next().await.is_some() {}
     })
 }
 
 async fn run_agent(
     scenario: Arc<Scenario>,
-    runtime: Runtime,
+    kernel: Kernel,
     spec: AgentSpec,
     parent: Option<SessionId>,
     children: &mut JoinSet<()>,
 ) -> Option<RootResult> {
-    let session = match runtime.register(spec.name.clone(), parent).await {
+    let session = match kernel.register(spec.name.clone(), parent).await {
         Ok(session) => session,
         Err(error) => {
             tracing::info!(agent = %spec.name, %error, "agent not started");
@@ -68,14 +77,14 @@ async fn run_agent(
     for child in scenario.children(&spec.name) {
         children.spawn(boxed_agent(
             scenario.clone(),
-            runtime.clone(),
+            kernel.clone(),
             child.clone(),
             session.id(),
         ));
     }
     let outcome = play_turns(&session, &spec).await;
-    // Finishing winds the subtree down first (G1); for a session that was
-    // cancelled meanwhile it only waits for the finalize.
+    // Finishing winds the subtree down first (G1); during a shutdown's drain
+    // it leaves the children's running turns to the drain (G9).
     if let Err(error) = session.finish().await {
         tracing::debug!(agent = %spec.name, %error, "finish after the session closed");
     }

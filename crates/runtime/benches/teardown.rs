@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use futures_util::StreamExt;
-use settle_runtime::{EndReason, Runtime, TurnRequest};
+use settle_runtime::{EndReason, Kernel, TurnRequest};
 use settle_store::MemoryStore;
 use settle_stream::{Guarded, ScriptedEnd, ScriptedProvider, TurnScript};
 use tokio_util::sync::CancellationToken;
@@ -40,7 +40,7 @@ fn hung() -> TurnScript {
 /// One runtime teardown of `n` children under one root; returns its time.
 async fn runtime_teardown(n: usize) -> Duration {
     let store = MemoryStore::new();
-    let runtime = Runtime::builder(Arc::new(store))
+    let runtime = Kernel::builder(Arc::new(store))
         .idle_timeout(None)
         .idle_ttl(None)
         .lru_cap(None)

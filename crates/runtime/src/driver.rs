@@ -27,6 +27,7 @@ use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
 use settle_stream::Provider;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
@@ -95,6 +96,8 @@ pub(crate) struct Driver {
     lease_lost: bool,
     /// Store writes that failed, counted by the works' chunk writes too.
     failures: Arc<AtomicUsize>,
+    /// Told when a shutdown begins, for frontends waiting to start more.
+    shutting_down: CancellationToken,
     done: bool,
 }
 
@@ -107,6 +110,7 @@ impl Driver {
         works_tracker: TaskTracker,
         ids: IdBlock,
         failures: Arc<AtomicUsize>,
+        shutting_down: CancellationToken,
     ) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
         Driver {
@@ -130,6 +134,7 @@ impl Driver {
             shutdown_waiters: Vec::new(),
             lease_lost: false,
             failures,
+            shutting_down,
             done: false,
         }
     }
@@ -287,7 +292,9 @@ impl Driver {
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
                 let at = self.clock.wall(self.clock.now());
-                let _ = self.recorder.send(Record::CreateSession { shared, at, reply });
+                let _ = self
+                    .recorder
+                    .send(Record::CreateSession { shared, at, reply });
             }
         }
         self.execute();
@@ -351,8 +358,11 @@ impl Driver {
         let deadline = tokio::time::Instant::now() + bound;
         let _ = self.recorder.send(Record::ShutdownBegan { deadline });
         let _ = self.input(Event::BeginShutdown { drain });
+        self.shutting_down.cancel();
         for parked in self.parked.drain(..) {
-            let _ = parked.reply.send(Err(settle_core::Error::ShuttingDown.into()));
+            let _ = parked
+                .reply
+                .send(Err(settle_core::Error::ShuttingDown.into()));
         }
     }
 
@@ -424,10 +434,11 @@ impl Driver {
                         handle.detach();
                     }
                     let shared = self.sessions.get(&work.session).map(|e| &e.shared);
-                    self.events.emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
-                        session: work.session,
-                        turn: work.no,
-                    });
+                    self.events
+                        .emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
+                            session: work.session,
+                            turn: work.no,
+                        });
                 }
                 Effect::WorkEnded { work, outcome } => {
                     let handle = self.works.remove(&work);
@@ -436,12 +447,13 @@ impl Driver {
                         None => (None, None),
                     };
                     let shared = self.sessions.get(&work.session).map(|e| &e.shared);
-                    self.events.emit(shared.map(Arc::as_ref), || LifecycleEvent::TurnEnded {
-                        session: work.session,
-                        turn: work.no,
-                        outcome,
-                        error: error.clone(),
-                    });
+                    self.events
+                        .emit(shared.map(Arc::as_ref), || LifecycleEvent::TurnEnded {
+                            session: work.session,
+                            turn: work.no,
+                            outcome,
+                            error: error.clone(),
+                        });
                     let at = self.clock.wall(self.clock.now());
                     let _ = self.recorder.send(Record::EndTurn {
                         work,
@@ -457,13 +469,22 @@ impl Driver {
                 Effect::Transition(t) => {
                     let at = self.clock.wall(t.at);
                     let shared = self.sessions.get(&t.session).map(|e| &e.shared);
-                    self.events.emit(shared.map(Arc::as_ref), || LifecycleEvent::Transition {
-                        session: t.session,
-                        from: t.from,
-                        to: t.to,
-                        cause: t.cause.to_string(),
-                        at,
-                    });
+                    self.events
+                        .emit(shared.map(Arc::as_ref), || match (t.from, shared) {
+                            (None, Some(shared)) => LifecycleEvent::Registered {
+                                session: t.session,
+                                name: shared.name.to_string(),
+                                parent: shared.parent,
+                                at,
+                            },
+                            _ => LifecycleEvent::Transition {
+                                session: t.session,
+                                from: t.from,
+                                to: t.to,
+                                cause: t.cause.to_string(),
+                                at,
+                            },
+                        });
                     let _ = self.recorder.send(Record::Transition { transition: t, at });
                 }
                 Effect::Finalize(plan) => {

@@ -8,6 +8,7 @@ use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 /// subscriber that falls far behind misses events (it is told how many); the
 /// durable record in the store is always complete.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LifecycleEvent {
     /// A session was registered.
     Registered {

@@ -15,9 +15,7 @@ use crate::event::EventBus;
 use crate::hook::HookRunner;
 use crate::ids::{IdBlock, BLOCK};
 use crate::recorder::Recorder;
-use crate::{
-    Config, LifecycleEvent, RuntimeError, SessionEndHook, SessionHandle, ShutdownReport,
-};
+use crate::{Config, LifecycleEvent, RuntimeError, SessionEndHook, SessionHandle, ShutdownReport};
 
 /// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.
 pub struct KernelBuilder {
@@ -65,7 +63,8 @@ impl KernelBuilder {
             hook,
         } = self;
         let bound = config.store_timeout;
-        let within = |what: &'static str| move |_| RuntimeError::StoreTimeout { what, after: bound };
+        let within =
+            |what: &'static str| move |_| RuntimeError::StoreTimeout { what, after: bound };
         let owner = tokio::time::timeout(
             bound,
             store.register_owner(OwnerInfo::this_process(), config.lease_ttl),
@@ -89,6 +88,7 @@ impl KernelBuilder {
         let (ack_tx, acks) = mpsc::unbounded_channel();
         let events = EventBus::new();
         let failures = Arc::new(AtomicUsize::new(0));
+        let shutting_down = tokio_util::sync::CancellationToken::new();
         let last_report = Arc::new(std::sync::OnceLock::new());
         let works = TaskTracker::new();
         let hooks = HookRunner::new(
@@ -132,6 +132,7 @@ impl KernelBuilder {
             works.clone(),
             IdBlock::new(first),
             failures.clone(),
+            shutting_down.clone(),
         );
         let driver = tokio::spawn(driver.run());
         let finished = tokio::spawn(async move {
@@ -149,6 +150,7 @@ impl KernelBuilder {
                 store,
                 owner,
                 last_report,
+                shutting_down,
                 finished: tokio::sync::Mutex::new(Some(finished)),
             }),
         })
@@ -166,6 +168,8 @@ struct Inner {
     /// began itself, on a lost lease or when every handle was dropped, has no
     /// other waiter).
     last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// Cancelled by the driver when a shutdown begins, whoever asked for it.
+    shutting_down: tokio_util::sync::CancellationToken,
     finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -318,6 +322,17 @@ impl Kernel {
     /// Starts the graceful shutdown (G9) without waiting for it.
     pub fn begin_shutdown(&self, drain: Duration) {
         let _ = self.send(Command::Shutdown { drain, reply: None });
+    }
+
+    /// Whether a shutdown has begun (asked for, or forced by a lost lease).
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.is_cancelled()
+    }
+
+    /// Resolves once a shutdown has begun, whoever began it: what a frontend
+    /// waiting to start more work (a spawn delay, a prompt) selects on.
+    pub async fn shutdown_begun(&self) {
+        self.inner.shutting_down.cancelled().await;
     }
 
     /// Ends the drain now (what a second signal does).

@@ -1,44 +1,39 @@
 //! `settle-runtime`: the tokio driver of `settle`, and what a frontend embeds.
 //!
 //! A frontend (a scan runner that spawns sub-agents, a chat gateway, the
-//! `settle` command line) starts one [`Runtime`] over a session store and
+//! `settle` command line) starts one [`Kernel`] over a session store and
 //! drives its agents through [`SessionHandle`]s: register sessions in a tree,
-//! run turns against a provider, finish, cancel, close. The runtime makes the
+//! run turns against a provider, finish, cancel, close. The kernel makes the
 //! teardown correct on every path: descendants are cancelled, settled and
 //! finalized before their ancestors (G1), every session is finalized exactly
 //! once (G2), sweepers never take a live turn (G3), every provider stream is
 //! closed (G4), a work that ignores its cancel is detached after the settle
 //! timeout (G5), a chunk reaches the frontend only once the store has it
-//! (G7), shutdown drains, cancels and finalizes within its bounds (G9), and a
-//! closed session's handle fails with [`RuntimeError::SessionClosed`] (G10).
-//!
-//! Inside, one task owns the sans-IO lifecycle core (`settle-core`) and
-//! executes its effects; every handle method is a message to it. A second
-//! task applies the durable writes in the order the core decided them, so
-//! the driver never waits on the store. Each turn runs on its own task,
-//! inside a cancellation scope that is a child of its session's.
+//! (G7), shutdown drains, cancels and finalizes within its bounds whatever the
+//! store does (G9), and a closed session's handle fails with
+//! [`RuntimeError::SessionClosed`] (G10).
 //!
 //! # Embedding it
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use settle_runtime::{signals, EndReason, Outcome, Runtime, TurnRequest};
+//! use settle_runtime::{signals, EndReason, Kernel, Outcome, TurnRequest};
 //! use settle_store::MemoryStore; // or settle_store::Store::open("settle.db")
 //! use settle_stream::{ScriptedProvider, TurnScript};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let runtime = Runtime::builder(Arc::new(MemoryStore::new()))
+//! let kernel = Kernel::builder(Arc::new(MemoryStore::new()))
 //!     .settle_timeout(Duration::from_secs(1))
 //!     .on_session_end(|end: settle_runtime::SessionEnd| println!("{} ended: {}", end.name, end.reason))
 //!     .start()
 //!     .await?;
-//! // SIGINT/SIGTERM/SIGHUP start the graceful shutdown; a second one skips the drain.
-//! tokio::spawn(signals::shutdown_on_signals(runtime.clone(), Duration::from_secs(5))?);
+//! // SIGINT/SIGTERM/SIGHUP start the graceful shutdown; every later one skips the drain.
+//! tokio::spawn(signals::shutdown_on_signals(&kernel, Duration::from_secs(5))?);
 //!
-//! let root = runtime.register("root", None).await?;
-//! let child = runtime.register("recon", Some(root.id())).await?;
+//! let root = kernel.register("root", None).await?;
+//! let child = kernel.register("recon", Some(root.id())).await?;
 //!
 //! let provider = Arc::new(ScriptedProvider::new([
 //!     TurnScript::new(["port 22 open", ", port 80 open"]),
@@ -52,21 +47,42 @@
 //!
 //! // Finishing the root winds its subtree down first (G1).
 //! assert_eq!(root.finish().await?, EndReason::Completed);
-//! let report = runtime.shutdown(Duration::from_secs(5)).await;
+//! let report = kernel.shutdown(Duration::from_secs(5)).await;
 //! assert_eq!(report.store_failures, 0);
-//! assert!(child.finish().await.is_err()); // closed handles fail loudly (G10)
+//! assert!(child.run_turn(Arc::new(ScriptedProvider::new([])), TurnRequest::prompt("more")).await.is_err()); // closed handles fail loudly (G10)
 //! # Ok(())
 //! # }
 //! ```
 //!
+//! # How it works, and why the driver decides nothing
+//!
+//! One task, the driver, owns the sans-IO lifecycle core (`settle-core`).
+//! Every handle method is a message to it, every work reports to it under its
+//! `WorkId`, and after each input it executes the effects the core ordered,
+//! as they say: start this work, cancel its token, close its stream, detach
+//! it, record its end, run this finalize plan. It never inspects the core's
+//! state to infer what happened. That is deliberate: the first version of
+//! this crate rebuilt lifecycle decisions in the driver (comparing snapshots
+//! of a work before and after an input, reading states to guess what a cancel
+//! meant), and that is where its teardown bugs lived. Now the core is the one
+//! place that decides, for every frontend, and it is property-tested.
+//!
+//! The driver does no I/O. A second task, the recorder, applies the durable
+//! writes in the order the core decided them, and answers whoever waits for a
+//! write only once it is committed; its answers come back to the driver as
+//! inputs. Each work runs on its own tracked task with its own cancellation
+//! token.
+//!
 //! # Shutdown
 //!
-//! [`Runtime::shutdown`] (or [`signals::shutdown_on_signals`]) starts no new
+//! [`Kernel::shutdown`] (or [`signals::shutdown_on_signals`]) starts no new
 //! session or turn, flushes every transcript, finalizes idle sessions at
 //! once, lets running turns finish within the drain, then cancels them,
 //! settles them (exited or detached) and finalizes them; it returns a
-//! [`ShutdownReport`] once every write is applied. Dropping every handle
-//! shuts down with no drain. A process killed before that leaves its
+//! [`ShutdownReport`] once every write is applied, or once drain + settle
+//! timeout + flush budget have passed on a store that stopped answering (what
+//! was left is named in the report, for `settle recover`). Dropping every
+//! handle shuts down with no drain. A process killed before that leaves its
 //! sessions for `settle_store`'s recovery (G8).
 
 mod clock;

@@ -256,7 +256,10 @@ impl Recorder {
                     }
                 }
                 FinalizeStep::EndHook => {
-                    let name = shared.as_ref().map(|s| s.name.to_string()).unwrap_or_default();
+                    let name = shared
+                        .as_ref()
+                        .map(|s| s.name.to_string())
+                        .unwrap_or_default();
                     self.hooks.fire(SessionEnd {
                         session,
                         name,
@@ -272,11 +275,12 @@ impl Recorder {
         if self.deadline.is_some() {
             self.report.finalized.push((session, plan.reason));
         }
-        self.events.emit(shared.as_deref(), || LifecycleEvent::Finalized {
-            session,
-            reason: plan.reason,
-            memory_committed,
-        });
+        self.events
+            .emit(shared.as_deref(), || LifecycleEvent::Finalized {
+                session,
+                reason: plan.reason,
+                memory_committed,
+            });
         if let Some(shared) = shared {
             shared.set_finalized(plan.reason);
         }

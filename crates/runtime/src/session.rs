@@ -88,7 +88,10 @@ impl SessionHandle {
     /// # Errors
     /// `SessionClosed` when it was already finalized.
     pub async fn finish(&self) -> Result<EndReason, RuntimeError> {
-        match self.event(Event::AgentFinished { session: self.id() }).await? {
+        match self
+            .event(Event::AgentFinished { session: self.id() })
+            .await?
+        {
             Handled::AlreadyFinalized => Err(RuntimeError::SessionClosed(self.id())),
             _ => self.finalized().await,
         }
@@ -121,7 +124,7 @@ impl SessionHandle {
     /// # Errors
     /// When the kernel stopped.
     pub async fn close(&self) -> Result<EndReason, RuntimeError> {
-        self.event(Event::UserClose { session: self.id() }).await?;
+        let _ = self.event(Event::UserClose { session: self.id() }).await?;
         self.finalized().await
     }
 

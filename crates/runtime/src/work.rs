@@ -125,7 +125,10 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
             let started = started.await.unwrap_or(Err(StoreError::Unavailable));
             if let Err(error) = started {
                 tracing::error!(%error, "could not record the turn's start");
-                let error = TurnError::new(TurnErrorKind::Store, format!("could not record the turn's start: {error}"));
+                let error = TurnError::new(
+                    TurnErrorKind::Store,
+                    format!("could not record the turn's start: {error}"),
+                );
                 return (Outcome::Failed, Some(error));
             }
             let provider = Reporting {
@@ -189,8 +192,13 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
 fn turn_error(end: &TurnEnd) -> Option<TurnError> {
     match end {
         TurnEnd::Failed(error) => Some(stream_error(error)),
-        TurnEnd::IdleTimeout(error) => Some(TurnError::new(TurnErrorKind::Timeout, error.to_string())),
-        TurnEnd::Panicked => Some(TurnError::new(TurnErrorKind::Panic, "the turn's work panicked")),
+        TurnEnd::IdleTimeout(error) => {
+            Some(TurnError::new(TurnErrorKind::Timeout, error.to_string()))
+        }
+        TurnEnd::Panicked => Some(TurnError::new(
+            TurnErrorKind::Panic,
+            "the turn's work panicked",
+        )),
         _ => None,
     }
 }
@@ -215,7 +223,10 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> TurnError {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic with no message".to_owned());
-    TurnError::new(TurnErrorKind::Panic, format!("the turn's work panicked: {message}"))
+    TurnError::new(
+        TurnErrorKind::Panic,
+        format!("the turn's work panicked: {message}"),
+    )
 }
 
 /// Tells the core when the stream exists, so a cancel that raced the attach
@@ -283,21 +294,23 @@ impl ChunkSink for Persisting {
         if let Some(message) = failure {
             tracing::warn!(%message, "stopping the turn");
             self.failures.fetch_add(1, Ordering::Relaxed);
-            self.events.emit(Some(&self.shared), || LifecycleEvent::StoreFailed {
-                session: Some(self.work.session),
-                message: message.clone(),
-            });
+            self.events
+                .emit(Some(&self.shared), || LifecycleEvent::StoreFailed {
+                    session: Some(self.work.session),
+                    message: message.clone(),
+                });
             self.store_failed = Some(TurnError::new(TurnErrorKind::Store, message));
             return Err(SinkClosed);
         }
         let seq = self.seq;
         self.seq += 1;
-        self.events.emit(Some(&self.shared), || LifecycleEvent::Chunk {
-            session: self.work.session,
-            turn: self.work.no,
-            seq,
-            text: text.clone(),
-        });
+        self.events
+            .emit(Some(&self.shared), || LifecycleEvent::Chunk {
+                session: self.work.session,
+                turn: self.work.no,
+                seq,
+                text: text.clone(),
+            });
         // A consumer that stopped reading does not stop the turn: the
         // transcript is what matters, and it is persisted.
         if let Some(consumer) = &self.consumer {

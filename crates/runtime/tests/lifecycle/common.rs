@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_runtime::{
-    EndReason, LifecycleEvent, Kernel, KernelBuilder, SessionHandle, SessionId, Turn, TurnRequest,
+    EndReason, Kernel, KernelBuilder, LifecycleEvent, SessionHandle, SessionId, Turn, TurnRequest,
 };
 use settle_store::{MemoryStore, SessionDetail, SessionStore};
 use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};

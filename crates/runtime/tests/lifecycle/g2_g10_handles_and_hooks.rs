@@ -84,7 +84,9 @@ async fn g9_a_panicking_or_hanging_hook_does_not_stop_shutdown() {
         fired: fired.clone(),
     };
     let runtime = runtime_on(&store, |b| {
-        b.with_config(config).idle_timeout(None).on_session_end(hook)
+        b.with_config(config)
+            .idle_timeout(None)
+            .on_session_end(hook)
     })
     .await;
     let ids: Vec<_> = [("panics"), ("hangs"), ("fine")]

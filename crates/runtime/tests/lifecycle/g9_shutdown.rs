@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_runtime::{EndReason, LifecycleEvent, Outcome, Kernel, State, TurnRequest};
+use settle_runtime::{EndReason, Kernel, LifecycleEvent, Outcome, State, TurnRequest};
 use settle_store::{MemoryStore, RecoverOptions, SessionStore, Store};
 use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};
 

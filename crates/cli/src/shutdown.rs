@@ -1,0 +1,71 @@
+//! Signals for `run` and `chat`: the handlers are installed before anything
+//! starts and kept until the process exits, so no signal is ever swallowed.
+//! The first SIGINT/SIGTERM/SIGHUP starts the kernel's graceful shutdown
+//! (G9), the second skips the rest of the drain, and a third ends the
+//! process at once with the first signal's code (for a user who insists).
+
+use std::future::Future;
+use std::time::Duration;
+
+use settle_runtime::signals::{ShutdownSignal, Signals};
+use settle_runtime::Kernel;
+
+use crate::Failure;
+
+/// Installs the handlers now and drives `kernel`'s shutdown from them;
+/// resolves with the first signal once the shutdown has begun.
+pub fn watch(
+    kernel: &Kernel,
+    drain: Duration,
+) -> Result<impl Future<Output = ShutdownSignal> + Send + 'static, Failure> {
+    let signals = Signals::install()
+        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
+    Ok(drive(signals, kernel, drain))
+}
+
+/// Drives `kernel`'s shutdown from `signals` (installed earlier).
+pub fn drive(
+    mut signals: Signals,
+    kernel: &Kernel,
+    drain: Duration,
+) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+    let kernel = kernel.downgrade();
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let first = signals.recv().await;
+        if let Some(kernel) = kernel.upgrade() {
+            kernel.begin_shutdown(drain);
+        }
+        let _ = first_tx.send(first);
+        let _ = signals.recv().await;
+        tracing::warn!("second signal: skipping the rest of the drain");
+        if let Some(kernel) = kernel.upgrade() {
+            kernel.skip_drain();
+        }
+        let _ = signals.recv().await;
+        eprintln!("settle: third signal: exiting now; `settle recover` finalizes what was left");
+        std::process::exit(first.exit_code());
+    });
+    async move {
+        match first_rx.await {
+            Ok(first) => first,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// The one line a shutdown that could not commit everything prints: how
+/// many sessions were left, why, and what finishes them (G8, G9).
+pub fn say_left(report: &settle_runtime::ShutdownReport) {
+    let left = report.left_recoverable.len();
+    let sessions = if left == 1 { "session" } else { "sessions" };
+    if report.lease_lost {
+        eprintln!(
+            "settle: this process lost its lease on its sessions, so it stopped; {left} {sessions} left for recovery: run `settle recover`"
+        );
+    } else {
+        eprintln!(
+            "settle: {left} {sessions} left unfinalized (the store did not commit them in time); run `settle recover` once the store is healthy"
+        );
+    }
+}
