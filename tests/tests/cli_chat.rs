@@ -219,3 +219,51 @@ fn chat_ctrl_c_cancels_the_reply_and_end_of_input_closes_the_session() {
         [(2, second)]
     );
 }
+
+#[test]
+fn g9_chat_a_second_sigterm_during_a_reply_skips_the_drain() {
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = server
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .expect("bind a loopback port");
+    let port = listener.local_addr().unwrap().port();
+    let (seen_tx, seen) = mpsc::channel();
+    server.spawn(serve(listener, seen_tx));
+
+    let sandbox = Sandbox::new();
+    let base_url = format!("http://127.0.0.1:{port}/v1");
+    let mut chat = sandbox.spawn(&[
+        "chat",
+        "--base-url",
+        &base_url,
+        "--model",
+        "m",
+        "--drain-timeout",
+        "10m",
+    ]);
+    chat.wait_for("the first prompt", |out| out.starts_with("> "));
+    writeln!(chat.stdin(), "first question").unwrap();
+    let Seen::Request(0, _) = next_seen(&seen, "the first request") else {
+        panic!("expected the first request");
+    };
+    let first = FIRST_REPLY.concat();
+    chat.wait_for("the first reply", |out| out.contains(&first));
+
+    // The reply stalls: with a ten-minute drain only a second signal ends it.
+    chat.signal(Signal::SIGTERM);
+    assert!(chat.exited_within(Duration::from_millis(500)).is_none());
+    chat.signal(Signal::SIGTERM);
+    let status = chat
+        .exited_within(Duration::from_secs(10))
+        .expect("the second SIGTERM skipped the drain");
+    assert_eq!(status.code(), Some(143), "{}", chat.stderr_text());
+    assert_eq!(next_seen(&seen, "the connection closed"), Seen::Closed(0));
+    let sessions = sandbox.sessions();
+    assert_eq!(sessions[0]["state"], "finalized");
+    assert_eq!(sessions[0]["end_reason"], "shutdown");
+    assert_eq!(sessions[0]["outcome"], "cancelled");
+}

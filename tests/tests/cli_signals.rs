@@ -293,3 +293,95 @@ fn g7_g8_kill_9_loses_no_persisted_chunk_and_recover_finalizes_the_rest() {
         assert_eq!(sandbox.memories(id_of(session)), [], "{name}");
     }
 }
+
+/// The bound of a shutdown whose drain and settle timeout are both 1 s, with
+/// room for a loaded machine: a run that ignored the signal would take two
+/// minutes.
+const BOUND: Duration = Duration::from_secs(8);
+
+/// A root whose one turn takes 3 s, and a child that would spawn after two
+/// minutes.
+fn late_child(sandbox: &Sandbox) -> String {
+    let text = [
+        "name = \"late\"\nsettle_timeout_ms = 1000\n".to_owned(),
+        agent("root", None),
+        turn("root", 2, 1500, ""),
+        "[[agent]]\nname = \"late\"\nparent = \"root\"\nspawn_after_ms = 120000\n".to_owned(),
+        turn("late", 1, 10, ""),
+    ]
+    .concat();
+    sandbox
+        .write("late.toml", &text)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn g9_a_signal_while_an_agent_waits_to_spawn_ends_the_run_in_time() {
+    let sandbox = Sandbox::new();
+    let scenario = late_child(&sandbox);
+    let mut run = start(&sandbox, &scenario, &["--drain-timeout", "1s"], &["root"]);
+    let signalled = Instant::now();
+    run.signal(Signal::SIGINT);
+    let status = run
+        .exited_within(BOUND)
+        .unwrap_or_else(|| panic!("still running {BOUND:?} after SIGINT"));
+    assert_eq!(status.code(), Some(130), "{}", run.stderr_text());
+    assert!(signalled.elapsed() < BOUND);
+    let sessions = sandbox.sessions();
+    assert_eq!(
+        sessions.len(),
+        1,
+        "the late child never registered: {sessions:#?}"
+    );
+    assert_eq!(sessions[0]["state"], "finalized");
+    assert_eq!(sessions[0]["end_reason"], "shutdown");
+}
+
+#[test]
+fn g9_a_second_signal_while_an_agent_waits_to_spawn_skips_the_drain() {
+    let sandbox = Sandbox::new();
+    let scenario = late_child(&sandbox);
+    let mut run = start(&sandbox, &scenario, &["--drain-timeout", "10m"], &["root"]);
+    run.signal(Signal::SIGINT);
+    // A ten-minute drain: only the second signal can end the run now.
+    assert!(run.exited_within(Duration::from_millis(500)).is_none());
+    run.signal(Signal::SIGINT);
+    let status = run
+        .exited_within(BOUND)
+        .unwrap_or_else(|| panic!("the second SIGINT did not end the run within {BOUND:?}"));
+    assert_eq!(status.code(), Some(130), "{}", run.stderr_text());
+    let sessions = sandbox.sessions();
+    assert_eq!(sessions[0]["state"], "finalized");
+    assert_eq!(sessions[0]["outcome"], "cancelled");
+}
+
+#[test]
+fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
+    let sandbox = Sandbox::new();
+    let text = [
+        "name = \"drain\"\n".to_owned(),
+        agent("root", None),
+        turn("r", 2, 300, ""),
+        turn("again", 20, 250, ""),
+        agent("child", Some("root")),
+        turn("c", 8, 400, ""),
+    ]
+    .concat();
+    let scenario = sandbox
+        .write("drain.toml", &text)
+        .to_string_lossy()
+        .into_owned();
+    let mut run = start(&sandbox, &scenario, &["--drain-timeout", "10s"], &["child"]);
+    run.signal(Signal::SIGINT);
+    let (status, _) = run.wait();
+    assert_eq!(status.code(), Some(130), "{}", run.stderr_text());
+    let sessions = sandbox.sessions();
+    assert_children_finalized_first(&sessions);
+    let child = by_name(&sessions, "child");
+    assert_eq!(child["outcome"], "completed", "{child}");
+    assert_eq!(child["chunks"], 8, "the child's turn was cut: {child}");
+    for session in &sessions {
+        assert_eq!(session["end_reason"], "shutdown", "{session}");
+    }
+}

@@ -2,7 +2,7 @@
 //! streams as it is persisted; Ctrl-C cancels the reply in flight (the stream
 //! is closed, the partial turn kept as `cancelled`, the session goes on);
 //! Ctrl-D or `/exit` ends the session (`user_close`); SIGTERM, or Ctrl-C at
-//! the prompt, shuts down gracefully (G9), and any further signal skips the
+//! the prompt, shuts down gracefully (G9), and every further signal skips the
 //! rest of the drain. The signal handlers are installed before anything else
 //! and kept until the process exits.
 
@@ -160,18 +160,11 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             outln!();
             let shutdown = kernel.shutdown(args.drain_timeout);
             tokio::pin!(shutdown);
-            let mut more = 0;
+            // Every further signal skips what is left of the drain.
             let report = loop {
                 tokio::select! {
                     report = &mut shutdown => break report,
-                    _ = signals.recv() => {
-                        more += 1;
-                        if more == 1 {
-                            kernel.skip_drain();
-                        } else {
-                            std::process::exit(signal.exit_code());
-                        }
-                    }
+                    _ = signals.recv() => kernel.skip_drain(),
                 }
             };
             if report.lease_lost || !report.left_recoverable.is_empty() {

@@ -1,8 +1,9 @@
 //! Signals for `run` and `chat`: the handlers are installed before anything
 //! starts and kept until the process exits, so no signal is ever swallowed.
 //! The first SIGINT/SIGTERM/SIGHUP starts the kernel's graceful shutdown
-//! (G9), the second skips the rest of the drain, and a third ends the
-//! process at once with the first signal's code (for a user who insists).
+//! (G9); every later one skips the rest of the drain. The shutdown is bounded
+//! (drain + settle timeout + flush budget) whatever the works and the store
+//! do, so no signal needs to cut it shorter and leave sessions unfinalized.
 
 use std::future::Future;
 use std::time::Duration;
@@ -37,14 +38,13 @@ pub fn drive(
             kernel.begin_shutdown(drain);
         }
         let _ = first_tx.send(first);
-        let _ = signals.recv().await;
-        tracing::warn!("second signal: skipping the rest of the drain");
-        if let Some(kernel) = kernel.upgrade() {
-            kernel.skip_drain();
+        loop {
+            let _ = signals.recv().await;
+            tracing::warn!("another signal: skipping the rest of the drain");
+            if let Some(kernel) = kernel.upgrade() {
+                kernel.skip_drain();
+            }
         }
-        let _ = signals.recv().await;
-        eprintln!("settle: third signal: exiting now; `settle recover` finalizes what was left");
-        std::process::exit(first.exit_code());
     });
     async move {
         match first_rx.await {

@@ -48,6 +48,10 @@ pub(crate) enum Command {
     },
     /// The lease renewer lost this process's lease (G8).
     LeaseLost,
+    /// How much the driver tracks (for tests of a long-lived kernel).
+    Tracked {
+        reply: oneshot::Sender<crate::kernel::Tracked>,
+    },
 }
 
 /// A work's report about itself.

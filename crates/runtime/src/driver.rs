@@ -231,6 +231,13 @@ impl Driver {
                 let _ = reply.send(self.delegate(from, to));
             }
             Command::Shutdown { drain, reply } => self.begin_shutdown(drain, reply),
+            Command::Tracked { reply } => {
+                let _ = reply.send(crate::kernel::Tracked {
+                    core_sessions: self.core.sessions().count(),
+                    sessions: self.sessions.len(),
+                    works: self.works.len(),
+                });
+            }
             Command::LeaseLost => {
                 // Nothing may start, and every work is cancelled now: its
                 // writes would be refused (G8).
@@ -355,7 +362,11 @@ impl Driver {
         }
         // The recorder's budget for the shutdown's writes starts now.
         let bound = self.config.shutdown_bound(drain);
-        let deadline = tokio::time::Instant::now() + bound;
+        let now = tokio::time::Instant::now();
+        // A bound too long to represent is as good as none.
+        let deadline = now
+            .checked_add(bound)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         let _ = self.recorder.send(Record::ShutdownBegan { deadline });
         let _ = self.input(Event::BeginShutdown { drain });
         self.shutting_down.cancel();

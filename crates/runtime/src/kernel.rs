@@ -173,6 +173,19 @@ struct Inner {
     finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
+/// How much a kernel keeps track of: what a long-lived process must not
+/// grow without bound. For tests and diagnostics.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracked {
+    /// Sessions the core holds a record of (finalized ones are forgotten).
+    pub core_sessions: usize,
+    /// Sessions the driver holds an entry for.
+    pub sessions: usize,
+    /// Works in flight.
+    pub works: usize,
+}
+
 /// A running `settle` kernel: what a frontend holds. Cheap to clone.
 ///
 /// One driver task owns the lifecycle core; every method here is a message to
@@ -386,6 +399,14 @@ impl Kernel {
     /// [`SessionHandle::subscribe`].
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.inner.events.subscribe()
+    }
+
+    /// How much the kernel keeps track of now; `None` once it stopped.
+    #[doc(hidden)]
+    pub async fn tracked(&self) -> Option<Tracked> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Tracked { reply: tx }).ok()?;
+        rx.await.ok()
     }
 
     /// How many store writes have failed so far (the CLI exits 3 when any did).

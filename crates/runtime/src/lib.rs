@@ -108,6 +108,8 @@ pub use config::Config;
 pub use error::RuntimeError;
 pub use event::LifecycleEvent;
 pub use hook::{SessionEnd, SessionEndHook};
+#[doc(hidden)]
+pub use kernel::Tracked;
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
 pub use session::SessionHandle;

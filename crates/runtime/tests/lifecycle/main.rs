@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod contract;
 mod g1_settle_before_close;
 mod g2_g10_handles_and_hooks;
 mod g3_sweepers;
