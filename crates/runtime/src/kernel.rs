@@ -101,6 +101,7 @@ impl KernelBuilder {
             store: store.clone(),
             owner,
             hooks,
+            works: works.clone(),
             store_timeout: config.store_timeout,
             events: events.clone(),
             acks: ack_tx,

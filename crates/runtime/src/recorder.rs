@@ -56,6 +56,8 @@ pub(crate) struct Recorder {
     pub store: Arc<dyn SessionStore>,
     pub owner: OwnerId,
     pub hooks: HookRunner,
+    /// The works' tracker, to count what outlives the shutdown.
+    pub works: tokio_util::task::TaskTracker,
     pub store_timeout: Duration,
     pub events: EventBus,
     pub acks: mpsc::UnboundedSender<Ack>,
@@ -198,6 +200,7 @@ impl Recorder {
                     .unwrap_or_else(|| tokio::time::Instant::now() + self.store_timeout);
                 let mut report = std::mem::take(&mut self.report);
                 report.hooks_abandoned = self.hooks.settle(until).await;
+                report.works_abandoned = self.works.len();
                 report.drained = summary.drained;
                 report.cancelled = summary.cancelled;
                 report.detached = summary.detached.iter().map(|w| w.session).collect();

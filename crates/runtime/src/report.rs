@@ -23,6 +23,10 @@ pub struct ShutdownReport {
     /// `on_session_end` hooks still running when the shutdown's budget ran
     /// out; they were abandoned.
     pub hooks_abandoned: usize,
+    /// Works still running when every session was finalized: detached ones
+    /// stuck where they cannot be aborted (a blocking call). Their write
+    /// access is revoked; nothing they do reaches the store.
+    pub works_abandoned: usize,
     /// The shutdown was forced by the loss of this process's lease (G8):
     /// what was not finalized is left for another process to recover.
     pub lease_lost: bool,
