@@ -28,6 +28,11 @@ pub(crate) enum Command {
         request: TurnRequest,
         reply: Reply<Turn>,
     },
+    StartTask {
+        session: SessionId,
+        start: crate::task::StartTask,
+        reply: Reply<(WorkId, oneshot::Receiver<(Outcome, Option<TurnError>)>)>,
+    },
     Core {
         event: Event,
         reply: Option<Reply<Handled>>,

@@ -23,7 +23,9 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
+use settle_core::{
+    CancelMode, Core, Effect, Event, Handled, Outcome, SessionId, TurnError, WorkId,
+};
 use settle_store::SessionStore;
 use settle_stream::Provider;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -57,6 +59,24 @@ enum PendingStart {
         request: TurnRequest,
         reply: Reply<Turn>,
     },
+    Task {
+        start: crate::task::StartTask,
+        reply: Reply<(WorkId, oneshot::Receiver<(Outcome, Option<TurnError>)>)>,
+    },
+}
+
+impl PendingStart {
+    /// Answers the caller that the core refused the start.
+    fn refuse(self, refused: settle_core::Error) {
+        match self {
+            PendingStart::Turn { reply, .. } => {
+                let _ = reply.send(Err(refused.into()));
+            }
+            PendingStart::Task { reply, .. } => {
+                let _ = reply.send(Err(refused.into()));
+            }
+        }
+    }
 }
 
 /// A registration waiting for a block of ids.
@@ -214,6 +234,14 @@ impl Driver {
                 request,
                 reply,
             } => self.start_turn(session, provider, request, reply),
+            Command::StartTask {
+                session,
+                start,
+                reply,
+            } => self.start(
+                Event::StartTask { session },
+                PendingStart::Task { start, reply },
+            ),
             Command::Core { event, reply } => {
                 let result = self.input(event);
                 if let Some(reply) = reply {
@@ -327,17 +355,22 @@ impl Driver {
                 }
             }
         }
-        self.pending = Some(PendingStart::Turn {
+        let pending = PendingStart::Turn {
             provider,
             request,
             reply,
-        });
-        let started = self
-            .core
-            .handle(self.clock.now(), Event::StartTurn { session });
+        };
+        self.start(Event::StartTurn { session }, pending);
+    }
+
+    /// Feeds a start to the core with what it needs kept aside: the
+    /// `StartWork` it orders takes it; a refusal answers the caller.
+    fn start(&mut self, event: Event, pending: PendingStart) {
+        self.pending = Some(pending);
+        let started = self.core.handle(self.clock.now(), event);
         if let Err(refused) = started {
-            if let Some(PendingStart::Turn { reply, .. }) = self.pending.take() {
-                let _ = reply.send(Err(refused.into()));
+            if let Some(pending) = self.pending.take() {
+                pending.refuse(refused);
             }
         }
         self.execute();
@@ -531,44 +564,68 @@ impl Driver {
 
     /// Starts the work the core admitted, with what its command brought.
     fn start_work(&mut self, work: WorkId) {
-        let Some(PendingStart::Turn {
-            provider,
-            request,
-            reply,
-        }) = self.pending.take()
-        else {
+        let Some(pending) = self.pending.take() else {
             tracing::error!(%work, "the core started a work nobody asked for");
             return;
         };
         let Some(entry) = self.sessions.get(&work.session) else {
-            let _ = reply.send(Err(RuntimeError::SessionClosed(work.session)));
+            pending.refuse(settle_core::Error::SessionClosed(work.session));
             return;
         };
-        // The turn's row is written by the recorder, in order after the end
-        // of the previous turn; the work streams once it is committed.
-        let (started_tx, started) = oneshot::channel();
-        let at = self.clock.wall(self.clock.now());
-        let _ = self.recorder.send(Record::StartTurn {
-            work,
-            at,
-            input: Some(crate::work::input_json(&request)),
-            done: started_tx,
-        });
-        let (handle, turn) = work::spawn(work::WorkContext {
-            work,
-            provider,
-            request,
-            started,
-            shared: entry.shared.clone(),
-            reports: self.report_tx.clone(),
-            store: self.store.clone(),
-            store_timeout: self.config.store_timeout,
-            failures: self.failures.clone(),
-            events: self.events.clone(),
-            idle_timeout: self.config.idle_timeout,
-            tracker: &self.works_tracker,
-        });
-        self.works.insert(work, handle);
-        let _ = reply.send(Ok(turn));
+        match pending {
+            PendingStart::Turn {
+                provider,
+                request,
+                reply,
+            } => {
+                // The turn's row is written by the recorder, in order after
+                // the end of the previous turn; the work streams once it is
+                // committed.
+                let (started_tx, started) = oneshot::channel();
+                let at = self.clock.wall(self.clock.now());
+                let _ = self.recorder.send(Record::StartTurn {
+                    work,
+                    at,
+                    input: Some(crate::work::input_json(&request)),
+                    done: started_tx,
+                });
+                let (handle, turn) = work::spawn(work::WorkContext {
+                    work,
+                    provider,
+                    request,
+                    started,
+                    shared: entry.shared.clone(),
+                    reports: self.report_tx.clone(),
+                    store: self.store.clone(),
+                    store_timeout: self.config.store_timeout,
+                    failures: self.failures.clone(),
+                    events: self.events.clone(),
+                    idle_timeout: self.config.idle_timeout,
+                    tracker: &self.works_tracker,
+                });
+                self.works.insert(work, handle);
+                let _ = reply.send(Ok(turn));
+            }
+            PendingStart::Task { start, reply } => {
+                let (ctx, token, revoked) = crate::task::context(work);
+                let (outcome_tx, outcome) = oneshot::channel();
+                let span = tracing::info_span!(
+                    "task",
+                    session = %work.session,
+                    name = %entry.shared.name,
+                    no = work.no,
+                );
+                let task = self
+                    .works_tracker
+                    .spawn(tracing::Instrument::instrument(
+                        start(ctx, self.report_tx.clone()),
+                        span,
+                    ))
+                    .abort_handle();
+                let handle = WorkHandle::task(token, revoked, task, outcome_tx);
+                self.works.insert(work, handle);
+                let _ = reply.send(Ok((work, outcome)));
+            }
+        }
     }
 }

@@ -91,22 +91,26 @@ mod config;
 mod driver;
 mod error;
 mod event;
+mod guard;
 mod hook;
 mod ids;
 mod kernel;
 mod lease;
+pub mod process;
 mod record;
 mod recorder;
 mod report;
 mod session;
 mod shared;
 pub mod signals;
+mod task;
 mod turn;
 mod work;
 
 pub use config::Config;
 pub use error::RuntimeError;
 pub use event::LifecycleEvent;
+pub use guard::SessionGuard;
 pub use hook::{SessionEnd, SessionEndHook};
 #[doc(hidden)]
 pub use kernel::Tracked;
@@ -118,4 +122,5 @@ pub use settle_core::{
     TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
 pub use settle_stream::Request as TurnRequest;
+pub use task::{TaskContext, TaskError, TaskHandle};
 pub use turn::Turn;

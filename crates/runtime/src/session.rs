@@ -6,7 +6,9 @@ use tokio::sync::broadcast;
 
 use crate::command::Command;
 use crate::shared::SessionShared;
-use crate::{Kernel, LifecycleEvent, RuntimeError, Turn, TurnRequest};
+use crate::{
+    Kernel, LifecycleEvent, RuntimeError, SessionGuard, TaskContext, TaskHandle, Turn, TurnRequest,
+};
 
 /// One session of a [`Kernel`]. Cheap to clone; every method is safe to
 /// call at any time: after the session is finalized they return a
@@ -30,6 +32,11 @@ impl std::fmt::Debug for SessionHandle {
 impl SessionHandle {
     pub(crate) fn new(shared: Arc<SessionShared>, kernel: Kernel) -> Self {
         SessionHandle { shared, kernel }
+    }
+
+    /// Queues `event` for the driver without waiting (from `drop`).
+    pub(crate) fn send_now(&self, event: Event) {
+        let _ = self.kernel.send(Command::Core { event, reply: None });
     }
 
     /// The session's id.
@@ -78,6 +85,50 @@ impl SessionHandle {
             Ok(turn) => Ok(turn.cancel_on_drop(self.kernel.commands())),
             Err(error) => Err(self.closed(self.kernel.explain_unknown(session, error).await)),
         }
+    }
+
+    /// Spawns a task the session owns: a tool call, a subprocess (see
+    /// [`process`](crate::process)), any future. It falls under the session's
+    /// lifecycle like a turn: cancelled when the session is (its
+    /// [`TaskContext::token`]), given the settle timeout to unwind, then
+    /// detached, its write access revoked (G1, G5, G6). It may run beside a
+    /// turn; the session is not finalized while it runs.
+    ///
+    /// # Errors
+    /// When the session is closing, finalized, or the kernel is shutting down.
+    pub async fn spawn<F, Fut, T>(&self, make: F) -> Result<TaskHandle<T>, RuntimeError>
+    where
+        F: FnOnce(TaskContext) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (start, result) = crate::task::prepare(make);
+        let session = self.id();
+        let started = self
+            .kernel
+            .ask(|reply| Command::StartTask {
+                session,
+                start,
+                reply,
+            })
+            .await;
+        match started {
+            Ok((work, outcome)) => Ok(crate::task::handle(
+                work,
+                result,
+                outcome,
+                self.kernel.commands(),
+            )),
+            Err(error) => Err(self.closed(self.kernel.explain_unknown(session, error).await)),
+        }
+    }
+
+    /// Wraps this handle in a guard that cancels the session (and winds its
+    /// subtree down, children first) when it is dropped without
+    /// [`SessionGuard::finish`]: on an early `?` return or a panic in the
+    /// agent's code.
+    pub fn guard(self) -> SessionGuard {
+        SessionGuard::new(self)
     }
 
     /// The agent is done: its own works are cancelled, its live descendants

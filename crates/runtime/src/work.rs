@@ -29,7 +29,10 @@ use crate::{LifecycleEvent, Turn};
 
 /// The driver's grip on a work. Dropping it revokes the work's write access.
 pub(crate) struct WorkHandle {
-    scope: Scope,
+    /// The work's own cancellation token.
+    token: CancellationToken,
+    /// What closes a turn's stream from outside (none for a task).
+    stream: Option<Scope>,
     revoked: CancellationToken,
     task: AbortHandle,
     /// Why it failed, as its last report said.
@@ -39,21 +42,40 @@ pub(crate) struct WorkHandle {
 }
 
 impl WorkHandle {
-    /// An immediate cancel: the work's token, which ends its attached stream.
+    /// A task's handle: its token, its revocation, its abort.
+    pub fn task(
+        token: CancellationToken,
+        revoked: CancellationToken,
+        task: AbortHandle,
+        outcome: oneshot::Sender<(Outcome, Option<TurnError>)>,
+    ) -> Self {
+        WorkHandle {
+            token,
+            stream: None,
+            revoked,
+            task,
+            error: None,
+            outcome: Some(outcome),
+        }
+    }
+
+    /// An immediate cancel: the work's token (which ends a turn's attached stream).
     pub fn cancel(&self) {
-        self.scope.token().cancel();
+        self.token.cancel();
     }
 
     /// Closes the work's stream from outside, whatever the work is doing (G4).
     pub fn close_stream(&self) {
-        self.scope.close_handle().close();
+        if let Some(scope) = &self.stream {
+            scope.close_handle().close();
+        }
     }
 
     /// Abandons the work (G5): its write access is revoked first, then its
     /// stream is force-closed and its task aborted.
     pub fn detach(&mut self) {
         self.revoked.cancel();
-        self.scope.close_handle().close();
+        self.close_stream();
         self.task.abort();
     }
 }
@@ -168,7 +190,10 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                 let (outcome, error) = match std::panic::AssertUnwindSafe(body).catch_unwind().await
                 {
                     Ok(end) => end,
-                    Err(panic) => (Outcome::Failed, Some(panicked(panic.as_ref()))),
+                    Err(panic) => (
+                        Outcome::Failed,
+                        Some(panicked(panic.as_ref(), "the turn's work panicked")),
+                    ),
                 };
                 let _ = reports.send(WorkReport {
                     work,
@@ -179,7 +204,8 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         )
         .abort_handle();
     let handle = WorkHandle {
-        scope,
+        token: scope.token().clone(),
+        stream: Some(scope),
         revoked,
         task,
         error: None,
@@ -217,16 +243,14 @@ fn stream_error(error: &StreamError) -> TurnError {
     TurnError::new(kind, error.to_string())
 }
 
-fn panicked(panic: &(dyn std::any::Any + Send)) -> TurnError {
+/// The error of a work that panicked, with the panic's message.
+pub(crate) fn panicked(panic: &(dyn std::any::Any + Send), what: &str) -> TurnError {
     let message = panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic with no message".to_owned());
-    TurnError::new(
-        TurnErrorKind::Panic,
-        format!("the turn's work panicked: {message}"),
-    )
+    TurnError::new(TurnErrorKind::Panic, format!("{what}: {message}"))
 }
 
 /// Tells the core when the stream exists, so a cancel that raced the attach
