@@ -132,9 +132,23 @@ fn cases() -> Vec<Case> {
         case(
             "unknown duration unit",
             ok_scenario,
-            &["run", "ok.toml", "--drain-timeout", "2h"],
+            &["run", "ok.toml", "--drain-timeout", "2x"],
             2,
             "--drain-timeout",
+        ),
+        case(
+            "duration over the 24h limit",
+            ok_scenario,
+            &["run", "ok.toml", "--settle-timeout", "1d1s"],
+            2,
+            "24h limit",
+        ),
+        case(
+            "duration missing the last unit",
+            ok_scenario,
+            &["run", "ok.toml", "--idle-timeout", "1m30"],
+            2,
+            "--idle-timeout",
         ),
         case(
             "duration too large",
