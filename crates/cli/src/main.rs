@@ -5,18 +5,22 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
+use settle_cli::listing::{self, Filter};
 use settle_cli::scenario::Scenario;
-use settle_cli::{chat, display, duration, exit, open_store, out, outln, output, runner, Failure};
+use settle_cli::{
+    chat, display, duration, exit, open_existing_store, open_store, out, outln, output, runner,
+    terminal, Failure,
+};
 use settle_runtime::{signals, Runtime, SessionId, State};
 use settle_store::{SessionStore, StoreError};
 
 const EXAMPLES: &str = "\
 Examples:
   settle run examples/scan.toml            run a scripted agent tree (SQLite: ./settle.db)
-  settle sessions --state finalized        list sessions in a state
+  settle sessions --since 1h --tree        the last hour's sessions, each under its parent
   settle show 3 --json                     one session's transcript and timeline
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
   settle chat --base-url http://127.0.0.1:8080/v1 --model local";
@@ -39,15 +43,17 @@ enum Command {
         after_help = "Example:\n  settle run examples/scan.toml --settle-timeout 500ms --json"
     )]
     Run(RunArgs),
-    /// List sessions.
-    #[command(after_help = "Example:\n  settle sessions --state running --json")]
+    /// List sessions, newest first.
+    #[command(
+        after_help = "Examples:\n  settle sessions --limit 10\n  settle sessions --since 1h30m --tree\n  settle sessions --state running --json"
+    )]
     Sessions(SessionsArgs),
     /// Show one session: its transcript by turn and its timeline.
     #[command(after_help = "Example:\n  settle show 3")]
     Show(ShowArgs),
     /// Finalize sessions left live by a crashed process (G8); prints how many.
-    #[command(after_help = "Example:\n  settle --db settle.db recover")]
-    Recover,
+    #[command(after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --json")]
+    Recover(RecoverArgs),
     /// Chat with an OpenAI-compatible server. Ctrl-C cancels the reply in flight, Ctrl-D ends the session.
     #[command(
         after_help = "Example:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local"
@@ -78,7 +84,23 @@ struct SessionsArgs {
     /// Only sessions in this state (registered, running, cancelling, settled, finalized).
     #[arg(long, value_parser = parse_state)]
     state: Option<State>,
-    /// Print JSON.
+    /// Only sessions created within this long, like 30m, 1h30m or 7d.
+    #[arg(long, value_parser = duration::parse_age, value_name = "DURATION")]
+    since: Option<Duration>,
+    /// At most this many sessions, the newest.
+    #[arg(long, value_parser = parse_limit, value_name = "N")]
+    limit: Option<usize>,
+    /// Show each session under its parent, indented (children in the order they were created).
+    #[arg(long)]
+    tree: bool,
+    /// Print JSON (in the same order as the table).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RecoverArgs {
+    /// Print what was recovered as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -96,6 +118,19 @@ struct ShowArgs {
 fn parse_state(text: &str) -> Result<State, String> {
     text.parse()
         .map_err(|e: settle_runtime::UnknownWord| e.to_string())
+}
+
+fn parse_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err(
+            "`0` lists nothing: ask for 1 or more, or leave --limit out to list them all"
+                .to_owned(),
+        ),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{text}` is not a count: write a whole number, like 20"
+        )),
+    }
 }
 
 fn parse_id(text: &str) -> Result<SessionId, String> {
@@ -145,7 +180,7 @@ fn usage_error(error: clap::Error) -> ExitCode {
         // No command at all: one line that says what to type (G11), not the
         // whole help on stderr.
         eprintln!(
-            "settle: a command is required: run, sessions, show, recover or chat (see `settle --help`)"
+            "settle: a command is required: run, sessions, show, export, recover or chat (see `settle --help`)"
         );
         return ExitCode::from(exit::BAD_INPUT);
     }
@@ -174,20 +209,6 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// For the commands that only read (or recover) a store: the SQLite file
-/// named by `db` when there is none, so that they report an empty store
-/// instead of creating a database (G11: a lookup writes nothing).
-fn missing_sqlite_file(db: &str) -> Option<&str> {
-    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
-        return None;
-    }
-    let path = db
-        .strip_prefix("sqlite://")
-        .or_else(|| db.strip_prefix("sqlite:"))
-        .unwrap_or(db);
-    std::fs::symlink_metadata(path).is_err().then_some(path)
-}
-
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
@@ -200,74 +221,69 @@ fn init_tracing() {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run(&cli.db, args).await,
-        Command::Sessions(args) if missing_sqlite_file(&cli.db).is_some() => {
-            let rows: [settle_store::SessionRow; 0] = [];
-            if args.json {
-                outln!("{}", output::sessions_json(&rows));
-            } else {
-                out!("{}", output::sessions_table(&rows));
-            }
-            Ok(exit::DONE)
-        }
-        Command::Show(args) if missing_sqlite_file(&cli.db).is_some() => {
-            Err(Failure::bad_input(format!(
-                "no session {} in {}: there is no database there; see `settle sessions`",
-                args.id, cli.db
-            )))
-        }
-        Command::Recover if missing_sqlite_file(&cli.db).is_some() => {
-            outln!("recovered 0 sessions (0 interrupted turns)");
-            Ok(exit::DONE)
-        }
-        Command::Sessions(args) => {
-            let store = open_store(&cli.db)?;
-            let rows = store.list_sessions(args.state).await?;
-            if args.json {
-                outln!("{}", output::sessions_json(&rows));
-            } else {
-                out!("{}", output::sessions_table(&rows));
-            }
-            Ok(exit::DONE)
-        }
-        Command::Show(args) => {
-            let store = open_store(&cli.db)?;
-            let detail = match store.session_detail(args.id).await {
-                Ok(detail) => detail,
-                Err(StoreError::UnknownSession(id)) => {
-                    return Err(Failure::bad_input(format!(
-                        "no session {id} in {}; see `settle sessions`",
-                        cli.db
-                    )))
-                }
-                Err(error) => return Err(error.into()),
-            };
-            if args.json {
-                outln!("{}", output::show_json(&detail));
-            } else {
-                out!("{}", output::show_text(&detail));
-            }
-            Ok(exit::DONE)
-        }
-        Command::Recover => {
-            let store = open_store(&cli.db)?;
-            let report = store
-                .recover(settle_store::RecoverOptions::now_on_this_host())
-                .await?;
-            outln!(
-                "recovered {} session{} ({} interrupted turn{})",
-                report.recovered.len(),
-                if report.recovered.len() == 1 { "" } else { "s" },
-                report.interrupted_turns.len(),
-                if report.interrupted_turns.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-            );
-            Ok(exit::DONE)
-        }
+        Command::Sessions(args) => sessions(&cli.db, args).await,
+        Command::Show(args) => show(&cli.db, args).await,
+        Command::Recover(args) => recover(&cli.db, args).await,
         Command::Chat(args) => chat::run(&cli.db, args).await,
     }
+}
+
+async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let filter = Filter {
+        state: args.state,
+        since: args.since,
+        limit: args.limit,
+    };
+    let now = SystemTime::now();
+    let rows = listing::select(store.list_sessions(args.state).await?, &filter, now);
+    let listed = if args.tree {
+        listing::tree(rows)
+    } else {
+        listing::flat(rows)
+    };
+    if args.json {
+        outln!("{}", output::sessions_json(&listed));
+    } else {
+        out!(
+            "{}",
+            output::sessions_table(&listed, now, terminal::stdout_width())
+        );
+    }
+    Ok(exit::DONE)
+}
+
+async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let detail = match store.session_detail(args.id).await {
+        Ok(detail) => detail,
+        Err(StoreError::UnknownSession(id)) => {
+            return Err(Failure::bad_input(format!(
+                "no session {id} in {db}; see `settle sessions`"
+            )))
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if args.json {
+        outln!("{}", output::show_json(&detail));
+    } else {
+        out!("{}", output::show_text(&detail));
+    }
+    Ok(exit::DONE)
+}
+
+async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let report = store
+        .recover(settle_store::RecoverOptions::now_on_this_host())
+        .await?;
+    if args.json {
+        let rows = store.list_sessions(None).await?;
+        outln!("{}", output::recover_json(&report, &rows));
+    } else {
+        outln!("{}", output::recover_line(&report));
+    }
+    Ok(exit::DONE)
 }
 
 async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
@@ -324,7 +340,8 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = stop_display.send(());
     let _ = display.await;
 
-    let rows = store.list_sessions(None).await?;
+    let now = SystemTime::now();
+    let rows = listing::select(store.list_sessions(None).await?, &Filter::default(), now);
     let code = if let Some(signal) = signalled {
         // 130 / 143: a shell's code for the signal, after a clean shutdown.
         u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)
@@ -339,7 +356,10 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         outln!("{}", output::run_json(i32::from(code), &rows));
     } else {
         outln!();
-        out!("{}", output::sessions_table(&rows));
+        out!(
+            "{}",
+            output::sessions_table(&listing::tree(rows), now, terminal::stdout_width())
+        );
         if failures > 0 {
             eprintln!("settle: {failures} store write(s) failed; run `settle recover` once the store is healthy");
         }
