@@ -32,6 +32,7 @@ pub mod chat;
 pub mod display;
 pub mod duration;
 pub mod listing;
+pub mod live;
 pub mod output;
 pub mod runner;
 pub mod scenario;

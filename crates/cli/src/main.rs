@@ -310,11 +310,12 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         .map_err(Failure::store)?;
 
     let mode = if args.json {
-        display::Mode::Quiet
-    } else if std::io::stdout().is_terminal() {
-        display::Mode::Live
+        display::Mode::QUIET
     } else {
-        display::Mode::Plain
+        display::Mode::for_terminals(
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+        )
     };
     let (stop_display, stop) = tokio::sync::oneshot::channel();
     let display = tokio::spawn(display::show(runtime.subscribe(), mode, stop));
