@@ -38,6 +38,7 @@ pub mod runner;
 pub mod scenario;
 pub mod table;
 pub mod terminal;
+pub mod transcript;
 
 use std::io::Write;
 

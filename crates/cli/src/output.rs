@@ -10,8 +10,10 @@ use settle_store::{
 
 use crate::listing::{self, Listed};
 use crate::table::{Align, Column, Table};
+use crate::transcript::{self, InputMessage, TurnFailure};
 
-fn rfc3339(at: SystemTime) -> String {
+/// `at` as RFC 3339 UTC, to the millisecond.
+pub fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
@@ -53,6 +55,14 @@ struct TurnJson<'a> {
     outcome: Option<&'static str>,
     started_at: String,
     ended_at: Option<String>,
+    /// The messages sent (left out where the store does not keep them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    input: Option<Vec<InputMessage>>,
+    /// The reply: the chunks joined.
+    text: String,
+    /// Why it failed (left out where the store does not keep it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<TurnFailure>,
     chunks: &'a [String],
 }
 
@@ -63,6 +73,9 @@ impl<'a> From<&'a TurnRow> for TurnJson<'a> {
             outcome: turn.outcome.map(|o| o.as_str()),
             started_at: rfc3339(turn.started_at),
             ended_at: turn.ended_at.map(rfc3339),
+            input: transcript::input(turn),
+            text: transcript::text(turn),
+            error: transcript::error(turn),
             chunks: &turn.chunks,
         }
     }
@@ -240,7 +253,8 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
     out
 }
 
-/// `settle show ID`: the transcript by turn, then the timeline.
+/// `settle show ID`: the session, each turn as its input, its reply as
+/// flowing text, its outcome and error; then the timeline.
 pub fn show_text(detail: &SessionDetail) -> String {
     let s = &detail.session;
     let mut out = format!(
@@ -257,18 +271,43 @@ pub fn show_text(detail: &SessionDetail) -> String {
     if let Some(errors) = &detail.finalize_errors {
         out.push_str(&format!("  finalize steps that failed: {errors}\n"));
     }
-    out.push_str("\ntranscript\n");
     if detail.turns.is_empty() {
-        out.push_str("  (no turns)\n");
+        out.push_str("\nno turns\n");
     }
+    let mut previous: Option<(Vec<InputMessage>, String)> = None;
     for turn in &detail.turns {
+        let took = turn
+            .ended_at
+            .and_then(|end| end.duration_since(turn.started_at).ok())
+            .map_or("still open".to_owned(), |d| {
+                format!("took {:.3} s", d.as_secs_f64())
+            });
         out.push_str(&format!(
-            "  turn {} [{}]\n",
+            "\nturn {}   started {}, {took}\n",
             turn.no,
-            turn.outcome.map_or("open", |o| o.as_str())
+            rfc3339(turn.started_at)
         ));
-        for chunk in &turn.chunks {
-            out.push_str(&format!("    {chunk}\n"));
+        let text = transcript::text(turn);
+        if let Some(input) = transcript::input(turn) {
+            let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
+            for message in transcript::new_messages(before, &input) {
+                out.push_str(&format!("  {}:\n", message.role));
+                out.push_str(&indented(&message.content, "    "));
+            }
+            previous = Some((input, text.clone()));
+        }
+        out.push_str("  reply:\n");
+        if text.is_empty() {
+            out.push_str("    (nothing)\n");
+        } else {
+            out.push_str(&indented(&text, "    "));
+        }
+        out.push_str(&format!(
+            "  outcome: {}\n",
+            turn.outcome.map_or("(open)", |o| o.as_str())
+        ));
+        if let Some(error) = transcript::error(turn) {
+            out.push_str(&format!("  error: {} ({})\n", error.message, error.kind));
         }
     }
     out.push_str("\ntimeline\n");
@@ -284,6 +323,17 @@ pub fn show_text(detail: &SessionDetail) -> String {
             row.to.as_str(),
             row.cause
         ));
+    }
+    out
+}
+
+/// `text` with `prefix` before each of its lines, ending in a newline.
+fn indented(text: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    for line in text.trim_end_matches('\n').split('\n') {
+        out.push_str(prefix);
+        out.push_str(line.trim_end_matches('\r'));
+        out.push('\n');
     }
     out
 }
