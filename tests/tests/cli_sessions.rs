@@ -87,6 +87,22 @@ fn since_keeps_the_sessions_created_within_the_duration() {
     assert!(header.contains("CREATED"), "{table}");
 }
 
+/// `(depth, name)` of `top` and its descendants, depth first, children by id.
+fn depth_first(sessions: &[Value], top: u64, depth: usize) -> Vec<(usize, String)> {
+    let session = sessions.iter().find(|s| id_of(s) == top).unwrap();
+    let mut shape = vec![(depth, session["name"].as_str().unwrap().to_owned())];
+    let mut kids: Vec<u64> = sessions
+        .iter()
+        .filter(|s| s["parent"] == top)
+        .map(id_of)
+        .collect();
+    kids.sort_unstable();
+    for kid in kids {
+        shape.extend(depth_first(sessions, kid, depth + 1));
+    }
+    shape
+}
+
 #[test]
 fn tree_indents_each_session_under_its_parent() {
     let sandbox = scanned();
@@ -100,20 +116,17 @@ fn tree_indents_each_session_under_its_parent() {
         (depth / 2, name)
     };
     let shape: Vec<(usize, String)> = rows.iter().map(|l| name_of(l)).collect();
-    assert_eq!(
-        shape,
-        [
-            (0, "root".to_owned()),
-            (1, "notes".to_owned()),
-            (1, "recon".to_owned()),
-            (2, "ports".to_owned()),
-            (1, "web".to_owned()),
-        ],
-        "{table}"
-    );
+    // Children in the order they were created (by id): recon and web race.
+    let all = sessions_json(&sandbox, &[]);
+    let root = id_of(by_name(&all, "root"));
+    let expected = depth_first(&all, root, 0);
+    assert_eq!(shape, expected, "{table}");
+    assert_eq!(shape[0], (0, "root".to_owned()));
+    assert!(shape.contains(&(2, "ports".to_owned())), "{table}");
     // --json follows the same order.
     let json = sessions_json(&sandbox, &["--tree"]);
-    assert_eq!(names(&json), ["root", "notes", "recon", "ports", "web"]);
+    let in_order: Vec<String> = expected.into_iter().map(|(_, name)| name).collect();
+    assert_eq!(names(&json), in_order);
     let root = by_name(&json, "root");
     assert!(root["parent"].is_null());
 }
