@@ -215,6 +215,58 @@ fn cases() -> Vec<Case> {
             2,
             "--all",
         ),
+        case(
+            "export of a non-number",
+            |d| database(d, "settle.db"),
+            &["export", "first"],
+            2,
+            "first",
+        ),
+        case(
+            "export in an unknown format",
+            |d| database(d, "settle.db"),
+            &["export", "1", "--format", "pdf"],
+            2,
+            "pdf",
+        ),
+        case(
+            "export -o into a missing folder",
+            |d| database(d, "settle.db"),
+            &["export", "1", "-o", "no/such/dir/s.md"],
+            2,
+            "no/such/dir",
+        ),
+        case(
+            "export -o a directory",
+            |d| {
+                database(d, "settle.db");
+                fs::create_dir(d.join("out")).unwrap();
+            },
+            &["export", "1", "--format", "jsonl", "-o", "out"],
+            2,
+            "out",
+        ),
+        case(
+            "show --trace into a missing folder",
+            |d| database(d, "settle.db"),
+            &["show", "1", "--trace", "no/such/dir/t.json"],
+            2,
+            "no/such/dir",
+        ),
+        case(
+            "show --trace with --json",
+            |d| database(d, "settle.db"),
+            &["show", "1", "--trace", "t.json", "--json"],
+            2,
+            "--trace",
+        ),
+        case(
+            "show --trace without a file",
+            |d| database(d, "settle.db"),
+            &["show", "1", "--trace"],
+            2,
+            "--trace",
+        ),
         // --- scenario files ---
         case(
             "missing scenario file",
@@ -473,6 +525,34 @@ fn cases() -> Vec<Case> {
             "show in a folder with no database",
             nothing,
             &["show", "1"],
+            2,
+            "settle.db",
+        ),
+        case(
+            "export of a missing id",
+            |d| database(d, "settle.db"),
+            &["export", "42", "-o", "s.md"],
+            2,
+            "42",
+        ),
+        case(
+            "show --trace of a missing id",
+            |d| database(d, "settle.db"),
+            &["show", "42", "--trace", "t.json"],
+            2,
+            "42",
+        ),
+        case(
+            "export in a folder with no database",
+            nothing,
+            &["export", "1", "-o", "s.md"],
+            2,
+            "settle.db",
+        ),
+        case(
+            "show --trace in a folder with no database",
+            nothing,
+            &["show", "1", "--trace", "t.json"],
             2,
             "settle.db",
         ),

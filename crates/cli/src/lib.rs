@@ -31,13 +31,16 @@ macro_rules! outln {
 pub mod chat;
 pub mod display;
 pub mod duration;
+pub mod export;
 pub mod listing;
 pub mod live;
+pub mod outfile;
 pub mod output;
 pub mod runner;
 pub mod scenario;
 pub mod table;
 pub mod terminal;
+pub mod trace;
 pub mod transcript;
 
 use std::io::Write;

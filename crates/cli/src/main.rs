@@ -2,7 +2,7 @@
 //! and chat with a model, all with teardown that is correct on every path.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -11,17 +11,19 @@ use clap::{Args, Parser, Subcommand};
 use settle_cli::listing::{self, Filter};
 use settle_cli::scenario::Scenario;
 use settle_cli::{
-    chat, display, duration, exit, open_existing_store, open_store, out, outln, output, runner,
-    terminal, Failure,
+    chat, display, duration, exit, export, open_existing_store, open_store, out, outfile, outln,
+    output, runner, terminal, trace, Failure,
 };
 use settle_runtime::{signals, Runtime, SessionId, State};
-use settle_store::{SessionStore, StoreError};
+use settle_store::{SessionDetail, SessionRow, SessionStore, Store, StoreError};
 
 const EXAMPLES: &str = "\
 Examples:
   settle run examples/scan.toml            run a scripted agent tree (SQLite: ./settle.db)
   settle sessions --since 1h --tree        the last hour's sessions, each under its parent
-  settle show 3 --json                     one session's transcript and timeline
+  settle show 3                            one session's transcript and timeline
+  settle show 1 --trace scan.json          the tree under session 1 as a trace for Perfetto
+  settle export 3 --format md -o chat.md   a transcript to read (or --format jsonl to replay)
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
   settle chat --base-url http://127.0.0.1:8080/v1 --model local";
 
@@ -49,8 +51,15 @@ enum Command {
     )]
     Sessions(SessionsArgs),
     /// Show one session: its transcript by turn and its timeline.
-    #[command(after_help = "Example:\n  settle show 3")]
+    #[command(
+        after_help = "Examples:\n  settle show 3\n  settle show 3 --json\n  settle show 1 --trace teardown.json   (open it in ui.perfetto.dev or chrome://tracing)"
+    )]
     Show(ShowArgs),
+    /// Export one session: Markdown to read, or JSON Lines to replay.
+    #[command(
+        after_help = "Examples:\n  settle export 3 > chat.md\n  settle export 3 --format jsonl -o chat.jsonl"
+    )]
+    Export(ExportArgs),
     /// Finalize sessions left live by a crashed process (G8); prints how many.
     #[command(after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --json")]
     Recover(RecoverArgs),
@@ -111,13 +120,33 @@ struct ShowArgs {
     #[arg(value_parser = parse_id)]
     id: SessionId,
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     json: bool,
+    /// Write the session and its subtree as a Chrome trace (JSON) to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// The session id (see `settle sessions`).
+    #[arg(value_parser = parse_id)]
+    id: SessionId,
+    /// md (Markdown, to read) or jsonl (JSON Lines, one event a line, to replay).
+    #[arg(long, default_value = "md", value_parser = parse_format)]
+    format: export::Format,
+    /// Write to FILE instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 fn parse_state(text: &str) -> Result<State, String> {
     text.parse()
         .map_err(|e: settle_runtime::UnknownWord| e.to_string())
+}
+
+fn parse_format(text: &str) -> Result<export::Format, String> {
+    text.parse()
 }
 
 fn parse_limit(text: &str) -> Result<usize, String> {
@@ -223,6 +252,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Run(args) => run(&cli.db, args).await,
         Command::Sessions(args) => sessions(&cli.db, args).await,
         Command::Show(args) => show(&cli.db, args).await,
+        Command::Export(args) => export(&cli.db, args).await,
         Command::Recover(args) => recover(&cli.db, args).await,
         Command::Chat(args) => chat::run(&cli.db, args).await,
     }
@@ -253,21 +283,64 @@ async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
     Ok(exit::DONE)
 }
 
+/// One session's detail, an unknown id being bad input.
+async fn detail(store: &Store, db: &str, id: SessionId) -> Result<SessionDetail, Failure> {
+    match store.session_detail(id).await {
+        Ok(detail) => Ok(detail),
+        Err(StoreError::UnknownSession(id)) => Err(Failure::bad_input(format!(
+            "no session {id} in {db}; see `settle sessions`"
+        ))),
+        Err(error) => Err(error.into()),
+    }
+}
+
 async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
     let store = open_existing_store(db)?;
-    let detail = match store.session_detail(args.id).await {
-        Ok(detail) => detail,
-        Err(StoreError::UnknownSession(id)) => {
-            return Err(Failure::bad_input(format!(
-                "no session {id} in {db}; see `settle sessions`"
-            )))
+    let top = detail(&store, db, args.id).await?;
+    if let Some(path) = &args.trace {
+        let rows = store.list_sessions(None).await?;
+        let mut details = vec![top];
+        for id in descendants(&rows, args.id) {
+            details.push(detail(&store, db, id).await?);
         }
-        Err(error) => return Err(error.into()),
-    };
-    if args.json {
-        outln!("{}", output::show_json(&detail));
+        let tree = trace::subtree(args.id, details);
+        outfile::write(path, &trace::render(&tree, SystemTime::now()))?;
+        if path != Path::new("-") {
+            outln!(
+                "wrote the trace of {} session{} to {}: open it in ui.perfetto.dev or chrome://tracing",
+                tree.sessions.len(),
+                if tree.sessions.len() == 1 { "" } else { "s" },
+                path.display()
+            );
+        }
+    } else if args.json {
+        outln!("{}", output::show_json(&top));
     } else {
-        out!("{}", output::show_text(&detail));
+        out!("{}", output::show_text(&top));
+    }
+    Ok(exit::DONE)
+}
+
+/// Every descendant of `top` among `rows`.
+fn descendants(rows: &[SessionRow], top: SessionId) -> Vec<SessionId> {
+    let mut found = Vec::new();
+    let mut frontier = vec![top];
+    while let Some(parent) = frontier.pop() {
+        for row in rows.iter().filter(|r| r.parent == Some(parent)) {
+            found.push(row.id);
+            frontier.push(row.id);
+        }
+    }
+    found
+}
+
+async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let detail = detail(&store, db, args.id).await?;
+    let text = export::render(&detail, args.format);
+    match &args.output {
+        Some(path) => outfile::write(path, &text)?,
+        None => out!("{text}"),
     }
     Ok(exit::DONE)
 }
