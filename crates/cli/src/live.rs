@@ -114,10 +114,16 @@ pub fn frame(rows: &[LiveRow], size: Size) -> Vec<String> {
 }
 
 fn table(rows: &[&LiveRow]) -> Table {
+    let widest_state = State::ALL
+        .iter()
+        .map(|s| s.as_str().len())
+        .max()
+        .unwrap_or(0);
     let mut table = Table::new(vec![
         Column::new("ID", Align::Right),
         Column::new("SESSION", Align::Left).shorten_to(10),
-        Column::new("STATE", Align::Left),
+        // As wide as the widest state, so that the columns stay put.
+        Column::new("STATE", Align::Left).at_least(widest_state),
         Column::new("TURNS", Align::Right).drop_order(2),
         Column::new("CHUNKS", Align::Right).drop_order(1),
         Column::new("OUTCOME", Align::Left).drop_order(4),
@@ -247,11 +253,12 @@ mod tests {
         assert_eq!(lines.len(), 6);
         assert_eq!(
             lines[0],
-            "ID  SESSION    STATE    TURNS  CHUNKS  OUTCOME    END"
+            "ID  SESSION    STATE       TURNS  CHUNKS  OUTCOME    END"
         );
+        // The state column is as wide as `registered` from the start.
         assert_eq!(
             lines[1],
-            " 1    agent-1  running      2      40  completed  parent_finished"
+            " 1    agent-1  running         2      40  completed  parent_finished"
         );
     }
 

@@ -41,6 +41,8 @@ pub struct Column {
     shortest: Option<usize>,
     /// Dropped when still too wide, the lowest first; `None` is never dropped.
     drop_order: Option<u8>,
+    /// At least this wide, whatever its cells.
+    least: usize,
 }
 
 impl Column {
@@ -51,7 +53,16 @@ impl Column {
             align,
             shortest: None,
             drop_order: None,
+            least: 0,
         }
+    }
+
+    /// Keeps the column at least `width` columns wide, so that a table
+    /// redrawn as its cells change (`running`, then `cancelling`) does not
+    /// shift its columns.
+    pub fn at_least(mut self, width: usize) -> Self {
+        self.least = width;
+        self
     }
 
     /// Lets its cells be cut (with `…`) down to `width` columns.
@@ -127,7 +138,8 @@ impl Table {
                     .rows
                     .iter()
                     .map(|row| row.get(i).map_or(0, |c| measure_text_width(c)));
-                Some(cells.fold(measure_text_width(&column.header), usize::max))
+                let widest = cells.fold(measure_text_width(&column.header), usize::max);
+                Some(widest.max(column.least))
             })
             .collect();
         let Some(limit) = width else {
