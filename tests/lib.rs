@@ -98,6 +98,7 @@ fn build_settle() -> PathBuf {
             build.arg("--target-dir").arg(target_dir);
         }
     }
+    without_package_env(&mut build);
     let output = build.output().expect("cannot run cargo to build `settle`");
     assert!(
         output.status.success(),
@@ -110,6 +111,34 @@ fn build_settle() -> PathBuf {
         .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "settle")
         .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
         .expect("cargo built `settle` but reported no executable")
+}
+
+/// Removes from `cargo` the variables that Cargo sets for a test of this
+/// package (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, ...). A build script that
+/// watches one of them (ring's does) would otherwise see it change between
+/// the `cargo test` that built this test and the `cargo build` it runs, and
+/// each would rebuild half the dependency tree for the other.
+pub fn without_package_env(cargo: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_the_test = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&name);
+        if set_for_the_test {
+            cargo.env_remove(name);
+        }
+    }
 }
 
 /// A temporary folder with a database in it, where `settle` runs.

@@ -217,7 +217,18 @@ fn json_shapes_of_sessions_and_show() {
         for (i, turn) in turns.iter().enumerate() {
             assert_eq!(
                 keys(turn),
-                ["chunks", "ended_at", "no", "outcome", "started_at"]
+                ["chunks", "ended_at", "no", "outcome", "started_at", "text"]
+            );
+            let joined: String = turn["chunks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap())
+                .collect();
+            assert_eq!(
+                turn["text"],
+                joined.as_str(),
+                "the reply is the chunks joined"
             );
             assert_eq!(turn["no"].as_u64(), Some(i as u64 + 1));
             assert!(

@@ -1,23 +1,47 @@
-//! Progress of `settle run`: on a terminal, the agent tree redrawn in place;
-//! otherwise one timestamped line per lifecycle event (chunks included, so a
-//! log shows exactly what was persisted).
+//! Progress of `settle run`: a log of one timestamped line per lifecycle
+//! event (chunks included, so a log shows exactly what was persisted) on
+//! stdout when stdout is a file or a pipe, and the live view of the agent
+//! tree ([`crate::live`]) on whichever of stderr and stdout is a terminal.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
 use settle_runtime::{LifecycleEvent, Outcome, SessionId, State};
 use tokio::sync::broadcast::{self, error::RecvError};
 
+use crate::live::{LiveRow, LiveView, Target};
+
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Redraw the tree in place (stdout is a terminal).
-    Live,
-    /// Timestamped lines.
-    Plain,
+pub struct Mode {
+    /// Print one timestamped line per event on stdout.
+    pub log: bool,
+    /// Draw the live view there.
+    pub live: Option<Target>,
+}
+
+impl Mode {
     /// Nothing (`--json`: only the summary is printed).
-    Quiet,
+    pub const QUIET: Mode = Mode {
+        log: false,
+        live: None,
+    };
+
+    /// What suits where stdout and stderr go: the log when stdout is not a
+    /// terminal; the live view on stderr when it is a terminal, else on
+    /// stdout when that is one.
+    pub fn for_terminals(stdout_is_terminal: bool, stderr_is_terminal: bool) -> Mode {
+        Mode {
+            log: !stdout_is_terminal,
+            live: if stderr_is_terminal {
+                Some(Target::Stderr)
+            } else if stdout_is_terminal {
+                Some(Target::Stdout)
+            } else {
+                None
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -31,7 +55,12 @@ struct Row {
     end: Option<String>,
 }
 
+/// How often the live view is laid out again while events arrive.
+const FRAME_EVERY: Duration = Duration::from_millis(50);
+
 /// Consumes lifecycle events until `stop` fires, then shows what is left.
+/// The live view's last frame stays on the terminal when the log went
+/// elsewhere, and is wiped when the summary follows on the same terminal.
 pub async fn show(
     mut events: broadcast::Receiver<LifecycleEvent>,
     mode: Mode,
@@ -39,8 +68,10 @@ pub async fn show(
 ) {
     let mut stopping = false;
     let mut rows: BTreeMap<SessionId, Row> = BTreeMap::new();
-    let mut drawn = 0usize;
-    let mut last_draw = Instant::now() - Duration::from_secs(1);
+    let view = mode.live.map(LiveView::new);
+    let mut last_frame = Instant::now() - FRAME_EVERY;
+    let mut stale = false;
+    let mut tick = tokio::time::interval(FRAME_EVERY * 2);
     loop {
         let received = if stopping {
             match events.try_recv() {
@@ -51,6 +82,14 @@ pub async fn show(
         } else {
             tokio::select! {
                 received = events.recv() => received,
+                _ = tick.tick(), if view.is_some() => {
+                    if let Some(view) = view.as_ref().filter(|_| stale) {
+                        view.draw(&live_rows(&rows));
+                        last_frame = Instant::now();
+                        stale = false;
+                    }
+                    continue;
+                }
                 _ = &mut stop => {
                     stopping = true;
                     continue;
@@ -60,7 +99,7 @@ pub async fn show(
         let event = match received {
             Ok(event) => event,
             Err(RecvError::Lagged(missed)) => {
-                if mode == Mode::Plain {
+                if mode.log {
                     outln!(
                         "{}  ... {missed} events not shown (display fell behind)",
                         stamp()
@@ -71,24 +110,63 @@ pub async fn show(
             Err(RecvError::Closed) => break,
         };
         apply(&mut rows, &event);
-        match mode {
-            Mode::Quiet => {}
-            Mode::Plain => {
-                if let Some(line) = line(&rows, &event) {
-                    outln!("{}  {line}", stamp());
-                }
+        if mode.log {
+            if let Some(line) = line(&rows, &event) {
+                outln!("{}  {line}", stamp());
             }
-            Mode::Live => {
-                if last_draw.elapsed() >= Duration::from_millis(50) {
-                    drawn = draw(&rows, drawn);
-                    last_draw = Instant::now();
-                }
+        }
+        if let Some(view) = &view {
+            stale = true;
+            if last_frame.elapsed() >= FRAME_EVERY {
+                view.draw(&live_rows(&rows));
+                last_frame = Instant::now();
+                stale = false;
             }
         }
     }
-    if mode == Mode::Live {
-        draw(&rows, drawn);
+    if let Some(view) = view {
+        view.draw(&live_rows(&rows));
+        if mode.log {
+            view.finish();
+        } else {
+            view.clear();
+        }
     }
+}
+
+/// The rows in tree order: each root, then its descendants depth first,
+/// children by id.
+fn live_rows(rows: &BTreeMap<SessionId, Row>) -> Vec<LiveRow> {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut stack: Vec<(SessionId, usize)> = rows
+        .iter()
+        .filter(|(_, r)| r.parent.is_none_or(|p| !rows.contains_key(&p)))
+        .map(|(id, _)| (*id, 0))
+        .rev()
+        .collect();
+    let mut children: BTreeMap<SessionId, Vec<SessionId>> = BTreeMap::new();
+    for (id, row) in rows {
+        if let Some(parent) = row.parent.filter(|p| rows.contains_key(p)) {
+            children.entry(parent).or_default().push(*id);
+        }
+    }
+    while let Some((id, depth)) = stack.pop() {
+        let Some(row) = rows.get(&id) else { continue };
+        out.push(LiveRow {
+            id,
+            name: row.name.clone(),
+            depth,
+            state: row.state,
+            turns: row.turns,
+            chunks: row.chunks,
+            outcome: row.outcome,
+            end: row.end.clone(),
+        });
+        if let Some(kids) = children.get(&id) {
+            stack.extend(kids.iter().rev().map(|k| (*k, depth + 1)));
+        }
+    }
+    out
 }
 
 fn stamp() -> String {
@@ -220,49 +298,4 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
         },
         _ => return None,
     })
-}
-
-/// Draws the tree, moving the cursor up over the previous drawing first.
-/// Returns how many lines it drew.
-fn draw(rows: &BTreeMap<SessionId, Row>, previous: usize) -> usize {
-    let mut out = String::new();
-    if previous > 0 {
-        out.push_str(&format!("\x1b[{previous}A"));
-    }
-    let mut lines = 0;
-    out.push_str(&format!(
-        "\x1b[2K{:<32} {:<11} {:>5} {:>6}  {:<13} {}\n",
-        "SESSION", "STATE", "TURNS", "CHUNKS", "OUTCOME", "END"
-    ));
-    lines += 1;
-    let mut stack: Vec<(SessionId, usize)> = rows
-        .iter()
-        .filter(|(_, r)| r.parent.is_none_or(|p| !rows.contains_key(&p)))
-        .map(|(id, _)| (*id, 0))
-        .collect();
-    stack.reverse();
-    while let Some((id, depth)) = stack.pop() {
-        let Some(row) = rows.get(&id) else { continue };
-        let label = format!("{}{}#{id}", "  ".repeat(depth), row.name);
-        out.push_str(&format!(
-            "\x1b[2K{label:<32} {:<11} {:>5} {:>6}  {:<13} {}\n",
-            row.state.as_str(),
-            row.turns,
-            row.chunks,
-            row.outcome.map_or("-", Outcome::as_str),
-            row.end.as_deref().unwrap_or("-"),
-        ));
-        lines += 1;
-        let mut kids: Vec<SessionId> = rows
-            .iter()
-            .filter(|(_, r)| r.parent == Some(id))
-            .map(|(k, _)| *k)
-            .collect();
-        kids.reverse();
-        stack.extend(kids.into_iter().map(|k| (k, depth + 1)));
-    }
-    let mut stdout = io::stdout().lock();
-    let _ = stdout.write_all(out.as_bytes());
-    let _ = stdout.flush();
-    lines
 }

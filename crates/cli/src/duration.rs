@@ -1,44 +1,43 @@
-//! Durations on the command line: a whole number with `ms`, `s` or `m`.
+//! Durations on the command line, written as humantime reads them: a number
+//! and a unit, repeated: `500ms`, `5s`, `2m`, `1m30s`, `1h 15m`, `2d`.
 
 use std::time::Duration;
 
-/// The longest duration an option accepts.
+/// The longest timeout or delay an option accepts.
 pub const MAX: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Parses `250ms`, `5s` or `2m`.
+/// A timeout or a delay (`--settle-timeout 1m30s`): at most [`MAX`].
 pub fn parse(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    if digits.is_empty() {
-        return Err(format!(
-            "`{text}` is not a duration: write a whole number with ms, s or m, like 500ms"
-        ));
-    }
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is too large a duration"))?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(value),
-        "s" => Duration::from_secs(value),
-        "m" => Duration::from_secs(value.saturating_mul(60)),
-        "" => {
-            return Err(format!(
-                "`{text}` has no unit: add ms, s or m, like {text}ms"
-            ))
-        }
-        other => {
-            return Err(format!(
-                "`{text}` has an unknown unit `{other}`: use ms, s or m"
-            ))
-        }
-    };
+    let duration = parse_any(text)?;
     if duration > MAX {
-        return Err(format!("`{text}` is longer than the 24 h limit"));
+        return Err(format!("`{}` is longer than the 24h limit", text.trim()));
     }
     Ok(duration)
+}
+
+/// An age, as in `settle sessions --since 2h`: any length humantime reads.
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    parse_any(text)
+}
+
+fn parse_any(text: &str) -> Result<Duration, String> {
+    use humantime::DurationError as E;
+    let text = text.trim();
+    humantime::parse_duration(text).map_err(|error| match error {
+        E::Empty => {
+            "an empty duration: write a number and a unit, like 500ms, 5s or 1m30s".to_owned()
+        }
+        E::UnknownUnit { unit, .. } if unit.is_empty() => {
+            format!("`{text}` has no unit: add one, like {text}ms or {text}s")
+        }
+        E::UnknownUnit { unit, .. } => {
+            format!("`{text}` has an unknown unit `{unit}`: use ms, s, m, h or d, like 1m30s")
+        }
+        E::NumberOverflow => format!("`{text}` is too large a duration"),
+        E::InvalidCharacter(_) | E::NumberExpected(_) => format!(
+            "`{text}` is not a duration: write a number and a unit, like 500ms, 5s or 1m30s"
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -46,11 +45,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepts_the_three_units() {
+    fn accepts_units_and_their_sums() {
         assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("1h 15m"), Ok(Duration::from_secs(75 * 60)));
+        assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse(" 24h "), Ok(MAX));
     }
 
     #[test]
@@ -59,14 +62,30 @@ mod tests {
             "",
             "5",
             "-5s",
-            "5h",
-            "1.5s",
+            "5x",
             "s",
+            "1m30",
             "99999999999999999999ms",
             "25h",
             "1441m",
+            "2d",
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn says_what_is_wrong() {
+        assert!(parse("5").unwrap_err().contains("no unit"));
+        assert!(parse("5x").unwrap_err().contains("unknown unit `x`"));
+        assert!(parse("25h").unwrap_err().contains("24h limit"));
+        assert!(parse("-1s").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn ages_may_be_longer_than_a_day() {
+        assert_eq!(parse_age("2d"), Ok(Duration::from_secs(2 * 86_400)));
+        assert_eq!(parse_age("90m"), Ok(Duration::from_secs(90 * 60)));
+        assert!(parse_age("yesterday").is_err());
     }
 }

@@ -31,10 +31,18 @@ macro_rules! outln {
 pub mod chat;
 pub mod display;
 pub mod duration;
+pub mod export;
+pub mod listing;
+pub mod live;
+pub mod outfile;
 pub mod output;
 pub mod runner;
 pub mod scenario;
 pub mod shutdown;
+pub mod table;
+pub mod terminal;
+pub mod trace;
+pub mod transcript;
 
 use std::io::Write;
 
@@ -93,15 +101,49 @@ impl From<StoreError> for Failure {
     }
 }
 
+/// Opens an existing store for a command that only reads it, or recovers it
+/// (`sessions`, `show`, `export`, `recover`): a SQLite file that is not there,
+/// or a PostgreSQL database that does not exist, is bad input (exit 2) and
+/// nothing is created.
+pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
+    if let Some(path) = missing_sqlite_file(db) {
+        return Err(Failure::bad_input(format!(
+            "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
+        )));
+    }
+    Store::open(db).map_err(|error| match error {
+        OpenError::MissingDatabase { .. } => Failure::bad_input(error),
+        _ => sort_open_error(error),
+    })
+}
+
+/// The SQLite file named by `db` when nothing is at that path (a dangling
+/// link counts as nothing: SQLite would create its target).
+fn missing_sqlite_file(db: &str) -> Option<&str> {
+    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+        return None;
+    }
+    let path = db
+        .strip_prefix("sqlite://")
+        .or_else(|| db.strip_prefix("sqlite:"))
+        .unwrap_or(db);
+    let missing = std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    missing.then_some(path)
+}
+
 /// Opens (creating a SQLite file if need be) the store, sorting its errors
 /// into bad input (2) and store failures (3).
 pub fn open_store(db: &str) -> Result<Store, Failure> {
-    Store::open(db).map_err(|error| match error {
+    Store::open(db).map_err(sort_open_error)
+}
+
+fn sort_open_error(error: OpenError) -> Failure {
+    match error {
         OpenError::Unreachable { .. }
         | OpenError::MissingDatabase { .. }
         | OpenError::Rejected { .. }
         | OpenError::Migration { .. }
         | OpenError::Database { .. } => Failure::store(error),
         _ => Failure::bad_input(error),
-    })
+    }
 }

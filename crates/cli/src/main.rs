@@ -2,24 +2,28 @@
 //! and chat with a model, all with teardown that is correct on every path.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
+use settle_cli::listing::{self, Filter};
 use settle_cli::scenario::Scenario;
 use settle_cli::{
-    chat, display, duration, exit, open_store, out, outln, output, runner, shutdown, Failure,
+    chat, display, duration, exit, export, open_existing_store, open_store, out, outfile, outln,
+    output, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
-use settle_store::{SessionStore, StoreError};
+use settle_store::{SessionDetail, SessionRow, SessionStore, Store, StoreError};
 
 const EXAMPLES: &str = "\
 Examples:
   settle run examples/scan.toml            run a scripted agent tree (SQLite: ./settle.db)
-  settle sessions --state finalized        list sessions in a state
-  settle show 3 --json                     one session's transcript and timeline
+  settle sessions --since 1h --tree        the last hour's sessions, each under its parent
+  settle show 3                            one session's transcript and timeline
+  settle show 1 --trace scan.json          the tree under session 1 as a trace for Perfetto
+  settle export 3 --format md -o chat.md   a transcript to read (or --format jsonl to replay)
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
   settle chat --base-url http://127.0.0.1:8080/v1 --model local";
 
@@ -41,15 +45,24 @@ enum Command {
         after_help = "Example:\n  settle run examples/scan.toml --settle-timeout 500ms --json"
     )]
     Run(RunArgs),
-    /// List sessions.
-    #[command(after_help = "Example:\n  settle sessions --state running --json")]
+    /// List sessions, newest first.
+    #[command(
+        after_help = "Examples:\n  settle sessions --limit 10\n  settle sessions --since 1h30m --tree\n  settle sessions --state running --json"
+    )]
     Sessions(SessionsArgs),
     /// Show one session: its transcript by turn and its timeline.
-    #[command(after_help = "Example:\n  settle show 3")]
+    #[command(
+        after_help = "Examples:\n  settle show 3\n  settle show 3 --json\n  settle show 1 --trace teardown.json   (open it in ui.perfetto.dev or chrome://tracing)"
+    )]
     Show(ShowArgs),
+    /// Export one session: Markdown to read, or JSON Lines to replay.
+    #[command(
+        after_help = "Examples:\n  settle export 3 > chat.md\n  settle export 3 --format jsonl -o chat.jsonl"
+    )]
+    Export(ExportArgs),
     /// Finalize sessions left live by a crashed process (G8); prints how many.
-    #[command(after_help = "Example:\n  settle --db settle.db recover")]
-    Recover,
+    #[command(after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --json")]
+    Recover(RecoverArgs),
     /// Chat with an OpenAI-compatible server. Ctrl-C cancels the reply in flight, Ctrl-D ends the session.
     #[command(
         after_help = "Example:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local"
@@ -80,7 +93,23 @@ struct SessionsArgs {
     /// Only sessions in this state (registered, running, cancelling, settled, finalized).
     #[arg(long, value_parser = parse_state)]
     state: Option<State>,
-    /// Print JSON.
+    /// Only sessions created within this long, like 30m, 1h30m or 7d.
+    #[arg(long, value_parser = duration::parse_age, value_name = "DURATION")]
+    since: Option<Duration>,
+    /// At most this many sessions, the newest.
+    #[arg(long, value_parser = parse_limit, value_name = "N")]
+    limit: Option<usize>,
+    /// Show each session under its parent, indented (children in the order they were created).
+    #[arg(long)]
+    tree: bool,
+    /// Print JSON (in the same order as the table).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RecoverArgs {
+    /// Print what was recovered as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -91,13 +120,46 @@ struct ShowArgs {
     #[arg(value_parser = parse_id)]
     id: SessionId,
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace")]
     json: bool,
+    /// Write the session and its subtree as a Chrome trace (JSON) to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// The session id (see `settle sessions`).
+    #[arg(value_parser = parse_id)]
+    id: SessionId,
+    /// md (Markdown, to read) or jsonl (JSON Lines, one event a line, to replay).
+    #[arg(long, default_value = "md", value_parser = parse_format)]
+    format: export::Format,
+    /// Write to FILE instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 fn parse_state(text: &str) -> Result<State, String> {
     text.parse()
         .map_err(|e: settle_runtime::UnknownWord| e.to_string())
+}
+
+fn parse_format(text: &str) -> Result<export::Format, String> {
+    text.parse()
+}
+
+fn parse_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err(
+            "`0` lists nothing: ask for 1 or more, or leave --limit out to list them all"
+                .to_owned(),
+        ),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{text}` is not a count: write a whole number, like 20"
+        )),
+    }
 }
 
 fn parse_id(text: &str) -> Result<SessionId, String> {
@@ -147,7 +209,7 @@ fn usage_error(error: clap::Error) -> ExitCode {
         // No command at all: one line that says what to type (G11), not the
         // whole help on stderr.
         eprintln!(
-            "settle: a command is required: run, sessions, show, recover or chat (see `settle --help`)"
+            "settle: a command is required: run, sessions, show, export, recover or chat (see `settle --help`)"
         );
         return ExitCode::from(exit::BAD_INPUT);
     }
@@ -176,20 +238,6 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// For the commands that only read (or recover) a store: the SQLite file
-/// named by `db` when there is none, so that they report an empty store
-/// instead of creating a database (G11: a lookup writes nothing).
-fn missing_sqlite_file(db: &str) -> Option<&str> {
-    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
-        return None;
-    }
-    let path = db
-        .strip_prefix("sqlite://")
-        .or_else(|| db.strip_prefix("sqlite:"))
-        .unwrap_or(db);
-    std::fs::symlink_metadata(path).is_err().then_some(path)
-}
-
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
@@ -202,74 +250,113 @@ fn init_tracing() {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run(&cli.db, args).await,
-        Command::Sessions(args) if missing_sqlite_file(&cli.db).is_some() => {
-            let rows: [settle_store::SessionRow; 0] = [];
-            if args.json {
-                outln!("{}", output::sessions_json(&rows));
-            } else {
-                out!("{}", output::sessions_table(&rows));
-            }
-            Ok(exit::DONE)
-        }
-        Command::Show(args) if missing_sqlite_file(&cli.db).is_some() => {
-            Err(Failure::bad_input(format!(
-                "no session {} in {}: there is no database there; see `settle sessions`",
-                args.id, cli.db
-            )))
-        }
-        Command::Recover if missing_sqlite_file(&cli.db).is_some() => {
-            outln!("recovered 0 sessions (0 interrupted turns)");
-            Ok(exit::DONE)
-        }
-        Command::Sessions(args) => {
-            let store = open_store(&cli.db)?;
-            let rows = store.list_sessions(args.state).await?;
-            if args.json {
-                outln!("{}", output::sessions_json(&rows));
-            } else {
-                out!("{}", output::sessions_table(&rows));
-            }
-            Ok(exit::DONE)
-        }
-        Command::Show(args) => {
-            let store = open_store(&cli.db)?;
-            let detail = match store.session_detail(args.id).await {
-                Ok(detail) => detail,
-                Err(StoreError::UnknownSession(id)) => {
-                    return Err(Failure::bad_input(format!(
-                        "no session {id} in {}; see `settle sessions`",
-                        cli.db
-                    )))
-                }
-                Err(error) => return Err(error.into()),
-            };
-            if args.json {
-                outln!("{}", output::show_json(&detail));
-            } else {
-                out!("{}", output::show_text(&detail));
-            }
-            Ok(exit::DONE)
-        }
-        Command::Recover => {
-            let store = open_store(&cli.db)?;
-            let report = store
-                .recover(settle_store::RecoverOptions::now_on_this_host())
-                .await?;
-            outln!(
-                "recovered {} session{} ({} interrupted turn{})",
-                report.recovered.len(),
-                if report.recovered.len() == 1 { "" } else { "s" },
-                report.interrupted_turns.len(),
-                if report.interrupted_turns.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-            );
-            Ok(exit::DONE)
-        }
+        Command::Sessions(args) => sessions(&cli.db, args).await,
+        Command::Show(args) => show(&cli.db, args).await,
+        Command::Export(args) => export(&cli.db, args).await,
+        Command::Recover(args) => recover(&cli.db, args).await,
         Command::Chat(args) => chat::run(&cli.db, args).await,
     }
+}
+
+async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let filter = Filter {
+        state: args.state,
+        since: args.since,
+        limit: args.limit,
+    };
+    let now = SystemTime::now();
+    let rows = listing::select(store.list_sessions(args.state).await?, &filter, now);
+    let listed = if args.tree {
+        listing::tree(rows)
+    } else {
+        listing::flat(rows)
+    };
+    if args.json {
+        outln!("{}", output::sessions_json(&listed));
+    } else {
+        out!(
+            "{}",
+            output::sessions_table(&listed, now, terminal::stdout_width())
+        );
+    }
+    Ok(exit::DONE)
+}
+
+/// One session's detail, an unknown id being bad input.
+async fn detail(store: &Store, db: &str, id: SessionId) -> Result<SessionDetail, Failure> {
+    match store.session_detail(id).await {
+        Ok(detail) => Ok(detail),
+        Err(StoreError::UnknownSession(id)) => Err(Failure::bad_input(format!(
+            "no session {id} in {db}; see `settle sessions`"
+        ))),
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let top = detail(&store, db, args.id).await?;
+    if let Some(path) = &args.trace {
+        let rows = store.list_sessions(None).await?;
+        let mut details = vec![top];
+        for id in descendants(&rows, args.id) {
+            details.push(detail(&store, db, id).await?);
+        }
+        let tree = trace::subtree(args.id, details);
+        outfile::write(path, &trace::render(&tree, SystemTime::now()))?;
+        if path != Path::new("-") {
+            outln!(
+                "wrote the trace of {} session{} to {}: open it in ui.perfetto.dev or chrome://tracing",
+                tree.sessions.len(),
+                if tree.sessions.len() == 1 { "" } else { "s" },
+                path.display()
+            );
+        }
+    } else if args.json {
+        outln!("{}", output::show_json(&top));
+    } else {
+        out!("{}", output::show_text(&top));
+    }
+    Ok(exit::DONE)
+}
+
+/// Every descendant of `top` among `rows`.
+fn descendants(rows: &[SessionRow], top: SessionId) -> Vec<SessionId> {
+    let mut found = Vec::new();
+    let mut frontier = vec![top];
+    while let Some(parent) = frontier.pop() {
+        for row in rows.iter().filter(|r| r.parent == Some(parent)) {
+            found.push(row.id);
+            frontier.push(row.id);
+        }
+    }
+    found
+}
+
+async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let detail = detail(&store, db, args.id).await?;
+    let text = export::render(&detail, args.format);
+    match &args.output {
+        Some(path) => outfile::write(path, &text)?,
+        None => out!("{text}"),
+    }
+    Ok(exit::DONE)
+}
+
+async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
+    let store = open_existing_store(db)?;
+    let report = store
+        .recover(settle_store::RecoverOptions::now_on_this_host())
+        .await?;
+    if args.json {
+        let rows = store.list_sessions(None).await?;
+        outln!("{}", output::recover_json(&report, &rows));
+    } else {
+        outln!("{}", output::recover_line(&report));
+    }
+    Ok(exit::DONE)
 }
 
 async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
@@ -296,11 +383,12 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         .map_err(Failure::store)?;
 
     let mode = if args.json {
-        display::Mode::Quiet
-    } else if std::io::stdout().is_terminal() {
-        display::Mode::Live
+        display::Mode::QUIET
     } else {
-        display::Mode::Plain
+        display::Mode::for_terminals(
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+        )
     };
     let (stop_display, stop) = tokio::sync::oneshot::channel();
     let display = tokio::spawn(display::show(kernel.subscribe(), mode, stop));
@@ -325,7 +413,8 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = stop_display.send(());
     let _ = display.await;
 
-    let rows = store.list_sessions(None).await?;
+    let now = SystemTime::now();
+    let rows = listing::select(store.list_sessions(None).await?, &Filter::default(), now);
     let left = report.lease_lost || !report.left_recoverable.is_empty();
     let code = if left {
         // What could not be committed is left for `settle recover` (G8).
@@ -347,7 +436,10 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         outln!("{}", output::run_json(i32::from(code), &rows));
     } else {
         outln!();
-        out!("{}", output::sessions_table(&rows));
+        out!(
+            "{}",
+            output::sessions_table(&listing::tree(rows), now, terminal::stdout_width())
+        );
         if failures > 0 {
             eprintln!("settle: {failures} store write(s) failed; run `settle recover` once the store is healthy");
         }

@@ -56,6 +56,7 @@ pub fn settle_bin() -> &'static Path {
             .arg("--manifest-path")
             .arg(&manifest)
             .env("CARGO_TARGET_DIR", target_dir);
+        settle_tests::without_package_env(&mut build);
         if profile_dir.file_name().and_then(|n| n.to_str()) == Some("release") {
             build.arg("--release");
         }

@@ -1,0 +1,400 @@
+//! `settle export ID`: one session as Markdown that a person reads, or as
+//! JSON Lines that a script replays.
+//!
+//! The JSON Lines are, in order: one `session` line (the fields of
+//! `settle sessions --json`), then the session's events as they happened:
+//! `transition` (`at`, `from`, `to`, `cause`), `turn_input` (`turn`, `at`,
+//! and `messages` where the store keeps them), `chunk` (`turn`, `seq`,
+//! `text`), `turn_end` (`turn`, `at`, `outcome`, and `error` where the store
+//! keeps it). Every line names its `session`.
+//!
+//! ```
+//! use settle_cli::export::Format;
+//!
+//! assert_eq!("md".parse::<Format>(), Ok(Format::Markdown));
+//! assert!("pdf".parse::<Format>().is_err());
+//! ```
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::time::SystemTime;
+
+use serde::Serialize;
+use settle_store::{SessionDetail, State, TimelineRow, TurnRow};
+
+use crate::output::{rfc3339, SessionJson};
+use crate::transcript::{self, InputMessage, TurnFailure};
+
+/// What `export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Markdown (`md`).
+    Markdown,
+    /// JSON Lines (`jsonl`).
+    JsonLines,
+}
+
+impl FromStr for Format {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "md" | "markdown" => Ok(Format::Markdown),
+            "jsonl" => Ok(Format::JsonLines),
+            other => Err(format!(
+                "`{other}` is not an export format: use md or jsonl"
+            )),
+        }
+    }
+}
+
+/// `detail` in `format`.
+pub fn render(detail: &SessionDetail, format: Format) -> String {
+    match format {
+        Format::Markdown => markdown(detail),
+        Format::JsonLines => json_lines(detail),
+    }
+}
+
+/// The session as Markdown: a heading and its facts, each turn's input, its
+/// reply as flowing text, its outcome and error, and the timeline.
+pub fn markdown(detail: &SessionDetail) -> String {
+    let s = &detail.session;
+    let mut out = String::new();
+    let _ = writeln!(out, "# Session {}: {}\n", s.id, inline(&s.name));
+    let facts = [
+        (
+            "parent",
+            s.parent.map_or("none".to_owned(), |p| p.to_string()),
+        ),
+        ("state", s.state.as_str().to_owned()),
+        ("outcome", s.outcome.map_or("-", |o| o.as_str()).to_owned()),
+        (
+            "end reason",
+            s.end_reason.map_or("-", |r| r.as_str()).to_owned(),
+        ),
+        ("created", rfc3339(s.created_at)),
+        ("finalized", s.finalized_at.map_or("-".to_owned(), rfc3339)),
+    ];
+    for (name, value) in facts {
+        let _ = writeln!(out, "- **{name}:** {value}");
+    }
+    if let Some(errors) = &detail.finalize_errors {
+        let _ = writeln!(out, "- **finalize steps that failed:** {}", inline(errors));
+    }
+    let mut previous: Option<(Vec<InputMessage>, String)> = None;
+    for turn in &detail.turns {
+        let _ = writeln!(
+            out,
+            "\n## Turn {}\n\n_Started {}, {}._",
+            turn.no,
+            rfc3339(turn.started_at),
+            turn.ended_at.map_or("still open".to_owned(), |end| format!(
+                "ended {}",
+                rfc3339(end)
+            ))
+        );
+        let text = transcript::text(turn);
+        if let Some(input) = transcript::input(turn) {
+            let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
+            for message in transcript::new_messages(before, &input) {
+                let _ = writeln!(
+                    out,
+                    "\n**{}:**\n\n{}",
+                    message.role,
+                    message.content.trim_end()
+                );
+            }
+            previous = Some((input, text.clone()));
+        }
+        if text.is_empty() {
+            let _ = writeln!(out, "\n**reply:** _(nothing)_");
+        } else {
+            let _ = writeln!(out, "\n**reply:**\n\n{}", text.trim_end());
+        }
+        let _ = writeln!(
+            out,
+            "\n**Outcome:** {}",
+            turn.outcome.map_or("open", |o| o.as_str())
+        );
+        if let Some(error) = transcript::error(turn) {
+            let _ = writeln!(
+                out,
+                "\n**Error** (`{}`): {}",
+                error.kind,
+                inline(&error.message)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n## Timeline\n\n| at | from | to | cause |\n|---|---|---|---|"
+    );
+    for row in &detail.timeline {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            rfc3339(row.at),
+            row.from.map_or("-", |f| f.as_str()),
+            row.to.as_str(),
+            cell(&row.cause)
+        );
+    }
+    out
+}
+
+/// `text` on one line (for a heading or a list item).
+fn inline(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` for a table cell: one line, pipes escaped.
+fn cell(text: &str) -> String {
+    inline(text).replace('|', "\\|")
+}
+
+/// One line of the JSON Lines export.
+#[derive(Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum Line<'a> {
+    Session(SessionJson),
+    Transition {
+        session: u64,
+        at: String,
+        from: Option<&'static str>,
+        to: &'static str,
+        cause: &'a str,
+    },
+    TurnInput {
+        session: u64,
+        turn: u32,
+        at: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        messages: Option<Vec<InputMessage>>,
+    },
+    Chunk {
+        session: u64,
+        turn: u32,
+        seq: usize,
+        text: &'a str,
+    },
+    TurnEnd {
+        session: u64,
+        turn: u32,
+        at: String,
+        outcome: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<TurnFailure>,
+    },
+}
+
+/// One event of a turn, with the time it is ordered by.
+enum TurnEvent<'a> {
+    Input(&'a TurnRow),
+    Chunk(&'a TurnRow, usize, &'a str),
+    End(&'a TurnRow, SystemTime),
+}
+
+/// The session as JSON Lines: a `session` line, then its events in order.
+pub fn json_lines(detail: &SessionDetail) -> String {
+    let id = detail.session.id.get();
+    let mut lines = vec![Line::Session(SessionJson::from(&detail.session))];
+    for event in in_order(&detail.timeline, &detail.turns) {
+        lines.push(match event {
+            Either::Transition(row) => Line::Transition {
+                session: id,
+                at: rfc3339(row.at),
+                from: row.from.map(|f| f.as_str()),
+                to: row.to.as_str(),
+                cause: &row.cause,
+            },
+            Either::Turn(TurnEvent::Input(turn)) => Line::TurnInput {
+                session: id,
+                turn: turn.no,
+                at: rfc3339(turn.started_at),
+                messages: transcript::input(turn),
+            },
+            Either::Turn(TurnEvent::Chunk(turn, seq, text)) => Line::Chunk {
+                session: id,
+                turn: turn.no,
+                seq,
+                text,
+            },
+            Either::Turn(TurnEvent::End(turn, at)) => Line::TurnEnd {
+                session: id,
+                turn: turn.no,
+                at: rfc3339(at),
+                outcome: turn.outcome.map_or("open", |o| o.as_str()),
+                error: transcript::error(turn),
+            },
+        });
+    }
+    let mut out = String::new();
+    for line in lines {
+        // Plain strings and numbers: serializing cannot fail.
+        if let Ok(json) = serde_json::to_string(&line) {
+            out.push_str(&json);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+enum Either<'a> {
+    Transition(&'a TimelineRow),
+    Turn(TurnEvent<'a>),
+}
+
+/// The timeline and the turns' events merged by time. A turn's own events
+/// keep their order (input, chunks, end). At the same millisecond, a turn's
+/// input and chunks come after the transitions (they follow the one into
+/// `running`), and its end after the transitions into `running` or
+/// `cancelling` but before the others (the end causes those). The store keeps no time per chunk: a chunk is placed at its
+/// turn's start, so it stays between its turn's input and end.
+fn in_order<'a>(timeline: &'a [TimelineRow], turns: &'a [TurnRow]) -> Vec<Either<'a>> {
+    let mut turn_events: Vec<(SystemTime, TurnEvent<'a>)> = Vec::new();
+    for turn in turns {
+        turn_events.push((turn.started_at, TurnEvent::Input(turn)));
+        for (seq, text) in turn.chunks.iter().enumerate() {
+            turn_events.push((turn.started_at, TurnEvent::Chunk(turn, seq, text)));
+        }
+        if let Some(end) = turn.ended_at.filter(|_| turn.outcome.is_some()) {
+            turn_events.push((end, TurnEvent::End(turn, end)));
+        }
+    }
+    let mut merged = Vec::with_capacity(timeline.len() + turn_events.len());
+    let mut transitions = timeline.iter().peekable();
+    for (at, event) in turn_events {
+        let end = matches!(event, TurnEvent::End(..));
+        let before = |row: &&TimelineRow| {
+            row.at < at
+                || (row.at == at && (!end || matches!(row.to, State::Running | State::Cancelling)))
+        };
+        while let Some(row) = transitions.next_if(before) {
+            merged.push(Either::Transition(row));
+        }
+        merged.push(Either::Turn(event));
+    }
+    merged.extend(transitions.map(Either::Transition));
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::Value;
+    use settle_store::{Outcome, SessionId, SessionRow};
+
+    use super::*;
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
+    }
+
+    fn step(ms: u64, from: Option<State>, to: State, cause: &str) -> TimelineRow {
+        TimelineRow {
+            at: at(ms),
+            from,
+            to,
+            cause: cause.to_owned(),
+        }
+    }
+
+    fn detail() -> SessionDetail {
+        use State::*;
+        SessionDetail {
+            session: SessionRow {
+                id: SessionId(7),
+                name: "chat | demo".to_owned(),
+                parent: None,
+                state: Finalized,
+                outcome: Some(Outcome::Cancelled),
+                end_reason: Some(settle_store::EndReason::UserClose),
+                turns: 2,
+                chunks: 3,
+                created_at: at(0),
+                finalized_at: Some(at(40)),
+            },
+            turns: vec![
+                TurnRow {
+                    no: 1,
+                    outcome: Some(Outcome::Completed),
+                    started_at: at(10),
+                    ended_at: Some(at(20)),
+                    chunks: vec!["Hi".to_owned(), " there!".to_owned()],
+                },
+                TurnRow {
+                    no: 2,
+                    outcome: Some(Outcome::Cancelled),
+                    started_at: at(20),
+                    ended_at: Some(at(30)),
+                    chunks: vec!["Well,\nthen".to_owned()],
+                },
+            ],
+            timeline: vec![
+                step(0, None, Registered, "registered"),
+                step(10, Some(Registered), Running, "turn started"),
+                step(20, Some(Running), Registered, "turn ended: completed"),
+                step(20, Some(Registered), Running, "turn started"),
+                step(30, Some(Running), Cancelling, "cancel | by the user"),
+                step(30, Some(Cancelling), Settled, "work exited"),
+                step(40, Some(Settled), Finalized, "finalize: user_close"),
+            ],
+            finalize_errors: None,
+        }
+    }
+
+    #[test]
+    fn json_lines_replay_the_session_in_order() {
+        let text = json_lines(&detail());
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let kinds: Vec<String> = lines
+            .iter()
+            .map(|l| match l["event"].as_str().unwrap() {
+                "transition" => format!("->{}", l["to"].as_str().unwrap()),
+                "chunk" => format!("chunk{}.{}", l["turn"], l["seq"]),
+                other => format!("{other}{}", l["turn"]),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "sessionnull",
+                "->registered",
+                "->running",
+                "turn_input1",
+                "chunk1.0",
+                "chunk1.1",
+                "turn_end1",
+                "->registered",
+                "->running",
+                "turn_input2",
+                "chunk2.0",
+                "->cancelling",
+                "turn_end2",
+                "->settled",
+                "->finalized",
+            ]
+        );
+        assert!(lines.iter().all(|l| l["session"] == 7 || l["id"] == 7));
+        assert_eq!(lines[5]["text"], " there!");
+        assert_eq!(lines[12]["outcome"], "cancelled");
+        // Where the store keeps no input or error, the fields are left out.
+        assert!(lines[3].get("messages").is_none());
+        assert!(lines[12].get("error").is_none());
+    }
+
+    #[test]
+    fn markdown_reads_as_a_transcript() {
+        let md = markdown(&detail());
+        assert!(md.starts_with("# Session 7: chat | demo\n"), "{md}");
+        assert!(md.contains("\n**reply:**\n\nHi there!\n"), "{md}");
+        assert!(md.contains("\n**reply:**\n\nWell,\nthen\n"), "{md}");
+        assert!(md.contains("**Outcome:** cancelled"), "{md}");
+        assert!(md.contains("| cancel \\| by the user |"), "{md}");
+    }
+}

@@ -1,0 +1,189 @@
+//! Which sessions `settle sessions` lists, and in what order: newest first,
+//! only those created within `--since`, at most `--limit`; with `--tree`,
+//! each under its parent.
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use settle_cli::listing::{self, Filter};
+//!
+//! let filter = Filter { since: Some(Duration::from_secs(3600)), limit: Some(20), ..Filter::default() };
+//! let shown = listing::select(Vec::new(), &filter, SystemTime::now());
+//! assert!(listing::tree(shown).is_empty());
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use settle_runtime::{SessionId, State};
+use settle_store::SessionRow;
+
+/// What `settle sessions` was asked to list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only sessions in this state.
+    pub state: Option<State>,
+    /// Only sessions created at most this long ago.
+    pub since: Option<Duration>,
+    /// At most this many sessions, the newest.
+    pub limit: Option<usize>,
+}
+
+/// One listed session and how deep it sits in the listed tree (0 for a
+/// session whose parent is not listed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The session.
+    pub row: SessionRow,
+    /// Its depth under the listed sessions.
+    pub depth: usize,
+}
+
+/// The sessions of `rows` that `filter` lets through, newest first.
+pub fn select(mut rows: Vec<SessionRow>, filter: &Filter, now: SystemTime) -> Vec<SessionRow> {
+    let oldest = filter.since.and_then(|since| now.checked_sub(since));
+    rows.retain(|row| {
+        filter.state.is_none_or(|state| row.state == state)
+            && oldest.is_none_or(|oldest| row.created_at >= oldest)
+    });
+    rows.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+    if let Some(limit) = filter.limit {
+        rows.truncate(limit);
+    }
+    rows
+}
+
+/// `rows` (newest first) as they are: every one at depth 0.
+pub fn flat(rows: Vec<SessionRow>) -> Vec<Listed> {
+    rows.into_iter()
+        .map(|row| Listed { row, depth: 0 })
+        .collect()
+}
+
+/// `rows` (newest first) arranged as a tree: each top session (one whose
+/// parent is not among `rows`) in the order given, followed by its
+/// descendants, depth first, children in the order they were created.
+pub fn tree(rows: Vec<SessionRow>) -> Vec<Listed> {
+    let ids: HashSet<SessionId> = rows.iter().map(|r| r.id).collect();
+    let mut children: BTreeMap<SessionId, Vec<SessionRow>> = BTreeMap::new();
+    let mut tops = Vec::new();
+    for row in rows {
+        match row.parent.filter(|p| ids.contains(p)) {
+            Some(parent) => children.entry(parent).or_default().push(row),
+            None => tops.push(row),
+        }
+    }
+    for kids in children.values_mut() {
+        kids.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+    }
+    let mut listed = Vec::with_capacity(ids.len());
+    let mut stack: Vec<(SessionRow, usize)> = tops.into_iter().rev().map(|r| (r, 0)).collect();
+    while let Some((row, depth)) = stack.pop() {
+        if let Some(kids) = children.remove(&row.id) {
+            stack.extend(kids.into_iter().rev().map(|k| (k, depth + 1)));
+        }
+        listed.push(Listed { row, depth });
+    }
+    listed
+}
+
+/// How long ago `at` was, in the largest whole unit: `12s ago`, `5m ago`,
+/// `3h ago`, `4d ago` (a time ahead of `now` reads `0s ago`).
+pub fn age(at: SystemTime, now: SystemTime) -> String {
+    let secs = now.duration_since(at).unwrap_or_default().as_secs();
+    match secs {
+        0..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m ago", secs / 60),
+        3600..172_800 => format!("{}h ago", secs / 3600),
+        _ => format!("{}d ago", secs / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Duration = Duration::from_secs(1_800_000_000);
+
+    fn row(id: u64, parent: Option<u64>, created: u64, state: State) -> SessionRow {
+        SessionRow {
+            id: SessionId(id),
+            name: format!("s{id}"),
+            parent: parent.map(SessionId),
+            state,
+            outcome: None,
+            end_reason: None,
+            turns: 0,
+            chunks: 0,
+            created_at: SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(created),
+            finalized_at: None,
+        }
+    }
+
+    fn now(at: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(at)
+    }
+
+    fn ids(rows: &[SessionRow]) -> Vec<u64> {
+        rows.iter().map(|r| r.id.get()).collect()
+    }
+
+    fn sample() -> Vec<SessionRow> {
+        vec![
+            row(1, None, 0, State::Finalized),
+            row(2, Some(1), 10, State::Finalized),
+            row(3, Some(2), 20, State::Running),
+            row(4, Some(1), 30, State::Running),
+            row(5, None, 100, State::Registered),
+            row(6, Some(5), 110, State::Running),
+        ]
+    }
+
+    #[test]
+    fn newest_first_with_since_state_and_limit() {
+        let all = select(sample(), &Filter::default(), now(200));
+        assert_eq!(ids(&all), [6, 5, 4, 3, 2, 1]);
+        let recent = Filter {
+            since: Some(Duration::from_secs(175)),
+            ..Filter::default()
+        };
+        assert_eq!(ids(&select(sample(), &recent, now(200))), [6, 5, 4]);
+        let running = Filter {
+            state: Some(State::Running),
+            limit: Some(2),
+            ..Filter::default()
+        };
+        assert_eq!(ids(&select(sample(), &running, now(200))), [6, 4]);
+        let none = Filter {
+            limit: Some(0),
+            ..Filter::default()
+        };
+        assert!(select(sample(), &none, now(200)).is_empty());
+    }
+
+    #[test]
+    fn a_tree_puts_children_under_their_parent_in_creation_order() {
+        let listed = tree(select(sample(), &Filter::default(), now(200)));
+        let shape: Vec<(u64, usize)> = listed.iter().map(|l| (l.row.id.get(), l.depth)).collect();
+        assert_eq!(shape, [(5, 0), (6, 1), (1, 0), (2, 1), (3, 2), (4, 1)]);
+    }
+
+    #[test]
+    fn a_session_whose_parent_is_not_listed_is_a_top() {
+        let limited = Filter {
+            limit: Some(3),
+            ..Filter::default()
+        };
+        let listed = tree(select(sample(), &limited, now(200)));
+        let shape: Vec<(u64, usize)> = listed.iter().map(|l| (l.row.id.get(), l.depth)).collect();
+        assert_eq!(shape, [(5, 0), (6, 1), (4, 0)]);
+    }
+
+    #[test]
+    fn ages_in_the_largest_whole_unit() {
+        assert_eq!(age(now(0), now(59)), "59s ago");
+        assert_eq!(age(now(0), now(60)), "1m ago");
+        assert_eq!(age(now(0), now(3 * 3600 + 5)), "3h ago");
+        assert_eq!(age(now(0), now(50 * 3600)), "2d ago");
+        assert_eq!(age(now(10), now(0)), "0s ago");
+    }
+}

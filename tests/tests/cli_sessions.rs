@@ -1,0 +1,176 @@
+//! `settle sessions` lists like the tools people know: newest first,
+//! `--limit`, `--since`, a created column, `--tree`; `settle recover --json`
+//! says what it recovered, from whom and why.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use settle_tests::{assert_success, by_name, id_of, parse_json, Sandbox};
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("examples")
+        .join(format!("{name}.toml"))
+}
+
+/// A sandbox holding the sessions of `examples/scan.toml`: root (1) with
+/// notes, recon (and its child ports) and web under it.
+fn scanned() -> Sandbox {
+    let sandbox = Sandbox::new();
+    let out = sandbox.run(&["run", "--json", example("scan").to_str().unwrap()]);
+    assert_success(&out, "settle run examples/scan.toml");
+    sandbox
+}
+
+fn sessions_json(sandbox: &Sandbox, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["sessions", "--json"];
+    all.extend_from_slice(args);
+    let out = sandbox.run(&all);
+    assert_success(&out, &format!("settle {all:?}"));
+    parse_json(&out.stdout).as_array().unwrap().clone()
+}
+
+fn names(rows: &[Value]) -> Vec<&str> {
+    rows.iter().map(|r| r["name"].as_str().unwrap()).collect()
+}
+
+fn text(sandbox: &Sandbox, args: &[&str]) -> String {
+    let out = sandbox.run(args);
+    assert_success(&out, &format!("settle {args:?}"));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn sessions_are_listed_newest_first_and_limited() {
+    let sandbox = scanned();
+    let all = sessions_json(&sandbox, &[]);
+    assert_eq!(all.len(), 5);
+    for pair in all.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            settle_tests::time(&a["created_at"]) >= settle_tests::time(&b["created_at"])
+                && id_of(a) > id_of(b),
+            "not newest first: {a} before {b}"
+        );
+    }
+    let two = sessions_json(&sandbox, &["--limit", "2"]);
+    assert_eq!(two, all[..2]);
+    let finalized = sessions_json(&sandbox, &["--state", "finalized", "--limit", "3"]);
+    assert_eq!(finalized, all[..3]);
+}
+
+#[test]
+fn since_keeps_the_sessions_created_within_the_duration() {
+    let sandbox = scanned();
+    // The root was created two days ago, as far as the store knows.
+    common::execute(
+        sandbox.db().to_str().unwrap(),
+        "UPDATE sessions SET created_at = created_at - 172800000 WHERE name = 'root'",
+    );
+    let recent = sessions_json(&sandbox, &["--since", "1d"]);
+    assert_eq!(recent.len(), 4);
+    assert!(!names(&recent).contains(&"root"));
+    assert_eq!(sessions_json(&sandbox, &["--since", "2d1m"]).len(), 5);
+    assert_eq!(sessions_json(&sandbox, &["--since", "1h30m"]).len(), 4);
+
+    // The table says how old each one is.
+    let table = text(&sandbox, &["sessions"]);
+    let root = table.lines().find(|l| l.contains(" root ")).unwrap();
+    assert!(root.trim_end().ends_with("2d ago"), "{table}");
+    let header = table.lines().next().unwrap();
+    assert!(header.contains("CREATED"), "{table}");
+}
+
+/// `(depth, name)` of `top` and its descendants, depth first, children by id.
+fn depth_first(sessions: &[Value], top: u64, depth: usize) -> Vec<(usize, String)> {
+    let session = sessions.iter().find(|s| id_of(s) == top).unwrap();
+    let mut shape = vec![(depth, session["name"].as_str().unwrap().to_owned())];
+    let mut kids: Vec<u64> = sessions
+        .iter()
+        .filter(|s| s["parent"] == top)
+        .map(id_of)
+        .collect();
+    kids.sort_unstable();
+    for kid in kids {
+        shape.extend(depth_first(sessions, kid, depth + 1));
+    }
+    shape
+}
+
+#[test]
+fn tree_indents_each_session_under_its_parent() {
+    let sandbox = scanned();
+    let table = text(&sandbox, &["sessions", "--tree"]);
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    let name_of = |line: &str| {
+        // The name column starts after the id and two spaces.
+        let rest = line.trim_start().split_once("  ").unwrap().1;
+        let depth = rest.len() - rest.trim_start().len();
+        let name = rest.split_whitespace().next().unwrap().to_owned();
+        (depth / 2, name)
+    };
+    let shape: Vec<(usize, String)> = rows.iter().map(|l| name_of(l)).collect();
+    // Children in the order they were created (by id): recon and web race.
+    let all = sessions_json(&sandbox, &[]);
+    let root = id_of(by_name(&all, "root"));
+    let expected = depth_first(&all, root, 0);
+    assert_eq!(shape, expected, "{table}");
+    assert_eq!(shape[0], (0, "root".to_owned()));
+    assert!(shape.contains(&(2, "ports".to_owned())), "{table}");
+    // --json follows the same order.
+    let json = sessions_json(&sandbox, &["--tree"]);
+    let in_order: Vec<String> = expected.into_iter().map(|(_, name)| name).collect();
+    assert_eq!(names(&json), in_order);
+    let root = by_name(&json, "root");
+    assert!(root["parent"].is_null());
+}
+
+#[test]
+fn recover_json_lists_what_it_recovered_and_why() {
+    let sandbox = Sandbox::new();
+    let scenario = sandbox.write(
+        "long.toml",
+        "name = \"long\"\n\
+         [[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\", \"j\", \"k\", \"l\", \"m\", \"n\"]\nchunk_delay_ms = 1000\n\
+         [[agent]]\nname = \"worker\"\nparent = \"root\"\n[[agent.turn]]\nchunks = [\"w1\", \"w2\", \"w3\", \"w4\", \"w5\", \"w6\", \"w7\", \"w8\", \"w9\"]\nchunk_delay_ms = 1000\n",
+    );
+    let mut run = sandbox.spawn(&["run", scenario.to_str().unwrap()]);
+    run.wait_for("both agents to stream", |out| {
+        ["root#", "worker#"].iter().all(|who| {
+            out.lines()
+                .any(|l| l.contains(who) && l.contains(" persisted turn "))
+        })
+    });
+    run.signal(Signal::SIGKILL);
+    let (status, _) = run.wait();
+    assert_eq!(status.code(), None, "killed by the signal");
+
+    let out = sandbox.run(&["recover", "--json"]);
+    assert_success(&out, "settle recover --json");
+    let report = parse_json(&out.stdout);
+    let recovered = report["recovered"].as_array().unwrap();
+    assert_eq!(
+        names(recovered),
+        ["worker", "root"],
+        "children first: {report:#}"
+    );
+    for session in recovered {
+        assert_eq!(session["interrupted_turn"], 1, "{session}");
+    }
+    assert!(by_name(recovered, "root")["parent"].is_null());
+    let owners = report["owners_gone"].as_array().unwrap();
+    assert_eq!(owners.len(), 1, "{report:#}");
+    assert_eq!(owners[0]["why"], "process_gone");
+    assert!(owners[0]["owner"].is_u64());
+    assert_eq!(report["finalized_elsewhere"], serde_json::json!([]));
+
+    // Nothing is left for a second run.
+    let again = parse_json(&sandbox.run(&["recover", "--json"]).stdout);
+    assert_eq!(again["recovered"], serde_json::json!([]));
+}
