@@ -161,6 +161,11 @@ pub enum Event {
 
 /// What a held session waits on (SPEC §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Hold {
     /// Input it asked a person for.
     PendingInput,

@@ -6,6 +6,11 @@ use std::str::FromStr;
 /// The core does not allocate identities: the caller (usually the store, which
 /// owns the durable row) picks one and passes it to [`Event::Register`](crate::Event::Register).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(transparent)
+)]
 pub struct SessionId(pub u64);
 
 impl SessionId {
@@ -38,6 +43,11 @@ impl From<u64> for SessionId {
 
 /// What kind of work a [`WorkId`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum WorkKind {
     /// The work of a turn: one model call, streaming from a provider. A
     /// session has at most one turn in flight.
@@ -54,6 +64,7 @@ pub enum WorkKind {
 /// an old work (one that was detached, or whose turn is long over) is a no-op
 /// and never touches the current one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WorkId {
     /// The session that owns the work.
     pub session: SessionId,

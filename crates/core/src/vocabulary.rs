@@ -28,6 +28,11 @@ macro_rules! vocabulary {
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[cfg_attr(
+            feature = "serde",
+            derive(serde::Serialize, serde::Deserialize),
+            serde(rename_all = "snake_case")
+        )]
         pub enum $name {
             $( $(#[$vmeta])* $variant, )+
         }
@@ -247,6 +252,7 @@ vocabulary! {
 /// Why a turn failed: a kind to sort by and a message a person can act on
 /// (for HTTP, the status line and a short excerpt of the body).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TurnError {
     /// What kind of failure.
     pub kind: TurnErrorKind,
@@ -313,6 +319,28 @@ mod tests {
         }
         for k in ChunkKind::ALL {
             assert_eq!(k.as_str().parse::<ChunkKind>(), Ok(*k));
+        }
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn serde_spells_every_word_as_its_stable_spelling() {
+        for o in Outcome::ALL {
+            let json = serde_json::to_string(o).unwrap();
+            assert_eq!(json, format!("\"{}\"", o.as_str()));
+            assert_eq!(serde_json::from_str::<Outcome>(&json).unwrap(), *o);
+        }
+        for r in EndReason::ALL {
+            assert_eq!(serde_json::to_string(r).unwrap(), format!("\"{r}\""));
+        }
+        for k in TurnErrorKind::ALL {
+            assert_eq!(serde_json::to_string(k).unwrap(), format!("\"{k}\""));
+        }
+        for k in ChunkKind::ALL {
+            assert_eq!(serde_json::to_string(k).unwrap(), format!("\"{k}\""));
+        }
+        for s in State::ALL {
+            assert_eq!(serde_json::to_string(s).unwrap(), format!("\"{s}\""));
         }
     }
 

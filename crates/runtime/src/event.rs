@@ -8,6 +8,11 @@ use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 /// subscriber that falls far behind misses events (it is told how many); the
 /// durable record in the store is always complete.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(tag = "event", rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum LifecycleEvent {
     /// A session was registered.
@@ -128,5 +133,29 @@ impl EventBus {
         if everyone {
             let _ = self.all.send(event);
         }
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_tagged_with_its_kind() {
+        let event = LifecycleEvent::TurnEnded {
+            session: SessionId(7),
+            turn: 1,
+            outcome: Outcome::Failed,
+            error: Some(TurnError::new(
+                settle_core::TurnErrorKind::HttpStatus,
+                "HTTP 404 Not Found",
+            )),
+        };
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(json["event"], "turn_ended");
+        assert_eq!(json["outcome"], "failed");
+        assert_eq!(json["error"]["kind"], "http_status");
+        let back: LifecycleEvent = serde_json::from_value(json).unwrap();
+        assert_eq!(back, event);
     }
 }

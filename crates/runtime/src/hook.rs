@@ -7,6 +7,7 @@ use settle_core::{EndReason, SessionId};
 
 /// What the `on_session_end` hook is told (SPEC §4 step 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SessionEnd {
     /// The session that ended.
     pub session: SessionId,

@@ -2,6 +2,7 @@ use settle_core::{EndReason, SessionId};
 
 /// What a shutdown did (G9): what the core decided, and what the store made of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct ShutdownReport {
     /// Turns that were running when shutdown began and finished within the drain.
@@ -30,4 +31,23 @@ pub struct ShutdownReport {
     /// The shutdown was forced by the loss of this process's lease (G8):
     /// what was not finalized is left for another process to recover.
     pub lease_lost: bool,
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_round_trips_through_json_with_the_stable_spellings() {
+        let report = ShutdownReport {
+            drained: vec![SessionId(2)],
+            finalized: vec![(SessionId(2), EndReason::Shutdown)],
+            flushed_in_budget: true,
+            ..ShutdownReport::default()
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["finalized"], serde_json::json!([[2, "shutdown"]]));
+        let back: ShutdownReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
 }
