@@ -609,12 +609,7 @@ impl Driver {
             PendingStart::Task { start, reply } => {
                 let (ctx, token, revoked) = crate::task::context(work);
                 let (outcome_tx, outcome) = oneshot::channel();
-                let span = tracing::info_span!(
-                    "task",
-                    session = %work.session,
-                    name = %entry.shared.name,
-                    no = work.no,
-                );
+                let span = tracing::info_span!(parent: &entry.shared.span, "task", no = work.no);
                 let task = self
                     .works_tracker
                     .spawn(tracing::Instrument::instrument(

@@ -70,12 +70,15 @@ impl HookRunner {
     }
 
     /// Fires the hook for `end`, without waiting for it.
-    pub fn fire(&self, end: SessionEnd) {
+    pub fn fire(&self, session: Option<tracing::Span>, end: SessionEnd) {
         let Some(hook) = self.hook.clone() else {
             return;
         };
         let (permits, limit) = (self.permits.clone(), self.limit);
-        let span = tracing::info_span!("on_session_end", session = %end.session, name = %end.name);
+        let span = match session {
+            Some(session) => tracing::info_span!(parent: &session, "on_session_end"),
+            None => tracing::info_span!("on_session_end", session = end.session.0),
+        };
         self.tracker.spawn(tracing::Instrument::instrument(
             async move {
                 let Ok(_permit) = permits.acquire_owned().await else {

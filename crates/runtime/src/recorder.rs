@@ -188,7 +188,15 @@ impl Recorder {
                     }
                 };
             }
-            Record::Finalize(job) => self.finalize(*job).await,
+            Record::Finalize(job) => {
+                let span = match &job.shared {
+                    Some(shared) => {
+                        tracing::info_span!(parent: &shared.span, "finalize", reason = %job.plan.reason)
+                    }
+                    None => tracing::Span::none(),
+                };
+                tracing::Instrument::instrument(self.finalize(*job), span).await;
+            }
             Record::ShutdownBegan { deadline } => self.deadline = Some(deadline),
             Record::ShutdownComplete {
                 summary,
@@ -263,13 +271,17 @@ impl Recorder {
                         .as_ref()
                         .map(|s| s.name.to_string())
                         .unwrap_or_default();
-                    self.hooks.fire(SessionEnd {
-                        session,
-                        name,
-                        reason: plan.reason,
-                        completed: plan.completed(),
-                        interrupted: plan.interrupted(),
-                    });
+                    let span = shared.as_ref().map(|s| s.span.clone());
+                    self.hooks.fire(
+                        span,
+                        SessionEnd {
+                            session,
+                            name,
+                            reason: plan.reason,
+                            completed: plan.completed(),
+                            interrupted: plan.interrupted(),
+                        },
+                    );
                 }
                 FinalizeStep::ReleaseSlot => drop(slot.take()),
                 FinalizeStep::InterruptDelegations => self.interrupt(&delegates),

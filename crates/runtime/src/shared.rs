@@ -16,6 +16,9 @@ pub(crate) struct SessionShared {
     pub id: SessionId,
     pub name: Arc<str>,
     pub parent: Option<SessionId>,
+    /// The `session{id,name,parent}` span every work, write and hook of the
+    /// session runs in (a no-op without a subscriber).
+    pub span: tracing::Span,
     /// Set once the finalize plan has run, after the commit of its row.
     finalized: watch::Sender<Option<EndReason>>,
     /// The session's own events, created by its first subscriber.
@@ -24,10 +27,18 @@ pub(crate) struct SessionShared {
 
 impl SessionShared {
     pub fn new(id: SessionId, name: Arc<str>, parent: Option<SessionId>) -> Arc<Self> {
+        let span = tracing::info_span!(
+            parent: None,
+            "session",
+            id = id.0,
+            name = %name,
+            parent = parent.map(|p| p.0),
+        );
         Arc::new(SessionShared {
             id,
             name,
             parent,
+            span,
             finalized: watch::Sender::new(None),
             events: OnceLock::new(),
         })

@@ -135,12 +135,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         idle_timeout: idle_timeout.unwrap_or(Duration::ZERO),
         first_event_timeout: None,
     };
-    let span = tracing::info_span!(
-        "turn",
-        session = %work.session,
-        name = %shared.name,
-        no = work.no,
-    );
+    let span = tracing::info_span!(parent: &shared.span, "turn", no = work.no);
     let body = {
         let (scope, revoked, reports) = (scope.clone(), revoked.clone(), reports.clone());
         async move {
