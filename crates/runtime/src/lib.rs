@@ -15,12 +15,18 @@
 //!
 //! # Embedding it
 //!
+//! A frontend in about forty lines: a root agent whose guard winds its
+//! subtree down on any exit path, a child that runs a shell tool as a task
+//! and streams a turn (a `Stream` of persisted chunks), and a graceful
+//! shutdown on signals.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use settle_runtime::{signals, EndReason, Kernel, Outcome, TurnRequest};
-//! use settle_store::MemoryStore; // or settle_store::Store::open("settle.db")
-//! use settle_stream::{ScriptedProvider, TurnScript};
+//! use futures_util::StreamExt;
+//! use settle_runtime::{process, signals, EndReason, Kernel, TurnRequest};
+//! use settle_store::MemoryStore; // or settle_store::Store::open_async("settle.db")
+//! use settle_stream::{ScriptedProvider, TurnScript}; // or OpenAiProvider
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,27 +38,55 @@
 //! // SIGINT/SIGTERM/SIGHUP start the graceful shutdown; every later one skips the drain.
 //! tokio::spawn(signals::shutdown_on_signals(&kernel, Duration::from_secs(5))?);
 //!
-//! let root = kernel.register("root", None).await?;
-//! let child = kernel.register("recon", Some(root.id())).await?;
+//! // A `?` or a panic below drops the guard: the root is cancelled, children first (G1).
+//! let root = kernel.register("root", None).await?.guard();
+//! let recon = kernel.register("recon", Some(root.id())).await?;
 //!
-//! let provider = Arc::new(ScriptedProvider::new([
-//!     TurnScript::new(["port 22 open", ", port 80 open"]),
-//! ]));
-//! let mut turn = child.run_turn(provider, TurnRequest::prompt("scan")).await?;
-//! let mut reply = String::new();
-//! while let Some(chunk) = turn.next_chunk().await {
-//!     reply.push_str(&chunk); // already persisted (G7)
-//! }
-//! assert_eq!(turn.outcome().await, Outcome::Completed);
+//! // A tool call under the lifecycle: cancelled with its session, detached
+//! // past the settle timeout, its process group killed and reaped.
+//! let tool = recon
+//!     .spawn(|ctx| async move {
+//!         let mut echo = tokio::process::Command::new("echo");
+//!         echo.arg("22/tcp open");
+//!         process::output(&ctx, echo).await
+//!     })
+//!     .await?;
+//! let found = String::from_utf8_lossy(&tool.join().await??.stdout).trim().to_owned();
 //!
-//! // Finishing the root winds its subtree down first (G1).
+//! // A turn is a Stream of chunks the store already has (G7).
+//! let provider = Arc::new(ScriptedProvider::new([TurnScript::new(["port 22", " is open"])]));
+//! let turn = recon.run_turn(provider, TurnRequest::prompt(found)).await?;
+//! let reply: String = turn.collect::<Vec<_>>().await.concat();
+//! assert_eq!(reply, "port 22 is open");
+//!
+//! // Finishing the root winds its subtree down first (G1), then it is finalized.
 //! assert_eq!(root.finish().await?, EndReason::Completed);
+//! assert_eq!(recon.finalized().await?, EndReason::ParentFinished);
+//! assert!(recon.run_turn(Arc::new(ScriptedProvider::new([])), TurnRequest::prompt("more")).await.is_err()); // G10
 //! let report = kernel.shutdown(Duration::from_secs(5)).await;
 //! assert_eq!(report.store_failures, 0);
-//! assert!(child.run_turn(Arc::new(ScriptedProvider::new([])), TurnRequest::prompt("more")).await.is_err()); // closed handles fail loudly (G10)
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Observability
+//!
+//! Every turn, task, finalize and end hook runs inside a
+//! `session{id,name,parent}` span (a turn's is `turn{no}`), so a `tracing`
+//! subscriber sees the lifecycle with no code of the embedder's. For
+//! OpenTelemetry, add `tracing-opentelemetry`'s layer to the subscriber:
+//!
+//! ```ignore
+//! use tracing_subscriber::prelude::*;
+//! let tracer = opentelemetry_otlp::new_pipeline().tracing().install_batch(runtime::Tokio)?;
+//! tracing_subscriber::registry()
+//!     .with(tracing_opentelemetry::layer().with_tracer(tracer))
+//!     .init();
+//! ```
+//!
+//! With the `serde` feature, the vocabulary and the result types
+//! ([`ShutdownReport`], [`LifecycleEvent`], [`SessionEnd`]) serialize with
+//! their stable spellings.
 //!
 //! # How it works, and why the driver decides nothing
 //!
