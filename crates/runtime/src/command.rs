@@ -16,6 +16,12 @@ use crate::{RuntimeError, ShutdownReport, Turn, TurnRequest};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
+/// How a work ended, as its waiter is told.
+pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
+
+/// A started task's id and the receiver of its end.
+pub(crate) type TaskStarted = (WorkId, oneshot::Receiver<WorkEnd>);
+
 pub(crate) enum Command {
     Register {
         name: Arc<str>,
@@ -31,7 +37,7 @@ pub(crate) enum Command {
     StartTask {
         session: SessionId,
         start: crate::task::StartTask,
-        reply: Reply<(WorkId, oneshot::Receiver<(Outcome, Option<TurnError>)>)>,
+        reply: Reply<TaskStarted>,
     },
     Core {
         event: Event,

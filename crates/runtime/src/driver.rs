@@ -23,9 +23,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_core::{
-    CancelMode, Core, Effect, Event, Handled, Outcome, SessionId, TurnError, WorkId,
-};
+use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
 use settle_stream::Provider;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -61,7 +59,7 @@ enum PendingStart {
     },
     Task {
         start: crate::task::StartTask,
-        reply: Reply<(WorkId, oneshot::Receiver<(Outcome, Option<TurnError>)>)>,
+        reply: Reply<crate::command::TaskStarted>,
     },
 }
 
@@ -94,6 +92,16 @@ pub(crate) struct Channels {
     pub store: Arc<dyn SessionStore>,
 }
 
+/// What the driver shares with the rest of the kernel.
+pub(crate) struct Parts {
+    pub clock: Clock,
+    pub events: EventBus,
+    pub works: TaskTracker,
+    pub ids: IdBlock,
+    pub failures: Arc<AtomicUsize>,
+    pub shutting_down: CancellationToken,
+}
+
 pub(crate) struct Driver {
     core: Core,
     clock: Clock,
@@ -122,20 +130,11 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub fn new(
-        config: Config,
-        clock: Clock,
-        channels: Channels,
-        events: EventBus,
-        works_tracker: TaskTracker,
-        ids: IdBlock,
-        failures: Arc<AtomicUsize>,
-        shutting_down: CancellationToken,
-    ) -> Self {
+    pub fn new(config: Config, channels: Channels, parts: Parts) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
         Driver {
             core: Core::new(config.policy.clone()),
-            clock,
+            clock: parts.clock,
             slots: config.slots.map(|n| Arc::new(Semaphore::new(n))),
             config,
             commands: channels.commands,
@@ -144,17 +143,17 @@ impl Driver {
             acks: channels.acks,
             recorder: channels.recorder,
             store: channels.store,
-            events,
-            works_tracker,
-            ids,
+            events: parts.events,
+            works_tracker: parts.works,
+            ids: parts.ids,
             parked: VecDeque::new(),
             sessions: HashMap::new(),
             works: HashMap::new(),
             pending: None,
             shutdown_waiters: Vec::new(),
             lease_lost: false,
-            failures,
-            shutting_down,
+            failures: parts.failures,
+            shutting_down: parts.shutting_down,
             done: false,
         }
     }

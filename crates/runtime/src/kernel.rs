@@ -10,7 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::command::{Command, Reply};
-use crate::driver::{Channels, Driver};
+use crate::driver::{Channels, Driver, Parts};
 use crate::event::EventBus;
 use crate::hook::HookRunner;
 use crate::ids::{IdBlock, BLOCK};
@@ -122,18 +122,20 @@ impl KernelBuilder {
         let drain = config.drain_timeout;
         let driver = Driver::new(
             config,
-            Clock::new(),
             Channels {
                 commands,
                 acks,
                 recorder: record_tx,
                 store: store.clone(),
             },
-            events.clone(),
-            works.clone(),
-            IdBlock::new(first),
-            failures.clone(),
-            shutting_down.clone(),
+            Parts {
+                clock: Clock::new(),
+                events: events.clone(),
+                works: works.clone(),
+                ids: IdBlock::new(first),
+                failures: failures.clone(),
+                shutting_down: shutting_down.clone(),
+            },
         );
         let driver = tokio::spawn(driver.run());
         let finished = tokio::spawn(async move {

@@ -40,7 +40,7 @@ pub(crate) enum Record {
         outcome: Outcome,
         error: Option<TurnError>,
         at: SystemTime,
-        notify: Option<oneshot::Sender<(Outcome, Option<TurnError>)>>,
+        notify: Option<oneshot::Sender<crate::command::WorkEnd>>,
     },
     /// Commit every transcript now (G9).
     Flush,

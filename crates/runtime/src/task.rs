@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use futures_util::FutureExt;
-use settle_core::{Event, Outcome, TurnError, TurnErrorKind, WorkId};
+use settle_core::{Event, Outcome, TurnErrorKind, WorkId};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
@@ -82,7 +82,7 @@ pub enum TaskError {
 pub struct TaskHandle<T> {
     work: WorkId,
     result: oneshot::Receiver<T>,
-    outcome: oneshot::Receiver<(Outcome, Option<TurnError>)>,
+    outcome: oneshot::Receiver<crate::command::WorkEnd>,
     commands: mpsc::WeakUnboundedSender<Command>,
 }
 
@@ -184,7 +184,7 @@ pub(crate) fn context(work: WorkId) -> (TaskContext, CancellationToken, Cancella
 pub(crate) fn handle<T>(
     work: WorkId,
     result: oneshot::Receiver<T>,
-    outcome: oneshot::Receiver<(Outcome, Option<TurnError>)>,
+    outcome: oneshot::Receiver<crate::command::WorkEnd>,
     commands: mpsc::WeakUnboundedSender<Command>,
 ) -> TaskHandle<T> {
     TaskHandle {

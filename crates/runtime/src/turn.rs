@@ -19,7 +19,7 @@ use crate::command::Command;
 pub struct Turn {
     work: WorkId,
     chunks: mpsc::UnboundedReceiver<String>,
-    outcome: Option<oneshot::Receiver<(Outcome, Option<TurnError>)>>,
+    outcome: Option<oneshot::Receiver<crate::command::WorkEnd>>,
     /// Where a cancel goes; set until the turn is known to be over.
     cancel_on_drop: Option<mpsc::WeakUnboundedSender<Command>>,
 }
@@ -28,7 +28,7 @@ impl Turn {
     pub(crate) fn new(
         work: WorkId,
         chunks: mpsc::UnboundedReceiver<String>,
-        outcome: oneshot::Receiver<(Outcome, Option<TurnError>)>,
+        outcome: oneshot::Receiver<crate::command::WorkEnd>,
     ) -> Self {
         Turn {
             work,

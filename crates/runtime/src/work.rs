@@ -38,7 +38,7 @@ pub(crate) struct WorkHandle {
     /// Why it failed, as its last report said.
     pub error: Option<TurnError>,
     /// Who waits for its end.
-    pub outcome: Option<oneshot::Sender<(Outcome, Option<TurnError>)>>,
+    pub outcome: Option<oneshot::Sender<crate::command::WorkEnd>>,
 }
 
 impl WorkHandle {
@@ -47,7 +47,7 @@ impl WorkHandle {
         token: CancellationToken,
         revoked: CancellationToken,
         task: AbortHandle,
-        outcome: oneshot::Sender<(Outcome, Option<TurnError>)>,
+        outcome: oneshot::Sender<crate::command::WorkEnd>,
     ) -> Self {
         WorkHandle {
             token,
