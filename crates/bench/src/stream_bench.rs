@@ -77,8 +77,7 @@ pub fn guarded_only_round(rt: &tokio::runtime::Runtime, items: usize) -> Duratio
     start.elapsed()
 }
 
-/// Where the wrapper overhead sits: one round of `IdleTimeout<S>` alone
-/// (which holds its own `Guarded<S>` inside).
+/// Where the wrapper overhead sits: one round of `IdleTimeout<S>` alone.
 pub fn idle_only_round(rt: &tokio::runtime::Runtime, items: usize) -> Duration {
     let stream = IdleTimeout::new(Ready(chunks(items).into_iter()), IDLE);
     let start = Instant::now();

@@ -7,7 +7,8 @@
 //!   close trait, [`close_best_effort`] the one closer every path uses.
 //! - [`IdleTimeout`] ends a stream whose provider sends no event (keepalives
 //!   do not count) for the idle timeout, or no first event within the
-//!   first-event timeout, and closes it.
+//!   first-event timeout. It only times out: `Guarded<IdleTimeout<S>>`
+//!   guards the stream once and closes it before the timeout is reported.
 //! - [`Scope`], [`CloseHandle`], [`Turn`], [`TurnControl`], [`TurnExit`] and
 //!   [`settle`] are the handoff a runtime uses to run a turn: attach its
 //!   stream to the session's cancellation scope before it can produce,
