@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use settle_core::{Outcome, WorkId};
 use settle_store::{SessionStore, StoreError};
 use settle_stream::{
-    run_turn, ChunkSink, Provider, ProviderStream, Request, Scope, SinkClosed, StreamError,
+    run_turn, Chunk, ChunkSink, Provider, ProviderStream, Request, Scope, SinkError, StreamError,
     TurnOptions,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -171,13 +171,19 @@ struct Persisting {
 
 #[async_trait]
 impl ChunkSink for Persisting {
-    async fn chunk(&mut self, text: String) -> Result<(), SinkClosed> {
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
         if self.revoked.is_cancelled() {
-            return Err(SinkClosed);
+            return Err(SinkError::Closed);
         }
+        // The store keeps text only so far: structured chunks are not
+        // persisted or shown yet.
+        if !chunk.is_text() {
+            return Ok(());
+        }
+        let text = chunk.into_payload();
         let appended = tokio::select! {
             biased;
-            () = self.revoked.cancelled() => return Err(SinkClosed),
+            () = self.revoked.cancelled() => return Err(SinkError::Closed),
             appended = self.store.append_chunk(self.work.session, self.work.turn, text.clone()) => appended,
         };
         if let Err(error) = appended {
@@ -197,7 +203,7 @@ impl ChunkSink for Persisting {
                     message: format!("failed to persist a chunk: {error}"),
                 });
             }
-            return Err(SinkClosed);
+            return Err(SinkError::Closed);
         }
         let _ = self.events.send(LifecycleEvent::Chunk {
             session: self.work.session,

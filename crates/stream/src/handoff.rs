@@ -21,7 +21,8 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::close::Close;
-use crate::sink::{ChunkSink, SinkClosed};
+use crate::sink::{ChunkSink, SinkError};
+use crate::Chunk;
 use crate::{CloseHandle, Cut, ForceClosed, IdleTimeout, Provider, Request, Scope};
 use crate::{StreamError, StreamEvent};
 
@@ -134,11 +135,11 @@ where
         scope.attach(IdleTimeout::new(stream, options.idle_timeout).first_event(first));
     loop {
         match stream.next().await {
-            Some(Ok(StreamEvent::Chunk(text))) => {
+            Some(Ok(StreamEvent::Chunk(chunk))) => {
                 let delivered = tokio::select! {
                     biased;
                     _ = token.cancelled() => Err(CancelledBy::Request),
-                    sent = sink.chunk(text) => sent.map_err(|SinkClosed| CancelledBy::SinkClosed),
+                    sent = sink.chunk(chunk) => sent.map_err(|_| CancelledBy::SinkClosed),
                 };
                 if let Err(by) = delivered {
                     let _ = stream.close().await;
@@ -509,10 +510,10 @@ struct Revocable<K> {
 
 #[async_trait]
 impl<K: ChunkSink> ChunkSink for Revocable<K> {
-    async fn chunk(&mut self, text: String) -> Result<(), SinkClosed> {
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
         if self.revoked.is_cancelled() {
-            return Err(SinkClosed);
+            return Err(SinkError::Closed);
         }
-        self.sink.chunk(text).await
+        self.sink.chunk(chunk).await
     }
 }

@@ -34,8 +34,8 @@
 //!
 //! let mut reply = String::new();
 //! while let Some(event) = stream.next().await {
-//!     if let StreamEvent::Chunk(text) = event? {
-//!         reply.push_str(&text);
+//!     if let StreamEvent::Chunk(chunk) = event? {
+//!         reply.push_str(chunk.as_text().unwrap_or_default());
 //!     }
 //! }
 //! assert_eq!(reply, "hello, world");
@@ -47,6 +47,7 @@
 //! ```
 
 mod attach;
+mod chunk;
 mod close;
 mod error;
 mod event;
@@ -55,11 +56,13 @@ mod handoff;
 mod idle_timeout;
 mod openai;
 mod provider;
+mod request;
 mod scripted;
 mod sink;
 mod sync;
 
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
+pub use chunk::{Chunk, InvalidChunk};
 pub use close::{close_best_effort, close_without_waiting, Close};
 pub use error::{CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind};
 pub use event::{Event, StreamEvent};
@@ -70,9 +73,11 @@ pub use handoff::{
 };
 pub use idle_timeout::IdleTimeout;
 pub use openai::{OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT};
-pub use provider::{EventStream, Message, Provider, ProviderStream, Request, Role};
+pub use provider::{EventStream, Provider, ProviderStream};
+pub use request::{Message, Request, Role};
 pub use scripted::{
     ScriptStats, ScriptedEnd, ScriptedProvider, ScriptedStream, TurnScript, DEFAULT_IGNORE,
 };
-pub use sink::{ChunkSink, FnSink, SinkClosed};
+pub use settle_core::ChunkKind;
+pub use sink::{ChunkSink, FnSink, SinkError};
 pub use tokio_util::sync::CancellationToken;

@@ -18,7 +18,7 @@ use tokio::time::Sleep;
 
 use crate::close::Close;
 use crate::{
-    CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
+    Chunk, CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
 };
 
 /// How a scripted turn ends, after its chunks.
@@ -207,7 +207,7 @@ impl ScriptedProvider {
             .ok_or_else(|| StreamError::from(StreamErrorKind::ScriptExhausted))?;
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         Ok(ScriptedStream {
-            chunks: script.chunks.into(),
+            chunks: script.chunks.into_iter().map(Chunk::text).collect(),
             script_end: script.end,
             chunk_delay: script.chunk_delay,
             close_delay: script.close_delay,
@@ -237,7 +237,7 @@ impl Provider for ScriptedProvider {
 
 /// The stream of one scripted turn.
 pub struct ScriptedStream {
-    chunks: VecDeque<String>,
+    chunks: VecDeque<Chunk>,
     script_end: ScriptedEnd,
     chunk_delay: Duration,
     close_delay: Duration,

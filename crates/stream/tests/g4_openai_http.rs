@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use settle_core::Outcome;
+use serde_json::json;
+use settle_core::{ChunkKind, Outcome};
 use settle_stream::{
-    settle, CancellationToken, Guarded, IdleTimeout, OpenAiConfig, OpenAiProvider, Provider,
-    Request, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
+    settle, CancellationToken, Chunk, Guarded, IdleTimeout, Message, OpenAiConfig, OpenAiProvider,
+    Provider, Request, Role, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -31,6 +32,8 @@ enum Script {
     ErrorObject,
     /// Accepts the connection and never answers.
     NoHeaders,
+    /// These `data:` payloads, then `[DONE]`.
+    Events(&'static [&'static str]),
 }
 
 struct Server {
@@ -104,6 +107,13 @@ async fn serve(script: Script) -> Server {
                     let e = r#"data: {"error":{"message":"model is overloaded","type":"server_error"}}"#;
                     wr.write_all(&send(format!("{e}\n\n"))).await?;
                 }
+                Script::Events(events) => {
+                    for data in events {
+                        wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                    }
+                    wr.write_all(&send("data: [DONE]\n\n".into())).await?;
+                    wr.write_all(b"0\r\n\r\n").await?;
+                }
                 _ => {
                     for text in ["hello", " world"] {
                         wr.write_all(&send(format!(
@@ -155,7 +165,7 @@ where
 {
     loop {
         match timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
-            Some(Ok(StreamEvent::Chunk(text))) => return text,
+            Some(Ok(StreamEvent::Chunk(chunk))) => return chunk.into_payload(),
             Some(Ok(StreamEvent::KeepAlive)) => {}
             other => panic!("expected a chunk, got {other:?}"),
         }
@@ -240,11 +250,11 @@ async fn g4_http_cancelled_run_closes_the_connection() {
     );
     assert_eq!(
         timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
-        "hello"
+        Chunk::text("hello")
     );
     assert_eq!(
         timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
-        " world"
+        Chunk::text(" world")
     );
     let settled = settle(turn, Duration::from_secs(1), |_| {}).await;
     assert_eq!(settled.outcome(), Outcome::Cancelled);
@@ -262,8 +272,8 @@ async fn g4_http_done_completes_and_an_error_object_fails() {
     let mut stream = Guarded::new(provider.open(&Request::prompt("hi")).await.unwrap());
     let mut reply = String::new();
     while let Some(event) = timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
-        if let StreamEvent::Chunk(text) = event.unwrap() {
-            reply.push_str(&text);
+        if let StreamEvent::Chunk(chunk) = event.unwrap() {
+            reply.push_str(chunk.as_text().unwrap());
         }
     }
     assert_eq!(reply, "hello world");
@@ -302,4 +312,72 @@ async fn g4_http_headers_timeout_is_a_typed_error_and_closes() {
         .await
         .expect("server saw no close")
         .unwrap();
+}
+
+/// Every chunk of a stream until its end or its error.
+async fn drain(provider: &OpenAiProvider, request: &Request) -> (Vec<Chunk>, Option<StreamError>) {
+    let mut stream = Guarded::new(provider.open(request).await.unwrap());
+    let mut chunks = Vec::new();
+    while let Some(event) = timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
+        match event {
+            Ok(StreamEvent::Chunk(chunk)) => chunks.push(chunk),
+            Ok(StreamEvent::KeepAlive) => {}
+            Err(error) => return (chunks, Some(error)),
+        }
+    }
+    (chunks, None)
+}
+
+#[tokio::test]
+async fn structured_deltas_become_chunks_of_their_kind() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":"think"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"ing","content":"Hi"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"ls","arguments":""}},{"index":1,"id":"c2","type":"function","function":{"name":"cat","arguments":""}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#,
+    ]))
+    .await;
+    let history = Request::new(vec![
+        Message::new(Role::User, "list"),
+        Message::new(Role::Assistant, "").tool_calls(json!([{"id": "c0", "type": "function",
+            "function": {"name": "ls", "arguments": "{}"}}])),
+        Message::tool_result("c0", "a.txt"),
+    ]);
+    let (chunks, error) = drain(&provider(&server), &history).await;
+    assert!(error.is_none(), "{error:?}");
+    let kinds: Vec<ChunkKind> = chunks.iter().map(Chunk::kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            ChunkKind::Reasoning,
+            ChunkKind::Reasoning,
+            ChunkKind::Text,
+            ChunkKind::ToolCall,
+            ChunkKind::ToolCall,
+            ChunkKind::ToolCall,
+            ChunkKind::Usage,
+        ]
+    );
+    assert_eq!(chunks[0].to_json(), json!("think"));
+    assert_eq!(chunks[2].as_text(), Some("Hi"));
+    assert_eq!(chunks[3].to_json()["function"]["name"], "ls");
+    assert_eq!(chunks[4].to_json()["id"], "c2");
+    assert_eq!(chunks[5].to_json()["function"]["arguments"], "{}");
+    assert_eq!(chunks[6].to_json()["total_tokens"], 12);
+
+    // The tool fields of the history went to the server as they are.
+    let request = server.request.await.unwrap();
+    let body = &request[request.find("\r\n\r\n").unwrap() + 4..];
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["messages"][1]["tool_calls"][0]["id"], "c0");
+    assert_eq!(
+        body["messages"][2],
+        json!({"role": "tool", "content": "a.txt", "tool_call_id": "c0"})
+    );
+    assert_eq!(
+        body["messages"][0],
+        json!({"role": "user", "content": "list"})
+    );
 }

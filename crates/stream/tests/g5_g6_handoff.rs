@@ -12,7 +12,7 @@ use common::{Log, Recording, Step};
 use futures_util::StreamExt;
 use settle_core::{CancelMode, Outcome};
 use settle_stream::{
-    settle, CancelIssued, CancellationToken, CancelledBy, Cut, FnSink, ForceClosed, Guarded,
+    settle, CancelIssued, CancellationToken, CancelledBy, Chunk, Cut, FnSink, ForceClosed, Guarded,
     Provider, ProviderStream, Request, Scope, ScriptStats, ScriptedEnd, ScriptedProvider,
     StreamError, StreamErrorKind, Turn, TurnEnd, TurnOptions, TurnScript,
 };
@@ -22,10 +22,10 @@ const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
 
 /// A sink that records each chunk in the log.
-fn log_sink(log: &Log) -> FnSink<impl FnMut(String) -> Result<(), settle_stream::SinkClosed>> {
+fn log_sink(log: &Log) -> FnSink<impl FnMut(Chunk) -> Result<(), settle_stream::SinkError>> {
     let log = log.clone();
-    FnSink(move |text: String| {
-        log.push(format!("chunk {text}"));
+    FnSink(move |chunk: Chunk| {
+        log.push(format!("chunk {}", chunk.payload()));
         Ok(())
     })
 }
@@ -526,7 +526,7 @@ async fn g4_dropping_a_turn_detaches_it() {
 #[tokio::test(start_paused = true)]
 async fn g4_a_closed_sink_cancels_the_turn() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b"]).end(ScriptedEnd::Hang)]);
-    let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(4);
     drop(rx);
     let mut turn = Turn::spawn(
         Arc::new(provider.clone()),
