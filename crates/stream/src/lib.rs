@@ -64,7 +64,9 @@ mod sync;
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use chunk::{Chunk, InvalidChunk};
 pub use close::{close_best_effort, close_without_waiting, Close};
-pub use error::{CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind};
+pub use error::{
+    CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,
+};
 pub use event::{Event, StreamEvent};
 pub use guarded::Guarded;
 pub use handoff::{

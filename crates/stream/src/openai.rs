@@ -19,7 +19,7 @@ use settle_core::ChunkKind;
 use crate::close::Close;
 use crate::{
     Chunk, CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
-    StreamEvent,
+    StreamEvent, Truncation,
 };
 
 /// The default time to wait for a server's response headers.
@@ -27,6 +27,21 @@ pub const DEFAULT_HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How much of an error response's body is kept for the error message.
 const ERROR_BODY_LIMIT: usize = 2048;
+
+/// How long an error response's body is waited for.
+const ERROR_BODY_WAIT: Duration = Duration::from_secs(5);
+
+/// Reads the start of a response body into `head`, at most
+/// [`ERROR_BODY_LIMIT`] bytes.
+async fn read_head(mut response: reqwest::Response, head: &mut Vec<u8>) {
+    while head.len() < ERROR_BODY_LIMIT {
+        match response.chunk().await {
+            Ok(Some(bytes)) => head.extend_from_slice(&bytes),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    head.truncate(ERROR_BODY_LIMIT);
+}
 
 /// Where and how to reach an OpenAI-compatible server.
 #[derive(Clone, PartialEq, Eq)]
@@ -89,6 +104,11 @@ impl OpenAiConfig {
 /// | each element of `delta.tool_calls` | [`ChunkKind::ToolCall`] (the element as sent: index, id, function name, a piece of the arguments) |
 /// | a `usage` object | [`ChunkKind::Usage`] |
 ///
+/// A `finish_reason` of `length` or `content_filter` ends the stream with
+/// [`StreamErrorKind::Truncated`] after the event's own content: the turn
+/// ends `failed` (kind `truncated`), never `completed`, so no memory is
+/// committed from a reply the provider cut short (G7).
+///
 /// `data: [DONE]` ends the stream; an `error` object is a provider error; SSE
 /// comments (`: keepalive`) and events without content (a role announcement)
 /// become [`StreamEvent::KeepAlive`]; a stream the server ends without
@@ -105,8 +125,24 @@ impl OpenAiProvider {
     /// A provider for `config`.
     pub fn new(config: OpenAiConfig) -> Result<Self, StreamError> {
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let invalid = |reason: String| {
+            StreamError::from(StreamErrorKind::InvalidUrl {
+                url: config.base_url.clone(),
+                reason,
+            })
+        };
+        match reqwest::Url::parse(&url) {
+            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+            Ok(parsed) => {
+                return Err(invalid(format!(
+                    "the scheme `{}` is not http or https",
+                    parsed.scheme()
+                )))
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        }
         let client = reqwest::Client::builder().build().map_err(|source| {
-            StreamError::from(StreamErrorKind::Http {
+            StreamError::from(StreamErrorKind::Connect {
                 url: url.clone(),
                 source,
             })
@@ -134,7 +170,7 @@ impl OpenAiProvider {
             builder = builder.bearer_auth(key);
         }
         let http = |source| {
-            StreamError::from(StreamErrorKind::Http {
+            StreamError::from(StreamErrorKind::Connect {
                 url: self.url.clone(),
                 source,
             })
@@ -160,17 +196,14 @@ impl Provider for OpenAiProvider {
         let response = self.send(request).await?;
         let status = response.status();
         if !status.is_success() {
-            let mut body = String::new();
             // The body explains the status, but a stalled server must not
-            // hold the turn: read what comes within a short while.
-            let read = tokio::time::timeout(Duration::from_secs(5), response.text()).await;
-            if let Ok(Ok(text)) = read {
-                body = text.chars().take(ERROR_BODY_LIMIT).collect();
-            }
+            // hold the turn: read its start, within a short while.
+            let mut head = Vec::new();
+            let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
             return Err(StreamErrorKind::Status {
                 url: self.url.clone(),
                 status: status.as_u16(),
-                body,
+                body: String::from_utf8_lossy(&head).into_owned(),
             }
             .into());
         }
@@ -236,8 +269,9 @@ impl OpenAiStream {
             Err(e) => {
                 self.pending
                     .push_back(Err(StreamErrorKind::Protocol(format!(
-                        "an event's data is not JSON ({e}): {}",
-                        data.chars().take(200).collect::<String>()
+                        "an event from {} is not JSON ({e}): {}",
+                        self.url,
+                        crate::error::excerpt(data)
                     ))
                     .into()));
                 return true;
@@ -275,8 +309,22 @@ impl OpenAiStream {
         if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
             self.push(Chunk::json(ChunkKind::Usage, usage));
         }
-        if self.pending.len() == before {
-            // A role announcement or a finish reason: activity, not content.
+        let truncation = match choice
+            .and_then(|c| c.get("finish_reason"))
+            .and_then(Value::as_str)
+        {
+            Some("length") => Some(Truncation::Length),
+            Some("content_filter") => Some(Truncation::ContentFilter),
+            // `stop`, `tool_calls`: a whole reply; `[DONE]` follows.
+            _ => None,
+        };
+        if let Some(truncation) = truncation {
+            // After this event's own content: what was streamed is kept.
+            self.pending
+                .push_back(Err(StreamErrorKind::Truncated(truncation).into()));
+        } else if self.pending.len() == before {
+            // A role announcement or a bare finish reason: activity, not
+            // content.
             self.pending.push_back(Ok(StreamEvent::KeepAlive));
         }
         true
@@ -322,17 +370,21 @@ impl Stream for OpenAiStream {
                     continue;
                 }
                 Poll::Ready(Some(Err(EventStreamError::Transport(source)))) => {
-                    StreamErrorKind::Http {
+                    StreamErrorKind::Transport {
                         url: this.url.clone(),
                         source,
                     }
                     .into()
                 }
-                Poll::Ready(Some(Err(e))) => StreamErrorKind::Protocol(e.to_string()).into(),
-                Poll::Ready(None) => StreamErrorKind::Protocol(
-                    "the server ended the stream before `data: [DONE]`; the reply may be cut short"
-                        .to_owned(),
-                )
+                Poll::Ready(Some(Err(e))) => StreamErrorKind::Protocol(format!(
+                    "the stream from {} is not valid SSE ({e})",
+                    this.url
+                ))
+                .into(),
+                Poll::Ready(None) => StreamErrorKind::Protocol(format!(
+                    "the stream from {} ended before `data: [DONE]`; the reply may be cut short",
+                    this.url
+                ))
                 .into(),
                 Poll::Pending => {
                     let comments = this.keepalives.load(Ordering::Relaxed);

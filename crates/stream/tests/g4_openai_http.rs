@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::json;
-use settle_core::{ChunkKind, Outcome};
+use settle_core::{ChunkKind, Outcome, TurnErrorKind};
 use settle_stream::{
     settle, CancellationToken, Chunk, Guarded, IdleTimeout, Message, OpenAiConfig, OpenAiProvider,
     Provider, Request, Role, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
@@ -34,6 +34,12 @@ enum Script {
     NoHeaders,
     /// These `data:` payloads, then `[DONE]`.
     Events(&'static [&'static str]),
+    /// These `data:` payloads, then nothing more (keepalives until closed).
+    EventsNoDone(&'static [&'static str]),
+    /// A non-success status with this JSON body.
+    Status(u16, &'static str),
+    /// One chunk, then the connection is dropped mid-reply.
+    CutMidReply,
 }
 
 struct Server {
@@ -91,8 +97,18 @@ async fn serve(script: Script) -> Server {
             }
         });
         let writer = async move {
-            if let Script::NoHeaders = script {
-                std::future::pending::<()>().await;
+            match script {
+                Script::NoHeaders => std::future::pending::<()>().await,
+                Script::Status(status, body) => {
+                    let response = format!(
+                        "HTTP/1.1 {status} Whatever\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    wr.write_all(response.as_bytes()).await?;
+                    std::future::pending::<()>().await;
+                }
+                _ => {}
             }
             let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                         cache-control: no-cache\r\nconnection: keep-alive\r\n\
@@ -106,6 +122,19 @@ async fn serve(script: Script) -> Server {
                 Script::ErrorObject => {
                     let e = r#"data: {"error":{"message":"model is overloaded","type":"server_error"}}"#;
                     wr.write_all(&send(format!("{e}\n\n"))).await?;
+                }
+                Script::EventsNoDone(events) => {
+                    for data in events {
+                        wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                    }
+                }
+                Script::CutMidReply => {
+                    let data = chunk_json("hello");
+                    wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                    // Dropping the write half ends the body without its
+                    // last chunk: the reply is cut.
+                    drop(wr);
+                    match std::future::pending::<std::convert::Infallible>().await {}
                 }
                 Script::Events(events) => {
                     for data in events {
@@ -308,6 +337,8 @@ async fn g4_http_headers_timeout_is_a_typed_error_and_closes() {
         "{error}"
     );
     assert!(error.to_string().contains("500ms"), "{error}");
+    assert!(error.to_string().contains("headers timeout"), "{error}");
+    assert_eq!(error.turn_error().kind, TurnErrorKind::Timeout);
     timeout(CLOSE_BOUND, server.closed)
         .await
         .expect("server saw no close")
@@ -380,4 +411,164 @@ async fn structured_deltas_become_chunks_of_their_kind() {
         body["messages"][0],
         json!({"role": "user", "content": "list"})
     );
+}
+
+fn unreachable_provider() -> (OpenAiProvider, String) {
+    // A port that was just free: nothing listens there.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+    (provider, format!("{base_url}/chat/completions"))
+}
+
+async fn open_error(provider: &OpenAiProvider) -> StreamError {
+    match provider.open(&Request::prompt("hi")).await {
+        Err(e) => e,
+        Ok(_) => panic!("expected the open to fail"),
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_says_so_with_the_url() {
+    let (provider, url) = unreachable_provider();
+    let error = open_error(&provider).await;
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Connect);
+    assert_eq!(
+        turn.message,
+        format!("could not connect to {url}: connection refused (is the server running?)")
+    );
+    assert_eq!(error.outcome(), Outcome::Failed);
+}
+
+#[tokio::test]
+async fn an_http_404_names_the_status_and_the_url() {
+    let server = serve(Script::Status(404, "")).await;
+    let error = open_error(&provider(&server)).await;
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::HttpStatus);
+    assert_eq!(
+        turn.message,
+        format!(
+            "HTTP 404 Not Found from {}/chat/completions",
+            server.base_url
+        )
+    );
+}
+
+#[tokio::test]
+async fn an_http_500_with_a_json_body_shows_the_error_message() {
+    let body = r#"{"error":{"message":"the model `gpt-9` does not exist","type":"invalid_request_error","code":null}}"#;
+    let server = serve(Script::Status(500, body)).await;
+    let error = open_error(&provider(&server)).await;
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::HttpStatus);
+    assert_eq!(
+        turn.message,
+        format!(
+            "HTTP 500 Internal Server Error from {}/chat/completions: \
+             the model `gpt-9` does not exist",
+            server.base_url
+        )
+    );
+    match error.kind() {
+        StreamErrorKind::Status {
+            status, body: kept, ..
+        } => {
+            assert_eq!(*status, 500);
+            assert_eq!(kept, body, "the body's start is kept whole");
+        }
+        other => panic!("expected a status error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn garbage_event_data_is_a_protocol_error() {
+    let server = serve(Script::EventsNoDone(&["this is not json"])).await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert!(chunks.is_empty());
+    let error = error.expect("garbage must fail the stream");
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Protocol);
+    assert!(turn.message.contains("not JSON"), "{turn}");
+    assert!(turn.message.contains("this is not json"), "{turn}");
+    assert!(turn.message.contains(&server.base_url), "{turn}");
+    timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_connection_cut_mid_reply_says_so() {
+    let server = serve(Script::CutMidReply).await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("hello")]);
+    let turn = error.expect("a cut reply must fail").turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Connect);
+    assert_eq!(
+        turn.message,
+        format!(
+            "the connection to {}/chat/completions broke during the reply: \
+             the server closed the connection mid-reply",
+            server.base_url
+        )
+    );
+}
+
+#[tokio::test]
+async fn g7_a_length_cut_reply_fails_truncated_after_its_content() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Once upon"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":"length"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("Once upon"), Chunk::text(" a")]);
+    let error = error.expect("a length cut is not a completed reply");
+    assert_eq!(error.outcome(), Outcome::Failed);
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Truncated);
+    assert!(turn.message.contains("finish_reason: length"), "{turn}");
+    assert!(turn.message.contains("truncated"), "{turn}");
+    assert!(turn.message.contains("no memory"), "{turn}");
+}
+
+#[tokio::test]
+async fn g7_a_content_filter_stop_fails_truncated() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Sure"},"finish_reason":"content_filter"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("Sure")]);
+    let turn = error
+        .expect("a filtered reply is not completed")
+        .turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Truncated);
+    assert!(turn.message.contains("content_filter"), "{turn}");
+}
+
+#[tokio::test]
+async fn a_stop_finish_reason_completes() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Done."},"finish_reason":"stop"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(chunks, [Chunk::text("Done.")]);
+}
+
+#[test]
+fn a_base_url_without_a_scheme_is_refused_with_an_example() {
+    let error = OpenAiProvider::new(OpenAiConfig::new("127.0.0.1:8080/v1", "m")).unwrap_err();
+    assert!(
+        matches!(error.kind(), StreamErrorKind::InvalidUrl { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("http://"), "{error}");
+    let error = OpenAiProvider::new(OpenAiConfig::new("not a url", "m")).unwrap_err();
+    assert_eq!(error.turn_error().kind, TurnErrorKind::Connect);
 }
