@@ -78,7 +78,8 @@ pub use openai::{OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIM
 pub use provider::{EventStream, Provider, ProviderStream};
 pub use request::{Message, Request, Role};
 pub use scripted::{
-    ScriptStats, ScriptedEnd, ScriptedProvider, ScriptedStream, TurnScript, DEFAULT_IGNORE,
+    ScriptStats, ScriptedEnd, ScriptedPanic, ScriptedProvider, ScriptedStream, TurnScript,
+    DEFAULT_IGNORE,
 };
 pub use settle_core::ChunkKind;
 pub use sink::{ChunkSink, FnSink, SinkError};
