@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use settle_core::{Outcome, WorkId};
 use settle_store::{SessionStore, StoreError};
 use settle_stream::{
-    run_turn, Chunk, ChunkSink, Provider, ProviderStream, Request, Scope, SinkError, StreamError,
-    TurnOptions,
+    Chunk, ChunkSink, Provider, ProviderStream, Request, Scope, SinkError, StreamError,
+    TurnOptions, Work,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -65,7 +65,7 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
         idle_timeout,
     } = ctx;
     // A child of the session's scope: born cancelled if the session already is.
-    let scope = Scope::new(session_token);
+    let scope = Scope::child_of(session_token);
     let (chunk_tx, chunks) = mpsc::unbounded_channel();
     let (outcome_tx, outcome) = oneshot::channel();
     let revoked = CancellationToken::new();
@@ -89,11 +89,11 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                     Outcome::Failed
                 }
                 Ok(()) => {
-                    let provider = Reporting {
+                    let provider = Arc::new(Reporting {
                         inner: provider,
                         reports: reports.clone(),
                         work,
-                    };
+                    });
                     let mut sink = Persisting {
                         work,
                         store_failed: false,
@@ -104,7 +104,10 @@ pub(crate) fn spawn(ctx: WorkContext<'_>) -> (WorkHandle, Turn) {
                         failures,
                         seq: 0,
                     };
-                    let end = run_turn(&provider, &request, &scope, &mut sink, options).await;
+                    let end = Work::new(provider, request)
+                        .options(options)
+                        .run(&scope, &mut sink)
+                        .await;
                     report(WorkReportKind::StreamClosed);
                     // Stopped because the store failed a write: the turn
                     // failed, it was not cancelled.

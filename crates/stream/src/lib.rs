@@ -9,11 +9,14 @@
 //!   do not count) for the idle timeout, or no first event within the
 //!   first-event timeout. It only times out: `Guarded<IdleTimeout<S>>`
 //!   guards the stream once and closes it before the timeout is reported.
-//! - [`Scope`], [`CloseHandle`], [`Turn`], [`TurnControl`], [`TurnExit`] and
-//!   [`settle`] are the handoff a runtime uses to run a turn: attach its
-//!   stream to the session's cancellation scope before it can produce,
-//!   cancel it, wait a bounded time for it to unwind (G5), never cancel it
-//!   twice (G6), and detach it.
+//! - [`Work`] and [`WorkControl`] are how a runtime runs a turn's work and
+//!   executes a lifecycle core's orders on it: spawn it (tracked, its
+//!   stream attached to its own [`Scope`] before it can produce, each
+//!   [`Chunk`] through a [`ChunkSink`] first), cancel it at most once (G6),
+//!   close its stream from outside ([`CloseHandle`]), detach it (write
+//!   access revoked first). The work reports [`WorkSignal`]s: stream
+//!   attached, stream closed, and its [`WorkEnd`] exactly once, a panic
+//!   included. The settle deadline is the core's, not this crate's (G5).
 //! - [`Provider`] opens one stream per turn: [`ScriptedProvider`] plays the
 //!   turn scripts of a scenario, [`OpenAiProvider`] talks to an
 //!   OpenAI-compatible server.
@@ -52,14 +55,16 @@ mod close;
 mod error;
 mod event;
 mod guarded;
-mod handoff;
 mod idle_timeout;
 mod openai;
 mod provider;
 mod request;
+mod run;
 mod scripted;
+mod signal;
 mod sink;
 mod sync;
+mod work;
 
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use chunk::{Chunk, InvalidChunk};
@@ -69,18 +74,17 @@ pub use error::{
 };
 pub use event::{Event, StreamEvent};
 pub use guarded::Guarded;
-pub use handoff::{
-    run_turn, settle, CancelIssued, CancelledBy, Detached, Settled, Turn, TurnControl, TurnEnd,
-    TurnExit, TurnId, TurnOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE_TIMEOUT,
-};
 pub use idle_timeout::IdleTimeout;
 pub use openai::{OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT};
 pub use provider::{EventStream, Provider, ProviderStream};
 pub use request::{Message, Request, Role};
+pub use run::{TurnOptions, DEFAULT_IDLE_TIMEOUT};
 pub use scripted::{
     ScriptStats, ScriptedEnd, ScriptedPanic, ScriptedProvider, ScriptedStream, TurnScript,
     DEFAULT_IGNORE,
 };
 pub use settle_core::ChunkKind;
+pub use signal::{CancelledBy, Keyed, SignalSink, WorkEnd, WorkSignal};
 pub use sink::{ChunkSink, FnSink, SinkError};
 pub use tokio_util::sync::CancellationToken;
+pub use work::{CancelIssued, Detached, Work, WorkControl};

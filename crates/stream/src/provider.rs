@@ -24,7 +24,7 @@ pub type ProviderStream = Box<dyn EventStream>;
 /// A model provider: opens one stream per turn.
 ///
 /// `open` may do I/O (send the request, wait for the response headers); it
-/// must not read events, so a stream is attached to its turn's scope before
+/// must not read events, so a stream is attached to its work's scope before
 /// it produces anything. If the future is dropped (the turn was cancelled
 /// while it was opening), whatever it had opened must be released by drop;
 /// wrap it in [`Guarded`](crate::Guarded) as soon as it exists to have it

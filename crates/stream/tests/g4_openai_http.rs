@@ -8,15 +8,17 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::json;
-use settle_core::{ChunkKind, Outcome, TurnErrorKind};
+use settle_core::{CancelMode, ChunkKind, Outcome, TurnErrorKind};
 use settle_stream::{
-    settle, CancellationToken, Chunk, Guarded, IdleTimeout, Message, OpenAiConfig, OpenAiProvider,
-    Provider, Request, Role, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
+    CancelIssued, CancelledBy, Chunk, Guarded, IdleTimeout, Keyed, Message, OpenAiConfig,
+    OpenAiProvider, Provider, Request, Role, StreamError, StreamErrorKind, StreamEvent,
+    TurnOptions, Work, WorkEnd, WorkSignal,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
+use tokio_util::task::TaskTracker;
 
 /// How long the server may take to notice a close; generous for a busy box.
 const CLOSE_BOUND: Duration = Duration::from_secs(5);
@@ -262,21 +264,18 @@ async fn g4_http_keepalive_only_stall_trips_the_idle_timeout_and_closes() {
 }
 
 #[tokio::test]
-async fn g4_http_cancelled_run_closes_the_connection() {
+async fn g4_http_cancelled_work_closes_the_connection() {
     let server = serve(Script::ChunksThenKeepalives).await;
     let provider: Arc<dyn Provider> = Arc::new(provider(&server));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let session = CancellationToken::new();
-    let turn = Turn::spawn(
-        provider,
-        Request::prompt("hi"),
-        &session,
-        tx,
-        TurnOptions {
+    let (signals, mut reports) = mpsc::unbounded_channel();
+    let tracker = TaskTracker::new();
+    let mut control = Work::new(provider, Request::prompt("hi"))
+        .options(TurnOptions {
             idle_timeout: Duration::from_secs(60),
             first_event_timeout: None,
-        },
-    );
+        })
+        .spawn(&tracker, tx, Keyed::new((), signals));
     assert_eq!(
         timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
         Chunk::text("hello")
@@ -285,9 +284,26 @@ async fn g4_http_cancelled_run_closes_the_connection() {
         timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
         Chunk::text(" world")
     );
-    let settled = settle(turn, Duration::from_secs(1), |_| {}).await;
-    assert_eq!(settled.outcome(), Outcome::Cancelled);
-    assert!(settled.cancelled);
+    assert_eq!(
+        control.cancel(CancelMode::Immediate),
+        CancelIssued::Cancelled
+    );
+    let mut seen = Vec::new();
+    while let Some(((), signal)) = timeout(CLOSE_BOUND, reports.recv()).await.unwrap() {
+        let ended = matches!(signal, WorkSignal::Ended(_));
+        seen.push(signal);
+        if ended {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            WorkSignal::StreamAttached,
+            WorkSignal::StreamClosed,
+            WorkSignal::Ended(WorkEnd::Cancelled(CancelledBy::Request))
+        ]
+    );
     timeout(CLOSE_BOUND, server.closed)
         .await
         .expect("server saw no close")
