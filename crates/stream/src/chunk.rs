@@ -13,7 +13,8 @@ use settle_core::ChunkKind;
 /// A text chunk holds its text as it came; every other kind holds JSON,
 /// kept as JSON text (not a parsed [`serde_json::Value`]) because:
 ///
-/// - text, the common case, costs one `String` and no JSON work at all;
+/// - text, the common case, costs one `String` and no JSON work at all (a
+///   chunk is the size of a `String`; the other kinds pay one box);
 /// - a chunk is persisted before anything else sees it (G7), and the store
 ///   writes the payload as it is: one column, nothing serialized per chunk;
 /// - a provider's structured events are passed through, not interpreted:
@@ -37,10 +38,22 @@ use settle_core::ChunkKind;
 /// assert_eq!(usage.to_json()["total_tokens"], 12);
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Chunk {
+pub struct Chunk(Repr);
+
+// A text chunk is a bare `String`, so a chunk is as small as one (its
+// capacity's niche tells the variants apart) and is moved through the
+// stream wrappers as cheaply; the rarer structured chunks pay one box.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Text(String),
+    Json(Box<Structured>),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Structured {
+    // Never `Text`.
     kind: ChunkKind,
-    // Text: the text. Any other kind: JSON text.
-    payload: String,
+    json: String,
 }
 
 /// A chunk's payload is not what its kind needs: JSON for every kind but text.
@@ -59,82 +72,96 @@ impl Chunk {
     /// A piece of the model's reply text.
     #[inline]
     pub fn text(text: impl Into<String>) -> Self {
-        Chunk {
-            kind: ChunkKind::Text,
-            payload: text.into(),
-        }
+        Chunk(Repr::Text(text.into()))
     }
 
     /// A chunk of `kind` carrying `value`. For [`ChunkKind::Text`] a string
     /// value becomes the text itself, and any other value its JSON text.
     pub fn json(kind: ChunkKind, value: &Value) -> Self {
-        let payload = match (kind, value) {
-            (ChunkKind::Text, Value::String(text)) => text.clone(),
-            _ => value.to_string(),
-        };
-        Chunk { kind, payload }
+        match (kind, value) {
+            (ChunkKind::Text, Value::String(text)) => Chunk::text(text.clone()),
+            (ChunkKind::Text, value) => Chunk::text(value.to_string()),
+            (kind, value) => Chunk::structured(kind, value.to_string()),
+        }
+    }
+
+    fn structured(kind: ChunkKind, json: String) -> Self {
+        Chunk(Repr::Json(Box::new(Structured { kind, json })))
     }
 
     /// A chunk from its stored parts (as [`kind`](Self::kind) and
     /// [`payload`](Self::payload) gave them). The payload of any kind but
     /// text must be valid JSON.
     pub fn from_parts(kind: ChunkKind, payload: String) -> Result<Self, InvalidChunk> {
-        if kind != ChunkKind::Text {
-            if let Err(e) = serde_json::from_str::<IgnoredAny>(&payload) {
-                return Err(InvalidChunk {
-                    kind,
-                    reason: e.to_string(),
-                });
-            }
+        if kind == ChunkKind::Text {
+            return Ok(Chunk::text(payload));
         }
-        Ok(Chunk { kind, payload })
+        if let Err(e) = serde_json::from_str::<IgnoredAny>(&payload) {
+            return Err(InvalidChunk {
+                kind,
+                reason: e.to_string(),
+            });
+        }
+        Ok(Chunk::structured(kind, payload))
     }
 
     /// What the chunk carries.
     #[inline]
     pub fn kind(&self) -> ChunkKind {
-        self.kind
+        match &self.0 {
+            Repr::Text(_) => ChunkKind::Text,
+            Repr::Json(structured) => structured.kind,
+        }
     }
 
     /// Whether this is a piece of the reply text.
     #[inline]
     pub fn is_text(&self) -> bool {
-        self.kind == ChunkKind::Text
+        matches!(self.0, Repr::Text(_))
     }
 
     /// The text of a text chunk; `None` for the other kinds.
     #[inline]
     pub fn as_text(&self) -> Option<&str> {
-        self.is_text().then_some(self.payload.as_str())
+        match &self.0 {
+            Repr::Text(text) => Some(text),
+            Repr::Json(_) => None,
+        }
     }
 
     /// The payload as stored: the text of a text chunk, the JSON text of
     /// the others.
     #[inline]
     pub fn payload(&self) -> &str {
-        &self.payload
+        match &self.0 {
+            Repr::Text(text) => text,
+            Repr::Json(structured) => &structured.json,
+        }
     }
 
     /// The payload as stored, by value.
     #[inline]
     pub fn into_payload(self) -> String {
-        self.payload
+        match self.0 {
+            Repr::Text(text) => text,
+            Repr::Json(structured) => structured.json,
+        }
     }
 
     /// The payload as a JSON value: a string for a text chunk, the parsed
     /// JSON for the others.
     pub fn to_json(&self) -> Value {
-        if self.is_text() {
-            return Value::String(self.payload.clone());
+        match &self.0 {
+            Repr::Text(text) => Value::String(text.clone()),
+            // Every constructor checked or produced valid JSON.
+            Repr::Json(structured) => serde_json::from_str(&structured.json).unwrap_or(Value::Null),
         }
-        // Every constructor checked or produced valid JSON.
-        serde_json::from_str(&self.payload).unwrap_or(Value::Null)
     }
 }
 
 impl fmt::Debug for Chunk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Chunk::{}({:?})", self.kind, self.payload)
+        write!(f, "Chunk::{}({:?})", self.kind(), self.payload())
     }
 }
 
@@ -153,11 +180,10 @@ impl From<&str> for Chunk {
 impl Serialize for Chunk {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut chunk = serializer.serialize_struct("Chunk", 2)?;
-        chunk.serialize_field("kind", self.kind.as_str())?;
-        if self.is_text() {
-            chunk.serialize_field("payload", &self.payload)?;
-        } else {
-            chunk.serialize_field("payload", &self.to_json())?;
+        chunk.serialize_field("kind", self.kind().as_str())?;
+        match &self.0 {
+            Repr::Text(text) => chunk.serialize_field("payload", text)?,
+            Repr::Json(_) => chunk.serialize_field("payload", &self.to_json())?,
         }
         chunk.end()
     }
@@ -230,6 +256,15 @@ mod tests {
         let unknown: Result<Chunk, _> =
             serde_json::from_value(json!({"kind": "smell", "payload": 1}));
         assert!(unknown.unwrap_err().to_string().contains("smell"));
+    }
+
+    #[test]
+    fn a_chunk_is_no_bigger_than_a_string() {
+        assert_eq!(std::mem::size_of::<Chunk>(), std::mem::size_of::<String>());
+        assert_eq!(
+            std::mem::size_of::<crate::StreamEvent>(),
+            std::mem::size_of::<String>()
+        );
     }
 
     #[test]
