@@ -860,3 +860,26 @@ async fn g4_a_work_run_inline_reads_to_its_end_and_honours_its_scope() {
         "a cancelled scope opens nothing"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_work_with_timeouts_too_long_for_the_clock_never_times_out() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
+    let tracker = TaskTracker::new();
+    let (tx, mut signals) = mpsc::unbounded_channel();
+    let control = Work::new(Arc::new(provider.clone()), Request::prompt("hi"))
+        .options(TurnOptions {
+            idle_timeout: Duration::MAX,
+            first_event_timeout: Some(Duration::MAX),
+        })
+        .spawn(&tracker, quiet_sink(), Keyed::new((), tx));
+    assert_eq!(signals.recv().await.unwrap().1, StreamAttached);
+    let waited = tokio::time::timeout(24 * 3600 * S, signals.recv()).await;
+    assert!(waited.is_err(), "nothing ended the work in a day");
+    assert!(!control.has_ended());
+    assert_eq!(control.close_stream(), ForceClosed::Closed);
+    assert_eq!(signals.recv().await.unwrap().1, StreamClosed);
+    assert_eq!(
+        signals.recv().await.unwrap().1,
+        WorkSignal::Ended(WorkEnd::Cancelled(CancelledBy::ForceClose))
+    );
+}
