@@ -17,9 +17,14 @@
 //!   access revoked first). The work reports [`WorkSignal`]s: stream
 //!   attached, stream closed, and its [`WorkEnd`] exactly once, a panic
 //!   included. The settle deadline is the core's, not this crate's (G5).
-//! - [`Provider`] opens one stream per turn: [`ScriptedProvider`] plays the
-//!   turn scripts of a scenario, [`OpenAiProvider`] talks to an
-//!   OpenAI-compatible server.
+//! - [`Provider`] opens one stream per turn from a [`Request`] (the
+//!   [`Message`]s so far, serde-serializable so a turn's input can be
+//!   stored): [`ScriptedProvider`] plays the turn scripts of a scenario,
+//!   [`OpenAiProvider`] talks to an OpenAI-compatible server. A stream
+//!   yields [`Chunk`]s of a [`ChunkKind`] (text, reasoning, tool calls,
+//!   usage), and ends with at most one [`StreamError`], which reads as the
+//!   turn's [`TurnError`](settle_core::TurnError): a kind and a message
+//!   that says why.
 //!
 //! Wrapping a provider stream:
 //!
