@@ -302,7 +302,7 @@ fn run_stream(sizes: &Sizes) -> Result<Row> {
     )?;
     let note = format!(
         "per layer, median ratio to the bare stream: Guarded<S> {:.2}×, IdleTimeout<S> \
-         (which holds a Guarded<S>) {:.2}×, Guarded<IdleTimeout<S>> {:.2}×",
+         {:.2}×, Guarded<IdleTimeout<S>> {:.2}×",
         guarded.ratios(Sense::TimeRatio).median,
         idle.ratios(Sense::TimeRatio).median,
         pairs.ratios(Sense::TimeRatio).median,

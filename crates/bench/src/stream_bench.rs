@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::{Stream, StreamExt};
-use settle_stream::{Close, CloseError, Guarded, IdleTimeout, StreamError, StreamEvent};
+use settle_stream::{Chunk, Close, CloseError, Guarded, IdleTimeout, StreamError, StreamEvent};
 
 /// A provider stream whose items are all ready: chunks from a vector.
 struct Ready(std::vec::IntoIter<String>);
@@ -21,7 +21,11 @@ impl Stream for Ready {
 
     #[inline]
     fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Poll::Ready(self.0.next().map(|c| Ok(StreamEvent::Chunk(c))))
+        Poll::Ready(
+            self.0
+                .next()
+                .map(|c| Ok(StreamEvent::Chunk(Chunk::text(c)))),
+        )
     }
 }
 
@@ -43,8 +47,8 @@ where
 {
     let mut bytes = 0;
     while let Some(item) = stream.next().await {
-        if let Ok(StreamEvent::Chunk(text)) = item {
-            bytes += black_box(text).len();
+        if let Ok(StreamEvent::Chunk(chunk)) = item {
+            bytes += black_box(chunk).payload().len();
         }
     }
     bytes
@@ -77,8 +81,7 @@ pub fn guarded_only_round(rt: &tokio::runtime::Runtime, items: usize) -> Duratio
     start.elapsed()
 }
 
-/// Where the wrapper overhead sits: one round of `IdleTimeout<S>` alone
-/// (which holds its own `Guarded<S>` inside).
+/// Where the wrapper overhead sits: one round of `IdleTimeout<S>` alone.
 pub fn idle_only_round(rt: &tokio::runtime::Runtime, items: usize) -> Duration {
     let stream = IdleTimeout::new(Ready(chunks(items).into_iter()), IDLE);
     let start = Instant::now();

@@ -114,11 +114,13 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         loop {
             tokio::select! {
                 chunk = turn.next_chunk() => match chunk {
-                    Some(chunk) => {
-                        out!("{chunk}");
+                    // Text is the reply; tool calls, reasoning and usage are
+                    // persisted all the same, not printed.
+                    Some(chunk) => if let Some(text) = chunk.as_text() {
+                        out!("{text}");
                         let _ = std::io::stdout().flush();
-                        reply.push_str(&chunk);
-                    }
+                        reply.push_str(text);
+                    },
                     None => break,
                 },
                 signal = signals.recv() => match (signal, terminated) {

@@ -257,11 +257,19 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
             session,
             turn,
             seq,
-            text,
-        } => format!(
-            "{:<24} persisted turn {turn} chunk {seq}: {text:?}",
-            who(rows, *session)
-        ),
+            chunk,
+        } => match chunk.as_text() {
+            Some(text) => format!(
+                "{:<24} persisted turn {turn} chunk {seq}: {text:?}",
+                who(rows, *session)
+            ),
+            None => format!(
+                "{:<24} persisted turn {turn} chunk {seq} ({}): {}",
+                who(rows, *session),
+                chunk.kind(),
+                chunk.payload()
+            ),
+        },
         LifecycleEvent::TurnEnded {
             session,
             turn,

@@ -65,23 +65,6 @@ pub(crate) enum Command {
     },
 }
 
-/// A work's report about itself.
-#[derive(Debug)]
-pub(crate) struct WorkReport {
-    pub work: WorkId,
-    pub kind: WorkReportKind,
-}
-
-#[derive(Debug)]
-pub(crate) enum WorkReportKind {
-    StreamAttached,
-    StreamClosed,
-    Ended {
-        outcome: Outcome,
-        error: Option<TurnError>,
-    },
-}
-
 /// What the recorder tells the driver after a store call.
 #[derive(Debug)]
 pub(crate) enum Ack {

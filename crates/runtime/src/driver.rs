@@ -25,13 +25,13 @@ use std::time::Duration;
 
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
-use settle_stream::Provider;
+use settle_stream::{Provider, WorkSignal};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::command::{Ack, Command, Reply, WorkReport, WorkReportKind};
+use crate::command::{Ack, Command, Reply};
 use crate::event::EventBus;
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
@@ -107,8 +107,8 @@ pub(crate) struct Driver {
     clock: Clock,
     config: Config,
     commands: mpsc::UnboundedReceiver<Command>,
-    reports: mpsc::UnboundedReceiver<WorkReport>,
-    report_tx: mpsc::UnboundedSender<WorkReport>,
+    reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
+    report_tx: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     acks: mpsc::UnboundedReceiver<Ack>,
     recorder: mpsc::UnboundedSender<Record>,
     store: Arc<dyn SessionStore>,
@@ -409,16 +409,18 @@ impl Driver {
         }
     }
 
-    fn on_report(&mut self, report: WorkReport) {
-        let work = report.work;
-        let event = match report.kind {
-            WorkReportKind::StreamAttached => Event::StreamAttached { work },
-            WorkReportKind::StreamClosed => Event::StreamClosed { work },
-            WorkReportKind::Ended { outcome, error } => {
+    fn on_report(&mut self, (work, signal): (WorkId, WorkSignal)) {
+        let event = match signal {
+            WorkSignal::StreamAttached => Event::StreamAttached { work },
+            WorkSignal::StreamClosed => Event::StreamClosed { work },
+            WorkSignal::Ended(end) => {
                 if let Some(handle) = self.works.get_mut(&work) {
-                    handle.error = error;
+                    handle.error = end.error().cloned();
                 }
-                Event::WorkEnded { work, outcome }
+                Event::WorkEnded {
+                    work,
+                    outcome: end.outcome(),
+                }
             }
         };
         // A report from a forgotten session is as stale as one from a gone work.
@@ -461,7 +463,7 @@ impl Driver {
                 Effect::CancelWork { work, mode } => {
                     // Graceful: the turn may finish; the settle deadline bounds it.
                     if mode == CancelMode::Immediate {
-                        if let Some(handle) = self.works.get(&work) {
+                        if let Some(handle) = self.works.get_mut(&work) {
                             handle.cancel();
                         }
                     }
@@ -585,10 +587,10 @@ impl Driver {
                 let _ = self.recorder.send(Record::StartTurn {
                     work,
                     at,
-                    input: Some(crate::work::input_json(&request)),
+                    input: Some(work::input_json(&request)),
                     done: started_tx,
                 });
-                let (handle, turn) = work::spawn(work::WorkContext {
+                let (handle, turn) = work::spawn_turn(work::TurnContext {
                     work,
                     provider,
                     request,

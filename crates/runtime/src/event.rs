@@ -47,8 +47,8 @@ pub enum LifecycleEvent {
         turn: u32,
         /// The chunk's position in the turn, from 0.
         seq: u32,
-        /// Its text.
-        text: String,
+        /// The chunk: text, or a tool call, reasoning or usage as JSON.
+        chunk: settle_stream::Chunk,
     },
     /// A turn's work ended.
     TurnEnded {

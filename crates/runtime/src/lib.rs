@@ -56,7 +56,7 @@
 //! // A turn is a Stream of chunks the store already has (G7).
 //! let provider = Arc::new(ScriptedProvider::new([TurnScript::new(["port 22", " is open"])]));
 //! let turn = recon.run_turn(provider, TurnRequest::prompt(found)).await?;
-//! let reply: String = turn.collect::<Vec<_>>().await.concat();
+//! let reply: String = turn.filter_map(|chunk| async move { chunk.as_text().map(str::to_owned) }).collect().await;
 //! assert_eq!(reply, "port 22 is open");
 //!
 //! // Finishing the root winds its subtree down first (G1), then it is finalized.
@@ -155,6 +155,6 @@ pub use settle_core::{
     CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, TurnError,
     TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
-pub use settle_stream::Request as TurnRequest;
+pub use settle_stream::{Chunk, ChunkKind, Request as TurnRequest};
 pub use task::{TaskContext, TaskError, TaskHandle};
 pub use turn::Turn;

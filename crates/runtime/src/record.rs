@@ -31,7 +31,7 @@ pub(crate) enum Record {
     StartTurn {
         work: WorkId,
         at: SystemTime,
-        input: Option<String>,
+        input: Option<serde_json::Value>,
         done: oneshot::Sender<Result<(), StoreError>>,
     },
     /// A work is over: end a turn's row, then tell whoever waits for it.

@@ -8,10 +8,11 @@ use std::pin::Pin;
 
 use futures_util::FutureExt;
 use settle_core::{Event, Outcome, TurnErrorKind, WorkId};
+use settle_stream::{CancelledBy, WorkEnd as StreamEnd, WorkSignal};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::command::{Command, WorkReport, WorkReportKind};
+use crate::command::Command;
 
 /// What a spawned task gets: its cancellation token, and a way to know
 /// whether it may still write.
@@ -123,7 +124,7 @@ impl<T> TaskHandle<T> {
 pub(crate) type StartTask = Box<
     dyn FnOnce(
             TaskContext,
-            mpsc::UnboundedSender<WorkReport>,
+            mpsc::UnboundedSender<(WorkId, WorkSignal)>,
         ) -> Pin<Box<dyn Future<Output = ()> + Send>>
         + Send,
 >;
@@ -142,29 +143,24 @@ where
             let work = ctx.work;
             let (token, revoked) = (ctx.token.clone(), ctx.revoked.clone());
             let ended = std::panic::AssertUnwindSafe(make(ctx)).catch_unwind().await;
-            let (outcome, error) = match ended {
+            let end = match ended {
                 Ok(value) => {
                     // Its write access is revoked once detached: a late
                     // result is refused.
                     if !revoked.is_cancelled() {
                         let _ = result_tx.send(value);
                     }
-                    let outcome = if token.is_cancelled() {
-                        Outcome::Cancelled
+                    if token.is_cancelled() {
+                        StreamEnd::Cancelled(CancelledBy::Request)
                     } else {
-                        Outcome::Completed
-                    };
-                    (outcome, None)
+                        StreamEnd::Completed
+                    }
                 }
-                Err(panic) => (
-                    Outcome::Failed,
-                    Some(crate::work::panicked(panic.as_ref(), "the task panicked")),
-                ),
+                Err(panic) => {
+                    StreamEnd::Panicked(crate::work::panicked(panic.as_ref(), "the task panicked"))
+                }
             };
-            let _ = reports.send(WorkReport {
-                work,
-                kind: WorkReportKind::Ended { outcome, error },
-            });
+            let _ = reports.send((work, WorkSignal::Ended(end)));
         })
     });
     (start, result)

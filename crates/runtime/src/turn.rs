@@ -3,12 +3,14 @@ use std::task::{Context, Poll};
 
 use futures_util::Stream;
 use settle_core::{Event, Outcome, TurnError, WorkId};
+use settle_stream::Chunk;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::command::Command;
 
-/// A turn in flight: a [`Stream`] of its chunks, each yielded once the store
-/// has it (G7), then its outcome.
+/// A turn in flight: a [`Stream`] of its chunks (text, or a tool call,
+/// reasoning, usage as JSON), each yielded once the store has it (G7), then
+/// its outcome.
 ///
 /// Dropping a `Turn` before its stream has ended cancels the turn (its
 /// provider stream is closed, G4): a consumer that goes away does not leave a
@@ -18,7 +20,7 @@ use crate::command::Command;
 #[derive(Debug)]
 pub struct Turn {
     work: WorkId,
-    chunks: mpsc::UnboundedReceiver<String>,
+    chunks: mpsc::UnboundedReceiver<Chunk>,
     outcome: Option<oneshot::Receiver<crate::command::WorkEnd>>,
     /// Where a cancel goes; set until the turn is known to be over.
     cancel_on_drop: Option<mpsc::WeakUnboundedSender<Command>>,
@@ -27,7 +29,7 @@ pub struct Turn {
 impl Turn {
     pub(crate) fn new(
         work: WorkId,
-        chunks: mpsc::UnboundedReceiver<String>,
+        chunks: mpsc::UnboundedReceiver<Chunk>,
         outcome: oneshot::Receiver<crate::command::WorkEnd>,
     ) -> Self {
         Turn {
@@ -49,7 +51,7 @@ impl Turn {
     }
 
     /// The next chunk, once persisted; `None` when the turn has ended.
-    pub async fn next_chunk(&mut self) -> Option<String> {
+    pub async fn next_chunk(&mut self) -> Option<Chunk> {
         let chunk = self.chunks.recv().await;
         if chunk.is_none() {
             self.cancel_on_drop = None;
@@ -94,9 +96,9 @@ impl Turn {
 }
 
 impl Stream for Turn {
-    type Item = String;
+    type Item = Chunk;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<String>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Chunk>> {
         let polled = self.chunks.poll_recv(cx);
         if let Poll::Ready(None) = polled {
             self.cancel_on_drop = None;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use futures_util::{Stream, StreamExt};
-use settle_stream::{Close, CloseError, Guarded, IdleTimeout, StreamError, StreamEvent};
+use settle_stream::{Chunk, Close, CloseError, Guarded, IdleTimeout, StreamError, StreamEvent};
 
 const ITEMS: usize = 1_000_000;
 
@@ -23,7 +23,11 @@ impl Stream for Ready {
 
     #[inline]
     fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Poll::Ready(self.0.next().map(|c| Ok(StreamEvent::Chunk(c))))
+        Poll::Ready(
+            self.0
+                .next()
+                .map(|c| Ok(StreamEvent::Chunk(Chunk::text(c)))),
+        )
     }
 }
 
@@ -45,8 +49,8 @@ where
 {
     let mut bytes = 0;
     while let Some(item) = stream.next().await {
-        if let Ok(StreamEvent::Chunk(text)) = item {
-            bytes += black_box(text).len();
+        if let Ok(StreamEvent::Chunk(chunk)) = item {
+            bytes += black_box(chunk).payload().len();
         }
     }
     bytes

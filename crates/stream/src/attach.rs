@@ -1,4 +1,4 @@
-//! Attaching a stream to a turn's [`Scope`]: the stream ends when the scope
+//! Attaching a stream to a work's [`Scope`]: the stream ends when the scope
 //! is cancelled, and a [`CloseHandle`] can close it from outside even while
 //! the work that reads it is stuck.
 
@@ -25,28 +25,34 @@ pub enum Cut {
     ForceClosed,
 }
 
-/// The cancellation scope of one turn: a child of the session's token and the
-/// handle that can close the turn's stream from outside.
+/// The cancellation scope of one work: its own cancellation token and the
+/// handle that can close its stream from outside.
 ///
-/// Create it before the stream exists: a child of an already cancelled token
-/// is born cancelled, so a cancel that lands before or while the stream is
-/// being opened still ends the stream at its first poll.
-#[derive(Debug, Clone)]
+/// Create it before the stream exists: a stream attached to a scope that is
+/// already cancelled (or closed) ends at its first poll, so a cancel that
+/// lands before or while the stream is being opened still ends it.
+#[derive(Debug, Clone, Default)]
 pub struct Scope {
     token: CancellationToken,
     handle: CloseHandle,
 }
 
 impl Scope {
-    /// A scope under `parent` (the session's token).
-    pub fn new(parent: &CancellationToken) -> Self {
+    /// A scope of its own: only its own token cancels it.
+    pub fn new() -> Self {
+        Scope::default()
+    }
+
+    /// A scope under `parent`: cancelling `parent` cancels it too, and a
+    /// child of a cancelled token is born cancelled.
+    pub fn child_of(parent: &CancellationToken) -> Self {
         Scope {
             token: parent.child_token(),
             handle: CloseHandle::default(),
         }
     }
 
-    /// The turn's token: cancelling it ends every stream attached here.
+    /// The scope's token: cancelling it ends every stream attached here.
     pub fn token(&self) -> &CancellationToken {
         &self.token
     }
@@ -86,7 +92,14 @@ pub enum ForceClosed {
 /// waiting for the work that reads them. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct CloseHandle {
-    shared: Arc<std::sync::Mutex<HandleState>>,
+    shared: Arc<HandleShared>,
+}
+
+#[derive(Default)]
+struct HandleShared {
+    state: std::sync::Mutex<HandleState>,
+    // Cancelled by `close`, so a work still opening its stream can stop.
+    closed: CancellationToken,
 }
 
 #[derive(Default)]
@@ -121,7 +134,7 @@ impl CloseHandle {
     /// is closed by that poll when it returns.
     pub fn close(&self) -> ForceClosed {
         let slots = {
-            let mut state = lock(&self.shared);
+            let mut state = lock(&self.shared.state);
             state.closed = true;
             std::mem::take(&mut state.slots)
         };
@@ -136,22 +149,29 @@ impl CloseHandle {
                 ForceClosed::Closed => {}
             }
         }
+        self.shared.closed.cancel();
         result
     }
 
     /// Whether [`close`](Self::close) has been called.
     pub fn is_closed(&self) -> bool {
-        lock(&self.shared).closed
+        lock(&self.shared.state).closed
+    }
+
+    /// Resolves once [`close`](Self::close) has been called: a work that is
+    /// still opening its stream stops waiting for it.
+    pub async fn closed(&self) {
+        self.shared.closed.cancelled().await;
     }
 
     /// Why the first stream attached through this handle that ended early
     /// did so; `None` while none has been cut short.
     pub fn cut(&self) -> Option<Cut> {
-        lock(&self.shared).cut
+        lock(&self.shared.state).cut
     }
 
     fn record_cut(&self, cut: Cut) {
-        lock(&self.shared).cut.get_or_insert(cut);
+        lock(&self.shared.state).cut.get_or_insert(cut);
     }
 
     fn attach<S>(&self, stream: S, token: CancellationToken) -> Attached<S>
@@ -164,7 +184,7 @@ impl CloseHandle {
             close_requested: AtomicBool::new(false),
         });
         let closed = {
-            let mut state = lock(&self.shared);
+            let mut state = lock(&self.shared.state);
             if !state.closed {
                 state.slots.push(slot.clone());
             }

@@ -1,6 +1,11 @@
-//! The errors a provider stream can end with.
+//! The errors a provider stream can end with, and how each one reads as a
+//! turn's [`TurnError`] (issue: a failed turn always says why, SPEC §7).
 
+use std::error::Error as _;
+use std::fmt;
 use std::time::Duration;
+
+use settle_core::{Outcome, TurnError, TurnErrorKind};
 
 /// No event arrived for the idle timeout while the consumer was waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +34,10 @@ pub struct FirstEventTimedOut {
 /// Terminal: a stream yields at most one error, and it is closed before the
 /// error reaches the consumer. One pointer wide (the [`StreamErrorKind`] is
 /// boxed), so every item of a stream stays small on the hot path.
+///
+/// Its message is what a person reads when a turn fails (`settle: reply
+/// failed: …`); [`turn_error`](Self::turn_error) pairs it with the
+/// [`TurnErrorKind`] that is stored with the turn.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct StreamError(Box<StreamErrorKind>);
@@ -44,9 +53,8 @@ impl StreamError {
         *self.0
     }
 
-    /// The outcome a turn ending with this error has (SPEC §1, [`settle_core::Outcome`]).
-    pub fn outcome(&self) -> settle_core::Outcome {
-        use settle_core::Outcome;
+    /// The outcome a turn ending with this error has (SPEC §1, [`Outcome`]).
+    pub fn outcome(&self) -> Outcome {
         match self.kind() {
             StreamErrorKind::IdleTimeout(_) | StreamErrorKind::FirstEventTimeout(_) => {
                 Outcome::IdleTimeout
@@ -54,6 +62,29 @@ impl StreamError {
             StreamErrorKind::SelfCancelled => Outcome::Cancelled,
             _ => Outcome::Failed,
         }
+    }
+
+    /// The kind of turn error this is, as stored with the turn.
+    pub fn error_kind(&self) -> TurnErrorKind {
+        match self.kind() {
+            StreamErrorKind::Provider { .. }
+            | StreamErrorKind::SelfCancelled
+            | StreamErrorKind::ScriptExhausted => TurnErrorKind::Provider,
+            StreamErrorKind::IdleTimeout(_)
+            | StreamErrorKind::FirstEventTimeout(_)
+            | StreamErrorKind::HeadersTimeout { .. } => TurnErrorKind::Timeout,
+            StreamErrorKind::InvalidUrl { .. }
+            | StreamErrorKind::Connect { .. }
+            | StreamErrorKind::Transport { .. } => TurnErrorKind::Connect,
+            StreamErrorKind::Status { .. } => TurnErrorKind::HttpStatus,
+            StreamErrorKind::Protocol(_) => TurnErrorKind::Protocol,
+            StreamErrorKind::Truncated(_) => TurnErrorKind::Truncated,
+        }
+    }
+
+    /// This error as a turn's error: its kind and its message.
+    pub fn turn_error(&self) -> TurnError {
+        TurnError::new(self.error_kind(), self.to_string())
     }
 }
 
@@ -75,7 +106,14 @@ impl From<FirstEventTimedOut> for StreamError {
     }
 }
 
-/// The kinds of [`StreamError`].
+impl From<&StreamError> for TurnError {
+    fn from(error: &StreamError) -> Self {
+        error.turn_error()
+    }
+}
+
+/// The kinds of [`StreamError`]. Each message says what happened and where,
+/// so a person can act on it.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamErrorKind {
     /// The provider reported an error in the stream (an `error` object, a
@@ -94,9 +132,26 @@ pub enum StreamErrorKind {
     /// The provider cancelled the turn itself (not a cancel request of ours).
     #[error("the provider cancelled the turn itself")]
     SelfCancelled,
-    /// The request could not be sent or the response could not be read.
-    #[error("could not talk to the provider at {url}: {source}; check the base URL and that the server is up")]
-    Http {
+    /// The provider's address is not a URL a request can go to.
+    #[error("`{url}` is not a valid provider URL ({reason}); give the base URL with its scheme, e.g. http://127.0.0.1:8080/v1")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The request could not reach the provider: refused, not resolved, TLS.
+    #[error("could not connect to {url}: {}", Cause(source))]
+    Connect {
+        /// The URL the request went to.
+        url: String,
+        /// The transport error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The connection broke while the reply was being read.
+    #[error("the connection to {url} broke during the reply: {}", Cause(source))]
+    Transport {
         /// The URL the request went to.
         url: String,
         /// The transport error.
@@ -104,7 +159,7 @@ pub enum StreamErrorKind {
         source: reqwest::Error,
     },
     /// The provider did not send response headers in time.
-    #[error("the provider at {url} sent no response headers within {timeout:?}; raise the headers timeout or check the server")]
+    #[error("no response from {url} within {timeout:?} (the headers timeout); check the server, or raise the timeout for a slow one")]
     HeadersTimeout {
         /// The URL the request went to.
         url: String,
@@ -112,7 +167,7 @@ pub enum StreamErrorKind {
         timeout: Duration,
     },
     /// The provider answered with a non-success HTTP status.
-    #[error("the provider at {url} answered HTTP {status}: {body}")]
+    #[error("HTTP {} from {url}{}", StatusLine(*status), Excerpt(body))]
     Status {
         /// The URL the request went to.
         url: String,
@@ -122,11 +177,139 @@ pub enum StreamErrorKind {
         body: String,
     },
     /// The provider sent something that is not a valid stream event.
-    #[error("the provider sent a malformed event: {0}")]
+    #[error("the provider sent a malformed stream: {0}")]
     Protocol(String),
+    /// The provider cut the reply short (G7: memory is never committed from
+    /// a truncated transcript).
+    #[error(transparent)]
+    Truncated(Truncation),
     /// A scripted provider was asked for more turns than its script has.
     #[error("the scripted provider has no turn left to play; add a turn to the script")]
     ScriptExhausted,
+}
+
+/// Why the provider cut a reply short. The turn ends `failed` with
+/// [`TurnErrorKind::Truncated`]: what was streamed is kept in the
+/// transcript, but it is not the model's whole answer, so no memory is
+/// committed from it (G7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum Truncation {
+    /// The reply hit the token limit (`finish_reason: "length"`).
+    #[error(
+        "the reply was cut short at the token limit (finish_reason: length); the transcript \
+         is truncated, so no memory is committed from it; raise the limit or shorten the request"
+    )]
+    Length,
+    /// The provider's content filter withheld the rest of the reply
+    /// (`finish_reason: "content_filter"`). Treated like a length cut: the
+    /// reply stops mid-way for a reason outside the model's answer.
+    #[error(
+        "the provider's content filter stopped the reply (finish_reason: content_filter); the \
+         transcript is incomplete, so no memory is committed from it"
+    )]
+    ContentFilter,
+}
+
+/// The innermost cause of a transport error, in words a person can act on.
+struct Cause<'a>(&'a reqwest::Error);
+
+impl fmt::Display for Cause<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut io = None;
+        let mut innermost: &dyn std::error::Error = self.0;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            if let Some(e) = e.downcast_ref::<std::io::Error>() {
+                io.get_or_insert(e.kind());
+            }
+            innermost = e;
+            next = e.source();
+        }
+        use std::io::ErrorKind;
+        match io {
+            Some(ErrorKind::ConnectionRefused) => {
+                f.write_str("connection refused (is the server running?)")
+            }
+            Some(ErrorKind::ConnectionReset) => f.write_str("connection reset by the server"),
+            Some(ErrorKind::ConnectionAborted) => f.write_str("connection aborted"),
+            Some(ErrorKind::UnexpectedEof) => {
+                f.write_str("the server closed the connection mid-reply")
+            }
+            Some(ErrorKind::TimedOut) => f.write_str("the connection timed out"),
+            _ => write!(f, "{innermost}"),
+        }
+    }
+}
+
+/// `404 Not Found`, or the bare code when it has no standard reason.
+struct StatusLine(u16);
+
+impl fmt::Display for StatusLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reason = reqwest::StatusCode::from_u16(self.0)
+            .ok()
+            .and_then(|status| status.canonical_reason());
+        match reason {
+            Some(reason) => write!(f, "{} {reason}", self.0),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+/// `: <what the body says>`, or nothing for an empty body.
+struct Excerpt<'a>(&'a str);
+
+/// How much of a body an error message quotes.
+const EXCERPT_CHARS: usize = 200;
+
+impl fmt::Display for Excerpt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let excerpt = excerpt(self.0);
+        if excerpt.is_empty() {
+            return Ok(());
+        }
+        write!(f, ": {excerpt}")
+    }
+}
+
+/// What an error response's body says, short: the message of a JSON error
+/// (`{"error": {"message": …}}` and the usual variants), the title of an
+/// HTML page, or the start of the text with its whitespace collapsed.
+pub(crate) fn excerpt(body: &str) -> String {
+    let body = body.trim();
+    let text = json_message(body)
+        .or_else(|| html_title(body))
+        .unwrap_or_else(|| body.to_owned());
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= EXCERPT_CHARS {
+        return collapsed;
+    }
+    let mut short: String = collapsed.chars().take(EXCERPT_CHARS).collect();
+    short.push('…');
+    short
+}
+
+fn json_message(body: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    let candidates = [
+        value.pointer("/error/message"),
+        value.get("error"),
+        value.get("message"),
+        value.get("detail"),
+    ];
+    let message = candidates
+        .into_iter()
+        .flatten()
+        .find_map(|v| v.as_str().map(str::to_owned));
+    message
+}
+
+fn html_title(body: &str) -> Option<String> {
+    let lower = body.to_ascii_lowercase();
+    let start = lower.find("<title>")? + "<title>".len();
+    let end = start + lower[start..].find("</title>")?;
+    body.get(start..end).map(str::to_owned)
 }
 
 /// Why closing a stream did not succeed. Only ever logged, never propagated
@@ -139,4 +322,106 @@ pub enum CloseError {
     /// The provider failed to close the stream.
     #[error("the provider failed to close the stream: {0}")]
     Failed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_excerpt_says_what_the_body_says_briefly() {
+        assert_eq!(
+            excerpt(r#"{"error":{"message":"model not found","type":"invalid_request_error"}}"#),
+            "model not found"
+        );
+        assert_eq!(excerpt(r#"{"error":"bad key"}"#), "bad key");
+        assert_eq!(excerpt(r#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(
+            excerpt("<html><head><title>502 Bad Gateway</title></head><body>…</body></html>"),
+            "502 Bad Gateway"
+        );
+        assert_eq!(excerpt("  no\n  such\tmodel \n"), "no such model");
+        assert_eq!(excerpt(""), "");
+        let long = "x".repeat(1000);
+        assert_eq!(excerpt(&long).chars().count(), EXCERPT_CHARS + 1);
+    }
+
+    #[test]
+    fn a_status_error_reads_as_its_status_line_and_excerpt() {
+        let error = StreamError::from(StreamErrorKind::Status {
+            url: "http://h/v1/chat/completions".into(),
+            status: 404,
+            body: String::new(),
+        });
+        assert_eq!(
+            error.to_string(),
+            "HTTP 404 Not Found from http://h/v1/chat/completions"
+        );
+        assert_eq!(error.error_kind(), TurnErrorKind::HttpStatus);
+        let error = StreamError::from(StreamErrorKind::Status {
+            url: "http://h/x".into(),
+            status: 599,
+            body: "{\"message\":\"busy\"}".into(),
+        });
+        assert_eq!(error.to_string(), "HTTP 599 from http://h/x: busy");
+        assert_eq!(error.outcome(), Outcome::Failed);
+    }
+
+    #[test]
+    fn every_kind_maps_to_a_turn_error_kind() {
+        let cases: [(StreamError, TurnErrorKind, Outcome); 6] = [
+            (
+                IdleTimedOut {
+                    idle: Duration::from_secs(5),
+                }
+                .into(),
+                TurnErrorKind::Timeout,
+                Outcome::IdleTimeout,
+            ),
+            (
+                FirstEventTimedOut {
+                    first: Duration::from_secs(5),
+                }
+                .into(),
+                TurnErrorKind::Timeout,
+                Outcome::IdleTimeout,
+            ),
+            (
+                StreamErrorKind::Truncated(Truncation::Length).into(),
+                TurnErrorKind::Truncated,
+                Outcome::Failed,
+            ),
+            (
+                StreamErrorKind::Protocol("x".into()).into(),
+                TurnErrorKind::Protocol,
+                Outcome::Failed,
+            ),
+            (
+                StreamErrorKind::Provider {
+                    message: "x".into(),
+                }
+                .into(),
+                TurnErrorKind::Provider,
+                Outcome::Failed,
+            ),
+            (
+                StreamErrorKind::SelfCancelled.into(),
+                TurnErrorKind::Provider,
+                Outcome::Cancelled,
+            ),
+        ];
+        for (error, kind, outcome) in cases {
+            let turn = error.turn_error();
+            assert_eq!(turn.kind, kind, "{error}");
+            assert_eq!(turn.message, error.to_string());
+            assert_eq!(error.outcome(), outcome, "{error}");
+        }
+        let idle: StreamError = IdleTimedOut {
+            idle: Duration::from_secs(5),
+        }
+        .into();
+        assert!(idle.to_string().contains("idle timeout"), "{idle}");
+        let truncated: StreamError = StreamErrorKind::Truncated(Truncation::Length).into();
+        assert!(truncated.to_string().contains("truncated"), "{truncated}");
+    }
 }

@@ -1,5 +1,7 @@
 //! What a provider stream yields, and what counts as activity for timeouts.
 
+use crate::Chunk;
+
 /// Whether an item is a real event or only a protocol keepalive.
 ///
 /// [`IdleTimeout`](crate::IdleTimeout) counts only real events: a provider
@@ -12,8 +14,8 @@ pub trait Event {
 /// One item of a provider stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamEvent {
-    /// A piece of the model's reply.
-    Chunk(String),
+    /// A piece of the model's output: reply text, or a structured event.
+    Chunk(Chunk),
     /// Protocol activity without content; does not count as an event.
     KeepAlive,
 }

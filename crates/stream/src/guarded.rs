@@ -165,7 +165,7 @@ where
 {
     type Item = Result<T, E>;
 
-    #[inline]
+    #[inline(always)]
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.project();
         if let State::Open(stream) = this.state {

@@ -1,70 +1,59 @@
-//! [`IdleTimeout`]: ends a stream whose provider has gone quiet, and closes it.
+//! [`IdleTimeout`]: ends a stream whose provider has gone quiet.
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::{FusedStream, Stream};
-use futures_util::FutureExt;
-use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use crate::close::Close;
-use crate::{CloseError, Event, FirstEventTimedOut, Guarded, IdleTimedOut, StreamError};
+use crate::{CloseError, Event, FirstEventTimedOut, IdleTimedOut};
 
-/// Which timeout ended the stream, kept until the inner close is done.
-enum Fired {
-    Idle(Duration),
-    First(Duration),
-}
-
-pin_project! {
-    /// Ends a stream with a typed error when the provider sends no event for
-    /// `idle`, or no first event within `first` (by default the idle value),
-    /// and closes the inner stream before the error reaches the consumer.
-    ///
-    /// Keepalives ([`Event::is_keepalive`]) are passed through but are not
-    /// events: a provider that only sends keepalives times out. A zero
-    /// duration disables its timeout.
-    ///
-    /// Idle time is the time the consumer spends waiting for the next event.
-    /// No timer is touched per item: the wrapper remembers when the current
-    /// wait began and re-arms its one `Sleep` only when it fires before the
-    /// deadline, comparing with the clock itself. Items that are ready
-    /// immediately never read the clock.
-    ///
-    /// The clock is tokio's, so tests can use a paused clock. The timer is
-    /// created at the first poll that has to wait, which must be inside a
-    /// tokio runtime with the time driver enabled.
-    pub struct IdleTimeout<S, E = StreamError>
-    where
-        S: Close,
-        S: Unpin,
-        S: 'static,
-    {
-        #[pin]
-        inner: Guarded<S, E>,
-        idle: Option<Duration>,
-        first: Option<Duration>,
-        got_first: bool,
-        // When the consumer began waiting with nothing ready; `None` while
-        // items are flowing, so a ready item costs no clock read.
-        waiting_since: Option<Instant>,
-        sleep: Option<Pin<Box<Sleep>>>,
-        fired: Option<Fired>,
-        done: bool,
-    }
+/// Ends a stream with a typed error when the provider sends no event for
+/// `idle`, or no first event within `first` (by default the idle value).
+///
+/// It times out and does nothing else: closing is [`Guarded`](crate::Guarded)'s
+/// job, so wrap it once, `Guarded::new(IdleTimeout::new(stream, idle))`, and
+/// the stream is closed before the timeout reaches the consumer (G4). Alone,
+/// it yields the error and then ends, and [`Close`] reaches the inner stream.
+///
+/// Keepalives ([`Event::is_keepalive`]) are passed through but are not
+/// events: a provider that only sends keepalives times out. A zero
+/// duration disables its timeout, and so does one too long to be added to
+/// the clock (`Duration::MAX`): a deadline that cannot be reached never fires.
+///
+/// Idle time is the time the consumer spends waiting for the next event.
+/// No timer is touched per item: the wrapper remembers when the current
+/// wait began and re-arms its one `Sleep` only when it fires before the
+/// deadline, comparing with the clock itself. Items that are ready
+/// immediately never read the clock.
+///
+/// The clock is tokio's, so tests can use a paused clock. The timer is
+/// created at the first poll that has to wait, which must be inside a
+/// tokio runtime with the time driver enabled.
+pub struct IdleTimeout<S> {
+    inner: S,
+    idle: Option<Duration>,
+    first: Option<Duration>,
+    // When the consumer began waiting with nothing ready; `None` while items
+    // are flowing, so a ready item costs no clock read.
+    waiting_since: Option<Instant>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    got_first: bool,
+    done: bool,
 }
 
 fn enabled(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
-impl<S, T, E> IdleTimeout<S, E>
+impl<S, T, E> IdleTimeout<S>
 where
-    S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
+    S: Stream<Item = Result<T, E>> + Unpin,
     T: Event,
     E: From<IdleTimedOut> + From<FirstEventTimedOut>,
 {
@@ -73,13 +62,12 @@ where
     /// otherwise. `Duration::ZERO` disables.
     pub fn new(stream: S, idle: Duration) -> Self {
         IdleTimeout {
-            inner: Guarded::new(stream),
+            inner: stream,
             idle: enabled(idle),
             first: enabled(idle),
-            got_first: false,
             waiting_since: None,
             sleep: None,
-            fired: None,
+            got_first: false,
             done: false,
         }
     }
@@ -89,7 +77,9 @@ where
         self.first = enabled(first);
         self
     }
+}
 
+impl<S> IdleTimeout<S> {
     /// The idle timeout, `None` if disabled.
     pub fn idle(&self) -> Option<Duration> {
         self.idle
@@ -99,49 +89,12 @@ where
     pub fn first(&self) -> Option<Duration> {
         self.first
     }
-}
 
-impl<S, T, E> Stream for IdleTimeout<S, E>
-where
-    S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
-    T: Event,
-    E: From<IdleTimedOut> + From<FirstEventTimedOut>,
-{
-    type Item = Result<T, E>;
-
-    #[inline]
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        // The hot path: a ready event costs a poll and two stores, no clock.
-        let this = self.as_mut().project();
-        if !*this.done && this.fired.is_none() {
-            match this.inner.poll_next(cx) {
-                Poll::Ready(Some(Ok(item))) => {
-                    if !item.is_keepalive() {
-                        *this.got_first = true;
-                        if this.waiting_since.is_some() {
-                            *this.waiting_since = None;
-                        }
-                        return Poll::Ready(Some(Ok(item)));
-                    }
-                    return self.keepalive(item, cx);
-                }
-                Poll::Ready(end) => {
-                    *this.done = true;
-                    return Poll::Ready(end);
-                }
-                Poll::Pending => {}
-            }
-        }
-        self.poll_wait(cx)
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
     }
-}
 
-impl<S, T, E> IdleTimeout<S, E>
-where
-    S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
-    T: Event,
-    E: From<IdleTimedOut> + From<FirstEventTimedOut>,
-{
     /// The timeout that applies now and whether it is the first-event one.
     fn limit(&self) -> (Option<Duration>, bool) {
         if self.got_first {
@@ -150,82 +103,124 @@ where
             (self.first, true)
         }
     }
+}
+
+impl<S, T, E> Stream for IdleTimeout<S>
+where
+    S: Stream<Item = Result<T, E>> + Unpin,
+    T: Event,
+    E: From<IdleTimedOut> + From<FirstEventTimedOut>,
+{
+    type Item = Result<T, E>;
+
+    #[inline(always)]
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        // The hot path: a ready event costs a poll and two stores, no clock.
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(item))) => {
+                if item.is_keepalive() {
+                    return this.keepalive(item, cx);
+                }
+                this.got_first = true;
+                this.waiting_since = None;
+                Poll::Ready(Some(Ok(item)))
+            }
+            Poll::Ready(end) => this.end(end),
+            Poll::Pending => this.poll_wait(cx),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        if self.done {
+            return (0, Some(0));
+        }
+        // A timeout may add one item (its error).
+        let (_, upper) = self.inner.size_hint();
+        (0, upper.and_then(|n| n.checked_add(1)))
+    }
+}
+
+impl<S, T, E> IdleTimeout<S>
+where
+    S: Stream<Item = Result<T, E>> + Unpin,
+    T: Event,
+    E: From<IdleTimedOut> + From<FirstEventTimedOut>,
+{
+    #[cold]
+    fn end(&mut self, end: Option<Result<T, E>>) -> Poll<Option<Result<T, E>>> {
+        self.done = true;
+        self.sleep = None;
+        Poll::Ready(end)
+    }
 
     /// A keepalive arrived. A provider that sends them back to back never
     /// leaves us waiting on the timer, so check the deadline here.
     #[cold]
-    fn keepalive(
-        mut self: Pin<&mut Self>,
-        item: T,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<T, E>>> {
+    fn keepalive(&mut self, item: T, cx: &mut Context<'_>) -> Poll<Option<Result<T, E>>> {
         let overdue = match (self.limit().0, self.waiting_since) {
-            (Some(limit), Some(since)) => Instant::now() >= since + limit,
+            (Some(limit), Some(since)) => since
+                .checked_add(limit)
+                .is_some_and(|deadline| Instant::now() >= deadline),
             _ => false,
         };
-        if !overdue {
-            return Poll::Ready(Some(Ok(item)));
+        if overdue {
+            return self.poll_wait(cx);
         }
-        self.as_mut().poll_wait(cx)
+        Poll::Ready(Some(Ok(item)))
     }
 
-    /// Nothing is ready: wait on the timer, and once it has fired, close the
-    /// inner stream and report the timeout.
+    /// Nothing is ready: wait on the timer, and once it has fired, report
+    /// the timeout and end.
     #[cold]
     #[inline(never)]
-    fn poll_wait(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<T, E>>> {
+    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, E>>> {
         let (limit, first) = self.limit();
-        let mut this = self.project();
-        if *this.done {
-            return Poll::Ready(None);
-        }
-        if this.fired.is_none() {
-            let Some(limit) = limit else {
-                return Poll::Pending;
-            };
-            let since = *this.waiting_since.get_or_insert_with(Instant::now);
-            let deadline = since + limit;
-            let sleep = match this.sleep {
-                Some(sleep) => {
-                    // Only the switch from a long first-event timeout to a
-                    // shorter idle one can leave the timer armed too late.
-                    if sleep.deadline() > deadline {
-                        sleep.as_mut().reset(deadline);
-                    }
-                    sleep
+        let Some(limit) = limit else {
+            return Poll::Pending;
+        };
+        let since = *self.waiting_since.get_or_insert_with(Instant::now);
+        // A deadline past the end of the clock never comes.
+        let Some(deadline) = since.checked_add(limit) else {
+            return Poll::Pending;
+        };
+        let sleep = match &mut self.sleep {
+            Some(sleep) => {
+                // Only the switch from a long first-event timeout to a
+                // shorter idle one can leave the timer armed too late.
+                if sleep.deadline() > deadline {
+                    sleep.as_mut().reset(deadline);
                 }
-                None => this
-                    .sleep
-                    .insert(Box::pin(tokio::time::sleep_until(deadline))),
-            };
-            loop {
-                ready!(sleep.poll_unpin(cx));
-                if Instant::now() >= deadline {
-                    break;
-                }
-                sleep.as_mut().reset(deadline);
+                sleep
             }
-            *this.sleep = None;
-            *this.fired = Some(if first {
-                Fired::First(limit)
-            } else {
-                Fired::Idle(limit)
-            });
+            None => self
+                .sleep
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        loop {
+            ready!(sleep.as_mut().poll(cx));
+            if Instant::now() >= deadline {
+                break;
+            }
+            // Armed for an earlier wait: the events since then moved the
+            // deadline. Re-arm once, here, instead of on every event.
+            sleep.as_mut().reset(deadline);
         }
-        ready!(this.inner.as_mut().poll_close(cx));
-        *this.done = true;
-        Poll::Ready(this.fired.take().map(|fired| {
-            Err(match fired {
-                Fired::Idle(idle) => IdleTimedOut { idle }.into(),
-                Fired::First(first) => FirstEventTimedOut { first }.into(),
-            })
-        }))
+        let error = if first {
+            FirstEventTimedOut { first: limit }.into()
+        } else {
+            IdleTimedOut { idle: limit }.into()
+        };
+        self.end(Some(Err(error)))
     }
 }
 
-impl<S, T, E> FusedStream for IdleTimeout<S, E>
+impl<S, T, E> FusedStream for IdleTimeout<S>
 where
-    S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
+    S: Stream<Item = Result<T, E>> + Unpin,
     T: Event,
     E: From<IdleTimedOut> + From<FirstEventTimedOut>,
 {
@@ -235,11 +230,7 @@ where
 }
 
 #[async_trait]
-impl<S, E> Close for IdleTimeout<S, E>
-where
-    S: Close + Unpin + 'static,
-    E: Send,
-{
+impl<S: Close> Close for IdleTimeout<S> {
     async fn close(&mut self) -> Result<(), CloseError> {
         self.sleep = None;
         self.inner.close().await
@@ -251,16 +242,13 @@ where
     }
 }
 
-impl<S, E> fmt::Debug for IdleTimeout<S, E>
-where
-    S: Close + Unpin + 'static,
-{
+impl<S> fmt::Debug for IdleTimeout<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleTimeout")
-            .field("inner", &self.inner)
             .field("idle", &self.idle)
             .field("first", &self.first)
             .field("got_first", &self.got_first)
+            .field("done", &self.done)
             .finish_non_exhaustive()
     }
 }

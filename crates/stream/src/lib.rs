@@ -7,15 +7,24 @@
 //!   close trait, [`close_best_effort`] the one closer every path uses.
 //! - [`IdleTimeout`] ends a stream whose provider sends no event (keepalives
 //!   do not count) for the idle timeout, or no first event within the
-//!   first-event timeout, and closes it.
-//! - [`Scope`], [`CloseHandle`], [`Turn`], [`TurnControl`], [`TurnExit`] and
-//!   [`settle`] are the handoff a runtime uses to run a turn: attach its
-//!   stream to the session's cancellation scope before it can produce,
-//!   cancel it, wait a bounded time for it to unwind (G5), never cancel it
-//!   twice (G6), and detach it.
-//! - [`Provider`] opens one stream per turn: [`ScriptedProvider`] plays the
-//!   turn scripts of a scenario, [`OpenAiProvider`] talks to an
-//!   OpenAI-compatible server.
+//!   first-event timeout. It only times out: `Guarded<IdleTimeout<S>>`
+//!   guards the stream once and closes it before the timeout is reported.
+//! - [`Work`] and [`WorkControl`] are how a runtime runs a turn's work and
+//!   executes a lifecycle core's orders on it: spawn it (tracked, its
+//!   stream attached to its own [`Scope`] before it can produce, each
+//!   [`Chunk`] through a [`ChunkSink`] first), cancel it at most once (G6),
+//!   close its stream from outside ([`CloseHandle`]), detach it (write
+//!   access revoked first). The work reports [`WorkSignal`]s: stream
+//!   attached, stream closed, and its [`WorkEnd`] exactly once, a panic
+//!   included. The settle deadline is the core's, not this crate's (G5).
+//! - [`Provider`] opens one stream per turn from a [`Request`] (the
+//!   [`Message`]s so far, serde-serializable so a turn's input can be
+//!   stored): [`ScriptedProvider`] plays the turn scripts of a scenario,
+//!   [`OpenAiProvider`] talks to an OpenAI-compatible server. A stream
+//!   yields [`Chunk`]s of a [`ChunkKind`] (text, reasoning, tool calls,
+//!   usage), and ends with at most one [`StreamError`], which reads as the
+//!   turn's [`TurnError`](settle_core::TurnError): a kind and a message
+//!   that says why.
 //!
 //! Wrapping a provider stream:
 //!
@@ -33,8 +42,8 @@
 //!
 //! let mut reply = String::new();
 //! while let Some(event) = stream.next().await {
-//!     if let StreamEvent::Chunk(text) = event? {
-//!         reply.push_str(&text);
+//!     if let StreamEvent::Chunk(chunk) = event? {
+//!         reply.push_str(chunk.as_text().unwrap_or_default());
 //!     }
 //! }
 //! assert_eq!(reply, "hello, world");
@@ -46,32 +55,41 @@
 //! ```
 
 mod attach;
+mod chunk;
 mod close;
 mod error;
 mod event;
 mod guarded;
-mod handoff;
 mod idle_timeout;
 mod openai;
 mod provider;
+mod request;
+mod run;
 mod scripted;
+mod signal;
 mod sink;
 mod sync;
+mod work;
 
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
+pub use chunk::{Chunk, InvalidChunk};
 pub use close::{close_best_effort, close_without_waiting, Close};
-pub use error::{CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind};
+pub use error::{
+    CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,
+};
 pub use event::{Event, StreamEvent};
 pub use guarded::Guarded;
-pub use handoff::{
-    run_turn, settle, CancelIssued, CancelledBy, Detached, Settled, Turn, TurnControl, TurnEnd,
-    TurnExit, TurnId, TurnOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_SETTLE_TIMEOUT,
-};
 pub use idle_timeout::IdleTimeout;
 pub use openai::{OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT};
-pub use provider::{EventStream, Message, Provider, ProviderStream, Request, Role};
+pub use provider::{EventStream, Provider, ProviderStream};
+pub use request::{Message, Request, Role};
+pub use run::{TurnOptions, DEFAULT_IDLE_TIMEOUT};
 pub use scripted::{
-    ScriptStats, ScriptedEnd, ScriptedProvider, ScriptedStream, TurnScript, DEFAULT_IGNORE,
+    ScriptStats, ScriptedEnd, ScriptedPanic, ScriptedProvider, ScriptedStream, TurnScript,
+    DEFAULT_IGNORE,
 };
-pub use sink::{ChunkSink, FnSink, SinkClosed};
+pub use settle_core::ChunkKind;
+pub use signal::{CancelledBy, Keyed, SignalSink, WorkEnd, WorkSignal};
+pub use sink::{ChunkSink, FnSink, SinkError};
 pub use tokio_util::sync::CancellationToken;
+pub use work::{CancelIssued, Detached, Work, WorkControl};

@@ -1,6 +1,7 @@
 //! A provider for OpenAI-compatible chat-completion servers, streamed over
 //! server-sent events.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,11 +12,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+use settle_core::ChunkKind;
 
 use crate::close::Close;
 use crate::{
-    CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
+    Chunk, CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
+    StreamEvent, Truncation,
 };
 
 /// The default time to wait for a server's response headers.
@@ -23,6 +27,21 @@ pub const DEFAULT_HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How much of an error response's body is kept for the error message.
 const ERROR_BODY_LIMIT: usize = 2048;
+
+/// How long an error response's body is waited for.
+const ERROR_BODY_WAIT: Duration = Duration::from_secs(5);
+
+/// Reads the start of a response body into `head`, at most
+/// [`ERROR_BODY_LIMIT`] bytes.
+async fn read_head(mut response: reqwest::Response, head: &mut Vec<u8>) {
+    while head.len() < ERROR_BODY_LIMIT {
+        match response.chunk().await {
+            Ok(Some(bytes)) => head.extend_from_slice(&bytes),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    head.truncate(ERROR_BODY_LIMIT);
+}
 
 /// Where and how to reach an OpenAI-compatible server.
 #[derive(Clone, PartialEq, Eq)]
@@ -76,11 +95,25 @@ impl OpenAiConfig {
 /// Streams chat completions from an OpenAI-compatible server:
 /// `POST {base_url}/chat/completions` with `stream: true`.
 ///
+/// What the server sends becomes [`Chunk`]s:
+///
+/// | server sends (`choices[0]`, or top level) | chunk |
+/// |---|---|
+/// | `delta.content` | [`ChunkKind::Text`] |
+/// | `delta.reasoning_content` or `delta.reasoning` | [`ChunkKind::Reasoning`] (the JSON value, usually a string) |
+/// | each element of `delta.tool_calls` | [`ChunkKind::ToolCall`] (the element as sent: index, id, function name, a piece of the arguments) |
+/// | a `usage` object | [`ChunkKind::Usage`] |
+///
+/// A `finish_reason` of `length` or `content_filter` ends the stream with
+/// [`StreamErrorKind::Truncated`] after the event's own content: the turn
+/// ends `failed` (kind `truncated`), never `completed`, so no memory is
+/// committed from a reply the provider cut short (G7).
+///
 /// `data: [DONE]` ends the stream; an `error` object is a provider error; SSE
-/// comments (`: keepalive`) become [`StreamEvent::KeepAlive`]; a stream the
-/// server ends without `[DONE]` is a protocol error, since the reply may be
-/// cut short. Closing the stream drops the response body, which closes the
-/// connection.
+/// comments (`: keepalive`) and events without content (a role announcement)
+/// become [`StreamEvent::KeepAlive`]; a stream the server ends without
+/// `[DONE]` is a protocol error, since the reply may be cut short. Closing
+/// the stream drops the response body, which closes the connection.
 #[derive(Debug, Clone)]
 pub struct OpenAiProvider {
     config: OpenAiConfig,
@@ -92,8 +125,24 @@ impl OpenAiProvider {
     /// A provider for `config`.
     pub fn new(config: OpenAiConfig) -> Result<Self, StreamError> {
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let invalid = |reason: String| {
+            StreamError::from(StreamErrorKind::InvalidUrl {
+                url: config.base_url.clone(),
+                reason,
+            })
+        };
+        match reqwest::Url::parse(&url) {
+            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+            Ok(parsed) => {
+                return Err(invalid(format!(
+                    "the scheme `{}` is not http or https",
+                    parsed.scheme()
+                )))
+            }
+            Err(e) => return Err(invalid(e.to_string())),
+        }
         let client = reqwest::Client::builder().build().map_err(|source| {
-            StreamError::from(StreamErrorKind::Http {
+            StreamError::from(StreamErrorKind::Connect {
                 url: url.clone(),
                 source,
             })
@@ -110,22 +159,18 @@ impl OpenAiProvider {
         &self.url
     }
 
-    fn body(&self, request: &Request) -> Value {
-        let messages: Vec<Value> = request
-            .messages
-            .iter()
-            .map(|m| json!({ "role": m.role.as_str(), "content": m.content }))
-            .collect();
-        json!({ "model": self.config.model, "messages": messages, "stream": true })
-    }
-
     async fn send(&self, request: &Request) -> Result<reqwest::Response, StreamError> {
-        let mut builder = self.client.post(&self.url).json(&self.body(request));
+        let body = Body {
+            model: &self.config.model,
+            messages: &request.messages,
+            stream: true,
+        };
+        let mut builder = self.client.post(&self.url).json(&body);
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);
         }
         let http = |source| {
-            StreamError::from(StreamErrorKind::Http {
+            StreamError::from(StreamErrorKind::Connect {
                 url: self.url.clone(),
                 source,
             })
@@ -151,17 +196,14 @@ impl Provider for OpenAiProvider {
         let response = self.send(request).await?;
         let status = response.status();
         if !status.is_success() {
-            let mut body = String::new();
             // The body explains the status, but a stalled server must not
-            // hold the turn: read what comes within a short while.
-            let read = tokio::time::timeout(Duration::from_secs(5), response.text()).await;
-            if let Ok(Ok(text)) = read {
-                body = text.chars().take(ERROR_BODY_LIMIT).collect();
-            }
+            // hold the turn: read its start, within a short while.
+            let mut head = Vec::new();
+            let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
             return Err(StreamErrorKind::Status {
                 url: self.url.clone(),
                 status: status.as_u16(),
-                body,
+                body: String::from_utf8_lossy(&head).into_owned(),
             }
             .into());
         }
@@ -173,11 +215,21 @@ impl Provider for OpenAiProvider {
         };
         Ok(Box::new(OpenAiStream {
             events: Some(Box::pin(tapped.eventsource())),
+            pending: VecDeque::new(),
             keepalives,
             keepalives_seen: 0,
             url: self.url.clone(),
         }))
     }
+}
+
+/// The request body. A [`Message`] serializes to the chat-completion shape
+/// itself: role, content, and the tool fields when it has them.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: &'a [Message],
+    stream: bool,
 }
 
 type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
@@ -187,6 +239,9 @@ pub struct OpenAiStream {
     // `None` once closed: dropping it drops the response body and with it
     // the connection.
     events: Option<Events>,
+    // The decoded items of the last event not yet yielded: one SSE event can
+    // carry reasoning, text, tool calls and usage at once.
+    pending: VecDeque<Result<StreamEvent, StreamError>>,
     keepalives: Arc<AtomicUsize>,
     keepalives_seen: usize,
     url: String,
@@ -202,19 +257,24 @@ impl fmt::Debug for OpenAiStream {
 }
 
 impl OpenAiStream {
-    fn decode(&self, event: &Event) -> Option<Result<StreamEvent, StreamError>> {
+    /// Decodes one SSE event into `pending`: its chunks in order, or one
+    /// error. Returns `false` at `data: [DONE]`, the end of the reply.
+    fn decode(&mut self, event: &Event) -> bool {
         let data = event.data.trim();
         if data == "[DONE]" {
-            return None;
+            return false;
         }
         let value: Value = match serde_json::from_str(data) {
             Ok(value) => value,
             Err(e) => {
-                return Some(Err(StreamErrorKind::Protocol(format!(
-                    "an event's data is not JSON ({e}): {}",
-                    data.chars().take(200).collect::<String>()
-                ))
-                .into()))
+                self.pending
+                    .push_back(Err(StreamErrorKind::Protocol(format!(
+                        "an event from {} is not JSON ({e}): {}",
+                        self.url,
+                        crate::error::excerpt(data)
+                    ))
+                    .into()));
+                return true;
             }
         };
         if let Some(error) = value.get("error") {
@@ -222,17 +282,65 @@ impl OpenAiStream {
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_owned);
-            return Some(Err(StreamErrorKind::Provider { message }.into()));
+            self.pending
+                .push_back(Err(StreamErrorKind::Provider { message }.into()));
+            return true;
         }
-        let content = value
-            .pointer("/choices/0/delta/content")
+        let before = self.pending.len();
+        let choice = value.pointer("/choices/0");
+        if let Some(delta) = choice.and_then(|c| c.get("delta")) {
+            let reasoning = ["reasoning_content", "reasoning"]
+                .iter()
+                .find_map(|key| delta.get(*key).filter(|v| !is_empty(v)));
+            if let Some(reasoning) = reasoning {
+                self.push(Chunk::json(ChunkKind::Reasoning, reasoning));
+            }
+            if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                if !text.is_empty() {
+                    self.push(Chunk::text(text));
+                }
+            }
+            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                for call in calls {
+                    self.push(Chunk::json(ChunkKind::ToolCall, call));
+                }
+            }
+        }
+        if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+            self.push(Chunk::json(ChunkKind::Usage, usage));
+        }
+        let truncation = match choice
+            .and_then(|c| c.get("finish_reason"))
             .and_then(Value::as_str)
-            .filter(|text| !text.is_empty());
-        Some(Ok(match content {
-            Some(text) => StreamEvent::Chunk(text.to_owned()),
-            // A role announcement or a finish reason: activity, not content.
-            None => StreamEvent::KeepAlive,
-        }))
+        {
+            Some("length") => Some(Truncation::Length),
+            Some("content_filter") => Some(Truncation::ContentFilter),
+            // `stop`, `tool_calls`: a whole reply; `[DONE]` follows.
+            _ => None,
+        };
+        if let Some(truncation) = truncation {
+            // After this event's own content: what was streamed is kept.
+            self.pending
+                .push_back(Err(StreamErrorKind::Truncated(truncation).into()));
+        } else if self.pending.len() == before {
+            // A role announcement or a bare finish reason: activity, not
+            // content.
+            self.pending.push_back(Ok(StreamEvent::KeepAlive));
+        }
+        true
+    }
+
+    fn push(&mut self, chunk: Chunk) {
+        self.pending.push_back(Ok(StreamEvent::Chunk(chunk)));
+    }
+}
+
+/// A field a server sent empty: `null`, `""`.
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        _ => false,
     }
 }
 
@@ -241,37 +349,54 @@ impl Stream for OpenAiStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        let Some(events) = this.events.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let item = match events.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(event))) => this.decode(&event),
-            Poll::Ready(Some(Err(EventStreamError::Transport(source)))) => {
-                Some(Err(StreamErrorKind::Http {
-                    url: this.url.clone(),
-                    source,
+        loop {
+            if let Some(item) = this.pending.pop_front() {
+                if item.is_err() {
+                    // An error ends the stream: nothing after it is read.
+                    this.pending.clear();
+                    this.events = None;
                 }
-                .into()))
+                return Poll::Ready(Some(item));
             }
-            Poll::Ready(Some(Err(e))) => Some(Err(StreamErrorKind::Protocol(e.to_string()).into())),
-            Poll::Ready(None) => Some(Err(StreamErrorKind::Protocol(
-                "the server ended the stream before `data: [DONE]`; the reply may be cut short"
-                    .to_owned(),
-            )
-            .into())),
-            Poll::Pending => {
-                let comments = this.keepalives.load(Ordering::Relaxed);
-                if comments == this.keepalives_seen {
-                    return Poll::Pending;
+            let Some(events) = this.events.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let error: StreamError = match events.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(event))) => {
+                    if !this.decode(&event) {
+                        this.events = None;
+                        return Poll::Ready(None);
+                    }
+                    continue;
                 }
-                this.keepalives_seen = comments;
-                Some(Ok(StreamEvent::KeepAlive))
-            }
-        };
-        if !matches!(item, Some(Ok(_))) {
-            this.events = None;
+                Poll::Ready(Some(Err(EventStreamError::Transport(source)))) => {
+                    StreamErrorKind::Transport {
+                        url: this.url.clone(),
+                        source,
+                    }
+                    .into()
+                }
+                Poll::Ready(Some(Err(e))) => StreamErrorKind::Protocol(format!(
+                    "the stream from {} is not valid SSE ({e})",
+                    this.url
+                ))
+                .into(),
+                Poll::Ready(None) => StreamErrorKind::Protocol(format!(
+                    "the stream from {} ended before `data: [DONE]`; the reply may be cut short",
+                    this.url
+                ))
+                .into(),
+                Poll::Pending => {
+                    let comments = this.keepalives.load(Ordering::Relaxed);
+                    if comments == this.keepalives_seen {
+                        return Poll::Pending;
+                    }
+                    this.keepalives_seen = comments;
+                    return Poll::Ready(Some(Ok(StreamEvent::KeepAlive)));
+                }
+            };
+            this.pending.push_back(Err(error));
         }
-        Poll::Ready(item)
     }
 }
 

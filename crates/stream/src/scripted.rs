@@ -18,7 +18,7 @@ use tokio::time::Sleep;
 
 use crate::close::Close;
 use crate::{
-    CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
+    Chunk, CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind, StreamEvent,
 };
 
 /// How a scripted turn ends, after its chunks.
@@ -84,6 +84,17 @@ impl FromStr for ScriptedEnd {
     }
 }
 
+/// Where a scripted turn panics: for tests that a panicking provider still
+/// ends its turn (failed, kind `panic`) with its stream closed (G4). Not a
+/// turn end of scenario files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScriptedPanic {
+    /// `open` panics; no stream exists.
+    InOpen,
+    /// The stream's `poll_next` panics after its chunks, in place of its end.
+    MidStream,
+}
+
 /// The default time an `ignore_cancel` turn ignores its cancellation.
 pub const DEFAULT_IGNORE: Duration = Duration::from_secs(60);
 
@@ -102,6 +113,8 @@ pub struct TurnScript {
     pub close_delay: Duration,
     /// How long an `ignore_cancel` turn ignores its cancellation.
     pub ignore: Duration,
+    /// Where the turn panics, if it does.
+    pub panic: Option<ScriptedPanic>,
 }
 
 impl Default for TurnScript {
@@ -112,6 +125,7 @@ impl Default for TurnScript {
             end: ScriptedEnd::Complete,
             close_delay: Duration::ZERO,
             ignore: DEFAULT_IGNORE,
+            panic: None,
         }
     }
 }
@@ -150,6 +164,12 @@ impl TurnScript {
     /// Sets how long an `ignore_cancel` turn ignores its cancellation.
     pub fn ignore(mut self, ignore: Duration) -> Self {
         self.ignore = ignore;
+        self
+    }
+
+    /// Makes the turn panic at `at`.
+    pub fn panic(mut self, at: ScriptedPanic) -> Self {
+        self.panic = Some(at);
         self
     }
 }
@@ -198,6 +218,8 @@ impl ScriptedProvider {
 
     /// Opens the next turn's stream without the async trait; the stream is
     /// lazy, nothing happens until it is polled.
+    ///
+    /// Panics if the turn's script says so ([`ScriptedPanic::InOpen`]).
     pub fn open_next(&self) -> Result<ScriptedStream, StreamError> {
         let script = self
             .turns
@@ -205,13 +227,17 @@ impl ScriptedProvider {
             .unwrap_or_else(PoisonError::into_inner)
             .pop_front()
             .ok_or_else(|| StreamError::from(StreamErrorKind::ScriptExhausted))?;
+        if script.panic == Some(ScriptedPanic::InOpen) {
+            panic!("the scripted provider panics in open");
+        }
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         Ok(ScriptedStream {
-            chunks: script.chunks.into(),
+            chunks: script.chunks.into_iter().map(Chunk::text).collect(),
             script_end: script.end,
             chunk_delay: script.chunk_delay,
             close_delay: script.close_delay,
             ignore: script.ignore,
+            panic: script.panic == Some(ScriptedPanic::MidStream),
             sleep: None,
             ended: false,
             counters: self.counters.clone(),
@@ -237,11 +263,12 @@ impl Provider for ScriptedProvider {
 
 /// The stream of one scripted turn.
 pub struct ScriptedStream {
-    chunks: VecDeque<String>,
+    chunks: VecDeque<Chunk>,
     script_end: ScriptedEnd,
     chunk_delay: Duration,
     close_delay: Duration,
     ignore: Duration,
+    panic: bool,
     sleep: Option<Pin<Box<Sleep>>>,
     ended: bool,
     counters: Arc<Counters>,
@@ -288,6 +315,9 @@ impl Stream for ScriptedStream {
                 this.sleep = None;
             }
             return Poll::Ready(this.chunks.pop_front().map(|c| Ok(StreamEvent::Chunk(c))));
+        }
+        if this.panic {
+            panic!("the scripted stream panics mid-stream");
         }
         let end = match this.script_end {
             ScriptedEnd::Complete | ScriptedEnd::IgnoreCancel => None,

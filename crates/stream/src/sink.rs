@@ -1,31 +1,50 @@
 //! Where a turn's work delivers the chunks it reads.
 
 use async_trait::async_trait;
+use settle_core::TurnError;
 
-/// The receiver of the chunks is gone, or the turn was detached and may no
-/// longer write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the chunk sink is closed: its receiver is gone or the turn was detached")]
-pub struct SinkClosed;
+use crate::Chunk;
 
-/// Receives the chunks of one turn, in order.
+/// Why a [`ChunkSink`] refused a chunk; the work stops reading either way.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// Nobody may receive the chunk any more: the receiver is gone, or the
+    /// work was detached and its write access revoked. The work ends
+    /// cancelled.
+    #[error("the chunk sink is closed: its receiver is gone or the work was detached")]
+    Closed,
+    /// The chunk could not be delivered (the store failed to persist it).
+    /// The work ends failed with this error.
+    #[error("{0}")]
+    Failed(TurnError),
+}
+
+/// Receives the chunks of one turn, in order, before anything else sees
+/// them (a runtime's sink persists each one: G7).
 #[async_trait]
 pub trait ChunkSink: Send + 'static {
+    /// Called once before the provider's stream is opened: a sink that must
+    /// be ready first (the turn's row written) waits here. An error ends the
+    /// work without opening a stream. Ready at once by default.
+    async fn begin(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
     /// Delivers one chunk; may wait for room.
-    async fn chunk(&mut self, text: String) -> Result<(), SinkClosed>;
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError>;
 }
 
 #[async_trait]
-impl ChunkSink for tokio::sync::mpsc::Sender<String> {
-    async fn chunk(&mut self, text: String) -> Result<(), SinkClosed> {
-        self.send(text).await.map_err(|_| SinkClosed)
+impl ChunkSink for tokio::sync::mpsc::Sender<Chunk> {
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
+        self.send(chunk).await.map_err(|_| SinkError::Closed)
     }
 }
 
 #[async_trait]
-impl ChunkSink for tokio::sync::mpsc::UnboundedSender<String> {
-    async fn chunk(&mut self, text: String) -> Result<(), SinkClosed> {
-        self.send(text).map_err(|_| SinkClosed)
+impl ChunkSink for tokio::sync::mpsc::UnboundedSender<Chunk> {
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
+        self.send(chunk).map_err(|_| SinkError::Closed)
     }
 }
 
@@ -36,9 +55,9 @@ pub struct FnSink<F>(pub F);
 #[async_trait]
 impl<F> ChunkSink for FnSink<F>
 where
-    F: FnMut(String) -> Result<(), SinkClosed> + Send + 'static,
+    F: FnMut(Chunk) -> Result<(), SinkError> + Send + 'static,
 {
-    async fn chunk(&mut self, text: String) -> Result<(), SinkClosed> {
-        (self.0)(text)
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
+        (self.0)(chunk)
     }
 }

@@ -99,7 +99,7 @@ fn error_message_names(d: Duration) -> bool {
 async fn g4_first_event_timeout_fires_and_closes_once() {
     let log = Log::default();
     let inner = Recording::new(&log, [Step::Hang]);
-    let mut stream = IdleTimeout::new(inner, 10 * S).first_event(2 * S);
+    let mut stream = Guarded::new(IdleTimeout::new(inner, 10 * S).first_event(2 * S));
     let started = Instant::now();
     let error = stream.next().await.unwrap().unwrap_err();
     assert_eq!(started.elapsed(), 2 * S);
@@ -137,7 +137,7 @@ async fn g4_keepalives_do_not_count_as_events() {
         steps.push(Step::KeepAlive);
     }
     steps.push(Step::Hang);
-    let mut stream = IdleTimeout::new(Recording::new(&log, steps), 3 * S);
+    let mut stream = Guarded::new(IdleTimeout::new(Recording::new(&log, steps), 3 * S));
     assert!(stream.next().await.unwrap().is_ok());
     let last_event = Instant::now();
     let mut keepalives = 0;
@@ -185,7 +185,10 @@ async fn g4_a_steady_stream_never_times_out() {
 #[tokio::test(start_paused = true)]
 async fn g4_a_zero_duration_disables_the_timeout() {
     let log = Log::default();
-    let mut stream = IdleTimeout::new(Recording::new(&log, [Step::Hang]), Duration::ZERO);
+    let mut stream = Guarded::new(IdleTimeout::new(
+        Recording::new(&log, [Step::Hang]),
+        Duration::ZERO,
+    ));
     let waited = tokio::time::timeout(3600 * S, stream.next()).await;
     assert!(waited.is_err(), "no timeout fired in an hour");
     assert!(log.entries().is_empty());
@@ -275,4 +278,63 @@ async fn g4_a_panicking_close_is_swallowed() {
     drop(Guarded::new(
         Recording::new(&log, [Step::Hang]).close_kind(CloseKind::Panics),
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_an_idle_timeout_alone_times_out_and_leaves_the_close_to_its_guard() {
+    let log = Log::default();
+    let mut stream = IdleTimeout::new(Recording::new(&log, [Step::Hang]), 2 * S);
+    let error = stream.next().await.unwrap().unwrap_err();
+    assert!(
+        matches!(error.kind(), StreamErrorKind::FirstEventTimeout(_)),
+        "{error}"
+    );
+    assert!(stream.next().await.is_none(), "a timeout ends the stream");
+    assert!(log.entries().is_empty(), "one job: no close of its own");
+    stream.close().await.unwrap();
+    assert_eq!(
+        log.entries(),
+        ["close", "closed"],
+        "close reaches the inner stream"
+    );
+}
+
+/// Timeouts too long to add to the clock mean "never" (and do not panic).
+#[tokio::test(start_paused = true)]
+async fn g4_an_overflowing_timeout_never_fires() {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    for (idle, first) in [
+        (Duration::MAX, Duration::MAX),
+        (Duration::MAX, CENTURY),
+        (CENTURY, Duration::MAX),
+        (
+            Duration::from_secs(u64::MAX),
+            Duration::from_secs(u64::MAX / 2),
+        ),
+    ] {
+        let log = Log::default();
+        let steps = [
+            Step::Wait(S),
+            Step::Chunk("a"),
+            Step::Wait(S),
+            Step::KeepAlive,
+            Step::Hang,
+        ];
+        let mut stream =
+            Guarded::new(IdleTimeout::new(Recording::new(&log, steps), idle).first_event(first));
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(StreamEvent::Chunk(_)))
+        ));
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(StreamEvent::KeepAlive))
+        ));
+        let waited = tokio::time::timeout(3600 * S, stream.next()).await;
+        assert!(
+            waited.is_err(),
+            "{idle:?}/{first:?}: no timeout fired in an hour"
+        );
+        assert!(log.entries().is_empty());
+    }
 }

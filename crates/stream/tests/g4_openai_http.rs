@@ -7,15 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use settle_core::Outcome;
+use serde_json::json;
+use settle_core::{CancelMode, ChunkKind, Outcome, TurnErrorKind};
 use settle_stream::{
-    settle, CancellationToken, Guarded, IdleTimeout, OpenAiConfig, OpenAiProvider, Provider,
-    Request, StreamError, StreamErrorKind, StreamEvent, Turn, TurnOptions,
+    CancelIssued, CancelledBy, Chunk, Guarded, IdleTimeout, Keyed, Message, OpenAiConfig,
+    OpenAiProvider, Provider, Request, Role, StreamError, StreamErrorKind, StreamEvent,
+    TurnOptions, Work, WorkEnd, WorkSignal,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
+use tokio_util::task::TaskTracker;
 
 /// How long the server may take to notice a close; generous for a busy box.
 const CLOSE_BOUND: Duration = Duration::from_secs(5);
@@ -31,6 +34,14 @@ enum Script {
     ErrorObject,
     /// Accepts the connection and never answers.
     NoHeaders,
+    /// These `data:` payloads, then `[DONE]`.
+    Events(&'static [&'static str]),
+    /// These `data:` payloads, then nothing more (keepalives until closed).
+    EventsNoDone(&'static [&'static str]),
+    /// A non-success status with this JSON body.
+    Status(u16, &'static str),
+    /// One chunk, then the connection is dropped mid-reply.
+    CutMidReply,
 }
 
 struct Server {
@@ -88,8 +99,18 @@ async fn serve(script: Script) -> Server {
             }
         });
         let writer = async move {
-            if let Script::NoHeaders = script {
-                std::future::pending::<()>().await;
+            match script {
+                Script::NoHeaders => std::future::pending::<()>().await,
+                Script::Status(status, body) => {
+                    let response = format!(
+                        "HTTP/1.1 {status} Whatever\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    wr.write_all(response.as_bytes()).await?;
+                    std::future::pending::<()>().await;
+                }
+                _ => {}
             }
             let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                         cache-control: no-cache\r\nconnection: keep-alive\r\n\
@@ -103,6 +124,26 @@ async fn serve(script: Script) -> Server {
                 Script::ErrorObject => {
                     let e = r#"data: {"error":{"message":"model is overloaded","type":"server_error"}}"#;
                     wr.write_all(&send(format!("{e}\n\n"))).await?;
+                }
+                Script::EventsNoDone(events) => {
+                    for data in events {
+                        wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                    }
+                }
+                Script::CutMidReply => {
+                    let data = chunk_json("hello");
+                    wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                    // Dropping the write half ends the body without its
+                    // last chunk: the reply is cut.
+                    drop(wr);
+                    match std::future::pending::<std::convert::Infallible>().await {}
+                }
+                Script::Events(events) => {
+                    for data in events {
+                        wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                    }
+                    wr.write_all(&send("data: [DONE]\n\n".into())).await?;
+                    wr.write_all(b"0\r\n\r\n").await?;
                 }
                 _ => {
                     for text in ["hello", " world"] {
@@ -155,7 +196,7 @@ where
 {
     loop {
         match timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
-            Some(Ok(StreamEvent::Chunk(text))) => return text,
+            Some(Ok(StreamEvent::Chunk(chunk))) => return chunk.into_payload(),
             Some(Ok(StreamEvent::KeepAlive)) => {}
             other => panic!("expected a chunk, got {other:?}"),
         }
@@ -223,32 +264,46 @@ async fn g4_http_keepalive_only_stall_trips_the_idle_timeout_and_closes() {
 }
 
 #[tokio::test]
-async fn g4_http_cancelled_run_closes_the_connection() {
+async fn g4_http_cancelled_work_closes_the_connection() {
     let server = serve(Script::ChunksThenKeepalives).await;
     let provider: Arc<dyn Provider> = Arc::new(provider(&server));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let session = CancellationToken::new();
-    let turn = Turn::spawn(
-        provider,
-        Request::prompt("hi"),
-        &session,
-        tx,
-        TurnOptions {
+    let (signals, mut reports) = mpsc::unbounded_channel();
+    let tracker = TaskTracker::new();
+    let mut control = Work::new(provider, Request::prompt("hi"))
+        .options(TurnOptions {
             idle_timeout: Duration::from_secs(60),
             first_event_timeout: None,
-        },
+        })
+        .spawn(&tracker, tx, Keyed::new((), signals));
+    assert_eq!(
+        timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
+        Chunk::text("hello")
     );
     assert_eq!(
         timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
-        "hello"
+        Chunk::text(" world")
     );
     assert_eq!(
-        timeout(CLOSE_BOUND, rx.recv()).await.unwrap().unwrap(),
-        " world"
+        control.cancel(CancelMode::Immediate),
+        CancelIssued::Cancelled
     );
-    let settled = settle(turn, Duration::from_secs(1), |_| {}).await;
-    assert_eq!(settled.outcome(), Outcome::Cancelled);
-    assert!(settled.cancelled);
+    let mut seen = Vec::new();
+    while let Some(((), signal)) = timeout(CLOSE_BOUND, reports.recv()).await.unwrap() {
+        let ended = matches!(signal, WorkSignal::Ended(_));
+        seen.push(signal);
+        if ended {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            WorkSignal::StreamAttached,
+            WorkSignal::StreamClosed,
+            WorkSignal::Ended(WorkEnd::Cancelled(CancelledBy::Request))
+        ]
+    );
     timeout(CLOSE_BOUND, server.closed)
         .await
         .expect("server saw no close")
@@ -262,8 +317,8 @@ async fn g4_http_done_completes_and_an_error_object_fails() {
     let mut stream = Guarded::new(provider.open(&Request::prompt("hi")).await.unwrap());
     let mut reply = String::new();
     while let Some(event) = timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
-        if let StreamEvent::Chunk(text) = event.unwrap() {
-            reply.push_str(&text);
+        if let StreamEvent::Chunk(chunk) = event.unwrap() {
+            reply.push_str(chunk.as_text().unwrap());
         }
     }
     assert_eq!(reply, "hello world");
@@ -298,8 +353,238 @@ async fn g4_http_headers_timeout_is_a_typed_error_and_closes() {
         "{error}"
     );
     assert!(error.to_string().contains("500ms"), "{error}");
+    assert!(error.to_string().contains("headers timeout"), "{error}");
+    assert_eq!(error.turn_error().kind, TurnErrorKind::Timeout);
     timeout(CLOSE_BOUND, server.closed)
         .await
         .expect("server saw no close")
         .unwrap();
+}
+
+/// Every chunk of a stream until its end or its error.
+async fn drain(provider: &OpenAiProvider, request: &Request) -> (Vec<Chunk>, Option<StreamError>) {
+    let mut stream = Guarded::new(provider.open(request).await.unwrap());
+    let mut chunks = Vec::new();
+    while let Some(event) = timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
+        match event {
+            Ok(StreamEvent::Chunk(chunk)) => chunks.push(chunk),
+            Ok(StreamEvent::KeepAlive) => {}
+            Err(error) => return (chunks, Some(error)),
+        }
+    }
+    (chunks, None)
+}
+
+#[tokio::test]
+async fn structured_deltas_become_chunks_of_their_kind() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":"think"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"ing","content":"Hi"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"ls","arguments":""}},{"index":1,"id":"c2","type":"function","function":{"name":"cat","arguments":""}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#,
+    ]))
+    .await;
+    let history = Request::new(vec![
+        Message::new(Role::User, "list"),
+        Message::new(Role::Assistant, "").tool_calls(json!([{"id": "c0", "type": "function",
+            "function": {"name": "ls", "arguments": "{}"}}])),
+        Message::tool_result("c0", "a.txt"),
+    ]);
+    let (chunks, error) = drain(&provider(&server), &history).await;
+    assert!(error.is_none(), "{error:?}");
+    let kinds: Vec<ChunkKind> = chunks.iter().map(Chunk::kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            ChunkKind::Reasoning,
+            ChunkKind::Reasoning,
+            ChunkKind::Text,
+            ChunkKind::ToolCall,
+            ChunkKind::ToolCall,
+            ChunkKind::ToolCall,
+            ChunkKind::Usage,
+        ]
+    );
+    assert_eq!(chunks[0].to_json(), json!("think"));
+    assert_eq!(chunks[2].as_text(), Some("Hi"));
+    assert_eq!(chunks[3].to_json()["function"]["name"], "ls");
+    assert_eq!(chunks[4].to_json()["id"], "c2");
+    assert_eq!(chunks[5].to_json()["function"]["arguments"], "{}");
+    assert_eq!(chunks[6].to_json()["total_tokens"], 12);
+
+    // The tool fields of the history went to the server as they are.
+    let request = server.request.await.unwrap();
+    let body = &request[request.find("\r\n\r\n").unwrap() + 4..];
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["messages"][1]["tool_calls"][0]["id"], "c0");
+    assert_eq!(
+        body["messages"][2],
+        json!({"role": "tool", "content": "a.txt", "tool_call_id": "c0"})
+    );
+    assert_eq!(
+        body["messages"][0],
+        json!({"role": "user", "content": "list"})
+    );
+}
+
+fn unreachable_provider() -> (OpenAiProvider, String) {
+    // A port that was just free: nothing listens there.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+    (provider, format!("{base_url}/chat/completions"))
+}
+
+async fn open_error(provider: &OpenAiProvider) -> StreamError {
+    match provider.open(&Request::prompt("hi")).await {
+        Err(e) => e,
+        Ok(_) => panic!("expected the open to fail"),
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_says_so_with_the_url() {
+    let (provider, url) = unreachable_provider();
+    let error = open_error(&provider).await;
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Connect);
+    assert_eq!(
+        turn.message,
+        format!("could not connect to {url}: connection refused (is the server running?)")
+    );
+    assert_eq!(error.outcome(), Outcome::Failed);
+}
+
+#[tokio::test]
+async fn an_http_404_names_the_status_and_the_url() {
+    let server = serve(Script::Status(404, "")).await;
+    let error = open_error(&provider(&server)).await;
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::HttpStatus);
+    assert_eq!(
+        turn.message,
+        format!(
+            "HTTP 404 Not Found from {}/chat/completions",
+            server.base_url
+        )
+    );
+}
+
+#[tokio::test]
+async fn an_http_500_with_a_json_body_shows_the_error_message() {
+    let body = r#"{"error":{"message":"the model `gpt-9` does not exist","type":"invalid_request_error","code":null}}"#;
+    let server = serve(Script::Status(500, body)).await;
+    let error = open_error(&provider(&server)).await;
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::HttpStatus);
+    assert_eq!(
+        turn.message,
+        format!(
+            "HTTP 500 Internal Server Error from {}/chat/completions: \
+             the model `gpt-9` does not exist",
+            server.base_url
+        )
+    );
+    match error.kind() {
+        StreamErrorKind::Status {
+            status, body: kept, ..
+        } => {
+            assert_eq!(*status, 500);
+            assert_eq!(kept, body, "the body's start is kept whole");
+        }
+        other => panic!("expected a status error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn garbage_event_data_is_a_protocol_error() {
+    let server = serve(Script::EventsNoDone(&["this is not json"])).await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert!(chunks.is_empty());
+    let error = error.expect("garbage must fail the stream");
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Protocol);
+    assert!(turn.message.contains("not JSON"), "{turn}");
+    assert!(turn.message.contains("this is not json"), "{turn}");
+    assert!(turn.message.contains(&server.base_url), "{turn}");
+    timeout(CLOSE_BOUND, server.closed)
+        .await
+        .expect("server saw no close")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_connection_cut_mid_reply_says_so() {
+    let server = serve(Script::CutMidReply).await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("hello")]);
+    let turn = error.expect("a cut reply must fail").turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Connect);
+    assert_eq!(
+        turn.message,
+        format!(
+            "the connection to {}/chat/completions broke during the reply: \
+             the server closed the connection mid-reply",
+            server.base_url
+        )
+    );
+}
+
+#[tokio::test]
+async fn g7_a_length_cut_reply_fails_truncated_after_its_content() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Once upon"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":"length"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("Once upon"), Chunk::text(" a")]);
+    let error = error.expect("a length cut is not a completed reply");
+    assert_eq!(error.outcome(), Outcome::Failed);
+    let turn = error.turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Truncated);
+    assert!(turn.message.contains("finish_reason: length"), "{turn}");
+    assert!(turn.message.contains("truncated"), "{turn}");
+    assert!(turn.message.contains("no memory"), "{turn}");
+}
+
+#[tokio::test]
+async fn g7_a_content_filter_stop_fails_truncated() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Sure"},"finish_reason":"content_filter"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("Sure")]);
+    let turn = error
+        .expect("a filtered reply is not completed")
+        .turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Truncated);
+    assert!(turn.message.contains("content_filter"), "{turn}");
+}
+
+#[tokio::test]
+async fn a_stop_finish_reason_completes() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Done."},"finish_reason":"stop"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(chunks, [Chunk::text("Done.")]);
+}
+
+#[test]
+fn a_base_url_without_a_scheme_is_refused_with_an_example() {
+    let error = OpenAiProvider::new(OpenAiConfig::new("127.0.0.1:8080/v1", "m")).unwrap_err();
+    assert!(
+        matches!(error.kind(), StreamErrorKind::InvalidUrl { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("http://"), "{error}");
+    let error = OpenAiProvider::new(OpenAiConfig::new("not a url", "m")).unwrap_err();
+    assert_eq!(error.turn_error().kind, TurnErrorKind::Connect);
 }

@@ -1,5 +1,7 @@
-//! The turn handoff of seed 001: attach before produce, cancel, bounded
-//! settle, detach (G4, G5, G6).
+//! The handoff of seed 001, as a runtime executes the core's orders through
+//! `WorkControl`: attach before produce, cancel once, close from outside,
+//! detach with write access revoked first, and one end reported on every
+//! path, a panic included (G4, G5, G6).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,24 +12,33 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Log, Recording, Step};
 use futures_util::StreamExt;
-use settle_core::{CancelMode, Outcome};
+use settle_core::{CancelMode, Outcome, TurnError, TurnErrorKind};
 use settle_stream::{
-    settle, CancelIssued, CancellationToken, CancelledBy, Cut, FnSink, ForceClosed, Guarded,
-    Provider, ProviderStream, Request, Scope, ScriptStats, ScriptedEnd, ScriptedProvider,
-    StreamError, StreamErrorKind, Turn, TurnEnd, TurnOptions, TurnScript,
+    CancelIssued, CancelledBy, Chunk, ChunkSink, Cut, Detached, FnSink, ForceClosed, Guarded,
+    Keyed, Provider, ProviderStream, Request, Scope, ScriptStats, ScriptedEnd, ScriptedPanic,
+    ScriptedProvider, SinkError, StreamError, TurnOptions, TurnScript, Work, WorkControl, WorkEnd,
+    WorkSignal,
 };
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
 
+use WorkSignal::{StreamAttached, StreamClosed};
+
 /// A sink that records each chunk in the log.
-fn log_sink(log: &Log) -> FnSink<impl FnMut(String) -> Result<(), settle_stream::SinkClosed>> {
+fn log_sink(log: &Log) -> FnSink<impl FnMut(Chunk) -> Result<(), SinkError>> {
     let log = log.clone();
-    FnSink(move |text: String| {
-        log.push(format!("chunk {text}"));
+    FnSink(move |chunk: Chunk| {
+        log.push(format!("chunk {}", chunk.payload()));
         Ok(())
     })
+}
+
+fn quiet_sink() -> FnSink<impl FnMut(Chunk) -> Result<(), SinkError>> {
+    FnSink(|_| Ok(()))
 }
 
 fn options(idle: Duration) -> TurnOptions {
@@ -37,14 +48,56 @@ fn options(idle: Duration) -> TurnOptions {
     }
 }
 
-fn recorder(log: &Log) -> impl FnOnce(settle_stream::TurnId) + Send {
-    let log = log.clone();
-    move |_| log.push("detach")
+/// One spawned work as a driver holds it: its control, its signals, the
+/// tracker it runs under.
+struct Running {
+    control: WorkControl,
+    signals: mpsc::UnboundedReceiver<(u32, WorkSignal)>,
+    tracker: TaskTracker,
 }
 
-/// A provider whose `open` takes `open_delay` after creating its stream, as
-/// when a stream is made before the response is ready: a cancel in between
-/// must still close that stream.
+fn spawn(provider: Arc<dyn Provider>, sink: impl ChunkSink, idle: Duration) -> Running {
+    let tracker = TaskTracker::new();
+    let (tx, signals) = mpsc::unbounded_channel();
+    let control = Work::new(provider, Request::prompt("hi"))
+        .options(options(idle))
+        .spawn(&tracker, sink, Keyed::new(7, tx));
+    Running {
+        control,
+        signals,
+        tracker,
+    }
+}
+
+impl Running {
+    /// Every signal up to and including the end; the end must come.
+    async fn until_end(&mut self) -> (Vec<WorkSignal>, WorkEnd) {
+        let mut before = Vec::new();
+        loop {
+            let (key, signal) = self.signals.recv().await.expect("the work reported no end");
+            assert_eq!(key, 7, "signals carry the caller's key");
+            match signal {
+                WorkSignal::Ended(end) => return (before, end),
+                other => before.push(other),
+            }
+        }
+    }
+
+    /// Waits for the work's task to be gone, then every signal it left.
+    async fn rest(mut self) -> Vec<WorkSignal> {
+        self.tracker.close();
+        self.tracker.wait().await;
+        let mut rest = Vec::new();
+        while let Ok((_, signal)) = self.signals.try_recv() {
+            rest.push(signal);
+        }
+        drop(self.control);
+        rest
+    }
+}
+
+/// A provider whose `open` creates its stream and then takes `open_delay`
+/// before returning it: a cancel in between must still close that stream.
 struct SlowOpen {
     log: Log,
     steps: Vec<Step>,
@@ -63,37 +116,28 @@ impl Provider for SlowOpen {
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_cancel_before_attach_never_opens_a_stream() {
-    let session = CancellationToken::new();
-    session.cancel();
+async fn g4_a_cancel_before_the_work_runs_never_opens_a_stream() {
     let provider = ScriptedProvider::new([TurnScript::new(["never"])]);
     let log = Log::default();
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        log_sink(&log),
-        options(5 * S),
-    );
-    assert!(matches!(
-        turn.exited().await,
-        TurnEnd::Cancelled(CancelledBy::Request)
-    ));
+    let mut work = spawn(Arc::new(provider.clone()), log_sink(&log), 5 * S);
     assert_eq!(
-        provider.stats(),
-        ScriptStats::default(),
-        "nothing was opened"
+        work.control.cancel(CancelMode::Immediate),
+        CancelIssued::Cancelled
     );
+    let (before, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert!(before.is_empty(), "no stream, so no stream signals");
+    assert_eq!(provider.stats(), ScriptStats::default(), "nothing opened");
     assert!(log.entries().is_empty());
+    assert!(work.rest().await.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn g4_cancel_before_attach_closes_an_existing_stream_at_attach() {
     let log = Log::default();
     let stream = Recording::new(&log, [Step::Chunk("never")]);
-    let session = CancellationToken::new();
-    let scope = Scope::new(&session);
-    session.cancel();
+    let scope = Scope::new();
+    scope.token().cancel();
     let mut attached = scope.attach(stream);
     assert!(
         attached.next().await.is_none(),
@@ -105,70 +149,90 @@ async fn g4_cancel_before_attach_closes_an_existing_stream_at_attach() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_cancel_during_attach_cancels_the_run_and_closes_the_stream() {
+async fn g4_a_child_scope_is_born_cancelled_under_a_cancelled_parent() {
+    let parent = settle_stream::CancellationToken::new();
+    parent.cancel();
+    let scope = Scope::child_of(&parent);
+    assert!(scope.token().is_cancelled());
+    let log = Log::default();
+    let mut attached = scope.attach(Recording::new(&log, [Step::Chunk("never")]));
+    assert!(attached.next().await.is_none());
+    assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_cancel_during_the_open_cancels_the_work_and_closes_the_stream() {
     let log = Log::default();
     let provider = SlowOpen {
         log: log.clone(),
         steps: vec![Step::Chunk("never")],
         open_delay: S,
     };
-    let session = CancellationToken::new();
-    let turn = Turn::spawn(
-        Arc::new(provider),
-        Request::prompt("hi"),
-        &session,
-        log_sink(&log),
-        options(5 * S),
-    );
+    let mut work = spawn(Arc::new(provider), log_sink(&log), 5 * S);
     tokio::time::sleep(S / 2).await;
     assert_eq!(log.entries(), ["open"]);
-    session.cancel();
-    let settled = settle(turn, S, recorder(&log)).await;
-    assert!(matches!(
-        settled.end,
-        TurnEnd::Cancelled(CancelledBy::Request)
-    ));
-    assert_eq!(settled.outcome(), Outcome::Cancelled);
-    assert_eq!(log.entries(), ["open", "close", "closed", "detach"]);
+    work.control.cancel(CancelMode::Immediate);
+    let (before, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert!(before.is_empty());
+    assert_eq!(log.entries(), ["open", "close", "closed"]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_cancel_mid_stream_closes_then_detaches() {
+async fn g4_a_stream_closed_while_it_opens_ends_the_work_and_is_closed() {
+    // The core's CloseStream for a cancel that raced the attach: the open
+    // in flight is abandoned (its stream closed by drop) and the work ends.
+    let log = Log::default();
+    let provider = SlowOpen {
+        log: log.clone(),
+        steps: vec![Step::Chunk("never")],
+        open_delay: 10 * S,
+    };
+    let mut work = spawn(Arc::new(provider), log_sink(&log), 60 * S);
+    tokio::time::sleep(S).await;
+    assert_eq!(work.control.close_stream(), ForceClosed::NothingOpen);
+    let started = Instant::now();
+    let (before, end) = work.until_end().await;
+    assert_eq!(started.elapsed(), Duration::ZERO, "no wait for the open");
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::ForceClose));
+    assert!(before.is_empty());
+    assert_eq!(log.entries(), ["open", "close", "closed"]);
+    assert_eq!(work.control.close_stream(), ForceClosed::NothingOpen);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_force_close_before_attach_closes_at_attach() {
+    let log = Log::default();
+    let scope = Scope::new();
+    assert_eq!(scope.close_handle().close(), ForceClosed::NothingOpen);
+    let mut stream = scope.attach(Recording::new(&log, [Step::Chunk("never")]));
+    assert_eq!(log.entries(), ["close", "closed"], "closed at attach");
+    assert!(stream.next().await.is_none());
+    drop(stream);
+    assert_eq!(log.count("close"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_cancel_mid_stream_closes_the_stream_before_the_end_is_reported() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b", "c", "d"]).chunk_delay(S)]);
     let log = Log::default();
-    let session = CancellationToken::new();
-    let turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        log_sink(&log),
-        options(5 * S),
-    );
+    let mut work = spawn(Arc::new(provider.clone()), log_sink(&log), 5 * S);
     tokio::time::sleep(2 * S + 500 * MS).await;
     let started = Instant::now();
-    let settled = settle(turn, S, {
-        let provider = provider.clone();
-        let log = log.clone();
-        move |_| {
-            let stats = provider.stats();
-            log.push(format!("detach after {} close", stats.close_finished));
-        }
-    })
-    .await;
+    assert_eq!(
+        work.control.cancel(CancelMode::Immediate),
+        CancelIssued::Cancelled
+    );
+    let (before, end) = work.until_end().await;
     assert_eq!(
         started.elapsed(),
         Duration::ZERO,
         "a sync close unwinds at once"
     );
-    assert!(settled.cancelled);
-    assert!(matches!(
-        settled.end,
-        TurnEnd::Cancelled(CancelledBy::Request)
-    ));
-    assert_eq!(
-        log.entries(),
-        ["chunk a", "chunk b", "detach after 1 close"]
-    );
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert_eq!(end.outcome(), Outcome::Cancelled);
+    assert_eq!(log.entries(), ["chunk a", "chunk b"]);
     assert_eq!(
         provider.stats(),
         ScriptStats {
@@ -177,85 +241,69 @@ async fn g4_cancel_mid_stream_closes_then_detaches() {
             close_finished: 1
         }
     );
+    assert!(work.rest().await.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_slow_close_finishes_within_the_settle_bound_before_detach() {
+async fn g4_a_slow_close_finishes_before_the_stream_is_reported_closed() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b"])
         .chunk_delay(S)
         .end(ScriptedEnd::Hang)
         .close_delay(300 * MS)]);
-    let session = CancellationToken::new();
-    let log = Log::default();
-    let turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        log_sink(&log),
-        options(60 * S),
-    );
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 60 * S);
+    assert_eq!(work.signals.recv().await.unwrap().1, StreamAttached);
     tokio::time::sleep(5 * S).await;
     let started = Instant::now();
-    let stats_at_detach = Arc::new(Mutex::new(None));
-    let settled = settle(turn, S, {
-        let provider = provider.clone();
-        let stats_at_detach = stats_at_detach.clone();
-        move |_| *stats_at_detach.lock().unwrap() = Some(provider.stats())
-    })
-    .await;
+    work.control.cancel(CancelMode::Immediate);
+    assert_eq!(work.signals.recv().await.unwrap().1, StreamClosed);
     assert_eq!(
         started.elapsed(),
         300 * MS,
-        "settle waited for the slow close"
+        "reported once the close is done"
     );
-    assert!(matches!(
-        settled.end,
-        TurnEnd::Cancelled(CancelledBy::Request)
-    ));
-    let at_detach = stats_at_detach.lock().unwrap().unwrap();
-    assert_eq!((at_detach.close_started, at_detach.close_finished), (1, 1));
+    let stats = provider.stats();
+    assert_eq!((stats.close_started, stats.close_finished), (1, 1));
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
     tokio::time::sleep(10 * S).await;
     assert_eq!(provider.stats().close_started, 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn g5_ignore_cancel_is_detached_at_the_settle_deadline() {
+async fn g5_a_work_that_ignores_its_cancel_is_detached_with_its_writes_revoked() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b", "c", "d"])
         .chunk_delay(S)
         .end(ScriptedEnd::IgnoreCancel)
         .ignore(60 * S)]);
-    let session = CancellationToken::new();
     let log = Log::default();
-    let turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        log_sink(&log),
-        options(5 * S),
-    );
+    let mut work = spawn(Arc::new(provider.clone()), log_sink(&log), 5 * S);
     tokio::time::sleep(2 * S + 500 * MS).await;
-    let started = Instant::now();
-    let settled = settle(turn, S, {
-        let log = log.clone();
-        let provider = provider.clone();
-        move |_| {
-            log.push(format!(
-                "detach, closes started {}",
-                provider.stats().close_started
-            ))
+    work.control.cancel(CancelMode::Immediate);
+    // The core's settle deadline passes (the core owns it), then it orders
+    // the detach.
+    tokio::time::sleep(S).await;
+    assert!(!work.control.has_ended());
+    assert_eq!(provider.stats().close_started, 1, "its close is under way");
+    let Running {
+        control,
+        mut signals,
+        tracker,
+    } = work;
+    let detached = control.detach();
+    assert_eq!(
+        detached,
+        Detached {
+            work_ended: false,
+            // The work holds its stream in its own close: nothing to force.
+            stream: ForceClosed::NothingOpen,
         }
-    })
-    .await;
-    assert_eq!(
-        started.elapsed(),
-        S,
-        "G5: no longer than the settle timeout"
     );
-    assert!(matches!(settled.end, TurnEnd::Detached));
-    assert_eq!(settled.outcome(), Outcome::Detached);
-    assert_eq!(
-        log.entries(),
-        ["chunk a", "chunk b", "detach, closes started 1"]
+    tracker.close();
+    tracker.wait().await;
+    assert_eq!(signals.recv().await.unwrap().1, StreamAttached);
+    assert!(
+        signals.recv().await.is_none(),
+        "a detached work reports nothing more"
     );
     // The abandoned close still finishes, once, after the ignore period.
     assert_eq!(provider.stats().close_finished, 0);
@@ -269,9 +317,9 @@ async fn g5_ignore_cancel_is_detached_at_the_settle_deadline() {
         }
     );
     assert_eq!(
-        log.count("chunk c"),
-        0,
-        "a detached turn writes nothing more"
+        log.entries(),
+        ["chunk a", "chunk b"],
+        "nothing written after"
     );
 }
 
@@ -281,24 +329,65 @@ async fn g5_ignore_cancel_genuinely_ignores_the_cancel() {
         .chunk_delay(S)
         .end(ScriptedEnd::IgnoreCancel)
         .ignore(10 * S)]);
-    let session = CancellationToken::new();
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        FnSink(|_| Ok(())),
-        options(60 * S),
-    );
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 60 * S);
     tokio::time::sleep(1500 * MS).await;
-    assert_eq!(turn.cancel(CancelMode::Immediate), CancelIssued::Cancelled);
+    work.control.cancel(CancelMode::Immediate);
     let started = Instant::now();
-    let end = turn.exited().await;
-    assert_eq!(
-        started.elapsed(),
-        10 * S,
-        "the work ran on for `ignore` after cancel"
-    );
-    assert!(matches!(end, TurnEnd::Cancelled(CancelledBy::Request)));
+    let (_, end) = work.until_end().await;
+    assert_eq!(started.elapsed(), 10 * S, "the work ran on for `ignore`");
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_detach_revokes_the_sink_first_then_closes_the_stream() {
+    // The stream hands out a chunk whenever asked; the detach must cut the
+    // work off before the next one is delivered.
+    let provider = ScriptedProvider::new([TurnScript::new(["a", "b", "c"])
+        .chunk_delay(S)
+        .end(ScriptedEnd::Hang)]);
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let sink = {
+        let written = written.clone();
+        FnSink(move |chunk: Chunk| {
+            written.lock().unwrap().push(chunk.into_payload());
+            Ok(())
+        })
+    };
+    let work = spawn(Arc::new(provider.clone()), sink, 60 * S);
+    tokio::time::sleep(S + 500 * MS).await;
+    let Running {
+        control,
+        mut signals,
+        tracker,
+    } = work;
+    let detached = control.detach();
+    assert_eq!(detached.stream, ForceClosed::Closed);
+    assert!(!detached.work_ended);
+    assert_eq!(provider.stats().close_finished, 1, "closed by the detach");
+    tracker.close();
+    tracker.wait().await;
+    tokio::time::sleep(10 * S).await;
+    assert_eq!(*written.lock().unwrap(), ["a"]);
+    assert_eq!(signals.recv().await.unwrap().1, StreamAttached);
+    assert!(signals.recv().await.is_none(), "no end after a detach");
+    assert_eq!(provider.stats().close_started, 1, "closed once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_dropping_the_control_detaches_the_work() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
+    let Running {
+        control,
+        mut signals,
+        tracker,
+    } = spawn(Arc::new(provider.clone()), quiet_sink(), 60 * S);
+    tokio::time::sleep(S).await;
+    drop(control);
+    tracker.close();
+    tracker.wait().await;
+    assert_eq!(provider.stats().close_finished, 1);
+    assert_eq!(signals.recv().await.unwrap().1, StreamAttached);
+    assert!(signals.recv().await.is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -306,8 +395,7 @@ async fn g5_a_stuck_work_has_its_stream_force_closed_from_outside() {
     // The work is a thread blocked outside any await point: aborting cannot
     // reach it, only the close handle can.
     let log = Log::default();
-    let session = CancellationToken::new();
-    let scope = Scope::new(&session);
+    let scope = Scope::new();
     let mut stream = scope.attach(Recording::new(&log, [Step::Chunk("a"), Step::Hang]));
     assert!(stream.next().await.unwrap().is_ok());
     let (release, blocked) = std::sync::mpsc::channel::<()>();
@@ -326,7 +414,7 @@ async fn g5_a_stuck_work_has_its_stream_force_closed_from_outside() {
 #[tokio::test(start_paused = true)]
 async fn g4_force_close_wakes_a_waiting_reader_and_closes_once() {
     let log = Log::default();
-    let scope = Scope::new(&CancellationToken::new());
+    let scope = Scope::new();
     let mut stream = scope.attach(Recording::new(&log, [Step::Hang]));
     let handle = scope.close_handle().clone();
     let reader = tokio::spawn(async move {
@@ -341,226 +429,457 @@ async fn g4_force_close_wakes_a_waiting_reader_and_closes_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_force_close_before_attach_closes_at_attach() {
-    let log = Log::default();
-    let scope = Scope::new(&CancellationToken::new());
-    assert_eq!(scope.close_handle().close(), ForceClosed::NothingOpen);
-    let mut stream = scope.attach(Recording::new(&log, [Step::Chunk("never")]));
-    assert_eq!(log.entries(), ["close", "closed"], "closed at attach");
-    assert!(stream.next().await.is_none());
-    drop(stream);
-    assert_eq!(log.count("close"), 1);
+async fn g4_closing_an_open_stream_from_outside_ends_the_work_force_closed() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 60 * S);
+    tokio::time::sleep(S).await;
+    assert_eq!(work.control.close_stream(), ForceClosed::Closed);
+    let (before, end) = work.until_end().await;
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::ForceClose));
+    assert_eq!(provider.stats().close_started, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn g6_self_cancel_is_not_cancelled_again() {
     let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::SelfCancel)]);
-    let session = CancellationToken::new();
     let log = Log::default();
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        log_sink(&log),
-        options(5 * S),
-    );
-    assert!(matches!(
-        turn.exited().await,
-        TurnEnd::Cancelled(CancelledBy::Provider)
-    ));
-    let token = turn.control().token().clone();
+    let mut work = spawn(Arc::new(provider.clone()), log_sink(&log), 5 * S);
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Provider));
+    assert_eq!(end.outcome(), Outcome::Cancelled);
     assert_eq!(
-        turn.cancel(CancelMode::Immediate),
+        work.control.cancel(CancelMode::Immediate),
         CancelIssued::AlreadyEnded
     );
-    let settled = settle(turn, S, recorder(&log)).await;
-    assert!(!settled.cancelled, "G6: not cancelled again");
-    assert!(!token.is_cancelled(), "G6: the token was never cancelled");
-    assert!(!session.is_cancelled());
-    assert!(matches!(
-        settled.end,
-        TurnEnd::Cancelled(CancelledBy::Provider)
-    ));
-    assert_eq!(settled.outcome(), Outcome::Cancelled);
-    assert_eq!(log.entries(), ["chunk a", "detach"]);
+    assert_eq!(
+        work.control.cancel(CancelMode::Graceful),
+        CancelIssued::AlreadyEnded
+    );
+    assert!(
+        !work.control.token().is_cancelled(),
+        "G6: the token was never cancelled"
+    );
+    assert_eq!(log.entries(), ["chunk a"]);
     assert_eq!(provider.stats().close_finished, 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn g6_an_ended_turn_is_not_cancelled() {
+async fn g6_an_ended_work_is_not_cancelled() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b"])]);
-    let session = CancellationToken::new();
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &session,
-        FnSink(|_| Ok(())),
-        options(5 * S),
-    );
-    assert!(matches!(turn.exited().await, TurnEnd::Completed));
-    assert!(
-        matches!(turn.exited().await, TurnEnd::Completed),
-        "exit repeats its end"
-    );
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 5 * S);
+    let (before, end) = work.until_end().await;
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_eq!(end, WorkEnd::Completed);
+    assert!(work.control.has_ended());
     assert_eq!(
-        turn.cancel(CancelMode::Immediate),
+        work.control.cancel(CancelMode::Immediate),
         CancelIssued::AlreadyEnded
     );
-    assert!(!turn.control().token().is_cancelled());
-    let settled = settle(turn, S, |_| {}).await;
-    assert!(!settled.cancelled);
-    assert_eq!(settled.outcome(), Outcome::Completed);
+    assert!(!work.control.token().is_cancelled());
     assert_eq!(provider.stats().close_started, 1);
+    assert!(work.rest().await.is_empty(), "one end, nothing after");
 }
 
 #[tokio::test(start_paused = true)]
-async fn g6_a_second_cancel_is_a_no_op() {
+async fn g6_a_work_is_cancelled_at_most_once_per_mode() {
     let provider = ScriptedProvider::new([TurnScript::new(["a"])
         .end(ScriptedEnd::IgnoreCancel)
         .chunk_delay(S)]);
-    let turn = Turn::spawn(
-        Arc::new(provider),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        FnSink(|_| Ok(())),
-        options(5 * S),
-    );
+    let mut work = spawn(Arc::new(provider), quiet_sink(), 5 * S);
     tokio::time::sleep(S / 2).await;
-    assert_eq!(turn.cancel(CancelMode::Immediate), CancelIssued::Cancelled);
+    let control = &mut work.control;
     assert_eq!(
-        turn.cancel(CancelMode::Immediate),
+        control.cancel(CancelMode::Graceful),
+        CancelIssued::LetFinish
+    );
+    assert!(!control.token().is_cancelled(), "graceful only records");
+    assert_eq!(
+        control.cancel(CancelMode::Graceful),
         CancelIssued::AlreadyCancelled
     );
-}
-
-#[tokio::test(start_paused = true)]
-async fn g4_hang_ends_with_the_idle_timeout() {
-    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        FnSink(|_| Ok(())),
-        options(2 * S),
+    assert_eq!(
+        control.cancel(CancelMode::Immediate),
+        CancelIssued::Cancelled
     );
-    let started = Instant::now();
-    let end = turn.exited().await;
-    assert_eq!(started.elapsed(), 2 * S);
-    assert_eq!(end.outcome(), Outcome::IdleTimeout);
-    assert_eq!(provider.stats().close_finished, 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn g4_fail_ends_failed_and_closed() {
-    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Fail)]);
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        FnSink(|_| Ok(())),
-        options(2 * S),
+    assert!(control.token().is_cancelled());
+    assert_eq!(
+        control.cancel(CancelMode::Immediate),
+        CancelIssued::AlreadyCancelled
     );
-    let end = turn.exited().await;
-    assert_eq!(end.outcome(), Outcome::Failed);
-    assert!(
-        matches!(end, TurnEnd::Failed(e) if matches!(e.kind(), StreamErrorKind::Provider { .. }))
+    assert_eq!(
+        control.cancel(CancelMode::Graceful),
+        CancelIssued::AlreadyCancelled
     );
-    assert_eq!(provider.stats().close_finished, 1);
+    assert_eq!(control.cancelled(), Some(CancelMode::Immediate));
 }
 
 #[tokio::test(start_paused = true)]
 async fn g4_graceful_cancel_lets_the_turn_finish() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b", "c"]).chunk_delay(S)]);
     let log = Log::default();
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        log_sink(&log),
-        options(5 * S),
-    );
+    let mut work = spawn(Arc::new(provider.clone()), log_sink(&log), 5 * S);
     tokio::time::sleep(S + MS).await;
-    assert_eq!(turn.cancel(CancelMode::Graceful), CancelIssued::LetFinish);
-    assert!(matches!(turn.exited().await, TurnEnd::Completed));
+    assert_eq!(
+        work.control.cancel(CancelMode::Graceful),
+        CancelIssued::LetFinish
+    );
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Completed);
     assert_eq!(log.entries(), ["chunk a", "chunk b", "chunk c"]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn g5_detach_happens_once_even_if_settle_is_dropped() {
-    let provider = ScriptedProvider::new([TurnScript::new(["a"])
-        .end(ScriptedEnd::IgnoreCancel)
-        .chunk_delay(S)]);
-    let log = Log::default();
-    let turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        FnSink(|_| Ok(())),
-        options(5 * S),
-    );
-    tokio::time::sleep(S / 2).await;
-    let cut_short = tokio::time::timeout(S / 4, settle(turn, S, recorder(&log))).await;
-    assert!(cut_short.is_err());
-    assert_eq!(log.entries(), ["detach"]);
-    tokio::time::sleep(120 * S).await;
-    assert_eq!(provider.stats().close_started, 1);
-    assert_eq!(provider.stats().close_finished, 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn g4_dropping_a_turn_detaches_it() {
+async fn g4_a_hang_ends_with_the_idle_timeout_and_says_which() {
     let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
-    let turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        FnSink(|_| Ok(())),
-        options(60 * S),
-    );
-    tokio::time::sleep(S).await;
-    drop(turn);
-    tokio::time::sleep(S).await;
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 2 * S);
+    let started = Instant::now();
+    let (before, end) = work.until_end().await;
+    assert_eq!(started.elapsed(), 2 * S);
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_eq!(end.outcome(), Outcome::IdleTimeout);
+    let error = end.error().unwrap();
+    assert_eq!(error.kind, TurnErrorKind::Timeout);
+    assert!(error.message.contains("(idle timeout)"), "{error}");
     assert_eq!(provider.stats().close_finished, 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_a_closed_sink_cancels_the_turn() {
+async fn g4_a_failure_ends_failed_with_its_reason_and_closed() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Fail)]);
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 2 * S);
+    let (_, end) = work.until_end().await;
+    assert_eq!(end.outcome(), Outcome::Failed);
+    let error = end.error().unwrap();
+    assert_eq!(error.kind, TurnErrorKind::Provider);
+    assert!(
+        error.message.contains("the scripted turn fails here"),
+        "{error}"
+    );
+    assert_eq!(provider.stats().close_finished, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_an_exhausted_script_fails_without_a_stream() {
+    let provider = ScriptedProvider::new([]);
+    let mut work = spawn(Arc::new(provider), quiet_sink(), 2 * S);
+    let (before, end) = work.until_end().await;
+    assert!(before.is_empty());
+    assert_eq!(end.error().unwrap().kind, TurnErrorKind::Provider);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_closed_sink_cancels_the_work() {
     let provider = ScriptedProvider::new([TurnScript::new(["a", "b"]).end(ScriptedEnd::Hang)]);
-    let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+    let (tx, rx) = mpsc::channel::<Chunk>(4);
     drop(rx);
-    let mut turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        tx,
-        options(60 * S),
-    );
-    assert!(matches!(
-        turn.exited().await,
-        TurnEnd::Cancelled(CancelledBy::SinkClosed)
-    ));
+    let mut work = spawn(Arc::new(provider.clone()), tx, 60 * S);
+    let (before, end) = work.until_end().await;
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::SinkClosed));
     assert_eq!(provider.stats().close_finished, 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn g4_parts_let_a_driver_select_over_exits() {
-    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
-    let turn = Turn::spawn(
-        Arc::new(provider.clone()),
-        Request::prompt("hi"),
-        &CancellationToken::new(),
-        FnSink(|_| Ok(())),
-        options(60 * S),
-    );
-    let (control, mut exit) = turn.into_parts();
-    let deadline = tokio::time::sleep(3 * S);
-    tokio::select! {
-        _ = &mut exit => panic!("a hung turn does not exit"),
-        _ = deadline => {}
-    }
-    let detached = control.detach();
-    assert!(!detached.work_ended);
-    assert_eq!(detached.stream, ForceClosed::Closed);
-    assert!(matches!(exit.await, TurnEnd::Detached));
+async fn g7_a_sink_that_fails_ends_the_work_failed_with_its_error() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a", "b"]).end(ScriptedEnd::Hang)]);
+    let refused = TurnError::new(TurnErrorKind::Store, "the disk is full");
+    let sink = {
+        let refused = refused.clone();
+        FnSink(move |_| Err(SinkError::Failed(refused.clone())))
+    };
+    let mut work = spawn(Arc::new(provider.clone()), sink, 60 * S);
+    let (before, end) = work.until_end().await;
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_eq!(end, WorkEnd::Failed(refused));
     assert_eq!(provider.stats().close_finished, 1);
+}
+
+/// A sink that is not ready until its gate opens (a turn row being written).
+struct Gated {
+    gate: Option<oneshot::Receiver<Result<(), SinkError>>>,
+    log: Log,
+}
+
+#[async_trait]
+impl ChunkSink for Gated {
+    async fn begin(&mut self) -> Result<(), SinkError> {
+        self.log.push("begin");
+        match self.gate.take() {
+            Some(gate) => gate.await.unwrap_or(Err(SinkError::Closed)),
+            None => Ok(()),
+        }
+    }
+
+    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
+        self.log.push(format!("chunk {}", chunk.payload()));
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn g7_the_stream_opens_only_once_the_sink_is_ready() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"])]);
+    let log = Log::default();
+    let (open, gate) = oneshot::channel();
+    let sink = Gated {
+        gate: Some(gate),
+        log: log.clone(),
+    };
+    let mut work = spawn(Arc::new(provider.clone()), sink, 60 * S);
+    tokio::time::sleep(S).await;
+    assert_eq!(provider.stats().opened, 0, "not before the sink is ready");
+    open.send(Ok(())).unwrap();
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Completed);
+    assert_eq!(log.entries(), ["begin", "chunk a"]);
+
+    // A sink that cannot begin ends the work before anything is opened.
+    let provider = ScriptedProvider::new([TurnScript::new(["a"])]);
+    let (open, gate) = oneshot::channel();
+    let refused = TurnError::new(TurnErrorKind::Store, "could not record the turn's start");
+    open.send(Err(SinkError::Failed(refused.clone()))).unwrap();
+    let sink = Gated {
+        gate: Some(gate),
+        log: log.clone(),
+    };
+    let mut work = spawn(Arc::new(provider.clone()), sink, 60 * S);
+    let (before, end) = work.until_end().await;
+    assert!(before.is_empty());
+    assert_eq!(end, WorkEnd::Failed(refused));
+    assert_eq!(provider.stats().opened, 0);
+
+    // A cancel while the sink is getting ready: nothing is opened.
+    let provider = ScriptedProvider::new([TurnScript::new(["a"])]);
+    let (_open, gate) = oneshot::channel();
+    let sink = Gated {
+        gate: Some(gate),
+        log: log.clone(),
+    };
+    let mut work = spawn(Arc::new(provider.clone()), sink, 60 * S);
+    tokio::time::sleep(S).await;
+    work.control.cancel(CancelMode::Immediate);
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert_eq!(provider.stats().opened, 0);
+}
+
+fn assert_panicked(end: &WorkEnd, says: &str) {
+    let WorkEnd::Panicked(error) = end else {
+        panic!("expected a panicked end, got {end:?}");
+    };
+    assert_eq!(error.kind, TurnErrorKind::Panic);
+    assert!(error.message.contains(says), "{error}");
+    assert_eq!(end.outcome(), Outcome::Failed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_provider_that_panics_in_open_ends_the_work_failed() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).panic(ScriptedPanic::InOpen)]);
+    let mut work = spawn(Arc::new(provider.clone()), quiet_sink(), 60 * S);
+    let (before, end) = work.until_end().await;
+    assert!(before.is_empty(), "no stream was opened");
+    assert_panicked(&end, "the scripted provider panics in open");
+    assert!(work.control.has_ended());
+    assert!(work.rest().await.is_empty(), "one end");
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_stream_that_panics_mid_stream_ends_the_work_failed_and_is_closed() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a", "b"])
+        .chunk_delay(S)
+        .panic(ScriptedPanic::MidStream)]);
+    let log = Log::default();
+    let mut work = spawn(Arc::new(provider.clone()), log_sink(&log), 60 * S);
+    let (before, end) = work.until_end().await;
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_panicked(&end, "the scripted stream panics mid-stream");
+    assert_eq!(log.entries(), ["chunk a", "chunk b"]);
+    assert_eq!(
+        provider.stats(),
+        ScriptStats {
+            opened: 1,
+            close_started: 1,
+            close_finished: 1
+        },
+        "G4: the panicking stream was closed once"
+    );
+    assert!(work.rest().await.is_empty(), "one end");
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_sink_that_panics_ends_the_work_failed_and_closes_the_stream() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a", "b"]).end(ScriptedEnd::Hang)]);
+    let sink = FnSink(|chunk: Chunk| -> Result<(), SinkError> {
+        panic!("the sink choked on {}", chunk.payload())
+    });
+    let mut work = spawn(Arc::new(provider.clone()), sink, 60 * S);
+    let (before, end) = work.until_end().await;
+    assert_eq!(before, [StreamAttached, StreamClosed]);
+    assert_panicked(&end, "the sink choked on a");
+    assert_eq!(provider.stats().close_finished, 1);
+}
+
+#[test]
+fn g4_a_work_dropped_with_its_runtime_still_reports_its_end_once() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
+    let (control, mut signals) = runtime.block_on(async {
+        let work = spawn(Arc::new(provider.clone()), quiet_sink(), 60 * S);
+        tokio::time::sleep(S).await;
+        (work.control, work.signals)
+    });
+    drop(runtime);
+    let mut seen = Vec::new();
+    while let Ok((_, signal)) = signals.try_recv() {
+        seen.push(signal);
+    }
+    assert_eq!(
+        seen,
+        [
+            StreamAttached,
+            StreamClosed,
+            WorkSignal::Ended(WorkEnd::Abandoned)
+        ]
+    );
+    assert_eq!(WorkEnd::Abandoned.outcome(), Outcome::Detached);
+    assert_eq!(provider.stats().close_finished, 1, "closed by drop");
+    drop(control);
+}
+
+/// A stream whose second poll blocks its thread until released, then
+/// yields a chunk: a work stuck outside any await point.
+struct Blocking {
+    polls: usize,
+    entered: Option<oneshot::Sender<()>>,
+    release: std::sync::mpsc::Receiver<()>,
+    log: Log,
+}
+
+impl futures_util::Stream for Blocking {
+    type Item = Result<settle_stream::StreamEvent, StreamError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.polls += 1;
+        if self.polls == 2 {
+            if let Some(entered) = self.entered.take() {
+                let _ = entered.send(());
+            }
+            self.release.recv().unwrap();
+        }
+        let chunk = if self.polls == 1 { "a" } else { "b" };
+        std::task::Poll::Ready(Some(Ok(settle_stream::StreamEvent::Chunk(Chunk::text(
+            chunk,
+        )))))
+    }
+}
+
+#[async_trait]
+impl settle_stream::Close for Blocking {
+    fn close_now(&mut self) -> Result<(), settle_stream::CloseError> {
+        self.log.push("close");
+        Ok(())
+    }
+}
+
+struct OpensBlocking(Mutex<Option<Blocking>>);
+
+#[async_trait]
+impl Provider for OpensBlocking {
+    async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+        Ok(Box::new(self.0.lock().unwrap().take().unwrap()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_a_stuck_work_detached_writes_nothing_when_it_wakes() {
+    let log = Log::default();
+    let (entered_tx, entered) = oneshot::channel();
+    let (release, blocked) = std::sync::mpsc::channel();
+    let provider = OpensBlocking(Mutex::new(Some(Blocking {
+        polls: 0,
+        entered: Some(entered_tx),
+        release: blocked,
+        log: log.clone(),
+    })));
+    let (tx, mut written) = mpsc::unbounded_channel::<Chunk>();
+    let Running {
+        control,
+        mut signals,
+        tracker,
+    } = spawn(Arc::new(provider), tx, 60 * S);
+    assert_eq!(written.recv().await.unwrap(), Chunk::text("a"));
+    entered.await.unwrap();
+    // The work's thread is inside its stream's poll: nothing can interrupt
+    // it, but its write access is revoked before it returns.
+    let detached = control.detach();
+    assert_eq!(detached.stream, ForceClosed::Requested);
+    release.send(()).unwrap();
+    tracker.close();
+    tracker.wait().await;
+    assert!(written.recv().await.is_none(), "the late chunk was refused");
+    assert_eq!(log.count("close"), 1, "closed once, by the work itself");
+    assert_eq!(signals.recv().await.unwrap().1, StreamAttached);
+    assert!(
+        signals.recv().await.is_none(),
+        "a detached work reports nothing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_work_run_inline_reads_to_its_end_and_honours_its_scope() {
+    let provider = Arc::new(ScriptedProvider::new([
+        TurnScript::new(["a", "b"]),
+        TurnScript::new(["never"]),
+    ]));
+    let log = Log::default();
+    let mut sink = log_sink(&log);
+    let end = Work::new(provider.clone(), Request::prompt("hi"))
+        .run(&Scope::new(), &mut sink)
+        .await;
+    assert_eq!(end, WorkEnd::Completed);
+    assert_eq!(log.entries(), ["chunk a", "chunk b"]);
+    assert_eq!(provider.stats().close_finished, 1);
+
+    let cancelled = Scope::new();
+    cancelled.token().cancel();
+    let end = Work::new(provider.clone(), Request::prompt("hi"))
+        .run(&cancelled, &mut sink)
+        .await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert_eq!(
+        provider.stats().opened,
+        1,
+        "a cancelled scope opens nothing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_work_with_timeouts_too_long_for_the_clock_never_times_out() {
+    let provider = ScriptedProvider::new([TurnScript::new(["a"]).end(ScriptedEnd::Hang)]);
+    let tracker = TaskTracker::new();
+    let (tx, mut signals) = mpsc::unbounded_channel();
+    let control = Work::new(Arc::new(provider.clone()), Request::prompt("hi"))
+        .options(TurnOptions {
+            idle_timeout: Duration::MAX,
+            first_event_timeout: Some(Duration::MAX),
+        })
+        .spawn(&tracker, quiet_sink(), Keyed::new((), tx));
+    assert_eq!(signals.recv().await.unwrap().1, StreamAttached);
+    let waited = tokio::time::timeout(24 * 3600 * S, signals.recv()).await;
+    assert!(waited.is_err(), "nothing ended the work in a day");
+    assert!(!control.has_ended());
+    assert_eq!(control.close_stream(), ForceClosed::Closed);
+    assert_eq!(signals.recv().await.unwrap().1, StreamClosed);
+    assert_eq!(
+        signals.recv().await.unwrap().1,
+        WorkSignal::Ended(WorkEnd::Cancelled(CancelledBy::ForceClose))
+    );
 }

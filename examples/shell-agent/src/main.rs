@@ -53,7 +53,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = args.db.clone();
     let store = Arc::new(tokio::task::spawn_blocking(move || Store::open(db)).await??);
     let kernel = Kernel::builder(store).start().await?;
-    tokio::spawn(signals::shutdown_on_signals(&kernel, Duration::from_secs(5))?);
+    tokio::spawn(signals::shutdown_on_signals(
+        &kernel,
+        Duration::from_secs(5),
+    )?);
 
     // Dropped on any early return: the session is cancelled, never left live.
     let agent = kernel.register("shell-agent", None).await?.guard();
@@ -67,8 +70,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         let mut reply = String::new();
         while let Some(chunk) = turn.next().await {
-            print!("{chunk}");
-            reply.push_str(&chunk);
+            if let Some(text) = chunk.as_text() {
+                print!("{text}");
+                reply.push_str(text);
+            }
         }
         println!();
         if let Err(error) = turn.result().await {
@@ -81,7 +86,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let output = run_tool(&agent, command.to_owned()).await?;
         println!("$ {command}\n{output}");
-        history.push(Message::new(Role::User, format!("Output of `{command}`:\n{output}")));
+        history.push(Message::new(
+            Role::User,
+            format!("Output of `{command}`:\n{output}"),
+        ));
     }
     agent.finish().await?;
     kernel.shutdown_default().await;

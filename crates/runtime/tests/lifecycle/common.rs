@@ -56,7 +56,7 @@ pub async fn start(session: &SessionHandle, provider: &Arc<ScriptedProvider>) ->
 pub async fn read_chunks(turn: &mut Turn, n: usize) -> Vec<String> {
     let mut read = Vec::with_capacity(n);
     for _ in 0..n {
-        read.push(turn.next_chunk().await.expect("a chunk"));
+        read.push(turn.next_chunk().await.expect("a chunk").into_payload());
     }
     read
 }

@@ -50,7 +50,7 @@ async fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
 
     let mut chunks = Vec::new();
     while let Some(chunk) = child_turn.next().await {
-        chunks.push(chunk);
+        chunks.push(chunk.into_payload());
     }
     assert_eq!(chunks, numbered("c", 8), "the child's turn was cut");
     assert_eq!(child_turn.outcome().await, Outcome::Completed);
@@ -477,7 +477,7 @@ async fn g5_durations_too_long_to_represent_mean_never() {
     let p = provider([complete(&["a", "b"], 10 * MS)]);
     let mut turn = start(&session, &p).await;
     read_chunks(&mut turn, 1).await;
-    applied(session.cancel(CancelMode::Immediate).await);
+    applied(session.cancel_turn().await);
     assert_eq!(turn.outcome().await, Outcome::Cancelled);
     kernel.begin_shutdown(Duration::MAX);
     tokio::time::sleep(Duration::from_secs(3600)).await;

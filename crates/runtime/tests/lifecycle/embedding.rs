@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use settle_runtime::{
-    process, CancelMode, EndReason, LifecycleEvent, Outcome, TaskError, TurnRequest,
+    process, CancelMode, Chunk, EndReason, LifecycleEvent, Outcome, TaskError, TurnRequest,
 };
 use settle_store::MemoryStore;
 
@@ -156,14 +156,14 @@ async fn g4_a_turn_dropped_mid_stream_closes_its_provider_stream() {
         .run_turn(p.clone(), TurnRequest::prompt("go"))
         .await
         .unwrap();
-    let first: Vec<String> = turn.take(1).collect().await;
+    let first: Vec<String> = turn.take(1).map(Chunk::into_payload).collect().await;
     assert_eq!(first, vec!["one".to_owned()]);
     settle_tasks().await;
     tokio::time::sleep(50 * MS).await;
     assert_eq!(p.stats().close_started, 1, "{:?}", p.stats());
     // The session goes on: the next turn streams to its end.
     let turn = start(&session, &p).await;
-    let all: Vec<String> = turn.collect().await;
+    let all: Vec<String> = turn.map(Chunk::into_payload).collect().await;
     assert_eq!(all, vec!["a".to_owned(), "b".to_owned()]);
     let d = detail(&store, session.id()).await;
     assert_eq!(d.turns[0].outcome, Some(Outcome::Cancelled));

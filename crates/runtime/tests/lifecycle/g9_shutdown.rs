@@ -278,7 +278,7 @@ fn killed_child(path: &str) {
             .await
             .unwrap();
         while let Some(chunk) = turn.next_chunk().await {
-            writeln!(out, "CHUNK {chunk}").unwrap();
+            writeln!(out, "CHUNK {}", chunk.payload()).unwrap();
             out.flush().unwrap();
         }
     });

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::{FutureExt, Stream};
-use settle_stream::{Close, CloseError, StreamError, StreamErrorKind, StreamEvent};
+use settle_stream::{Chunk, Close, CloseError, StreamError, StreamErrorKind, StreamEvent};
 use tokio::time::Sleep;
 
 /// A shared, ordered event log.
@@ -106,7 +106,7 @@ impl Stream for Recording {
                 Step::Hang => return Poll::Pending,
                 Step::Chunk(c) => {
                     this.steps.pop_front();
-                    return Poll::Ready(Some(Ok(StreamEvent::Chunk(c.to_owned()))));
+                    return Poll::Ready(Some(Ok(StreamEvent::Chunk(Chunk::text(c)))));
                 }
                 Step::KeepAlive => {
                     this.steps.pop_front();
@@ -156,5 +156,5 @@ impl Close for Recording {
 }
 
 pub fn chunk(text: &str) -> Option<Result<StreamEvent, StreamError>> {
-    Some(Ok(StreamEvent::Chunk(text.to_owned())))
+    Some(Ok(StreamEvent::Chunk(Chunk::text(text))))
 }
