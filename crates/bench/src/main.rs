@@ -6,7 +6,7 @@
 //! cargo run --release -p settle-bench -- --quick       # small sizes, for CI (well under a minute)
 //! cargo run --release -p settle-bench -- --json        # the same rows as JSON
 //! cargo run --release -p settle-bench -- --svg docs/teardown.svg
-//! cargo run --release -p settle-bench -- --only durable
+//! cargo run --release -p settle-bench -- --only durable,register
 //! ```
 //!
 //! Every row runs ours and its baseline in alternating order within each
@@ -24,6 +24,7 @@ mod durable;
 mod measure;
 mod null_store;
 mod peer;
+mod register;
 mod report;
 mod store_bench;
 mod stream_bench;
@@ -58,6 +59,7 @@ enum Bench {
     Core,
     Stream,
     Store,
+    Register,
     Memory,
 }
 
@@ -95,6 +97,8 @@ struct Sizes {
     teardown: Vec<(usize, Plan)>,
     /// Each size with its timed rounds and its phase-breakdown rounds.
     durable: Vec<(usize, Plan, usize)>,
+    register_sessions: usize,
+    register: Plan,
     core_events: usize,
     core: Plan,
     stream_items: usize,
@@ -120,6 +124,8 @@ impl Sizes {
                 (10_000, plan(1, 5), 2),
                 (100_000, plan(0, 3), 1),
             ],
+            register_sessions: 10_000,
+            register: plan(1, 7),
             core_events: 200_000,
             core: plan(5, 31),
             stream_items: 1_000_000,
@@ -137,6 +143,8 @@ impl Sizes {
         Sizes {
             teardown: vec![(1_000, plan(1, 5)), (10_000, plan(1, 3))],
             durable: vec![(1_000, plan(1, 3), 1)],
+            register_sessions: 1_000,
+            register: plan(1, 5),
             core_events: 200_000,
             core: plan(2, 9),
             stream_items: 200_000,
@@ -371,6 +379,36 @@ fn run_durable(sizes: &Sizes, workers: Option<usize>) -> Result<(Vec<Row>, Vec<s
         }
     }
     Ok((rows, series))
+}
+
+fn run_register(sizes: &Sizes) -> Result<Row> {
+    let n = sizes.register_sessions;
+    let plan = sizes.register;
+    progress(&format!(
+        "register {} sessions: {} + {} rounds",
+        grouped(n as i64),
+        plan.warmup,
+        plan.rounds
+    ));
+    let pairs = interleave(plan, || register::ours(n), || register::baseline(n))?;
+    let rate = |d: Duration| n as f64 / d.as_secs_f64() / 1e3;
+    Ok(Row::compared(
+        "register",
+        format!("{} sessions", grouped(n as i64)),
+        "k sessions/s",
+        rate(pairs.ours_median()),
+        rate(pairs.base_median()),
+        pairs.ratios(Sense::ThroughputRatio),
+        Target::ratio_at_least(0.5),
+        plan.rounds,
+    )
+    .with_note(format!(
+        "ours: Runtime::register under one root, all in flight, on a fresh SQLite store; baseline: \
+         the same session and timeline rows with plain Diesel, {} session{} per transaction (what \
+         the store commits per transaction today)",
+        register::STORE_BATCH,
+        if register::STORE_BATCH == 1 { "" } else { "s" }
+    )))
 }
 
 fn run_core(sizes: &Sizes) -> Result<Row> {
@@ -614,10 +652,13 @@ fn run(args: &Args) -> Result<()> {
     if wants(Bench::Store) {
         rows.extend(run_store(&sizes)?);
     }
+    if wants(Bench::Register) {
+        rows.push(run_register(&sizes)?);
+    }
     // The SPEC's order: teardown (stubbed, then durable), core, stream,
-    // store, memory.
+    // store, register, memory.
     let order = |r: &Row| {
-        ["teardown", "core", "stream", "store", "memory"]
+        ["teardown", "core", "stream", "store", "register", "memory"]
             .iter()
             .position(|p| r.bench.starts_with(p))
             .unwrap_or(usize::MAX)
