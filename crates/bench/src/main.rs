@@ -21,6 +21,7 @@ mod alloc;
 mod clocked;
 mod core_bench;
 mod durable;
+mod finalized_memory;
 mod measure;
 mod null_store;
 mod peer;
@@ -99,6 +100,7 @@ struct Sizes {
     durable: Vec<(usize, Plan, usize)>,
     register_sessions: usize,
     register: Plan,
+    finalized_sessions: usize,
     core_events: usize,
     core: Plan,
     stream_items: usize,
@@ -126,6 +128,7 @@ impl Sizes {
             ],
             register_sessions: 10_000,
             register: plan(1, 7),
+            finalized_sessions: 100_000,
             core_events: 200_000,
             core: plan(5, 31),
             stream_items: 1_000_000,
@@ -145,6 +148,7 @@ impl Sizes {
             durable: vec![(1_000, plan(1, 3), 1)],
             register_sessions: 1_000,
             register: plan(1, 5),
+            finalized_sessions: 10_000,
             core_events: 200_000,
             core: plan(2, 9),
             stream_items: 200_000,
@@ -569,6 +573,29 @@ fn run_memory(sizes: &Sizes) -> Result<Row> {
     ))
 }
 
+fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
+    let n = sizes.finalized_sessions;
+    progress(&format!(
+        "memory after finalize: {} sessions through a runtime",
+        grouped(n as i64)
+    ));
+    let (bytes, counted) = finalized_memory::bytes_per_finalized_session(n)?;
+    Ok(Row::absolute(
+        "memory after finalize",
+        format!("{} finalized sessions", grouped(counted as i64)),
+        "B/session",
+        bytes,
+        Target::ours_at_most(1.0),
+        1,
+    )
+    .with_note(format!(
+        "heap bytes still live per session a runtime registered, ran a one-chunk turn in and \
+         finalized, counted by the global allocator (no-op store, waves of {} sessions, the first \
+         a warm-up not counted); the target is about zero",
+        grouped(finalized_memory::WAVE as i64)
+    )))
+}
+
 /// The load average over the last minute, where the system tells it.
 fn load_average() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
@@ -631,6 +658,7 @@ fn run(args: &Args) -> Result<()> {
     // Memory first: the allocator counts every thread, and none is running yet.
     if wants(Bench::Memory) {
         rows.push(run_memory(&sizes)?);
+        rows.push(run_finalized_memory(&sizes)?);
     }
     let mut series = Vec::new();
     if wants(Bench::Teardown) {
