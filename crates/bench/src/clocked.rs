@@ -1,6 +1,6 @@
-//! A [`SessionStore`] that forwards every call to a real store and notes when
-//! finalizes were handed to it and when they returned (were committed), for
-//! the phase breakdown of the `teardown durable` row.
+//! A [`SessionStore`] that forwards every call to a real store, counts the
+//! writes and notes when finalizes were handed to it and when they returned
+//! (were committed), for the phase breakdown of the `teardown durable` row.
 //!
 //! Only the breakdown's own rounds use it; the timed rounds run on the bare
 //! store. It must forward every method of the trait, batch writes included:
@@ -39,7 +39,30 @@ impl Mark {
     }
 }
 
-/// A store whose finalizes are timed.
+/// A write counted; its index is its place in [`WRITES`].
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    CreateSession,
+    StartTurn,
+    Transition,
+    EndTurn,
+    Claim,
+    Flush,
+    Finalize,
+}
+
+/// The names of the store methods counted.
+pub const WRITES: [&str; 7] = [
+    "create_session",
+    "start_turn",
+    "transition",
+    "end_turn",
+    "claim",
+    "flush",
+    "finalize",
+];
+
+/// A store whose writes are counted and whose finalizes are timed.
 #[derive(Debug)]
 pub struct Clocked<S> {
     inner: S,
@@ -47,6 +70,7 @@ pub struct Clocked<S> {
     first_handed: Mark,
     last_handed: Mark,
     last_committed: Mark,
+    calls: [AtomicU64; WRITES.len()],
 }
 
 /// When the finalizes of a teardown reached the store, as offsets from the
@@ -70,7 +94,17 @@ impl<S> Clocked<S> {
             first_handed: Mark::never(),
             last_handed: Mark::zero(),
             last_committed: Mark::zero(),
+            calls: Default::default(),
         }
+    }
+
+    fn count(&self, write: Write) {
+        self.calls[write as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times each of [`WRITES`] was called, in that order.
+    pub fn calls(&self) -> [u64; WRITES.len()] {
+        std::array::from_fn(|i| self.calls[i].load(Ordering::SeqCst))
     }
 
     fn now(&self) -> u64 {
@@ -104,6 +138,7 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
     }
 
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
+        self.count(Write::CreateSession);
         self.inner.create_session(new).await
     }
 
@@ -115,10 +150,12 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         cause: &str,
         at: SystemTime,
     ) -> Result<(), StoreError> {
+        self.count(Write::Transition);
         self.inner.transition(id, from, to, cause, at).await
     }
 
     async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
+        self.count(Write::StartTurn);
         self.inner.start_turn(id, no, at).await
     }
 
@@ -133,18 +170,22 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         outcome: Outcome,
         at: SystemTime,
     ) -> Result<(), StoreError> {
+        self.count(Write::EndTurn);
         self.inner.end_turn(id, no, outcome, at).await
     }
 
     async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
+        self.count(Write::Claim);
         self.inner.claim(id, reason).await
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
+        self.count(Write::Flush);
         self.inner.flush().await
     }
 
     async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
+        self.count(Write::Finalize);
         let handed = self.now();
         self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
         self.last_handed.0.fetch_max(handed, Ordering::SeqCst);

@@ -189,6 +189,9 @@ pub struct Phases {
     pub finalize: FinalizeMarks,
     /// Every `finalized()` answered (the figure the timed rounds time).
     pub answered: Duration,
+    /// Store writes over the whole round (set-up included), by method, in
+    /// the order of [`WRITES`](crate::clocked::WRITES).
+    pub calls: [u64; crate::clocked::WRITES.len()],
 }
 
 /// One round of ours with the phase marks (not a timed round).
@@ -203,6 +206,7 @@ pub fn phases(rt: &tokio::runtime::Runtime, tree: Tree, n: usize) -> Result<Phas
         work_exited: round.work_exited.unwrap_or_default(),
         finalize: store.marks(round.start),
         answered: round.took,
+        calls: store.calls(),
     })
 }
 

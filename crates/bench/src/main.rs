@@ -277,7 +277,7 @@ fn run_teardown(
 }
 
 /// The phase breakdown of the durable row, as the row's note.
-fn durable_note(phases: &[durable::Phases], timed: Duration) -> String {
+fn durable_note(phases: &[durable::Phases], n: usize, timed: Duration) -> String {
     if phases.is_empty() {
         return "no phase-breakdown round".to_owned();
     }
@@ -289,11 +289,21 @@ fn durable_note(phases: &[durable::Phases], timed: Duration) -> String {
             num(ms(measure::median_duration(&times)))
         }
     };
+    let calls: Vec<String> = clocked::WRITES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, write)| {
+            let total: u64 = phases.iter().map(|p| p.calls[i]).sum();
+            let per_session = total as f64 / (phases.len() * n.max(1)) as f64;
+            (total > 0).then(|| format!("{write} {per_session:.2}"))
+        })
+        .collect();
     format!(
         "ours, phase breakdown (median of {} separate round{} over an instrumented store, not \
          timed against the target), ms after the cancel: every work exited (its turn's outcome \
          answered) {}; first finalize handed to the store {}; last handed {}; last finalize \
-         committed {}; every finalized() answered {} (the timed rounds' median: {})",
+         committed {}; every finalized() answered {} (the timed rounds' median: {}); store \
+         writes per session over the round, set-up included: {}",
         phases.len(),
         if phases.len() == 1 { "" } else { "s" },
         at(&|p| Some(p.work_exited)),
@@ -302,6 +312,7 @@ fn durable_note(phases: &[durable::Phases], timed: Duration) -> String {
         at(&|p| p.finalize.last_committed),
         at(&|p| Some(p.answered)),
         num(ms(timed)),
+        calls.join(", "),
     )
 }
 
@@ -339,7 +350,7 @@ fn run_durable(sizes: &Sizes, workers: Option<usize>) -> Result<(Vec<Row>, Vec<s
                 .map(|_| durable::phases(&rt, tree, n))
                 .collect::<Result<Vec<_>>>()?;
             let ours_median = measure::median_duration(&ours_times);
-            let note = durable_note(&phases, ours_median);
+            let note = durable_note(&phases, n, ours_median);
             ours_pts.push(chart_point(n, &ours_times));
             let bench = format!("teardown durable {}", tree.name());
             let size = format!("{} agents", grouped(n as i64));
