@@ -16,10 +16,10 @@
 //! The phase breakdown runs separate rounds over a [`Clocked`] store and
 //! watches every turn's outcome, so the timed rounds carry no instruments.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
@@ -113,16 +113,16 @@ async fn teardown(
     .await?;
     wait_until("every stream to open", || provider.stats().opened == n).await?;
 
-    // Every wait is sent now (the first poll sends it), and the driver has
-    // taken them all once it answers a later command: a no-op cancel of a
-    // leaf's (empty) subtree.
+    // Every wait is sent now: the first poll of each sends it. It is polled
+    // with a waker that does nothing, so that the answers do not wake this
+    // task one by one; the driver has taken every wait once it answers a
+    // later command, a no-op cancel of a leaf's (empty) subtree.
     let mut waits: Vec<_> = sessions.iter().map(|s| Box::pin(s.finalized())).collect();
-    let sent = poll_fn(|cx| {
-        let ready = waits.iter_mut().any(|w| w.as_mut().poll(cx).is_ready());
-        Poll::Ready(!ready)
-    })
-    .await;
-    if !sent {
+    let mut quiet = Context::from_waker(Waker::noop());
+    if waits
+        .iter_mut()
+        .any(|w| w.as_mut().poll(&mut quiet).is_ready())
+    {
         return Err("a finalized() wait answered before the cancel".into());
     }
     let leaf = sessions[n - 1].id();
@@ -142,6 +142,8 @@ async fn teardown(
     perf_control("enable");
     let start = Instant::now();
     let _ = sessions[0].cancel(CancelMode::Immediate).await?;
+    // The root's first: by G1 it is answered last, so the others are ready
+    // by then and this task wakes once.
     for wait in waits {
         wait.await?;
     }

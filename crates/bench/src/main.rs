@@ -261,7 +261,7 @@ fn run_teardown(
         let (color_ours, color_base) = ("#c0392b", "#2471a3");
         let dashed = shape == Shape::Chain;
         series.push(svg::Series {
-            label: format!("settle, {}", shape.name()),
+            label: format!("settle stubbed, {}", shape.name()),
             color: color_ours,
             dashed,
             points: ours_pts,
