@@ -2,21 +2,30 @@
 //! in one process, interleaved, side by side.
 //!
 //! ```text
-//! cargo run --release -p settle-bench                  # the full run (about a minute)
-//! cargo run --release -p settle-bench -- --quick       # small sizes, for CI
+//! cargo run --release -p settle-bench                  # the full run (minutes: the durable rows)
+//! cargo run --release -p settle-bench -- --quick       # small sizes, for CI (well under a minute)
 //! cargo run --release -p settle-bench -- --json        # the same rows as JSON
 //! cargo run --release -p settle-bench -- --svg docs/teardown.svg
+//! cargo run --release -p settle-bench -- --only durable,register
 //! ```
 //!
 //! Every row runs ours and its baseline in alternating order within each
 //! round, after warm-up rounds, and quotes the median of the per-round ratios
-//! (see [`measure`]). The run reports; it does not gate: it exits 0 when a
-//! target is missed, and 1 only when a bench could not run at all.
+//! (see [`measure`]). The `teardown durable` row's baseline is the Python
+//! asyncio peer of SPEC §9, run as a subprocess (see [`peer`]); without
+//! `python3` that row runs alone and says so. The run reports; it does not
+//! gate: it exits 0 when a target is missed, and 1 only when a bench could
+//! not run at all.
 
 mod alloc;
+mod clocked;
 mod core_bench;
+mod durable;
+mod finalized_memory;
 mod measure;
 mod null_store;
+mod peer;
+mod register;
 mod report;
 mod store_bench;
 mod stream_bench;
@@ -30,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 
+use crate::durable::Tree;
 use crate::measure::{interleave, spread, Plan, Sense};
 use crate::report::{grouped, num, Row, Target};
 use crate::teardown::Shape;
@@ -46,9 +56,11 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Bench {
     Teardown,
+    Durable,
     Core,
     Stream,
     Store,
+    Register,
     Memory,
 }
 
@@ -76,7 +88,7 @@ struct Args {
     /// 1 runs it on a current-thread runtime).
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
-    /// Teardown tree sizes instead of the defaults (comma-separated).
+    /// Tree sizes for both teardown rows instead of the defaults (comma-separated).
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     sizes: Vec<usize>,
 }
@@ -84,6 +96,11 @@ struct Args {
 /// Sizes and rounds of one run.
 struct Sizes {
     teardown: Vec<(usize, Plan)>,
+    /// Each size with its timed rounds and its phase-breakdown rounds.
+    durable: Vec<(usize, Plan, usize)>,
+    register_sessions: usize,
+    register: Plan,
+    finalized_sessions: usize,
     core_events: usize,
     core: Plan,
     stream_items: usize,
@@ -104,6 +121,14 @@ impl Sizes {
                 (10_000, plan(2, 9)),
                 (100_000, plan(1, 5)),
             ],
+            durable: vec![
+                (1_000, plan(2, 7), 3),
+                (10_000, plan(1, 5), 2),
+                (100_000, plan(0, 3), 1),
+            ],
+            register_sessions: 10_000,
+            register: plan(1, 7),
+            finalized_sessions: 100_000,
             core_events: 200_000,
             core: plan(5, 31),
             stream_items: 1_000_000,
@@ -120,6 +145,10 @@ impl Sizes {
         let plan = |warmup, rounds| Plan { warmup, rounds };
         Sizes {
             teardown: vec![(1_000, plan(1, 5)), (10_000, plan(1, 3))],
+            durable: vec![(1_000, plan(1, 3), 1)],
+            register_sessions: 1_000,
+            register: plan(1, 5),
+            finalized_sessions: 10_000,
             core_events: 200_000,
             core: plan(2, 9),
             stream_items: 200_000,
@@ -142,14 +171,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The teardown rows, and the chart's series.
-fn run_teardown(
-    sizes: &Sizes,
-    max_chain: Option<usize>,
-    workers: Option<usize>,
-) -> Result<(Vec<Row>, Vec<svg::Series>)> {
+/// The tokio runtime of the teardown rows: one worker per core unless told.
+fn teardown_runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let rt = match workers.unwrap_or(cores) {
+    Ok(match workers.unwrap_or(cores) {
         0 | 1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?,
@@ -157,7 +182,26 @@ fn run_teardown(
             .worker_threads(n)
             .enable_all()
             .build()?,
-    };
+    })
+}
+
+fn chart_point(n: usize, times: &[Duration]) -> svg::Point {
+    let s = spread(times.iter().map(|d| ms(*d)).collect());
+    svg::Point {
+        n: n as f64,
+        median: s.median,
+        min: s.min,
+        max: s.max,
+    }
+}
+
+/// The teardown rows, and the chart's series.
+fn run_teardown(
+    sizes: &Sizes,
+    max_chain: Option<usize>,
+    workers: Option<usize>,
+) -> Result<(Vec<Row>, Vec<svg::Series>)> {
+    let rt = teardown_runtime(workers)?;
     let mut rows = Vec::new();
     let mut series = Vec::new();
     for shape in [Shape::Flat, Shape::Chain] {
@@ -198,17 +242,8 @@ fn run_teardown(
                 at(|p| p.root_finalized_in_core),
                 at(|p| p.all_finalized),
             );
-            let point = |times: &[Duration]| {
-                let s = spread(times.iter().map(|d| ms(*d)).collect());
-                svg::Point {
-                    n: n as f64,
-                    median: s.median,
-                    min: s.min,
-                    max: s.max,
-                }
-            };
-            ours_pts.push(point(&pairs.ours));
-            base_pts.push(point(&pairs.base));
+            ours_pts.push(chart_point(n, &pairs.ours));
+            base_pts.push(chart_point(n, &pairs.base));
             rows.push(
                 Row::compared(
                     format!("teardown {}", shape.name()),
@@ -226,7 +261,7 @@ fn run_teardown(
         let (color_ours, color_base) = ("#c0392b", "#2471a3");
         let dashed = shape == Shape::Chain;
         series.push(svg::Series {
-            label: format!("settle, {}", shape.name()),
+            label: format!("settle stubbed, {}", shape.name()),
             color: color_ours,
             dashed,
             points: ours_pts,
@@ -239,6 +274,156 @@ fn run_teardown(
         });
     }
     Ok((rows, series))
+}
+
+/// The phase breakdown of the durable row, as the row's note.
+fn durable_note(phases: &[durable::Phases], n: usize, timed: Duration) -> String {
+    if phases.is_empty() {
+        return "no phase-breakdown round".to_owned();
+    }
+    let at = |f: &dyn Fn(&durable::Phases) -> Option<Duration>| {
+        let times: Vec<Duration> = phases.iter().filter_map(f).collect();
+        if times.is_empty() {
+            "never".to_owned()
+        } else {
+            num(ms(measure::median_duration(&times)))
+        }
+    };
+    let calls: Vec<String> = clocked::WRITES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, write)| {
+            let total: u64 = phases.iter().map(|p| p.calls[i]).sum();
+            let per_session = total as f64 / (phases.len() * n.max(1)) as f64;
+            (total > 0).then(|| format!("{write} {per_session:.2}"))
+        })
+        .collect();
+    format!(
+        "ours, phase breakdown (median of {} separate round{} over an instrumented store, not \
+         timed against the target), ms after the cancel: every work exited (its turn's outcome \
+         answered) {}; first finalize handed to the store {}; last handed {}; last finalize \
+         committed {}; every finalized() answered {} (the timed rounds' median: {}); store \
+         writes per session over the round, set-up included: {}",
+        phases.len(),
+        if phases.len() == 1 { "" } else { "s" },
+        at(&|p| Some(p.work_exited)),
+        at(&|p| p.finalize.first_handed),
+        at(&|p| p.finalize.last_handed),
+        at(&|p| p.finalize.last_committed),
+        at(&|p| Some(p.answered)),
+        num(ms(timed)),
+        calls.join(", "),
+    )
+}
+
+/// The `teardown durable` rows against the asyncio peer, and their series.
+fn run_durable(sizes: &Sizes, workers: Option<usize>) -> Result<(Vec<Row>, Vec<svg::Series>)> {
+    let rt = teardown_runtime(workers)?;
+    let peer = peer::Peer::find()?;
+    if peer.is_none() {
+        progress("python3 not found: the teardown durable rows run without their baseline");
+    }
+    let mut rows = Vec::new();
+    let mut series = Vec::new();
+    for tree in [Tree::Flat, Tree::FanOut(10)] {
+        let (mut ours_pts, mut peer_pts) = (Vec::new(), Vec::new());
+        for &(n, plan, phase_rounds) in &sizes.durable {
+            progress(&format!(
+                "teardown durable {} {} agents: {} + {} rounds, {} phase round{}",
+                tree.name(),
+                grouped(n as i64),
+                plan.warmup,
+                plan.rounds,
+                phase_rounds,
+                if phase_rounds == 1 { "" } else { "s" }
+            ));
+            let ours = || durable::ours(&rt, tree, n);
+            let pairs = match &peer {
+                Some(peer) => Some(interleave(plan, ours, || peer.round(n, tree.fanout(n)))?),
+                None => None,
+            };
+            let ours_times = match &pairs {
+                Some(p) => p.ours.clone(),
+                None => measure::rounds(plan, ours)?,
+            };
+            let phases = (0..phase_rounds)
+                .map(|_| durable::phases(&rt, tree, n))
+                .collect::<Result<Vec<_>>>()?;
+            let ours_median = measure::median_duration(&ours_times);
+            let note = durable_note(&phases, n, ours_median);
+            ours_pts.push(chart_point(n, &ours_times));
+            let bench = format!("teardown durable {}", tree.name());
+            let size = format!("{} agents", grouped(n as i64));
+            let target = Target::ratio_at_most(1.0);
+            let row = match &pairs {
+                Some(pairs) => {
+                    peer_pts.push(chart_point(n, &pairs.base));
+                    Row::compared(
+                        bench,
+                        size,
+                        "ms",
+                        ms(ours_median),
+                        ms(pairs.base_median()),
+                        pairs.ratios(Sense::TimeRatio),
+                        target,
+                        plan.rounds,
+                    )
+                    .with_note(note)
+                }
+                None => Row::ours_only(bench, size, "ms", ms(ours_median), target, plan.rounds)
+                    .with_note(format!(
+                    "no baseline: python3 was not found, so the asyncio peer did not run; {note}"
+                )),
+            };
+            rows.push(row);
+        }
+        let dashed = tree != Tree::Flat;
+        series.push(svg::Series {
+            label: format!("settle durable, {}", tree.name()),
+            color: "#d35400",
+            dashed,
+            points: ours_pts,
+        });
+        if !peer_pts.is_empty() {
+            series.push(svg::Series {
+                label: format!("asyncio peer, {}", tree.name()),
+                color: "#1e8449",
+                dashed,
+                points: peer_pts,
+            });
+        }
+    }
+    Ok((rows, series))
+}
+
+fn run_register(sizes: &Sizes) -> Result<Row> {
+    let n = sizes.register_sessions;
+    let plan = sizes.register;
+    progress(&format!(
+        "register {} sessions: {} + {} rounds",
+        grouped(n as i64),
+        plan.warmup,
+        plan.rounds
+    ));
+    let pairs = interleave(plan, || register::ours(n), || register::baseline(n))?;
+    let rate = |d: Duration| n as f64 / d.as_secs_f64() / 1e3;
+    Ok(Row::compared(
+        "register",
+        format!("{} sessions", grouped(n as i64)),
+        "k sessions/s",
+        rate(pairs.ours_median()),
+        rate(pairs.base_median()),
+        pairs.ratios(Sense::ThroughputRatio),
+        Target::ratio_at_least(0.5),
+        plan.rounds,
+    )
+    .with_note(format!(
+        "ours: Runtime::register under one root, all in flight, on a fresh SQLite store; baseline: \
+         the same session and timeline rows with plain Diesel, {} session{} per transaction (what \
+         the store commits per transaction today)",
+        register::STORE_BATCH,
+        if register::STORE_BATCH == 1 { "" } else { "s" }
+    )))
 }
 
 fn run_core(sizes: &Sizes) -> Result<Row> {
@@ -399,8 +584,38 @@ fn run_memory(sizes: &Sizes) -> Result<Row> {
     ))
 }
 
+fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
+    let n = sizes.finalized_sessions;
+    progress(&format!(
+        "memory after finalize: {} sessions through a runtime",
+        grouped(n as i64)
+    ));
+    let (bytes, counted) = finalized_memory::bytes_per_finalized_session(n)?;
+    Ok(Row::absolute(
+        "memory after finalize",
+        format!("{} finalized sessions", grouped(counted as i64)),
+        "B/session",
+        bytes,
+        Target::ours_at_most(1.0),
+        1,
+    )
+    .with_note(format!(
+        "heap bytes still live per session a runtime registered, ran a one-chunk turn in and \
+         finalized, counted by the global allocator (no-op store, waves of {} sessions, the first \
+         a warm-up not counted); the target is about zero",
+        grouped(finalized_memory::WAVE as i64)
+    )))
+}
+
+/// The load average over the last minute, where the system tells it.
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
 fn run(args: &Args) -> Result<()> {
     let started = Instant::now();
+    let load_before = load_average();
     let sizes = if args.quick {
         Sizes::quick()
     } else {
@@ -422,6 +637,31 @@ fn run(args: &Args) -> Result<()> {
                     |(_, p)| *p,
                 )
         };
+        let durable_plan = |n: usize| {
+            sizes
+                .durable
+                .iter()
+                .find(|(m, _, _)| *m >= n)
+                .or(sizes.durable.last())
+                .map_or(
+                    (
+                        Plan {
+                            warmup: 0,
+                            rounds: 3,
+                        },
+                        1,
+                    ),
+                    |(_, p, k)| (*p, *k),
+                )
+        };
+        sizes.durable = args
+            .sizes
+            .iter()
+            .map(|&n| {
+                let (plan, phases) = durable_plan(n);
+                (n, plan, phases)
+            })
+            .collect();
         sizes.teardown = args.sizes.iter().map(|&n| (n, plan(n))).collect();
     }
     let wants = |b: Bench| args.only.is_empty() || args.only.contains(&b);
@@ -429,12 +669,18 @@ fn run(args: &Args) -> Result<()> {
     // Memory first: the allocator counts every thread, and none is running yet.
     if wants(Bench::Memory) {
         rows.push(run_memory(&sizes)?);
+        rows.push(run_finalized_memory(&sizes)?);
     }
     let mut series = Vec::new();
     if wants(Bench::Teardown) {
         let (teardown_rows, teardown_series) = run_teardown(&sizes, args.max_chain, args.workers)?;
         rows.extend(teardown_rows);
-        series = teardown_series;
+        series.extend(teardown_series);
+    }
+    if wants(Bench::Durable) {
+        let (durable_rows, durable_series) = run_durable(&sizes, args.workers)?;
+        rows.extend(durable_rows);
+        series.extend(durable_series);
     }
     if wants(Bench::Core) {
         rows.push(run_core(&sizes)?);
@@ -445,15 +691,20 @@ fn run(args: &Args) -> Result<()> {
     if wants(Bench::Store) {
         rows.extend(run_store(&sizes)?);
     }
-    // The SPEC's order: teardown, core, stream, store, memory.
+    if wants(Bench::Register) {
+        rows.push(run_register(&sizes)?);
+    }
+    // The SPEC's order: teardown (stubbed, then durable), core, stream,
+    // store, register, memory.
     let order = |r: &Row| {
-        ["teardown", "core", "stream", "store", "memory"]
+        ["teardown", "core", "stream", "store", "register", "memory"]
             .iter()
             .position(|p| r.bench.starts_with(p))
             .unwrap_or(usize::MAX)
     };
     rows.sort_by_key(order);
     let elapsed = started.elapsed();
+    let load_after = load_average();
 
     if let Some(path) = &args.svg {
         if series.is_empty() {
@@ -471,20 +722,24 @@ fn run(args: &Args) -> Result<()> {
         let doc = serde_json::json!({
             "mode": if args.quick { "quick" } else { "full" },
             "seconds": elapsed.as_secs_f64(),
+            "load_average": { "start": load_before, "end": load_after },
             "rows": rows,
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        let missed = rows.iter().filter(|r| !r.met).count();
+        let missed = rows.iter().filter(|r| r.met == Some(false)).count();
+        let load = |l: Option<f64>| l.map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"));
         write!(out, "{}", report::table(&rows))?;
         writeln!(
             out,
-            "\n{} rows, {} target{} missed, {:.1} s ({} run)",
+            "\n{} rows, {} target{} missed, {:.1} s ({} run), load average {} at the start, {} at the end",
             rows.len(),
             missed,
             if missed == 1 { "" } else { "s" },
             elapsed.as_secs_f64(),
-            if args.quick { "quick" } else { "full" }
+            if args.quick { "quick" } else { "full" },
+            load(load_before),
+            load(load_after),
         )?;
     }
     Ok(())

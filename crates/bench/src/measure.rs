@@ -54,6 +54,19 @@ pub fn interleave(
     Ok(pairs)
 }
 
+/// Runs `plan.warmup + plan.rounds` rounds of `ours` alone (a row whose
+/// baseline cannot run) and keeps the timed ones.
+pub fn rounds(plan: Plan, mut ours: impl FnMut() -> Result<Duration>) -> Result<Vec<Duration>> {
+    let mut times = Vec::with_capacity(plan.rounds);
+    for round in 0..plan.warmup + plan.rounds {
+        let t = ours()?;
+        if round >= plan.warmup {
+            times.push(t);
+        }
+    }
+    Ok(times)
+}
+
 /// Which way a ratio is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sense {

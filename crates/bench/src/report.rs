@@ -77,8 +77,9 @@ pub struct Row {
     pub ratio: Option<Spread>,
     /// What must hold.
     pub target: Target,
-    /// Whether it held (on the median).
-    pub met: bool,
+    /// Whether it held (on the median); `None` when it could not be judged
+    /// (a baseline that did not run).
+    pub met: Option<bool>,
     /// How many timed rounds the figures come from.
     pub rounds: usize,
     /// Anything a reader needs to read the row right.
@@ -99,7 +100,7 @@ impl Row {
         target: Target,
         rounds: usize,
     ) -> Row {
-        let met = target.holds(ratio.median);
+        let met = Some(target.holds(ratio.median));
         Row {
             bench: bench.into(),
             size: size.into(),
@@ -130,7 +131,31 @@ impl Row {
             ours,
             baseline: None,
             ratio: None,
-            met: target.holds(ours),
+            met: Some(target.holds(ours)),
+            target,
+            rounds,
+            note: None,
+        }
+    }
+
+    /// A row whose baseline could not run: our figure alone, its ratio
+    /// target not judged.
+    pub fn ours_only(
+        bench: impl Into<String>,
+        size: impl Into<String>,
+        unit: impl Into<String>,
+        ours: f64,
+        target: Target,
+        rounds: usize,
+    ) -> Row {
+        Row {
+            bench: bench.into(),
+            size: size.into(),
+            unit: unit.into(),
+            ours,
+            baseline: None,
+            ratio: None,
+            met: None,
             target,
             rounds,
             note: None,
@@ -203,7 +228,12 @@ fn cells(row: &Row) -> [String; 7] {
             |r| format!("{:.2}× ({:.2}–{:.2})", r.median, r.min, r.max),
         ),
         row.target.describe(&row.unit),
-        if row.met { "yes" } else { "NO" }.to_owned(),
+        match row.met {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "—",
+        }
+        .to_owned(),
     ]
 }
 

@@ -50,13 +50,15 @@ impl Shape {
 /// How long set-up may take before a round is given up.
 const SETUP_LIMIT: Duration = Duration::from_secs(120);
 /// A pause after set-up, so that the timed part starts from a quiet runtime.
-const SETTLE_PAUSE: Duration = Duration::from_millis(20);
+pub(crate) const SETTLE_PAUSE: Duration = Duration::from_millis(20);
 
-fn hanging(n: usize) -> ScriptedProvider {
+/// A provider of `n` turns that each hang until closed.
+pub(crate) fn hanging(n: usize) -> ScriptedProvider {
     ScriptedProvider::new((0..n).map(|_| TurnScript::default().end(ScriptedEnd::Hang)))
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+/// Waits (set-up, untimed) until `done`, then a short pause.
+pub(crate) async fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();
     while !done() {
         if start.elapsed() > SETUP_LIMIT {
@@ -71,7 +73,7 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
 /// With `SETTLE_BENCH_PERF_CTL` naming the control FIFO of a
 /// `perf record --delay=-1 --control=fifo:PATH` session, profiles only the
 /// timed teardown of ours (see BENCHMARKS.md).
-fn perf_control(command: &str) {
+pub(crate) fn perf_control(command: &str) {
     if let Some(path) = std::env::var_os("SETTLE_BENCH_PERF_CTL") {
         if let Err(e) = std::fs::write(&path, format!("{command}\n")) {
             eprintln!("settle-bench: perf control {}: {e}", path.to_string_lossy());

@@ -1,0 +1,214 @@
+//! A [`SessionStore`] that forwards every call to a real store, counts the
+//! writes and notes when finalizes were handed to it and when they returned
+//! (were committed), for the phase breakdown of the `teardown durable` row.
+//!
+//! Only the breakdown's own rounds use it; the timed rounds run on the bare
+//! store. It must forward every method of the trait, batch writes included:
+//! a method left to a default implementation here would send the runtime
+//! down a slower path than the bare store offers, and the breakdown would no
+//! longer describe the timed rounds (its note quotes both totals, so a gap
+//! shows).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_store::{
+    ChunkReceipt, Claim, Finalize, Finalized, MemoryRow, NewSession, OwnerId, OwnerInfo,
+    RecoverOptions, RecoveryReport, SessionDetail, SessionRow, SessionStore, StoreError,
+};
+
+/// Nanoseconds since `base`, or `NEVER`.
+#[derive(Debug)]
+struct Mark(AtomicU64);
+
+const NEVER: u64 = u64::MAX;
+
+impl Mark {
+    fn never() -> Mark {
+        Mark(AtomicU64::new(NEVER))
+    }
+
+    fn zero() -> Mark {
+        Mark(AtomicU64::new(0))
+    }
+
+    fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::SeqCst)).filter(|&t| t != NEVER)
+    }
+}
+
+/// A write counted; its index is its place in [`WRITES`].
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    CreateSession,
+    StartTurn,
+    Transition,
+    EndTurn,
+    Claim,
+    Flush,
+    Finalize,
+}
+
+/// The names of the store methods counted.
+pub const WRITES: [&str; 7] = [
+    "create_session",
+    "start_turn",
+    "transition",
+    "end_turn",
+    "claim",
+    "flush",
+    "finalize",
+];
+
+/// A store whose writes are counted and whose finalizes are timed.
+#[derive(Debug)]
+pub struct Clocked<S> {
+    inner: S,
+    base: Instant,
+    first_handed: Mark,
+    last_handed: Mark,
+    last_committed: Mark,
+    calls: [AtomicU64; WRITES.len()],
+}
+
+/// When the finalizes of a teardown reached the store, as offsets from the
+/// start of the timed part (`None`: none did after it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FinalizeMarks {
+    /// The first finalize was handed to the store.
+    pub first_handed: Option<Duration>,
+    /// The last finalize was handed to the store.
+    pub last_handed: Option<Duration>,
+    /// The last finalize returned from the store: committed.
+    pub last_committed: Option<Duration>,
+}
+
+impl<S> Clocked<S> {
+    /// `inner`, timed.
+    pub fn new(inner: S) -> Clocked<S> {
+        Clocked {
+            inner,
+            base: Instant::now(),
+            first_handed: Mark::never(),
+            last_handed: Mark::zero(),
+            last_committed: Mark::zero(),
+            calls: Default::default(),
+        }
+    }
+
+    fn count(&self, write: Write) {
+        self.calls[write as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times each of [`WRITES`] was called, in that order.
+    pub fn calls(&self) -> [u64; WRITES.len()] {
+        std::array::from_fn(|i| self.calls[i].load(Ordering::SeqCst))
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(NEVER - 1)
+    }
+
+    /// The marks, as offsets from `from`.
+    pub fn marks(&self, from: Instant) -> FinalizeMarks {
+        let offset = from.saturating_duration_since(self.base);
+        let since = |mark: &Mark| {
+            mark.get()
+                .filter(|&t| t > 0)
+                .map(|t| Duration::from_nanos(t).saturating_sub(offset))
+        };
+        FinalizeMarks {
+            first_handed: since(&self.first_handed),
+            last_handed: since(&self.last_handed),
+            last_committed: since(&self.last_committed),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: SessionStore> SessionStore for Clocked<S> {
+    async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError> {
+        self.inner.register_owner(owner, ttl).await
+    }
+
+    async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
+        self.inner.renew_lease(owner, ttl).await
+    }
+
+    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
+        self.count(Write::CreateSession);
+        self.inner.create_session(new).await
+    }
+
+    async fn transition(
+        &self,
+        id: SessionId,
+        from: State,
+        to: State,
+        cause: &str,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.count(Write::Transition);
+        self.inner.transition(id, from, to, cause, at).await
+    }
+
+    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
+        self.count(Write::StartTurn);
+        self.inner.start_turn(id, no, at).await
+    }
+
+    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt {
+        self.inner.append_chunk(id, turn, text)
+    }
+
+    async fn end_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        outcome: Outcome,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.count(Write::EndTurn);
+        self.inner.end_turn(id, no, outcome, at).await
+    }
+
+    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
+        self.count(Write::Claim);
+        self.inner.claim(id, reason).await
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.count(Write::Flush);
+        self.inner.flush().await
+    }
+
+    async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
+        self.count(Write::Finalize);
+        let handed = self.now();
+        self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
+        self.last_handed.0.fetch_max(handed, Ordering::SeqCst);
+        let result = self.inner.finalize(id, plan).await;
+        self.last_committed
+            .0
+            .fetch_max(self.now(), Ordering::SeqCst);
+        result
+    }
+
+    async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
+        self.inner.recover(options).await
+    }
+
+    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
+        self.inner.list_sessions(state).await
+    }
+
+    async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
+        self.inner.session_detail(id).await
+    }
+
+    async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
+        self.inner.memories(id).await
+    }
+}

@@ -1,0 +1,83 @@
+//! The `memory after finalize` row: a runtime that has registered and
+//! finalized many sessions must hold nothing for them (issue 12's target:
+//! about zero bytes per finalized session).
+//!
+//! A [`Runtime`] over the [`NullStore`] (which holds nothing per session, so
+//! what is counted is the runtime's) on a current-thread tokio runtime, so
+//! every allocation is this thread's. Sessions go through in waves of
+//! [`WAVE`], all of a wave in flight at once: register, run one turn of one
+//! chunk to its end, finish. The first wave is a warm-up (maps, channels and
+//! buffers reach their working size); the heap bytes still live after the
+//! other waves, counted by the global allocator, divided by the sessions of
+//! those waves, are the figure. At most one wave is live at a time, so a map
+//! that grew for a wave and kept its capacity is not counted against the
+//! sessions: only what stays per finalized session is.
+
+use std::sync::Arc;
+
+use futures_util::future::try_join_all;
+use settle_runtime::{Runtime, TurnRequest};
+use settle_stream::{Provider, ScriptedProvider, TurnScript};
+
+use crate::alloc;
+use crate::null_store::NullStore;
+use crate::Result;
+
+/// Sessions per wave.
+pub const WAVE: usize = 1_000;
+
+/// Every call the row makes on the runtime: one wave of `WAVE` sessions,
+/// each registered, run through one turn of one chunk, and finished (which
+/// answers once it is finalized).
+async fn wave(runtime: &Runtime, wave: usize) -> Result<()> {
+    let provider: Arc<dyn Provider> = Arc::new(ScriptedProvider::new(
+        (0..WAVE).map(|_| TurnScript::new(["a chunk"])),
+    ));
+    let sessions = (0..WAVE).map(|i| {
+        let provider = provider.clone();
+        async move {
+            let session = runtime.register(format!("wave-{wave}-{i}"), None).await?;
+            let mut turn = session
+                .run_turn(provider, TurnRequest::prompt("go"))
+                .await?;
+            while turn.next_chunk().await.is_some() {}
+            let _ = turn.outcome().await;
+            session.finish().await?;
+            Ok::<_, crate::Error>(())
+        }
+    });
+    try_join_all(sessions).await?;
+    Ok(())
+}
+
+/// Heap bytes per finalized session still live after `n` sessions (rounded
+/// up to whole waves, the warm-up wave not counted) went through a runtime.
+pub fn bytes_per_finalized_session(n: usize) -> Result<(f64, usize)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let waves = n.div_ceil(WAVE).max(2);
+    let runtime = rt.block_on(async {
+        let store = Arc::new(NullStore::expecting(usize::MAX));
+        let runtime = Runtime::builder(store)
+            .idle_timeout(None)
+            .idle_ttl(None)
+            .lru_cap(None)
+            .start()
+            .await?;
+        wave(&runtime, 0).await?;
+        Ok::<_, crate::Error>(runtime)
+    })?;
+    let (done, bytes) = alloc::net_bytes(|| {
+        rt.block_on(async {
+            for w in 1..waves {
+                wave(&runtime, w).await?;
+            }
+            Ok::<_, crate::Error>(())
+        })
+    });
+    done?;
+    rt.block_on(runtime.shutdown(std::time::Duration::ZERO));
+    let counted = (waves - 1) * WAVE;
+    Ok((bytes as f64 / counted as f64, counted))
+}

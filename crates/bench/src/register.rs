@@ -1,0 +1,196 @@
+//! The `register` row: sessions registered per second through the runtime
+//! on an SQLite [`Store`], against a raw Diesel insert of the same rows into
+//! the same schema, batched as the store batches them.
+//!
+//! Ours: a fresh database and a [`Runtime`] over it with one root session;
+//! timed, `Runtime::register` of N children of the root, all in flight at
+//! once, until every handle is back (each registration answers once its row
+//! is committed). The round's runtime is then dropped with its tokio runtime,
+//! not shut down: finalizing the sessions is another row's work.
+//!
+//! Baseline: a fresh database with the same schema, owner and root (made by
+//! the store), then plain Diesel on its own connection with the store's
+//! pragmas: for each session the row `create_session` writes (the session,
+//! with its tree, state and owner) and its `registered` timeline row,
+//! [`STORE_BATCH`] sessions per transaction, multi-row inserts, ids chosen by
+//! the bench. It skips what the store does on top: checking the parent is
+//! open (G1) and reading back the id SQLite allocated.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sqlite::SqliteConnection;
+use futures_util::future::try_join_all;
+use settle_runtime::{Runtime, SessionId};
+use settle_store::{NewSession, OwnerInfo, SessionStore, Store};
+
+use crate::Result;
+
+/// How many registrations the store commits in one transaction, which the
+/// baseline follows: one, today (`create_session` is a transaction of its
+/// own, whatever else is in flight). When the store group-commits
+/// registrations, this is its batch size.
+pub const STORE_BATCH: usize = 1;
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| format!("{} is not UTF-8", path.display()).into())
+}
+
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("agent-{i}")).collect()
+}
+
+/// Every call the row makes on the runtime: start a runtime over `store`
+/// with a root, then (timed) register `names` under it, all in flight.
+async fn register_all(store: Arc<dyn SessionStore>, names: Vec<String>) -> Result<Duration> {
+    let runtime = Runtime::builder(store)
+        .idle_timeout(None)
+        .idle_ttl(None)
+        .lru_cap(None)
+        .start()
+        .await?;
+    let root = runtime.register("root", None).await?.id();
+    let n = names.len();
+    let start = Instant::now();
+    let handles = try_join_all(
+        names
+            .into_iter()
+            .map(|name| runtime.register(name, Some(root))),
+    )
+    .await?;
+    let took = start.elapsed();
+    if handles.len() != n {
+        return Err(format!("registered {} sessions, asked {n}", handles.len()).into());
+    }
+    Ok(took)
+}
+
+/// One round of ours: `n` registrations on a fresh database.
+pub fn ours(n: usize) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("settle.db");
+    let store = Store::open(path_str(&path)?)?;
+    let names = names(n);
+    // Its own tokio runtime, dropped at the end of the round with the
+    // runtime's tasks, so that nothing of this round runs into the next.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |c| c.get()))
+        .enable_all()
+        .build()?;
+    let took = rt.block_on(register_all(Arc::new(store), names))?;
+    rt.shutdown_background();
+    let mut conn = crate::durable::read_back(&path)?;
+    let rows: i64 = db::sessions::table.count().get_result(&mut conn)?;
+    if rows != n as i64 + 1 {
+        return Err(
+            format!("register: {rows} session rows after {n} registrations and a root").into(),
+        );
+    }
+    Ok(took)
+}
+
+mod db {
+    diesel::table! {
+        sessions (id) {
+            id -> BigInt,
+            name -> Text,
+            parent -> Nullable<BigInt>,
+            tree -> BigInt,
+            state -> Text,
+            created_at -> BigInt,
+            version -> BigInt,
+            owner -> BigInt,
+        }
+    }
+
+    diesel::table! {
+        timeline (id) {
+            id -> BigInt,
+            session -> BigInt,
+            at -> BigInt,
+            from_state -> Nullable<Text>,
+            to_state -> Text,
+            cause -> Text,
+        }
+    }
+}
+
+/// One round of the baseline: the same rows on a fresh database.
+pub fn baseline(n: usize) -> Result<Duration> {
+    use db::{sessions, timeline};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("raw.db");
+    let (owner, root) = {
+        let store = Store::open(path_str(&path)?)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let owner = store
+                .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
+                .await?;
+            let root = store.create_session(NewSession::new("root", owner)).await?;
+            Ok::<_, crate::Error>((owner, root))
+        })?
+    };
+    let owner = i64::try_from(owner.0)?;
+    let root = raw_id(root)?;
+    let mut conn = SqliteConnection::establish(path_str(&path)?)?;
+    for pragma in [
+        "PRAGMA busy_timeout = 5000",
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA synchronous = NORMAL",
+        "PRAGMA foreign_keys = ON",
+        "PRAGMA wal_autocheckpoint = 0",
+    ] {
+        conn.batch_execute(pragma)?;
+    }
+    let names = names(n);
+
+    let start = Instant::now();
+    let at = i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
+    for (b, batch) in names.chunks(STORE_BATCH).enumerate() {
+        let first = root + 1 + (b * STORE_BATCH) as i64;
+        conn.immediate_transaction(|c| {
+            for (name, id) in batch.iter().zip(first..) {
+                diesel::insert_into(sessions::table)
+                    .values((
+                        sessions::id.eq(id),
+                        sessions::name.eq(name.as_str()),
+                        sessions::parent.eq(Some(root)),
+                        sessions::tree.eq(root),
+                        sessions::state.eq("registered"),
+                        sessions::created_at.eq(at),
+                        sessions::version.eq(0_i64),
+                        sessions::owner.eq(owner),
+                    ))
+                    .execute(c)?;
+                diesel::insert_into(timeline::table)
+                    .values((
+                        timeline::session.eq(id),
+                        timeline::at.eq(at),
+                        timeline::from_state.eq(None::<&str>),
+                        timeline::to_state.eq("registered"),
+                        timeline::cause.eq("registered"),
+                    ))
+                    .execute(c)?;
+            }
+            Ok::<_, diesel::result::Error>(())
+        })?;
+    }
+    let took = start.elapsed();
+
+    let rows: i64 = sessions::table.count().get_result(&mut conn)?;
+    if rows != n as i64 + 1 {
+        return Err(format!("register baseline: {rows} session rows, expected {}", n + 1).into());
+    }
+    Ok(took)
+}
+
+fn raw_id(id: SessionId) -> Result<i64> {
+    Ok(i64::try_from(id.get())?)
+}
