@@ -137,6 +137,10 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         self.inner.renew_lease(owner, ttl).await
     }
 
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        self.inner.reserve_ids(count).await
+    }
+
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
         self.count(Write::CreateSession);
         self.inner.create_session(new).await

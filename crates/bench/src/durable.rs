@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use diesel::prelude::*;
 use diesel::sqlite::SqliteConnection;
 use futures_util::future::try_join_all;
-use settle_runtime::{CancelMode, Handled, Runtime, SessionHandle, Turn, TurnRequest};
+use settle_runtime::{CancelMode, Handled, Kernel, SessionHandle, Turn, TurnRequest};
 use settle_store::{SessionStore, Store};
 use settle_stream::{Provider, ScriptedProvider};
 
@@ -83,7 +83,7 @@ async fn teardown(
     provider: Arc<ScriptedProvider>,
     watch_work: bool,
 ) -> Result<Teardown> {
-    let runtime = Runtime::builder(store)
+    let runtime = Kernel::builder(store)
         .idle_timeout(None)
         .idle_ttl(None)
         .lru_cap(None)

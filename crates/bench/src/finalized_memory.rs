@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use futures_util::future::try_join_all;
-use settle_runtime::{Runtime, TurnRequest};
+use settle_runtime::{Kernel, TurnRequest};
 use settle_stream::{Provider, ScriptedProvider, TurnScript};
 
 use crate::alloc;
@@ -29,7 +29,7 @@ pub const WAVE: usize = 1_000;
 /// Every call the row makes on the runtime: one wave of `WAVE` sessions,
 /// each registered, run through one turn of one chunk, and finished (which
 /// answers once it is finalized).
-async fn wave(runtime: &Runtime, wave: usize) -> Result<()> {
+async fn wave(runtime: &Kernel, wave: usize) -> Result<()> {
     let provider: Arc<dyn Provider> = Arc::new(ScriptedProvider::new(
         (0..WAVE).map(|_| TurnScript::new(["a chunk"])),
     ));
@@ -59,7 +59,7 @@ pub fn bytes_per_finalized_session(n: usize) -> Result<(f64, usize)> {
     let waves = n.div_ceil(WAVE).max(2);
     let runtime = rt.block_on(async {
         let store = Arc::new(NullStore::expecting(usize::MAX));
-        let runtime = Runtime::builder(store)
+        let runtime = Kernel::builder(store)
             .idle_timeout(None)
             .idle_ttl(None)
             .lru_cap(None)

@@ -418,7 +418,7 @@ fn run_register(sizes: &Sizes) -> Result<Row> {
         plan.rounds,
     )
     .with_note(format!(
-        "ours: Runtime::register under one root, all in flight, on a fresh SQLite store; baseline: \
+        "ours: Kernel::register under one root, all in flight, on a fresh SQLite store; baseline: \
          the same session and timeline rows with plain Diesel, {} session{} per transaction (what \
          the store commits per transaction today)",
         register::STORE_BATCH,

@@ -24,7 +24,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sqlite::SqliteConnection;
 use futures_util::future::try_join_all;
-use settle_runtime::{Runtime, SessionId};
+use settle_runtime::{Kernel, SessionId};
 use settle_store::{NewSession, OwnerInfo, SessionStore, Store};
 
 use crate::Result;
@@ -47,7 +47,7 @@ fn names(n: usize) -> Vec<String> {
 /// Every call the row makes on the runtime: start a runtime over `store`
 /// with a root, then (timed) register `names` under it, all in flight.
 async fn register_all(store: Arc<dyn SessionStore>, names: Vec<String>) -> Result<Duration> {
-    let runtime = Runtime::builder(store)
+    let runtime = Kernel::builder(store)
         .idle_timeout(None)
         .idle_ttl(None)
         .lru_cap(None)
