@@ -798,11 +798,6 @@ impl Core {
     /// After a session became idle, or a hold or transport changed: claims
     /// that were waiting for it to be idle, and a closing session's finalize.
     fn after_idle(&mut self, now: Instant, id: SessionId) {
-        let s = self.session_mut(now, id);
-        if s.transport.close_pending && s.transport.attached == 0 && s.is_reclaimable() {
-            s.transport.close_pending = false;
-            self.claim(now, id, EndReason::TransportClosed);
-        }
         self.cascade(now, id, Cause::DescendantsSettled);
         self.refresh_index(id);
     }
@@ -830,6 +825,21 @@ impl Core {
         let Some(s) = self.sessions.get(&id) else {
             return false;
         };
+        // Its close-on-disconnect transport dropped while it was busy (a work,
+        // a hold, a child): the claim goes the moment it is reclaimable, which
+        // may be a child's finalize walking up here (G3: predicate and mark in
+        // one step, as in `claim`).
+        if s.transport.close_pending
+            && s.transport.attached == 0
+            && s.is_reclaimable()
+            && self.shutdown.is_none()
+        {
+            let s = self.session_mut(now, id);
+            s.transport.close_pending = false;
+            s.intent = Some(Intent::End(EndReason::TransportClosed));
+            self.finalize(now, id);
+            return true;
+        }
         // Decided from one lookup: most calls find nothing to do.
         let idle = s.works.is_empty();
         let settle = s.state == State::Cancelling && idle && s.unsettled_children == 0;

@@ -480,6 +480,31 @@ fn g3_transport_closed_reclaims_at_once_or_after_the_live_turn() {
 }
 
 #[test]
+fn g3_transport_closed_reclaims_a_parent_once_its_last_child_is_finalized() {
+    // Found by the property suite: the pending close was looked at only when
+    // the session itself went idle (a turn ended, a hold was released), so a
+    // parent whose close-on-disconnect transport dropped while it still had a
+    // child stayed open for good once that child was finalized.
+    let mut h = Harness::quiet();
+    let parent = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.ev(Event::TransportAttached {
+        session: parent,
+        close_on_disconnect: true,
+    });
+    h.ev(Event::TransportDetached { session: parent });
+    assert!(h.finalized().is_empty(), "G1: the child goes first");
+    h.ev(Event::UserClose { session: child });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (child, EndReason::UserClose),
+            (parent, EndReason::TransportClosed)
+        ]
+    );
+}
+
+#[test]
 fn g3_user_close_cancels_first_and_finalizes_once_settled() {
     let mut h = Harness::new();
     let s = h.register(1, None);
