@@ -476,7 +476,9 @@ impl Core {
         };
         s.transport.attached = s.transport.attached.saturating_add(1);
         s.transport.close_on_disconnect |= close_on_disconnect;
+        // A transport is back: it is no orphan, and nothing waits to close it.
         s.orphan_deadline = None;
+        s.transport.pending = None;
         Ok(Handled::Applied)
     }
 
@@ -494,7 +496,7 @@ impl Core {
             return Ok(Handled::Applied);
         }
         if s.transport.close_on_disconnect {
-            s.transport.close_pending = true;
+            s.transport.pending = Some(EndReason::TransportClosed);
             self.after_idle(now, id);
         } else if let Some(at) = now.checked_add(grace) {
             s.orphan_deadline = Some(at);
@@ -618,9 +620,14 @@ impl Core {
             return;
         }
         if !self.claim(now, id, EndReason::OrphanReap) {
-            // Skipped because a work (or a hold) is live: try again later (SPEC §5).
-            if let Some(at) = now.checked_add(grace) {
-                self.session_mut(now, id).orphan_deadline = Some(at);
+            // Skipped because a work (or a hold) is live: try again later
+            // (SPEC §5). With no grace at all, "later" is the moment it is
+            // idle: a deadline re-armed at `now` would fire again at once.
+            let s = self.session_mut(now, id);
+            if grace.is_zero() {
+                s.transport.pending = Some(EndReason::OrphanReap);
+            } else if let Some(at) = now.checked_add(grace) {
+                s.orphan_deadline = Some(at);
                 self.deadlines.arm(at, id, Timer::Orphan);
             }
         }
@@ -825,18 +832,17 @@ impl Core {
         let Some(s) = self.sessions.get(&id) else {
             return false;
         };
-        // Its close-on-disconnect transport dropped while it was busy (a work,
-        // a hold, a child): the claim goes the moment it is reclaimable, which
-        // may be a child's finalize walking up here (G3: predicate and mark in
-        // one step, as in `claim`).
-        if s.transport.close_pending
-            && s.transport.attached == 0
-            && s.is_reclaimable()
-            && self.shutdown.is_none()
-        {
+        // A reclaim that found it busy (a work, a hold, a child) goes the
+        // moment it is reclaimable, which may be a child's finalize walking
+        // up here (G3: predicate and mark in one step, as in `claim`).
+        let pending = s
+            .transport
+            .pending
+            .filter(|_| s.transport.attached == 0 && s.is_reclaimable() && self.shutdown.is_none());
+        if let Some(reason) = pending {
             let s = self.session_mut(now, id);
-            s.transport.close_pending = false;
-            s.intent = Some(Intent::End(EndReason::TransportClosed));
+            s.transport.pending = None;
+            s.intent = Some(Intent::End(reason));
             self.finalize(now, id);
             return true;
         }

@@ -202,9 +202,11 @@ impl Holds {
 pub(crate) struct Transport {
     pub attached: u16,
     pub close_on_disconnect: bool,
-    /// A close-on-disconnect transport dropped while a turn was live: claim
-    /// the session as soon as it is reclaimable again.
-    pub close_pending: bool,
+    /// A reclaim that found the session busy and waits for it: a
+    /// close-on-disconnect transport dropped (`transport_closed`), or a zero
+    /// orphan grace ran out (`orphan_reap`). It claims the session as soon as
+    /// it is reclaimable with no transport attached.
+    pub pending: Option<EndReason>,
 }
 
 /// A read-only view of one session, for drivers and tests.

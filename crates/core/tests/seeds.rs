@@ -430,6 +430,55 @@ fn g3_orphan_reap_waits_for_the_grace_and_re_arms_while_a_turn_runs() {
 }
 
 #[test]
+fn g3_a_zero_orphan_grace_reaps_a_busy_orphan_once_it_is_idle() {
+    // Found while writing the property suite's reference model: with a zero
+    // grace, the orphan reap skipped for a live turn was re-armed at `now`,
+    // and `handle_timeout(now)` popped it again, forever. A zero grace now
+    // means "as soon as it is idle", like a close-on-disconnect transport.
+    let mut h = Harness::with(Policy {
+        orphan_grace: Duration::ZERO,
+        idle_ttl: None,
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    let back = h.register(2, None);
+    for session in [s, back] {
+        h.attach(session);
+    }
+    let work = h.start_turn(s);
+    h.start_turn(back);
+    for session in [s, back] {
+        h.ev(Event::TransportDetached { session });
+    }
+    // A hang fails here instead of blocking the suite.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (mut core, now) = (h.core, h.now);
+    std::thread::spawn(move || {
+        core.handle_timeout(now);
+        let _ = tx.send(core);
+    });
+    h.core = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("handle_timeout returns");
+    h.drain();
+    assert_eq!(h.core.poll_timeout(), None, "nothing left to wake for");
+    assert!(h.finalized().is_empty(), "G3: a live turn is never reaped");
+
+    // A transport that comes back takes the pending reap with it.
+    h.attach(back);
+    h.ev(Event::WorkEnded {
+        work: WorkId::turn(back, 1),
+        outcome: Outcome::Completed,
+    });
+    h.ev(Event::WorkEnded {
+        work,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(h.finalized(), vec![(s, EndReason::OrphanReap)]);
+    assert_eq!(h.state(back), State::Registered);
+}
+
+#[test]
 fn g3_a_reattached_transport_cancels_the_orphan_reap() {
     let grace = Duration::from_secs(60);
     let mut h = Harness::with(Policy {
