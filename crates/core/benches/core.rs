@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
-use settle_core::{Core, Event, SessionId};
+use settle_core::{Core, Event, Handled, SessionId};
 
 struct Counting;
 
@@ -70,7 +70,7 @@ static GLOBAL: Counting = Counting;
 #[path = "support/workload.rs"]
 mod workload;
 
-use workload::{bench_policy, run_core, run_map, workload};
+use workload::{bench_policy, event, run_core, run_map, workload, Op};
 
 const SLOTS: usize = 1024;
 const EVENTS: usize = 200_000;
@@ -159,7 +159,29 @@ fn memory_per_idle_session() {
     drop(black_box(core));
 }
 
+/// The workload is valid on the contract it measures: every input is
+/// applied, every forget drops a finalized session, and no session outlives
+/// its slot (one left waiting for a work that never exits would make the
+/// core grow and the figure lie).
+fn check_workload() {
+    let ops = workload(0x005e_771e, SLOTS, EVENTS);
+    let mut core = Core::new(bench_policy());
+    let now = Instant::now();
+    for op in &ops {
+        match event(*op) {
+            Some(e) => assert_eq!(core.handle(now, e), Ok(Handled::Applied), "{op:?}"),
+            None => {
+                let Op::Forget(id) = *op else { unreachable!() };
+                assert!(core.forget(SessionId(id)), "{op:?}");
+            }
+        }
+        while core.poll_effect().is_some() {}
+    }
+    assert!(core.sessions().count() <= SLOTS);
+}
+
 fn main() {
+    check_workload();
     benches();
     Criterion::default().configure_from_args().final_summary();
     events_ratio();
