@@ -1,12 +1,13 @@
 //! The lifecycle state machine. Every transition of SPEC §2 happens in this
-//! file, through [`Core::transition`], which asserts [`State::can_move_to`].
+//! file, through [`move_state`], which asserts [`State::can_move_to`].
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::deadlines::{Deadline, Deadlines, Timer};
 use crate::hash::SessionMap;
-use crate::session::{Intent, Session, SessionView, Work};
+use crate::session::{Intent, Left, Session, SessionView, Work};
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::{
     CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled, Hold, Outcome, Policy,
@@ -207,14 +208,13 @@ impl Core {
     /// dropped; sessions that are not finalized are kept. Every input naming a
     /// forgotten id is refused with [`Error::UnknownSession`].
     pub fn forget(&mut self, id: SessionId) -> bool {
-        if self.sessions.get(&id).map(|s| s.state) != Some(State::Finalized) {
-            return false;
-        }
-        if let Some(s) = self.sessions.remove(&id) {
-            if let Some(p) = s.parent.and_then(|p| self.sessions.get_mut(&p)) {
-                if let Some(at) = p.children.iter().position(|c| *c == id) {
-                    p.children.swap_remove(at);
-                }
+        let s = match self.sessions.entry(id) {
+            Entry::Occupied(s) if s.get().state == State::Finalized => s.remove(),
+            _ => return false,
+        };
+        if let Some(p) = s.parent.and_then(|p| self.sessions.get_mut(&p)) {
+            if let Some(at) = p.children.iter().position(|c| *c == id) {
+                p.children.swap_remove(at);
             }
         }
         true
@@ -239,10 +239,11 @@ impl Core {
             p.unfinalized_children += 1;
             parent_was_childless = p.unfinalized_children == 1;
         }
-        self.sessions.insert(id, Session::new(parent, now));
+        let mut s = Session::new(parent, now);
+        index(&mut s, id, false, &mut self.deadlines);
+        self.sessions.insert(id, s);
         self.open += 1;
         self.record(now, id, None, State::Registered, Cause::Registered);
-        self.refresh_index(id);
         if let (Some(p), true) = (parent, parent_was_childless) {
             // It has a child to finalize first now: no longer reclaimable (G1).
             self.refresh_index(p);
@@ -257,8 +258,9 @@ impl Core {
         id: SessionId,
         kind: WorkKind,
     ) -> Result<Handled, Error> {
-        let s = self.asks(id, Asks::ToUse)?;
-        if self.shutdown.is_some() {
+        let shutting_down = self.shutdown.is_some();
+        let s = asks_in(&mut self.sessions, id, Asks::ToUse)?;
+        if shutting_down {
             return Err(Error::ShuttingDown);
         }
         if let Some(intent) = s.intent {
@@ -274,7 +276,6 @@ impl Core {
         if !matches!(s.state, State::Registered | State::Running) || !admitted {
             return Err(wrong_state(id, s.state, action));
         }
-        let s = self.session_mut(now, id);
         let from = s.state;
         let work = match kind {
             WorkKind::Turn => {
@@ -295,7 +296,8 @@ impl Core {
                 WorkKind::Turn => Cause::TurnStarted,
                 WorkKind::Task => Cause::TaskStarted,
             };
-            self.transition(now, id, State::Running, cause);
+            let m = move_state(s, id, State::Running, cause, false, &mut self.deadlines);
+            self.moved(now, id, m);
         }
         self.effects
             .push_back(Effect::StartWork { work: work.id(id) });
@@ -338,65 +340,43 @@ impl Core {
         work: WorkId,
         outcome: Option<Outcome>,
     ) -> Result<Handled, Error> {
-        self.asks(work.session, Asks::Report)?;
-        let Some(s) = self.sessions.get_mut(&work.session) else {
-            return Err(Error::UnknownSession(work.session));
-        };
-        let Some(w) = s.works.take(work.kind, work.no) else {
-            // A late report from a detached (or long gone) work: its session
-            // moved on without it.
-            return Ok(Handled::NoOp);
-        };
-        let outcome = outcome.unwrap_or(if w.cancel.is_some() {
-            Outcome::Cancelled
-        } else {
-            Outcome::Failed
-        });
-        let cause = match work.kind {
-            WorkKind::Turn => Cause::TurnEnded(outcome),
-            WorkKind::Task => Cause::TaskEnded(outcome),
-        };
-        // A turn that was running when the shutdown began and ended on its
-        // own within the drain was drained (G9).
-        if let Some(shutdown) = self.shutdown.as_mut() {
-            let was_running =
-                work.kind == WorkKind::Turn && std::mem::take(&mut s.running_at_shutdown);
-            if was_running && !shutdown.drained && w.cancel.is_none() {
-                shutdown.summary.drained.push(work.session);
-            }
-        }
-        self.end_work(now, work, outcome, cause);
-        Ok(Handled::Applied)
+        self.end_work(now, work, Ended::Reported(outcome))
     }
 
     fn agent_finished(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        let s = self.asks(id, Asks::ToEnd)?;
+        // During the drain the descendants' running turns keep the drain (G9);
+        // otherwise finishing winds the subtree down first (G1).
+        let wind_down = self.shutdown.as_ref().is_none_or(|s| s.drained);
+        let shutting_down = self.shutdown.is_some();
+        let s = asks_in(&mut self.sessions, id, Asks::ToEnd)?;
         if s.state == State::Finalized {
             return Ok(Handled::AlreadyFinalized);
         }
         if !matches!(s.state, State::Registered | State::Running) {
             return Ok(Handled::NoOp);
         }
-        // During the drain the descendants' running turns keep the drain (G9);
-        // otherwise finishing winds the subtree down first (G1).
-        let wind_down = self.shutdown.as_ref().is_none_or(|s| s.drained);
-        let s = self.session_mut(now, id);
+        let wind_down = wind_down && !s.children.is_empty();
         s.intent = Some(Intent::Finished);
-        let to = if s.works.is_empty() {
-            State::Settled
-        } else {
+        let busy = !s.works.is_empty();
+        let to = if busy {
             State::Cancelling
+        } else {
+            State::Settled
         };
         // Leave `registered`/`running` before winding the subtree down: the
         // cascade from a child finalized during the wind-down reaches this
         // session, and one still `registered` with a close intent would read
         // as claimed and be finalized mid-transition (G2).
-        self.transition(now, id, to, Cause::AgentFinished);
+        let cause = Cause::AgentFinished;
+        let m = move_state(s, id, to, cause, shutting_down, &mut self.deadlines);
+        self.moved(now, id, m);
         if wind_down {
             self.cancel_subtree(now, id, EndReason::ParentFinished);
         }
         // Finishing from inside its own turn: the turn is not wanted any more.
-        self.cancel_works(now, id, CancelMode::Immediate, false);
+        if busy {
+            self.cancel_works(now, id, CancelMode::Immediate, false);
+        }
         self.cascade(now, id, Cause::AgentFinished);
         Ok(Handled::Applied)
     }
@@ -409,13 +389,16 @@ impl Core {
         reason: EndReason,
         cause: Cause,
     ) -> Result<Handled, Error> {
-        match self.asks(id, Asks::ToEnd)?.state {
+        let s = self.asks(id, Asks::ToEnd)?;
+        match s.state {
             State::Finalized => return Ok(Handled::AlreadyFinalized),
             // G6: already cancelled, or already ended on its own.
             State::Cancelling | State::Settled => return Ok(Handled::NoOp),
             State::Registered | State::Running => {}
         }
-        self.cancel_subtree(now, id, EndReason::Cancelled);
+        if !s.children.is_empty() {
+            self.cancel_subtree(now, id, EndReason::Cancelled);
+        }
         self.cancel_one(now, id, mode, reason, cause);
         self.cascade(now, id, cause);
         Ok(Handled::Applied)
@@ -523,6 +506,8 @@ impl Core {
             s.idle_since = now;
         }
         self.after_idle(now, id);
+        // No transition may have happened: the hold count changed alone.
+        self.refresh_index(id);
         Ok(Handled::Applied)
     }
 
@@ -537,7 +522,9 @@ impl Core {
         };
         s.transport.attached = s.transport.attached.saturating_add(1);
         s.transport.close_on_disconnect |= close_on_disconnect;
+        // A transport is back: it is no orphan, and nothing waits to close it.
         s.orphan_deadline = None;
+        s.transport.pending = None;
         Ok(Handled::Applied)
     }
 
@@ -555,7 +542,7 @@ impl Core {
             return Ok(Handled::Applied);
         }
         if s.transport.close_on_disconnect {
-            s.transport.close_pending = true;
+            s.transport.pending = Some(EndReason::TransportClosed);
             self.after_idle(now, id);
         } else if let Some(at) = now.checked_add(grace) {
             s.orphan_deadline = Some(at);
@@ -647,17 +634,12 @@ impl Core {
         no: u32,
         at: Instant,
     ) {
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return;
-        };
-        let due = s
-            .works
-            .get_mut(kind, no)
-            .is_some_and(|w| w.settle_at == Some(at));
-        if !due {
-            return;
-        }
-        let Some(w) = s.works.take(kind, no) else {
+        let due = self
+            .sessions
+            .get_mut(&id)
+            .and_then(|s| s.works.get_mut(kind, no))
+            .filter(|w| w.settle_at == Some(at));
+        let Some(w) = due else {
             return;
         };
         let work = w.id(id);
@@ -668,7 +650,7 @@ impl Core {
         if let Some(shutdown) = self.shutdown.as_mut() {
             shutdown.summary.detached.push(work);
         }
-        self.end_work(now, work, Outcome::Detached, Cause::SettleDeadline);
+        let _ = self.end_work(now, work, Ended::Detached);
     }
 
     fn orphan_deadline(&mut self, now: Instant, id: SessionId) {
@@ -679,9 +661,14 @@ impl Core {
             return;
         }
         if !self.claim(now, id, EndReason::OrphanReap) {
-            // Skipped because a work (or a hold) is live: try again later (SPEC §5).
-            if let Some(at) = now.checked_add(grace) {
-                self.session_mut(now, id).orphan_deadline = Some(at);
+            // Skipped because a work (or a hold) is live: try again later
+            // (SPEC §5). With no grace at all, "later" is the moment it is
+            // idle: a deadline re-armed at `now` would fire again at once.
+            let s = self.session_mut(now, id);
+            if grace.is_zero() {
+                s.transport.pending = Some(EndReason::OrphanReap);
+            } else if let Some(at) = now.checked_add(grace) {
+                s.orphan_deadline = Some(at);
                 self.deadlines.arm(at, id, Timer::Orphan);
             }
         }
@@ -781,7 +768,8 @@ impl Core {
         reason: EndReason,
         cause: Cause,
     ) {
-        let s = self.session_mut(now, id);
+        let shutting_down = self.shutdown.is_some();
+        let s = session_in(&mut self.sessions, now, id);
         if !matches!(s.state, State::Registered | State::Running) {
             return;
         }
@@ -793,8 +781,12 @@ impl Core {
         } else {
             State::Cancelling
         };
-        self.transition(now, id, to, cause);
-        self.cancel_works(now, id, mode, false);
+        let busy = !s.works.is_empty();
+        let m = move_state(s, id, to, cause, shutting_down, &mut self.deadlines);
+        self.moved(now, id, m);
+        if busy {
+            self.cancel_works(now, id, mode, false);
+        }
     }
 
     /// Sends each live work of `id` (only its turn, with `turn_only`) its one
@@ -830,39 +822,70 @@ impl Core {
         cancelled
     }
 
-    /// A work is over (it reported, or it was detached): record it, and move
-    /// its session on once it has no work left.
-    fn end_work(&mut self, now: Instant, work: WorkId, outcome: Outcome, cause: Cause) {
+    /// A work is over (it reported, or it was detached): take it from its
+    /// session, order its end, and move the session on. A work that is not
+    /// the session's any more (detached, long over) is a no-op.
+    fn end_work(&mut self, now: Instant, work: WorkId, how: Ended) -> Result<Handled, Error> {
         let id = work.session;
-        let s = self.session_mut(now, id);
-        if work.kind == WorkKind::Turn {
-            s.last_outcome = Some(outcome);
-        }
-        self.effects.push_back(Effect::WorkEnded { work, outcome });
-        let s = self.session_mut(now, id);
-        if !s.works.is_empty() {
-            return;
-        }
-        match s.state {
-            State::Running => {
-                s.idle_since = now;
-                self.transition(now, id, State::Registered, cause);
-                self.after_idle(now, id);
+        let shutting_down = self.shutdown.is_some();
+        // One lookup answers both: a finalized session has no works, so its
+        // reports are no-ops like any late report (the table on `Event`).
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
+        let Some(w) = s.works.take(work.kind, work.no) else {
+            // A late report from a detached (or long gone) work: its session
+            // moved on without it.
+            return Ok(Handled::NoOp);
+        };
+        let (outcome, cause) = match how {
+            Ended::Detached => (Outcome::Detached, Cause::SettleDeadline),
+            Ended::Reported(outcome) => {
+                let outcome = outcome.unwrap_or(if w.cancel.is_some() {
+                    Outcome::Cancelled
+                } else {
+                    Outcome::Failed
+                });
+                // A turn that was running when the shutdown began and ended
+                // on its own within the drain was drained (G9).
+                if let Some(shutdown) = self.shutdown.as_mut() {
+                    let was_running =
+                        work.kind == WorkKind::Turn && std::mem::take(&mut s.running_at_shutdown);
+                    if was_running && !shutdown.drained && w.cancel.is_none() {
+                        shutdown.summary.drained.push(id);
+                    }
+                }
+                match work.kind {
+                    WorkKind::Turn => (outcome, Cause::TurnEnded(outcome)),
+                    WorkKind::Task => (outcome, Cause::TaskEnded(outcome)),
+                }
             }
-            _ => self.cascade(now, id, cause),
+        };
+        self.effects.push_back(Effect::WorkEnded { work, outcome });
+        match s.work_ended(work.kind, outcome, now) {
+            Left::Busy => {}
+            Left::Idle { closing } => {
+                let to = State::Registered;
+                let m = move_state(s, id, to, cause, shutting_down, &mut self.deadlines);
+                self.moved(now, id, m);
+                if closing {
+                    self.after_idle(now, id);
+                }
+            }
+            Left::WindingDown => self.cascade(now, id, cause),
         }
+        Ok(Handled::Applied)
     }
 
-    /// After a session became idle, or a hold or transport changed: claims
-    /// that were waiting for it to be idle, and a closing session's finalize.
+    /// After a session became idle, or a hold or transport changed: a claim
+    /// that waited for it to be idle, or a closing session's finalize.
+    /// Nothing above it changes unless it moves, so the walk up starts only
+    /// then.
     fn after_idle(&mut self, now: Instant, id: SessionId) {
-        let s = self.session_mut(now, id);
-        if s.transport.close_pending && s.transport.attached == 0 && s.is_reclaimable() {
-            s.transport.close_pending = false;
-            self.claim(now, id, EndReason::TransportClosed);
+        let cause = Cause::DescendantsSettled;
+        if let (true, Some(parent)) = self.settle_or_finalize(now, id, cause) {
+            self.cascade(now, parent, cause);
         }
-        self.cascade(now, id, Cause::DescendantsSettled);
-        self.refresh_index(id);
     }
 
     /// Settles and finalizes `id` if it may be, then walks up: each ancestor
@@ -873,76 +896,92 @@ impl Core {
         // The caller may already have moved `id`, so its parent is always looked at.
         let mut look_at_parent = true;
         while let Some(current) = node {
-            let changed = self.settle_or_finalize(now, current, cause);
+            let (changed, parent) = self.settle_or_finalize(now, current, cause);
             if !changed && !look_at_parent {
                 break;
             }
             look_at_parent = false;
-            node = self.sessions.get(&current).and_then(|s| s.parent);
+            node = parent;
             cause = Cause::DescendantsSettled;
         }
     }
 
-    fn settle_or_finalize(&mut self, now: Instant, id: SessionId, cause: Cause) -> bool {
+    /// Settles and finalizes `id` if it may be. Returns whether it moved,
+    /// and its parent, for the walk up.
+    fn settle_or_finalize(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        cause: Cause,
+    ) -> (bool, Option<SessionId>) {
         let drained = self.is_drained();
-        let Some(s) = self.sessions.get(&id) else {
-            return false;
+        let shutting_down = self.shutdown.is_some();
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return (false, None);
         };
+        let parent = s.parent;
+        // A reclaim that found it busy (a work, a hold, a child) goes the
+        // moment it is reclaimable, which may be a child's finalize walking
+        // up here (G3: predicate and mark in one step, as in `claim`).
+        let pending = s
+            .transport
+            .pending
+            .filter(|_| s.transport.attached == 0 && s.is_reclaimable() && !shutting_down);
+        if let Some(reason) = pending {
+            s.transport.pending = None;
+            s.intent = Some(Intent::End(reason));
+        }
         // Decided from one lookup: most calls find nothing to do.
         let idle = s.works.is_empty();
         let settle = s.state == State::Cancelling && idle && s.unsettled_children == 0;
         let state = if settle { State::Settled } else { s.state };
-        let finalize = idle
-            && s.unfinalized_children == 0
-            && match (state, s.intent) {
-                (State::Settled, Some(_)) => true,
-                // A claimed idle session, or one closed by shutdown; a held one
-                // waits for the end of the drain.
-                (State::Registered, Some(_)) => s.holds.is_empty() || drained,
-                _ => false,
-            };
-        if settle {
-            self.transition(now, id, State::Settled, cause);
-        }
-        if finalize {
-            self.finalize(now, id);
-        }
-        settle || finalize
-    }
-
-    /// Spends the latch (G2): emitted once, the state is terminal.
-    fn finalize(&mut self, now: Instant, id: SessionId) {
-        let shutting_down = self.shutdown.is_some();
-        let s = self.session_mut(now, id);
-        // Every session finalized after a shutdown began ends `shutdown` (G9).
-        let reason = match s.intent {
-            _ if shutting_down => EndReason::Shutdown,
-            Some(intent) => intent.reason(s.last_outcome),
-            None => EndReason::Completed,
+        let finalize = match (state, s.intent) {
+            _ if !idle || s.unfinalized_children > 0 => None,
+            (State::Settled, Some(intent)) => Some(intent),
+            // A claimed idle session, or one closed by shutdown; a held one
+            // waits for the end of the drain.
+            (State::Registered, Some(intent)) if s.holds.is_empty() || drained => Some(intent),
+            _ => None,
         };
         let last_outcome = s.last_outcome;
-        s.orphan_deadline = None;
-        s.children.shrink_to_fit();
-        self.transition(now, id, State::Finalized, Cause::Finalized(reason));
-        self.effects.push_back(Effect::Finalize(Finalize {
-            session: id,
-            reason,
-            last_outcome,
-            commit_memory: last_outcome == Some(Outcome::Completed),
-        }));
+        // Every session finalized after a shutdown began ends `shutdown` (G9).
+        let reason = finalize.map(|intent| match shutting_down {
+            true => EndReason::Shutdown,
+            false => intent.reason(last_outcome),
+        });
+        let deadlines = &mut self.deadlines;
+        let settled =
+            settle.then(|| move_state(s, id, State::Settled, cause, shutting_down, deadlines));
+        let finalized = reason.map(|reason| {
+            let cause = Cause::Finalized(reason);
+            move_state(s, id, State::Finalized, cause, shutting_down, deadlines)
+        });
+        if let Some(m) = settled {
+            self.moved(now, id, m);
+        }
+        if let (Some(m), Some(reason)) = (finalized, reason) {
+            self.moved(now, id, m);
+            // The latch is spent (G2): emitted once, the state is terminal.
+            self.effects.push_back(Effect::Finalize(Finalize {
+                session: id,
+                reason,
+                last_outcome,
+                commit_memory: last_outcome == Some(Outcome::Completed),
+            }));
+        }
+        (settled.is_some() || finalized.is_some(), parent)
     }
 
-    /// Moves `id` to `to`, records it, and keeps the parent's counts and the
-    /// idle index true. The one place a state changes.
-    fn transition(&mut self, now: Instant, id: SessionId, to: State, cause: Cause) {
-        let s = self.session_mut(now, id);
-        let from = s.state;
-        debug_assert!(
-            from.can_move_to(to),
-            "session {id}: {from} -> {to} ({cause})"
-        );
-        s.state = to;
-        let parent = s.parent;
+    /// The second half of every transition ([`move_state`] is the first),
+    /// once the session's record is released: the parent's counts, the open
+    /// count, the timeline, the parent's index.
+    fn moved(&mut self, now: Instant, id: SessionId, m: Moved) {
+        let Moved {
+            from,
+            to,
+            cause,
+            parent,
+        } = m;
         let mut parent_may_reclaim = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
             if from.is_open() && !to.is_open() {
@@ -957,8 +996,8 @@ impl Core {
             self.open -= 1;
         }
         self.record(now, id, Some(from), to, cause);
-        self.refresh_index(id);
         if let (Some(p), true) = (parent, parent_may_reclaim) {
+            // Its last child is gone: it may be reclaimable now (G1).
             self.refresh_index(p);
         }
     }
@@ -983,16 +1022,8 @@ impl Core {
     /// Puts `id` in the idle index exactly when it is reclaimable.
     fn refresh_index(&mut self, id: SessionId) {
         let shutting_down = self.shutdown.is_some();
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return;
-        };
-        let want = (!shutting_down && s.is_reclaimable()).then_some(s.idle_since);
-        s.indexed_since = want;
-        // An entry already in the heap is early or on time; it is re-armed
-        // when it surfaces. Only a session with no entry needs one.
-        if let (Some(since), None) = (want, s.idle_key) {
-            s.idle_key = Some(since);
-            self.deadlines.index_idle(since, id);
+        if let Some(s) = self.sessions.get_mut(&id) {
+            index(s, id, shutting_down, &mut self.deadlines);
         }
     }
 
@@ -1091,18 +1122,102 @@ impl Core {
     /// For ids the core itself put in its tables. A missing one would be a
     /// bug in the core; the fallback keeps a release build from panicking on it.
     fn session_mut(&mut self, now: Instant, id: SessionId) -> &mut Session {
-        self.sessions.entry(id).or_insert_with(|| {
-            debug_assert!(false, "session {id} vanished from the core's table");
-            let mut ghost = Session::new(None, now);
-            ghost.state = State::Finalized;
-            ghost
-        })
+        session_in(&mut self.sessions, now, id)
     }
 
     /// How many entries the deadline table holds (stale ones included); for tests.
     #[doc(hidden)]
     pub fn deadline_entries(&self) -> usize {
         self.deadlines.len()
+    }
+}
+
+/// [`Core::session_mut`] on the table alone, so a caller may hold the record
+/// and another field of the core at once.
+fn session_in(sessions: &mut SessionMap<Session>, now: Instant, id: SessionId) -> &mut Session {
+    sessions.entry(id).or_insert_with(|| {
+        debug_assert!(false, "session {id} vanished from the core's table");
+        let mut ghost = Session::new(None, now);
+        ghost.state = State::Finalized;
+        ghost
+    })
+}
+
+/// How a work's end came to the core.
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    /// The work reported it, with an outcome or without one.
+    Reported(Option<Outcome>),
+    /// Its settle deadline passed (G5).
+    Detached,
+}
+
+/// A state change made on a session's record, for [`Core::moved`] to finish.
+#[derive(Debug, Clone, Copy)]
+struct Moved {
+    from: State,
+    to: State,
+    cause: Cause,
+    parent: Option<SessionId>,
+}
+
+/// The first half of every transition, on the session's record `s` (of id
+/// `id`): the one place a state changes, checked against the one transition
+/// table, [`State::can_move_to`].
+fn move_state(
+    s: &mut Session,
+    id: SessionId,
+    to: State,
+    cause: Cause,
+    shutting_down: bool,
+    deadlines: &mut Deadlines,
+) -> Moved {
+    let from = s.state;
+    debug_assert!(
+        from.can_move_to(to),
+        "session {id}: {from} -> {to} ({cause})"
+    );
+    s.state = to;
+    if to == State::Finalized {
+        // Nothing waits on it any more.
+        s.orphan_deadline = None;
+        s.children.shrink_to_fit();
+    }
+    index(s, id, shutting_down, deadlines);
+    Moved {
+        from,
+        to,
+        cause,
+        parent: s.parent,
+    }
+}
+
+/// Looks `id` up for an input that `asks` this of it and goes on to change
+/// it (see [`Core::asks`]).
+fn asks_in(
+    sessions: &mut SessionMap<Session>,
+    id: SessionId,
+    asks: Asks,
+) -> Result<&mut Session, Error> {
+    match sessions.get_mut(&id) {
+        None => Err(Error::UnknownSession(id)),
+        Some(s) if s.state == State::Finalized && asks == Asks::ToUse => {
+            Err(Error::SessionClosed(id))
+        }
+        Some(s) => Ok(s),
+    }
+}
+
+/// Puts the session `s` (of id `id`) in the idle index exactly when it is
+/// reclaimable.
+fn index(s: &mut Session, id: SessionId, shutting_down: bool, deadlines: &mut Deadlines) {
+    let want = (!shutting_down && s.is_reclaimable()).then_some(s.idle_since);
+    s.indexed_since = want;
+    // An entry already in the heap is early or on time; it is re-armed
+    // when it surfaces. Only a session with no entry needs one.
+    if let (Some(since), None) = (want, s.idle_key) {
+        s.idle_key = Some(since);
+        deadlines.index_idle(since, id);
     }
 }
 

@@ -23,6 +23,7 @@ pub struct Policy {
     pub lru_cap: Option<usize>,
     /// How long a session may have no transport attached before the orphan
     /// reap claims it (only sessions that had a transport are ever orphans).
+    /// With a zero grace, an orphan found busy is claimed as soon as it is idle.
     pub orphan_grace: Duration,
 }
 

@@ -37,6 +37,18 @@ pub(crate) struct Session {
     pub orphan_deadline: Option<Instant>,
 }
 
+/// Where a session stands once one of its works ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// Other works of it are still live.
+    Busy,
+    /// Its last work ended while it was running: it is open and idle again;
+    /// `closing` when a close waits for that (an intent, a pending reclaim).
+    Idle { closing: bool },
+    /// Its last work ended while it was winding down (cancelling, settled).
+    WindingDown,
+}
+
 /// Why a session will be finalized, once that is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Intent {
@@ -83,6 +95,25 @@ impl Session {
             indexed_since: None,
             idle_key: None,
             orphan_deadline: None,
+        }
+    }
+
+    /// Records the end of a work already taken out of [`works`](Self::works):
+    /// a turn's outcome is the last outcome, and a running session left
+    /// without work is idle from `now`. Says where that leaves the session.
+    pub fn work_ended(&mut self, kind: WorkKind, outcome: Outcome, now: Instant) -> Left {
+        if kind == WorkKind::Turn {
+            self.last_outcome = Some(outcome);
+        }
+        if !self.works.is_empty() {
+            return Left::Busy;
+        }
+        if self.state != State::Running {
+            return Left::WindingDown;
+        }
+        self.idle_since = now;
+        Left::Idle {
+            closing: self.intent.is_some() || self.transport.pending.is_some(),
         }
     }
 
@@ -202,9 +233,11 @@ impl Holds {
 pub(crate) struct Transport {
     pub attached: u16,
     pub close_on_disconnect: bool,
-    /// A close-on-disconnect transport dropped while a turn was live: claim
-    /// the session as soon as it is reclaimable again.
-    pub close_pending: bool,
+    /// A reclaim that found the session busy and waits for it: a
+    /// close-on-disconnect transport dropped (`transport_closed`), or a zero
+    /// orphan grace ran out (`orphan_reap`). It claims the session as soon as
+    /// it is reclaimable with no transport attached.
+    pub pending: Option<EndReason>,
 }
 
 /// A read-only view of one session, for drivers and tests.

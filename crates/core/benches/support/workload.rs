@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use settle_core::{CancelMode, Core, Event, Outcome, Policy, SessionId};
+use settle_core::{CancelMode, Core, Event, Outcome, Policy, SessionId, WorkId};
 
 /// splitmix64: a seeded, dependency-free source of reproducible workloads.
 struct Rng(u64);
@@ -27,7 +27,8 @@ impl Rng {
     }
 }
 
-/// One input of the workload, naming a session by its raw id.
+/// One input of the workload, naming a session by its raw id (and a turn's
+/// work by its number).
 #[derive(Debug, Clone, Copy)]
 pub enum Op {
     /// A root session is registered.
@@ -35,27 +36,29 @@ pub enum Op {
     /// It starts a turn.
     Start(u64),
     /// Its turn completes.
-    End(u64),
-    /// The agent finishes.
+    End(u64, u32),
+    /// The agent finishes (mid-turn, the turn is cancelled and must exit).
     Finish(u64),
     /// It is cancelled immediately.
     Cancel(u64),
     /// The work of a cancelled turn exits.
-    Exited(u64),
+    Exited(u64, u32),
     /// The driver drops the record of a finalized session.
     Forget(u64),
 }
 
 /// A valid random sequence over `slots` concurrent sessions: each slot
-/// registers a session, runs turns, and finishes or is cancelled; then the
-/// record is forgotten and the slot takes a fresh id.
+/// registers a session, runs turns, and finishes or is cancelled (mid-turn,
+/// its work then exits); then the record is forgotten and the slot takes a
+/// fresh id.
 pub fn workload(seed: u64, slots: usize, len: usize) -> Vec<Op> {
+    /// A slot's session and the number of turns it started.
     #[derive(Clone, Copy)]
     enum Slot {
         Gone,
-        Idle(u64),
-        Running(u64),
-        Cancelling(u64),
+        Idle(u64, u32),
+        Running(u64, u32),
+        Cancelling(u64, u32),
         Done(u64),
     }
     let mut rng = Rng(seed);
@@ -68,19 +71,19 @@ pub fn workload(seed: u64, slots: usize, len: usize) -> Vec<Op> {
         let (op, to) = match table[i] {
             Slot::Gone => {
                 next_id += 1;
-                (Op::Register(next_id), Slot::Idle(next_id))
+                (Op::Register(next_id), Slot::Idle(next_id, 0))
             }
-            Slot::Idle(id) => match roll {
-                0..=6 => (Op::Start(id), Slot::Running(id)),
+            Slot::Idle(id, turns) => match roll {
+                0..=6 => (Op::Start(id), Slot::Running(id, turns + 1)),
                 7..=8 => (Op::Finish(id), Slot::Done(id)),
                 _ => (Op::Cancel(id), Slot::Done(id)),
             },
-            Slot::Running(id) => match roll {
-                0..=6 => (Op::End(id), Slot::Idle(id)),
-                7 => (Op::Finish(id), Slot::Done(id)),
-                _ => (Op::Cancel(id), Slot::Cancelling(id)),
+            Slot::Running(id, turn) => match roll {
+                0..=6 => (Op::End(id, turn), Slot::Idle(id, turn)),
+                7 => (Op::Finish(id), Slot::Cancelling(id, turn)),
+                _ => (Op::Cancel(id), Slot::Cancelling(id, turn)),
             },
-            Slot::Cancelling(id) => (Op::Exited(id), Slot::Done(id)),
+            Slot::Cancelling(id, turn) => (Op::Exited(id, turn), Slot::Done(id)),
             Slot::Done(id) => (Op::Forget(id), Slot::Gone),
         };
         table[i] = to;
@@ -99,38 +102,47 @@ pub fn bench_policy() -> Policy {
     }
 }
 
+/// The input an op feeds the core; `None` for a forget, which is a call.
+pub fn event(op: Op) -> Option<Event> {
+    let session = SessionId;
+    Some(match op {
+        Op::Register(id) => Event::Register {
+            session: session(id),
+            parent: None,
+        },
+        Op::Start(id) => Event::StartTurn {
+            session: session(id),
+        },
+        Op::End(id, no) => Event::WorkEnded {
+            work: WorkId::turn(session(id), no),
+            outcome: Outcome::Completed,
+        },
+        Op::Finish(id) => Event::AgentFinished {
+            session: session(id),
+        },
+        Op::Cancel(id) => Event::Cancel {
+            session: session(id),
+            mode: CancelMode::Immediate,
+        },
+        Op::Exited(id, no) => Event::WorkExited {
+            work: WorkId::turn(session(id), no),
+        },
+        Op::Forget(_) => return None,
+    })
+}
+
 /// Runs `ops` through `core`, draining every effect after every input.
 pub fn run_core(mut core: Core, ops: &[Op], now: Instant) -> Core {
     for op in ops {
-        let session = |id: u64| SessionId(id);
-        let event = match *op {
-            Op::Register(id) => Event::Register {
-                session: session(id),
-                parent: None,
-            },
-            Op::Start(id) => Event::StartTurn {
-                session: session(id),
-            },
-            Op::End(id) => Event::TurnEnded {
-                session: session(id),
-                outcome: Outcome::Completed,
-            },
-            Op::Finish(id) => Event::AgentFinished {
-                session: session(id),
-            },
-            Op::Cancel(id) => Event::Cancel {
-                session: session(id),
-                mode: CancelMode::Immediate,
-            },
-            Op::Exited(id) => Event::WorkExited {
-                session: session(id),
-            },
-            Op::Forget(id) => {
-                black_box(core.forget(session(id)));
-                continue;
+        match (event(*op), *op) {
+            (Some(event), _) => {
+                black_box(core.handle(now, event)).ok();
             }
-        };
-        black_box(core.handle(now, event)).ok();
+            (None, Op::Forget(id)) => {
+                black_box(core.forget(SessionId(id)));
+            }
+            (None, _) => {}
+        }
         // The drain rule: every effect is taken before the next input.
         while let Some(effect) = core.poll_effect() {
             black_box(effect);
@@ -169,13 +181,13 @@ pub fn run_map(mut map: HashMap<u64, Small>, ops: &[Op]) -> HashMap<u64, Small> 
                     }
                 }
             }
-            Op::End(id) => {
+            Op::End(id, _) => {
                 if let Some(s) = map.get_mut(&id) {
                     s.state = 0;
                     s.outcome = 1;
                 }
             }
-            Op::Finish(id) | Op::Exited(id) => {
+            Op::Finish(id) | Op::Exited(id, _) => {
                 if let Some(s) = map.get_mut(&id) {
                     s.state = 4;
                 }

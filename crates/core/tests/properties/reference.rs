@@ -1,0 +1,975 @@
+//! The reference model: what SPEC.md §2–5 and the contract on `Event`,
+//! `Effect` and `Core` say the core does, said as plainly as possible.
+//!
+//! Plain structs and linear scans over every session; after each change a
+//! fixpoint settles and finalizes whatever may be (the core walks up the
+//! tree from what changed instead). For every input the model predicts the
+//! answer (`Ok(Applied)`, `Ok(NoOp)`, `Ok(AlreadyFinalized)` or which `Err`),
+//! the orders the core gives (every effect but the timeline's transitions),
+//! the next deadline, and what every session view says afterwards.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use proptest_state_machine::ReferenceStateMachine;
+use settle_core::{
+    CancelMode, DeadlineKind, Effect, EndReason, Error, Finalize, Handled, Hold, Outcome, Policy,
+    SessionId, ShutdownSummary, State, Sweep, WorkId, WorkKind,
+};
+
+use crate::strategies::{self, Span, Step};
+
+/// The tunables of one run, on the fake clock.
+#[derive(Debug, Clone)]
+pub struct RefPolicy {
+    pub settle: Span,
+    /// `None`: no idle reap.
+    pub idle_ttl: Option<Span>,
+    pub lru_cap: Option<usize>,
+    pub orphan_grace: Span,
+}
+
+impl RefPolicy {
+    pub fn to_policy(&self) -> Policy {
+        Policy {
+            settle_timeout: self.settle.duration(),
+            idle_ttl: self.idle_ttl.map(Span::duration),
+            lru_cap: self.lru_cap,
+            orphan_grace: self.orphan_grace.duration(),
+        }
+    }
+}
+
+/// One work in flight.
+#[derive(Debug, Clone)]
+pub struct RefWork {
+    pub id: WorkId,
+    /// The one cancel it was sent (G6).
+    pub cancel: Option<CancelMode>,
+    pub attached: bool,
+    /// The work reported its stream closed.
+    pub closed: bool,
+    /// The core ordered its stream closed.
+    pub close_ordered: bool,
+    /// When it is detached if it has not ended by then (G5).
+    pub settle_at: Option<u64>,
+}
+
+impl RefWork {
+    /// A stream nobody closed or ordered closed yet.
+    fn stream_open(&self) -> bool {
+        self.attached && !self.closed && !self.close_ordered
+    }
+}
+
+/// Why a session will be finalized, once that is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intent {
+    /// The agent finished: the reason follows its last turn (`Event::AgentFinished`).
+    Finished,
+    End(EndReason),
+}
+
+impl Intent {
+    pub fn reason(self, last: Option<Outcome>) -> EndReason {
+        match (self, last) {
+            (Intent::End(reason), _) => reason,
+            (Intent::Finished, None | Some(Outcome::Completed)) => EndReason::Completed,
+            (Intent::Finished, Some(Outcome::Failed | Outcome::IdleTimeout)) => EndReason::Failed,
+            (Intent::Finished, Some(_)) => EndReason::Cancelled,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RefSession {
+    pub parent: Option<u64>,
+    pub state: State,
+    /// At most one turn, any number of tasks.
+    pub works: Vec<RefWork>,
+    pub turns: u32,
+    pub tasks: u32,
+    /// Of its last turn (tasks have no transcript).
+    pub last_outcome: Option<Outcome>,
+    pub intent: Option<Intent>,
+    /// Once finalized.
+    pub end_reason: Option<EndReason>,
+    pub holds: [u32; 2],
+    pub transports: u32,
+    pub close_on_disconnect: bool,
+    /// A reclaim that found it busy and waits until it is reclaimable.
+    pub pending: Option<EndReason>,
+    pub idle_since: u64,
+    pub orphan_at: Option<u64>,
+    /// Its turn was running when the shutdown began.
+    pub running_at_shutdown: bool,
+}
+
+impl RefSession {
+    pub fn held(&self) -> bool {
+        self.holds.iter().any(|n| *n > 0)
+    }
+
+    fn turn(&self) -> Option<&RefWork> {
+        self.works.iter().find(|w| w.id.kind == WorkKind::Turn)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RefShutdown {
+    /// The end of the drain; `None` once over, or when it never ends by itself.
+    pub drain_until: Option<u64>,
+    pub drained: bool,
+    pub complete_sent: bool,
+    pub summary: ShutdownSummary,
+}
+
+/// What the core answers to one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Handled(Result<Handled, Error>),
+    Forgot(bool),
+    Ticked,
+}
+
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub policy: RefPolicy,
+    /// Milliseconds since the start of the run.
+    pub now: u64,
+    pub sessions: BTreeMap<u64, RefSession>,
+    pub forgotten: BTreeSet<u64>,
+    /// Ids are never reused, as a store's row ids are not.
+    pub next_id: u64,
+    pub shutdown: Option<RefShutdown>,
+    /// The answer to the last step.
+    pub answer: Answer,
+    /// The orders the last step gave, in no particular order.
+    pub orders: Vec<Effect>,
+}
+
+fn slot(hold: Hold) -> usize {
+    match hold {
+        Hold::PendingInput => 0,
+        Hold::Delegation => 1,
+    }
+}
+
+fn wrong_state(session: u64, state: State, action: &'static str) -> Error {
+    Error::WrongState {
+        session: SessionId(session),
+        state,
+        action,
+    }
+}
+
+impl Model {
+    pub fn new(policy: RefPolicy) -> Self {
+        Model {
+            policy,
+            now: 0,
+            sessions: BTreeMap::new(),
+            forgotten: BTreeSet::new(),
+            next_id: 1,
+            shutdown: None,
+            answer: Answer::Ticked,
+            orders: Vec::new(),
+        }
+    }
+
+    fn s(&mut self, id: u64) -> &mut RefSession {
+        self.sessions.get_mut(&id).expect("a session of the model")
+    }
+
+    pub fn drained(&self) -> bool {
+        self.shutdown.as_ref().is_some_and(|s| s.drained)
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.sessions
+            .values()
+            .filter(|s| s.state != State::Finalized)
+            .count()
+    }
+
+    fn children(&self, id: u64) -> Vec<u64> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.parent == Some(id))
+            .map(|(c, _)| *c)
+            .collect()
+    }
+
+    fn open_children(&self, id: u64) -> usize {
+        self.children(id)
+            .iter()
+            .filter(|c| self.sessions[c].state.is_open())
+            .count()
+    }
+
+    fn unfinalized_children(&self, id: u64) -> usize {
+        self.children(id)
+            .iter()
+            .filter(|c| self.sessions[c].state != State::Finalized)
+            .count()
+    }
+
+    /// Every descendant of `id`, each after all of its own descendants.
+    fn descendants_bottom_up(&self, id: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for c in self.children(id) {
+            out.extend(self.descendants_bottom_up(c));
+            out.push(c);
+        }
+        out
+    }
+
+    /// Works that were started and are over (ended, or detached): the late
+    /// reports the generator sends.
+    pub fn old_works(&self) -> Vec<WorkId> {
+        let mut out = Vec::new();
+        for (id, s) in &self.sessions {
+            let sid = SessionId(*id);
+            let all = (1..=s.turns)
+                .map(|no| WorkId::turn(sid, no))
+                .chain((1..=s.tasks).map(|no| WorkId::task(sid, no)));
+            out.extend(all.filter(|w| !s.works.iter().any(|l| l.id == *w)));
+        }
+        out
+    }
+
+    /// SPEC §5, the predicate of every automatic path: registered, no work,
+    /// not closing, no hold, and (G1) no child still to be finalized.
+    pub fn reclaimable(&self, id: u64) -> bool {
+        let s = &self.sessions[&id];
+        s.state == State::Registered
+            && s.works.is_empty()
+            && s.intent.is_none()
+            && !s.held()
+            && self.unfinalized_children(id) == 0
+    }
+
+    // ----- the fixpoint -----------------------------------------------------
+
+    /// Settles and finalizes whatever may be, and runs the reclaims that
+    /// waited for a session to be idle, until nothing moves.
+    fn fixpoint(&mut self) {
+        loop {
+            let mut moved = false;
+            let ids: Vec<u64> = self.sessions.keys().copied().collect();
+            for id in ids {
+                moved |= self.settle_or_finalize(id);
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+
+    fn settle_or_finalize(&mut self, id: u64) -> bool {
+        let open_children = self.open_children(id);
+        let unfinalized = self.unfinalized_children(id);
+        let reclaimable = self.reclaimable(id);
+        let shutting_down = self.shutdown.is_some();
+        let drained = self.drained();
+        let s = self.s(id);
+        if s.state == State::Finalized {
+            return false;
+        }
+        // A dropped close-on-disconnect transport, or a zero orphan grace:
+        // claimed once it is idle (SPEC §5, §10).
+        if let Some(reason) = s.pending {
+            if reclaimable && s.transports == 0 && !shutting_down {
+                s.pending = None;
+                s.intent = Some(Intent::End(reason));
+            }
+        }
+        let mut moved = false;
+        if s.state == State::Cancelling && s.works.is_empty() && open_children == 0 {
+            s.state = State::Settled;
+            moved = true;
+        }
+        let may_finalize = s.works.is_empty()
+            && unfinalized == 0
+            && s.intent.is_some()
+            && match s.state {
+                State::Settled => true,
+                // Claimed, or idle at shutdown: a held one waits for the
+                // end of the drain.
+                State::Registered => !s.held() || drained,
+                _ => false,
+            };
+        if may_finalize {
+            self.finalize(id);
+            moved = true;
+        }
+        moved
+    }
+
+    fn finalize(&mut self, id: u64) {
+        let shutting_down = self.shutdown.is_some();
+        let s = self.s(id);
+        let intent = s.intent.expect("finalized with a reason");
+        // G9: whatever asked for it, after shutdown began the reason is `shutdown`.
+        let reason = if shutting_down {
+            EndReason::Shutdown
+        } else {
+            intent.reason(s.last_outcome)
+        };
+        s.state = State::Finalized;
+        s.end_reason = Some(reason);
+        s.orphan_at = None;
+        let last_outcome = s.last_outcome;
+        self.orders.push(Effect::Finalize(Finalize {
+            session: SessionId(id),
+            reason,
+            last_outcome,
+            commit_memory: last_outcome == Some(Outcome::Completed),
+        }));
+    }
+
+    // ----- the shared mechanisms -------------------------------------------
+
+    /// An automatic reclaim: the predicate and the mark in one step (G3).
+    fn claim(&mut self, id: u64, reason: EndReason) -> bool {
+        if self.shutdown.is_some() || !self.reclaimable(id) {
+            return false;
+        }
+        self.s(id).intent = Some(Intent::End(reason));
+        self.fixpoint();
+        true
+    }
+
+    /// Sends each live work of `id` (only its turn, with `turn_only`) its one
+    /// cancel (G6) and arms its settle deadline (G5); an immediate cancel
+    /// orders an attached stream closed (G4). Returns how many it cancelled.
+    fn cancel_works(&mut self, id: u64, mode: CancelMode, turn_only: bool) -> usize {
+        let settle_at = self.policy.settle.after(self.now);
+        let mut orders = Vec::new();
+        let s = self.s(id);
+        for w in &mut s.works {
+            if w.cancel.is_some() || (turn_only && w.id.kind != WorkKind::Turn) {
+                continue;
+            }
+            w.cancel = Some(mode);
+            orders.push(Effect::CancelWork { work: w.id, mode });
+            if mode == CancelMode::Immediate && w.stream_open() {
+                w.close_ordered = true;
+                orders.push(Effect::CloseStream { work: w.id });
+            }
+            w.settle_at = settle_at;
+        }
+        let n = orders
+            .iter()
+            .filter(|o| matches!(o, Effect::CancelWork { .. }))
+            .count();
+        self.orders.extend(orders);
+        n
+    }
+
+    /// Cancels one open, not yet cancelled session (its subtree is the
+    /// caller's business).
+    fn cancel_one(&mut self, id: u64, mode: CancelMode, reason: EndReason) {
+        let s = self.s(id);
+        if !matches!(s.state, State::Registered | State::Running) {
+            return;
+        }
+        s.intent.get_or_insert(Intent::End(reason));
+        s.state = State::Cancelling;
+        self.cancel_works(id, mode, false);
+        self.fixpoint();
+    }
+
+    /// G1: every open descendant, deepest first; returns how many.
+    fn cancel_subtree(&mut self, id: u64, reason: EndReason) -> usize {
+        let mut n = 0;
+        for d in self.descendants_bottom_up(id) {
+            if matches!(self.sessions[&d].state, State::Registered | State::Running) {
+                self.cancel_one(d, CancelMode::Immediate, reason);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The work is over, reported or detached.
+    fn end_work(&mut self, work: WorkId, outcome: Outcome) {
+        let now = self.now;
+        let s = self.s(work.session.get());
+        s.works.retain(|w| w.id != work);
+        if work.kind == WorkKind::Turn {
+            s.last_outcome = Some(outcome);
+        }
+        if s.works.is_empty() && s.state == State::Running {
+            // A turn ended: the session stays open for the next one.
+            s.state = State::Registered;
+            s.idle_since = now;
+        }
+        self.orders.push(Effect::WorkEnded { work, outcome });
+        self.fixpoint();
+    }
+
+    fn enforce_lru_cap(&mut self) {
+        let Some(cap) = self.policy.lru_cap else {
+            return;
+        };
+        while self.open_count() > cap {
+            let victim = self
+                .sessions
+                .iter()
+                .filter(|(id, _)| self.reclaimable(**id))
+                .map(|(id, s)| (s.idle_since, *id))
+                .min();
+            match victim {
+                Some((_, id)) if self.claim(id, EndReason::LruEvict) => {}
+                _ => break,
+            }
+        }
+    }
+
+    fn reap_idle(&mut self) {
+        let Some(Span::Ms(ttl)) = self.policy.idle_ttl else {
+            return;
+        };
+        loop {
+            let due = self
+                .sessions
+                .iter()
+                .filter(|(id, s)| s.idle_since + ttl <= self.now && self.reclaimable(**id))
+                .map(|(id, s)| (s.idle_since, *id))
+                .min();
+            match due {
+                Some((_, id)) if self.claim(id, EndReason::IdleReap) => {}
+                _ => break,
+            }
+        }
+    }
+
+    fn orphan_due(&mut self, id: u64) {
+        let s = self.s(id);
+        s.orphan_at = None;
+        if s.transports > 0 || !s.state.is_open() || s.intent.is_some() {
+            return;
+        }
+        if self.claim(id, EndReason::OrphanReap) {
+            return;
+        }
+        // Skipped for a live work, a hold or a child: re-armed (SPEC §5),
+        // or, with no grace at all, claimed as soon as it is idle.
+        let grace = self.policy.orphan_grace;
+        let now = self.now;
+        let s = self.s(id);
+        if grace.is_zero() {
+            s.pending = Some(EndReason::OrphanReap);
+        } else {
+            s.orphan_at = grace.after(now);
+        }
+    }
+
+    /// G5: the cancelled work had its chance; it is abandoned.
+    fn settle_due(&mut self, work: WorkId) {
+        let shutting_down = self.shutdown.is_some();
+        let s = self.s(work.session.get());
+        let w = s
+            .works
+            .iter()
+            .find(|w| w.id == work)
+            .expect("a live work")
+            .clone();
+        if w.stream_open() {
+            self.orders.push(Effect::CloseStream { work });
+        }
+        self.orders.push(Effect::DetachWork { work });
+        if shutting_down {
+            if let Some(shutdown) = self.shutdown.as_mut() {
+                shutdown.summary.detached.push(work);
+            }
+        }
+        self.end_work(work, Outcome::Detached);
+    }
+
+    fn end_drain(&mut self) {
+        let Some(shutdown) = self.shutdown.as_mut() else {
+            return;
+        };
+        shutdown.drained = true;
+        shutdown.drain_until = None;
+        let running: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.state == State::Running)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            if let Some(shutdown) = self.shutdown.as_mut() {
+                shutdown.summary.cancelled.push(SessionId(id));
+            }
+            self.cancel_one(id, CancelMode::Immediate, EndReason::Shutdown);
+        }
+        self.fixpoint();
+    }
+
+    /// Every deadline due now, in the order of one deadline table: by time,
+    /// then session, settle (turn, then tasks) before orphan.
+    fn handle_timeout(&mut self) {
+        if self
+            .shutdown
+            .as_ref()
+            .and_then(|s| s.drain_until)
+            .is_some_and(|at| at <= self.now)
+        {
+            self.end_drain();
+        }
+        loop {
+            let mut due: Vec<(u64, u64, u8, u32, Option<WorkId>)> = Vec::new();
+            for (id, s) in &self.sessions {
+                for w in &s.works {
+                    if let Some(at) = w.settle_at {
+                        let kind = if w.id.kind == WorkKind::Turn { 0 } else { 1 };
+                        due.push((at, *id, kind, w.id.no, Some(w.id)));
+                    }
+                }
+                if let Some(at) = s.orphan_at {
+                    due.push((at, *id, 2, 0, None));
+                }
+            }
+            let next = due.into_iter().filter(|d| d.0 <= self.now).min();
+            match next {
+                Some((_, _, _, _, Some(work))) => self.settle_due(work),
+                Some((_, id, _, _, None)) => self.orphan_due(id),
+                None => break,
+            }
+        }
+        self.reap_idle();
+    }
+
+    /// When the core must be woken next, and why (every kind due then: the
+    /// core names one of them).
+    pub fn next_deadline(&self) -> Option<(u64, Vec<DeadlineKind>)> {
+        let mut all = Vec::new();
+        for (id, s) in &self.sessions {
+            for w in &s.works {
+                all.extend(w.settle_at.map(|at| (at, DeadlineKind::Settle)));
+            }
+            all.extend(s.orphan_at.map(|at| (at, DeadlineKind::Orphan)));
+            if let (Some(Span::Ms(ttl)), None) = (self.policy.idle_ttl, &self.shutdown) {
+                if self.reclaimable(*id) {
+                    all.push((s.idle_since + ttl, DeadlineKind::IdleReap));
+                }
+            }
+        }
+        if let Some(at) = self.shutdown.as_ref().and_then(|s| s.drain_until) {
+            all.push((at, DeadlineKind::Drain));
+        }
+        let first = all.iter().map(|(at, _)| *at).min()?;
+        let kinds = all
+            .into_iter()
+            .filter(|(at, _)| *at == first)
+            .map(|(_, kind)| kind)
+            .collect();
+        Some((first, kinds))
+    }
+
+    // ----- the inputs -----------------------------------------------------
+
+    pub fn apply(&mut self, step: &Step) {
+        self.orders.clear();
+        self.answer = match *step {
+            Step::Tick { millis } => {
+                self.now += millis;
+                self.handle_timeout();
+                Answer::Ticked
+            }
+            Step::Forget(id) => {
+                let finalized = self
+                    .sessions
+                    .get(&id)
+                    .is_some_and(|s| s.state == State::Finalized);
+                if finalized {
+                    self.sessions.remove(&id);
+                    self.forgotten.insert(id);
+                }
+                // `forget` is no input: no shutdown announcement follows it.
+                return self.answer = Answer::Forgot(finalized);
+            }
+            _ => Answer::Handled(self.handle(step)),
+        };
+        if let Step::Register { session, .. } = *step {
+            self.next_id = self.next_id.max(session + 1);
+        }
+        // After every input: the end of a shutdown is announced once.
+        let open = self.open_count();
+        if let Some(shutdown) = self.shutdown.as_mut() {
+            if open == 0 && !shutdown.complete_sent {
+                shutdown.complete_sent = true;
+                let summary = std::mem::take(&mut shutdown.summary);
+                self.orders.push(Effect::ShutdownComplete(summary));
+            }
+        }
+    }
+
+    /// The session an input names, as the table on `Event` sees it.
+    fn lookup(&self, id: u64) -> Result<&RefSession, Error> {
+        self.sessions
+            .get(&id)
+            .ok_or(Error::UnknownSession(SessionId(id)))
+    }
+
+    /// For an input that uses the session: a finalized one is closed (G10).
+    fn to_use(&self, id: u64) -> Result<&RefSession, Error> {
+        let s = self.lookup(id)?;
+        if s.state == State::Finalized {
+            return Err(Error::SessionClosed(SessionId(id)));
+        }
+        Ok(s)
+    }
+
+    /// For an input that ends or lets go: `Ok(false)` when already finalized (G2).
+    fn to_end(&self, id: u64) -> Result<bool, Error> {
+        Ok(self.lookup(id)?.state != State::Finalized)
+    }
+
+    fn handle(&mut self, step: &Step) -> Result<Handled, Error> {
+        use Handled::{AlreadyFinalized, Applied, NoOp};
+        let now = self.now;
+        match *step {
+            Step::Register { session, parent } => {
+                if self.sessions.contains_key(&session) {
+                    return Err(Error::DuplicateSession(SessionId(session)));
+                }
+                if self.shutdown.is_some() {
+                    return Err(Error::ShuttingDown);
+                }
+                if let Some(p) = parent {
+                    let ps = self.to_use(p)?;
+                    if !matches!(ps.state, State::Registered | State::Running)
+                        || ps.intent.is_some()
+                    {
+                        return Err(Error::ParentNotLive {
+                            parent: SessionId(p),
+                            state: ps.state,
+                            closing: ps.intent.is_some(),
+                        });
+                    }
+                }
+                self.sessions.insert(
+                    session,
+                    RefSession {
+                        parent,
+                        state: State::Registered,
+                        works: Vec::new(),
+                        turns: 0,
+                        tasks: 0,
+                        last_outcome: None,
+                        intent: None,
+                        end_reason: None,
+                        holds: [0; 2],
+                        transports: 0,
+                        close_on_disconnect: false,
+                        pending: None,
+                        idle_since: now,
+                        orphan_at: None,
+                        running_at_shutdown: false,
+                    },
+                );
+                self.enforce_lru_cap();
+                Ok(Applied)
+            }
+            Step::StartTurn(id) | Step::StartTask(id) => {
+                let kind = match step {
+                    Step::StartTurn(_) => WorkKind::Turn,
+                    _ => WorkKind::Task,
+                };
+                let s = self.to_use(id)?;
+                if self.shutdown.is_some() {
+                    return Err(Error::ShuttingDown);
+                }
+                if let Some(intent) = s.intent {
+                    return Err(Error::Closing {
+                        session: SessionId(id),
+                        reason: intent.reason(s.last_outcome),
+                    });
+                }
+                let action = match kind {
+                    WorkKind::Turn => "start a turn",
+                    WorkKind::Task => "start a task",
+                };
+                let busy = kind == WorkKind::Turn && s.turn().is_some();
+                if !matches!(s.state, State::Registered | State::Running) || busy {
+                    return Err(wrong_state(id, s.state, action));
+                }
+                let s = self.s(id);
+                let no = match kind {
+                    WorkKind::Turn => {
+                        s.turns += 1;
+                        s.turns
+                    }
+                    WorkKind::Task => {
+                        s.tasks += 1;
+                        s.tasks
+                    }
+                };
+                let work = WorkId {
+                    session: SessionId(id),
+                    kind,
+                    no,
+                };
+                s.works.push(RefWork {
+                    id: work,
+                    cancel: None,
+                    attached: false,
+                    closed: false,
+                    close_ordered: false,
+                    settle_at: None,
+                });
+                s.state = State::Running;
+                self.orders.push(Effect::StartWork { work });
+                Ok(Applied)
+            }
+            Step::StreamAttached(work) => {
+                let s = self.lookup(work.session.get())?;
+                if !s.works.iter().any(|w| w.id == work) {
+                    return Ok(NoOp);
+                }
+                let s = self.s(work.session.get());
+                let w = s.works.iter_mut().find(|w| w.id == work).expect("live");
+                if w.attached {
+                    return Ok(NoOp);
+                }
+                w.attached = true;
+                // Seed 001: the cancel landed before the stream attached.
+                if w.cancel == Some(CancelMode::Immediate) && w.stream_open() {
+                    w.close_ordered = true;
+                    self.orders.push(Effect::CloseStream { work });
+                }
+                Ok(Applied)
+            }
+            Step::StreamClosed(work) => {
+                let s = self.lookup(work.session.get())?;
+                if !s.works.iter().any(|w| w.id == work && !w.closed) {
+                    return Ok(NoOp);
+                }
+                let s = self.s(work.session.get());
+                if let Some(w) = s.works.iter_mut().find(|w| w.id == work) {
+                    w.closed = true;
+                }
+                Ok(Applied)
+            }
+            Step::WorkEnded(work, _) | Step::WorkExited(work) => {
+                let s = self.lookup(work.session.get())?;
+                let Some(w) = s.works.iter().find(|w| w.id == work) else {
+                    // A late report from an old work (G5's detach, a long
+                    // finished turn): never applied to the current one.
+                    return Ok(NoOp);
+                };
+                let outcome = match *step {
+                    Step::WorkEnded(_, outcome) => outcome,
+                    _ if w.cancel.is_some() => Outcome::Cancelled,
+                    _ => Outcome::Failed,
+                };
+                let cancelled = w.cancel.is_some();
+                let drained = self.drained();
+                let shutting_down = self.shutdown.is_some();
+                let s = self.s(work.session.get());
+                if shutting_down && work.kind == WorkKind::Turn && s.running_at_shutdown {
+                    s.running_at_shutdown = false;
+                    if !drained && !cancelled {
+                        if let Some(shutdown) = self.shutdown.as_mut() {
+                            shutdown.summary.drained.push(work.session);
+                        }
+                    }
+                }
+                self.end_work(work, outcome);
+                Ok(Applied)
+            }
+            Step::AgentFinished(id) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                if !matches!(self.sessions[&id].state, State::Registered | State::Running) {
+                    return Ok(NoOp);
+                }
+                // During the drain the descendants' running turns keep it (G9).
+                let draining = self.shutdown.as_ref().is_some_and(|s| !s.drained);
+                let s = self.s(id);
+                s.intent = Some(Intent::Finished);
+                s.state = if s.works.is_empty() {
+                    State::Settled
+                } else {
+                    State::Cancelling
+                };
+                if !draining {
+                    self.cancel_subtree(id, EndReason::ParentFinished);
+                }
+                self.cancel_works(id, CancelMode::Immediate, false);
+                self.fixpoint();
+                Ok(Applied)
+            }
+            Step::Cancel(id, mode) => self.cancel(id, mode, EndReason::Cancelled),
+            Step::UserClose(id) => self.cancel(id, CancelMode::Immediate, EndReason::UserClose),
+            Step::CancelTurn(id) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                match self.cancel_works(id, CancelMode::Immediate, true) {
+                    0 => Ok(NoOp),
+                    _ => Ok(Applied),
+                }
+            }
+            Step::CancelDescendants(id) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                match self.cancel_subtree(id, EndReason::Cancelled) {
+                    0 => Ok(NoOp),
+                    _ => Ok(Applied),
+                }
+            }
+            Step::Hold(id, hold) => {
+                self.to_use(id)?;
+                self.s(id).holds[slot(hold)] += 1;
+                Ok(Applied)
+            }
+            Step::Release(id, hold) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                let s = self.s(id);
+                if s.holds[slot(hold)] == 0 {
+                    return Ok(NoOp);
+                }
+                s.holds[slot(hold)] -= 1;
+                if !s.held() && s.works.is_empty() {
+                    s.idle_since = now;
+                }
+                self.fixpoint();
+                Ok(Applied)
+            }
+            Step::TransportAttached(id, close_on_disconnect) => {
+                self.to_use(id)?;
+                let s = self.s(id);
+                s.transports += 1;
+                s.close_on_disconnect |= close_on_disconnect;
+                s.orphan_at = None;
+                s.pending = None;
+                Ok(Applied)
+            }
+            Step::TransportDetached(id) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                let grace = self.policy.orphan_grace;
+                let s = self.s(id);
+                if s.transports == 0 {
+                    return Ok(NoOp);
+                }
+                s.transports -= 1;
+                if s.transports == 0 {
+                    if s.close_on_disconnect {
+                        s.pending = Some(EndReason::TransportClosed);
+                        self.fixpoint();
+                    } else if let Some(at) = grace.after(now) {
+                        s.orphan_at = Some(at);
+                    }
+                }
+                Ok(Applied)
+            }
+            Step::Sweep(sweep) => {
+                let before = self.open_count();
+                match sweep {
+                    Sweep::Idle => self.reap_idle(),
+                    Sweep::Lru => self.enforce_lru_cap(),
+                    Sweep::Orphan => {
+                        let mut due: Vec<(u64, u64)> = self
+                            .sessions
+                            .iter()
+                            .filter_map(|(id, s)| s.orphan_at.map(|at| (at, *id)))
+                            .filter(|(at, _)| *at <= now)
+                            .collect();
+                        due.sort_unstable();
+                        for (_, id) in due {
+                            self.orphan_due(id);
+                        }
+                    }
+                }
+                Ok(if self.open_count() < before {
+                    Applied
+                } else {
+                    NoOp
+                })
+            }
+            Step::BeginShutdown { drain } => {
+                if self.shutdown.is_some() {
+                    return Ok(NoOp);
+                }
+                self.shutdown = Some(RefShutdown::default());
+                self.orders.push(Effect::FlushTranscripts);
+                for s in self.sessions.values_mut() {
+                    if s.state != State::Finalized {
+                        s.intent.get_or_insert(Intent::End(EndReason::Shutdown));
+                        s.running_at_shutdown = s.state == State::Running && s.turn().is_some();
+                    }
+                }
+                self.fixpoint();
+                if drain.is_zero() {
+                    self.end_drain();
+                } else if let Some(shutdown) = self.shutdown.as_mut() {
+                    shutdown.drain_until = drain.after(now);
+                }
+                Ok(Applied)
+            }
+            Step::SkipDrain => match &self.shutdown {
+                Some(s) if !s.drained => {
+                    self.end_drain();
+                    Ok(Applied)
+                }
+                _ => Ok(NoOp),
+            },
+            Step::Tick { .. } | Step::Forget(_) => unreachable!("not an event"),
+        }
+    }
+
+    /// `Cancel` and `UserClose`: descendants first, then the session itself.
+    fn cancel(&mut self, id: u64, mode: CancelMode, reason: EndReason) -> Result<Handled, Error> {
+        if !self.to_end(id)? {
+            return Ok(Handled::AlreadyFinalized);
+        }
+        if !matches!(self.sessions[&id].state, State::Registered | State::Running) {
+            // G6: cancelled already, or its work is over.
+            return Ok(Handled::NoOp);
+        }
+        self.cancel_subtree(id, EndReason::Cancelled);
+        self.cancel_one(id, mode, reason);
+        Ok(Handled::Applied)
+    }
+}
+
+pub struct Reference;
+
+impl ReferenceStateMachine for Reference {
+    type State = Model;
+    type Transition = Step;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        strategies::policy().prop_map(Model::new).boxed()
+    }
+
+    fn transitions(state: &Model) -> BoxedStrategy<Step> {
+        strategies::step(state)
+    }
+
+    fn apply(mut state: Model, step: &Step) -> Model {
+        state.apply(step);
+        state
+    }
+
+    /// Keeps shrunk sequences meaningful: a registration names a new id, and
+    /// every other step a session that was registered at some point.
+    fn preconditions(state: &Model, step: &Step) -> bool {
+        let known = |id: u64| state.sessions.contains_key(&id) || state.forgotten.contains(&id);
+        match step {
+            Step::Register { session, .. } => !known(*session),
+            _ => step.session().is_none_or(known),
+        }
+    }
+}
