@@ -27,11 +27,11 @@ fn g7_a_finish_after_a_turn_cancel_records_the_cut_turn_cancelled_without_memory
     assert_eq!(
         cut,
         vec![
+            // The work closes its own stream as its token is cancelled.
             Effect::CancelWork {
                 work,
                 mode: CancelMode::Immediate
             },
-            Effect::CloseStream { work }
         ]
     );
     let finish = h.effects_of(Event::AgentFinished { session: s });
@@ -536,7 +536,6 @@ fn g1_g6_a_finishing_agent_cancels_each_of_its_works_once() {
                 work: turn,
                 mode: CancelMode::Immediate
             },
-            &Effect::CloseStream { work: turn },
             &Effect::CancelWork {
                 work: task,
                 mode: CancelMode::Immediate

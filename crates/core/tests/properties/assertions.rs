@@ -354,8 +354,8 @@ fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
 
 /// G4 (the core's part): a stream is ordered closed at most once, only when
 /// it is attached and not closed by its work, and always before its work is
-/// detached; an attached stream of a work cancelled immediately is closed or
-/// ordered closed, whichever of the cancel and the attach came first.
+/// detached; a stream that attached after its work's immediate cancel is
+/// ordered closed at once (the attach race of seed 001).
 fn g4_every_stream_is_closed(seen: &Observed, core: &Core, ctx: &Ctx) {
     let attached = |w: WorkId| {
         seen.attached.contains(&w) || (*ctx.step == Step::StreamAttached(w) && ctx.applied())
@@ -388,14 +388,20 @@ fn g4_every_stream_is_closed(seen: &Observed, core: &Core, ctx: &Ctx) {
             _ => {}
         }
     }
+    // The attach race: a stream that attached after an immediate cancel may
+    // never see it, so the core orders it closed. (A stream attached before
+    // the cancel is closed by its work, whose token the cancel ends.)
+    let raced = |w: WorkId| {
+        seen.attached_after_cancel.contains(&w)
+            || (*ctx.step == Step::StreamAttached(w)
+                && ctx.applied()
+                && seen.cancels.get(&w).map(|c| c.0) == Some(CancelMode::Immediate))
+    };
     for work in core_works(core) {
-        if cancel_of(seen, ctx, work).map(|c| c.0) == Some(CancelMode::Immediate)
-            && attached(work)
-            && !closed_by_work(work)
-        {
+        if raced(work) && !closed_by_work(work) {
             assert!(
                 ordered(work, ctx.effects),
-                "G4: {work} was cancelled immediately and its stream is still open"
+                "G4: {work} attached after its immediate cancel and its stream is still open"
             );
         }
     }

@@ -341,8 +341,9 @@ impl Model {
     }
 
     /// Sends each live work of `id` (only its turn, with `turn_only`) its one
-    /// cancel (G6) and arms its settle deadline (G5); an immediate cancel
-    /// orders an attached stream closed (G4). Returns how many it cancelled.
+    /// cancel (G6) and arms its settle deadline (G5). The work closes its own
+    /// stream when its token is cancelled; the core orders a close only on
+    /// the attach race and at a detach (G4). Returns how many it cancelled.
     fn cancel_works(&mut self, id: u64, mode: CancelMode, turn_only: bool) -> usize {
         let settle_at = self.policy.settle.after(self.now);
         let mut orders = Vec::new();
@@ -353,10 +354,6 @@ impl Model {
             }
             w.cancel = Some(mode);
             orders.push(Effect::CancelWork { work: w.id, mode });
-            if mode == CancelMode::Immediate && w.stream_open() {
-                w.close_ordered = true;
-                orders.push(Effect::CloseStream { work: w.id });
-            }
             w.settle_at = settle_at;
         }
         let n = orders

@@ -46,6 +46,9 @@ pub struct Observed {
     pub close_orders: HashSet<WorkId>,
     /// Works whose stream attached (the core applied the report).
     pub attached: HashSet<WorkId>,
+    /// Works whose stream attached after an immediate cancel (the attach
+    /// race of seed 001): the core must order those closed.
+    pub attached_after_cancel: HashSet<WorkId>,
     /// Works that reported their stream closed (applied).
     pub closed_by_work: HashSet<WorkId>,
     /// Works the core abandoned, and which of them after shutdown began.
@@ -151,6 +154,9 @@ impl Observed {
             Step::TransportDetached(id) => count(&mut self.transports, id, false),
             Step::StreamAttached(work) => {
                 self.attached.insert(work);
+                if matches!(self.cancels.get(&work), Some((CancelMode::Immediate, _))) {
+                    self.attached_after_cancel.insert(work);
+                }
             }
             Step::StreamClosed(work) => {
                 self.closed_by_work.insert(work);
