@@ -397,8 +397,10 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let mut signal = tokio::spawn(shutdown::watch(&kernel, args.drain_timeout)?);
     let mut run = tokio::spawn(runner::run(scenario, kernel.clone()));
 
+    // Biased: a run that ended because a signal shut the kernel down ended
+    // by that signal (its code wins), even if both are ready at once.
     let (root, signalled) = tokio::select! {
-        root = &mut run => (root.ok().flatten(), None),
+        biased;
         signalled = &mut signal => {
             let signalled = signalled.ok();
             // Shutdown is under way: agents are refused new turns, those
@@ -407,6 +409,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
             let root = run.await.ok().flatten();
             (root, signalled)
         }
+        root = &mut run => (root.ok().flatten(), None),
     };
     let report = kernel.shutdown(Duration::ZERO).await;
     let failures = kernel.store_failures();
