@@ -15,13 +15,16 @@ use settle_cli::{
 use settle_runtime::{Kernel, SessionId, State};
 use settle_store::{SessionStore, StoreError};
 
+mod serve;
+
 const EXAMPLES: &str = "\
 Examples:
   settle run examples/scan.toml            run a scripted agent tree (SQLite: ./settle.db)
   settle sessions --state finalized        list sessions in a state
   settle show 3 --json                     one session's transcript and timeline
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
-  settle chat --base-url http://127.0.0.1:8080/v1 --model local";
+  settle chat --base-url http://127.0.0.1:8080/v1 --model local
+  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local";
 
 /// A lifecycle kernel for LLM-agent sessions: teardown that is correct on every path.
 #[derive(Debug, Parser)]
@@ -55,6 +58,11 @@ enum Command {
         after_help = "Example:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local"
     )]
     Chat(chat::ChatArgs),
+    /// Serve sessions to WebSocket clients: JSON-RPC 2.0 at ws://ADDR/ws (see docs/gateway.md).
+    #[command(
+        after_help = "Example:\n  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local"
+    )]
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -147,7 +155,7 @@ fn usage_error(error: clap::Error) -> ExitCode {
         // No command at all: one line that says what to type (G11), not the
         // whole help on stderr.
         eprintln!(
-            "settle: a command is required: run, sessions, show, recover or chat (see `settle --help`)"
+            "settle: a command is required: run, sessions, show, recover, chat or serve (see `settle --help`)"
         );
         return ExitCode::from(exit::BAD_INPUT);
     }
@@ -269,6 +277,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(exit::DONE)
         }
         Command::Chat(args) => chat::run(&cli.db, args).await,
+        Command::Serve(args) => serve::run(&cli.db, args).await,
     }
 }
 
