@@ -168,6 +168,14 @@ impl Served {
     }
 }
 
+/// A client of the gateway at `ws://ADDR/ws`.
+pub async fn connect(addr: &str) -> Client {
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
+        .await
+        .unwrap();
+    Client::new(ws)
+}
+
 type Sink = Box<
     dyn futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Send + Unpin,
 >;
