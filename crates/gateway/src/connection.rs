@@ -198,7 +198,15 @@ async fn handle(shared: &Arc<Shared>, caller: &mut Caller<'_>, text: &str) {
             return;
         }
     };
-    let answer = methods::call(shared, caller, &incoming.method, incoming.params).await;
+    // Boxed: an idle connection's task does not carry the largest method's
+    // state with it, only what a call needs while it runs.
+    let answer = Box::pin(methods::call(
+        shared,
+        caller,
+        &incoming.method,
+        incoming.params,
+    ))
+    .await;
     match (incoming.id, answer) {
         (Some(id), Ok(answer)) => {
             caller.outbox.text(protocol::result(&id, answer.result));

@@ -30,7 +30,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The read buffer of a connection: small, since requests are; a larger
 /// request is read in several pieces.
-const READ_BUFFER: usize = 4 * 1024;
+const READ_BUFFER: usize = 2 * 1024;
 
 /// How much a connection's WebSocket layer gathers before writing.
 const WRITE_BUFFER: usize = 8 * 1024;
