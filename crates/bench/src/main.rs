@@ -22,6 +22,7 @@ mod clocked;
 mod core_bench;
 mod durable;
 mod finalized_memory;
+mod gateway_bench;
 mod measure;
 mod null_store;
 mod peer;
@@ -62,6 +63,7 @@ enum Bench {
     Store,
     Register,
     Memory,
+    Gateway,
 }
 
 /// Every performance target of SPEC §9 against its baseline, interleaved in
@@ -91,6 +93,12 @@ struct Args {
     /// Tree sizes for both teardown rows instead of the defaults (comma-separated).
     #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
     sizes: Vec<usize>,
+    /// The gateway row's client process: connect N clients to ADDR and hold them.
+    #[arg(long, hide = true, num_args = 2, value_names = ["ADDR", "N"])]
+    gateway_clients: Vec<String>,
+    /// With --gateway-clients: each client creates a session.
+    #[arg(long, hide = true)]
+    gateway_sessions: bool,
 }
 
 /// Sizes and rounds of one run.
@@ -110,6 +118,7 @@ struct Sizes {
     store: Plan,
     lag_per_session: usize,
     memory_sessions: u64,
+    gateway: gateway_bench::Sizes,
 }
 
 impl Sizes {
@@ -138,6 +147,12 @@ impl Sizes {
             store: plan(2, 15),
             lag_per_session: 2_000,
             memory_sessions: 100_000,
+            gateway: gateway_bench::Sizes {
+                clients: 1_000,
+                chunks: 20,
+                delay: Duration::from_millis(50),
+                plan: plan(1, 5),
+            },
         }
     }
 
@@ -158,6 +173,12 @@ impl Sizes {
             store: plan(1, 5),
             lag_per_session: 200,
             memory_sessions: 10_000,
+            gateway: gateway_bench::Sizes {
+                clients: 100,
+                chunks: 10,
+                delay: Duration::from_millis(20),
+                plan: plan(1, 3),
+            },
         }
     }
 }
@@ -694,13 +715,19 @@ fn run(args: &Args) -> Result<()> {
     if wants(Bench::Register) {
         rows.push(run_register(&sizes)?);
     }
+    if wants(Bench::Gateway) {
+        rows.push(gateway_bench::memory_row(sizes.gateway.clients)?);
+        rows.extend(gateway_bench::latency_rows(sizes.gateway)?);
+    }
     // The SPEC's order: teardown (stubbed, then durable), core, stream,
-    // store, register, memory.
+    // store, register, memory, then the gateway's rows.
     let order = |r: &Row| {
-        ["teardown", "core", "stream", "store", "register", "memory"]
-            .iter()
-            .position(|p| r.bench.starts_with(p))
-            .unwrap_or(usize::MAX)
+        [
+            "teardown", "core", "stream", "store", "register", "memory", "gateway",
+        ]
+        .iter()
+        .position(|p| r.bench.starts_with(p))
+        .unwrap_or(usize::MAX)
     };
     rows.sort_by_key(order);
     let elapsed = started.elapsed();
@@ -747,6 +774,16 @@ fn run(args: &Args) -> Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let [addr, n] = args.gateway_clients.as_slice() {
+        let clients = n.parse().unwrap_or(0);
+        return match gateway_bench::client_process(addr, clients, args.gateway_sessions) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                progress(&format!("client process: {e}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

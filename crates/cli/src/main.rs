@@ -17,6 +17,8 @@ use settle_cli::{
 use settle_runtime::{Kernel, SessionId, State};
 use settle_store::{SessionDetail, SessionRow, SessionStore, Store, StoreError};
 
+mod serve;
+
 const EXAMPLES: &str = "\
 Examples:
   settle run examples/scan.toml            run a scripted agent tree (SQLite: ./settle.db)
@@ -25,7 +27,8 @@ Examples:
   settle show 1 --trace scan.json          the tree under session 1 as a trace for Perfetto
   settle export 3 --format md -o chat.md   a transcript to read (or --format jsonl to replay)
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
-  settle chat --base-url http://127.0.0.1:8080/v1 --model local";
+  settle chat --base-url http://127.0.0.1:8080/v1 --model local
+  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local";
 
 /// A lifecycle kernel for LLM-agent sessions: teardown that is correct on every path.
 #[derive(Debug, Parser)]
@@ -68,6 +71,11 @@ enum Command {
         after_help = "Example:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local"
     )]
     Chat(chat::ChatArgs),
+    /// Serve sessions to WebSocket clients: JSON-RPC 2.0 at ws://ADDR/ws (see docs/gateway.md).
+    #[command(
+        after_help = "Example:\n  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local"
+    )]
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -209,7 +217,7 @@ fn usage_error(error: clap::Error) -> ExitCode {
         // No command at all: one line that says what to type (G11), not the
         // whole help on stderr.
         eprintln!(
-            "settle: a command is required: run, sessions, show, export, recover or chat (see `settle --help`)"
+            "settle: a command is required: run, sessions, show, export, recover, chat or serve (see `settle --help`)"
         );
         return ExitCode::from(exit::BAD_INPUT);
     }
@@ -255,6 +263,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Export(args) => export(&cli.db, args).await,
         Command::Recover(args) => recover(&cli.db, args).await,
         Command::Chat(args) => chat::run(&cli.db, args).await,
+        Command::Serve(args) => serve::run(&cli.db, args).await,
     }
 }
 

@@ -48,6 +48,11 @@ pub(crate) enum Command {
         session: SessionId,
         reply: Reply<Arc<SessionShared>>,
     },
+    /// A session's state, as the core has it now.
+    State {
+        session: SessionId,
+        reply: Reply<settle_core::State>,
+    },
     Delegate {
         from: SessionId,
         to: SessionId,

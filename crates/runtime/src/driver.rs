@@ -254,6 +254,13 @@ impl Driver {
                 };
                 let _ = reply.send(found);
             }
+            Command::State { session, reply } => {
+                let state = match self.core.session(session) {
+                    Some(view) => Ok(view.state()),
+                    None => Err(settle_core::Error::UnknownSession(session).into()),
+                };
+                let _ = reply.send(state);
+            }
             Command::Delegate { from, to, reply } => {
                 let _ = reply.send(self.delegate(from, to));
             }

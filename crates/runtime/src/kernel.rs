@@ -150,6 +150,7 @@ impl KernelBuilder {
                 events,
                 failures,
                 drain,
+                store_timeout: bound,
                 store,
                 owner,
                 last_report,
@@ -165,6 +166,7 @@ struct Inner {
     events: EventBus,
     failures: Arc<AtomicUsize>,
     drain: Duration,
+    store_timeout: Duration,
     store: Arc<dyn SessionStore>,
     owner: OwnerId,
     /// The report of the shutdown, once it completed (a shutdown the kernel
@@ -317,6 +319,45 @@ impl Kernel {
             }
             _ => error,
         }
+    }
+
+    /// Every session of the store, or those in `state`, by id: the rows
+    /// `settle sessions --json` prints (the store's view, which may lag
+    /// behind the core by the writes still in flight).
+    ///
+    /// # Errors
+    /// When the store fails or does not answer within the store timeout.
+    pub async fn list_sessions(
+        &self,
+        state: Option<settle_core::State>,
+    ) -> Result<Vec<settle_store::SessionRow>, RuntimeError> {
+        let bound = self.inner.store_timeout;
+        tokio::time::timeout(bound, self.inner.store.list_sessions(state))
+            .await
+            .map_err(|_| RuntimeError::StoreTimeout {
+                what: "listing sessions",
+                after: bound,
+            })?
+            .map_err(RuntimeError::from)
+    }
+
+    /// One session's row, turns and timeline, as the store has them.
+    ///
+    /// # Errors
+    /// `Store(UnknownSession)` when the store has no such session; when the
+    /// store fails or does not answer within the store timeout.
+    pub async fn session_detail(
+        &self,
+        id: SessionId,
+    ) -> Result<settle_store::SessionDetail, RuntimeError> {
+        let bound = self.inner.store_timeout;
+        tokio::time::timeout(bound, self.inner.store.session_detail(id))
+            .await
+            .map_err(|_| RuntimeError::StoreTimeout {
+                what: "reading a session",
+                after: bound,
+            })?
+            .map_err(RuntimeError::from)
     }
 
     /// Cancels every live descendant of `session`, never `session` itself.

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId};
+use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
 use settle_stream::Provider;
 use tokio::sync::broadcast;
 
@@ -238,6 +238,26 @@ impl SessionHandle {
     pub async fn detach_transport(&self) -> Result<Handled, RuntimeError> {
         self.event(Event::TransportDetached { session: self.id() })
             .await
+    }
+
+    /// The session's state now, as the lifecycle core has it (the store's
+    /// row may lag behind it): `Finalized` once it is.
+    ///
+    /// # Errors
+    /// When the kernel stopped.
+    pub async fn state(&self) -> Result<State, RuntimeError> {
+        let session = self.id();
+        match self
+            .kernel
+            .ask(|reply| Command::State { session, reply })
+            .await
+        {
+            Ok(state) => Ok(state),
+            Err(error) => match self.closed(self.kernel.explain_unknown(session, error).await) {
+                RuntimeError::SessionClosed(_) => Ok(State::Finalized),
+                error => Err(error),
+            },
+        }
     }
 
     /// This session's own lifecycle events from now on: its transitions,

@@ -86,6 +86,14 @@ impl Turn {
         }
     }
 
+    /// How the turn ended and, when it failed or timed out, why: both at
+    /// once, for a frontend that reports the two (the gateway's
+    /// `turn.ended`). Like [`outcome`](Self::outcome), unread chunks are
+    /// dropped unread.
+    pub async fn end(self) -> (Outcome, Option<TurnError>) {
+        self.finish().await
+    }
+
     async fn finish(mut self) -> (Outcome, Option<TurnError>) {
         self.cancel_on_drop = None;
         match self.outcome.take() {

@@ -525,3 +525,30 @@ async fn g2_a_handle_on_a_forgotten_session_says_already_finalized() {
     );
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// A frontend asks a session's state from the core (the store may lag):
+/// running while its turn is in flight, registered after, finalized once
+/// closed; and the list of sessions reads the store's rows.
+#[tokio::test(start_paused = true)]
+async fn a_session_state_comes_from_the_core_and_the_list_from_the_store() {
+    use settle_runtime::State;
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("agent", None).await.unwrap();
+    assert_eq!(session.state().await.unwrap(), State::Registered);
+    let p = provider([hang(&["a"], MS)]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["a"]);
+    assert_eq!(session.state().await.unwrap(), State::Running);
+    turn.cancel();
+    let _ = turn.outcome().await;
+    assert_eq!(session.state().await.unwrap(), State::Registered);
+    assert_eq!(session.close().await.unwrap(), EndReason::UserClose);
+    assert_eq!(session.state().await.unwrap(), State::Finalized);
+    let rows = kernel.list_sessions(None).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].end_reason, Some(EndReason::UserClose));
+    let detail = kernel.session_detail(session.id()).await.unwrap();
+    assert_eq!(detail.turns.len(), 1);
+    kernel.shutdown(Duration::ZERO).await;
+}

@@ -1,0 +1,499 @@
+//! The gateway rows (SPEC §10, issue 16): `CLIENTS` concurrent WebSocket
+//! clients, each attached to its own session, each running a turn that
+//! streams `CHUNKS` chunks from a provider; the latency of each chunk from
+//! the moment the provider yields it to the moment its client has parsed
+//! its `turn.chunk`, against the same chunks, stamped the same way, sent as
+//! the same notification frames by a bare axum WebSocket server (the same
+//! stack: axum, hyper, tungstenite) with no kernel, no store and no fan-out.
+//! And the heap bytes per connected idle session, counted in this process
+//! while the clients run in a child process (this binary again, with
+//! `--gateway-clients`), so that only the server's side is counted.
+//!
+//! The gateway runs over a store that writes nothing (as the teardown row
+//! does): the store rows measure the store.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::pin::Pin;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::extract::ws::{Message as AxumMessage, WebSocket, WebSocketUpgrade};
+use futures_util::{FutureExt, SinkExt, Stream, StreamExt};
+use serde_json::{json, Value};
+use settle_gateway::Gateway;
+use settle_runtime::Kernel;
+use settle_stream::{
+    Close, CloseError, Provider, ProviderStream, Request, StreamError, StreamEvent,
+};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::measure::{quantile, spread, Plan};
+use crate::null_store::NullStore;
+use crate::report::{grouped, num, Row, Target};
+use crate::{alloc, progress, Result};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// The sizes of one run of the gateway rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Concurrent clients, one session each.
+    pub clients: usize,
+    /// Chunks per turn.
+    pub chunks: usize,
+    /// The provider's pause before each chunk.
+    pub delay: Duration,
+    /// Rounds (one turn per client each).
+    pub plan: Plan,
+}
+
+/// When the process started: chunk stamps are nanoseconds since it.
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+fn stamp() -> String {
+    base().elapsed().as_nanos().to_string()
+}
+
+fn latency(text: &str) -> Option<Duration> {
+    let sent = Duration::from_nanos(text.parse().ok()?);
+    Some(base().elapsed().saturating_sub(sent))
+}
+
+/// A provider whose chunks are the time they were yielded.
+struct Stamping {
+    chunks: usize,
+    delay: Duration,
+}
+
+struct StampStream {
+    left: usize,
+    delay: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stream for StampStream {
+    type Item = std::result::Result<StreamEvent, StreamError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let delay = self.delay;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+        ready!(sleep.poll_unpin(cx));
+        self.sleep = None;
+        self.left -= 1;
+        Poll::Ready(Some(Ok(StreamEvent::Chunk(settle_stream::Chunk::text(
+            stamp(),
+        )))))
+    }
+}
+
+#[async_trait]
+impl Close for StampStream {
+    fn close_now(&mut self) -> std::result::Result<(), CloseError> {
+        self.left = 0;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Provider for Stamping {
+    async fn open(&self, _: &Request) -> std::result::Result<ProviderStream, StreamError> {
+        Ok(Box::new(self.stream()))
+    }
+}
+
+impl Stamping {
+    fn stream(&self) -> StampStream {
+        StampStream {
+            left: self.chunks,
+            delay: self.delay,
+            sleep: None,
+        }
+    }
+}
+
+fn request(id: u64, method: &str, params: Value) -> Message {
+    Message::text(
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+    )
+}
+
+async fn connect(addr: std::net::SocketAddr) -> Result<Ws> {
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws")).await?;
+    Ok(ws)
+}
+
+/// Waits for the answer to request `id`.
+async fn answer(ws: &mut Ws, id: u64) -> Result<Value> {
+    while let Some(frame) = ws.next().await {
+        if let Message::Text(text) = frame? {
+            let value: Value = serde_json::from_str(text.as_str())?;
+            if value["id"] == id {
+                return Ok(value);
+            }
+        }
+    }
+    Err("the connection closed before the answer".into())
+}
+
+/// One client's turn: sends `start`, then reads its chunks until the turn's
+/// end, each chunk's latency.
+async fn turn(mut ws: Ws, start: Message) -> Result<(Ws, Vec<Duration>)> {
+    ws.send(start).await?;
+    let mut latencies = Vec::new();
+    while let Some(frame) = ws.next().await {
+        let Message::Text(text) = frame? else {
+            continue;
+        };
+        let value: Value = serde_json::from_str(text.as_str())?;
+        match value["method"].as_str() {
+            Some("turn.chunk") => {
+                if let Some(l) = value["params"]["text"].as_str().and_then(latency) {
+                    latencies.push(l);
+                }
+            }
+            Some("turn.ended") => return Ok((ws, latencies)),
+            _ => {}
+        }
+    }
+    Err("the connection closed mid-turn".into())
+}
+
+/// The clients of one side and how each starts a turn.
+struct Side {
+    clients: Vec<(Ws, Message)>,
+}
+
+impl Side {
+    /// Every client runs one turn at once; every chunk's latency, sorted.
+    async fn round(&mut self) -> Result<Vec<Duration>> {
+        let turns: Vec<_> = self
+            .clients
+            .drain(..)
+            .map(|(ws, start)| {
+                tokio::spawn(turn(ws, start.clone()).map(|r| r.map(|(ws, l)| (ws, start, l))))
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in turns {
+            let (ws, start, latencies) = t.await??;
+            all.extend(latencies);
+            self.clients.push((ws, start));
+        }
+        all.sort_unstable();
+        Ok(all)
+    }
+}
+
+/// The gateway: a kernel over a store that writes nothing, N clients with a
+/// session each.
+async fn gateway_side(sizes: Sizes) -> Result<(Side, Gateway)> {
+    let kernel = Kernel::builder(Arc::new(NullStore::expecting(usize::MAX)))
+        .idle_ttl(None)
+        .lru_cap(None)
+        .start()
+        .await?;
+    let provider = Arc::new(Stamping {
+        chunks: sizes.chunks,
+        delay: sizes.delay,
+    });
+    let gateway = Gateway::builder(kernel, provider).build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn({
+        let gateway = gateway.clone();
+        async move { gateway.serve(listener).await }
+    });
+    let mut clients = Vec::with_capacity(sizes.clients);
+    for i in 0..sizes.clients {
+        let mut ws = connect(addr).await?;
+        ws.send(request(
+            1,
+            "session.create",
+            json!({ "name": format!("client {i}") }),
+        ))
+        .await?;
+        let id = answer(&mut ws, 1).await?["result"]["id"]
+            .as_u64()
+            .ok_or("session.create gave no id")?;
+        clients.push((
+            ws,
+            request(2, "turn.start", json!({ "id": id, "prompt": "go" })),
+        ));
+    }
+    Ok((Side { clients }, gateway))
+}
+
+/// The bare path: each text frame starts the same stamped stream, sent as
+/// the same notifications.
+async fn bare_connection(mut socket: WebSocket, provider: Arc<Stamping>) {
+    while let Some(Ok(frame)) = socket.recv().await {
+        if !matches!(frame, AxumMessage::Text(_)) {
+            continue;
+        }
+        let mut stream = provider.stream();
+        while let Some(Ok(StreamEvent::Chunk(text))) = stream.next().await {
+            let note = json!({"jsonrpc": "2.0", "method": "turn.chunk", "params": {"id": 1, "turn": 1, "text": text}});
+            if socket
+                .send(AxumMessage::Text(note.to_string().into()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let end = json!({"jsonrpc": "2.0", "method": "turn.ended", "params": {"id": 1, "turn": 1, "outcome": "completed", "error": null}});
+        if socket
+            .send(AxumMessage::Text(end.to_string().into()))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+async fn bare_server(sizes: Sizes) -> Result<std::net::SocketAddr> {
+    let provider = Arc::new(Stamping {
+        chunks: sizes.chunks,
+        delay: sizes.delay,
+    });
+    let router = axum::Router::new().route(
+        "/ws",
+        axum::routing::get(move |upgrade: WebSocketUpgrade| {
+            let provider = provider.clone();
+            async move { upgrade.on_upgrade(move |socket| bare_connection(socket, provider)) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(addr)
+}
+
+async fn bare_side(sizes: Sizes) -> Result<Side> {
+    let addr = bare_server(sizes).await?;
+    let mut clients = Vec::with_capacity(sizes.clients);
+    for _ in 0..sizes.clients {
+        clients.push((connect(addr).await?, Message::text("start")));
+    }
+    Ok(Side { clients })
+}
+
+/// The latency rows: p50 and p99, ours against the bare path, interleaved.
+pub fn latency_rows(sizes: Sizes) -> Result<Vec<Row>> {
+    base();
+    progress(&format!(
+        "gateway {} clients × {} chunks: {} + {} rounds",
+        grouped(sizes.clients as i64),
+        sizes.chunks,
+        sizes.plan.warmup,
+        sizes.plan.rounds
+    ));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (mut ours, gateway) = rt.block_on(gateway_side(sizes))?;
+    let mut bare = rt.block_on(bare_side(sizes))?;
+    let (mut p50, mut p99) = (Vec::new(), Vec::new());
+    for round in 0..sizes.plan.warmup + sizes.plan.rounds {
+        let (o, b) = if round % 2 == 0 {
+            let o = rt.block_on(ours.round())?;
+            (o, rt.block_on(bare.round())?)
+        } else {
+            let b = rt.block_on(bare.round())?;
+            (rt.block_on(ours.round())?, b)
+        };
+        if round >= sizes.plan.warmup {
+            p50.push((quantile(&o, 0.5), quantile(&b, 0.5)));
+            p99.push((quantile(&o, 0.99), quantile(&b, 0.99)));
+        }
+    }
+    gateway.shutdown();
+    drop(ours);
+    drop(bare);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let size = format!(
+        "{} clients × {} chunks",
+        grouped(sizes.clients as i64),
+        sizes.chunks
+    );
+    let row = |name: &str, pairs: &[(Duration, Duration)], target: f64| {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let median = |pick: fn(&(Duration, Duration)) -> Duration| {
+            let mut v: Vec<f64> = pairs.iter().map(|p| ms(pick(p))).collect();
+            v.sort_by(f64::total_cmp);
+            spread(v).median
+        };
+        let ratios = spread(
+            pairs
+                .iter()
+                .map(|(o, b)| o.as_secs_f64() / b.as_secs_f64().max(1e-9))
+                .collect(),
+        );
+        Row::compared(
+            format!("gateway {name}"),
+            size.clone(),
+            "ms",
+            median(|p| p.0),
+            median(|p| p.1),
+            ratios,
+            Target::ratio_at_most(target),
+            pairs.len(),
+        )
+    };
+    Ok(vec![
+        row("latency p50", &p50, 2.0),
+        row("latency p99", &p99, 2.0).with_note(format!(
+            "provider → client, per chunk, a chunk every {} ms per session; baseline = the same \
+             stamped chunks as the same frames from a bare axum WebSocket handler (no kernel, \
+             store or fan-out); ours over a store that writes nothing",
+            num(sizes.delay.as_secs_f64() * 1e3)
+        )),
+    ])
+}
+
+/// The memory row: heap bytes per connected idle session, the clients in a
+/// child process; the bare server's bytes per connection in the note.
+pub fn memory_row(clients: usize) -> Result<Row> {
+    progress(&format!(
+        "gateway memory: {} connected idle sessions",
+        grouped(clients as i64)
+    ));
+    let sizes = Sizes {
+        clients,
+        chunks: 1,
+        delay: Duration::ZERO,
+        plan: Plan {
+            warmup: 0,
+            rounds: 0,
+        },
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // Ours.
+    let kernel = rt.block_on(
+        Kernel::builder(Arc::new(NullStore::expecting(usize::MAX)))
+            .idle_ttl(None)
+            .lru_cap(None)
+            .start(),
+    )?;
+    let gateway = Gateway::builder(
+        kernel,
+        Arc::new(Stamping {
+            chunks: 1,
+            delay: Duration::ZERO,
+        }),
+    )
+    .build();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let addr = listener.local_addr()?;
+    rt.spawn({
+        let gateway = gateway.clone();
+        async move { gateway.serve(listener).await }
+    });
+    let (child, ours) = alloc::net_bytes(|| spawn_clients(addr, clients, true));
+    let mut child = child?;
+    let bare_addr = rt.block_on(bare_server(sizes))?;
+    let (bare_child, bare) = alloc::net_bytes(|| spawn_clients(bare_addr, clients, false));
+    let mut bare_child = bare_child?;
+    let connected = gateway.connections();
+    for c in [&mut child, &mut bare_child] {
+        drop(c.stdin.take());
+        let _ = c.wait();
+    }
+    gateway.shutdown();
+    rt.shutdown_timeout(Duration::from_secs(5));
+    if connected != clients {
+        return Err(format!("{connected} of {clients} clients stayed connected").into());
+    }
+    let per = |bytes: isize| bytes as f64 / clients as f64;
+    Ok(Row::absolute(
+        "gateway memory",
+        format!("{} connected idle sessions", grouped(clients as i64)),
+        "B/session",
+        per(ours),
+        Target::ours_at_most(16.0 * 1024.0),
+        1,
+    )
+    .with_note(format!(
+        "heap bytes per connected client with its session (gateway entry, connection, queue, \
+         core and driver records), the clients in a child process; a bare axum WebSocket \
+         connection alone: {} B",
+        num(per(bare))
+    )))
+}
+
+/// Starts the child process of `clients` clients and waits until all are
+/// connected (and, for the gateway, have created their session).
+fn spawn_clients(
+    addr: std::net::SocketAddr,
+    clients: usize,
+    sessions: bool,
+) -> Result<std::process::Child> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--gateway-clients", &addr.to_string(), &clients.to_string()])
+        .args(sessions.then_some("--gateway-sessions"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        return Err(format!("the client process said {line:?}").into());
+    }
+    Ok(child)
+}
+
+/// The child process: connects `clients` clients to `addr` (each creating a
+/// session when `sessions`), says `ready`, and holds them until its stdin
+/// closes.
+pub fn client_process(addr: &str, clients: usize, sessions: bool) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let addr: std::net::SocketAddr = addr.parse()?;
+        let mut held = Vec::with_capacity(clients);
+        for i in 0..clients {
+            let mut ws = connect(addr).await?;
+            if sessions {
+                ws.send(request(
+                    1,
+                    "session.create",
+                    json!({ "name": format!("idle {i}") }),
+                ))
+                .await?;
+                answer(&mut ws, 1).await?;
+            }
+            held.push(ws);
+        }
+        // Every connection is served (the last answer came back); let the
+        // server settle what it allocates per connection before counting.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ready")?;
+        out.flush()?;
+        drop(out);
+        let mut line = String::new();
+        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
+        drop(held);
+        Ok(())
+    })
+}

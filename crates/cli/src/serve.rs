@@ -1,0 +1,116 @@
+//! `settle serve`: the session gateway (SPEC §10) on a TCP address, over
+//! the store of `--db` and an OpenAI-compatible server (or, for tests, a
+//! script book). Bad options, a script book that does not parse or an
+//! address that cannot be bound are refused before the store is opened
+//! (G11). SIGTERM/SIGINT shut down gracefully (G9): clients are told
+//! `server.shutdown`, running turns drain, everything is finalized, the
+//! connections are closed, and the process exits 143/130; a second signal
+//! skips the rest of the drain.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use settle_cli::{duration, exit, open_store, outln, shutdown, Failure};
+use settle_gateway::{Gateway, ScriptBook};
+use settle_runtime::signals::Signals;
+use settle_runtime::Kernel;
+use settle_stream::{OpenAiConfig, OpenAiProvider, Provider};
+
+/// Options of `settle serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on (port 0 picks a free one; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8765")]
+    listen: SocketAddr,
+    /// The model server's base URL, up to and including `/v1`.
+    #[arg(
+        long,
+        env = "SETTLE_BASE_URL",
+        default_value = "http://127.0.0.1:8080/v1"
+    )]
+    base_url: String,
+    /// The model name to ask for.
+    #[arg(long, env = "SETTLE_MODEL", default_value = "default")]
+    model: String,
+    /// The API key, sent as a bearer token.
+    #[arg(long, env = "SETTLE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// How long a session may have no client attached before it is reaped (once idle).
+    #[arg(long, value_parser = duration::parse, default_value = "60s")]
+    orphan_grace: Duration,
+    /// How long a session may sit idle before it is reaped (0s: never).
+    #[arg(long, value_parser = duration::parse, default_value = "30m")]
+    idle_ttl: Duration,
+    /// How many open sessions before the least recently active idle one is evicted.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions: u64,
+    /// How long running turns may finish after SIGINT/SIGTERM.
+    #[arg(long, value_parser = duration::parse, default_value = "5s")]
+    drain_timeout: Duration,
+    /// Play the turns of this script book instead of asking a model server.
+    #[arg(long, hide = true, value_name = "FILE")]
+    scripted: Option<PathBuf>,
+}
+
+/// Serves until a signal (or a lost lease) has shut it down; returns the exit code.
+pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
+    // Before anything can block: no signal is swallowed, ever.
+    let signals = Signals::install()
+        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
+    let provider: Arc<dyn Provider> = match &args.scripted {
+        Some(path) => Arc::new(ScriptBook::load(path).map_err(Failure::bad_input)?),
+        None => {
+            let mut config = OpenAiConfig::new(args.base_url.clone(), args.model.clone());
+            if let Some(key) = &args.api_key {
+                config = config.api_key(key.clone());
+            }
+            Arc::new(OpenAiProvider::new(config).map_err(Failure::bad_input)?)
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Failure::bad_input(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::bad_input(format!("cannot listen on {}: {e}", args.listen)))?;
+    let store: Arc<dyn settle_store::SessionStore> = Arc::new(open_store(db)?);
+    let kernel = Kernel::builder(store)
+        .orphan_grace(args.orphan_grace)
+        .idle_ttl(Some(args.idle_ttl).filter(|ttl| !ttl.is_zero()))
+        .lru_cap(Some(
+            usize::try_from(args.max_sessions).unwrap_or(usize::MAX),
+        ))
+        .drain_timeout(args.drain_timeout)
+        .start()
+        .await
+        .map_err(Failure::store)?;
+    let gateway = Gateway::builder(kernel.clone(), provider)
+        .drain_timeout(args.drain_timeout)
+        .build();
+    let first_signal = tokio::spawn(signals.drive(&kernel, args.drain_timeout));
+    outln!("settle serve: listening on ws://{addr}/ws");
+    let report = gateway
+        .serve(listener)
+        .await
+        .map_err(|e| Failure::store(e.to_string()))?;
+    if report.lease_lost || !report.left_recoverable.is_empty() {
+        shutdown::say_left(&report);
+        return Ok(exit::STORE);
+    }
+    outln!(
+        "settle serve: shut down; {} session{} finalized",
+        report.finalized.len(),
+        if report.finalized.len() == 1 { "" } else { "s" }
+    );
+    match first_signal.is_finished() {
+        true => match first_signal.await {
+            Ok(signal) => Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)),
+            Err(_) => Ok(exit::DONE),
+        },
+        // Shut down by the kernel itself (no signal): only a lost lease does.
+        false => Ok(exit::STORE),
+    }
+}

@@ -1,0 +1,290 @@
+//! One WebSocket connection: a transport for every session it attaches to.
+//!
+//! Its task reads requests one at a time and answers them in order; a writer
+//! task sends what its [`Outbox`] queues. When the connection ends, however
+//! it ends (the client closed it or vanished, its queue overflowed, the
+//! gateway closed it), it detaches all its transports at once; what happens
+//! to the sessions then (the orphan reap after the grace, the
+//! transport-closed reclaim) is the kernel's decision.
+//!
+//! A keepalive ping goes out every interval; a client that has sent nothing
+//! (not even the pong its WebSocket library answers with) for two intervals
+//! is taken for gone: a half-open connection detaches like a closed one.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::extract::ws::{close_code, CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
+use settle_runtime::SessionId;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_util::task::TaskTracker;
+
+use crate::gateway::Shared;
+use crate::methods::{self, Caller};
+use crate::outbox::{self, Frame, Inbox, Outbox};
+use crate::protocol::{self, code, ErrorKind, RpcError};
+use crate::table::ConnId;
+
+/// How many queued frames the writer sends before it flushes.
+const WRITE_BATCH: usize = 64;
+
+/// The live connections, for what the gateway tells them all.
+#[derive(Debug, Default)]
+pub(crate) struct Connections {
+    next: AtomicU64,
+    registry: Mutex<Registry>,
+    /// Every connection's task.
+    pub tracker: TaskTracker,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    live: HashMap<ConnId, Outbox>,
+    /// The `server.shutdown` notification, once it was sent.
+    shutdown: Option<Utf8Bytes>,
+    /// Set once the gateway closes every connection.
+    closing: bool,
+}
+
+impl Connections {
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a new connection; it is told at once what the others were
+    /// (a shutdown under way, the gateway closing).
+    fn join(&self, outbox: &Outbox) -> ConnId {
+        let conn = ConnId(self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        let mut registry = self.registry();
+        if let Some(frame) = &registry.shutdown {
+            outbox.text(frame.clone());
+        }
+        if registry.closing {
+            outbox.push(Frame::Close);
+        }
+        registry.live.insert(conn, outbox.clone());
+        conn
+    }
+
+    fn leave(&self, conn: ConnId) {
+        self.registry().live.remove(&conn);
+    }
+
+    /// Sends `frame` (the `server.shutdown` notification) to every
+    /// connection, once, and to every later one as it arrives.
+    pub fn announce_shutdown(&self, frame: impl FnOnce() -> Utf8Bytes) {
+        let mut registry = self.registry();
+        if registry.shutdown.is_some() {
+            return;
+        }
+        let frame = frame();
+        for outbox in registry.live.values() {
+            outbox.text(frame.clone());
+        }
+        registry.shutdown = Some(frame);
+    }
+
+    /// Sends every connection its closing frame, after what is queued.
+    pub fn close_all(&self) {
+        let mut registry = self.registry();
+        registry.closing = true;
+        for outbox in registry.live.values() {
+            outbox.push(Frame::Close);
+        }
+    }
+
+    /// Ends every connection now.
+    pub fn cut_all(&self) {
+        for outbox in self.registry().live.values() {
+            outbox.cut();
+        }
+    }
+
+    /// How many connections are live.
+    pub fn len(&self) -> usize {
+        self.registry().live.len()
+    }
+}
+
+/// Serves one upgraded connection until it ends.
+pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
+    let (outbox, inbox) = outbox::channel(shared.limits.queue());
+    let (sink, mut stream) = socket.split();
+    let writer = tokio::spawn(write(sink, inbox));
+    let conn = shared.connections.join(&outbox);
+    tracing::debug!(conn = conn.0, "connected");
+    let mut attached = HashSet::new();
+    let keepalive = shared.limits.keepalive;
+    let mut ticks = keepalive.map(|every| {
+        let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticks
+    });
+    let mut heard = Instant::now();
+    loop {
+        let frame = tokio::select! {
+            biased;
+            () = outbox.is_cut() => break,
+            () = tick(&mut ticks) => {
+                if keepalive.is_some_and(|every| heard.elapsed() > every * 2) {
+                    tracing::debug!(conn = conn.0, "no word from the client for two keepalives; dropping it");
+                    break;
+                }
+                outbox.push(Frame::Ping);
+                continue;
+            }
+            frame = stream.next() => frame,
+        };
+        heard = Instant::now();
+        match frame {
+            Some(Ok(Message::Text(text))) => {
+                let mut caller = Caller {
+                    conn,
+                    outbox: &outbox,
+                    attached: &mut attached,
+                };
+                handle(&shared, &mut caller, text.as_str()).await;
+            }
+            Some(Ok(Message::Binary(_))) => {
+                let error = RpcError::new(
+                    code::INVALID_REQUEST,
+                    ErrorKind::BadRequest,
+                    "binary frames are not read: send each request as one text frame",
+                );
+                outbox.text(protocol::error(&serde_json::Value::Null, &error));
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+        }
+    }
+    shared.connections.leave(conn);
+    // A dropped connection detaches all its transports at once.
+    for id in attached {
+        detach(&shared, conn, id).await;
+    }
+    outbox.cut();
+    let _ = writer.await;
+    tracing::debug!(conn = conn.0, "disconnected");
+}
+
+async fn detach(shared: &Shared, conn: ConnId, id: SessionId) {
+    if let Some(entry) = shared.table.get(id) {
+        entry.unwatch(conn);
+        if let Err(error) = entry.handle.detach_transport().await {
+            tracing::warn!(session = %id, %error, "could not detach a transport");
+        }
+    }
+}
+
+async fn tick(ticks: &mut Option<Interval>) {
+    match ticks {
+        Some(ticks) => {
+            ticks.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Answers one text frame.
+async fn handle(shared: &Arc<Shared>, caller: &mut Caller<'_>, text: &str) {
+    let incoming = match protocol::parse(text) {
+        Ok(incoming) => incoming,
+        Err((id, error)) => {
+            caller.outbox.text(protocol::error(&id, &error));
+            return;
+        }
+    };
+    // Boxed: an idle connection's task does not carry the largest method's
+    // state with it, only what a call needs while it runs.
+    let answer = Box::pin(methods::call(
+        shared,
+        caller,
+        &incoming.method,
+        incoming.params,
+    ))
+    .await;
+    match (incoming.id, answer) {
+        (Some(id), Ok(answer)) => {
+            caller.outbox.text(protocol::result(&id, answer.result));
+            if let Some(started) = answer.started {
+                shared.run(started);
+            }
+        }
+        (None, Ok(answer)) => {
+            if let Some(started) = answer.started {
+                shared.run(started);
+            }
+        }
+        (Some(id), Err(error)) => {
+            caller.outbox.text(protocol::error(&id, &error));
+        }
+        (None, Err(error)) => {
+            tracing::debug!(method = %incoming.method, %error.message, "a notification failed");
+        }
+    }
+}
+
+/// Sends what the outbox queues until the connection is cut or closed.
+async fn write(mut sink: SplitSink<WebSocket, Message>, mut inbox: Inbox) {
+    let cut = inbox.cut_token();
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    loop {
+        let more = tokio::select! {
+            biased;
+            () = cut.cancelled() => return,
+            more = inbox.next_batch(&mut batch, WRITE_BATCH) => more,
+        };
+        if more.is_none() {
+            return;
+        }
+        let sent = send(&mut sink, &mut batch);
+        let open = tokio::select! {
+            biased;
+            () = cut.cancelled() => return,
+            open = sent => open,
+        };
+        if !open {
+            return;
+        }
+    }
+}
+
+/// Sends `batch`; `false` once the connection is closed (a closing frame
+/// was sent, or the socket failed).
+async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) -> bool {
+    for frame in batch.drain(..) {
+        let message = match frame {
+            Frame::Text(text) => Message::Text(text),
+            Frame::Ping => Message::Ping(Default::default()),
+            Frame::Close => {
+                let close = Message::Close(Some(CloseFrame {
+                    code: close_code::AWAY,
+                    reason: "the gateway is shutting down".into(),
+                }));
+                let _ = sink.send(close).await;
+                return false;
+            }
+        };
+        if sink.feed(message).await.is_err() {
+            return false;
+        }
+    }
+    sink.flush().await.is_ok()
+}
+
+/// Waits at most `bound` for every connection to end, then cuts the rest.
+pub(crate) async fn close_all(connections: &Connections, bound: Duration) {
+    connections.close_all();
+    connections.tracker.close();
+    if tokio::time::timeout(bound, connections.tracker.wait())
+        .await
+        .is_err()
+    {
+        connections.cut_all();
+        connections.tracker.wait().await;
+    }
+}

@@ -1,0 +1,293 @@
+//! The wire format: JSON-RPC 2.0, one message per WebSocket text frame.
+//!
+//! A request is an object `{"jsonrpc": "2.0", "id": ..., "method": ...,
+//! "params": {...}}`; one without an `id` is a notification, carried out
+//! with no answer. Params go by name, as an object (or are left out when a
+//! method needs none). A batch (an array) is refused: the protocol is one
+//! message per frame, so that a reply is never held back behind others.
+//!
+//! Every error carries a stable `data.kind` (see [`ErrorKind`]) besides the
+//! JSON-RPC code: a client decides on the kind, a person reads the message.
+
+use serde_json::{json, Map, Value};
+use settle_core::Error as CoreError;
+use settle_runtime::RuntimeError;
+
+/// The stable kind of an error, in its `data.kind` (SPEC §10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The session is finalized: it takes no more turns, holds or transports.
+    SessionClosed,
+    /// No session has this id.
+    NotFound,
+    /// The session cannot do that now (a turn is already in flight, it is
+    /// closing, its parent cannot take children).
+    WrongState,
+    /// The gateway is shutting down: no new session or turn starts.
+    ShuttingDown,
+    /// The message is not a request the gateway understands: malformed JSON,
+    /// not JSON-RPC 2.0, an unknown method, missing or wrong params.
+    BadRequest,
+    /// The gateway could not do it for a reason of its own: the session
+    /// store failed or did not answer in time. Nothing was acknowledged.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind.
+    pub const ALL: &'static [ErrorKind] = &[
+        ErrorKind::SessionClosed,
+        ErrorKind::NotFound,
+        ErrorKind::WrongState,
+        ErrorKind::ShuttingDown,
+        ErrorKind::BadRequest,
+        ErrorKind::Internal,
+    ];
+
+    /// The spelling in `data.kind`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::SessionClosed => "session_closed",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::WrongState => "wrong_state",
+            ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// JSON-RPC's own codes, and the server codes of the kinds that have none.
+pub(crate) mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL: i64 = -32603;
+    pub const NOT_FOUND: i64 = -32001;
+    pub const SESSION_CLOSED: i64 = -32002;
+    pub const WRONG_STATE: i64 = -32003;
+    pub const SHUTTING_DOWN: i64 = -32004;
+}
+
+/// An error answer: its JSON-RPC code, its kind and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RpcError {
+    pub code: i64,
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl RpcError {
+    pub fn new(code: i64, kind: ErrorKind, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_params(message: impl std::fmt::Display) -> Self {
+        RpcError::new(
+            code::INVALID_PARAMS,
+            ErrorKind::BadRequest,
+            format!("invalid params: {message}"),
+        )
+    }
+
+    pub fn not_found(id: u64) -> Self {
+        RpcError::new(
+            code::NOT_FOUND,
+            ErrorKind::NotFound,
+            format!("no session {id}; see sessions.list"),
+        )
+    }
+
+    pub fn shutting_down() -> Self {
+        RpcError::new(
+            code::SHUTTING_DOWN,
+            ErrorKind::ShuttingDown,
+            "the gateway is shutting down: no new session or turn starts",
+        )
+    }
+
+    /// The answer to a runtime's refusal, sorted by what the client can do
+    /// about it.
+    pub fn from_runtime(error: &RuntimeError) -> Self {
+        use settle_runtime::RuntimeError as R;
+        let (code, kind) = match error {
+            e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
+            R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
+            R::Lifecycle(CoreError::ShuttingDown) | R::Stopped => return RpcError::shutting_down(),
+            R::Lifecycle(_) | R::NoSlot(_) => (code::WRONG_STATE, ErrorKind::WrongState),
+            R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
+            R::Store(_) | R::StoreTimeout { .. } | R::Registration(_) => {
+                (code::INTERNAL, ErrorKind::Internal)
+            }
+        };
+        RpcError::new(code, kind, error.to_string())
+    }
+}
+
+/// A request as read from a frame.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Incoming {
+    /// `None` for a notification (no answer).
+    pub id: Option<Value>,
+    pub method: String,
+    /// The params object; an empty one when left out.
+    pub params: Value,
+}
+
+/// Reads one frame. A frame that is not a request gives the error to answer
+/// with, and the id to answer to (null when it cannot be read).
+pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        (
+            Value::Null,
+            RpcError::new(
+                code::PARSE_ERROR,
+                ErrorKind::BadRequest,
+                format!("not JSON: {e}"),
+            ),
+        )
+    })?;
+    let invalid = |id: Value, why: &str| {
+        (
+            id,
+            RpcError::new(
+                code::INVALID_REQUEST,
+                ErrorKind::BadRequest,
+                format!("not a JSON-RPC 2.0 request: {why}"),
+            ),
+        )
+    };
+    let mut object = match value {
+        Value::Object(object) => object,
+        Value::Array(_) => {
+            return Err(invalid(
+                Value::Null,
+                "batches are not supported; send one request per frame",
+            ))
+        }
+        _ => return Err(invalid(Value::Null, "expected an object")),
+    };
+    let id = match object.remove("id") {
+        None => None,
+        Some(id @ (Value::Null | Value::Number(_) | Value::String(_))) => Some(id),
+        Some(_) => return Err(invalid(Value::Null, "`id` must be a number or a string")),
+    };
+    let answer_to = id.clone().unwrap_or(Value::Null);
+    if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(invalid(answer_to, "`jsonrpc` must be \"2.0\""));
+    }
+    let method = match object.remove("method") {
+        Some(Value::String(method)) => method,
+        _ => return Err(invalid(answer_to, "`method` must be a string")),
+    };
+    let params = match object.remove("params") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(params @ Value::Object(_)) => params,
+        Some(_) => {
+            return Err((
+                answer_to,
+                RpcError::bad_params("params go by name, as an object"),
+            ))
+        }
+    };
+    Ok(Incoming { id, method, params })
+}
+
+/// The frame of a successful answer.
+pub(crate) fn result(id: &Value, result: Value) -> String {
+    json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string()
+}
+
+/// The frame of an error answer.
+pub(crate) fn error(id: &Value, error: &RpcError) -> String {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": error.code,
+            "message": error.message,
+            "data": { "kind": error.kind.as_str() },
+        },
+    })
+    .to_string()
+}
+
+/// The frame of a notification.
+pub(crate) fn notification(method: &str, params: Value) -> String {
+    json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> (Value, RpcError) {
+        parse(text).unwrap_err()
+    }
+
+    #[test]
+    fn reads_a_request_and_a_notification() {
+        let request = parse(
+            r#"{"jsonrpc":"2.0","id":7,"method":"turn.start","params":{"id":1,"prompt":"hi"}}"#,
+        )
+        .unwrap();
+        assert_eq!(request.id, Some(json!(7)));
+        assert_eq!(request.method, "turn.start");
+        assert_eq!(request.params["prompt"], "hi");
+        let notification = parse(r#"{"jsonrpc":"2.0","method":"sessions.list"}"#).unwrap();
+        assert_eq!(notification.id, None);
+        assert_eq!(notification.params, json!({}));
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_request_with_the_code_and_kind_to_answer() {
+        let cases = [
+            ("{not json", Value::Null, code::PARSE_ERROR),
+            ("[1, 2]", Value::Null, code::INVALID_REQUEST),
+            ("42", Value::Null, code::INVALID_REQUEST),
+            (r#"{"id":1,"method":"x"}"#, json!(1), code::INVALID_REQUEST),
+            (
+                r#"{"jsonrpc":"2.0","id":"a","method":3}"#,
+                json!("a"),
+                code::INVALID_REQUEST,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#,
+                Value::Null,
+                code::INVALID_REQUEST,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":2,"method":"x","params":[1]}"#,
+                json!(2),
+                code::INVALID_PARAMS,
+            ),
+        ];
+        for (text, id, code) in cases {
+            let (answer_to, error) = refused(text);
+            assert_eq!(answer_to, id, "{text}");
+            assert_eq!(error.code, code, "{text}");
+            assert_eq!(error.kind, ErrorKind::BadRequest, "{text}");
+        }
+    }
+
+    #[test]
+    fn an_error_frame_carries_its_kind() {
+        let frame = error(&json!(3), &RpcError::not_found(9));
+        let value: Value = serde_json::from_str(&frame).unwrap();
+        assert_eq!(value["id"], 3);
+        assert_eq!(value["error"]["code"], code::NOT_FOUND);
+        assert_eq!(value["error"]["data"]["kind"], "not_found");
+    }
+}

@@ -1,0 +1,137 @@
+//! The gateway's session table: for each session its clients may use, the
+//! runtime's handle, the conversation sent with each turn, and the
+//! connections attached to it (its watchers, each sent the session's
+//! notifications).
+//!
+//! The table decides nothing about the lifecycle: a session leaves it when
+//! the kernel says it is finalized, whoever finalized it (a client's close,
+//! a sweeper, the shutdown).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::ws::Utf8Bytes;
+use settle_runtime::{EndReason, SessionHandle, SessionId};
+use settle_stream::Message;
+
+use crate::outbox::Outbox;
+
+/// Which connection: numbered from 1 in the order they arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ConnId(pub u64);
+
+/// What the gateway keeps per session.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub handle: SessionHandle,
+    /// The messages sent so far and the replies, oldest first. Held by the
+    /// turn in flight until its end is delivered, so the next turn is sent
+    /// the whole exchange.
+    pub conversation: Arc<tokio::sync::Mutex<Vec<Message>>>,
+    watchers: Mutex<Watchers>,
+}
+
+#[derive(Debug, Default)]
+struct Watchers {
+    attached: Vec<(ConnId, Outbox)>,
+    /// Set once the session is finalized: nobody attaches any more.
+    finalized: Option<EndReason>,
+}
+
+impl Entry {
+    fn new(handle: SessionHandle) -> Self {
+        Entry {
+            handle,
+            conversation: Arc::default(),
+            watchers: Mutex::default(),
+        }
+    }
+
+    fn watchers(&self) -> std::sync::MutexGuard<'_, Watchers> {
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends the session's notifications to `conn` from now on; refused
+    /// with the end reason once the session is finalized.
+    pub fn watch(&self, conn: ConnId, outbox: &Outbox) -> Result<(), EndReason> {
+        let mut watchers = self.watchers();
+        if let Some(reason) = watchers.finalized {
+            return Err(reason);
+        }
+        if !watchers.attached.iter().any(|(c, _)| *c == conn) {
+            watchers.attached.push((conn, outbox.clone()));
+        }
+        Ok(())
+    }
+
+    /// Stops sending to `conn`.
+    pub fn unwatch(&self, conn: ConnId) {
+        self.watchers().attached.retain(|(c, _)| *c != conn);
+    }
+
+    /// Queues `frame` for every attached connection; a connection whose
+    /// queue is full is cut (see [`Outbox`]), the others are not held back.
+    pub fn notify(&self, frame: &Utf8Bytes) {
+        for (_, outbox) in &self.watchers().attached {
+            outbox.text(frame.clone());
+        }
+    }
+
+    /// Marks the session finalized and sends `frame` (its
+    /// `session.finalized`) to every attached connection, for the last time.
+    pub fn finalized(&self, reason: EndReason, frame: &Utf8Bytes) {
+        let attached = {
+            let mut watchers = self.watchers();
+            watchers.finalized = Some(reason);
+            std::mem::take(&mut watchers.attached)
+        };
+        for (_, outbox) in attached {
+            outbox.text(frame.clone());
+        }
+    }
+}
+
+/// The sessions the gateway serves, by id.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    entries: Mutex<HashMap<SessionId, Arc<Entry>>>,
+}
+
+impl Table {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Entry>>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entry of `id`, if the gateway serves it.
+    pub fn get(&self, id: SessionId) -> Option<Arc<Entry>> {
+        self.entries().get(&id).cloned()
+    }
+
+    /// The entry of `handle`'s session, made if there is none; `true` with
+    /// it when it is new (its end must be watched).
+    pub fn adopt(&self, handle: SessionHandle) -> (Arc<Entry>, bool) {
+        let mut entries = self.entries();
+        if let Some(entry) = entries.get(&handle.id()) {
+            return (entry.clone(), false);
+        }
+        let entry = Arc::new(Entry::new(handle));
+        entries.insert(entry.handle.id(), entry.clone());
+        (entry, true)
+    }
+
+    /// Forgets `entry` (its session is finalized).
+    pub fn remove(&self, entry: &Arc<Entry>) {
+        let mut entries = self.entries();
+        if entries
+            .get(&entry.handle.id())
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            entries.remove(&entry.handle.id());
+        }
+    }
+
+    /// How many sessions the gateway serves now.
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+}

@@ -1,0 +1,200 @@
+//! `settle serve`, the binary: seed 004 with a real signal (SIGTERM mid-turn:
+//! the running session drained, the idle one finalized at once, the closed
+//! one left alone, exit 143), SIGINT (exit 130), bad options refused before
+//! anything is written, and `sessions.list` answering what `settle sessions
+//! --json` prints.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use gateway_support::{connect, numbered, Client};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use settle_tests::{by_name, Running, Sandbox, PATIENCE};
+
+/// A script book: "long" streams twenty chunks 100 ms apart, anything else
+/// answers "ok".
+fn book(sandbox: &Sandbox) -> String {
+    let chunks: Vec<String> = numbered("l", 20)
+        .iter()
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    let text = format!(
+        "[default]\nchunks = [\"ok\"]\n\n[prompt.long]\nchunks = [{}]\nchunk_delay_ms = 100\n",
+        chunks.join(", ")
+    );
+    sandbox
+        .write("book.toml", &text)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Starts `settle serve` on a free port with the script book; its address.
+fn serve(sandbox: &Sandbox, extra: &[&str]) -> (Running, String) {
+    let book = book(sandbox);
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--scripted", &book];
+    args.extend_from_slice(extra);
+    let mut serving = sandbox.spawn(&args);
+    serving.wait_for("the listening line", |out| out.contains("/ws\n"));
+    let line = serving
+        .output()
+        .lines()
+        .find(|l| l.contains("listening on ws://"))
+        .unwrap()
+        .to_owned();
+    let addr = line
+        .split("ws://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/ws")
+        .to_owned();
+    (serving, addr)
+}
+
+async fn create(client: &mut Client, name: &str) -> u64 {
+    client.ok("session.create", json!({ "name": name })).await["id"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_seed_004_sigterm_mid_turn_drains_it_finalizes_the_idle_one_and_exits_143() {
+    let sandbox = Sandbox::new();
+    let (mut serving, addr) = serve(&sandbox, &["--drain-timeout", "20s"]);
+    let mut client = connect(&addr).await;
+    let running = create(&mut client, "running").await;
+    let idle = create(&mut client, "idle").await;
+    let done = create(&mut client, "done").await;
+    client.ok("session.close", json!({ "id": done })).await;
+    assert_eq!(client.expect("session.finalized").await["id"], done);
+    client
+        .ok("turn.start", json!({ "id": running, "prompt": "long" }))
+        .await;
+    assert_eq!(client.expect("turn.chunk").await["text"], "l1");
+
+    serving.signal(Signal::SIGTERM);
+    // Everything from here to the close: the rest of the turn (some chunks
+    // may come before the notice), the notice, the two ends.
+    let seen = client.until_closed().await;
+    let notice = seen
+        .iter()
+        .position(|m| m["method"] == "server.shutdown")
+        .unwrap_or_else(|| panic!("no server.shutdown: {seen:#?}"));
+    assert_eq!(seen[notice]["params"], json!({ "drain_ms": 20_000 }));
+    assert!(
+        seen[..notice].iter().all(|m| m["method"] == "turn.chunk"),
+        "{seen:#?}"
+    );
+    let finalized: Vec<&Value> = seen
+        .iter()
+        .filter(|m| m["method"] == "session.finalized")
+        .map(|m| &m["params"])
+        .collect();
+    assert_eq!(
+        finalized,
+        [
+            &json!({ "id": idle, "end_reason": "shutdown" }),
+            &json!({ "id": running, "end_reason": "shutdown" })
+        ],
+        "{seen:#?}"
+    );
+    let chunks: Vec<&str> = seen
+        .iter()
+        .filter(|m| m["method"] == "turn.chunk")
+        .map(|m| m["params"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(chunks, numbered("l", 20)[1..]);
+    let ended = seen
+        .iter()
+        .position(|m| m["method"] == "turn.ended")
+        .unwrap();
+    let running_end = seen
+        .iter()
+        .position(|m| m["params"] == json!({ "id": running, "end_reason": "shutdown" }))
+        .unwrap();
+    assert!(
+        ended < running_end,
+        "finalized before its turn ended: {seen:#?}"
+    );
+    assert_eq!(seen[ended]["params"]["outcome"], "completed");
+
+    let status = serving.exited_within(PATIENCE).expect("exited");
+    assert_eq!(status.code(), Some(143), "{}", serving.stderr_text());
+    let sessions = sandbox.sessions();
+    let row = by_name(&sessions, "running");
+    assert_eq!(row["end_reason"], "shutdown");
+    assert_eq!(row["outcome"], "completed");
+    assert_eq!(row["chunks"], 20);
+    assert_eq!(by_name(&sessions, "idle")["end_reason"], "shutdown");
+    assert_eq!(by_name(&sessions, "done")["end_reason"], "user_close");
+    // The closed one was finalized once, and not touched by the sweep.
+    let timeline = sandbox.show(done)["timeline"].clone();
+    let finalizes = timeline
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["to"] == "finalized")
+        .count();
+    assert_eq!(finalizes, 1, "{timeline:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_finalizes_every_session_and_exits_130_and_sessions_list_is_settle_sessions_json() {
+    let sandbox = Sandbox::new();
+    let (mut serving, addr) = serve(&sandbox, &[]);
+    let mut client = connect(&addr).await;
+    let id = create(&mut client, "one").await;
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+        .await;
+    client.turn(id).await;
+    let listed = client.ok("sessions.list", json!({})).await;
+    assert_eq!(Value::Array(sandbox.sessions()), listed);
+
+    serving.signal(Signal::SIGINT);
+    assert_eq!(
+        client.expect("server.shutdown").await,
+        json!({ "drain_ms": 5_000 })
+    );
+    assert_eq!(
+        client.expect("session.finalized").await,
+        json!({ "id": id, "end_reason": "shutdown" })
+    );
+    assert!(client.until_closed().await.is_empty());
+    let status = serving.exited_within(PATIENCE).expect("exited");
+    assert_eq!(status.code(), Some(130), "{}", serving.stderr_text());
+    assert_eq!(sandbox.sessions()[0]["end_reason"], "shutdown");
+}
+
+#[test]
+fn g11_bad_options_are_refused_with_exit_2_before_the_store_is_touched() {
+    let sandbox = Sandbox::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let book = book(&sandbox);
+    let bad_book = sandbox
+        .write("bad.toml", "[default]\nchunks = [\"a\"]\nend = \"later\"\n")
+        .to_string_lossy()
+        .into_owned();
+    for args in [
+        vec!["serve", "--listen", &taken, "--scripted", &book],
+        vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--scripted",
+            "missing.toml",
+        ],
+        vec!["serve", "--listen", "127.0.0.1:0", "--scripted", &bad_book],
+        vec!["serve", "--listen", "nowhere", "--scripted", &book],
+        vec!["serve", "--max-sessions", "0", "--scripted", &book],
+        vec!["serve", "--orphan-grace", "soon", "--scripted", &book],
+    ] {
+        let out = sandbox.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!sandbox.db().exists(), "{args:?} created the database");
+    }
+}

@@ -1,0 +1,369 @@
+//! Shared by the gateway's tests: a gateway served over 127.0.0.1 or over
+//! in-memory pipes (for tests on tokio's paused clock, where a real socket
+//! would let the clock jump while a frame is in flight), and a WebSocket
+//! client that matches answers to requests and keeps the notifications in
+//! order.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use settle_gateway::{Gateway, GatewayBuilder, GatewayError};
+use settle_runtime::{Kernel, KernelBuilder, ShutdownReport};
+use settle_store::MemoryStore;
+use settle_stream::Provider;
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// How long a test waits for anything: only a real hang trips it (on the
+/// paused clock it is virtual time, far past every timer of the tests).
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Where a test gateway listens.
+#[derive(Clone)]
+pub enum Address {
+    Tcp(std::net::SocketAddr),
+    Pipes(mpsc::UnboundedSender<DuplexStream>),
+}
+
+/// A gateway serving in the background, with its kernel and store.
+pub struct Served {
+    pub gateway: Gateway,
+    pub kernel: Kernel,
+    pub store: MemoryStore,
+    pub address: Address,
+    serving: Option<JoinHandle<Result<ShutdownReport, GatewayError>>>,
+}
+
+/// In-memory connections, as an axum listener.
+pub struct Pipes(mpsc::UnboundedReceiver<DuplexStream>);
+
+impl axum::serve::Listener for Pipes {
+    type Io = DuplexStream;
+    type Addr = ();
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.0.recv().await {
+            Some(io) => (io, ()),
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(())
+    }
+}
+
+async fn kernel_on(
+    store: &MemoryStore,
+    policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+) -> Kernel {
+    policy(Kernel::builder(Arc::new(store.clone())).settle_timeout(Duration::from_millis(500)))
+        .start()
+        .await
+        .unwrap()
+}
+
+impl Served {
+    /// A gateway on 127.0.0.1 (port chosen by the system).
+    pub async fn tcp(
+        provider: Arc<dyn Provider>,
+        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served {
+        let store = MemoryStore::new();
+        let kernel = kernel_on(&store, policy).await;
+        let gateway = options(Gateway::builder(kernel.clone(), provider)).build();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = Address::Tcp(listener.local_addr().unwrap());
+        let serving = tokio::spawn({
+            let gateway = gateway.clone();
+            async move { gateway.serve(listener).await }
+        });
+        Served {
+            gateway,
+            kernel,
+            store,
+            address,
+            serving: Some(serving),
+        }
+    }
+
+    /// A gateway on in-memory pipes, for tests on the paused clock.
+    pub async fn pipes(
+        provider: Arc<dyn Provider>,
+        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served {
+        let store = MemoryStore::new();
+        let kernel = kernel_on(&store, policy).await;
+        let gateway = options(Gateway::builder(kernel.clone(), provider)).build();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let serving = tokio::spawn({
+            let gateway = gateway.clone();
+            async move { gateway.serve(Pipes(rx)).await }
+        });
+        Served {
+            gateway,
+            kernel,
+            store,
+            address: Address::Pipes(tx),
+            serving: Some(serving),
+        }
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> Client {
+        match &self.address {
+            Address::Tcp(addr) => {
+                let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
+                    .await
+                    .unwrap();
+                Client::new(ws)
+            }
+            Address::Pipes(tx) => {
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                tx.send(theirs).unwrap();
+                let (ws, _) = tokio_tungstenite::client_async("ws://gateway/ws", ours)
+                    .await
+                    .unwrap();
+                Client::new(ws)
+            }
+        }
+    }
+
+    /// Begins the shutdown and waits for `serve` to return its report.
+    pub async fn shut_down(&mut self) -> ShutdownReport {
+        self.gateway.shutdown();
+        self.finished().await
+    }
+
+    /// Waits for `serve` to return (the kernel was shut down).
+    pub async fn finished(&mut self) -> ShutdownReport {
+        let serving = self.serving.take().expect("served once");
+        tokio::time::timeout(PATIENCE, serving)
+            .await
+            .expect("the gateway stopped in time")
+            .unwrap()
+            .unwrap()
+    }
+
+    /// The store's row of session `id`.
+    pub async fn row(&self, id: u64) -> settle_store::SessionRow {
+        self.kernel
+            .list_sessions(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.id.get() == id)
+            .unwrap_or_else(|| panic!("no session {id}"))
+    }
+}
+
+/// A client of the gateway at `ws://ADDR/ws`.
+pub async fn connect(addr: &str) -> Client {
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
+        .await
+        .unwrap();
+    Client::new(ws)
+}
+
+type Sink = Box<
+    dyn futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Send + Unpin,
+>;
+
+/// A WebSocket client of the gateway.
+pub struct Client {
+    sink: Sink,
+    incoming: mpsc::UnboundedReceiver<Value>,
+    /// Notifications read while waiting for an answer, in order.
+    held: VecDeque<Value>,
+    next_id: u64,
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Both halves go: the socket is dropped, with no closing frame.
+        self.reader.abort();
+    }
+}
+
+impl Client {
+    fn new<S>(ws: WebSocketStream<S>) -> Client
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sink, mut stream) = ws.split();
+        let sink: SplitSink<WebSocketStream<S>, Message> = sink;
+        let (tx, incoming) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            while let Some(Ok(frame)) = stream.next().await {
+                if let Message::Text(text) = frame {
+                    let value: Value =
+                        serde_json::from_str(text.as_str()).expect("JSON from the gateway");
+                    if tx.send(value).is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+        .abort_handle();
+        Client {
+            sink: Box::new(sink),
+            incoming,
+            held: VecDeque::new(),
+            next_id: 0,
+            reader,
+        }
+    }
+
+    /// Sends one text frame as it is.
+    pub async fn send_raw(&mut self, text: &str) {
+        self.sink
+            .send(Message::text(text.to_owned()))
+            .await
+            .unwrap();
+    }
+
+    /// Sends a request and waits for its answer: the result, or the error object.
+    pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        self.send_raw(&request.to_string()).await;
+        self.answer_to(&json!(id)).await
+    }
+
+    /// Waits for the answer to `id`, holding the notifications that come first.
+    pub async fn answer_to(&mut self, id: &Value) -> Result<Value, Value> {
+        loop {
+            let message = self
+                .recv()
+                .await
+                .expect("the connection closed before the answer");
+            if message.get("method").is_some() {
+                self.held.push_back(message);
+                continue;
+            }
+            assert_eq!(message["jsonrpc"], "2.0", "{message}");
+            if &message["id"] == id {
+                return match message.get("result") {
+                    Some(result) => Ok(result.clone()),
+                    None => Err(message["error"].clone()),
+                };
+            }
+            panic!("an answer to another request: {message}");
+        }
+    }
+
+    /// A request that must succeed.
+    pub async fn ok(&mut self, method: &str, params: Value) -> Value {
+        self.call(method, params)
+            .await
+            .unwrap_or_else(|e| panic!("{method} failed: {e}"))
+    }
+
+    /// A request that must fail: its `data.kind`.
+    pub async fn refused(&mut self, method: &str, params: Value) -> String {
+        let error = self
+            .call(method, params)
+            .await
+            .expect_err(&format!("{method} was accepted"));
+        error["data"]["kind"].as_str().unwrap().to_owned()
+    }
+
+    async fn recv(&mut self) -> Option<Value> {
+        tokio::time::timeout(PATIENCE, self.incoming.recv())
+            .await
+            .expect("no message from the gateway in time")
+    }
+
+    /// The next notification (held ones first); `None` once the connection closed.
+    pub async fn next_notification(&mut self) -> Option<Value> {
+        if let Some(held) = self.held.pop_front() {
+            return Some(held);
+        }
+        let message = self.recv().await?;
+        assert!(
+            message.get("method").is_some(),
+            "an answer nobody asked for: {message}"
+        );
+        Some(message)
+    }
+
+    /// The next notification, which must be `method`: its params.
+    pub async fn expect(&mut self, method: &str) -> Value {
+        let message = self
+            .next_notification()
+            .await
+            .unwrap_or_else(|| panic!("closed while waiting for {method}"));
+        assert_eq!(message["method"], method, "{message}");
+        message["params"].clone()
+    }
+
+    /// The chunks of session `id`'s turn up to its `turn.ended`, skipping
+    /// nothing: any other notification in between fails the test.
+    pub async fn turn(&mut self, id: u64) -> (Vec<String>, Value) {
+        let mut chunks = Vec::new();
+        loop {
+            let message = self.next_notification().await.expect("closed mid-turn");
+            let params = &message["params"];
+            assert_eq!(params["id"], id, "{message}");
+            match message["method"].as_str() {
+                Some("turn.chunk") => chunks.push(params["text"].as_str().unwrap().to_owned()),
+                Some("turn.ended") => return (chunks, params.clone()),
+                _ => panic!("not a turn notification: {message}"),
+            }
+        }
+    }
+
+    /// Waits until the gateway has closed the connection; the notifications
+    /// it sent before, in order.
+    pub async fn until_closed(&mut self) -> Vec<Value> {
+        let mut seen: Vec<Value> = self.held.drain(..).collect();
+        while let Some(message) = self.recv().await {
+            seen.push(message);
+        }
+        seen
+    }
+
+    /// The notifications read while waiting for answers, not taken yet.
+    pub fn held(&self) -> &VecDeque<Value> {
+        &self.held
+    }
+
+    /// Closes the connection from this side, with a closing frame.
+    pub async fn close(mut self) {
+        let _ = self.sink.close().await;
+    }
+}
+
+/// Waits (within [`PATIENCE`]) until `check` holds, polling every `every`.
+pub async fn eventually<F, Fut>(what: &str, every: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// `n` chunks `prefix1`..`prefixN`.
+pub fn numbered(prefix: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{prefix}{i}")).collect()
+}
