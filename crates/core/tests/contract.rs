@@ -9,8 +9,8 @@ mod support;
 use std::time::Duration;
 
 use settle_core::{
-    CancelMode, Cause, DeadlineKind, Effect, EndReason, Error, Event, Handled, Outcome, Policy,
-    SessionId, ShutdownSummary, State, Sweep, WorkId,
+    CancelMode, Cause, DeadlineKind, Effect, EndReason, Error, Event, Handled, Hold, Outcome,
+    Policy, SessionId, ShutdownSummary, State, Sweep, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -186,6 +186,43 @@ fn g9_a_parent_finishing_during_the_drain_waits_for_the_drain_end_cut() {
     assert_eq!(
         h.finalized(),
         vec![(child, EndReason::Shutdown), (root, EndReason::Shutdown)]
+    );
+}
+
+#[test]
+fn g9_a_child_finishing_during_the_drain_lets_its_finished_parent_settle() {
+    // The parent finished during the drain and its own turn is over: it
+    // waits only for its child to settle. The child finishes in turn but is
+    // not finalized (its own held child keeps it open): it settles all the
+    // same, and its parent must be looked at then.
+    let mut h = Harness::quiet();
+    let parent = h.register(1, None);
+    let child = h.register(2, Some(1));
+    let grandchild = h.register(3, Some(2));
+    h.ev(Event::Hold {
+        session: grandchild,
+        hold: Hold::PendingInput,
+    });
+    let turn = h.start_turn(parent);
+    h.ev(Event::BeginShutdown { drain: 10 * SEC });
+    h.ev(Event::AgentFinished { session: parent });
+    h.ev(Event::WorkExited { work: turn });
+    assert_eq!(h.state(parent), State::Cancelling, "its child is open");
+    h.ev(Event::AgentFinished { session: child });
+    assert_eq!(h.state(child), State::Settled);
+    assert_eq!(h.state(parent), State::Settled);
+    assert!(
+        h.finalized().is_empty(),
+        "the held grandchild waits for the drain"
+    );
+    h.tick(10 * SEC);
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (grandchild, EndReason::Shutdown),
+            (child, EndReason::Shutdown),
+            (parent, EndReason::Shutdown)
+        ]
     );
 }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use settle_core::{
     CancelMode, Cause, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, WorkId,
+    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, TurnError, TurnErrorKind,
+    WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -107,6 +108,27 @@ fn every_cause_reads_as_words_on_the_timeline() {
     for (cause, text) in cases {
         assert_eq!(cause.to_string(), text);
     }
+}
+
+#[test]
+fn a_turn_error_reads_as_its_message() {
+    let e = TurnError::new(TurnErrorKind::HttpStatus, "HTTP 404 Not Found");
+    assert_eq!(e.to_string(), "HTTP 404 Not Found");
+    assert_eq!(e.kind, TurnErrorKind::HttpStatus);
+}
+
+#[test]
+fn ids_read_and_print_as_their_numbers() {
+    let s: SessionId = "42".parse().unwrap();
+    assert_eq!(s, SessionId::from(42));
+    assert_eq!(s.get(), 42);
+    assert_eq!(format!("[{s:>4}]"), "[  42]", "widths apply");
+    assert!("x".parse::<SessionId>().is_err());
+    let turn = WorkId::turn(s, 3);
+    let task = WorkId::task(s, 2);
+    assert_eq!(turn.to_string(), "session 42 turn 3");
+    assert_eq!(task.to_string(), "session 42 task 2");
+    assert_eq!((turn.turn_no(), task.turn_no()), (Some(3), None));
 }
 
 #[test]
@@ -505,6 +527,66 @@ fn a_spurious_wake_drops_deadlines_nobody_waits_for() {
     h.tick(200 * MS);
     assert_eq!(h.core.deadline_entries(), 0);
     assert_eq!(h.core.poll_timeout(), None);
+}
+
+/// A session whose turn 1 was cancelled (settle deadline at 1 s) and ended,
+/// with `then` done to it, and another session orphaned at 500 ms, whose
+/// reap wakes the core while the stale deadline is on top of the table.
+fn a_wake_over_a_stale_settle_deadline(then: impl FnOnce(&mut Harness, SessionId)) -> Harness {
+    let mut h = Harness::with(Policy {
+        orphan_grace: 500 * MS,
+        idle_ttl: None,
+        lru_cap: None,
+        ..Policy::default()
+    });
+    let s = h.register(1, None);
+    let other = h.register(2, None);
+    h.attach(other);
+    h.ev(Event::TransportDetached { session: other });
+    then(&mut h, s);
+    h.tick(500 * MS);
+    assert_eq!(h.finalized(), vec![(other, EndReason::OrphanReap)]);
+    h
+}
+
+#[test]
+fn a_wake_drops_the_deadline_of_an_ended_turn_beside_the_next_turn() {
+    let h = a_wake_over_a_stale_settle_deadline(|h, s| {
+        let first = h.start_turn(s);
+        h.ev(Event::CancelTurn { session: s });
+        h.ev(Event::WorkEnded {
+            work: first,
+            outcome: Outcome::Cancelled,
+        });
+        h.start_turn(s);
+    });
+    assert_eq!(h.core.poll_timeout(), None, "turn 2 was never cancelled");
+    assert_eq!(h.core.deadline_entries(), 0);
+}
+
+#[test]
+fn a_wake_drops_the_deadline_of_an_ended_turn_beside_a_task_due_then_too() {
+    let h = a_wake_over_a_stale_settle_deadline(|h, s| {
+        let turn = h.start_turn(s);
+        h.start_task(s);
+        h.ev(Event::Cancel {
+            session: s,
+            mode: CancelMode::Graceful,
+        });
+        h.ev(Event::WorkEnded {
+            work: turn,
+            outcome: Outcome::Cancelled,
+        });
+    });
+    assert_eq!(
+        h.core.poll_timeout(),
+        Some(Deadline {
+            at: h.start + SEC,
+            kind: DeadlineKind::Settle
+        }),
+        "the task's"
+    );
+    assert_eq!(h.core.deadline_entries(), 1, "only the task's is left");
 }
 
 #[test]
