@@ -1089,7 +1089,8 @@ impl Core {
             if self.open == 0 && !shutdown.complete_sent {
                 shutdown.complete_sent = true;
                 let summary = std::mem::take(&mut shutdown.summary);
-                self.effects.push_back(Effect::ShutdownComplete(summary));
+                self.effects
+                    .push_back(Effect::ShutdownComplete(Box::new(summary)));
             }
         }
     }

@@ -70,7 +70,7 @@ pub enum Effect {
     Transition(Transition),
     /// Shutdown has begun and every session is finalized: the driver may exit.
     /// Says what the shutdown did.
-    ShutdownComplete(ShutdownSummary),
+    ShutdownComplete(Box<ShutdownSummary>),
 }
 
 /// What a shutdown did to the works it found (G9), as decided by the core.

@@ -161,11 +161,11 @@ fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
     assert_eq!(h.cancels_of(child), 0);
     assert_eq!(
         h.log.last(),
-        Some(&Effect::ShutdownComplete(ShutdownSummary {
+        Some(&Effect::ShutdownComplete(Box::new(ShutdownSummary {
             drained: vec![root, child],
             cancelled: vec![],
             detached: vec![],
-        }))
+        })))
     );
 }
 

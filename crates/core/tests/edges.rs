@@ -929,7 +929,7 @@ fn g9_shutdown_flushes_once_then_finalizes_idle_sessions_children_first() {
         .all(|(_, reason)| *reason == EndReason::Shutdown));
     assert_eq!(
         effects.last(),
-        Some(&Effect::ShutdownComplete(ShutdownSummary::default())),
+        Some(&Effect::ShutdownComplete(Box::default())),
         "nothing was running: nothing drained, cancelled or detached"
     );
     assert_eq!(h.core.open_sessions(), 0);

@@ -272,11 +272,11 @@ fn g3_shutdown_sweep_spares_running_and_finalized_sessions() {
     assert!(f.commit_memory);
     assert_eq!(
         h.log.last(),
-        Some(&Effect::ShutdownComplete(ShutdownSummary {
+        Some(&Effect::ShutdownComplete(Box::new(ShutdownSummary {
             drained: vec![live],
             cancelled: vec![],
             detached: vec![],
-        }))
+        })))
     );
 }
 
@@ -313,11 +313,11 @@ fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
     assert!(!h.finalize_of(child).unwrap().commit_memory);
     assert_eq!(
         h.log.last(),
-        Some(&Effect::ShutdownComplete(ShutdownSummary {
+        Some(&Effect::ShutdownComplete(Box::new(ShutdownSummary {
             drained: vec![],
             cancelled: vec![child],
             detached: vec![],
-        }))
+        })))
     );
 }
 

@@ -51,7 +51,7 @@ pub(crate) enum Record {
     /// Every session is finalized: answer the shutdown's waiters once every
     /// record before this one is applied.
     ShutdownComplete {
-        summary: ShutdownSummary,
+        summary: Box<ShutdownSummary>,
         waiters: Vec<oneshot::Sender<ShutdownReport>>,
         lease_lost: bool,
     },

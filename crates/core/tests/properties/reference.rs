@@ -600,7 +600,8 @@ impl Model {
             if open == 0 && !shutdown.complete_sent {
                 shutdown.complete_sent = true;
                 let summary = std::mem::take(&mut shutdown.summary);
-                self.orders.push(Effect::ShutdownComplete(summary));
+                self.orders
+                    .push(Effect::ShutdownComplete(Box::new(summary)));
             }
         }
     }
@@ -812,6 +813,49 @@ impl Model {
                     0 => Ok(NoOp),
                     _ => Ok(Applied),
                 }
+            }
+            Step::CancelWork(work) => {
+                let id = work.session.get();
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                let settle_at = self.policy.settle.after(self.now);
+                let s = self.s(id);
+                match s.works.iter_mut().find(|w| w.id == work) {
+                    Some(w) if w.cancel.is_none() => {
+                        w.cancel = Some(CancelMode::Immediate);
+                        w.settle_at = settle_at;
+                        self.orders.push(Effect::CancelWork {
+                            work,
+                            mode: CancelMode::Immediate,
+                        });
+                        Ok(Applied)
+                    }
+                    _ => Ok(NoOp),
+                }
+            }
+            Step::Withdraw(id) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                let has_child = self.sessions.values().any(|c| c.parent == Some(id));
+                let s = self.s(id);
+                let pristine = s.state == State::Registered
+                    && s.turns == 0
+                    && s.tasks == 0
+                    && s.intent.is_none()
+                    && !has_child;
+                if !pristine {
+                    return Err(wrong_state(
+                        id,
+                        s.state,
+                        "withdraw a registration that was used",
+                    ));
+                }
+                // As if it had never been registered: no order, no record.
+                self.sessions.remove(&id);
+                self.forgotten.insert(id);
+                Ok(Applied)
             }
             Step::CancelDescendants(id) => {
                 if !self.to_end(id)? {

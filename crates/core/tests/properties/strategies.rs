@@ -57,6 +57,7 @@ pub enum Step {
     AgentFinished(u64),
     Cancel(u64, CancelMode),
     CancelTurn(u64),
+    CancelWork(WorkId),
     CancelDescendants(u64),
     UserClose(u64),
     Hold(u64, Hold),
@@ -74,6 +75,8 @@ pub enum Step {
     },
     /// The driver drops the record of a finalized session (`Core::forget`).
     Forget(u64),
+    /// A registration whose durable row could not be written is withdrawn.
+    Withdraw(u64),
 }
 
 impl Step {
@@ -91,8 +94,10 @@ impl Step {
             | Step::Release(id, _)
             | Step::TransportAttached(id, _)
             | Step::TransportDetached(id)
-            | Step::Forget(id) => Some(id),
+            | Step::Forget(id)
+            | Step::Withdraw(id) => Some(id),
             Step::StreamAttached(w)
+            | Step::CancelWork(w)
             | Step::StreamClosed(w)
             | Step::WorkEnded(w, _)
             | Step::WorkExited(w) => Some(w.session.get()),
@@ -124,6 +129,8 @@ impl Step {
                 mode,
             },
             Step::CancelTurn(id) => Event::CancelTurn { session: sid(id) },
+            Step::CancelWork(work) => Event::CancelWork { work },
+            Step::Withdraw(id) => Event::Withdraw { session: sid(id) },
             Step::CancelDescendants(id) => Event::CancelDescendants { session: sid(id) },
             Step::UserClose(id) => Event::UserClose { session: sid(id) },
             Step::Hold(id, hold) => Event::Hold {
@@ -155,6 +162,8 @@ impl Step {
             Step::AgentFinished(_)
                 | Step::Cancel(..)
                 | Step::CancelTurn(_)
+                | Step::CancelWork(_)
+                | Step::Withdraw(_)
                 | Step::CancelDescendants(_)
                 | Step::UserClose(_)
                 | Step::Release(..)
@@ -337,13 +346,15 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                 .boxed(),
         ));
         choices.push((2, w().prop_map(Step::WorkExited).boxed()));
+        choices.push((2, w().prop_map(Step::CancelWork).boxed()));
     }
     if !old_works.is_empty() {
         // Late reports from works that were detached or ended long ago.
-        let late = (select(old_works), outcome(), 0u8..4).prop_map(|(w, o, which)| match which {
+        let late = (select(old_works), outcome(), 0u8..5).prop_map(|(w, o, which)| match which {
             0 => Step::WorkEnded(w, o),
             1 => Step::WorkExited(w),
             2 => Step::StreamAttached(w),
+            3 => Step::CancelWork(w),
             _ => Step::StreamClosed(w),
         });
         choices.push((3, late.boxed()));
@@ -386,7 +397,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     if !known.is_empty() {
         // Any input at any session, finalized and forgotten ones included:
         // each must get its one answer and change nothing else.
-        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..17).prop_map(
+        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..19).prop_map(
             move |(id, outcome, hold, flag, which)| {
                 let turn = WorkId::turn(SessionId(id), 1);
                 match which {
@@ -406,6 +417,8 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     13 => Step::TransportAttached(id, flag),
                     14 => Step::TransportDetached(id),
                     15 => Step::Forget(id),
+                    16 => Step::Withdraw(id),
+                    17 => Step::CancelWork(turn),
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),

@@ -148,6 +148,11 @@ impl Observed {
             Step::Register { session, parent } => {
                 self.parents.insert(session, parent);
             }
+            // Withdrawn: as if it had never been registered.
+            Step::Withdraw(id) => {
+                self.parents.remove(&id);
+                self.timeline.remove(&id);
+            }
             Step::Hold(id, hold) => count(&mut self.holds, (id, hold), true),
             Step::Release(id, hold) => count(&mut self.holds, (id, hold), false),
             Step::TransportAttached(id, _) => count(&mut self.transports, id, true),
