@@ -28,6 +28,22 @@
 //! [`MemoryStore`] keeps the same rules in memory and answers at once, for
 //! tests under tokio's paused clock and for benchmarks that stub the store out.
 //!
+//! # Building: PostgreSQL support is always built in
+//!
+//! libpq, PostgreSQL's client library, is compiled from source with the crate
+//! (pq-sys's bundled build), like SQLite is: building needs a C compiler and
+//! nothing else — no `libpq-dev`, no `pg_config`. Two things follow:
+//!
+//! - TLS to PostgreSQL is a cargo feature, `postgres-tls` (off by default),
+//!   because it links OpenSSL, whose headers (`libssl-dev`) a fresh machine
+//!   may lack. Without it a URL that asks for TLS (`sslmode=require`) is
+//!   refused on open with [`OpenError::TlsNotBuilt`], which names the
+//!   feature; `sslmode=prefer`, libpq's default, connects in plain text.
+//!   Build the binary with it: `cargo build -p settle-cli -F settle-store/postgres-tls`.
+//! - A URL without a host (`postgres:///settle`) looks for the server's
+//!   socket in `/tmp`, libpq's own default; a distribution's server may keep
+//!   it elsewhere: say so in the URL (`postgres:///settle?host=/var/run/postgresql`).
+//!
 //! # Opening a store and recovering
 //!
 //! ```

@@ -309,7 +309,9 @@ fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
         ConnectionError::BadConnection(message) => {
             let message = message.trim().to_owned();
             let lower = message.to_lowercase();
-            if lower.contains("database \"") && lower.contains("does not exist") {
+            if lower.contains("ssl support is not compiled in") {
+                OpenError::TlsNotBuilt { url, message }
+            } else if lower.contains("database \"") && lower.contains("does not exist") {
                 OpenError::MissingDatabase { url, message }
             } else if lower.contains("fatal") {
                 OpenError::Rejected { url, message }

@@ -1462,6 +1462,19 @@ fn g11_open_refuses_an_unreachable_server() {
     assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
 }
 
+/// Built without `postgres-tls`, a URL that requires TLS is refused before
+/// any connection is tried, naming the feature that would allow it.
+#[cfg(not(feature = "postgres-tls"))]
+#[test]
+fn g11_open_refuses_tls_when_built_without_it() {
+    let url = "postgres://settle:hunter2@127.0.0.1:1/settle?sslmode=require";
+    let err = Store::open(url).unwrap_err();
+    assert!(matches!(err, OpenError::TlsNotBuilt { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("postgres-tls"), "{msg}");
+    assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
+}
+
 #[test]
 fn g11_open_refuses_a_missing_postgres_database() {
     let Some(admin) = common::pg_admin_url() else {
