@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 use settle_store::{
-    ChunkAck, ChunkReceipt, Claim, Finalize, FinalizeReport, Finalized, MemoryRow, NewSession,
-    OwnerId, OwnerInfo, RecoverOptions, RecoveryReport, SessionDetail, SessionRow, SessionStore,
-    StoreError,
+    ChunkAck, ChunkReceipt, Claim, Finalize, FinalizeReport, Finalized, MemoryRow, NewChunk,
+    NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport,
+    SessionDetail, SessionFilter, SessionRow, SessionStore, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -102,11 +102,17 @@ impl SessionStore for NullStore {
         Ok(())
     }
 
-    async fn start_turn(&self, _: SessionId, _: u32, _: SystemTime) -> Result<(), StoreError> {
+    async fn start_turn(
+        &self,
+        _: SessionId,
+        _: u32,
+        _: Option<serde_json::Value>,
+        _: SystemTime,
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 
-    fn append_chunk(&self, session: SessionId, turn: u32, _: String) -> ChunkReceipt {
+    fn append_chunk(&self, session: SessionId, turn: u32, _: NewChunk) -> ChunkReceipt {
         ChunkReceipt::ready(Ok(ChunkAck {
             session,
             turn,
@@ -119,6 +125,7 @@ impl SessionStore for NullStore {
         _: SessionId,
         _: u32,
         _: Outcome,
+        _: Option<TurnError>,
         _: SystemTime,
     ) -> Result<(), StoreError> {
         let now = self.since_base();
@@ -149,8 +156,19 @@ impl SessionStore for NullStore {
         Ok(RecoveryReport::default())
     }
 
-    async fn list_sessions(&self, _: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
+    async fn recovery_candidates(
+        &self,
+        _: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
         Ok(Vec::new())
+    }
+
+    async fn list_sessions(&self, _: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn last_session(&self, _: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        Ok(None)
     }
 
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use settle_cli::scenario::Scenario;
 use settle_cli::{chat, display, duration, exit, open_store, out, outln, output, runner, Failure};
 use settle_runtime::{signals, Runtime, SessionId, State};
-use settle_store::{SessionStore, StoreError};
+use settle_store::{SessionFilter, SessionStore, StoreError};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -221,7 +221,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Sessions(args) => {
             let store = open_store(&cli.db)?;
-            let rows = store.list_sessions(args.state).await?;
+            let rows = store
+                .list_sessions(SessionFilter::all().in_state_opt(args.state).oldest_first())
+                .await?;
             if args.json {
                 outln!("{}", output::sessions_json(&rows));
             } else {
@@ -324,7 +326,9 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = stop_display.send(());
     let _ = display.await;
 
-    let rows = store.list_sessions(None).await?;
+    let rows = store
+        .list_sessions(SessionFilter::all().oldest_first())
+        .await?;
     let code = if let Some(signal) = signalled {
         // 130 / 143: a shell's code for the signal, after a clean shutdown.
         u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)

@@ -48,7 +48,7 @@ struct TurnJson<'a> {
     outcome: Option<&'static str>,
     started_at: String,
     ended_at: Option<String>,
-    chunks: &'a [String],
+    chunks: Vec<&'a str>,
 }
 
 impl<'a> From<&'a TurnRow> for TurnJson<'a> {
@@ -58,7 +58,7 @@ impl<'a> From<&'a TurnRow> for TurnJson<'a> {
             outcome: turn.outcome.map(|o| o.as_str()),
             started_at: rfc3339(turn.started_at),
             ended_at: turn.ended_at.map(rfc3339),
-            chunks: &turn.chunks,
+            chunks: turn.chunks.iter().map(|c| c.text.as_str()).collect(),
         }
     }
 }
@@ -172,7 +172,7 @@ pub fn show_text(detail: &SessionDetail) -> String {
             turn.outcome.map_or("open", |o| o.as_str())
         ));
         for chunk in &turn.chunks {
-            out.push_str(&format!("    {chunk}\n"));
+            out.push_str(&format!("    {}\n", chunk.text));
         }
     }
     out.push_str("\ntimeline\n");

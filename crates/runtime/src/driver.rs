@@ -208,6 +208,7 @@ impl Driver {
                 parent,
                 owner: self.owner,
                 created_at: self.clock.wall(self.clock.now()),
+                resumed_from: None,
             })
             .await?;
         let _ = self.handle(Event::Register {

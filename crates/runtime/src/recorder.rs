@@ -135,7 +135,10 @@ impl Recorder {
                 self.check(Some(session), "record a transition", result);
             }
             Record::StartTurn { work, at, done } => {
-                let result = self.store.start_turn(work.session, work.turn, at).await;
+                let result = self
+                    .store
+                    .start_turn(work.session, work.turn, None, at)
+                    .await;
                 let _ = done.send(result.clone());
                 self.check(Some(work.session), "start a turn", result);
             }
@@ -148,7 +151,7 @@ impl Recorder {
                 }
                 let result = self
                     .store
-                    .end_turn(work.session, work.turn, outcome, at)
+                    .end_turn(work.session, work.turn, outcome, None, at)
                     .await;
                 self.check(Some(work.session), "end a turn", result);
             }

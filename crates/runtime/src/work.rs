@@ -178,7 +178,7 @@ impl ChunkSink for Persisting {
         let appended = tokio::select! {
             biased;
             () = self.revoked.cancelled() => return Err(SinkClosed),
-            appended = self.store.append_chunk(self.work.session, self.work.turn, text.clone()) => appended,
+            appended = self.store.append_chunk(self.work.session, self.work.turn, text.clone().into()) => appended,
         };
         if let Err(error) = appended {
             tracing::warn!(session = %self.work.session, %error, "chunk refused by the store; stopping the turn");

@@ -57,7 +57,7 @@ fn store_round(rt: &tokio::runtime::Runtime, store: &Store, ids: &[SessionId]) -
         let receipts: Vec<_> = texts
             .into_iter()
             .enumerate()
-            .map(|(i, t)| store.append_chunk(ids[i % SESSIONS], 1, t))
+            .map(|(i, t)| store.append_chunk(ids[i % SESSIONS], 1, t.into()))
             .collect();
         for r in receipts {
             black_box(r.await.unwrap());
@@ -185,7 +185,7 @@ fn durability_lag(_: &mut Criterion) {
                     for i in 0..2000 {
                         tick.tick().await;
                         let t = Instant::now();
-                        store.append_chunk(id, 1, text(i)).await.unwrap();
+                        store.append_chunk(id, 1, text(i).into()).await.unwrap();
                         lags.push(t.elapsed());
                     }
                     lags
@@ -226,7 +226,7 @@ fn prepared_on(rt: &tokio::runtime::Runtime, store: &Store) -> Vec<SessionId> {
                 .await
                 .unwrap();
             store
-                .start_turn(id, 1, std::time::SystemTime::now())
+                .start_turn(id, 1, None, std::time::SystemTime::now())
                 .await
                 .unwrap();
             ids.push(id);

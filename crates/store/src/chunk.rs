@@ -1,11 +1,15 @@
-//! Transcript chunks: what an append returns, and how one batch of appends is
-//! committed.
+//! Transcript chunks: what an append takes and returns, and how one batch of
+//! appends is committed.
 //!
-//! A batch is one transaction. Its chunks are grouped by turn; each group claims
-//! a range of sequence numbers with one conditional UPDATE of its turn row (the
-//! turn must still be open and its session not finalized), and the accepted
-//! chunks of all groups are inserted with one multi-row INSERT. A refused group is answered with the reason; the rest
-//! of the batch still commits. A chunk is acknowledged only after the commit.
+//! A chunk is text, or a structured event (a tool call, reasoning, usage) with
+//! a JSON payload beside its text: both persist the same way (G7).
+//!
+//! A batch is one transaction. Its chunks are grouped by turn; each group
+//! claims a range of sequence numbers with one conditional UPDATE of its turn
+//! row (the turn must still be open and its session not finalized), and the
+//! accepted chunks of all groups are inserted with one multi-row INSERT. A
+//! refused group is answered with the reason; the rest of the batch still
+//! commits. A chunk is acknowledged only after the commit.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,14 +17,75 @@ use std::task::{Context as TaskContext, Poll};
 
 use diesel::dsl::exists;
 use diesel::prelude::*;
-use settle_core::SessionId;
+use serde_json::Value;
+use settle_core::{ChunkKind, SessionId};
 use tokio::sync::oneshot;
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::schema::{chunks, sessions, turns};
 use crate::session::why_turn_refused;
-use crate::time::sid;
+use crate::time::{json_text, sid};
+
+/// One chunk of a turn's output, as [`append_chunk`](crate::SessionStore::append_chunk)
+/// takes it. A `String` converts into a text chunk.
+///
+/// ```
+/// use serde_json::json;
+/// use settle_store::{ChunkKind, NewChunk};
+///
+/// let text: NewChunk = "Hello".to_owned().into();
+/// assert_eq!(text.kind, ChunkKind::Text);
+/// let call = NewChunk::structured(ChunkKind::ToolCall, json!({"name": "scan", "arguments": {"port": 22}}));
+/// assert_eq!(call.text, "");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewChunk {
+    /// What it carries.
+    pub kind: ChunkKind,
+    /// Its text: the reply's words for a text chunk, optional for the others.
+    pub text: String,
+    /// Its structured payload, if any.
+    pub data: Option<Value>,
+}
+
+impl NewChunk {
+    /// A piece of the reply's text.
+    pub fn text(text: impl Into<String>) -> Self {
+        NewChunk {
+            kind: ChunkKind::Text,
+            text: text.into(),
+            data: None,
+        }
+    }
+
+    /// A structured chunk of `kind` carrying `data`, with no text.
+    pub fn structured(kind: ChunkKind, data: Value) -> Self {
+        NewChunk {
+            kind,
+            text: String::new(),
+            data: Some(data),
+        }
+    }
+
+    /// Give it `text` as well.
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = text.into();
+        self
+    }
+}
+
+impl From<String> for NewChunk {
+    fn from(text: String) -> Self {
+        NewChunk::text(text)
+    }
+}
+
+impl From<&str> for NewChunk {
+    fn from(text: &str) -> Self {
+        NewChunk::text(text)
+    }
+}
 
 /// The acknowledgement of a chunk: it is committed and survives a crash (G7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,17 +151,19 @@ impl Future for ChunkReceipt {
 pub(crate) struct PendingChunk {
     pub(crate) session: SessionId,
     pub(crate) turn: u32,
-    pub(crate) text: String,
+    pub(crate) chunk: NewChunk,
     pub(crate) ack: oneshot::Sender<Result<ChunkAck, StoreError>>,
 }
 
 #[derive(Insertable)]
 #[diesel(table_name = chunks)]
-struct NewChunk<'a> {
+struct ChunkInsert<'a> {
     session: i64,
     turn_no: i64,
     seq: i64,
     text: &'a str,
+    kind: &'static str,
+    data: Option<String>,
 }
 
 /// How many rows go in one INSERT, well under both backends' bind limits.
@@ -117,7 +184,7 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
     let committed = write_tx!(db, |c| {
         let mut answers: Vec<Option<Result<ChunkAck, StoreError>>> =
             (0..batch.len()).map(|_| None).collect();
-        let mut rows: Vec<NewChunk<'_>> = Vec::with_capacity(batch.len());
+        let mut rows: Vec<ChunkInsert<'_>> = Vec::with_capacity(batch.len());
         for ((session, turn), members) in &groups {
             let raw = sid(*session)?;
             let n = i64::try_from(members.len()).unwrap_or(i64::MAX);
@@ -145,11 +212,14 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
                 continue;
             };
             for (&i, seq) in members.iter().zip(end - n..) {
-                rows.push(NewChunk {
+                let chunk = &batch[i].chunk;
+                rows.push(ChunkInsert {
                     session: raw,
                     turn_no: i64::from(*turn),
                     seq,
-                    text: &batch[i].text,
+                    text: &chunk.text,
+                    kind: chunk.kind.as_str(),
+                    data: chunk.data.as_ref().map(json_text),
                 });
                 answers[i] = Some(match u32::try_from(seq) {
                     Ok(seq) => Ok(ChunkAck {

@@ -9,7 +9,7 @@
 use std::time::SystemTime;
 
 use diesel::prelude::*;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
@@ -83,7 +83,7 @@ impl Finalized {
 pub struct FinalizeReport {
     /// The turn that was still open and is now `interrupted`, if any.
     pub interrupted_turn: Option<u32>,
-    /// Memory rows committed (one per completed turn with chunks).
+    /// Memory rows committed (one per completed turn with reply text).
     pub memories: usize,
     /// Steps that failed; the session was finalized all the same.
     pub failed_steps: Vec<StepFailure>,
@@ -264,7 +264,8 @@ pub(crate) fn finalize(
     })
 }
 
-/// Commit one memory row per completed turn: its chunks, in order, joined.
+/// Commit one memory row per completed turn: its reply, the text chunks in
+/// order, joined (structured chunks stay in the transcript).
 /// Turns that failed, were cancelled, detached or interrupted contribute
 /// nothing (G7).
 fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError> {
@@ -277,6 +278,7 @@ fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError
                     .and(turns::no.eq(chunks::turn_no))),
             )
             .filter(chunks::session.eq(raw))
+            .filter(chunks::kind.eq(ChunkKind::Text.as_str()))
             .filter(turns::outcome.eq(Outcome::Completed.as_str()))
             .order((chunks::turn_no.asc(), chunks::seq.asc()))
             .select((chunks::turn_no, chunks::text))

@@ -54,6 +54,38 @@ impl OwnerInfo {
     }
 }
 
+/// An owner as the store records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerRow {
+    /// Its id.
+    pub id: OwnerId,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id on that host.
+    pub pid: u32,
+    /// When its process started.
+    pub started_at: SystemTime,
+    /// When its lease runs out unless renewed.
+    pub lease_expires_at: SystemTime,
+}
+
+impl OwnerRow {
+    pub(crate) fn from_columns(
+        (id, host, pid, started_at, lease): (i64, String, i64, i64, i64),
+    ) -> Result<Self, StoreError> {
+        Ok(OwnerRow {
+            id: OwnerId(id.unsigned_abs()),
+            host,
+            pid: u32::try_from(pid).map_err(|_| StoreError::Corrupt {
+                column: "owners.pid",
+                value: pid.to_string(),
+            })?,
+            started_at: from_millis(started_at),
+            lease_expires_at: from_millis(lease),
+        })
+    }
+}
+
 /// This host's name as [`OwnerInfo::this_process`] records it.
 pub fn local_host_name() -> String {
     crate::sys::host_name()

@@ -65,7 +65,7 @@
 //!     // lease is live and our process is running, so nothing is recovered.
 //!     let report = store.recover(RecoverOptions::now_on_this_host()).await?;
 //!     assert!(report.recovered.is_empty());
-//!     assert_eq!(store.list_sessions(None).await?[0].id, id);
+//!     assert_eq!(store.last_session(None).await?, Some(id));
 //!     Ok::<_, Box<dyn std::error::Error>>(())
 //! })?;
 //! # Ok(()) }
@@ -80,6 +80,7 @@ mod claim;
 mod error;
 mod latch;
 mod lease;
+mod list;
 mod memory;
 mod open;
 mod options;
@@ -94,17 +95,18 @@ mod sys;
 mod time;
 mod writer;
 
-pub use chunk::{ChunkAck, ChunkReceipt};
+pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
 pub use claim::{Claim, Ineligible};
 pub use error::{DbError, OpenError, StoreError};
 pub use latch::{Finalize, FinalizeReport, FinalizeStep, Finalized, StepFailure};
-pub use lease::{local_host_name, OwnerId, OwnerInfo};
+pub use lease::{local_host_name, OwnerId, OwnerInfo, OwnerRow};
+pub use list::{ListOrder, SessionFilter};
 pub use memory::MemoryStore;
 pub use options::StoreOptions;
-pub use read::{MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
-pub use recover::{OwnerGone, RecoverOptions, RecoveryReport};
+pub use read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
+pub use recover::{OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
 pub use session::NewSession;
 pub use session_store::SessionStore;
 pub use store::Store;
 
-pub use settle_core::{EndReason, Outcome, SessionId, State};
+pub use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind};

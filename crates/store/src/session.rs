@@ -7,13 +7,14 @@ use std::time::SystemTime;
 
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::lease::OwnerId;
 use crate::schema::{sessions, timeline, turns};
-use crate::time::{opt_word, session_id, sid, to_millis, word};
+use crate::time::{json_text, opt_word, session_id, sid, to_millis, word};
 
 /// What [`create_session`](crate::SessionStore::create_session) inserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub struct NewSession {
     pub owner: OwnerId,
     /// When the session was registered.
     pub created_at: SystemTime,
+    /// The session this one continues (`settle chat --resume`), which must
+    /// exist; `None` for a fresh start.
+    pub resumed_from: Option<SessionId>,
 }
 
 impl NewSession {
@@ -36,12 +40,19 @@ impl NewSession {
             parent: None,
             owner,
             created_at: SystemTime::now(),
+            resumed_from: None,
         }
     }
 
     /// Make it a child of `parent`.
     pub fn with_parent(mut self, parent: SessionId) -> Self {
         self.parent = Some(parent);
+        self
+    }
+
+    /// Record it as the continuation of `previous`.
+    pub fn resuming(mut self, previous: SessionId) -> Self {
+        self.resumed_from = Some(previous);
         self
     }
 
@@ -128,9 +139,20 @@ pub(crate) fn record(
 /// Insert a session (and its first timeline row) and return its id.
 pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, StoreError> {
     let parent = new.parent.map(sid).transpose()?;
+    let resumed_from = new.resumed_from.map(sid).transpose()?;
     let owner = new.owner.raw()?;
     let at = to_millis(new.created_at);
     write_tx!(db, |c| {
+        if let (Some(raw), Some(previous)) = (resumed_from, new.resumed_from) {
+            let found: i64 = sessions::table
+                .filter(sessions::id.eq(raw))
+                .count()
+                .get_result(c)
+                .context("looking up the resumed session")?;
+            if found == 0 {
+                return Err(StoreError::UnknownSession(previous));
+            }
+        }
         // Touching the parent row both checks that it is open and, on
         // PostgreSQL, locks it against a concurrent finalize until we commit.
         let tree = match (parent, new.parent) {
@@ -169,6 +191,7 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
                 sessions::created_at.eq(at),
                 sessions::version.eq(0_i64),
                 sessions::owner.eq(owner),
+                sessions::resumed_from.eq(resumed_from),
             ))
             .returning(sessions::id)
             .get_result(c);
@@ -255,10 +278,12 @@ pub(crate) fn start_turn(
     db: Db<'_>,
     id: SessionId,
     no: u32,
+    input: Option<&Value>,
     at: SystemTime,
 ) -> Result<(), StoreError> {
     let raw = sid(id)?;
     let at = to_millis(at);
+    let input = input.map(json_text);
     write_tx!(db, |c| {
         let opened = diesel::update(
             sessions::table
@@ -300,6 +325,7 @@ pub(crate) fn start_turn(
                 turns::no.eq(i64::from(no)),
                 turns::started_at.eq(at),
                 turns::next_seq.eq(0_i64),
+                turns::input.eq(input.as_deref()),
             ))
             .execute(c);
         match inserted {
@@ -315,12 +341,14 @@ pub(crate) fn start_turn(
     })
 }
 
-/// End turn `no` of session `id` with `outcome`; later chunks for it are refused.
+/// End turn `no` of session `id` with `outcome` (and, when it failed, `error`);
+/// later chunks for it are refused.
 pub(crate) fn end_turn(
     db: Db<'_>,
     id: SessionId,
     no: u32,
     outcome: Outcome,
+    error: Option<&TurnError>,
     at: SystemTime,
 ) -> Result<(), StoreError> {
     let raw = sid(id)?;
@@ -335,6 +363,8 @@ pub(crate) fn end_turn(
         .set((
             turns::ended_at.eq(Some(at)),
             turns::outcome.eq(Some(outcome.as_str())),
+            turns::error_kind.eq(error.map(|e| e.kind.as_str())),
+            turns::error_message.eq(error.map(|e| e.message.as_str())),
         ))
         .execute(c)
         .context("ending a turn")?;

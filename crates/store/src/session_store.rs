@@ -4,15 +4,17 @@
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
-use crate::chunk::ChunkReceipt;
+use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::claim::Claim;
 use crate::error::StoreError;
 use crate::latch::{Finalize, Finalized};
 use crate::lease::{OwnerId, OwnerInfo};
+use crate::list::SessionFilter;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
-use crate::recover::{RecoverOptions, RecoveryReport};
+use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
 use crate::session::NewSession;
 
 /// The durable side of the session lifecycle.
@@ -47,22 +49,32 @@ pub trait SessionStore: Send + Sync {
         at: SystemTime,
     ) -> Result<(), StoreError>;
 
-    /// Open turn `no` of `id`. Refused while another turn is open, while the
-    /// session is closing (claimed), or once it is settled or finalized.
-    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError>;
+    /// Open turn `no` of `id`, recording `input`, the messages sent to the
+    /// provider (any JSON; typically an array of `{role, content}`). Refused
+    /// while another turn is open, while the session is closing (claimed), or
+    /// once it is settled or finalized.
+    async fn start_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        input: Option<Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError>;
 
-    /// Append a chunk to turn `turn` of `id`. The chunk is queued now, in call
-    /// order; the receipt resolves once it is committed (G7), or with
-    /// [`StoreError::TurnClosed`] if the turn has ended or
-    /// [`StoreError::SessionClosed`] if the session is finalized.
-    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt;
+    /// Append a chunk (text, or structured with its JSON) to turn `turn` of
+    /// `id`. The chunk is queued now, in call order; the receipt resolves once
+    /// it is committed (G7), or with [`StoreError::TurnClosed`] if the turn has
+    /// ended or [`StoreError::SessionClosed`] if the session is finalized.
+    fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt;
 
-    /// End turn `no` of `id` with `outcome`; it accepts no more chunks.
+    /// End turn `no` of `id` with `outcome` and, for a failed turn, the
+    /// `error` that says why; it accepts no more chunks.
     async fn end_turn(
         &self,
         id: SessionId,
         no: u32,
         outcome: Outcome,
+        error: Option<TurnError>,
         at: SystemTime,
     ) -> Result<(), StoreError>;
 
@@ -81,8 +93,20 @@ pub trait SessionStore: Send + Sync {
     /// Finalize the sessions left live by crashed processes (G8).
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError>;
 
-    /// Every session, or those in `state`, by id.
-    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError>;
+    /// What [`recover`](Self::recover) would take over now, with each
+    /// session's owner, its lease and why, without writing anything
+    /// (`settle recover --dry-run`).
+    async fn recovery_candidates(
+        &self,
+        options: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError>;
+
+    /// The sessions `filter` selects, newest first unless it says otherwise.
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError>;
+
+    /// The most recently registered session (in `state`, if given), for
+    /// `settle chat --last`.
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError>;
 
     /// One session with its turns, transcript and timeline.
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError>;

@@ -5,20 +5,22 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::checkpoint::Checkpointer;
-use crate::chunk::ChunkReceipt;
+use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::claim::Claim;
 use crate::conn::Db;
 use crate::error::{OpenError, StoreError};
 use crate::latch::{Finalize, Finalized};
 use crate::lease::{OwnerId, OwnerInfo};
+use crate::list::SessionFilter;
 use crate::open::{open, Target};
 use crate::options::StoreOptions;
 use crate::pool::ReadPool;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
-use crate::recover::{RecoverOptions, RecoveryReport};
+use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
 use crate::session::NewSession;
 use crate::session_store::SessionStore;
 use crate::writer::Writer;
@@ -160,13 +162,19 @@ impl SessionStore for Store {
             .await
     }
 
-    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
-        self.write(move |db| crate::session::start_turn(db, id, no, at))
+    async fn start_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        input: Option<Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.write(move |db| crate::session::start_turn(db, id, no, input.as_ref(), at))
             .await
     }
 
-    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt {
-        self.inner.writer.append(id, turn, text)
+    fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
+        self.inner.writer.append(id, turn, chunk)
     }
 
     async fn end_turn(
@@ -174,9 +182,10 @@ impl SessionStore for Store {
         id: SessionId,
         no: u32,
         outcome: Outcome,
+        error: Option<TurnError>,
         at: SystemTime,
     ) -> Result<(), StoreError> {
-        self.write(move |db| crate::session::end_turn(db, id, no, outcome, at))
+        self.write(move |db| crate::session::end_turn(db, id, no, outcome, error.as_ref(), at))
             .await
     }
 
@@ -199,8 +208,21 @@ impl SessionStore for Store {
             .await
     }
 
-    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
-        self.read(move |db| crate::read::list_sessions(db, state))
+    async fn recovery_candidates(
+        &self,
+        options: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
+        self.read(move |db| crate::recover::candidates(db, &options))
+            .await
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(move |db| crate::list::list_sessions(db, &filter))
+            .await
+    }
+
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        self.read(move |db| crate::list::last_session(db, state))
             .await
     }
 

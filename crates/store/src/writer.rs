@@ -18,7 +18,7 @@ use diesel::Connection;
 use settle_core::SessionId;
 use tokio::sync::oneshot;
 
-use crate::chunk::{commit_batch, ChunkReceipt, PendingChunk};
+use crate::chunk::{commit_batch, ChunkReceipt, NewChunk, PendingChunk};
 use crate::conn::{AnyConn, Db};
 use crate::error::StoreError;
 
@@ -66,12 +66,12 @@ impl Writer {
     }
 
     /// Queue a chunk now; the receipt resolves after its commit.
-    pub(crate) fn append(&self, session: SessionId, turn: u32, text: String) -> ChunkReceipt {
+    pub(crate) fn append(&self, session: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
         let (ack, rx) = oneshot::channel();
         let chunk = PendingChunk {
             session,
             turn,
-            text,
+            chunk,
             ack,
         };
         match &self.tx {

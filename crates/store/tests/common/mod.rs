@@ -231,3 +231,28 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     files.sort();
     files
 }
+
+#[derive(diesel::QueryableByName)]
+struct One {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
+}
+
+impl TestDb {
+    /// Run a query that returns one `BIGINT` column named `value`, outside the store.
+    pub fn query_i64(&self, sql: &str) -> i64 {
+        use diesel::RunQueryDsl;
+        let row: One = match self.backend {
+            Backend::Sqlite => diesel::sql_query(sql)
+                .get_result(
+                    &mut diesel::sqlite::SqliteConnection::establish(&self.url).expect("connect"),
+                )
+                .expect("query"),
+            Backend::Postgres => diesel::sql_query(sql)
+                .get_result(&mut PgConnection::establish(&self.url).expect("connect"))
+                .expect("query"),
+            Backend::Memory => panic!("a MemoryStore has no SQL"),
+        };
+        row.value
+    }
+}

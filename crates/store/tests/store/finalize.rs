@@ -1,7 +1,7 @@
 //! The finalize latch (G2) and memory from completed turns only (G7).
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, HOUR};
+use crate::{append_all, now, open, owner, session, texts, HOUR};
 use settle_store::{EndReason, Finalize, FinalizeStep, Finalized, NewSession, Outcome, State};
 
 // --- finalize (G2, G7) -----------------------------------------------------------
@@ -59,22 +59,25 @@ pub(crate) fn g7_memory_only_from_completed_turns(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (o, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, now()).await.unwrap();
+        store.start_turn(id, 1, None, now()).await.unwrap();
         append_all(&*store, id, 1, &["port 22 ", "open"]).await;
         store
-            .end_turn(id, 1, Outcome::Completed, now())
+            .end_turn(id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 2, now()).await.unwrap();
+        store.start_turn(id, 2, None, now()).await.unwrap();
         append_all(&*store, id, 2, &["half a ans"]).await;
-        store.end_turn(id, 2, Outcome::Failed, now()).await.unwrap();
-        store.start_turn(id, 3, now()).await.unwrap();
+        store
+            .end_turn(id, 2, Outcome::Failed, None, now())
+            .await
+            .unwrap();
+        store.start_turn(id, 3, None, now()).await.unwrap();
         append_all(&*store, id, 3, &["cut mid-"]).await;
         store
-            .end_turn(id, 3, Outcome::Cancelled, now())
+            .end_turn(id, 3, Outcome::Cancelled, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 4, now()).await.unwrap();
+        store.start_turn(id, 4, None, now()).await.unwrap();
         append_all(&*store, id, 4, &["still streaming"]).await;
 
         let Finalized::Won(report) = store
@@ -96,14 +99,14 @@ pub(crate) fn g7_memory_only_from_completed_turns(b: Backend) {
         let detail = store.session_detail(id).await.unwrap();
         assert_eq!(detail.session.outcome, Some(Outcome::Interrupted));
         // The transcript is intact, interrupted turn included.
-        assert_eq!(detail.turns[3].chunks, vec!["still streaming"]);
+        assert_eq!(texts(&detail.turns[3]), vec!["still streaming"]);
 
         // Without commit_memory, nothing is committed.
         let other = store.create_session(NewSession::new("t", o)).await.unwrap();
-        store.start_turn(other, 1, now()).await.unwrap();
+        store.start_turn(other, 1, None, now()).await.unwrap();
         append_all(&*store, other, 1, &["done"]).await;
         store
-            .end_turn(other, 1, Outcome::Completed, now())
+            .end_turn(other, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
         let Finalized::Won(report) = store
@@ -139,10 +142,10 @@ pub(crate) fn a_failed_finalize_step_is_reported_and_recorded(b: Backend) {
     }
     rt().block_on(async {
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, now()).await.unwrap();
+        store.start_turn(id, 1, None, now()).await.unwrap();
         append_all(&*store, id, 1, &["x"]).await;
         store
-            .end_turn(id, 1, Outcome::Completed, now())
+            .end_turn(id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
         let Finalized::Won(report) = store

@@ -1,10 +1,10 @@
 //! Sessions, transitions, turns, chunks and the reclaim claim (G3, G10).
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, HOUR};
+use crate::{append_all, now, open, owner, session, texts, HOUR};
 use settle_store::{
-    Claim, EndReason, Finalize, Finalized, Ineligible, NewSession, Outcome, OwnerId, SessionId,
-    State, StoreError, StoreOptions,
+    Claim, EndReason, Finalize, Finalized, Ineligible, NewSession, Outcome, OwnerId, SessionFilter,
+    SessionId, State, StoreError, StoreOptions,
 };
 
 // --- sessions, transitions --------------------------------------------------
@@ -19,7 +19,10 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
             .await
             .unwrap();
         assert_ne!(root, child);
-        let rows = store.list_sessions(None).await.unwrap();
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
         assert_eq!(rows[1].parent, Some(root));
         assert_eq!(rows[0].parent, None);
 
@@ -165,13 +168,13 @@ pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
         let store = db.open_with(StoreOptions::default().with_batch_size(16));
         let (_, a) = session(&*store, "a").await;
         let (_, c) = session(&*store, "c").await;
-        store.start_turn(a, 1, now()).await.unwrap();
-        store.start_turn(c, 7, now()).await.unwrap();
+        store.start_turn(a, 1, None, now()).await.unwrap();
+        store.start_turn(c, 7, None, now()).await.unwrap();
         // Interleave two turns; queue everything before awaiting anything.
         let mut receipts = Vec::new();
         for i in 0..300 {
-            receipts.push((a, 1, i, store.append_chunk(a, 1, format!("a{i}"))));
-            receipts.push((c, 7, i, store.append_chunk(c, 7, format!("c{i}"))));
+            receipts.push((a, 1, i, store.append_chunk(a, 1, format!("a{i}").into())));
+            receipts.push((c, 7, i, store.append_chunk(c, 7, format!("c{i}").into())));
         }
         for (id, turn, i, r) in receipts {
             let ack = r.await.unwrap();
@@ -179,11 +182,11 @@ pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
         }
         let detail = store.session_detail(a).await.unwrap();
         let expected: Vec<String> = (0..300).map(|i| format!("a{i}")).collect();
-        assert_eq!(detail.turns[0].chunks, expected);
+        assert_eq!(texts(&detail.turns[0]), expected);
         assert_eq!(detail.session.chunks, 300);
         let turn_c = &store.session_detail(c).await.unwrap().turns[0];
         assert_eq!(turn_c.no, 7);
-        assert_eq!(turn_c.chunks[299], "c299");
+        assert_eq!(turn_c.chunks[299].text, "c299");
     });
 }
 
@@ -198,8 +201,8 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
             "{err:?}"
         );
 
-        store.start_turn(id, 1, now()).await.unwrap();
-        let err = store.start_turn(id, 2, now()).await.unwrap_err();
+        store.start_turn(id, 1, None, now()).await.unwrap();
+        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
         assert!(
             matches!(err, StoreError::TurnInFlight { open: 1, .. }),
             "{err:?}"
@@ -208,7 +211,7 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
         // Queued before end_turn, so committed before it.
         let before = store.append_chunk(id, 1, "just in time".into());
         store
-            .end_turn(id, 1, Outcome::Detached, now())
+            .end_turn(id, 1, Outcome::Detached, None, now())
             .await
             .unwrap();
         assert_eq!(before.await.unwrap().seq, 1);
@@ -223,23 +226,23 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
         );
         assert!(err.to_string().contains("revoked"), "{err}");
         let err = store
-            .end_turn(id, 1, Outcome::Completed, now())
+            .end_turn(id, 1, Outcome::Completed, None, now())
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::TurnClosed { .. }), "{err:?}");
-        let err = store.start_turn(id, 1, now()).await.unwrap_err();
+        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
         assert!(
             matches!(err, StoreError::TurnExists { turn: 1, .. }),
             "{err:?}"
         );
 
         // A new turn is writable; the old one stays closed.
-        store.start_turn(id, 2, now()).await.unwrap();
+        store.start_turn(id, 2, None, now()).await.unwrap();
         append_all(&*store, id, 2, &["next"]).await;
         let detail = store.session_detail(id).await.unwrap();
-        assert_eq!(detail.turns[0].chunks, vec!["kept", "just in time"]);
+        assert_eq!(texts(&detail.turns[0]), vec!["kept", "just in time"]);
         assert_eq!(detail.turns[0].outcome, Some(Outcome::Detached));
-        assert_eq!(detail.turns[1].chunks, vec!["next"]);
+        assert_eq!(texts(&detail.turns[1]), vec!["next"]);
         assert_eq!(detail.turns[1].outcome, None);
     });
 }
@@ -249,13 +252,13 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, now()).await.unwrap();
+        store.start_turn(id, 1, None, now()).await.unwrap();
         append_all(&*store, id, 1, &["one"]).await;
         store
-            .end_turn(id, 1, Outcome::Completed, now())
+            .end_turn(id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 2, now()).await.unwrap();
+        store.start_turn(id, 2, None, now()).await.unwrap();
         let won = store
             .finalize(id, Finalize::new(EndReason::UserClose))
             .await
@@ -276,8 +279,8 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
         };
         closed(store.append_chunk(id, 2, "ghost".into()).await.map(|_| ()));
         closed(store.append_chunk(id, 1, "ghost".into()).await.map(|_| ()));
-        closed(store.start_turn(id, 3, now()).await);
-        closed(store.end_turn(id, 2, Outcome::Completed, now()).await);
+        closed(store.start_turn(id, 3, None, now()).await);
+        closed(store.end_turn(id, 2, Outcome::Completed, None, now()).await);
         closed(
             store
                 .transition(id, State::Registered, State::Running, "x", now())
@@ -308,7 +311,7 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, now()).await.unwrap();
+        store.start_turn(id, 1, None, now()).await.unwrap();
         assert_eq!(
             store.claim(id, EndReason::Shutdown).await.unwrap(),
             Claim::NotEligible(Ineligible::TurnInFlight(1))
@@ -318,7 +321,7 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
             .await
             .unwrap();
         store
-            .end_turn(id, 1, Outcome::Completed, now())
+            .end_turn(id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
         assert_eq!(
@@ -338,7 +341,7 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
             Claim::NotEligible(Ineligible::Closing(EndReason::IdleReap))
         );
         // A closing session admits no new turn.
-        let err = store.start_turn(id, 2, now()).await.unwrap_err();
+        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
         assert!(
             matches!(
                 err,
@@ -377,7 +380,7 @@ pub(crate) fn g3_claim_and_start_turn_race_one_wins(b: Backend) {
                 .unwrap();
             let (claimed, started) = tokio::join!(
                 sweeper.claim(id, EndReason::IdleReap),
-                worker.start_turn(id, 1, now())
+                worker.start_turn(id, 1, None, now())
             );
             let claimed = claimed.unwrap() == Claim::Claimed;
             match started {
@@ -403,8 +406,12 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
                 "{r:?}"
             )
         };
-        unknown(store.start_turn(ghost, 1, now()).await);
-        unknown(store.end_turn(ghost, 1, Outcome::Completed, now()).await);
+        unknown(store.start_turn(ghost, 1, None, now()).await);
+        unknown(
+            store
+                .end_turn(ghost, 1, Outcome::Completed, None, now())
+                .await,
+        );
         unknown(store.append_chunk(ghost, 1, "x".into()).await.map(|_| ()));
         unknown(
             store
@@ -416,7 +423,7 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
         assert!(store.memories(ghost).await.unwrap().is_empty());
 
         let err = store
-            .end_turn(id, 9, Outcome::Completed, now())
+            .end_turn(id, 9, Outcome::Completed, None, now())
             .await
             .unwrap_err();
         assert!(
@@ -439,7 +446,7 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
         ] {
             store.transition(id, from, to, "on", now()).await.unwrap();
         }
-        let err = store.start_turn(id, 1, now()).await.unwrap_err();
+        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
         assert!(
             matches!(
                 err,

@@ -15,12 +15,13 @@ mod lifecycle;
 mod open;
 mod reads;
 mod recovery;
+mod transcripts;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::TestDb;
-use settle_store::{NewSession, OwnerId, OwnerInfo, SessionId, SessionStore};
+use settle_store::{NewSession, OwnerId, OwnerInfo, SessionId, SessionStore, TurnRow};
 
 /// One `#[test]` per backend and test, in modules named after the backends:
 /// `every` tests run on all three, `durable` ones on the two databases.
@@ -62,12 +63,18 @@ on_backends! {
         recovery::leases_renew_until_they_lapse,
         reads::flush_waits_for_every_appended_chunk,
         reads::lists_and_details_carry_the_cli_fields,
+        reads::sessions_list_newest_first_with_filters,
+        recovery::g8_recover_dry_run_names_candidates_and_writes_nothing,
+        transcripts::g7_whole_transcripts_keep_input_chunks_and_errors,
+        transcripts::g7_a_turn_without_reply_text_commits_no_memory,
+        transcripts::resumed_sessions_name_the_session_they_continue,
     ],
     // What only a database does: keep a schema, survive a crash, be shared by
     // processes, run a trigger.
     durable: [
         open::schema_is_created_on_first_use_and_kept,
         open::g11_newer_schema_is_refused_and_left_alone,
+        open::an_old_database_upgrades_in_place,
         finalize::a_failed_finalize_step_is_reported_and_recorded,
         recovery::g7_acknowledged_chunks_survive_kill_9,
         recovery::g2_g8_two_processes_race_finalize_and_recover,
@@ -103,6 +110,11 @@ async fn session(store: &dyn SessionStore, name: &str) -> (OwnerId, SessionId) {
     (o, id)
 }
 
+/// The texts of a turn's chunks, in order.
+fn texts(turn: &TurnRow) -> Vec<String> {
+    turn.chunks.iter().map(|c| c.text.clone()).collect()
+}
+
 /// Append `texts` to a turn and wait for every acknowledgement.
 async fn append_all(
     store: &dyn SessionStore,
@@ -112,7 +124,7 @@ async fn append_all(
 ) -> Vec<u32> {
     let receipts: Vec<_> = texts
         .iter()
-        .map(|t| store.append_chunk(id, turn, (*t).to_owned()))
+        .map(|t| store.append_chunk(id, turn, (*t).into()))
         .collect();
     let mut seqs = Vec::new();
     for r in receipts {

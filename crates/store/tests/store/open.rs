@@ -1,9 +1,15 @@
 //! Opening a store: the schema, and bad locations refused whole (G11).
 
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::json;
+use settle_store::{
+    ChunkKind, EndReason, NewChunk, NewSession, OpenError, Outcome, RecoverOptions, SessionFilter,
+    SessionId, SessionStore, State, Store, StoreError, TurnError, TurnErrorKind,
+};
+
 use crate::common::{self, rt, Backend, TestDb};
-use crate::{open, session};
-use settle_store::{NewSession, OpenError, Store, StoreError};
-use std::time::Duration;
+use crate::{now, open, session};
 
 // --- open, schema -----------------------------------------------------------
 
@@ -19,7 +25,9 @@ pub(crate) fn schema_is_created_on_first_use_and_kept(b: Backend) {
     }
     // Opening again runs no migration twice and finds the session.
     let store = open(&db);
-    let rows = rt().block_on(store.list_sessions(None)).unwrap();
+    let rows = rt()
+        .block_on(store.list_sessions(SessionFilter::all().oldest_first()))
+        .unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].id, id);
     assert_eq!(rows[0].name, "kept");
@@ -36,7 +44,7 @@ pub(crate) fn g11_newer_schema_is_refused_and_left_alone(b: Backend) {
             err,
             OpenError::NewerSchema {
                 found: 99,
-                supported: 1,
+                supported: 2..=98,
                 ..
             }
         ),
@@ -297,7 +305,146 @@ pub(crate) fn postgres_writer_reconnects_after_losing_its_connection() {
             attempts, 2,
             "the first write should meet the dead connection"
         );
-        let rows = store.list_sessions(None).await.unwrap();
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
         assert_eq!(rows.last().unwrap().id, id);
+    });
+}
+
+/// A database written by the first schema, with data in every table, is
+/// brought up to date in place when opened: the data is intact, and the new
+/// columns work on old rows and new ones alike.
+pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let (init, sequences) = match b {
+        Backend::Sqlite => (
+            include_str!("../../migrations/sqlite/2025-01-01-000000_init/up.sql"),
+            "",
+        ),
+        Backend::Postgres => (
+            include_str!("../../migrations/postgres/2025-01-01-000000_init/up.sql"),
+            "SELECT setval('owners_id_seq', 1); SELECT setval('sessions_id_seq', 2); \
+             SELECT setval('timeline_id_seq', 5); SELECT setval('memories_id_seq', 1);",
+        ),
+        Backend::Memory => unreachable!("a database test"),
+    };
+    // As the first release left it: its migration recorded, its rows written.
+    db.execute(
+        "CREATE TABLE __diesel_schema_migrations (\
+           version VARCHAR(50) PRIMARY KEY NOT NULL, \
+           run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP);\
+         INSERT INTO __diesel_schema_migrations (version) VALUES ('20250101000000');",
+    );
+    db.execute(init);
+    db.execute(
+        "INSERT INTO owners (id, host, pid, started_at, lease_expires_at) \
+           VALUES (1, 'old-host', 4000002, 1700000000000, 1700000030000);\
+         INSERT INTO sessions (id, name, parent, tree, state, outcome, end_reason, \
+           closing_reason, open_turn, created_at, finalized_at, finalize_errors, version, owner) \
+           VALUES (1, 'root', NULL, 1, 'finalized', 'completed', 'completed', NULL, NULL, \
+                   1700000000000, 1700000005000, NULL, 6, 1), \
+                  (2, 'kid', 1, 1, 'running', 'failed', NULL, NULL, 2, \
+                   1700000001000, NULL, NULL, 4, 1);\
+         INSERT INTO turns (session, \"no\", outcome, started_at, ended_at, next_seq) \
+           VALUES (1, 1, 'completed', 1700000000100, 1700000000900, 2), \
+                  (2, 1, 'failed', 1700000001100, 1700000001200, 1), \
+                  (2, 2, NULL, 1700000001300, NULL, 1);\
+         INSERT INTO chunks (session, turn_no, seq, \"text\") \
+           VALUES (1, 1, 0, 'hello '), (1, 1, 1, 'world'), (2, 1, 0, 'x'), (2, 2, 0, 'open');\
+         INSERT INTO timeline (id, session, at, from_state, to_state, cause) \
+           VALUES (1, 1, 1700000000000, NULL, 'registered', 'registered'), \
+                  (2, 2, 1700000001000, NULL, 'registered', 'registered'), \
+                  (3, 2, 1700000001300, 'registered', 'running', 'turn started'), \
+                  (4, 1, 1700000004000, 'registered', 'settled', 'agent finished'), \
+                  (5, 1, 1700000005000, 'settled', 'finalized', 'finalize: completed');\
+         INSERT INTO memories (id, session, turn_no, content, created_at) \
+           VALUES (1, 1, 1, 'hello world', 1700000005000);",
+    );
+    db.execute(sequences);
+
+    let store = Store::open(&db.url).expect("the old database opens and upgrades");
+    assert_eq!(
+        db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
+        2
+    );
+    let (root, kid) = (SessionId(1), SessionId(2));
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    rt().block_on(async {
+        // Intact.
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
+        let seen: Vec<_> = rows
+            .iter()
+            .map(|r| (r.id, r.name.as_str(), r.parent, r.state, r.turns, r.chunks))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (root, "root", None, State::Finalized, 1, 2),
+                (kid, "kid", Some(root), State::Running, 2, 2),
+            ]
+        );
+        assert_eq!(rows[0].end_reason, Some(EndReason::Completed));
+        assert_eq!(rows[0].finalized_at, Some(at(1_700_000_005_000)));
+        assert_eq!(rows[1].resumed_from, None);
+        let old = store.session_detail(root).await.unwrap();
+        let turn = &old.turns[0];
+        assert_eq!((turn.input.clone(), turn.error.clone()), (None, None));
+        assert_eq!(turn.text(), "hello world");
+        assert!(turn
+            .chunks
+            .iter()
+            .all(|c| c.kind == ChunkKind::Text && c.data.is_none()));
+        assert_eq!(
+            (turn.started_at, turn.ended_at),
+            (at(1_700_000_000_100), Some(at(1_700_000_000_900)))
+        );
+        let causes: Vec<_> = old.timeline.iter().map(|t| t.cause.as_str()).collect();
+        assert_eq!(
+            causes,
+            ["registered", "agent finished", "finalize: completed"]
+        );
+        assert_eq!(
+            store.memories(root).await.unwrap()[0].content,
+            "hello world"
+        );
+
+        // The new columns work, on the old open turn and on new rows.
+        let call = NewChunk::structured(ChunkKind::ToolCall, json!({"name": "scan"}));
+        assert_eq!(store.append_chunk(kid, 2, call).await.unwrap().seq, 1);
+        let error = TurnError::new(TurnErrorKind::Connect, "connection refused");
+        store
+            .end_turn(kid, 2, Outcome::Failed, Some(error.clone()), now())
+            .await
+            .unwrap();
+        let input = json!([{"role": "user", "content": "again"}]);
+        store
+            .start_turn(kid, 3, Some(input.clone()), now())
+            .await
+            .unwrap();
+        let detail = store.session_detail(kid).await.unwrap();
+        assert_eq!(detail.turns[1].error, Some(error));
+        assert_eq!(detail.turns[1].chunks[1].kind, ChunkKind::ToolCall);
+        assert_eq!(detail.turns[1].text(), "open");
+        assert_eq!(detail.turns[2].input, Some(input));
+        let (owner, _) = session(&store, "new").await;
+        let resumed = store
+            .create_session(NewSession::new("resumed", owner).resuming(root))
+            .await
+            .unwrap();
+        assert!(resumed.get() > 2, "ids continue after the old ones");
+        let row = store.session_detail(resumed).await.unwrap().session;
+        assert_eq!(row.resumed_from, Some(root));
+        // The old owner's lease ran out long ago.
+        let candidates = store
+            .recovery_candidates(RecoverOptions::now_on_this_host())
+            .await
+            .unwrap();
+        assert_eq!(candidates.len(), 1);
+        assert_eq!(candidates[0].session, kid);
     });
 }

@@ -6,10 +6,10 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::{self, rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, HOUR};
+use crate::{append_all, now, open, owner, session, texts, HOUR};
 use settle_store::{
     EndReason, Finalize, NewSession, Outcome, OwnerGone, OwnerId, OwnerInfo, RecoverOptions,
-    SessionId, SessionStore, State, Store, StoreError,
+    SessionFilter, SessionId, SessionStore, State, Store, StoreError,
 };
 
 // --- crash (G7) and recovery (G8) --------------------------------------------------
@@ -50,7 +50,7 @@ pub(crate) fn g7_acknowledged_chunks_survive_kill_9(b: Backend) {
         let chunks = &detail.turns[0].chunks;
         for (_, seq, text) in &acked {
             assert_eq!(
-                &chunks[*seq as usize], text,
+                &chunks[*seq as usize].text, text,
                 "acknowledged chunk {seq} lost"
             );
         }
@@ -78,14 +78,14 @@ pub(crate) fn child_writer() {
     let store = Store::open(&url).unwrap();
     rt().block_on(async {
         let (_, id) = session(&store, "doomed").await;
-        store.start_turn(id, 1, now()).await.unwrap();
+        store.start_turn(id, 1, None, now()).await.unwrap();
         let mut pending = std::collections::VecDeque::new();
         let mut i = 0u64;
         loop {
             // Keep a few chunks in flight so that kills land mid-batch.
             while pending.len() < 8 {
                 let text = format!("chunk-{i}");
-                pending.push_back((text.clone(), store.append_chunk(id, 1, text)));
+                pending.push_back((text.clone(), store.append_chunk(id, 1, text.into())));
                 i += 1;
             }
             let (text, receipt) = pending.pop_front().unwrap();
@@ -122,13 +122,13 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
             .create_session(NewSession::new("c", crashed).with_parent(parent))
             .await
             .unwrap();
-        store.start_turn(child, 1, now()).await.unwrap();
+        store.start_turn(child, 1, None, now()).await.unwrap();
         append_all(&*store, child, 1, &["done"]).await;
         store
-            .end_turn(child, 1, Outcome::Completed, now())
+            .end_turn(child, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
-        store.start_turn(child, 2, now()).await.unwrap();
+        store.start_turn(child, 2, None, now()).await.unwrap();
         append_all(&*store, child, 2, &["cut", " short"]).await;
         let (_, live) = session(&*store, "live").await;
 
@@ -152,7 +152,7 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
         assert_eq!(detail.session.outcome, Some(Outcome::Interrupted));
         assert_eq!(detail.turns[0].outcome, Some(Outcome::Completed));
         assert_eq!(detail.turns[1].outcome, Some(Outcome::Interrupted));
-        assert_eq!(detail.turns[1].chunks, vec!["cut", " short"]);
+        assert_eq!(texts(&detail.turns[1]), vec!["cut", " short"]);
         let last = detail.timeline.last().unwrap();
         assert_eq!(
             (last.from, last.to),
@@ -160,7 +160,10 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
         );
         assert!(last.cause.contains("lease"), "{}", last.cause);
         assert!(store.memories(child).await.unwrap().is_empty());
-        let live_row = &store.list_sessions(None).await.unwrap()[2];
+        let live_row = &store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap()[2];
         assert_eq!((live_row.id, live_row.state), (live, State::Registered));
 
         // Idempotent.
@@ -227,7 +230,7 @@ pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
             vec![(dead_here, OwnerGone::ProcessGone)]
         );
         let states: Vec<_> = store
-            .list_sessions(None)
+            .list_sessions(SessionFilter::all().oldest_first())
             .await
             .unwrap()
             .into_iter()
@@ -328,13 +331,13 @@ pub(crate) fn g2_g8_two_processes_race_finalize_and_recover(b: Backend) {
                 .create_session(NewSession::new(format!("s{i}"), crashed))
                 .await
                 .unwrap();
-            store.start_turn(id, 1, now()).await.unwrap();
+            store.start_turn(id, 1, None, now()).await.unwrap();
             append_all(&*store, id, 1, &["whole"]).await;
             store
-                .end_turn(id, 1, Outcome::Completed, now())
+                .end_turn(id, 1, Outcome::Completed, None, now())
                 .await
                 .unwrap();
-            store.start_turn(id, 2, now()).await.unwrap();
+            store.start_turn(id, 2, None, now()).await.unwrap();
             append_all(&*store, id, 2, &["partial"]).await;
             ids.push(id);
         }
@@ -476,5 +479,96 @@ pub(crate) fn leases_renew_until_they_lapse(b: Backend) {
         );
         let err = store.renew_lease(OwnerId(987_654), HOUR).await.unwrap_err();
         assert!(matches!(err, StoreError::UnknownOwner(_)), "{err:?}");
+    });
+}
+
+/// `settle recover --dry-run`: the candidates with their owner, lease and
+/// reason, and nothing written; recovery then takes exactly those.
+pub(crate) fn g8_recover_dry_run_names_candidates_and_writes_nothing(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let crashed = store
+            .register_owner(
+                OwnerInfo {
+                    host: "elsewhere".into(),
+                    pid: 4_000_001,
+                    started_at: now(),
+                },
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        let root = store
+            .create_session(NewSession::new("root", crashed))
+            .await
+            .unwrap();
+        let kid = store
+            .create_session(NewSession::new("kid", crashed).with_parent(root))
+            .await
+            .unwrap();
+        store.start_turn(kid, 1, None, now()).await.unwrap();
+        append_all(&*store, kid, 1, &["partial"]).await;
+        let (_, live) = session(&*store, "live").await;
+        let options = RecoverOptions {
+            this_host: "here".into(),
+            now: now() + Duration::from_secs(1),
+        };
+        let before: Vec<_> = {
+            let mut all = Vec::new();
+            for id in [root, kid, live] {
+                all.push(store.session_detail(id).await.unwrap());
+            }
+            all
+        };
+
+        let candidates = store.recovery_candidates(options.clone()).await.unwrap();
+        let seen: Vec<_> = candidates
+            .iter()
+            .map(|c| (c.session, c.name.as_str(), c.state, c.open_turn, c.reason))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    kid,
+                    "kid",
+                    State::Registered,
+                    Some(1),
+                    OwnerGone::LeaseExpired
+                ),
+                (
+                    root,
+                    "root",
+                    State::Registered,
+                    None,
+                    OwnerGone::LeaseExpired
+                ),
+            ],
+            "children before parents"
+        );
+        let owner = &candidates[0].owner;
+        assert_eq!(
+            (owner.id, owner.host.as_str(), owner.pid),
+            (crashed, "elsewhere", 4_000_001)
+        );
+        assert!(owner.lease_expires_at <= options.now);
+
+        for (id, was) in [root, kid, live].into_iter().zip(&before) {
+            assert_eq!(
+                &store.session_detail(id).await.unwrap(),
+                was,
+                "the dry run wrote"
+            );
+        }
+        // It is read-only, so asking again gives the same answer.
+        assert_eq!(
+            store.recovery_candidates(options.clone()).await.unwrap(),
+            candidates
+        );
+
+        let report = store.recover(options.clone()).await.unwrap();
+        assert_eq!(report.recovered, vec![kid, root]);
+        assert!(store.recovery_candidates(options).await.unwrap().is_empty());
     });
 }
