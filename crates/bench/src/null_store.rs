@@ -7,9 +7,9 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 use settle_store::{
-    ChunkAck, ChunkReceipt, Claim, Finalize, FinalizeReport, Finalized, MemoryRow, NewChunk,
-    NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport,
-    SessionDetail, SessionFilter, SessionRow, SessionStore, StoreError,
+    Applied, ChunkAck, ChunkReceipt, Claim, Finalize, FinalizeReport, Finalized, LifecycleWrite,
+    MemoryRow, NewChunk, NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate,
+    RecoveryReport, SessionDetail, SessionFilter, SessionRow, SessionStore, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -150,6 +150,32 @@ impl SessionStore for NullStore {
             self.all_finalized.notify_one();
         }
         Ok(Finalized::Won(FinalizeReport::default()))
+    }
+
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        let mut results = Vec::with_capacity(batch.len());
+        for write in batch {
+            results.push(match write {
+                LifecycleWrite::Register(new) => {
+                    self.create_session(new).await.map(Applied::Registered)
+                }
+                LifecycleWrite::EndTurn {
+                    session,
+                    no,
+                    outcome,
+                    error,
+                    at,
+                } => self
+                    .end_turn(session, no, outcome, error, at)
+                    .await
+                    .map(|()| Applied::Done),
+                LifecycleWrite::Finalize { session, plan } => {
+                    self.finalize(session, plan).await.map(Applied::Finalized)
+                }
+                _ => Ok(Applied::Done),
+            });
+        }
+        results
     }
 
     async fn recover(&self, _: RecoverOptions) -> Result<RecoveryReport, StoreError> {

@@ -14,8 +14,9 @@ use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::schema::{chunks, memories, sessions, turns};
-use crate::session::{current, record, Current};
+use crate::session::{current, Current};
 use crate::time::{sid, to_millis, turn_no};
+use crate::timeline::{record, Step};
 
 /// What [`finalize`](crate::SessionStore::finalize) does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,10 +196,12 @@ pub(crate) fn spend(
         record(
             db.reborrow(),
             raw,
-            ending.at,
-            Some(from),
-            State::Finalized,
-            ending.cause,
+            Step {
+                at: ending.at,
+                from: Some(from),
+                to: State::Finalized,
+                cause: ending.cause,
+            },
         )?;
         let interrupted = closed.into_iter().max().map(turn_no).transpose()?;
         return Ok(Some(Spent { interrupted }));
@@ -234,9 +237,25 @@ pub(crate) fn finalize(
             interrupted_turn: spent.interrupted,
             ..FinalizeReport::default()
         };
-        if plan.commit_memory {
-            // A savepoint: a failed memory commit is rolled back alone and the
-            // session is finalized all the same (SPEC §4: best-effort steps).
+        memory_step(Db::from(c), id, plan.commit_memory, at, &mut report)?;
+        Ok(Finalized::Won(report))
+    })
+}
+
+/// The plan's memory step, for a session whose latch this transaction just
+/// spent: commit memory from completed turns if asked, in a savepoint, so a
+/// failure is rolled back alone and the session is finalized all the same
+/// (SPEC §4: best-effort steps); a failed step is reported and recorded on
+/// the session.
+pub(crate) fn memory_step(
+    db: Db<'_>,
+    id: SessionId,
+    commit: bool,
+    at: i64,
+    report: &mut FinalizeReport,
+) -> Result<(), StoreError> {
+    on_db!(db, |c| {
+        if commit {
             match c.transaction(|c| commit_memory(Db::from(c), id, at)) {
                 Ok(n) => report.memories = n,
                 Err(error) => {
@@ -260,7 +279,7 @@ pub(crate) fn finalize(
                 .execute(c)
                 .context("recording failed finalize steps")?;
         }
-        Ok(Finalized::Won(report))
+        Ok(())
     })
 }
 

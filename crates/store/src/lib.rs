@@ -7,7 +7,8 @@
 //!
 //! - **G2 finalize exactly once**: [`SessionStore::finalize`] is a conditional
 //!   UPDATE (compare-and-set on the state and a version), so exactly one
-//!   caller wins across connections and processes.
+//!   caller wins across connections and processes; so is each finalize of a
+//!   batch.
 //! - **G3 sweepers spare live turns**: [`SessionStore::claim`] re-evaluates
 //!   the reclaim predicate in the same statement that marks the session closing.
 //! - **G7 nothing acknowledged is lost**: a chunk's [`ChunkReceipt`] resolves
@@ -24,6 +25,14 @@
 //! Diesel is synchronous, so it never runs on an async worker: every write
 //! goes through one writer thread per [`Store`] (which group-commits chunk
 //! appends), every read through a connection pool on `spawn_blocking`.
+//!
+//! Lifecycle writes are group-committed too: [`SessionStore::apply`] takes a
+//! batch of [`LifecycleWrite`]s (registrations, transitions, turn starts and
+//! ends, finalizes) and applies it in one transaction with multi-row
+//! statements, answering each write on its own. The timeline keeps the
+//! transitions one session gets from one write or batch in one row (a
+//! segment), so a teardown writes three rows per session: its own, its
+//! turn's, and one timeline segment.
 //!
 //! [`MemoryStore`] keeps the same rules in memory and answers at once, for
 //! tests under tokio's paused clock and for benchmarks that stub the store out.
@@ -74,6 +83,7 @@
 #[macro_use]
 mod conn;
 
+mod batch;
 mod checkpoint;
 mod chunk;
 mod claim;
@@ -87,14 +97,18 @@ mod options;
 mod pool;
 mod read;
 mod recover;
+mod rows;
+mod rules;
 mod schema;
 mod session;
 mod session_store;
 mod store;
 mod sys;
 mod time;
+mod timeline;
 mod writer;
 
+pub use batch::{Applied, LifecycleWrite};
 pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
 pub use claim::{Claim, Ineligible};
 pub use error::{DbError, OpenError, StoreError};
@@ -109,4 +123,6 @@ pub use session::NewSession;
 pub use session_store::SessionStore;
 pub use store::Store;
 
-pub use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind};
+pub use settle_core::{
+    Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind,
+};

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
 
+use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkAck, ChunkReceipt, NewChunk};
 use crate::claim::{Claim, Ineligible};
 use crate::error::StoreError;
@@ -28,6 +29,7 @@ use crate::lease::{OwnerId, OwnerInfo, OwnerRow};
 use crate::list::{ListOrder, SessionFilter};
 use crate::read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
 use crate::recover::{OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
+use crate::rules::{allowed, turn_refusal, Live, TurnSeen};
 use crate::session::NewSession;
 use crate::session_store::SessionStore;
 use crate::time::{duration_millis, from_millis, to_millis};
@@ -102,13 +104,8 @@ struct Row {
     name: String,
     parent: Option<SessionId>,
     owner: u64,
-    state: State,
-    outcome: Option<Outcome>,
-    end_reason: Option<EndReason>,
-    open_turn: Option<u32>,
-    closing: Option<EndReason>,
+    live: Live,
     created_at: i64,
-    finalized_at: Option<i64>,
     resumed_from: Option<SessionId>,
     turns: BTreeMap<u32, TurnRec>,
     timeline: Vec<TimelineRow>,
@@ -157,40 +154,24 @@ impl Row {
             id: SessionId(id),
             name: self.name.clone(),
             parent: self.parent,
-            state: self.state,
-            outcome: self.outcome,
-            end_reason: self.end_reason,
+            state: self.live.state,
+            outcome: self.live.outcome,
+            end_reason: self.live.end_reason,
             turns: self.turns.len() as u64,
             chunks: self.chunk_count(),
             created_at: from_millis(self.created_at),
-            finalized_at: self.finalized_at.map(from_millis),
+            finalized_at: self.live.finalized_at.map(from_millis),
             resumed_from: self.resumed_from,
         }
     }
 
-    /// Why a write to turn `no` is refused, as [`Store`](crate::Store) says it.
-    fn turn_refusal(&self, id: SessionId, no: u32) -> StoreError {
-        if self.state == State::Finalized {
-            return StoreError::SessionClosed(id);
-        }
+    fn seen(&self, no: u32) -> TurnSeen {
         match self.turns.get(&no) {
-            None => StoreError::UnknownTurn {
-                session: id,
-                turn: no,
-            },
-            Some(_) => StoreError::TurnClosed {
-                session: id,
-                turn: no,
-            },
+            None => TurnSeen::Missing,
+            Some(t) if t.ended_at.is_none() => TurnSeen::Open,
+            Some(_) => TurnSeen::Ended,
         }
     }
-}
-
-/// Forward only, except `running → registered` when a turn ends; finalizing
-/// goes through the latch.
-fn allowed(from: State, to: State) -> bool {
-    to != State::Finalized
-        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
 }
 
 impl MemoryStore {
@@ -260,10 +241,10 @@ impl Tables {
         }
         if let Some(parent) = new.parent {
             let row = self.row(parent)?;
-            if !row.state.is_open() {
+            if !row.live.state.is_open() {
                 return Err(StoreError::ParentClosed {
                     parent,
-                    state: row.state,
+                    state: row.live.state,
                 });
             }
         }
@@ -277,13 +258,8 @@ impl Tables {
             name: new.name,
             parent: new.parent,
             owner: new.owner.0,
-            state: State::Registered,
-            outcome: None,
-            end_reason: None,
-            open_turn: None,
-            closing: None,
+            live: Live::registered(),
             created_at: at,
-            finalized_at: None,
             resumed_from: new.resumed_from,
             turns: BTreeMap::new(),
             timeline: Vec::new(),
@@ -303,6 +279,7 @@ impl Tables {
         at: SystemTime,
     ) -> Result<(), StoreError> {
         if !allowed(from, to) {
+            // Refused before the session is looked up, as the database does.
             return Err(StoreError::InvalidTransition {
                 session: id,
                 from,
@@ -310,18 +287,7 @@ impl Tables {
             });
         }
         let row = self.row(id)?;
-        if row.state != from {
-            return Err(if row.state == State::Finalized {
-                StoreError::SessionClosed(id)
-            } else {
-                StoreError::StateMismatch {
-                    session: id,
-                    expected: from,
-                    found: row.state,
-                }
-            });
-        }
-        row.state = to;
+        row.live.transition(id, from, to)?;
         row.record(to_millis(at), Some(from), to, cause);
         Ok(())
     }
@@ -334,31 +300,8 @@ impl Tables {
         at: SystemTime,
     ) -> Result<(), StoreError> {
         let row = self.row(id)?;
-        if row.state == State::Finalized {
-            return Err(StoreError::SessionClosed(id));
-        }
-        if let Some(reason) = row.closing {
-            return Err(StoreError::SessionClosing {
-                session: id,
-                reason,
-            });
-        }
-        if let Some(open) = row.open_turn {
-            return Err(StoreError::TurnInFlight { session: id, open });
-        }
-        if !matches!(row.state, State::Registered | State::Running) {
-            return Err(StoreError::NotAcceptingTurns {
-                session: id,
-                state: row.state,
-            });
-        }
-        if row.turns.contains_key(&no) {
-            return Err(StoreError::TurnExists {
-                session: id,
-                turn: no,
-            });
-        }
-        row.open_turn = Some(no);
+        let seen = row.seen(no);
+        row.live.start_turn(id, no, seen)?;
         row.turns.insert(
             no,
             TurnRec {
@@ -380,8 +323,9 @@ impl Tables {
         chunk: NewChunk,
     ) -> Result<ChunkAck, StoreError> {
         let row = self.row(id)?;
-        if row.state != State::Finalized {
-            if let Some(t) = row.turns.get_mut(&turn).filter(|t| t.ended_at.is_none()) {
+        let seen = row.seen(turn);
+        match row.turns.get_mut(&turn) {
+            Some(t) if seen == TurnSeen::Open && row.live.state != State::Finalized => {
                 let seq = u32::try_from(t.chunks.len()).map_err(|_| StoreError::OutOfRange {
                     what: "chunk sequence number",
                     value: t.chunks.len() as u64,
@@ -392,14 +336,14 @@ impl Tables {
                     text: chunk.text,
                     data: chunk.data,
                 });
-                return Ok(ChunkAck {
+                Ok(ChunkAck {
                     session: id,
                     turn,
                     seq,
-                });
+                })
             }
+            _ => Err(turn_refusal(&row.live, id, turn, seen)),
         }
-        Err(row.turn_refusal(id, turn))
     }
 
     fn end_turn(
@@ -411,39 +355,34 @@ impl Tables {
         at: SystemTime,
     ) -> Result<(), StoreError> {
         let row = self.row(id)?;
-        match row.turns.get_mut(&no).filter(|t| t.ended_at.is_none()) {
-            Some(turn) => {
-                turn.ended_at = Some(to_millis(at));
-                turn.outcome = Some(outcome);
-                turn.error = error;
-            }
-            None => return Err(row.turn_refusal(id, no)),
-        }
-        if row.open_turn == Some(no) {
-            row.open_turn = None;
-            row.outcome = Some(outcome);
+        let seen = row.seen(no);
+        row.live.end_turn(id, no, outcome, seen)?;
+        if let Some(turn) = row.turns.get_mut(&no) {
+            turn.ended_at = Some(to_millis(at));
+            turn.outcome = Some(outcome);
+            turn.error = error;
         }
         Ok(())
     }
 
     fn claim(&mut self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
         let row = self.row(id)?;
-        let open_turn = row.open_turn.or_else(|| {
+        let open_turn = row.live.open_turn.or_else(|| {
             row.turns
                 .iter()
                 .find(|(_, t)| t.ended_at.is_none())
                 .map(|(no, _)| *no)
         });
-        let why = if row.state == State::Finalized {
+        let why = if row.live.state == State::Finalized {
             Ineligible::Finalized
-        } else if let Some(r) = row.closing {
+        } else if let Some(r) = row.live.closing {
             Ineligible::Closing(r)
         } else if let Some(t) = open_turn {
             Ineligible::TurnInFlight(t)
-        } else if row.state != State::Registered {
-            Ineligible::State(row.state)
+        } else if row.live.state != State::Registered {
+            Ineligible::State(row.live.state)
         } else {
-            row.closing = Some(reason);
+            row.live.closing = Some(reason);
             return Ok(Claim::Claimed);
         };
         Ok(Claim::NotEligible(why))
@@ -461,31 +400,21 @@ impl Tables {
         cause: &str,
     ) -> Result<Option<Option<u32>>, StoreError> {
         let row = self.row(id)?;
-        if row.state == State::Finalized || owner.is_some_and(|o| o != row.owner) {
+        if owner.is_some_and(|o| o != row.owner) {
             return Ok(None);
         }
-        let from = row.state;
-        let outcome = outcome.or(if row.open_turn.is_some() {
-            Some(Outcome::Interrupted)
-        } else {
-            row.outcome
-        });
-        row.state = State::Finalized;
-        row.end_reason = Some(reason);
-        row.finalized_at = Some(at);
-        row.outcome = outcome;
-        row.open_turn = None;
+        let Some(spent) = row.live.spend(reason, outcome, at) else {
+            return Ok(None);
+        };
         // Close whatever turn is still open, so its work can write no more.
-        let mut interrupted = None;
-        for (no, turn) in row.turns.iter_mut() {
+        for turn in row.turns.values_mut() {
             if turn.ended_at.is_none() {
                 turn.ended_at = Some(at);
                 turn.outcome = Some(Outcome::Interrupted);
-                interrupted = Some(*no);
             }
         }
-        row.record(at, Some(from), State::Finalized, cause);
-        Ok(Some(interrupted))
+        row.record(at, Some(spent.from), State::Finalized, cause);
+        Ok(Some(spent.interrupted))
     }
 
     fn finalize(&mut self, id: SessionId, plan: &Finalize) -> Result<Finalized, StoreError> {
@@ -518,6 +447,41 @@ impl Tables {
         Ok(Finalized::Won(report))
     }
 
+    fn apply(&mut self, write: LifecycleWrite) -> Result<Applied, StoreError> {
+        match write {
+            LifecycleWrite::Register(new) => self.create_session(new).map(Applied::Registered),
+            LifecycleWrite::Transition {
+                session,
+                from,
+                to,
+                cause,
+                at,
+            } => self
+                .transition(session, from, to, &cause.to_string(), at)
+                .map(|()| Applied::Done),
+            LifecycleWrite::StartTurn {
+                session,
+                no,
+                input,
+                at,
+            } => self
+                .start_turn(session, no, input, at)
+                .map(|()| Applied::Done),
+            LifecycleWrite::EndTurn {
+                session,
+                no,
+                outcome,
+                error,
+                at,
+            } => self
+                .end_turn(session, no, outcome, error, at)
+                .map(|()| Applied::Done),
+            LifecycleWrite::Finalize { session, plan } => {
+                self.finalize(session, &plan).map(Applied::Finalized)
+            }
+        }
+    }
+
     fn recovery_candidates(&self, options: &RecoverOptions) -> Vec<RecoveryCandidate> {
         let now = to_millis(options.now);
         let mut verdicts: HashMap<u64, Option<OwnerGone>> = HashMap::new();
@@ -525,7 +489,7 @@ impl Tables {
         // Newest first: children are created after their parents, so they are
         // finalized before them (G1).
         for (id, row) in self.sessions.iter().rev() {
-            if row.state == State::Finalized {
+            if row.live.state == State::Finalized {
                 continue;
             }
             let Some(owner) = self.owners.get(&row.owner) else {
@@ -546,8 +510,8 @@ impl Tables {
             found.push(RecoveryCandidate {
                 session: SessionId(*id),
                 name: row.name.clone(),
-                state: row.state,
-                open_turn: row.open_turn,
+                state: row.live.state,
+                open_turn: row.live.open_turn,
                 owner: owner.to_row(row.owner),
                 reason,
             });
@@ -593,7 +557,8 @@ impl Tables {
     }
 
     fn list_sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
-        let admitted = |(_, r): &(&u64, &Row)| filter.admits(r.state, from_millis(r.created_at));
+        let admitted =
+            |(_, r): &(&u64, &Row)| filter.admits(r.live.state, from_millis(r.created_at));
         let limit = filter.limit.unwrap_or(usize::MAX);
         let rows = |it: &mut dyn Iterator<Item = (&u64, &Row)>| {
             it.filter(admitted)
@@ -611,7 +576,7 @@ impl Tables {
         self.sessions
             .iter()
             .rev()
-            .find(|(_, r)| state.is_none_or(|s| r.state == s))
+            .find(|(_, r)| state.is_none_or(|s| r.live.state == s))
             .map(|(id, _)| SessionId(*id))
     }
 
@@ -689,6 +654,12 @@ impl SessionStore for MemoryStore {
 
     async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
         self.lock().finalize(id, &plan)
+    }
+
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        // One lock for the whole batch, as one transaction in the database.
+        let mut tables = self.lock();
+        batch.into_iter().map(|write| tables.apply(write)).collect()
     }
 
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {

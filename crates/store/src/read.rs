@@ -189,7 +189,6 @@ type TurnColumns = (
     Option<String>,
 );
 type ChunkColumns = (i64, i64, String, String, Option<String>);
-type TimelineColumns = (i64, Option<String>, String, String);
 
 /// One session with its turns, transcript and timeline.
 pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
@@ -230,15 +229,10 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
             ))
             .load(c)
             .context("reading the transcript")?;
-        let timeline_rows: Vec<TimelineColumns> = timeline::table
+        let timeline_rows: Vec<String> = timeline::table
             .filter(timeline::session.eq(raw))
             .order(timeline::id.asc())
-            .select((
-                timeline::at,
-                timeline::from_state,
-                timeline::to_state,
-                timeline::cause,
-            ))
+            .select(timeline::steps)
             .load(c)
             .context("reading the timeline")?;
         Ok::<_, StoreError>((row, errors, turn_rows, chunk_rows, timeline_rows))
@@ -270,17 +264,10 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
             },
         )
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let timeline = timeline_rows
-        .into_iter()
-        .map(|(at, from, to, cause)| {
-            Ok(TimelineRow {
-                at: from_millis(at),
-                from: opt_word("timeline.from_state", from.as_deref())?,
-                to: word("timeline.to_state", &to)?,
-                cause,
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
+    let mut timeline = Vec::with_capacity(timeline_rows.len());
+    for segment in &timeline_rows {
+        crate::timeline::decode(segment, &mut timeline)?;
+    }
     Ok(SessionDetail {
         session: session_row(row, turns.len() as u64, chunk_count)?,
         turns,

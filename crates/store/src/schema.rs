@@ -5,7 +5,7 @@
 
 /// The schema version this build writes. A database that records a higher one
 /// was written by a newer settle and is refused on open.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// The `settle_meta` key that holds [`SCHEMA_VERSION`].
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -73,13 +73,11 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// Segments of a session's timeline (see `timeline.rs`).
     timeline (id) {
         id -> BigInt,
         session -> BigInt,
-        at -> BigInt,
-        from_state -> Nullable<Text>,
-        to_state -> Text,
-        cause -> Text,
+        steps -> Text,
     }
 }
 

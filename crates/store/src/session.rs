@@ -5,6 +5,7 @@
 
 use std::time::SystemTime;
 
+use diesel::dsl::exists;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use serde_json::Value;
@@ -13,8 +14,10 @@ use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::lease::OwnerId;
-use crate::schema::{sessions, timeline, turns};
+use crate::rules::allowed;
+use crate::schema::{sessions, turns};
 use crate::time::{json_text, opt_word, session_id, sid, to_millis, word};
+use crate::timeline::{record, Step};
 
 /// What [`create_session`](crate::SessionStore::create_session) inserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,28 +117,6 @@ pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError
     .transpose()
 }
 
-/// Append a timeline row.
-pub(crate) fn record(
-    db: Db<'_>,
-    session: i64,
-    at: i64,
-    from: Option<State>,
-    to: State,
-    cause: &str,
-) -> Result<(), StoreError> {
-    on_db!(db, |c| diesel::insert_into(timeline::table)
-        .values((
-            timeline::session.eq(session),
-            timeline::at.eq(at),
-            timeline::from_state.eq(from.map(State::as_str)),
-            timeline::to_state.eq(to.as_str()),
-            timeline::cause.eq(cause),
-        ))
-        .execute(c))
-    .context("recording a timeline row")?;
-    Ok(())
-}
-
 /// Insert a session (and its first timeline row) and return its id.
 pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, StoreError> {
     let parent = new.parent.map(sid).transpose()?;
@@ -211,20 +192,15 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
         record(
             Db::from(&mut *c),
             id,
-            at,
-            None,
-            State::Registered,
-            "registered",
+            Step {
+                at,
+                from: None,
+                to: State::Registered,
+                cause: "registered",
+            },
         )?;
         Ok(session_id(id))
     })
-}
-
-/// Whether `from → to` is a move the lifecycle allows outside finalize:
-/// forward only, except `running → registered` when a turn ends.
-fn allowed(from: State, to: State) -> bool {
-    to != State::Finalized
-        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
 }
 
 /// Move session `id` from `from` to `to`, only if it is in `from` now.
@@ -268,7 +244,16 @@ pub(crate) fn transition(
                 },
             });
         }
-        record(Db::from(&mut *c), raw, at, Some(from), to, cause)
+        record(
+            Db::from(&mut *c),
+            raw,
+            Step {
+                at,
+                from: Some(from),
+                to,
+                cause,
+            },
+        )
     })
 }
 
@@ -358,7 +343,12 @@ pub(crate) fn end_turn(
             turns::table
                 .filter(turns::session.eq(raw))
                 .filter(turns::no.eq(i64::from(no)))
-                .filter(turns::ended_at.is_null()),
+                .filter(turns::ended_at.is_null())
+                .filter(exists(
+                    sessions::table
+                        .filter(sessions::id.eq(raw))
+                        .filter(sessions::state.ne(State::Finalized.as_str())),
+                )),
         )
         .set((
             turns::ended_at.eq(Some(at)),

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
+use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::claim::Claim;
 use crate::error::StoreError;
@@ -89,6 +90,18 @@ pub trait SessionStore: Send + Sync {
     /// Spend the finalize latch of `id` (G2): exactly one caller, across
     /// connections and processes, gets [`Finalized::Won`].
     async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError>;
+
+    /// Apply a batch of lifecycle writes in one transaction, in order, and
+    /// answer each: the group commit of registrations, transitions, turn
+    /// starts and ends and finalizes (SPEC §9). A write the lifecycle refuses
+    /// gets its refusal and the writes after it see the session as that left
+    /// it; it does not fail the others. Each finalize is still a
+    /// compare-and-set on its own row, so it spends the latch once across
+    /// processes (G2), and commits memory in that transaction from completed
+    /// turns only (G7). When the transaction itself fails, nothing of the
+    /// batch is written and every write gets that error. The answers come
+    /// after the commit; the result has one entry per write, in order.
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>>;
 
     /// Finalize the sessions left live by crashed processes (G8).
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError>;

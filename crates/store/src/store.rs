@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
+use crate::batch::{Applied, LifecycleWrite};
 use crate::checkpoint::Checkpointer;
 use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::claim::Claim;
@@ -201,6 +202,14 @@ impl SessionStore for Store {
     async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
         self.write(move |db| crate::latch::finalize(db, id, &plan))
             .await
+    }
+
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        let n = batch.len();
+        match self.write(move |db| crate::batch::apply(db, &batch)).await {
+            Ok(results) => results,
+            Err(e) => vec![Err(e); n],
+        }
     }
 
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {

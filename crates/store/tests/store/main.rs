@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod batch;
 mod finalize;
 mod lifecycle;
 mod open;
@@ -68,6 +69,10 @@ on_backends! {
         transcripts::g7_whole_transcripts_keep_input_chunks_and_errors,
         transcripts::g7_a_turn_without_reply_text_commits_no_memory,
         transcripts::resumed_sessions_name_the_session_they_continue,
+        batch::g2_a_finalize_that_loses_its_race_does_not_fail_the_batch,
+        batch::batch_writes_follow_the_single_call_rules,
+        batch::g7_a_batch_commits_memory_from_turns_it_completed,
+        batch::batch_registrations_answer_ids_and_refuse_alone,
     ],
     // What only a database does: keep a schema, survive a crash, be shared by
     // processes, run a trigger.
@@ -78,6 +83,7 @@ on_backends! {
         finalize::a_failed_finalize_step_is_reported_and_recorded,
         recovery::g7_acknowledged_chunks_survive_kill_9,
         recovery::g2_g8_two_processes_race_finalize_and_recover,
+        batch::a_failed_batch_writes_nothing,
     ],
 }
 

@@ -367,7 +367,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     let store = Store::open(&db.url).expect("the old database opens and upgrades");
     assert_eq!(
         db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
-        2
+        3
     );
     let (root, kid) = (SessionId(1), SessionId(2));
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
@@ -408,6 +408,16 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
             causes,
             ["registered", "agent finished", "finalize: completed"]
         );
+        let last = &old.timeline[2];
+        assert_eq!(
+            (last.at, last.from, last.to),
+            (
+                at(1_700_000_005_000),
+                Some(State::Settled),
+                State::Finalized
+            )
+        );
+        assert_eq!(old.timeline[0].from, None);
         assert_eq!(
             store.memories(root).await.unwrap()[0].content,
             "hello world"
