@@ -104,6 +104,7 @@ mod session;
 mod session_store;
 mod store;
 mod sys;
+mod thread;
 mod time;
 mod timeline;
 mod writer;

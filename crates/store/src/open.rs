@@ -279,6 +279,7 @@ fn establish_sqlite(
 
 fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError> {
     let shown = redact(url);
+    let url = &options.bounded_pg_url(url);
     let mut conn = PgConnection::establish(url).map_err(|e| pg_refusal(&shown, e))?;
     check_schema(Db::Pg(&mut conn), false).map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {

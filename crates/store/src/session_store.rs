@@ -22,6 +22,18 @@ use crate::session::NewSession;
 ///
 /// Writes take effect in the order they are called (for one store value and
 /// its clones); each resolves once committed.
+///
+/// # Bounds
+///
+/// A call waits for its database. [`Store`](crate::Store) bounds what it can
+/// — SQLite's busy timeout; PostgreSQL's connect timeout, statement timeout
+/// and TCP keepalive (see [`StoreOptions`](crate::StoreOptions)) — but a
+/// database that stops answering without dropping its connections (a server
+/// process stopped with SIGSTOP, whose kernel still acknowledges TCP) holds a
+/// call until it answers again. **Callers that must stay responsive bound
+/// their awaits** (`tokio::time::timeout`), as the runtime does for every
+/// call; a write given up on may still be applied later, so its session is
+/// left to recovery. Dropping a `Store` waits at most its close timeout.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
     /// Register an owning process; its lease runs `ttl` from now.

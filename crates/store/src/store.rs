@@ -73,8 +73,9 @@ impl Store {
             opened.writer,
             options.batch_size(),
             options.flush_interval(),
+            options.close_timeout(),
             match &target {
-                Target::Postgres(url) => Some(url.clone()),
+                Target::Postgres(url) => Some(options.bounded_pg_url(url)),
                 Target::Sqlite(_) => None,
             },
         )
@@ -85,7 +86,7 @@ impl Store {
         })?;
         let checkpointer = opened
             .checkpoint
-            .map(|path| Checkpointer::spawn(&path, options.busy_timeout()))
+            .map(|path| Checkpointer::spawn(&path, options.busy_timeout(), options.close_timeout()))
             .transpose()
             .map_err(|e| OpenError::Database {
                 location: location.clone(),

@@ -11,6 +11,7 @@
 mod common;
 
 mod batch;
+mod bounds;
 mod finalize;
 mod lifecycle;
 mod open;
