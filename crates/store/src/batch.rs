@@ -41,6 +41,7 @@ use settle_core::{Cause, Outcome, SessionId, State, TurnError};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
 use crate::latch::{memory_step, Finalize, FinalizeReport, Finalized};
+use crate::lease::{fence, store_now, OwnerId};
 use crate::rows::{bind, Params, Rows};
 use crate::rules::{allowed, Live, TurnSeen};
 use crate::schema::{owners, sessions, turns};
@@ -50,7 +51,6 @@ use crate::timeline::Step;
 
 /// Maps keyed by database ids: foldhash, not SipHash, on this hot path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// One write of a lifecycle batch
 /// ([`SessionStore::apply`](crate::SessionStore::apply)). Each means what the
@@ -134,6 +134,7 @@ struct Sim {
     /// The version that was read: the compare-and-set of the write back.
     version: i64,
     tree: i64,
+    owner: i64,
     changed: bool,
 }
 
@@ -251,8 +252,9 @@ pub(crate) fn apply(
     }
     write_tx!(db, |c| {
         let mut db = Db::from(&mut *c);
+        let now = store_now(db.reborrow())?;
         let mut sessions = read_sessions(db.reborrow(), batch)?;
-        let owners = read_owners(db.reborrow(), batch)?;
+        let owners = read_owners(db.reborrow(), batch, &sessions, now)?;
         let mut turns = read_turns(db.reborrow(), batch, &sessions)?;
         let mut decided = decide(batch, &mut sessions, &owners, &mut turns)?;
         write_back(db.reborrow(), &sessions, &mut decided)?;
@@ -282,6 +284,7 @@ type SessionCols = (
     Option<i64>,
     Option<String>,
     Option<i64>,
+    i64,
     i64,
 );
 
@@ -323,6 +326,7 @@ fn read_sessions(
                     sessions::closing_reason,
                     sessions::finalized_at,
                     sessions::tree,
+                    sessions::owner,
                 );
                 let q = sessions::table
                     .filter($filter)
@@ -342,8 +346,18 @@ fn read_sessions(
             Ids::List(list) => load!(sessions::id.eq_any(list)),
         }
         .context("reading the sessions of a batch")?;
-        for (id, state, version, outcome, end_reason, open_turn, closing, finalized_at, tree) in
-            rows
+        for (
+            id,
+            state,
+            version,
+            outcome,
+            end_reason,
+            open_turn,
+            closing,
+            finalized_at,
+            tree,
+            owner,
+        ) in rows
         {
             // A range may hold sessions the batch does not name.
             if !wanted(&ids, id) {
@@ -364,6 +378,7 @@ fn read_sessions(
                     live,
                     version,
                     tree,
+                    owner,
                     changed: false,
                 },
             );
@@ -419,24 +434,34 @@ fn wanted(sorted: &[i64], id: i64) -> bool {
     sorted.binary_search(&id).is_ok()
 }
 
-/// The owners named by the batch's registrations that exist.
-fn read_owners(db: Db<'_>, batch: &[LifecycleWrite]) -> Result<HashSet<i64>, StoreError> {
-    let mut ids = BTreeSet::new();
+/// Whether each owner the batch writes for (the owners of its sessions and
+/// of its registrations) holds its lease at `now`; an owner missing from the
+/// answer does not exist.
+fn read_owners(
+    db: Db<'_>,
+    batch: &[LifecycleWrite],
+    sessions: &HashMap<i64, Sim>,
+    now: i64,
+) -> Result<HashMap<i64, bool>, StoreError> {
+    let mut ids: BTreeSet<i64> = sessions.values().map(|s| s.owner).collect();
     for write in batch {
         if let LifecycleWrite::Register(new) = write {
             ids.extend(new.owner.raw().ok());
         }
     }
     if ids.is_empty() {
-        return Ok(HashSet::default());
+        return Ok(HashMap::default());
     }
     let ids: Vec<i64> = ids.into_iter().collect();
-    let found: Vec<i64> = on_db!(db, |c| owners::table
+    let found: Vec<(i64, i64)> = on_db!(db, |c| owners::table
         .filter(owners::id.eq_any(&ids))
-        .select(owners::id)
+        .select((owners::id, owners::lease_expires_at))
         .load(c))
     .context("reading the owners of a batch")?;
-    Ok(found.into_iter().collect())
+    Ok(found
+        .into_iter()
+        .map(|(id, expires)| (id, fence(id, expires, now).is_ok()))
+        .collect())
 }
 
 /// The turns the batch's turn writes name, open or ended, but for the turn
@@ -491,7 +516,7 @@ fn read_turns(
 fn decide<'b>(
     batch: &'b [LifecycleWrite],
     sessions: &mut HashMap<i64, Sim>,
-    owners: &HashSet<i64>,
+    owners: &HashMap<i64, bool>,
     turns: &mut HashMap<(i64, u32), TurnSeen>,
 ) -> Result<Decided<'b>, StoreError> {
     let mut d = Decided {
@@ -509,7 +534,7 @@ fn decide<'b>(
                 at,
             } => {
                 Some(if allowed(*from, *to) {
-                    lookup(sessions, *session).and_then(|(raw, sim)| {
+                    lookup(sessions, owners, *session).and_then(|(raw, sim)| {
                         sim.live.transition(*session, *from, *to)?;
                         sim.changed = true;
                         let start = d.causes.len();
@@ -537,7 +562,7 @@ fn decide<'b>(
                 no,
                 input,
                 at,
-            } => Some(lookup(sessions, *session).and_then(|(raw, sim)| {
+            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
                 let seen = seen(turns, sim, raw, *no);
                 sim.live.start_turn(*session, *no, seen)?;
                 sim.changed = true;
@@ -556,7 +581,7 @@ fn decide<'b>(
                 outcome,
                 error,
                 at,
-            } => Some(lookup(sessions, *session).and_then(|(raw, sim)| {
+            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
                 let seen = seen(turns, sim, raw, *no);
                 sim.live.end_turn(*session, *no, *outcome, seen)?;
                 sim.changed = true;
@@ -573,7 +598,7 @@ fn decide<'b>(
             })),
             LifecycleWrite::Finalize { session, plan } => {
                 let at = to_millis(plan.at);
-                Some(lookup(sessions, *session).map(|(raw, sim)| {
+                Some(lookup(sessions, owners, *session).map(|(raw, sim)| {
                     let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
                         return Applied::Finalized(Finalized::AlreadyFinalized);
                     };
@@ -623,13 +648,21 @@ fn seen(turns: &HashMap<(i64, u32), TurnSeen>, sim: &Sim, raw: i64, no: u32) -> 
     }
 }
 
-/// The session `id` as the batch sees it, with its database id.
-fn lookup(sessions: &mut HashMap<i64, Sim>, id: SessionId) -> Result<(i64, &mut Sim), StoreError> {
+/// The session `id` as the batch sees it, with its database id, for a write
+/// of its owner: refused with `LeaseLost` once the owner's lease expired.
+fn lookup<'s>(
+    sessions: &'s mut HashMap<i64, Sim>,
+    owners: &HashMap<i64, bool>,
+    id: SessionId,
+) -> Result<(i64, &'s mut Sim), StoreError> {
     let raw = sid(id)?;
-    sessions
+    let sim = sessions
         .get_mut(&raw)
-        .map(|sim| (raw, sim))
-        .ok_or(StoreError::UnknownSession(id))
+        .ok_or(StoreError::UnknownSession(id))?;
+    if owners.get(&sim.owner) != Some(&true) {
+        return Err(StoreError::LeaseLost(OwnerId(sim.owner.unsigned_abs())));
+    }
+    Ok((raw, sim))
 }
 
 /// Check a registration as `create_session` does (the resumed session, then
@@ -639,7 +672,7 @@ fn register<'b>(
     item: usize,
     new: &'b NewSession,
     sessions: &HashMap<i64, Sim>,
-    owners: &HashSet<i64>,
+    owners: &HashMap<i64, bool>,
 ) -> Option<Result<Applied, StoreError>> {
     let known = |id: SessionId| sid(id).ok().and_then(|raw| sessions.get(&raw));
     if let Some(previous) = new.resumed_from {
@@ -660,9 +693,10 @@ fn register<'b>(
         },
         None => None,
     };
-    match new.owner.raw() {
-        Ok(owner) if owners.contains(&owner) => {}
-        _ => return Some(Err(StoreError::UnknownOwner(new.owner))),
+    match new.owner.raw().ok().and_then(|owner| owners.get(&owner)) {
+        Some(true) => {}
+        Some(false) => return Some(Err(StoreError::LeaseLost(new.owner))),
+        None => return Some(Err(StoreError::UnknownOwner(new.owner))),
     }
     let n = d.registrations.len();
     d.registrations.push(Registration { item, new, tree });

@@ -6,7 +6,8 @@
 //!
 //! A batch is one transaction. Its chunks are grouped by turn; each group
 //! claims a range of sequence numbers with one conditional UPDATE of its turn
-//! row (the turn must still be open and its session not finalized), and the
+//! row (the turn must still be open, its session not finalized, and its
+//! owner's lease live), and the
 //! accepted chunks of all groups are inserted with one multi-row INSERT. A
 //! refused group is answered with the reason; the rest of the batch still
 //! commits. A chunk is acknowledged only after the commit.
@@ -23,8 +24,9 @@ use tokio::sync::oneshot;
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::schema::{chunks, sessions, turns};
-use crate::session::why_turn_refused;
+use crate::lease::store_now;
+use crate::schema::{chunks, owners, sessions, turns};
+use crate::session::{lease_live, why_turn_refused};
 use crate::time::{json_text, sid};
 
 /// One chunk of a turn's output, as [`append_chunk`](crate::SessionStore::append_chunk)
@@ -182,6 +184,7 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
         }
     }
     let committed = write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let mut answers: Vec<Option<Result<ChunkAck, StoreError>>> =
             (0..batch.len()).map(|_| None).collect();
         let mut rows: Vec<ChunkInsert<'_>> = Vec::with_capacity(batch.len());
@@ -196,7 +199,8 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
                     .filter(exists(
                         sessions::table
                             .filter(sessions::id.eq(raw))
-                            .filter(sessions::state.ne("finalized")),
+                            .filter(sessions::state.ne("finalized"))
+                            .filter(lease_live!(now)),
                     )),
             )
             .set(turns::next_seq.eq(turns::next_seq + n))
@@ -205,7 +209,7 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
             .optional()
             .context("reserving sequence numbers for chunks")?;
             let Some(end) = end else {
-                let why = why_turn_refused(Db::from(&mut *c), *session, *turn)?;
+                let why = why_turn_refused(Db::from(&mut *c), *session, *turn, now)?;
                 for &i in members {
                     answers[i] = Some(Err(why.clone()));
                 }

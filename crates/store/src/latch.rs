@@ -13,6 +13,7 @@ use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
+use crate::lease::store_now;
 use crate::schema::{chunks, memories, sessions, turns};
 use crate::session::{current, Current};
 use crate::time::{sid, to_millis, turn_no};
@@ -123,6 +124,9 @@ pub(crate) struct Ending<'a> {
     pub(crate) at: i64,
     /// Only spend the latch while the session still has this owner.
     pub(crate) owner: Option<i64>,
+    /// An owner's finalize: refused with `LeaseLost` once the owner's lease
+    /// expired by this reading of the store's clock. Recovery's is not.
+    pub(crate) fenced_at: Option<i64>,
     pub(crate) cause: &'a str,
 }
 
@@ -147,6 +151,9 @@ pub(crate) fn spend(
         let Some(cur) = current(db.reborrow(), raw)? else {
             return Err(StoreError::UnknownSession(id));
         };
+        if let Some(now) = ending.fenced_at {
+            cur.fence(now)?;
+        }
         if cur.state == State::Finalized || ending.owner.is_some_and(|o| o != cur.owner) {
             return Ok(None);
         }
@@ -222,14 +229,15 @@ pub(crate) fn finalize(
 ) -> Result<Finalized, StoreError> {
     let at = to_millis(plan.at);
     let cause = format!("finalize: {}", plan.reason);
-    let ending = Ending {
-        reason: plan.reason,
-        outcome: plan.outcome,
-        at,
-        owner: None,
-        cause: &cause,
-    };
     write_tx!(db, |c| {
+        let ending = Ending {
+            reason: plan.reason,
+            outcome: plan.outcome,
+            at,
+            owner: None,
+            fenced_at: Some(store_now(Db::from(&mut *c))?),
+            cause: &cause,
+        };
         let Some(spent) = spend(Db::from(&mut *c), id, &ending)? else {
             return Ok(Finalized::AlreadyFinalized);
         };

@@ -15,7 +15,12 @@
 //!   only after the transaction holding it committed; memory is committed only
 //!   from completed turns.
 //! - **G8 recovery**: [`SessionStore::recover`] finalizes, once, the sessions
-//!   of owners whose lease expired or whose process is gone.
+//!   of owners whose lease expired (by the store's clock, never the
+//!   recoverer's) or whose process is gone from the same machine and PID
+//!   namespace ([`HostIdentity`]; a host name alone never counts). An owner
+//!   whose lease expired writes nothing more: its renewal and every write of
+//!   its own fail with [`StoreError::LeaseLost`], checked in the write's
+//!   transaction.
 //! - **G10 closed handles fail loudly**: any write to a finalized session is
 //!   refused with [`StoreError::SessionClosed`]; a write to an ended turn with
 //!   [`StoreError::TurnClosed`].
@@ -114,7 +119,7 @@ pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
 pub use claim::{Claim, Ineligible};
 pub use error::{DbError, OpenError, StoreError};
 pub use latch::{Finalize, FinalizeReport, FinalizeStep, Finalized, StepFailure};
-pub use lease::{local_host_name, OwnerId, OwnerInfo, OwnerRow};
+pub use lease::{local_host_name, HostIdentity, OwnerId, OwnerInfo, OwnerRow};
 pub use list::{ListOrder, SessionFilter};
 pub use memory::MemoryStore;
 pub use options::StoreOptions;

@@ -25,10 +25,10 @@ use crate::chunk::{ChunkAck, ChunkReceipt, NewChunk};
 use crate::claim::{Claim, Ineligible};
 use crate::error::StoreError;
 use crate::latch::{Finalize, FinalizeReport, Finalized};
-use crate::lease::{OwnerId, OwnerInfo, OwnerRow};
+use crate::lease::{fence, OwnerId, OwnerInfo, OwnerRow};
 use crate::list::{ListOrder, SessionFilter};
 use crate::read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
-use crate::recover::{OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
+use crate::recover::{verdict, OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
 use crate::rules::{allowed, turn_refusal, Live, TurnSeen};
 use crate::session::NewSession;
 use crate::session_store::SessionStore;
@@ -93,6 +93,7 @@ impl Owner {
         OwnerRow {
             id: OwnerId(id),
             host: self.info.host.clone(),
+            identity: self.info.identity.clone(),
             pid: self.info.pid,
             started_at: from_millis(to_millis(self.info.started_at)),
             lease_expires_at: from_millis(self.lease_expires_at),
@@ -206,6 +207,23 @@ impl Tables {
             .ok_or(StoreError::UnknownSession(id))
     }
 
+    /// The row of session `id` for a write of its owner: refused with
+    /// `LeaseLost` once the owner's lease expired (by this machine's clock,
+    /// the store's clock here).
+    fn owned_row(&mut self, id: SessionId) -> Result<&mut Row, StoreError> {
+        let now = to_millis(SystemTime::now());
+        let row = self
+            .sessions
+            .get_mut(&id.get())
+            .ok_or(StoreError::UnknownSession(id))?;
+        let expires = self
+            .owners
+            .get(&row.owner)
+            .map_or(i64::MIN, |o| o.lease_expires_at);
+        fence(i64::try_from(row.owner).unwrap_or(i64::MAX), expires, now)?;
+        Ok(row)
+    }
+
     fn register_owner(&mut self, info: OwnerInfo, ttl: Duration) -> OwnerId {
         self.next_owner += 1;
         let id = self.next_owner;
@@ -248,8 +266,13 @@ impl Tables {
                 });
             }
         }
-        if !self.owners.contains_key(&new.owner.0) {
-            return Err(StoreError::UnknownOwner(new.owner));
+        match self.owners.get(&new.owner.0) {
+            None => return Err(StoreError::UnknownOwner(new.owner)),
+            Some(owner) => fence(
+                new.owner.raw()?,
+                owner.lease_expires_at,
+                to_millis(SystemTime::now()),
+            )?,
         }
         self.next_session += 1;
         let id = self.next_session;
@@ -286,7 +309,7 @@ impl Tables {
                 to,
             });
         }
-        let row = self.row(id)?;
+        let row = self.owned_row(id)?;
         row.live.transition(id, from, to)?;
         row.record(to_millis(at), Some(from), to, cause);
         Ok(())
@@ -299,7 +322,7 @@ impl Tables {
         input: Option<Value>,
         at: SystemTime,
     ) -> Result<(), StoreError> {
-        let row = self.row(id)?;
+        let row = self.owned_row(id)?;
         let seen = row.seen(no);
         row.live.start_turn(id, no, seen)?;
         row.turns.insert(
@@ -322,7 +345,7 @@ impl Tables {
         turn: u32,
         chunk: NewChunk,
     ) -> Result<ChunkAck, StoreError> {
-        let row = self.row(id)?;
+        let row = self.owned_row(id)?;
         let seen = row.seen(turn);
         match row.turns.get_mut(&turn) {
             Some(t) if seen == TurnSeen::Open && row.live.state != State::Finalized => {
@@ -354,7 +377,7 @@ impl Tables {
         error: Option<TurnError>,
         at: SystemTime,
     ) -> Result<(), StoreError> {
-        let row = self.row(id)?;
+        let row = self.owned_row(id)?;
         let seen = row.seen(no);
         row.live.end_turn(id, no, outcome, seen)?;
         if let Some(turn) = row.turns.get_mut(&no) {
@@ -366,7 +389,7 @@ impl Tables {
     }
 
     fn claim(&mut self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        let row = self.row(id)?;
+        let row = self.owned_row(id)?;
         let open_turn = row.live.open_turn.or_else(|| {
             row.turns
                 .iter()
@@ -399,7 +422,11 @@ impl Tables {
         owner: Option<u64>,
         cause: &str,
     ) -> Result<Option<Option<u32>>, StoreError> {
-        let row = self.row(id)?;
+        // The owner's own finalize is fenced by its lease; recovery's is not.
+        let row = match owner {
+            None => self.owned_row(id)?,
+            Some(_) => self.row(id)?,
+        };
         if owner.is_some_and(|o| o != row.owner) {
             return Ok(None);
         }
@@ -483,7 +510,8 @@ impl Tables {
     }
 
     fn recovery_candidates(&self, options: &RecoverOptions) -> Vec<RecoveryCandidate> {
-        let now = to_millis(options.now);
+        // The store's clock: this machine's.
+        let now = to_millis(SystemTime::now());
         let mut verdicts: HashMap<u64, Option<OwnerGone>> = HashMap::new();
         let mut found = Vec::new();
         // Newest first: children are created after their parents, so they are
@@ -495,17 +523,9 @@ impl Tables {
             let Some(owner) = self.owners.get(&row.owner) else {
                 continue;
             };
-            let verdict = *verdicts.entry(row.owner).or_insert_with(|| {
-                if owner.lease_expires_at <= now {
-                    Some(OwnerGone::LeaseExpired)
-                } else if owner.info.host == options.this_host
-                    && crate::sys::process_is_gone(i64::from(owner.info.pid)) == Some(true)
-                {
-                    Some(OwnerGone::ProcessGone)
-                } else {
-                    None
-                }
-            });
+            let verdict = *verdicts
+                .entry(row.owner)
+                .or_insert_with(|| verdict(&owner.to_row(row.owner), now, &options.here));
             let Some(reason) = verdict else { continue };
             found.push(RecoveryCandidate {
                 session: SessionId(*id),

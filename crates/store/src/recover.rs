@@ -19,24 +19,26 @@ use settle_core::{EndReason, SessionId, State};
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::latch::{spend, Ending};
-use crate::lease::{OwnerId, OwnerRow};
+use crate::lease::{store_now, HostIdentity, OwnerColumns, OwnerId, OwnerRow, OWNER_COLUMNS};
 use crate::schema::{owners, sessions};
 use crate::time::{session_id, to_millis, turn_no, word};
 
 /// Where and when recovery runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoverOptions {
-    /// This host's name: owners on it are checked for a live process.
-    pub this_host: String,
-    /// The time leases are compared with (and the sessions finalized at).
+    /// Where the recoverer runs: owners in the same place (same machine
+    /// identity and PID namespace) are checked for a live process.
+    pub here: HostIdentity,
+    /// The recoverer's time, recorded as the recovered sessions' finalize
+    /// time. Leases are judged by the store's clock, never by this.
     pub now: SystemTime,
 }
 
 impl RecoverOptions {
-    /// Recover as this host, now.
+    /// Recover from this process's place, now.
     pub fn now_on_this_host() -> Self {
         RecoverOptions {
-            this_host: crate::sys::host_name(),
+            here: HostIdentity::this_process(),
             now: SystemTime::now(),
         }
     }
@@ -47,7 +49,8 @@ impl RecoverOptions {
 pub enum OwnerGone {
     /// Its lease expired.
     LeaseExpired,
-    /// It ran on this host and its process no longer exists.
+    /// It ran in the recoverer's place (machine and PID namespace) and its
+    /// process no longer exists.
     ProcessGone,
 }
 
@@ -82,21 +85,15 @@ pub struct RecoveryCandidate {
     pub reason: OwnerGone,
 }
 
-type LiveColumns = (
-    i64,
-    String,
-    String,
-    Option<i64>,
-    (i64, String, i64, i64, i64),
-);
+type LiveColumns = (i64, String, String, Option<i64>, OwnerColumns);
 
 /// Every session left live by a gone owner, newest first (children before
 /// their parents), read in one snapshot. Writes nothing.
 pub(crate) fn candidates(
-    db: Db<'_>,
+    mut db: Db<'_>,
     opts: &RecoverOptions,
 ) -> Result<Vec<RecoveryCandidate>, StoreError> {
-    let now = to_millis(opts.now);
+    let now = store_now(db.reborrow())?;
     let live: Vec<LiveColumns> = read_tx!(db, |c| sessions::table
         .inner_join(owners::table)
         .filter(sessions::state.ne(State::Finalized.as_str()))
@@ -106,13 +103,7 @@ pub(crate) fn candidates(
             sessions::name,
             sessions::state,
             sessions::open_turn,
-            (
-                owners::id,
-                owners::host,
-                owners::pid,
-                owners::started_at,
-                owners::lease_expires_at,
-            ),
+            OWNER_COLUMNS,
         ))
         .load(c))
     .context("looking for sessions left live")?;
@@ -123,7 +114,7 @@ pub(crate) fn candidates(
         let owner = OwnerRow::from_columns(owner)?;
         let verdict = *verdicts
             .entry(owner.id.raw()?)
-            .or_insert_with(|| verdict(&owner, now, &opts.this_host));
+            .or_insert_with(|| verdict(&owner, now, &opts.here));
         let Some(reason) = verdict else { continue };
         found.push(RecoveryCandidate {
             session: session_id(id),
@@ -137,11 +128,14 @@ pub(crate) fn candidates(
     Ok(found)
 }
 
-/// Whether `owner` is gone at `now` (milliseconds), seen from `this_host`.
-fn verdict(owner: &OwnerRow, now: i64, this_host: &str) -> Option<OwnerGone> {
+/// Whether `owner` is gone at `now` (milliseconds, the store's clock), seen
+/// from `here`: its lease expired, or it shares processes with `here` (same
+/// machine identity and PID namespace, never a host name alone) and its
+/// process is gone.
+pub(crate) fn verdict(owner: &OwnerRow, now: i64, here: &HostIdentity) -> Option<OwnerGone> {
     if to_millis(owner.lease_expires_at) <= now {
         Some(OwnerGone::LeaseExpired)
-    } else if owner.host == this_host
+    } else if owner.identity.shares_processes_with(here)
         && crate::sys::process_is_gone(i64::from(owner.pid)) == Some(true)
     {
         Some(OwnerGone::ProcessGone)
@@ -183,6 +177,7 @@ pub(crate) fn recover(mut db: Db<'_>, opts: &RecoverOptions) -> Result<RecoveryR
             outcome: None,
             at: now,
             owner: Some(owner.id.raw()?),
+            fenced_at: None,
             cause: &cause,
         };
         let spent = write_tx!(db.reborrow(), |c| spend(Db::from(c), id, &ending))?;

@@ -5,7 +5,7 @@
 
 /// The schema version this build writes. A database that records a higher one
 /// was written by a newer settle and is refused on open.
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
 /// The `settle_meta` key that holds [`SCHEMA_VERSION`].
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -24,6 +24,8 @@ diesel::table! {
         pid -> BigInt,
         started_at -> BigInt,
         lease_expires_at -> BigInt,
+        machine -> Nullable<Text>,
+        pid_namespace -> Nullable<BigInt>,
     }
 }
 

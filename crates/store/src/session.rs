@@ -13,9 +13,9 @@ use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::lease::OwnerId;
+use crate::lease::{check_owner, fence, store_now, OwnerId};
 use crate::rules::allowed;
-use crate::schema::{sessions, turns};
+use crate::schema::{owners, sessions, turns};
 use crate::time::{json_text, opt_word, session_id, sid, to_millis, word};
 use crate::timeline::{record, Step};
 
@@ -78,6 +78,26 @@ pub(crate) struct Current {
     pub(crate) open_turn: Option<u32>,
     pub(crate) closing: Option<EndReason>,
     pub(crate) owner: i64,
+    /// When the owner's lease runs out.
+    pub(crate) lease_expires_at: i64,
+}
+
+impl Current {
+    /// Refuse an owner write once the owner's lease expired (at `now`, by
+    /// the store's clock).
+    pub(crate) fn fence(&self, now: i64) -> Result<(), StoreError> {
+        fence(self.owner, self.lease_expires_at, now)
+    }
+
+    /// Whether the owner's lease expired at `now`.
+    pub(crate) fn lease_expired(&self, now: i64) -> bool {
+        self.fence(now).is_err()
+    }
+
+    /// The owner.
+    pub(crate) fn owner_id(&self) -> OwnerId {
+        OwnerId(self.owner.unsigned_abs())
+    }
 }
 
 type CurrentColumns = (
@@ -87,12 +107,15 @@ type CurrentColumns = (
     Option<i64>,
     Option<String>,
     i64,
+    i64,
 );
 
-/// Read the mutable columns of session `id`, if it exists.
+/// Read the mutable columns of session `id` and its owner's lease, if it
+/// exists.
 pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError> {
     let row: Option<CurrentColumns> = on_db!(db, |c| sessions::table
-        .find(id)
+        .inner_join(owners::table)
+        .filter(sessions::id.eq(id))
         .select((
             sessions::state,
             sessions::version,
@@ -100,22 +123,39 @@ pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError
             sessions::open_turn,
             sessions::closing_reason,
             sessions::owner,
+            owners::lease_expires_at,
         ))
         .first(c)
         .optional())
     .context("reading a session")?;
-    row.map(|(state, version, outcome, open_turn, closing, owner)| {
-        Ok(Current {
-            state: word("sessions.state", &state)?,
-            version,
-            outcome: opt_word("sessions.outcome", outcome.as_deref())?,
-            open_turn: open_turn.map(crate::time::turn_no).transpose()?,
-            closing: opt_word("sessions.closing_reason", closing.as_deref())?,
-            owner,
-        })
-    })
+    row.map(
+        |(state, version, outcome, open_turn, closing, owner, lease_expires_at)| {
+            Ok(Current {
+                state: word("sessions.state", &state)?,
+                version,
+                outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+                open_turn: open_turn.map(crate::time::turn_no).transpose()?,
+                closing: opt_word("sessions.closing_reason", closing.as_deref())?,
+                owner,
+                lease_expires_at,
+            })
+        },
+    )
     .transpose()
 }
+
+/// Whether the owner of the session being written (`sessions::owner` of the
+/// row the statement is on) still holds its lease at `now`.
+macro_rules! lease_live {
+    ($now:expr) => {
+        exists(
+            owners::table
+                .filter(owners::id.eq(sessions::owner))
+                .filter(owners::lease_expires_at.gt($now)),
+        )
+    };
+}
+pub(crate) use lease_live;
 
 /// Insert a session (and its first timeline row) and return its id.
 pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, StoreError> {
@@ -124,6 +164,7 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
     let owner = new.owner.raw()?;
     let at = to_millis(new.created_at);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         if let (Some(raw), Some(previous)) = (resumed_from, new.resumed_from) {
             let found: i64 = sessions::table
                 .filter(sessions::id.eq(raw))
@@ -163,6 +204,7 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
             }
             _ => None,
         };
+        check_owner(Db::from(&mut *c), new.owner, now)?;
         let inserted: Result<i64, DieselError> = diesel::insert_into(sessions::table)
             .values((
                 sessions::name.eq(&new.name),
@@ -222,10 +264,12 @@ pub(crate) fn transition(
     }
     let at = to_millis(at);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let moved = diesel::update(
             sessions::table
                 .filter(sessions::id.eq(raw))
-                .filter(sessions::state.eq(from.as_str())),
+                .filter(sessions::state.eq(from.as_str()))
+                .filter(lease_live!(now)),
         )
         .set((
             sessions::state.eq(to.as_str()),
@@ -236,6 +280,7 @@ pub(crate) fn transition(
         if moved == 0 {
             return Err(match current(Db::from(&mut *c), raw)? {
                 None => StoreError::UnknownSession(id),
+                Some(cur) if cur.lease_expired(now) => StoreError::LeaseLost(cur.owner_id()),
                 Some(cur) if cur.state == State::Finalized => StoreError::SessionClosed(id),
                 Some(cur) => StoreError::StateMismatch {
                     session: id,
@@ -270,9 +315,11 @@ pub(crate) fn start_turn(
     let at = to_millis(at);
     let input = input.map(json_text);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let opened = diesel::update(
             sessions::table
                 .filter(sessions::id.eq(raw))
+                .filter(lease_live!(now))
                 .filter(sessions::state.eq_any(["registered", "running"]))
                 .filter(sessions::closing_reason.is_null())
                 .filter(sessions::open_turn.is_null()),
@@ -286,6 +333,7 @@ pub(crate) fn start_turn(
         if opened == 0 {
             return Err(match current(Db::from(&mut *c), raw)? {
                 None => StoreError::UnknownSession(id),
+                Some(cur) if cur.lease_expired(now) => StoreError::LeaseLost(cur.owner_id()),
                 Some(cur) if cur.state == State::Finalized => StoreError::SessionClosed(id),
                 Some(Current {
                     closing: Some(reason),
@@ -339,6 +387,7 @@ pub(crate) fn end_turn(
     let raw = sid(id)?;
     let at = to_millis(at);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let ended = diesel::update(
             turns::table
                 .filter(turns::session.eq(raw))
@@ -347,7 +396,8 @@ pub(crate) fn end_turn(
                 .filter(exists(
                     sessions::table
                         .filter(sessions::id.eq(raw))
-                        .filter(sessions::state.ne(State::Finalized.as_str())),
+                        .filter(sessions::state.ne(State::Finalized.as_str()))
+                        .filter(lease_live!(now)),
                 )),
         )
         .set((
@@ -359,7 +409,7 @@ pub(crate) fn end_turn(
         .execute(c)
         .context("ending a turn")?;
         if ended == 0 {
-            return Err(why_turn_refused(Db::from(&mut *c), id, no)?);
+            return Err(why_turn_refused(Db::from(&mut *c), id, no, now)?);
         }
         diesel::update(
             sessions::table
@@ -378,15 +428,18 @@ pub(crate) fn end_turn(
 }
 
 /// Why a write to turn `no` of session `id` was refused: the session is
-/// unknown or finalized, or the turn is unknown or has ended.
+/// unknown, its owner's lease expired (at `now`), it is finalized, or the
+/// turn is unknown or has ended.
 pub(crate) fn why_turn_refused(
     mut db: Db<'_>,
     id: SessionId,
     no: u32,
+    now: i64,
 ) -> Result<StoreError, StoreError> {
     let raw = sid(id)?;
     match current(db.reborrow(), raw)? {
         None => return Ok(StoreError::UnknownSession(id)),
+        Some(cur) if cur.lease_expired(now) => return Ok(StoreError::LeaseLost(cur.owner_id())),
         Some(cur) if cur.state == State::Finalized => return Ok(StoreError::SessionClosed(id)),
         Some(_) => {}
     }

@@ -13,6 +13,7 @@ mod common;
 mod batch;
 mod bounds;
 mod finalize;
+mod leases;
 mod lifecycle;
 mod open;
 mod reads;
@@ -74,6 +75,9 @@ on_backends! {
         batch::batch_writes_follow_the_single_call_rules,
         batch::g7_a_batch_commits_memory_from_turns_it_completed,
         batch::batch_registrations_answer_ids_and_refuse_alone,
+        leases::g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes,
+        leases::g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owner,
+        leases::g8_owners_named_alike_on_different_machines_keep_their_live_sessions,
     ],
     // What only a database does: keep a schema, survive a crash, be shared by
     // processes, run a trigger.

@@ -4,8 +4,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::json;
 use settle_store::{
-    ChunkKind, EndReason, NewChunk, NewSession, OpenError, Outcome, RecoverOptions, SessionFilter,
-    SessionId, SessionStore, State, Store, StoreError, TurnError, TurnErrorKind,
+    ChunkKind, EndReason, HostIdentity, NewChunk, NewSession, OpenError, Outcome, RecoverOptions,
+    SessionFilter, SessionId, SessionStore, State, Store, StoreError, TurnError, TurnErrorKind,
 };
 
 use crate::common::{self, rt, Backend, TestDb};
@@ -340,7 +340,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     db.execute(init);
     db.execute(
         "INSERT INTO owners (id, host, pid, started_at, lease_expires_at) \
-           VALUES (1, 'old-host', 4000002, 1700000000000, 1700000030000);\
+           VALUES (1, 'old-host', 4000002, 1700000000000, 4102444800000);\
          INSERT INTO sessions (id, name, parent, tree, state, outcome, end_reason, \
            closing_reason, open_turn, created_at, finalized_at, finalize_errors, version, owner) \
            VALUES (1, 'root', NULL, 1, 'finalized', 'completed', 'completed', NULL, NULL, \
@@ -367,7 +367,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     let store = Store::open(&db.url).expect("the old database opens and upgrades");
     assert_eq!(
         db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
-        3
+        4
     );
     let (root, kid) = (SessionId(1), SessionId(2));
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
@@ -449,12 +449,19 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
         assert!(resumed.get() > 2, "ids continue after the old ones");
         let row = store.session_detail(resumed).await.unwrap().session;
         assert_eq!(row.resumed_from, Some(root));
-        // The old owner's lease ran out long ago.
+        // The old owner has no identity recorded: only its lease speaks for
+        // it. Once that runs out, its live sessions are candidates.
+        store
+            .renew_lease(settle_store::OwnerId(1), Duration::ZERO)
+            .await
+            .unwrap();
         let candidates = store
             .recovery_candidates(RecoverOptions::now_on_this_host())
             .await
             .unwrap();
         assert_eq!(candidates.len(), 1);
         assert_eq!(candidates[0].session, kid);
+        assert_eq!(candidates[0].owner.identity, HostIdentity::unknown());
+        assert_eq!(candidates[0].owner.host, "old-host");
     });
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::common::{self, rt, Backend, TestDb};
 use crate::{append_all, now, open, owner, session, texts, HOUR};
 use settle_store::{
-    EndReason, Finalize, NewSession, Outcome, OwnerGone, OwnerId, OwnerInfo, RecoverOptions,
-    SessionFilter, SessionId, SessionStore, State, Store, StoreError,
+    EndReason, Finalize, HostIdentity, NewSession, Outcome, OwnerGone, OwnerId, OwnerInfo,
+    RecoverOptions, SessionFilter, SessionId, SessionStore, State, Store, StoreError,
 };
 
 // --- crash (G7) and recovery (G8) --------------------------------------------------
@@ -98,22 +98,38 @@ pub(crate) fn child_writer() {
     });
 }
 
+/// An owner elsewhere (a place that shares no processes with this one), with
+/// a live lease.
+pub(crate) async fn owner_elsewhere(store: &dyn SessionStore, pid: u32) -> OwnerId {
+    store
+        .register_owner(
+            OwnerInfo {
+                host: "elsewhere".into(),
+                identity: HostIdentity {
+                    machine: Some("another-machine".into()),
+                    pid_namespace: Some(1),
+                },
+                pid,
+                started_at: now(),
+            },
+            HOUR,
+        )
+        .await
+        .unwrap()
+}
+
+/// End `owner`'s lease now, as if its process had stalled past it: a
+/// renewal for no time at all.
+pub(crate) async fn expire(store: &dyn SessionStore, owner: OwnerId) {
+    store.renew_lease(owner, Duration::ZERO).await.unwrap();
+}
+
 pub(crate) fn g8_recover_expired_lease(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
         // An owner whose lease expires at once, on a host that is not this one.
-        let crashed = store
-            .register_owner(
-                OwnerInfo {
-                    host: "elsewhere".into(),
-                    pid: 4_000_000,
-                    started_at: now(),
-                },
-                Duration::ZERO,
-            )
-            .await
-            .unwrap();
+        let crashed = owner_elsewhere(&*store, 4_000_000).await;
         let parent = store
             .create_session(NewSession::new("p", crashed))
             .await
@@ -133,8 +149,9 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
         let (_, live) = session(&*store, "live").await;
 
         let later = now() + Duration::from_secs(1);
+        expire(&*store, crashed).await;
         let opts = RecoverOptions {
-            this_host: "here".into(),
+            here: HostIdentity::unknown(),
             now: later,
         };
         let report = store.recover(opts.clone()).await.unwrap();
@@ -178,6 +195,10 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
     });
 }
 
+/// An owner whose process is gone is recovered at once by a recoverer in the
+/// same place (machine identity and PID namespace). Owners elsewhere — even
+/// with the same host name and pid — and live processes here are left to
+/// their leases.
 pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     let mut exited = std::process::Command::new("true").spawn().unwrap();
@@ -185,14 +206,16 @@ pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
     exited.wait().unwrap();
     rt().block_on(async {
         let store = open(&db);
-        let here = settle_store::local_host_name();
-        let reg = |host: String, pid: u32| {
-            let store = store.clone();
+        let here = HostIdentity::this_process();
+        let host = settle_store::local_host_name();
+        let reg = |identity: HostIdentity, pid: u32| {
+            let (store, host) = (store.clone(), host.clone());
             async move {
                 store
                     .register_owner(
                         OwnerInfo {
                             host,
+                            identity,
                             pid,
                             started_at: now(),
                         },
@@ -202,29 +225,42 @@ pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
                     .unwrap()
             }
         };
+        let other_machine = HostIdentity {
+            machine: Some("a-clone-of-this-machine".into()),
+            ..here.clone()
+        };
+        let other_namespace = HostIdentity {
+            pid_namespace: here.pid_namespace.map(|ns| ns + 1),
+            ..here.clone()
+        };
         let dead_here = reg(here.clone(), gone_pid).await;
-        let same_pid_elsewhere = reg("another-host".into(), gone_pid).await;
+        let same_name_other_machine = reg(other_machine, gone_pid).await;
+        let same_name_other_namespace = reg(other_namespace, gone_pid).await;
+        let unknown_place = reg(HostIdentity::unknown(), gone_pid).await;
         let alive_here = reg(here.clone(), std::process::id()).await;
-        let a = store
-            .create_session(NewSession::new("a", dead_here))
-            .await
-            .unwrap();
-        let b = store
-            .create_session(NewSession::new("b", same_pid_elsewhere))
-            .await
-            .unwrap();
-        let c = store
-            .create_session(NewSession::new("c", alive_here))
-            .await
-            .unwrap();
+        let mut ids = Vec::new();
+        for owner in [
+            dead_here,
+            same_name_other_machine,
+            same_name_other_namespace,
+            unknown_place,
+            alive_here,
+        ] {
+            ids.push(
+                store
+                    .create_session(NewSession::new("s", owner))
+                    .await
+                    .unwrap(),
+            );
+        }
         let report = store
             .recover(RecoverOptions {
-                this_host: here,
+                here: here.clone(),
                 now: now(),
             })
             .await
             .unwrap();
-        assert_eq!(report.recovered, vec![a]);
+        assert_eq!(report.recovered, vec![ids[0]]);
         assert_eq!(
             report.owners_gone,
             vec![(dead_here, OwnerGone::ProcessGone)]
@@ -234,16 +270,31 @@ pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
             .await
             .unwrap()
             .into_iter()
-            .map(|r| (r.id, r.state))
+            .map(|r| r.state)
             .collect();
         assert_eq!(
             states,
-            vec![
-                (a, State::Finalized),
-                (b, State::Registered),
-                (c, State::Registered)
+            [
+                State::Finalized,
+                State::Registered,
+                State::Registered,
+                State::Registered,
+                State::Registered
             ]
         );
+        // Seen from a machine that shares only the host name, no missing
+        // pid names a process of its own: nothing more is recovered.
+        let report = store
+            .recover(RecoverOptions {
+                here: HostIdentity {
+                    machine: Some("a-third-machine".into()),
+                    ..here.clone()
+                },
+                now: now(),
+            })
+            .await
+            .unwrap();
+        assert!(report.recovered.is_empty(), "{report:?}");
     });
 }
 
@@ -252,17 +303,7 @@ pub(crate) fn g8_two_stores_recovering_at_once_finalize_once(b: Backend) {
     let rt = rt();
     let (one, two) = (open(&db), open(&db));
     rt.block_on(async {
-        let crashed = one
-            .register_owner(
-                OwnerInfo {
-                    host: "elsewhere".into(),
-                    pid: 1,
-                    started_at: now(),
-                },
-                Duration::ZERO,
-            )
-            .await
-            .unwrap();
+        let crashed = owner_elsewhere(&*one, 1).await;
         let mut ids = BTreeSet::new();
         for i in 0..30 {
             ids.insert(
@@ -271,8 +312,9 @@ pub(crate) fn g8_two_stores_recovering_at_once_finalize_once(b: Backend) {
                     .unwrap(),
             );
         }
+        expire(&*one, crashed).await;
         let opts = RecoverOptions {
-            this_host: "here".into(),
+            here: HostIdentity::unknown(),
             now: now() + Duration::from_secs(1),
         };
         let (a, b) = tokio::join!(
@@ -307,21 +349,29 @@ pub(crate) fn g8_two_stores_recovering_at_once_finalize_once(b: Backend) {
 }
 
 /// Two processes race on one database: one finalizes every session, the
-/// other recovers them (their owner's lease has expired), in opposite orders.
+/// other recovers them (their owner's process is gone from this machine),
+/// in opposite orders.
 /// Every session is finalized exactly once, by one of them.
 pub(crate) fn g2_g8_two_processes_race_finalize_and_recover(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     let sessions = 30;
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    let gone = exited.id();
+    exited.wait().unwrap();
     let ids: Vec<SessionId> = rt().block_on(async {
         let store = open(&db);
+        // Its process is gone from this machine; its lease still runs, so
+        // the finalizer may still write as it, and the recoverer may take
+        // its sessions over.
         let crashed = store
             .register_owner(
                 OwnerInfo {
-                    host: "elsewhere".into(),
-                    pid: 1,
+                    host: settle_store::local_host_name(),
+                    identity: HostIdentity::this_process(),
+                    pid: gone,
                     started_at: now(),
                 },
-                Duration::ZERO,
+                HOUR,
             )
             .await
             .unwrap();
@@ -446,10 +496,7 @@ pub(crate) fn child_racer(role: &str) {
                 }
             }
         } else {
-            let opts = RecoverOptions {
-                this_host: "here".into(),
-                now: now() + Duration::from_secs(1),
-            };
+            let opts = RecoverOptions::now_on_this_host();
             won = store.recover(opts).await.unwrap().recovered;
         }
         for id in won {
@@ -488,17 +535,7 @@ pub(crate) fn g8_recover_dry_run_names_candidates_and_writes_nothing(b: Backend)
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
-        let crashed = store
-            .register_owner(
-                OwnerInfo {
-                    host: "elsewhere".into(),
-                    pid: 4_000_001,
-                    started_at: now(),
-                },
-                Duration::ZERO,
-            )
-            .await
-            .unwrap();
+        let crashed = owner_elsewhere(&*store, 4_000_001).await;
         let root = store
             .create_session(NewSession::new("root", crashed))
             .await
@@ -509,9 +546,10 @@ pub(crate) fn g8_recover_dry_run_names_candidates_and_writes_nothing(b: Backend)
             .unwrap();
         store.start_turn(kid, 1, None, now()).await.unwrap();
         append_all(&*store, kid, 1, &["partial"]).await;
+        expire(&*store, crashed).await;
         let (_, live) = session(&*store, "live").await;
         let options = RecoverOptions {
-            this_host: "here".into(),
+            here: HostIdentity::unknown(),
             now: now() + Duration::from_secs(1),
         };
         let before: Vec<_> = {
