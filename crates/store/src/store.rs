@@ -28,8 +28,9 @@ use crate::writer::Writer;
 
 /// A session store on SQLite or PostgreSQL. Cheap to clone: clones share one
 /// writer thread and one read pool. When the last clone is dropped the writer
-/// commits what was queued and closes its connection (dropping blocks until
-/// then).
+/// commits what was queued and closes its connection; dropping blocks until
+/// then, or at most the close timeout ([`StoreOptions::close_timeout`]). From
+/// async code, [`Store::close`] does that off the async workers.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -58,10 +59,54 @@ impl Store {
     ///
     /// `url` is a `postgres://` or `postgresql://` URL, or else an SQLite path
     /// (optionally prefixed `sqlite://`); an SQLite file is created on first
-    /// use. The schema is brought up to date. This blocks; from async code call
-    /// it inside `spawn_blocking`.
+    /// use. The schema is brought up to date. This blocks; from async code use
+    /// [`Store::open_async`].
     pub fn open(url: impl AsRef<str>) -> Result<Store, OpenError> {
         Store::open_with(url, StoreOptions::default())
+    }
+
+    /// Open the store at `url` from async code: the blocking part (files,
+    /// connections, migrations, which may wait for another process's lock)
+    /// runs on tokio's blocking pool, not on an async worker. See
+    /// [`Store::open`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("settle.db");
+    /// let store = settle_store::Store::open_async(path.to_string_lossy()).await?;
+    /// store.close().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_async(url: impl Into<String>) -> Result<Store, OpenError> {
+        Store::open_with_async(url, StoreOptions::default()).await
+    }
+
+    /// [`Store::open_async`] with `options`.
+    pub async fn open_with_async(
+        url: impl Into<String>,
+        options: StoreOptions,
+    ) -> Result<Store, OpenError> {
+        let url = url.into();
+        let location = Target::parse(&url).describe();
+        tokio::task::spawn_blocking(move || Store::open_with(url, options))
+            .await
+            .map_err(|e| OpenError::Database {
+                location,
+                context: "opening the store on the blocking pool",
+                message: e.to_string(),
+            })?
+    }
+
+    /// Drop this handle from async code: when it is the last clone, closing
+    /// (committing what is queued, waiting for the store's threads up to the
+    /// close timeout) happens on tokio's blocking pool, not on an async
+    /// worker.
+    pub async fn close(self) {
+        // A failed join only means the drop panicked; there is nothing left
+        // to close.
+        let _ = tokio::task::spawn_blocking(move || drop(self)).await;
     }
 
     /// Open the store at `url` with `options`. See [`Store::open`].

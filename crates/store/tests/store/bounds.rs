@@ -100,3 +100,30 @@ fn g11_open_gives_up_on_a_server_that_never_answers() {
     assert!(err.to_string().contains("timeout"), "{err}");
     drop(silent);
 }
+
+/// `Store::open_async` opens off the async workers: on a runtime with one
+/// thread, an open that waits for another connection's lock lets the task
+/// holding that lock run and release it.
+#[test]
+fn open_async_waits_off_the_async_workers() {
+    let db = TestDb::new(Backend::Sqlite).unwrap();
+    drop(Store::open(&db.url).unwrap());
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    single.block_on(async {
+        let mut holder = diesel::sqlite::SqliteConnection::establish(&db.url).unwrap();
+        holder.batch_execute("BEGIN EXCLUSIVE").unwrap();
+        let options = StoreOptions::default().with_busy_timeout(Duration::from_secs(60));
+        let opening = tokio::spawn(Store::open_with_async(db.url.clone(), options));
+        // Let the open start and meet the lock.
+        tokio::task::yield_now().await;
+        // Reached only if the open did not take the runtime's one thread.
+        holder.batch_execute("COMMIT").unwrap();
+        let store = opening.await.unwrap().unwrap();
+        let (_, id) = session(&store, "opened").await;
+        assert!(store.session_detail(id).await.is_ok());
+        store.close().await;
+    });
+}
