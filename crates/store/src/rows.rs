@@ -7,13 +7,20 @@
 //! the cost of these statements for the session rows of a 10,000-session
 //! teardown), and Diesel's boxed raw queries allocate for every parameter.
 //! This fragment borrows the rows and binds each value in place; Diesel writes
-//! the placeholders in each backend's style. In `UPDATE … FROM (VALUES …) AS
+//! the placeholders in each backend's style, and keeps full statements
+//! prepared. In `UPDATE … FROM (VALUES …) AS
 //! v`, the values' columns are `v.column1`, `v.column2`, … on both backends.
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::RunQueryDsl;
+
+/// How many rows one statement carries, well under both backends' bind
+/// limits. A statement of exactly this many rows is prepared once per
+/// connection and reused (Diesel caches it by its text); a shorter one, the
+/// rest of a batch, is prepared each time.
+pub(crate) const ROWS_PER_STATEMENT: usize = 256;
 
 /// A row of parameters.
 pub(crate) trait Params<DB: Backend> {
@@ -48,8 +55,10 @@ impl<'a, P> Rows<'a, P> {
 
 impl<DB: Backend, P: Params<DB>> QueryFragment<DB> for Rows<'_, P> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        // The text depends on the number of rows.
-        out.unsafe_to_cache_prepared();
+        // The text depends on the number of rows: only full statements recur.
+        if self.rows.len() != ROWS_PER_STATEMENT {
+            out.unsafe_to_cache_prepared();
+        }
         out.push_sql(self.head);
         for (k, row) in self.rows.iter().enumerate() {
             out.push_sql(if k == 0 { "(" } else { ", (" });

@@ -570,3 +570,58 @@ fn g2_postgres_a_batch_waits_for_a_finalize_in_flight_and_loses_to_it() {
         assert_eq!(d.session.state, State::Finalized);
     });
 }
+
+/// A batch larger than one statement (600 sessions: two full statements,
+/// the second reusing the first's prepared form, and a shorter one) is
+/// applied whole, every write answered in order.
+pub(crate) fn a_batch_larger_than_a_statement_is_applied_whole(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let o = owner(&*store, HOUR).await;
+        let registered = store
+            .apply(
+                (0..600)
+                    .map(|i| LifecycleWrite::Register(NewSession::new(format!("s{i}"), o)))
+                    .collect(),
+            )
+            .await;
+        let ids: Vec<SessionId> = registered
+            .into_iter()
+            .map(|r| match r {
+                Ok(Applied::Registered(id)) => id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let started = store
+            .apply(
+                ids.iter()
+                    .flat_map(|&id| {
+                        [
+                            start(id, 1),
+                            transition(id, State::Registered, State::Running, Cause::TurnStarted),
+                        ]
+                    })
+                    .collect(),
+            )
+            .await;
+        assert!(started.iter().all(|r| matches!(r, Ok(Applied::Done))));
+        let torn = store
+            .apply(ids.iter().rev().flat_map(|&id| teardown(id)).collect())
+            .await;
+        assert_eq!(torn.len(), 2400);
+        for (k, r) in torn.iter().enumerate() {
+            if k % 4 == 3 {
+                assert!(won(r), "{k}: {r:?}");
+            } else {
+                assert!(matches!(r, Ok(Applied::Done)), "{k}: {r:?}");
+            }
+        }
+        for id in [ids[0], ids[255], ids[256], ids[599]] {
+            let d = store.session_detail(id).await.unwrap();
+            assert_eq!(d.session.state, State::Finalized);
+            assert_eq!(d.turns[0].outcome, Some(Outcome::Cancelled));
+            assert_eq!(d.timeline.len(), 5, "{:?}", d.timeline);
+        }
+    });
+}
