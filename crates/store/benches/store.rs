@@ -27,6 +27,8 @@ diesel::table! {
         turn_no -> BigInt,
         seq -> BigInt,
         text -> Text,
+        kind -> Text,
+        data -> Nullable<Text>,
     }
 }
 
@@ -107,6 +109,8 @@ impl Raw {
                     chunks::turn_no.eq(1_i64),
                     chunks::seq.eq(base + (i / SESSIONS) as i64),
                     chunks::text.eq(t.as_str()),
+                    chunks::kind.eq("text"),
+                    chunks::data.eq(None::<&str>),
                 )
             })
             .collect();

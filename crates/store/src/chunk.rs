@@ -18,6 +18,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use diesel::dsl::exists;
 use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
 use serde_json::Value;
 use settle_core::{ChunkKind, SessionId};
 use tokio::sync::oneshot;
@@ -25,7 +26,8 @@ use tokio::sync::oneshot;
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::lease::store_now;
-use crate::schema::{chunks, owners, sessions, turns};
+use crate::rows::{bind, params, Rows, ROWS_PER_STATEMENT};
+use crate::schema::{owners, sessions, turns};
 use crate::session::{lease_live, why_turn_refused};
 use crate::time::{json_text, sid};
 
@@ -157,8 +159,6 @@ pub(crate) struct PendingChunk {
     pub(crate) ack: oneshot::Sender<Result<ChunkAck, StoreError>>,
 }
 
-#[derive(Insertable)]
-#[diesel(table_name = chunks)]
 struct ChunkInsert<'a> {
     session: i64,
     turn_no: i64,
@@ -168,8 +168,9 @@ struct ChunkInsert<'a> {
     data: Option<String>,
 }
 
-/// How many rows go in one INSERT, well under both backends' bind limits.
-const ROWS_PER_INSERT: usize = 500;
+params!(ChunkInsert<'a>, |r, out| bind!(out;
+    BigInt => &r.session, BigInt => &r.turn_no, BigInt => &r.seq, Text => r.text,
+    Text => r.kind, Nullable<Text> => &r.data));
 
 /// Commit `batch` in one transaction and answer every chunk in it. Returns
 /// whether the transaction failed.
@@ -239,12 +240,14 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
             }
         }
         // Every accepted group in one multi-row INSERT (split under the bind
-        // limits).
-        for part in rows.chunks(ROWS_PER_INSERT) {
-            diesel::insert_into(chunks::table)
-                .values(part)
-                .execute(c)
-                .context("inserting chunks")?;
+        // limits; a full batch is one prepared statement).
+        for part in rows.chunks(ROWS_PER_STATEMENT) {
+            Rows::insert(
+                "INSERT INTO chunks (session, turn_no, seq, \"text\", kind, data) VALUES ",
+                part,
+            )
+            .execute(c)
+            .context("inserting chunks")?;
         }
         Ok::<_, StoreError>(answers)
     });

@@ -90,3 +90,29 @@ macro_rules! bind {
     }};
 }
 pub(crate) use bind;
+
+/// `Params` for both backends, from one body:
+/// `params!(Row<'a>, |row, out| bind!(out; BigInt => &row.id))`.
+macro_rules! params {
+    ($row:ident $(<$l:lifetime>)?, |$this:ident, $out:ident| $body:expr) => {
+        impl $(<$l>)? $crate::rows::Params<diesel::sqlite::Sqlite> for $row $(<$l>)? {
+            fn push<'x>(
+                &'x self,
+                $out: &mut diesel::query_builder::AstPass<'_, 'x, diesel::sqlite::Sqlite>,
+            ) -> diesel::result::QueryResult<()> {
+                let $this = self;
+                $body
+            }
+        }
+        impl $(<$l>)? $crate::rows::Params<diesel::pg::Pg> for $row $(<$l>)? {
+            fn push<'x>(
+                &'x self,
+                $out: &mut diesel::query_builder::AstPass<'_, 'x, diesel::pg::Pg>,
+            ) -> diesel::result::QueryResult<()> {
+                let $this = self;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use params;

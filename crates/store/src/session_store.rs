@@ -36,14 +36,20 @@ use crate::session::NewSession;
 /// left to recovery. Dropping a `Store` waits at most its close timeout.
 #[async_trait]
 pub trait SessionStore: Send + Sync {
-    /// Register an owning process; its lease runs `ttl` from now.
+    /// Register an owning process; its lease runs `ttl` from now, by the
+    /// store's clock.
     async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError>;
 
-    /// Extend the lease of `owner` to `ttl` from now, returning the new expiry.
-    /// Fails with [`StoreError::LeaseLost`] once the lease has expired.
+    /// Extend the lease of `owner` to `ttl` from now (by the store's clock),
+    /// returning the new expiry; a `ttl` of zero ends the lease now. Fails
+    /// with [`StoreError::LeaseLost`] once the lease has expired: it is lost
+    /// for good, and so is every later write of the owner.
     async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError>;
 
-    /// Register a session and return the id the store allocated.
+    /// Register a session and return the id the store allocated. Refused
+    /// with [`StoreError::LeaseLost`] once the owner's lease expired, as
+    /// every write of an owner to its sessions is (transitions, turns,
+    /// chunks, claims, finalizes, batches).
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError>;
 
     /// Move `id` from `from` to `to`, only if it is in `from` now, recording a

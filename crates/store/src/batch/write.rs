@@ -3,18 +3,14 @@
 
 use std::ops::Range;
 
-use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::query_builder::AstPass;
-use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::sqlite::Sqlite;
 use settle_core::{Outcome, State};
 
 use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
-use crate::rows::{bind, Params, Rows, ROWS_PER_STATEMENT};
+use crate::rows::{bind, params, Rows, ROWS_PER_STATEMENT};
 use crate::schema::sessions;
 use crate::time::{session_id, sid, to_millis};
 use crate::timeline::Step;
@@ -34,24 +30,6 @@ struct SessionWrite {
 struct Segment<'e> {
     session: i64,
     steps: &'e str,
-}
-
-/// `Params` for both backends, from one body.
-macro_rules! params {
-    ($row:ident $(<$l:lifetime>)?, |$this:ident, $out:ident| $body:expr) => {
-        impl $(<$l>)? Params<Sqlite> for $row $(<$l>)? {
-            fn push<'x>(&'x self, $out: &mut AstPass<'_, 'x, Sqlite>) -> QueryResult<()> {
-                let $this = self;
-                $body
-            }
-        }
-        impl $(<$l>)? Params<Pg> for $row $(<$l>)? {
-            fn push<'x>(&'x self, $out: &mut AstPass<'_, 'x, Pg>) -> QueryResult<()> {
-                let $this = self;
-                $body
-            }
-        }
-    };
 }
 
 params!(TurnStart, |r, out| bind!(out;
