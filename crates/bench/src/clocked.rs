@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 use settle_store::{
-    ChunkReceipt, Claim, Finalize, Finalized, MemoryRow, NewSession, OwnerId, OwnerInfo,
-    RecoverOptions, RecoveryReport, SessionDetail, SessionRow, SessionStore, StoreError,
+    Applied, ChunkReceipt, Claim, FinalizeRequest, Finalized, LifecycleWrite, MemoryRow, NewChunk,
+    NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport,
+    SessionDetail, SessionFilter, SessionRow, SessionStore, StoreError,
 };
 
 /// Nanoseconds since `base`, or `NEVER`.
@@ -49,10 +50,12 @@ enum Write {
     Claim,
     Flush,
     Finalize,
+    Batch,
 }
 
-/// The names of the store methods counted.
-pub const WRITES: [&str; 7] = [
+/// The names of the store methods counted (a batch's writes are counted
+/// under the single call they stand for, and the batch itself once).
+pub const WRITES: [&str; 8] = [
     "create_session",
     "start_turn",
     "transition",
@@ -60,6 +63,7 @@ pub const WRITES: [&str; 7] = [
     "claim",
     "flush",
     "finalize",
+    "apply (batches)",
 ];
 
 /// A store whose writes are counted and whose finalizes are timed.
@@ -158,13 +162,19 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         self.inner.transition(id, from, to, cause, at).await
     }
 
-    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
+    async fn start_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        input: Option<serde_json::Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
         self.count(Write::StartTurn);
-        self.inner.start_turn(id, no, at).await
+        self.inner.start_turn(id, no, input, at).await
     }
 
-    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt {
-        self.inner.append_chunk(id, turn, text)
+    fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
+        self.inner.append_chunk(id, turn, chunk)
     }
 
     async fn end_turn(
@@ -172,10 +182,11 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         id: SessionId,
         no: u32,
         outcome: Outcome,
+        error: Option<TurnError>,
         at: SystemTime,
     ) -> Result<(), StoreError> {
         self.count(Write::EndTurn);
-        self.inner.end_turn(id, no, outcome, at).await
+        self.inner.end_turn(id, no, outcome, error, at).await
     }
 
     async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
@@ -188,7 +199,11 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         self.inner.flush().await
     }
 
-    async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
+    async fn finalize(
+        &self,
+        id: SessionId,
+        plan: FinalizeRequest,
+    ) -> Result<Finalized, StoreError> {
         self.count(Write::Finalize);
         let handed = self.now();
         self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
@@ -200,12 +215,52 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         result
     }
 
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        self.count(Write::Batch);
+        let mut finalizes = false;
+        for write in &batch {
+            self.count(match write {
+                LifecycleWrite::Register(_) => Write::CreateSession,
+                LifecycleWrite::Transition { .. } => Write::Transition,
+                LifecycleWrite::StartTurn { .. } => Write::StartTurn,
+                LifecycleWrite::EndTurn { .. } => Write::EndTurn,
+                LifecycleWrite::Finalize { .. } => {
+                    finalizes = true;
+                    Write::Finalize
+                }
+            });
+        }
+        if finalizes {
+            let handed = self.now();
+            self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
+            self.last_handed.0.fetch_max(handed, Ordering::SeqCst);
+        }
+        let results = self.inner.apply(batch).await;
+        if finalizes {
+            self.last_committed
+                .0
+                .fetch_max(self.now(), Ordering::SeqCst);
+        }
+        results
+    }
+
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         self.inner.recover(options).await
     }
 
-    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
-        self.inner.list_sessions(state).await
+    async fn recovery_candidates(
+        &self,
+        options: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
+        self.inner.recovery_candidates(options).await
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        self.inner.list_sessions(filter).await
+    }
+
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        self.inner.last_session(state).await
     }
 
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {

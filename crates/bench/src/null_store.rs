@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 use settle_store::{
-    ChunkAck, ChunkReceipt, Claim, Finalize, FinalizeReport, Finalized, MemoryRow, NewSession,
-    OwnerId, OwnerInfo, RecoverOptions, RecoveryReport, SessionDetail, SessionRow, SessionStore,
+    Applied, ChunkAck, ChunkReceipt, Claim, FinalizeReport, FinalizeRequest, Finalized,
+    LifecycleWrite, MemoryRow, NewChunk, NewSession, OwnerId, OwnerInfo, RecoverOptions,
+    RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter, SessionRow, SessionStore,
     StoreError,
 };
 use tokio::sync::Notify;
@@ -107,11 +108,17 @@ impl SessionStore for NullStore {
         Ok(())
     }
 
-    async fn start_turn(&self, _: SessionId, _: u32, _: SystemTime) -> Result<(), StoreError> {
+    async fn start_turn(
+        &self,
+        _: SessionId,
+        _: u32,
+        _: Option<serde_json::Value>,
+        _: SystemTime,
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 
-    fn append_chunk(&self, session: SessionId, turn: u32, _: String) -> ChunkReceipt {
+    fn append_chunk(&self, session: SessionId, turn: u32, _: NewChunk) -> ChunkReceipt {
         ChunkReceipt::ready(Ok(ChunkAck {
             session,
             turn,
@@ -124,6 +131,7 @@ impl SessionStore for NullStore {
         _: SessionId,
         _: u32,
         _: Outcome,
+        _: Option<TurnError>,
         _: SystemTime,
     ) -> Result<(), StoreError> {
         let now = self.since_base();
@@ -140,7 +148,7 @@ impl SessionStore for NullStore {
         Ok(())
     }
 
-    async fn finalize(&self, _: SessionId, _: Finalize) -> Result<Finalized, StoreError> {
+    async fn finalize(&self, _: SessionId, _: FinalizeRequest) -> Result<Finalized, StoreError> {
         self.first_finalize
             .fetch_min(self.since_base(), Ordering::Relaxed);
         if self.finalized.fetch_add(1, Ordering::SeqCst) + 1 == self.expect {
@@ -150,12 +158,49 @@ impl SessionStore for NullStore {
         Ok(Finalized::Won(FinalizeReport::default()))
     }
 
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        let mut results = Vec::with_capacity(batch.len());
+        for write in batch {
+            results.push(match write {
+                LifecycleWrite::Register(new) => {
+                    self.create_session(new).await.map(Applied::Registered)
+                }
+                LifecycleWrite::EndTurn {
+                    session,
+                    no,
+                    outcome,
+                    error,
+                    at,
+                } => self
+                    .end_turn(session, no, outcome, error, at)
+                    .await
+                    .map(|()| Applied::Done),
+                LifecycleWrite::Finalize { session, plan } => {
+                    self.finalize(session, plan).await.map(Applied::Finalized)
+                }
+                _ => Ok(Applied::Done),
+            });
+        }
+        results
+    }
+
     async fn recover(&self, _: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         Ok(RecoveryReport::default())
     }
 
-    async fn list_sessions(&self, _: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
+    async fn recovery_candidates(
+        &self,
+        _: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
         Ok(Vec::new())
+    }
+
+    async fn list_sessions(&self, _: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn last_session(&self, _: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        Ok(None)
     }
 
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {

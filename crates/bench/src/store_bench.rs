@@ -48,7 +48,7 @@ fn prepared_on(rt: &tokio::runtime::Runtime, store: &Store) -> Result<Vec<Sessio
             let id = store
                 .create_session(NewSession::new(format!("s{i}"), owner))
                 .await?;
-            store.start_turn(id, 1, SystemTime::now()).await?;
+            store.start_turn(id, 1, None, SystemTime::now()).await?;
             ids.push(id);
         }
         Ok(ids)
@@ -85,7 +85,7 @@ impl Ours {
             let receipts: Vec<_> = texts
                 .into_iter()
                 .enumerate()
-                .map(|(i, t)| self.store.append_chunk(self.ids[i % SESSIONS], 1, t))
+                .map(|(i, t)| self.store.append_chunk(self.ids[i % SESSIONS], 1, t.into()))
                 .collect();
             for r in receipts {
                 black_box(r.await?);
@@ -199,7 +199,7 @@ pub fn durability_lag(path: &Path, per_session: usize) -> Result<Lag> {
                     for i in 0..per_session {
                         tick.tick().await;
                         let t = Instant::now();
-                        store.append_chunk(id, 1, text(i)).await?;
+                        store.append_chunk(id, 1, text(i).into()).await?;
                         lags.push(t.elapsed());
                     }
                     Ok::<_, settle_store::StoreError>(lags)

@@ -20,7 +20,7 @@ use std::str::FromStr;
 use std::time::SystemTime;
 
 use serde::Serialize;
-use settle_store::{SessionDetail, State, TimelineRow, TurnRow};
+use settle_store::{ChunkRow, SessionDetail, State, TimelineRow, TurnRow};
 
 use crate::output::{rfc3339, SessionJson};
 use crate::transcript::{self, InputMessage, TurnFailure};
@@ -176,7 +176,10 @@ enum Line<'a> {
         session: u64,
         turn: u32,
         seq: usize,
+        kind: &'static str,
         text: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a serde_json::Value>,
     },
     TurnEnd {
         session: u64,
@@ -191,7 +194,7 @@ enum Line<'a> {
 /// One event of a turn, with the time it is ordered by.
 enum TurnEvent<'a> {
     Input(&'a TurnRow),
-    Chunk(&'a TurnRow, usize, &'a str),
+    Chunk(&'a TurnRow, usize, &'a ChunkRow),
     End(&'a TurnRow, SystemTime),
 }
 
@@ -214,11 +217,13 @@ pub fn json_lines(detail: &SessionDetail) -> String {
                 at: rfc3339(turn.started_at),
                 messages: transcript::input(turn),
             },
-            Either::Turn(TurnEvent::Chunk(turn, seq, text)) => Line::Chunk {
+            Either::Turn(TurnEvent::Chunk(turn, seq, chunk)) => Line::Chunk {
                 session: id,
                 turn: turn.no,
                 seq,
-                text,
+                kind: chunk.kind.as_str(),
+                text: &chunk.text,
+                data: chunk.data.as_ref(),
             },
             Either::Turn(TurnEvent::End(turn, at)) => Line::TurnEnd {
                 session: id,
@@ -255,8 +260,8 @@ fn in_order<'a>(timeline: &'a [TimelineRow], turns: &'a [TurnRow]) -> Vec<Either
     let mut turn_events: Vec<(SystemTime, TurnEvent<'a>)> = Vec::new();
     for turn in turns {
         turn_events.push((turn.started_at, TurnEvent::Input(turn)));
-        for (seq, text) in turn.chunks.iter().enumerate() {
-            turn_events.push((turn.started_at, TurnEvent::Chunk(turn, seq, text)));
+        for (seq, chunk) in turn.chunks.iter().enumerate() {
+            turn_events.push((turn.started_at, TurnEvent::Chunk(turn, seq, chunk)));
         }
         if let Some(end) = turn.ended_at.filter(|_| turn.outcome.is_some()) {
             turn_events.push((end, TurnEvent::End(turn, end)));
@@ -281,6 +286,19 @@ fn in_order<'a>(timeline: &'a [TimelineRow], turns: &'a [TurnRow]) -> Vec<Either
 
 #[cfg(test)]
 mod tests {
+
+    fn text_chunks(texts: &[&str]) -> Vec<settle_store::ChunkRow> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(seq, text)| settle_store::ChunkRow {
+                seq: seq as u32,
+                kind: settle_store::ChunkKind::Text,
+                text: (*text).to_owned(),
+                data: None,
+            })
+            .collect()
+    }
     use std::time::Duration;
 
     use serde_json::Value;
@@ -315,6 +333,7 @@ mod tests {
                 chunks: 3,
                 created_at: at(0),
                 finalized_at: Some(at(40)),
+                resumed_from: None,
             },
             turns: vec![
                 TurnRow {
@@ -322,14 +341,18 @@ mod tests {
                     outcome: Some(Outcome::Completed),
                     started_at: at(10),
                     ended_at: Some(at(20)),
-                    chunks: vec!["Hi".to_owned(), " there!".to_owned()],
+                    input: None,
+                    error: None,
+                    chunks: text_chunks(&["Hi", " there!"]),
                 },
                 TurnRow {
                     no: 2,
                     outcome: Some(Outcome::Cancelled),
                     started_at: at(20),
                     ended_at: Some(at(30)),
-                    chunks: vec!["Well,\nthen".to_owned()],
+                    input: None,
+                    error: None,
+                    chunks: text_chunks(&["Well,\nthen"]),
                 },
             ],
             timeline: vec![

@@ -116,6 +116,7 @@ mod tests {
             chunks: 0,
             created_at: SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(created),
             finalized_at: None,
+            resumed_from: None,
         }
     }
 

@@ -15,7 +15,7 @@ use settle_cli::{
     output, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
-use settle_store::{SessionDetail, SessionRow, SessionStore, Store, StoreError};
+use settle_store::{SessionDetail, SessionFilter, SessionRow, SessionStore, Store, StoreError};
 
 mod serve;
 
@@ -275,7 +275,13 @@ async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
         limit: args.limit,
     };
     let now = SystemTime::now();
-    let rows = listing::select(store.list_sessions(args.state).await?, &filter, now);
+    let rows = listing::select(
+        store
+            .list_sessions(SessionFilter::all().in_state_opt(args.state))
+            .await?,
+        &filter,
+        now,
+    );
     let listed = if args.tree {
         listing::tree(rows)
     } else {
@@ -307,7 +313,7 @@ async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
     let store = open_existing_store(db)?;
     let top = detail(&store, db, args.id).await?;
     if let Some(path) = &args.trace {
-        let rows = store.list_sessions(None).await?;
+        let rows = store.list_sessions(SessionFilter::all()).await?;
         let mut details = vec![top];
         for id in descendants(&rows, args.id) {
             details.push(detail(&store, db, id).await?);
@@ -360,7 +366,7 @@ async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
         .recover(settle_store::RecoverOptions::now_on_this_host())
         .await?;
     if args.json {
-        let rows = store.list_sessions(None).await?;
+        let rows = store.list_sessions(SessionFilter::all()).await?;
         outln!("{}", output::recover_json(&report, &rows));
     } else {
         outln!("{}", output::recover_line(&report));
@@ -426,7 +432,11 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = display.await;
 
     let now = SystemTime::now();
-    let rows = listing::select(store.list_sessions(None).await?, &Filter::default(), now);
+    let rows = listing::select(
+        store.list_sessions(SessionFilter::all()).await?,
+        &Filter::default(),
+        now,
+    );
     let left = report.lease_lost || !report.left_recoverable.is_empty();
     let code = if left {
         // What could not be committed is left for `settle recover` (G8).

@@ -63,7 +63,7 @@ struct TurnJson<'a> {
     /// Why it failed (left out where the store does not keep it).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<TurnFailure>,
-    chunks: &'a [String],
+    chunks: Vec<&'a str>,
 }
 
 impl<'a> From<&'a TurnRow> for TurnJson<'a> {
@@ -76,7 +76,7 @@ impl<'a> From<&'a TurnRow> for TurnJson<'a> {
             input: transcript::input(turn),
             text: transcript::text(turn),
             error: transcript::error(turn),
-            chunks: &turn.chunks,
+            chunks: turn.chunks.iter().map(|c| c.text.as_str()).collect(),
         }
     }
 }

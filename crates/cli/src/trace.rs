@@ -229,18 +229,34 @@ fn turn_events(
         }));
     }
     let n = turn.chunks.len() as u64;
-    for (seq, text) in turn.chunks.iter().enumerate() {
+    for (seq, chunk) in turn.chunks.iter().enumerate() {
         let ts = start + (end - start) * (seq as u64 + 1) / (n + 1);
         out.push(json!({
             "name": "chunk", "cat": "chunk", "ph": "i", "s": "t",
             "ts": ts, "pid": pid, "tid": tid,
-            "args": { "turn": turn.no, "seq": seq, "text": text, "at": "spread" },
+            "args": {
+                "turn": turn.no, "seq": seq, "kind": chunk.kind.as_str(),
+                "text": chunk.text, "data": chunk.data, "at": "spread",
+            },
         }));
     }
 }
 
 #[cfg(test)]
 mod tests {
+
+    fn text_chunks(texts: &[&str]) -> Vec<settle_store::ChunkRow> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(seq, text)| settle_store::ChunkRow {
+                seq: seq as u32,
+                kind: settle_store::ChunkKind::Text,
+                text: (*text).to_owned(),
+                data: None,
+            })
+            .collect()
+    }
     use std::time::Duration;
 
     use settle_store::{EndReason, Outcome, SessionRow, TimelineRow};
@@ -271,13 +287,16 @@ mod tests {
                 chunks: 2,
                 created_at: at(0),
                 finalized_at: Some(at(40)),
+                resumed_from: None,
             },
             turns: vec![TurnRow {
                 no: 1,
                 outcome: Some(Outcome::Cancelled),
                 started_at: at(10),
                 ended_at: Some(at(35)),
-                chunks: vec!["a".to_owned(), "b".to_owned()],
+                input: None,
+                error: None,
+                chunks: text_chunks(&["a", "b"]),
             }],
             timeline: vec![
                 step(0, None, Registered),

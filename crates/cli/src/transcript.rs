@@ -2,8 +2,8 @@
 //! as one flowing text, how it ended and, for a failed turn, why.
 //!
 //! [`input`] and [`error`] are the one place that reads a turn's input and
-//! error from the store's rows; where the store does not keep them they are
-//! `None`, and `show`, `show --json` and `export` leave them out.
+//! error from the store's rows; a turn written before the store kept them
+//! has none, and `show`, `show --json` and `export` leave them out.
 //!
 //! ```
 //! use settle_cli::transcript::{new_messages, InputMessage};
@@ -50,23 +50,33 @@ pub struct TurnFailure {
     pub message: String,
 }
 
-/// The messages sent to the provider for `turn`, where the store keeps them.
+/// The messages sent to the provider for `turn`, where the store keeps them
+/// (a JSON array of `{role, content, ...}`, as the runtime serializes them).
 pub fn input(turn: &TurnRow) -> Option<Vec<InputMessage>> {
-    // The store's turn rows do not carry their input yet.
-    let _ = turn;
-    None
+    let messages = turn.input.as_ref()?.as_array()?;
+    Some(
+        messages
+            .iter()
+            .map(|m| {
+                let text = |key: &str| m.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+                InputMessage::new(text("role"), text("content"))
+            })
+            .collect(),
+    )
 }
 
 /// Why `turn` failed, where the store keeps it.
 pub fn error(turn: &TurnRow) -> Option<TurnFailure> {
-    // The store's turn rows do not carry their error yet.
-    let _ = turn;
-    None
+    turn.error.as_ref().map(|e| TurnFailure {
+        kind: e.kind.as_str().to_owned(),
+        message: e.message.clone(),
+    })
 }
 
-/// The reply of `turn`: its chunks joined in order, as the model wrote them.
+/// The reply of `turn`: its text chunks joined in order, as the model wrote
+/// them (tool calls, reasoning and usage are not part of the reply text).
 pub fn text(turn: &TurnRow) -> String {
-    turn.chunks.concat()
+    turn.text()
 }
 
 /// What `input` adds to the conversation after the turn before it: a chat

@@ -26,6 +26,7 @@ pub(crate) enum Command {
     Register {
         name: Arc<str>,
         parent: Option<SessionId>,
+        resumed_from: Option<SessionId>,
         reply: Reply<Arc<SessionShared>>,
     },
     StartTurn {

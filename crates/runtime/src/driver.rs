@@ -81,6 +81,7 @@ impl PendingStart {
 struct Parked {
     name: Arc<str>,
     parent: Option<SessionId>,
+    resumed_from: Option<SessionId>,
     reply: Reply<Arc<SessionShared>>,
 }
 
@@ -225,8 +226,14 @@ impl Driver {
             Command::Register {
                 name,
                 parent,
+                resumed_from,
                 reply,
-            } => self.register(name, parent, reply),
+            } => self.register(Parked {
+                name,
+                parent,
+                resumed_from,
+                reply,
+            }),
             Command::StartTurn {
                 session,
                 provider,
@@ -282,17 +289,7 @@ impl Driver {
         }
     }
 
-    fn register(
-        &mut self,
-        name: Arc<str>,
-        parent: Option<SessionId>,
-        reply: Reply<Arc<SessionShared>>,
-    ) {
-        let parked = Parked {
-            name,
-            parent,
-            reply,
-        };
+    fn register(&mut self, parked: Parked) {
         // Registrations keep their order while ids are on their way.
         if !self.parked.is_empty() {
             self.parked.push_back(parked);
@@ -310,6 +307,7 @@ impl Driver {
         let Parked {
             name,
             parent,
+            resumed_from,
             reply,
         } = parked;
         let session = SessionId(id);
@@ -321,7 +319,7 @@ impl Driver {
                 let _ = reply.send(Err(refused.into()));
             }
             Ok(_) => {
-                let shared = SessionShared::new(session, name, parent);
+                let shared = SessionShared::new(session, name, parent, resumed_from);
                 self.sessions.insert(
                     session,
                     Entry {

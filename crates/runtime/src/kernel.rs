@@ -283,6 +283,7 @@ impl Kernel {
             .ask(|reply| Command::Register {
                 name,
                 parent,
+                resumed_from: None,
                 reply,
             })
             .await?;
@@ -332,7 +333,10 @@ impl Kernel {
         state: Option<settle_core::State>,
     ) -> Result<Vec<settle_store::SessionRow>, RuntimeError> {
         let bound = self.inner.store_timeout;
-        tokio::time::timeout(bound, self.inner.store.list_sessions(state))
+        let filter = settle_store::SessionFilter::all()
+            .in_state_opt(state)
+            .oldest_first();
+        tokio::time::timeout(bound, self.inner.store.list_sessions(filter))
             .await
             .map_err(|_| RuntimeError::StoreTimeout {
                 what: "listing sessions",

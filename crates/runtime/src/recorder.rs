@@ -3,43 +3,77 @@
 //! driver never waits on the store, and answers whoever waits for a write only
 //! once it is committed (G7).
 //!
+//! Lifecycle writes are group-committed: everything queued when the recorder
+//! wakes goes to the store as one batch ([`SessionStore::apply`]), applied in
+//! one transaction with a result per write, each finalize still its row's
+//! compare-and-set (G2). A registration, a turn start or a finalize waits for
+//! the batch that holds it, and no longer.
+//!
 //! Every store call is bounded: by the store timeout, and once a shutdown has
 //! begun by what is left of its budget (drain + settle timeout + flush budget),
 //! so that a store that stops answering cannot hold the process (G9). What
 //! could not be committed in time is left for recovery (G8) and named in the
 //! [`ShutdownReport`].
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use settle_core::{Finalize, FinalizeStep, SessionId, State};
-use settle_store::{Finalized, NewSession, OwnerId, SessionStore, StoreError};
-use tokio::sync::mpsc;
+use settle_store::{
+    Applied, FinalizeRequest, Finalized, LifecycleWrite, NewSession, OwnerId, SessionStore,
+    StoreError,
+};
+use tokio::sync::{mpsc, oneshot};
 
-use crate::command::{Ack, Command};
+use crate::command::{Ack, Command, Reply, WorkEnd};
 use crate::event::EventBus;
 use crate::hook::{HookRunner, SessionEnd};
 use crate::record::{FinalizeJob, Record};
+use crate::shared::SessionShared;
 use crate::{LifecycleEvent, RuntimeError, ShutdownReport};
 
 /// How many queued records the recorder takes per wake.
-const RECORD_BATCH: usize = 1024;
+const RECORD_BATCH: usize = 4096;
 
 /// Why a bounded store call gave no answer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Unwritten {
-    Failed(StoreError),
+    Failed(Arc<StoreError>),
     TimedOut(Duration),
 }
 
 impl Unwritten {
+    fn from_store(error: StoreError) -> Self {
+        Unwritten::Failed(Arc::new(error))
+    }
+
     pub fn into_error(self, what: &'static str) -> RuntimeError {
         match self {
-            Unwritten::Failed(error) => error.into(),
+            Unwritten::Failed(error) => match Arc::try_unwrap(error) {
+                Ok(error) => error.into(),
+                Err(shared) => RuntimeError::Registration(shared),
+            },
             Unwritten::TimedOut(after) => RuntimeError::StoreTimeout { what, after },
         }
+    }
+
+    /// The store's error, as a work waiting for its turn's row sees it.
+    fn store_error(&self) -> StoreError {
+        match self {
+            Unwritten::Failed(error) => match error.as_ref() {
+                StoreError::LeaseLost(owner) => StoreError::LeaseLost(*owner),
+                StoreError::SessionClosed(id) => StoreError::SessionClosed(*id),
+                _ => StoreError::Unavailable,
+            },
+            Unwritten::TimedOut(_) => StoreError::Unavailable,
+        }
+    }
+
+    fn lease_lost(&self) -> bool {
+        matches!(self, Unwritten::Failed(e) if matches!(e.as_ref(), StoreError::LeaseLost(_)))
     }
 }
 
@@ -50,6 +84,38 @@ impl std::fmt::Display for Unwritten {
             Unwritten::TimedOut(after) => write!(f, "the store did not answer within {after:?}"),
         }
     }
+}
+
+/// What to do with one write's result, once its batch is committed.
+enum Answer {
+    Registered {
+        shared: Arc<SessionShared>,
+        reply: Reply<Arc<SessionShared>>,
+    },
+    Transition(SessionId),
+    TurnStarted {
+        session: SessionId,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    TurnEnded {
+        session: SessionId,
+        notify: Option<oneshot::Sender<WorkEnd>>,
+        end: WorkEnd,
+    },
+    Finalized(Box<FinalizeJob>),
+}
+
+/// The writes of one batch and what to answer for each.
+#[derive(Default)]
+struct Pending {
+    writes: Vec<LifecycleWrite>,
+    answers: Vec<Answer>,
+    /// Works whose end has no row (tasks): answered after the batch too, so
+    /// that every answer keeps the order of the core's effects.
+    after: Vec<Answer>,
+    /// Sessions registered in this batch: a later write about one of them
+    /// goes in the next batch, once its row exists.
+    registered: HashSet<SessionId>,
 }
 
 pub(crate) struct Recorder {
@@ -74,9 +140,21 @@ impl Recorder {
     pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Record>) {
         let mut batch = Vec::with_capacity(RECORD_BATCH);
         while records.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+            let mut pending = Pending::default();
             for record in batch.drain(..) {
-                self.apply(record).await;
+                self.take(record, &mut pending).await;
             }
+            self.commit(std::mem::take(&mut pending)).await;
+        }
+    }
+
+    /// The bound of a store call now.
+    fn bound(&self) -> Duration {
+        match self.deadline {
+            Some(deadline) => deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(self.store_timeout),
+            None => self.store_timeout,
         }
     }
 
@@ -85,81 +163,66 @@ impl Recorder {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, Unwritten> {
-        let bound = match self.deadline {
-            Some(deadline) => deadline
-                .saturating_duration_since(tokio::time::Instant::now())
-                .min(self.store_timeout),
-            None => self.store_timeout,
-        };
+        let bound = self.bound();
         match tokio::time::timeout(bound, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(Unwritten::Failed(error)),
+            Ok(Err(error)) => Err(Unwritten::from_store(error)),
             Err(_) => Err(Unwritten::TimedOut(bound)),
         }
     }
 
-    async fn apply(&mut self, record: Record) {
-        match record {
-            Record::ReserveIds { count } => {
-                let ack = match self.bounded(self.store.reserve_ids(count)).await {
-                    Ok(range) => Ack::Ids(range),
-                    Err(Unwritten::Failed(error)) => Ack::IdsFailed(error),
-                    Err(Unwritten::TimedOut(_)) => Ack::IdsFailed(StoreError::Unavailable),
-                };
-                let _ = self.acks.send(ack);
-            }
+    /// Adds one record to the batch, or, for a record that is not a
+    /// lifecycle write, commits the batch so far and then applies it.
+    async fn take(&mut self, record: Record, pending: &mut Pending) {
+        let write = match record {
             Record::CreateSession { shared, at, reply } => {
                 let mut new = NewSession::new(shared.name.to_string(), self.owner)
                     .with_id(shared.id)
                     .at(at);
                 new.parent = shared.parent;
-                match self.bounded(self.store.create_session(new)).await {
-                    Ok(_) => {
-                        let _ = reply.send(Ok(shared));
-                    }
-                    Err(unwritten) => {
-                        self.failed(Some(shared.id), "register a session", &unwritten);
-                        let _ = reply.send(Err(unwritten.into_error("registering a session")));
-                        let _ = self.acks.send(Ack::RegisterFailed(shared.id));
-                    }
-                }
+                new.resumed_from = shared.resumed_from;
+                self.split_after(pending, &[shared.parent, shared.resumed_from])
+                    .await;
+                pending.registered.insert(shared.id);
+                Some((
+                    LifecycleWrite::Register(new),
+                    Answer::Registered { shared, reply },
+                ))
             }
             Record::Transition { transition: t, at } => {
-                // Registration wrote the row, and the finalize latch writes the
-                // last transition itself (G2): only the ones between go here.
-                let Some(from) = t.from else { return };
-                if t.to == State::Finalized {
-                    return;
-                }
-                let cause = t.cause.to_string();
-                let written = self
-                    .bounded(self.store.transition(t.session, from, t.to, &cause, at))
-                    .await;
-                if let Err(unwritten) = written {
-                    self.failed(Some(t.session), "record a transition", &unwritten);
+                // Registration wrote the row, and the finalize latch writes
+                // the last transition itself (G2): only the ones between go here.
+                match t.from {
+                    Some(from) if t.to != State::Finalized => Some((
+                        LifecycleWrite::Transition {
+                            session: t.session,
+                            from,
+                            to: t.to,
+                            cause: t.cause,
+                            at,
+                        },
+                        Answer::Transition(t.session),
+                    )),
+                    _ => None,
                 }
             }
             Record::StartTurn {
                 work,
                 at,
-                input: _,
+                input,
                 done,
-            } => {
-                let written = self
-                    .bounded(self.store.start_turn(work.session, work.no, at))
-                    .await;
-                let answer = match written {
-                    Ok(()) => Ok(()),
-                    Err(unwritten) => {
-                        self.failed(Some(work.session), "start a turn", &unwritten);
-                        Err(match unwritten {
-                            Unwritten::Failed(error) => error,
-                            Unwritten::TimedOut(_) => StoreError::Unavailable,
-                        })
-                    }
-                };
-                let _ = done.send(answer);
-            }
+            } => Some((
+                LifecycleWrite::StartTurn {
+                    session: work.session,
+                    no: work.no,
+                    input,
+                    at,
+                },
+                Answer::TurnStarted {
+                    session: work.session,
+                    done,
+                },
+            )),
             Record::EndTurn {
                 work,
                 outcome,
@@ -167,17 +230,166 @@ impl Recorder {
                 at,
                 notify,
             } => {
-                if work.turn_no().is_some() {
-                    let written = self
-                        .bounded(self.store.end_turn(work.session, work.no, outcome, at))
-                        .await;
-                    if let Err(unwritten) = written {
-                        self.failed(Some(work.session), "end a turn", &unwritten);
+                let answer = Answer::TurnEnded {
+                    session: work.session,
+                    notify,
+                    end: (outcome, error.clone()),
+                };
+                match work.turn_no() {
+                    Some(no) => Some((
+                        LifecycleWrite::EndTurn {
+                            session: work.session,
+                            no,
+                            outcome,
+                            error,
+                            at,
+                        },
+                        answer,
+                    )),
+                    None => {
+                        pending.after.push(answer);
+                        None
                     }
                 }
-                if let Some(notify) = notify {
-                    let _ = notify.send((outcome, error));
+            }
+            Record::Finalize(job) => {
+                let plan = &job.plan;
+                let mut request = FinalizeRequest::new(plan.reason)
+                    .commit_memory(plan.commit_memory)
+                    .at(job.at);
+                if let Some(outcome) = plan.last_outcome {
+                    request = request.with_outcome(outcome);
                 }
+                Some((
+                    LifecycleWrite::Finalize {
+                        session: plan.session,
+                        plan: request,
+                    },
+                    Answer::Finalized(job),
+                ))
+            }
+            other => {
+                self.commit(std::mem::take(pending)).await;
+                self.control(other).await;
+                None
+            }
+        };
+        if let Some((write, answer)) = write {
+            if let Some(session) = write_session(&write) {
+                if !matches!(write, LifecycleWrite::Register(_)) {
+                    self.split_after(pending, &[Some(session)]).await;
+                }
+            }
+            pending.writes.push(write);
+            pending.answers.push(answer);
+        }
+    }
+
+    /// Commits the batch so far if it registers one of `sessions`: a write
+    /// about a session goes in a batch after the one that creates its row.
+    async fn split_after(&mut self, pending: &mut Pending, sessions: &[Option<SessionId>]) {
+        let needed = sessions
+            .iter()
+            .flatten()
+            .any(|s| pending.registered.contains(s));
+        if needed {
+            self.commit(std::mem::take(pending)).await;
+        }
+    }
+
+    /// Applies a batch in one transaction and answers each of its writes.
+    async fn commit(&mut self, pending: Pending) {
+        let Pending {
+            writes,
+            answers,
+            after,
+            ..
+        } = pending;
+        if !writes.is_empty() {
+            let n = writes.len();
+            let results: Vec<Result<Applied, Unwritten>> = match self
+                .bounded(async { Ok(self.store.apply(writes).await) })
+                .await
+            {
+                Ok(results) => results
+                    .into_iter()
+                    .map(|r| r.map_err(Unwritten::from_store))
+                    .collect(),
+                Err(unwritten) => (0..n).map(|_| Err(unwritten.clone())).collect(),
+            };
+            for (answer, result) in answers.into_iter().zip(results) {
+                self.answer(answer, result).await;
+            }
+        }
+        for answer in after {
+            self.answer(answer, Ok(Applied::Done)).await;
+        }
+    }
+
+    async fn answer(&mut self, answer: Answer, result: Result<Applied, Unwritten>) {
+        if let Err(unwritten) = &result {
+            if unwritten.lease_lost() {
+                // Another process may recover these sessions now: stop
+                // everything at once rather than at the next renewal (G8).
+                if let Some(commands) = self.commands.upgrade() {
+                    let _ = commands.send(Command::LeaseLost);
+                }
+            }
+        }
+        match answer {
+            Answer::Registered { shared, reply } => match result {
+                Ok(_) => {
+                    let _ = reply.send(Ok(shared));
+                }
+                Err(unwritten) => {
+                    self.failed(Some(shared.id), "register a session", &unwritten);
+                    let _ = reply.send(Err(unwritten.into_error("registering a session")));
+                    let _ = self.acks.send(Ack::RegisterFailed(shared.id));
+                }
+            },
+            Answer::Transition(session) => {
+                if let Err(unwritten) = result {
+                    self.failed(Some(session), "record a transition", &unwritten);
+                }
+            }
+            Answer::TurnStarted { session, done } => {
+                let answer = match result {
+                    Ok(_) => Ok(()),
+                    Err(unwritten) => {
+                        self.failed(Some(session), "start a turn", &unwritten);
+                        Err(unwritten.store_error())
+                    }
+                };
+                let _ = done.send(answer);
+            }
+            Answer::TurnEnded {
+                session,
+                notify,
+                end,
+            } => {
+                if let Err(unwritten) = result {
+                    self.failed(Some(session), "end a turn", &unwritten);
+                }
+                if let Some(notify) = notify {
+                    let _ = notify.send(end);
+                }
+            }
+            Answer::Finalized(job) => self.finalized(*job, result),
+        }
+    }
+
+    /// A record that is not a lifecycle write, applied between batches.
+    async fn control(&mut self, record: Record) {
+        match record {
+            Record::ReserveIds { count } => {
+                let ack = match self.bounded(self.store.reserve_ids(count)).await {
+                    Ok(range) => Ack::Ids(range),
+                    Err(Unwritten::Failed(error)) => {
+                        Ack::IdsFailed(Arc::try_unwrap(error).unwrap_or(StoreError::Unavailable))
+                    }
+                    Err(Unwritten::TimedOut(_)) => Ack::IdsFailed(StoreError::Unavailable),
+                };
+                let _ = self.acks.send(ack);
             }
             Record::Flush => {
                 self.report.flushed_in_budget = match self.bounded(self.store.flush()).await {
@@ -187,15 +399,6 @@ impl Recorder {
                         false
                     }
                 };
-            }
-            Record::Finalize(job) => {
-                let span = match &job.shared {
-                    Some(shared) => {
-                        tracing::info_span!(parent: &shared.span, "finalize", reason = %job.plan.reason)
-                    }
-                    None => tracing::Span::none(),
-                };
-                tracing::Instrument::instrument(self.finalize(*job), span).await;
             }
             Record::ShutdownBegan { deadline } => self.deadline = Some(deadline),
             Record::ShutdownComplete {
@@ -219,53 +422,59 @@ impl Recorder {
                     let _ = waiter.send(report.clone());
                 }
             }
+            // Lifecycle writes never reach here.
+            Record::CreateSession { .. }
+            | Record::Transition { .. }
+            | Record::StartTurn { .. }
+            | Record::EndTurn { .. }
+            | Record::Finalize(_) => {}
         }
     }
 
-    /// The finalize plan of SPEC §4: each step best-effort, in order.
-    async fn finalize(&mut self, job: FinalizeJob) {
+    /// The rest of the finalize plan of SPEC §4, once the row's latch was
+    /// committed (or could not be): each step best-effort, in order.
+    fn finalized(&mut self, job: FinalizeJob, result: Result<Applied, Unwritten>) {
         let FinalizeJob {
             plan,
-            at,
             shared,
             mut slot,
             delegates,
+            ..
         } = job;
         let session = plan.session;
+        let span = match &shared {
+            Some(shared) => {
+                tracing::info_span!(parent: &shared.span, "finalize", reason = %plan.reason)
+            }
+            None => tracing::Span::none(),
+        };
+        let _entered = span.enter();
         let mut memory_committed = false;
         for step in Finalize::PLAN {
             match step {
                 // The store's writer applies writes in order: every chunk
-                // appended before this plan is committed before its latch.
+                // appended before this plan was committed before its latch.
                 FinalizeStep::PersistTranscript => {}
                 // Committed inside the latch's transaction, so memory is never
                 // committed for a session someone else finalized (G2, G7).
                 FinalizeStep::CommitMemory => {}
-                FinalizeStep::EndRow => {
-                    let mut request = settle_store::Finalize::new(plan.reason)
-                        .commit_memory(plan.commit_memory)
-                        .at(at);
-                    if let Some(outcome) = plan.last_outcome {
-                        request = request.with_outcome(outcome);
-                    }
-                    match self.bounded(self.store.finalize(session, request)).await {
-                        Ok(Finalized::Won(report)) => {
-                            memory_committed = report.memories > 0;
-                            for failed in &report.failed_steps {
-                                tracing::warn!(%session, step = failed.step.as_str(), error = %failed.error, "finalize step failed; the rest ran");
-                            }
-                        }
-                        Ok(Finalized::AlreadyFinalized) => {
-                            tracing::warn!(%session, "the durable row was already finalized elsewhere");
-                        }
-                        Err(unwritten) => {
-                            self.failed(Some(session), "end the durable row", &unwritten);
-                            if self.deadline.is_some() {
-                                self.report.left_recoverable.push(session);
-                            }
+                FinalizeStep::EndRow => match &result {
+                    Ok(Applied::Finalized(Finalized::Won(report))) => {
+                        memory_committed = report.memories > 0;
+                        for failed in &report.failed_steps {
+                            tracing::warn!(%session, step = failed.step.as_str(), error = %failed.error, "finalize step failed; the rest ran");
                         }
                     }
-                }
+                    Ok(_) => {
+                        tracing::warn!(%session, "the durable row was already finalized elsewhere");
+                    }
+                    Err(unwritten) => {
+                        self.failed(Some(session), "end the durable row", unwritten);
+                        if self.deadline.is_some() {
+                            self.report.left_recoverable.push(session);
+                        }
+                    }
+                },
                 FinalizeStep::EndHook => {
                     let name = shared
                         .as_ref()
@@ -321,5 +530,16 @@ impl Recorder {
             session,
             message: format!("failed to {what}: {unwritten}"),
         });
+    }
+}
+
+/// The session a lifecycle write is about.
+fn write_session(write: &LifecycleWrite) -> Option<SessionId> {
+    match write {
+        LifecycleWrite::Register(new) => new.id,
+        LifecycleWrite::Transition { session, .. }
+        | LifecycleWrite::StartTurn { session, .. }
+        | LifecycleWrite::EndTurn { session, .. }
+        | LifecycleWrite::Finalize { session, .. } => Some(*session),
     }
 }

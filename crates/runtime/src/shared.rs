@@ -16,6 +16,8 @@ pub(crate) struct SessionShared {
     pub id: SessionId,
     pub name: Arc<str>,
     pub parent: Option<SessionId>,
+    /// The session this one continues (`settle chat --resume`), if any.
+    pub resumed_from: Option<SessionId>,
     /// The `session{id,name,parent}` span every work, write and hook of the
     /// session runs in (a no-op without a subscriber).
     pub span: tracing::Span,
@@ -26,7 +28,12 @@ pub(crate) struct SessionShared {
 }
 
 impl SessionShared {
-    pub fn new(id: SessionId, name: Arc<str>, parent: Option<SessionId>) -> Arc<Self> {
+    pub fn new(
+        id: SessionId,
+        name: Arc<str>,
+        parent: Option<SessionId>,
+        resumed_from: Option<SessionId>,
+    ) -> Arc<Self> {
         let span = tracing::info_span!(
             parent: None,
             "session",
@@ -38,6 +45,7 @@ impl SessionShared {
             id,
             name,
             parent,
+            resumed_from,
             span,
             finalized: watch::Sender::new(None),
             events: OnceLock::new(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use settle_core::{CancelMode, TurnError, TurnErrorKind, WorkId};
-use settle_store::{SessionStore, StoreError};
+use settle_store::{NewChunk, SessionStore, StoreError};
 use settle_stream::{
     Chunk, ChunkSink, Keyed, Provider, Request, SinkError, TurnOptions, Work, WorkControl,
     WorkSignal,
@@ -231,9 +231,13 @@ impl ChunkSink for Persisting {
     }
 
     async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
-        let receipt =
-            self.store
-                .append_chunk(self.work.session, self.work.no, chunk.payload().to_owned());
+        let stored = match chunk.as_text() {
+            Some(text) => NewChunk::text(text),
+            None => NewChunk::structured(chunk.kind(), chunk.to_json()),
+        };
+        let receipt = self
+            .store
+            .append_chunk(self.work.session, self.work.no, stored);
         match tokio::time::timeout(self.store_timeout, receipt).await {
             Ok(Ok(_)) => {}
             // A closed session or turn is revoked write access (G10), not a fault.

@@ -27,6 +27,8 @@ diesel::table! {
         turn_no -> BigInt,
         seq -> BigInt,
         text -> Text,
+        kind -> Text,
+        data -> Nullable<Text>,
     }
 }
 
@@ -57,7 +59,7 @@ fn store_round(rt: &tokio::runtime::Runtime, store: &Store, ids: &[SessionId]) -
         let receipts: Vec<_> = texts
             .into_iter()
             .enumerate()
-            .map(|(i, t)| store.append_chunk(ids[i % SESSIONS], 1, t))
+            .map(|(i, t)| store.append_chunk(ids[i % SESSIONS], 1, t.into()))
             .collect();
         for r in receipts {
             black_box(r.await.unwrap());
@@ -107,6 +109,8 @@ impl Raw {
                     chunks::turn_no.eq(1_i64),
                     chunks::seq.eq(base + (i / SESSIONS) as i64),
                     chunks::text.eq(t.as_str()),
+                    chunks::kind.eq("text"),
+                    chunks::data.eq(None::<&str>),
                 )
             })
             .collect();
@@ -185,7 +189,7 @@ fn durability_lag(_: &mut Criterion) {
                     for i in 0..2000 {
                         tick.tick().await;
                         let t = Instant::now();
-                        store.append_chunk(id, 1, text(i)).await.unwrap();
+                        store.append_chunk(id, 1, text(i).into()).await.unwrap();
                         lags.push(t.elapsed());
                     }
                     lags
@@ -226,7 +230,7 @@ fn prepared_on(rt: &tokio::runtime::Runtime, store: &Store) -> Vec<SessionId> {
                 .await
                 .unwrap();
             store
-                .start_turn(id, 1, std::time::SystemTime::now())
+                .start_turn(id, 1, None, std::time::SystemTime::now())
                 .await
                 .unwrap();
             ids.push(id);

@@ -8,7 +8,6 @@
 //! own connection instead.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
@@ -16,44 +15,50 @@ use diesel::sqlite::SqliteConnection;
 use diesel::Connection;
 
 use crate::pool::sqlite_pragmas;
+use crate::thread::StoreThread;
 
 /// How often the WAL is folded back into the database.
 const EVERY: Duration = Duration::from_millis(100);
 
-/// The checkpoint thread; dropping it stops the thread and waits for it.
+/// The checkpoint thread; dropping it stops the thread and waits for it up to
+/// the close timeout.
 pub(crate) struct Checkpointer {
     stop: Option<Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    thread: StoreThread,
+    close_timeout: Duration,
 }
 
 impl Checkpointer {
-    pub(crate) fn spawn(path: &str, busy_timeout: Duration) -> std::io::Result<Checkpointer> {
+    pub(crate) fn spawn(
+        path: &str,
+        busy_timeout: Duration,
+        close_timeout: Duration,
+    ) -> std::io::Result<Checkpointer> {
         let path = path.to_owned();
         let (stop, stopped) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("settle-store-checkpoint".into())
-            .spawn(move || {
-                let mut conn = match SqliteConnection::establish(&path) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no checkpoint connection; the WAL is checkpointed when the store closes");
-                        return;
-                    }
-                };
-                for pragma in sqlite_pragmas(busy_timeout) {
-                    if let Err(e) = conn.batch_execute(&pragma) {
-                        tracing::warn!(error = %e, "configuring the checkpoint connection failed");
-                    }
+        let thread = StoreThread::spawn("settle-store-checkpoint", move || {
+            let mut conn = match SqliteConnection::establish(&path) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no checkpoint connection; the WAL is checkpointed when the store closes");
+                    return;
                 }
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EVERY) {
-                    if let Err(e) = conn.batch_execute("PRAGMA wal_checkpoint(PASSIVE)") {
-                        tracing::debug!(error = %e, "a passive checkpoint failed; retrying later");
-                    }
+            };
+            for pragma in sqlite_pragmas(busy_timeout) {
+                if let Err(e) = conn.batch_execute(&pragma) {
+                    tracing::warn!(error = %e, "configuring the checkpoint connection failed");
                 }
-            })?;
+            }
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EVERY) {
+                if let Err(e) = conn.batch_execute("PRAGMA wal_checkpoint(PASSIVE)") {
+                    tracing::debug!(error = %e, "a passive checkpoint failed; retrying later");
+                }
+            }
+        })?;
         Ok(Checkpointer {
             stop: Some(stop),
-            thread: Some(thread),
+            thread,
+            close_timeout,
         })
     }
 }
@@ -61,10 +66,6 @@ impl Checkpointer {
 impl Drop for Checkpointer {
     fn drop(&mut self) {
         drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("the store's checkpoint thread panicked");
-            }
-        }
+        self.thread.finish_within(self.close_timeout);
     }
 }

@@ -1,11 +1,16 @@
-//! Transcript chunks: what an append returns, and how one batch of appends is
-//! committed.
+//! Transcript chunks: what an append takes and returns, and how one batch of
+//! appends is committed.
 //!
-//! A batch is one transaction. Its chunks are grouped by turn; each group claims
-//! a range of sequence numbers with one conditional UPDATE of its turn row (the
-//! turn must still be open and its session not finalized), and the accepted
-//! chunks of all groups are inserted with one multi-row INSERT. A refused group is answered with the reason; the rest
-//! of the batch still commits. A chunk is acknowledged only after the commit.
+//! A chunk is text, or a structured event (a tool call, reasoning, usage) with
+//! a JSON payload beside its text: both persist the same way (G7).
+//!
+//! A batch is one transaction. Its chunks are grouped by turn; each group
+//! claims a range of sequence numbers with one conditional UPDATE of its turn
+//! row (the turn must still be open, its session not finalized, and its
+//! owner's lease live), and the
+//! accepted chunks of all groups are inserted with one multi-row INSERT. A
+//! refused group is answered with the reason; the rest of the batch still
+//! commits. A chunk is acknowledged only after the commit.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,14 +18,78 @@ use std::task::{Context as TaskContext, Poll};
 
 use diesel::dsl::exists;
 use diesel::prelude::*;
-use settle_core::SessionId;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use serde_json::Value;
+use settle_core::{ChunkKind, SessionId};
 use tokio::sync::oneshot;
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::schema::{chunks, sessions, turns};
-use crate::session::why_turn_refused;
-use crate::time::sid;
+use crate::lease::store_now;
+use crate::rows::{bind, params, Rows, ROWS_PER_STATEMENT};
+use crate::schema::{owners, sessions, turns};
+use crate::session::{lease_live, why_turn_refused};
+use crate::time::{json_text, sid};
+
+/// One chunk of a turn's output, as [`append_chunk`](crate::SessionStore::append_chunk)
+/// takes it. A `String` converts into a text chunk.
+///
+/// ```
+/// use serde_json::json;
+/// use settle_store::{ChunkKind, NewChunk};
+///
+/// let text: NewChunk = "Hello".to_owned().into();
+/// assert_eq!(text.kind, ChunkKind::Text);
+/// let call = NewChunk::structured(ChunkKind::ToolCall, json!({"name": "scan", "arguments": {"port": 22}}));
+/// assert_eq!(call.text, "");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewChunk {
+    /// What it carries.
+    pub kind: ChunkKind,
+    /// Its text: the reply's words for a text chunk, optional for the others.
+    pub text: String,
+    /// Its structured payload, if any.
+    pub data: Option<Value>,
+}
+
+impl NewChunk {
+    /// A piece of the reply's text.
+    pub fn text(text: impl Into<String>) -> Self {
+        NewChunk {
+            kind: ChunkKind::Text,
+            text: text.into(),
+            data: None,
+        }
+    }
+
+    /// A structured chunk of `kind` carrying `data`, with no text.
+    pub fn structured(kind: ChunkKind, data: Value) -> Self {
+        NewChunk {
+            kind,
+            text: String::new(),
+            data: Some(data),
+        }
+    }
+
+    /// Give it `text` as well.
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = text.into();
+        self
+    }
+}
+
+impl From<String> for NewChunk {
+    fn from(text: String) -> Self {
+        NewChunk::text(text)
+    }
+}
+
+impl From<&str> for NewChunk {
+    fn from(text: &str) -> Self {
+        NewChunk::text(text)
+    }
+}
 
 /// The acknowledgement of a chunk: it is committed and survives a crash (G7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,21 +155,22 @@ impl Future for ChunkReceipt {
 pub(crate) struct PendingChunk {
     pub(crate) session: SessionId,
     pub(crate) turn: u32,
-    pub(crate) text: String,
+    pub(crate) chunk: NewChunk,
     pub(crate) ack: oneshot::Sender<Result<ChunkAck, StoreError>>,
 }
 
-#[derive(Insertable)]
-#[diesel(table_name = chunks)]
-struct NewChunk<'a> {
+struct ChunkInsert<'a> {
     session: i64,
     turn_no: i64,
     seq: i64,
     text: &'a str,
+    kind: &'static str,
+    data: Option<String>,
 }
 
-/// How many rows go in one INSERT, well under both backends' bind limits.
-const ROWS_PER_INSERT: usize = 500;
+params!(ChunkInsert<'a>, |r, out| bind!(out;
+    BigInt => &r.session, BigInt => &r.turn_no, BigInt => &r.seq, Text => r.text,
+    Text => r.kind, Nullable<Text> => &r.data));
 
 /// Commit `batch` in one transaction and answer every chunk in it. Returns
 /// whether the transaction failed.
@@ -115,9 +185,10 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
         }
     }
     let committed = write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let mut answers: Vec<Option<Result<ChunkAck, StoreError>>> =
             (0..batch.len()).map(|_| None).collect();
-        let mut rows: Vec<NewChunk<'_>> = Vec::with_capacity(batch.len());
+        let mut rows: Vec<ChunkInsert<'_>> = Vec::with_capacity(batch.len());
         for ((session, turn), members) in &groups {
             let raw = sid(*session)?;
             let n = i64::try_from(members.len()).unwrap_or(i64::MAX);
@@ -129,7 +200,8 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
                     .filter(exists(
                         sessions::table
                             .filter(sessions::id.eq(raw))
-                            .filter(sessions::state.ne("finalized")),
+                            .filter(sessions::state.ne("finalized"))
+                            .filter(lease_live!(now)),
                     )),
             )
             .set(turns::next_seq.eq(turns::next_seq + n))
@@ -138,18 +210,21 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
             .optional()
             .context("reserving sequence numbers for chunks")?;
             let Some(end) = end else {
-                let why = why_turn_refused(Db::from(&mut *c), *session, *turn)?;
+                let why = why_turn_refused(Db::from(&mut *c), *session, *turn, now)?;
                 for &i in members {
                     answers[i] = Some(Err(why.clone()));
                 }
                 continue;
             };
             for (&i, seq) in members.iter().zip(end - n..) {
-                rows.push(NewChunk {
+                let chunk = &batch[i].chunk;
+                rows.push(ChunkInsert {
                     session: raw,
                     turn_no: i64::from(*turn),
                     seq,
-                    text: &batch[i].text,
+                    text: &chunk.text,
+                    kind: chunk.kind.as_str(),
+                    data: chunk.data.as_ref().map(json_text),
                 });
                 answers[i] = Some(match u32::try_from(seq) {
                     Ok(seq) => Ok(ChunkAck {
@@ -165,12 +240,14 @@ pub(crate) fn commit_batch(db: Db<'_>, batch: Vec<PendingChunk>) -> bool {
             }
         }
         // Every accepted group in one multi-row INSERT (split under the bind
-        // limits).
-        for part in rows.chunks(ROWS_PER_INSERT) {
-            diesel::insert_into(chunks::table)
-                .values(part)
-                .execute(c)
-                .context("inserting chunks")?;
+        // limits; a full batch is one prepared statement).
+        for part in rows.chunks(ROWS_PER_STATEMENT) {
+            Rows::insert(
+                "INSERT INTO chunks (session, turn_no, seq, \"text\", kind, data) VALUES ",
+                part,
+            )
+            .execute(c)
+            .context("inserting chunks")?;
         }
         Ok::<_, StoreError>(answers)
     });

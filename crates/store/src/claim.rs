@@ -11,8 +11,9 @@ use settle_core::{EndReason, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::schema::{sessions, turns};
-use crate::session::current;
+use crate::lease::store_now;
+use crate::schema::{owners, sessions, turns};
+use crate::session::{current, lease_live};
 use crate::time::sid;
 
 /// The answer to a [`claim`](crate::SessionStore::claim).
@@ -42,9 +43,11 @@ pub enum Ineligible {
 pub(crate) fn claim(db: Db<'_>, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
     let raw = sid(id)?;
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let claimed = diesel::update(
             sessions::table
                 .filter(sessions::id.eq(raw))
+                .filter(lease_live!(now))
                 .filter(sessions::state.eq(State::Registered.as_str()))
                 .filter(sessions::closing_reason.is_null())
                 .filter(sessions::open_turn.is_null())
@@ -65,6 +68,9 @@ pub(crate) fn claim(db: Db<'_>, id: SessionId, reason: EndReason) -> Result<Clai
         }
         let why = match current(Db::from(&mut *c), raw)? {
             None => return Err(StoreError::UnknownSession(id)),
+            Some(cur) if cur.lease_expired(now) => {
+                return Err(StoreError::LeaseLost(cur.owner_id()))
+            }
             Some(cur) if cur.state == State::Finalized => Ineligible::Finalized,
             Some(cur) => match (cur.closing, cur.open_turn) {
                 (Some(r), _) => Ineligible::Closing(r),

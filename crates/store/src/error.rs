@@ -124,6 +124,15 @@ pub enum OpenError {
         /// What the server said.
         message: String,
     },
+    /// The URL asks for TLS, and this build's libpq has none (the
+    /// `postgres-tls` feature of `settle-store` was off).
+    #[error("the database URL {url} asks for TLS ({message}), but this settle was built without TLS to PostgreSQL; rebuild with the cargo feature `settle-store/postgres-tls` (it needs OpenSSL's headers, e.g. libssl-dev), or drop sslmode from the URL on a trusted network")]
+    TlsNotBuilt {
+        /// The URL, password redacted.
+        url: String,
+        /// What the client library said.
+        message: String,
+    },
     /// The PostgreSQL server refused the connection (authentication, role, limits).
     #[error("the PostgreSQL server at {url} refused the connection ({message}); check the user, password and server limits")]
     Rejected {

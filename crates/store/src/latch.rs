@@ -9,17 +9,19 @@
 use std::time::SystemTime;
 
 use diesel::prelude::*;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
+use crate::lease::store_now;
 use crate::schema::{chunks, memories, sessions, turns};
-use crate::session::{current, record, Current};
+use crate::session::{current, Current};
 use crate::time::{sid, to_millis, turn_no};
+use crate::timeline::{record, Step};
 
 /// What [`finalize`](crate::SessionStore::finalize) does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finalize {
+pub struct FinalizeRequest {
     /// Why the session ends.
     pub reason: EndReason,
     /// Whether to commit memory (from completed turns only).
@@ -31,10 +33,10 @@ pub struct Finalize {
     pub at: SystemTime,
 }
 
-impl Finalize {
+impl FinalizeRequest {
     /// End with `reason` now, without committing memory.
     pub fn new(reason: EndReason) -> Self {
-        Finalize {
+        FinalizeRequest {
             reason,
             commit_memory: false,
             outcome: None,
@@ -83,7 +85,7 @@ impl Finalized {
 pub struct FinalizeReport {
     /// The turn that was still open and is now `interrupted`, if any.
     pub interrupted_turn: Option<u32>,
-    /// Memory rows committed (one per completed turn with chunks).
+    /// Memory rows committed (one per completed turn with reply text).
     pub memories: usize,
     /// Steps that failed; the session was finalized all the same.
     pub failed_steps: Vec<StepFailure>,
@@ -122,6 +124,9 @@ pub(crate) struct Ending<'a> {
     pub(crate) at: i64,
     /// Only spend the latch while the session still has this owner.
     pub(crate) owner: Option<i64>,
+    /// An owner's finalize: refused with `LeaseLost` once the owner's lease
+    /// expired by this reading of the store's clock. Recovery's is not.
+    pub(crate) fenced_at: Option<i64>,
     pub(crate) cause: &'a str,
 }
 
@@ -146,6 +151,9 @@ pub(crate) fn spend(
         let Some(cur) = current(db.reborrow(), raw)? else {
             return Err(StoreError::UnknownSession(id));
         };
+        if let Some(now) = ending.fenced_at {
+            cur.fence(now)?;
+        }
         if cur.state == State::Finalized || ending.owner.is_some_and(|o| o != cur.owner) {
             return Ok(None);
         }
@@ -195,10 +203,12 @@ pub(crate) fn spend(
         record(
             db.reborrow(),
             raw,
-            ending.at,
-            Some(from),
-            State::Finalized,
-            ending.cause,
+            Step {
+                at: ending.at,
+                from: Some(from),
+                to: State::Finalized,
+                cause: ending.cause,
+            },
         )?;
         let interrupted = closed.into_iter().max().map(turn_no).transpose()?;
         return Ok(Some(Spent { interrupted }));
@@ -215,18 +225,19 @@ pub(crate) fn spend(
 pub(crate) fn finalize(
     db: Db<'_>,
     id: SessionId,
-    plan: &Finalize,
+    plan: &FinalizeRequest,
 ) -> Result<Finalized, StoreError> {
     let at = to_millis(plan.at);
     let cause = format!("finalize: {}", plan.reason);
-    let ending = Ending {
-        reason: plan.reason,
-        outcome: plan.outcome,
-        at,
-        owner: None,
-        cause: &cause,
-    };
     write_tx!(db, |c| {
+        let ending = Ending {
+            reason: plan.reason,
+            outcome: plan.outcome,
+            at,
+            owner: None,
+            fenced_at: Some(store_now(Db::from(&mut *c))?),
+            cause: &cause,
+        };
         let Some(spent) = spend(Db::from(&mut *c), id, &ending)? else {
             return Ok(Finalized::AlreadyFinalized);
         };
@@ -234,9 +245,25 @@ pub(crate) fn finalize(
             interrupted_turn: spent.interrupted,
             ..FinalizeReport::default()
         };
-        if plan.commit_memory {
-            // A savepoint: a failed memory commit is rolled back alone and the
-            // session is finalized all the same (SPEC §4: best-effort steps).
+        memory_step(Db::from(c), id, plan.commit_memory, at, &mut report)?;
+        Ok(Finalized::Won(report))
+    })
+}
+
+/// The plan's memory step, for a session whose latch this transaction just
+/// spent: commit memory from completed turns if asked, in a savepoint, so a
+/// failure is rolled back alone and the session is finalized all the same
+/// (SPEC §4: best-effort steps); a failed step is reported and recorded on
+/// the session.
+pub(crate) fn memory_step(
+    db: Db<'_>,
+    id: SessionId,
+    commit: bool,
+    at: i64,
+    report: &mut FinalizeReport,
+) -> Result<(), StoreError> {
+    on_db!(db, |c| {
+        if commit {
             match c.transaction(|c| commit_memory(Db::from(c), id, at)) {
                 Ok(n) => report.memories = n,
                 Err(error) => {
@@ -260,11 +287,12 @@ pub(crate) fn finalize(
                 .execute(c)
                 .context("recording failed finalize steps")?;
         }
-        Ok(Finalized::Won(report))
+        Ok(())
     })
 }
 
-/// Commit one memory row per completed turn: its chunks, in order, joined.
+/// Commit one memory row per completed turn: its reply, the text chunks in
+/// order, joined (structured chunks stay in the transcript).
 /// Turns that failed, were cancelled, detached or interrupted contribute
 /// nothing (G7).
 fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError> {
@@ -277,6 +305,7 @@ fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError
                     .and(turns::no.eq(chunks::turn_no))),
             )
             .filter(chunks::session.eq(raw))
+            .filter(chunks::kind.eq(ChunkKind::Text.as_str()))
             .filter(turns::outcome.eq(Outcome::Completed.as_str()))
             .order((chunks::turn_no.asc(), chunks::seq.asc()))
             .select((chunks::turn_no, chunks::text))

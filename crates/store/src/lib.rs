@@ -7,14 +7,20 @@
 //!
 //! - **G2 finalize exactly once**: [`SessionStore::finalize`] is a conditional
 //!   UPDATE (compare-and-set on the state and a version), so exactly one
-//!   caller wins across connections and processes.
+//!   caller wins across connections and processes; so is each finalize of a
+//!   batch.
 //! - **G3 sweepers spare live turns**: [`SessionStore::claim`] re-evaluates
 //!   the reclaim predicate in the same statement that marks the session closing.
 //! - **G7 nothing acknowledged is lost**: a chunk's [`ChunkReceipt`] resolves
 //!   only after the transaction holding it committed; memory is committed only
 //!   from completed turns.
 //! - **G8 recovery**: [`SessionStore::recover`] finalizes, once, the sessions
-//!   of owners whose lease expired or whose process is gone.
+//!   of owners whose lease expired (by the store's clock, never the
+//!   recoverer's) or whose process is gone from the same machine and PID
+//!   namespace ([`HostIdentity`]; a host name alone never counts). An owner
+//!   whose lease expired writes nothing more: its renewal and every write of
+//!   its own fail with [`StoreError::LeaseLost`], checked in the write's
+//!   transaction.
 //! - **G10 closed handles fail loudly**: any write to a finalized session is
 //!   refused with [`StoreError::SessionClosed`]; a write to an ended turn with
 //!   [`StoreError::TurnClosed`].
@@ -25,8 +31,32 @@
 //! goes through one writer thread per [`Store`] (which group-commits chunk
 //! appends), every read through a connection pool on `spawn_blocking`.
 //!
+//! Lifecycle writes are group-committed too: [`SessionStore::apply`] takes a
+//! batch of [`LifecycleWrite`]s (registrations, transitions, turn starts and
+//! ends, finalizes) and applies it in one transaction with multi-row
+//! statements, answering each write on its own. The timeline keeps the
+//! transitions one session gets from one write or batch in one row (a
+//! segment), so a teardown writes three rows per session: its own, its
+//! turn's, and one timeline segment.
+//!
 //! [`MemoryStore`] keeps the same rules in memory and answers at once, for
 //! tests under tokio's paused clock and for benchmarks that stub the store out.
+//!
+//! # Building: PostgreSQL support is always built in
+//!
+//! libpq, PostgreSQL's client library, is compiled from source with the crate
+//! (pq-sys's bundled build), like SQLite is: building needs a C compiler and
+//! nothing else — no `libpq-dev`, no `pg_config`. Two things follow:
+//!
+//! - TLS to PostgreSQL is a cargo feature, `postgres-tls` (off by default),
+//!   because it links OpenSSL, whose headers (`libssl-dev`) a fresh machine
+//!   may lack. Without it a URL that asks for TLS (`sslmode=require`) is
+//!   refused on open with [`OpenError::TlsNotBuilt`], which names the
+//!   feature; `sslmode=prefer`, libpq's default, connects in plain text.
+//!   Build the binary with it: `cargo build -p settle-cli -F settle-store/postgres-tls`.
+//! - A URL without a host (`postgres:///settle`) looks for the server's
+//!   socket in `/tmp`, libpq's own default; a distribution's server may keep
+//!   it elsewhere: say so in the URL (`postgres:///settle?host=/var/run/postgresql`).
 //!
 //! # Opening a store and recovering
 //!
@@ -49,7 +79,7 @@
 //!     // lease is live and our process is running, so nothing is recovered.
 //!     let report = store.recover(RecoverOptions::now_on_this_host()).await?;
 //!     assert!(report.recovered.is_empty());
-//!     assert_eq!(store.list_sessions(None).await?[0].id, id);
+//!     assert_eq!(store.last_session(None).await?, Some(id));
 //!     Ok::<_, Box<dyn std::error::Error>>(())
 //! })?;
 //! # Ok(()) }
@@ -57,40 +87,50 @@
 
 #[macro_use]
 mod conn;
+#[macro_use]
+mod ids;
 
+mod batch;
 mod checkpoint;
 mod chunk;
 mod claim;
 mod error;
-#[macro_use]
-mod ids;
 mod latch;
 mod lease;
+mod list;
 mod memory;
 mod open;
 mod options;
 mod pool;
 mod read;
 mod recover;
+mod rows;
+mod rules;
 mod schema;
 mod session;
 mod session_store;
 mod store;
 mod sys;
+mod thread;
 mod time;
+mod timeline;
 mod writer;
 
-pub use chunk::{ChunkAck, ChunkReceipt};
+pub use batch::{Applied, LifecycleWrite};
+pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
 pub use claim::{Claim, Ineligible};
 pub use error::{DbError, OpenError, StoreError};
-pub use latch::{Finalize, FinalizeReport, FinalizeStep, Finalized, StepFailure};
-pub use lease::{local_host_name, OwnerId, OwnerInfo};
+pub use latch::{FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure};
+pub use lease::{local_host_name, HostIdentity, OwnerId, OwnerInfo, OwnerRow};
+pub use list::{ListOrder, SessionFilter};
 pub use memory::MemoryStore;
 pub use options::StoreOptions;
-pub use read::{MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
-pub use recover::{OwnerGone, RecoverOptions, RecoveryReport};
+pub use read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
+pub use recover::{OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
 pub use session::NewSession;
 pub use session_store::SessionStore;
 pub use store::Store;
 
-pub use settle_core::{EndReason, Outcome, SessionId, State};
+pub use settle_core::{
+    Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind,
+};

@@ -8,25 +8,31 @@
 //! a thread would let the clock jump ahead, and it costs next to nothing when
 //! a benchmark wants the store's writes out of the measurement.
 //!
-//! It is not durable: everything is lost when the last clone is dropped.
+//! The store's shared test suite runs on it as on both databases, so the two
+//! implementations cannot drift apart. It is not durable: everything is lost
+//! when the last clone is dropped.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
 
-use crate::chunk::{ChunkAck, ChunkReceipt};
+use crate::batch::{Applied, LifecycleWrite};
+use crate::chunk::{ChunkAck, ChunkReceipt, NewChunk};
 use crate::claim::{Claim, Ineligible};
 use crate::error::StoreError;
-use crate::latch::{Finalize, FinalizeReport, Finalized};
-use crate::lease::{OwnerId, OwnerInfo};
-use crate::read::{MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
-use crate::recover::{OwnerGone, RecoverOptions, RecoveryReport};
+use crate::latch::{FinalizeReport, FinalizeRequest, Finalized};
+use crate::lease::{fence, OwnerId, OwnerInfo, OwnerRow};
+use crate::list::{ListOrder, SessionFilter};
+use crate::read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};
+use crate::recover::{verdict, OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
+use crate::rules::{allowed, turn_refusal, Live, TurnSeen};
 use crate::session::NewSession;
 use crate::session_store::SessionStore;
-use crate::time::{from_millis, to_millis};
+use crate::time::{duration_millis, from_millis, to_millis};
 
 /// An in-memory [`SessionStore`]: faithful to the lifecycle rules of
 /// [`Store`](crate::Store), immediate, not durable. Cheap to clone: clones
@@ -38,16 +44,16 @@ use crate::time::{from_millis, to_millis};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), settle_store::StoreError> {
 /// use std::time::{Duration, SystemTime};
-/// use settle_store::{EndReason, Finalize, MemoryStore, NewSession, Outcome, OwnerInfo, SessionStore};
+/// use settle_store::{EndReason, FinalizeRequest, MemoryStore, NewSession, Outcome, OwnerInfo, SessionStore};
 ///
 /// let store = MemoryStore::new();
 /// let owner = store.register_owner(OwnerInfo::this_process(), Duration::from_secs(30)).await?;
 /// let id = store.create_session(NewSession::new("root", owner)).await?;
-/// store.start_turn(id, 1, SystemTime::now()).await?;
+/// store.start_turn(id, 1, None, SystemTime::now()).await?;
 /// store.append_chunk(id, 1, "hello".into()).await?;
-/// store.end_turn(id, 1, Outcome::Completed, SystemTime::now()).await?;
+/// store.end_turn(id, 1, Outcome::Completed, None, SystemTime::now()).await?;
 ///
-/// let plan = Finalize::new(EndReason::Completed).commit_memory(true);
+/// let plan = FinalizeRequest::new(EndReason::Completed).commit_memory(true);
 /// assert!(store.finalize(id, plan.clone()).await?.won());
 /// assert!(!store.finalize(id, plan).await?.won()); // G2: once
 /// assert_eq!(store.memories(id).await?[0].content, "hello");
@@ -82,17 +88,26 @@ struct Owner {
     lease_expires_at: i64,
 }
 
+impl Owner {
+    fn to_row(&self, id: u64) -> OwnerRow {
+        OwnerRow {
+            id: OwnerId(id),
+            host: self.info.host.clone(),
+            identity: self.info.identity.clone(),
+            pid: self.info.pid,
+            started_at: from_millis(to_millis(self.info.started_at)),
+            lease_expires_at: from_millis(self.lease_expires_at),
+        }
+    }
+}
+
 struct Row {
     name: String,
     parent: Option<SessionId>,
     owner: u64,
-    state: State,
-    outcome: Option<Outcome>,
-    end_reason: Option<EndReason>,
-    open_turn: Option<u32>,
-    closing: Option<EndReason>,
+    live: Live,
     created_at: i64,
-    finalized_at: Option<i64>,
+    resumed_from: Option<SessionId>,
     turns: BTreeMap<u32, TurnRec>,
     timeline: Vec<TimelineRow>,
     memories: Vec<MemoryRow>,
@@ -102,7 +117,23 @@ struct TurnRec {
     started_at: i64,
     ended_at: Option<i64>,
     outcome: Option<Outcome>,
-    chunks: Vec<String>,
+    input: Option<Value>,
+    error: Option<TurnError>,
+    chunks: Vec<ChunkRow>,
+}
+
+impl TurnRec {
+    fn to_row(&self, no: u32) -> TurnRow {
+        TurnRow {
+            no,
+            outcome: self.outcome,
+            started_at: from_millis(self.started_at),
+            ended_at: self.ended_at.map(from_millis),
+            input: self.input.clone(),
+            error: self.error.clone(),
+            chunks: self.chunks.clone(),
+        }
+    }
 }
 
 impl Row {
@@ -124,39 +155,24 @@ impl Row {
             id: SessionId(id),
             name: self.name.clone(),
             parent: self.parent,
-            state: self.state,
-            outcome: self.outcome,
-            end_reason: self.end_reason,
+            state: self.live.state,
+            outcome: self.live.outcome,
+            end_reason: self.live.end_reason,
             turns: self.turns.len() as u64,
             chunks: self.chunk_count(),
             created_at: from_millis(self.created_at),
-            finalized_at: self.finalized_at.map(from_millis),
+            finalized_at: self.live.finalized_at.map(from_millis),
+            resumed_from: self.resumed_from,
         }
     }
 
-    /// Why a write to turn `no` is refused, as [`Store`](crate::Store) says it.
-    fn turn_refusal(&self, id: SessionId, no: u32) -> StoreError {
-        if self.state == State::Finalized {
-            return StoreError::SessionClosed(id);
-        }
+    fn seen(&self, no: u32) -> TurnSeen {
         match self.turns.get(&no) {
-            None => StoreError::UnknownTurn {
-                session: id,
-                turn: no,
-            },
-            Some(_) => StoreError::TurnClosed {
-                session: id,
-                turn: no,
-            },
+            None => TurnSeen::Missing,
+            Some(t) if t.ended_at.is_none() => TurnSeen::Open,
+            Some(_) => TurnSeen::Ended,
         }
     }
-}
-
-/// Forward only, except `running → registered` when a turn ends; finalizing
-/// goes through the latch.
-fn allowed(from: State, to: State) -> bool {
-    to != State::Finalized
-        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
 }
 
 impl MemoryStore {
@@ -182,11 +198,228 @@ impl MemoryStore {
     }
 }
 
+// Each write is a method on the tables, so that one lock covers it whole, as
+// one transaction does in the database.
 impl Tables {
     fn row(&mut self, id: SessionId) -> Result<&mut Row, StoreError> {
         self.sessions
             .get_mut(&id.get())
             .ok_or(StoreError::UnknownSession(id))
+    }
+
+    /// The row of session `id` for a write of its owner: refused with
+    /// `LeaseLost` once the owner's lease expired (by this machine's clock,
+    /// the store's clock here).
+    fn owned_row(&mut self, id: SessionId) -> Result<&mut Row, StoreError> {
+        let now = to_millis(SystemTime::now());
+        let row = self
+            .sessions
+            .get_mut(&id.get())
+            .ok_or(StoreError::UnknownSession(id))?;
+        let expires = self
+            .owners
+            .get(&row.owner)
+            .map_or(i64::MIN, |o| o.lease_expires_at);
+        fence(i64::try_from(row.owner).unwrap_or(i64::MAX), expires, now)?;
+        Ok(row)
+    }
+
+    fn register_owner(&mut self, info: OwnerInfo, ttl: Duration) -> OwnerId {
+        self.next_owner += 1;
+        let id = self.next_owner;
+        let lease_expires_at = to_millis(SystemTime::now()).saturating_add(duration_millis(ttl));
+        self.owners.insert(
+            id,
+            Owner {
+                info,
+                lease_expires_at,
+            },
+        );
+        OwnerId(id)
+    }
+
+    fn renew_lease(&mut self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
+        let now = to_millis(SystemTime::now());
+        let entry = self
+            .owners
+            .get_mut(&owner.0)
+            .ok_or(StoreError::UnknownOwner(owner))?;
+        if entry.lease_expires_at <= now {
+            return Err(StoreError::LeaseLost(owner));
+        }
+        entry.lease_expires_at = now.saturating_add(duration_millis(ttl));
+        Ok(from_millis(entry.lease_expires_at))
+    }
+
+    fn create_session(&mut self, new: NewSession) -> Result<SessionId, StoreError> {
+        if let Some(previous) = new.resumed_from {
+            if !self.sessions.contains_key(&previous.get()) {
+                return Err(StoreError::UnknownSession(previous));
+            }
+        }
+        if let Some(parent) = new.parent {
+            let row = self.row(parent)?;
+            if !row.live.state.is_open() {
+                return Err(StoreError::ParentClosed {
+                    parent,
+                    state: row.live.state,
+                });
+            }
+        }
+        match self.owners.get(&new.owner.0) {
+            None => return Err(StoreError::UnknownOwner(new.owner)),
+            Some(owner) => fence(
+                new.owner.raw()?,
+                owner.lease_expires_at,
+                to_millis(SystemTime::now()),
+            )?,
+        }
+        let id = match new.id {
+            Some(SessionId(id)) if self.sessions.contains_key(&id) => {
+                return Err(StoreError::DuplicateSession(SessionId(id)))
+            }
+            Some(SessionId(id)) => {
+                self.next_session = self.next_session.max(id);
+                id
+            }
+            None => {
+                self.next_session += 1;
+                self.next_session
+            }
+        };
+        let at = to_millis(new.created_at);
+        let mut row = Row {
+            name: new.name,
+            parent: new.parent,
+            owner: new.owner.0,
+            live: Live::registered(),
+            created_at: at,
+            resumed_from: new.resumed_from,
+            turns: BTreeMap::new(),
+            timeline: Vec::new(),
+            memories: Vec::new(),
+        };
+        row.record(at, None, State::Registered, "registered");
+        self.sessions.insert(id, row);
+        Ok(SessionId(id))
+    }
+
+    fn transition(
+        &mut self,
+        id: SessionId,
+        from: State,
+        to: State,
+        cause: &str,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        if !allowed(from, to) {
+            // Refused before the session is looked up, as the database does.
+            return Err(StoreError::InvalidTransition {
+                session: id,
+                from,
+                to,
+            });
+        }
+        let row = self.owned_row(id)?;
+        row.live.transition(id, from, to)?;
+        row.record(to_millis(at), Some(from), to, cause);
+        Ok(())
+    }
+
+    fn start_turn(
+        &mut self,
+        id: SessionId,
+        no: u32,
+        input: Option<Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        let row = self.owned_row(id)?;
+        let seen = row.seen(no);
+        row.live.start_turn(id, no, seen)?;
+        row.turns.insert(
+            no,
+            TurnRec {
+                started_at: to_millis(at),
+                ended_at: None,
+                outcome: None,
+                input,
+                error: None,
+                chunks: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn append_chunk(
+        &mut self,
+        id: SessionId,
+        turn: u32,
+        chunk: NewChunk,
+    ) -> Result<ChunkAck, StoreError> {
+        let row = self.owned_row(id)?;
+        let seen = row.seen(turn);
+        match row.turns.get_mut(&turn) {
+            Some(t) if seen == TurnSeen::Open && row.live.state != State::Finalized => {
+                let seq = u32::try_from(t.chunks.len()).map_err(|_| StoreError::OutOfRange {
+                    what: "chunk sequence number",
+                    value: t.chunks.len() as u64,
+                })?;
+                t.chunks.push(ChunkRow {
+                    seq,
+                    kind: chunk.kind,
+                    text: chunk.text,
+                    data: chunk.data,
+                });
+                Ok(ChunkAck {
+                    session: id,
+                    turn,
+                    seq,
+                })
+            }
+            _ => Err(turn_refusal(&row.live, id, turn, seen)),
+        }
+    }
+
+    fn end_turn(
+        &mut self,
+        id: SessionId,
+        no: u32,
+        outcome: Outcome,
+        error: Option<TurnError>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        let row = self.owned_row(id)?;
+        let seen = row.seen(no);
+        row.live.end_turn(id, no, outcome, seen)?;
+        if let Some(turn) = row.turns.get_mut(&no) {
+            turn.ended_at = Some(to_millis(at));
+            turn.outcome = Some(outcome);
+            turn.error = error;
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
+        let row = self.owned_row(id)?;
+        let open_turn = row.live.open_turn.or_else(|| {
+            row.turns
+                .iter()
+                .find(|(_, t)| t.ended_at.is_none())
+                .map(|(no, _)| *no)
+        });
+        let why = if row.live.state == State::Finalized {
+            Ineligible::Finalized
+        } else if let Some(r) = row.live.closing {
+            Ineligible::Closing(r)
+        } else if let Some(t) = open_turn {
+            Ineligible::TurnInFlight(t)
+        } else if row.live.state != State::Registered {
+            Ineligible::State(row.live.state)
+        } else {
+            row.live.closing = Some(reason);
+            return Ok(Claim::Claimed);
+        };
+        Ok(Claim::NotEligible(why))
     }
 
     /// The finalize latch: `None` when the session was already finalized (or,
@@ -200,274 +433,32 @@ impl Tables {
         owner: Option<u64>,
         cause: &str,
     ) -> Result<Option<Option<u32>>, StoreError> {
-        let row = self.row(id)?;
-        if row.state == State::Finalized || owner.is_some_and(|o| o != row.owner) {
+        // The owner's own finalize is fenced by its lease; recovery's is not.
+        let row = match owner {
+            None => self.owned_row(id)?,
+            Some(_) => self.row(id)?,
+        };
+        if owner.is_some_and(|o| o != row.owner) {
             return Ok(None);
         }
-        let from = row.state;
-        let outcome = outcome.or(if row.open_turn.is_some() {
-            Some(Outcome::Interrupted)
-        } else {
-            row.outcome
-        });
-        row.state = State::Finalized;
-        row.end_reason = Some(reason);
-        row.finalized_at = Some(at);
-        row.outcome = outcome;
-        row.open_turn = None;
+        let Some(spent) = row.live.spend(reason, outcome, at) else {
+            return Ok(None);
+        };
         // Close whatever turn is still open, so its work can write no more.
-        let mut interrupted = None;
-        for (no, turn) in row.turns.iter_mut() {
+        for turn in row.turns.values_mut() {
             if turn.ended_at.is_none() {
                 turn.ended_at = Some(at);
                 turn.outcome = Some(Outcome::Interrupted);
-                interrupted = Some(*no);
             }
         }
-        row.record(at, Some(from), State::Finalized, cause);
-        Ok(Some(interrupted))
-    }
-}
-
-#[async_trait]
-impl SessionStore for MemoryStore {
-    async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError> {
-        let mut tables = self.lock();
-        tables.next_owner += 1;
-        let id = tables.next_owner;
-        let lease_expires_at = to_millis(SystemTime::now()).saturating_add(millis(ttl));
-        tables.owners.insert(
-            id,
-            Owner {
-                info: owner,
-                lease_expires_at,
-            },
-        );
-        Ok(OwnerId(id))
+        row.record(at, Some(spent.from), State::Finalized, cause);
+        Ok(Some(spent.interrupted))
     }
 
-    async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
-        let mut tables = self.lock();
-        let now = to_millis(SystemTime::now());
-        let entry = tables
-            .owners
-            .get_mut(&owner.0)
-            .ok_or(StoreError::UnknownOwner(owner))?;
-        if entry.lease_expires_at <= now {
-            return Err(StoreError::LeaseLost(owner));
-        }
-        entry.lease_expires_at = now.saturating_add(millis(ttl));
-        Ok(from_millis(entry.lease_expires_at))
-    }
-
-    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
-        let mut tables = self.lock();
-        let start = tables.next_session + 1;
-        tables.next_session += u64::from(count);
-        Ok(start..tables.next_session + 1)
-    }
-
-    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        let mut tables = self.lock();
-        if let Some(parent) = new.parent {
-            let row = tables.row(parent)?;
-            if !row.state.is_open() {
-                return Err(StoreError::ParentClosed {
-                    parent,
-                    state: row.state,
-                });
-            }
-        }
-        if !tables.owners.contains_key(&new.owner.0) {
-            return Err(StoreError::UnknownOwner(new.owner));
-        }
-        let id = match new.id {
-            Some(SessionId(id)) if tables.sessions.contains_key(&id) => {
-                return Err(StoreError::DuplicateSession(SessionId(id)))
-            }
-            Some(SessionId(id)) => {
-                tables.next_session = tables.next_session.max(id);
-                id
-            }
-            None => {
-                tables.next_session += 1;
-                tables.next_session
-            }
-        };
-        let at = to_millis(new.created_at);
-        let mut row = Row {
-            name: new.name,
-            parent: new.parent,
-            owner: new.owner.0,
-            state: State::Registered,
-            outcome: None,
-            end_reason: None,
-            open_turn: None,
-            closing: None,
-            created_at: at,
-            finalized_at: None,
-            turns: BTreeMap::new(),
-            timeline: Vec::new(),
-            memories: Vec::new(),
-        };
-        row.record(at, None, State::Registered, "registered");
-        tables.sessions.insert(id, row);
-        Ok(SessionId(id))
-    }
-
-    async fn transition(
-        &self,
-        id: SessionId,
-        from: State,
-        to: State,
-        cause: &str,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        if !allowed(from, to) {
-            return Err(StoreError::InvalidTransition {
-                session: id,
-                from,
-                to,
-            });
-        }
-        let mut tables = self.lock();
-        let row = tables.row(id)?;
-        if row.state != from {
-            return Err(if row.state == State::Finalized {
-                StoreError::SessionClosed(id)
-            } else {
-                StoreError::StateMismatch {
-                    session: id,
-                    expected: from,
-                    found: row.state,
-                }
-            });
-        }
-        row.state = to;
-        row.record(to_millis(at), Some(from), to, cause);
-        Ok(())
-    }
-
-    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
-        let mut tables = self.lock();
-        let row = tables.row(id)?;
-        if row.state == State::Finalized {
-            return Err(StoreError::SessionClosed(id));
-        }
-        if let Some(reason) = row.closing {
-            return Err(StoreError::SessionClosing {
-                session: id,
-                reason,
-            });
-        }
-        if let Some(open) = row.open_turn {
-            return Err(StoreError::TurnInFlight { session: id, open });
-        }
-        if !matches!(row.state, State::Registered | State::Running) {
-            return Err(StoreError::NotAcceptingTurns {
-                session: id,
-                state: row.state,
-            });
-        }
-        if row.turns.contains_key(&no) {
-            return Err(StoreError::TurnExists {
-                session: id,
-                turn: no,
-            });
-        }
-        row.open_turn = Some(no);
-        row.turns.insert(
-            no,
-            TurnRec {
-                started_at: to_millis(at),
-                ended_at: None,
-                outcome: None,
-                chunks: Vec::new(),
-            },
-        );
-        Ok(())
-    }
-
-    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt {
-        let mut tables = self.lock();
-        let result = tables.row(id).and_then(|row| {
-            if row.state != State::Finalized {
-                if let Some(t) = row.turns.get_mut(&turn).filter(|t| t.ended_at.is_none()) {
-                    let seq =
-                        u32::try_from(t.chunks.len()).map_err(|_| StoreError::OutOfRange {
-                            what: "chunk sequence number",
-                            value: t.chunks.len() as u64,
-                        })?;
-                    t.chunks.push(text);
-                    return Ok(ChunkAck {
-                        session: id,
-                        turn,
-                        seq,
-                    });
-                }
-            }
-            Err(row.turn_refusal(id, turn))
-        });
-        ChunkReceipt::ready(result)
-    }
-
-    async fn end_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        outcome: Outcome,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        let mut tables = self.lock();
-        let row = tables.row(id)?;
-        match row.turns.get_mut(&no).filter(|t| t.ended_at.is_none()) {
-            Some(turn) => {
-                turn.ended_at = Some(to_millis(at));
-                turn.outcome = Some(outcome);
-            }
-            None => return Err(row.turn_refusal(id, no)),
-        }
-        if row.open_turn == Some(no) {
-            row.open_turn = None;
-            row.outcome = Some(outcome);
-        }
-        Ok(())
-    }
-
-    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        let mut tables = self.lock();
-        let row = tables.row(id)?;
-        let open_turn = row.open_turn.or_else(|| {
-            row.turns
-                .iter()
-                .find(|(_, t)| t.ended_at.is_none())
-                .map(|(no, _)| *no)
-        });
-        let why = if row.state == State::Finalized {
-            Ineligible::Finalized
-        } else if let Some(r) = row.closing {
-            Ineligible::Closing(r)
-        } else if let Some(t) = open_turn {
-            Ineligible::TurnInFlight(t)
-        } else if row.state != State::Registered {
-            Ineligible::State(row.state)
-        } else {
-            row.closing = Some(reason);
-            return Ok(Claim::Claimed);
-        };
-        Ok(Claim::NotEligible(why))
-    }
-
-    async fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
-        let mut tables = self.lock();
+    fn finalize(&mut self, id: SessionId, plan: &FinalizeRequest) -> Result<Finalized, StoreError> {
         let at = to_millis(plan.at);
         let cause = format!("finalize: {}", plan.reason);
-        let Some(interrupted) = tables.spend(id, plan.reason, plan.outcome, at, None, &cause)?
-        else {
+        let Some(interrupted) = self.spend(id, plan.reason, plan.outcome, at, None, &cause)? else {
             return Ok(Finalized::AlreadyFinalized);
         };
         let mut report = FinalizeReport {
@@ -475,16 +466,17 @@ impl SessionStore for MemoryStore {
             ..FinalizeReport::default()
         };
         if plan.commit_memory {
-            let row = tables.row(id)?;
-            // One row per completed turn with chunks (G7): failed, cancelled,
-            // detached and interrupted turns contribute nothing.
+            let row = self.row(id)?;
+            // One row per completed turn with reply text (G7): failed,
+            // cancelled, detached and interrupted turns contribute nothing.
             let fresh: Vec<MemoryRow> = row
                 .turns
                 .iter()
-                .filter(|(_, t)| t.outcome == Some(Outcome::Completed) && !t.chunks.is_empty())
+                .filter(|(_, t)| t.outcome == Some(Outcome::Completed))
+                .filter(|(_, t)| t.chunks.iter().any(|c| c.kind == ChunkKind::Text))
                 .map(|(no, t)| MemoryRow {
                     turn: *no,
-                    content: t.chunks.concat(),
+                    content: t.to_row(*no).text(),
                 })
                 .collect();
             report.memories = fresh.len();
@@ -493,60 +485,96 @@ impl SessionStore for MemoryStore {
         Ok(Finalized::Won(report))
     }
 
-    async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
-        let mut tables = self.lock();
-        let now = to_millis(options.now);
-        let mut verdicts: BTreeMap<u64, Option<OwnerGone>> = BTreeMap::new();
-        for (id, owner) in &tables.owners {
-            let live = tables
-                .sessions
-                .values()
-                .any(|r| r.owner == *id && r.state != State::Finalized);
-            if !live {
-                continue;
+    fn apply(&mut self, write: LifecycleWrite) -> Result<Applied, StoreError> {
+        match write {
+            LifecycleWrite::Register(new) => self.create_session(new).map(Applied::Registered),
+            LifecycleWrite::Transition {
+                session,
+                from,
+                to,
+                cause,
+                at,
+            } => self
+                .transition(session, from, to, &cause.to_string(), at)
+                .map(|()| Applied::Done),
+            LifecycleWrite::StartTurn {
+                session,
+                no,
+                input,
+                at,
+            } => self
+                .start_turn(session, no, input, at)
+                .map(|()| Applied::Done),
+            LifecycleWrite::EndTurn {
+                session,
+                no,
+                outcome,
+                error,
+                at,
+            } => self
+                .end_turn(session, no, outcome, error, at)
+                .map(|()| Applied::Done),
+            LifecycleWrite::Finalize { session, plan } => {
+                self.finalize(session, &plan).map(Applied::Finalized)
             }
-            let verdict = if owner.lease_expires_at <= now {
-                Some(OwnerGone::LeaseExpired)
-            } else if owner.info.host == options.this_host
-                && crate::sys::process_is_gone(i64::from(owner.info.pid)) == Some(true)
-            {
-                Some(OwnerGone::ProcessGone)
-            } else {
-                None
-            };
-            verdicts.insert(*id, verdict);
         }
-        let mut report = RecoveryReport {
-            owners_gone: verdicts
-                .iter()
-                .filter_map(|(o, v)| v.map(|v| (OwnerId(*o), v)))
-                .collect(),
-            ..RecoveryReport::default()
-        };
+    }
+
+    fn recovery_candidates(&self, options: &RecoverOptions) -> Vec<RecoveryCandidate> {
+        // The store's clock: this machine's.
+        let now = to_millis(SystemTime::now());
+        let mut verdicts: HashMap<u64, Option<OwnerGone>> = HashMap::new();
+        let mut found = Vec::new();
         // Newest first: children are created after their parents, so they are
         // finalized before them (G1).
-        let live: Vec<(u64, u64)> = tables
-            .sessions
-            .iter()
-            .rev()
-            .filter(|(_, r)| r.state != State::Finalized)
-            .map(|(id, r)| (*id, r.owner))
-            .collect();
-        for (raw, owner) in live {
-            let Some(gone) = verdicts.get(&owner).copied().flatten() else {
+        for (id, row) in self.sessions.iter().rev() {
+            if row.live.state == State::Finalized {
+                continue;
+            }
+            let Some(owner) = self.owners.get(&row.owner) else {
                 continue;
             };
-            let cause = match gone {
-                OwnerGone::LeaseExpired => format!("recovered: the lease of owner {owner} expired"),
-                OwnerGone::ProcessGone => {
-                    let info = tables.owners.get(&owner).map(|o| &o.info);
-                    let (pid, host) = info.map_or((0, ""), |i| (i.pid, i.host.as_str()));
-                    format!("recovered: owner {owner} (process {pid} on {host}) is gone")
+            let verdict = *verdicts
+                .entry(row.owner)
+                .or_insert_with(|| verdict(&owner.to_row(row.owner), now, &options.here));
+            let Some(reason) = verdict else { continue };
+            found.push(RecoveryCandidate {
+                session: SessionId(*id),
+                name: row.name.clone(),
+                state: row.live.state,
+                open_turn: row.live.open_turn,
+                owner: owner.to_row(row.owner),
+                reason,
+            });
+        }
+        found
+    }
+
+    fn recover(&mut self, options: &RecoverOptions) -> Result<RecoveryReport, StoreError> {
+        let now = to_millis(options.now);
+        let found = self.recovery_candidates(options);
+        let mut report = RecoveryReport::default();
+        for candidate in &found {
+            let gone = (candidate.owner.id, candidate.reason);
+            if !report.owners_gone.contains(&gone) {
+                report.owners_gone.push(gone);
+            }
+        }
+        report.owners_gone.sort();
+        for candidate in found {
+            let owner = &candidate.owner;
+            let cause = match candidate.reason {
+                OwnerGone::LeaseExpired => {
+                    format!("recovered: the lease of owner {} expired", owner.id)
                 }
+                OwnerGone::ProcessGone => format!(
+                    "recovered: owner {} (process {} on {}) is gone",
+                    owner.id, owner.pid, owner.host
+                ),
             };
-            let id = SessionId(raw);
+            let id = candidate.session;
             let ending = EndReason::Recovered;
-            match tables.spend(id, ending, None, now, Some(owner), &cause)? {
+            match self.spend(id, ending, None, now, Some(owner.id.0), &cause)? {
                 Some(interrupted) => {
                     report.recovered.push(id);
                     if let Some(turn) = interrupted {
@@ -559,159 +587,152 @@ impl SessionStore for MemoryStore {
         Ok(report)
     }
 
-    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
-        let tables = self.lock();
-        Ok(tables
-            .sessions
-            .iter()
-            .filter(|(_, r)| state.is_none_or(|s| r.state == s))
-            .map(|(id, r)| r.to_session_row(*id))
-            .collect())
+    fn list_sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
+        let admitted =
+            |(_, r): &(&u64, &Row)| filter.admits(r.live.state, from_millis(r.created_at));
+        let limit = filter.limit.unwrap_or(usize::MAX);
+        let rows = |it: &mut dyn Iterator<Item = (&u64, &Row)>| {
+            it.filter(admitted)
+                .take(limit)
+                .map(|(id, r)| r.to_session_row(*id))
+                .collect()
+        };
+        match filter.order {
+            ListOrder::NewestFirst => rows(&mut self.sessions.iter().rev()),
+            ListOrder::OldestFirst => rows(&mut self.sessions.iter()),
+        }
     }
 
-    async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
-        let mut tables = self.lock();
-        let row = tables.row(id)?;
+    fn last_session(&self, state: Option<State>) -> Option<SessionId> {
+        self.sessions
+            .iter()
+            .rev()
+            .find(|(_, r)| state.is_none_or(|s| r.live.state == s))
+            .map(|(id, _)| SessionId(*id))
+    }
+
+    fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
+        let row = self
+            .sessions
+            .get(&id.get())
+            .ok_or(StoreError::UnknownSession(id))?;
         Ok(SessionDetail {
             session: row.to_session_row(id.get()),
-            turns: row
-                .turns
-                .iter()
-                .map(|(no, t)| TurnRow {
-                    no: *no,
-                    outcome: t.outcome,
-                    started_at: from_millis(t.started_at),
-                    ended_at: t.ended_at.map(from_millis),
-                    chunks: t.chunks.clone(),
-                })
-                .collect(),
+            turns: row.turns.iter().map(|(no, t)| t.to_row(*no)).collect(),
             timeline: row.timeline.clone(),
             finalize_errors: None,
         })
     }
+}
+
+#[async_trait]
+impl SessionStore for MemoryStore {
+    async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError> {
+        Ok(self.lock().register_owner(owner, ttl))
+    }
+
+    async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
+        self.lock().renew_lease(owner, ttl)
+    }
+
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        let mut tables = self.lock();
+        let start = tables.next_session + 1;
+        tables.next_session += u64::from(count);
+        Ok(start..tables.next_session + 1)
+    }
+
+    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
+        self.lock().create_session(new)
+    }
+
+    async fn transition(
+        &self,
+        id: SessionId,
+        from: State,
+        to: State,
+        cause: &str,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.lock().transition(id, from, to, cause, at)
+    }
+
+    async fn start_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        input: Option<Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.lock().start_turn(id, no, input, at)
+    }
+
+    fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
+        ChunkReceipt::ready(self.lock().append_chunk(id, turn, chunk))
+    }
+
+    async fn end_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        outcome: Outcome,
+        error: Option<TurnError>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.lock().end_turn(id, no, outcome, error, at)
+    }
+
+    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
+        self.lock().claim(id, reason)
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn finalize(
+        &self,
+        id: SessionId,
+        plan: FinalizeRequest,
+    ) -> Result<Finalized, StoreError> {
+        self.lock().finalize(id, &plan)
+    }
+
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        // One lock for the whole batch, as one transaction in the database.
+        let mut tables = self.lock();
+        batch.into_iter().map(|write| tables.apply(write)).collect()
+    }
+
+    async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
+        self.lock().recover(&options)
+    }
+
+    async fn recovery_candidates(
+        &self,
+        options: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
+        Ok(self.lock().recovery_candidates(&options))
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        Ok(self.lock().list_sessions(&filter))
+    }
+
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        Ok(self.lock().last_session(state))
+    }
+
+    async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
+        self.lock().session_detail(id)
+    }
 
     async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
-        let tables = self.lock();
-        Ok(tables
+        Ok(self
+            .lock()
             .sessions
             .get(&id.get())
             .map(|r| r.memories.clone())
             .unwrap_or_default())
-    }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-    use super::*;
-
-    async fn store_with_session() -> (MemoryStore, SessionId) {
-        let store = MemoryStore::new();
-        let owner = store
-            .register_owner(OwnerInfo::this_process(), Duration::from_secs(30))
-            .await
-            .unwrap();
-        let id = store
-            .create_session(NewSession::new("s", owner))
-            .await
-            .unwrap();
-        (store, id)
-    }
-
-    #[tokio::test]
-    async fn g2_the_latch_is_spent_once_and_closes_the_session() {
-        let (store, id) = store_with_session().await;
-        let now = SystemTime::now();
-        store.start_turn(id, 1, now).await.unwrap();
-        store.append_chunk(id, 1, "a".into()).await.unwrap();
-        let won = store
-            .finalize(id, Finalize::new(EndReason::Shutdown).commit_memory(true))
-            .await
-            .unwrap();
-        let Finalized::Won(report) = won else {
-            panic!("the first finalize must win")
-        };
-        // The open turn was interrupted: no memory from a truncated turn (G7).
-        assert_eq!(report.interrupted_turn, Some(1));
-        assert_eq!(report.memories, 0);
-        assert!(matches!(
-            store
-                .finalize(id, Finalize::new(EndReason::Completed))
-                .await,
-            Ok(Finalized::AlreadyFinalized)
-        ));
-        // G10: every write after it is refused with a typed error.
-        assert!(matches!(
-            store.append_chunk(id, 1, "b".into()).await,
-            Err(StoreError::SessionClosed(_))
-        ));
-        assert!(matches!(
-            store
-                .transition(id, State::Registered, State::Running, "x", now)
-                .await,
-            Err(StoreError::SessionClosed(_))
-        ));
-        let detail = store.session_detail(id).await.unwrap();
-        assert_eq!(detail.session.end_reason, Some(EndReason::Shutdown));
-        assert_eq!(detail.session.outcome, Some(Outcome::Interrupted));
-        assert_eq!(detail.turns[0].chunks, vec!["a".to_owned()]);
-    }
-
-    #[tokio::test]
-    async fn transitions_are_conditional_and_turns_close() {
-        let (store, id) = store_with_session().await;
-        let now = SystemTime::now();
-        assert!(matches!(
-            store
-                .transition(id, State::Running, State::Cancelling, "x", now)
-                .await,
-            Err(StoreError::StateMismatch {
-                expected: State::Running,
-                found: State::Registered,
-                ..
-            })
-        ));
-        store.start_turn(id, 1, now).await.unwrap();
-        assert!(matches!(
-            store.claim(id, EndReason::IdleReap).await,
-            Ok(Claim::NotEligible(Ineligible::TurnInFlight(1)))
-        ));
-        for text in ["x", "y", "z"] {
-            store.append_chunk(id, 1, text.into()).await.unwrap();
-        }
-        store
-            .end_turn(id, 1, Outcome::Completed, now)
-            .await
-            .unwrap();
-        assert!(matches!(
-            store.append_chunk(id, 1, "late".into()).await,
-            Err(StoreError::TurnClosed { turn: 1, .. })
-        ));
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::Claimed
-        );
-        // A claimed session admits no new turn.
-        assert!(matches!(
-            store.start_turn(id, 2, now).await,
-            Err(StoreError::SessionClosing { .. })
-        ));
-        let plan = Finalize::new(EndReason::IdleReap).commit_memory(true);
-        assert!(store.finalize(id, plan).await.unwrap().won());
-        let memories = store.memories(id).await.unwrap();
-        assert_eq!(memories.len(), 1);
-        assert_eq!(memories[0].content, "xyz");
-        let rows = store.list_sessions(Some(State::Finalized)).await.unwrap();
-        assert_eq!((rows.len(), rows[0].chunks, rows[0].turns), (1, 3, 1));
-        assert!(store
-            .list_sessions(Some(State::Registered))
-            .await
-            .unwrap()
-            .is_empty());
     }
 }

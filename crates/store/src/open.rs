@@ -279,6 +279,7 @@ fn establish_sqlite(
 
 fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError> {
     let shown = redact(url);
+    let url = &options.bounded_pg_url(url);
     let mut conn = PgConnection::establish(url).map_err(|e| pg_refusal(&shown, e))?;
     check_schema(Db::Pg(&mut conn), false).map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {
@@ -309,7 +310,9 @@ fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
         ConnectionError::BadConnection(message) => {
             let message = message.trim().to_owned();
             let lower = message.to_lowercase();
-            if lower.contains("database \"") && lower.contains("does not exist") {
+            if lower.contains("ssl support is not compiled in") {
+                OpenError::TlsNotBuilt { url, message }
+            } else if lower.contains("database \"") && lower.contains("does not exist") {
                 OpenError::MissingDatabase { url, message }
             } else if lower.contains("fatal") {
                 OpenError::Rejected { url, message }

@@ -1,4 +1,4 @@
-//! How a store is opened and how its writer batches.
+//! How a store is opened, how its writer batches, and how long it waits.
 
 use std::time::Duration;
 
@@ -21,6 +21,10 @@ pub struct StoreOptions {
     read_connections: u32,
     busy_timeout: Duration,
     connection_timeout: Duration,
+    close_timeout: Duration,
+    pg_connect_timeout: Duration,
+    pg_statement_timeout: Duration,
+    pg_keepalive_idle: Duration,
 }
 
 impl Default for StoreOptions {
@@ -31,6 +35,10 @@ impl Default for StoreOptions {
             read_connections: 4,
             busy_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(30),
+            close_timeout: Duration::from_secs(1),
+            pg_connect_timeout: Duration::from_secs(10),
+            pg_statement_timeout: Duration::from_secs(30),
+            pg_keepalive_idle: Duration::from_secs(15),
         }
     }
 }
@@ -71,6 +79,41 @@ impl StoreOptions {
         self.connection_timeout
     }
 
+    /// How long dropping the last clone of a [`Store`](crate::Store) waits
+    /// for its threads to commit what was queued and close (default 1 s).
+    ///
+    /// A thread still busy after this (its database stopped answering) is
+    /// left behind with a warning in the log, so that dropping a store never
+    /// holds up a process's exit; what it had not committed is lost, as on a
+    /// crash, and recovery finds its sessions (G8).
+    pub fn close_timeout(&self) -> Duration {
+        self.close_timeout
+    }
+
+    /// How long a PostgreSQL connection may take to be established (libpq's
+    /// `connect_timeout`; default 10 s, at least 2 s).
+    pub fn pg_connect_timeout(&self) -> Duration {
+        self.pg_connect_timeout
+    }
+
+    /// The longest one PostgreSQL statement may run, waiting for locks
+    /// included, before the server cancels it (`statement_timeout`; default
+    /// 30 s).
+    pub fn pg_statement_timeout(&self) -> Duration {
+        self.pg_statement_timeout
+    }
+
+    /// How long a PostgreSQL connection may be silent before TCP keepalive
+    /// probes it (default 15 s); after three unanswered probes, a third of
+    /// this apart, the connection counts as dead, and likewise when data sent
+    /// stays unacknowledged that long. A server whose process is stopped
+    /// while its host still answers TCP is not noticed this way: only the
+    /// statement timeout bounds a statement it left running, and callers
+    /// bound their own waits.
+    pub fn pg_keepalive_idle(&self) -> Duration {
+        self.pg_keepalive_idle
+    }
+
     /// Set [`flush_interval`](Self::flush_interval).
     pub fn with_flush_interval(mut self, interval: Duration) -> Self {
         self.flush_interval = interval;
@@ -99,5 +142,118 @@ impl StoreOptions {
     pub fn with_connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
+    }
+
+    /// Set [`close_timeout`](Self::close_timeout).
+    pub fn with_close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
+        self
+    }
+
+    /// Set [`pg_connect_timeout`](Self::pg_connect_timeout) (rounded up to
+    /// whole seconds, at least 2 s, as libpq takes it).
+    pub fn with_pg_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.pg_connect_timeout = timeout;
+        self
+    }
+
+    /// Set [`pg_statement_timeout`](Self::pg_statement_timeout) (at least
+    /// 1 ms; zero would mean none).
+    pub fn with_pg_statement_timeout(mut self, timeout: Duration) -> Self {
+        self.pg_statement_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Set [`pg_keepalive_idle`](Self::pg_keepalive_idle) (at least 3 s).
+    pub fn with_pg_keepalive_idle(mut self, idle: Duration) -> Self {
+        self.pg_keepalive_idle = idle.max(Duration::from_secs(3));
+        self
+    }
+
+    /// `url` with this store's connection bounds as libpq parameters, each
+    /// unless the URL sets it already: `connect_timeout`, TCP keepalive
+    /// (`keepalives`, `keepalives_idle`, `keepalives_interval`,
+    /// `keepalives_count`), `tcp_user_timeout`, and the statement timeout in
+    /// `options` (left alone when the URL has its own `options`).
+    pub(crate) fn bounded_pg_url(&self, url: &str) -> String {
+        let secs = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        let idle = secs(self.pg_keepalive_idle);
+        let interval = (idle / 3).max(1);
+        let params = [
+            (
+                "connect_timeout",
+                secs(self.pg_connect_timeout).max(2).to_string(),
+            ),
+            ("keepalives", "1".to_owned()),
+            ("keepalives_idle", idle.to_string()),
+            ("keepalives_interval", interval.to_string()),
+            ("keepalives_count", "3".to_owned()),
+            (
+                "tcp_user_timeout",
+                ((idle + 3 * interval) * 1000).to_string(),
+            ),
+            (
+                "options",
+                format!(
+                    "-c%20statement_timeout%3D{}",
+                    self.pg_statement_timeout.as_millis().max(1)
+                ),
+            ),
+        ];
+        let (base, query) = match url.split_once('?') {
+            Some((base, query)) => (base, query),
+            None => (url, ""),
+        };
+        let present: Vec<&str> = query
+            .split('&')
+            .filter_map(|pair| pair.split('=').next())
+            .collect();
+        let mut out = String::from(base);
+        let mut sep = '?';
+        if !query.is_empty() {
+            out.push('?');
+            out.push_str(query);
+            sep = '&';
+        }
+        for (key, value) in params {
+            if !present.contains(&key) {
+                out.push(sep);
+                out.push_str(key);
+                out.push('=');
+                out.push_str(&value);
+                sep = '&';
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_added_to_a_url_but_never_override_it() {
+        let options = StoreOptions::default()
+            .with_pg_connect_timeout(Duration::from_millis(2500))
+            .with_pg_statement_timeout(Duration::from_millis(1500))
+            .with_pg_keepalive_idle(Duration::from_secs(9));
+        let url = options.bounded_pg_url("postgres://u@h/db");
+        assert_eq!(
+            url,
+            "postgres://u@h/db?connect_timeout=3&keepalives=1&keepalives_idle=9\
+             &keepalives_interval=3&keepalives_count=3&tcp_user_timeout=18000\
+             &options=-c%20statement_timeout%3D1500"
+        );
+        let mine =
+            options.bounded_pg_url("postgres://u@h/db?connect_timeout=60&options=-c%20x%3Dy");
+        assert!(
+            mine.starts_with(
+                "postgres://u@h/db?connect_timeout=60&options=-c%20x%3Dy&keepalives=1"
+            ),
+            "{mine}"
+        );
+        assert_eq!(mine.matches("connect_timeout").count(), 1, "{mine}");
+        assert_eq!(mine.matches("options=").count(), 1, "{mine}");
     }
 }

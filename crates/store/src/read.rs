@@ -1,18 +1,18 @@
-//! Reads for the command line and for tests: the session list, one session's
-//! turns, transcript and timeline, and its committed memory. Each read sees one
-//! snapshot of the database.
+//! Reads for the command line and for tests: one session's turns, transcript
+//! and timeline, and its committed memory. Each read sees one snapshot of the
+//! database. Listing sessions lives in [`list`](crate::list).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
 
-use diesel::dsl::count_star;
 use diesel::prelude::*;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::schema::{chunks, memories, sessions, timeline, turns};
-use crate::time::{from_millis, opt_word, session_id, sid, turn_no, word};
+use crate::time::{from_millis, json_value, opt_word, session_id, sid, turn_no, word};
 
 /// One session, with exactly the fields `settle sessions --json` prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,9 +37,12 @@ pub struct SessionRow {
     pub created_at: SystemTime,
     /// When it was finalized, once it is.
     pub finalized_at: Option<SystemTime>,
+    /// The session it continues, if it was resumed.
+    pub resumed_from: Option<SessionId>,
 }
 
-/// One turn of a session, with its transcript.
+/// One turn of a session, with its transcript: what it was sent, what came
+/// back, how it ended and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TurnRow {
     /// Its number within the session.
@@ -50,8 +53,37 @@ pub struct TurnRow {
     pub started_at: SystemTime,
     /// When it ended, once it has.
     pub ended_at: Option<SystemTime>,
-    /// Its chunks, in order.
-    pub chunks: Vec<String>,
+    /// The messages it sent to the provider, as given when it started (`None`
+    /// when none were recorded, as for turns written before inputs were kept).
+    pub input: Option<Value>,
+    /// Why it failed, when it did and the reason was given.
+    pub error: Option<TurnError>,
+    /// Its chunks, in order, text and structured.
+    pub chunks: Vec<ChunkRow>,
+}
+
+impl TurnRow {
+    /// The reply as one text: its text chunks joined in order.
+    pub fn text(&self) -> String {
+        self.chunks
+            .iter()
+            .filter(|c| c.kind == ChunkKind::Text)
+            .map(|c| c.text.as_str())
+            .collect()
+    }
+}
+
+/// One chunk of a turn's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRow {
+    /// Its position in the turn, from 0.
+    pub seq: u32,
+    /// What it carries.
+    pub kind: ChunkKind,
+    /// Its text.
+    pub text: String,
+    /// Its structured payload, if any.
+    pub data: Option<Value>,
 }
 
 /// One recorded transition.
@@ -89,7 +121,7 @@ pub struct MemoryRow {
     pub content: String,
 }
 
-type SessionColumns = (
+pub(crate) type SessionColumns = (
     i64,
     String,
     Option<i64>,
@@ -97,6 +129,7 @@ type SessionColumns = (
     Option<String>,
     Option<String>,
     i64,
+    Option<i64>,
     Option<i64>,
 );
 
@@ -109,9 +142,10 @@ type SessionSelect = (
     sessions::end_reason,
     sessions::created_at,
     sessions::finalized_at,
+    sessions::resumed_from,
 );
 
-const SESSION_COLUMNS: SessionSelect = (
+pub(crate) const SESSION_COLUMNS: SessionSelect = (
     sessions::id,
     sessions::name,
     sessions::parent,
@@ -120,10 +154,16 @@ const SESSION_COLUMNS: SessionSelect = (
     sessions::end_reason,
     sessions::created_at,
     sessions::finalized_at,
+    sessions::resumed_from,
 );
 
-fn session_row(cols: SessionColumns, turns: u64, chunks: u64) -> Result<SessionRow, StoreError> {
-    let (id, name, parent, state, outcome, end_reason, created_at, finalized_at) = cols;
+pub(crate) fn session_row(
+    cols: SessionColumns,
+    turns: u64,
+    chunks: u64,
+) -> Result<SessionRow, StoreError> {
+    let (id, name, parent, state, outcome, end_reason, created_at, finalized_at, resumed_from) =
+        cols;
     Ok(SessionRow {
         id: session_id(id),
         name,
@@ -135,63 +175,20 @@ fn session_row(cols: SessionColumns, turns: u64, chunks: u64) -> Result<SessionR
         chunks,
         created_at: from_millis(created_at),
         finalized_at: finalized_at.map(from_millis),
+        resumed_from: resumed_from.map(session_id),
     })
 }
 
-fn count(n: i64) -> u64 {
-    n.unsigned_abs()
-}
-
-/// Every session (in `state`, if given), by id.
-pub(crate) fn list_sessions(
-    db: Db<'_>,
-    state: Option<State>,
-) -> Result<Vec<SessionRow>, StoreError> {
-    let (rows, turn_counts, chunk_counts) = read_tx!(db, |c| {
-        let mut q = sessions::table.select(SESSION_COLUMNS).into_boxed();
-        let mut tq = turns::table
-            .group_by(turns::session)
-            .select((turns::session, count_star()))
-            .into_boxed();
-        let mut cq = chunks::table
-            .group_by(chunks::session)
-            .select((chunks::session, count_star()))
-            .into_boxed();
-        if let Some(s) = state {
-            q = q.filter(sessions::state.eq(s.as_str()));
-            let ids = sessions::table
-                .filter(sessions::state.eq(s.as_str()))
-                .select(sessions::id);
-            tq = tq.filter(turns::session.eq_any(ids));
-            let ids = sessions::table
-                .filter(sessions::state.eq(s.as_str()))
-                .select(sessions::id);
-            cq = cq.filter(chunks::session.eq_any(ids));
-        }
-        let rows: Vec<SessionColumns> = q
-            .order(sessions::id.asc())
-            .load(c)
-            .context("listing sessions")?;
-        let tc: Vec<(i64, i64)> = tq.load(c).context("counting turns")?;
-        let cc: Vec<(i64, i64)> = cq.load(c).context("counting chunks")?;
-        Ok::<_, StoreError>((rows, tc, cc))
-    })?;
-    let turns: HashMap<i64, i64> = turn_counts.into_iter().collect();
-    let chunks: HashMap<i64, i64> = chunk_counts.into_iter().collect();
-    rows.into_iter()
-        .map(|r| {
-            let id = r.0;
-            session_row(
-                r,
-                count(turns.get(&id).copied().unwrap_or(0)),
-                count(chunks.get(&id).copied().unwrap_or(0)),
-            )
-        })
-        .collect()
-}
-
-type TurnColumns = (i64, Option<String>, i64, Option<i64>);
-type TimelineColumns = (i64, Option<String>, String, String);
+type TurnColumns = (
+    i64,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+type ChunkColumns = (i64, i64, String, String, Option<String>);
 
 /// One session with its turns, transcript and timeline.
 pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
@@ -214,63 +211,80 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
                 turns::outcome,
                 turns::started_at,
                 turns::ended_at,
+                turns::input,
+                turns::error_kind,
+                turns::error_message,
             ))
             .load(c)
             .context("reading turns")?;
-        let chunk_rows: Vec<(i64, String)> = chunks::table
+        let chunk_rows: Vec<ChunkColumns> = chunks::table
             .filter(chunks::session.eq(raw))
             .order((chunks::turn_no.asc(), chunks::seq.asc()))
-            .select((chunks::turn_no, chunks::text))
+            .select((
+                chunks::turn_no,
+                chunks::seq,
+                chunks::kind,
+                chunks::text,
+                chunks::data,
+            ))
             .load(c)
             .context("reading the transcript")?;
-        let timeline_rows: Vec<TimelineColumns> = timeline::table
+        let timeline_rows: Vec<String> = timeline::table
             .filter(timeline::session.eq(raw))
             .order(timeline::id.asc())
-            .select((
-                timeline::at,
-                timeline::from_state,
-                timeline::to_state,
-                timeline::cause,
-            ))
+            .select(timeline::steps)
             .load(c)
             .context("reading the timeline")?;
         Ok::<_, StoreError>((row, errors, turn_rows, chunk_rows, timeline_rows))
     })?;
 
-    let mut by_turn: HashMap<i64, Vec<String>> = HashMap::new();
+    let mut by_turn: HashMap<i64, Vec<ChunkRow>> = HashMap::new();
     let chunk_count = chunk_rows.len() as u64;
-    for (turn, text) in chunk_rows {
-        by_turn.entry(turn).or_default().push(text);
+    for (turn, seq, kind, text, data) in chunk_rows {
+        by_turn.entry(turn).or_default().push(ChunkRow {
+            seq: turn_no(seq)?,
+            kind: word("chunks.kind", &kind)?,
+            text,
+            data: json_value("chunks.data", data)?,
+        });
     }
     let turns = turn_rows
         .into_iter()
-        .map(|(no, outcome, started_at, ended_at)| {
-            Ok(TurnRow {
-                no: turn_no(no)?,
-                outcome: opt_word("turns.outcome", outcome.as_deref())?,
-                started_at: from_millis(started_at),
-                ended_at: ended_at.map(from_millis),
-                chunks: by_turn.remove(&no).unwrap_or_default(),
-            })
-        })
+        .map(
+            |(no, outcome, started_at, ended_at, input, error_kind, error_message)| {
+                Ok(TurnRow {
+                    no: turn_no(no)?,
+                    outcome: opt_word("turns.outcome", outcome.as_deref())?,
+                    started_at: from_millis(started_at),
+                    ended_at: ended_at.map(from_millis),
+                    input: json_value("turns.input", input)?,
+                    error: turn_error(error_kind, error_message)?,
+                    chunks: by_turn.remove(&no).unwrap_or_default(),
+                })
+            },
+        )
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let timeline = timeline_rows
-        .into_iter()
-        .map(|(at, from, to, cause)| {
-            Ok(TimelineRow {
-                at: from_millis(at),
-                from: opt_word("timeline.from_state", from.as_deref())?,
-                to: word("timeline.to_state", &to)?,
-                cause,
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
+    let mut timeline = Vec::with_capacity(timeline_rows.len());
+    for segment in &timeline_rows {
+        crate::timeline::decode(segment, &mut timeline)?;
+    }
     Ok(SessionDetail {
         session: session_row(row, turns.len() as u64, chunk_count)?,
         turns,
         timeline,
         finalize_errors: errors,
     })
+}
+
+/// A turn's error from its two columns: a kind, and a message (empty if
+/// none was stored).
+fn turn_error(
+    kind: Option<String>,
+    message: Option<String>,
+) -> Result<Option<TurnError>, StoreError> {
+    let Some(kind) = kind else { return Ok(None) };
+    let kind: TurnErrorKind = word("turns.error_kind", &kind)?;
+    Ok(Some(TurnError::new(kind, message.unwrap_or_default())))
 }
 
 /// The memory committed for session `id`, in commit order.

@@ -1,10 +1,11 @@
 //! The tables, as Diesel sees them. One schema serves both backends: every
 //! integer is a `BIGINT` (`i64`), every timestamp milliseconds since the UNIX
-//! epoch, every state/outcome/end reason settle-core's lowercase spelling.
+//! epoch, every state/outcome/end reason/chunk kind/turn error kind
+//! settle-core's lowercase spelling, every JSON value its text.
 
 /// The schema version this build writes. A database that records a higher one
 /// was written by a newer settle and is refused on open.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
 /// The `settle_meta` key that holds [`SCHEMA_VERSION`].
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -23,6 +24,8 @@ diesel::table! {
         pid -> BigInt,
         started_at -> BigInt,
         lease_expires_at -> BigInt,
+        machine -> Nullable<Text>,
+        pid_namespace -> Nullable<BigInt>,
     }
 }
 
@@ -42,6 +45,7 @@ diesel::table! {
         finalize_errors -> Nullable<Text>,
         version -> BigInt,
         owner -> BigInt,
+        resumed_from -> Nullable<BigInt>,
     }
 }
 
@@ -53,6 +57,9 @@ diesel::table! {
         started_at -> BigInt,
         ended_at -> Nullable<BigInt>,
         next_seq -> BigInt,
+        input -> Nullable<Text>,
+        error_kind -> Nullable<Text>,
+        error_message -> Nullable<Text>,
     }
 }
 
@@ -62,17 +69,17 @@ diesel::table! {
         turn_no -> BigInt,
         seq -> BigInt,
         text -> Text,
+        kind -> Text,
+        data -> Nullable<Text>,
     }
 }
 
 diesel::table! {
+    /// Segments of a session's timeline (see `timeline.rs`).
     timeline (id) {
         id -> BigInt,
         session -> BigInt,
-        at -> BigInt,
-        from_state -> Nullable<Text>,
-        to_state -> Text,
-        cause -> Text,
+        steps -> Text,
     }
 }
 

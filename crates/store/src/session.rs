@@ -5,15 +5,19 @@
 
 use std::time::SystemTime;
 
+use diesel::dsl::exists;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::lease::OwnerId;
-use crate::schema::{sessions, timeline, turns};
-use crate::time::{opt_word, session_id, sid, to_millis, word};
+use crate::lease::{check_owner, fence, store_now, OwnerId};
+use crate::rules::allowed;
+use crate::schema::{owners, sessions, turns};
+use crate::time::{json_text, opt_word, session_id, sid, to_millis, word};
+use crate::timeline::{record, Step};
 
 /// What [`create_session`](crate::SessionStore::create_session) inserts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +33,9 @@ pub struct NewSession {
     pub owner: OwnerId,
     /// When the session was registered.
     pub created_at: SystemTime,
+    /// The session this one continues (`settle chat --resume`), which must
+    /// exist; `None` for a fresh start.
+    pub resumed_from: Option<SessionId>,
 }
 
 impl NewSession {
@@ -40,6 +47,7 @@ impl NewSession {
             parent: None,
             owner,
             created_at: SystemTime::now(),
+            resumed_from: None,
         }
     }
 
@@ -53,6 +61,12 @@ impl NewSession {
     /// Make it a child of `parent`.
     pub fn with_parent(mut self, parent: SessionId) -> Self {
         self.parent = Some(parent);
+        self
+    }
+
+    /// Record it as the continuation of `previous`.
+    pub fn resuming(mut self, previous: SessionId) -> Self {
+        self.resumed_from = Some(previous);
         self
     }
 
@@ -75,6 +89,26 @@ pub(crate) struct Current {
     pub(crate) open_turn: Option<u32>,
     pub(crate) closing: Option<EndReason>,
     pub(crate) owner: i64,
+    /// When the owner's lease runs out.
+    pub(crate) lease_expires_at: i64,
+}
+
+impl Current {
+    /// Refuse an owner write once the owner's lease expired (at `now`, by
+    /// the store's clock).
+    pub(crate) fn fence(&self, now: i64) -> Result<(), StoreError> {
+        fence(self.owner, self.lease_expires_at, now)
+    }
+
+    /// Whether the owner's lease expired at `now`.
+    pub(crate) fn lease_expired(&self, now: i64) -> bool {
+        self.fence(now).is_err()
+    }
+
+    /// The owner.
+    pub(crate) fn owner_id(&self) -> OwnerId {
+        OwnerId(self.owner.unsigned_abs())
+    }
 }
 
 type CurrentColumns = (
@@ -84,12 +118,15 @@ type CurrentColumns = (
     Option<i64>,
     Option<String>,
     i64,
+    i64,
 );
 
-/// Read the mutable columns of session `id`, if it exists.
+/// Read the mutable columns of session `id` and its owner's lease, if it
+/// exists.
 pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError> {
     let row: Option<CurrentColumns> = on_db!(db, |c| sessions::table
-        .find(id)
+        .inner_join(owners::table)
+        .filter(sessions::id.eq(id))
         .select((
             sessions::state,
             sessions::version,
@@ -97,51 +134,58 @@ pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError
             sessions::open_turn,
             sessions::closing_reason,
             sessions::owner,
+            owners::lease_expires_at,
         ))
         .first(c)
         .optional())
     .context("reading a session")?;
-    row.map(|(state, version, outcome, open_turn, closing, owner)| {
-        Ok(Current {
-            state: word("sessions.state", &state)?,
-            version,
-            outcome: opt_word("sessions.outcome", outcome.as_deref())?,
-            open_turn: open_turn.map(crate::time::turn_no).transpose()?,
-            closing: opt_word("sessions.closing_reason", closing.as_deref())?,
-            owner,
-        })
-    })
+    row.map(
+        |(state, version, outcome, open_turn, closing, owner, lease_expires_at)| {
+            Ok(Current {
+                state: word("sessions.state", &state)?,
+                version,
+                outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+                open_turn: open_turn.map(crate::time::turn_no).transpose()?,
+                closing: opt_word("sessions.closing_reason", closing.as_deref())?,
+                owner,
+                lease_expires_at,
+            })
+        },
+    )
     .transpose()
 }
 
-/// Append a timeline row.
-pub(crate) fn record(
-    db: Db<'_>,
-    session: i64,
-    at: i64,
-    from: Option<State>,
-    to: State,
-    cause: &str,
-) -> Result<(), StoreError> {
-    on_db!(db, |c| diesel::insert_into(timeline::table)
-        .values((
-            timeline::session.eq(session),
-            timeline::at.eq(at),
-            timeline::from_state.eq(from.map(State::as_str)),
-            timeline::to_state.eq(to.as_str()),
-            timeline::cause.eq(cause),
-        ))
-        .execute(c))
-    .context("recording a timeline row")?;
-    Ok(())
+/// Whether the owner of the session being written (`sessions::owner` of the
+/// row the statement is on) still holds its lease at `now`.
+macro_rules! lease_live {
+    ($now:expr) => {
+        exists(
+            owners::table
+                .filter(owners::id.eq(sessions::owner))
+                .filter(owners::lease_expires_at.gt($now)),
+        )
+    };
 }
+pub(crate) use lease_live;
 
 /// Insert a session (and its first timeline row) and return its id.
 pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, StoreError> {
     let parent = new.parent.map(sid).transpose()?;
+    let resumed_from = new.resumed_from.map(sid).transpose()?;
     let owner = new.owner.raw()?;
     let at = to_millis(new.created_at);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
+        if let (Some(raw), Some(previous)) = (resumed_from, new.resumed_from) {
+            let found: i64 = sessions::table
+                .filter(sessions::id.eq(raw))
+                .count()
+                .get_result(c)
+                .context("looking up the resumed session")?;
+            if found == 0 {
+                return Err(StoreError::UnknownSession(previous));
+            }
+        }
         // Touching the parent row both checks that it is open and, on
         // PostgreSQL, locks it against a concurrent finalize until we commit.
         let tree = match (parent, new.parent) {
@@ -171,6 +215,7 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
             }
             _ => None,
         };
+        check_owner(Db::from(&mut *c), new.owner, now)?;
         // Every id comes from the reservation counter, so explicit and
         // allocated ids never collide.
         let id = match new.id {
@@ -190,6 +235,7 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
                 sessions::created_at.eq(at),
                 sessions::version.eq(0_i64),
                 sessions::owner.eq(owner),
+                sessions::resumed_from.eq(resumed_from),
             ))
             .returning(sessions::id)
             .get_result(c);
@@ -212,20 +258,15 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
         record(
             Db::from(&mut *c),
             id,
-            at,
-            None,
-            State::Registered,
-            "registered",
+            Step {
+                at,
+                from: None,
+                to: State::Registered,
+                cause: "registered",
+            },
         )?;
         Ok(session_id(id))
     })
-}
-
-/// Whether `from → to` is a move the lifecycle allows outside finalize:
-/// forward only, except `running → registered` when a turn ends.
-fn allowed(from: State, to: State) -> bool {
-    to != State::Finalized
-        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
 }
 
 /// Move session `id` from `from` to `to`, only if it is in `from` now.
@@ -247,10 +288,12 @@ pub(crate) fn transition(
     }
     let at = to_millis(at);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let moved = diesel::update(
             sessions::table
                 .filter(sessions::id.eq(raw))
-                .filter(sessions::state.eq(from.as_str())),
+                .filter(sessions::state.eq(from.as_str()))
+                .filter(lease_live!(now)),
         )
         .set((
             sessions::state.eq(to.as_str()),
@@ -261,6 +304,7 @@ pub(crate) fn transition(
         if moved == 0 {
             return Err(match current(Db::from(&mut *c), raw)? {
                 None => StoreError::UnknownSession(id),
+                Some(cur) if cur.lease_expired(now) => StoreError::LeaseLost(cur.owner_id()),
                 Some(cur) if cur.state == State::Finalized => StoreError::SessionClosed(id),
                 Some(cur) => StoreError::StateMismatch {
                     session: id,
@@ -269,7 +313,16 @@ pub(crate) fn transition(
                 },
             });
         }
-        record(Db::from(&mut *c), raw, at, Some(from), to, cause)
+        record(
+            Db::from(&mut *c),
+            raw,
+            Step {
+                at,
+                from: Some(from),
+                to,
+                cause,
+            },
+        )
     })
 }
 
@@ -279,14 +332,18 @@ pub(crate) fn start_turn(
     db: Db<'_>,
     id: SessionId,
     no: u32,
+    input: Option<&Value>,
     at: SystemTime,
 ) -> Result<(), StoreError> {
     let raw = sid(id)?;
     let at = to_millis(at);
+    let input = input.map(json_text);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let opened = diesel::update(
             sessions::table
                 .filter(sessions::id.eq(raw))
+                .filter(lease_live!(now))
                 .filter(sessions::state.eq_any(["registered", "running"]))
                 .filter(sessions::closing_reason.is_null())
                 .filter(sessions::open_turn.is_null()),
@@ -300,6 +357,7 @@ pub(crate) fn start_turn(
         if opened == 0 {
             return Err(match current(Db::from(&mut *c), raw)? {
                 None => StoreError::UnknownSession(id),
+                Some(cur) if cur.lease_expired(now) => StoreError::LeaseLost(cur.owner_id()),
                 Some(cur) if cur.state == State::Finalized => StoreError::SessionClosed(id),
                 Some(Current {
                     closing: Some(reason),
@@ -324,6 +382,7 @@ pub(crate) fn start_turn(
                 turns::no.eq(i64::from(no)),
                 turns::started_at.eq(at),
                 turns::next_seq.eq(0_i64),
+                turns::input.eq(input.as_deref()),
             ))
             .execute(c);
         match inserted {
@@ -339,31 +398,42 @@ pub(crate) fn start_turn(
     })
 }
 
-/// End turn `no` of session `id` with `outcome`; later chunks for it are refused.
+/// End turn `no` of session `id` with `outcome` (and, when it failed, `error`);
+/// later chunks for it are refused.
 pub(crate) fn end_turn(
     db: Db<'_>,
     id: SessionId,
     no: u32,
     outcome: Outcome,
+    error: Option<&TurnError>,
     at: SystemTime,
 ) -> Result<(), StoreError> {
     let raw = sid(id)?;
     let at = to_millis(at);
     write_tx!(db, |c| {
+        let now = store_now(Db::from(&mut *c))?;
         let ended = diesel::update(
             turns::table
                 .filter(turns::session.eq(raw))
                 .filter(turns::no.eq(i64::from(no)))
-                .filter(turns::ended_at.is_null()),
+                .filter(turns::ended_at.is_null())
+                .filter(exists(
+                    sessions::table
+                        .filter(sessions::id.eq(raw))
+                        .filter(sessions::state.ne(State::Finalized.as_str()))
+                        .filter(lease_live!(now)),
+                )),
         )
         .set((
             turns::ended_at.eq(Some(at)),
             turns::outcome.eq(Some(outcome.as_str())),
+            turns::error_kind.eq(error.map(|e| e.kind.as_str())),
+            turns::error_message.eq(error.map(|e| e.message.as_str())),
         ))
         .execute(c)
         .context("ending a turn")?;
         if ended == 0 {
-            return Err(why_turn_refused(Db::from(&mut *c), id, no)?);
+            return Err(why_turn_refused(Db::from(&mut *c), id, no, now)?);
         }
         diesel::update(
             sessions::table
@@ -382,15 +452,18 @@ pub(crate) fn end_turn(
 }
 
 /// Why a write to turn `no` of session `id` was refused: the session is
-/// unknown or finalized, or the turn is unknown or has ended.
+/// unknown, its owner's lease expired (at `now`), it is finalized, or the
+/// turn is unknown or has ended.
 pub(crate) fn why_turn_refused(
     mut db: Db<'_>,
     id: SessionId,
     no: u32,
+    now: i64,
 ) -> Result<StoreError, StoreError> {
     let raw = sid(id)?;
     match current(db.reborrow(), raw)? {
         None => return Ok(StoreError::UnknownSession(id)),
+        Some(cur) if cur.lease_expired(now) => return Ok(StoreError::LeaseLost(cur.owner_id())),
         Some(cur) if cur.state == State::Finalized => return Ok(StoreError::SessionClosed(id)),
         Some(_) => {}
     }

@@ -5,28 +5,32 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use serde_json::Value;
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
+use crate::batch::{Applied, LifecycleWrite};
 use crate::checkpoint::Checkpointer;
-use crate::chunk::ChunkReceipt;
+use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::claim::Claim;
 use crate::conn::Db;
 use crate::error::{OpenError, StoreError};
-use crate::latch::{Finalize, Finalized};
+use crate::latch::{FinalizeRequest, Finalized};
 use crate::lease::{OwnerId, OwnerInfo};
+use crate::list::SessionFilter;
 use crate::open::{open, Target};
 use crate::options::StoreOptions;
 use crate::pool::ReadPool;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
-use crate::recover::{RecoverOptions, RecoveryReport};
+use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
 use crate::session::NewSession;
 use crate::session_store::SessionStore;
 use crate::writer::Writer;
 
 /// A session store on SQLite or PostgreSQL. Cheap to clone: clones share one
 /// writer thread and one read pool. When the last clone is dropped the writer
-/// commits what was queued and closes its connection (dropping blocks until
-/// then).
+/// commits what was queued and closes its connection; dropping blocks until
+/// then, or at most the close timeout ([`StoreOptions::close_timeout`]). From
+/// async code, [`Store::close`] does that off the async workers.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -55,10 +59,54 @@ impl Store {
     ///
     /// `url` is a `postgres://` or `postgresql://` URL, or else an SQLite path
     /// (optionally prefixed `sqlite://`); an SQLite file is created on first
-    /// use. The schema is brought up to date. This blocks; from async code call
-    /// it inside `spawn_blocking`.
+    /// use. The schema is brought up to date. This blocks; from async code use
+    /// [`Store::open_async`].
     pub fn open(url: impl AsRef<str>) -> Result<Store, OpenError> {
         Store::open_with(url, StoreOptions::default())
+    }
+
+    /// Open the store at `url` from async code: the blocking part (files,
+    /// connections, migrations, which may wait for another process's lock)
+    /// runs on tokio's blocking pool, not on an async worker. See
+    /// [`Store::open`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("settle.db");
+    /// let store = settle_store::Store::open_async(path.to_string_lossy()).await?;
+    /// store.close().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_async(url: impl Into<String>) -> Result<Store, OpenError> {
+        Store::open_with_async(url, StoreOptions::default()).await
+    }
+
+    /// [`Store::open_async`] with `options`.
+    pub async fn open_with_async(
+        url: impl Into<String>,
+        options: StoreOptions,
+    ) -> Result<Store, OpenError> {
+        let url = url.into();
+        let location = Target::parse(&url).describe();
+        tokio::task::spawn_blocking(move || Store::open_with(url, options))
+            .await
+            .map_err(|e| OpenError::Database {
+                location,
+                context: "opening the store on the blocking pool",
+                message: e.to_string(),
+            })?
+    }
+
+    /// Drop this handle from async code: when it is the last clone, closing
+    /// (committing what is queued, waiting for the store's threads up to the
+    /// close timeout) happens on tokio's blocking pool, not on an async
+    /// worker.
+    pub async fn close(self) {
+        // A failed join only means the drop panicked; there is nothing left
+        // to close.
+        let _ = tokio::task::spawn_blocking(move || drop(self)).await;
     }
 
     /// Open the store at `url` with `options`. See [`Store::open`].
@@ -70,8 +118,9 @@ impl Store {
             opened.writer,
             options.batch_size(),
             options.flush_interval(),
+            options.close_timeout(),
             match &target {
-                Target::Postgres(url) => Some(url.clone()),
+                Target::Postgres(url) => Some(options.bounded_pg_url(url)),
                 Target::Sqlite(_) => None,
             },
         )
@@ -82,7 +131,7 @@ impl Store {
         })?;
         let checkpointer = opened
             .checkpoint
-            .map(|path| Checkpointer::spawn(&path, options.busy_timeout()))
+            .map(|path| Checkpointer::spawn(&path, options.busy_timeout(), options.close_timeout()))
             .transpose()
             .map_err(|e| OpenError::Database {
                 location: location.clone(),
@@ -164,13 +213,19 @@ impl SessionStore for Store {
             .await
     }
 
-    async fn start_turn(&self, id: SessionId, no: u32, at: SystemTime) -> Result<(), StoreError> {
-        self.write(move |db| crate::session::start_turn(db, id, no, at))
+    async fn start_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        input: Option<Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.write(move |db| crate::session::start_turn(db, id, no, input.as_ref(), at))
             .await
     }
 
-    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> ChunkReceipt {
-        self.inner.writer.append(id, turn, text)
+    fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
+        self.inner.writer.append(id, turn, chunk)
     }
 
     async fn end_turn(
@@ -178,9 +233,10 @@ impl SessionStore for Store {
         id: SessionId,
         no: u32,
         outcome: Outcome,
+        error: Option<TurnError>,
         at: SystemTime,
     ) -> Result<(), StoreError> {
-        self.write(move |db| crate::session::end_turn(db, id, no, outcome, at))
+        self.write(move |db| crate::session::end_turn(db, id, no, outcome, error.as_ref(), at))
             .await
     }
 
@@ -193,9 +249,21 @@ impl SessionStore for Store {
         self.write(|_| Ok(())).await
     }
 
-    async fn finalize(&self, id: SessionId, plan: Finalize) -> Result<Finalized, StoreError> {
+    async fn finalize(
+        &self,
+        id: SessionId,
+        plan: FinalizeRequest,
+    ) -> Result<Finalized, StoreError> {
         self.write(move |db| crate::latch::finalize(db, id, &plan))
             .await
+    }
+
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        let n = batch.len();
+        match self.write(move |db| crate::batch::apply(db, &batch)).await {
+            Ok(results) => results,
+            Err(e) => vec![Err(e); n],
+        }
     }
 
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
@@ -203,8 +271,21 @@ impl SessionStore for Store {
             .await
     }
 
-    async fn list_sessions(&self, state: Option<State>) -> Result<Vec<SessionRow>, StoreError> {
-        self.read(move |db| crate::read::list_sessions(db, state))
+    async fn recovery_candidates(
+        &self,
+        options: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
+        self.read(move |db| crate::recover::candidates(db, &options))
+            .await
+    }
+
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        self.read(move |db| crate::list::list_sessions(db, &filter))
+            .await
+    }
+
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        self.read(move |db| crate::list::last_session(db, state))
             .await
     }
 

@@ -1,6 +1,7 @@
-//! The two questions the store asks the operating system: is a process alive,
-//! and may this process write to a path. Both are plain libc calls on valid
-//! arguments; this is the crate's only `unsafe`.
+//! What the store asks the operating system: is a process alive, may this
+//! process write to a path, and where does this process run (host name,
+//! machine identity, PID namespace). The first two are plain libc calls on
+//! valid arguments; this is the crate's only `unsafe`.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -61,4 +62,26 @@ pub(crate) fn host_name() -> String {
         })
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// This machine's identity: `/etc/machine-id` (stable across boots), else the
+/// boot id (`/proc/sys/kernel/random/boot_id`, new at every boot). `None` when
+/// neither can be read.
+pub(crate) fn machine_id() -> Option<String> {
+    ["/etc/machine-id", "/proc/sys/kernel/random/boot_id"]
+        .iter()
+        .find_map(|p| {
+            std::fs::read_to_string(p)
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+}
+
+/// This process's PID namespace: the inode of `/proc/self/ns/pid`. Two
+/// processes see the same pids only in the same namespace (two containers on
+/// one machine do not).
+pub(crate) fn pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }

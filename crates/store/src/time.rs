@@ -1,10 +1,11 @@
 //! Conversions between Rust values and the columns' portable representations:
-//! `SystemTime` ⇄ milliseconds since the UNIX epoch, ids ⇄ `BIGINT`, and the
-//! core's vocabulary ⇄ its lowercase spellings.
+//! `SystemTime` ⇄ milliseconds since the UNIX epoch, ids ⇄ `BIGINT`, the
+//! core's vocabulary ⇄ its lowercase spellings, JSON values ⇄ their text.
 
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use serde_json::Value;
 use settle_core::SessionId;
 
 use crate::error::StoreError;
@@ -67,4 +68,23 @@ pub(crate) fn opt_word<T: FromStr>(
     raw: Option<&str>,
 ) -> Result<Option<T>, StoreError> {
     raw.map(|r| word(column, r)).transpose()
+}
+
+/// A JSON value as its column holds it: compact text.
+pub(crate) fn json_text(value: &Value) -> String {
+    value.to_string()
+}
+
+/// A JSON value read from a nullable text column.
+pub(crate) fn json_value(
+    column: &'static str,
+    raw: Option<String>,
+) -> Result<Option<Value>, StoreError> {
+    raw.map(|text| {
+        serde_json::from_str(&text).map_err(|_| StoreError::Corrupt {
+            column,
+            value: text,
+        })
+    })
+    .transpose()
 }

@@ -9,7 +9,6 @@
 //! transaction of its own and closes the batch before it.
 
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use diesel::pg::PgConnection;
@@ -18,9 +17,10 @@ use diesel::Connection;
 use settle_core::SessionId;
 use tokio::sync::oneshot;
 
-use crate::chunk::{commit_batch, ChunkReceipt, PendingChunk};
+use crate::chunk::{commit_batch, ChunkReceipt, NewChunk, PendingChunk};
 use crate::conn::{AnyConn, Db};
 use crate::error::StoreError;
+use crate::thread::StoreThread;
 
 /// A write; returns whether it failed in the database (not a refusal).
 type Op = Box<dyn FnOnce(Db<'_>) -> bool + Send>;
@@ -31,47 +31,48 @@ enum Command {
 }
 
 /// The handle to the writer thread. Dropping it lets the thread finish what
-/// was queued, close its connection and exit, and waits for that.
+/// was queued, close its connection and exit, and waits for that up to the
+/// close timeout (see [`StoreThread`]).
 pub(crate) struct Writer {
     tx: Option<Sender<Command>>,
-    thread: Option<JoinHandle<()>>,
+    thread: StoreThread,
+    close_timeout: Duration,
 }
 
 impl Writer {
-    /// Start the writer on `conn`.
     /// Start the writer on `conn`. With `reconnect` (a PostgreSQL URL), a
     /// connection found dead after a failed write is established again.
     pub(crate) fn spawn(
         conn: AnyConn,
         batch_size: usize,
         flush_interval: Duration,
+        close_timeout: Duration,
         reconnect: Option<String>,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("settle-store-writer".into())
-            .spawn(move || {
-                run(
-                    conn,
-                    rx,
-                    batch_size.max(1),
-                    flush_interval,
-                    reconnect.as_deref(),
-                )
-            })?;
+        let thread = StoreThread::spawn("settle-store-writer", move || {
+            run(
+                conn,
+                rx,
+                batch_size.max(1),
+                flush_interval,
+                reconnect.as_deref(),
+            )
+        })?;
         Ok(Writer {
             tx: Some(tx),
-            thread: Some(thread),
+            thread,
+            close_timeout,
         })
     }
 
     /// Queue a chunk now; the receipt resolves after its commit.
-    pub(crate) fn append(&self, session: SessionId, turn: u32, text: String) -> ChunkReceipt {
+    pub(crate) fn append(&self, session: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
         let (ack, rx) = oneshot::channel();
         let chunk = PendingChunk {
             session,
             turn,
-            text,
+            chunk,
             ack,
         };
         match &self.tx {
@@ -107,11 +108,7 @@ impl Writer {
 impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.tx.take());
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("the store's writer thread panicked");
-            }
-        }
+        self.thread.finish_within(self.close_timeout);
     }
 }
 

@@ -230,7 +230,7 @@ async fn g5_a_steady_stream_of_commands_does_not_delay_a_detach() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
-/// A store whose session-creating writes never answer while `stall` is set.
+/// A store whose registering batches never answer while `stall` is set.
 #[derive(Clone)]
 struct Stalling {
     inner: MemoryStore,
@@ -257,9 +257,6 @@ impl SessionStore for Stalling {
         self.inner.reserve_ids(count).await
     }
     async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        if self.stall.load(std::sync::atomic::Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
         self.inner.create_session(new).await
     }
     async fn transition(
@@ -276,21 +273,28 @@ impl SessionStore for Stalling {
         &self,
         id: SessionId,
         no: u32,
+        input: Option<serde_json::Value>,
         at: std::time::SystemTime,
     ) -> Result<(), StoreError> {
-        self.inner.start_turn(id, no, at).await
+        self.inner.start_turn(id, no, input, at).await
     }
-    fn append_chunk(&self, id: SessionId, turn: u32, text: String) -> settle_store::ChunkReceipt {
-        self.inner.append_chunk(id, turn, text)
+    fn append_chunk(
+        &self,
+        id: SessionId,
+        turn: u32,
+        chunk: settle_store::NewChunk,
+    ) -> settle_store::ChunkReceipt {
+        self.inner.append_chunk(id, turn, chunk)
     }
     async fn end_turn(
         &self,
         id: SessionId,
         no: u32,
         outcome: Outcome,
+        error: Option<settle_runtime::TurnError>,
         at: std::time::SystemTime,
     ) -> Result<(), StoreError> {
-        self.inner.end_turn(id, no, outcome, at).await
+        self.inner.end_turn(id, no, outcome, error, at).await
     }
     async fn claim(
         &self,
@@ -305,9 +309,22 @@ impl SessionStore for Stalling {
     async fn finalize(
         &self,
         id: SessionId,
-        plan: settle_store::Finalize,
+        plan: settle_store::FinalizeRequest,
     ) -> Result<settle_store::Finalized, StoreError> {
         self.inner.finalize(id, plan).await
+    }
+    /// A batch that registers a session never answers while `stall` is set.
+    async fn apply(
+        &self,
+        batch: Vec<settle_store::LifecycleWrite>,
+    ) -> Vec<Result<settle_store::Applied, StoreError>> {
+        let registers = batch
+            .iter()
+            .any(|w| matches!(w, settle_store::LifecycleWrite::Register(_)));
+        if registers && self.stall.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.apply(batch).await
     }
     async fn recover(
         &self,
@@ -315,11 +332,23 @@ impl SessionStore for Stalling {
     ) -> Result<settle_store::RecoveryReport, StoreError> {
         self.inner.recover(options).await
     }
+    async fn recovery_candidates(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<Vec<settle_store::RecoveryCandidate>, StoreError> {
+        self.inner.recovery_candidates(options).await
+    }
     async fn list_sessions(
         &self,
-        state: Option<settle_store::State>,
+        filter: settle_store::SessionFilter,
     ) -> Result<Vec<settle_store::SessionRow>, StoreError> {
-        self.inner.list_sessions(state).await
+        self.inner.list_sessions(filter).await
+    }
+    async fn last_session(
+        &self,
+        state: Option<settle_store::State>,
+    ) -> Result<Option<SessionId>, StoreError> {
+        self.inner.last_session(state).await
     }
     async fn session_detail(
         &self,

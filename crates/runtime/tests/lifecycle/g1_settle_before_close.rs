@@ -72,7 +72,10 @@ async fn g1_root_finish_settles_and_finalizes_descendants_before_the_root() {
         assert!(settled < finalized, "{states:?}");
     }
     // Durable finalize times agree with the order (to the millisecond).
-    let rows = store.list_sessions(None).await.unwrap();
+    let rows = store
+        .list_sessions(settle_store::SessionFilter::all().oldest_first())
+        .await
+        .unwrap();
     let at = |id| {
         rows.iter()
             .find(|r| r.id == id)
@@ -125,8 +128,12 @@ async fn g1_root_finishing_inside_its_own_turn_settles_the_child_first() {
     assert_eq!(root_detail.session.outcome, Some(Outcome::Cancelled));
     assert_eq!(root_detail.session.end_reason, Some(EndReason::Cancelled));
     assert_eq!(
-        root_detail.turns[0].chunks,
-        vec!["calling finish".to_owned()]
+        root_detail.turns[0]
+            .chunks
+            .iter()
+            .map(|c| c.text.as_str())
+            .collect::<Vec<_>>(),
+        vec!["calling finish"]
     );
 
     let report = runtime.shutdown(Duration::ZERO).await;

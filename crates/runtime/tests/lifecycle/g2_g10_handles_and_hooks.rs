@@ -170,7 +170,7 @@ async fn g10_a_handle_used_after_its_finalize_returns_session_closed() {
     assert!(matches!(late, Err(StoreError::SessionClosed(s)) if s == id));
     let d = detail(&store, id).await;
     assert_eq!(d.turns.len(), 1);
-    assert_eq!(d.turns[0].chunks, vec!["x"]);
+    assert_eq!(d.turns[0].text(), "x");
     assert_eq!(runtime.store_failures(), 0);
 
     runtime.shutdown(Duration::ZERO).await;

@@ -13,7 +13,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 #[path = "../support/pg_cluster.rs"]
 mod pg_cluster;
@@ -21,20 +21,24 @@ mod pg_cluster;
 use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
 use diesel::Connection;
+use settle_store::{MemoryStore, SessionStore, Store, StoreOptions};
 
-/// Which database a test runs on.
+/// Which store a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
     Postgres,
+    /// `MemoryStore`: no database, so no URL; its clones share the data.
+    Memory,
 }
 
-/// A fresh, empty database for one test.
+/// A fresh, empty database (or memory store) for one test.
 pub struct TestDb {
     pub url: String,
     pub backend: Backend,
     dir: Option<tempfile::TempDir>,
     pg: Option<(String, String)>,
+    memory: Option<MemoryStore>,
 }
 
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
@@ -57,6 +61,7 @@ impl TestDb {
                     backend,
                     dir: Some(dir),
                     pg: None,
+                    memory: None,
                 })
             }
             Backend::Postgres => {
@@ -74,8 +79,33 @@ impl TestDb {
                     backend,
                     dir: None,
                     pg: Some((admin, name)),
+                    memory: None,
                 })
             }
+            Backend::Memory => Some(TestDb {
+                url: String::new(),
+                backend,
+                dir: None,
+                pg: None,
+                memory: Some(MemoryStore::new()),
+            }),
+        }
+    }
+
+    /// A store on this database: another handle on the same data each time
+    /// (a new `Store`, or a clone of the `MemoryStore`).
+    pub fn open(&self) -> Arc<dyn SessionStore> {
+        match &self.memory {
+            Some(memory) => Arc::new(memory.clone()),
+            None => Arc::new(Store::open(&self.url).expect("open the test store")),
+        }
+    }
+
+    /// A store on this database with `options` (which `MemoryStore` has no use for).
+    pub fn open_with(&self, options: StoreOptions) -> Arc<dyn SessionStore> {
+        match &self.memory {
+            Some(memory) => Arc::new(memory.clone()),
+            None => Arc::new(Store::open_with(&self.url, options).expect("open the test store")),
         }
     }
 
@@ -100,6 +130,7 @@ impl TestDb {
                 .expect("connect")
                 .batch_execute(sql)
                 .expect("execute"),
+            Backend::Memory => panic!("a MemoryStore has no SQL"),
         }
     }
 }
@@ -199,4 +230,29 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     files.sort();
     files
+}
+
+#[derive(diesel::QueryableByName)]
+struct One {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    value: i64,
+}
+
+impl TestDb {
+    /// Run a query that returns one `BIGINT` column named `value`, outside the store.
+    pub fn query_i64(&self, sql: &str) -> i64 {
+        use diesel::RunQueryDsl;
+        let row: One = match self.backend {
+            Backend::Sqlite => diesel::sql_query(sql)
+                .get_result(
+                    &mut diesel::sqlite::SqliteConnection::establish(&self.url).expect("connect"),
+                )
+                .expect("query"),
+            Backend::Postgres => diesel::sql_query(sql)
+                .get_result(&mut PgConnection::establish(&self.url).expect("connect"))
+                .expect("query"),
+            Backend::Memory => panic!("a MemoryStore has no SQL"),
+        };
+        row.value
+    }
 }

@@ -1,0 +1,217 @@
+//! Step 2 of a batch: decide, in memory and in batch order, what each write
+//! does, by the lifecycle's rules.
+
+use std::fmt::Write as _;
+
+use settle_core::{Outcome, SessionId, State};
+
+use super::{
+    Applied, Decided, HashMap, LifecycleWrite, Registration, Sim, TimelineEntry, TurnEnd,
+    TurnStart, Whose,
+};
+use crate::error::StoreError;
+use crate::latch::{FinalizeReport, Finalized};
+use crate::lease::OwnerId;
+use crate::rules::{allowed, TurnSeen};
+use crate::session::NewSession;
+use crate::time::{json_text, sid, to_millis};
+
+pub(super) fn decide<'b>(
+    batch: &'b [LifecycleWrite],
+    sessions: &mut HashMap<i64, Sim>,
+    owners: &HashMap<i64, bool>,
+    turns: &mut HashMap<(i64, u32), TurnSeen>,
+) -> Result<Decided<'b>, StoreError> {
+    let mut d = Decided {
+        results: Vec::with_capacity(batch.len()),
+        ..Decided::default()
+    };
+    for (item, write) in batch.iter().enumerate() {
+        let result = match write {
+            LifecycleWrite::Register(new) => register(&mut d, item, new, sessions, owners),
+            LifecycleWrite::Transition {
+                session,
+                from,
+                to,
+                cause,
+                at,
+            } => {
+                Some(if allowed(*from, *to) {
+                    lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+                        sim.live.transition(*session, *from, *to)?;
+                        sim.changed = true;
+                        let start = d.causes.len();
+                        // Writing to a String cannot fail.
+                        let _ = write!(d.causes, "{cause}");
+                        d.timeline.push(TimelineEntry {
+                            whose: Whose::Existing(raw),
+                            at: to_millis(*at),
+                            from: Some(*from),
+                            to: *to,
+                            cause: start..d.causes.len(),
+                        });
+                        Ok(Applied::Done)
+                    })
+                } else {
+                    Err(StoreError::InvalidTransition {
+                        session: *session,
+                        from: *from,
+                        to: *to,
+                    })
+                })
+            }
+            LifecycleWrite::StartTurn {
+                session,
+                no,
+                input,
+                at,
+            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+                let seen = seen(turns, sim, raw, *no);
+                sim.live.start_turn(*session, *no, seen)?;
+                sim.changed = true;
+                turns.insert((raw, *no), TurnSeen::Open);
+                d.turn_starts.push(TurnStart {
+                    session: raw,
+                    no: i64::from(*no),
+                    at: to_millis(*at),
+                    input: input.as_ref().map(json_text),
+                });
+                Ok(Applied::Done)
+            })),
+            LifecycleWrite::EndTurn {
+                session,
+                no,
+                outcome,
+                error,
+                at,
+            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+                let seen = seen(turns, sim, raw, *no);
+                sim.live.end_turn(*session, *no, *outcome, seen)?;
+                sim.changed = true;
+                turns.insert((raw, *no), TurnSeen::Ended);
+                d.turn_ends.push(TurnEnd {
+                    session: raw,
+                    no: i64::from(*no),
+                    at: to_millis(*at),
+                    outcome: outcome.as_str(),
+                    error_kind: error.as_ref().map(|e| e.kind.as_str()),
+                    error_message: error.as_ref().map(|e| e.message.as_str()),
+                });
+                Ok(Applied::Done)
+            })),
+            LifecycleWrite::Finalize { session, plan } => {
+                let at = to_millis(plan.at);
+                Some(lookup(sessions, owners, *session).map(|(raw, sim)| {
+                    let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
+                        return Applied::Finalized(Finalized::AlreadyFinalized);
+                    };
+                    sim.changed = true;
+                    if let Some(no) = spent.interrupted {
+                        // Close the turn still open, so its work can write no more.
+                        turns.insert((raw, no), TurnSeen::Ended);
+                        d.turn_ends.push(TurnEnd {
+                            session: raw,
+                            no: i64::from(no),
+                            at,
+                            outcome: Outcome::Interrupted.as_str(),
+                            error_kind: None,
+                            error_message: None,
+                        });
+                    }
+                    let start = d.causes.len();
+                    let _ = write!(d.causes, "finalize: {}", plan.reason);
+                    d.timeline.push(TimelineEntry {
+                        whose: Whose::Existing(raw),
+                        at,
+                        from: Some(spent.from),
+                        to: State::Finalized,
+                        cause: start..d.causes.len(),
+                    });
+                    d.finalized.push((item, *session, plan.commit_memory, at));
+                    Applied::Finalized(Finalized::Won(FinalizeReport {
+                        interrupted_turn: spent.interrupted,
+                        ..FinalizeReport::default()
+                    }))
+                }))
+            }
+        };
+        d.results.push(result);
+    }
+    Ok(d)
+}
+
+/// What the batch knows of turn `no`: what it read or wrote, else the turn
+/// the session had open when read, else nothing (it read every other turn the
+/// batch names).
+fn seen(turns: &HashMap<(i64, u32), TurnSeen>, sim: &Sim, raw: i64, no: u32) -> TurnSeen {
+    match turns.get(&(raw, no)) {
+        Some(seen) => *seen,
+        None if sim.read_open == Some(no) => TurnSeen::Open,
+        None => TurnSeen::Missing,
+    }
+}
+
+/// The session `id` as the batch sees it, with its database id, for a write
+/// of its owner: refused with `LeaseLost` once the owner's lease expired.
+fn lookup<'s>(
+    sessions: &'s mut HashMap<i64, Sim>,
+    owners: &HashMap<i64, bool>,
+    id: SessionId,
+) -> Result<(i64, &'s mut Sim), StoreError> {
+    let raw = sid(id)?;
+    let sim = sessions
+        .get_mut(&raw)
+        .ok_or(StoreError::UnknownSession(id))?;
+    if owners.get(&sim.owner) != Some(&true) {
+        return Err(StoreError::LeaseLost(OwnerId(sim.owner.unsigned_abs())));
+    }
+    Ok((raw, sim))
+}
+
+/// Check a registration as `create_session` does (the resumed session, then
+/// the parent, then the owner); the id is allocated when it is written.
+fn register<'b>(
+    d: &mut Decided<'b>,
+    item: usize,
+    new: &'b NewSession,
+    sessions: &HashMap<i64, Sim>,
+    owners: &HashMap<i64, bool>,
+) -> Option<Result<Applied, StoreError>> {
+    let known = |id: SessionId| sid(id).ok().and_then(|raw| sessions.get(&raw));
+    if let Some(previous) = new.resumed_from {
+        if known(previous).is_none() {
+            return Some(Err(StoreError::UnknownSession(previous)));
+        }
+    }
+    let tree = match new.parent {
+        Some(parent) => match known(parent) {
+            None => return Some(Err(StoreError::UnknownSession(parent))),
+            Some(sim) if !sim.live.state.is_open() => {
+                return Some(Err(StoreError::ParentClosed {
+                    parent,
+                    state: sim.live.state,
+                }))
+            }
+            Some(sim) => Some(sim.tree),
+        },
+        None => None,
+    };
+    match new.owner.raw().ok().and_then(|owner| owners.get(&owner)) {
+        Some(true) => {}
+        Some(false) => return Some(Err(StoreError::LeaseLost(new.owner))),
+        None => return Some(Err(StoreError::UnknownOwner(new.owner))),
+    }
+    let n = d.registrations.len();
+    d.registrations.push(Registration { item, new, tree });
+    let start = d.causes.len();
+    d.causes.push_str("registered");
+    d.timeline.push(TimelineEntry {
+        whose: Whose::New(n),
+        at: to_millis(new.created_at),
+        from: None,
+        to: State::Registered,
+        cause: start..d.causes.len(),
+    });
+    // Answered once the id is known.
+    None
+}

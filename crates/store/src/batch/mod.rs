@@ -1,0 +1,218 @@
+//! Lifecycle writes group-committed: a batch of registrations, transitions,
+//! turn starts and ends and finalizes, applied in one transaction, each with
+//! its own result.
+//!
+//! A batch is applied in four moves, inside one write transaction:
+//!
+//! 1. **Read** every session it touches in bulk (on PostgreSQL with `FOR
+//!    UPDATE`, in id order so that two batches never deadlock; a dense run of
+//!    ids is read as a range, which may also lock the few sessions between
+//!    them), the leases of the owners it writes for, by the store's clock,
+//!    and the turns its turn writes name.
+//! 2. **Decide**, in memory and in batch order, what each write does, by the
+//!    same [rules](crate::rules) as [`MemoryStore`](crate::MemoryStore): a
+//!    write the lifecycle refuses gets its refusal (a write of an owner whose
+//!    lease expired, `LeaseLost`), and the writes after it see the session as
+//!    it was left.
+//! 3. **Write** the outcome back: the new sessions in multi-row INSERTs; one
+//!    conditional UPDATE per changed session (compare-and-set on the version
+//!    that was read, so a finalize spends the latch once across processes,
+//!    G2), all of them in multi-row `UPDATE … FROM (VALUES …)` statements; the
+//!    new turns and turn ends likewise, and one timeline segment per session
+//!    holding all its transitions of the batch ([`timeline`](crate::timeline)).
+//! 4. **Commit memory** for finalizes that ask for it, from completed turns
+//!    only (G7), each in a savepoint of the same transaction.
+//!
+//! The answers are given after the commit. A refused write does not fail the
+//! others; a database failure fails the whole batch (nothing of it is
+//! written) and every write gets that error.
+
+mod decide;
+mod read;
+mod write;
+
+use std::ops::Range;
+use std::time::SystemTime;
+
+use diesel::prelude::*;
+use serde_json::Value;
+use settle_core::{Cause, Outcome, SessionId, State, TurnError};
+
+use crate::conn::Db;
+use crate::error::StoreError;
+use crate::latch::{memory_step, FinalizeRequest, Finalized};
+use crate::lease::store_now;
+use crate::rules::Live;
+use crate::session::NewSession;
+
+/// Maps keyed by database ids: foldhash, not SipHash, on this hot path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// One write of a lifecycle batch
+/// ([`SessionStore::apply`](crate::SessionStore::apply)). Each means what the
+/// single call of the same name means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LifecycleWrite {
+    /// Register a session; answered with [`Applied::Registered`].
+    Register(NewSession),
+    /// Move `session` from `from` to `to`, only if it is in `from` then,
+    /// recording `cause` on its timeline. Finalizing goes through
+    /// [`LifecycleWrite::Finalize`], which records its own transition.
+    Transition {
+        /// The session.
+        session: SessionId,
+        /// The state it must be in.
+        from: State,
+        /// The state it moves to.
+        to: State,
+        /// Why, as the timeline shows it.
+        cause: Cause,
+        /// When.
+        at: SystemTime,
+    },
+    /// Open turn `no` of `session`, recording its input.
+    StartTurn {
+        /// The session.
+        session: SessionId,
+        /// The turn number.
+        no: u32,
+        /// The messages sent to the provider.
+        input: Option<Value>,
+        /// When.
+        at: SystemTime,
+    },
+    /// End turn `no` of `session` with `outcome` and, if it failed, `error`.
+    EndTurn {
+        /// The session.
+        session: SessionId,
+        /// The turn number.
+        no: u32,
+        /// How it ended.
+        outcome: Outcome,
+        /// Why it failed.
+        error: Option<TurnError>,
+        /// When.
+        at: SystemTime,
+    },
+    /// Spend the finalize latch of `session` with `plan`; answered with
+    /// [`Applied::Finalized`].
+    Finalize {
+        /// The session.
+        session: SessionId,
+        /// What to do.
+        plan: FinalizeRequest,
+    },
+}
+
+/// What one write of a batch did.
+#[derive(Debug, Clone)]
+#[must_use]
+pub enum Applied {
+    /// The session was registered with this id.
+    Registered(SessionId),
+    /// The transition, turn start or turn end was applied.
+    Done,
+    /// The finalize ran: won, or the latch was already spent.
+    Finalized(Finalized),
+}
+
+/// A session as the batch read it, and as its writes leave it.
+struct Sim {
+    live: Live,
+    /// The turn open when the row was read: by the rows' invariant (a turn
+    /// is open exactly while it is its session's `open_turn`), that turn is
+    /// known open without reading it.
+    read_open: Option<u32>,
+    /// The version that was read: the compare-and-set of the write back.
+    version: i64,
+    tree: i64,
+    owner: i64,
+    changed: bool,
+}
+
+/// Whose timeline a row is on: a session that existed, or the `n`th
+/// registration of the batch.
+#[derive(Clone, Copy)]
+enum Whose {
+    Existing(i64),
+    New(usize),
+}
+
+struct TimelineEntry {
+    whose: Whose,
+    at: i64,
+    from: Option<State>,
+    to: State,
+    cause: Range<usize>,
+}
+
+/// A turn to open.
+struct TurnStart {
+    session: i64,
+    no: i64,
+    at: i64,
+    input: Option<String>,
+}
+
+/// A turn to end (or interrupt).
+struct TurnEnd<'b> {
+    session: i64,
+    no: i64,
+    at: i64,
+    outcome: &'static str,
+    error_kind: Option<&'static str>,
+    error_message: Option<&'b str>,
+}
+
+struct Registration<'b> {
+    item: usize,
+    new: &'b NewSession,
+    tree: Option<i64>,
+}
+
+/// Everything the batch decided, before it is written.
+#[derive(Default)]
+struct Decided<'b> {
+    results: Vec<Option<Result<Applied, StoreError>>>,
+    registrations: Vec<Registration<'b>>,
+    turn_starts: Vec<TurnStart>,
+    turn_ends: Vec<TurnEnd<'b>>,
+    timeline: Vec<TimelineEntry>,
+    /// Every cause of the batch, one after another, so that a transition's
+    /// cause is formatted without an allocation of its own.
+    causes: String,
+    /// Finalizes that won: (item, session, whether to commit memory, at).
+    finalized: Vec<(usize, SessionId, bool, i64)>,
+}
+
+/// Apply `batch` in one transaction. `Err` when the transaction failed:
+/// nothing of the batch was written.
+pub(crate) fn apply(
+    db: Db<'_>,
+    batch: &[LifecycleWrite],
+) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    write_tx!(db, |c| {
+        let mut db = Db::from(&mut *c);
+        let now = store_now(db.reborrow())?;
+        let mut sessions = read::sessions(db.reborrow(), batch)?;
+        let owners = read::owners(db.reborrow(), batch, &sessions, now)?;
+        let mut turns = read::turns(db.reborrow(), batch, &sessions)?;
+        let mut decided = decide::decide(batch, &mut sessions, &owners, &mut turns)?;
+        write::write_back(db.reborrow(), &sessions, &mut decided)?;
+        for &(item, id, commit, at) in &decided.finalized {
+            if let (true, Some(Ok(Applied::Finalized(Finalized::Won(report))))) =
+                (commit, decided.results[item].as_mut())
+            {
+                memory_step(db.reborrow(), id, commit, at, report)?;
+            }
+        }
+        Ok(decided
+            .results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(StoreError::Unavailable)))
+            .collect())
+    })
+}

@@ -1,0 +1,259 @@
+//! Step 3 of a batch: write what was decided back, many rows per statement,
+//! each changed session only if its version is still the one read.
+
+use std::ops::Range;
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use settle_core::{Outcome, State};
+
+use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
+use crate::conn::Db;
+use crate::error::{Context, DbError, StoreError};
+use crate::rows::{bind, params, Rows, ROWS_PER_STATEMENT};
+use crate::schema::sessions;
+use crate::time::{session_id, sid, to_millis};
+use crate::timeline::Step;
+
+/// A session's row as the batch leaves it, and the version it must still
+/// have.
+struct SessionWrite {
+    id: i64,
+    version: i64,
+    state: &'static str,
+    outcome: Option<&'static str>,
+    end_reason: Option<&'static str>,
+    open_turn: Option<i64>,
+    finalized_at: Option<i64>,
+}
+
+struct Segment<'e> {
+    session: i64,
+    steps: &'e str,
+}
+
+params!(TurnStart, |r, out| bind!(out;
+    BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, BigInt => &0_i64,
+    Nullable<Text> => &r.input));
+params!(TurnEnd<'b>, |r, out| bind!(out;
+    BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, Text => r.outcome,
+    Nullable<Text> => &r.error_kind, Nullable<Text> => &r.error_message));
+params!(SessionWrite, |r, out| bind!(out;
+    BigInt => &r.id, BigInt => &r.version, Text => r.state,
+    Nullable<Text> => &r.outcome, Nullable<Text> => &r.end_reason,
+    Nullable<BigInt> => &r.open_turn, Nullable<BigInt> => &r.finalized_at));
+params!(
+    Segment<'e>,
+    |r, out| bind!(out; BigInt => &r.session, Text => r.steps)
+);
+
+pub(super) fn write_back(
+    mut db: Db<'_>,
+    sessions: &HashMap<i64, Sim>,
+    d: &mut Decided<'_>,
+) -> Result<(), StoreError> {
+    let new_ids = insert_sessions(db.reborrow(), d)?;
+    update_sessions(db.reborrow(), sessions)?;
+    insert_turns(db.reborrow(), &d.turn_starts)?;
+    end_turns(db.reborrow(), &d.turn_ends)?;
+    insert_timeline(db, d, &new_ids)
+}
+
+/// Insert the batch's registrations with ids reserved up front (a root's tree
+/// is its own id), and answer them.
+fn insert_sessions(mut db: Db<'_>, d: &mut Decided<'_>) -> Result<Vec<i64>, StoreError> {
+    if d.registrations.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A registration names the id it reserved ahead (`reserve_ids`), or
+    // takes one from the same counter now: ids never collide.
+    let missing = d
+        .registrations
+        .iter()
+        .filter(|r| r.new.id.is_none())
+        .count();
+    let mut fresh = reserve_session_ids(db.reborrow(), missing)?.into_iter();
+    let ids = d
+        .registrations
+        .iter()
+        .map(|r| match r.new.id {
+            Some(id) => sid(id),
+            None => fresh
+                .next()
+                .map(settle_core::SessionId)
+                .map(sid)
+                .unwrap_or(Err(StoreError::OutOfRange {
+                    what: "reserved session ids",
+                    value: missing as u64,
+                })),
+        })
+        .collect::<Result<Vec<i64>, StoreError>>()?;
+    let rows: Vec<_> = d
+        .registrations
+        .iter()
+        .zip(&ids)
+        .map(|(r, &id)| {
+            Ok((
+                sessions::id.eq(id),
+                sessions::name.eq(r.new.name.as_str()),
+                sessions::parent.eq(r.new.parent.map(sid).transpose()?),
+                sessions::tree.eq(r.tree.unwrap_or(id)),
+                sessions::state.eq(State::Registered.as_str()),
+                sessions::created_at.eq(to_millis(r.new.created_at)),
+                sessions::version.eq(0_i64),
+                sessions::owner.eq(r.new.owner.raw()?),
+                sessions::resumed_from.eq(r.new.resumed_from.map(sid).transpose()?),
+            ))
+        })
+        .collect::<Result<_, StoreError>>()?;
+    for part in rows.chunks(ROWS_PER_STATEMENT) {
+        on_db!(db.reborrow(), |c| diesel::insert_into(sessions::table)
+            .values(part)
+            .execute(c))
+        .context("registering sessions")?;
+    }
+    for (r, &id) in d.registrations.iter().zip(&ids) {
+        d.results[r.item] = Some(Ok(Applied::Registered(session_id(id))));
+    }
+    Ok(ids)
+}
+
+/// `n` session ids no other writer will use, from the store's id counter
+/// (the one `reserve_ids` draws from), inside the batch's transaction.
+fn reserve_session_ids(db: Db<'_>, n: usize) -> Result<std::ops::Range<u64>, StoreError> {
+    if n == 0 {
+        return Ok(0..0);
+    }
+    let count = u32::try_from(n).map_err(|_| StoreError::OutOfRange {
+        what: "batch size",
+        value: n as u64,
+    })?;
+    on_db!(db, |c| { reserve_ids_on!(c, count) })
+}
+
+/// Write every changed session back, each only if its version is still the
+/// one read: a compare-and-set per row, many rows per statement.
+fn update_sessions(mut db: Db<'_>, sessions: &HashMap<i64, Sim>) -> Result<(), StoreError> {
+    let mut rows: Vec<SessionWrite> = sessions
+        .iter()
+        .filter(|(_, s)| s.changed)
+        .map(|(id, sim)| SessionWrite {
+            id: *id,
+            version: sim.version,
+            state: sim.live.state.as_str(),
+            outcome: sim.live.outcome.map(Outcome::as_str),
+            end_reason: sim.live.end_reason.map(|r| r.as_str()),
+            open_turn: sim.live.open_turn.map(i64::from),
+            finalized_at: sim.live.finalized_at,
+        })
+        .collect();
+    rows.sort_unstable_by_key(|r| r.id);
+    for part in rows.chunks(ROWS_PER_STATEMENT) {
+        let statement = Rows::update(
+            "UPDATE sessions SET state = v.column3, outcome = v.column4, \
+             end_reason = v.column5, open_turn = v.column6, finalized_at = v.column7, \
+             version = sessions.version + 1 FROM (VALUES ",
+            part,
+            ") AS v WHERE sessions.id = v.column1 AND sessions.version = v.column2",
+        );
+        let updated = on_db!(db.reborrow(), |c| statement.execute(c))
+            .context("writing the sessions of a batch")?;
+        if updated != part.len() {
+            // The rows were read under this transaction's lock: a session that
+            // changed anyway means another writer ignored it. Write nothing.
+            return Err(changed_under("writing the sessions of a batch"));
+        }
+    }
+    Ok(())
+}
+
+fn changed_under(context: &'static str) -> StoreError {
+    StoreError::Database {
+        context,
+        source: DbError::new(std::io::Error::other(
+            "a row changed while the batch held its session; nothing of the batch was written",
+        )),
+    }
+}
+
+fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> {
+    for part in starts.chunks(ROWS_PER_STATEMENT) {
+        let statement = Rows::insert(
+            "INSERT INTO turns (session, \"no\", started_at, next_seq, input) VALUES ",
+            part,
+        );
+        on_db!(db.reborrow(), |c| statement.execute(c)).context("opening the turns of a batch")?;
+    }
+    Ok(())
+}
+
+fn end_turns(mut db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
+    for part in ends.chunks(ROWS_PER_STATEMENT) {
+        let statement = Rows::update(
+            "UPDATE turns SET ended_at = v.column3, outcome = v.column4, \
+             error_kind = v.column5, error_message = v.column6 FROM (VALUES ",
+            part,
+            ") AS v WHERE turns.session = v.column1 AND turns.\"no\" = v.column2 \
+             AND turns.ended_at IS NULL",
+        );
+        let ended = on_db!(db.reborrow(), |c| statement.execute(c))
+            .context("ending the turns of a batch")?;
+        if ended != part.len() {
+            return Err(changed_under("ending the turns of a batch"));
+        }
+    }
+    Ok(())
+}
+
+/// The batch's timeline: one segment per session, its steps in batch order,
+/// many segments per statement.
+fn insert_timeline(mut db: Db<'_>, d: &Decided<'_>, new_ids: &[i64]) -> Result<(), StoreError> {
+    // Each session's steps, in the order the sessions first appear.
+    let mut order: Vec<i64> = Vec::new();
+    let mut steps: HashMap<i64, Vec<&TimelineEntry>> = HashMap::default();
+    for entry in &d.timeline {
+        let session = match entry.whose {
+            Whose::Existing(id) => id,
+            // Every registration with a timeline entry was written.
+            Whose::New(n) => new_ids.get(n).copied().unwrap_or_default(),
+        };
+        steps
+            .entry(session)
+            .or_insert_with(|| {
+                order.push(session);
+                Vec::new()
+            })
+            .push(entry);
+    }
+    let mut encoded: Vec<u8> = Vec::with_capacity(d.timeline.len() * 80);
+    let mut ranges: Vec<(i64, Range<usize>)> = Vec::with_capacity(order.len());
+    for session in order {
+        let start = encoded.len();
+        let entries = steps.get(&session).map(Vec::as_slice).unwrap_or_default();
+        crate::timeline::encode(
+            &mut encoded,
+            entries.iter().map(|t| Step {
+                at: t.at,
+                from: t.from,
+                to: t.to,
+                cause: &d.causes[t.cause.clone()],
+            }),
+        )?;
+        ranges.push((session, start..encoded.len()));
+    }
+    let segments = ranges
+        .into_iter()
+        .map(|(session, range)| {
+            Ok(Segment {
+                session,
+                steps: crate::timeline::segment_text(&encoded[range])?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    for part in segments.chunks(ROWS_PER_STATEMENT) {
+        let statement = Rows::insert("INSERT INTO timeline (session, steps) VALUES ", part);
+        on_db!(db.reborrow(), |c| statement.execute(c))
+            .context("recording the timeline of a batch")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,627 @@
+//! Lifecycle writes group-committed: one transaction per batch, one answer per
+//! write, the single calls' rules, and the latch still spent once (G2).
+
+use std::time::Duration;
+
+use serde_json::json;
+use settle_core::CancelMode;
+use settle_store::{
+    Applied, Cause, EndReason, FinalizeRequest, Finalized, LifecycleWrite, NewSession, Outcome,
+    OwnerId, SessionFilter, SessionId, SessionStore, State, StoreError, TurnError, TurnErrorKind,
+};
+
+use crate::common::{rt, Backend, TestDb};
+use crate::{append_all, now, open, owner, session, HOUR};
+
+fn transition(session: SessionId, from: State, to: State, cause: Cause) -> LifecycleWrite {
+    LifecycleWrite::Transition {
+        session,
+        from,
+        to,
+        cause,
+        at: now(),
+    }
+}
+
+fn start(session: SessionId, no: u32) -> LifecycleWrite {
+    LifecycleWrite::StartTurn {
+        session,
+        no,
+        input: None,
+        at: now(),
+    }
+}
+
+fn end(session: SessionId, no: u32, outcome: Outcome) -> LifecycleWrite {
+    LifecycleWrite::EndTurn {
+        session,
+        no,
+        outcome,
+        error: None,
+        at: now(),
+    }
+}
+
+fn finalize(session: SessionId, reason: EndReason) -> LifecycleWrite {
+    LifecycleWrite::Finalize {
+        session,
+        plan: FinalizeRequest::new(reason).commit_memory(true),
+    }
+}
+
+/// The teardown of one session mid-turn, as a batch carries it.
+fn teardown(id: SessionId) -> Vec<LifecycleWrite> {
+    vec![
+        transition(
+            id,
+            State::Running,
+            State::Cancelling,
+            Cause::CancelRequested(CancelMode::Immediate),
+        ),
+        end(id, 1, Outcome::Cancelled),
+        transition(
+            id,
+            State::Cancelling,
+            State::Settled,
+            Cause::TurnEnded(Outcome::Cancelled),
+        ),
+        finalize(id, EndReason::Cancelled),
+    ]
+}
+
+/// A session running turn 1, with one chunk in it.
+async fn running(store: &dyn SessionStore, owner: OwnerId, name: &str) -> SessionId {
+    let id = store
+        .create_session(NewSession::new(name, owner))
+        .await
+        .unwrap();
+    let results = store
+        .apply(vec![
+            start(id, 1),
+            transition(id, State::Registered, State::Running, Cause::TurnStarted),
+        ])
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    append_all(store, id, 1, &["partial"]).await;
+    id
+}
+
+fn won(result: &Result<Applied, StoreError>) -> bool {
+    matches!(result, Ok(Applied::Finalized(Finalized::Won(_))))
+}
+
+/// A batch tears three sessions down; another store finalized the middle one
+/// first, so that session's finalize loses the race. Its writes are refused
+/// one by one, the other two sessions are torn down whole, and every session
+/// is finalized exactly once.
+pub(crate) fn g2_a_finalize_that_loses_its_race_does_not_fail_the_batch(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (mine, theirs) = (open(&db), open(&db));
+        let o = owner(&*mine, HOUR).await;
+        let ids = [
+            running(&*mine, o, "a").await,
+            running(&*mine, o, "b").await,
+            running(&*mine, o, "c").await,
+        ];
+        assert!(theirs
+            .finalize(ids[1], FinalizeRequest::new(EndReason::Recovered))
+            .await
+            .unwrap()
+            .won());
+
+        let batch: Vec<_> = ids.iter().flat_map(|&id| teardown(id)).collect();
+        let results = mine.apply(batch).await;
+        assert_eq!(results.len(), 12);
+        for (k, id) in ids.iter().enumerate() {
+            let r = &results[4 * k..4 * k + 4];
+            if k == 1 {
+                for refused in &r[..3] {
+                    assert!(
+                        matches!(refused, Err(StoreError::SessionClosed(s)) if s == id),
+                        "{refused:?}"
+                    );
+                }
+                assert!(
+                    matches!(r[3], Ok(Applied::Finalized(Finalized::AlreadyFinalized))),
+                    "{:?}",
+                    r[3]
+                );
+            } else {
+                assert!(
+                    r[..3].iter().all(|x| matches!(x, Ok(Applied::Done))),
+                    "{r:?}"
+                );
+                assert!(won(&r[3]), "{:?}", r[3]);
+            }
+        }
+        for (k, &id) in ids.iter().enumerate() {
+            let d = mine.session_detail(id).await.unwrap();
+            let finals = d.timeline.iter().filter(|t| t.to == State::Finalized);
+            assert_eq!(finals.count(), 1, "session {id} finalized once");
+            assert_eq!(d.session.state, State::Finalized);
+            if k == 1 {
+                assert_eq!(d.session.end_reason, Some(EndReason::Recovered));
+                assert_eq!(d.turns[0].outcome, Some(Outcome::Interrupted));
+                continue;
+            }
+            assert_eq!(d.session.end_reason, Some(EndReason::Cancelled));
+            assert_eq!(d.session.outcome, Some(Outcome::Cancelled));
+            assert_eq!(d.turns[0].outcome, Some(Outcome::Cancelled));
+            let steps: Vec<_> = d
+                .timeline
+                .iter()
+                .map(|t| (t.from, t.to, t.cause.as_str()))
+                .collect();
+            assert_eq!(
+                steps,
+                vec![
+                    (None, State::Registered, "registered"),
+                    (Some(State::Registered), State::Running, "turn started"),
+                    (
+                        Some(State::Running),
+                        State::Cancelling,
+                        "cancel requested (immediate)"
+                    ),
+                    (
+                        Some(State::Cancelling),
+                        State::Settled,
+                        "turn ended: cancelled"
+                    ),
+                    (
+                        Some(State::Settled),
+                        State::Finalized,
+                        "finalize: cancelled"
+                    ),
+                ]
+            );
+            // G7: no memory from a cancelled turn.
+            assert!(mine.memories(id).await.unwrap().is_empty());
+        }
+    });
+}
+
+/// Within a batch, each write meets the session as the writes before it left
+/// it, and is refused for the reason a single call would give.
+pub(crate) fn batch_writes_follow_the_single_call_rules(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        let input = json!([{"role": "user", "content": "hi"}]);
+        let error = TurnError::new(TurnErrorKind::Timeout, "no event for 30s");
+        let batch = vec![
+            LifecycleWrite::StartTurn {
+                session: id,
+                no: 1,
+                input: Some(input.clone()),
+                at: now(),
+            },
+            start(id, 2),
+            end(id, 5, Outcome::Completed),
+            transition(id, State::Registered, State::Running, Cause::TurnStarted),
+            LifecycleWrite::EndTurn {
+                session: id,
+                no: 1,
+                outcome: Outcome::IdleTimeout,
+                error: Some(error.clone()),
+                at: now(),
+            },
+            end(id, 1, Outcome::Completed),
+            transition(id, State::Running, State::Finalized, Cause::AgentFinished),
+            transition(id, State::Registered, State::Running, Cause::TurnStarted),
+            transition(
+                id,
+                State::Running,
+                State::Registered,
+                Cause::TurnEnded(Outcome::IdleTimeout),
+            ),
+            start(id, 1),
+            start(id, 2),
+            finalize(id, EndReason::Failed),
+            start(id, 3),
+            finalize(id, EndReason::Completed),
+            transition(
+                SessionId(909_090),
+                State::Registered,
+                State::Running,
+                Cause::TurnStarted,
+            ),
+        ];
+        let r = store.apply(batch).await;
+        let ok = |k: usize| assert!(matches!(r[k], Ok(Applied::Done)), "{k}: {:?}", r[k]);
+        ok(0);
+        assert!(
+            matches!(r[1], Err(StoreError::TurnInFlight { open: 1, .. })),
+            "{:?}",
+            r[1]
+        );
+        assert!(
+            matches!(r[2], Err(StoreError::UnknownTurn { turn: 5, .. })),
+            "{:?}",
+            r[2]
+        );
+        ok(3);
+        ok(4);
+        assert!(
+            matches!(r[5], Err(StoreError::TurnClosed { turn: 1, .. })),
+            "{:?}",
+            r[5]
+        );
+        assert!(
+            matches!(r[6], Err(StoreError::InvalidTransition { .. })),
+            "{:?}",
+            r[6]
+        );
+        assert!(
+            matches!(
+                r[7],
+                Err(StoreError::StateMismatch {
+                    expected: State::Registered,
+                    found: State::Running,
+                    ..
+                })
+            ),
+            "{:?}",
+            r[7]
+        );
+        ok(8);
+        assert!(
+            matches!(r[9], Err(StoreError::TurnExists { turn: 1, .. })),
+            "{:?}",
+            r[9]
+        );
+        ok(10);
+        // Turn 2 is open: the finalize interrupts it.
+        match &r[11] {
+            Ok(Applied::Finalized(Finalized::Won(report))) => {
+                assert_eq!(report.interrupted_turn, Some(2));
+                assert_eq!(report.memories, 0);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(r[12], Err(StoreError::SessionClosed(s)) if s == id),
+            "{:?}",
+            r[12]
+        );
+        assert!(
+            matches!(r[13], Ok(Applied::Finalized(Finalized::AlreadyFinalized))),
+            "{:?}",
+            r[13]
+        );
+        assert!(
+            matches!(r[14], Err(StoreError::UnknownSession(_))),
+            "{:?}",
+            r[14]
+        );
+
+        let d = store.session_detail(id).await.unwrap();
+        assert_eq!(d.session.state, State::Finalized);
+        assert_eq!(d.session.end_reason, Some(EndReason::Failed));
+        assert_eq!(d.session.outcome, Some(Outcome::Interrupted));
+        let turns: Vec<_> = d
+            .turns
+            .iter()
+            .map(|t| (t.no, t.outcome, t.error.clone(), t.input.clone()))
+            .collect();
+        assert_eq!(
+            turns,
+            vec![
+                (1, Some(Outcome::IdleTimeout), Some(error), Some(input)),
+                (2, Some(Outcome::Interrupted), None, None),
+            ]
+        );
+        let causes: Vec<_> = d.timeline.iter().map(|t| t.cause.as_str()).collect();
+        assert_eq!(
+            causes,
+            [
+                "registered",
+                "turn started",
+                "turn ended: idle_timeout",
+                "finalize: failed"
+            ]
+        );
+    });
+}
+
+/// Memory is committed in the latch's transaction from the turns completed
+/// before it, including one completed earlier in the same batch (G7).
+pub(crate) fn g7_a_batch_commits_memory_from_turns_it_completed(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        store.start_turn(id, 1, None, now()).await.unwrap();
+        append_all(&*store, id, 1, &["port 22 ", "open"]).await;
+        let r = store
+            .apply(vec![
+                end(id, 1, Outcome::Completed),
+                transition(id, State::Registered, State::Settled, Cause::AgentFinished),
+                finalize(id, EndReason::Completed),
+            ])
+            .await;
+        match &r[2] {
+            Ok(Applied::Finalized(Finalized::Won(report))) => assert_eq!(report.memories, 1),
+            other => panic!("{other:?}"),
+        }
+        let memories = store.memories(id).await.unwrap();
+        assert_eq!(memories[0].content, "port 22 open");
+    });
+}
+
+/// Registrations in a batch get ids in batch order, each refused alone when
+/// its parent, owner or resumed session does not allow it.
+pub(crate) fn batch_registrations_answer_ids_and_refuse_alone(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (o, root) = session(&*store, "root").await;
+        let (_, closed) = session(&*store, "closed").await;
+        assert!(store
+            .finalize(closed, FinalizeRequest::new(EndReason::Completed))
+            .await
+            .unwrap()
+            .won());
+        let ghost = SessionId(808_080);
+        let r = store
+            .apply(vec![
+                LifecycleWrite::Register(NewSession::new("kid-1", o).with_parent(root)),
+                LifecycleWrite::Register(NewSession::new("orphan", o).with_parent(closed)),
+                LifecycleWrite::Register(NewSession::new("nobody's", OwnerId(99_999))),
+                LifecycleWrite::Register(NewSession::new("nowhere", o).resuming(ghost)),
+                LifecycleWrite::Register(NewSession::new("again", o).resuming(closed)),
+                LifecycleWrite::Register(NewSession::new("kid-2", o).with_parent(root)),
+                finalize(root, EndReason::Completed),
+                LifecycleWrite::Register(NewSession::new("too late", o).with_parent(root)),
+            ])
+            .await;
+        let id = |k: usize| match r[k] {
+            Ok(Applied::Registered(id)) => id,
+            ref other => panic!("{k}: {other:?}"),
+        };
+        let (kid1, again, kid2) = (id(0), id(4), id(5));
+        assert!(
+            closed < kid1 && kid1 < again && again < kid2,
+            "ids in batch order"
+        );
+        assert!(
+            matches!(
+                r[1],
+                Err(StoreError::ParentClosed {
+                    state: State::Finalized,
+                    ..
+                })
+            ),
+            "{:?}",
+            r[1]
+        );
+        assert!(
+            matches!(r[2], Err(StoreError::UnknownOwner(_))),
+            "{:?}",
+            r[2]
+        );
+        assert!(
+            matches!(r[3], Err(StoreError::UnknownSession(s)) if s == ghost),
+            "{:?}",
+            r[3]
+        );
+        assert!(won(&r[6]), "{:?}", r[6]);
+        assert!(
+            matches!(
+                r[7],
+                Err(StoreError::ParentClosed {
+                    state: State::Finalized,
+                    ..
+                })
+            ),
+            "{:?}",
+            r[7]
+        );
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
+        let seen: Vec<_> = rows
+            .iter()
+            .map(|r| (r.id, r.name.as_str(), r.parent, r.resumed_from, r.state))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (root, "root", None, None, State::Finalized),
+                (closed, "closed", None, None, State::Finalized),
+                (kid1, "kid-1", Some(root), None, State::Registered),
+                (again, "again", None, Some(closed), State::Registered),
+                (kid2, "kid-2", Some(root), None, State::Registered),
+            ]
+        );
+        let d = store.session_detail(kid2).await.unwrap();
+        assert_eq!(d.timeline.len(), 1);
+        assert_eq!(
+            (
+                d.timeline[0].from,
+                d.timeline[0].to,
+                d.timeline[0].cause.as_str()
+            ),
+            (None, State::Registered, "registered")
+        );
+        // Ids stay unique with single registrations after a batch.
+        let (_, next) = session(&*store, "next").await;
+        assert!(next > kid2);
+    });
+}
+
+/// When the transaction fails, nothing of the batch is written and every
+/// write gets the database's error.
+pub(crate) fn a_failed_batch_writes_nothing(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let store = open(&db);
+    rt().block_on(async {
+        let o = owner(&*store, HOUR).await;
+        let id = running(&*store, o, "s").await;
+        let before = store.session_detail(id).await.unwrap();
+        match b {
+            Backend::Sqlite => db.execute(
+                "CREATE TRIGGER timeline_full BEFORE INSERT ON timeline \
+                 BEGIN SELECT RAISE(ABORT, 'timeline is full'); END;",
+            ),
+            Backend::Postgres => db.execute(
+                "CREATE FUNCTION timeline_full() RETURNS trigger AS $$ \
+                 BEGIN RAISE EXCEPTION 'timeline is full'; END $$ LANGUAGE plpgsql; \
+                 CREATE TRIGGER timeline_full BEFORE INSERT ON timeline \
+                 FOR EACH ROW EXECUTE FUNCTION timeline_full();",
+            ),
+            Backend::Memory => unreachable!("a database test"),
+        }
+        let mut batch = teardown(id);
+        batch.push(LifecycleWrite::Register(NewSession::new("new", o)));
+        let results = store.apply(batch).await;
+        assert_eq!(results.len(), 5);
+        for r in &results {
+            match r {
+                Err(StoreError::Database { source, .. }) => {
+                    assert!(source.to_string().contains("timeline is full"), "{source}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(store.session_detail(id).await.unwrap(), before);
+        let all = store.list_sessions(SessionFilter::all()).await.unwrap();
+        assert_eq!(all.len(), 1, "the registration was not written");
+    });
+}
+
+/// PostgreSQL, two processes: another transaction is finalizing a session
+/// (its row locked, not yet committed) when the batch reaches it. The batch
+/// waits for that transaction, then finds the latch spent; the rest of the
+/// batch goes through.
+#[test]
+fn g2_postgres_a_batch_waits_for_a_finalize_in_flight_and_loses_to_it() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, RunQueryDsl};
+
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let store = open(&db);
+    rt().block_on(async {
+        let o = owner(&*store, HOUR).await;
+        let (a, b) = (
+            running(&*store, o, "a").await,
+            running(&*store, o, "b").await,
+        );
+
+        let mut other = diesel::pg::PgConnection::establish(&db.url).unwrap();
+        other
+            .batch_execute(&format!(
+                "BEGIN; \
+                 UPDATE sessions SET state = 'finalized', end_reason = 'recovered', \
+                   outcome = 'interrupted', open_turn = NULL, version = version + 1 \
+                   WHERE id = {b}; \
+                 UPDATE turns SET ended_at = 0, outcome = 'interrupted' \
+                   WHERE session = {b} AND ended_at IS NULL; \
+                 INSERT INTO timeline (session, steps) \
+                   VALUES ({b}, '[[0, \"running\", \"finalized\", \"recovered: by hand\"]]');"
+            ))
+            .unwrap();
+        let batch: Vec<_> = [a, b].into_iter().flat_map(teardown).collect();
+        let applying = tokio::spawn({
+            let store = store.clone();
+            async move { store.apply(batch).await }
+        });
+        // Commit only once the batch is blocked on the locked row, so that it
+        // must see the finalize after it read nothing of it.
+        let mut probe = diesel::pg::PgConnection::establish(&db.url).unwrap();
+        #[derive(diesel::QueryableByName)]
+        struct Waiting {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        loop {
+            let w: Waiting = diesel::sql_query(
+                "SELECT count(*) AS n FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .get_result(&mut probe)
+            .unwrap();
+            if w.n > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        other.batch_execute("COMMIT").unwrap();
+        let results = applying.await.unwrap();
+        assert!(results[..3].iter().all(|r| matches!(r, Ok(Applied::Done))));
+        assert!(won(&results[3]), "{:?}", results[3]);
+        assert!(results[4..7]
+            .iter()
+            .all(|r| matches!(r, Err(StoreError::SessionClosed(_)))));
+        assert!(
+            matches!(
+                results[7],
+                Ok(Applied::Finalized(Finalized::AlreadyFinalized))
+            ),
+            "{:?}",
+            results[7]
+        );
+        let d = store.session_detail(b).await.unwrap();
+        assert_eq!(d.session.end_reason, Some(EndReason::Recovered));
+        assert_eq!(d.session.state, State::Finalized);
+    });
+}
+
+/// A batch larger than one statement (600 sessions: two full statements,
+/// the second reusing the first's prepared form, and a shorter one) is
+/// applied whole, every write answered in order.
+pub(crate) fn a_batch_larger_than_a_statement_is_applied_whole(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let o = owner(&*store, HOUR).await;
+        let registered = store
+            .apply(
+                (0..600)
+                    .map(|i| LifecycleWrite::Register(NewSession::new(format!("s{i}"), o)))
+                    .collect(),
+            )
+            .await;
+        let ids: Vec<SessionId> = registered
+            .into_iter()
+            .map(|r| match r {
+                Ok(Applied::Registered(id)) => id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let started = store
+            .apply(
+                ids.iter()
+                    .flat_map(|&id| {
+                        [
+                            start(id, 1),
+                            transition(id, State::Registered, State::Running, Cause::TurnStarted),
+                        ]
+                    })
+                    .collect(),
+            )
+            .await;
+        assert!(started.iter().all(|r| matches!(r, Ok(Applied::Done))));
+        let torn = store
+            .apply(ids.iter().rev().flat_map(|&id| teardown(id)).collect())
+            .await;
+        assert_eq!(torn.len(), 2400);
+        for (k, r) in torn.iter().enumerate() {
+            if k % 4 == 3 {
+                assert!(won(r), "{k}: {r:?}");
+            } else {
+                assert!(matches!(r, Ok(Applied::Done)), "{k}: {r:?}");
+            }
+        }
+        for id in [ids[0], ids[255], ids[256], ids[599]] {
+            let d = store.session_detail(id).await.unwrap();
+            assert_eq!(d.session.state, State::Finalized);
+            assert_eq!(d.turns[0].outcome, Some(Outcome::Cancelled));
+            assert_eq!(d.timeline.len(), 5, "{:?}", d.timeline);
+        }
+    });
+}

@@ -1,0 +1,229 @@
+//! Honest when the lease is lost (G8): expiry by the store's clock, no owner
+//! write after it, and "same host" by machine identity and PID namespace.
+
+use std::time::Duration;
+
+use settle_store::{
+    Cause, Claim, EndReason, FinalizeRequest, HostIdentity, LifecycleWrite, NewSession, OwnerGone,
+    OwnerInfo, RecoverOptions, State, StoreError,
+};
+
+use crate::common::{rt, Backend, TestDb};
+use crate::recovery::{expire, owner_elsewhere};
+use crate::{append_all, now, open, HOUR};
+
+fn lost(result: Result<(), StoreError>, what: &str) {
+    assert!(
+        matches!(result, Err(StoreError::LeaseLost(_))),
+        "{what}: {result:?}"
+    );
+}
+
+/// An owner whose lease expired writes nothing more, before and after its
+/// sessions are recovered: its renewal and every write of its own (session
+/// rows, turns, chunks, claims, finalizes, registrations, batches) fail with
+/// `LeaseLost`, and leave the rows as they were.
+pub(crate) fn g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let late = owner_elsewhere(&*store, 4_000_100).await;
+        let busy = store
+            .create_session(NewSession::new("busy", late))
+            .await
+            .unwrap();
+        let idle = store
+            .create_session(NewSession::new("idle", late))
+            .await
+            .unwrap();
+        store.start_turn(busy, 1, None, now()).await.unwrap();
+        append_all(&*store, busy, 1, &["before"]).await;
+        // It stalls past its lease (a SIGSTOP, a long GC pause).
+        expire(&*store, late).await;
+        let before = [
+            store.session_detail(busy).await.unwrap(),
+            store.session_detail(idle).await.unwrap(),
+        ];
+
+        let every_write = |round: &'static str| {
+            let store = store.clone();
+            async move {
+                lost(store.renew_lease(late, HOUR).await.map(|_| ()), round);
+                lost(
+                    store
+                        .transition(busy, State::Registered, State::Running, "x", now())
+                        .await,
+                    round,
+                );
+                lost(store.start_turn(idle, 1, None, now()).await, round);
+                lost(
+                    store
+                        .append_chunk(busy, 1, "after".into())
+                        .await
+                        .map(|_| ()),
+                    round,
+                );
+                lost(
+                    store
+                        .end_turn(busy, 1, settle_store::Outcome::Completed, None, now())
+                        .await,
+                    round,
+                );
+                lost(
+                    store
+                        .claim(idle, EndReason::IdleReap)
+                        .await
+                        .map(|_: Claim| ()),
+                    round,
+                );
+                lost(
+                    store
+                        .finalize(idle, FinalizeRequest::new(EndReason::Completed))
+                        .await
+                        .map(|_| ()),
+                    round,
+                );
+                lost(
+                    store
+                        .create_session(NewSession::new("new", late))
+                        .await
+                        .map(|_| ()),
+                    round,
+                );
+                let results = store
+                    .apply(vec![
+                        LifecycleWrite::Register(NewSession::new("new", late)),
+                        LifecycleWrite::Transition {
+                            session: idle,
+                            from: State::Registered,
+                            to: State::Settled,
+                            cause: Cause::AgentFinished,
+                            at: now(),
+                        },
+                        LifecycleWrite::Finalize {
+                            session: busy,
+                            plan: FinalizeRequest::new(EndReason::Shutdown),
+                        },
+                    ])
+                    .await;
+                for r in results {
+                    lost(r.map(|_| ()), round);
+                }
+            }
+        };
+        every_write("before recovery").await;
+        assert_eq!(store.session_detail(busy).await.unwrap(), before[0]);
+        assert_eq!(store.session_detail(idle).await.unwrap(), before[1]);
+
+        let report = store
+            .recover(RecoverOptions {
+                here: HostIdentity::unknown(),
+                now: now(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.recovered, vec![idle, busy]);
+        assert_eq!(report.owners_gone, vec![(late, OwnerGone::LeaseExpired)]);
+        every_write("after recovery").await;
+        let busy_now = store.session_detail(busy).await.unwrap();
+        assert_eq!(busy_now.session.end_reason, Some(EndReason::Recovered));
+        assert_eq!(busy_now.turns[0].chunks.len(), 1, "no chunk after the loss");
+    });
+}
+
+/// A recoverer whose clock runs ten minutes ahead does not take a live
+/// owner's sessions: expiry is judged by the store's clock (PostgreSQL's
+/// `now()`; on SQLite and in memory, this machine's), never the recoverer's.
+pub(crate) fn g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owner(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let live = owner_elsewhere(&*store, 4_000_200).await;
+        store
+            .renew_lease(live, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let id = store
+            .create_session(NewSession::new("live", live))
+            .await
+            .unwrap();
+        let ahead = RecoverOptions {
+            here: HostIdentity::unknown(),
+            now: now() + Duration::from_secs(600),
+        };
+        assert!(store
+            .recovery_candidates(ahead.clone())
+            .await
+            .unwrap()
+            .is_empty());
+        let report = store.recover(ahead).await.unwrap();
+        assert!(report.recovered.is_empty(), "{report:?}");
+        // The owner goes on as if nothing happened.
+        store.start_turn(id, 1, None, now()).await.unwrap();
+        store.renew_lease(live, HOUR).await.unwrap();
+    });
+}
+
+/// Two owners with the same host name on different machines (two
+/// containers, two cloned machines): neither's live sessions are recovered
+/// by the other because a pid is missing there. Only a recoverer in the same
+/// machine and PID namespace takes that shortcut.
+pub(crate) fn g8_owners_named_alike_on_different_machines_keep_their_live_sessions(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    let gone = exited.id();
+    exited.wait().unwrap();
+    rt().block_on(async {
+        let store = open(&db);
+        let here = HostIdentity::this_process();
+        let twin = |machine: &str| HostIdentity {
+            machine: Some(machine.into()),
+            pid_namespace: here.pid_namespace,
+        };
+        let register = |identity: HostIdentity| {
+            let store = store.clone();
+            async move {
+                store
+                    .register_owner(
+                        OwnerInfo {
+                            host: "worker".into(),
+                            identity,
+                            pid: gone,
+                            started_at: now(),
+                        },
+                        HOUR,
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        let a = register(twin("machine-a")).await;
+        let session = store
+            .create_session(NewSession::new("on a", a))
+            .await
+            .unwrap();
+        // Machine b, same name, looks for gone processes: the pid is gone
+        // here, but it never named a process of machine a.
+        let from_b = RecoverOptions {
+            here: twin("machine-b"),
+            now: now(),
+        };
+        assert!(store
+            .recovery_candidates(from_b.clone())
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(store.recover(from_b).await.unwrap().recovered.is_empty());
+        let row = store.session_detail(session).await.unwrap().session;
+        assert_eq!(row.state, State::Registered);
+        // From machine a itself (same machine, same PID namespace), the
+        // process is known gone.
+        let from_a = RecoverOptions {
+            here: twin("machine-a"),
+            now: now(),
+        };
+        let report = store.recover(from_a).await.unwrap();
+        assert_eq!(report.recovered, vec![session]);
+        assert_eq!(report.owners_gone, vec![(a, OwnerGone::ProcessGone)]);
+    });
+}

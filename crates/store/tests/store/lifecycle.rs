@@ -1,0 +1,483 @@
+//! Sessions, transitions, turns, chunks and the reclaim claim (G3, G10).
+
+use crate::common::{rt, Backend, TestDb};
+use crate::{append_all, now, open, owner, session, texts, HOUR};
+use settle_store::{
+    Claim, EndReason, FinalizeRequest, Finalized, Ineligible, NewSession, Outcome, OwnerId,
+    SessionFilter, SessionId, State, StoreError, StoreOptions,
+};
+
+// --- sessions, transitions --------------------------------------------------
+
+pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (o, root) = session(&*store, "root").await;
+        let child = store
+            .create_session(NewSession::new("child", o).with_parent(root))
+            .await
+            .unwrap();
+        assert_ne!(root, child);
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
+        assert_eq!(rows[1].parent, Some(root));
+        assert_eq!(rows[0].parent, None);
+
+        let missing = SessionId(999_999);
+        let err = store
+            .create_session(NewSession::new("orphan", o).with_parent(missing))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::UnknownSession(m) if m == missing),
+            "{err:?}"
+        );
+
+        let err = store
+            .create_session(NewSession::new("nobody's", OwnerId(424_242)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownOwner(_)), "{err:?}");
+
+        store
+            .transition(child, State::Registered, State::Settled, "finished", now())
+            .await
+            .unwrap();
+        let err = store
+            .create_session(NewSession::new("late", o).with_parent(child))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::ParentClosed {
+                    state: State::Settled,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(store
+            .finalize(child, FinalizeRequest::new(EndReason::Completed))
+            .await
+            .unwrap()
+            .won());
+        let err = store
+            .create_session(NewSession::new("later", o).with_parent(child))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::ParentClosed {
+                    state: State::Finalized,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    });
+}
+
+pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        store
+            .transition(id, State::Registered, State::Running, "turn 1", now())
+            .await
+            .unwrap();
+        let err = store
+            .transition(id, State::Registered, State::Running, "again", now())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::StateMismatch {
+                    expected: State::Registered,
+                    found: State::Running,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("registered") && msg.contains("running"),
+            "{msg}"
+        );
+
+        for (from, to) in [
+            (State::Running, State::Finalized),
+            (State::Settled, State::Running),
+            (State::Cancelling, State::Registered),
+        ] {
+            let err = store
+                .transition(id, from, to, "bad", now())
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, StoreError::InvalidTransition { .. }),
+                "{err:?}"
+            );
+        }
+        store
+            .transition(id, State::Running, State::Registered, "turn ended", now())
+            .await
+            .unwrap();
+        let err = store
+            .transition(
+                SessionId(777_777),
+                State::Registered,
+                State::Running,
+                "x",
+                now(),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
+
+        let detail = store.session_detail(id).await.unwrap();
+        let steps: Vec<_> = detail
+            .timeline
+            .iter()
+            .map(|t| (t.from, t.to, t.cause.as_str()))
+            .collect();
+        assert_eq!(
+            steps,
+            vec![
+                (None, State::Registered, "registered"),
+                (Some(State::Registered), State::Running, "turn 1"),
+                (Some(State::Running), State::Registered, "turn ended"),
+            ]
+        );
+        assert_eq!(detail.session.state, State::Registered);
+    });
+}
+
+// --- turns, chunks -------------------------------------------------------------
+
+pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = db.open_with(StoreOptions::default().with_batch_size(16));
+        let (_, a) = session(&*store, "a").await;
+        let (_, c) = session(&*store, "c").await;
+        store.start_turn(a, 1, None, now()).await.unwrap();
+        store.start_turn(c, 7, None, now()).await.unwrap();
+        // Interleave two turns; queue everything before awaiting anything.
+        let mut receipts = Vec::new();
+        for i in 0..300 {
+            receipts.push((a, 1, i, store.append_chunk(a, 1, format!("a{i}").into())));
+            receipts.push((c, 7, i, store.append_chunk(c, 7, format!("c{i}").into())));
+        }
+        for (id, turn, i, r) in receipts {
+            let ack = r.await.unwrap();
+            assert_eq!((ack.session, ack.turn, ack.seq), (id, turn, i));
+        }
+        let detail = store.session_detail(a).await.unwrap();
+        let expected: Vec<String> = (0..300).map(|i| format!("a{i}")).collect();
+        assert_eq!(texts(&detail.turns[0]), expected);
+        assert_eq!(detail.session.chunks, 300);
+        let turn_c = &store.session_detail(c).await.unwrap().turns[0];
+        assert_eq!(turn_c.no, 7);
+        assert_eq!(turn_c.chunks[299].text, "c299");
+    });
+}
+
+pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        let err = store.append_chunk(id, 1, "early".into()).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::UnknownTurn { turn: 1, .. }),
+            "{err:?}"
+        );
+
+        store.start_turn(id, 1, None, now()).await.unwrap();
+        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::TurnInFlight { open: 1, .. }),
+            "{err:?}"
+        );
+        append_all(&*store, id, 1, &["kept"]).await;
+        // Queued before end_turn, so committed before it.
+        let before = store.append_chunk(id, 1, "just in time".into());
+        store
+            .end_turn(id, 1, Outcome::Detached, None, now())
+            .await
+            .unwrap();
+        assert_eq!(before.await.unwrap().seq, 1);
+
+        let err = store
+            .append_chunk(id, 1, "too late".into())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::TurnClosed { turn: 1, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("revoked"), "{err}");
+        let err = store
+            .end_turn(id, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::TurnClosed { .. }), "{err:?}");
+        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::TurnExists { turn: 1, .. }),
+            "{err:?}"
+        );
+
+        // A new turn is writable; the old one stays closed.
+        store.start_turn(id, 2, None, now()).await.unwrap();
+        append_all(&*store, id, 2, &["next"]).await;
+        let detail = store.session_detail(id).await.unwrap();
+        assert_eq!(texts(&detail.turns[0]), vec!["kept", "just in time"]);
+        assert_eq!(detail.turns[0].outcome, Some(Outcome::Detached));
+        assert_eq!(texts(&detail.turns[1]), vec!["next"]);
+        assert_eq!(detail.turns[1].outcome, None);
+    });
+}
+
+pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        store.start_turn(id, 1, None, now()).await.unwrap();
+        append_all(&*store, id, 1, &["one"]).await;
+        store
+            .end_turn(id, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap();
+        store.start_turn(id, 2, None, now()).await.unwrap();
+        let won = store
+            .finalize(id, FinalizeRequest::new(EndReason::UserClose))
+            .await
+            .unwrap();
+        let Finalized::Won(report) = won else {
+            panic!("first finalize must win")
+        };
+        assert_eq!(report.interrupted_turn, Some(2));
+        let before = store.session_detail(id).await.unwrap();
+
+        let closed = |r: Result<(), StoreError>| {
+            let err = r.unwrap_err();
+            assert!(
+                matches!(err, StoreError::SessionClosed(s) if s == id),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("finalized"), "{err}");
+        };
+        closed(store.append_chunk(id, 2, "ghost".into()).await.map(|_| ()));
+        closed(store.append_chunk(id, 1, "ghost".into()).await.map(|_| ()));
+        closed(store.start_turn(id, 3, None, now()).await);
+        closed(store.end_turn(id, 2, Outcome::Completed, None, now()).await);
+        closed(
+            store
+                .transition(id, State::Registered, State::Running, "x", now())
+                .await,
+        );
+        assert!(matches!(
+            store
+                .finalize(id, FinalizeRequest::new(EndReason::Shutdown))
+                .await
+                .unwrap(),
+            Finalized::AlreadyFinalized
+        ));
+        assert_eq!(
+            store.claim(id, EndReason::IdleReap).await.unwrap(),
+            Claim::NotEligible(Ineligible::Finalized)
+        );
+        let after = store.session_detail(id).await.unwrap();
+        assert_eq!(before, after, "refused writes changed the row");
+        assert_eq!(after.session.end_reason, Some(EndReason::UserClose));
+        assert_eq!(after.turns[1].outcome, Some(Outcome::Interrupted));
+    });
+}
+
+// --- claim (G3) ------------------------------------------------------------------
+
+pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        store.start_turn(id, 1, None, now()).await.unwrap();
+        assert_eq!(
+            store.claim(id, EndReason::Shutdown).await.unwrap(),
+            Claim::NotEligible(Ineligible::TurnInFlight(1))
+        );
+        store
+            .transition(id, State::Registered, State::Running, "turn", now())
+            .await
+            .unwrap();
+        store
+            .end_turn(id, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim(id, EndReason::Shutdown).await.unwrap(),
+            Claim::NotEligible(Ineligible::State(State::Running))
+        );
+        store
+            .transition(id, State::Running, State::Registered, "turn ended", now())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim(id, EndReason::IdleReap).await.unwrap(),
+            Claim::Claimed
+        );
+        assert_eq!(
+            store.claim(id, EndReason::LruEvict).await.unwrap(),
+            Claim::NotEligible(Ineligible::Closing(EndReason::IdleReap))
+        );
+        // A closing session admits no new turn.
+        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::SessionClosing {
+                    reason: EndReason::IdleReap,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(store
+            .finalize(id, FinalizeRequest::new(EndReason::IdleReap))
+            .await
+            .unwrap()
+            .won());
+        let err = store
+            .claim(SessionId(55_555), EndReason::IdleReap)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
+    });
+}
+
+/// A turn that starts while a sweeper claims: exactly one of them wins, on
+/// separate connections.
+pub(crate) fn g3_claim_and_start_turn_race_one_wins(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let rt = rt();
+    let (sweeper, worker) = (open(&db), open(&db));
+    rt.block_on(async {
+        let o = owner(&*worker, HOUR).await;
+        for i in 0..40 {
+            let id = worker
+                .create_session(NewSession::new(format!("s{i}"), o))
+                .await
+                .unwrap();
+            let (claimed, started) = tokio::join!(
+                sweeper.claim(id, EndReason::IdleReap),
+                worker.start_turn(id, 1, None, now())
+            );
+            let claimed = claimed.unwrap() == Claim::Claimed;
+            match started {
+                Ok(()) => assert!(!claimed, "session {id}: both the claim and the turn won"),
+                Err(StoreError::SessionClosing { .. }) => assert!(claimed),
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+    });
+}
+
+/// Every refusal names its reason, the same on every backend: unknown
+/// sessions and turns, states that admit no turn, moves the lifecycle lacks.
+pub(crate) fn every_refusal_names_its_reason(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "s").await;
+        let ghost = SessionId(424_242);
+        let unknown = |r: Result<(), StoreError>| {
+            assert!(
+                matches!(r, Err(StoreError::UnknownSession(s)) if s == ghost),
+                "{r:?}"
+            )
+        };
+        unknown(store.start_turn(ghost, 1, None, now()).await);
+        unknown(
+            store
+                .end_turn(ghost, 1, Outcome::Completed, None, now())
+                .await,
+        );
+        unknown(store.append_chunk(ghost, 1, "x".into()).await.map(|_| ()));
+        unknown(
+            store
+                .finalize(ghost, FinalizeRequest::new(EndReason::Shutdown))
+                .await
+                .map(|_| ()),
+        );
+        unknown(store.session_detail(ghost).await.map(|_| ()));
+        assert!(store.memories(ghost).await.unwrap().is_empty());
+
+        let err = store
+            .end_turn(id, 9, Outcome::Completed, None, now())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::UnknownTurn { turn: 9, .. }),
+            "{err:?}"
+        );
+        for state in [State::Registered, State::Settled] {
+            let err = store
+                .transition(id, state, state, "stay", now())
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, StoreError::InvalidTransition { .. }),
+                "{err:?}"
+            );
+        }
+        for (from, to) in [
+            (State::Registered, State::Running),
+            (State::Running, State::Cancelling),
+        ] {
+            store.transition(id, from, to, "on", now()).await.unwrap();
+        }
+        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::NotAcceptingTurns {
+                    state: State::Cancelling,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            store.claim(id, EndReason::IdleReap).await.unwrap(),
+            Claim::NotEligible(Ineligible::State(State::Cancelling))
+        );
+        store
+            .transition(id, State::Cancelling, State::Settled, "exited", now())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim(id, EndReason::IdleReap).await.unwrap(),
+            Claim::NotEligible(Ineligible::State(State::Settled))
+        );
+        let Finalized::Won(report) = store
+            .finalize(id, FinalizeRequest::new(EndReason::Cancelled))
+            .await
+            .unwrap()
+        else {
+            panic!("must win")
+        };
+        assert_eq!((report.interrupted_turn, report.memories), (None, 0));
+        let row = store.session_detail(id).await.unwrap().session;
+        assert_eq!((row.state, row.outcome), (State::Finalized, None));
+    });
+}

@@ -1,0 +1,167 @@
+//! The store's test suite. Every test in `on_every_backend!` runs on SQLite,
+//! on PostgreSQL and on [`MemoryStore`](settle_store::MemoryStore), the
+//! in-memory store the runtime's own tests run on, so the two implementations
+//! cannot drift apart; those in `on_durable_backends!` need a database (files,
+//! processes, a crash) and run on SQLite and PostgreSQL. A few concern one
+//! backend's `open` only. Tests of a guarantee are named after it (`g2_...`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod batch;
+mod bounds;
+mod finalize;
+mod ids;
+mod leases;
+mod lifecycle;
+mod open;
+mod reads;
+mod recovery;
+mod transcripts;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::TestDb;
+use settle_store::{NewSession, OwnerId, OwnerInfo, SessionId, SessionStore, TurnRow};
+
+/// One `#[test]` per backend and test, in modules named after the backends:
+/// `every` tests run on all three, `durable` ones on the two databases.
+macro_rules! on_backends {
+    (
+        every: [$($em:ident :: $every:ident),* $(,)?],
+        durable: [$($dm:ident :: $durable:ident),* $(,)?] $(,)?
+    ) => {
+        mod sqlite {
+            $( #[test] fn $every() { crate::$em::$every(crate::common::Backend::Sqlite) } )*
+            $( #[test] fn $durable() { crate::$dm::$durable(crate::common::Backend::Sqlite) } )*
+        }
+        mod postgres {
+            $( #[test] fn $every() { crate::$em::$every(crate::common::Backend::Postgres) } )*
+            $( #[test] fn $durable() { crate::$dm::$durable(crate::common::Backend::Postgres) } )*
+        }
+        mod memory {
+            $( #[test] fn $every() { crate::$em::$every(crate::common::Backend::Memory) } )*
+        }
+    };
+}
+
+on_backends! {
+    // The contract of `SessionStore`: every implementation keeps it.
+    every: [
+        ids::reserved_ids_are_never_handed_out_twice,
+        lifecycle::sessions_form_trees_under_open_parents,
+        lifecycle::transition_is_conditional_and_recorded,
+        lifecycle::chunks_keep_append_order_per_turn,
+        lifecycle::g10_turn_closed_after_end_turn,
+        lifecycle::g10_session_closed_after_finalize,
+        lifecycle::g3_claim_spares_live_turns,
+        lifecycle::g3_claim_and_start_turn_race_one_wins,
+        lifecycle::every_refusal_names_its_reason,
+        finalize::g2_finalize_latch_wins_once_across_stores,
+        finalize::g7_memory_only_from_completed_turns,
+        recovery::g8_recover_expired_lease,
+        recovery::g8_recover_gone_process_on_this_host,
+        recovery::g8_two_stores_recovering_at_once_finalize_once,
+        recovery::leases_renew_until_they_lapse,
+        reads::flush_waits_for_every_appended_chunk,
+        reads::lists_and_details_carry_the_cli_fields,
+        reads::sessions_list_newest_first_with_filters,
+        recovery::g8_recover_dry_run_names_candidates_and_writes_nothing,
+        transcripts::g7_whole_transcripts_keep_input_chunks_and_errors,
+        transcripts::g7_a_turn_without_reply_text_commits_no_memory,
+        transcripts::resumed_sessions_name_the_session_they_continue,
+        batch::g2_a_finalize_that_loses_its_race_does_not_fail_the_batch,
+        batch::batch_writes_follow_the_single_call_rules,
+        batch::g7_a_batch_commits_memory_from_turns_it_completed,
+        batch::batch_registrations_answer_ids_and_refuse_alone,
+        batch::a_batch_larger_than_a_statement_is_applied_whole,
+        leases::g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes,
+        leases::g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owner,
+        leases::g8_owners_named_alike_on_different_machines_keep_their_live_sessions,
+    ],
+    // What only a database does: keep a schema, survive a crash, be shared by
+    // processes, run a trigger.
+    durable: [
+        open::schema_is_created_on_first_use_and_kept,
+        open::g11_newer_schema_is_refused_and_left_alone,
+        open::an_old_database_upgrades_in_place,
+        finalize::a_failed_finalize_step_is_reported_and_recorded,
+        recovery::g7_acknowledged_chunks_survive_kill_9,
+        recovery::g2_g8_two_processes_race_finalize_and_recover,
+        batch::a_failed_batch_writes_nothing,
+    ],
+}
+
+/// A store on `db`. Every call opens another handle on the same data (for
+/// MemoryStore, a clone sharing its tables), as another process would.
+fn open(db: &TestDb) -> Arc<dyn SessionStore> {
+    db.open()
+}
+
+async fn owner(store: &dyn SessionStore, ttl: Duration) -> OwnerId {
+    store
+        .register_owner(OwnerInfo::this_process(), ttl)
+        .await
+        .unwrap()
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+/// A session with a live owner.
+async fn session(store: &dyn SessionStore, name: &str) -> (OwnerId, SessionId) {
+    let o = owner(store, HOUR).await;
+    let id = store
+        .create_session(NewSession::new(name, o))
+        .await
+        .unwrap();
+    (o, id)
+}
+
+/// The texts of a turn's chunks, in order.
+fn texts(turn: &TurnRow) -> Vec<String> {
+    turn.chunks.iter().map(|c| c.text.clone()).collect()
+}
+
+/// Append `texts` to a turn and wait for every acknowledgement.
+async fn append_all(
+    store: &dyn SessionStore,
+    id: SessionId,
+    turn: u32,
+    texts: &[&str],
+) -> Vec<u32> {
+    let receipts: Vec<_> = texts
+        .iter()
+        .map(|t| store.append_chunk(id, turn, (*t).into()))
+        .collect();
+    let mut seqs = Vec::new();
+    for r in receipts {
+        seqs.push(r.await.unwrap().seq);
+    }
+    seqs
+}
+
+// --- children --------------------------------------------------------------------------------
+
+/// Not a test of its own: the entry point of the child processes of the
+/// suite. Does nothing unless the role variable is set.
+#[test]
+fn child_process() {
+    let Ok(role) = std::env::var(common::ROLE) else {
+        return;
+    };
+    // The test harness has printed `test child_process ... ` without a line end.
+    println!();
+    match role.as_str() {
+        "writer" => recovery::child_writer(),
+        "finalizer" | "recoverer" => recovery::child_racer(&role),
+        "read_only" => open::child_read_only(),
+        other => panic!("unknown child role {other}"),
+    }
+}

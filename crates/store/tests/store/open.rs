@@ -1,0 +1,467 @@
+//! Opening a store: the schema, and bad locations refused whole (G11).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::json;
+use settle_store::{
+    ChunkKind, EndReason, HostIdentity, NewChunk, NewSession, OpenError, Outcome, RecoverOptions,
+    SessionFilter, SessionId, SessionStore, State, Store, StoreError, TurnError, TurnErrorKind,
+};
+
+use crate::common::{self, rt, Backend, TestDb};
+use crate::{now, open, session};
+
+// --- open, schema -----------------------------------------------------------
+
+pub(crate) fn schema_is_created_on_first_use_and_kept(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let id = rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "kept").await;
+        id
+    });
+    if b == Backend::Sqlite {
+        assert!(db.path().exists());
+    }
+    // Opening again runs no migration twice and finds the session.
+    let store = open(&db);
+    let rows = rt()
+        .block_on(store.list_sessions(SessionFilter::all().oldest_first()))
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].id, id);
+    assert_eq!(rows[0].name, "kept");
+}
+
+pub(crate) fn g11_newer_schema_is_refused_and_left_alone(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    drop(open(&db));
+    db.execute("UPDATE settle_meta SET value = 99 WHERE key = 'schema_version'");
+    let before = (b == Backend::Sqlite).then(|| common::snapshot(db.dir()));
+    let err = Store::open(&db.url).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OpenError::NewerSchema {
+                found: 99,
+                supported: 2..=98,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("upgrade settle"), "{msg}");
+    if let Some(before) = before {
+        assert_eq!(common::snapshot(db.dir()), before, "the file was modified");
+        assert!(msg.contains(&db.url), "{msg}");
+    }
+}
+
+// --- open: SQLite locations (G11) ------------------------------------------------------
+
+pub(crate) fn assert_refused_untouched(
+    dir: &std::path::Path,
+    url: &str,
+    check: impl Fn(&OpenError) -> bool,
+) -> OpenError {
+    let before = common::snapshot(dir);
+    let err = Store::open(url).unwrap_err();
+    assert!(check(&err), "{err:?}");
+    assert_eq!(common::snapshot(dir), before, "open wrote something: {err}");
+    err
+}
+
+#[test]
+pub(crate) fn g11_open_refuses_a_missing_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing").join("settle.db");
+    let err = assert_refused_untouched(dir.path(), path.to_str().unwrap(), |e| {
+        matches!(e, OpenError::MissingFolder { .. })
+    });
+    assert!(!path.parent().unwrap().exists());
+    let msg = err.to_string();
+    assert!(
+        msg.contains(path.to_str().unwrap()) && msg.contains("create the folder"),
+        "{msg}"
+    );
+}
+
+#[test]
+pub(crate) fn g11_open_refuses_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("db")).unwrap();
+    let path = dir.path().join("db");
+    let err = assert_refused_untouched(dir.path(), path.to_str().unwrap(), |e| {
+        matches!(e, OpenError::IsDirectory { .. })
+    });
+    assert!(err.to_string().contains("is a directory"), "{err}");
+    assert_eq!(std::fs::read_dir(&path).unwrap().count(), 0);
+}
+
+#[test]
+pub(crate) fn g11_open_refuses_a_file_that_is_not_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(10)).unwrap();
+    let err = assert_refused_untouched(dir.path(), path.to_str().unwrap(), |e| {
+        matches!(e, OpenError::NotADatabase { .. })
+    });
+    assert!(err.to_string().contains("left untouched"), "{err}");
+    // Shorter than a header, too.
+    std::fs::write(&path, "x").unwrap();
+    assert_refused_untouched(dir.path(), path.to_str().unwrap(), |e| {
+        matches!(e, OpenError::NotADatabase { .. })
+    });
+}
+
+#[test]
+pub(crate) fn g11_open_refuses_a_corrupt_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("settle.db");
+    let url = path.to_str().unwrap();
+    rt().block_on(async {
+        let store = Store::open(url).unwrap();
+        session(&store, "s").await;
+    });
+    // Keep SQLite's header, wreck the schema page behind it.
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 4096);
+    for b in &mut bytes[100..1024] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let err = assert_refused_untouched(dir.path(), url, |e| matches!(e, OpenError::Corrupt { .. }));
+    assert!(err.to_string().contains("backup"), "{err}");
+}
+
+#[test]
+pub(crate) fn g11_open_refuses_another_programs_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("theirs.db");
+    let url = path.to_str().unwrap();
+    {
+        use diesel::connection::SimpleConnection;
+        use diesel::Connection;
+        let mut c = diesel::sqlite::SqliteConnection::establish(url).unwrap();
+        c.batch_execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+            .unwrap();
+    }
+    assert_refused_untouched(dir.path(), url, |e| {
+        matches!(e, OpenError::ForeignDatabase { .. })
+    });
+}
+
+/// A read-only location: a folder this process may not write to. Root may
+/// write anywhere, so as root the check runs in a child as `nobody`.
+#[test]
+pub(crate) fn g11_open_refuses_a_read_only_location() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    // An existing database in it, too: WAL needs to write beside it.
+    let existing = ro.join("existing.db");
+    drop(Store::open(existing.to_str().unwrap()).unwrap());
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let before = common::snapshot(&ro);
+    let is_root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false);
+    let out = if is_root {
+        // `nobody` may not be able to reach the build folder: run a copy of
+        // this test binary from the (world-readable) temporary folder.
+        let exe = dir.path().join("store-test-binary");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let probe = std::process::Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&exe)
+            .arg("--list")
+            .output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("cannot run the read-only check as `nobody` under CI");
+            }
+            eprintln!(
+                "\n*** SKIPPED: read-only location check (root, and no way to run as nobody) ***\n"
+            );
+            return;
+        }
+        std::process::Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&exe)
+            .args([
+                "child_process",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(common::ROLE, "read_only")
+            .env("SETTLE_STORE_TEST_DIR", &ro)
+            .output()
+            .unwrap()
+    } else {
+        common::child("read_only")
+            .env("SETTLE_STORE_TEST_DIR", &ro)
+            .output()
+            .unwrap()
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("REFUSED new ReadOnly"), "{stdout}");
+    assert!(stdout.contains("REFUSED existing ReadOnly"), "{stdout}");
+    assert_eq!(
+        common::snapshot(&ro),
+        before,
+        "open wrote in a read-only folder"
+    );
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+pub(crate) fn child_read_only() {
+    let dir = std::path::PathBuf::from(std::env::var("SETTLE_STORE_TEST_DIR").unwrap());
+    for (label, name) in [("new", "new.db"), ("existing", "existing.db")] {
+        let path = dir.join(name);
+        match Store::open(path.to_str().unwrap()) {
+            Err(OpenError::ReadOnly { .. }) => println!("REFUSED {label} ReadOnly"),
+            Err(other) => println!("REFUSED {label} {other:?}"),
+            Ok(_) => println!("OPENED {label}"),
+        }
+    }
+}
+
+// --- open: PostgreSQL URLs ----------------------------------------------------------------
+
+#[test]
+pub(crate) fn g11_open_refuses_an_unreachable_server() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://settle:hunter2@127.0.0.1:{port}/settle");
+    let err = Store::open(&url).unwrap_err();
+    assert!(matches!(err, OpenError::Unreachable { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
+}
+
+/// Built without `postgres-tls`, a URL that requires TLS is refused before
+/// any connection is tried, naming the feature that would allow it.
+#[cfg(not(feature = "postgres-tls"))]
+#[test]
+pub(crate) fn g11_open_refuses_tls_when_built_without_it() {
+    let url = "postgres://settle:hunter2@127.0.0.1:1/settle?sslmode=require";
+    let err = Store::open(url).unwrap_err();
+    assert!(matches!(err, OpenError::TlsNotBuilt { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("postgres-tls"), "{msg}");
+    assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
+}
+
+#[test]
+pub(crate) fn g11_open_refuses_a_missing_postgres_database() {
+    let Some(admin) = common::pg_admin_url() else {
+        return;
+    };
+    let url = common::with_database(&admin, "settle_no_such_database");
+    let err = Store::open(&url).unwrap_err();
+    assert!(matches!(err, OpenError::MissingDatabase { .. }), "{err:?}");
+    assert!(err.to_string().contains("createdb"), "{err}");
+}
+
+/// The server drops the store's connections (a restart, an administrator):
+/// the write in flight fails, later ones go through on a new connection.
+#[test]
+pub(crate) fn postgres_writer_reconnects_after_losing_its_connection() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let store = open(&db);
+    rt().block_on(async {
+        let (o, _) = session(&*store, "before").await;
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut attempts = 0;
+        let id = loop {
+            attempts += 1;
+            match store.create_session(NewSession::new("after", o)).await {
+                Ok(id) => break id,
+                Err(StoreError::Database { .. }) if attempts < 3 => continue,
+                Err(e) => panic!("the writer did not recover: {e:?}"),
+            }
+        };
+        assert_eq!(
+            attempts, 2,
+            "the first write should meet the dead connection"
+        );
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
+        assert_eq!(rows.last().unwrap().id, id);
+    });
+}
+
+/// A database written by the first schema, with data in every table, is
+/// brought up to date in place when opened: the data is intact, and the new
+/// columns work on old rows and new ones alike.
+pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    let (init, sequences) = match b {
+        Backend::Sqlite => (
+            include_str!("../../migrations/sqlite/2025-01-01-000000_init/up.sql"),
+            "",
+        ),
+        Backend::Postgres => (
+            include_str!("../../migrations/postgres/2025-01-01-000000_init/up.sql"),
+            "SELECT setval('owners_id_seq', 1); SELECT setval('sessions_id_seq', 2); \
+             SELECT setval('timeline_id_seq', 5); SELECT setval('memories_id_seq', 1);",
+        ),
+        Backend::Memory => unreachable!("a database test"),
+    };
+    // As the first release left it: its migration recorded, its rows written.
+    db.execute(
+        "CREATE TABLE __diesel_schema_migrations (\
+           version VARCHAR(50) PRIMARY KEY NOT NULL, \
+           run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP);\
+         INSERT INTO __diesel_schema_migrations (version) VALUES ('20250101000000');",
+    );
+    db.execute(init);
+    db.execute(
+        "INSERT INTO owners (id, host, pid, started_at, lease_expires_at) \
+           VALUES (1, 'old-host', 4000002, 1700000000000, 4102444800000);\
+         INSERT INTO sessions (id, name, parent, tree, state, outcome, end_reason, \
+           closing_reason, open_turn, created_at, finalized_at, finalize_errors, version, owner) \
+           VALUES (1, 'root', NULL, 1, 'finalized', 'completed', 'completed', NULL, NULL, \
+                   1700000000000, 1700000005000, NULL, 6, 1), \
+                  (2, 'kid', 1, 1, 'running', 'failed', NULL, NULL, 2, \
+                   1700000001000, NULL, NULL, 4, 1);\
+         INSERT INTO turns (session, \"no\", outcome, started_at, ended_at, next_seq) \
+           VALUES (1, 1, 'completed', 1700000000100, 1700000000900, 2), \
+                  (2, 1, 'failed', 1700000001100, 1700000001200, 1), \
+                  (2, 2, NULL, 1700000001300, NULL, 1);\
+         INSERT INTO chunks (session, turn_no, seq, \"text\") \
+           VALUES (1, 1, 0, 'hello '), (1, 1, 1, 'world'), (2, 1, 0, 'x'), (2, 2, 0, 'open');\
+         INSERT INTO timeline (id, session, at, from_state, to_state, cause) \
+           VALUES (1, 1, 1700000000000, NULL, 'registered', 'registered'), \
+                  (2, 2, 1700000001000, NULL, 'registered', 'registered'), \
+                  (3, 2, 1700000001300, 'registered', 'running', 'turn started'), \
+                  (4, 1, 1700000004000, 'registered', 'settled', 'agent finished'), \
+                  (5, 1, 1700000005000, 'settled', 'finalized', 'finalize: completed');\
+         INSERT INTO memories (id, session, turn_no, content, created_at) \
+           VALUES (1, 1, 1, 'hello world', 1700000005000);",
+    );
+    db.execute(sequences);
+
+    let store = Store::open(&db.url).expect("the old database opens and upgrades");
+    assert_eq!(
+        db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
+        4
+    );
+    let (root, kid) = (SessionId(1), SessionId(2));
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    rt().block_on(async {
+        // Intact.
+        let rows = store
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
+        let seen: Vec<_> = rows
+            .iter()
+            .map(|r| (r.id, r.name.as_str(), r.parent, r.state, r.turns, r.chunks))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (root, "root", None, State::Finalized, 1, 2),
+                (kid, "kid", Some(root), State::Running, 2, 2),
+            ]
+        );
+        assert_eq!(rows[0].end_reason, Some(EndReason::Completed));
+        assert_eq!(rows[0].finalized_at, Some(at(1_700_000_005_000)));
+        assert_eq!(rows[1].resumed_from, None);
+        let old = store.session_detail(root).await.unwrap();
+        let turn = &old.turns[0];
+        assert_eq!((turn.input.clone(), turn.error.clone()), (None, None));
+        assert_eq!(turn.text(), "hello world");
+        assert!(turn
+            .chunks
+            .iter()
+            .all(|c| c.kind == ChunkKind::Text && c.data.is_none()));
+        assert_eq!(
+            (turn.started_at, turn.ended_at),
+            (at(1_700_000_000_100), Some(at(1_700_000_000_900)))
+        );
+        let causes: Vec<_> = old.timeline.iter().map(|t| t.cause.as_str()).collect();
+        assert_eq!(
+            causes,
+            ["registered", "agent finished", "finalize: completed"]
+        );
+        let last = &old.timeline[2];
+        assert_eq!(
+            (last.at, last.from, last.to),
+            (
+                at(1_700_000_005_000),
+                Some(State::Settled),
+                State::Finalized
+            )
+        );
+        assert_eq!(old.timeline[0].from, None);
+        assert_eq!(
+            store.memories(root).await.unwrap()[0].content,
+            "hello world"
+        );
+
+        // The new columns work, on the old open turn and on new rows.
+        let call = NewChunk::structured(ChunkKind::ToolCall, json!({"name": "scan"}));
+        assert_eq!(store.append_chunk(kid, 2, call).await.unwrap().seq, 1);
+        let error = TurnError::new(TurnErrorKind::Connect, "connection refused");
+        store
+            .end_turn(kid, 2, Outcome::Failed, Some(error.clone()), now())
+            .await
+            .unwrap();
+        let input = json!([{"role": "user", "content": "again"}]);
+        store
+            .start_turn(kid, 3, Some(input.clone()), now())
+            .await
+            .unwrap();
+        let detail = store.session_detail(kid).await.unwrap();
+        assert_eq!(detail.turns[1].error, Some(error));
+        assert_eq!(detail.turns[1].chunks[1].kind, ChunkKind::ToolCall);
+        assert_eq!(detail.turns[1].text(), "open");
+        assert_eq!(detail.turns[2].input, Some(input));
+        let (owner, _) = session(&store, "new").await;
+        let resumed = store
+            .create_session(NewSession::new("resumed", owner).resuming(root))
+            .await
+            .unwrap();
+        assert!(resumed.get() > 2, "ids continue after the old ones");
+        let row = store.session_detail(resumed).await.unwrap().session;
+        assert_eq!(row.resumed_from, Some(root));
+        // The old owner has no identity recorded: only its lease speaks for
+        // it. Once that runs out, its live sessions are candidates.
+        store
+            .renew_lease(settle_store::OwnerId(1), Duration::ZERO)
+            .await
+            .unwrap();
+        let candidates = store
+            .recovery_candidates(RecoverOptions::now_on_this_host())
+            .await
+            .unwrap();
+        assert_eq!(candidates.len(), 1);
+        assert_eq!(candidates[0].session, kid);
+        assert_eq!(candidates[0].owner.identity, HostIdentity::unknown());
+        assert_eq!(candidates[0].owner.host, "old-host");
+    });
+}
