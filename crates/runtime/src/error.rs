@@ -21,6 +21,14 @@ pub enum RuntimeError {
         /// The bound that ran out.
         after: std::time::Duration,
     },
+    /// The session cannot be continued yet: it is not finalized.
+    #[error("session {session} is {state}: only a finalized session can be resumed; if its process crashed, run `settle recover` first")]
+    NotResumable {
+        /// The session.
+        session: SessionId,
+        /// Its state in the store.
+        state: settle_core::State,
+    },
     /// No session id could be reserved for a registration.
     #[error("no session id could be reserved: {0}")]
     Registration(std::sync::Arc<settle_store::StoreError>),

@@ -290,6 +290,65 @@ impl Kernel {
         Ok(SessionHandle::new(shared, self.clone()))
     }
 
+    /// Registers a new session named `name` that continues the stored
+    /// session `from` (finished, or finalized by recovery after a crash), and
+    /// returns it with the conversation to send with its next turn. The new
+    /// session's row names `from` (`resumed_from`).
+    ///
+    /// # Errors
+    /// [`RuntimeError::NotResumable`] when `from` is not finalized (recover
+    /// it first), a store error when it cannot be read, or what
+    /// [`register`](Self::register) returns.
+    pub async fn resume(
+        &self,
+        from: SessionId,
+        name: impl Into<String>,
+    ) -> Result<crate::Resumed, RuntimeError> {
+        let bound = self.inner.store_timeout;
+        let detail = tokio::time::timeout(bound, self.inner.store.session_detail(from))
+            .await
+            .map_err(|_| RuntimeError::StoreTimeout {
+                what: "reading the session to resume",
+                after: bound,
+            })??;
+        let history = crate::resume::history(&detail)?;
+        let name: Arc<str> = name.into().into();
+        let shared = self
+            .ask(|reply| Command::Register {
+                name,
+                parent: None,
+                resumed_from: Some(from),
+                reply,
+            })
+            .await?;
+        Ok(crate::Resumed {
+            session: SessionHandle::new(shared, self.clone()),
+            from,
+            history,
+        })
+    }
+
+    /// The most recent finalized session of the store, if any (what
+    /// `settle chat --last` resumes).
+    ///
+    /// # Errors
+    /// When the store cannot be read within the store timeout.
+    pub async fn last_finalized(&self) -> Result<Option<SessionId>, RuntimeError> {
+        let bound = self.inner.store_timeout;
+        tokio::time::timeout(
+            bound,
+            self.inner
+                .store
+                .last_session(Some(settle_core::State::Finalized)),
+        )
+        .await
+        .map_err(|_| RuntimeError::StoreTimeout {
+            what: "finding the last session",
+            after: bound,
+        })?
+        .map_err(RuntimeError::from)
+    }
+
     /// A handle for a session of this kernel that is still open.
     ///
     /// # Errors

@@ -134,6 +134,7 @@ pub mod process;
 mod record;
 mod recorder;
 mod report;
+mod resume;
 mod session;
 mod shared;
 pub mod signals;
@@ -150,6 +151,7 @@ pub use hook::{SessionEnd, SessionEndHook};
 pub use kernel::Tracked;
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
+pub use resume::Resumed;
 pub use session::SessionHandle;
 pub use settle_core::{
     CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, TurnError,

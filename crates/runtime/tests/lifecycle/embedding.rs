@@ -267,3 +267,47 @@ async fn wait_finalized(
     }
     seen
 }
+
+/// A finished session continues in a new one: its conversation comes back
+/// as it was sent and answered, and the new row names the one it continues.
+#[tokio::test(start_paused = true)]
+async fn a_finished_session_is_resumed_with_its_conversation() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let chat = kernel.register("chat", None).await.unwrap();
+    let p = provider([complete(&["Hello", ", you"], MS)]);
+    let request = TurnRequest::new(vec![
+        settle_stream::Message::new(settle_stream::Role::System, "be brief"),
+        settle_stream::Message::new(settle_stream::Role::User, "hi"),
+    ]);
+    let turn = chat.run_turn(p, request).await.unwrap();
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+
+    // Not finalized yet: it may still be live.
+    let early = kernel.resume(chat.id(), "again").await;
+    assert!(
+        matches!(
+            early,
+            Err(settle_runtime::RuntimeError::NotResumable { .. })
+        ),
+        "{early:?}"
+    );
+    assert_eq!(chat.close().await.unwrap(), EndReason::UserClose);
+    assert_eq!(kernel.last_finalized().await.unwrap(), Some(chat.id()));
+
+    let resumed = kernel.resume(chat.id(), "again").await.unwrap();
+    let roles: Vec<_> = resumed.history.iter().map(|m| m.role).collect();
+    let contents: Vec<_> = resumed.history.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(
+        roles,
+        [
+            settle_stream::Role::System,
+            settle_stream::Role::User,
+            settle_stream::Role::Assistant
+        ]
+    );
+    assert_eq!(contents, ["be brief", "hi", "Hello, you"]);
+    let row = detail(&store, resumed.session.id()).await;
+    assert_eq!(row.session.resumed_from, Some(chat.id()));
+    kernel.shutdown(Duration::ZERO).await;
+}

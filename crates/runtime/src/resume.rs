@@ -1,0 +1,55 @@
+//! Continuing a stored session in a new one (`settle chat --resume`): the
+//! conversation as it was sent and answered, read back from the store.
+
+use settle_core::{Outcome, SessionId, State};
+use settle_store::SessionDetail;
+use settle_stream::{Message, Role};
+
+use crate::{RuntimeError, SessionHandle};
+
+/// A new session that continues an earlier one, and the conversation to
+/// send with its next turn.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Resumed {
+    /// The new session (its row names the one it continues).
+    pub session: SessionHandle,
+    /// The session it continues.
+    pub from: SessionId,
+    /// The messages of the earlier session, oldest first: the last turn's
+    /// input, then its reply unless the turn failed.
+    pub history: Vec<Message>,
+}
+
+/// The conversation stored for `detail`: the input of its last turn that has
+/// one (a chat sends its whole history with each turn), then that turn's
+/// reply text, unless the turn failed (the prompt stays, the failed reply
+/// does not, as `settle chat` keeps it).
+///
+/// # Errors
+/// [`RuntimeError::NotResumable`] when the session is not finalized: it may
+/// still be live in another process, or was left by one that crashed and
+/// must be recovered first.
+pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeError> {
+    let session = &detail.session;
+    if session.state != State::Finalized {
+        return Err(RuntimeError::NotResumable {
+            session: session.id,
+            state: session.state,
+        });
+    }
+    let Some(last) = detail.turns.iter().rev().find(|t| t.input.is_some()) else {
+        return Ok(Vec::new());
+    };
+    let mut messages: Vec<Message> = last
+        .input
+        .clone()
+        .and_then(|input| serde_json::from_value(input).ok())
+        .unwrap_or_default();
+    let reply = last.text();
+    let failed = matches!(last.outcome, Some(Outcome::Failed | Outcome::IdleTimeout));
+    if !failed && !reply.is_empty() {
+        messages.push(Message::new(Role::Assistant, reply));
+    }
+    Ok(messages)
+}
