@@ -125,11 +125,12 @@ impl RpcError {
             e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
             R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
             R::Lifecycle(CoreError::ShuttingDown) | R::Stopped => return RpcError::shutting_down(),
-            R::Lifecycle(_) | R::NoSlot(_) => (code::WRONG_STATE, ErrorKind::WrongState),
-            R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
-            R::Store(_) | R::StoreTimeout { .. } | R::Registration(_) => {
-                (code::INTERNAL, ErrorKind::Internal)
+            R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } => {
+                (code::WRONG_STATE, ErrorKind::WrongState)
             }
+            R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
+            // Store failures, and whatever a later runtime adds.
+            _ => (code::INTERNAL, ErrorKind::Internal),
         };
         RpcError::new(code, kind, error.to_string())
     }

@@ -2,6 +2,7 @@ use settle_core::SessionId;
 
 /// Why a runtime call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// The core refused the request (wrong state, shutting down, closing...).
     #[error(transparent)]
