@@ -234,8 +234,9 @@ mod db {
         timeline (id) {
             id -> BigInt,
             session -> BigInt,
-            from_state -> Nullable<Text>,
-            to_state -> Text,
+            /// A segment: the JSON array of `[at, from, to, cause]` steps
+            /// one write (or one batch) recorded for the session.
+            steps -> Text,
         }
     }
 }
@@ -264,10 +265,19 @@ fn check(path: &Path, tree: Tree, n: usize, provider: &ScriptedProvider) -> Resu
         .filter(turns::ended_at.is_not_null())
         .count()
         .get_result(&mut conn)?;
-    let steps: Vec<(i64, Option<String>, String)> = timeline::table
+    let segments: Vec<(i64, String)> = timeline::table
         .order((timeline::session, timeline::id))
-        .select((timeline::session, timeline::from_state, timeline::to_state))
+        .select((timeline::session, timeline::steps))
         .load(&mut conn)?;
+    let mut steps: Vec<(i64, Option<String>, String)> = Vec::new();
+    for (session, segment) in segments {
+        let parsed: Vec<serde_json::Value> = serde_json::from_str(&segment)?;
+        for step in parsed {
+            let from = step.get(1).and_then(|v| v.as_str()).map(str::to_owned);
+            let to = step.get(2).and_then(|v| v.as_str()).unwrap_or_default();
+            steps.push((session, from, to.to_owned()));
+        }
+    }
     let complete = complete_timelines(&steps);
     let closed = provider.stats().close_finished;
     let want = n as i64;

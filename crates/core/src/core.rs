@@ -177,14 +177,22 @@ impl Core {
     pub fn session(&self, id: SessionId) -> Option<SessionView<'_>> {
         self.sessions
             .get(&id)
-            .map(|inner| SessionView { id, inner })
+            .map(|inner| SessionView {
+                id,
+                inner,
+                sessions: &self.sessions,
+            })
     }
 
     /// Every known session, in no particular order.
     pub fn sessions(&self) -> impl Iterator<Item = SessionView<'_>> {
         self.sessions
             .iter()
-            .map(|(id, inner)| SessionView { id: *id, inner })
+            .map(|(id, inner)| SessionView {
+                id: *id,
+                inner,
+                sessions: &self.sessions,
+            })
     }
 
     /// How many sessions are not yet finalized.
@@ -212,9 +220,27 @@ impl Core {
             Entry::Occupied(s) if s.get().state == State::Finalized => s.remove(),
             _ => return false,
         };
-        if let Some(p) = s.parent.and_then(|p| self.sessions.get_mut(&p)) {
-            if let Some(at) = p.children.iter().position(|c| *c == id) {
-                p.children.swap_remove(at);
+        // A parent's list keeps its forgotten children until they are half
+        // of it, then drops them all at once: forgetting a wide tree's
+        // children one by one stays linear, not quadratic.
+        let Some(parent) = s.parent else { return true };
+        let compact = match self.sessions.get_mut(&parent) {
+            Some(p) => {
+                p.forgotten_children += 1;
+                p.forgotten_children as usize * 2 >= p.children.len()
+            }
+            None => false,
+        };
+        if compact {
+            let mut children = self
+                .sessions
+                .get_mut(&parent)
+                .map(|p| std::mem::take(&mut p.children))
+                .unwrap_or_default();
+            children.retain(|c| self.sessions.contains_key(c));
+            if let Some(p) = self.sessions.get_mut(&parent) {
+                p.children = children;
+                p.forgotten_children = 0;
             }
         }
         true
@@ -443,10 +469,11 @@ impl Core {
         if s.state == State::Finalized {
             return Ok(Handled::AlreadyFinalized);
         }
+        let has_child = s.children.iter().any(|c| self.sessions.contains_key(c));
         let pristine = s.state == State::Registered
             && s.turns == 0
             && s.tasks == 0
-            && s.children.is_empty()
+            && !has_child
             && s.intent.is_none();
         if !pristine {
             return Err(wrong_state(

@@ -7,7 +7,11 @@ use crate::{CancelMode, EndReason, Hold, Outcome, SessionId, State, WorkId, Work
 #[derive(Debug, Clone)]
 pub(crate) struct Session {
     pub parent: Option<SessionId>,
+    /// The sessions it spawned, in registration order; forgotten ones linger
+    /// until they are half of the list (see `Core::forget`).
     pub children: Vec<SessionId>,
+    /// How many of `children` were forgotten.
+    pub forgotten_children: u32,
     pub state: State,
     /// Children still `registered`, `running` or `cancelling`.
     pub unsettled_children: u32,
@@ -80,6 +84,7 @@ impl Session {
         Session {
             parent,
             children: Vec::new(),
+            forgotten_children: 0,
             state: State::Registered,
             unsettled_children: 0,
             unfinalized_children: 0,
@@ -245,6 +250,7 @@ pub(crate) struct Transport {
 pub struct SessionView<'a> {
     pub(crate) id: SessionId,
     pub(crate) inner: &'a Session,
+    pub(crate) sessions: &'a crate::hash::SessionMap<Session>,
 }
 
 impl<'a> SessionView<'a> {
@@ -260,9 +266,14 @@ impl<'a> SessionView<'a> {
     pub fn parent(&self) -> Option<SessionId> {
         self.inner.parent
     }
-    /// The sessions it spawned, in registration order.
-    pub fn children(&self) -> &'a [SessionId] {
-        &self.inner.children
+    /// The sessions it spawned and the core still knows (not forgotten).
+    pub fn children(&self) -> impl Iterator<Item = SessionId> + 'a {
+        let sessions = self.sessions;
+        self.inner
+            .children
+            .iter()
+            .copied()
+            .filter(move |c| sessions.contains_key(c))
     }
     /// How many turns it has started.
     pub fn turns(&self) -> u32 {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use settle_core::{
     CancelMode, Cause, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, TurnError, TurnErrorKind,
+    Hold, Outcome, Policy, SessionId, State, Sweep, TurnError, TurnErrorKind,
     WorkId,
 };
 use support::{Harness, MS, SEC};
@@ -158,9 +158,9 @@ fn a_session_view_reports_tree_work_holds_transports_and_deadline() {
     let b = h.register(3, Some(1));
     let r = h.core.session(root).unwrap();
     assert_eq!(r.parent(), None);
-    assert_eq!(r.children(), &[a, b]);
+    assert_eq!(r.children().collect::<Vec<_>>(), [a, b]);
     assert_eq!(h.core.session(a).unwrap().parent(), Some(root));
-    assert!(h.core.session(a).unwrap().children().is_empty());
+    assert_eq!(h.core.session(a).unwrap().children().count(), 0);
 
     let view = h.core.session(a).unwrap();
     assert_eq!(
@@ -210,7 +210,10 @@ fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
     assert_eq!(h.state(gone), State::Finalized);
     assert!(h.core.forget(gone));
     assert!(h.core.session(gone).is_none());
-    assert_eq!(h.core.session(root).unwrap().children(), &[kept]);
+    assert_eq!(
+        h.core.session(root).unwrap().children().collect::<Vec<_>>(),
+        [kept]
+    );
     assert_eq!(h.core.sessions().count(), 2);
     assert!(!h.core.forget(gone), "already forgotten");
 

@@ -106,6 +106,8 @@ pub(crate) struct Parts {
 pub(crate) struct Driver {
     core: Core,
     clock: Clock,
+    /// The time of the current wake (see `tick`).
+    now: std::time::Instant,
     config: Config,
     commands: mpsc::UnboundedReceiver<Command>,
     reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
@@ -135,6 +137,7 @@ impl Driver {
         let (report_tx, reports) = mpsc::unbounded_channel();
         Driver {
             core: Core::new(config.policy.clone()),
+            now: parts.clock.now(),
             clock: parts.clock,
             slots: config.slots.map(|n| Arc::new(Semaphore::new(n))),
             config,
@@ -178,17 +181,22 @@ impl Driver {
                 biased;
                 () = &mut timer, if armed.is_some() => armed = None,
                 n = self.reports.recv_many(&mut reports, BATCH) => {
+                    self.tick();
                     for report in reports.drain(..n) {
                         self.on_report(report);
                     }
                 }
                 n = self.acks.recv_many(&mut acks, BATCH) => {
+                    self.tick();
                     for ack in acks.drain(..n) {
                         self.on_ack(ack);
                     }
                 }
                 command = self.commands.recv(), if commands_open => match command {
-                    Some(command) => self.on_command(command),
+                    Some(command) => {
+                        self.tick();
+                        self.on_command(command);
+                    }
                     None => {
                         // Every handle is gone: nobody can drive the sessions any more.
                         commands_open = false;
@@ -198,9 +206,9 @@ impl Driver {
             }
             // quinn's `drive_timer`: whatever woke us, a deadline that is due
             // is handled now, with the current time.
-            let now = self.clock.now();
-            if self.core.poll_timeout().is_some_and(|d| d.at <= now) {
-                self.core.handle_timeout(now);
+            self.tick();
+            if self.core.poll_timeout().is_some_and(|d| d.at <= self.now) {
+                self.core.handle_timeout(self.now);
                 self.execute();
             }
         }
@@ -214,9 +222,15 @@ impl Driver {
         }
     }
 
+    /// Reads the clock once per wake: every input of the wake carries the
+    /// same time (the core never sees it go back).
+    fn tick(&mut self) {
+        self.now = self.clock.now();
+    }
+
     /// Feeds one input to the core and executes what it ordered.
     fn input(&mut self, event: Event) -> Result<Handled, settle_core::Error> {
-        let handled = self.core.handle(self.clock.now(), event);
+        let handled = self.core.handle(self.now, event);
         self.execute();
         handled
     }
@@ -313,7 +327,7 @@ impl Driver {
         let session = SessionId(id);
         let registered = self
             .core
-            .handle(self.clock.now(), Event::Register { session, parent });
+            .handle(self.now, Event::Register { session, parent });
         match registered {
             Err(refused) => {
                 let _ = reply.send(Err(refused.into()));
@@ -330,7 +344,7 @@ impl Driver {
                 );
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
-                let at = self.clock.wall(self.clock.now());
+                let at = self.clock.wall(self.now);
                 let _ = self
                     .recorder
                     .send(Record::CreateSession { shared, at, reply });
@@ -371,7 +385,7 @@ impl Driver {
     /// `StartWork` it orders takes it; a refusal answers the caller.
     fn start(&mut self, event: Event, pending: PendingStart) {
         self.pending = Some(pending);
-        let started = self.core.handle(self.clock.now(), event);
+        let started = self.core.handle(self.now, event);
         if let Err(refused) = started {
             if let Some(pending) = self.pending.take() {
                 pending.refuse(refused);
@@ -504,7 +518,7 @@ impl Driver {
                             outcome,
                             error: error.clone(),
                         });
-                    let at = self.clock.wall(self.clock.now());
+                    let at = self.clock.wall(self.now);
                     let _ = self.recorder.send(Record::EndTurn {
                         work,
                         outcome,
@@ -543,7 +557,7 @@ impl Driver {
                         Some(e) => (Some(e.shared), e.slot, e.delegates),
                         None => (None, None, Vec::new()),
                     };
-                    let at = self.clock.wall(self.clock.now());
+                    let at = self.clock.wall(self.now);
                     let _ = self.recorder.send(Record::Finalize(Box::new(FinalizeJob {
                         plan,
                         at,
@@ -588,7 +602,7 @@ impl Driver {
                 // the end of the previous turn; the work streams once it is
                 // committed.
                 let (started_tx, started) = oneshot::channel();
-                let at = self.clock.wall(self.clock.now());
+                let at = self.clock.wall(self.now);
                 let _ = self.recorder.send(Record::StartTurn {
                     work,
                     at,

@@ -344,7 +344,11 @@ impl WorkControl {
 
 impl Drop for WorkControl {
     fn drop(&mut self) {
-        self.detach_in_place();
+        // A work that has ended has nothing left to revoke, close or abort:
+        // dropping its control is free (a teardown drops thousands).
+        if !self.has_ended() {
+            self.detach_in_place();
+        }
     }
 }
 

@@ -614,8 +614,8 @@ fn g9_graceful_shutdown(seen: &Observed, core: &Core, ctx: &Ctx) {
             }
         }
         if view.state() == State::Registered {
-            let waits_for_child = view.children().iter().any(|c| {
-                core.session(*c)
+            let waits_for_child = view.children().any(|c| {
+                core.session(c)
                     .is_some_and(|c| c.state() != State::Finalized)
             });
             assert!(
@@ -884,7 +884,7 @@ pub fn always(sut: &Sut, model: &Model) {
             "{}",
             what("parent")
         );
-        let mut children: Vec<u64> = view.children().iter().map(|c| c.get()).collect();
+        let mut children: Vec<u64> = view.children().map(|c| c.get()).collect();
         children.sort_unstable();
         let expected_children: Vec<u64> = model
             .sessions
