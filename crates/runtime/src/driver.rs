@@ -18,7 +18,7 @@
 //! It never looks at the core's state to guess what an input did: what the
 //! core decided comes out as effects, and only effects are executed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +38,10 @@ use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;
 use crate::work::{self, WorkHandle};
 use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, Turn, TurnRequest};
+
+/// The driver's tables, keyed by ids it was handed: foldhash, not SipHash,
+/// on the teardown's hot path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// How many reports (or acknowledgements) the driver takes per wake.
 const BATCH: usize = 512;
@@ -151,8 +155,8 @@ impl Driver {
             works_tracker: parts.works,
             ids: parts.ids,
             parked: VecDeque::new(),
-            sessions: HashMap::new(),
-            works: HashMap::new(),
+            sessions: HashMap::default(),
+            works: HashMap::default(),
             pending: None,
             shutdown_waiters: Vec::new(),
             lease_lost: false,

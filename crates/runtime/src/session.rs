@@ -276,7 +276,7 @@ impl SessionHandle {
             return Ok(reason);
         }
         tokio::select! {
-            reason = self.shared.finalized() => reason.ok_or(RuntimeError::Stopped),
+            reason = self.shared.finalized() => Ok(reason),
             () = self.kernel.finished() => self.shared.end_reason().ok_or(RuntimeError::Stopped),
         }
     }

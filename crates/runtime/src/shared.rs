@@ -4,7 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use settle_core::{EndReason, SessionId};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, Notify};
 
 use crate::LifecycleEvent;
 
@@ -22,7 +22,9 @@ pub(crate) struct SessionShared {
     /// session runs in (a no-op without a subscriber).
     pub span: tracing::Span,
     /// Set once the finalize plan has run, after the commit of its row.
-    finalized: watch::Sender<Option<EndReason>>,
+    finalized: OnceLock<EndReason>,
+    /// Wakes whoever waits for `finalized`.
+    finalized_waiters: Notify,
     /// The session's own events, created by its first subscriber.
     events: OnceLock<broadcast::Sender<LifecycleEvent>>,
 }
@@ -47,30 +49,33 @@ impl SessionShared {
             parent,
             resumed_from,
             span,
-            finalized: watch::Sender::new(None),
+            finalized: OnceLock::new(),
+            finalized_waiters: Notify::new(),
             events: OnceLock::new(),
         })
     }
 
     /// The end reason, if the finalize plan has run.
     pub fn end_reason(&self) -> Option<EndReason> {
-        *self.finalized.borrow()
+        self.finalized.get().copied()
     }
 
     /// Records the end (once) and wakes every waiter.
     pub fn set_finalized(&self, reason: EndReason) {
-        self.finalized.send_if_modified(|slot| {
-            let first = slot.is_none();
-            slot.get_or_insert(reason);
-            first
-        });
+        if self.finalized.set(reason).is_ok() {
+            self.finalized_waiters.notify_waiters();
+        }
     }
 
-    /// Waits for the end; `None` if the kernel went away before it.
-    pub async fn finalized(&self) -> Option<EndReason> {
-        let mut rx = self.finalized.subscribe();
-        let seen = rx.wait_for(Option::is_some).await.ok().and_then(|r| *r);
-        seen
+    /// Waits for the end.
+    pub async fn finalized(&self) -> EndReason {
+        loop {
+            let notified = self.finalized_waiters.notified();
+            if let Some(reason) = self.end_reason() {
+                return reason;
+            }
+            notified.await;
+        }
     }
 
     /// A receiver of this session's events from now on.
