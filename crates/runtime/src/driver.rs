@@ -173,6 +173,8 @@ impl Driver {
         let mut armed = None;
         let mut reports = Vec::with_capacity(BATCH);
         let mut acks = Vec::with_capacity(BATCH);
+        let mut ending: std::collections::HashSet<WorkId, foldhash::fast::RandomState> =
+            std::collections::HashSet::default();
         while !self.done {
             let deadline = self.core.poll_timeout().map(|d| d.at);
             if deadline != armed {
@@ -186,7 +188,21 @@ impl Driver {
                 () = &mut timer, if armed.is_some() => armed = None,
                 n = self.reports.recv_many(&mut reports, BATCH) => {
                     self.tick();
+                    // A work closes its stream just before it ends: when both
+                    // reports are in this batch, the end alone says it all
+                    // (the core forgets the work and its stream with it).
+                    ending.clear();
+                    ending.extend(
+                        reports
+                            .iter()
+                            .filter(|(_, s)| matches!(s, WorkSignal::Ended(_)))
+                            .map(|(w, _)| *w),
+                    );
                     for report in reports.drain(..n) {
+                        let closing = matches!(report.1, WorkSignal::StreamClosed);
+                        if closing && ending.contains(&report.0) {
+                            continue;
+                        }
                         self.on_report(report);
                     }
                 }
@@ -553,7 +569,11 @@ impl Driver {
                                 at,
                             },
                         });
-                    let _ = self.recorder.send(Record::Transition { transition: t, at });
+                    // The registration's row and the finalize's latch record
+                    // those two transitions themselves; the rest go to the timeline.
+                    if t.from.is_some() && t.to != settle_core::State::Finalized {
+                        let _ = self.recorder.send(Record::Transition { transition: t, at });
+                    }
                 }
                 Effect::Finalize(plan) => {
                     let session = plan.session;
