@@ -15,7 +15,7 @@
 //! could not be committed in time is left for recovery (G8) and named in the
 //! [`ShutdownReport`].
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -34,6 +34,17 @@ use crate::hook::{HookRunner, SessionEnd};
 use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;
 use crate::{LifecycleEvent, RuntimeError, ShutdownReport};
+
+/// Maps keyed by session: foldhash on the teardown's hot path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Waits until `at` (never called without one).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// How many queued records the recorder takes per wake.
 const RECORD_BATCH: usize = 4096;
@@ -136,15 +147,83 @@ pub(crate) struct Recorder {
     pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
 }
 
+/// How long a transition nobody waits for may wait for its session's next
+/// write, to be committed with it (one row update and one timeline segment
+/// instead of two). A crash loses at most this much of timelines that no one
+/// was told about; recovery reads the session as it was before them.
+const HOLD: Duration = Duration::from_millis(100);
+
+/// Timeline transitions held back, per session (see [`HOLD`]).
+#[derive(Default)]
+struct Held {
+    writes: HashMap<SessionId, Vec<LifecycleWrite>>,
+    /// When each session's first held transition came, oldest first (an
+    /// entry whose session was flushed since is skipped).
+    since: VecDeque<(tokio::time::Instant, SessionId)>,
+}
+
+impl Held {
+    fn hold(&mut self, session: SessionId, write: LifecycleWrite) {
+        let writes = self.writes.entry(session).or_default();
+        if writes.is_empty() {
+            self.since.push_back((tokio::time::Instant::now(), session));
+        }
+        writes.push(write);
+    }
+
+    /// Moves `session`'s held transitions into `pending`, ahead of its next write.
+    fn release(&mut self, session: SessionId, pending: &mut Pending) {
+        if let Some(writes) = self.writes.remove(&session) {
+            for write in writes {
+                pending.writes.push(write);
+                pending.answers.push(Answer::Transition(session));
+            }
+        }
+    }
+
+    /// Moves every transition held since before `older_than` into `pending`
+    /// (all of them with `None`).
+    fn release_old(&mut self, older_than: Option<tokio::time::Instant>, pending: &mut Pending) {
+        while let Some(&(since, session)) = self.since.front() {
+            if older_than.is_some_and(|limit| since > limit) {
+                break;
+            }
+            self.since.pop_front();
+            self.release(session, pending);
+        }
+    }
+
+    /// When the oldest held transition must be committed.
+    fn due(&self) -> Option<tokio::time::Instant> {
+        self.since.front().map(|(since, _)| *since + HOLD)
+    }
+}
+
 impl Recorder {
     pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Record>) {
         let mut batch = Vec::with_capacity(RECORD_BATCH);
-        while records.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+        let mut held = Held::default();
+        loop {
+            let due = held.due();
+            let received = tokio::select! {
+                n = records.recv_many(&mut batch, RECORD_BATCH) => n,
+                () = sleep_until(due), if due.is_some() => 0,
+            };
+            if received == 0 && due.is_none() {
+                // The driver is gone and nothing is held: done.
+                break;
+            }
             let mut pending = Pending::default();
             for record in batch.drain(..) {
-                self.take(record, &mut pending).await;
+                self.take(record, &mut pending, &mut held).await;
             }
+            let closed = received == 0 && records.is_closed() && records.is_empty();
+            let limit = (!closed).then(|| tokio::time::Instant::now() - HOLD);
+            held.release_old(limit, &mut pending);
             self.commit(std::mem::take(&mut pending)).await;
+            if closed && held.writes.is_empty() {
+                break;
+            }
         }
     }
 
@@ -173,7 +252,7 @@ impl Recorder {
 
     /// Adds one record to the batch, or, for a record that is not a
     /// lifecycle write, commits the batch so far and then applies it.
-    async fn take(&mut self, record: Record, pending: &mut Pending) {
+    async fn take(&mut self, record: Record, pending: &mut Pending, held: &mut Held) {
         let write = match record {
             Record::CreateSession { shared, at, reply } => {
                 let mut new = NewSession::new(shared.name.to_string(), self.owner)
@@ -191,9 +270,11 @@ impl Recorder {
             }
             Record::Transition { transition: t, at } => {
                 // Registration wrote the row, and the finalize latch writes
-                // the last transition itself (G2): only the ones between go here.
-                match t.from {
-                    Some(from) if t.to != State::Finalized => Some((
+                // the last transition itself (G2): only the ones between go
+                // here, held until the session's next write (see `HOLD`).
+                if let (Some(from), true) = (t.from, t.to != State::Finalized) {
+                    held.hold(
+                        t.session,
                         LifecycleWrite::Transition {
                             session: t.session,
                             from,
@@ -201,10 +282,9 @@ impl Recorder {
                             cause: t.cause,
                             at,
                         },
-                        Answer::Transition(t.session),
-                    )),
-                    _ => None,
+                    );
                 }
+                None
             }
             Record::StartTurn {
                 work,
@@ -269,6 +349,8 @@ impl Recorder {
                 ))
             }
             other => {
+                // Everything before a barrier is committed first.
+                held.release_old(None, pending);
                 self.commit(std::mem::take(pending)).await;
                 self.control(other).await;
                 None
@@ -278,6 +360,7 @@ impl Recorder {
             if let Some(session) = write_session(&write) {
                 if !matches!(write, LifecycleWrite::Register(_)) {
                     self.split_after(pending, &[Some(session)]).await;
+                    held.release(session, pending);
                 }
             }
             pending.writes.push(write);
