@@ -275,13 +275,7 @@ async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
         limit: args.limit,
     };
     let now = SystemTime::now();
-    let rows = listing::select(
-        store
-            .list_sessions(SessionFilter::all().in_state_opt(args.state))
-            .await?,
-        &filter,
-        now,
-    );
+    let rows = store.list_sessions(filter.to_store(now)).await?;
     let listed = if args.tree {
         listing::tree(rows)
     } else {
@@ -432,11 +426,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = display.await;
 
     let now = SystemTime::now();
-    let rows = listing::select(
-        store.list_sessions(SessionFilter::all()).await?,
-        &Filter::default(),
-        now,
-    );
+    let rows = store.list_sessions(SessionFilter::all()).await?;
     let left = report.lease_lost || !report.left_recoverable.is_empty();
     let code = if left {
         // What could not be committed is left for `settle recover` (G8).
