@@ -5,7 +5,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 use settle_store::{
-    OwnerGone, RecoveryReport, SessionDetail, SessionId, SessionRow, TimelineRow, TurnRow,
+    ChunkKind, ChunkRow, OwnerGone, RecoveryReport, SessionDetail, SessionId, SessionRow,
+    TimelineRow, TurnRow,
 };
 
 use crate::listing::{self, Listed};
@@ -30,6 +31,8 @@ pub struct SessionJson {
     chunks: u64,
     created_at: String,
     finalized_at: Option<String>,
+    /// The session it continues (`settle chat --resume`), or null.
+    resumed_from: Option<u64>,
 }
 
 impl From<&SessionRow> for SessionJson {
@@ -45,6 +48,7 @@ impl From<&SessionRow> for SessionJson {
             chunks: row.chunks,
             created_at: rfc3339(row.created_at),
             finalized_at: row.finalized_at.map(rfc3339),
+            resumed_from: row.resumed_from.map(|s| s.get()),
         }
     }
 }
@@ -63,7 +67,42 @@ struct TurnJson<'a> {
     /// Why it failed (left out where the store does not keep it).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<TurnFailure>,
-    chunks: Vec<&'a str>,
+    chunks: Vec<ChunkJson<'a>>,
+}
+
+/// One chunk in `show --json`: a text chunk is its text, a plain string, so
+/// that a turn of text alone is an array of strings as it always was; a
+/// structured chunk (reasoning, a tool call, usage, other data) is an object
+/// `{kind, data}` (and `text`, when it carries some) in its place, so that
+/// the array keeps every chunk in order, its index the chunk's `seq`.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum ChunkJson<'a> {
+    /// A piece of the reply text.
+    Text(&'a str),
+    /// A structured chunk.
+    Structured {
+        /// `reasoning`, `tool_call`, `usage` or `data`.
+        kind: &'static str,
+        /// Its payload, as the provider sent it.
+        data: Option<&'a serde_json::Value>,
+        /// Text it carries beside its data, if any.
+        #[serde(skip_serializing_if = "str::is_empty")]
+        text: &'a str,
+    },
+}
+
+impl<'a> From<&'a ChunkRow> for ChunkJson<'a> {
+    fn from(chunk: &'a ChunkRow) -> Self {
+        match chunk.kind {
+            ChunkKind::Text => ChunkJson::Text(&chunk.text),
+            kind => ChunkJson::Structured {
+                kind: kind.as_str(),
+                data: chunk.data.as_ref(),
+                text: &chunk.text,
+            },
+        }
+    }
 }
 
 impl<'a> From<&'a TurnRow> for TurnJson<'a> {
@@ -76,7 +115,7 @@ impl<'a> From<&'a TurnRow> for TurnJson<'a> {
             input: transcript::input(turn),
             text: transcript::text(turn),
             error: transcript::error(turn),
-            chunks: turn.chunks.iter().map(|c| c.text.as_str()).collect(),
+            chunks: turn.chunks.iter().map(ChunkJson::from).collect(),
         }
     }
 }
@@ -220,14 +259,22 @@ pub fn recover_line(report: &RecoveryReport) -> String {
 
 /// The table of `settle sessions` and of the summary of `settle run`: one
 /// line per session (names indented by depth), fitted to `width` when given
-/// (a terminal's), with ages counted from `now`.
+/// (a terminal's), with ages counted from `now`. A `FROM` column names the
+/// session each one continues (`settle chat --resume`), when any listed
+/// session was resumed.
 pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) -> String {
     // In a tree the indentation already says who the parent is.
     let tree = listed.iter().any(|l| l.depth > 0);
-    let mut table = Table::new(vec![
+    let resumed = listed.iter().any(|l| l.row.resumed_from.is_some());
+    let mut columns = vec![
         Column::new("ID", Align::Right),
         Column::new("NAME", Align::Left).shorten_to(12),
         Column::new("PARENT", Align::Right).drop_order(if tree { 0 } else { 3 }),
+    ];
+    if resumed {
+        columns.push(Column::new("FROM", Align::Right).drop_order(3));
+    }
+    columns.extend([
         Column::new("STATE", Align::Left),
         Column::new("OUTCOME", Align::Left).drop_order(5),
         Column::new("END REASON", Align::Left).drop_order(4),
@@ -235,11 +282,18 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
         Column::new("CHUNKS", Align::Right).drop_order(2),
         Column::new("CREATED", Align::Left).drop_order(6),
     ]);
+    let mut table = Table::new(columns);
+    let id_or_dash = |id: Option<SessionId>| id.map_or("-".to_owned(), |p| p.to_string());
     for Listed { row, depth } in listed {
-        table.push(vec![
+        let mut cells = vec![
             row.id.to_string(),
             format!("{}{}", "  ".repeat(*depth), row.name),
-            row.parent.map_or("-".to_owned(), |p| p.to_string()),
+            id_or_dash(row.parent),
+        ];
+        if resumed {
+            cells.push(id_or_dash(row.resumed_from));
+        }
+        cells.extend([
             row.state.as_str().to_owned(),
             row.outcome.map_or("-", |o| o.as_str()).to_owned(),
             row.end_reason.map_or("-", |r| r.as_str()).to_owned(),
@@ -247,6 +301,7 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
             row.chunks.to_string(),
             listing::age(row.created_at, now),
         ]);
+        table.push(cells);
     }
     let mut out = table.render(width).join("\n");
     out.push('\n');
@@ -254,14 +309,26 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
 }
 
 /// `settle show ID`: the session, each turn as its input, its reply as
-/// flowing text, its outcome and error; then the timeline.
+/// flowing text (its reasoning before it, its tool calls and usage after
+/// it, each shown as what it is), its outcome and error; then the timeline.
 pub fn show_text(detail: &SessionDetail) -> String {
     let s = &detail.session;
+    let mut links = Vec::new();
+    if let Some(parent) = s.parent {
+        links.push(format!("child of {parent}"));
+    }
+    if let Some(from) = s.resumed_from {
+        links.push(format!("resumed from {from}"));
+    }
     let mut out = format!(
         "session {} \"{}\"{}\n  state {}   outcome {}   end reason {}\n  created {}   finalized {}\n",
         s.id,
         s.name,
-        s.parent.map_or(String::new(), |p| format!(" (child of {p})")),
+        if links.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", links.join(", "))
+        },
         s.state.as_str(),
         s.outcome.map_or("-", |o| o.as_str()),
         s.end_reason.map_or("-", |r| r.as_str()),
@@ -287,20 +354,40 @@ pub fn show_text(detail: &SessionDetail) -> String {
             turn.no,
             rfc3339(turn.started_at)
         ));
-        let text = transcript::text(turn);
+        let reply = transcript::reply(turn);
         if let Some(input) = transcript::input(turn) {
             let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
             for message in transcript::new_messages(before, &input) {
                 out.push_str(&format!("  {}:\n", message.role));
                 out.push_str(&indented(&message.content, "    "));
             }
-            previous = Some((input, text.clone()));
+            previous = Some((input, reply.text.clone()));
         }
-        out.push_str("  reply:\n");
-        if text.is_empty() {
-            out.push_str("    (nothing)\n");
-        } else {
-            out.push_str(&indented(&text, "    "));
+        if !reply.reasoning.is_empty() {
+            out.push_str("  reasoning:\n");
+            out.push_str(&indented(&reply.reasoning, "    "));
+        }
+        if !reply.text.is_empty() {
+            out.push_str("  reply:\n");
+            out.push_str(&indented(&reply.text, "    "));
+        } else if reply.is_empty() {
+            out.push_str("  reply:\n    (nothing)\n");
+        }
+        for call in &reply.tool_calls {
+            out.push_str(&format!(
+                "  tool call: {}({}){}\n",
+                call.name,
+                call.arguments_line(),
+                call.id
+                    .as_ref()
+                    .map_or(String::new(), |id| format!("   [{id}]"))
+            ));
+        }
+        for usage in &reply.usage {
+            out.push_str(&format!("  usage: {}\n", transcript::usage_line(usage)));
+        }
+        for data in &reply.data {
+            out.push_str(&format!("  data: {data}\n"));
         }
         out.push_str(&format!(
             "  outcome: {}\n",
@@ -336,4 +423,137 @@ fn indented(text: &str, prefix: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::{json, Value};
+    use settle_store::{State, TurnError, TurnErrorKind};
+
+    use super::*;
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
+    }
+
+    fn row(id: u64, resumed_from: Option<u64>) -> SessionRow {
+        SessionRow {
+            id: SessionId(id),
+            name: "chat".to_owned(),
+            parent: None,
+            state: State::Finalized,
+            outcome: None,
+            end_reason: None,
+            turns: 1,
+            chunks: 4,
+            created_at: at(0),
+            finalized_at: Some(at(10)),
+            resumed_from: resumed_from.map(SessionId),
+        }
+    }
+
+    fn chunk(seq: u32, kind: ChunkKind, text: &str, data: Option<Value>) -> ChunkRow {
+        ChunkRow {
+            seq,
+            kind,
+            text: text.to_owned(),
+            data,
+        }
+    }
+
+    /// A resumed chat whose one turn thought, answered, called a tool,
+    /// reported usage, and then failed.
+    fn detail() -> SessionDetail {
+        SessionDetail {
+            session: row(9, Some(4)),
+            turns: vec![TurnRow {
+                no: 1,
+                outcome: Some(settle_store::Outcome::Failed),
+                started_at: at(1),
+                ended_at: Some(at(5)),
+                input: Some(json!([{"role": "user", "content": "weather?"}])),
+                error: Some(TurnError::new(
+                    TurnErrorKind::HttpStatus,
+                    "HTTP 500 Internal Server Error from http://x/v1/chat/completions: busy",
+                )),
+                chunks: vec![
+                    chunk(0, ChunkKind::Reasoning, "", Some(json!("hmm"))),
+                    chunk(1, ChunkKind::Text, "Let me look.", None),
+                    chunk(
+                        2,
+                        ChunkKind::ToolCall,
+                        "",
+                        Some(
+                            json!({"index": 0, "id": "c1", "function": {"name": "weather", "arguments": "{}"}}),
+                        ),
+                    ),
+                    chunk(3, ChunkKind::Usage, "", Some(json!({"total_tokens": 9}))),
+                ],
+            }],
+            timeline: Vec::new(),
+            finalize_errors: None,
+        }
+    }
+
+    #[test]
+    fn show_json_keeps_text_chunks_as_strings_and_structured_ones_as_objects() {
+        let shown: Value = serde_json::from_str(&show_json(&detail())).unwrap();
+        assert_eq!(shown["session"]["resumed_from"], 4);
+        let turn = &shown["turns"][0];
+        assert_eq!(turn["text"], "Let me look.");
+        assert_eq!(
+            turn["input"],
+            json!([{"role": "user", "content": "weather?"}])
+        );
+        assert_eq!(turn["error"]["kind"], "http_status");
+        assert_eq!(
+            turn["chunks"],
+            json!([
+                {"kind": "reasoning", "data": "hmm"},
+                "Let me look.",
+                {"kind": "tool_call", "data": {"index": 0, "id": "c1", "function": {"name": "weather", "arguments": "{}"}}},
+                {"kind": "usage", "data": {"total_tokens": 9}},
+            ])
+        );
+    }
+
+    #[test]
+    fn show_text_says_what_each_structured_chunk_is() {
+        let text = show_text(&detail());
+        assert!(
+            text.starts_with("session 9 \"chat\" (resumed from 4)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  user:\n    weather?\n  reasoning:\n    hmm\n  reply:\n    Let me look.\n  \
+                 tool call: weather({})   [c1]\n  usage: total_tokens=9\n  outcome: failed\n  \
+                 error: HTTP 500 Internal Server Error from http://x/v1/chat/completions: busy (http_status)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_from_column_only_when_a_session_was_resumed() {
+        let listed = |rows: Vec<SessionRow>| crate::listing::flat(rows);
+        let plain = sessions_table(&listed(vec![row(1, None)]), at(0), None);
+        assert!(!plain.contains("FROM"), "{plain}");
+        let table = sessions_table(&listed(vec![row(2, Some(1)), row(1, None)]), at(0), None);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with("ID  NAME  PARENT  FROM  STATE"),
+            "{table}"
+        );
+        assert!(
+            lines[1].starts_with(" 2  chat       -     1  finalized"),
+            "{table}"
+        );
+        assert!(
+            lines[2].starts_with(" 1  chat       -     -  finalized"),
+            "{table}"
+        );
+    }
 }
