@@ -15,7 +15,9 @@ use settle_cli::{
     output, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
-use settle_store::{SessionDetail, SessionFilter, SessionRow, SessionStore, Store, StoreError};
+use settle_store::{
+    RecoverOptions, SessionDetail, SessionFilter, SessionRow, SessionStore, Store, StoreError,
+};
 
 mod serve;
 
@@ -27,6 +29,7 @@ Examples:
   settle show 1 --trace scan.json          the tree under session 1 as a trace for Perfetto
   settle export 3 --format md -o chat.md   a transcript to read (or --format jsonl to replay)
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
+  settle recover --dry-run                 what would be recovered, and whose it was
   settle chat --base-url http://127.0.0.1:8080/v1 --model local
   settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local";
 
@@ -63,8 +66,10 @@ enum Command {
         after_help = "Examples:\n  settle export 3 > chat.md\n  settle export 3 --format jsonl -o chat.jsonl"
     )]
     Export(ExportArgs),
-    /// Finalize sessions left live by a crashed process (G8); prints how many.
-    #[command(after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --json")]
+    /// Finalize sessions left live by a crashed process (G8); prints how many (--dry-run: lists them, writes nothing).
+    #[command(
+        after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --dry-run          what would be recovered, and whose it was\n  settle recover --json"
+    )]
     Recover(RecoverArgs),
     /// Chat with an OpenAI-compatible server. Ctrl-C cancels the reply in flight, Ctrl-D ends the session.
     #[command(
@@ -117,7 +122,10 @@ struct SessionsArgs {
 
 #[derive(Debug, Args)]
 struct RecoverArgs {
-    /// Print what was recovered as JSON.
+    /// Only list what would be recovered, with each session's owner and lease; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print what was (or, with --dry-run, would be) recovered as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -356,12 +364,26 @@ async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
 
 async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
     let store = open_existing_store(db)?;
-    let report = store
-        .recover(settle_store::RecoverOptions::now_on_this_host())
-        .await?;
+    let options = RecoverOptions::now_on_this_host();
+    // What recovery takes over, with owners and leases: read first (it
+    // writes nothing), so that a real recovery can say whose sessions it took.
+    let found = store.recovery_candidates(options.clone()).await?;
+    if args.dry_run {
+        if args.json {
+            let rows = store.list_sessions(SessionFilter::all()).await?;
+            outln!("{}", output::recover_dry_run_json(&found, &rows));
+        } else {
+            out!(
+                "{}",
+                output::recover_dry_run_text(&found, terminal::stdout_width())
+            );
+        }
+        return Ok(exit::DONE);
+    }
+    let report = store.recover(options).await?;
     if args.json {
         let rows = store.list_sessions(SessionFilter::all()).await?;
-        outln!("{}", output::recover_json(&report, &rows));
+        outln!("{}", output::recover_json(&report, &found, &rows));
     } else {
         outln!("{}", output::recover_line(&report));
     }

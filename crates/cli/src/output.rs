@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 use settle_store::{
-    ChunkKind, ChunkRow, OwnerGone, RecoveryReport, SessionDetail, SessionId, SessionRow,
-    TimelineRow, TurnRow,
+    ChunkKind, ChunkRow, OwnerGone, OwnerRow, RecoveryCandidate, RecoveryReport, SessionDetail,
+    SessionId, SessionRow, TimelineRow, TurnRow,
 };
 
 use crate::listing::{self, Listed};
@@ -184,14 +184,47 @@ pub fn show_json(detail: &SessionDetail) -> String {
     })
 }
 
-/// One session that `settle recover` finalized.
+/// The process that owned a session that recovery takes over.
+#[derive(Debug, Serialize)]
+struct OwnerJson {
+    id: u64,
+    host: String,
+    pid: u32,
+    /// Its machine identity (machine id or boot id), if it was recorded.
+    machine: Option<String>,
+    pid_namespace: Option<u64>,
+    started_at: String,
+    lease_expires_at: String,
+}
+
+impl From<&OwnerRow> for OwnerJson {
+    fn from(owner: &OwnerRow) -> Self {
+        OwnerJson {
+            id: owner.id.0,
+            host: owner.host.clone(),
+            pid: owner.pid,
+            machine: owner.identity.machine.clone(),
+            pid_namespace: owner.identity.pid_namespace,
+            started_at: rfc3339(owner.started_at),
+            lease_expires_at: rfc3339(owner.lease_expires_at),
+        }
+    }
+}
+
+/// One session that `settle recover` finalized (or, with `--dry-run`, would).
 #[derive(Debug, Serialize)]
 struct RecoveredJson {
     id: u64,
     name: Option<String>,
     parent: Option<u64>,
-    /// The turn that was open and is now `interrupted`.
+    /// The state it was left in.
+    state: Option<&'static str>,
+    /// The turn that was open and is now (or would be) `interrupted`.
     interrupted_turn: Option<u32>,
+    /// The process that owned it, as recovery found it.
+    owner: Option<OwnerJson>,
+    /// Why that owner counts as gone.
+    why: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -202,6 +235,7 @@ struct OwnerGoneJson {
 
 #[derive(Debug, Serialize)]
 struct RecoverJson {
+    dry_run: bool,
     recovered: Vec<RecoveredJson>,
     owners_gone: Vec<OwnerGoneJson>,
     finalized_elsewhere: Vec<u64>,
@@ -214,24 +248,52 @@ fn owner_gone(why: OwnerGone) -> &'static str {
     }
 }
 
+/// One recovered (or recoverable) session: `found` is what recovery saw of
+/// it before it wrote (absent for a session whose owner was found gone only
+/// between the look and the recovery), `rows` give its parent.
+fn recovered_json(
+    id: SessionId,
+    found: Option<&RecoveryCandidate>,
+    interrupted_turn: Option<u32>,
+    rows: &[SessionRow],
+) -> RecoveredJson {
+    let row = rows.iter().find(|r| r.id == id);
+    RecoveredJson {
+        id: id.get(),
+        name: found
+            .map(|c| c.name.clone())
+            .or_else(|| row.map(|r| r.name.clone())),
+        parent: row.and_then(|r| r.parent).map(|p| p.get()),
+        state: found.map(|c| c.state.as_str()),
+        interrupted_turn,
+        owner: found.map(|c| OwnerJson::from(&c.owner)),
+        why: found.map(|c| owner_gone(c.reason)),
+    }
+}
+
 /// `settle recover --json`: each recovered session (children before
-/// parents) with the turn it interrupted, the owners found gone and why, and
-/// the sessions another process finalized meanwhile. `rows` gives the names.
-pub fn recover_json(report: &RecoveryReport, rows: &[SessionRow]) -> String {
-    let row = |id: SessionId| rows.iter().find(|r| r.id == id);
+/// parents) with the state it was left in, the turn it interrupted, its
+/// owner and lease and why that owner counts as gone; the owners found gone;
+/// and the sessions another process finalized meanwhile. `found` is what
+/// [`recovery_candidates`](settle_store::SessionStore::recovery_candidates)
+/// said just before; `rows` give the parents.
+pub fn recover_json(
+    report: &RecoveryReport,
+    found: &[RecoveryCandidate],
+    rows: &[SessionRow],
+) -> String {
     to_json(&RecoverJson {
+        dry_run: false,
         recovered: report
             .recovered
             .iter()
-            .map(|&id| RecoveredJson {
-                id: id.get(),
-                name: row(id).map(|r| r.name.clone()),
-                parent: row(id).and_then(|r| r.parent).map(|p| p.get()),
-                interrupted_turn: report
+            .map(|&id| {
+                let turn = report
                     .interrupted_turns
                     .iter()
                     .find(|(s, _)| *s == id)
-                    .map(|(_, turn)| *turn),
+                    .map(|(_, turn)| *turn);
+                recovered_json(id, found.iter().find(|c| c.session == id), turn, rows)
             })
             .collect(),
         owners_gone: report
@@ -246,15 +308,95 @@ pub fn recover_json(report: &RecoveryReport, rows: &[SessionRow]) -> String {
     })
 }
 
+/// `settle recover --dry-run --json`: the shape of `recover --json`, with
+/// `dry_run` true, listing what recovery would take over now.
+pub fn recover_dry_run_json(found: &[RecoveryCandidate], rows: &[SessionRow]) -> String {
+    let mut owners_gone: Vec<OwnerGoneJson> = Vec::new();
+    for candidate in found {
+        if !owners_gone.iter().any(|o| o.owner == candidate.owner.id.0) {
+            owners_gone.push(OwnerGoneJson {
+                owner: candidate.owner.id.0,
+                why: owner_gone(candidate.reason),
+            });
+        }
+    }
+    to_json(&RecoverJson {
+        dry_run: true,
+        recovered: found
+            .iter()
+            .map(|c| recovered_json(c.session, Some(c), c.open_turn, rows))
+            .collect(),
+        owners_gone,
+        finalized_elsewhere: Vec::new(),
+    })
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 /// `settle recover`: `recovered N sessions (M interrupted turns)`.
 pub fn recover_line(report: &RecoveryReport) -> String {
-    let plural = |n: usize| if n == 1 { "" } else { "s" };
     let (sessions, turns) = (report.recovered.len(), report.interrupted_turns.len());
     format!(
         "recovered {sessions} session{} ({turns} interrupted turn{})",
         plural(sessions),
         plural(turns)
     )
+}
+
+/// `settle recover --dry-run`: a line saying how many sessions recovery
+/// would take over, then one row per session with its owner (host, process
+/// id, machine), when the owner's lease expires and why the owner counts as
+/// gone; fitted to `width` when given.
+pub fn recover_dry_run_text(found: &[RecoveryCandidate], width: Option<usize>) -> String {
+    let turns = found.iter().filter(|c| c.open_turn.is_some()).count();
+    let mut out = format!(
+        "would recover {} session{} ({turns} interrupted turn{}); nothing was written\n",
+        found.len(),
+        plural(found.len()),
+        plural(turns)
+    );
+    if found.is_empty() {
+        return out;
+    }
+    let mut table = Table::new(vec![
+        Column::new("ID", Align::Right),
+        Column::new("NAME", Align::Left).shorten_to(12),
+        Column::new("STATE", Align::Left),
+        Column::new("TURN", Align::Right).drop_order(2),
+        Column::new("HOST", Align::Left).shorten_to(8),
+        Column::new("PID", Align::Right),
+        Column::new("MACHINE", Align::Left)
+            .shorten_to(8)
+            .drop_order(1),
+        Column::new("LEASE EXPIRES", Align::Left).drop_order(3),
+        Column::new("WHY", Align::Left),
+    ]);
+    for c in found {
+        table.push(vec![
+            c.session.to_string(),
+            c.name.clone(),
+            c.state.as_str().to_owned(),
+            c.open_turn.map_or("-".to_owned(), |t| t.to_string()),
+            c.owner.host.clone(),
+            c.owner.pid.to_string(),
+            c.owner
+                .identity
+                .machine
+                .clone()
+                .unwrap_or_else(|| "-".to_owned()),
+            rfc3339(c.owner.lease_expires_at),
+            owner_gone(c.reason).to_owned(),
+        ]);
+    }
+    out.push_str(&table.render(width).join("\n"));
+    out.push('\n');
+    out
 }
 
 /// The table of `settle sessions` and of the summary of `settle run`: one
@@ -430,7 +572,7 @@ mod tests {
     use std::time::Duration;
 
     use serde_json::{json, Value};
-    use settle_store::{State, TurnError, TurnErrorKind};
+    use settle_store::{HostIdentity, OwnerId, State, TurnError, TurnErrorKind};
 
     use super::*;
 
@@ -555,5 +697,88 @@ mod tests {
             lines[2].starts_with(" 1  chat       -     -  finalized"),
             "{table}"
         );
+    }
+
+    fn candidate(session: u64, open_turn: Option<u32>) -> RecoveryCandidate {
+        RecoveryCandidate {
+            session: SessionId(session),
+            name: format!("s{session}"),
+            state: State::Running,
+            open_turn,
+            owner: OwnerRow {
+                id: OwnerId(3),
+                host: "box".to_owned(),
+                identity: HostIdentity {
+                    machine: Some("0123456789abcdef".to_owned()),
+                    pid_namespace: Some(4026531836),
+                },
+                pid: 4242,
+                started_at: at(0),
+                lease_expires_at: at(30_000),
+            },
+            reason: OwnerGone::ProcessGone,
+        }
+    }
+
+    #[test]
+    fn a_dry_run_lists_owner_and_lease() {
+        let found = [candidate(2, Some(1)), candidate(1, None)];
+        let text = recover_dry_run_text(&found, None);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "would recover 2 sessions (1 interrupted turn); nothing was written"
+        );
+        assert!(lines[1].contains("HOST") && lines[1].contains("LEASE EXPIRES"));
+        assert!(
+            lines[2]
+                .contains("box   4242  0123456789abcdef  2027-01-15T08:00:30.000Z  process_gone"),
+            "{text}"
+        );
+        assert_eq!(
+            recover_dry_run_text(&[], None),
+            "would recover 0 sessions (0 interrupted turns); nothing was written\n"
+        );
+
+        let rows = [row(2, None), row(1, None)];
+        let json: Value = serde_json::from_str(&recover_dry_run_json(&found, &rows)).unwrap();
+        assert_eq!(json["dry_run"], true);
+        let first = &json["recovered"][0];
+        assert_eq!(first["id"], 2);
+        assert_eq!(first["state"], "running");
+        assert_eq!(first["interrupted_turn"], 1);
+        assert_eq!(first["why"], "process_gone");
+        assert_eq!(first["owner"]["host"], "box");
+        assert_eq!(first["owner"]["pid"], 4242);
+        assert_eq!(first["owner"]["machine"], "0123456789abcdef");
+        assert_eq!(
+            first["owner"]["lease_expires_at"],
+            "2027-01-15T08:00:30.000Z"
+        );
+        assert_eq!(json["recovered"][1]["interrupted_turn"], Value::Null);
+        assert_eq!(
+            json["owners_gone"],
+            json!([{"owner": 3, "why": "process_gone"}])
+        );
+    }
+
+    #[test]
+    fn a_recovery_says_whose_sessions_it_took() {
+        let found = [candidate(2, Some(1))];
+        let report = RecoveryReport {
+            recovered: vec![SessionId(2), SessionId(5)],
+            interrupted_turns: vec![(SessionId(2), 1)],
+            owners_gone: vec![(OwnerId(3), OwnerGone::ProcessGone)],
+            finalized_elsewhere: vec![SessionId(7)],
+        };
+        let json: Value =
+            serde_json::from_str(&recover_json(&report, &found, &[row(5, None)])).unwrap();
+        assert_eq!(json["dry_run"], false);
+        assert_eq!(json["recovered"][0]["owner"]["pid"], 4242);
+        assert_eq!(json["recovered"][0]["interrupted_turn"], 1);
+        // Found gone only between the look and the recovery: no owner to tell.
+        assert_eq!(json["recovered"][1]["name"], "chat");
+        assert_eq!(json["recovered"][1]["owner"], Value::Null);
+        assert_eq!(json["finalized_elsewhere"], json!([7]));
     }
 }
