@@ -12,7 +12,7 @@ use settle_cli::listing::{self, Filter};
 use settle_cli::scenario::Scenario;
 use settle_cli::{
     chat, display, duration, exit, export, open_existing_store, open_store, out, outfile, outln,
-    output, runner, shutdown, terminal, trace, Failure,
+    output, parse_id, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
 use settle_store::{
@@ -31,6 +31,7 @@ Examples:
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
   settle recover --dry-run                 what would be recovered, and whose it was
   settle chat --base-url http://127.0.0.1:8080/v1 --model local
+  settle chat --last                       continue the most recent finished session
   settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local";
 
 /// A lifecycle kernel for LLM-agent sessions: teardown that is correct on every path.
@@ -73,7 +74,7 @@ enum Command {
     Recover(RecoverArgs),
     /// Chat with an OpenAI-compatible server. Ctrl-C cancels the reply in flight, Ctrl-D ends the session.
     #[command(
-        after_help = "Example:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local"
+        after_help = "Examples:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local\n  settle chat --resume 3              continue session 3 in a new session\n  settle chat --last                  continue the most recent finished session"
     )]
     Chat(chat::ChatArgs),
     /// Serve sessions to WebSocket clients: JSON-RPC 2.0 at ws://ADDR/ws (see docs/gateway.md).
@@ -176,12 +177,6 @@ fn parse_limit(text: &str) -> Result<usize, String> {
             "`{text}` is not a count: write a whole number, like 20"
         )),
     }
-}
-
-fn parse_id(text: &str) -> Result<SessionId, String> {
-    text.parse().map_err(|_| {
-        format!("`{text}` is not a session id: ids are whole numbers, see `settle sessions`")
-    })
 }
 
 fn main() -> ExitCode {
