@@ -4,10 +4,11 @@
 //! The JSON Lines are, in order: one `session` line (the fields of
 //! `settle sessions --json`), then the session's events as they happened:
 //! `transition` (`at`, `from`, `to`, `cause`), `turn_input` (`turn`, `at`,
-//! and `messages` where the store keeps them), `chunk` (`turn`, `seq`,
-//! `kind`, `text`, and `data` for a structured chunk: reasoning, a tool
-//! call, usage), `turn_end` (`turn`, `at`, `outcome`, and `error` where the
-//! store keeps it). Every line names its `session`.
+//! `messages`: null for a turn stored before inputs were kept), `chunk`
+//! (`turn`, `seq`, `kind`, `text`, and `data` for a structured chunk:
+//! reasoning, a tool call, usage), `turn_end` (`turn`, `at`, `outcome`,
+//! `error`: null unless the turn failed with a stored reason). Every line
+//! names its `session`.
 //!
 //! ```
 //! use settle_cli::export::Format;
@@ -204,7 +205,6 @@ enum Line<'a> {
         session: u64,
         turn: u32,
         at: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
         messages: Option<Vec<InputMessage>>,
     },
     Chunk {
@@ -221,7 +221,6 @@ enum Line<'a> {
         turn: u32,
         at: String,
         outcome: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<TurnFailure>,
     },
 }
@@ -441,9 +440,9 @@ mod tests {
         assert!(lines.iter().all(|l| l["session"] == 7 || l["id"] == 7));
         assert_eq!(lines[5]["text"], " there!");
         assert_eq!(lines[12]["outcome"], "cancelled");
-        // Where the store keeps no input or error, the fields are left out.
-        assert!(lines[3].get("messages").is_none());
-        assert!(lines[12].get("error").is_none());
+        // Where the store keeps no input or error, the fields are null.
+        assert!(lines[3]["messages"].is_null());
+        assert!(lines[12]["error"].is_null());
     }
 
     /// `detail()` with a first turn that reasoned, called a tool and

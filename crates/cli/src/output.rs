@@ -59,13 +59,11 @@ struct TurnJson<'a> {
     outcome: Option<&'static str>,
     started_at: String,
     ended_at: Option<String>,
-    /// The messages sent (left out where the store does not keep them).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The messages sent (null for a turn stored before inputs were kept).
     input: Option<Vec<InputMessage>>,
-    /// The reply: the chunks joined.
+    /// The reply: the text chunks joined.
     text: String,
-    /// Why it failed (left out where the store does not keep it).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Why it failed (null when it did not, or no reason was stored).
     error: Option<TurnFailure>,
     chunks: Vec<ChunkJson<'a>>,
 }

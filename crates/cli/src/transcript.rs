@@ -4,8 +4,8 @@
 //!
 //! [`input`], [`error`] and [`reply`] are the one place that reads a turn's
 //! input, error and output from the store's rows; a turn written before the
-//! store kept input and error has none, and `show`, `show --json` and
-//! `export` leave them out.
+//! store kept input and error has none: `show` and `export md` leave them
+//! out, `show --json` and `export jsonl` give null.
 //!
 //! ```
 //! use settle_cli::transcript::{new_messages, InputMessage};
