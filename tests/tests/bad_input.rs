@@ -16,6 +16,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 const OK_SCENARIO: &str =
     "name = \"ok\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"a\"]\n";
@@ -72,6 +73,28 @@ fn database(dir: &Path, file: &str) {
     fs::remove_file(dir.join("ok.toml")).unwrap();
     // `settle` may exit with its write-ahead log still beside the database
     // (see `sqlite_companions`): fold it in, so the file holds everything.
+    common::execute(db.to_str().unwrap(), "PRAGMA wal_checkpoint(TRUNCATE)");
+}
+
+/// A settle database whose sessions are still live: a `settle run` killed
+/// (SIGKILL) while its root streams, its log folded into the file.
+fn live_database(dir: &Path) {
+    let scenario = dir.join("long.toml");
+    fs::write(
+        &scenario,
+        "name = \"long\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\n\
+         chunks = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\"]\nchunk_delay_ms = 1000\n",
+    )
+    .unwrap();
+    let db = dir.join("settle.db");
+    let mut run = common::Running::start(db.to_str().unwrap(), &scenario, &[]);
+    assert!(
+        run.wait_for_line(" persisted turn ", Duration::from_secs(60)),
+        "the run never streamed"
+    );
+    run.child.kill().unwrap();
+    let _ = run.finish(Duration::from_secs(10));
+    fs::remove_file(&scenario).unwrap();
     common::execute(db.to_str().unwrap(), "PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
@@ -214,6 +237,34 @@ fn cases() -> Vec<Case> {
             &["recover", "--all"],
             2,
             "--all",
+        ),
+        case(
+            "recover --dry-run with an unknown option",
+            |d| database(d, "settle.db"),
+            &["recover", "--dry-run", "--force"],
+            2,
+            "--force",
+        ),
+        case(
+            "chat --resume of a non-number",
+            nothing,
+            &["chat", "--resume", "abc"],
+            2,
+            "abc",
+        ),
+        case(
+            "chat --resume without an id",
+            nothing,
+            &["chat", "--resume"],
+            2,
+            "--resume",
+        ),
+        case(
+            "chat --resume with --last",
+            |d| database(d, "settle.db"),
+            &["chat", "--resume", "1", "--last"],
+            2,
+            "--last",
         ),
         case(
             "export of a non-number",
@@ -583,6 +634,55 @@ fn cases() -> Vec<Case> {
             &["--db", "gone/away.db", "recover", "--json"],
             2,
             "gone/away.db",
+        ),
+        case(
+            "recover --dry-run in a folder with no database",
+            nothing,
+            &["recover", "--dry-run"],
+            2,
+            "settle.db",
+        ),
+        case(
+            "recover --dry-run --json of a missing --db",
+            nothing,
+            &["--db", "gone/away.db", "recover", "--dry-run", "--json"],
+            2,
+            "gone/away.db",
+        ),
+        case(
+            "chat --resume of a missing id",
+            |d| database(d, "settle.db"),
+            &["chat", "--resume", "42"],
+            2,
+            "42",
+        ),
+        case(
+            "chat --resume of a session still live",
+            live_database,
+            &["chat", "--resume", "1"],
+            2,
+            "session 1 is running",
+        ),
+        case(
+            "chat --last with no finished session",
+            live_database,
+            &["chat", "--last"],
+            2,
+            "--last",
+        ),
+        case(
+            "chat --resume in a folder with no database",
+            nothing,
+            &["chat", "--resume", "1"],
+            2,
+            "settle.db",
+        ),
+        case(
+            "chat --last in a folder with no database",
+            nothing,
+            &["chat", "--last"],
+            2,
+            "settle.db",
         ),
         case(
             "show of a dangling link",

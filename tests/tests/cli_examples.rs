@@ -200,7 +200,12 @@ fn json_shapes_of_sessions_and_show() {
     let sandbox = Sandbox::new();
     let (_, sessions) = run_json(&sandbox, "scan");
     for session in &sessions {
-        assert_eq!(keys(session), SESSION_KEYS, "sessions --json: {session}");
+        // SPEC §7's keys, and the session a resumed one continues.
+        let mut expected = SESSION_KEYS.to_vec();
+        expected.push("resumed_from");
+        expected.sort_unstable();
+        assert_eq!(keys(session), expected, "sessions --json: {session}");
+        assert!(session["resumed_from"].is_null(), "{session}");
         assert!(session["id"].is_u64());
         assert!(session["name"].is_string());
         assert!(session["parent"].is_u64() || session["parent"].is_null());
@@ -217,8 +222,20 @@ fn json_shapes_of_sessions_and_show() {
         for (i, turn) in turns.iter().enumerate() {
             assert_eq!(
                 keys(turn),
-                ["chunks", "ended_at", "no", "outcome", "started_at", "text"]
+                [
+                    "chunks",
+                    "ended_at",
+                    "error",
+                    "input",
+                    "no",
+                    "outcome",
+                    "started_at",
+                    "text"
+                ]
             );
+            // A scripted agent sends its turn's prompt; none of these failed.
+            assert_eq!(turn["input"][0]["role"], "user", "{turn}");
+            assert!(turn["error"].is_null(), "{turn}");
             let joined: String = turn["chunks"]
                 .as_array()
                 .unwrap()

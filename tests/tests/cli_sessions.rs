@@ -1,6 +1,8 @@
 //! `settle sessions` lists like the tools people know: newest first,
-//! `--limit`, `--since`, a created column, `--tree`; `settle recover --json`
-//! says what it recovered, from whom and why.
+//! `--limit`, `--since`, a created column, `--tree`; `settle recover
+//! --dry-run` lists what it would recover, with owners and leases, and
+//! writes nothing; `settle recover --json` says what it recovered, from whom
+//! and why.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -132,7 +134,7 @@ fn tree_indents_each_session_under_its_parent() {
 }
 
 #[test]
-fn recover_json_lists_what_it_recovered_and_why() {
+fn recover_dry_run_lists_the_live_sessions_and_writes_nothing_then_recover_json_takes_them() {
     let sandbox = Sandbox::new();
     let scenario = sandbox.write(
         "long.toml",
@@ -147,30 +149,103 @@ fn recover_json_lists_what_it_recovered_and_why() {
                 .any(|l| l.contains(who) && l.contains(" persisted turn "))
         })
     });
+    let pid = u64::from(run.pid());
     run.signal(Signal::SIGKILL);
     let (status, _) = run.wait();
     assert_eq!(status.code(), None, "killed by the signal");
 
+    // The killed run's log folded into the database file, so that the file
+    // holds everything and any write would change its bytes.
+    let db = sandbox.db();
+    common::execute(db.to_str().unwrap(), "PRAGMA wal_checkpoint(TRUNCATE)");
+    let before = std::fs::read(&db).unwrap();
+
+    // --dry-run: what would be recovered, whose it was, when its lease ends.
+    let listing = text(&sandbox, &["recover", "--dry-run"]);
+    let mut lines = listing.lines();
+    assert_eq!(
+        lines.next(),
+        Some("would recover 2 sessions (2 interrupted turns); nothing was written"),
+        "{listing}"
+    );
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["ID", "NAME", "STATE", "TURN", "HOST", "PID", "MACHINE", "LEASE", "EXPIRES", "WHY"]
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 2, "{listing}");
+    for (row, name) in rows.iter().zip(["worker", "root"]) {
+        assert_eq!(row[1], name, "{listing}");
+        assert_eq!(row[2], "running", "{listing}");
+        assert_eq!(row[3], "1", "{listing}");
+        assert_eq!(row[5], pid.to_string(), "{listing}");
+        assert_eq!(row[8], "process_gone", "{listing}");
+    }
+
+    let out = sandbox.run(&["recover", "--dry-run", "--json"]);
+    assert_success(&out, "settle recover --dry-run --json");
+    let would = parse_json(&out.stdout);
+    assert_eq!(would["dry_run"], true, "{would:#}");
+    let listed = would["recovered"].as_array().unwrap();
+    assert_eq!(names(listed), ["worker", "root"], "{would:#}");
+    for session in listed {
+        assert_eq!(session["state"], "running", "{session}");
+        assert_eq!(session["interrupted_turn"], 1, "{session}");
+        assert_eq!(session["why"], "process_gone", "{session}");
+        let owner = &session["owner"];
+        assert_eq!(owner["pid"], pid, "{session}");
+        assert_eq!(owner["host"], settle_store::local_host_name(), "{session}");
+        assert!(owner["machine"].is_string(), "{session}");
+        // The lease runs from the owner's start.
+        assert!(
+            settle_tests::time(&owner["lease_expires_at"])
+                > settle_tests::time(&owner["started_at"]),
+            "{session}"
+        );
+    }
+    assert_eq!(would["owners_gone"].as_array().unwrap().len(), 1);
+
+    // Nothing was written: the same bytes, the sessions still live.
+    assert!(
+        std::fs::read(&db).unwrap() == before,
+        "the dry run changed the database"
+    );
+    let live = sandbox.sessions();
+    assert!(live.iter().all(|s| s["state"] == "running"), "{live:#?}");
+
+    // recover --json takes them over and says whose they were.
     let out = sandbox.run(&["recover", "--json"]);
     assert_success(&out, "settle recover --json");
     let report = parse_json(&out.stdout);
+    assert_eq!(report["dry_run"], false, "{report:#}");
     let recovered = report["recovered"].as_array().unwrap();
     assert_eq!(
         names(recovered),
         ["worker", "root"],
         "children first: {report:#}"
     );
-    for session in recovered {
+    for (session, listed) in recovered.iter().zip(listed) {
         assert_eq!(session["interrupted_turn"], 1, "{session}");
+        assert_eq!(session["owner"], listed["owner"], "{session}");
+        assert_eq!(session["state"], "running", "{session}");
+        assert_eq!(session["why"], "process_gone", "{session}");
     }
     assert!(by_name(recovered, "root")["parent"].is_null());
     let owners = report["owners_gone"].as_array().unwrap();
     assert_eq!(owners.len(), 1, "{report:#}");
     assert_eq!(owners[0]["why"], "process_gone");
-    assert!(owners[0]["owner"].is_u64());
+    assert_eq!(owners[0]["owner"], listed[0]["owner"]["id"]);
     assert_eq!(report["finalized_elsewhere"], serde_json::json!([]));
+    for session in sandbox.sessions() {
+        assert_eq!(session["end_reason"], "recovered", "{session}");
+    }
 
-    // Nothing is left for a second run.
+    // Nothing is left for a second run, or a dry run.
     let again = parse_json(&sandbox.run(&["recover", "--json"]).stdout);
     assert_eq!(again["recovered"], serde_json::json!([]));
+    assert_eq!(
+        text(&sandbox, &["recover", "--dry-run"]),
+        "would recover 0 sessions (0 interrupted turns); nothing was written\n"
+    );
 }

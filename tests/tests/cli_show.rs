@@ -61,8 +61,16 @@ fn show_prints_each_reply_as_flowing_text_then_its_outcome() {
         text.contains("  reply:\n    Hello, world!\n    Second line\n  outcome: completed\n"),
         "{text}"
     );
+    // Each turn after the prompt it was sent; a failed one with its reason.
     assert!(
-        text.contains("  reply:\n    partial\n  outcome: failed\n"),
+        text.contains("  user:\n    root turn 1\n  reply:\n    Hello, world!\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  user:\n    root turn 2\n  reply:\n    partial\n  outcome: failed\n  \
+             error: the provider reported an error: the scripted turn fails here (provider)\n"
+        ),
         "{text}"
     );
     let turn_headers = text.lines().filter(|l| l.starts_with("turn ")).count();
@@ -75,7 +83,20 @@ fn show_prints_each_reply_as_flowing_text_then_its_outcome() {
         first["chunks"],
         json!(["Hello", ", ", "world", "!\nSecond line"])
     );
-    assert_eq!(json["turns"][1]["text"], "partial");
+    assert_eq!(
+        first["input"],
+        json!([{"role": "user", "content": "root turn 1"}])
+    );
+    assert!(first["error"].is_null());
+    let failed = &json["turns"][1];
+    assert_eq!(failed["text"], "partial");
+    assert_eq!(failed["outcome"], "failed");
+    assert_eq!(failed["error"]["kind"], "provider");
+    assert_eq!(
+        failed["error"]["message"],
+        "the provider reported an error: the scripted turn fails here"
+    );
+    assert!(json["session"]["resumed_from"].is_null());
 }
 
 #[test]
@@ -88,7 +109,14 @@ fn export_markdown_reads_as_a_transcript() {
         md.contains("**reply:**\n\nHello, world!\nSecond line\n\n**Outcome:** completed\n"),
         "{md}"
     );
-    assert!(md.contains("**Outcome:** failed"), "{md}");
+    assert!(
+        md.contains(
+            "**Outcome:** failed\n\n**Error** (`provider`): the provider reported an error: \
+             the scripted turn fails here\n"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("\n**user:**\n\nroot turn 2\n"), "{md}");
     assert!(md.contains("\n## Timeline\n"), "{md}");
     // -o writes the same text to a file, and nothing on stdout.
     let file = sandbox.path().join("root.md");
@@ -107,11 +135,11 @@ fn export_markdown_reads_as_a_transcript() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), md);
 }
 
-/// Replays JSON Lines into what `show --json` says: the turns (outcome and
-/// chunks) and the timeline (from, to, cause).
+/// Replays JSON Lines into what `show --json` says: the turns (input,
+/// chunks, outcome and error) and the timeline (from, to, cause).
 fn replay(jsonl: &str) -> (Value, Vec<Value>, Vec<Value>) {
     let mut session = Value::Null;
-    let mut turns: BTreeMap<u64, (Value, Vec<Value>)> = BTreeMap::new();
+    let mut turns: BTreeMap<u64, Value> = BTreeMap::new();
     let mut timeline = Vec::new();
     for line in jsonl.lines() {
         let event: Value = serde_json::from_str(line).expect("one JSON object a line");
@@ -121,24 +149,38 @@ fn replay(jsonl: &str) -> (Value, Vec<Value>, Vec<Value>) {
                 .push(json!({"from": event["from"], "to": event["to"], "cause": event["cause"]})),
             "turn_input" => {
                 let no = event["turn"].as_u64().unwrap();
-                assert!(turns.insert(no, (Value::Null, Vec::new())).is_none());
+                let turn = json!({"input": event["messages"], "chunks": []});
+                assert!(turns.insert(no, turn).is_none());
             }
             "chunk" => {
                 let turn = turns.get_mut(&event["turn"].as_u64().unwrap()).unwrap();
-                assert_eq!(event["seq"].as_u64(), Some(turn.1.len() as u64));
-                assert!(turn.0.is_null(), "a chunk after its turn's end");
-                turn.1.push(event["text"].clone());
+                assert!(
+                    turn.get("outcome").is_none(),
+                    "a chunk after its turn's end"
+                );
+                let chunks = turn["chunks"].as_array_mut().unwrap();
+                assert_eq!(event["seq"].as_u64(), Some(chunks.len() as u64));
+                // As show --json gives them: text as a string, the others
+                // as {kind, data}.
+                chunks.push(match event["kind"].as_str() {
+                    Some("text") => event["text"].clone(),
+                    _ => json!({"kind": event["kind"], "data": event["data"]}),
+                });
             }
             "turn_end" => {
                 let turn = turns.get_mut(&event["turn"].as_u64().unwrap()).unwrap();
-                turn.0 = event["outcome"].clone();
+                turn["outcome"] = event["outcome"].clone();
+                turn["error"] = event["error"].clone();
             }
             other => panic!("unknown event {other}"),
         }
     }
     let turns = turns
         .into_iter()
-        .map(|(no, (outcome, chunks))| json!({"no": no, "outcome": outcome, "chunks": chunks}))
+        .map(|(no, mut turn)| {
+            turn["no"] = json!(no);
+            turn
+        })
         .collect();
     (session, turns, timeline)
 }
@@ -159,7 +201,10 @@ fn export_jsonl_replays_to_what_show_says() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|t| json!({"no": t["no"], "outcome": t["outcome"], "chunks": t["chunks"]}))
+            .map(|t| {
+                json!({"no": t["no"], "outcome": t["outcome"], "chunks": t["chunks"],
+                       "input": t["input"], "error": t["error"]})
+            })
             .collect();
         assert_eq!(turns, expected_turns, "{jsonl}");
         let expected_timeline: Vec<Value> = shown["timeline"]

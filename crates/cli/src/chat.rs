@@ -5,6 +5,13 @@
 //! the prompt, shuts down gracefully (G9), and every further signal skips the
 //! rest of the drain. The signal handlers are installed before anything else
 //! and kept until the process exits.
+//!
+//! `--resume ID` (or `--last`, the most recent finished session) continues a
+//! finished or recovered session in a new one, through [`Kernel::resume`]:
+//! the new session's row names the one it continues, and its first turn
+//! sends the earlier conversation with the new prompt. A session that does
+//! not exist or is not finalized is bad input, refused before anything is
+//! written (G11).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -12,11 +19,12 @@ use std::time::Duration;
 
 use clap::Args;
 use settle_runtime::signals::{ShutdownSignal, Signals};
-use settle_runtime::{Kernel, Outcome};
+use settle_runtime::{Kernel, Outcome, RuntimeError, SessionHandle, SessionId, State};
+use settle_store::{SessionStore, Store, StoreError};
 use settle_stream::{Message, OpenAiConfig, OpenAiProvider, Provider, Request, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::{exit, open_store, Failure};
+use crate::{exit, open_existing_store, open_store, Failure};
 
 /// Options of `settle chat`.
 #[derive(Debug, Args)]
@@ -40,6 +48,12 @@ pub struct ChatArgs {
     /// How long a running reply may finish after SIGTERM.
     #[arg(long, value_parser = crate::duration::parse, default_value = "5s")]
     drain_timeout: Duration,
+    /// Continue the finished (or recovered) session ID in a new session that starts with its conversation.
+    #[arg(long, value_name = "ID", value_parser = crate::parse_id, conflicts_with = "last")]
+    resume: Option<SessionId>,
+    /// Continue the most recently registered session that is finalized.
+    #[arg(long)]
+    last: bool,
 }
 
 /// How the chat ended.
@@ -61,21 +75,49 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     }
     let provider: Arc<dyn Provider> =
         Arc::new(OpenAiProvider::new(config).map_err(Failure::bad_input)?);
-    let store: Arc<dyn settle_store::SessionStore> = Arc::new(open_store(db)?);
+    // A session to continue must exist and be finished: checked before the
+    // kernel registers this process, so a bad one writes nothing (G11).
+    let (store, from) = if let Some(id) = args.resume {
+        let store = open_existing_store(db)?;
+        resumable(&store, db, id).await?;
+        (store, Some(id))
+    } else if args.last {
+        let store = open_existing_store(db)?;
+        let last = store.last_session(Some(State::Finalized)).await?;
+        let id = last.ok_or_else(|| {
+            Failure::bad_input(format!(
+                "--last found no finalized session in {db} to resume; see `settle sessions`"
+            ))
+        })?;
+        (store, Some(id))
+    } else {
+        (open_store(db)?, None)
+    };
+    let store: Arc<dyn SessionStore> = Arc::new(store);
     let kernel = Kernel::builder(store)
         .idle_timeout(Some(args.idle_timeout))
         .drain_timeout(args.drain_timeout)
         .start()
         .await
         .map_err(Failure::store)?;
-    let session = kernel
-        .register("chat", None)
-        .await
-        .map_err(Failure::store)?;
+    let (session, mut history) = match start(&kernel, db, from).await {
+        Ok(started) => started,
+        Err(failure) => {
+            kernel.shutdown(Duration::ZERO).await;
+            return Err(failure);
+        }
+    };
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    let mut history: Vec<Message> = Vec::new();
+    let resumed = match from {
+        Some(from) => format!(
+            ", continuing session {from} ({} earlier message{})",
+            history.len(),
+            if history.len() == 1 { "" } else { "s" }
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "settle chat: session {} with {} at {}. Ctrl-C cancels a reply, Ctrl-D ends.",
+        "settle chat: session {}{resumed} with {} at {}. Ctrl-C cancels a reply, Ctrl-D ends.",
         session.id(),
         args.model,
         args.base_url
@@ -175,6 +217,59 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             }
             Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE))
         }
+    }
+}
+
+/// Checks that `id` can be resumed: it exists and is finalized.
+async fn resumable(store: &Store, db: &str, id: SessionId) -> Result<(), Failure> {
+    let state = match store.session_detail(id).await {
+        Ok(detail) => detail.session.state,
+        Err(error) => return Err(refused(db, error.into())),
+    };
+    if state == State::Finalized {
+        Ok(())
+    } else {
+        Err(Failure::bad_input(RuntimeError::NotResumable {
+            session: id,
+            state,
+        }))
+    }
+}
+
+/// The chat's session: a new one, or one that continues `from` with the
+/// conversation to send first.
+async fn start(
+    kernel: &Kernel,
+    db: &str,
+    from: Option<SessionId>,
+) -> Result<(SessionHandle, Vec<Message>), Failure> {
+    match from {
+        Some(from) => {
+            let resumed = kernel
+                .resume(from, "chat")
+                .await
+                .map_err(|e| refused(db, e))?;
+            Ok((resumed.session, resumed.history))
+        }
+        None => Ok((
+            kernel
+                .register("chat", None)
+                .await
+                .map_err(Failure::store)?,
+            Vec::new(),
+        )),
+    }
+}
+
+/// A resume the store or the runtime refused: a session that is not there
+/// or not finished is bad input; anything else a store failure.
+fn refused(db: &str, error: RuntimeError) -> Failure {
+    match error {
+        RuntimeError::Store(StoreError::UnknownSession(id)) => Failure::bad_input(format!(
+            "no session {id} in {db} to resume; see `settle sessions`"
+        )),
+        error @ RuntimeError::NotResumable { .. } => Failure::bad_input(error),
+        error => Failure::store(error),
     }
 }
 

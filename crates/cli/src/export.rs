@@ -4,9 +4,11 @@
 //! The JSON Lines are, in order: one `session` line (the fields of
 //! `settle sessions --json`), then the session's events as they happened:
 //! `transition` (`at`, `from`, `to`, `cause`), `turn_input` (`turn`, `at`,
-//! and `messages` where the store keeps them), `chunk` (`turn`, `seq`,
-//! `text`), `turn_end` (`turn`, `at`, `outcome`, and `error` where the store
-//! keeps it). Every line names its `session`.
+//! `messages`: null for a turn stored before inputs were kept), `chunk`
+//! (`turn`, `seq`, `kind`, `text`, and `data` for a structured chunk:
+//! reasoning, a tool call, usage), `turn_end` (`turn`, `at`, `outcome`,
+//! `error`: null unless the turn failed with a stored reason). Every line
+//! names its `session`.
 //!
 //! ```
 //! use settle_cli::export::Format;
@@ -57,7 +59,8 @@ pub fn render(detail: &SessionDetail, format: Format) -> String {
 }
 
 /// The session as Markdown: a heading and its facts, each turn's input, its
-/// reply as flowing text, its outcome and error, and the timeline.
+/// reply as flowing text (its reasoning as a quote before it, its tool calls
+/// and usage after it), its outcome and error, and the timeline.
 pub fn markdown(detail: &SessionDetail) -> String {
     let s = &detail.session;
     let mut out = String::new();
@@ -79,6 +82,9 @@ pub fn markdown(detail: &SessionDetail) -> String {
     for (name, value) in facts {
         let _ = writeln!(out, "- **{name}:** {value}");
     }
+    if let Some(from) = s.resumed_from {
+        let _ = writeln!(out, "- **resumed from:** session {from}");
+    }
     if let Some(errors) = &detail.finalize_errors {
         let _ = writeln!(out, "- **finalize steps that failed:** {}", inline(errors));
     }
@@ -94,7 +100,7 @@ pub fn markdown(detail: &SessionDetail) -> String {
                 rfc3339(end)
             ))
         );
-        let text = transcript::text(turn);
+        let reply = transcript::reply(turn);
         if let Some(input) = transcript::input(turn) {
             let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
             for message in transcript::new_messages(before, &input) {
@@ -105,12 +111,33 @@ pub fn markdown(detail: &SessionDetail) -> String {
                     message.content.trim_end()
                 );
             }
-            previous = Some((input, text.clone()));
+            previous = Some((input, reply.text.clone()));
         }
-        if text.is_empty() {
+        if !reply.reasoning.is_empty() {
+            let _ = writeln!(out, "\n**reasoning:**\n\n{}", quoted(&reply.reasoning));
+        }
+        if !reply.text.is_empty() {
+            let _ = writeln!(out, "\n**reply:**\n\n{}", reply.text.trim_end());
+        } else if reply.is_empty() {
             let _ = writeln!(out, "\n**reply:** _(nothing)_");
-        } else {
-            let _ = writeln!(out, "\n**reply:**\n\n{}", text.trim_end());
+        }
+        for call in &reply.tool_calls {
+            let id = call
+                .id
+                .as_ref()
+                .map_or(String::new(), |id| format!(" ({})", inline(id)));
+            let _ = writeln!(
+                out,
+                "\n**tool call** `{}`{id}:\n\n```json\n{}\n```",
+                inline(&call.name),
+                call.arguments_line()
+            );
+        }
+        for usage in &reply.usage {
+            let _ = writeln!(out, "\n**usage:** {}", transcript::usage_line(usage));
+        }
+        for data in &reply.data {
+            let _ = writeln!(out, "\n**data:** `{data}`");
         }
         let _ = writeln!(
             out,
@@ -143,6 +170,15 @@ pub fn markdown(detail: &SessionDetail) -> String {
     out
 }
 
+/// `text` as a Markdown quote, each of its lines after `> `.
+fn quoted(text: &str) -> String {
+    text.trim_end()
+        .lines()
+        .map(|line| format!("> {line}").trim_end().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `text` on one line (for a heading or a list item).
 fn inline(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -169,7 +205,6 @@ enum Line<'a> {
         session: u64,
         turn: u32,
         at: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
         messages: Option<Vec<InputMessage>>,
     },
     Chunk {
@@ -186,7 +221,6 @@ enum Line<'a> {
         turn: u32,
         at: String,
         outcome: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<TurnFailure>,
     },
 }
@@ -406,9 +440,84 @@ mod tests {
         assert!(lines.iter().all(|l| l["session"] == 7 || l["id"] == 7));
         assert_eq!(lines[5]["text"], " there!");
         assert_eq!(lines[12]["outcome"], "cancelled");
-        // Where the store keeps no input or error, the fields are left out.
-        assert!(lines[3].get("messages").is_none());
-        assert!(lines[12].get("error").is_none());
+        // Where the store keeps no input or error, the fields are null.
+        assert!(lines[3]["messages"].is_null());
+        assert!(lines[12]["error"].is_null());
+    }
+
+    /// `detail()` with a first turn that reasoned, called a tool and
+    /// reported usage, and a second that failed with a stored reason.
+    fn structured() -> SessionDetail {
+        use serde_json::json;
+        let mut detail = detail();
+        detail.session.resumed_from = Some(SessionId(3));
+        let turn = &mut detail.turns[0];
+        turn.input = Some(json!([{"role": "user", "content": "hi"}]));
+        let structured = |seq, kind, data| settle_store::ChunkRow {
+            seq,
+            kind,
+            text: String::new(),
+            data: Some(data),
+        };
+        turn.chunks.insert(
+            0,
+            structured(0, settle_store::ChunkKind::Reasoning, json!("a greeting")),
+        );
+        turn.chunks.push(structured(
+            3,
+            settle_store::ChunkKind::ToolCall,
+            json!({"index": 0, "id": "c1", "function": {"name": "wave", "arguments": "{\"hand\": \"left\"}"}}),
+        ));
+        turn.chunks.push(structured(
+            4,
+            settle_store::ChunkKind::Usage,
+            json!({"total_tokens": 7}),
+        ));
+        detail.turns[1].outcome = Some(Outcome::Failed);
+        detail.turns[1].error = Some(settle_store::TurnError::new(
+            settle_store::TurnErrorKind::Connect,
+            "cannot reach http://127.0.0.1:9/v1/chat/completions: connection refused (is the server running?)",
+        ));
+        detail
+    }
+
+    #[test]
+    fn structured_chunks_and_errors_in_both_formats() {
+        let md = markdown(&structured());
+        assert!(md.contains("- **resumed from:** session 3\n"), "{md}");
+        assert!(
+            md.contains(
+                "\n**user:**\n\nhi\n\n**reasoning:**\n\n> a greeting\n\n**reply:**\n\nHi there!\n\n\
+                 **tool call** `wave` (c1):\n\n```json\n{\"hand\":\"left\"}\n```\n\n**usage:** total_tokens=7\n"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("**Error** (`connect`): cannot reach http://127.0.0.1:9/v1/chat/completions: connection refused (is the server running?)"),
+            "{md}"
+        );
+
+        let lines: Vec<Value> = json_lines(&structured())
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["resumed_from"], 3);
+        let chunks: Vec<&Value> = lines.iter().filter(|l| l["event"] == "chunk").collect();
+        assert_eq!(chunks[0]["kind"], "reasoning");
+        assert_eq!(chunks[0]["data"], "a greeting");
+        assert_eq!(chunks[1]["kind"], "text");
+        assert!(chunks[1].get("data").is_none());
+        assert_eq!(chunks[3]["kind"], "tool_call");
+        assert_eq!(chunks[3]["data"]["function"]["name"], "wave");
+        assert_eq!(chunks[4]["data"]["total_tokens"], 7);
+        let input = lines.iter().find(|l| l["event"] == "turn_input").unwrap();
+        assert_eq!(input["messages"][0]["content"], "hi");
+        let failed = lines
+            .iter()
+            .find(|l| l["event"] == "turn_end" && l["turn"] == 2)
+            .unwrap();
+        assert_eq!(failed["outcome"], "failed");
+        assert_eq!(failed["error"]["kind"], "connect");
     }
 
     #[test]

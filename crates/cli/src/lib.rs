@@ -46,7 +46,7 @@ pub mod transcript;
 
 use std::io::Write;
 
-use settle_store::{OpenError, Store, StoreError};
+use settle_store::{OpenError, SessionId, Store, StoreError};
 
 /// Writes to stdout, ignoring a closed pipe (`settle sessions | head`): a
 /// reader that has seen enough is not an error.
@@ -99,6 +99,14 @@ impl From<StoreError> for Failure {
     fn from(error: StoreError) -> Self {
         Failure::store(error)
     }
+}
+
+/// A session id on the command line (`settle show 3`, `settle chat --resume 3`):
+/// anything but a whole number is bad input, said in one line.
+pub fn parse_id(text: &str) -> Result<SessionId, String> {
+    text.parse().map_err(|_| {
+        format!("`{text}` is not a session id: ids are whole numbers, see `settle sessions`")
+    })
 }
 
 /// Opens an existing store for a command that only reads it, or recovers it

@@ -1,21 +1,23 @@
-//! Which sessions `settle sessions` lists, and in what order: newest first,
-//! only those created within `--since`, at most `--limit`; with `--tree`,
-//! each under its parent.
+//! Which sessions `settle sessions` lists, and how: the store selects them
+//! (newest first, only those created within `--since`, in `--state`, at
+//! most `--limit`: a [`SessionFilter`]); here they are laid out flat or, with
+//! `--tree`, each under its parent.
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
 //! use settle_cli::listing::{self, Filter};
 //!
 //! let filter = Filter { since: Some(Duration::from_secs(3600)), limit: Some(20), ..Filter::default() };
-//! let shown = listing::select(Vec::new(), &filter, SystemTime::now());
-//! assert!(listing::tree(shown).is_empty());
+//! let asked = filter.to_store(SystemTime::now());
+//! assert_eq!(asked.limit, Some(20));
+//! assert!(listing::tree(Vec::new()).is_empty());
 //! ```
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use settle_runtime::{SessionId, State};
-use settle_store::SessionRow;
+use settle_store::{SessionFilter, SessionRow};
 
 /// What `settle sessions` was asked to list.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,6 +30,22 @@ pub struct Filter {
     pub limit: Option<usize>,
 }
 
+impl Filter {
+    /// The store's filter for this ask at `now`: newest first, `since`
+    /// counted back from `now` (an age reaching back before the clock's
+    /// epoch keeps every session).
+    pub fn to_store(&self, now: SystemTime) -> SessionFilter {
+        let mut filter = SessionFilter::all().in_state_opt(self.state);
+        if let Some(oldest) = self.since.and_then(|since| now.checked_sub(since)) {
+            filter = filter.since(oldest);
+        }
+        if let Some(limit) = self.limit {
+            filter = filter.limit(limit);
+        }
+        filter
+    }
+}
+
 /// One listed session and how deep it sits in the listed tree (0 for a
 /// session whose parent is not listed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,20 +54,6 @@ pub struct Listed {
     pub row: SessionRow,
     /// Its depth under the listed sessions.
     pub depth: usize,
-}
-
-/// The sessions of `rows` that `filter` lets through, newest first.
-pub fn select(mut rows: Vec<SessionRow>, filter: &Filter, now: SystemTime) -> Vec<SessionRow> {
-    let oldest = filter.since.and_then(|since| now.checked_sub(since));
-    rows.retain(|row| {
-        filter.state.is_none_or(|state| row.state == state)
-            && oldest.is_none_or(|oldest| row.created_at >= oldest)
-    });
-    rows.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-    if let Some(limit) = filter.limit {
-        rows.truncate(limit);
-    }
-    rows
 }
 
 /// `rows` (newest first) as they are: every one at depth 0.
@@ -124,57 +128,54 @@ mod tests {
         SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(at)
     }
 
-    fn ids(rows: &[SessionRow]) -> Vec<u64> {
-        rows.iter().map(|r| r.id.get()).collect()
-    }
-
+    /// Two trees, newest first, as the store lists them.
     fn sample() -> Vec<SessionRow> {
         vec![
-            row(1, None, 0, State::Finalized),
-            row(2, Some(1), 10, State::Finalized),
-            row(3, Some(2), 20, State::Running),
-            row(4, Some(1), 30, State::Running),
-            row(5, None, 100, State::Registered),
             row(6, Some(5), 110, State::Running),
+            row(5, None, 100, State::Registered),
+            row(4, Some(1), 30, State::Running),
+            row(3, Some(2), 20, State::Running),
+            row(2, Some(1), 10, State::Finalized),
+            row(1, None, 0, State::Finalized),
         ]
     }
 
     #[test]
-    fn newest_first_with_since_state_and_limit() {
-        let all = select(sample(), &Filter::default(), now(200));
-        assert_eq!(ids(&all), [6, 5, 4, 3, 2, 1]);
-        let recent = Filter {
-            since: Some(Duration::from_secs(175)),
-            ..Filter::default()
-        };
-        assert_eq!(ids(&select(sample(), &recent, now(200))), [6, 5, 4]);
-        let running = Filter {
+    fn the_ask_goes_to_the_store_newest_first() {
+        let asked = Filter {
             state: Some(State::Running),
+            since: Some(Duration::from_secs(175)),
             limit: Some(2),
+        }
+        .to_store(now(200));
+        assert_eq!(asked.state, Some(State::Running));
+        assert_eq!(asked.created_since, Some(now(25)));
+        assert_eq!(asked.limit, Some(2));
+        assert_eq!(asked.order, settle_store::ListOrder::NewestFirst);
+        assert_eq!(Filter::default().to_store(now(200)), SessionFilter::all());
+        let flat = flat(sample());
+        assert!(flat.iter().all(|l| l.depth == 0) && flat.len() == 6);
+        // An age longer than the clock goes back keeps everything.
+        let forever = Filter {
+            since: Some(Duration::MAX),
             ..Filter::default()
         };
-        assert_eq!(ids(&select(sample(), &running, now(200))), [6, 4]);
-        let none = Filter {
-            limit: Some(0),
-            ..Filter::default()
-        };
-        assert!(select(sample(), &none, now(200)).is_empty());
+        assert_eq!(forever.to_store(now(0)).created_since, None);
     }
 
     #[test]
     fn a_tree_puts_children_under_their_parent_in_creation_order() {
-        let listed = tree(select(sample(), &Filter::default(), now(200)));
+        let listed = tree(sample());
         let shape: Vec<(u64, usize)> = listed.iter().map(|l| (l.row.id.get(), l.depth)).collect();
         assert_eq!(shape, [(5, 0), (6, 1), (1, 0), (2, 1), (3, 2), (4, 1)]);
     }
 
     #[test]
     fn a_session_whose_parent_is_not_listed_is_a_top() {
-        let limited = Filter {
-            limit: Some(3),
-            ..Filter::default()
-        };
-        let listed = tree(select(sample(), &limited, now(200)));
+        // The newest three.
+        let mut limited = sample();
+        limited.truncate(3);
+        let listed = tree(limited);
         let shape: Vec<(u64, usize)> = listed.iter().map(|l| (l.row.id.get(), l.depth)).collect();
         assert_eq!(shape, [(5, 0), (6, 1), (4, 0)]);
     }

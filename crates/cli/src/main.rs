@@ -12,10 +12,12 @@ use settle_cli::listing::{self, Filter};
 use settle_cli::scenario::Scenario;
 use settle_cli::{
     chat, display, duration, exit, export, open_existing_store, open_store, out, outfile, outln,
-    output, runner, shutdown, terminal, trace, Failure,
+    output, parse_id, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
-use settle_store::{SessionDetail, SessionFilter, SessionRow, SessionStore, Store, StoreError};
+use settle_store::{
+    RecoverOptions, SessionDetail, SessionFilter, SessionRow, SessionStore, Store, StoreError,
+};
 
 mod serve;
 
@@ -27,7 +29,9 @@ Examples:
   settle show 1 --trace scan.json          the tree under session 1 as a trace for Perfetto
   settle export 3 --format md -o chat.md   a transcript to read (or --format jsonl to replay)
   settle --db postgres://u@host/db recover finalize sessions of crashed processes
+  settle recover --dry-run                 what would be recovered, and whose it was
   settle chat --base-url http://127.0.0.1:8080/v1 --model local
+  settle chat --last                       continue the most recent finished session
   settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local";
 
 /// A lifecycle kernel for LLM-agent sessions: teardown that is correct on every path.
@@ -63,12 +67,14 @@ enum Command {
         after_help = "Examples:\n  settle export 3 > chat.md\n  settle export 3 --format jsonl -o chat.jsonl"
     )]
     Export(ExportArgs),
-    /// Finalize sessions left live by a crashed process (G8); prints how many.
-    #[command(after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --json")]
+    /// Finalize sessions left live by a crashed process (G8); prints how many (--dry-run: lists them, writes nothing).
+    #[command(
+        after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --dry-run          what would be recovered, and whose it was\n  settle recover --json"
+    )]
     Recover(RecoverArgs),
     /// Chat with an OpenAI-compatible server. Ctrl-C cancels the reply in flight, Ctrl-D ends the session.
     #[command(
-        after_help = "Example:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local"
+        after_help = "Examples:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local\n  settle chat --resume 3              continue session 3 in a new session\n  settle chat --last                  continue the most recent finished session"
     )]
     Chat(chat::ChatArgs),
     /// Serve sessions to WebSocket clients: JSON-RPC 2.0 at ws://ADDR/ws (see docs/gateway.md).
@@ -117,7 +123,10 @@ struct SessionsArgs {
 
 #[derive(Debug, Args)]
 struct RecoverArgs {
-    /// Print what was recovered as JSON.
+    /// Only list what would be recovered, with each session's owner and lease; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print what was (or, with --dry-run, would be) recovered as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -168,12 +177,6 @@ fn parse_limit(text: &str) -> Result<usize, String> {
             "`{text}` is not a count: write a whole number, like 20"
         )),
     }
-}
-
-fn parse_id(text: &str) -> Result<SessionId, String> {
-    text.parse().map_err(|_| {
-        format!("`{text}` is not a session id: ids are whole numbers, see `settle sessions`")
-    })
 }
 
 fn main() -> ExitCode {
@@ -275,13 +278,7 @@ async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
         limit: args.limit,
     };
     let now = SystemTime::now();
-    let rows = listing::select(
-        store
-            .list_sessions(SessionFilter::all().in_state_opt(args.state))
-            .await?,
-        &filter,
-        now,
-    );
+    let rows = store.list_sessions(filter.to_store(now)).await?;
     let listed = if args.tree {
         listing::tree(rows)
     } else {
@@ -362,12 +359,26 @@ async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
 
 async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
     let store = open_existing_store(db)?;
-    let report = store
-        .recover(settle_store::RecoverOptions::now_on_this_host())
-        .await?;
+    let options = RecoverOptions::now_on_this_host();
+    // What recovery takes over, with owners and leases: read first (it
+    // writes nothing), so that a real recovery can say whose sessions it took.
+    let found = store.recovery_candidates(options.clone()).await?;
+    if args.dry_run {
+        if args.json {
+            let rows = store.list_sessions(SessionFilter::all()).await?;
+            outln!("{}", output::recover_dry_run_json(&found, &rows));
+        } else {
+            out!(
+                "{}",
+                output::recover_dry_run_text(&found, terminal::stdout_width())
+            );
+        }
+        return Ok(exit::DONE);
+    }
+    let report = store.recover(options).await?;
     if args.json {
         let rows = store.list_sessions(SessionFilter::all()).await?;
-        outln!("{}", output::recover_json(&report, &rows));
+        outln!("{}", output::recover_json(&report, &found, &rows));
     } else {
         outln!("{}", output::recover_line(&report));
     }
@@ -432,11 +443,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = display.await;
 
     let now = SystemTime::now();
-    let rows = listing::select(
-        store.list_sessions(SessionFilter::all()).await?,
-        &Filter::default(),
-        now,
-    );
+    let rows = store.list_sessions(SessionFilter::all()).await?;
     let left = report.lease_lost || !report.left_recoverable.is_empty();
     let code = if left {
         // What could not be committed is left for `settle recover` (G8).

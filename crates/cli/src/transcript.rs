@@ -1,9 +1,11 @@
 //! A turn as people and scripts read it: the input that was sent, the reply
-//! as one flowing text, how it ended and, for a failed turn, why.
+//! as one flowing text, what else the model sent (reasoning, tool calls,
+//! usage: [`Reply`]), how it ended and, for a failed turn, why.
 //!
-//! [`input`] and [`error`] are the one place that reads a turn's input and
-//! error from the store's rows; a turn written before the store kept them
-//! has none, and `show`, `show --json` and `export` leave them out.
+//! [`input`], [`error`] and [`reply`] are the one place that reads a turn's
+//! input, error and output from the store's rows; a turn written before the
+//! store kept input and error has none: `show` and `export md` leave them
+//! out, `show --json` and `export jsonl` give null.
 //!
 //! ```
 //! use settle_cli::transcript::{new_messages, InputMessage};
@@ -19,7 +21,8 @@
 //! ```
 
 use serde::Serialize;
-use settle_store::TurnRow;
+use serde_json::Value;
+use settle_store::{ChunkKind, ChunkRow, TurnRow};
 
 /// One message of a turn's input: who wrote it and what it says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -79,6 +82,140 @@ pub fn text(turn: &TurnRow) -> String {
     turn.text()
 }
 
+/// A tool call the model made, put together from the pieces it streamed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id, when the provider gave one.
+    pub id: Option<String>,
+    /// The function called (empty when no piece named it).
+    pub name: String,
+    /// Its arguments, as the model wrote them (usually JSON text).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments on one line: compact JSON when they are JSON, else the
+    /// text with its line breaks made spaces.
+    pub fn arguments_line(&self) -> String {
+        match serde_json::from_str::<Value>(&self.arguments) {
+            Ok(value) => value.to_string(),
+            Err(_) => self.arguments.replace(['\r', '\n'], " "),
+        }
+    }
+}
+
+/// What a turn's output says, by kind: the reply text, the model's
+/// reasoning, its tool calls, the usage reports and any other structured
+/// events, each in the order it came.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reply {
+    /// The text chunks joined: the reply a person reads.
+    pub text: String,
+    /// The reasoning chunks joined (their strings, or their JSON when not one).
+    pub reasoning: String,
+    /// The tool calls, their streamed pieces merged.
+    pub tool_calls: Vec<ToolCall>,
+    /// Each usage report, as the provider sent it.
+    pub usage: Vec<Value>,
+    /// Every other structured chunk's payload.
+    pub data: Vec<Value>,
+}
+
+impl Reply {
+    /// Whether the turn produced nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+            && self.reasoning.is_empty()
+            && self.tool_calls.is_empty()
+            && self.usage.is_empty()
+            && self.data.is_empty()
+    }
+}
+
+/// What `turn`'s chunks say, sorted by kind (see [`Reply`]).
+///
+/// A streamed tool call comes in pieces (OpenAI's `delta.tool_calls`): the
+/// first names the call (`id`, `function.name`), the next ones carry the
+/// same `index` and more of `function.arguments`. A piece joins the last
+/// call of its index unless it starts a new one (a different `id`).
+pub fn reply(turn: &TurnRow) -> Reply {
+    let mut reply = Reply::default();
+    // The index of each call in `reply.tool_calls`, by its stream index.
+    let mut open_calls: Vec<(Option<u64>, usize)> = Vec::new();
+    for chunk in &turn.chunks {
+        let payload = payload(chunk);
+        match chunk.kind {
+            ChunkKind::Text => reply.text.push_str(&chunk.text),
+            ChunkKind::Reasoning => match &payload {
+                Value::String(text) => reply.reasoning.push_str(text),
+                other => reply.reasoning.push_str(&other.to_string()),
+            },
+            ChunkKind::ToolCall => {
+                let index = payload.get("index").and_then(Value::as_u64);
+                let id = payload.get("id").and_then(Value::as_str).map(str::to_owned);
+                let function = payload.get("function").unwrap_or(&payload);
+                let name = function.get("name").and_then(Value::as_str);
+                let arguments = match function.get("arguments") {
+                    Some(Value::String(text)) => text.clone(),
+                    Some(other) => other.to_string(),
+                    None => String::new(),
+                };
+                let open = open_calls
+                    .iter()
+                    .rev()
+                    .find(|(i, _)| index.is_some() && *i == index)
+                    .map(|(_, at)| *at)
+                    .filter(|&at| id.is_none() || reply.tool_calls[at].id == id);
+                match open {
+                    Some(at) => {
+                        let call = &mut reply.tool_calls[at];
+                        if call.name.is_empty() {
+                            call.name = name.unwrap_or_default().to_owned();
+                        }
+                        call.arguments.push_str(&arguments);
+                    }
+                    None => {
+                        open_calls.push((index, reply.tool_calls.len()));
+                        reply.tool_calls.push(ToolCall {
+                            id,
+                            name: name.unwrap_or_default().to_owned(),
+                            arguments,
+                        });
+                    }
+                }
+            }
+            ChunkKind::Usage => reply.usage.push(payload),
+            ChunkKind::Data => reply.data.push(payload),
+        }
+    }
+    reply
+}
+
+/// A chunk's structured payload: its data, or its text as a JSON string
+/// when it has none.
+fn payload(chunk: &ChunkRow) -> Value {
+    chunk
+        .data
+        .clone()
+        .unwrap_or_else(|| Value::String(chunk.text.clone()))
+}
+
+/// A usage report on one line: `prompt_tokens=5 completion_tokens=7
+/// total_tokens=12` (nested values as compact JSON).
+pub fn usage_line(usage: &Value) -> String {
+    match usage.as_object() {
+        Some(fields) => fields
+            .iter()
+            .map(|(name, value)| match value {
+                Value::String(text) => format!("{name}={text}"),
+                other => format!("{name}={other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => usage.to_string(),
+    }
+}
+
 /// What `input` adds to the conversation after the turn before it: a chat
 /// sends its whole history with each turn, so when `input` begins with the
 /// previous turn's input and then its reply (`previous`), only the rest is
@@ -118,6 +255,96 @@ mod tests {
         let earlier = [user("root turn 1")];
         let later = [user("root turn 2")];
         assert_eq!(new_messages(Some((&earlier, "done")), &later), &later);
+    }
+
+    fn chunk(seq: u32, kind: ChunkKind, data: Value) -> ChunkRow {
+        ChunkRow {
+            seq,
+            kind,
+            text: String::new(),
+            data: Some(data),
+        }
+    }
+
+    #[test]
+    fn structured_chunks_are_sorted_by_kind_and_tool_calls_merged() {
+        use serde_json::json;
+        let chunks = vec![
+            chunk(0, ChunkKind::Reasoning, json!("Let me ")),
+            chunk(1, ChunkKind::Reasoning, json!("think")),
+            ChunkRow {
+                seq: 2,
+                kind: ChunkKind::Text,
+                text: "Sunny".to_owned(),
+                data: None,
+            },
+            chunk(
+                3,
+                ChunkKind::ToolCall,
+                json!({"index": 0, "id": "call_1", "type": "function",
+                       "function": {"name": "weather", "arguments": "{\"city\":"}}),
+            ),
+            chunk(
+                4,
+                ChunkKind::ToolCall,
+                json!({"index": 0, "function": {"arguments": "\"Paris\"}"}}),
+            ),
+            chunk(
+                5,
+                ChunkKind::ToolCall,
+                json!({"index": 1, "id": "call_2", "function": {"name": "time", "arguments": "{}"}}),
+            ),
+            // A second call at a used index, with its own id.
+            chunk(
+                6,
+                ChunkKind::ToolCall,
+                json!({"index": 0, "id": "call_3", "function": {"name": "news"}}),
+            ),
+            chunk(
+                7,
+                ChunkKind::Usage,
+                json!({"prompt_tokens": 5, "total_tokens": 12}),
+            ),
+            chunk(8, ChunkKind::Data, json!({"event": "ping"})),
+        ];
+        let turn = TurnRow {
+            no: 1,
+            outcome: None,
+            started_at: std::time::SystemTime::UNIX_EPOCH,
+            ended_at: None,
+            input: None,
+            error: None,
+            chunks,
+        };
+        let reply = reply(&turn);
+        assert_eq!(reply.text, "Sunny");
+        assert_eq!(reply.reasoning, "Let me think");
+        let calls: Vec<(Option<&str>, &str, &str)> = reply
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_deref(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                (Some("call_1"), "weather", "{\"city\":\"Paris\"}"),
+                (Some("call_2"), "time", "{}"),
+                (Some("call_3"), "news", ""),
+            ]
+        );
+        assert_eq!(reply.tool_calls[0].arguments_line(), "{\"city\":\"Paris\"}");
+        let pretty = ToolCall {
+            id: None,
+            name: "f".to_owned(),
+            arguments: "{\n  \"a\": \"x  y\"\n}".to_owned(),
+        };
+        assert_eq!(pretty.arguments_line(), "{\"a\":\"x  y\"}");
+        assert_eq!(
+            usage_line(&reply.usage[0]),
+            "prompt_tokens=5 total_tokens=12"
+        );
+        assert_eq!(reply.data, [json!({"event": "ping"})]);
+        assert!(!reply.is_empty());
     }
 
     #[test]
