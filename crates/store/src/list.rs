@@ -121,9 +121,11 @@ pub(crate) fn list_sessions(
         if let Some(since) = since {
             q = q.filter(sessions::created_at.ge(since));
         }
+        // By registration time: ids come in blocks per process, so with two
+        // processes at work id order is not the order of creation.
         q = match filter.order {
-            ListOrder::NewestFirst => q.order(sessions::id.desc()),
-            ListOrder::OldestFirst => q.order(sessions::id.asc()),
+            ListOrder::NewestFirst => q.order((sessions::created_at.desc(), sessions::id.desc())),
+            ListOrder::OldestFirst => q.order((sessions::created_at.asc(), sessions::id.asc())),
         };
         if let Some(limit) = limit {
             q = q.limit(limit);
@@ -152,7 +154,9 @@ pub(crate) fn last_session(
         if let Some(state) = state {
             q = q.filter(sessions::state.eq(state.as_str()));
         }
-        q.order(sessions::id.desc()).first(c).optional()
+        q.order((sessions::created_at.desc(), sessions::id.desc()))
+            .first(c)
+            .optional()
     })
     .context("finding the most recent session")?;
     Ok(id.map(session_id))

@@ -597,17 +597,20 @@ impl Tables {
                 .map(|(id, r)| r.to_session_row(*id))
                 .collect()
         };
+        // By registration time, then id, as the databases order them.
+        let mut ordered: Vec<(&u64, &Row)> = self.sessions.iter().collect();
+        ordered.sort_by_key(|(id, r)| (r.created_at, **id));
         match filter.order {
-            ListOrder::NewestFirst => rows(&mut self.sessions.iter().rev()),
-            ListOrder::OldestFirst => rows(&mut self.sessions.iter()),
+            ListOrder::NewestFirst => rows(&mut ordered.into_iter().rev()),
+            ListOrder::OldestFirst => rows(&mut ordered.into_iter()),
         }
     }
 
     fn last_session(&self, state: Option<State>) -> Option<SessionId> {
         self.sessions
             .iter()
-            .rev()
-            .find(|(_, r)| state.is_none_or(|s| r.live.state == s))
+            .filter(|(_, r)| state.is_none_or(|s| r.live.state == s))
+            .max_by_key(|(id, r)| (r.created_at, **id))
             .map(|(id, _)| SessionId(*id))
     }
 

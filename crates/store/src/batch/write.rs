@@ -72,7 +72,7 @@ fn insert_sessions(mut db: Db<'_>, d: &mut Decided<'_>) -> Result<Vec<i64>, Stor
         .iter()
         .filter(|r| r.new.id.is_none())
         .count();
-    let mut fresh = reserve_session_ids(db.reborrow(), missing)?.into_iter();
+    let mut fresh = reserve_session_ids(db.reborrow(), missing)?;
     let ids = d
         .registrations
         .iter()
