@@ -539,8 +539,9 @@ pub fn keys(value: &Value) -> Vec<&str> {
     keys
 }
 
-/// The keys of a session in `sessions --json` (SPEC §7), sorted.
-pub const SESSION_KEYS: [&str; 10] = [
+/// The keys of a session in `sessions --json` (SPEC §7, and `resumed_from`),
+/// sorted.
+pub const SESSION_KEYS: [&str; 11] = [
     "chunks",
     "created_at",
     "end_reason",
@@ -549,6 +550,7 @@ pub const SESSION_KEYS: [&str; 10] = [
     "name",
     "outcome",
     "parent",
+    "resumed_from",
     "state",
     "turns",
 ];

@@ -235,7 +235,7 @@ enum TurnEvent<'a> {
 /// The session as JSON Lines: a `session` line, then its events in order.
 pub fn json_lines(detail: &SessionDetail) -> String {
     let id = detail.session.id.get();
-    let mut lines = vec![Line::Session(SessionJson::from(&detail.session))];
+    let mut lines = vec![Line::Session(detail.session.to_json())];
     for event in in_order(&detail.timeline, &detail.turns) {
         lines.push(match event {
             Either::Transition(row) => Line::Transition {

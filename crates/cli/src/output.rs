@@ -18,40 +18,9 @@ pub fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-/// One session as `settle sessions --json` prints it.
-#[derive(Debug, Serialize)]
-pub struct SessionJson {
-    id: u64,
-    name: String,
-    parent: Option<u64>,
-    state: &'static str,
-    outcome: Option<&'static str>,
-    end_reason: Option<&'static str>,
-    turns: u64,
-    chunks: u64,
-    created_at: String,
-    finalized_at: Option<String>,
-    /// The session it continues (`settle chat --resume`), or null.
-    resumed_from: Option<u64>,
-}
-
-impl From<&SessionRow> for SessionJson {
-    fn from(row: &SessionRow) -> Self {
-        SessionJson {
-            id: row.id.get(),
-            name: row.name.clone(),
-            parent: row.parent.map(|p| p.get()),
-            state: row.state.as_str(),
-            outcome: row.outcome.map(|o| o.as_str()),
-            end_reason: row.end_reason.map(|r| r.as_str()),
-            turns: row.turns,
-            chunks: row.chunks,
-            created_at: rfc3339(row.created_at),
-            finalized_at: row.finalized_at.map(rfc3339),
-            resumed_from: row.resumed_from.map(|s| s.get()),
-        }
-    }
-}
+/// One session as `settle sessions --json` prints it: the store's one
+/// definition of that shape (the gateway's `sessions.list` uses it too).
+pub type SessionJson = serde_json::Value;
 
 #[derive(Debug, Serialize)]
 struct TurnJson<'a> {
@@ -157,26 +126,21 @@ fn to_json<T: Serialize>(value: &T) -> String {
 
 /// `settle sessions --json`.
 pub fn sessions_json(listed: &[Listed]) -> String {
-    to_json(
-        &listed
-            .iter()
-            .map(|l| SessionJson::from(&l.row))
-            .collect::<Vec<_>>(),
-    )
+    to_json(&listed.iter().map(|l| l.row.to_json()).collect::<Vec<_>>())
 }
 
 /// `settle run --json`.
 pub fn run_json(exit: i32, rows: &[SessionRow]) -> String {
     to_json(&RunJson {
         exit,
-        sessions: rows.iter().map(SessionJson::from).collect(),
+        sessions: rows.iter().map(SessionRow::to_json).collect(),
     })
 }
 
 /// `settle show ID --json`.
 pub fn show_json(detail: &SessionDetail) -> String {
     to_json(&ShowJson {
-        session: SessionJson::from(&detail.session),
+        session: detail.session.to_json(),
         turns: detail.turns.iter().map(TurnJson::from).collect(),
         timeline: detail.timeline.iter().map(TimelineJson::from).collect(),
     })

@@ -175,24 +175,20 @@ impl Core {
 
     /// A view of one session, finalized ones included until [`forget`](Self::forget).
     pub fn session(&self, id: SessionId) -> Option<SessionView<'_>> {
-        self.sessions
-            .get(&id)
-            .map(|inner| SessionView {
-                id,
-                inner,
-                sessions: &self.sessions,
-            })
+        self.sessions.get(&id).map(|inner| SessionView {
+            id,
+            inner,
+            sessions: &self.sessions,
+        })
     }
 
     /// Every known session, in no particular order.
     pub fn sessions(&self) -> impl Iterator<Item = SessionView<'_>> {
-        self.sessions
-            .iter()
-            .map(|(id, inner)| SessionView {
-                id: *id,
-                inner,
-                sessions: &self.sessions,
-            })
+        self.sessions.iter().map(|(id, inner)| SessionView {
+            id: *id,
+            inner,
+            sessions: &self.sessions,
+        })
     }
 
     /// How many sessions are not yet finalized.

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use settle_core::{
     CancelMode, Cause, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Outcome, Policy, SessionId, State, Sweep, TurnError, TurnErrorKind,
-    WorkId,
+    Hold, Outcome, Policy, SessionId, State, Sweep, TurnError, TurnErrorKind, WorkId,
 };
 use support::{Harness, MS, SEC};
 

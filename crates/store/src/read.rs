@@ -41,6 +41,28 @@ pub struct SessionRow {
     pub resumed_from: Option<SessionId>,
 }
 
+impl SessionRow {
+    /// The row as `settle sessions --json` (and the gateway's
+    /// `sessions.list`) spell it, SPEC §7: ids as numbers, words as their
+    /// spellings, times in RFC 3339 (or null).
+    pub fn to_json(&self) -> Value {
+        let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
+        serde_json::json!({
+            "id": self.id.get(),
+            "name": self.name,
+            "parent": self.parent.map(SessionId::get),
+            "state": self.state.as_str(),
+            "outcome": self.outcome.map(Outcome::as_str),
+            "end_reason": self.end_reason.map(EndReason::as_str),
+            "turns": self.turns,
+            "chunks": self.chunks,
+            "created_at": time(self.created_at),
+            "finalized_at": self.finalized_at.map(time),
+            "resumed_from": self.resumed_from.map(SessionId::get),
+        })
+    }
+}
+
 /// One turn of a session, with its transcript: what it was sent, what came
 /// back, how it ended and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

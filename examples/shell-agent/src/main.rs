@@ -50,8 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.base_url.clone(),
         args.model.clone(),
     ))?);
-    let db = args.db.clone();
-    let store = Arc::new(tokio::task::spawn_blocking(move || Store::open(db)).await??);
+    let store = Arc::new(Store::open_async(&args.db).await?);
     let kernel = Kernel::builder(store).start().await?;
     tokio::spawn(signals::shutdown_on_signals(
         &kernel,

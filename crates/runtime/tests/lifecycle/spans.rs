@@ -23,8 +23,11 @@ struct Seen {
     parent: Option<(&'static str, String)>,
 }
 
+/// The spans seen, and each span's fields by its id.
+type Log = (Vec<Seen>, HashMap<u64, String>);
+
 #[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<(Vec<Seen>, HashMap<u64, String>)>>);
+struct Recorder(Arc<Mutex<Log>>);
 
 struct Fields(String);
 
