@@ -6,13 +6,14 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// use settle_core::Policy;
 ///
-/// let policy = Policy {
-///     settle_timeout: Duration::from_millis(250),
-///     ..Policy::default()
-/// };
+/// let policy = Policy::default()
+///     .settle_timeout(Duration::from_millis(250))
+///     .idle_ttl(None);
 /// assert_eq!(policy.lru_cap, Some(1000));
+/// assert_eq!(policy.idle_ttl, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Policy {
     /// How long cancelled work may take to unwind before it is detached (G5).
     pub settle_timeout: Duration,
@@ -35,5 +36,35 @@ impl Default for Policy {
             lru_cap: Some(1000),
             orphan_grace: Duration::from_secs(60),
         }
+    }
+}
+
+impl Policy {
+    /// Sets how long cancelled work may take to unwind before it is detached.
+    #[must_use]
+    pub fn settle_timeout(mut self, timeout: Duration) -> Self {
+        self.settle_timeout = timeout;
+        self
+    }
+
+    /// Sets the idle time-to-live; `None` disables the idle reap.
+    #[must_use]
+    pub fn idle_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.idle_ttl = ttl;
+        self
+    }
+
+    /// Sets the open-session cap; `None` disables LRU eviction.
+    #[must_use]
+    pub fn lru_cap(mut self, cap: Option<usize>) -> Self {
+        self.lru_cap = cap;
+        self
+    }
+
+    /// Sets how long a session may have no transport before it is an orphan.
+    #[must_use]
+    pub fn orphan_grace(mut self, grace: Duration) -> Self {
+        self.orphan_grace = grace;
+        self
     }
 }

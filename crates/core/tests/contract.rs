@@ -326,21 +326,17 @@ fn a_report_about_an_unknown_session_is_refused() {
 // ----- item 11: durations too long to represent mean "never" ---------------
 
 fn forever() -> Policy {
-    Policy {
-        settle_timeout: Duration::MAX,
-        idle_ttl: Some(Duration::MAX),
-        lru_cap: None,
-        orphan_grace: Duration::MAX,
-    }
+    Policy::default()
+        .settle_timeout(Duration::MAX)
+        .idle_ttl(Some(Duration::MAX))
+        .lru_cap(None)
+        .orphan_grace(Duration::MAX)
 }
 
 #[test]
 fn g5_a_settle_timeout_too_long_to_represent_never_detaches_and_never_panics() {
     for settle_timeout in [Duration::MAX, Duration::from_secs(u64::MAX)] {
-        let mut h = Harness::with(Policy {
-            settle_timeout,
-            ..forever()
-        });
+        let mut h = Harness::with(forever().settle_timeout(settle_timeout));
         let s = h.register(1, None);
         let work = h.start_turn(s);
         let task = h.start_task(s);
@@ -393,12 +389,13 @@ fn g9_a_drain_too_long_to_represent_lasts_until_skipped() {
 
 #[test]
 fn every_deadline_says_why() {
-    let mut h = Harness::with(Policy {
-        settle_timeout: 3 * SEC,
-        idle_ttl: Some(4 * SEC),
-        lru_cap: None,
-        orphan_grace: 2 * SEC,
-    });
+    let mut h = Harness::with(
+        Policy::default()
+            .settle_timeout(3 * SEC)
+            .idle_ttl(Some(4 * SEC))
+            .lru_cap(None)
+            .orphan_grace(2 * SEC),
+    );
     let idle = h.register(1, None);
     let busy = h.register(2, None);
     h.start_turn(busy);
@@ -455,12 +452,12 @@ fn g5_a_task_that_ignores_its_cancel_is_detached_at_its_settle_deadline() {
 
 #[test]
 fn g3_a_session_with_a_live_task_is_never_reclaimed() {
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(SEC),
-        lru_cap: Some(1),
-        orphan_grace: SEC,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(
+        Policy::default()
+            .idle_ttl(Some(SEC))
+            .lru_cap(Some(1))
+            .orphan_grace(SEC),
+    );
     let s = h.register(1, None);
     let task = h.start_task(s);
     h.attach(s);

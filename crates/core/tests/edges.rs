@@ -132,12 +132,11 @@ fn ids_read_and_print_as_their_numbers() {
 
 #[test]
 fn the_core_reports_its_policy_and_open_session_count() {
-    let policy = Policy {
-        settle_timeout: Duration::from_millis(250),
-        idle_ttl: None,
-        lru_cap: Some(7),
-        orphan_grace: Duration::from_secs(5),
-    };
+    let policy = Policy::default()
+        .settle_timeout(Duration::from_millis(250))
+        .idle_ttl(None)
+        .lru_cap(Some(7))
+        .orphan_grace(Duration::from_secs(5));
     let mut h = Harness::with(policy.clone());
     assert_eq!(h.core.policy(), &policy);
     assert_eq!(h.core.open_sessions(), 0);
@@ -454,11 +453,7 @@ fn sweep_orphan_claims_exactly_at_the_grace_and_reports_what_it_did() {
 
 #[test]
 fn sweep_idle_claims_exactly_at_the_ttl_and_reports_what_it_did() {
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(30 * SEC),
-        lru_cap: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().idle_ttl(Some(30 * SEC)).lru_cap(None));
     let s = h.register(1, None);
     h.at(10 * SEC);
     let later = h.register(2, None);
@@ -488,11 +483,7 @@ fn sweep_idle_claims_exactly_at_the_ttl_and_reports_what_it_did() {
 
 #[test]
 fn sweep_lru_reports_a_no_op_under_the_cap() {
-    let mut h = Harness::with(Policy {
-        idle_ttl: None,
-        lru_cap: Some(2),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(2)));
     h.register(1, None);
     h.register(2, None);
     assert_eq!(h.ev_h(Event::Sweep(Sweep::Lru)), Handled::NoOp);
@@ -535,12 +526,12 @@ fn a_spurious_wake_drops_deadlines_nobody_waits_for() {
 /// with `then` done to it, and another session orphaned at 500 ms, whose
 /// reap wakes the core while the stale deadline is on top of the table.
 fn a_wake_over_a_stale_settle_deadline(then: impl FnOnce(&mut Harness, SessionId)) -> Harness {
-    let mut h = Harness::with(Policy {
-        orphan_grace: 500 * MS,
-        idle_ttl: None,
-        lru_cap: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(
+        Policy::default()
+            .orphan_grace(500 * MS)
+            .idle_ttl(None)
+            .lru_cap(None),
+    );
     let s = h.register(1, None);
     let other = h.register(2, None);
     h.attach(other);
@@ -593,11 +584,7 @@ fn a_wake_drops_the_deadline_of_an_ended_turn_beside_a_task_due_then_too() {
 
 #[test]
 fn g9_shutdown_leaves_no_idle_deadline_to_wake_for() {
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(10 * SEC),
-        lru_cap: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().idle_ttl(Some(10 * SEC)).lru_cap(None));
     let idle = h.register(1, None);
     let busy = h.register(2, None);
     h.ev(Event::StartTurn { session: busy });
@@ -820,11 +807,7 @@ fn releasing_a_hold_never_held_is_a_no_op() {
 
 #[test]
 fn g3_idle_time_restarts_when_the_last_hold_is_released() {
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(30 * SEC),
-        lru_cap: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().idle_ttl(Some(30 * SEC)).lru_cap(None));
     let s = h.register(1, None);
     for hold in [Hold::PendingInput, Hold::Delegation] {
         h.ev(Event::Hold { session: s, hold });

@@ -173,10 +173,7 @@ fn g4_cancel_during_stream_attach_still_closes_the_stream() {
 
 #[test]
 fn g5_a_work_that_ignores_cancel_is_detached_at_the_settle_deadline() {
-    let mut h = Harness::with(Policy {
-        settle_timeout: Duration::from_millis(250),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().settle_timeout(Duration::from_millis(250)));
     let s = h.register(1, None);
     h.ev(Event::StartTurn { session: s });
     h.ev(Event::StreamAttached {
@@ -282,10 +279,7 @@ fn g3_shutdown_sweep_spares_running_and_finalized_sessions() {
 
 #[test]
 fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
-    let mut h = Harness::with(Policy {
-        settle_timeout: Duration::from_millis(100),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().settle_timeout(Duration::from_millis(100)));
     let parent = h.register(1, None);
     let child = h.register(2, Some(1));
     h.ev(Event::StartTurn { session: child });
@@ -324,10 +318,7 @@ fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
 #[test]
 fn g3_a_turn_started_after_the_sweep_looked_is_not_reclaimed() {
     let ttl = Duration::from_secs(60);
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(ttl),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().idle_ttl(Some(ttl)));
     let s = h.register(1, None);
     // The sweeper looked: the session is due at `now + ttl`.
     let due = h.core.poll_timeout().unwrap();
@@ -347,10 +338,7 @@ fn g3_a_turn_started_after_the_sweep_looked_is_not_reclaimed() {
 #[test]
 fn g3_idle_reap_claims_an_idle_session_and_spares_running_and_held_ones() {
     let ttl = Duration::from_secs(60);
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(ttl),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().idle_ttl(Some(ttl)));
     let idle = h.register(1, None);
     let running = h.register(2, None);
     let held = h.register(3, None);
@@ -379,10 +367,7 @@ fn g3_idle_reap_claims_an_idle_session_and_spares_running_and_held_ones() {
 
 #[test]
 fn g3_lru_cap_evicts_the_least_recently_active_idle_session() {
-    let mut h = Harness::with(Policy {
-        lru_cap: Some(2),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().lru_cap(Some(2)));
     let oldest = h.register(1, None);
     h.now += Duration::from_secs(1);
     let running = h.register(2, None);
@@ -405,11 +390,7 @@ fn g3_lru_cap_evicts_the_least_recently_active_idle_session() {
 #[test]
 fn g3_orphan_reap_waits_for_the_grace_and_re_arms_while_a_turn_runs() {
     let grace = Duration::from_secs(60);
-    let mut h = Harness::with(Policy {
-        orphan_grace: grace,
-        idle_ttl: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().orphan_grace(grace).idle_ttl(None));
     let s = h.register(1, None);
     let never_attached = h.register(2, None);
     h.ev(Event::TransportAttached {
@@ -435,11 +416,11 @@ fn g3_a_zero_orphan_grace_reaps_a_busy_orphan_once_it_is_idle() {
     // grace, the orphan reap skipped for a live turn was re-armed at `now`,
     // and `handle_timeout(now)` popped it again, forever. A zero grace now
     // means "as soon as it is idle", like a close-on-disconnect transport.
-    let mut h = Harness::with(Policy {
-        orphan_grace: Duration::ZERO,
-        idle_ttl: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(
+        Policy::default()
+            .orphan_grace(Duration::ZERO)
+            .idle_ttl(None),
+    );
     let s = h.register(1, None);
     let back = h.register(2, None);
     for session in [s, back] {
@@ -481,10 +462,7 @@ fn g3_a_zero_orphan_grace_reaps_a_busy_orphan_once_it_is_idle() {
 #[test]
 fn g3_a_reattached_transport_cancels_the_orphan_reap() {
     let grace = Duration::from_secs(60);
-    let mut h = Harness::with(Policy {
-        orphan_grace: grace,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().orphan_grace(grace));
     let s = h.register(1, None);
     h.ev(Event::TransportAttached {
         session: s,
@@ -580,11 +558,11 @@ fn g3_user_close_cancels_first_and_finalizes_once_settled() {
 
 #[test]
 fn g3_a_held_session_survives_every_automatic_path_until_the_drain_ends() {
-    let mut h = Harness::with(Policy {
-        idle_ttl: Some(Duration::from_secs(1)),
-        lru_cap: Some(1),
-        ..Policy::default()
-    });
+    let mut h = Harness::with(
+        Policy::default()
+            .idle_ttl(Some(Duration::from_secs(1)))
+            .lru_cap(Some(1)),
+    );
     let held = h.register(1, None);
     h.ev(Event::Hold {
         session: held,
@@ -759,10 +737,7 @@ fn registration_errors_name_what_is_wrong() {
 
 #[test]
 fn deep_and_wide_trees_wind_down_without_recursion() {
-    let mut h = Harness::with(Policy {
-        lru_cap: None,
-        ..Policy::default()
-    });
+    let mut h = Harness::with(Policy::default().lru_cap(None));
     let depth = 10_000u64;
     h.register(0, None);
     for i in 1..depth {

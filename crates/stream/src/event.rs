@@ -6,7 +6,7 @@ use crate::Chunk;
 ///
 /// [`IdleTimeout`](crate::IdleTimeout) counts only real events: a provider
 /// that sends nothing but keepalives is idle.
-pub trait Event {
+pub trait StreamItem {
     /// True for a protocol keepalive (an SSE comment, a ping frame).
     fn is_keepalive(&self) -> bool;
 }
@@ -20,7 +20,7 @@ pub enum StreamEvent {
     KeepAlive,
 }
 
-impl Event for StreamEvent {
+impl StreamItem for StreamEvent {
     #[inline]
     fn is_keepalive(&self) -> bool {
         matches!(self, StreamEvent::KeepAlive)

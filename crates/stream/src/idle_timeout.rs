@@ -11,7 +11,7 @@ use futures_util::stream::{FusedStream, Stream};
 use tokio::time::{Instant, Sleep};
 
 use crate::close::Close;
-use crate::{CloseError, Event, FirstEventTimedOut, IdleTimedOut};
+use crate::{CloseError, FirstEventTimedOut, IdleTimedOut, StreamItem};
 
 /// Ends a stream with a typed error when the provider sends no event for
 /// `idle`, or no first event within `first` (by default the idle value).
@@ -21,7 +21,7 @@ use crate::{CloseError, Event, FirstEventTimedOut, IdleTimedOut};
 /// the stream is closed before the timeout reaches the consumer (G4). Alone,
 /// it yields the error and then ends, and [`Close`] reaches the inner stream.
 ///
-/// Keepalives ([`Event::is_keepalive`]) are passed through but are not
+/// Keepalives ([`StreamItem::is_keepalive`]) are passed through but are not
 /// events: a provider that only sends keepalives times out. A zero
 /// duration disables its timeout, and so does one too long to be added to
 /// the clock (`Duration::MAX`): a deadline that cannot be reached never fires.
@@ -54,7 +54,7 @@ fn enabled(d: Duration) -> Option<Duration> {
 impl<S, T, E> IdleTimeout<S>
 where
     S: Stream<Item = Result<T, E>> + Unpin,
-    T: Event,
+    T: StreamItem,
     E: From<IdleTimedOut> + From<FirstEventTimedOut>,
 {
     /// Times out `stream` after `idle` without an event; the first event
@@ -108,7 +108,7 @@ impl<S> IdleTimeout<S> {
 impl<S, T, E> Stream for IdleTimeout<S>
 where
     S: Stream<Item = Result<T, E>> + Unpin,
-    T: Event,
+    T: StreamItem,
     E: From<IdleTimedOut> + From<FirstEventTimedOut>,
 {
     type Item = Result<T, E>;
@@ -147,7 +147,7 @@ where
 impl<S, T, E> IdleTimeout<S>
 where
     S: Stream<Item = Result<T, E>> + Unpin,
-    T: Event,
+    T: StreamItem,
     E: From<IdleTimedOut> + From<FirstEventTimedOut>,
 {
     #[cold]
@@ -221,7 +221,7 @@ where
 impl<S, T, E> FusedStream for IdleTimeout<S>
 where
     S: Stream<Item = Result<T, E>> + Unpin,
-    T: Event,
+    T: StreamItem,
     E: From<IdleTimedOut> + From<FirstEventTimedOut>,
 {
     fn is_terminated(&self) -> bool {

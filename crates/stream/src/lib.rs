@@ -77,7 +77,7 @@ pub use close::{close_best_effort, close_without_waiting, Close};
 pub use error::{
     CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,
 };
-pub use event::{Event, StreamEvent};
+pub use event::{StreamEvent, StreamItem};
 pub use guarded::Guarded;
 pub use idle_timeout::IdleTimeout;
 pub use openai::{OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT};

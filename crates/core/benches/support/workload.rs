@@ -96,10 +96,7 @@ pub fn workload(seed: u64, slots: usize, len: usize) -> Vec<Op> {
 /// sessions live, not the evictor.
 pub fn bench_policy() -> Policy {
     // No cap: the workload decides how many sessions live, not the evictor.
-    Policy {
-        lru_cap: None,
-        ..Policy::default()
-    }
+    Policy::default().lru_cap(None)
 }
 
 /// The input an op feeds the core; `None` for a forget, which is a call.

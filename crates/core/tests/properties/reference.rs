@@ -31,12 +31,11 @@ pub struct RefPolicy {
 
 impl RefPolicy {
     pub fn to_policy(&self) -> Policy {
-        Policy {
-            settle_timeout: self.settle.duration(),
-            idle_ttl: self.idle_ttl.map(Span::duration),
-            lru_cap: self.lru_cap,
-            orphan_grace: self.orphan_grace.duration(),
-        }
+        Policy::default()
+            .settle_timeout(self.settle.duration())
+            .idle_ttl(self.idle_ttl.map(Span::duration))
+            .lru_cap(self.lru_cap)
+            .orphan_grace(self.orphan_grace.duration())
     }
 }
 

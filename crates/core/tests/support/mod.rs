@@ -37,11 +37,7 @@ impl Harness {
 
     /// No idle reap and no LRU cap unless a test asks for them.
     pub fn quiet() -> Self {
-        Self::with(Policy {
-            idle_ttl: None,
-            lru_cap: None,
-            ..Policy::default()
-        })
+        Self::with(Policy::default().idle_ttl(None).lru_cap(None))
     }
 
     /// The drain rule: every effect is taken before the next input.
