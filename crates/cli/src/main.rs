@@ -94,6 +94,17 @@ struct RunArgs {
     /// Print the final summary as JSON (and no progress).
     #[arg(long)]
     json: bool,
+    /// How long the store may take to commit a shutdown's writes once the
+    /// drain and the settle timeout are over (default 2s).
+    #[arg(long, hide = true, value_parser = duration::parse)]
+    flush_budget: Option<Duration>,
+    /// How long any other store call may take before it fails (default 10s).
+    #[arg(long, hide = true, value_parser = duration::parse_nonzero)]
+    store_timeout: Option<Duration>,
+    /// How long this process's lease on its sessions lasts, renewed at a
+    /// third of it (default 30s).
+    #[arg(long, hide = true, value_parser = duration::parse_nonzero)]
+    lease_ttl: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -386,16 +397,23 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         .idle_timeout
         .or(scenario.idle_timeout())
         .unwrap_or(Duration::from_secs(30));
-    let kernel = Kernel::builder(store.clone())
+    let mut builder = Kernel::builder(store.clone())
         .settle_timeout(settle_timeout)
         .drain_timeout(args.drain_timeout)
         .idle_timeout(Some(idle_timeout))
         // A scripted run is a batch: no session is reaped for idling.
         .idle_ttl(None)
-        .lru_cap(None)
-        .start()
-        .await
-        .map_err(Failure::store)?;
+        .lru_cap(None);
+    if let Some(budget) = args.flush_budget {
+        builder = builder.flush_budget(budget);
+    }
+    if let Some(timeout) = args.store_timeout {
+        builder = builder.store_timeout(timeout);
+    }
+    if let Some(ttl) = args.lease_ttl {
+        builder = builder.lease_ttl(ttl);
+    }
+    let kernel = builder.start().await.map_err(Failure::store)?;
 
     let mode = if args.json {
         display::Mode::QUIET
