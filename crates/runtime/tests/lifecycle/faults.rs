@@ -5,7 +5,7 @@
 //!
 //! The same faults on real databases and a real process (PostgreSQL stopped
 //! with SIGSTOP, SQLite locked by another process, `settle` stopped past its
-//! lease) are in `tests/tests/faults_stall.rs` and `faults_lease.rs`.
+//! lease) are in `tests/tests/faults_stall.rs`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -241,6 +241,38 @@ async fn g9_a_store_that_never_answers_cannot_hold_the_shutdown_past_its_bound()
             "session {id} is finalized, yet the report left it for recovery"
         );
     }
+}
+
+/// G9: a registration already waiting on a store that stopped answering
+/// (its own bound is the 10 s store timeout) when the shutdown begins is cut
+/// at the shutdown's deadline, not at its own: the shutdown returns within
+/// drain + settle timeout + flush budget, the registration fails with a
+/// clear error instead of hanging, and its session is named as left.
+#[tokio::test(start_paused = true)]
+async fn g9_a_registration_in_flight_on_a_stalled_store_cannot_hold_the_shutdown() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    store.stall.store(true, Ordering::SeqCst);
+    let registering = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { kernel.register("late", None).await })
+    };
+    // The registration reaches the store and waits there.
+    tokio::time::sleep(10 * MS).await;
+    assert!(!registering.is_finished());
+
+    let began = Instant::now();
+    let report = kernel.shutdown(Duration::ZERO).await;
+    let took = began.elapsed();
+    let bound = SETTLE + FLUSH_BUDGET;
+    assert!(took <= bound, "the shutdown took {took:?}, over {bound:?}");
+    let refused = registering.await.unwrap();
+    assert!(
+        matches!(refused, Err(RuntimeError::StoreTimeout { .. })),
+        "{refused:?}"
+    );
+    assert!(report.left_recoverable.contains(&root.id()), "{report:?}");
 }
 
 /// G9: a store that stops answering in the middle of a shutdown: the
