@@ -21,7 +21,7 @@ mod serve;
 
 /// How long `settle run`'s summary waits for the store after a shutdown that
 /// left sessions for recovery (its store may be stalled).
-const SUMMARY_AFTER_A_STALL: Duration = Duration::from_millis(250);
+const SUMMARY_AFTER_A_STALL: Duration = Duration::from_millis(100);
 
 /// How long the process waits, once it has said everything, for the async
 /// runtime's tasks and blocking reads to end before it exits anyway.
