@@ -180,6 +180,27 @@ fn cases() -> Vec<Case> {
             2,
             "--idle-timeout",
         ),
+        case(
+            "a lease that lasts no time",
+            ok_scenario,
+            &["run", "ok.toml", "--lease-ttl", "0s"],
+            2,
+            "--lease-ttl",
+        ),
+        case(
+            "a store timeout without unit",
+            ok_scenario,
+            &["run", "ok.toml", "--store-timeout", "10"],
+            2,
+            "--store-timeout",
+        ),
+        case(
+            "a flush budget over the 24h limit",
+            ok_scenario,
+            &["run", "ok.toml", "--flush-budget", "25h"],
+            2,
+            "24h limit",
+        ),
         case("run without a scenario", nothing, &["run"], 2, "SCENARIO"),
         case("show of a non-number", nothing, &["show", "abc"], 2, "abc"),
         case(

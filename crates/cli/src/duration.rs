@@ -15,6 +15,19 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// A timeout that must be longer than nothing (`--lease-ttl 2s`): a zero one
+/// would expire, or give up, at once.
+pub fn parse_nonzero(text: &str) -> Result<Duration, String> {
+    let duration = parse(text)?;
+    if duration.is_zero() {
+        return Err(format!(
+            "`{}` is no time at all: give a positive duration, like 500ms or 5s",
+            text.trim()
+        ));
+    }
+    Ok(duration)
+}
+
 /// An age, as in `settle sessions --since 2h`: any length humantime reads.
 pub fn parse_age(text: &str) -> Result<Duration, String> {
     parse_any(text)
@@ -80,6 +93,15 @@ mod tests {
         assert!(parse("5x").unwrap_err().contains("unknown unit `x`"));
         assert!(parse("25h").unwrap_err().contains("24h limit"));
         assert!(parse("-1s").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn a_nonzero_duration_refuses_zero_and_what_parse_refuses() {
+        assert_eq!(parse_nonzero("1ms"), Ok(Duration::from_millis(1)));
+        assert!(parse_nonzero("0s").unwrap_err().contains("no time at all"));
+        assert!(parse_nonzero("0ms").is_err());
+        assert!(parse_nonzero("5").unwrap_err().contains("no unit"));
+        assert!(parse_nonzero("25h").unwrap_err().contains("24h limit"));
     }
 
     #[test]

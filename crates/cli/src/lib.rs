@@ -46,7 +46,22 @@ pub mod transcript;
 
 use std::io::Write;
 
-use settle_store::{OpenError, SessionId, Store, StoreError};
+use std::time::Duration;
+
+use settle_store::{OpenError, SessionId, Store, StoreError, StoreOptions};
+
+/// How long closing the store waits for its threads when a command ends.
+///
+/// Every write a command needs was awaited before it ends (a kernel's
+/// shutdown commits within its budget, or names what it left for recovery),
+/// so closing only waits for a healthy store's threads to stop, which takes
+/// milliseconds; a thread blocked on a store that stopped answering is left
+/// behind, and the exit keeps the shutdown's bound (G9).
+pub const CLOSE_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn options() -> StoreOptions {
+    StoreOptions::default().with_close_timeout(CLOSE_TIMEOUT)
+}
 
 /// Writes to stdout, ignoring a closed pipe (`settle sessions | head`): a
 /// reader that has seen enough is not an error.
@@ -119,7 +134,7 @@ pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
             "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
         )));
     }
-    Store::open(db).map_err(|error| match error {
+    Store::open_with(db, options()).map_err(|error| match error {
         OpenError::MissingDatabase { .. } => Failure::bad_input(error),
         _ => sort_open_error(error),
     })
@@ -142,7 +157,7 @@ fn missing_sqlite_file(db: &str) -> Option<&str> {
 /// Opens (creating a SQLite file if need be) the store, sorting its errors
 /// into bad input (2) and store failures (3).
 pub fn open_store(db: &str) -> Result<Store, Failure> {
-    Store::open(db).map_err(sort_open_error)
+    Store::open_with(db, options()).map_err(sort_open_error)
 }
 
 fn sort_open_error(error: OpenError) -> Failure {

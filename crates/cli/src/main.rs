@@ -21,6 +21,14 @@ use settle_store::{
 
 mod serve;
 
+/// How long `settle run`'s summary waits for the store after a shutdown that
+/// left sessions for recovery (its store may be stalled).
+const SUMMARY_AFTER_A_STALL: Duration = Duration::from_millis(100);
+
+/// How long the process waits, once it has said everything, for the async
+/// runtime's tasks and blocking reads to end before it exits anyway.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
+
 const EXAMPLES: &str = "\
 Examples:
   settle run examples/scan.toml            run a scripted agent tree (SQLite: ./settle.db)
@@ -100,6 +108,17 @@ struct RunArgs {
     /// Print the final summary as JSON (and no progress).
     #[arg(long)]
     json: bool,
+    /// How long the store may take to commit a shutdown's writes once the
+    /// drain and the settle timeout are over (default 2s).
+    #[arg(long, hide = true, value_parser = duration::parse)]
+    flush_budget: Option<Duration>,
+    /// How long any other store call may take before it fails (default 10s).
+    #[arg(long, hide = true, value_parser = duration::parse_nonzero)]
+    store_timeout: Option<Duration>,
+    /// How long this process's lease on its sessions lasts, renewed at a
+    /// third of it (default 30s).
+    #[arg(long, hide = true, value_parser = duration::parse_nonzero)]
+    lease_ttl: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -195,14 +214,18 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::STORE);
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let code = match runtime.block_on(dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             // One line (G11), even when a driver's message spans several.
             eprintln!("settle: {}", one_line(&failure.message));
             ExitCode::from(failure.code)
         }
-    }
+    };
+    // Everything was said. A read still blocked on a store that stopped
+    // answering is left behind rather than waited for (G9's exit bound).
+    runtime.shutdown_timeout(EXIT_GRACE);
+    code
 }
 
 /// Clap's own errors, cut to their one meaningful line (G11); help and
@@ -397,16 +420,23 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         .idle_timeout
         .or(scenario.idle_timeout())
         .unwrap_or(Duration::from_secs(30));
-    let kernel = Kernel::builder(store.clone())
+    let mut builder = Kernel::builder(store.clone())
         .settle_timeout(settle_timeout)
         .drain_timeout(args.drain_timeout)
         .idle_timeout(Some(idle_timeout))
         // A scripted run is a batch: no session is reaped for idling.
         .idle_ttl(None)
-        .lru_cap(None)
-        .start()
-        .await
-        .map_err(Failure::store)?;
+        .lru_cap(None);
+    if let Some(budget) = args.flush_budget {
+        builder = builder.flush_budget(budget);
+    }
+    if let Some(timeout) = args.store_timeout {
+        builder = builder.store_timeout(timeout);
+    }
+    if let Some(ttl) = args.lease_ttl {
+        builder = builder.lease_ttl(ttl);
+    }
+    let kernel = builder.start().await.map_err(Failure::store)?;
 
     let mode = if args.json {
         display::Mode::QUIET
@@ -442,9 +472,24 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let _ = stop_display.send(());
     let _ = display.await;
 
-    let now = SystemTime::now();
-    let rows = store.list_sessions(SessionFilter::all()).await?;
     let left = report.lease_lost || !report.left_recoverable.is_empty();
+    let now = SystemTime::now();
+    let rows = if left {
+        // A store that could not commit the shutdown's writes may not answer
+        // a read either: the summary waits for it only briefly, and is left
+        // out without it, so that the exit keeps the shutdown's bound (G9).
+        match tokio::time::timeout(
+            SUMMARY_AFTER_A_STALL,
+            store.list_sessions(SessionFilter::all()),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => Some(rows),
+            Ok(Err(_)) | Err(_) => None,
+        }
+    } else {
+        Some(store.list_sessions(SessionFilter::all()).await?)
+    };
     let code = if left {
         // What could not be committed is left for `settle recover` (G8).
         exit::STORE
@@ -462,14 +507,20 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         shutdown::say_left(&report);
     }
     if args.json {
-        outln!("{}", output::run_json(i32::from(code), &rows));
-    } else {
-        outln!();
-        out!(
+        outln!(
             "{}",
-            output::sessions_table(&listing::tree(rows), now, terminal::stdout_width())
+            output::run_json(i32::from(code), &rows.unwrap_or_default())
         );
-        if failures > 0 {
+    } else {
+        if let Some(rows) = rows {
+            outln!();
+            out!(
+                "{}",
+                output::sessions_table(&listing::tree(rows), now, terminal::stdout_width())
+            );
+        }
+        // One line on stderr: `say_left` already said what to run.
+        if failures > 0 && !left {
             eprintln!("settle: {failures} store write(s) failed; run `settle recover` once the store is healthy");
         }
     }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
 use settle_stream::{Provider, WorkSignal};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -93,6 +93,9 @@ pub(crate) struct Channels {
     pub commands: mpsc::UnboundedReceiver<Command>,
     pub acks: mpsc::UnboundedReceiver<Ack>,
     pub recorder: mpsc::UnboundedSender<Record>,
+    /// Where the driver publishes the shutdown's deadline: the recorder
+    /// cuts even a store call already in flight at it.
+    pub shutdown_deadline: watch::Sender<Option<tokio::time::Instant>>,
     /// Only handed to works, for their chunks: the driver itself never awaits it.
     pub store: Arc<dyn SessionStore>,
 }
@@ -118,6 +121,7 @@ pub(crate) struct Driver {
     report_tx: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     acks: mpsc::UnboundedReceiver<Ack>,
     recorder: mpsc::UnboundedSender<Record>,
+    shutdown_deadline: watch::Sender<Option<tokio::time::Instant>>,
     store: Arc<dyn SessionStore>,
     events: EventBus,
     works_tracker: TaskTracker,
@@ -150,6 +154,7 @@ impl Driver {
             report_tx,
             acks: channels.acks,
             recorder: channels.recorder,
+            shutdown_deadline: channels.shutdown_deadline,
             store: channels.store,
             events: parts.events,
             works_tracker: parts.works,
@@ -438,7 +443,7 @@ impl Driver {
         let deadline = now
             .checked_add(bound)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
-        let _ = self.recorder.send(Record::ShutdownBegan { deadline });
+        self.shutdown_deadline.send_replace(Some(deadline));
         let _ = self.input(Event::BeginShutdown { drain });
         self.shutting_down.cancel();
         for parked in self.parked.drain(..) {

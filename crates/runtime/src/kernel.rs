@@ -86,6 +86,7 @@ impl KernelBuilder {
         let (command_tx, commands) = mpsc::unbounded_channel();
         let (record_tx, records) = mpsc::unbounded_channel();
         let (ack_tx, acks) = mpsc::unbounded_channel();
+        let (deadline_tx, deadline) = tokio::sync::watch::channel(None);
         let events = EventBus::new();
         let failures = Arc::new(AtomicUsize::new(0));
         let shutting_down = tokio_util::sync::CancellationToken::new();
@@ -108,7 +109,7 @@ impl KernelBuilder {
             commands: command_tx.downgrade(),
             failures: failures.clone(),
             report: ShutdownReport::default(),
-            deadline: None,
+            deadline,
             last_report: last_report.clone(),
         };
         let recorder = tokio::spawn(recorder.run(records));
@@ -126,6 +127,7 @@ impl KernelBuilder {
                 commands,
                 acks,
                 recorder: record_tx,
+                shutdown_deadline: deadline_tx,
                 store: store.clone(),
             },
             Parts {

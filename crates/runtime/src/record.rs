@@ -46,8 +46,6 @@ pub(crate) enum Record {
     Flush,
     /// Run a session's finalize plan (SPEC §4).
     Finalize(Box<FinalizeJob>),
-    /// A shutdown began: every store call from here on shares its budget.
-    ShutdownBegan { deadline: tokio::time::Instant },
     /// Every session is finalized: answer the shutdown's waiters once every
     /// record before this one is applied.
     ShutdownComplete {

@@ -26,7 +26,7 @@ use settle_store::{
     Applied, FinalizeRequest, Finalized, LifecycleWrite, NewSession, OwnerId, SessionStore,
     StoreError,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::command::{Ack, Command, Reply, WorkEnd};
 use crate::event::EventBus;
@@ -141,8 +141,9 @@ pub(crate) struct Recorder {
     pub commands: mpsc::WeakUnboundedSender<Command>,
     pub failures: Arc<AtomicUsize>,
     pub report: ShutdownReport,
-    /// Once a shutdown began: when its budget runs out.
-    pub deadline: Option<tokio::time::Instant>,
+    /// Once a shutdown began: when its budget runs out (set by the driver
+    /// the moment it begins, so a call already in flight is cut at it too).
+    pub deadline: watch::Receiver<Option<tokio::time::Instant>>,
     /// Where the final report is kept for late askers.
     pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
 }
@@ -229,7 +230,7 @@ impl Recorder {
 
     /// The bound of a store call now.
     fn bound(&self) -> Duration {
-        match self.deadline {
+        match *self.deadline.borrow() {
             Some(deadline) => deadline
                 .saturating_duration_since(tokio::time::Instant::now())
                 .min(self.store_timeout),
@@ -243,10 +244,23 @@ impl Recorder {
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, Unwritten> {
         let bound = self.bound();
-        match tokio::time::timeout(bound, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(Unwritten::from_store(error)),
-            Err(_) => Err(Unwritten::TimedOut(bound)),
+        // A shutdown that begins while the call is in flight (a registration
+        // waiting on a stalled store) cuts it at the shutdown's deadline.
+        let mut deadline = self.deadline.clone();
+        let shutdown_ends = async move {
+            match deadline.wait_for(Option::is_some).await.map(|at| *at) {
+                Ok(Some(at)) => tokio::time::sleep_until(at).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            ended = tokio::time::timeout(bound, call) => match ended {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(error)) => Err(Unwritten::from_store(error)),
+                Err(_) => Err(Unwritten::TimedOut(bound)),
+            },
+            () = shutdown_ends => Err(Unwritten::TimedOut(self.bound())),
         }
     }
 
@@ -483,7 +497,6 @@ impl Recorder {
                     }
                 };
             }
-            Record::ShutdownBegan { deadline } => self.deadline = Some(deadline),
             Record::ShutdownComplete {
                 summary,
                 waiters,
@@ -491,6 +504,7 @@ impl Recorder {
             } => {
                 let until = self
                     .deadline
+                    .borrow()
                     .unwrap_or_else(|| tokio::time::Instant::now() + self.store_timeout);
                 let mut report = std::mem::take(&mut self.report);
                 report.hooks_abandoned = self.hooks.settle(until).await;
@@ -553,7 +567,7 @@ impl Recorder {
                     }
                     Err(unwritten) => {
                         self.failed(Some(session), "end the durable row", unwritten);
-                        if self.deadline.is_some() {
+                        if self.deadline.borrow().is_some() {
                             self.report.left_recoverable.push(session);
                         }
                     }
@@ -579,7 +593,7 @@ impl Recorder {
                 FinalizeStep::InterruptDelegations => self.interrupt(&delegates),
             }
         }
-        if self.deadline.is_some() {
+        if self.deadline.borrow().is_some() {
             self.report.finalized.push((session, plan.reason));
         }
         self.events

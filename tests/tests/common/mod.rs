@@ -888,3 +888,167 @@ pub fn db_in(dir: &Path) -> String {
         .expect("UTF-8 path")
         .to_owned()
 }
+
+// --- a server that stops answering ---------------------------------------------
+
+/// A whole-number knob from the environment (`SETTLE_STALL_ITERATIONS=20`),
+/// else `default`.
+pub fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The parent process id of `pid`, from `/proc/PID/stat` (`None` once gone).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: the name may hold spaces and parentheses.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn signal_pid(pid: i32, signal: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+}
+
+impl Cluster {
+    /// The postmaster's process id, from the first line of
+    /// `DATA/postmaster.pid` (so only this cluster's server is ever named).
+    pub fn postmaster(&self) -> i32 {
+        let text = fs::read_to_string(self.data.join("postmaster.pid"))
+            .expect("the cluster's postmaster.pid");
+        text.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid on the first line of postmaster.pid")
+    }
+
+    /// Every process of this server: its postmaster and the postmaster's
+    /// children (backends, writers, launchers).
+    pub fn server_processes(&self) -> Vec<i32> {
+        let postmaster = self.postmaster();
+        let mut pids = vec![postmaster];
+        for entry in fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if parent_of(pid) == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Stops every process of the server with SIGSTOP, as a hung host or a
+    /// frozen VM would: its kernel still accepts and acknowledges TCP, but
+    /// nothing answers. They continue (SIGCONT) when the guard is dropped, so
+    /// a failing test never leaves the server stopped.
+    pub fn stop(&self) -> StoppedServer {
+        use nix::sys::signal::Signal;
+        let postmaster = self.postmaster();
+        // The postmaster first: stopped, it forks no new backend.
+        signal_pid(postmaster, Signal::SIGSTOP);
+        let mut stopped = vec![postmaster];
+        // Twice: a backend forked just before the postmaster stopped shows
+        // up in the second look.
+        for _ in 0..2 {
+            for pid in self.server_processes() {
+                if !stopped.contains(&pid) {
+                    signal_pid(pid, Signal::SIGSTOP);
+                    stopped.push(pid);
+                }
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        StoppedServer { pids: stopped }
+    }
+}
+
+/// A PostgreSQL server stopped with SIGSTOP; dropping it continues it.
+pub struct StoppedServer {
+    pids: Vec<i32>,
+}
+
+impl StoppedServer {
+    /// How many processes were stopped.
+    pub fn processes(&self) -> usize {
+        self.pids.len()
+    }
+
+    /// Continues the server (SIGCONT to every process stopped).
+    pub fn resume(self) {
+        drop(self);
+    }
+}
+
+impl Drop for StoppedServer {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            signal_pid(*pid, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+}
+
+// --- SQLite held by another process ----------------------------------------------
+
+/// The `sqlite3` shell holding `BEGIN EXCLUSIVE` on a database, until
+/// [`SqliteLock::release`] (or drop) commits and quits it.
+pub struct SqliteLock {
+    shell: Child,
+}
+
+impl SqliteLock {
+    /// Starts `sqlite3 DB`, takes the exclusive lock and waits until the
+    /// shell says it holds it. `None` (said loudly; a failure under
+    /// `CI=true`) when there is no `sqlite3` shell.
+    pub fn take(db: &str) -> Option<SqliteLock> {
+        use std::io::Write;
+        let shell = Command::new("sqlite3")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut shell = match shell {
+            Ok(shell) => shell,
+            Err(e) => {
+                skip(
+                    "SQLite lock fault",
+                    &format!("cannot run the `sqlite3` shell ({e}); install the sqlite3 package"),
+                );
+                return None;
+            }
+        };
+        let mut stdin = shell.stdin.take().expect("the shell's stdin");
+        stdin
+            .write_all(b".timeout 10000\nBEGIN EXCLUSIVE;\nSELECT 'LOCKED';\n")
+            .expect("type into the sqlite3 shell");
+        stdin.flush().expect("type into the sqlite3 shell");
+        shell.stdin = Some(stdin);
+        let stdout = shell.stdout.take().expect("the shell's stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let locked = lines.any(|l| l.is_ok_and(|l| l.trim() == "LOCKED"));
+        assert!(locked, "the sqlite3 shell did not take the lock");
+        Some(SqliteLock { shell })
+    }
+
+    /// Commits (releasing the lock) and waits for the shell to quit.
+    pub fn release(mut self) {
+        self.quit();
+    }
+
+    fn quit(&mut self) {
+        use std::io::Write;
+        if let Some(mut stdin) = self.shell.stdin.take() {
+            let _ = stdin.write_all(b"COMMIT;\n.quit\n");
+        }
+        let _ = self.shell.wait();
+    }
+}
+
+impl Drop for SqliteLock {
+    fn drop(&mut self) {
+        self.quit();
+    }
+}

@@ -4,6 +4,7 @@
 mod common;
 mod contract;
 mod embedding;
+mod faults;
 mod g1_settle_before_close;
 mod g2_g10_handles_and_hooks;
 mod g3_sweepers;

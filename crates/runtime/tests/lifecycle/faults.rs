@@ -1,0 +1,390 @@
+//! The fault suite's runtime cases (G8, G9), on tokio's paused clock: a store
+//! that stops answering cannot hold a shutdown past its bound, and the report
+//! names every session it left; a lease the store says is lost stops the
+//! kernel at once.
+//!
+//! The same faults on real databases and a real process (PostgreSQL stopped
+//! with SIGSTOP, SQLite locked by another process, `settle` stopped past its
+//! lease) are in `tests/tests/faults_stall.rs`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use settle_runtime::{EndReason, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionId};
+use settle_store::{
+    Applied, ChunkReceipt, Claim, FinalizeRequest, Finalized, LifecycleWrite, MemoryRow,
+    MemoryStore, NewChunk, NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate,
+    RecoveryReport, SessionDetail, SessionFilter, SessionRow, SessionStore, State, StoreError,
+};
+use settle_stream::{ScriptedEnd, TurnScript};
+use tokio::time::Instant;
+
+use crate::common::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A [`MemoryStore`] with two faults to switch on: `stall` makes `flush`,
+/// `finalize` and `apply` (every lifecycle write) never return, as a database
+/// whose server was stopped; `lose_lease` makes the lease renewal and every
+/// owner write fail with `LeaseLost`, as the store does once another process
+/// may have recovered the owner's sessions.
+#[derive(Clone, Default)]
+struct Faulty {
+    inner: MemoryStore,
+    stall: Arc<AtomicBool>,
+    lose_lease: Arc<AtomicBool>,
+}
+
+impl Faulty {
+    async fn stall_point(&self) {
+        if self.stall.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    fn fenced(&self, owner: OwnerId) -> Result<(), StoreError> {
+        if self.lose_lease.load(Ordering::SeqCst) {
+            Err(StoreError::LeaseLost(owner))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The only owner of these tests' stores (one kernel each).
+const OWNER: OwnerId = OwnerId(1);
+
+#[async_trait]
+impl SessionStore for Faulty {
+    async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError> {
+        let id = self.inner.register_owner(owner, ttl).await?;
+        assert_eq!(id, OWNER, "one owner per store in these tests");
+        Ok(id)
+    }
+    async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
+        self.fenced(owner)?;
+        self.inner.renew_lease(owner, ttl).await
+    }
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        self.inner.reserve_ids(count).await
+    }
+    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
+        self.fenced(OWNER)?;
+        self.inner.create_session(new).await
+    }
+    async fn transition(
+        &self,
+        id: SessionId,
+        from: State,
+        to: State,
+        cause: &str,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.fenced(OWNER)?;
+        self.inner.transition(id, from, to, cause, at).await
+    }
+    async fn start_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        input: Option<serde_json::Value>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.fenced(OWNER)?;
+        self.inner.start_turn(id, no, input, at).await
+    }
+    fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
+        match self.fenced(OWNER) {
+            Ok(()) => self.inner.append_chunk(id, turn, chunk),
+            Err(lost) => ChunkReceipt::ready(Err(lost)),
+        }
+    }
+    async fn end_turn(
+        &self,
+        id: SessionId,
+        no: u32,
+        outcome: Outcome,
+        error: Option<settle_runtime::TurnError>,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.fenced(OWNER)?;
+        self.inner.end_turn(id, no, outcome, error, at).await
+    }
+    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
+        self.fenced(OWNER)?;
+        self.inner.claim(id, reason).await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.stall_point().await;
+        self.inner.flush().await
+    }
+    async fn finalize(
+        &self,
+        id: SessionId,
+        plan: FinalizeRequest,
+    ) -> Result<Finalized, StoreError> {
+        self.stall_point().await;
+        self.fenced(OWNER)?;
+        self.inner.finalize(id, plan).await
+    }
+    async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        self.stall_point().await;
+        if let Err(lost) = self.fenced(OWNER) {
+            return batch.iter().map(|_| Err(lost.clone())).collect();
+        }
+        self.inner.apply(batch).await
+    }
+    async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
+        self.inner.recover(options).await
+    }
+    async fn recovery_candidates(
+        &self,
+        options: RecoverOptions,
+    ) -> Result<Vec<RecoveryCandidate>, StoreError> {
+        self.inner.recovery_candidates(options).await
+    }
+    async fn list_sessions(&self, filter: SessionFilter) -> Result<Vec<SessionRow>, StoreError> {
+        self.inner.list_sessions(filter).await
+    }
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        self.inner.last_session(state).await
+    }
+    async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
+        self.inner.session_detail(id).await
+    }
+    async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
+        self.inner.memories(id).await
+    }
+}
+
+const DRAIN: Duration = Duration::from_secs(1);
+const SETTLE: Duration = Duration::from_millis(500);
+const FLUSH_BUDGET: Duration = Duration::from_secs(2);
+
+async fn kernel_on(store: &Faulty) -> Kernel {
+    Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .drain_timeout(DRAIN)
+        .settle_timeout(SETTLE)
+        .flush_budget(FLUSH_BUDGET)
+        .store_timeout(Duration::from_secs(10))
+        .start()
+        .await
+        .expect("the runtime starts")
+}
+
+/// Sessions in every shape a shutdown meets: idle, a turn that outlives the
+/// drain (cancelled), a turn that ignores its cancel (detached), a child
+/// mid-turn. Each running turn has one chunk persisted.
+async fn every_shape(kernel: &Kernel) -> (Vec<SessionId>, Vec<settle_runtime::Turn>) {
+    let idle = kernel.register("idle", None).await.unwrap();
+    let long = kernel.register("long", None).await.unwrap();
+    let stubborn = kernel.register("stubborn", None).await.unwrap();
+    let child = kernel.register("child", Some(long.id())).await.unwrap();
+    // One scripted turn per provider: each session plays its own.
+    let streams = provider([hang(&["a", "b"], 10 * MS)]);
+    let also_streams = provider([hang(&["a", "b"], 10 * MS)]);
+    let ignores = provider([TurnScript::new(numbered("s", 1_000))
+        .chunk_delay(10 * MS)
+        .end(ScriptedEnd::IgnoreCancel)
+        .ignore(Duration::from_secs(600))]);
+    let mut turns = Vec::new();
+    for (session, p) in [
+        (&long, &streams),
+        (&stubborn, &ignores),
+        (&child, &also_streams),
+    ] {
+        let mut turn = start(session, p).await;
+        read_chunks(&mut turn, 1).await;
+        turns.push(turn);
+    }
+    let ids = vec![idle.id(), long.id(), stubborn.id(), child.id()];
+    (ids, turns)
+}
+
+fn sorted(mut ids: Vec<SessionId>) -> Vec<SessionId> {
+    ids.sort_unstable();
+    ids
+}
+
+/// G9: a store whose `flush`, `finalize` and `apply` never return, from
+/// before the shutdown began: `Kernel::shutdown` still returns within drain +
+/// settle timeout + flush budget, and its report names every session as left
+/// for recovery, none of which the store finalized.
+#[tokio::test(start_paused = true)]
+async fn g9_a_store_that_never_answers_cannot_hold_the_shutdown_past_its_bound() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let (sessions, _turns) = every_shape(&kernel).await;
+    store.stall.store(true, Ordering::SeqCst);
+
+    let began = Instant::now();
+    let report = kernel.shutdown(DRAIN).await;
+    let took = began.elapsed();
+
+    let bound = DRAIN + SETTLE + FLUSH_BUDGET;
+    assert!(took <= bound, "the shutdown took {took:?}, over {bound:?}");
+    assert_eq!(
+        sorted(report.left_recoverable.clone()),
+        sessions,
+        "{report:?}"
+    );
+    assert!(!report.flushed_in_budget, "{report:?}");
+    assert!(!report.lease_lost);
+    assert!(report.store_failures >= sessions.len(), "{report:?}");
+    for id in &sessions {
+        assert_ne!(
+            detail(&store.inner, *id).await.session.state,
+            State::Finalized,
+            "session {id} is finalized, yet the report left it for recovery"
+        );
+    }
+}
+
+/// G9: a registration already waiting on a store that stopped answering
+/// (its own bound is the 10 s store timeout) when the shutdown begins is cut
+/// at the shutdown's deadline, not at its own: the shutdown returns within
+/// drain + settle timeout + flush budget, the registration fails with a
+/// clear error instead of hanging, and its session is named as left.
+#[tokio::test(start_paused = true)]
+async fn g9_a_registration_in_flight_on_a_stalled_store_cannot_hold_the_shutdown() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    store.stall.store(true, Ordering::SeqCst);
+    let registering = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { kernel.register("late", None).await })
+    };
+    // The registration reaches the store and waits there.
+    tokio::time::sleep(10 * MS).await;
+    assert!(!registering.is_finished());
+
+    let began = Instant::now();
+    let report = kernel.shutdown(Duration::ZERO).await;
+    let took = began.elapsed();
+    let bound = SETTLE + FLUSH_BUDGET;
+    assert!(took <= bound, "the shutdown took {took:?}, over {bound:?}");
+    let refused = registering.await.unwrap();
+    assert!(
+        matches!(refused, Err(RuntimeError::StoreTimeout { .. })),
+        "{refused:?}"
+    );
+    assert!(report.left_recoverable.contains(&root.id()), "{report:?}");
+}
+
+/// G9: a store that stops answering in the middle of a shutdown: the
+/// sessions finalized before the stall are not named as left, every session
+/// whose finalize was not committed is, and the bound holds.
+#[tokio::test(start_paused = true)]
+async fn g9_the_report_names_exactly_the_sessions_a_stalled_store_left() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let (sessions, _turns) = every_shape(&kernel).await;
+    let idle = sessions[0];
+    let mut events = kernel.subscribe();
+
+    let began = Instant::now();
+    let shutdown = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { kernel.shutdown(DRAIN).await })
+    };
+    // The idle session is finalized at once; then the store stops answering.
+    loop {
+        match events.recv().await.unwrap() {
+            LifecycleEvent::Finalized { session, .. } if session == idle => break,
+            _ => continue,
+        }
+    }
+    store.stall.store(true, Ordering::SeqCst);
+    let report = shutdown.await.unwrap();
+    let took = began.elapsed();
+
+    let bound = DRAIN + SETTLE + FLUSH_BUDGET;
+    assert!(took <= bound, "the shutdown took {took:?}, over {bound:?}");
+    assert_eq!(
+        detail(&store.inner, idle).await.session.state,
+        State::Finalized
+    );
+    assert_eq!(
+        sorted(report.left_recoverable.clone()),
+        sessions[1..].to_vec(),
+        "{report:?}"
+    );
+    for id in &sessions[1..] {
+        assert_ne!(
+            detail(&store.inner, *id).await.session.state,
+            State::Finalized
+        );
+    }
+}
+
+/// G8: a renewal the store answers with `LeaseLost` stops the kernel at once:
+/// a `LeaseLost` event, no new session or turn, the running turn cancelled
+/// without waiting for a drain, and a report that says so and names what
+/// the fenced store refused to finalize.
+#[tokio::test(start_paused = true)]
+async fn g8_a_lost_lease_stops_the_kernel_and_cancels_its_work() {
+    let store = Faulty::default();
+    let ttl = Duration::from_secs(3);
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .lease_ttl(ttl)
+        .drain_timeout(Duration::from_secs(60))
+        .settle_timeout(SETTLE)
+        .start()
+        .await
+        .unwrap();
+    let idle = kernel.register("idle", None).await.unwrap();
+    let busy = kernel.register("busy", None).await.unwrap();
+    let mut turn = start(&busy, &provider([hang(&["a"], 10 * MS)])).await;
+    read_chunks(&mut turn, 1).await;
+    let mut events = kernel.subscribe();
+
+    store.lose_lease.store(true, Ordering::SeqCst);
+    let lost_at = Instant::now();
+    // Within one renewal period (a third of the TTL) it is noticed.
+    loop {
+        match events.recv().await.unwrap() {
+            LifecycleEvent::LeaseLost { message } => {
+                assert!(message.contains("lease"), "{message}");
+                break;
+            }
+            _ => continue,
+        }
+    }
+    assert!(lost_at.elapsed() <= ttl / 3 + MS, "{:?}", lost_at.elapsed());
+    // The running turn is cancelled at once (no 60 s drain), and nothing new
+    // starts.
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    assert!(
+        lost_at.elapsed() <= ttl / 3 + SETTLE,
+        "{:?}",
+        lost_at.elapsed()
+    );
+    let refused = kernel.register("late", None).await;
+    assert!(
+        matches!(
+            refused,
+            Err(RuntimeError::Stopped | RuntimeError::Lifecycle(settle_core::Error::ShuttingDown))
+        ),
+        "{refused:?}"
+    );
+
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.lease_lost, "{report:?}");
+    assert_eq!(
+        sorted(report.left_recoverable.clone()),
+        vec![idle.id(), busy.id()],
+        "{report:?}"
+    );
+    for id in [idle.id(), busy.id()] {
+        let d = detail(&store.inner, id).await;
+        assert_ne!(d.session.state, State::Finalized);
+        let chunks: usize = d.turns.iter().map(|t| t.chunks.len()).sum();
+        let before = if id == busy.id() { 1 } else { 0 };
+        assert_eq!(chunks, before, "session {id} was written after the loss");
+    }
+}
