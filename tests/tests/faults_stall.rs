@@ -408,11 +408,9 @@ fn lease_expires_while_paused(db: &str, seed: u64, file: &std::path::Path, scrip
         ),
         "seed {seed}: the run did not get going"
     );
-    common::send_signal(run.pid(), "STOP");
-    let paused = Instant::now();
     // Until the lease has expired by the store's clock, a recovery must not
     // take the sessions of a live (if stopped) owner.
-    let early = common::recover(db).unwrap();
+    let (paused, early) = stop_between_writes(&run, db, seed);
     std::thread::sleep(PAUSE.saturating_sub(paused.elapsed()));
     let recovered = common::recover(db).unwrap();
     let printed_before = run.count_lines("persisted turn");
@@ -474,6 +472,39 @@ fn lease_expires_while_paused(db: &str, seed: u64, file: &std::path::Path, scrip
         "lease lost while paused, seed {seed}: exit 3 {took:?} after SIGCONT, {recovered} sessions recovered once, {} chunks kept",
         persisted.len()
     );
+}
+
+/// Stops the run with SIGSTOP and runs `settle recover` while it is stopped;
+/// returns when it stopped and what that recovery took. A process stopped
+/// inside a transaction keeps its locks (SQLite's write lock, PostgreSQL's
+/// row locks until the server's idle-in-transaction timeout ends its
+/// session), so a recovery meanwhile waits: then the run is continued and
+/// stopped again a moment later, until a stop lands between two writes.
+fn stop_between_writes(run: &Running, db: &str, seed: u64) -> (Instant, usize) {
+    for _ in 0..20 {
+        common::send_signal(run.pid(), "STOP");
+        let paused = Instant::now();
+        let mut recover = common::spawn_recover(db);
+        let waited = loop {
+            if recover.try_wait().unwrap().is_some() {
+                break false;
+            }
+            if paused.elapsed() > Duration::from_secs(1) {
+                let _ = recover.kill();
+                break true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let out = recover.wait_with_output().unwrap();
+        if !waited {
+            if let Ok(count) = common::recovered_count(&out) {
+                return (paused, count);
+            }
+        }
+        common::send_signal(run.pid(), "CONT");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("seed {seed}: twenty stops in a row landed inside a write");
 }
 
 fn lease_scenario(dir: &std::path::Path) -> (std::path::PathBuf, Scripted) {

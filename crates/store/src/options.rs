@@ -24,6 +24,7 @@ pub struct StoreOptions {
     close_timeout: Duration,
     pg_connect_timeout: Duration,
     pg_statement_timeout: Duration,
+    pg_idle_in_transaction_timeout: Duration,
     pg_keepalive_idle: Duration,
 }
 
@@ -38,6 +39,7 @@ impl Default for StoreOptions {
             close_timeout: Duration::from_secs(1),
             pg_connect_timeout: Duration::from_secs(10),
             pg_statement_timeout: Duration::from_secs(30),
+            pg_idle_in_transaction_timeout: Duration::from_secs(10),
             pg_keepalive_idle: Duration::from_secs(15),
         }
     }
@@ -103,6 +105,17 @@ impl StoreOptions {
         self.pg_statement_timeout
     }
 
+    /// The longest a PostgreSQL connection of this store may sit inside an
+    /// open transaction without sending anything before the server ends its
+    /// session (`idle_in_transaction_session_timeout`; default 10 s). The
+    /// store's transactions send their statements back to back, so only a
+    /// process that stopped mid-transaction (SIGSTOP, a frozen VM) meets
+    /// it: its row locks are released, and a recovery waits at most this
+    /// long for them instead of failing.
+    pub fn pg_idle_in_transaction_timeout(&self) -> Duration {
+        self.pg_idle_in_transaction_timeout
+    }
+
     /// How long a PostgreSQL connection may be silent before TCP keepalive
     /// probes it (default 15 s); after three unanswered probes, a third of
     /// this apart, the connection counts as dead, and likewise when data sent
@@ -164,6 +177,13 @@ impl StoreOptions {
         self
     }
 
+    /// Set [`pg_idle_in_transaction_timeout`](Self::pg_idle_in_transaction_timeout)
+    /// (at least 1 ms; zero would mean none).
+    pub fn with_pg_idle_in_transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.pg_idle_in_transaction_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Set [`pg_keepalive_idle`](Self::pg_keepalive_idle) (at least 3 s).
     pub fn with_pg_keepalive_idle(mut self, idle: Duration) -> Self {
         self.pg_keepalive_idle = idle.max(Duration::from_secs(3));
@@ -173,8 +193,9 @@ impl StoreOptions {
     /// `url` with this store's connection bounds as libpq parameters, each
     /// unless the URL sets it already: `connect_timeout`, TCP keepalive
     /// (`keepalives`, `keepalives_idle`, `keepalives_interval`,
-    /// `keepalives_count`), `tcp_user_timeout`, and the statement timeout in
-    /// `options` (left alone when the URL has its own `options`).
+    /// `keepalives_count`), `tcp_user_timeout`, and the statement and
+    /// idle-in-transaction timeouts in `options` (left alone when the URL has
+    /// its own `options`).
     pub(crate) fn bounded_pg_url(&self, url: &str) -> String {
         let secs = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
         let idle = secs(self.pg_keepalive_idle);
@@ -195,8 +216,9 @@ impl StoreOptions {
             (
                 "options",
                 format!(
-                    "-c%20statement_timeout%3D{}",
-                    self.pg_statement_timeout.as_millis().max(1)
+                    "-c%20statement_timeout%3D{}%20-c%20idle_in_transaction_session_timeout%3D{}",
+                    self.pg_statement_timeout.as_millis().max(1),
+                    self.pg_idle_in_transaction_timeout.as_millis().max(1)
                 ),
             ),
         ];
@@ -237,13 +259,14 @@ mod tests {
         let options = StoreOptions::default()
             .with_pg_connect_timeout(Duration::from_millis(2500))
             .with_pg_statement_timeout(Duration::from_millis(1500))
+            .with_pg_idle_in_transaction_timeout(Duration::from_millis(4000))
             .with_pg_keepalive_idle(Duration::from_secs(9));
         let url = options.bounded_pg_url("postgres://u@h/db");
         assert_eq!(
             url,
             "postgres://u@h/db?connect_timeout=3&keepalives=1&keepalives_idle=9\
              &keepalives_interval=3&keepalives_count=3&tcp_user_timeout=18000\
-             &options=-c%20statement_timeout%3D1500"
+             &options=-c%20statement_timeout%3D1500%20-c%20idle_in_transaction_session_timeout%3D4000"
         );
         let mine =
             options.bounded_pg_url("postgres://u@h/db?connect_timeout=60&options=-c%20x%3Dy");
