@@ -3,7 +3,7 @@
 //! every session's finalize is committed, timeline included; against the
 //! Python asyncio peer at the same size and shape (see [`crate::peer`]).
 //!
-//! Ours: a [`Runtime`] over a fresh [`Store`], no idle timeout, idle reap or
+//! Ours: a [`Kernel`] over a fresh [`Store`], no idle timeout, idle reap or
 //! LRU cap; every session (the root included) runs one `ScriptedEnd::Hang`
 //! turn. Before the timed part a `finalized()` wait is registered for every
 //! session; the timed part is the root's `cancel(Immediate)` and those waits,

@@ -2,7 +2,7 @@
 //! finalized many sessions must hold nothing for them (issue 12's target:
 //! about zero bytes per finalized session).
 //!
-//! A [`Runtime`] over the [`NullStore`] (which holds nothing per session, so
+//! A [`Kernel`] over the [`NullStore`] (which holds nothing per session, so
 //! what is counted is the runtime's) on a current-thread tokio runtime, so
 //! every allocation is this thread's. Sessions go through in waves of
 //! [`WAVE`], all of a wave in flight at once: register, run one turn of one

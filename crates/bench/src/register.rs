@@ -2,8 +2,8 @@
 //! on an SQLite [`Store`], against a raw Diesel insert of the same rows into
 //! the same schema, batched as the store batches them.
 //!
-//! Ours: a fresh database and a [`Runtime`] over it with one root session;
-//! timed, `Runtime::register` of N children of the root, all in flight at
+//! Ours: a fresh database and a [`Kernel`] over it with one root session;
+//! timed, `Kernel::register` of N children of the root, all in flight at
 //! once, until every handle is back (each registration answers once its row
 //! is committed). The round's runtime is then dropped with its tokio runtime,
 //! not shut down: finalizing the sessions is another row's work.

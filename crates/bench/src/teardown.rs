@@ -3,7 +3,7 @@
 //! finalized; against a bare tokio-util `CancellationToken` tree and a
 //! `TaskTracker` cancelling and joining the same N tasks.
 //!
-//! Ours: a [`Runtime`] over the [`NullStore`], no idle timeout, idle reap or
+//! Ours: a [`Kernel`] over the [`NullStore`], no idle timeout, idle reap or
 //! LRU cap; every session (root included) runs one `ScriptedEnd::Hang` turn,
 //! so each holds a provider stream that never ends on its own. Timed from the
 //! root's `cancel` until the finalize plan of every session has reached the

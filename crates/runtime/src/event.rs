@@ -4,7 +4,7 @@ use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
 
 /// What happened in the runtime, for progress displays and logs.
 ///
-/// Subscribe with [`Runtime::subscribe`](crate::Runtime::subscribe). A
+/// Subscribe with [`Kernel::subscribe`](crate::Kernel::subscribe). A
 /// subscriber that falls far behind misses events (it is told how many); the
 /// durable record in the store is always complete.
 #[derive(Debug, Clone, PartialEq, Eq)]
