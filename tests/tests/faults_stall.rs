@@ -243,10 +243,14 @@ fn soak(name: &str, iterations: usize, seed: u64, mut case: impl FnMut(u64) -> O
     );
 }
 
-/// Case 1: PostgreSQL stopped mid-run (a root and two children, each one
-/// turn of 20 chunks 50 ms apart, stopped after 2 to 8 chunks), then SIGTERM.
-#[test]
-fn g9_postgres_stopped_mid_run_then_sigterm() {
+/// What moment of a run a stall lands at: waits for it (from `rng`) and says
+/// what it waited for.
+type Moment = fn(&Running, &mut Rng, u64) -> String;
+
+/// Runs a stalled-PostgreSQL case: `settle run` of `scenario` on a fresh
+/// database of the suite's own cluster, every server process stopped at
+/// `moment`, then SIGTERM; `exact` as in [`sigterm_on_a_stalled_store`].
+fn postgres_stopped(name: &str, scenario: (String, Scripted), moment: Moment, exact: bool) {
     let _one = one_at_a_time();
     let Some(cluster) = common::own_cluster() else {
         return;
@@ -254,27 +258,20 @@ fn g9_postgres_stopped_mid_run_then_sigterm() {
     let (_, seed) = common::soak_knobs(0);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("stall.toml");
-    let (toml, scripted) = scenario(3, 1, 20, 50, 5);
+    let (toml, scripted) = scenario;
     std::fs::write(&file, toml).unwrap();
     soak(
-        "postgres stopped mid-run",
+        name,
         common::knob("SETTLE_STALL_ITERATIONS", 1),
         seed,
         |seed| {
             let mut rng = Rng::new(seed);
             let pg = common::PgDb::new(&cluster.admin_url);
             let run = Running::start(&pg.url, &file, &ARGS);
-            let after = rng.range(2, 8);
-            assert!(
-                run.wait_for_line(
-                    &format!("persisted turn 1 chunk {after}"),
-                    Duration::from_secs(20)
-                ),
-                "seed {seed}: the run did not get going"
-            );
+            let after = moment(&run, &mut rng, seed);
             let stopped = cluster.stop();
             let fault = format!(
-                "seed {seed}: PostgreSQL stopped (SIGSTOP to its {} processes) after chunk {after}, then SIGTERM",
+                "seed {seed}: PostgreSQL stopped (SIGSTOP to its {} processes) after {after}, then SIGTERM",
                 stopped.processes()
             );
             Some(sigterm_on_a_stalled_store(
@@ -283,9 +280,34 @@ fn g9_postgres_stopped_mid_run_then_sigterm() {
                 || stopped.resume(),
                 &pg.url,
                 &scripted,
-                true,
+                exact,
             ))
         },
+    );
+}
+
+/// Waits until 2 to 8 chunks were persisted.
+fn mid_turn(run: &Running, rng: &mut Rng, seed: u64) -> String {
+    let after = rng.range(2, 8);
+    assert!(
+        run.wait_for_line(
+            &format!("persisted turn 1 chunk {after}"),
+            Duration::from_secs(20)
+        ),
+        "seed {seed}: the run did not get going"
+    );
+    format!("chunk {after}")
+}
+
+/// Case 1: PostgreSQL stopped mid-run (a root and two children, each one
+/// turn of 20 chunks 50 ms apart, stopped after 2 to 8 chunks), then SIGTERM.
+#[test]
+fn g9_postgres_stopped_mid_run_then_sigterm() {
+    postgres_stopped(
+        "postgres stopped mid-run",
+        scenario(3, 1, 20, 50, 5),
+        mid_turn,
+        true,
     );
 }
 
@@ -309,19 +331,12 @@ fn g9_sqlite_locked_by_another_process_for_longer_than_the_run() {
             let data = tempfile::tempdir().unwrap();
             let db = common::db_in(data.path());
             let run = Running::start(&db, &file, &ARGS);
-            let after = rng.range(2, 8);
-            assert!(
-                run.wait_for_line(
-                    &format!("persisted turn 1 chunk {after}"),
-                    Duration::from_secs(20)
-                ),
-                "seed {seed}: the run did not get going"
-            );
+            let after = mid_turn(&run, &mut rng, seed);
             let lock = common::SqliteLock::take(&db)?;
             // Let the run meet the lock before the signal.
             std::thread::sleep(Duration::from_millis(300));
             let fault = format!(
-                "seed {seed}: SQLite held in BEGIN EXCLUSIVE by the sqlite3 shell after chunk {after}, then SIGTERM"
+                "seed {seed}: SQLite held in BEGIN EXCLUSIVE by the sqlite3 shell after {after}, then SIGTERM"
             );
             Some(sigterm_on_a_stalled_store(
                 &fault,
@@ -342,25 +357,13 @@ fn g9_sqlite_locked_by_another_process_for_longer_than_the_run() {
 /// the store).
 #[test]
 fn g9_postgres_stopped_during_a_burst_of_registrations_then_sigterm() {
-    let _one = one_at_a_time();
-    let Some(cluster) = common::own_cluster() else {
-        return;
-    };
-    let (_, seed) = common::soak_knobs(0);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("burst.toml");
-    let (toml, scripted) = staggered(41, 1, 10, 100, 100, 15);
-    std::fs::write(&file, toml).unwrap();
-    soak(
+    postgres_stopped(
         "postgres stopped during registrations",
-        common::knob("SETTLE_STALL_ITERATIONS", 1),
-        seed,
-        |seed| {
-            let mut rng = Rng::new(seed);
-            let pg = common::PgDb::new(&cluster.admin_url);
-            let run = Running::start(&pg.url, &file, &ARGS);
+        staggered(41, 1, 10, 100, 100, 15),
+        |run, rng, seed| {
             let after = rng.range(3, 12) as usize;
             let deadline = Instant::now() + Duration::from_secs(20);
+            // The root's line, then one per child.
             while run.count_lines(" registered ") < after + 1 {
                 assert!(
                     Instant::now() < deadline,
@@ -368,20 +371,9 @@ fn g9_postgres_stopped_during_a_burst_of_registrations_then_sigterm() {
                 );
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let stopped = cluster.stop();
-            let fault = format!(
-                "seed {seed}: PostgreSQL stopped (SIGSTOP to its {} processes) after {after} children registered, then SIGTERM",
-                stopped.processes()
-            );
-            Some(sigterm_on_a_stalled_store(
-                &fault,
-                run,
-                || stopped.resume(),
-                &pg.url,
-                &scripted,
-                false,
-            ))
+            format!("{after} children registered")
         },
+        false,
     );
 }
 
