@@ -440,8 +440,8 @@ fn run_register(sizes: &Sizes) -> Result<Row> {
     )
     .with_note(format!(
         "ours: Kernel::register under one root, all in flight, on a fresh SQLite store; baseline: \
-         the same session and timeline rows with plain Diesel, {} session{} per transaction (what \
-         the store commits per transaction today)",
+         the same session and timeline rows with plain Diesel, {} session{} per transaction, \
+         multi-row inserts (the store group-commits what is queued)",
         register::STORE_BATCH,
         if register::STORE_BATCH == 1 { "" } else { "s" }
     )))
