@@ -192,6 +192,9 @@ impl Side {
             all.extend(latencies);
             self.clients.push((ws, start));
         }
+        if all.is_empty() {
+            return Err("no chunk latency was measured (the chunks carried no stamp)".into());
+        }
         all.sort_unstable();
         Ok(all)
     }
@@ -244,7 +247,8 @@ async fn bare_connection(mut socket: WebSocket, provider: Arc<Stamping>) {
             continue;
         }
         let mut stream = provider.stream();
-        while let Some(Ok(StreamEvent::Chunk(text))) = stream.next().await {
+        while let Some(Ok(StreamEvent::Chunk(chunk))) = stream.next().await {
+            let text = chunk.into_payload();
             let note = json!({"jsonrpc": "2.0", "method": "turn.chunk", "params": {"id": 1, "turn": 1, "text": text}});
             if socket
                 .send(AxumMessage::Text(note.to_string().into()))
