@@ -216,6 +216,11 @@ impl Core {
             Entry::Occupied(s) if s.get().state == State::Finalized => s.remove(),
             _ => return false,
         };
+        // The deadline table drops the entries of forgotten sessions once
+        // they could be half of it, so that nothing stays per session.
+        let sessions = &self.sessions;
+        self.deadlines
+            .compact(sessions.len(), |id| sessions.contains_key(&id));
         // A parent's list keeps its forgotten children until they are half
         // of it, then drops them all at once: forgetting a wide tree's
         // children one by one stays linear, not quadratic.
@@ -1153,6 +1158,12 @@ impl Core {
     #[doc(hidden)]
     pub fn deadline_entries(&self) -> usize {
         self.deadlines.len()
+    }
+
+    /// How many entries the idle index holds (stale ones included); for tests.
+    #[doc(hidden)]
+    pub fn idle_entries(&self) -> usize {
+        self.deadlines.idle_len()
     }
 }
 

@@ -65,6 +65,9 @@ pub(crate) struct Deadlines {
     idle: BinaryHeap<Reverse<(Instant, SessionId)>>,
     /// The end of the shutdown drain, until it has passed.
     pub drain: Option<Instant>,
+    /// The sizes past which [`compact`](Self::compact) rebuilds each heap.
+    compact_idle_at: usize,
+    compact_timers_at: usize,
 }
 
 impl Deadlines {
@@ -102,6 +105,27 @@ impl Deadlines {
             .map(|Reverse(entry)| entry)
     }
 
+    /// Drops every entry of a session `keep` says no (a forgotten session),
+    /// once such entries may be half of a heap: stale entries are otherwise
+    /// dropped only when they surface, and an idle entry surfaces after the
+    /// idle TTL, so a process that finalizes sessions faster than that would
+    /// keep one entry per finalized session. Checked after each forget,
+    /// rebuilt at most once per as many forgets as the heap has entries, so
+    /// it stays linear overall.
+    pub fn compact(&mut self, live_sessions: usize, keep: impl Fn(SessionId) -> bool) {
+        let bound = live_sessions.saturating_mul(2).saturating_add(64);
+        if self.idle.len() > bound.max(self.compact_idle_at) {
+            self.idle.retain(|Reverse((_, id))| keep(*id));
+            // Entries of live sessions stay; the next rebuild waits until the
+            // heap has doubled again, so rebuilds stay linear overall.
+            self.compact_idle_at = self.idle.len().saturating_mul(2);
+        }
+        if self.timers.len() > bound.max(self.compact_timers_at) {
+            self.timers.retain(|Reverse((_, id, _))| keep(*id));
+            self.compact_timers_at = self.timers.len().saturating_mul(2);
+        }
+    }
+
     /// Drops stale entries from the top, as judged by `is_live`, so that
     /// [`next`](Self::next) does not report a deadline nobody waits for.
     pub fn prune(&mut self, mut is_live: impl FnMut(Instant, SessionId, Timer) -> bool) {
@@ -137,5 +161,9 @@ impl Deadlines {
 
     pub fn len(&self) -> usize {
         self.timers.len()
+    }
+
+    pub fn idle_len(&self) -> usize {
+        self.idle.len()
     }
 }

@@ -190,6 +190,41 @@ fn a_session_view_reports_tree_work_holds_transports_and_deadline() {
 
 // ----- forget ----------------------------------------------------------------
 
+/// A process that finalizes and forgets sessions much faster than the idle
+/// TTL (a gateway) keeps nothing per forgotten session: the idle index and
+/// the timers drop a forgotten session's entries once they could be half of
+/// the table, instead of when they surface an hour later.
+#[test]
+fn forgotten_sessions_leave_no_deadline_entries_behind() {
+    let mut h = Harness::new();
+    let live = h.register(1, None);
+    for id in 2..10_002 {
+        let s = h.register(id, None);
+        let work = h.start_turn(s);
+        h.ev(Event::CancelTurn { session: s });
+        h.ev(Event::WorkEnded {
+            work,
+            outcome: Outcome::Cancelled,
+        });
+        h.ev(Event::UserClose { session: s });
+        assert_eq!(h.state(s), State::Finalized);
+        assert!(h.core.forget(s));
+    }
+    assert_eq!(h.core.sessions().count(), 1);
+    assert!(
+        h.core.idle_entries() <= 2 * 1 + 64,
+        "{} idle entries for one live session",
+        h.core.idle_entries()
+    );
+    assert!(
+        h.core.deadline_entries() <= 2 * 1 + 64,
+        "{} timers for one live session",
+        h.core.deadline_entries()
+    );
+    // The live session is untouched.
+    assert_eq!(h.state(live), State::Registered);
+}
+
 #[test]
 fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
     let mut h = Harness::quiet();
