@@ -623,7 +623,7 @@ fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
     .with_note(format!(
         "heap bytes still live per session a runtime registered, ran a one-chunk turn in and \
          finalized, counted by the global allocator (no-op store, waves of {} sessions, the first \
-         a warm-up not counted); the target is about zero",
+         half of them a warm-up not counted: the figure is the slope); the target is about zero",
         grouped(finalized_memory::WAVE as i64)
     )))
 }
