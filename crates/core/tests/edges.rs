@@ -212,12 +212,12 @@ fn forgotten_sessions_leave_no_deadline_entries_behind() {
     }
     assert_eq!(h.core.sessions().count(), 1);
     assert!(
-        h.core.idle_entries() <= 2 * 1 + 64,
+        h.core.idle_entries() <= 2 + 64,
         "{} idle entries for one live session",
         h.core.idle_entries()
     );
     assert!(
-        h.core.deadline_entries() <= 2 * 1 + 64,
+        h.core.deadline_entries() <= 2 + 64,
         "{} timers for one live session",
         h.core.deadline_entries()
     );
