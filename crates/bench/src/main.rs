@@ -99,6 +99,10 @@ struct Args {
     /// With --gateway-clients: each client creates a session.
     #[arg(long, hide = true)]
     gateway_sessions: bool,
+    /// The memory-after-finalize row's own process: run N sessions through a
+    /// runtime and print `BYTES COUNTED`.
+    #[arg(long, hide = true, value_name = "N")]
+    finalized_memory_child: Option<usize>,
 }
 
 /// Sizes and rounds of one run.
@@ -611,7 +615,25 @@ fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
         "memory after finalize: {} sessions through a runtime",
         grouped(n as i64)
     ));
-    let (bytes, counted) = finalized_memory::bytes_per_finalized_session(n)?;
+    // In a process of its own: the allocator counts every thread, and the
+    // earlier rows leave threads behind (stores' checkpointers, blocking
+    // pools) whose allocations would be counted against the sessions.
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .arg("--finalized-memory-child")
+        .arg(n.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err("the memory-after-finalize process failed".into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut figures = text.split_whitespace();
+    let (Some(Ok(bytes)), Some(Ok(counted))) = (
+        figures.next().map(str::parse::<f64>),
+        figures.next().map(str::parse::<usize>),
+    ) else {
+        return Err(format!("the memory-after-finalize process printed {text:?}").into());
+    };
     Ok(Row::absolute(
         "memory after finalize",
         format!("{} finalized sessions", grouped(counted as i64)),
@@ -774,6 +796,18 @@ fn run(args: &Args) -> Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(n) = args.finalized_memory_child {
+        return match finalized_memory::bytes_per_finalized_session(n) {
+            Ok((bytes, counted)) => {
+                println!("{bytes} {counted}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                progress(&format!("memory after finalize: {e}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let [addr, n] = args.gateway_clients.as_slice() {
         let clients = n.parse().unwrap_or(0);
         return match gateway_bench::client_process(addr, clients, args.gateway_sessions) {
