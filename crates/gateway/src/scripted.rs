@@ -152,7 +152,7 @@ impl ScriptBook {
     /// Reads a book from a TOML file.
     ///
     /// # Errors
-    /// When the file cannot be read, is larger than [`MAX_FILE_BYTES`], or is
+    /// When the file cannot be read, is larger than 1 MiB, or is
     /// not a valid book: one line naming the file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ScriptBookError> {
         let path = path.as_ref();
