@@ -321,28 +321,11 @@ fn in_order<'a>(timeline: &'a [TimelineRow], turns: &'a [TurnRow]) -> Vec<Either
 #[cfg(test)]
 mod tests {
 
-    fn text_chunks(texts: &[&str]) -> Vec<settle_store::ChunkRow> {
-        texts
-            .iter()
-            .enumerate()
-            .map(|(seq, text)| settle_store::ChunkRow {
-                seq: seq as u32,
-                kind: settle_store::ChunkKind::Text,
-                text: (*text).to_owned(),
-                data: None,
-            })
-            .collect()
-    }
-    use std::time::Duration;
-
     use serde_json::Value;
     use settle_store::{Outcome, SessionId, SessionRow};
 
     use super::*;
-
-    fn at(ms: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
-    }
+    use crate::test_support::{at, text_chunks};
 
     fn step(ms: u64, from: Option<State>, to: State, cause: &str) -> TimelineRow {
         TimelineRow {

@@ -44,6 +44,9 @@ pub mod terminal;
 pub mod trace;
 pub mod transcript;
 
+#[cfg(test)]
+mod test_support;
+
 use std::io::Write;
 
 use std::time::Duration;

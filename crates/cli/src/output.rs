@@ -531,16 +531,12 @@ fn indented(text: &str, prefix: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use serde_json::{json, Value};
     use settle_store::{HostIdentity, OwnerId, State, TurnError, TurnErrorKind};
 
     use super::*;
-
-    fn at(ms: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
-    }
+    use crate::test_support::at;
 
     fn row(id: u64, resumed_from: Option<u64>) -> SessionRow {
         SessionRow {

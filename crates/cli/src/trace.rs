@@ -245,27 +245,10 @@ fn turn_events(
 #[cfg(test)]
 mod tests {
 
-    fn text_chunks(texts: &[&str]) -> Vec<settle_store::ChunkRow> {
-        texts
-            .iter()
-            .enumerate()
-            .map(|(seq, text)| settle_store::ChunkRow {
-                seq: seq as u32,
-                kind: settle_store::ChunkKind::Text,
-                text: (*text).to_owned(),
-                data: None,
-            })
-            .collect()
-    }
-    use std::time::Duration;
-
     use settle_store::{EndReason, Outcome, SessionRow, TimelineRow};
 
     use super::*;
-
-    fn at(ms: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
-    }
+    use crate::test_support::{at, text_chunks};
 
     fn session(id: u64, parent: Option<u64>, name: &str) -> SessionDetail {
         use State::*;
