@@ -111,6 +111,20 @@ impl<S> Clocked<S> {
         std::array::from_fn(|i| self.calls[i].load(Ordering::SeqCst))
     }
 
+    /// Finalizes are being handed to the store now.
+    fn mark_handed(&self) {
+        let handed = self.now();
+        self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
+        self.last_handed.0.fetch_max(handed, Ordering::SeqCst);
+    }
+
+    /// Finalizes handed to the store came back now.
+    fn mark_committed(&self) {
+        self.last_committed
+            .0
+            .fetch_max(self.now(), Ordering::SeqCst);
+    }
+
     fn now(&self) -> u64 {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(NEVER - 1)
     }
@@ -205,13 +219,9 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         plan: FinalizeRequest,
     ) -> Result<Finalized, StoreError> {
         self.count(Write::Finalize);
-        let handed = self.now();
-        self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
-        self.last_handed.0.fetch_max(handed, Ordering::SeqCst);
+        self.mark_handed();
         let result = self.inner.finalize(id, plan).await;
-        self.last_committed
-            .0
-            .fetch_max(self.now(), Ordering::SeqCst);
+        self.mark_committed();
         result
     }
 
@@ -231,15 +241,11 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
             });
         }
         if finalizes {
-            let handed = self.now();
-            self.first_handed.0.fetch_min(handed, Ordering::SeqCst);
-            self.last_handed.0.fetch_max(handed, Ordering::SeqCst);
+            self.mark_handed();
         }
         let results = self.inner.apply(batch).await;
         if finalizes {
-            self.last_committed
-                .0
-                .fetch_max(self.now(), Ordering::SeqCst);
+            self.mark_committed();
         }
         results
     }

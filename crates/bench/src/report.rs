@@ -101,18 +101,11 @@ impl Row {
         rounds: usize,
     ) -> Row {
         let met = Some(target.holds(ratio.median));
-        Row {
-            bench: bench.into(),
-            size: size.into(),
-            unit: unit.into(),
-            ours,
-            baseline: Some(baseline),
-            ratio: Some(ratio),
-            target,
-            met,
-            rounds,
-            note: None,
-        }
+        let mut row = Row::ours_only(bench, size, unit, ours, target, rounds);
+        row.baseline = Some(baseline);
+        row.ratio = Some(ratio);
+        row.met = met;
+        row
     }
 
     /// A row whose figure is checked against an absolute bound.
@@ -124,18 +117,10 @@ impl Row {
         target: Target,
         rounds: usize,
     ) -> Row {
-        Row {
-            bench: bench.into(),
-            size: size.into(),
-            unit: unit.into(),
-            ours,
-            baseline: None,
-            ratio: None,
-            met: Some(target.holds(ours)),
-            target,
-            rounds,
-            note: None,
-        }
+        let met = Some(target.holds(ours));
+        let mut row = Row::ours_only(bench, size, unit, ours, target, rounds);
+        row.met = met;
+        row
     }
 
     /// A row whose baseline could not run: our figure alone, its ratio
