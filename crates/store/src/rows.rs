@@ -16,11 +16,31 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::result::QueryResult;
 use diesel::RunQueryDsl;
 
-/// How many rows one statement carries, well under both backends' bind
-/// limits. A statement of exactly this many rows is prepared once per
-/// connection and reused (Diesel caches it by its text); a shorter one, the
-/// rest of a batch, is prepared each time.
+/// How many rows one statement carries at most, well under both backends'
+/// bind limits.
 pub(crate) const ROWS_PER_STATEMENT: usize = 256;
+
+/// `rows` cut into statements that stay prepared: full ones of
+/// [`ROWS_PER_STATEMENT`] rows, then the rest as pieces of a power of two
+/// rows each, largest first (100 rows: 64, 32, 4). Diesel keeps a statement
+/// prepared per connection by its text, so each table has at most nine
+/// texts, each parsed once; a statement of any other length would be parsed
+/// again every time (at one chunk per transaction that parse was most of
+/// the writer's time).
+pub(crate) fn pieces<P>(rows: &[P]) -> impl Iterator<Item = &[P]> {
+    let mut rest = rows;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let n = rest.len().min(ROWS_PER_STATEMENT);
+        // The largest power of two not above `n`.
+        let take = 1 << (usize::BITS - 1 - n.leading_zeros());
+        let (piece, tail) = rest.split_at(take);
+        rest = tail;
+        Some(piece)
+    })
+}
 
 /// A row of parameters.
 pub(crate) trait Params<DB: Backend> {
@@ -55,8 +75,9 @@ impl<'a, P> Rows<'a, P> {
 
 impl<DB: Backend, P: Params<DB>> QueryFragment<DB> for Rows<'_, P> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        // The text depends on the number of rows: only full statements recur.
-        if self.rows.len() != ROWS_PER_STATEMENT {
+        // The text depends on the number of rows: only the lengths `pieces`
+        // cuts recur.
+        if !self.rows.len().is_power_of_two() || self.rows.len() > ROWS_PER_STATEMENT {
             out.unsafe_to_cache_prepared();
         }
         out.push_sql(self.head);
@@ -116,3 +137,34 @@ macro_rules! params {
     };
 }
 pub(crate) use params;
+
+#[cfg(test)]
+mod tests {
+    use super::{pieces, ROWS_PER_STATEMENT};
+
+    fn lengths(n: usize) -> Vec<usize> {
+        let rows: Vec<usize> = (0..n).collect();
+        let cut: Vec<&[usize]> = pieces(&rows).collect();
+        // Every row once, in order.
+        assert_eq!(cut.concat(), rows);
+        cut.iter().map(|p| p.len()).collect()
+    }
+
+    #[test]
+    fn pieces_are_full_statements_then_powers_of_two() {
+        assert!(lengths(0).is_empty());
+        assert_eq!(lengths(1), [1]);
+        assert_eq!(lengths(16), [16]);
+        assert_eq!(lengths(100), [64, 32, 4]);
+        assert_eq!(lengths(ROWS_PER_STATEMENT), [ROWS_PER_STATEMENT]);
+        assert_eq!(
+            lengths(2 * ROWS_PER_STATEMENT + 3),
+            [ROWS_PER_STATEMENT, ROWS_PER_STATEMENT, 2, 1]
+        );
+        for n in 0..1000 {
+            assert!(lengths(n)
+                .iter()
+                .all(|&l| l.is_power_of_two() && l <= ROWS_PER_STATEMENT));
+        }
+    }
+}

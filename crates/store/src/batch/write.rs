@@ -10,7 +10,7 @@ use settle_core::{Outcome, State};
 use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
-use crate::rows::{bind, params, Rows, ROWS_PER_STATEMENT};
+use crate::rows::{bind, params, pieces, Rows};
 use crate::schema::sessions;
 use crate::time::{session_id, sid, to_millis};
 use crate::timeline::Step;
@@ -106,7 +106,7 @@ fn insert_sessions(mut db: Db<'_>, d: &mut Decided<'_>) -> Result<Vec<i64>, Stor
             ))
         })
         .collect::<Result<_, StoreError>>()?;
-    for part in rows.chunks(ROWS_PER_STATEMENT) {
+    for part in pieces(&rows) {
         on_db!(db.reborrow(), |c| diesel::insert_into(sessions::table)
             .values(part)
             .execute(c))
@@ -148,7 +148,7 @@ fn update_sessions(mut db: Db<'_>, sessions: &HashMap<i64, Sim>) -> Result<(), S
         })
         .collect();
     rows.sort_unstable_by_key(|r| r.id);
-    for part in rows.chunks(ROWS_PER_STATEMENT) {
+    for part in pieces(&rows) {
         let statement = Rows::update(
             "UPDATE sessions SET state = v.column3, outcome = v.column4, \
              end_reason = v.column5, open_turn = v.column6, finalized_at = v.column7, \
@@ -177,7 +177,7 @@ fn changed_under(context: &'static str) -> StoreError {
 }
 
 fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> {
-    for part in starts.chunks(ROWS_PER_STATEMENT) {
+    for part in pieces(starts) {
         let statement = Rows::insert(
             "INSERT INTO turns (session, \"no\", started_at, next_seq, input) VALUES ",
             part,
@@ -188,7 +188,7 @@ fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> 
 }
 
 fn end_turns(mut db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
-    for part in ends.chunks(ROWS_PER_STATEMENT) {
+    for part in pieces(ends) {
         let statement = Rows::update(
             "UPDATE turns SET ended_at = v.column3, outcome = v.column4, \
              error_kind = v.column5, error_message = v.column6 FROM (VALUES ",
@@ -250,7 +250,7 @@ fn insert_timeline(mut db: Db<'_>, d: &Decided<'_>, new_ids: &[i64]) -> Result<(
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    for part in segments.chunks(ROWS_PER_STATEMENT) {
+    for part in pieces(&segments) {
         let statement = Rows::insert("INSERT INTO timeline (session, steps) VALUES ", part);
         on_db!(db.reborrow(), |c| statement.execute(c))
             .context("recording the timeline of a batch")?;
