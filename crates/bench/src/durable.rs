@@ -129,14 +129,19 @@ async fn teardown(
     if runtime.cancel_subtree(leaf).await? != Handled::NoOp {
         return Err(format!("cancelling the empty subtree of {leaf} did something").into());
     }
-    let watcher = watch_work.then(|| {
-        tokio::spawn(async move {
+    // The turns stay alive until the teardown is over: dropping a `Turn`
+    // cancels it, and the cancel is what is timed.
+    let (watcher, kept) = if watch_work {
+        let watcher = tokio::spawn(async move {
             for turn in turns {
                 turn.outcome().await;
             }
             Instant::now()
-        })
-    });
+        });
+        (Some(watcher), Vec::new())
+    } else {
+        (None, turns)
+    };
     tokio::time::sleep(crate::teardown::SETTLE_PAUSE).await;
 
     perf_control("enable");
@@ -149,6 +154,7 @@ async fn teardown(
     }
     let took = start.elapsed();
     perf_control("disable");
+    drop(kept);
 
     let work_exited = match watcher {
         Some(w) => Some(w.await?.saturating_duration_since(start)),
