@@ -143,6 +143,10 @@ async fn teardown(
         (None, turns)
     };
     tokio::time::sleep(crate::teardown::SETTLE_PAUSE).await;
+    // A stream closed before the cancel would be teardown done untimed.
+    if provider.stats().close_finished != 0 {
+        return Err("a stream closed before the timed cancel".into());
+    }
 
     perf_control("enable");
     let start = Instant::now();

@@ -132,6 +132,10 @@ pub async fn ours(shape: Shape, n: usize) -> Result<Phases> {
     )
     .await?;
     wait_until("every stream to open", || provider.stats().opened == n).await?;
+    // A stream closed before the cancel would be teardown done untimed.
+    if provider.stats().close_finished != 0 {
+        return Err("a stream closed before the timed cancel".into());
+    }
 
     perf_control("enable");
     let start = Instant::now();
