@@ -250,6 +250,11 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         results
     }
 
+    fn applies_in_order(&self) -> bool {
+        // Nothing is awaited before the inner store's first poll.
+        self.inner.applies_in_order()
+    }
+
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         self.inner.recover(options).await
     }

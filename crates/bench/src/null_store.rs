@@ -184,6 +184,11 @@ impl SessionStore for NullStore {
         results
     }
 
+    /// Every write answers at once: a batch is applied whole at its first poll.
+    fn applies_in_order(&self) -> bool {
+        true
+    }
+
     async fn recover(&self, _: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         Ok(RecoveryReport::default())
     }

@@ -111,6 +111,7 @@ impl KernelBuilder {
             report: ShutdownReport::default(),
             deadline,
             last_report: last_report.clone(),
+            in_flight: None,
         };
         let recorder = tokio::spawn(recorder.run(records));
         let lease = tokio::spawn(crate::lease::renew(

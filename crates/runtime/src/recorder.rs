@@ -7,7 +7,11 @@
 //! wakes goes to the store as one batch ([`SessionStore::apply`]), applied in
 //! one transaction with a result per write, each finalize still its row's
 //! compare-and-set (G2). A registration, a turn start or a finalize waits for
-//! the batch that holds it, and no longer.
+//! the batch that holds it, and no longer. When the store applies batches in
+//! the order they are handed to it ([`SessionStore::applies_in_order`], as
+//! the database store's one writer thread does), the next batch is handed
+//! over while one is still being committed, and the answers of the one
+//! before go out meanwhile: the database never waits for the recorder.
 //!
 //! Every store call is bounded: by the store timeout, and once a shutdown has
 //! begun by what is left of its budget (drain + settle timeout + flush budget),
@@ -17,8 +21,10 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use settle_core::{Finalize, FinalizeStep, SessionId, State};
@@ -43,6 +49,35 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Runs a store call within `bound`, and, once a shutdown has begun, within
+/// its deadline: a shutdown that begins while the call is in flight (a
+/// registration waiting on a stalled store) cuts it there.
+async fn within<T>(
+    bound: Duration,
+    mut deadline: watch::Receiver<Option<tokio::time::Instant>>,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, Unwritten> {
+    let started = tokio::time::Instant::now();
+    let shutdown_ends = async move {
+        match deadline.wait_for(Option::is_some).await.map(|at| *at) {
+            Ok(Some(at)) => {
+                tokio::time::sleep_until(at).await;
+                at
+            }
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        ended = tokio::time::timeout(bound, call) => match ended {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(Unwritten::from_store(error)),
+            Err(_) => Err(Unwritten::TimedOut(bound)),
+        },
+        at = shutdown_ends => Err(Unwritten::TimedOut(at.saturating_duration_since(started))),
     }
 }
 
@@ -98,7 +133,7 @@ impl std::fmt::Display for Unwritten {
 }
 
 /// What to do with one write's result, once its batch is committed.
-enum Answer {
+pub(crate) enum Answer {
     Registered {
         shared: Arc<SessionShared>,
         reply: Reply<Arc<SessionShared>>,
@@ -146,6 +181,19 @@ pub(crate) struct Recorder {
     pub deadline: watch::Receiver<Option<tokio::time::Instant>>,
     /// Where the final report is kept for late askers.
     pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// The batch the store is applying while the next one is built, when
+    /// the store applies batches in the order they were handed to it.
+    pub in_flight: Option<InFlight>,
+}
+
+/// What a batch's store call gives back: a result per write, or why none.
+type BatchResults = Result<Vec<Result<Applied, StoreError>>, Unwritten>;
+
+/// A batch handed to the store and not answered yet.
+pub(crate) struct InFlight {
+    answers: Vec<Answer>,
+    after: Vec<Answer>,
+    results: Pin<Box<dyn Future<Output = BatchResults> + Send>>,
 }
 
 /// How long a transition nobody waits for may wait for its session's next
@@ -206,7 +254,21 @@ impl Recorder {
         let mut held = Held::default();
         loop {
             let due = held.due();
+            let in_flight = async {
+                match self.in_flight.as_mut() {
+                    Some(batch) => batch.results.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            };
             let received = tokio::select! {
+                biased;
+                // A batch is answered as soon as it is committed.
+                results = in_flight => {
+                    if let Some(batch) = self.in_flight.take() {
+                        self.answer_batch(batch.answers, batch.after, results).await;
+                    }
+                    continue;
+                }
                 n = records.recv_many(&mut batch, RECORD_BATCH) => n,
                 () = sleep_until(due), if due.is_some() => 0,
             };
@@ -221,11 +283,12 @@ impl Recorder {
             let closed = received == 0 && records.is_closed() && records.is_empty();
             let limit = (!closed).then(|| tokio::time::Instant::now() - HOLD);
             held.release_old(limit, &mut pending);
-            self.commit(std::mem::take(&mut pending)).await;
+            self.launch(std::mem::take(&mut pending)).await;
             if closed && held.writes.is_empty() {
                 break;
             }
         }
+        self.land().await;
     }
 
     /// The bound of a store call now.
@@ -238,30 +301,14 @@ impl Recorder {
         }
     }
 
-    /// Runs a store call within its bound.
-    async fn bounded<T>(
-        &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, Unwritten> {
-        let bound = self.bound();
-        // A shutdown that begins while the call is in flight (a registration
-        // waiting on a stalled store) cuts it at the shutdown's deadline.
-        let mut deadline = self.deadline.clone();
-        let shutdown_ends = async move {
-            match deadline.wait_for(Option::is_some).await.map(|at| *at) {
-                Ok(Some(at)) => tokio::time::sleep_until(at).await,
-                _ => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            ended = tokio::time::timeout(bound, call) => match ended {
-                Ok(Ok(value)) => Ok(value),
-                Ok(Err(error)) => Err(Unwritten::from_store(error)),
-                Err(_) => Err(Unwritten::TimedOut(bound)),
-            },
-            () = shutdown_ends => Err(Unwritten::TimedOut(self.bound())),
-        }
+    /// Runs a store call within its bound. (Not an `async fn`: the future
+    /// holds no reference to the recorder, whose batch in flight is not
+    /// `Sync`.)
+    fn bounded<T, F>(&self, call: F) -> impl Future<Output = Result<T, Unwritten>> + use<T, F>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        within(self.bound(), self.deadline.clone(), call)
     }
 
     /// Adds one record to the batch, or, for a record that is not a
@@ -394,28 +441,97 @@ impl Recorder {
         }
     }
 
-    /// Applies a batch in one transaction and answers each of its writes.
+    /// Applies a batch in one transaction and answers each of its writes,
+    /// after every batch handed to the store before it.
     async fn commit(&mut self, pending: Pending) {
+        self.land().await;
+        let Some(batch) = self.hand(pending) else {
+            return;
+        };
+        let results = batch.results.await;
+        self.answer_batch(batch.answers, batch.after, results).await;
+    }
+
+    /// Hands a batch to the store and keeps it in flight, answering the one
+    /// before it (the store is already applying this one after it, so the
+    /// database does not wait while those answers go out). A store that
+    /// does not apply batches in the order they were handed to it is given
+    /// one at a time.
+    async fn launch(&mut self, pending: Pending) {
+        if !self.store.applies_in_order() {
+            return self.commit(pending).await;
+        }
+        let Some(mut next) = self.hand(pending) else {
+            return;
+        };
+        // The first poll hands the batch to the store (see
+        // `SessionStore::applies_in_order`); a store that applied it at once
+        // has its results kept in the future.
+        if let Poll::Ready(results) = next
+            .results
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            next.results = Box::pin(std::future::ready(results));
+        }
+        self.land().await;
+        self.in_flight = Some(next);
+    }
+
+    /// Waits for the batch in flight, if any, and answers it.
+    async fn land(&mut self) {
+        if let Some(batch) = self.in_flight.take() {
+            let results = batch.results.await;
+            self.answer_batch(batch.answers, batch.after, results).await;
+        }
+    }
+
+    /// The store call of a batch, bounded as every call is; `None` for an
+    /// empty one.
+    fn hand(&self, pending: Pending) -> Option<InFlight> {
         let Pending {
             writes,
             answers,
             after,
             ..
         } = pending;
-        if !writes.is_empty() {
-            let n = writes.len();
-            let results: Vec<Result<Applied, Unwritten>> = match self
-                .bounded(async { Ok(self.store.apply(writes).await) })
-                .await
-            {
-                Ok(results) => results
-                    .into_iter()
-                    .map(|r| r.map_err(Unwritten::from_store))
-                    .collect(),
-                Err(unwritten) => (0..n).map(|_| Err(unwritten.clone())).collect(),
-            };
-            for (answer, result) in answers.into_iter().zip(results) {
-                self.answer(answer, result).await;
+        if writes.is_empty() && after.is_empty() {
+            return None;
+        }
+        let results: Pin<Box<dyn Future<Output = BatchResults> + Send>> = if writes.is_empty() {
+            Box::pin(std::future::ready(Ok(Vec::new())))
+        } else {
+            let store = self.store.clone();
+            Box::pin(within(self.bound(), self.deadline.clone(), async move {
+                Ok(store.apply(writes).await)
+            }))
+        };
+        Some(InFlight {
+            answers,
+            after,
+            results,
+        })
+    }
+
+    /// Answers each write of a batch with its result, then the works whose
+    /// end has no row.
+    async fn answer_batch(
+        &mut self,
+        answers: Vec<Answer>,
+        after: Vec<Answer>,
+        results: BatchResults,
+    ) {
+        match results {
+            Ok(results) => {
+                for (answer, result) in answers.into_iter().zip(results) {
+                    self.answer(answer, result.map_err(Unwritten::from_store))
+                        .await;
+                }
+            }
+            Err(unwritten) => {
+                for answer in answers {
+                    self.answer(answer, Err(unwritten.clone())).await;
+                }
             }
         }
         for answer in after {

@@ -707,6 +707,11 @@ impl SessionStore for MemoryStore {
         batch.into_iter().map(|write| tables.apply(write)).collect()
     }
 
+    /// A batch is applied whole at its first poll.
+    fn applies_in_order(&self) -> bool {
+        true
+    }
+
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         self.lock().recover(&options)
     }

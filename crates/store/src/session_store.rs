@@ -128,6 +128,17 @@ pub trait SessionStore: Send + Sync {
     /// after the commit; the result has one entry per write, in order.
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>>;
 
+    /// Whether batches are applied in the order their [`apply`](Self::apply)
+    /// futures are first polled, each whole before the next, whatever order
+    /// they complete in. A store that says so lets a caller hand it the next
+    /// batch while one is still being applied (the kernel's recorder builds
+    /// and submits batch *k* + 1 while *k* commits, so the database never
+    /// waits for it); one that does not is given one batch at a time. The
+    /// default is `false`.
+    fn applies_in_order(&self) -> bool {
+        false
+    }
+
     /// Finalize the sessions left live by crashed processes (G8).
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError>;
 

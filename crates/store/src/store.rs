@@ -266,6 +266,12 @@ impl SessionStore for Store {
         }
     }
 
+    /// Every write goes to the one writer thread when its future is first
+    /// polled, and the writer runs them in that order.
+    fn applies_in_order(&self) -> bool {
+        true
+    }
+
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         self.write(move |db| crate::recover::recover(db, &options))
             .await

@@ -2,6 +2,8 @@
 //! that stops answering cannot hold a shutdown past its bound, and the report
 //! names every session it left; a lease the store says is lost stops the
 //! kernel at once.
+//! A store still committing one batch when the next is handed to it answers
+//! each waiter only once its own batch is committed (G7).
 //!
 //! The same faults on real databases and a real process (PostgreSQL stopped
 //! with SIGSTOP, SQLite locked by another process, `settle` stopped past its
@@ -30,11 +32,30 @@ const MS: Duration = Duration::from_millis(1);
 /// whose server was stopped; `lose_lease` makes the lease renewal and every
 /// owner write fail with `LeaseLost`, as the store does once another process
 /// may have recovered the owner's sessions.
-#[derive(Clone, Default)]
+///
+/// With `hold_answers`, it says it applies batches in the order they are
+/// handed to it (as the real store does) and applies each at once, but
+/// answers a batch only once the test adds a permit to `answers`: a
+/// database still committing.
+#[derive(Clone)]
 struct Faulty {
     inner: MemoryStore,
     stall: Arc<AtomicBool>,
     lose_lease: Arc<AtomicBool>,
+    hold_answers: Arc<AtomicBool>,
+    answers: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Faulty {
+    fn default() -> Self {
+        Faulty {
+            inner: MemoryStore::default(),
+            stall: Arc::default(),
+            lose_lease: Arc::default(),
+            hold_answers: Arc::default(),
+            answers: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
 }
 
 impl Faulty {
@@ -134,7 +155,16 @@ impl SessionStore for Faulty {
         if let Err(lost) = self.fenced(OWNER) {
             return batch.iter().map(|_| Err(lost.clone())).collect();
         }
-        self.inner.apply(batch).await
+        let results = self.inner.apply(batch).await;
+        if self.hold_answers.load(Ordering::SeqCst) {
+            if let Ok(permit) = self.answers.acquire().await {
+                permit.forget();
+            }
+        }
+        results
+    }
+    fn applies_in_order(&self) -> bool {
+        self.hold_answers.load(Ordering::SeqCst)
     }
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         self.inner.recover(options).await
@@ -387,4 +417,58 @@ async fn g8_a_lost_lease_stops_the_kernel_and_cancels_its_work() {
         let before = if id == busy.id() { 1 } else { 0 };
         assert_eq!(chunks, before, "session {id} was written after the loss");
     }
+}
+
+/// G7 with a batch handed ahead: a store that applies batches in the order
+/// it was handed them gets the next batch while it is still committing one
+/// (the recorder does not wait to hand it), and every waiter is still
+/// answered only once the batch holding its write is committed, batch by
+/// batch, in order.
+#[tokio::test(start_paused = true)]
+async fn g7_a_batch_handed_ahead_is_answered_only_once_committed_and_in_order() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let a = kernel.register("a", None).await.unwrap();
+    let b = kernel.register("b", None).await.unwrap();
+    store.hold_answers.store(true, Ordering::SeqCst);
+
+    let mut a_closed = Box::pin(a.close());
+    assert!(
+        tokio::time::timeout(MS, &mut a_closed).await.is_err(),
+        "a's finalize is answered before its batch is committed"
+    );
+    let finalized = |id: SessionId| {
+        let inner = store.inner.clone();
+        async move { inner.session_detail(id).await.unwrap().session.state == State::Finalized }
+    };
+    assert!(finalized(a.id()).await, "a's batch was handed to the store");
+
+    // b's batch is handed while a's is still committing.
+    let mut b_closed = Box::pin(b.close());
+    for _ in 0..100 {
+        if finalized(b.id()).await {
+            break;
+        }
+        let _ = tokio::time::timeout(MS, &mut b_closed).await;
+    }
+    assert!(
+        finalized(b.id()).await,
+        "b's batch waited for a's to be committed before it was handed on"
+    );
+    assert!(tokio::time::timeout(MS, &mut a_closed).await.is_err());
+    assert!(tokio::time::timeout(MS, &mut b_closed).await.is_err());
+
+    // a's batch commits: a is answered, b still waits for its own.
+    store.answers.add_permits(1);
+    assert_eq!(a_closed.await.unwrap(), EndReason::UserClose);
+    assert!(
+        tokio::time::timeout(10 * MS, &mut b_closed).await.is_err(),
+        "b is answered before its batch is committed"
+    );
+    store.answers.add_permits(1);
+    assert_eq!(b_closed.await.unwrap(), EndReason::UserClose);
+
+    store.answers.add_permits(usize::MAX >> 4);
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0);
 }
