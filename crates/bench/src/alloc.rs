@@ -1,12 +1,16 @@
-//! A global allocator that forwards to [`System`] and, only while switched on,
-//! adds up the bytes live, for the memory row (heap bytes per idle session).
+//! A global allocator that forwards to mimalloc (the allocator the `settle`
+//! binary ships with, so that the bench measures what users run) and, only
+//! while switched on, adds up the bytes live, for the memory rows (heap bytes
+//! per idle session).
 //!
 //! Off, it costs one relaxed load per call, so the timed benches (whose
 //! baselines allocate less than ours) are not skewed by the counting.
 // A global allocator is an `unsafe impl`; this is the only unsafe code of the crate.
 #![allow(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use mimalloc::MiMalloc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 /// The allocator of this binary.
@@ -27,13 +31,13 @@ fn sub(bytes: usize) {
     }
 }
 
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged and returns what `System` returned; the counters never affect the
+// SAFETY: every method forwards to `MiMalloc` with the caller's arguments
+// unchanged and returns what `MiMalloc` returned; the counters never affect the
 // memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { MiMalloc.alloc(layout) };
         if !p.is_null() {
             add(layout.size());
         }
@@ -42,7 +46,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `alloc_zeroed`'s contract.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { MiMalloc.alloc_zeroed(layout) };
         if !p.is_null() {
             add(layout.size());
         }
@@ -51,13 +55,13 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded as is; the caller upholds `dealloc`'s contract.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { MiMalloc.dealloc(ptr, layout) };
         sub(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `realloc`'s contract.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             add(new_size);
             sub(layout.size());

@@ -21,6 +21,12 @@ use settle_store::{
 
 mod serve;
 
+/// The allocator of the binary: a teardown frees on one thread what another
+/// allocated, at a rate glibc's allocator handles poorly (it was a fifth of
+/// the teardown's profile; see BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// How long `settle run`'s summary waits for the store after a shutdown that
 /// left sessions for recovery (its store may be stalled).
 const SUMMARY_AFTER_A_STALL: Duration = Duration::from_millis(100);
