@@ -1,7 +1,7 @@
 //! A global allocator that forwards to mimalloc (the allocator the `settle`
-//! binary ships with, so that the bench measures what users run) and, only
-//! while switched on, adds up the bytes live, for the memory rows (heap bytes
-//! per idle session).
+//! binary ships with, so that the bench measures what users run; the system
+//! allocator without the `mimalloc` feature) and, only while switched on,
+//! adds up the bytes live, for the memory rows (heap bytes per idle session).
 //!
 //! Off, it costs one relaxed load per call, so the timed benches (whose
 //! baselines allocate less than ours) are not skewed by the counting.
@@ -10,7 +10,17 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 
-use mimalloc::MiMalloc;
+#[cfg(feature = "mimalloc")]
+use mimalloc::MiMalloc as Inner;
+#[cfg(not(feature = "mimalloc"))]
+use std::alloc::System as Inner;
+
+/// The allocator the run uses, as the report names it.
+pub const NAME: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "system allocator"
+};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 /// The allocator of this binary.
@@ -31,13 +41,13 @@ fn sub(bytes: usize) {
     }
 }
 
-// SAFETY: every method forwards to `MiMalloc` with the caller's arguments
-// unchanged and returns what `MiMalloc` returned; the counters never affect the
+// SAFETY: every method forwards to the inner allocator with the caller's arguments
+// unchanged and returns what the inner allocator returned; the counters never affect the
 // memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
-        let p = unsafe { MiMalloc.alloc(layout) };
+        let p = unsafe { Inner.alloc(layout) };
         if !p.is_null() {
             add(layout.size());
         }
@@ -46,7 +56,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `alloc_zeroed`'s contract.
-        let p = unsafe { MiMalloc.alloc_zeroed(layout) };
+        let p = unsafe { Inner.alloc_zeroed(layout) };
         if !p.is_null() {
             add(layout.size());
         }
@@ -55,13 +65,13 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded as is; the caller upholds `dealloc`'s contract.
-        unsafe { MiMalloc.dealloc(ptr, layout) };
+        unsafe { Inner.dealloc(ptr, layout) };
         sub(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `realloc`'s contract.
-        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
+        let p = unsafe { Inner.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             add(new_size);
             sub(layout.size());

@@ -772,6 +772,7 @@ fn run(args: &Args) -> Result<()> {
             "mode": if args.quick { "quick" } else { "full" },
             "seconds": elapsed.as_secs_f64(),
             "load_average": { "start": load_before, "end": load_after },
+            "allocator": alloc::NAME,
             "rows": rows,
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
@@ -781,12 +782,13 @@ fn run(args: &Args) -> Result<()> {
         write!(out, "{}", report::table(&rows))?;
         writeln!(
             out,
-            "\n{} rows, {} target{} missed, {:.1} s ({} run), load average {} at the start, {} at the end",
+            "\n{} rows, {} target{} missed, {:.1} s ({} run, {}), load average {} at the start, {} at the end",
             rows.len(),
             missed,
             if missed == 1 { "" } else { "s" },
             elapsed.as_secs_f64(),
             if args.quick { "quick" } else { "full" },
+            alloc::NAME,
             load(load_before),
             load(load_after),
         )?;
