@@ -1,6 +1,7 @@
 //! Lifecycle writes group-committed: one transaction per batch, one answer per
 //! write, the single calls' rules, and the latch still spent once (G2).
 
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use serde_json::json;
@@ -88,6 +89,41 @@ async fn running(store: &dyn SessionStore, owner: OwnerId, name: &str) -> Sessio
 
 fn won(result: &Result<Applied, StoreError>) -> bool {
     matches!(result, Ok(Applied::Finalized(Finalized::Won(_))))
+}
+
+/// The order the kernel's recorder relies on when it hands the store a batch
+/// while another is being applied (`SessionStore::applies_in_order`):
+/// batches are applied in the order their `apply` futures are first polled,
+/// not the order they were created or awaited in. Two batches finalize the
+/// same session; the one polled first wins, the other finds the latch spent.
+pub(crate) fn batches_are_applied_in_the_order_first_polled(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        assert!(store.applies_in_order());
+        let o = owner(&*store, HOUR).await;
+        let id = running(&*store, o, "a").await;
+
+        let made_first = store.apply(vec![finalize(id, EndReason::UserClose)]);
+        let mut polled_first = store.apply(vec![finalize(id, EndReason::Cancelled)]);
+        let mut quiet = Context::from_waker(Waker::noop());
+        let early = polled_first.as_mut().poll(&mut quiet);
+        let second = made_first.await;
+        let first = match early {
+            Poll::Ready(results) => results,
+            Poll::Pending => polled_first.await,
+        };
+        assert!(won(&first[0]), "{first:?}");
+        assert!(
+            matches!(
+                second[0],
+                Ok(Applied::Finalized(Finalized::AlreadyFinalized))
+            ),
+            "{second:?}"
+        );
+        let row = store.session_detail(id).await.unwrap().session;
+        assert_eq!(row.end_reason, Some(EndReason::Cancelled));
+    });
 }
 
 /// A batch tears three sessions down; another store finalized the middle one

@@ -78,6 +78,7 @@ on_backends! {
         batch::g7_a_batch_commits_memory_from_turns_it_completed,
         batch::batch_registrations_answer_ids_and_refuse_alone,
         batch::a_batch_larger_than_a_statement_is_applied_whole,
+        batch::batches_are_applied_in_the_order_first_polled,
         leases::g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes,
         leases::g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owner,
         leases::g8_owners_named_alike_on_different_machines_keep_their_live_sessions,
