@@ -141,11 +141,7 @@ fn sigterm_on_a_stalled_store(
     );
 
     // One line on stderr from settle itself (the rest is the log).
-    let said: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("settle: "))
-        .collect();
+    let said = run.said();
     assert_eq!(said.len(), 1, "not one line from settle\n{}", context());
     let line = said[0];
     assert!(
@@ -421,11 +417,7 @@ fn lease_expires_while_paused(db: &str, seed: u64, file: &std::path::Path, scrip
         "took {took:?} after SIGCONT to stop\n{}",
         context()
     );
-    let said: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("settle: "))
-        .collect();
+    let said = run.said();
     assert_eq!(said.len(), 1, "not one line from settle\n{}", context());
     assert!(
         said[0].contains("lost its lease") && said[0].contains("`settle recover`"),

@@ -357,6 +357,14 @@ impl Finished {
             .collect()
     }
 
+    /// The lines `settle` itself wrote to stderr (`settle: …`), not its log.
+    pub fn said(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("settle: "))
+            .collect()
+    }
+
     pub fn signal(&self) -> Option<i32> {
         std::os::unix::process::ExitStatusExt::signal(&self.status)
     }
