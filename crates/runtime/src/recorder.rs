@@ -133,7 +133,7 @@ impl std::fmt::Display for Unwritten {
 }
 
 /// What to do with one write's result, once its batch is committed.
-pub(crate) enum Answer {
+enum Answer {
     Registered {
         shared: Arc<SessionShared>,
         reply: Reply<Arc<SessionShared>>,
