@@ -13,6 +13,13 @@
 //! over while one is still being committed, and the answers of the one
 //! before go out meanwhile: the database never waits for the recorder.
 //!
+//! A transition nobody waits for (a turn's end moving its session back to
+//! `registered`, a cancel moving it to `cancelling`) is held for its
+//! session's next write, so that both are one row update and one timeline
+//! segment: for [`HOLD`] while the store has nothing else to do, and while it
+//! is busy for up to [`HOLD_BUSY`], so that a loaded store (a teardown) is not
+//! handed writes that the next one carries anyway.
+//!
 //! Every store call is bounded: by the store timeout, and once a shutdown has
 //! begun by what is left of its budget (drain + settle timeout + flush budget),
 //! so that a store that stops answering cannot hold the process (G9). What
@@ -198,9 +205,20 @@ pub(crate) struct InFlight {
 
 /// How long a transition nobody waits for may wait for its session's next
 /// write, to be committed with it (one row update and one timeline segment
-/// instead of two). A crash loses at most this much of timelines that no one
-/// was told about; recovery reads the session as it was before them.
+/// instead of two), while the store has nothing else to do. A crash loses at
+/// most this much of timelines that no one was told about (at most
+/// [`HOLD_BUSY`] while the store is busy); recovery reads the session as it
+/// was before them.
 const HOLD: Duration = Duration::from_millis(100);
+
+/// How long such a transition may wait while the store is busy: while a
+/// batch is in flight or the recorder has other writes for the store, one
+/// whose [`HOLD`] has passed keeps waiting for its session's next write, up
+/// to this long. A loaded store is then not handed writes that the next one
+/// carries anyway: in a teardown longer than [`HOLD`], a session's cancel,
+/// its turn's end and its finalize are still one row update and one timeline
+/// segment, not two of each.
+const HOLD_BUSY: Duration = Duration::from_secs(1);
 
 /// Timeline transitions held back, per session (see [`HOLD`]).
 #[derive(Default)]
@@ -242,9 +260,11 @@ impl Held {
         }
     }
 
-    /// When the oldest held transition must be committed.
-    fn due(&self) -> Option<tokio::time::Instant> {
-        self.since.front().map(|(since, _)| *since + HOLD)
+    /// When the oldest held transition must be committed: [`HOLD`] after
+    /// it came, or [`HOLD_BUSY`] while the store is `busy`.
+    fn due(&self, busy: bool) -> Option<tokio::time::Instant> {
+        let hold = if busy { HOLD_BUSY } else { HOLD };
+        self.since.front().map(|(since, _)| *since + hold)
     }
 }
 
@@ -253,7 +273,7 @@ impl Recorder {
         let mut batch = Vec::with_capacity(RECORD_BATCH);
         let mut held = Held::default();
         loop {
-            let due = held.due();
+            let due = held.due(self.in_flight.is_some());
             let in_flight = async {
                 match self.in_flight.as_mut() {
                     Some(batch) => batch.results.as_mut().await,
@@ -281,8 +301,16 @@ impl Recorder {
                 self.take(record, &mut pending, &mut held).await;
             }
             let closed = received == 0 && records.is_closed() && records.is_empty();
-            let limit = (!closed).then(|| tokio::time::Instant::now() - HOLD);
-            held.release_old(limit, &mut pending);
+            if closed {
+                held.release_old(None, &mut pending);
+            } else {
+                // A busy store gets held transitions only past `HOLD_BUSY`.
+                let busy = self.in_flight.is_some() || !pending.writes.is_empty();
+                let hold = if busy { HOLD_BUSY } else { HOLD };
+                if let Some(limit) = tokio::time::Instant::now().checked_sub(hold) {
+                    held.release_old(Some(limit), &mut pending);
+                }
+            }
             self.launch(std::mem::take(&mut pending)).await;
             if closed && held.writes.is_empty() {
                 break;

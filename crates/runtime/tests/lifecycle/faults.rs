@@ -3,7 +3,9 @@
 //! names every session it left; a lease the store says is lost stops the
 //! kernel at once.
 //! A store still committing one batch when the next is handed to it answers
-//! each waiter only once its own batch is committed (G7).
+//! each waiter only once its own batch is committed (G7); a transition held
+//! for its session's next write waits while the store is busy, up to its
+//! bound, and goes once the store is free.
 //!
 //! The same faults on real databases and a real process (PostgreSQL stopped
 //! with SIGSTOP, SQLite locked by another process, `settle` stopped past its
@@ -467,6 +469,106 @@ async fn g7_a_batch_handed_ahead_is_answered_only_once_committed_and_in_order() 
     );
     store.answers.add_permits(1);
     assert_eq!(b_closed.await.unwrap(), EndReason::UserClose);
+
+    store.answers.add_permits(usize::MAX >> 4);
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0);
+}
+
+/// The last step of `id`'s committed timeline.
+async fn last_step(store: &Faulty, id: SessionId) -> (Option<State>, State) {
+    let detail = store.inner.session_detail(id).await.unwrap();
+    let last = detail
+        .timeline
+        .last()
+        .expect("a registered session has a timeline");
+    (last.from, last.to)
+}
+
+/// The step a completed turn's session takes back to `registered`.
+const BACK: (Option<State>, State) = (Some(State::Running), State::Registered);
+
+/// A session `a` whose turn completed, so that its move back to
+/// `registered` is held for its next write (the turn's end was committed
+/// before the outcome was answered); then a store kept busy past the idle
+/// hold by another session's finalize, handed and not answered (the future
+/// returned). Checks that the move was not handed to the busy store.
+async fn held_while_busy(
+    store: &Faulty,
+    kernel: &Kernel,
+) -> (
+    SessionId,
+    impl std::future::Future<Output = Result<EndReason, RuntimeError>>,
+) {
+    let a = kernel.register("a", None).await.unwrap();
+    let b = kernel.register("b", None).await.unwrap();
+    let p = provider([complete(&["x"], MS)]);
+    assert_eq!(start(&a, &p).await.outcome().await, Outcome::Completed);
+    assert_eq!(
+        last_step(store, a.id()).await.1,
+        State::Running,
+        "the move back to registered is held, not written with the turn's end"
+    );
+    store.hold_answers.store(true, Ordering::SeqCst);
+    let mut b_closed = Box::pin(async move { b.close().await });
+    assert!(tokio::time::timeout(MS, &mut b_closed).await.is_err());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_ne!(
+        last_step(store, a.id()).await,
+        BACK,
+        "a busy store was handed a transition past its idle hold"
+    );
+    (a.id(), b_closed)
+}
+
+/// A held transition is written on its own once its hold has passed while
+/// the store has nothing else to do; while the store is still committing a
+/// batch, it waits, up to its bound, for the session's next write instead:
+/// a loaded store is not handed a second row update and timeline segment for
+/// a session whose next write would carry them.
+#[tokio::test(start_paused = true)]
+async fn a_held_transition_waits_while_the_store_is_busy_up_to_its_bound() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let (a, b_closed) = held_while_busy(&store, &kernel).await;
+    // Its bound holds even while the store stays busy.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        last_step(&store, a).await,
+        BACK,
+        "a held transition outlived its bound while the store was busy"
+    );
+
+    store.answers.add_permits(usize::MAX >> 4);
+    assert_eq!(b_closed.await.unwrap(), EndReason::UserClose);
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0);
+}
+
+/// The same transition, its store busy past the idle hold and then free
+/// again: it is written as soon as the store has answered, not at its bound.
+#[tokio::test(start_paused = true)]
+async fn a_held_transition_is_written_once_the_busy_store_is_free() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let (a, b_closed) = held_while_busy(&store, &kernel).await;
+
+    // b's batch is committed: the store is free, and the transition goes.
+    let freed = Instant::now();
+    store.answers.add_permits(1);
+    assert_eq!(b_closed.await.unwrap(), EndReason::UserClose);
+    for _ in 0..50 {
+        if last_step(&store, a).await == BACK {
+            break;
+        }
+        tokio::time::sleep(MS).await;
+    }
+    assert_eq!(last_step(&store, a).await, BACK);
+    assert!(
+        freed.elapsed() < Duration::from_millis(50),
+        "written {:?} after the store was free",
+        freed.elapsed()
+    );
 
     store.answers.add_permits(usize::MAX >> 4);
     let report = kernel.shutdown(Duration::ZERO).await;
