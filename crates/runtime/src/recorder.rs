@@ -249,10 +249,13 @@ impl Held {
     }
 
     /// Moves every transition held since before `older_than` into `pending`
-    /// (all of them with `None`).
+    /// (all of them with `None`). Entries at the front whose session's
+    /// transitions already went with its next write are dropped whatever
+    /// their age, so that they do not pile up for as long as a hold lasts.
     fn release_old(&mut self, older_than: Option<tokio::time::Instant>, pending: &mut Pending) {
         while let Some(&(since, session)) = self.since.front() {
-            if older_than.is_some_and(|limit| since > limit) {
+            let released = !self.writes.contains_key(&session);
+            if !released && older_than.is_some_and(|limit| since > limit) {
                 break;
             }
             self.since.pop_front();
@@ -782,5 +785,70 @@ fn write_session(write: &LifecycleWrite) -> Option<SessionId> {
         | LifecycleWrite::StartTurn { session, .. }
         | LifecycleWrite::EndTurn { session, .. }
         | LifecycleWrite::Finalize { session, .. } => Some(*session),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use settle_core::Cause;
+
+    use super::*;
+
+    fn step(session: u64) -> LifecycleWrite {
+        LifecycleWrite::Transition {
+            session: SessionId(session),
+            from: State::Running,
+            to: State::Registered,
+            cause: Cause::DescendantsSettled,
+            at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn released(pending: &Pending) -> Vec<SessionId> {
+        pending
+            .answers
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Transition(s) => Some(*s),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A session whose held transitions went with its next write leaves no
+    /// entry behind for as long as a hold lasts: the entries at the front are
+    /// dropped at the next release, whatever their age, and those still held
+    /// stay until their own time.
+    #[tokio::test(start_paused = true)]
+    async fn entries_of_released_sessions_do_not_wait_for_their_hold() {
+        let mut held = Held::default();
+        held.hold(SessionId(1), step(1));
+        held.hold(SessionId(2), step(2));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        held.hold(SessionId(3), step(3));
+
+        // Session 1's next write takes its transition along.
+        let mut pending = Pending::default();
+        held.release(SessionId(1), &mut pending);
+        assert_eq!(released(&pending), [SessionId(1)]);
+        assert_eq!(held.since.len(), 3, "released lazily, at the next release");
+
+        // Nothing is old enough to go, but session 1's entry is dropped.
+        let mut pending = Pending::default();
+        let long_ago = tokio::time::Instant::now() - Duration::from_millis(50);
+        held.release_old(Some(long_ago), &mut pending);
+        assert!(released(&pending).is_empty());
+        assert_eq!(held.since.len(), 2);
+        assert_eq!(held.due(false), Some(held.since[0].0 + HOLD));
+
+        // Past the first hold, session 2 goes and session 3 stays.
+        let mut pending = Pending::default();
+        let first_due = held.since[0].0;
+        held.release_old(Some(first_due), &mut pending);
+        assert_eq!(released(&pending), [SessionId(2)]);
+        assert_eq!(held.since.len(), 1);
+        assert!(held.writes.contains_key(&SessionId(3)));
     }
 }
