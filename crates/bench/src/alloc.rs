@@ -89,3 +89,9 @@ pub fn net_bytes<T>(f: impl FnOnce() -> T) -> (T, isize) {
     ON.store(false, Ordering::SeqCst);
     (value, LIVE.load(Ordering::SeqCst))
 }
+
+/// The net heap bytes counted so far by the [`net_bytes`] call running now
+/// (zero outside one). Reading it does not allocate.
+pub fn live() -> isize {
+    LIVE.load(Ordering::SeqCst)
+}

@@ -628,9 +628,10 @@ fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut figures = text.split_whitespace();
-    let (Some(Ok(bytes)), Some(Ok(counted))) = (
+    let (Some(Ok(bytes)), Some(Ok(counted)), Some(Ok(total))) = (
         figures.next().map(str::parse::<f64>),
         figures.next().map(str::parse::<usize>),
+        figures.next().map(str::parse::<i64>),
     ) else {
         return Err(format!("the memory-after-finalize process printed {text:?}").into());
     };
@@ -645,8 +646,12 @@ fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
     .with_note(format!(
         "heap bytes still live per session a runtime registered, ran a one-chunk turn in and \
          finalized, counted by the global allocator (no-op store, waves of {} sessions, the first \
-         half of them a warm-up not counted: the figure is the slope); the target is about zero",
-        grouped(finalized_memory::WAVE as i64)
+         half of them a warm-up not counted): the median growth of a wave, per session; the \
+         whole counted half grew by {} B ({:.2} B per session), one-time table growth included; \
+         the target is about zero",
+        grouped(finalized_memory::WAVE as i64),
+        grouped(total),
+        total as f64 / counted.max(1) as f64,
     )))
 }
 
@@ -800,8 +805,8 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(n) = args.finalized_memory_child {
         return match finalized_memory::bytes_per_finalized_session(n) {
-            Ok((bytes, counted)) => {
-                println!("{bytes} {counted}");
+            Ok(stayed) => {
+                println!("{} {} {}", stayed.per_session, stayed.counted, stayed.total);
                 ExitCode::SUCCESS
             }
             Err(e) => {
