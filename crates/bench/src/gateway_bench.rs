@@ -370,12 +370,47 @@ pub fn latency_rows(sizes: Sizes) -> Result<Vec<Row>> {
 }
 
 /// The memory row: heap bytes per connected idle session, the clients in a
-/// child process; the bare server's bytes per connection in the note.
+/// child process; the bare server's bytes per connection in the note. The
+/// servers run in a process of their own too ([`memory_process`]): the
+/// allocator counts every thread, and the rows before this one leave threads
+/// behind (stores' checkpointers, blocking pools) whose frees would be
+/// counted against the sessions.
 pub fn memory_row(clients: usize) -> Result<Row> {
     progress(&format!(
         "gateway memory: {} connected idle sessions",
         grouped(clients as i64)
     ));
+    let out = Command::new(std::env::current_exe()?)
+        .args(["--gateway-memory-child", &clients.to_string()])
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err("the gateway memory process failed".into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut figures = text.split_whitespace().map(str::parse::<f64>);
+    let (Some(Ok(ours)), Some(Ok(bare))) = (figures.next(), figures.next()) else {
+        return Err(format!("the gateway memory process printed {text:?}").into());
+    };
+    Ok(Row::absolute(
+        "gateway memory",
+        format!("{} connected idle sessions", grouped(clients as i64)),
+        "B/session",
+        ours,
+        Target::ours_at_most(16.0 * 1024.0),
+        1,
+    )
+    .with_note(format!(
+        "heap bytes per connected client with its session (gateway entry, connection, queue, \
+         core and driver records), the servers in a process of their own and the clients in \
+         another; a bare axum WebSocket connection alone: {} B",
+        num(bare)
+    )))
+}
+
+/// The memory row's own process: heap bytes per connected idle client, ours
+/// (with its session) and the bare server's.
+pub fn memory_process(clients: usize) -> Result<(f64, f64)> {
     let sizes = Sizes {
         clients,
         chunks: 1,
@@ -425,20 +460,7 @@ pub fn memory_row(clients: usize) -> Result<Row> {
         return Err(format!("{connected} of {clients} clients stayed connected").into());
     }
     let per = |bytes: isize| bytes as f64 / clients as f64;
-    Ok(Row::absolute(
-        "gateway memory",
-        format!("{} connected idle sessions", grouped(clients as i64)),
-        "B/session",
-        per(ours),
-        Target::ours_at_most(16.0 * 1024.0),
-        1,
-    )
-    .with_note(format!(
-        "heap bytes per connected client with its session (gateway entry, connection, queue, \
-         core and driver records), the clients in a child process; a bare axum WebSocket \
-         connection alone: {} B",
-        num(per(bare))
-    )))
+    Ok((per(ours), per(bare)))
 }
 
 /// Starts the child process of `clients` clients and waits until all are

@@ -103,6 +103,10 @@ struct Args {
     /// runtime and print `BYTES COUNTED`.
     #[arg(long, hide = true, value_name = "N")]
     finalized_memory_child: Option<usize>,
+    /// The gateway memory row's own process: serve N clients, ours and bare,
+    /// and print the heap bytes per client of each.
+    #[arg(long, hide = true, value_name = "N")]
+    gateway_memory_child: Option<usize>,
 }
 
 /// Sizes and rounds of one run.
@@ -811,6 +815,18 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 progress(&format!("memory after finalize: {e}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(n) = args.gateway_memory_child {
+        return match gateway_bench::memory_process(n) {
+            Ok((ours, bare)) => {
+                println!("{ours} {bare}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                progress(&format!("gateway memory: {e}"));
                 ExitCode::FAILURE
             }
         };
