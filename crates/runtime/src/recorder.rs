@@ -266,8 +266,17 @@ impl Held {
     /// When the oldest held transition must be committed: [`HOLD`] after
     /// it came, or [`HOLD_BUSY`] while the store is `busy`.
     fn due(&self, busy: bool) -> Option<tokio::time::Instant> {
-        let hold = if busy { HOLD_BUSY } else { HOLD };
-        self.since.front().map(|(since, _)| *since + hold)
+        self.since.front().map(|(since, _)| *since + hold(busy))
+    }
+}
+
+/// How long a held transition may wait: [`HOLD_BUSY`] while the store is
+/// `busy`, [`HOLD`] otherwise.
+fn hold(busy: bool) -> Duration {
+    if busy {
+        HOLD_BUSY
+    } else {
+        HOLD
     }
 }
 
@@ -309,8 +318,7 @@ impl Recorder {
             } else {
                 // A busy store gets held transitions only past `HOLD_BUSY`.
                 let busy = self.in_flight.is_some() || !pending.writes.is_empty();
-                let hold = if busy { HOLD_BUSY } else { HOLD };
-                if let Some(limit) = tokio::time::Instant::now().checked_sub(hold) {
+                if let Some(limit) = tokio::time::Instant::now().checked_sub(hold(busy)) {
                     held.release_old(Some(limit), &mut pending);
                 }
             }
@@ -801,7 +809,7 @@ mod tests {
             session: SessionId(session),
             from: State::Running,
             to: State::Registered,
-            cause: Cause::DescendantsSettled,
+            cause: Cause::TurnEnded(settle_core::Outcome::Completed),
             at: SystemTime::UNIX_EPOCH,
         }
     }
