@@ -35,7 +35,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use crate::measure::{quantile, spread, Plan};
 use crate::null_store::NullStore;
 use crate::report::{grouped, num, Row, Target};
-use crate::{alloc, progress, Result};
+use crate::{alloc, child, progress, Result};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -371,26 +371,20 @@ pub fn latency_rows(sizes: Sizes) -> Result<Vec<Row>> {
 
 /// The memory row: heap bytes per connected idle session, the clients in a
 /// child process; the bare server's bytes per connection in the note. The
-/// servers run in a process of their own too ([`memory_process`]): the
-/// allocator counts every thread, and the rows before this one leave threads
-/// behind (stores' checkpointers, blocking pools) whose frees would be
-/// counted against the sessions.
+/// servers run in a process of their own too ([`memory_process`], see
+/// [`crate::child`]).
 pub fn memory_row(clients: usize) -> Result<Row> {
     progress(&format!(
         "gateway memory: {} connected idle sessions",
         grouped(clients as i64)
     ));
-    let out = Command::new(std::env::current_exe()?)
-        .args(["--gateway-memory-child", &clients.to_string()])
-        .stderr(Stdio::inherit())
-        .output()?;
-    if !out.status.success() {
-        return Err("the gateway memory process failed".into());
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut figures = text.split_whitespace().map(str::parse::<f64>);
-    let (Some(Ok(ours)), Some(Ok(bare))) = (figures.next(), figures.next()) else {
-        return Err(format!("the gateway memory process printed {text:?}").into());
+    let clients_arg = clients.to_string();
+    let words = child::figures(&["--gateway-memory-child", &clients_arg], "gateway memory")?;
+    let (Some(Ok(ours)), Some(Ok(bare))) = (
+        words.first().map(|w| w.parse::<f64>()),
+        words.get(1).map(|w| w.parse::<f64>()),
+    ) else {
+        return Err(format!("the gateway memory process printed {words:?}").into());
     };
     Ok(Row::absolute(
         "gateway memory",

@@ -18,6 +18,7 @@
 //! not run at all.
 
 mod alloc;
+mod child;
 mod clocked;
 mod core_bench;
 mod durable;
@@ -619,25 +620,17 @@ fn run_finalized_memory(sizes: &Sizes) -> Result<Row> {
         "memory after finalize: {} sessions through a runtime",
         grouped(n as i64)
     ));
-    // In a process of its own: the allocator counts every thread, and the
-    // earlier rows leave threads behind (stores' checkpointers, blocking
-    // pools) whose allocations would be counted against the sessions.
-    let out = std::process::Command::new(std::env::current_exe()?)
-        .arg("--finalized-memory-child")
-        .arg(n.to_string())
-        .stderr(std::process::Stdio::inherit())
-        .output()?;
-    if !out.status.success() {
-        return Err("the memory-after-finalize process failed".into());
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut figures = text.split_whitespace();
+    let n_arg = n.to_string();
+    let words = child::figures(
+        &["--finalized-memory-child", &n_arg],
+        "memory-after-finalize",
+    )?;
     let (Some(Ok(bytes)), Some(Ok(counted)), Some(Ok(total))) = (
-        figures.next().map(str::parse::<f64>),
-        figures.next().map(str::parse::<usize>),
-        figures.next().map(str::parse::<i64>),
+        words.first().map(|w| w.parse::<f64>()),
+        words.get(1).map(|w| w.parse::<usize>()),
+        words.get(2).map(|w| w.parse::<i64>()),
     ) else {
-        return Err(format!("the memory-after-finalize process printed {text:?}").into());
+        return Err(format!("the memory-after-finalize process printed {words:?}").into());
     };
     Ok(Row::absolute(
         "memory after finalize",
