@@ -223,25 +223,38 @@ const HOLD_BUSY: Duration = Duration::from_secs(1);
 /// Timeline transitions held back, per session (see [`HOLD`]).
 #[derive(Default)]
 struct Held {
-    writes: HashMap<SessionId, Vec<LifecycleWrite>>,
-    /// When each session's first held transition came, oldest first (an
-    /// entry whose session was flushed since is skipped).
+    writes: HashMap<SessionId, HeldWrites>,
+    /// When each session's first held transition came, oldest first. An
+    /// entry is current while its session still holds what it was queued
+    /// for (the same time); one whose session's transitions went with its
+    /// next write since, even if it holds newer ones now, is skipped.
     since: VecDeque<(tokio::time::Instant, SessionId)>,
+}
+
+/// One session's held transitions, and when the first of them came.
+struct HeldWrites {
+    since: tokio::time::Instant,
+    writes: Vec<LifecycleWrite>,
 }
 
 impl Held {
     fn hold(&mut self, session: SessionId, write: LifecycleWrite) {
-        let writes = self.writes.entry(session).or_default();
-        if writes.is_empty() {
-            self.since.push_back((tokio::time::Instant::now(), session));
-        }
-        writes.push(write);
+        let since = &mut self.since;
+        let held = self.writes.entry(session).or_insert_with(|| {
+            let now = tokio::time::Instant::now();
+            since.push_back((now, session));
+            HeldWrites {
+                since: now,
+                writes: Vec::new(),
+            }
+        });
+        held.writes.push(write);
     }
 
     /// Moves `session`'s held transitions into `pending`, ahead of its next write.
     fn release(&mut self, session: SessionId, pending: &mut Pending) {
-        if let Some(writes) = self.writes.remove(&session) {
-            for write in writes {
+        if let Some(held) = self.writes.remove(&session) {
+            for write in held.writes {
                 pending.writes.push(write);
                 pending.answers.push(Answer::Transition(session));
             }
@@ -249,17 +262,20 @@ impl Held {
     }
 
     /// Moves every transition held since before `older_than` into `pending`
-    /// (all of them with `None`). Entries at the front whose session's
-    /// transitions already went with its next write are dropped whatever
-    /// their age, so that they do not pile up for as long as a hold lasts.
+    /// (all of them with `None`). Entries at the front that are not current
+    /// any more are dropped whatever their age, so that they neither pile up
+    /// for as long as a hold lasts nor end a later hold of the same session
+    /// early.
     fn release_old(&mut self, older_than: Option<tokio::time::Instant>, pending: &mut Pending) {
         while let Some(&(since, session)) = self.since.front() {
-            let released = !self.writes.contains_key(&session);
-            if !released && older_than.is_some_and(|limit| since > limit) {
+            let current = self.writes.get(&session).is_some_and(|h| h.since == since);
+            if current && older_than.is_some_and(|limit| since > limit) {
                 break;
             }
             self.since.pop_front();
-            self.release(session, pending);
+            if current {
+                self.release(session, pending);
+            }
         }
     }
 
@@ -858,5 +874,32 @@ mod tests {
         assert_eq!(released(&pending), [SessionId(2)]);
         assert_eq!(held.since.len(), 1);
         assert!(held.writes.contains_key(&SessionId(3)));
+    }
+
+    /// A session held again after its transitions went with a write keeps
+    /// the time of its new hold: the old entry does not end it early.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_held_again_keeps_the_time_of_its_new_hold() {
+        let mut held = Held::default();
+        held.hold(SessionId(1), step(1));
+        let first = tokio::time::Instant::now();
+        held.release(SessionId(1), &mut Pending::default());
+        tokio::time::advance(Duration::from_millis(50)).await;
+        held.hold(SessionId(1), step(1));
+
+        // The first hold's time has passed, the second's has not.
+        let mut pending = Pending::default();
+        held.release_old(Some(first), &mut pending);
+        assert!(released(&pending).is_empty(), "the new hold ended early");
+        assert_eq!(held.since.len(), 1);
+        assert_eq!(
+            held.due(false),
+            Some(first + Duration::from_millis(50) + HOLD)
+        );
+
+        let mut pending = Pending::default();
+        held.release_old(Some(first + Duration::from_millis(50)), &mut pending);
+        assert_eq!(released(&pending), [SessionId(1)]);
+        assert!(held.since.is_empty() && held.writes.is_empty());
     }
 }
