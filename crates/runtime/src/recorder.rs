@@ -282,13 +282,13 @@ impl Held {
     /// When the oldest held transition must be committed: [`HOLD`] after
     /// it came, or [`HOLD_BUSY`] while the store is `busy`.
     fn due(&self, busy: bool) -> Option<tokio::time::Instant> {
-        self.since.front().map(|(since, _)| *since + hold(busy))
+        self.since.front().map(|(since, _)| *since + hold_for(busy))
     }
 }
 
 /// How long a held transition may wait: [`HOLD_BUSY`] while the store is
 /// `busy`, [`HOLD`] otherwise.
-fn hold(busy: bool) -> Duration {
+fn hold_for(busy: bool) -> Duration {
     if busy {
         HOLD_BUSY
     } else {
@@ -334,7 +334,7 @@ impl Recorder {
             } else {
                 // A busy store gets held transitions only past `HOLD_BUSY`.
                 let busy = self.in_flight.is_some() || !pending.writes.is_empty();
-                if let Some(limit) = tokio::time::Instant::now().checked_sub(hold(busy)) {
+                if let Some(limit) = tokio::time::Instant::now().checked_sub(hold_for(busy)) {
                     held.release_old(Some(limit), &mut pending);
                 }
             }
