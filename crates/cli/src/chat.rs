@@ -21,27 +21,17 @@ use clap::Args;
 use settle_runtime::signals::{ShutdownSignal, Signals};
 use settle_runtime::{Kernel, Outcome, RuntimeError, SessionHandle, SessionId, State};
 use settle_store::{SessionStore, Store, StoreError};
-use settle_stream::{Message, OpenAiConfig, OpenAiProvider, Provider, Request, Role};
+use settle_stream::{Message, Provider, Request, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::model_server::ModelServerArgs;
 use crate::{exit, open_existing_store, open_store, Failure};
 
 /// Options of `settle chat`.
 #[derive(Debug, Args)]
 pub struct ChatArgs {
-    /// The server's base URL, up to and including `/v1`.
-    #[arg(
-        long,
-        env = "SETTLE_BASE_URL",
-        default_value = "http://127.0.0.1:8080/v1"
-    )]
-    base_url: String,
-    /// The model name to ask for.
-    #[arg(long, env = "SETTLE_MODEL", default_value = "default")]
-    model: String,
-    /// The API key, sent as a bearer token.
-    #[arg(long, env = "SETTLE_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    #[command(flatten)]
+    server: ModelServerArgs,
     /// How long the server may be silent mid-reply before the turn times out.
     #[arg(long, value_parser = crate::duration::parse, default_value = "60s")]
     idle_timeout: Duration,
@@ -69,12 +59,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     // Before anything can block: no signal is swallowed, ever.
     let mut signals = Signals::install()
         .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
-    let mut config = OpenAiConfig::new(args.base_url.clone(), args.model.clone());
-    if let Some(key) = &args.api_key {
-        config = config.api_key(key.clone());
-    }
-    let provider: Arc<dyn Provider> =
-        Arc::new(OpenAiProvider::new(config).map_err(Failure::bad_input)?);
+    let provider: Arc<dyn Provider> = Arc::new(args.server.provider()?);
     // A session to continue must exist and be finished: checked before the
     // kernel registers this process, so a bad one writes nothing (G11).
     let (store, from) = if let Some(id) = args.resume {
@@ -119,8 +104,8 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     eprintln!(
         "settle chat: session {}{resumed} with {} at {}. Ctrl-C cancels a reply, Ctrl-D ends.",
         session.id(),
-        args.model,
-        args.base_url
+        args.server.model,
+        args.server.base_url
     );
     let end = loop {
         prompt();

@@ -34,6 +34,7 @@ pub mod duration;
 pub mod export;
 pub mod listing;
 pub mod live;
+pub mod model_server;
 pub mod outfile;
 pub mod output;
 pub mod runner;

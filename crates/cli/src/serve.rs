@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use settle_cli::model_server::ModelServerArgs;
 use settle_cli::{duration, exit, open_store, outln, shutdown, Failure};
 use settle_gateway::{Gateway, ScriptBook};
 use settle_runtime::signals::Signals;
 use settle_runtime::Kernel;
-use settle_stream::{OpenAiConfig, OpenAiProvider, Provider};
+use settle_stream::Provider;
 
 /// Options of `settle serve`.
 #[derive(Debug, Args)]
@@ -25,19 +26,8 @@ pub struct ServeArgs {
     /// The address to listen on (port 0 picks a free one; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8765")]
     listen: SocketAddr,
-    /// The model server's base URL, up to and including `/v1`.
-    #[arg(
-        long,
-        env = "SETTLE_BASE_URL",
-        default_value = "http://127.0.0.1:8080/v1"
-    )]
-    base_url: String,
-    /// The model name to ask for.
-    #[arg(long, env = "SETTLE_MODEL", default_value = "default")]
-    model: String,
-    /// The API key, sent as a bearer token.
-    #[arg(long, env = "SETTLE_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    #[command(flatten)]
+    server: ModelServerArgs,
     /// How long a session may have no client attached before it is reaped (once idle).
     #[arg(long, value_parser = duration::parse, default_value = "60s")]
     orphan_grace: Duration,
@@ -62,13 +52,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
     let provider: Arc<dyn Provider> = match &args.scripted {
         Some(path) => Arc::new(ScriptBook::load(path).map_err(Failure::bad_input)?),
-        None => {
-            let mut config = OpenAiConfig::new(args.base_url.clone(), args.model.clone());
-            if let Some(key) = &args.api_key {
-                config = config.api_key(key.clone());
-            }
-            Arc::new(OpenAiProvider::new(config).map_err(Failure::bad_input)?)
-        }
+        None => Arc::new(args.server.provider()?),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

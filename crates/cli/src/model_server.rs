@@ -1,0 +1,37 @@
+//! The options that name the OpenAI-compatible model server `settle chat`
+//! and `settle serve` stream from.
+
+use clap::Args;
+use settle_stream::{OpenAiConfig, OpenAiProvider};
+
+use crate::Failure;
+
+/// Where the model server is and how to ask it: flattened into the options
+/// of every command that talks to one.
+#[derive(Debug, Args)]
+pub struct ModelServerArgs {
+    /// The model server's base URL, up to and including `/v1`.
+    #[arg(
+        long,
+        env = "SETTLE_BASE_URL",
+        default_value = "http://127.0.0.1:8080/v1"
+    )]
+    pub base_url: String,
+    /// The model name to ask for.
+    #[arg(long, env = "SETTLE_MODEL", default_value = "default")]
+    pub model: String,
+    /// The API key, sent as a bearer token.
+    #[arg(long, env = "SETTLE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+impl ModelServerArgs {
+    /// The provider these options name; a base URL it cannot use is bad input.
+    pub fn provider(&self) -> Result<OpenAiProvider, Failure> {
+        let mut config = OpenAiConfig::new(self.base_url.clone(), self.model.clone());
+        if let Some(key) = &self.api_key {
+            config = config.api_key(key.clone());
+        }
+        OpenAiProvider::new(config).map_err(Failure::bad_input)
+    }
+}
