@@ -14,11 +14,15 @@ use settle_stream::{
     OpenAiProvider, Provider, Request, Role, StreamError, StreamErrorKind, StreamEvent,
     TurnOptions, Work, WorkEnd, WorkSignal,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 use tokio_util::task::TaskTracker;
+
+#[path = "support/http.rs"]
+mod http;
+use http::chunk_json;
 
 /// How long the server may take to notice a close; generous for a busy box.
 const CLOSE_BOUND: Duration = Duration::from_secs(5);
@@ -52,132 +56,76 @@ struct Server {
     closed: oneshot::Receiver<Instant>,
 }
 
-fn chunk_json(text: &str) -> String {
-    format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{text}"}}}}]}}"#)
-}
-
 async fn serve(script: Script) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let (request_tx, request) = oneshot::channel();
-    let (closed_tx, closed) = oneshot::channel();
-    tokio::spawn(async move {
-        let (socket, _) = listener.accept().await.unwrap();
-        let (mut rd, mut wr) = socket.into_split();
-        // Read the request: headers, then the body by Content-Length.
-        let mut buf = Vec::new();
-        let mut tmp = [0u8; 4096];
-        let head_end = loop {
-            let n = rd.read(&mut tmp).await.unwrap();
-            assert!(n > 0, "client closed before sending a request");
-            buf.extend_from_slice(&tmp[..n]);
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
+    let connection = http::serve_one(listener, move |mut wr| async move {
+        match script {
+            Script::NoHeaders => std::future::pending::<()>().await,
+            Script::Status(status, body) => {
+                let response = format!(
+                    "HTTP/1.1 {status} Whatever\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                wr.write_all(response.as_bytes()).await?;
+                std::future::pending::<()>().await;
             }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map(|v| v.trim().parse().unwrap())
-            .unwrap_or(0);
-        while buf.len() < head_end + len {
-            let n = rd.read(&mut tmp).await.unwrap();
-            assert!(n > 0);
-            buf.extend_from_slice(&tmp[..n]);
+            _ => {}
         }
-        let _ = request_tx.send(String::from_utf8_lossy(&buf).into_owned());
-
-        // Watch for the client closing: a read of 0 bytes or an error.
-        let watcher = tokio::spawn(async move {
-            let mut tmp = [0u8; 64];
-            loop {
-                match rd.read(&mut tmp).await {
-                    Ok(0) | Err(_) => return Instant::now(),
-                    Ok(_) => {}
-                }
+        wr.write_all(http::SSE_HEAD).await?;
+        let send = |text: String| http::chunked(&text);
+        match script {
+            Script::ErrorObject => {
+                let e =
+                    r#"data: {"error":{"message":"model is overloaded","type":"server_error"}}"#;
+                wr.write_all(&send(format!("{e}\n\n"))).await?;
             }
-        });
-        let writer = async move {
-            match script {
-                Script::NoHeaders => std::future::pending::<()>().await,
-                Script::Status(status, body) => {
-                    let response = format!(
-                        "HTTP/1.1 {status} Whatever\r\ncontent-type: application/json\r\n\
-                         content-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    wr.write_all(response.as_bytes()).await?;
-                    std::future::pending::<()>().await;
-                }
-                _ => {}
-            }
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                        cache-control: no-cache\r\nconnection: keep-alive\r\n\
-                        transfer-encoding: chunked\r\n\r\n";
-            wr.write_all(head.as_bytes()).await?;
-            let send = |text: String| {
-                let frame = format!("{:x}\r\n{text}\r\n", text.len());
-                frame.into_bytes()
-            };
-            match script {
-                Script::ErrorObject => {
-                    let e = r#"data: {"error":{"message":"model is overloaded","type":"server_error"}}"#;
-                    wr.write_all(&send(format!("{e}\n\n"))).await?;
-                }
-                Script::EventsNoDone(events) => {
-                    for data in events {
-                        wr.write_all(&send(format!("data: {data}\n\n"))).await?;
-                    }
-                }
-                Script::CutMidReply => {
-                    let data = chunk_json("hello");
+            Script::EventsNoDone(events) => {
+                for data in events {
                     wr.write_all(&send(format!("data: {data}\n\n"))).await?;
-                    // Dropping the write half ends the body without its
-                    // last chunk: the reply is cut.
-                    drop(wr);
-                    match std::future::pending::<std::convert::Infallible>().await {}
-                }
-                Script::Events(events) => {
-                    for data in events {
-                        wr.write_all(&send(format!("data: {data}\n\n"))).await?;
-                    }
-                    wr.write_all(&send("data: [DONE]\n\n".into())).await?;
-                    wr.write_all(b"0\r\n\r\n").await?;
-                }
-                _ => {
-                    for text in ["hello", " world"] {
-                        wr.write_all(&send(format!(
-                            ": keepalive\n\ndata: {}\n\n",
-                            chunk_json(text)
-                        )))
-                        .await?;
-                    }
                 }
             }
-            if let Script::Complete = script {
+            Script::CutMidReply => {
+                let data = chunk_json("hello");
+                wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                // Dropping the write half ends the body without its
+                // last chunk: the reply is cut.
+                drop(wr);
+                match std::future::pending::<std::convert::Infallible>().await {}
+            }
+            Script::Events(events) => {
+                for data in events {
+                    wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                }
                 wr.write_all(&send("data: [DONE]\n\n".into())).await?;
                 wr.write_all(b"0\r\n\r\n").await?;
             }
-            // Stall with keepalives only, until the client goes away.
-            for _ in 0..2000 {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                wr.write_all(&send(": keepalive\n\n".into())).await?;
-            }
-            Ok::<_, std::io::Error>(())
-        };
-        tokio::select! {
-            at = watcher => { let _ = closed_tx.send(at.unwrap()); }
-            _ = writer => {
-                // A failed write also means the client closed.
-                let _ = closed_tx.send(Instant::now());
+            _ => {
+                for text in ["hello", " world"] {
+                    wr.write_all(&send(format!(
+                        ": keepalive\n\ndata: {}\n\n",
+                        chunk_json(text)
+                    )))
+                    .await?;
+                }
             }
         }
+        if let Script::Complete = script {
+            wr.write_all(&send("data: [DONE]\n\n".into())).await?;
+            wr.write_all(b"0\r\n\r\n").await?;
+        }
+        // Stall with keepalives only, until the client goes away.
+        for _ in 0..2000 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            wr.write_all(&send(": keepalive\n\n".into())).await?;
+        }
+        Ok(())
     });
     Server {
         base_url,
-        request,
-        closed,
+        request: connection.request,
+        closed: connection.closed,
     }
 }
 
