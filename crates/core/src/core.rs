@@ -142,6 +142,7 @@ impl Core {
     }
 
     /// The next effect to execute, in order. Drain until `None` after every input.
+    #[inline]
     pub fn poll_effect(&mut self) -> Option<Effect> {
         self.effects.pop_front()
     }
