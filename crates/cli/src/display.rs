@@ -207,9 +207,13 @@ fn apply(rows: &mut BTreeMap<SessionId, Row>, event: &LifecycleEvent) {
                 row.chunks += 1;
             }
         }
-        LifecycleEvent::TurnEnded {
-            session, outcome, ..
-        } => {
+        // A session's outcome is its last turn's; a task's end is not one.
+        LifecycleEvent::WorkEnded {
+            session,
+            work,
+            outcome,
+            ..
+        } if work.turn_no().is_some() => {
             if let Some(row) = rows.get_mut(session) {
                 row.outcome = Some(*outcome);
             }
@@ -223,6 +227,14 @@ fn apply(rows: &mut BTreeMap<SessionId, Row>, event: &LifecycleEvent) {
             }
         }
         _ => {}
+    }
+}
+
+/// "turn 2" or "task 1": which work of its session.
+fn work_name(work: settle_runtime::WorkId) -> String {
+    match work.kind {
+        settle_runtime::WorkKind::Turn => format!("turn {}", work.no),
+        settle_runtime::WorkKind::Task => format!("task {}", work.no),
     }
 }
 
@@ -270,21 +282,27 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
                 chunk.payload()
             ),
         },
-        LifecycleEvent::TurnEnded {
+        LifecycleEvent::WorkEnded {
             session,
-            turn,
+            work,
             outcome,
             error,
         } => match error {
             Some(error) => format!(
-                "{:<24} turn {turn} ended: {outcome}: {error}",
-                who(rows, *session)
+                "{:<24} {} ended: {outcome}: {error}",
+                who(rows, *session),
+                work_name(*work)
             ),
-            None => format!("{:<24} turn {turn} ended: {outcome}", who(rows, *session)),
+            None => format!(
+                "{:<24} {} ended: {outcome}",
+                who(rows, *session),
+                work_name(*work)
+            ),
         },
-        LifecycleEvent::Detached { session, turn } => format!(
-            "{:<24} turn {turn} ignored cancellation: detached, write access revoked",
-            who(rows, *session)
+        LifecycleEvent::Detached { session, work } => format!(
+            "{:<24} {} ignored cancellation: detached, write access revoked",
+            who(rows, *session),
+            work_name(*work)
         ),
         LifecycleEvent::Finalized {
             session,

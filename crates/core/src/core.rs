@@ -5,7 +5,9 @@ use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::answer::{self, Asks, Found};
 use crate::deadlines::{Deadline, Deadlines, Timer};
+use crate::forgotten::Forgotten;
 use crate::hash::SessionMap;
 use crate::session::{Intent, Left, Session, SessionView, Work};
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
@@ -27,6 +29,15 @@ use crate::{
 pub struct Core {
     policy: Policy,
     sessions: SessionMap<Session>,
+    /// The ids of finalized sessions whose record was forgotten.
+    forgotten: Forgotten,
+    /// Delegations outstanding, by delegating session (SPEC §4 step 6).
+    delegations: SessionMap<Vec<SessionId>>,
+    /// Sessions delegated to by a session finalized during this input, to
+    /// interrupt once the input's cascade is over.
+    interrupts: Vec<SessionId>,
+    /// Sessions holding an active-session slot.
+    slots_taken: usize,
     effects: VecDeque<Effect>,
     deadlines: Deadlines,
     /// Sessions not yet finalized.
@@ -43,24 +54,16 @@ struct Shutdown {
     summary: ShutdownSummary,
 }
 
-/// How an input relates to a session, for the answer a finalized one gets
-/// (the table on [`Event`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Asks {
-    /// To end it, or to let go of it: a finalized session says `AlreadyFinalized`.
-    ToEnd,
-    /// To use it: a finalized session is `SessionClosed`.
-    ToUse,
-    /// A work's report: a finalized session has no works, so it is a no-op.
-    Report,
-}
-
 impl Core {
     /// A core with no sessions.
     pub fn new(policy: Policy) -> Self {
         Core {
             policy,
             sessions: SessionMap::default(),
+            forgotten: Forgotten::default(),
+            delegations: SessionMap::default(),
+            interrupts: Vec::new(),
+            slots_taken: 0,
             effects: VecDeque::new(),
             deadlines: Deadlines::default(),
             open: 0,
@@ -75,8 +78,17 @@ impl Core {
     }
 
     /// Feeds one input. On `Err` nothing changed and no effect was queued.
+    ///
+    /// Every input naming a session is first answered by one table (see
+    /// [`Event`]) when the session is finalized, forgotten, closing, winding
+    /// down or unknown; only the rest reach their handler.
     pub fn handle(&mut self, now: Instant, event: Event) -> Result<Handled, Error> {
         let now = self.clock(now);
+        if let Some((id, asks)) = answer::subject(&event) {
+            if let Some(answered) = self.answer(id, asks) {
+                return answered;
+            }
+        }
         let handled = match event {
             Event::Register { session, parent } => self.register(now, session, parent),
             Event::StartTurn { session } => self.start_work(now, session, WorkKind::Turn),
@@ -86,6 +98,7 @@ impl Core {
             Event::WorkEnded { work, outcome } => self.work_reported(now, work, Some(outcome)),
             Event::WorkExited { work } => self.work_reported(now, work, None),
             Event::AgentFinished { session } => self.agent_finished(now, session),
+            Event::Abandoned { session } => Ok(self.abandoned(now, session)),
             Event::Cancel { session, mode } => {
                 let (intent, cause) = (EndReason::Cancelled, Cause::CancelRequested(mode));
                 self.cancel(now, session, mode, intent, cause)
@@ -98,17 +111,20 @@ impl Core {
                 let mode = CancelMode::Immediate;
                 self.cancel(now, session, mode, EndReason::UserClose, Cause::UserClose)
             }
-            Event::Hold { session, hold } => self.hold(now, session, hold),
+            Event::Delegate { from, to } => self.delegate(from, to),
+            Event::Hold { session, hold } => self.hold(session, hold),
             Event::Release { session, hold } => self.release(now, session, hold),
             Event::TransportAttached {
                 session,
                 close_on_disconnect,
-            } => self.transport_attached(session, close_on_disconnect),
+            } => Ok(self.transport_attached(session, close_on_disconnect)),
             Event::TransportDetached { session } => self.transport_detached(now, session),
             Event::Sweep(sweep) => Ok(self.sweep(now, sweep)),
             Event::BeginShutdown { drain } => Ok(self.begin_shutdown(now, drain)),
             Event::SkipDrain => Ok(self.skip_drain(now)),
+            Event::LeaseLost => Ok(self.lease_lost(now)),
         };
+        self.interrupt_delegations(now);
         self.after_input();
         handled
     }
@@ -136,7 +152,15 @@ impl Core {
                 }
             }
         }
-        self.reap_idle(now);
+        // Delegations interrupted by what the deadlines finalized may free
+        // parents for the idle reap, whose claims may interrupt more.
+        loop {
+            self.reap_idle(now);
+            if self.interrupts.is_empty() {
+                break;
+            }
+            self.interrupt_delegations(now);
+        }
         self.prune_stale();
         self.after_input();
     }
@@ -162,16 +186,21 @@ impl Core {
         if self.shutdown.is_some() {
             return Err(Error::ShuttingDown);
         }
-        let Some(parent) = parent else { return Ok(()) };
-        let p = self.asks(parent, Asks::ToUse)?;
-        if !matches!(p.state, State::Registered | State::Running) || p.intent.is_some() {
-            return Err(Error::ParentNotLive {
-                parent,
-                state: p.state,
-                closing: p.intent.is_some(),
-            });
+        match parent.and_then(|p| self.answer(p, Asks::Parent)) {
+            Some(Err(refused)) => Err(refused),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The state of a session, finalized ones included after
+    /// [`forget`](Self::forget): `None` only for an id never registered here
+    /// (or withdrawn).
+    pub fn state(&self, id: SessionId) -> Option<State> {
+        match self.find(id) {
+            Found::Kept(s) => Some(s.state),
+            Found::Forgotten => Some(State::Finalized),
+            Found::Unknown => None,
+        }
     }
 
     /// A view of one session, finalized ones included until [`forget`](Self::forget).
@@ -210,13 +239,16 @@ impl Core {
     /// Drops the record of a finalized session, so a long-lived process does
     /// not keep one per session it ever ran: a driver calls it once it has
     /// executed the session's [`Effect::Finalize`]. Returns whether it was
-    /// dropped; sessions that are not finalized are kept. Every input naming a
-    /// forgotten id is refused with [`Error::UnknownSession`].
+    /// dropped; sessions that are not finalized are kept. The id is still
+    /// remembered, compactly: every input naming it gets the answer of a
+    /// finalized session (the table on [`Event`]), and
+    /// [`state`](Self::state) says `finalized`.
     pub fn forget(&mut self, id: SessionId) -> bool {
         let s = match self.sessions.entry(id) {
             Entry::Occupied(s) if s.get().state == State::Finalized => s.remove(),
             _ => return false,
         };
+        self.forgotten.insert(id);
         // The deadline table drops the entries of forgotten sessions once
         // they could be half of it, so that nothing stays per session.
         let sessions = &self.sessions;
@@ -256,7 +288,7 @@ impl Core {
         id: SessionId,
         parent: Option<SessionId>,
     ) -> Result<Handled, Error> {
-        if self.sessions.contains_key(&id) {
+        if self.sessions.contains_key(&id) || self.forgotten.contains(id) {
             return Err(Error::DuplicateSession(id));
         }
         self.check_register(parent)?;
@@ -286,23 +318,30 @@ impl Core {
         id: SessionId,
         kind: WorkKind,
     ) -> Result<Handled, Error> {
-        let shutting_down = self.shutdown.is_some();
-        let s = asks_in(&mut self.sessions, id, Asks::ToUse)?;
-        if shutting_down {
-            return Err(Error::ShuttingDown);
-        }
-        if let Some(intent) = s.intent {
-            return Err(Error::Closing {
-                session: id,
-                reason: intent.reason(s.last_outcome),
-            });
-        }
-        let (action, admitted) = match kind {
-            WorkKind::Turn => ("start a turn", s.works.turn.is_none()),
-            WorkKind::Task => ("start a task", true),
+        let slots = self.policy.slots;
+        let slots_free = slots.is_none_or(|n| self.slots_taken < n);
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
         };
-        if !matches!(s.state, State::Registered | State::Running) || !admitted {
-            return Err(wrong_state(id, s.state, action));
+        if kind == WorkKind::Turn {
+            if let Some(turn) = s.works.turn {
+                return Err(match turn.cancel {
+                    Some(_) => Error::TurnSettling {
+                        session: id,
+                        turn: turn.no,
+                    },
+                    None => wrong_state(id, s.state, "start a turn"),
+                });
+            }
+            if !s.has_slot {
+                if !slots_free {
+                    return Err(Error::NoSlot {
+                        slots: slots.unwrap_or_default(),
+                    });
+                }
+                s.has_slot = true;
+                self.slots_taken += 1;
+            }
         }
         let from = s.state;
         let work = match kind {
@@ -327,13 +366,10 @@ impl Core {
             let m = move_state(s, id, State::Running, cause, false, &mut self.deadlines);
             self.moved(now, id, m);
         }
-        self.effects
-            .push_back(Effect::StartWork { work: work.id(id) });
-        Ok(Handled::Applied)
+        Ok(Handled::Started(work.id(id)))
     }
 
     fn stream_attached(&mut self, work: WorkId) -> Result<Handled, Error> {
-        self.asks(work.session, Asks::Report)?;
         let Some(w) = self.work_mut(work) else {
             return Ok(Handled::NoOp);
         };
@@ -351,7 +387,6 @@ impl Core {
     }
 
     fn stream_closed(&mut self, work: WorkId) -> Result<Handled, Error> {
-        self.asks(work.session, Asks::Report)?;
         match self.work_mut(work) {
             Some(w) if !w.stream_closed => {
                 w.stream_closed = true;
@@ -376,11 +411,10 @@ impl Core {
         // otherwise finishing winds the subtree down first (G1).
         let wind_down = self.shutdown.as_ref().is_none_or(|s| s.drained);
         let shutting_down = self.shutdown.is_some();
-        let s = asks_in(&mut self.sessions, id, Asks::ToEnd)?;
-        if s.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
-        if !matches!(s.state, State::Registered | State::Running) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
+        if !s.state.is_active() {
             return Ok(Handled::NoOp);
         }
         let wind_down = wind_down && !s.children.is_empty();
@@ -417,12 +451,12 @@ impl Core {
         reason: EndReason,
         cause: Cause,
     ) -> Result<Handled, Error> {
-        let s = self.asks(id, Asks::ToEnd)?;
-        match s.state {
-            State::Finalized => return Ok(Handled::AlreadyFinalized),
-            // G6: already cancelled, or already ended on its own.
-            State::Cancelling | State::Settled => return Ok(Handled::NoOp),
-            State::Registered | State::Running => {}
+        let Some(s) = self.sessions.get(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
+        // G6: already cancelled, or already ended on its own.
+        if !s.state.is_active() {
+            return Ok(Handled::NoOp);
         }
         if !s.children.is_empty() {
             self.cancel_subtree(now, id, EndReason::Cancelled);
@@ -433,9 +467,6 @@ impl Core {
     }
 
     fn cancel_turn(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
         if self.cancel_works(now, id, CancelMode::Immediate, true) == 0 {
             return Ok(Handled::NoOp);
         }
@@ -443,9 +474,6 @@ impl Core {
     }
 
     fn cancel_work(&mut self, now: Instant, work: WorkId) -> Result<Handled, Error> {
-        if self.asks(work.session, Asks::ToEnd)?.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
         let settle_at = now.checked_add(self.policy.settle_timeout);
         let Some(w) = self.work_mut(work) else {
             return Ok(Handled::NoOp);
@@ -467,10 +495,9 @@ impl Core {
     }
 
     fn withdraw(&mut self, id: SessionId) -> Result<Handled, Error> {
-        let s = self.asks(id, Asks::ToEnd)?;
-        if s.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
+        let Some(s) = self.sessions.get(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
         let has_child = s.children.iter().any(|c| self.sessions.contains_key(c));
         let pristine = s.state == State::Registered
             && s.turns == 0
@@ -486,6 +513,7 @@ impl Core {
         }
         let parent = s.parent;
         self.sessions.remove(&id);
+        self.delegations.remove(&id);
         self.open -= 1;
         let mut parent_may_reclaim = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
@@ -503,18 +531,43 @@ impl Core {
     }
 
     fn cancel_descendants(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
         if self.cancel_subtree(now, id, EndReason::Cancelled) == 0 {
             return Ok(Handled::NoOp);
         }
         Ok(Handled::Applied)
     }
 
-    fn hold(&mut self, now: Instant, id: SessionId, hold: Hold) -> Result<Handled, Error> {
-        self.asks(id, Asks::ToUse)?;
-        let s = self.session_mut(now, id);
+    /// During a shutdown the shutdown owns the session (G9): a dropped guard
+    /// changes nothing. Otherwise it is an immediate cancel.
+    fn abandoned(&mut self, now: Instant, id: SessionId) -> Handled {
+        if self.shutdown.is_some() {
+            return Handled::NoOp;
+        }
+        let (mode, reason) = (CancelMode::Immediate, EndReason::Cancelled);
+        let cause = Cause::CancelRequested(mode);
+        self.cancel(now, id, mode, reason, cause)
+            .unwrap_or(Handled::NoOp)
+    }
+
+    fn delegate(&mut self, from: SessionId, to: SessionId) -> Result<Handled, Error> {
+        if let Some(answered) = self.answer(to, Asks::Use) {
+            return answered;
+        }
+        if from == to {
+            return Ok(Handled::NoOp);
+        }
+        let delegates = self.delegations.entry(from).or_default();
+        if delegates.contains(&to) {
+            return Ok(Handled::NoOp);
+        }
+        delegates.push(to);
+        Ok(Handled::Applied)
+    }
+
+    fn hold(&mut self, id: SessionId, hold: Hold) -> Result<Handled, Error> {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
         let slot = s.holds.slot(hold);
         *slot = slot.saturating_add(1);
         self.refresh_index(id);
@@ -522,10 +575,9 @@ impl Core {
     }
 
     fn release(&mut self, now: Instant, id: SessionId, hold: Hold) -> Result<Handled, Error> {
-        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
-        let s = self.session_mut(now, id);
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
         let slot = s.holds.slot(hold);
         if *slot == 0 {
             return Ok(Handled::NoOp);
@@ -540,29 +592,23 @@ impl Core {
         Ok(Handled::Applied)
     }
 
-    fn transport_attached(
-        &mut self,
-        id: SessionId,
-        close_on_disconnect: bool,
-    ) -> Result<Handled, Error> {
-        self.asks(id, Asks::ToUse)?;
+    fn transport_attached(&mut self, id: SessionId, close_on_disconnect: bool) -> Handled {
         let Some(s) = self.sessions.get_mut(&id) else {
-            return Err(Error::UnknownSession(id));
+            return Handled::NoOp;
         };
         s.transport.attached = s.transport.attached.saturating_add(1);
         s.transport.close_on_disconnect |= close_on_disconnect;
         // A transport is back: it is no orphan, and nothing waits to close it.
         s.orphan_deadline = None;
         s.transport.pending = None;
-        Ok(Handled::Applied)
+        Handled::Applied
     }
 
     fn transport_detached(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        if self.asks(id, Asks::ToEnd)?.state == State::Finalized {
-            return Ok(Handled::AlreadyFinalized);
-        }
         let grace = self.policy.orphan_grace;
-        let s = self.session_mut(now, id);
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
         if s.transport.attached == 0 {
             return Ok(Handled::NoOp);
         }
@@ -625,7 +671,9 @@ impl Core {
         self.effects.push_back(Effect::FlushTranscripts);
         let order = open_sessions_bottom_up(&self.sessions);
         for &id in &order {
-            let s = self.session_mut(now, id);
+            let Some(s) = self.sessions.get_mut(&id) else {
+                continue;
+            };
             s.intent.get_or_insert(Intent::End(EndReason::Shutdown));
             s.running_at_shutdown = s.state == State::Running && s.works.turn.is_some();
         }
@@ -638,6 +686,16 @@ impl Core {
             Some(at) => self.deadlines.drain = Some(at),
             // A drain too long to represent ends only when skipped.
             None => {}
+        }
+        Handled::Applied
+    }
+
+    /// G8: nothing may start any more and every work is cancelled now.
+    fn lease_lost(&mut self, now: Instant) -> Handled {
+        self.begin_shutdown(now, Duration::ZERO);
+        self.skip_drain(now);
+        if let Some(shutdown) = self.shutdown.as_mut() {
+            shutdown.summary.lease_lost = true;
         }
         Handled::Applied
     }
@@ -684,7 +742,9 @@ impl Core {
 
     fn orphan_deadline(&mut self, now: Instant, id: SessionId) {
         let grace = self.policy.orphan_grace;
-        let s = self.session_mut(now, id);
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
         s.orphan_deadline = None;
         if s.transport.attached > 0 || !s.state.is_open() || s.intent.is_some() {
             return;
@@ -693,7 +753,9 @@ impl Core {
             // Skipped because a work (or a hold) is live: try again later
             // (SPEC §5). With no grace at all, "later" is the moment it is
             // idle: a deadline re-armed at `now` would fire again at once.
-            let s = self.session_mut(now, id);
+            let Some(s) = self.sessions.get_mut(&id) else {
+                return;
+            };
             if grace.is_zero() {
                 s.transport.pending = Some(EndReason::OrphanReap);
             } else if let Some(at) = now.checked_add(grace) {
@@ -739,7 +801,7 @@ impl Core {
         self.deadlines.drain = None;
         let order = open_sessions_bottom_up(&self.sessions);
         for &id in &order {
-            if self.session_mut(now, id).state == State::Running {
+            if self.state(id) == Some(State::Running) {
                 if let Some(shutdown) = self.shutdown.as_mut() {
                     shutdown.summary.cancelled.push(id);
                 }
@@ -775,8 +837,7 @@ impl Core {
         let order = open_descendants_bottom_up(&self.sessions, id);
         let mut cancelled = 0;
         for &d in &order {
-            let state = self.session_mut(now, d).state;
-            if matches!(state, State::Registered | State::Running) {
+            if self.state(d).is_some_and(State::is_active) {
                 let mode = CancelMode::Immediate;
                 self.cancel_one(now, d, mode, reason, Cause::AncestorWindingDown);
                 self.cascade(now, d, Cause::AncestorWindingDown);
@@ -798,10 +859,9 @@ impl Core {
         cause: Cause,
     ) {
         let shutting_down = self.shutdown.is_some();
-        let s = session_in(&mut self.sessions, now, id);
-        if !matches!(s.state, State::Registered | State::Running) {
+        let Some(s) = self.sessions.get_mut(&id).filter(|s| s.state.is_active()) else {
             return;
-        }
+        };
         // The first decision says what happened; a shutdown finalizes
         // everything `shutdown` anyway.
         s.intent.get_or_insert(Intent::End(reason));
@@ -985,6 +1045,7 @@ impl Core {
             let cause = Cause::Finalized(reason);
             move_state(s, id, State::Finalized, cause, shutting_down, deadlines)
         });
+        let had_slot = finalized.is_some() && std::mem::take(&mut s.has_slot);
         if let Some(m) = settled {
             self.moved(now, id, m);
         }
@@ -996,9 +1057,47 @@ impl Core {
                 reason,
                 last_outcome,
                 commit_memory: last_outcome == Some(Outcome::Completed),
+                in_shutdown: shutting_down,
             }));
+            // The rest of the plan that is the core's: its slot is free
+            // (step 5), its delegations are interrupted (step 6) once this
+            // input's cascade is over.
+            if had_slot {
+                self.slots_taken -= 1;
+            }
+            if let Some(delegates) = self.delegations.remove(&id) {
+                // Not its own ancestors: their lifetime holds its own, and a
+                // subtree's wind-down never cancels whoever asked for it (G1).
+                let sessions = &self.sessions;
+                let ancestor = |d: SessionId| {
+                    let mut at = parent;
+                    while let Some(p) = at {
+                        if p == d {
+                            return true;
+                        }
+                        at = sessions.get(&p).and_then(|s| s.parent);
+                    }
+                    false
+                };
+                let interrupted = delegates.into_iter().filter(|d| !ancestor(*d));
+                self.interrupts.extend(interrupted);
+            }
         }
         (settled.is_some() || finalized.is_some(), parent)
+    }
+
+    /// SPEC §4 step 6 for the sessions the current input finalized: each
+    /// session they delegated to is cancelled, which may finalize more.
+    fn interrupt_delegations(&mut self, now: Instant) {
+        while !self.interrupts.is_empty() {
+            for id in std::mem::take(&mut self.interrupts) {
+                let mode = CancelMode::Immediate;
+                let cause = Cause::DelegationInterrupted;
+                if self.sessions.contains_key(&id) {
+                    let _ = self.cancel(now, id, mode, EndReason::Cancelled, cause);
+                }
+            }
+        }
     }
 
     /// The second half of every transition ([`move_state`] is the first),
@@ -1045,6 +1144,9 @@ impl Core {
             from,
             to,
             cause,
+            // The session's row records its registration, and the finalize's
+            // latch its end.
+            timeline: from.is_some() && to != State::Finalized,
         }));
     }
 
@@ -1110,9 +1212,9 @@ impl Core {
         self.oldest_idle();
     }
 
-    /// After every input: announce the end of a shutdown once. Stale entries
-    /// on top of the deadline table are left for `handle_timeout` to drop:
-    /// at worst they cost the driver one spurious wake, which is a no-op.
+    /// After every input: announce the end of a shutdown once. Stale entries on
+    /// top of the deadline table are left for `handle_timeout` to drop: at
+    /// worst they cost the driver one spurious wake, which is a no-op.
     fn after_input(&mut self) {
         if let Some(shutdown) = self.shutdown.as_mut() {
             if self.open == 0 && !shutdown.complete_sent {
@@ -1130,16 +1232,19 @@ impl Core {
         now
     }
 
-    /// Looks `id` up for an input that `asks` this of it; a finalized session
-    /// is an error only for inputs that want to use it (the table on [`Event`]).
-    fn asks(&self, id: SessionId, asks: Asks) -> Result<&Session, Error> {
+    /// What the core knows of `id`.
+    fn find(&self, id: SessionId) -> Found<'_> {
         match self.sessions.get(&id) {
-            None => Err(Error::UnknownSession(id)),
-            Some(s) if s.state == State::Finalized && asks == Asks::ToUse => {
-                Err(Error::SessionClosed(id))
-            }
-            Some(s) => Ok(s),
+            Some(s) => Found::Kept(s),
+            None if self.forgotten.contains(id) => Found::Forgotten,
+            None => Found::Unknown,
         }
+    }
+
+    /// The answer table's word on an input that `asks` this of `id`, if it
+    /// decides it (see [`answer::answer`]).
+    fn answer(&self, id: SessionId, asks: Asks) -> Option<Result<Handled, Error>> {
+        answer::answer(id, asks, self.find(id), self.shutdown.is_some())
     }
 
     fn work_mut(&mut self, work: WorkId) -> Option<&mut Work> {
@@ -1147,12 +1252,6 @@ impl Core {
             .get_mut(&work.session)?
             .works
             .get_mut(work.kind, work.no)
-    }
-
-    /// For ids the core itself put in its tables. A missing one would be a
-    /// bug in the core; the fallback keeps a release build from panicking on it.
-    fn session_mut(&mut self, now: Instant, id: SessionId) -> &mut Session {
-        session_in(&mut self.sessions, now, id)
     }
 
     /// How many entries the deadline table holds (stale ones included); for tests.
@@ -1166,17 +1265,6 @@ impl Core {
     pub fn idle_entries(&self) -> usize {
         self.deadlines.idle_len()
     }
-}
-
-/// [`Core::session_mut`] on the table alone, so a caller may hold the record
-/// and another field of the core at once.
-fn session_in(sessions: &mut SessionMap<Session>, now: Instant, id: SessionId) -> &mut Session {
-    sessions.entry(id).or_insert_with(|| {
-        debug_assert!(false, "session {id} vanished from the core's table");
-        let mut ghost = Session::new(None, now);
-        ghost.state = State::Finalized;
-        ghost
-    })
 }
 
 /// How a work's end came to the core.
@@ -1225,22 +1313,6 @@ fn move_state(
         to,
         cause,
         parent: s.parent,
-    }
-}
-
-/// Looks `id` up for an input that `asks` this of it and goes on to change
-/// it (see [`Core::asks`]).
-fn asks_in(
-    sessions: &mut SessionMap<Session>,
-    id: SessionId,
-    asks: Asks,
-) -> Result<&mut Session, Error> {
-    match sessions.get_mut(&id) {
-        None => Err(Error::UnknownSession(id)),
-        Some(s) if s.state == State::Finalized && asks == Asks::ToUse => {
-            Err(Error::SessionClosed(id))
-        }
-        Some(s) => Ok(s),
     }
 }
 

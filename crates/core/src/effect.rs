@@ -12,18 +12,14 @@ use crate::{CancelMode, EndReason, Outcome, SessionId, State, WorkId};
 /// names what it is about and carries everything needed to execute it: a
 /// driver never looks at the core's state to learn what an effect means.
 ///
+/// A work is started by the answer to the input that admitted it
+/// ([`Handled::Started`](crate::Handled::Started)), not by an effect.
+///
 /// There is no session-wide cancellation token: a session's cancel is one
 /// [`CancelWork`](Self::CancelWork) per live work of the session (and of each
 /// cancelled descendant).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Start the work that a [`StartTurn`](crate::Event::StartTurn) or
-    /// [`StartTask`](crate::Event::StartTask) asked for, under this id.
-    /// Emitted once per work, right after the input that admitted it.
-    StartWork {
-        /// The new work.
-        work: WorkId,
-    },
     /// Ask a work to stop. Emitted at most once per work (G6).
     /// `Immediate`: cancel the work's own token now; the work closes its
     /// stream as it unwinds (it gets its bounded chance, G5). `Graceful`: let
@@ -84,6 +80,9 @@ pub struct ShutdownSummary {
     pub cancelled: Vec<SessionId>,
     /// Works detached (write access revoked) after shutdown began.
     pub detached: Vec<WorkId>,
+    /// The shutdown was forced by the loss of this process's lease (G8):
+    /// what it finalizes may already belong to another process's recovery.
+    pub lease_lost: bool,
 }
 
 /// The finalize plan for one session (SPEC §4).
@@ -97,6 +96,9 @@ pub struct Finalize {
     pub last_outcome: Option<Outcome>,
     /// Whether memory may be committed: only when the last turn completed (G7).
     pub commit_memory: bool,
+    /// Whether a shutdown had begun when it was ordered (it is then part of
+    /// what the shutdown reports).
+    pub in_shutdown: bool,
 }
 
 impl Finalize {
@@ -157,6 +159,10 @@ pub struct Transition {
     pub to: State,
     /// Why.
     pub cause: Cause,
+    /// Whether to record it as a step of the session's timeline. The
+    /// registration and the finalize are not: the session's row records the
+    /// first, and the finalize's latch records the last with the plan.
+    pub timeline: bool,
 }
 
 /// Why a transition happened.
@@ -186,6 +192,9 @@ pub enum Cause {
     SettleDeadline,
     /// The drain period of a shutdown ended with the turn still running.
     DrainEnded,
+    /// The session it delegated to was finalized: the delegation was
+    /// interrupted (SPEC §4 step 6).
+    DelegationInterrupted,
     /// The finalize plan ran with this end reason.
     Finalized(EndReason),
 }
@@ -205,6 +214,7 @@ impl fmt::Display for Cause {
             Cause::DescendantsSettled => f.write_str("descendants settled"),
             Cause::SettleDeadline => f.write_str("settle deadline passed: work detached"),
             Cause::DrainEnded => f.write_str("drain ended: cancelled"),
+            Cause::DelegationInterrupted => f.write_str("delegation interrupted"),
             Cause::Finalized(reason) => write!(f, "finalized: {reason}"),
         }
     }

@@ -1,4 +1,4 @@
-use crate::{EndReason, SessionId, State};
+use crate::{EndReason, SessionId, State, WorkId};
 
 /// Why the core refused an input. Nothing changed when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +40,22 @@ pub enum Error {
         /// Whether it is closing (winding down).
         closing: bool,
     },
+    /// Every active-session slot is taken (see [`Policy::slots`](crate::Policy::slots)).
+    #[error("all {slots} active-session slots are taken; wait for a session to be finalized or configure more slots")]
+    NoSlot {
+        /// How many slots there are.
+        slots: usize,
+    },
+    /// The session's previous turn was cancelled (or its `Turn` dropped) and
+    /// has not settled yet: its work is still unwinding, for at most the
+    /// settle timeout (G5).
+    #[error("session {session}: turn {turn} was cancelled and is still settling; await its outcome (`Turn::outcome`) before starting the next turn")]
+    TurnSettling {
+        /// The session.
+        session: SessionId,
+        /// The turn still settling.
+        turn: u32,
+    },
     /// The session has been finalized; its handle is closed (G10).
     #[error("session {0} is finalized; its handle is closed")]
     SessionClosed(SessionId),
@@ -47,13 +63,38 @@ pub enum Error {
 
 /// What an accepted input did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "a no-op can mean the request was already satisfied"]
 pub enum Handled {
     /// The input changed the state; effects may be waiting.
     Applied,
+    /// A work was admitted (the answer to `StartTurn` and `StartTask`): start
+    /// it under this id now (quinn's `streams().open()`). No effect orders
+    /// it; the effects the same input queued (its transition) go first.
+    Started(WorkId),
     /// The session was already finalized; the request is a no-op (G2).
     AlreadyFinalized,
     /// The request was already satisfied or does not apply (a second cancel,
     /// a release without a hold, a report for a work that is gone); nothing changed.
     NoOp,
+}
+
+impl Handled {
+    /// The work a start admitted, if this answers one.
+    pub fn started(self) -> Option<WorkId> {
+        match self {
+            Handled::Started(work) => Some(work),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// Whether this is the typed `SessionClosed` of G10.
+    pub fn is_session_closed(&self) -> bool {
+        matches!(self, Error::SessionClosed(_))
+    }
+
+    /// Whether it was refused because a shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        matches!(self, Error::ShuttingDown)
+    }
 }

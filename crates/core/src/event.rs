@@ -7,19 +7,27 @@ use crate::{CancelMode, Outcome, SessionId, WorkId};
 /// Feed each with [`Core::handle`](crate::Core::handle), then drain
 /// [`Core::poll_effect`](crate::Core::poll_effect) before the next input.
 ///
-/// # What each input answers for a finalized session
+/// # The answer table
 ///
-/// One answer per kind of input, whatever the path that finalized it:
+/// Every input that names a session is first looked up in one table, coded
+/// once in the core and applied before the input is dispatched: what a
+/// finalized session gets does not depend on the path that finalized it, nor
+/// on whether the core still keeps its record or has
+/// [forgotten](crate::Core::forget) it (the core remembers every id it
+/// finalized, compactly, so a handle never hears "not known" after its
+/// finalize was ordered).
 ///
-/// | input | answer |
-/// |---|---|
-/// | a request to end it: `AgentFinished`, `Cancel`, `CancelTurn`, `CancelWork`, `CancelDescendants`, `UserClose` | `Ok(Handled::AlreadyFinalized)` (G2: a no-op that says so) |
-/// | letting go of it: `Release`, `TransportDetached`, `Withdraw` | `Ok(Handled::AlreadyFinalized)` |
-/// | using it: `StartTurn`, `StartTask`, `Hold`, `TransportAttached`, `Register` under it | `Err(Error::SessionClosed)` (G10: closed handles fail loudly) |
-/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited` | `Ok(Handled::NoOp)` (the work is gone) |
+/// | input | finalized (or forgotten) | closing or winding down |
+/// |---|---|---|
+/// | a request to end it: `AgentFinished`, `Abandoned`, `Cancel`, `CancelTurn`, `CancelWork`, `CancelDescendants`, `UserClose` | `Ok(Handled::AlreadyFinalized)` (G2: a no-op that says so) | handled (a second cancel is a `NoOp`, G6) |
+/// | letting go of it: `Release`, `TransportDetached`, `Withdraw` | `Ok(Handled::AlreadyFinalized)` | handled |
+/// | starting work: `StartTurn`, `StartTask` | `Err(Error::SessionClosed)` (G10) | `Err(Error::ShuttingDown)`, `Err(Error::Closing)` or `Err(Error::WrongState)` |
+/// | a child under it: `Register` | `Err(Error::SessionClosed)` | `Err(Error::ShuttingDown)` or `Err(Error::ParentNotLive)` |
+/// | using it: `Hold`, `TransportAttached`, `Delegate` (either side) | `Err(Error::SessionClosed)` (G10) | handled |
+/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited` | `Ok(Handled::NoOp)` (the work is gone) | handled |
 ///
-/// After [`Core::forget`](crate::Core::forget) every input naming the session
-/// is refused with [`Error::UnknownSession`](crate::Error::UnknownSession).
+/// An id the core was never given is refused with
+/// [`Error::UnknownSession`](crate::Error::UnknownSession) by every input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A new session, optionally under a parent that is registered or running
@@ -31,16 +39,20 @@ pub enum Event {
         parent: Option<SessionId>,
     },
     /// Start a turn. Accepted while the session is open, not closing, has no
-    /// turn in flight, and no shutdown has begun; the core then orders
-    /// [`Effect::StartWork`](crate::Effect::StartWork) with the turn's
-    /// [`WorkId`].
+    /// turn in flight, an active-session slot is free (or it holds one, see
+    /// [`Policy::slots`](crate::Policy::slots)), and no shutdown has begun;
+    /// the answer is [`Handled::Started`](crate::Handled::Started) with the
+    /// turn's [`WorkId`], which the driver starts at once. While the previous
+    /// turn was cancelled and has not settled yet, the answer is
+    /// [`Error::TurnSettling`](crate::Error::TurnSettling).
     StartTurn {
         /// The session whose turn starts.
         session: SessionId,
     },
     /// Start a task: work other than a turn (a tool call, a subprocess) that
     /// the session owns and that is cancelled, settled and detached like a
-    /// turn. Admitted like [`StartTurn`](Self::StartTurn), also beside a turn.
+    /// turn. Admitted like [`StartTurn`](Self::StartTurn), also beside a turn
+    /// and without a slot; answered [`Handled::Started`](crate::Handled::Started).
     StartTask {
         /// The session that owns the task.
         session: SessionId,
@@ -80,6 +92,16 @@ pub enum Event {
         /// The finishing session.
         session: SessionId,
     },
+    /// The agent's code let go of the session without finishing it: a
+    /// dropped guard (an early return, a panic). Outside a shutdown it is an
+    /// immediate [`Cancel`](Self::Cancel). During a shutdown the shutdown
+    /// owns the session and its subtree (G9): running turns keep the drain,
+    /// then everything is cancelled and finalized `shutdown`; the session is
+    /// only marked closing, so it starts nothing more.
+    Abandoned {
+        /// The session let go of.
+        session: SessionId,
+    },
     /// Cancel the session: its descendants first, then its own works. The
     /// session settles when its works have exited (or were detached, G5).
     Cancel {
@@ -110,6 +132,15 @@ pub enum Event {
     UserClose {
         /// The session to close.
         session: SessionId,
+    },
+    /// `from` delegated work to `to`: when `from` is finalized while `to` is
+    /// still open, `to` is cancelled (SPEC §4 step 6, "interrupt outstanding
+    /// delegations"), with cause [`Cause::DelegationInterrupted`](crate::Cause::DelegationInterrupted).
+    Delegate {
+        /// The delegating session.
+        from: SessionId,
+        /// The session delegated to.
+        to: SessionId,
     },
     /// The session waits on something that no automatic reclaim may cut short.
     Hold {
@@ -157,6 +188,12 @@ pub enum Event {
     },
     /// End the drain now (a second shutdown signal).
     SkipDrain,
+    /// This process lost its lease on its sessions (G8): another process may
+    /// recover them at any moment. Nothing may start any more and every work
+    /// is cancelled now: a shutdown with no drain, whose
+    /// [`ShutdownSummary::lease_lost`](crate::ShutdownSummary::lease_lost)
+    /// says why.
+    LeaseLost,
 }
 
 /// What a held session waits on (SPEC §5).

@@ -25,13 +25,19 @@
 //! # The contract
 //!
 //! - Every [`Effect`] is an order that says everything needed to execute it
-//!   (start this work, cancel that one, close its stream, detach it, record
-//!   its end, run this finalize plan). A driver never inspects the core's
-//!   state to learn what happened.
+//!   (cancel this work, close its stream, detach it, record its end, record
+//!   this transition, run this finalize plan). A start is answered with the
+//!   id of the work it admitted ([`Handled::Started`]), so a driver keeps no
+//!   pending start. A driver never inspects the core's state to learn what
+//!   happened.
 //! - Every report of a work names its [`WorkId`]; a report from an old work
 //!   (detached, or long over) is a no-op, never applied to the current one.
-//! - Each input gets one answer for a finalized session, whatever finalized
-//!   it (the table on [`Event`]).
+//! - Each input gets one answer for a finalized, forgotten, closing or
+//!   unknown session, whatever finalized it, from one table applied before
+//!   dispatch (the table on [`Event`]); a forgotten session is remembered
+//!   as finalized, never "not known".
+//! - Slots, delegations and the loss of the lease are the core's decisions
+//!   too ([`Policy::slots`], [`Event::Delegate`], [`Event::LeaseLost`]).
 //! - [`Core::poll_timeout`] says when and why ([`Deadline`]); after
 //!   `handle_timeout(now)` it never names a time at or before `now`.
 //! - [`State::can_move_to`] is the one transition table; every state change
@@ -58,10 +64,10 @@
 //!
 //! core.handle(start, Event::Register { session: root, parent: None })?;
 //! core.handle(start, Event::Register { session: child, parent: Some(root) })?;
-//! core.handle(start, Event::StartTurn { session: child })?;
+//! // A start answers the work it admitted; the driver starts it at once.
+//! let work = core.handle(start, Event::StartTurn { session: child })?.started().unwrap();
+//! assert_eq!(work, WorkId::turn(child, 1));
 //! drain(&mut core, &mut log);
-//! let work = WorkId::turn(child, 1);
-//! assert!(log.contains(&Effect::StartWork { work }));
 //!
 //! // The root finishes while the child is mid-turn (seed 000): the child is
 //! // cancelled first, and nothing is finalized while it is still live.
@@ -85,11 +91,13 @@
 //! # Ok::<(), settle_core::Error>(())
 //! ```
 
+mod answer;
 mod core;
 mod deadlines;
 mod effect;
 mod error;
 mod event;
+mod forgotten;
 mod hash;
 mod id;
 mod policy;

@@ -26,6 +26,11 @@ pub struct Policy {
     /// reap claims it (only sessions that had a transport are ever orphans).
     /// With a zero grace, an orphan found busy is claimed as soon as it is idle.
     pub orphan_grace: Duration,
+    /// How many sessions may hold an active-session slot at once; `None`:
+    /// no limit. A session takes a slot with its first turn and gives it
+    /// back when it is finalized (SPEC §4 step 5); a turn that finds every
+    /// slot taken is refused with [`Error::NoSlot`](crate::Error::NoSlot).
+    pub slots: Option<usize>,
 }
 
 impl Default for Policy {
@@ -35,6 +40,7 @@ impl Default for Policy {
             idle_ttl: Some(Duration::from_secs(30 * 60)),
             lru_cap: Some(1000),
             orphan_grace: Duration::from_secs(60),
+            slots: None,
         }
     }
 }
@@ -58,6 +64,13 @@ impl Policy {
     #[must_use]
     pub fn lru_cap(mut self, cap: Option<usize>) -> Self {
         self.lru_cap = cap;
+        self
+    }
+
+    /// Sets how many sessions may hold an active-session slot; `None`: no limit.
+    #[must_use]
+    pub fn slots(mut self, slots: Option<usize>) -> Self {
+        self.slots = slots;
         self
     }
 

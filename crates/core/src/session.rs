@@ -31,6 +31,8 @@ pub(crate) struct Session {
     pub transport: Transport,
     /// A turn was running when the shutdown began (for its summary).
     pub running_at_shutdown: bool,
+    /// It holds an active-session slot (taken with its first turn).
+    pub has_slot: bool,
     /// The last time it became idle (registered, turn ended, hold released).
     pub idle_since: Instant,
     /// The key under which it sits in the idle index, if it is reclaimable.
@@ -96,6 +98,7 @@ impl Session {
             holds: Holds::default(),
             transport: Transport::default(),
             running_at_shutdown: false,
+            has_slot: false,
             idle_since: now,
             indexed_since: None,
             idle_key: None,

@@ -95,6 +95,13 @@ impl State {
         matches!(self, State::Running | State::Cancelling)
     }
 
+    /// Whether the session is active: `registered` or `running`, open and
+    /// not winding down. Only an active session starts work, takes children
+    /// and can be cancelled.
+    pub const fn is_active(self) -> bool {
+        matches!(self, State::Registered | State::Running)
+    }
+
     /// Whether the session is still open: neither settled nor finalized.
     pub const fn is_open(self) -> bool {
         matches!(self, State::Registered | State::Running | State::Cancelling)

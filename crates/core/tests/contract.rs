@@ -165,6 +165,7 @@ fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
             drained: vec![root, child],
             cancelled: vec![],
             detached: vec![],
+            lease_lost: false,
         })))
     );
 }

@@ -63,6 +63,7 @@ fn end_hook_flags_follow_the_last_outcome() {
             reason: EndReason::Completed,
             last_outcome,
             commit_memory: false,
+            in_shutdown: false,
         };
         (f.completed(), f.interrupted())
     };
@@ -250,17 +251,31 @@ fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
     assert_eq!(h.core.sessions().count(), 2);
     assert!(!h.core.forget(gone), "already forgotten");
 
+    // Forgotten is still finalized: the answer table, not "not known" (G10).
+    assert_eq!(h.core.state(gone), Some(State::Finalized));
     assert_eq!(
         h.try_ev(Event::StartTurn { session: gone }),
-        Err(Error::UnknownSession(gone))
+        Err(Error::SessionClosed(gone))
     );
     assert_eq!(
         h.try_ev(Event::UserClose { session: gone }),
-        Err(Error::UnknownSession(gone))
+        Ok(Handled::AlreadyFinalized)
     );
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: gone,
+            parent: None
+        }),
+        Err(Error::DuplicateSession(gone)),
+        "a forgotten id is never registered again"
+    );
+    assert_eq!(h.core.state(SessionId(99)), None, "never registered");
     // The rest of the tree is untouched and still works.
     assert_eq!(h.state(kept), State::Registered);
-    assert_eq!(h.ev_h(Event::StartTurn { session: kept }), Handled::Applied);
+    assert_eq!(
+        h.ev_h(Event::StartTurn { session: kept }),
+        Handled::Started(WorkId::turn(kept, 1))
+    );
 }
 
 // ----- timers ------------------------------------------------------------------

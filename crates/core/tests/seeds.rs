@@ -273,6 +273,7 @@ fn g3_shutdown_sweep_spares_running_and_finalized_sessions() {
             drained: vec![live],
             cancelled: vec![],
             detached: vec![],
+            lease_lost: false,
         })))
     );
 }
@@ -311,6 +312,7 @@ fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
             drained: vec![],
             cancelled: vec![child],
             detached: vec![],
+            lease_lost: false,
         })))
     );
 }

@@ -54,11 +54,6 @@ pub(crate) enum Command {
         session: SessionId,
         reply: Reply<settle_core::State>,
     },
-    Delegate {
-        from: SessionId,
-        to: SessionId,
-        reply: Reply<()>,
-    },
     Shutdown {
         drain: Duration,
         reply: Option<oneshot::Sender<ShutdownReport>>,

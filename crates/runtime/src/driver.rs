@@ -1,14 +1,17 @@
 //! The one task that owns the core, and executes what it orders.
 //!
-//! It decides nothing about the lifecycle. All it does, mechanically:
+//! It decides nothing about the lifecycle: it is one flat `match` over the
+//! commands of handles, the reports of works and the answers of the
+//! recorder, each turned into one input of the core, and one flat `match`
+//! over the effects the core orders. All it does, mechanically:
 //!
-//! - turns each command of a handle, report of a work and answer of the
-//!   recorder into one input of the core (or answers it from its own tables:
-//!   a session's name, its slot, its waiters);
+//! - turns each command into one input of the core (or answers it from its
+//!   own tables: a session's shared half, the core's state of it), and a
+//!   start the core admitted (`Handled::Started`) into a spawned work;
 //! - after every input, drains the core's effects and executes each as it
-//!   says: starts a work, cancels its token, closes its stream, detaches it,
-//!   hands its end and the session's transitions and finalize plan to the
-//!   recorder, forgets a finalized session;
+//!   says: cancels a work's token, closes its stream, detaches it, hands its
+//!   end, the transitions the core marks for the timeline and the finalize
+//!   plan to the recorder, forgets a finalized session;
 //! - keeps one timer for the core's next deadline and, after every wake,
 //!   compares that deadline with the clock itself (a steady stream of
 //!   commands cannot push a settle deadline past its bound, G5);
@@ -26,7 +29,7 @@ use std::time::Duration;
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
 use settle_stream::{Provider, WorkSignal};
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -46,16 +49,9 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 /// How many reports (or acknowledgements) the driver takes per wake.
 const BATCH: usize = 512;
 
-/// What the driver keeps per open session: nothing the core decides with.
-struct Entry {
-    shared: Arc<SessionShared>,
-    slot: Option<OwnedSemaphorePermit>,
-    delegates: Vec<SessionId>,
-}
-
-/// A start the core has not admitted yet: consumed by the `StartWork` the
-/// same input orders.
-enum PendingStart {
+/// What a start command brought, for the work the core admits (or for the
+/// refusal it answers): never kept past the input that asks the core.
+enum Start {
     Turn {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
@@ -67,15 +63,15 @@ enum PendingStart {
     },
 }
 
-impl PendingStart {
-    /// Answers the caller that the core refused the start.
-    fn refuse(self, refused: settle_core::Error) {
+impl Start {
+    /// Answers the caller that the start was refused.
+    fn refuse(self, refused: RuntimeError) {
         match self {
-            PendingStart::Turn { reply, .. } => {
-                let _ = reply.send(Err(refused.into()));
+            Start::Turn { reply, .. } => {
+                let _ = reply.send(Err(refused));
             }
-            PendingStart::Task { reply, .. } => {
-                let _ = reply.send(Err(refused.into()));
+            Start::Task { reply, .. } => {
+                let _ = reply.send(Err(refused));
             }
         }
     }
@@ -125,14 +121,13 @@ pub(crate) struct Driver {
     store: Arc<dyn SessionStore>,
     events: EventBus,
     works_tracker: TaskTracker,
-    slots: Option<Arc<Semaphore>>,
     ids: IdBlock,
     parked: VecDeque<Parked>,
-    sessions: HashMap<SessionId, Entry>,
+    /// What the handles of each open session share (nothing the core
+    /// decides with); dropped when its finalize is executed.
+    sessions: HashMap<SessionId, Arc<SessionShared>>,
     works: HashMap<WorkId, WorkHandle>,
-    pending: Option<PendingStart>,
     shutdown_waiters: Vec<oneshot::Sender<ShutdownReport>>,
-    lease_lost: bool,
     /// Store writes that failed, counted by the works' chunk writes too.
     failures: Arc<AtomicUsize>,
     /// Told when a shutdown begins, for frontends waiting to start more.
@@ -143,11 +138,11 @@ pub(crate) struct Driver {
 impl Driver {
     pub fn new(config: Config, channels: Channels, parts: Parts) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
+        let policy = config.policy.clone().slots(config.slots);
         Driver {
-            core: Core::new(config.policy.clone()),
+            core: Core::new(policy),
             now: parts.clock.now(),
             clock: parts.clock,
-            slots: config.slots.map(|n| Arc::new(Semaphore::new(n))),
             config,
             commands: channels.commands,
             reports,
@@ -162,9 +157,7 @@ impl Driver {
             parked: VecDeque::new(),
             sessions: HashMap::default(),
             works: HashMap::default(),
-            pending: None,
             shutdown_waiters: Vec::new(),
-            lease_lost: false,
             failures: parts.failures,
             shutting_down: parts.shutting_down,
             done: false,
@@ -225,7 +218,7 @@ impl Driver {
                     None => {
                         // Every handle is gone: nobody can drive the sessions any more.
                         commands_open = false;
-                        self.begin_shutdown(Duration::ZERO, None);
+                        self.begin_shutdown(Duration::ZERO, None, Event::BeginShutdown { drain: Duration::ZERO });
                     }
                 },
             }
@@ -283,34 +276,33 @@ impl Driver {
                 session,
                 start,
                 reply,
-            } => self.start(
-                Event::StartTask { session },
-                PendingStart::Task { start, reply },
-            ),
+            } => self.start(Event::StartTask { session }, Start::Task { start, reply }),
             Command::Core { event, reply } => {
                 let result = self.input(event);
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
                 }
             }
+            // The core's state of it says what a missing entry means: its
+            // finalize was executed (closed), or it was never registered here.
             Command::Lookup { session, reply } => {
-                let found = match self.sessions.get(&session) {
-                    Some(entry) => Ok(entry.shared.clone()),
-                    None => Err(settle_core::Error::UnknownSession(session).into()),
+                let found = match (self.sessions.get(&session), self.core.state(session)) {
+                    (Some(shared), _) => Ok(shared.clone()),
+                    (None, Some(_)) => Err(RuntimeError::SessionClosed(session)),
+                    (None, None) => Err(settle_core::Error::UnknownSession(session).into()),
                 };
                 let _ = reply.send(found);
             }
             Command::State { session, reply } => {
-                let state = match self.core.session(session) {
-                    Some(view) => Ok(view.state()),
-                    None => Err(settle_core::Error::UnknownSession(session).into()),
-                };
+                let state = self
+                    .core
+                    .state(session)
+                    .ok_or_else(|| settle_core::Error::UnknownSession(session).into());
                 let _ = reply.send(state);
             }
-            Command::Delegate { from, to, reply } => {
-                let _ = reply.send(self.delegate(from, to));
+            Command::Shutdown { drain, reply } => {
+                self.begin_shutdown(drain, reply, Event::BeginShutdown { drain });
             }
-            Command::Shutdown { drain, reply } => self.begin_shutdown(drain, reply),
             Command::Tracked { reply } => {
                 let _ = reply.send(crate::kernel::Tracked {
                     core_sessions: self.core.sessions().count(),
@@ -318,13 +310,7 @@ impl Driver {
                     works: self.works.len(),
                 });
             }
-            Command::LeaseLost => {
-                // Nothing may start, and every work is cancelled now: its
-                // writes would be refused (G8).
-                self.lease_lost = true;
-                self.begin_shutdown(Duration::ZERO, None);
-                let _ = self.input(Event::SkipDrain);
-            }
+            Command::LeaseLost => self.begin_shutdown(Duration::ZERO, None, Event::LeaseLost),
         }
     }
 
@@ -359,14 +345,7 @@ impl Driver {
             }
             Ok(_) => {
                 let shared = SessionShared::new(session, name, parent, resumed_from);
-                self.sessions.insert(
-                    session,
-                    Entry {
-                        shared: shared.clone(),
-                        slot: None,
-                        delegates: Vec::new(),
-                    },
-                );
+                self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
                 let at = self.clock.wall(self.now);
@@ -386,54 +365,43 @@ impl Driver {
         request: TurnRequest,
         reply: Reply<Turn>,
     ) {
-        if let Some(entry) = self.sessions.get_mut(&session) {
-            if let (None, Some(slots)) = (&entry.slot, &self.slots) {
-                match slots.clone().try_acquire_owned() {
-                    Ok(permit) => entry.slot = Some(permit),
-                    Err(_) => {
-                        let slots = self.config.slots.unwrap_or_default();
-                        let _ = reply.send(Err(RuntimeError::NoSlot(slots)));
-                        return;
-                    }
-                }
-            }
-        }
-        let pending = PendingStart::Turn {
+        let start = Start::Turn {
             provider,
             request,
             reply,
         };
-        self.start(Event::StartTurn { session }, pending);
+        self.start(Event::StartTurn { session }, start);
     }
 
-    /// Feeds a start to the core with what it needs kept aside: the
-    /// `StartWork` it orders takes it; a refusal answers the caller.
-    fn start(&mut self, event: Event, pending: PendingStart) {
-        self.pending = Some(pending);
-        let started = self.core.handle(self.now, event);
-        if let Err(refused) = started {
-            if let Some(pending) = self.pending.take() {
-                pending.refuse(refused);
-            }
-        }
+    /// Asks the core to admit a start: the work it names is spawned with
+    /// what the command brought, after the input's effects (its transition
+    /// is recorded before the work's first write); a refusal answers the
+    /// caller.
+    fn start(&mut self, event: Event, start: Start) {
+        let admitted = self.core.handle(self.now, event);
         self.execute();
-    }
-
-    fn delegate(&mut self, from: SessionId, to: SessionId) -> Result<(), RuntimeError> {
-        for id in [from, to] {
-            if !self.sessions.contains_key(&id) {
-                return Err(RuntimeError::SessionClosed(id));
+        match admitted {
+            Ok(Handled::Started(work)) => self.start_work(work, start),
+            Ok(other) => {
+                tracing::error!(?other, "the core answered a start without a work");
+                start.refuse(RuntimeError::Stopped);
             }
+            Err(refused) => start.refuse(refused.into()),
         }
-        if let Some(entry) = self.sessions.get_mut(&from) {
-            entry.delegates.push(to);
-        }
-        Ok(())
     }
 
-    fn begin_shutdown(&mut self, drain: Duration, reply: Option<oneshot::Sender<ShutdownReport>>) {
+    /// Feeds the input that begins a shutdown (`BeginShutdown`, or
+    /// `LeaseLost`, which begins one with no drain) and publishes the
+    /// shutdown's deadline for the recorder's writes.
+    fn begin_shutdown(
+        &mut self,
+        drain: Duration,
+        reply: Option<oneshot::Sender<ShutdownReport>>,
+        event: Event,
+    ) {
         self.shutdown_waiters.extend(reply);
         if self.core.is_shutting_down() {
+            let _ = self.input(event);
             return;
         }
         // The recorder's budget for the shutdown's writes starts now.
@@ -444,7 +412,7 @@ impl Driver {
             .checked_add(bound)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         self.shutdown_deadline.send_replace(Some(deadline));
-        let _ = self.input(Event::BeginShutdown { drain });
+        let _ = self.input(event);
         self.shutting_down.cancel();
         for parked in self.parked.drain(..) {
             let _ = parked
@@ -503,7 +471,6 @@ impl Driver {
     fn execute(&mut self) {
         while let Some(effect) = self.core.poll_effect() {
             match effect {
-                Effect::StartWork { work } => self.start_work(work),
                 Effect::CancelWork { work, mode } => {
                     // Graceful: the turn may finish; the settle deadline bounds it.
                     if mode == CancelMode::Immediate {
@@ -522,11 +489,11 @@ impl Driver {
                         tracing::warn!(%work, "work ignored cancellation past the settle deadline; detached");
                         handle.detach();
                     }
-                    let shared = self.sessions.get(&work.session).map(|e| &e.shared);
+                    let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
                             session: work.session,
-                            turn: work.no,
+                            work,
                         });
                 }
                 Effect::WorkEnded { work, outcome } => {
@@ -535,11 +502,11 @@ impl Driver {
                         Some(mut h) => (h.error.take(), h.outcome.take()),
                         None => (None, None),
                     };
-                    let shared = self.sessions.get(&work.session).map(|e| &e.shared);
+                    let shared = self.sessions.get(&work.session);
                     self.events
-                        .emit(shared.map(Arc::as_ref), || LifecycleEvent::TurnEnded {
+                        .emit(shared.map(Arc::as_ref), || LifecycleEvent::WorkEnded {
                             session: work.session,
-                            turn: work.no,
+                            work,
                             outcome,
                             error: error.clone(),
                         });
@@ -557,7 +524,7 @@ impl Driver {
                 }
                 Effect::Transition(t) => {
                     let at = self.clock.wall(t.at);
-                    let shared = self.sessions.get(&t.session).map(|e| &e.shared);
+                    let shared = self.sessions.get(&t.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || match (t.from, shared) {
                             (None, Some(shared)) => LifecycleEvent::Registered {
@@ -574,25 +541,18 @@ impl Driver {
                                 at,
                             },
                         });
-                    // The registration's row and the finalize's latch record
-                    // those two transitions themselves; the rest go to the timeline.
-                    if t.from.is_some() && t.to != settle_core::State::Finalized {
+                    if t.timeline {
                         let _ = self.recorder.send(Record::Transition { transition: t, at });
                     }
                 }
                 Effect::Finalize(plan) => {
                     let session = plan.session;
-                    let (shared, slot, delegates) = match self.sessions.remove(&session) {
-                        Some(e) => (Some(e.shared), e.slot, e.delegates),
-                        None => (None, None, Vec::new()),
-                    };
+                    let shared = self.sessions.remove(&session);
                     let at = self.clock.wall(self.now);
                     let _ = self.recorder.send(Record::Finalize(Box::new(FinalizeJob {
                         plan,
                         at,
                         shared,
-                        slot,
-                        delegates,
                     })));
                     // Its record is no use to the core any more (G2 holds in
                     // the store's latch; a long-lived kernel must not grow).
@@ -600,11 +560,9 @@ impl Driver {
                 }
                 Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);
-                    let _ = self.recorder.send(Record::ShutdownComplete {
-                        summary,
-                        waiters,
-                        lease_lost: self.lease_lost,
-                    });
+                    let _ = self
+                        .recorder
+                        .send(Record::ShutdownComplete { summary, waiters });
                     self.done = true;
                 }
             }
@@ -612,17 +570,13 @@ impl Driver {
     }
 
     /// Starts the work the core admitted, with what its command brought.
-    fn start_work(&mut self, work: WorkId) {
-        let Some(pending) = self.pending.take() else {
-            tracing::error!(%work, "the core started a work nobody asked for");
+    fn start_work(&mut self, work: WorkId, start: Start) {
+        let Some(shared) = self.sessions.get(&work.session) else {
+            start.refuse(RuntimeError::SessionClosed(work.session));
             return;
         };
-        let Some(entry) = self.sessions.get(&work.session) else {
-            pending.refuse(settle_core::Error::SessionClosed(work.session));
-            return;
-        };
-        match pending {
-            PendingStart::Turn {
+        match start {
+            Start::Turn {
                 provider,
                 request,
                 reply,
@@ -643,7 +597,7 @@ impl Driver {
                     provider,
                     request,
                     started,
-                    shared: entry.shared.clone(),
+                    shared: shared.clone(),
                     reports: self.report_tx.clone(),
                     store: self.store.clone(),
                     store_timeout: self.config.store_timeout,
@@ -655,10 +609,10 @@ impl Driver {
                 self.works.insert(work, handle);
                 let _ = reply.send(Ok(turn));
             }
-            PendingStart::Task { start, reply } => {
+            Start::Task { start, reply } => {
                 let (ctx, token, revoked) = crate::task::context(work);
                 let (outcome_tx, outcome) = oneshot::channel();
-                let span = tracing::info_span!(parent: &entry.shared.span, "task", no = work.no);
+                let span = tracing::info_span!(parent: &shared.span, "task", no = work.no);
                 let task = self
                     .works_tracker
                     .spawn(tracing::Instrument::instrument(

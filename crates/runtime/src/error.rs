@@ -6,7 +6,7 @@ use settle_core::SessionId;
 pub enum RuntimeError {
     /// The core refused the request (wrong state, shutting down, closing...).
     #[error(transparent)]
-    Lifecycle(#[from] settle_core::Error),
+    Lifecycle(settle_core::Error),
     /// The session is finalized: its handle is closed (G10).
     #[error("session {0} is finalized; its handle is closed")]
     SessionClosed(SessionId),
@@ -41,7 +41,27 @@ pub enum RuntimeError {
     Stopped,
 }
 
+impl From<settle_core::Error> for RuntimeError {
+    /// The core's answer as the runtime says it: `SessionClosed` and
+    /// `NoSlot` have variants of their own, the rest are `Lifecycle`.
+    fn from(refused: settle_core::Error) -> Self {
+        match refused {
+            settle_core::Error::SessionClosed(id) => RuntimeError::SessionClosed(id),
+            settle_core::Error::NoSlot { slots } => RuntimeError::NoSlot(slots),
+            refused => RuntimeError::Lifecycle(refused),
+        }
+    }
+}
+
 impl RuntimeError {
+    /// Whether it was refused because a shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::Lifecycle(settle_core::Error::ShuttingDown)
+        )
+    }
+
     /// Whether this is the typed `SessionClosed` of G10, from the core or the store.
     pub fn is_session_closed(&self) -> bool {
         matches!(

@@ -1,6 +1,6 @@
 use std::time::SystemTime;
 
-use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{EndReason, Outcome, SessionId, State, TurnError, WorkId};
 
 /// What happened in the runtime, for progress displays and logs.
 ///
@@ -50,12 +50,12 @@ pub enum LifecycleEvent {
         /// The chunk: text, or a tool call, reasoning or usage as JSON.
         chunk: settle_stream::Chunk,
     },
-    /// A turn's work ended.
-    TurnEnded {
+    /// A work ended: a turn's, or a task's (its [`WorkId`] says which).
+    WorkEnded {
         /// The session.
         session: SessionId,
-        /// The turn.
-        turn: u32,
+        /// The work: the turn (or the task) and its number.
+        work: WorkId,
         /// How.
         outcome: Outcome,
         /// Why, when it failed or timed out.
@@ -65,8 +65,8 @@ pub enum LifecycleEvent {
     Detached {
         /// The session.
         session: SessionId,
-        /// The turn.
-        turn: u32,
+        /// The work: the turn (or the task) and its number.
+        work: WorkId,
     },
     /// A session's finalize plan ran.
     Finalized {
@@ -142,9 +142,9 @@ mod tests {
 
     #[test]
     fn an_event_is_tagged_with_its_kind() {
-        let event = LifecycleEvent::TurnEnded {
+        let event = LifecycleEvent::WorkEnded {
             session: SessionId(7),
-            turn: 1,
+            work: WorkId::turn(SessionId(7), 1),
             outcome: Outcome::Failed,
             error: Some(TurnError::new(
                 settle_core::TurnErrorKind::HttpStatus,
@@ -152,7 +152,8 @@ mod tests {
             )),
         };
         let json = serde_json::to_value(&event).unwrap();
-        assert_eq!(json["event"], "turn_ended");
+        assert_eq!(json["event"], "work_ended");
+        assert_eq!(json["work"]["kind"], "turn");
         assert_eq!(json["outcome"], "failed");
         assert_eq!(json["error"]["kind"], "http_status");
         let back: LifecycleEvent = serde_json::from_value(json).unwrap();

@@ -355,32 +355,34 @@ impl Kernel {
     /// A handle for a session of this kernel that is still open.
     ///
     /// # Errors
-    /// `SessionClosed` when it is finalized (its row says so),
-    /// `Lifecycle(UnknownSession)` when this kernel never registered it.
+    /// `SessionClosed` when it is finalized: one this kernel finalized (the
+    /// core remembers it), or one the store has finalized (an id from an
+    /// earlier run, read within the store timeout);
+    /// `Lifecycle(UnknownSession)` when neither knows it as finalized.
     pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
         let found = self
             .ask(|reply| Command::Lookup { session: id, reply })
             .await;
         match found {
             Ok(shared) => Ok(SessionHandle::new(shared, self.clone())),
-            Err(error) => Err(self.explain_unknown(id, error).await),
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => {
+                Err(self.stored_elsewhere(id).await)
+            }
+            Err(error) => Err(error),
         }
     }
 
-    /// The core forgets finalized sessions; the store remembers them. An
-    /// unknown id that the store has finalized is a closed session (G10).
-    pub(crate) async fn explain_unknown(&self, id: SessionId, error: RuntimeError) -> RuntimeError {
-        if !matches!(
-            error,
-            RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))
-        ) {
-            return error;
-        }
-        match self.inner.store.session_detail(id).await {
-            Ok(detail) if detail.session.state == settle_core::State::Finalized => {
+    /// What the store says of an id this kernel never registered: a
+    /// finalized row is a closed session (G10); anything else, or no answer
+    /// within the store timeout, leaves it unknown.
+    async fn stored_elsewhere(&self, id: SessionId) -> RuntimeError {
+        let bound = self.inner.store_timeout;
+        let read = tokio::time::timeout(bound, self.inner.store.session_detail(id)).await;
+        match read {
+            Ok(Ok(detail)) if detail.session.state == settle_core::State::Finalized => {
                 RuntimeError::SessionClosed(id)
             }
-            _ => error,
+            _ => settle_core::Error::UnknownSession(id).into(),
         }
     }
 

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use settle_core::{Finalize, Outcome, SessionId, ShutdownSummary, Transition, TurnError, WorkId};
+use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, TurnError, WorkId};
 use settle_store::StoreError;
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::sync::oneshot;
 
 use crate::command::Reply;
 use crate::shared::SessionShared;
@@ -51,7 +51,6 @@ pub(crate) enum Record {
     ShutdownComplete {
         summary: Box<ShutdownSummary>,
         waiters: Vec<oneshot::Sender<ShutdownReport>>,
-        lease_lost: bool,
     },
 }
 
@@ -60,6 +59,4 @@ pub(crate) struct FinalizeJob {
     pub at: SystemTime,
     /// `None` for a session the driver no longer knew (it never does today).
     pub shared: Option<Arc<SessionShared>>,
-    pub slot: Option<OwnedSemaphorePermit>,
-    pub delegates: Vec<SessionId>,
 }

@@ -668,11 +668,7 @@ impl Recorder {
                     }
                 };
             }
-            Record::ShutdownComplete {
-                summary,
-                waiters,
-                lease_lost,
-            } => {
+            Record::ShutdownComplete { summary, waiters } => {
                 let until = self
                     .deadline
                     .borrow()
@@ -684,7 +680,7 @@ impl Recorder {
                 report.cancelled = summary.cancelled;
                 report.detached = summary.detached.iter().map(|w| w.session).collect();
                 report.store_failures = self.failures.load(Ordering::Relaxed);
-                report.lease_lost = lease_lost;
+                report.lease_lost = summary.lease_lost;
                 let _ = self.last_report.set(report.clone());
                 for waiter in waiters {
                     let _ = waiter.send(report.clone());
@@ -702,13 +698,7 @@ impl Recorder {
     /// The rest of the finalize plan of SPEC §4, once the row's latch was
     /// committed (or could not be): each step best-effort, in order.
     fn finalized(&mut self, job: FinalizeJob, result: Result<Applied, Unwritten>) {
-        let FinalizeJob {
-            plan,
-            shared,
-            mut slot,
-            delegates,
-            ..
-        } = job;
+        let FinalizeJob { plan, shared, .. } = job;
         let session = plan.session;
         let span = match &shared {
             Some(shared) => {
@@ -738,7 +728,7 @@ impl Recorder {
                     }
                     Err(unwritten) => {
                         self.failed(Some(session), "end the durable row", unwritten);
-                        if self.deadline.borrow().is_some() {
+                        if plan.in_shutdown {
                             self.report.left_recoverable.push(session);
                         }
                     }
@@ -760,11 +750,12 @@ impl Recorder {
                         },
                     );
                 }
-                FinalizeStep::ReleaseSlot => drop(slot.take()),
-                FinalizeStep::InterruptDelegations => self.interrupt(&delegates),
+                // The core freed the slot and interrupted the delegations
+                // when it ordered the plan (steps 5 and 6 are its decisions).
+                FinalizeStep::ReleaseSlot | FinalizeStep::InterruptDelegations => {}
             }
         }
-        if self.deadline.borrow().is_some() {
+        if plan.in_shutdown {
             self.report.finalized.push((session, plan.reason));
         }
         self.events
@@ -775,19 +766,6 @@ impl Recorder {
             });
         if let Some(shared) = shared {
             shared.set_finalized(plan.reason);
-        }
-    }
-
-    fn interrupt(&self, delegates: &[SessionId]) {
-        let Some(commands) = self.commands.upgrade() else {
-            return;
-        };
-        for delegate in delegates {
-            let event = settle_core::Event::Cancel {
-                session: *delegate,
-                mode: settle_core::CancelMode::Immediate,
-            };
-            let _ = commands.send(Command::Core { event, reply: None });
         }
     }
 

@@ -81,10 +81,7 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        match turn {
-            Ok(turn) => Ok(turn.cancel_on_drop(self.kernel.commands())),
-            Err(error) => Err(self.closed(self.kernel.explain_unknown(session, error).await)),
-        }
+        turn.map(|turn| turn.cancel_on_drop(self.kernel.commands()))
     }
 
     /// Spawns a task the session owns: a tool call, a subprocess (see
@@ -112,15 +109,13 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        match started {
-            Ok((work, outcome)) => Ok(crate::task::handle(
-                work,
-                result,
-                outcome,
-                self.kernel.commands(),
-            )),
-            Err(error) => Err(self.closed(self.kernel.explain_unknown(session, error).await)),
-        }
+        let (work, outcome) = started?;
+        Ok(crate::task::handle(
+            work,
+            result,
+            outcome,
+            self.kernel.commands(),
+        ))
     }
 
     /// Wraps this handle in a guard that cancels the session (and winds its
@@ -210,9 +205,7 @@ impl SessionHandle {
     /// `SessionClosed` when either is finalized.
     pub async fn delegate(&self, to: &SessionHandle) -> Result<(), RuntimeError> {
         let (from, to) = (self.id(), to.id());
-        self.kernel
-            .ask(|reply| Command::Delegate { from, to, reply })
-            .await
+        self.event(Event::Delegate { from, to }).await.map(|_| ())
     }
 
     /// A transport (socket, window) attached to the session.
@@ -241,23 +234,16 @@ impl SessionHandle {
     }
 
     /// The session's state now, as the lifecycle core has it (the store's
-    /// row may lag behind it): `Finalized` once it is.
+    /// row may lag behind it): `Finalized` from the moment its finalize is
+    /// ordered.
     ///
     /// # Errors
     /// When the kernel stopped.
     pub async fn state(&self) -> Result<State, RuntimeError> {
         let session = self.id();
-        match self
-            .kernel
+        self.kernel
             .ask(|reply| Command::State { session, reply })
             .await
-        {
-            Ok(state) => Ok(state),
-            Err(error) => match self.closed(self.kernel.explain_unknown(session, error).await) {
-                RuntimeError::SessionClosed(_) => Ok(State::Finalized),
-                error => Err(error),
-            },
-        }
     }
 
     /// This session's own lifecycle events from now on: its transitions,
@@ -281,37 +267,11 @@ impl SessionHandle {
         }
     }
 
-    /// Feeds `event` to the core. The core forgets a session once it is
-    /// finalized; then the store says it was, and the answer is the one the
-    /// core gives a finalized session (the table on `settle_core::Event`):
-    /// `AlreadyFinalized` to a request to end it or let go of it,
-    /// `SessionClosed` to a request to use it.
+    /// Feeds `event` to the core, whose answer table says what a closed
+    /// session gets (the table on `settle_core::Event`): `AlreadyFinalized`
+    /// to a request to end it or let go of it, `SessionClosed` to a request
+    /// to use it, whether or not the core still keeps its record.
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
-        let ends = matches!(
-            event,
-            Event::AgentFinished { .. }
-                | Event::Cancel { .. }
-                | Event::CancelTurn { .. }
-                | Event::CancelWork { .. }
-                | Event::CancelDescendants { .. }
-                | Event::UserClose { .. }
-                | Event::Release { .. }
-                | Event::TransportDetached { .. }
-        );
-        match self.kernel.core(event).await {
-            Ok(handled) => Ok(handled),
-            Err(error) => match self.closed(self.kernel.explain_unknown(self.id(), error).await) {
-                RuntimeError::SessionClosed(_) if ends => Ok(Handled::AlreadyFinalized),
-                error => Err(error),
-            },
-        }
-    }
-
-    fn closed(&self, error: RuntimeError) -> RuntimeError {
-        if error.is_session_closed() {
-            RuntimeError::SessionClosed(self.id())
-        } else {
-            error
-        }
+        self.kernel.core(event).await
     }
 }

@@ -65,8 +65,7 @@ impl Ctx<'_> {
 /// The work an effect is about, if it is about one.
 fn work_of(effect: &Effect) -> Option<WorkId> {
     match effect {
-        Effect::StartWork { work }
-        | Effect::CancelWork { work, .. }
+        Effect::CancelWork { work, .. }
         | Effect::CloseStream { work }
         | Effect::DetachWork { work }
         | Effect::WorkEnded { work, .. } => Some(*work),
@@ -528,7 +527,8 @@ fn g9_graceful_shutdown(seen: &Observed, core: &Core, ctx: &Ctx) {
             Effect::FlushTranscripts => {
                 assert!(!flushed, "G9: transcripts flushed twice");
                 assert!(
-                    matches!(ctx.step, Step::BeginShutdown { .. }) && !ctx.shutting_down,
+                    matches!(ctx.step, Step::BeginShutdown { .. } | Step::LeaseLost)
+                        && !ctx.shutting_down,
                     "G9: a flush outside the start of shutdown"
                 );
                 flushed = true;
@@ -659,32 +659,23 @@ fn g10_closed_handles_fail_loudly(ctx: &Ctx) {
     }
 }
 
-/// Effects are orders: `StartWork` once per admitted start, with the next
-/// number; `WorkEnded` exactly once per work, with the outcome reported (or
-/// `detached` right after a `DetachWork`), before the transition it causes;
-/// nothing about a work before its start or after its end; and the works the
-/// core holds are exactly those started and not ended.
+/// Effects are orders: a start that is admitted answers `Started` with the
+/// next number; `WorkEnded` exactly once per work, with the outcome reported
+/// (or `detached` right after a `DetachWork`), before the transition it
+/// causes; nothing about a work before its start or after its end; and the
+/// works the core holds are exactly those started and not ended.
 fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
-    let starts: Vec<WorkId> = ctx
-        .effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::StartWork { work } => Some(*work),
-            _ => None,
-        })
-        .collect();
-    let admitted = match *ctx.step {
-        Step::StartTurn(id) if ctx.applied() => Some((id, WorkKind::Turn)),
-        Step::StartTask(id) if ctx.applied() => Some((id, WorkKind::Task)),
+    let started = match *ctx.answer {
+        Answer::Handled(Ok(Handled::Started(work))) => Some(work),
         _ => None,
     };
-    match admitted {
-        Some((id, kind)) => {
-            assert_eq!(
-                starts.len(),
-                1,
-                "one StartWork per admitted start: {starts:?}"
-            );
+    let asked = match *ctx.step {
+        Step::StartTurn(id) => Some((id, WorkKind::Turn)),
+        Step::StartTask(id) => Some((id, WorkKind::Task)),
+        _ => None,
+    };
+    match (asked, started) {
+        (Some((id, kind)), Some(work)) => {
             let before = seen
                 .started
                 .keys()
@@ -695,18 +686,19 @@ fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
                 kind,
                 no: u32::try_from(before).expect("few works") + 1,
             };
-            assert_eq!(starts[0], expected, "the next work's id");
+            assert_eq!(work, expected, "the next work's id");
             assert!(!seen.started.contains_key(&expected));
         }
-        None => assert!(starts.is_empty(), "StartWork without a start: {starts:?}"),
+        (_, None) => {}
+        (None, Some(work)) => panic!("{work} started by {:?}", ctx.step),
     }
 
     let mut report_ends = 0;
     for (i, e) in ctx.effects.iter().enumerate() {
         let earlier = ctx.before(i);
-        if let (Some(work), false) = (work_of(e), matches!(e, Effect::StartWork { .. })) {
+        if let Some(work) = work_of(e) {
             assert!(
-                seen.started.contains_key(&work) || earlier.contains(&Effect::StartWork { work }),
+                seen.started.contains_key(&work) || started == Some(work),
                 "{e:?} about a work that never started"
             );
             assert!(!ended_by(seen, earlier, work), "{e:?} after {work} ended");
@@ -776,16 +768,10 @@ fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
         "an applied report ends its work once, anything else none"
     );
 
-    let mut live: BTreeSet<WorkId> = seen.live_works().collect();
+    let mut live: BTreeSet<WorkId> = seen.live_works().chain(started).collect();
     for e in ctx.effects {
-        match *e {
-            Effect::StartWork { work } => {
-                live.insert(work);
-            }
-            Effect::WorkEnded { work, .. } => {
-                live.remove(&work);
-            }
-            _ => {}
+        if let Effect::WorkEnded { work, .. } = *e {
+            live.remove(&work);
         }
     }
     assert_eq!(

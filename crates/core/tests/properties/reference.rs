@@ -27,6 +27,8 @@ pub struct RefPolicy {
     pub idle_ttl: Option<Span>,
     pub lru_cap: Option<usize>,
     pub orphan_grace: Span,
+    /// `None`: no limit on active-session slots.
+    pub slots: Option<usize>,
 }
 
 impl RefPolicy {
@@ -36,6 +38,7 @@ impl RefPolicy {
             .idle_ttl(self.idle_ttl.map(Span::duration))
             .lru_cap(self.lru_cap)
             .orphan_grace(self.orphan_grace.duration())
+            .slots(self.slots)
     }
 }
 
@@ -102,6 +105,8 @@ pub struct RefSession {
     pub orphan_at: Option<u64>,
     /// Its turn was running when the shutdown began.
     pub running_at_shutdown: bool,
+    /// It holds an active-session slot: from its first turn to its finalize.
+    pub has_slot: bool,
 }
 
 impl RefSession {
@@ -138,6 +143,13 @@ pub struct Model {
     pub now: u64,
     pub sessions: BTreeMap<u64, RefSession>,
     pub forgotten: BTreeSet<u64>,
+    /// The records of forgotten sessions: the answers they get are a
+    /// finalized session's.
+    pub tombstones: BTreeMap<u64, RefSession>,
+    /// Outstanding delegations: delegating session → sessions delegated to.
+    pub delegations: BTreeMap<u64, Vec<u64>>,
+    /// Sessions delegated to by one finalized during the current input.
+    pub interrupts: Vec<u64>,
     /// Ids are never reused, as a store's row ids are not.
     pub next_id: u64,
     pub shutdown: Option<RefShutdown>,
@@ -169,6 +181,9 @@ impl Model {
             now: 0,
             sessions: BTreeMap::new(),
             forgotten: BTreeSet::new(),
+            tombstones: BTreeMap::new(),
+            delegations: BTreeMap::new(),
+            interrupts: Vec::new(),
             next_id: 1,
             shutdown: None,
             answer: Answer::Ticked,
@@ -318,12 +333,26 @@ impl Model {
         s.state = State::Finalized;
         s.end_reason = Some(reason);
         s.orphan_at = None;
+        s.has_slot = false;
         let last_outcome = s.last_outcome;
+        // SPEC §4 step 6: what it delegated to is interrupted after the input.
+        // Not its own ancestors (G1: a wind-down never cancels its caller).
+        if let Some(to) = self.delegations.remove(&id) {
+            let mut ancestors = Vec::new();
+            let mut at = self.sessions[&id].parent;
+            while let Some(p) = at {
+                ancestors.push(p);
+                at = self.sessions.get(&p).and_then(|s| s.parent);
+            }
+            self.interrupts
+                .extend(to.into_iter().filter(|d| !ancestors.contains(d)));
+        }
         self.orders.push(Effect::Finalize(Finalize {
             session: SessionId(id),
             reason,
             last_outcome,
             commit_memory: last_outcome == Some(Outcome::Completed),
+            in_shutdown: shutting_down,
         }));
     }
 
@@ -536,7 +565,24 @@ impl Model {
                 None => break,
             }
         }
-        self.reap_idle();
+        // Delegations interrupted by what the deadlines finalized may free
+        // parents for the idle reap, whose claims may interrupt more.
+        loop {
+            self.reap_idle();
+            if self.interrupts.is_empty() {
+                break;
+            }
+            self.interrupt_delegations();
+        }
+    }
+
+    /// SPEC §4 step 6 for the sessions finalized by the current input.
+    fn interrupt_delegations(&mut self) {
+        while !self.interrupts.is_empty() {
+            for to in std::mem::take(&mut self.interrupts) {
+                let _ = self.cancel(to, CancelMode::Immediate, EndReason::Cancelled);
+            }
+        }
     }
 
     /// When the core must be woken next, and why (every kind due then: the
@@ -582,7 +628,9 @@ impl Model {
                     .get(&id)
                     .is_some_and(|s| s.state == State::Finalized);
                 if finalized {
-                    self.sessions.remove(&id);
+                    if let Some(s) = self.sessions.remove(&id) {
+                        self.tombstones.insert(id, s);
+                    }
                     self.forgotten.insert(id);
                 }
                 // `forget` is no input: no shutdown announcement follows it.
@@ -593,6 +641,9 @@ impl Model {
         if let Step::Register { session, .. } = *step {
             self.next_id = self.next_id.max(session + 1);
         }
+        // Delegations of the sessions finalized by the input are interrupted,
+        // which may finalize more.
+        self.interrupt_delegations();
         // After every input: the end of a shutdown is announced once.
         let open = self.open_count();
         if let Some(shutdown) = self.shutdown.as_mut() {
@@ -605,10 +656,12 @@ impl Model {
         }
     }
 
-    /// The session an input names, as the table on `Event` sees it.
+    /// The session an input names, as the table on `Event` sees it: a
+    /// forgotten session is still a finalized one.
     fn lookup(&self, id: u64) -> Result<&RefSession, Error> {
         self.sessions
             .get(&id)
+            .or_else(|| self.tombstones.get(&id))
             .ok_or(Error::UnknownSession(SessionId(id)))
     }
 
@@ -631,7 +684,7 @@ impl Model {
         let now = self.now;
         match *step {
             Step::Register { session, parent } => {
-                if self.sessions.contains_key(&session) {
+                if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
                     return Err(Error::DuplicateSession(SessionId(session)));
                 }
                 if self.shutdown.is_some() {
@@ -667,6 +720,7 @@ impl Model {
                         idle_since: now,
                         orphan_at: None,
                         running_at_shutdown: false,
+                        has_slot: false,
                     },
                 );
                 self.enforce_lru_cap();
@@ -691,11 +745,32 @@ impl Model {
                     WorkKind::Turn => "start a turn",
                     WorkKind::Task => "start a task",
                 };
-                let busy = kind == WorkKind::Turn && s.turn().is_some();
-                if !matches!(s.state, State::Registered | State::Running) || busy {
+                if !matches!(s.state, State::Registered | State::Running) {
                     return Err(wrong_state(id, s.state, action));
                 }
+                let taken = self.sessions.values().filter(|s| s.has_slot).count();
+                let s = self.to_use(id)?;
+                if kind == WorkKind::Turn {
+                    if let Some(turn) = s.turn() {
+                        return Err(match turn.cancel {
+                            Some(_) => Error::TurnSettling {
+                                session: SessionId(id),
+                                turn: turn.id.no,
+                            },
+                            None => wrong_state(id, s.state, action),
+                        });
+                    }
+                    let full = self.policy.slots.is_some_and(|n| taken >= n);
+                    if !s.has_slot && full {
+                        return Err(Error::NoSlot {
+                            slots: self.policy.slots.unwrap_or_default(),
+                        });
+                    }
+                }
                 let s = self.s(id);
+                if kind == WorkKind::Turn {
+                    s.has_slot = true;
+                }
                 let no = match kind {
                     WorkKind::Turn => {
                         s.turns += 1;
@@ -720,8 +795,7 @@ impl Model {
                     settle_at: None,
                 });
                 s.state = State::Running;
-                self.orders.push(Effect::StartWork { work });
-                Ok(Applied)
+                Ok(Handled::Started(work))
             }
             Step::StreamAttached(work) => {
                 let s = self.lookup(work.session.get())?;
@@ -803,6 +877,36 @@ impl Model {
                 Ok(Applied)
             }
             Step::Cancel(id, mode) => self.cancel(id, mode, EndReason::Cancelled),
+            Step::Abandoned(id) => {
+                if !self.to_end(id)? {
+                    return Ok(AlreadyFinalized);
+                }
+                // During a shutdown the shutdown owns it (G9).
+                if self.shutdown.is_some() {
+                    return Ok(NoOp);
+                }
+                self.cancel(id, CancelMode::Immediate, EndReason::Cancelled)
+            }
+            Step::Delegate(from, to) => {
+                self.to_use(from)?;
+                self.to_use(to)?;
+                let delegates = self.delegations.entry(from).or_default();
+                if from == to || delegates.contains(&to) {
+                    return Ok(NoOp);
+                }
+                delegates.push(to);
+                Ok(Applied)
+            }
+            Step::LeaseLost => {
+                self.handle(&Step::BeginShutdown {
+                    drain: crate::strategies::Span::Ms(0),
+                })?;
+                self.handle(&Step::SkipDrain)?;
+                if let Some(shutdown) = self.shutdown.as_mut() {
+                    shutdown.summary.lease_lost = true;
+                }
+                Ok(Applied)
+            }
             Step::UserClose(id) => self.cancel(id, CancelMode::Immediate, EndReason::UserClose),
             Step::CancelTurn(id) => {
                 if !self.to_end(id)? {
@@ -853,6 +957,7 @@ impl Model {
                 }
                 // As if it had never been registered: no order, no record.
                 self.sessions.remove(&id);
+                self.delegations.remove(&id);
                 self.forgotten.insert(id);
                 Ok(Applied)
             }

@@ -55,11 +55,15 @@ pub enum Step {
     WorkEnded(WorkId, Outcome),
     WorkExited(WorkId),
     AgentFinished(u64),
+    /// A dropped guard.
+    Abandoned(u64),
     Cancel(u64, CancelMode),
     CancelTurn(u64),
     CancelWork(WorkId),
     CancelDescendants(u64),
     UserClose(u64),
+    /// `from` delegated to `to`.
+    Delegate(u64, u64),
     Hold(u64, Hold),
     Release(u64, Hold),
     TransportAttached(u64, bool),
@@ -69,6 +73,8 @@ pub enum Step {
         drain: Span,
     },
     SkipDrain,
+    /// This process lost its lease (G8).
+    LeaseLost,
     /// The fake clock moves on; the driver wakes the core if it is due.
     Tick {
         millis: u64,
@@ -86,6 +92,8 @@ impl Step {
             Step::StartTurn(id)
             | Step::StartTask(id)
             | Step::AgentFinished(id)
+            | Step::Abandoned(id)
+            | Step::Delegate(id, _)
             | Step::Cancel(id, _)
             | Step::CancelTurn(id)
             | Step::CancelDescendants(id)
@@ -105,6 +113,7 @@ impl Step {
             | Step::Sweep(_)
             | Step::BeginShutdown { .. }
             | Step::SkipDrain
+            | Step::LeaseLost
             | Step::Tick { .. } => None,
         }
     }
@@ -124,6 +133,11 @@ impl Step {
             Step::WorkEnded(work, outcome) => Event::WorkEnded { work, outcome },
             Step::WorkExited(work) => Event::WorkExited { work },
             Step::AgentFinished(id) => Event::AgentFinished { session: sid(id) },
+            Step::Abandoned(id) => Event::Abandoned { session: sid(id) },
+            Step::Delegate(from, to) => Event::Delegate {
+                from: sid(from),
+                to: sid(to),
+            },
             Step::Cancel(id, mode) => Event::Cancel {
                 session: sid(id),
                 mode,
@@ -151,6 +165,7 @@ impl Step {
                 drain: drain.duration(),
             },
             Step::SkipDrain => Event::SkipDrain,
+            Step::LeaseLost => Event::LeaseLost,
             Step::Tick { .. } | Step::Forget(_) => return None,
         })
     }
@@ -160,6 +175,7 @@ impl Step {
         matches!(
             self,
             Step::AgentFinished(_)
+                | Step::Abandoned(_)
                 | Step::Cancel(..)
                 | Step::CancelTurn(_)
                 | Step::CancelWork(_)
@@ -175,7 +191,11 @@ impl Step {
     pub fn uses(&self) -> bool {
         matches!(
             self,
-            Step::StartTurn(_) | Step::StartTask(_) | Step::Hold(..) | Step::TransportAttached(..)
+            Step::StartTurn(_)
+                | Step::StartTask(_)
+                | Step::Hold(..)
+                | Step::TransportAttached(..)
+                | Step::Delegate(..)
         )
     }
 
@@ -217,13 +237,17 @@ pub fn policy() -> impl Strategy<Value = RefPolicy> {
             Some(6),
         ]),
         span(vec![0, 30, 100, 700]),
+        select(vec![None, None, None, Some(1usize), Some(2), Some(4)]),
     )
-        .prop_map(|(settle, idle_ttl, lru_cap, orphan_grace)| RefPolicy {
-            settle,
-            idle_ttl,
-            lru_cap,
-            orphan_grace,
-        })
+        .prop_map(
+            |(settle, idle_ttl, lru_cap, orphan_grace, slots)| RefPolicy {
+                settle,
+                idle_ttl,
+                lru_cap,
+                orphan_grace,
+                slots,
+            },
+        )
 }
 
 fn outcome() -> impl Strategy<Value = Outcome> {
@@ -295,6 +319,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     // A second signal skips the drain; before any shutdown it is a no-op.
     let draining = model.shutdown.as_ref().is_some_and(|s| !s.drained);
     choices.push((if draining { 2 } else { 1 }, Just(Step::SkipDrain).boxed()));
+    choices.push((1, Just(Step::LeaseLost).boxed()));
 
     // A parent that can take children, any known one (maybe closing or
     // finalized), or one never registered: the last two are refused whole.
@@ -366,6 +391,13 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
         let o = || select(open.clone());
         let mode = prop_oneof![Just(CancelMode::Graceful), Just(CancelMode::Immediate)];
         choices.push((3, o().prop_map(Step::AgentFinished).boxed()));
+        choices.push((1, o().prop_map(Step::Abandoned).boxed()));
+        choices.push((
+            2,
+            (o(), select(known.clone()))
+                .prop_map(|(from, to)| Step::Delegate(from, to))
+                .boxed(),
+        ));
         choices.push((
             2,
             (o(), mode).prop_map(|(id, m)| Step::Cancel(id, m)).boxed(),
@@ -397,7 +429,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     if !known.is_empty() {
         // Any input at any session, finalized and forgotten ones included:
         // each must get its one answer and change nothing else.
-        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..19).prop_map(
+        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..21).prop_map(
             move |(id, outcome, hold, flag, which)| {
                 let turn = WorkId::turn(SessionId(id), 1);
                 match which {
@@ -419,6 +451,8 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     15 => Step::Forget(id),
                     16 => Step::Withdraw(id),
                     17 => Step::CancelWork(turn),
+                    18 => Step::Abandoned(id),
+                    19 => Step::Delegate(id, id.saturating_sub(1).max(1)),
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),

@@ -38,7 +38,7 @@ pub struct Observed {
     pub finalized_from: HashMap<u64, State>,
     /// Each session's one finalize plan.
     pub finalized: HashMap<u64, Finalize>,
-    /// Works started (`StartWork`), with the time.
+    /// Works started (the `Started` answers), with the time.
     pub started: BTreeMap<WorkId, u64>,
     /// The one cancel each work was sent, with the time.
     pub cancels: HashMap<WorkId, (CancelMode, u64)>,
@@ -102,9 +102,6 @@ impl Observed {
     /// Learns from one effect, once the assertions have looked at it.
     pub fn record(&mut self, effect: &Effect, now_ms: u64) {
         match effect {
-            Effect::StartWork { work } => {
-                self.started.insert(*work, now_ms);
-            }
             Effect::CancelWork { work, mode } => {
                 self.cancels.insert(*work, (*mode, now_ms));
             }
@@ -216,9 +213,7 @@ impl StateMachineTest for CoreUnderTest {
     fn apply(mut sut: Sut, model: &Model, step: Step) -> Sut {
         let shutting_down = sut.core.is_shutting_down();
         let drained = sut.core.is_drained();
-        let finalized_before = step
-            .session()
-            .is_some_and(|id| sut.seen.is_finalized(id) && !sut.seen.forgotten.contains(&id));
+        let finalized_before = step.session().is_some_and(|id| sut.seen.is_finalized(id));
         let mut effects = Vec::new();
         let mut wakes = 0;
         let answer = match step {
@@ -251,8 +246,12 @@ impl StateMachineTest for CoreUnderTest {
         };
         assertions::after_each_step(&sut.seen, &sut, &ctx);
         assertions::the_model_and_the_core_agree(&sut, model, &ctx);
-        if answer == Answer::Handled(Ok(Handled::Applied)) {
-            sut.seen.applied(&step);
+        match answer {
+            Answer::Handled(Ok(Handled::Applied)) => sut.seen.applied(&step),
+            Answer::Handled(Ok(Handled::Started(work))) => {
+                sut.seen.started.insert(work, sut.now_ms);
+            }
+            _ => {}
         }
         if let (Answer::Forgot(true), Some(id)) = (&answer, step.session()) {
             sut.seen.forgotten.insert(id);

@@ -121,16 +121,10 @@ impl Harness {
     }
 
     fn start(&mut self, event: Event) -> WorkId {
-        let started: Vec<WorkId> = self
-            .effects_of(event)
-            .into_iter()
-            .filter_map(|e| match e {
-                Effect::StartWork { work } => Some(work),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(started.len(), 1, "one StartWork per start: {started:?}");
-        started[0]
+        match self.try_ev(event) {
+            Ok(Handled::Started(work)) => work,
+            other => panic!("a start answers the work it admitted: {other:?}"),
+        }
     }
 
     pub fn attach(&mut self, session: SessionId) {

@@ -135,7 +135,7 @@ async fn g1_a_guard_dropped_by_a_panic_winds_its_subtree_down_children_first() {
     assert_eq!(root.1, EndReason::Cancelled);
     assert!(seen.iter().any(|e| matches!(
         e,
-        LifecycleEvent::TurnEnded { session, outcome: Outcome::Cancelled, .. } if *session == child.0
+        LifecycleEvent::WorkEnded { session, outcome: Outcome::Cancelled, .. } if *session == child.0
     )));
     assert_eq!(p.stats().close_started, 1);
     kernel.shutdown(Duration::ZERO).await;

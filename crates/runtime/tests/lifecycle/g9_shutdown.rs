@@ -39,7 +39,7 @@ async fn g9_shutdown_finalizes_idle_at_once_and_lets_a_running_turn_finish() {
     let turn_done = seen
         .iter()
         .position(
-            |e| matches!(e, LifecycleEvent::TurnEnded { session, .. } if *session == running.id()),
+            |e| matches!(e, LifecycleEvent::WorkEnded { session, .. } if *session == running.id()),
         )
         .unwrap();
     assert!(idle_done < turn_done, "{seen:?}");

@@ -1,0 +1,321 @@
+//! The lifecycle facts the core owns since the runtime stopped deciding
+//! them: the answer for a forgotten session, starts answered with their
+//! work, a turn still settling, slots, delegations, a dropped guard during a
+//! shutdown, the loss of the lease, and which transitions the timeline keeps.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use settle_core::{
+    CancelMode, Cause, Effect, EndReason, Error, Event, Handled, Hold, Policy, SessionId, State,
+    WorkId,
+};
+use support::{Harness, MS, SEC};
+
+fn finalize_and_forget(h: &mut Harness, id: SessionId) {
+    h.ev(Event::UserClose { session: id });
+    assert_eq!(h.state(id), State::Finalized);
+    assert!(h.core.forget(id));
+}
+
+#[test]
+fn g10_a_forgotten_session_answers_as_finalized_to_every_input() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    finalize_and_forget(&mut h, child);
+    assert_eq!(h.core.state(child), Some(State::Finalized));
+    let turn = WorkId::turn(child, 1);
+    let ends = [
+        Event::AgentFinished { session: child },
+        Event::Abandoned { session: child },
+        Event::Cancel {
+            session: child,
+            mode: CancelMode::Immediate,
+        },
+        Event::CancelTurn { session: child },
+        Event::CancelWork { work: turn },
+        Event::CancelDescendants { session: child },
+        Event::UserClose { session: child },
+        Event::Release {
+            session: child,
+            hold: Hold::PendingInput,
+        },
+        Event::TransportDetached { session: child },
+        Event::Withdraw { session: child },
+    ];
+    for event in ends {
+        assert_eq!(
+            h.try_ev(event.clone()),
+            Ok(Handled::AlreadyFinalized),
+            "{event:?}"
+        );
+    }
+    let uses = [
+        Event::StartTurn { session: child },
+        Event::StartTask { session: child },
+        Event::Hold {
+            session: child,
+            hold: Hold::Delegation,
+        },
+        Event::TransportAttached {
+            session: child,
+            close_on_disconnect: false,
+        },
+        Event::Register {
+            session: SessionId(3),
+            parent: Some(child),
+        },
+        Event::Delegate {
+            from: child,
+            to: root,
+        },
+        Event::Delegate {
+            from: root,
+            to: child,
+        },
+    ];
+    for event in uses {
+        assert_eq!(
+            h.try_ev(event.clone()),
+            Err(Error::SessionClosed(child)),
+            "{event:?}"
+        );
+    }
+    for event in [
+        Event::StreamAttached { work: turn },
+        Event::StreamClosed { work: turn },
+        Event::WorkExited { work: turn },
+    ] {
+        assert_eq!(h.try_ev(event.clone()), Ok(Handled::NoOp), "{event:?}");
+    }
+    assert!(h.drain().is_empty(), "nothing was ordered");
+    // A never-registered id is the only "not known".
+    assert_eq!(
+        h.try_ev(Event::StartTurn {
+            session: SessionId(77)
+        }),
+        Err(Error::UnknownSession(SessionId(77)))
+    );
+}
+
+#[test]
+fn g10_a_start_answers_its_work_and_no_effect_starts_it() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    let started = h.try_ev(Event::StartTurn { session: s });
+    assert_eq!(started, Ok(Handled::Started(WorkId::turn(s, 1))));
+    let task = h.try_ev(Event::StartTask { session: s });
+    assert_eq!(task, Ok(Handled::Started(WorkId::task(s, 1))));
+    let transitions: Vec<_> = h
+        .log
+        .iter()
+        .filter(|e| matches!(e, Effect::Transition(_)))
+        .collect();
+    assert_eq!(
+        transitions.len(),
+        2,
+        "registered, then running: {:?}",
+        h.log
+    );
+}
+
+#[test]
+fn g5_a_turn_started_while_the_cancelled_one_settles_is_told_so() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    let turn = h.start_turn(s);
+    // A dropped `Turn` cancels its work; the next start comes at once.
+    h.ev(Event::CancelWork { work: turn });
+    assert_eq!(
+        h.try_ev(Event::StartTurn { session: s }),
+        Err(Error::TurnSettling {
+            session: s,
+            turn: 1
+        })
+    );
+    // A turn that was not cancelled is simply in flight.
+    h.ev(Event::WorkExited { work: turn });
+    let next = h.start_turn(s);
+    assert!(matches!(
+        h.try_ev(Event::StartTurn { session: s }),
+        Err(Error::WrongState { .. })
+    ));
+    // Once the cancelled turn settled, the next one starts.
+    h.ev(Event::CancelWork { work: next });
+    h.advance(2 * SEC);
+    assert_eq!(h.start_turn(s), WorkId::turn(s, 3));
+}
+
+#[test]
+fn a_turn_over_the_slots_is_refused_and_a_finalize_frees_its_slot() {
+    let policy = Policy::default()
+        .idle_ttl(None)
+        .lru_cap(None)
+        .slots(Some(1));
+    let mut h = Harness::with(policy);
+    let a = h.register(1, None);
+    let b = h.register(2, None);
+    let turn = h.start_turn(a);
+    assert_eq!(
+        h.try_ev(Event::StartTurn { session: b }),
+        Err(Error::NoSlot { slots: 1 })
+    );
+    // A task needs no slot, and the slot stays with `a` between its turns.
+    h.start_task(b);
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: settle_core::Outcome::Completed,
+    });
+    assert_eq!(h.start_turn(a), WorkId::turn(a, 2));
+    h.ev(Event::UserClose { session: a });
+    h.advance(2 * SEC);
+    assert_eq!(h.state(a), State::Finalized);
+    assert_eq!(h.start_turn(b), WorkId::turn(b, 1));
+}
+
+#[test]
+fn a_finalized_delegator_interrupts_what_it_delegated_to() {
+    let mut h = Harness::quiet();
+    let boss = h.register(1, None);
+    let worker = h.register(2, None);
+    let work = h.start_turn(worker);
+    assert_eq!(
+        h.ev_h(Event::Delegate {
+            from: boss,
+            to: worker
+        }),
+        Handled::Applied
+    );
+    assert_eq!(
+        h.ev_h(Event::Delegate {
+            from: boss,
+            to: worker
+        }),
+        Handled::NoOp
+    );
+    let effects = h.effects_of(Event::UserClose { session: boss });
+    let finalize = effects
+        .iter()
+        .position(|e| matches!(e, Effect::Finalize(f) if f.session == boss))
+        .expect("the delegator is finalized");
+    let cancel = effects
+        .iter()
+        .position(|e| matches!(e, Effect::CancelWork { work: w, .. } if *w == work))
+        .expect("the delegate's work is cancelled");
+    assert!(
+        finalize < cancel,
+        "interrupted after the finalize: {effects:?}"
+    );
+    assert!(effects.iter().any(|e| matches!(
+        e,
+        Effect::Transition(t) if t.session == worker && t.cause == Cause::DelegationInterrupted
+    )));
+    h.ev(Event::WorkExited { work });
+    assert_eq!(h.state(worker), State::Finalized);
+}
+
+#[test]
+fn g1_a_delegation_to_an_ancestor_is_not_interrupted_by_the_descendants_wind_down() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.ev(Event::Delegate {
+        from: child,
+        to: root,
+    });
+    assert_eq!(
+        h.ev_h(Event::CancelDescendants { session: root }),
+        Handled::Applied
+    );
+    assert_eq!(h.state(child), State::Finalized);
+    assert_eq!(h.state(root), State::Registered, "the caller is spared");
+}
+
+#[test]
+fn g9_an_agent_abandoned_during_the_drain_leaves_its_subtree_draining() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    let turn = h.start_turn(child);
+    h.ev(Event::BeginShutdown { drain: 2 * SEC });
+    h.advance(300 * MS);
+    // The agent's code returned on "shutdown begun" and dropped its guard.
+    assert_eq!(h.ev_h(Event::Abandoned { session: root }), Handled::NoOp);
+    assert_eq!(h.cancels_of(child), 0, "the child's turn keeps the drain");
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: settle_core::Outcome::Completed,
+    });
+    assert_eq!(
+        h.finalized(),
+        vec![(child, EndReason::Shutdown), (root, EndReason::Shutdown)]
+    );
+    let summary = h.log.iter().find_map(|e| match e {
+        Effect::ShutdownComplete(s) => Some(s.clone()),
+        _ => None,
+    });
+    assert_eq!(summary.expect("complete").drained, vec![child]);
+}
+
+#[test]
+fn an_abandoned_agent_outside_a_shutdown_is_cancelled_subtree_first() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.start_turn(child);
+    assert_eq!(h.ev_h(Event::Abandoned { session: root }), Handled::Applied);
+    assert_eq!(h.cancels_of(child), 1);
+    assert_eq!(h.state(root), State::Cancelling);
+}
+
+#[test]
+fn g8_a_lost_lease_cancels_everything_now_and_says_so() {
+    let mut h = Harness::quiet();
+    let idle = h.register(1, None);
+    let busy = h.register(2, None);
+    let turn = h.start_turn(busy);
+    assert_eq!(h.ev_h(Event::LeaseLost), Handled::Applied);
+    assert_eq!(h.state(idle), State::Finalized);
+    assert_eq!(h.cancels_of(busy), 1);
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(3),
+            parent: None
+        }),
+        Err(Error::ShuttingDown)
+    );
+    h.ev(Event::WorkExited { work: turn });
+    let summary = h.log.iter().find_map(|e| match e {
+        Effect::ShutdownComplete(s) => Some(s.clone()),
+        _ => None,
+    });
+    assert!(summary.expect("complete").lease_lost);
+}
+
+#[test]
+fn the_timeline_keeps_every_transition_but_the_registration_and_the_finalize() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    let turn = h.start_turn(s);
+    h.ev(Event::WorkExited { work: turn });
+    h.ev(Event::UserClose { session: s });
+    let steps: Vec<(Option<State>, State, bool)> = h
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Transition(t) => Some((t.from, t.to, t.timeline)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        vec![
+            (None, State::Registered, false),
+            (Some(State::Registered), State::Running, true),
+            (Some(State::Running), State::Registered, true),
+            (Some(State::Registered), State::Settled, true),
+            (Some(State::Settled), State::Finalized, false),
+        ]
+    );
+}
