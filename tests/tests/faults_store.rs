@@ -275,7 +275,7 @@ fn sqlite_made_read_only_mid_run() {
     // binary that `nobody` can reach, on a folder it owns.
     let command = if common::is_root() {
         let copy = dir.path().join("settle");
-        std::fs::copy(common::settle_bin(), &copy).unwrap();
+        std::fs::copy(settle_tests::settle_bin(), &copy).unwrap();
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
         let ok = Command::new("runuser")
             .args(["-u", "nobody", "--"])
