@@ -611,6 +611,21 @@ pub fn assert_children_finalized_first(sessions: &[Value]) {
     }
 }
 
+/// `n` chunks `prefix1`..`prefixN`.
+pub fn numbered(prefix: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The `[[agent.turn]]` table of a scenario's TOML that streams `chunks`,
+/// `delay_ms` apart. The chunks hold no quote or backslash.
+pub fn turn_toml(chunks: &[String], delay_ms: u64) -> String {
+    let quoted: Vec<String> = chunks.iter().map(|c| format!("\"{c}\"")).collect();
+    format!(
+        "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
+        quoted.join(", ")
+    )
+}
+
 /// One `persisted turn N chunk K: "text"` line of `settle run`'s plain
 /// progress.
 #[derive(Debug, Clone, PartialEq, Eq)]

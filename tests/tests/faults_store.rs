@@ -52,11 +52,7 @@ fn steady(
                     format!("{head}{}", "x".repeat(pad))
                 })
                 .collect();
-            let quoted: Vec<String> = texts.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&texts, delay_ms));
             turns.push(texts);
         }
         scripted.insert(name.to_owned(), turns);

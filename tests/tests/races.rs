@@ -37,11 +37,7 @@ fn burst(
         let mut turns = Vec::new();
         for t in 1..=2 {
             let texts: Vec<String> = (0..chunks).map(|k| format!("{name}-t{t}-c{k}")).collect();
-            let quoted: Vec<String> = texts.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&texts, delay_ms));
             turns.push(texts);
         }
         scripted.insert(name, turns);

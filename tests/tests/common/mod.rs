@@ -665,11 +665,7 @@ pub fn random_scenario(rng: &mut Rng, shape: Shape) -> RandomScenario {
             let chunks: Vec<String> = (0..n).map(|k| format!("{name}-t{t}-c{k}")).collect();
             let delay = rng.range(shape.chunk_delay_ms.0, shape.chunk_delay_ms.1);
             total += delay * n;
-            let quoted: Vec<String> = chunks.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&chunks, delay));
             if shape.odd_ends {
                 match rng.range(1, 20) {
                     1..=2 => toml.push_str("end = \"fail\"\n"),

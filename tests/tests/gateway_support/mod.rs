@@ -355,8 +355,3 @@ where
         tokio::time::sleep(every).await;
     }
 }
-
-/// `n` chunks `prefix1`..`prefixN`.
-pub fn numbered(prefix: &str, n: usize) -> Vec<String> {
-    (1..=n).map(|i| format!("{prefix}{i}")).collect()
-}
