@@ -23,9 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{check_db, memory_turns, Ending, Rng, Running};
-
-type Scripted = BTreeMap<String, Vec<Vec<String>>>;
+use common::{check_db, memory_turns, Ending, Rng, Running, Scripted};
 
 const DRAIN: Duration = Duration::from_secs(1);
 /// The scenarios' `settle_timeout_ms`.

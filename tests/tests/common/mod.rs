@@ -382,6 +382,10 @@ impl DbView {
     }
 }
 
+/// What a scenario scripts each agent to stream: agent name -> turns ->
+/// chunks.
+pub type Scripted = BTreeMap<String, Vec<Vec<String>>>;
+
 /// Checks the database at `db` after a run (and, for [`Ending::Recovered`],
 /// a recovery): every session finalized exactly once; every chunk in
 /// `persisted` present, in order, in its turn; each turn's chunks a prefix of
@@ -392,7 +396,7 @@ pub fn check_db(
     db: &str,
     memories: &[(i64, i64)],
     persisted: &[Persisted],
-    scripted: &BTreeMap<String, Vec<Vec<String>>>,
+    scripted: &Scripted,
     ending: Ending,
 ) -> Result<DbView, String> {
     let view = DbView::read(db)?;
@@ -606,7 +610,7 @@ pub fn soak_knobs(default: usize) -> (usize, u64) {
 /// A random scripted agent tree: TOML, and what each agent's turns stream.
 pub struct RandomScenario {
     pub toml: String,
-    pub scripted: BTreeMap<String, Vec<Vec<String>>>,
+    pub scripted: Scripted,
     /// Roughly how long the root streams, in milliseconds: the run ends soon
     /// after (finishing the root winds its subtree down).
     pub root_ms: u64,
