@@ -611,10 +611,27 @@ pub fn assert_children_finalized_first(sessions: &[Value]) {
     }
 }
 
+/// `n` chunks `prefix1`..`prefixN`.
+pub fn numbered(prefix: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The `[[agent.turn]]` table of a scenario's TOML that streams `chunks`,
+/// `delay_ms` apart. The chunks hold no quote or backslash.
+pub fn turn_toml(chunks: &[String], delay_ms: u64) -> String {
+    let quoted: Vec<String> = chunks.iter().map(|c| format!("\"{c}\"")).collect();
+    format!(
+        "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
+        quoted.join(", ")
+    )
+}
+
 /// One `persisted turn N chunk K: "text"` line of `settle run`'s plain
 /// progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Persisted {
+    /// The session's name (empty when the line names only its id).
+    pub name: String,
     /// The session's id.
     pub session: u64,
     /// The turn, from 1.
@@ -634,14 +651,17 @@ pub fn persisted_chunks(log: &str) -> Vec<Persisted> {
     log.lines().filter_map(parse_persisted).collect()
 }
 
-fn parse_persisted(line: &str) -> Option<Persisted> {
+/// One persisted-chunk line (see [`persisted_chunks`]); `None` for any other
+/// line.
+pub fn parse_persisted(line: &str) -> Option<Persisted> {
     let (head, rest) = line.split_once(" persisted turn ")?;
     let who = head.split_whitespace().nth(1)?;
-    let session = who.rsplit_once('#')?.1.parse().ok()?;
+    let (name, session) = who.rsplit_once('#')?;
     let (turn, rest) = rest.split_once(" chunk ")?;
     let (seq, text) = rest.split_once(": ")?;
     Some(Persisted {
-        session,
+        name: name.to_owned(),
+        session: session.parse().ok()?,
         turn: turn.parse().ok()?,
         seq: seq.parse().ok()?,
         text: text.strip_prefix('"')?.strip_suffix('"')?.to_owned(),
@@ -658,6 +678,7 @@ mod tests {
         assert_eq!(
             parse_persisted(line),
             Some(Persisted {
+                name: "worker".to_owned(),
                 session: 12,
                 turn: 2,
                 seq: 3,

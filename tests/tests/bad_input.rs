@@ -809,7 +809,7 @@ fn g11_bad_input_is_refused_whole() {
     // binary from a folder everyone can read.
     let shared = common::open_tempdir();
     let copy = shared.path().join("settle");
-    fs::copy(common::settle_bin(), &copy).unwrap();
+    fs::copy(settle_tests::settle_bin(), &copy).unwrap();
     fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
     let can_be_nobody = common::is_root()
         && Command::new("runuser")
@@ -831,7 +831,7 @@ fn g11_bad_input_is_refused_whole() {
         let bin = if case.as_nobody && can_be_nobody {
             copy.as_path()
         } else {
-            common::settle_bin()
+            settle_tests::settle_bin()
         };
         ran += 1;
         if let Err(e) = run_case(case, bin) {

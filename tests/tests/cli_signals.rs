@@ -14,16 +14,13 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use settle_tests::{
-    assert_children_finalized_first, by_name, id_of, persisted_chunks, Running, Sandbox, PATIENCE,
+    assert_children_finalized_first, by_name, id_of, numbered, persisted_chunks, turn_toml,
+    Running, Sandbox, PATIENCE,
 };
 
 /// A turn of `n` chunks named `prefix1..prefixN`, `delay_ms` apart.
 fn turn(prefix: &str, n: usize, delay_ms: u64, extra: &str) -> String {
-    let chunks: Vec<String> = (1..=n).map(|i| format!("\"{prefix}{i}\"")).collect();
-    format!(
-        "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n{extra}\n",
-        chunks.join(", ")
-    )
+    format!("{}{extra}\n", turn_toml(&numbered(prefix, n), delay_ms))
 }
 
 fn agent(name: &str, parent: Option<&str>) -> String {

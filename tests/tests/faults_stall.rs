@@ -23,9 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{check_db, memory_turns, Ending, Rng, Running};
-
-type Scripted = BTreeMap<String, Vec<Vec<String>>>;
+use common::{check_db, memory_turns, Ending, Rng, Running, Scripted};
 
 const DRAIN: Duration = Duration::from_secs(1);
 /// The scenarios' `settle_timeout_ms`.
@@ -86,11 +84,7 @@ fn staggered(
         let mut script = Vec::new();
         for t in 1..=turns {
             let texts: Vec<String> = (0..chunks).map(|k| format!("{name}-t{t}-c{k}")).collect();
-            let quoted: Vec<String> = texts.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&texts, delay_ms));
             script.push(texts);
         }
         scripted.insert(name, script);

@@ -20,18 +20,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{check_db, memory_turns, Ending, Finished, Running};
+use common::{check_db, memory_turns, Ending, Finished, Running, Scripted};
 
 /// The role this test binary plays when re-run as a helper process.
 const ROLE: &str = "SETTLE_FAULTS_ROLE";
 
 /// A root and two children, each streaming `chunks` chunks of `size` bytes,
 /// `delay_ms` apart, over two turns.
-fn steady(
-    chunks: usize,
-    delay_ms: u64,
-    size: usize,
-) -> (String, BTreeMap<String, Vec<Vec<String>>>) {
+fn steady(chunks: usize, delay_ms: u64, size: usize) -> (String, Scripted) {
     let mut toml = String::from("name = \"steady\"\nsettle_timeout_ms = 300\n");
     let mut scripted = BTreeMap::new();
     for (name, parent) in [
@@ -52,11 +48,7 @@ fn steady(
                     format!("{head}{}", "x".repeat(pad))
                 })
                 .collect();
-            let quoted: Vec<String> = texts.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&texts, delay_ms));
             turns.push(texts);
         }
         scripted.insert(name.to_owned(), turns);
@@ -69,7 +61,7 @@ fn steady(
 /// cleared. A `busy` child streams all along (its writes meet the fault). So
 /// the root's second turn shows whether the store came back without a new
 /// process.
-fn comeback(quiet_ms: u64) -> (String, BTreeMap<String, Vec<Vec<String>>>) {
+fn comeback(quiet_ms: u64) -> (String, Scripted) {
     let toml = format!(
         "name = \"comeback\"\nsettle_timeout_ms = 300\n\
          [[agent]]\nname = \"root\"\n\
@@ -117,12 +109,7 @@ fn assert_came_back(fault: &str, db: &str, run: &Finished) {
 /// What every fault must leave: no panic, failures reported and exit 3 when
 /// writes failed, and after `settle recover` (the fault cleared) a database
 /// in order with everything acknowledged in it. Returns a one-line summary.
-fn after_the_fault(
-    fault: &str,
-    run: &Finished,
-    db: &str,
-    scripted: &BTreeMap<String, Vec<Vec<String>>>,
-) -> String {
+fn after_the_fault(fault: &str, run: &Finished, db: &str, scripted: &Scripted) -> String {
     let context = || format!("fault: {fault}\n{}", run.describe());
     if std::env::var("SETTLE_FAULTS_VERBOSE").is_ok() {
         eprintln!("--- {fault}\n{}\n{}", run.lines.join("\n"), run.stderr);
@@ -275,7 +262,7 @@ fn sqlite_made_read_only_mid_run() {
     // binary that `nobody` can reach, on a folder it owns.
     let command = if common::is_root() {
         let copy = dir.path().join("settle");
-        std::fs::copy(common::settle_bin(), &copy).unwrap();
+        std::fs::copy(settle_tests::settle_bin(), &copy).unwrap();
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
         let ok = Command::new("runuser")
             .args(["-u", "nobody", "--"])

@@ -14,11 +14,12 @@ mod gateway_support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gateway_support::{numbered, Client, Served};
+use gateway_support::{Client, Served};
 use serde_json::json;
 use settle_gateway::ScriptBook;
 use settle_runtime::{EndReason, Outcome, SessionId, State};
 use settle_stream::TurnScript;
+use settle_tests::numbered;
 
 const GRACE: Duration = Duration::from_secs(60);
 

@@ -10,10 +10,11 @@ mod gateway_support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gateway_support::{numbered, Client, Served};
+use gateway_support::{Client, Served};
 use serde_json::{json, Value};
 use settle_gateway::ScriptBook;
 use settle_stream::{Provider, ProviderStream, Request, ScriptedEnd, StreamError, TurnScript};
+use settle_tests::numbered;
 
 /// The messages of each request, as (role, content).
 type Requests = Arc<Mutex<Vec<Vec<(String, String)>>>>;

@@ -8,10 +8,10 @@
 
 mod gateway_support;
 
-use gateway_support::{connect, numbered, Client};
+use gateway_support::{connect, Client};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-use settle_tests::{by_name, Running, Sandbox, PATIENCE};
+use settle_tests::{by_name, numbered, Running, Sandbox, PATIENCE};
 
 /// A script book: "long" streams twenty chunks 100 ms apart, anything else
 /// answers "ok".

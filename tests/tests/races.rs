@@ -17,15 +17,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{check_db, memory_turns, Ending, Rng, Running};
+use common::{check_db, memory_turns, Ending, Rng, Running, Scripted};
 
 /// A root and `children` agents spawned at once, each streaming `chunks`
 /// chunks `delay_ms` apart; the root streams for as long.
-fn burst(
-    children: usize,
-    chunks: usize,
-    delay_ms: u64,
-) -> (String, BTreeMap<String, Vec<Vec<String>>>) {
+fn burst(children: usize, chunks: usize, delay_ms: u64) -> (String, Scripted) {
     let mut toml = String::from("name = \"burst\"\nsettle_timeout_ms = 200\n");
     let mut scripted = BTreeMap::new();
     for a in 0..=children {
@@ -37,11 +33,7 @@ fn burst(
         let mut turns = Vec::new();
         for t in 1..=2 {
             let texts: Vec<String> = (0..chunks).map(|k| format!("{name}-t{t}-c{k}")).collect();
-            let quoted: Vec<String> = texts.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay_ms}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&texts, delay_ms));
             turns.push(texts);
         }
         scripted.insert(name, turns);

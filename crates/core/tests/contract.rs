@@ -20,8 +20,7 @@ use support::{Harness, MS, SEC};
 fn g7_a_finish_after_a_turn_cancel_records_the_cut_turn_cancelled_without_memory() {
     let mut h = Harness::quiet();
     let s = h.register(1, None);
-    let work = h.start_turn(s);
-    h.ev(Event::StreamAttached { work });
+    let work = h.attached_turn(s);
     // The user cancels the turn mid-stream, then the agent finishes.
     let cut = h.effects_of(Event::CancelTurn { session: s });
     assert_eq!(
@@ -119,8 +118,7 @@ fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
     let root = h.register(1, None);
     let child = h.register(2, Some(1));
     let root_turn = h.start_turn(root);
-    let child_turn = h.start_turn(child);
-    h.ev(Event::StreamAttached { work: child_turn });
+    let child_turn = h.attached_turn(child);
     h.ev(Event::BeginShutdown { drain: 10 * SEC });
 
     // The root's first turn completes within the drain; its second is refused,
@@ -256,9 +254,8 @@ fn g5_a_late_report_from_a_detached_work_is_a_no_op_on_the_current_one() {
     h.ev(Event::CancelTurn { session: s });
     h.tick(SEC);
     assert!(h.log.contains(&Effect::DetachWork { work: old }));
-    let current = h.start_turn(s);
+    let current = h.attached_turn(s);
     assert_eq!(current, WorkId::turn(s, 2));
-    h.ev(Event::StreamAttached { work: current });
 
     for late in [
         Event::WorkEnded {

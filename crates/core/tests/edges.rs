@@ -663,10 +663,7 @@ fn g4_a_stream_the_work_reported_closed_is_not_closed_again() {
         Handled::NoOp,
         "no work, no stream"
     );
-    h.ev(Event::StartTurn { session: s });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(s, 1),
-    });
+    h.attached_turn(s);
     assert_eq!(
         h.ev_h(Event::StreamClosed {
             work: WorkId::turn(s, 1)
@@ -694,10 +691,7 @@ fn g4_a_stream_the_work_reported_closed_is_not_closed_again() {
 fn g4_a_detach_closes_an_attached_stream_nobody_closed() {
     let mut h = Harness::quiet();
     let s = h.register(1, None);
-    h.ev(Event::StartTurn { session: s });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(s, 1),
-    });
+    h.attached_turn(s);
     h.ev(Event::Cancel {
         session: s,
         mode: CancelMode::Graceful,
@@ -714,10 +708,7 @@ fn g4_the_core_closes_a_stream_only_on_the_attach_race_and_at_a_detach() {
     // Attached and open: its work closes it as the cancel ends its token; the
     // core orders it closed only when it detaches the work.
     let open = h.register(1, None);
-    h.ev(Event::StartTurn { session: open });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(open, 1),
-    });
+    h.attached_turn(open);
     assert_eq!(
         h.ev_h(Event::CancelTurn { session: open }),
         Handled::Applied
@@ -728,10 +719,7 @@ fn g4_the_core_closes_a_stream_only_on_the_attach_race_and_at_a_detach() {
 
     // Attached but already closed by the work: nothing to close.
     let closed = h.register(2, None);
-    h.ev(Event::StartTurn { session: closed });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(closed, 1),
-    });
+    h.attached_turn(closed);
     h.ev(Event::StreamClosed {
         work: WorkId::turn(closed, 1),
     });

@@ -18,10 +18,7 @@ fn g1_root_finishing_settles_a_mid_turn_child_before_any_finalize() {
     let root = h.register(1, None);
     let child = h.register(2, Some(1));
     let grandchild = h.register(3, Some(2));
-    h.ev(Event::StartTurn { session: child });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(child, 1),
-    });
+    h.attached_turn(child);
     h.ev(Event::StartTurn {
         session: grandchild,
     });
@@ -102,10 +99,7 @@ fn g1_cancel_descendants_never_cancels_the_caller() {
 fn g6_work_that_cancelled_itself_is_not_cancelled_again() {
     let mut h = Harness::new();
     let s = h.register(1, None);
-    h.ev(Event::StartTurn { session: s });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(s, 1),
-    });
+    h.attached_turn(s);
     // The provider cancelled itself: the turn is over before anyone asked.
     h.ev(Event::WorkEnded {
         work: WorkId::turn(s, 1),
@@ -175,10 +169,7 @@ fn g4_cancel_during_stream_attach_still_closes_the_stream() {
 fn g5_a_work_that_ignores_cancel_is_detached_at_the_settle_deadline() {
     let mut h = Harness::with(Policy::default().settle_timeout(Duration::from_millis(250)));
     let s = h.register(1, None);
-    h.ev(Event::StartTurn { session: s });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(s, 1),
-    });
+    h.attached_turn(s);
     h.ev(Event::Cancel {
         session: s,
         mode: CancelMode::Graceful,
@@ -283,10 +274,7 @@ fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
     let mut h = Harness::with(Policy::default().settle_timeout(Duration::from_millis(100)));
     let parent = h.register(1, None);
     let child = h.register(2, Some(1));
-    h.ev(Event::StartTurn { session: child });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(child, 1),
-    });
+    h.attached_turn(child);
     h.ev(Event::BeginShutdown {
         drain: Duration::from_millis(500),
     });
@@ -537,10 +525,7 @@ fn g3_transport_closed_reclaims_a_parent_once_its_last_child_is_finalized() {
 fn g3_user_close_cancels_first_and_finalizes_once_settled() {
     let mut h = Harness::new();
     let s = h.register(1, None);
-    h.ev(Event::StartTurn { session: s });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(s, 1),
-    });
+    h.attached_turn(s);
     h.ev(Event::UserClose { session: s });
     // The cancel ends the work's token; the work closes its own stream.
     assert_eq!(h.cancels_of(s), 1);
@@ -590,8 +575,7 @@ fn g10_g2_every_input_for_a_finalized_session_gets_its_one_answer() {
     for finalize_by in 0..4 {
         let mut h = Harness::new();
         let s = h.register(1, None);
-        let work = h.start_turn(s);
-        h.ev(Event::StreamAttached { work });
+        let work = h.attached_turn(s);
         let done = match finalize_by {
             0 => Event::UserClose { session: s },
             1 => Event::AgentFinished { session: s },
@@ -682,10 +666,7 @@ fn g10_g2_every_input_for_a_finalized_session_gets_its_one_answer() {
 fn a_turn_cancel_keeps_the_session_open() {
     let mut h = Harness::new();
     let s = h.register(1, None);
-    h.ev(Event::StartTurn { session: s });
-    h.ev(Event::StreamAttached {
-        work: WorkId::turn(s, 1),
-    });
+    h.attached_turn(s);
     h.ev(Event::CancelTurn { session: s });
     assert_eq!((h.cancels_of(s), h.closes_of(s)), (1, 0));
     h.ev(Event::WorkEnded {

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,52 +27,13 @@ use diesel::pg::PgConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use serde_json::Value;
+use settle_tests::{parse_persisted, Persisted};
 
 // --- the binary --------------------------------------------------------------
 
-/// The `settle` binary of this build, built on first use.
-///
-/// Cargo sets `CARGO_BIN_EXE_*` only for a package's own binaries, and this
-/// package is not `settle-cli`; so the first test that needs the binary asks
-/// Cargo to build it into the same target folder (a no-op when it is up to
-/// date, as after `cargo test --workspace`).
-pub fn settle_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(path) = std::env::var("SETTLE_BIN") {
-            return PathBuf::from(path);
-        }
-        let exe = std::env::current_exe().expect("the test binary's path");
-        // target/<profile>/deps/<test> -> target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("a test binary under target/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("a target folder");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let mut build = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        build
-            .args(["build", "--quiet", "-p", "settle-cli", "--bin", "settle"])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .env("CARGO_TARGET_DIR", target_dir);
-        settle_tests::without_package_env(&mut build);
-        if profile_dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("run cargo to build the settle binary");
-        assert!(status.success(), "building the settle binary failed");
-        let bin = profile_dir.join("settle");
-        assert!(bin.exists(), "no settle binary at {}", bin.display());
-        bin
-    })
-}
-
 /// `settle --db DB ARGS...`, with logging quiet and no inherited `SETTLE_DB`.
 pub fn settle(db: &str) -> Command {
-    let mut c = Command::new(settle_bin());
+    let mut c = Command::new(settle_tests::settle_bin());
     c.arg("--db")
         .arg(db)
         .env_remove("SETTLE_DB")
@@ -173,33 +134,6 @@ pub fn skip(what: &str, why: &str) {
 }
 
 // --- a running `settle run` --------------------------------------------------
-
-/// One chunk `settle run` reported as persisted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Persisted {
-    pub name: String,
-    pub session: i64,
-    pub turn: u64,
-    pub seq: usize,
-    pub text: String,
-}
-
-/// Parses a progress line `STAMP  name#id  persisted turn T chunk K: "text"`.
-/// Chunk texts in these tests are plain (no quotes or escapes).
-pub fn parse_persisted(line: &str) -> Option<Persisted> {
-    let (head, rest) = line.split_once(" persisted turn ")?;
-    let who = head.split_whitespace().last()?;
-    let (name, id) = who.rsplit_once('#')?;
-    let (turn, rest) = rest.split_once(" chunk ")?;
-    let (seq, text) = rest.split_once(": ")?;
-    Some(Persisted {
-        name: name.to_owned(),
-        session: id.parse().ok()?,
-        turn: turn.trim().parse().ok()?,
-        seq: seq.trim().parse().ok()?,
-        text: text.trim().trim_matches('"').to_owned(),
-    })
-}
 
 /// A `settle run` in progress, its stdout collected line by line as it comes.
 pub struct Running {
@@ -448,6 +382,10 @@ impl DbView {
     }
 }
 
+/// What a scenario scripts each agent to stream: agent name -> turns ->
+/// chunks.
+pub type Scripted = BTreeMap<String, Vec<Vec<String>>>;
+
 /// Checks the database at `db` after a run (and, for [`Ending::Recovered`],
 /// a recovery): every session finalized exactly once; every chunk in
 /// `persisted` present, in order, in its turn; each turn's chunks a prefix of
@@ -458,7 +396,7 @@ pub fn check_db(
     db: &str,
     memories: &[(i64, i64)],
     persisted: &[Persisted],
-    scripted: &BTreeMap<String, Vec<Vec<String>>>,
+    scripted: &Scripted,
     ending: Ending,
 ) -> Result<DbView, String> {
     let view = DbView::read(db)?;
@@ -557,15 +495,16 @@ pub fn check_db(
         }
     }
     for p in persisted {
-        let Some(detail) = view.details.get(&p.session) else {
+        let session = i64::try_from(p.session).expect("a session id fits the store's BIGINT");
+        let Some(detail) = view.details.get(&session) else {
             errors.push(format!("persisted chunk of an unknown session: {p:?}"));
             continue;
         };
         if detail["session"]["name"] != p.name.as_str() {
             errors.push(format!("persisted chunk under another name: {p:?}"));
         }
-        let chunks = view.chunks(p.session, p.turn);
-        if chunks.get(p.seq) != Some(&p.text) {
+        let chunks = view.chunks(session, u64::from(p.turn));
+        if chunks.get(p.seq as usize) != Some(&p.text) {
             errors.push(format!(
                 "chunk reported persisted is lost or out of order: {p:?}; the turn holds {chunks:?}"
             ));
@@ -671,7 +610,7 @@ pub fn soak_knobs(default: usize) -> (usize, u64) {
 /// A random scripted agent tree: TOML, and what each agent's turns stream.
 pub struct RandomScenario {
     pub toml: String,
-    pub scripted: BTreeMap<String, Vec<Vec<String>>>,
+    pub scripted: Scripted,
     /// Roughly how long the root streams, in milliseconds: the run ends soon
     /// after (finishing the root winds its subtree down).
     pub root_ms: u64,
@@ -730,11 +669,7 @@ pub fn random_scenario(rng: &mut Rng, shape: Shape) -> RandomScenario {
             let chunks: Vec<String> = (0..n).map(|k| format!("{name}-t{t}-c{k}")).collect();
             let delay = rng.range(shape.chunk_delay_ms.0, shape.chunk_delay_ms.1);
             total += delay * n;
-            let quoted: Vec<String> = chunks.iter().map(|c| format!("\"{c}\"")).collect();
-            toml.push_str(&format!(
-                "[[agent.turn]]\nchunks = [{}]\nchunk_delay_ms = {delay}\n",
-                quoted.join(", ")
-            ));
+            toml.push_str(&settle_tests::turn_toml(&chunks, delay));
             if shape.odd_ends {
                 match rng.range(1, 20) {
                     1..=2 => toml.push_str("end = \"fail\"\n"),

@@ -23,9 +23,10 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-/// How long a test waits for anything: only a real hang trips it (on the
-/// paused clock it is virtual time, far past every timer of the tests).
-pub const PATIENCE: Duration = Duration::from_secs(60);
+// How long a test waits for anything, as for the binary's tests: only a real
+// hang trips it (on the paused clock it is virtual time, far past every
+// timer of the tests).
+use settle_tests::PATIENCE;
 
 /// Where a test gateway listens.
 #[derive(Clone)]
@@ -62,16 +63,6 @@ impl axum::serve::Listener for Pipes {
     }
 }
 
-async fn kernel_on(
-    store: &MemoryStore,
-    policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
-) -> Kernel {
-    policy(Kernel::builder(Arc::new(store.clone())).settle_timeout(Duration::from_millis(500)))
-        .start()
-        .await
-        .unwrap()
-}
-
 impl Served {
     /// A gateway on 127.0.0.1 (port chosen by the system).
     pub async fn tcp(
@@ -79,11 +70,41 @@ impl Served {
         policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
         options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
     ) -> Served {
-        let store = MemoryStore::new();
-        let kernel = kernel_on(&store, policy).await;
-        let gateway = options(Gateway::builder(kernel.clone(), provider)).build();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = Address::Tcp(listener.local_addr().unwrap());
+        Served::on(listener, address, provider, policy, options).await
+    }
+
+    /// A gateway on in-memory pipes, for tests on the paused clock.
+    pub async fn pipes(
+        provider: Arc<dyn Provider>,
+        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Served::on(Pipes(rx), Address::Pipes(tx), provider, policy, options).await
+    }
+
+    /// A kernel on a fresh store and a gateway serving it on `listener`.
+    async fn on<L>(
+        listener: L,
+        address: Address,
+        provider: Arc<dyn Provider>,
+        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served
+    where
+        L: axum::serve::Listener,
+        L::Addr: std::fmt::Debug,
+    {
+        let store = MemoryStore::new();
+        let kernel = policy(
+            Kernel::builder(Arc::new(store.clone())).settle_timeout(Duration::from_millis(500)),
+        )
+        .start()
+        .await
+        .unwrap();
+        let gateway = options(Gateway::builder(kernel.clone(), provider)).build();
         let serving = tokio::spawn({
             let gateway = gateway.clone();
             async move { gateway.serve(listener).await }
@@ -97,38 +118,10 @@ impl Served {
         }
     }
 
-    /// A gateway on in-memory pipes, for tests on the paused clock.
-    pub async fn pipes(
-        provider: Arc<dyn Provider>,
-        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
-        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
-    ) -> Served {
-        let store = MemoryStore::new();
-        let kernel = kernel_on(&store, policy).await;
-        let gateway = options(Gateway::builder(kernel.clone(), provider)).build();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let serving = tokio::spawn({
-            let gateway = gateway.clone();
-            async move { gateway.serve(Pipes(rx)).await }
-        });
-        Served {
-            gateway,
-            kernel,
-            store,
-            address: Address::Pipes(tx),
-            serving: Some(serving),
-        }
-    }
-
     /// A new client connection.
     pub async fn client(&self) -> Client {
         match &self.address {
-            Address::Tcp(addr) => {
-                let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
-                    .await
-                    .unwrap();
-                Client::new(ws)
-            }
+            Address::Tcp(addr) => connect(&addr.to_string()).await,
             Address::Pipes(tx) => {
                 let (ours, theirs) = tokio::io::duplex(64 * 1024);
                 tx.send(theirs).unwrap();
@@ -361,9 +354,4 @@ where
         );
         tokio::time::sleep(every).await;
     }
-}
-
-/// `n` chunks `prefix1`..`prefixN`.
-pub fn numbered(prefix: &str, n: usize) -> Vec<String> {
-    (1..=n).map(|i| format!("{prefix}{i}")).collect()
 }

@@ -120,6 +120,14 @@ impl Harness {
         self.start(Event::StartTask { session })
     }
 
+    /// Starts a turn and attaches its stream, nothing in between: the
+    /// setup of a turn that is streaming. Returns its work.
+    pub fn attached_turn(&mut self, session: SessionId) -> WorkId {
+        let work = self.start_turn(session);
+        self.ev(Event::StreamAttached { work });
+        work
+    }
+
     fn start(&mut self, event: Event) -> WorkId {
         match self.try_ev(event) {
             Ok(Handled::Started(work)) => work,
