@@ -138,23 +138,25 @@ impl Core {
         if self.deadlines.drain.is_some_and(|at| at <= now) {
             self.end_drain(now);
         }
-        while let Some((at, id, timer)) = self.deadlines.pop_due(now) {
-            match timer {
-                Timer::Settle(kind, no) => self.settle_deadline(now, id, kind, no, at),
-                Timer::Orphan => {
-                    let due = self
-                        .sessions
-                        .get(&id)
-                        .is_some_and(|s| s.orphan_deadline == Some(at));
-                    if due {
-                        self.orphan_deadline(now, id);
+        // Delegations interrupted by what the deadlines or the idle reap
+        // finalized cancel works (whose settle deadline may be due at once
+        // with a zero settle timeout) and free parents for the reap: go on
+        // until nothing more is due.
+        loop {
+            while let Some((at, id, timer)) = self.deadlines.pop_due(now) {
+                match timer {
+                    Timer::Settle(kind, no) => self.settle_deadline(now, id, kind, no, at),
+                    Timer::Orphan => {
+                        let due = self
+                            .sessions
+                            .get(&id)
+                            .is_some_and(|s| s.orphan_deadline == Some(at));
+                        if due {
+                            self.orphan_deadline(now, id);
+                        }
                     }
                 }
             }
-        }
-        // Delegations interrupted by what the deadlines finalized may free
-        // parents for the idle reap, whose claims may interrupt more.
-        loop {
             self.reap_idle(now);
             if self.interrupts.is_empty() {
                 break;

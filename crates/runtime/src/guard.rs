@@ -2,13 +2,16 @@
 
 use std::ops::Deref;
 
-use settle_core::{CancelMode, EndReason, Event};
+use settle_core::{EndReason, Event};
 
 use crate::{RuntimeError, SessionHandle};
 
 /// A [`SessionHandle`] that cancels its session when dropped, unless it was
 /// finished (or given back) first: a `?` early return or a panic in the
 /// agent's code still winds the session's subtree down, children first (G1).
+/// Dropped after a shutdown began, it leaves the session and its subtree to
+/// the shutdown: running turns keep the drain, then everything is finalized
+/// `shutdown` (G9).
 /// Like tokio-util's `DropGuard`, the drop queues the command synchronously;
 /// the kernel does the rest.
 ///
@@ -68,9 +71,10 @@ impl Drop for SessionGuard {
         if std::thread::panicking() {
             tracing::warn!(session = %self.handle.id(), "the agent panicked; cancelling its session");
         }
-        self.handle.send_now(Event::Cancel {
+        // The core decides what letting go means now (a cancel, or nothing
+        // during a shutdown).
+        self.handle.send_now(Event::Abandoned {
             session: self.handle.id(),
-            mode: CancelMode::Immediate,
         });
     }
 }

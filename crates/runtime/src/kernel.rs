@@ -91,6 +91,7 @@ impl KernelBuilder {
         let failures = Arc::new(AtomicUsize::new(0));
         let shutting_down = tokio_util::sync::CancellationToken::new();
         let last_report = Arc::new(std::sync::OnceLock::new());
+        let stopped = tokio_util::sync::CancellationToken::new();
         let works = TaskTracker::new();
         let hooks = HookRunner::new(
             hook,
@@ -141,11 +142,13 @@ impl KernelBuilder {
             },
         );
         let driver = tokio::spawn(driver.run());
+        let stopped_tx = stopped.clone();
         let finished = tokio::spawn(async move {
             let _ = driver.await;
             // The recorder ends once the driver's last record is applied.
             let _ = recorder.await;
             lease.abort();
+            stopped_tx.cancel();
         });
         Ok(Kernel {
             inner: Arc::new(Inner {
@@ -158,6 +161,7 @@ impl KernelBuilder {
                 owner,
                 last_report,
                 shutting_down,
+                stopped,
                 finished: tokio::sync::Mutex::new(Some(finished)),
             }),
         })
@@ -178,6 +182,8 @@ struct Inner {
     last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
     /// Cancelled by the driver when a shutdown begins, whoever asked for it.
     shutting_down: tokio_util::sync::CancellationToken,
+    /// Cancelled once the driver and the recorder have stopped.
+    stopped: tokio_util::sync::CancellationToken,
     finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -492,6 +498,13 @@ impl Kernel {
     /// Shuts down with the configured drain timeout.
     pub async fn shutdown_default(&self) -> ShutdownReport {
         self.shutdown(self.inner.drain).await
+    }
+
+    /// A token cancelled once the kernel has stopped (its driver and its
+    /// recorder ended, after a shutdown): what a watcher that must outlive
+    /// it (the signal handlers) selects on.
+    pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.inner.stopped.clone().cancelled_owned()
     }
 
     /// Waits until the driver and its recorder have stopped (after a shutdown).

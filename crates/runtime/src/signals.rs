@@ -3,8 +3,12 @@
 //! Once a process installs a handler for a signal, that signal no longer
 //! kills it: a frontend that stops listening after the first signal ignores
 //! every later one (the review of the first wave found `settle run` hanging
-//! that way). So the handlers here are kept until the process exits, and
-//! every signal after the first skips the rest of the drain.
+//! that way). So the handlers here are kept while the kernel runs, and every
+//! signal after the first skips the rest of the drain. Once the kernel has
+//! stopped, the signals get their default action back: a program that hangs
+//! after its shutdown is still ended by SIGINT or SIGTERM. (tokio cannot
+//! remove a handler it installed; the watcher gives each later signal its
+//! default action, which ends the process as the signal would have.)
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,6 +29,15 @@ pub enum ShutdownSignal {
 }
 
 impl ShutdownSignal {
+    /// The signal's number.
+    pub fn number(self) -> i32 {
+        match self {
+            ShutdownSignal::Interrupt => signal_hook::consts::SIGINT,
+            ShutdownSignal::Terminate => signal_hook::consts::SIGTERM,
+            ShutdownSignal::Hangup => signal_hook::consts::SIGHUP,
+        }
+    }
+
     /// The conventional exit code of a process ended by this signal (128 + n).
     pub fn exit_code(self) -> i32 {
         match self {
@@ -72,26 +85,48 @@ impl Signals {
     /// graceful shutdown (G9) with `drain`, every later one skips the rest of
     /// the drain. Returns a future that yields the first signal once it has
     /// started the shutdown; the later ones are watched by a task that holds
-    /// the handlers (and only a [`WeakKernel`]) until the process exits.
+    /// the handlers (and only a [`WeakKernel`]). Once the kernel has stopped,
+    /// every signal that arrives gets its default action (it ends the
+    /// process).
     pub fn drive(
         mut self,
         kernel: &Kernel,
         drain: Duration,
     ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        let stopped = kernel.stopped();
         let kernel: WeakKernel = kernel.downgrade();
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let first = self.recv().await;
-            tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
-            if let Some(kernel) = kernel.upgrade() {
-                kernel.begin_shutdown(drain);
-            }
-            let _ = first_tx.send(first);
-            loop {
-                let again = self.recv().await;
-                tracing::warn!(signal = ?again, "another signal: skipping the rest of the drain");
+            let watched = async {
+                let first = self.recv().await;
+                tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
                 if let Some(kernel) = kernel.upgrade() {
-                    kernel.skip_drain();
+                    kernel.begin_shutdown(drain);
+                }
+                let _ = first_tx.send(first);
+                loop {
+                    let again = self.recv().await;
+                    tracing::warn!(signal = ?again, "another signal: skipping the rest of the drain");
+                    if let Some(kernel) = kernel.upgrade() {
+                        kernel.skip_drain();
+                    }
+                }
+            };
+            tokio::select! {
+                () = watched => {}
+                () = stopped => {}
+            }
+            // The kernel has stopped: nothing is left to wind down, so a
+            // signal does what it would do to a process without handlers.
+            loop {
+                let signal = self.recv().await;
+                tracing::info!(
+                    ?signal,
+                    "the kernel has stopped: the signal's default action"
+                );
+                if let Err(error) = signal_hook::low_level::emulate_default_handler(signal.number())
+                {
+                    tracing::error!(%error, "the signal's default action could not be taken");
                 }
             }
         });

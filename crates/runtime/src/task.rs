@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use futures_util::FutureExt;
-use settle_core::{Event, Outcome, TurnErrorKind, WorkId};
+use settle_core::{Event, Outcome, TurnError, TurnErrorKind, WorkId};
 use settle_stream::{CancelledBy, WorkEnd as StreamEnd, WorkSignal};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -70,7 +70,7 @@ pub enum TaskError {
     /// result, if it ever produced one, was refused.
     #[error("the task ignored its cancellation past the settle timeout and was detached")]
     Detached,
-    /// It panicked.
+    /// It panicked, with this message (the panic's payload).
     #[error("the task panicked: {0}")]
     Panicked(String),
     /// The kernel stopped before the task said how it ended.
@@ -82,7 +82,7 @@ pub enum TaskError {
 #[derive(Debug)]
 pub struct TaskHandle<T> {
     work: WorkId,
-    result: oneshot::Receiver<T>,
+    result: oneshot::Receiver<Result<T, String>>,
     outcome: oneshot::Receiver<crate::command::WorkEnd>,
     commands: mpsc::WeakUnboundedSender<Command>,
 }
@@ -107,12 +107,10 @@ impl<T> TaskHandle<T> {
     /// When it was detached, panicked, or the kernel stopped first.
     pub async fn join(self) -> Result<T, TaskError> {
         match self.result.await {
-            Ok(value) => Ok(value),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(panic)) => Err(TaskError::Panicked(panic)),
             Err(_) => match self.outcome.await {
                 Ok((Outcome::Detached, _)) => Err(TaskError::Detached),
-                Ok((_, Some(error))) if error.kind == TurnErrorKind::Panic => {
-                    Err(TaskError::Panicked(error.message))
-                }
                 _ => Err(TaskError::Stopped),
             },
         }
@@ -131,7 +129,7 @@ pub(crate) type StartTask = Box<
 
 /// Boxes `make` into what the driver starts once the core admits the task,
 /// and the receiving half of its result.
-pub(crate) fn prepare<F, Fut, T>(make: F) -> (StartTask, oneshot::Receiver<T>)
+pub(crate) fn prepare<F, Fut, T>(make: F) -> (StartTask, oneshot::Receiver<Result<T, String>>)
 where
     F: FnOnce(TaskContext) -> Fut + Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
@@ -148,7 +146,7 @@ where
                     // Its write access is revoked once detached: a late
                     // result is refused.
                     if !revoked.is_cancelled() {
-                        let _ = result_tx.send(value);
+                        let _ = result_tx.send(Ok(value));
                     }
                     if token.is_cancelled() {
                         StreamEnd::Cancelled(CancelledBy::Request)
@@ -157,7 +155,16 @@ where
                     }
                 }
                 Err(panic) => {
-                    StreamEnd::Panicked(crate::work::panicked(panic.as_ref(), "the task panicked"))
+                    let message = crate::work::panic_message(panic.as_ref());
+                    // The handle says "the task panicked" once, before the message.
+                    if !revoked.is_cancelled() {
+                        let _ = result_tx.send(Err(message.clone()));
+                    }
+                    let error = TurnError::new(
+                        TurnErrorKind::Panic,
+                        format!("the task panicked: {message}"),
+                    );
+                    StreamEnd::Panicked(error)
                 }
             };
             let _ = reports.send((work, WorkSignal::Ended(end)));
@@ -179,7 +186,7 @@ pub(crate) fn context(work: WorkId) -> (TaskContext, CancellationToken, Cancella
 
 pub(crate) fn handle<T>(
     work: WorkId,
-    result: oneshot::Receiver<T>,
+    result: oneshot::Receiver<Result<T, String>>,
     outcome: oneshot::Receiver<crate::command::WorkEnd>,
     commands: mpsc::WeakUnboundedSender<Command>,
 ) -> TaskHandle<T> {

@@ -17,6 +17,34 @@ use crate::command::Command;
 /// stream running and spending. Once the stream has ended, or after
 /// [`outcome`](Self::outcome) or [`result`](Self::result), dropping it does
 /// nothing.
+///
+/// # The next turn after a cancelled one
+///
+/// A cancelled turn settles on its own task: its work unwinds and closes
+/// its stream, for at most the settle timeout (G5). Until then the session
+/// refuses a new turn with `TurnSettling` ("turn N was cancelled and is
+/// still settling"). To start the next turn right after cutting one short,
+/// call [`cancel`](Self::cancel) and then await [`outcome`](Self::outcome)
+/// instead of dropping the `Turn`:
+///
+/// ```ignore
+/// turn.cancel();
+/// let _ = turn.outcome().await; // settled: cancelled, or detached at the deadline
+/// let next = session.run_turn(provider, request).await?;
+/// ```
+///
+/// # What the chunks promise (G7)
+///
+/// Every chunk a `Turn` yields is persisted: it is yielded only once the
+/// store acknowledged it, and it survives a crash. The converse holds for a
+/// turn that ends on its own (completed, failed, timed out): every persisted
+/// chunk is yielded, in order, before the stream ends. It does not hold for
+/// a turn cut short from outside (cancelled, dropped, detached): a chunk the
+/// provider sent just before the cancel landed may be persisted and never
+/// yielded, because the cancel can win the race with its delivery. The
+/// yielded chunks are then a prefix of the stored ones; read the store
+/// (`settle show`, [`Kernel::session_detail`](crate::Kernel::session_detail))
+/// for the rest.
 #[derive(Debug)]
 pub struct Turn {
     work: WorkId,

@@ -176,14 +176,13 @@ pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, Turn) {
     (handle, Turn::new(work, chunks, outcome))
 }
 
-/// The error of a work that panicked, with the panic's message.
-pub(crate) fn panicked(panic: &(dyn std::any::Any + Send), what: &str) -> TurnError {
-    let message = panic
+/// The message a panic carried.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with no message".to_owned());
-    TurnError::new(TurnErrorKind::Panic, format!("{what}: {message}"))
+        .unwrap_or_else(|| "a panic with no message".to_owned())
 }
 
 /// Persists each chunk and only then hands it on (G7). The stream crate

@@ -545,6 +545,20 @@ impl Model {
         {
             self.end_drain();
         }
+        // Delegations interrupted by what the deadlines or the idle reap
+        // finalized cancel works and free parents: until nothing is due.
+        loop {
+            self.fire_due();
+            self.reap_idle();
+            if self.interrupts.is_empty() {
+                break;
+            }
+            self.interrupt_delegations();
+        }
+    }
+
+    /// Every settle and orphan deadline due now, earliest first.
+    fn fire_due(&mut self) {
         loop {
             let mut due: Vec<(u64, u64, u8, u32, Option<WorkId>)> = Vec::new();
             for (id, s) in &self.sessions {
@@ -564,15 +578,6 @@ impl Model {
                 Some((_, id, _, _, None)) => self.orphan_due(id),
                 None => break,
             }
-        }
-        // Delegations interrupted by what the deadlines finalized may free
-        // parents for the idle reap, whose claims may interrupt more.
-        loop {
-            self.reap_idle();
-            if self.interrupts.is_empty() {
-                break;
-            }
-            self.interrupt_delegations();
         }
     }
 

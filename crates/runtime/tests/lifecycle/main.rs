@@ -11,4 +11,5 @@ mod g3_sweepers;
 mod g4_g5_attach_and_settle;
 mod g9_shutdown;
 mod loopback;
+mod seams;
 mod spans;

@@ -1,0 +1,298 @@
+//! Where users meet the kernel: handles racing their parents' finish, events
+//! about tasks, a panicking task, the next turn after a dropped one, a guard
+//! dropped during a shutdown, chunks of a cancelled turn, and signals after
+//! the kernel stopped. Each test is the regression test of a reproduction
+//! found from outside.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_runtime::{
+    EndReason, Kernel, LifecycleEvent, RuntimeError, SessionHandle, State, TaskError, TurnRequest,
+    WorkKind,
+};
+use settle_store::{MemoryStore, Store};
+use settle_stream::ScriptedProvider;
+
+use crate::common::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// Whether `error` is the "not known" a registered handle must never hear.
+fn not_known(error: &RuntimeError) -> bool {
+    matches!(
+        error,
+        RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))
+    )
+}
+
+/// One round of the race: the root finishes while its child's handle is
+/// used in a loop; every answer is the child's state or `SessionClosed`,
+/// never "not known". Returns how many answers it saw.
+async fn race_round(kernel: &Kernel, round: usize) -> usize {
+    let root = kernel
+        .register(format!("root-{round}"), None)
+        .await
+        .unwrap();
+    let child = kernel
+        .register(format!("child-{round}"), Some(root.id()))
+        .await
+        .unwrap();
+    let finishing = tokio::spawn({
+        let root = root.clone();
+        async move { root.finish().await }
+    });
+    let provider = Arc::new(ScriptedProvider::new([]));
+    let mut answers = 0;
+    loop {
+        answers += 1;
+        let which = answers % 3;
+        let closed = match which {
+            0 => match child.state().await {
+                Ok(state) => state == State::Finalized,
+                Err(error) => panic!("round {round}: state() answered {error}"),
+            },
+            1 => match child
+                .run_turn(provider.clone(), TurnRequest::prompt("x"))
+                .await
+            {
+                // The turn got in before the cancel: let it be cancelled.
+                Ok(turn) => {
+                    drop(turn);
+                    false
+                }
+                Err(error) => {
+                    assert!(!not_known(&error), "round {round}: run_turn: {error}");
+                    error.is_session_closed()
+                }
+            },
+            _ => match child.spawn(|_| async {}).await {
+                Ok(_) => false,
+                Err(error) => {
+                    assert!(!not_known(&error), "round {round}: spawn: {error}");
+                    error.is_session_closed()
+                }
+            },
+        };
+        if closed {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    // Once closed, every handle method answers closed, never "not known".
+    match child.finish().await {
+        Err(error) => assert!(error.is_session_closed(), "round {round}: {error}"),
+        Ok(reason) => panic!("round {round}: a closed child finished again: {reason}"),
+    }
+    assert_eq!(child.state().await.unwrap(), State::Finalized);
+    assert_eq!(finishing.await.unwrap().unwrap(), EndReason::Completed);
+    assert_eq!(child.finalized().await.unwrap(), EndReason::ParentFinished);
+    answers
+}
+
+async fn race_rounds(kernel: Kernel, rounds: usize) {
+    let mut answers = 0;
+    for round in 0..rounds {
+        answers += race_round(&kernel, round).await;
+    }
+    assert!(answers >= rounds, "each round asked at least once");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g10_a_handle_whose_parent_just_finished_never_answers_not_known_memory() {
+    let store = MemoryStore::new();
+    let kernel = Kernel::builder(Arc::new(store))
+        .idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    race_rounds(kernel, 300).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g10_a_handle_whose_parent_just_finished_never_answers_not_known_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    let store = Store::open(path.to_str().unwrap()).unwrap();
+    let kernel = Kernel::builder(Arc::new(store))
+        .idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    race_rounds(kernel, 300).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_about_work_say_which_work_a_task_end_is_no_turn_end() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("agent", None).await.unwrap();
+    let mut events = session.subscribe();
+    let task = session.spawn(|_| async { 7 }).await.unwrap();
+    assert_eq!(task.join().await.unwrap(), 7);
+    let p = provider([complete(&["hi"], 5 * MS)]);
+    let _ = start(&session, &p).await.outcome().await;
+    settle_tasks().await;
+    let ends: Vec<(WorkKind, u32)> = drain(&mut events)
+        .into_iter()
+        .filter_map(|e| match e {
+            LifecycleEvent::WorkEnded { work, .. } => Some((work.kind, work.no)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, vec![(WorkKind::Task, 1), (WorkKind::Turn, 1)]);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_task_says_it_panicked_once() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("agent", None).await.unwrap();
+    let task = session
+        .spawn(|_| async {
+            if true {
+                panic!("parse_banner: no banner");
+            }
+        })
+        .await
+        .unwrap();
+    let error = task.join().await.unwrap_err();
+    assert_eq!(error, TaskError::Panicked("parse_banner: no banner".into()));
+    assert_eq!(
+        error.to_string(),
+        "the task panicked: parse_banner: no banner"
+    );
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_the_next_turn_after_a_dropped_one_is_told_to_wait_for_its_settle() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([
+        hang(&["a"], 5 * MS),
+        hang(&["b"], 5 * MS),
+        complete(&["c"], 5 * MS),
+    ]);
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 1).await;
+    drop(turn);
+    match session
+        .run_turn(p.clone(), TurnRequest::prompt("next"))
+        .await
+    {
+        Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { turn: 1, .. })) => {}
+        other => panic!("expected TurnSettling for turn 1, got {other:?}"),
+    }
+    // The documented way: cancel, await the outcome, start the next turn.
+    settle_tasks().await;
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 1).await;
+    turn.cancel();
+    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Cancelled);
+    let next = start(&session, &p).await;
+    assert_eq!(next.outcome().await, settle_runtime::Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g9_a_guard_dropped_during_the_shutdown_leaves_its_subtree_to_the_drain() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let root = kernel.register("root", None).await.unwrap().guard();
+    let child = kernel.register("child", Some(root.id())).await.unwrap();
+    // A child turn of 300 ms under a 2 s drain.
+    let p = provider([complete(&["one", "two", "three"], 100 * MS)]);
+    let turn = start(&child, &p).await;
+    let shutdown = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { kernel.shutdown(2000 * MS).await }
+    });
+    kernel.shutdown_begun().await;
+    // The agent's code returns on "shutdown begun" and drops its guard.
+    drop(root);
+    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Completed);
+    let report = shutdown.await.unwrap();
+    assert!(report.cancelled.is_empty(), "{report:?}");
+    assert_eq!(report.drained, vec![child.id()]);
+    assert_eq!(child.finalized().await.unwrap(), EndReason::Shutdown);
+    let stored = detail(&store, child.id()).await;
+    assert_eq!(stored.turns[0].chunks.len(), 3);
+}
+
+/// The chunks a cancelled turn yielded are a prefix of the ones it stored.
+async fn yielded_prefix_of_stored(kernel: &Kernel, store: &MemoryStore, round: usize) {
+    let session: SessionHandle = kernel.register(format!("s{round}"), None).await.unwrap();
+    let chunks = numbered("c", 400);
+    let chunks: Vec<&str> = chunks.iter().map(String::as_str).collect();
+    let p = provider([complete(&chunks, Duration::ZERO)]);
+    let mut turn = start(&session, &p).await;
+    let mut yielded = read_chunks(&mut turn, 1 + round % 7).await;
+    turn.cancel();
+    while let Some(chunk) = turn.next_chunk().await {
+        yielded.push(chunk.into_payload());
+    }
+    let _ = turn.outcome().await;
+    session.close().await.unwrap();
+    let stored: Vec<String> = detail(store, session.id()).await.turns[0]
+        .chunks
+        .iter()
+        .map(|c| c.text.clone())
+        .collect();
+    assert!(
+        stored.starts_with(&yielded),
+        "round {round}: yielded {} chunks, stored {}, not a prefix",
+        yielded.len(),
+        stored.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_cancelled_turn_yields_a_prefix_of_what_it_stored() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    for round in 0..40 {
+        yielded_prefix_of_stored(&kernel, &store, round).await;
+    }
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+#[test]
+fn signals_get_their_default_action_once_the_kernel_stopped() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    // The example sits beside the test binaries: target/debug/examples.
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+    let program = examples.join("hang_after_shutdown");
+    assert!(program.exists(), "build the example first: {program:?}");
+    for signal in [nix::sys::signal::SIGINT, nix::sys::signal::SIGTERM] {
+        let mut child = std::process::Command::new(&program)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "stopped");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{signal} did not end a program whose kernel had stopped");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.signal(), Some(signal as i32), "{status:?}");
+    }
+}
