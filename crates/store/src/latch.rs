@@ -9,7 +9,7 @@
 use std::time::SystemTime;
 
 use diesel::prelude::*;
-use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
+use settle_core::{Cause, ChunkKind, EndReason, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
@@ -228,7 +228,7 @@ pub(crate) fn finalize(
     plan: &FinalizeRequest,
 ) -> Result<Finalized, StoreError> {
     let at = to_millis(plan.at);
-    let cause = format!("finalize: {}", plan.reason);
+    let cause = Cause::Finalized(plan.reason).to_string();
     write_tx!(db, |c| {
         let ending = Ending {
             reason: plan.reason,

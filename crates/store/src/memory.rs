@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use serde_json::Value;
-use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkAck, ChunkReceipt, NewChunk};
@@ -299,7 +299,7 @@ impl Tables {
             timeline: Vec::new(),
             memories: Vec::new(),
         };
-        row.record(at, None, State::Registered, "registered");
+        row.record(at, None, State::Registered, &Cause::Registered.to_string());
         self.sessions.insert(id, row);
         Ok(SessionId(id))
     }
@@ -457,7 +457,7 @@ impl Tables {
 
     fn finalize(&mut self, id: SessionId, plan: &FinalizeRequest) -> Result<Finalized, StoreError> {
         let at = to_millis(plan.at);
-        let cause = format!("finalize: {}", plan.reason);
+        let cause = Cause::Finalized(plan.reason).to_string();
         let Some(interrupted) = self.spend(id, plan.reason, plan.outcome, at, None, &cause)? else {
             return Ok(Finalized::AlreadyFinalized);
         };

@@ -9,7 +9,7 @@ use diesel::dsl::exists;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use serde_json::Value;
-use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{Cause, EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
@@ -262,7 +262,7 @@ pub(crate) fn create_session(db: Db<'_>, new: &NewSession) -> Result<SessionId, 
                 at,
                 from: None,
                 to: State::Registered,
-                cause: "registered",
+                cause: &Cause::Registered.to_string(),
             },
         )?;
         Ok(session_id(id))

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use settle_core::{Outcome, SessionId, State};
+use settle_core::{Cause, Outcome, SessionId, State};
 
 use super::{
     Applied, Decided, HashMap, LifecycleWrite, Registration, Sim, TimelineEntry, TurnEnd,
@@ -119,7 +119,7 @@ pub(super) fn decide<'b>(
                         });
                     }
                     let start = d.causes.len();
-                    let _ = write!(d.causes, "finalize: {}", plan.reason);
+                    let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
                     d.timeline.push(TimelineEntry {
                         whose: Whose::Existing(raw),
                         at,
@@ -204,7 +204,7 @@ fn register<'b>(
     let n = d.registrations.len();
     d.registrations.push(Registration { item, new, tree });
     let start = d.causes.len();
-    d.causes.push_str("registered");
+    let _ = write!(d.causes, "{}", Cause::Registered);
     d.timeline.push(TimelineEntry {
         whose: Whose::New(n),
         at: to_millis(new.created_at),

@@ -207,7 +207,7 @@ pub(crate) fn g2_a_finalize_that_loses_its_race_does_not_fail_the_batch(b: Backe
                     (
                         Some(State::Settled),
                         State::Finalized,
-                        "finalize: cancelled"
+                        "finalized: cancelled"
                     ),
                 ]
             );
@@ -355,7 +355,7 @@ pub(crate) fn batch_writes_follow_the_single_call_rules(b: Backend) {
                 "registered",
                 "turn started",
                 "turn ended: idle_timeout",
-                "finalize: failed"
+                "finalized: failed"
             ]
         );
     });

@@ -403,6 +403,8 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
             (turn.started_at, turn.ended_at),
             (at(1_700_000_000_100), Some(at(1_700_000_000_900)))
         );
+        // A cause is text: the first release's spelling of the finalize step
+        // ("finalize: …", now "finalized: …") reads back as it was written.
         let causes: Vec<_> = old.timeline.iter().map(|t| t.cause.as_str()).collect();
         assert_eq!(
             causes,

@@ -130,7 +130,7 @@ pub(crate) fn lists_and_details_carry_the_cli_fields(b: Backend) {
             (last.at, last.from, last.to),
             (t1, Some(State::Registered), State::Finalized)
         );
-        assert_eq!(last.cause, "finalize: completed");
+        assert_eq!(last.cause, "finalized: completed");
         assert_eq!(d.finalize_errors, None);
 
         let err = store.session_detail(SessionId(31_337)).await.unwrap_err();
