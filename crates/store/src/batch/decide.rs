@@ -168,8 +168,10 @@ fn lookup<'s>(
     Ok((raw, sim))
 }
 
-/// Check a registration as `create_session` does (the resumed session, then
-/// the parent, then the owner); the id is allocated when it is written.
+/// Check a registration: the resumed session, then the parent, then the
+/// owner, then that the id it asks for is free (no session has it, and no
+/// registration before it in the batch asked for it). An id not given is
+/// allocated when it is written.
 fn register<'b>(
     d: &mut Decided<'b>,
     item: usize,
@@ -200,6 +202,11 @@ fn register<'b>(
         Some(true) => {}
         Some(false) => return Some(Err(StoreError::LeaseLost(new.owner))),
         None => return Some(Err(StoreError::UnknownOwner(new.owner))),
+    }
+    if let Some(id) = new.id {
+        if known(id).is_some() || !d.taken.insert(id) {
+            return Some(Err(StoreError::DuplicateSession(id)));
+        }
     }
     let n = d.registrations.len();
     d.registrations.push(Registration { item, new, tree });

@@ -47,6 +47,7 @@ use crate::session::NewSession;
 
 /// Maps keyed by database ids: foldhash, not SipHash, on this hot path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// One write of a lifecycle batch
 /// ([`SessionStore::apply`](crate::SessionStore::apply)). Each means what the
@@ -175,6 +176,8 @@ struct Registration<'b> {
 struct Decided<'b> {
     results: Vec<Option<Result<Applied, StoreError>>>,
     registrations: Vec<Registration<'b>>,
+    /// The ids the batch's registrations asked for.
+    taken: HashSet<SessionId>,
     turn_starts: Vec<TurnStart>,
     turn_ends: Vec<TurnEnd<'b>>,
     timeline: Vec<TimelineEntry>,

@@ -46,14 +46,24 @@ pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
             "{again:?}"
         );
         // A batch registers under reserved ids too, and allocates the rest
-        // from the same counter.
+        // from the same counter. An id taken, by a session or by a write
+        // before it in the batch, is refused alone.
         let batched = SessionId(a.start + 1);
-        let results = one
+        let mut results = one
             .apply(vec![
                 LifecycleWrite::Register(NewSession::new("batched", o).with_id(batched)),
+                LifecycleWrite::Register(NewSession::new("twice", o).with_id(batched)),
                 LifecycleWrite::Register(NewSession::new("allocated", o)),
+                LifecycleWrite::Register(NewSession::new("taken", o).with_id(given)),
             ])
             .await;
+        for (k, taken) in [(3, given), (1, batched)] {
+            let refused = results.remove(k);
+            assert!(
+                matches!(refused, Err(StoreError::DuplicateSession(id)) if id == taken),
+                "{k}: {refused:?}"
+            );
+        }
         let ids: Vec<SessionId> = results
             .into_iter()
             .map(|r| match r {
