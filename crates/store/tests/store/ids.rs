@@ -4,7 +4,7 @@
 use settle_store::{Applied, LifecycleWrite, NewSession, SessionId, StoreError};
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{open, owner, HOUR};
+use crate::{open, owner, write, HOUR};
 
 pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
@@ -13,8 +13,7 @@ pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
     rt.block_on(async {
         let o = owner(&*one, HOUR).await;
         // A session created before any reservation: the counter starts above it.
-        let first = one
-            .create_session(NewSession::new("first", o))
+        let first = write::register(&*one, NewSession::new("first", o))
             .await
             .unwrap();
         let a = one.reserve_ids(10).await.unwrap();
@@ -28,19 +27,15 @@ pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
         );
         // Reserved ids are used as given; allocated ones never collide with them.
         let given = SessionId(b.start + 3);
-        let created = two
-            .create_session(NewSession::new("given", o).with_id(given))
+        let created = write::register(&*two, NewSession::new("given", o).with_id(given))
             .await
             .unwrap();
         assert_eq!(created, given);
-        let fresh = one
-            .create_session(NewSession::new("fresh", o))
+        let fresh = write::register(&*one, NewSession::new("fresh", o))
             .await
             .unwrap();
         assert!(!a.contains(&fresh.0) && !b.contains(&fresh.0), "{fresh}");
-        let again = one
-            .create_session(NewSession::new("again", o).with_id(given))
-            .await;
+        let again = write::register(&*one, NewSession::new("again", o).with_id(given)).await;
         assert!(
             matches!(again, Err(StoreError::DuplicateSession(id)) if id == given),
             "{again:?}"

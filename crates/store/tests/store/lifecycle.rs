@@ -1,11 +1,13 @@
 //! Sessions, transitions, turns, chunks and the reclaim claim (G3, G10).
 
-use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, texts, HOUR};
+use settle_core::CancelMode;
 use settle_store::{
-    Claim, EndReason, FinalizeRequest, Finalized, Ineligible, NewSession, Outcome, OwnerId,
+    Cause, Claim, EndReason, FinalizeRequest, Finalized, Ineligible, NewSession, Outcome, OwnerId,
     SessionFilter, SessionId, State, StoreError, StoreOptions,
 };
+
+use crate::common::{rt, Backend, TestDb};
+use crate::{append_all, now, open, owner, session, texts, write, HOUR};
 
 // --- sessions, transitions --------------------------------------------------
 
@@ -14,8 +16,7 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (o, root) = session(&*store, "root").await;
-        let child = store
-            .create_session(NewSession::new("child", o).with_parent(root))
+        let child = write::register(&*store, NewSession::new("child", o).with_parent(root))
             .await
             .unwrap();
         assert_ne!(root, child);
@@ -27,8 +28,7 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
         assert_eq!(rows[0].parent, None);
 
         let missing = SessionId(999_999);
-        let err = store
-            .create_session(NewSession::new("orphan", o).with_parent(missing))
+        let err = write::register(&*store, NewSession::new("orphan", o).with_parent(missing))
             .await
             .unwrap_err();
         assert!(
@@ -36,18 +36,22 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
             "{err:?}"
         );
 
-        let err = store
-            .create_session(NewSession::new("nobody's", OwnerId(424_242)))
+        let err = write::register(&*store, NewSession::new("nobody's", OwnerId(424_242)))
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::UnknownOwner(_)), "{err:?}");
 
-        store
-            .transition(child, State::Registered, State::Settled, "finished", now())
-            .await
-            .unwrap();
-        let err = store
-            .create_session(NewSession::new("late", o).with_parent(child))
+        write::transition(
+            &*store,
+            child,
+            State::Registered,
+            State::Settled,
+            Cause::AgentFinished,
+            now(),
+        )
+        .await
+        .unwrap();
+        let err = write::register(&*store, NewSession::new("late", o).with_parent(child))
             .await
             .unwrap_err();
         assert!(
@@ -60,13 +64,13 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
             ),
             "{err:?}"
         );
-        assert!(store
-            .finalize(child, FinalizeRequest::new(EndReason::Completed))
-            .await
-            .unwrap()
-            .won());
-        let err = store
-            .create_session(NewSession::new("later", o).with_parent(child))
+        assert!(
+            write::finalize(&*store, child, FinalizeRequest::new(EndReason::Completed))
+                .await
+                .unwrap()
+                .won()
+        );
+        let err = write::register(&*store, NewSession::new("later", o).with_parent(child))
             .await
             .unwrap_err();
         assert!(
@@ -87,14 +91,26 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store
-            .transition(id, State::Registered, State::Running, "turn 1", now())
-            .await
-            .unwrap();
-        let err = store
-            .transition(id, State::Registered, State::Running, "again", now())
-            .await
-            .unwrap_err();
+        write::transition(
+            &*store,
+            id,
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            now(),
+        )
+        .await
+        .unwrap();
+        let err = write::transition(
+            &*store,
+            id,
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            now(),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -117,8 +133,7 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
             (State::Settled, State::Running),
             (State::Cancelling, State::Registered),
         ] {
-            let err = store
-                .transition(id, from, to, "bad", now())
+            let err = write::transition(&*store, id, from, to, Cause::AgentFinished, now())
                 .await
                 .unwrap_err();
             assert!(
@@ -126,20 +141,26 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
                 "{err:?}"
             );
         }
-        store
-            .transition(id, State::Running, State::Registered, "turn ended", now())
-            .await
-            .unwrap();
-        let err = store
-            .transition(
-                SessionId(777_777),
-                State::Registered,
-                State::Running,
-                "x",
-                now(),
-            )
-            .await
-            .unwrap_err();
+        write::transition(
+            &*store,
+            id,
+            State::Running,
+            State::Registered,
+            Cause::TurnEnded(Outcome::Completed),
+            now(),
+        )
+        .await
+        .unwrap();
+        let err = write::transition(
+            &*store,
+            SessionId(777_777),
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            now(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
 
         let detail = store.session_detail(id).await.unwrap();
@@ -152,8 +173,12 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
             steps,
             vec![
                 (None, State::Registered, "registered"),
-                (Some(State::Registered), State::Running, "turn 1"),
-                (Some(State::Running), State::Registered, "turn ended"),
+                (Some(State::Registered), State::Running, "turn started"),
+                (
+                    Some(State::Running),
+                    State::Registered,
+                    "turn ended: completed"
+                ),
             ]
         );
         assert_eq!(detail.session.state, State::Registered);
@@ -168,8 +193,8 @@ pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
         let store = db.open_with(StoreOptions::default().with_batch_size(16));
         let (_, a) = session(&*store, "a").await;
         let (_, c) = session(&*store, "c").await;
-        store.start_turn(a, 1, None, now()).await.unwrap();
-        store.start_turn(c, 7, None, now()).await.unwrap();
+        write::start_turn(&*store, a, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, c, 7, None, now()).await.unwrap();
         // Interleave two turns; queue everything before awaiting anything.
         let mut receipts = Vec::new();
         for i in 0..300 {
@@ -201,8 +226,12 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
             "{err:?}"
         );
 
-        store.start_turn(id, 1, None, now()).await.unwrap();
-        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
+        let err = write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, StoreError::TurnInFlight { open: 1, .. }),
             "{err:?}"
@@ -210,8 +239,7 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
         append_all(&*store, id, 1, &["kept"]).await;
         // Queued before end_turn, so committed before it.
         let before = store.append_chunk(id, 1, "just in time".into());
-        store
-            .end_turn(id, 1, Outcome::Detached, None, now())
+        write::end_turn(&*store, id, 1, Outcome::Detached, None, now())
             .await
             .unwrap();
         assert_eq!(before.await.unwrap().seq, 1);
@@ -225,19 +253,22 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
             "{err:?}"
         );
         assert!(err.to_string().contains("revoked"), "{err}");
-        let err = store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        let err = write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::TurnClosed { .. }), "{err:?}");
-        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
+        let err = write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, StoreError::TurnExists { turn: 1, .. }),
             "{err:?}"
         );
 
         // A new turn is writable; the old one stays closed.
-        store.start_turn(id, 2, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 2, &["next"]).await;
         let detail = store.session_detail(id).await.unwrap();
         assert_eq!(texts(&detail.turns[0]), vec!["kept", "just in time"]);
@@ -252,15 +283,17 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
-        append_all(&*store, id, 1, &["one"]).await;
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::start_turn(&*store, id, 1, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 2, None, now()).await.unwrap();
-        let won = store
-            .finalize(id, FinalizeRequest::new(EndReason::UserClose))
+        append_all(&*store, id, 1, &["one"]).await;
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap();
+        write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap();
+        let won = write::finalize(&*store, id, FinalizeRequest::new(EndReason::UserClose))
             .await
             .unwrap();
         let Finalized::Won(report) = won else {
@@ -279,16 +312,21 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
         };
         closed(store.append_chunk(id, 2, "ghost".into()).await.map(|_| ()));
         closed(store.append_chunk(id, 1, "ghost".into()).await.map(|_| ()));
-        closed(store.start_turn(id, 3, None, now()).await);
-        closed(store.end_turn(id, 2, Outcome::Completed, None, now()).await);
+        closed(write::start_turn(&*store, id, 3, None, now()).await);
+        closed(write::end_turn(&*store, id, 2, Outcome::Completed, None, now()).await);
         closed(
-            store
-                .transition(id, State::Registered, State::Running, "x", now())
-                .await,
+            write::transition(
+                &*store,
+                id,
+                State::Registered,
+                State::Running,
+                Cause::TurnStarted,
+                now(),
+            )
+            .await,
         );
         assert!(matches!(
-            store
-                .finalize(id, FinalizeRequest::new(EndReason::Shutdown))
+            write::finalize(&*store, id, FinalizeRequest::new(EndReason::Shutdown))
                 .await
                 .unwrap(),
             Finalized::AlreadyFinalized
@@ -311,27 +349,40 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
         assert_eq!(
             store.claim(id, EndReason::Shutdown).await.unwrap(),
             Claim::NotEligible(Ineligible::TurnInFlight(1))
         );
-        store
-            .transition(id, State::Registered, State::Running, "turn", now())
-            .await
-            .unwrap();
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::transition(
+            &*store,
+            id,
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            now(),
+        )
+        .await
+        .unwrap();
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
         assert_eq!(
             store.claim(id, EndReason::Shutdown).await.unwrap(),
             Claim::NotEligible(Ineligible::State(State::Running))
         );
-        store
-            .transition(id, State::Running, State::Registered, "turn ended", now())
-            .await
-            .unwrap();
+        write::transition(
+            &*store,
+            id,
+            State::Running,
+            State::Registered,
+            Cause::TurnEnded(Outcome::Completed),
+            now(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             store.claim(id, EndReason::IdleReap).await.unwrap(),
             Claim::Claimed
@@ -341,7 +392,9 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
             Claim::NotEligible(Ineligible::Closing(EndReason::IdleReap))
         );
         // A closing session admits no new turn.
-        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
+        let err = write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -352,11 +405,12 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
             ),
             "{err:?}"
         );
-        assert!(store
-            .finalize(id, FinalizeRequest::new(EndReason::IdleReap))
-            .await
-            .unwrap()
-            .won());
+        assert!(
+            write::finalize(&*store, id, FinalizeRequest::new(EndReason::IdleReap))
+                .await
+                .unwrap()
+                .won()
+        );
         let err = store
             .claim(SessionId(55_555), EndReason::IdleReap)
             .await
@@ -374,13 +428,12 @@ pub(crate) fn g3_claim_and_start_turn_race_one_wins(b: Backend) {
     rt.block_on(async {
         let o = owner(&*worker, HOUR).await;
         for i in 0..40 {
-            let id = worker
-                .create_session(NewSession::new(format!("s{i}"), o))
+            let id = write::register(&*worker, NewSession::new(format!("s{i}"), o))
                 .await
                 .unwrap();
             let (claimed, started) = tokio::join!(
                 sweeper.claim(id, EndReason::IdleReap),
-                worker.start_turn(id, 1, None, now())
+                write::start_turn(&*worker, id, 1, None, now())
             );
             let claimed = claimed.unwrap() == Claim::Claimed;
             match started {
@@ -406,24 +459,18 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
                 "{r:?}"
             )
         };
-        unknown(store.start_turn(ghost, 1, None, now()).await);
-        unknown(
-            store
-                .end_turn(ghost, 1, Outcome::Completed, None, now())
-                .await,
-        );
+        unknown(write::start_turn(&*store, ghost, 1, None, now()).await);
+        unknown(write::end_turn(&*store, ghost, 1, Outcome::Completed, None, now()).await);
         unknown(store.append_chunk(ghost, 1, "x".into()).await.map(|_| ()));
         unknown(
-            store
-                .finalize(ghost, FinalizeRequest::new(EndReason::Shutdown))
+            write::finalize(&*store, ghost, FinalizeRequest::new(EndReason::Shutdown))
                 .await
                 .map(|_| ()),
         );
         unknown(store.session_detail(ghost).await.map(|_| ()));
         assert!(store.memories(ghost).await.unwrap().is_empty());
 
-        let err = store
-            .end_turn(id, 9, Outcome::Completed, None, now())
+        let err = write::end_turn(&*store, id, 9, Outcome::Completed, None, now())
             .await
             .unwrap_err();
         assert!(
@@ -431,8 +478,7 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
             "{err:?}"
         );
         for state in [State::Registered, State::Settled] {
-            let err = store
-                .transition(id, state, state, "stay", now())
+            let err = write::transition(&*store, id, state, state, Cause::AgentFinished, now())
                 .await
                 .unwrap_err();
             assert!(
@@ -440,13 +486,21 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
                 "{err:?}"
             );
         }
-        for (from, to) in [
-            (State::Registered, State::Running),
-            (State::Running, State::Cancelling),
+        for (from, to, cause) in [
+            (State::Registered, State::Running, Cause::TurnStarted),
+            (
+                State::Running,
+                State::Cancelling,
+                Cause::CancelRequested(CancelMode::Graceful),
+            ),
         ] {
-            store.transition(id, from, to, "on", now()).await.unwrap();
+            write::transition(&*store, id, from, to, cause, now())
+                .await
+                .unwrap();
         }
-        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
+        let err = write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -461,18 +515,24 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
             store.claim(id, EndReason::IdleReap).await.unwrap(),
             Claim::NotEligible(Ineligible::State(State::Cancelling))
         );
-        store
-            .transition(id, State::Cancelling, State::Settled, "exited", now())
-            .await
-            .unwrap();
+        write::transition(
+            &*store,
+            id,
+            State::Cancelling,
+            State::Settled,
+            Cause::TurnEnded(Outcome::Cancelled),
+            now(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             store.claim(id, EndReason::IdleReap).await.unwrap(),
             Claim::NotEligible(Ineligible::State(State::Settled))
         );
-        let Finalized::Won(report) = store
-            .finalize(id, FinalizeRequest::new(EndReason::Cancelled))
-            .await
-            .unwrap()
+        let Finalized::Won(report) =
+            write::finalize(&*store, id, FinalizeRequest::new(EndReason::Cancelled))
+                .await
+                .unwrap()
         else {
             panic!("must win")
         };

@@ -20,6 +20,7 @@ mod open;
 mod reads;
 mod recovery;
 mod transcripts;
+mod write;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -118,8 +119,7 @@ fn now() -> SystemTime {
 /// A session with a live owner.
 async fn session(store: &dyn SessionStore, name: &str) -> (OwnerId, SessionId) {
     let o = owner(store, HOUR).await;
-    let id = store
-        .create_session(NewSession::new(name, o))
+    let id = write::register(store, NewSession::new(name, o))
         .await
         .unwrap();
     (o, id)
