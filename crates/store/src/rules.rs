@@ -5,10 +5,9 @@
 //! [`MemoryStore`](crate::MemoryStore) keeps its rows this way, and a batch
 //! ([`SessionStore::apply`](crate::SessionStore::apply)) reads its sessions'
 //! rows into memory, runs its writes through these rules in order, and then
-//! writes the outcome back with one conditional UPDATE per row. (The
-//! single-call methods of [`Store`](crate::Store) state the same rules as the
-//! conditions of their SQL; the shared test suite holds the three to the same
-//! answers.)
+//! writes the outcome back with one conditional UPDATE per row, so both
+//! implementations decide every lifecycle write here; the shared test suite
+//! holds them to the same answers.
 
 use settle_core::{EndReason, Outcome, SessionId, State};
 

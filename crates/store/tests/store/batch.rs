@@ -1,5 +1,6 @@
 //! Lifecycle writes group-committed: one transaction per batch, one answer per
-//! write, the single calls' rules, and the latch still spent once (G2).
+//! write, the lifecycle's rules write by write, and the latch still spent
+//! once (G2).
 
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -218,8 +219,8 @@ pub(crate) fn g2_a_finalize_that_loses_its_race_does_not_fail_the_batch(b: Backe
 }
 
 /// Within a batch, each write meets the session as the writes before it left
-/// it, and is refused for the reason a single call would give.
-pub(crate) fn batch_writes_follow_the_single_call_rules(b: Backend) {
+/// it, and is refused for the reason that write would get alone.
+pub(crate) fn batch_writes_meet_the_session_the_writes_before_left(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
@@ -485,7 +486,7 @@ pub(crate) fn batch_registrations_answer_ids_and_refuse_alone(b: Backend) {
             ),
             (None, State::Registered, "registered")
         );
-        // Ids stay unique with single registrations after a batch.
+        // Ids stay unique with registrations in later batches.
         let (_, next) = session(&*store, "next").await;
         assert!(next > kid2);
     });

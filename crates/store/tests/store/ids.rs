@@ -1,5 +1,5 @@
 //! Session ids reserved in blocks ahead of need: never handed out twice,
-//! whether given explicitly or allocated by a registration, single or batched.
+//! whether given explicitly or allocated by a registration, alone or batched.
 
 use settle_store::{Applied, LifecycleWrite, NewSession, SessionId, StoreError};
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use settle_store::{
-    Cause, Claim, EndReason, FinalizeRequest, HostIdentity, LifecycleWrite, NewSession, OwnerGone,
+    Cause, EndReason, FinalizeRequest, HostIdentity, LifecycleWrite, NewSession, OwnerGone,
     OwnerInfo, RecoverOptions, State, StoreError,
 };
 
@@ -21,7 +21,7 @@ fn lost(result: Result<(), StoreError>, what: &str) {
 
 /// An owner whose lease expired writes nothing more, before and after its
 /// sessions are recovered: its renewal and every write of its own (session
-/// rows, turns, chunks, claims, finalizes, registrations, batches) fail with
+/// rows, turns, chunks, finalizes, registrations, batches) fail with
 /// `LeaseLost`, and leave the rows as they were.
 pub(crate) fn g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
@@ -82,13 +82,6 @@ pub(crate) fn g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_write
                         now(),
                     )
                     .await,
-                    round,
-                );
-                lost(
-                    store
-                        .claim(idle, EndReason::IdleReap)
-                        .await
-                        .map(|_: Claim| ()),
                     round,
                 );
                 lost(

@@ -1,13 +1,13 @@
-//! Sessions, transitions, turns, chunks and the reclaim claim (G3, G10).
+//! Sessions, transitions, turns and chunks (G10), and sessions marked closing.
 
 use settle_core::CancelMode;
 use settle_store::{
-    Cause, Claim, EndReason, FinalizeRequest, Finalized, Ineligible, NewSession, Outcome, OwnerId,
-    SessionFilter, SessionId, State, StoreError, StoreOptions,
+    Cause, EndReason, FinalizeRequest, Finalized, NewSession, Outcome, OwnerId, SessionFilter,
+    SessionId, State, StoreError, StoreOptions,
 };
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, texts, write, HOUR};
+use crate::{append_all, now, open, session, texts, write};
 
 // --- sessions, transitions --------------------------------------------------
 
@@ -331,10 +331,6 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
                 .unwrap(),
             Finalized::AlreadyFinalized
         ));
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::NotEligible(Ineligible::Finalized)
-        );
         let after = store.session_detail(id).await.unwrap();
         assert_eq!(before, after, "refused writes changed the row");
         assert_eq!(after.session.end_reason, Some(EndReason::UserClose));
@@ -342,57 +338,21 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
     });
 }
 
-// --- claim (G3) ------------------------------------------------------------------
+// --- sessions marked closing ------------------------------------------------------
 
-pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
+/// A session an earlier version claimed for a reclaim, its row marked closing
+/// in the database, admits no new turn, and is finalized as any other. (The
+/// claim itself is the core's now, G3; the store keeps the mark's rule.)
+pub(crate) fn a_session_marked_closing_admits_no_new_turn(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        write::start_turn(&*store, id, 1, None, now())
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::Shutdown).await.unwrap(),
-            Claim::NotEligible(Ineligible::TurnInFlight(1))
-        );
-        write::transition(
-            &*store,
-            id,
-            State::Registered,
-            State::Running,
-            Cause::TurnStarted,
-            now(),
-        )
-        .await
-        .unwrap();
-        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::Shutdown).await.unwrap(),
-            Claim::NotEligible(Ineligible::State(State::Running))
-        );
-        write::transition(
-            &*store,
-            id,
-            State::Running,
-            State::Registered,
-            Cause::TurnEnded(Outcome::Completed),
-            now(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::Claimed
-        );
-        assert_eq!(
-            store.claim(id, EndReason::LruEvict).await.unwrap(),
-            Claim::NotEligible(Ineligible::Closing(EndReason::IdleReap))
-        );
-        // A closing session admits no new turn.
-        let err = write::start_turn(&*store, id, 2, None, now())
+        db.execute(&format!(
+            "UPDATE sessions SET closing_reason = '{}' WHERE id = {id}",
+            EndReason::IdleReap.as_str()
+        ));
+        let err = write::start_turn(&*store, id, 1, None, now())
             .await
             .unwrap_err();
         assert!(
@@ -405,43 +365,13 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
             ),
             "{err:?}"
         );
+        assert!(store.session_detail(id).await.unwrap().turns.is_empty());
         assert!(
             write::finalize(&*store, id, FinalizeRequest::new(EndReason::IdleReap))
                 .await
                 .unwrap()
                 .won()
         );
-        let err = store
-            .claim(SessionId(55_555), EndReason::IdleReap)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
-    });
-}
-
-/// A turn that starts while a sweeper claims: exactly one of them wins, on
-/// separate connections.
-pub(crate) fn g3_claim_and_start_turn_race_one_wins(b: Backend) {
-    let Some(db) = TestDb::new(b) else { return };
-    let rt = rt();
-    let (sweeper, worker) = (open(&db), open(&db));
-    rt.block_on(async {
-        let o = owner(&*worker, HOUR).await;
-        for i in 0..40 {
-            let id = write::register(&*worker, NewSession::new(format!("s{i}"), o))
-                .await
-                .unwrap();
-            let (claimed, started) = tokio::join!(
-                sweeper.claim(id, EndReason::IdleReap),
-                write::start_turn(&*worker, id, 1, None, now())
-            );
-            let claimed = claimed.unwrap() == Claim::Claimed;
-            match started {
-                Ok(()) => assert!(!claimed, "session {id}: both the claim and the turn won"),
-                Err(StoreError::SessionClosing { .. }) => assert!(claimed),
-                Err(e) => panic!("unexpected {e:?}"),
-            }
-        }
     });
 }
 
@@ -511,10 +441,6 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
             ),
             "{err:?}"
         );
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::NotEligible(Ineligible::State(State::Cancelling))
-        );
         write::transition(
             &*store,
             id,
@@ -525,10 +451,6 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
         )
         .await
         .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::NotEligible(Ineligible::State(State::Settled))
-        );
         let Finalized::Won(report) =
             write::finalize(&*store, id, FinalizeRequest::new(EndReason::Cancelled))
                 .await
