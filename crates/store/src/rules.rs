@@ -13,11 +13,11 @@ use settle_core::{EndReason, Outcome, SessionId, State};
 
 use crate::error::StoreError;
 
-/// Whether `from → to` is a move the lifecycle allows outside finalize:
-/// forward only, except `running → registered` when a turn ends.
+/// Whether a transition write may move a session from `from` to `to`: a
+/// move of the lifecycle's one table ([`State::can_move_to`]), but for the
+/// moves to `finalized`, which only the finalize latch makes.
 pub(crate) fn allowed(from: State, to: State) -> bool {
-    to != State::Finalized
-        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
+    to != State::Finalized && from.can_move_to(to)
 }
 
 /// The mutable columns of a session row.
