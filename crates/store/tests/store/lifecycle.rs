@@ -91,26 +91,12 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        write::transition(
-            &*store,
-            id,
-            State::Registered,
-            State::Running,
-            Cause::TurnStarted,
-            now(),
-        )
-        .await
-        .unwrap();
-        let err = write::transition(
-            &*store,
-            id,
-            State::Registered,
-            State::Running,
-            Cause::TurnStarted,
-            now(),
-        )
-        .await
-        .unwrap_err();
+        let start = || {
+            let (from, to) = (State::Registered, State::Running);
+            write::transition(&*store, id, from, to, Cause::TurnStarted, now())
+        };
+        start().await.unwrap();
+        let err = start().await.unwrap_err();
         assert!(
             matches!(
                 err,
