@@ -3,21 +3,21 @@
 //! (were committed), for the phase breakdown of the `teardown durable` row.
 //!
 //! Only the breakdown's own rounds use it; the timed rounds run on the bare
-//! store. It must forward every method of the trait, batch writes included:
-//! a method left to a default implementation here would send the runtime
-//! down a slower path than the bare store offers, and the breakdown would no
-//! longer describe the timed rounds (its note quotes both totals, so a gap
-//! shows).
+//! store. It must forward every method of the trait (every lifecycle write
+//! comes through `apply`): a method left to a default implementation here
+//! would send the runtime down a slower path than the bare store offers, and
+//! the breakdown would no longer describe the timed rounds (its note quotes
+//! both totals, so a gap shows).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{SessionId, State};
 use settle_store::{
-    Applied, ChunkReceipt, Claim, FinalizeRequest, Finalized, LifecycleWrite, MemoryRow, NewChunk,
-    NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport,
-    SessionDetail, SessionFilter, SessionRow, SessionStore, StoreError,
+    Applied, ChunkReceipt, LifecycleWrite, MemoryRow, NewChunk, OwnerId, OwnerInfo, RecoverOptions,
+    RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter, SessionRow, SessionStore,
+    StoreError,
 };
 
 /// Nanoseconds since `base`, or `NEVER`.
@@ -43,24 +43,22 @@ impl Mark {
 /// A write counted; its index is its place in [`WRITES`].
 #[derive(Debug, Clone, Copy)]
 enum Write {
-    CreateSession,
+    Register,
     StartTurn,
     Transition,
     EndTurn,
-    Claim,
     Flush,
     Finalize,
     Batch,
 }
 
-/// The names of the store methods counted (a batch's writes are counted
-/// under the single call they stand for, and the batch itself once).
-pub const WRITES: [&str; 8] = [
-    "create_session",
+/// The names of the writes counted: each lifecycle write of a batch by its
+/// kind, the batches themselves, and flushes.
+pub const WRITES: [&str; 7] = [
+    "register",
     "start_turn",
     "transition",
     "end_turn",
-    "claim",
     "flush",
     "finalize",
     "apply (batches)",
@@ -159,53 +157,8 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         self.inner.reserve_ids(count).await
     }
 
-    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        self.count(Write::CreateSession);
-        self.inner.create_session(new).await
-    }
-
-    async fn transition(
-        &self,
-        id: SessionId,
-        from: State,
-        to: State,
-        cause: &str,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.count(Write::Transition);
-        self.inner.transition(id, from, to, cause, at).await
-    }
-
-    async fn start_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        input: Option<serde_json::Value>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.count(Write::StartTurn);
-        self.inner.start_turn(id, no, input, at).await
-    }
-
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
         self.inner.append_chunk(id, turn, chunk)
-    }
-
-    async fn end_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        outcome: Outcome,
-        error: Option<TurnError>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.count(Write::EndTurn);
-        self.inner.end_turn(id, no, outcome, error, at).await
-    }
-
-    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        self.count(Write::Claim);
-        self.inner.claim(id, reason).await
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -213,24 +166,12 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
         self.inner.flush().await
     }
 
-    async fn finalize(
-        &self,
-        id: SessionId,
-        plan: FinalizeRequest,
-    ) -> Result<Finalized, StoreError> {
-        self.count(Write::Finalize);
-        self.mark_handed();
-        let result = self.inner.finalize(id, plan).await;
-        self.mark_committed();
-        result
-    }
-
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
         self.count(Write::Batch);
         let mut finalizes = false;
         for write in &batch {
             self.count(match write {
-                LifecycleWrite::Register(_) => Write::CreateSession,
+                LifecycleWrite::Register(_) => Write::Register,
                 LifecycleWrite::Transition { .. } => Write::Transition,
                 LifecycleWrite::StartTurn { .. } => Write::StartTurn,
                 LifecycleWrite::EndTurn { .. } => Write::EndTurn,

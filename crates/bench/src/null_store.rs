@@ -5,12 +5,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{SessionId, State};
 use settle_store::{
-    Applied, ChunkAck, ChunkReceipt, Claim, FinalizeReport, FinalizeRequest, Finalized,
-    LifecycleWrite, MemoryRow, NewChunk, NewSession, OwnerId, OwnerInfo, RecoverOptions,
-    RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter, SessionRow, SessionStore,
-    StoreError,
+    Applied, ChunkAck, ChunkReceipt, FinalizeReport, Finalized, LifecycleWrite, MemoryRow,
+    NewChunk, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport, SessionDetail,
+    SessionFilter, SessionRow, SessionStore, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -93,31 +92,6 @@ impl SessionStore for NullStore {
         Ok(start..start + u64::from(count))
     }
 
-    async fn create_session(&self, _: NewSession) -> Result<SessionId, StoreError> {
-        Ok(SessionId(self.next_id.fetch_add(1, Ordering::Relaxed) + 1))
-    }
-
-    async fn transition(
-        &self,
-        _: SessionId,
-        _: State,
-        _: State,
-        _: &str,
-        _: SystemTime,
-    ) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn start_turn(
-        &self,
-        _: SessionId,
-        _: u32,
-        _: Option<serde_json::Value>,
-        _: SystemTime,
-    ) -> Result<(), StoreError> {
-        Ok(())
-    }
-
     fn append_chunk(&self, session: SessionId, turn: u32, _: NewChunk) -> ChunkReceipt {
         ChunkReceipt::ready(Ok(ChunkAck {
             session,
@@ -126,62 +100,39 @@ impl SessionStore for NullStore {
         }))
     }
 
-    async fn end_turn(
-        &self,
-        _: SessionId,
-        _: u32,
-        _: Outcome,
-        _: Option<TurnError>,
-        _: SystemTime,
-    ) -> Result<(), StoreError> {
-        let now = self.since_base();
-        self.first_end_turn.fetch_min(now, Ordering::Relaxed);
-        self.last_end_turn.fetch_max(now, Ordering::Relaxed);
-        Ok(())
-    }
-
-    async fn claim(&self, _: SessionId, _: EndReason) -> Result<Claim, StoreError> {
-        Ok(Claim::Claimed)
-    }
-
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
 
-    async fn finalize(&self, _: SessionId, _: FinalizeRequest) -> Result<Finalized, StoreError> {
-        self.first_finalize
-            .fetch_min(self.since_base(), Ordering::Relaxed);
-        if self.finalized.fetch_add(1, Ordering::SeqCst) + 1 == self.expect {
-            // A permit is stored if nobody waits yet.
-            self.all_finalized.notify_one();
-        }
-        Ok(Finalized::Won(FinalizeReport::default()))
-    }
-
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
-        let mut results = Vec::with_capacity(batch.len());
-        for write in batch {
-            results.push(match write {
-                LifecycleWrite::Register(new) => {
-                    self.create_session(new).await.map(Applied::Registered)
-                }
-                LifecycleWrite::EndTurn {
-                    session,
-                    no,
-                    outcome,
-                    error,
-                    at,
-                } => self
-                    .end_turn(session, no, outcome, error, at)
-                    .await
-                    .map(|()| Applied::Done),
-                LifecycleWrite::Finalize { session, plan } => {
-                    self.finalize(session, plan).await.map(Applied::Finalized)
-                }
-                _ => Ok(Applied::Done),
-            });
-        }
-        results
+        batch
+            .into_iter()
+            .map(|write| {
+                Ok(match write {
+                    LifecycleWrite::Register(_) => Applied::Registered(SessionId(
+                        self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+                    )),
+                    LifecycleWrite::EndTurn { .. } => {
+                        let now = self.since_base();
+                        self.first_end_turn.fetch_min(now, Ordering::Relaxed);
+                        self.last_end_turn.fetch_max(now, Ordering::Relaxed);
+                        Applied::Done
+                    }
+                    LifecycleWrite::Finalize { .. } => {
+                        self.first_finalize
+                            .fetch_min(self.since_base(), Ordering::Relaxed);
+                        if self.finalized.fetch_add(1, Ordering::SeqCst) + 1 == self.expect {
+                            // A permit is stored if nobody waits yet.
+                            self.all_finalized.notify_one();
+                        }
+                        Applied::Finalized(Finalized::Won(FinalizeReport::default()))
+                    }
+                    LifecycleWrite::Transition { .. } | LifecycleWrite::StartTurn { .. } => {
+                        Applied::Done
+                    }
+                })
+            })
+            .collect()
     }
 
     /// Every write answers at once: a batch is applied whole at its first poll.

@@ -10,7 +10,7 @@
 //!
 //! Baseline: a fresh database with the same schema, owner and root (made by
 //! the store), then plain Diesel on its own connection with the store's
-//! pragmas: for each session the row `create_session` writes (the session,
+//! pragmas: for each session the row a registration writes (the session,
 //! with its tree, state and owner) and its `registered` timeline row,
 //! [`STORE_BATCH`] sessions per transaction, multi-row inserts, ids chosen by
 //! the bench. It skips what the store does on top: checking the parent is
@@ -131,7 +131,10 @@ pub fn baseline(n: usize) -> Result<Duration> {
             let owner = store
                 .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
                 .await?;
-            let root = store.create_session(NewSession::new("root", owner)).await?;
+            let root = crate::store_bench::register(&store, vec![NewSession::new("root", owner)])
+                .await?
+                .pop()
+                .ok_or("no root registered")?;
             Ok::<_, crate::Error>((owner, root))
         })?
     };

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sqlite::SqliteConnection;
-use settle_store::{NewSession, OwnerInfo, SessionId, SessionStore, Store, StoreOptions};
+use settle_store::{
+    Applied, LifecycleWrite, NewSession, OwnerInfo, SessionId, SessionStore, Store, StoreOptions,
+};
 
 use crate::Result;
 
@@ -37,19 +39,47 @@ fn path_str(path: &Path) -> Result<&str> {
         .ok_or_else(|| format!("{} is not UTF-8", path.display()).into())
 }
 
+/// Register `sessions` in `store` in one batch: their ids, in order.
+pub async fn register(
+    store: &dyn SessionStore,
+    sessions: Vec<NewSession>,
+) -> Result<Vec<SessionId>> {
+    let batch = sessions.into_iter().map(LifecycleWrite::Register).collect();
+    store
+        .apply(batch)
+        .await
+        .into_iter()
+        .map(|answer| match answer? {
+            Applied::Registered(id) => Ok(id),
+            other => Err(format!("a registration answered {other:?}").into()),
+        })
+        .collect()
+}
+
 /// `SESSIONS` sessions in `store`, each with turn 1 open.
 fn prepared_on(rt: &tokio::runtime::Runtime, store: &Store) -> Result<Vec<SessionId>> {
     rt.block_on(async {
         let owner = store
             .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
             .await?;
-        let mut ids = Vec::new();
-        for i in 0..SESSIONS {
-            let id = store
-                .create_session(NewSession::new(format!("s{i}"), owner))
-                .await?;
-            store.start_turn(id, 1, None, SystemTime::now()).await?;
-            ids.push(id);
+        let sessions = (0..SESSIONS)
+            .map(|i| NewSession::new(format!("s{i}"), owner))
+            .collect();
+        let ids = register(store, sessions).await?;
+        let at = SystemTime::now();
+        let starts = ids
+            .iter()
+            .map(|&session| LifecycleWrite::StartTurn {
+                session,
+                no: 1,
+                input: None,
+                at,
+            })
+            .collect();
+        for answer in store.apply(starts).await {
+            if !matches!(answer?, Applied::Done) {
+                return Err("a turn start answered something else".into());
+            }
         }
         Ok(ids)
     })

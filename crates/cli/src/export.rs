@@ -379,7 +379,7 @@ mod tests {
                 step(20, Some(Registered), Running, "turn started"),
                 step(30, Some(Running), Cancelling, "cancel | by the user"),
                 step(30, Some(Cancelling), Settled, "work exited"),
-                step(40, Some(Settled), Finalized, "finalize: user_close"),
+                step(40, Some(Settled), Finalized, "finalized: user_close"),
             ],
             finalize_errors: None,
         }

@@ -14,7 +14,9 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sqlite::SqliteConnection;
-use settle_store::{NewSession, OwnerInfo, SessionId, SessionStore, Store, StoreOptions};
+use settle_store::{
+    Applied, LifecycleWrite, NewSession, OwnerInfo, SessionId, SessionStore, Store, StoreOptions,
+};
 
 const SESSIONS: usize = 8;
 const PER_SESSION: usize = 1024;
@@ -223,17 +225,30 @@ fn prepared_on(rt: &tokio::runtime::Runtime, store: &Store) -> Vec<SessionId> {
             .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
             .await
             .unwrap();
-        let mut ids = Vec::new();
-        for i in 0..SESSIONS {
-            let id = store
-                .create_session(NewSession::new(format!("s{i}"), owner))
-                .await
-                .unwrap();
-            store
-                .start_turn(id, 1, None, std::time::SystemTime::now())
-                .await
-                .unwrap();
-            ids.push(id);
+        let registrations = (0..SESSIONS)
+            .map(|i| LifecycleWrite::Register(NewSession::new(format!("s{i}"), owner)))
+            .collect();
+        let ids: Vec<SessionId> = store
+            .apply(registrations)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(Applied::Registered(id)) => id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let at = std::time::SystemTime::now();
+        let starts = ids
+            .iter()
+            .map(|&session| LifecycleWrite::StartTurn {
+                session,
+                no: 1,
+                input: None,
+                at,
+            })
+            .collect();
+        for r in store.apply(starts).await {
+            assert!(matches!(r, Ok(Applied::Done)), "{r:?}");
         }
         ids
     })

@@ -54,6 +54,15 @@ fn applied(results: Vec<Result<Applied, settle_store::StoreError>>) -> Vec<Appli
     results.into_iter().map(Result::unwrap).collect()
 }
 
+/// A root session of `owner` in `store`.
+async fn register_root(store: &Store, owner: OwnerId) -> SessionId {
+    let root = LifecycleWrite::Register(NewSession::new("root", owner));
+    match applied(store.apply(vec![root]).await)[..] {
+        [Applied::Registered(id)] => id,
+        ref other => panic!("{other:?}"),
+    }
+}
+
 /// A store at `path` holding a tree of `n` sessions (fan-out `FANOUT`), every
 /// one running turn 1; the ids in registration order (parents first).
 fn running_tree(rt: &tokio::runtime::Runtime, path: &Path, n: usize) -> (Store, Vec<SessionId>) {
@@ -352,10 +361,7 @@ fn register(c: &mut Criterion) {
             .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
             .await
             .unwrap();
-        let root = store
-            .create_session(NewSession::new("root", owner))
-            .await
-            .unwrap();
+        let root = register_root(&store, owner).await;
         (owner, root)
     });
     // The raw side gets the same schema, made by the store, and its own file.
@@ -367,10 +373,7 @@ fn register(c: &mut Criterion) {
                 .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
                 .await
                 .unwrap();
-            let root = raw
-                .create_session(NewSession::new("root", owner))
-                .await
-                .unwrap();
+            let root = register_root(&raw, owner).await;
             (owner.0 as i64, root.get() as i64)
         })
     };

@@ -14,12 +14,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context as TaskContext, Poll};
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use serde_json::Value;
-use settle_core::{ChunkKind, SessionId};
+use settle_core::{ChunkKind, SessionId, State};
 use tokio::sync::oneshot;
 
 use crate::conn::Db;
@@ -27,7 +28,7 @@ use crate::error::{Context, StoreError};
 use crate::lease::store_now;
 use crate::rows::{bind, params, pieces, Rows};
 use crate::session::why_turn_refused;
-use crate::time::{json_text, sid};
+use crate::time::{json_text, sid, sql_states};
 
 /// One chunk of a turn's output, as [`append_chunk`](crate::SessionStore::append_chunk)
 /// takes it. A `String` converts into a text chunk.
@@ -187,10 +188,16 @@ struct Reserve {
 const RESERVE_HEAD: &str = "UPDATE turns SET next_seq = next_seq + ";
 const RESERVE_SESSION: &str = " WHERE turns.session = ";
 const RESERVE_TURN: &str = " AND turns.\"no\" = ";
-const RESERVE_LIVE: &str = " AND turns.ended_at IS NULL AND EXISTS (SELECT 1 FROM sessions \
-     WHERE sessions.id = turns.session AND sessions.state <> 'finalized' \
-     AND EXISTS (SELECT 1 FROM owners WHERE owners.id = sessions.owner \
-     AND owners.lease_expires_at > ";
+/// The session takes chunks in any state but `finalized`.
+static RESERVE_LIVE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        " AND turns.ended_at IS NULL AND EXISTS (SELECT 1 FROM sessions \
+         WHERE sessions.id = turns.session AND sessions.state IN ({}) \
+         AND EXISTS (SELECT 1 FROM owners WHERE owners.id = sessions.owner \
+         AND owners.lease_expires_at > ",
+        sql_states(|s| s != State::Finalized)
+    )
+});
 const RESERVE_TAIL: &str = ")) RETURNING turns.next_seq";
 
 impl<DB> diesel::query_builder::QueryFragment<DB> for Reserve
@@ -209,7 +216,7 @@ where
         out.push_bind_param::<BigInt, _>(&self.session)?;
         out.push_sql(RESERVE_TURN);
         out.push_bind_param::<BigInt, _>(&self.turn)?;
-        out.push_sql(RESERVE_LIVE);
+        out.push_sql(&RESERVE_LIVE);
         out.push_bind_param::<BigInt, _>(&self.now)?;
         out.push_sql(RESERVE_TAIL);
         Ok(())

@@ -234,7 +234,9 @@ pub enum StoreError {
         /// The turn that is still open.
         open: u32,
     },
-    /// The session was claimed by a reclaim path and admits no new turn.
+    /// The session is marked closing for a reclaim and admits no new turn.
+    /// The reclaim claim is the core's (SPEC §5); the store keeps the mark
+    /// only on rows an earlier version of settle claimed in the database.
     #[error("session {session} is closing ({reason}) and admits no new turn")]
     SessionClosing {
         /// The session.

@@ -1,10 +1,13 @@
 //! The finalize latch (G2) and the finalize plan's durable steps (SPEC §4).
 //!
-//! The latch is one conditional UPDATE: `state <> 'finalized' AND version = v`.
-//! Exactly one caller sees it affect a row, across connections and processes;
-//! that caller, in the same transaction, ends the row (state, end reason, time),
-//! closes any turn still open (revoking its writes), commits memory from
-//! completed turns only when asked (G7), and records the timeline row.
+//! The latch is a conditional UPDATE: `state <> 'finalized' AND version = v`.
+//! Exactly one writer sees it affect a row, across connections and processes:
+//! a batch's finalize ([`LifecycleWrite::Finalize`](crate::LifecycleWrite::Finalize),
+//! whose write-back is that compare-and-set on the version the batch read) or
+//! recovery's ([`spend`]). The winner, in the same transaction, ends the row
+//! (state, end reason, time), closes any turn still open (revoking its
+//! writes), records the timeline step, and commits memory from completed
+//! turns only when asked (G7, [`memory_step`]).
 
 use std::time::SystemTime;
 
@@ -13,13 +16,13 @@ use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::lease::store_now;
 use crate::schema::{chunks, memories, sessions, turns};
 use crate::session::{current, Current};
-use crate::time::{sid, to_millis, turn_no};
+use crate::time::{sid, turn_no};
 use crate::timeline::{record, Step};
 
-/// What [`finalize`](crate::SessionStore::finalize) does.
+/// What a finalize ([`LifecycleWrite::Finalize`](crate::LifecycleWrite::Finalize))
+/// does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalizeRequest {
     /// Why the session ends.
@@ -117,16 +120,13 @@ pub struct StepFailure {
     pub error: StoreError,
 }
 
-/// How the latch ends a row.
+/// How recovery's latch ends a row.
 pub(crate) struct Ending<'a> {
     pub(crate) reason: EndReason,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) at: i64,
     /// Only spend the latch while the session still has this owner.
-    pub(crate) owner: Option<i64>,
-    /// An owner's finalize: refused with `LeaseLost` once the owner's lease
-    /// expired by this reading of the store's clock. Recovery's is not.
-    pub(crate) fenced_at: Option<i64>,
+    pub(crate) owner: i64,
     pub(crate) cause: &'a str,
 }
 
@@ -135,7 +135,8 @@ pub(crate) struct Spent {
     pub(crate) interrupted: Option<u32>,
 }
 
-/// Spend the latch of session `raw` inside the caller's transaction.
+/// Spend the latch of session `id` inside the caller's transaction, for
+/// recovery: not fenced by the owner's lease, which has run out.
 /// `Ok(None)`: already finalized (or no longer this owner's).
 pub(crate) fn spend(
     mut db: Db<'_>,
@@ -151,10 +152,7 @@ pub(crate) fn spend(
         let Some(cur) = current(db.reborrow(), raw)? else {
             return Err(StoreError::UnknownSession(id));
         };
-        if let Some(now) = ending.fenced_at {
-            cur.fence(now)?;
-        }
-        if cur.state == State::Finalized || ending.owner.is_some_and(|o| o != cur.owner) {
+        if cur.state == State::Finalized || cur.owner != ending.owner {
             return Ok(None);
         }
         let Current {
@@ -218,35 +216,6 @@ pub(crate) fn spend(
         source: crate::error::DbError::new(std::io::Error::other(
             "the session kept changing under the latch; try again",
         )),
-    })
-}
-
-/// Finalize session `id` according to `plan`.
-pub(crate) fn finalize(
-    db: Db<'_>,
-    id: SessionId,
-    plan: &FinalizeRequest,
-) -> Result<Finalized, StoreError> {
-    let at = to_millis(plan.at);
-    let cause = format!("finalize: {}", plan.reason);
-    write_tx!(db, |c| {
-        let ending = Ending {
-            reason: plan.reason,
-            outcome: plan.outcome,
-            at,
-            owner: None,
-            fenced_at: Some(store_now(Db::from(&mut *c))?),
-            cause: &cause,
-        };
-        let Some(spent) = spend(Db::from(&mut *c), id, &ending)? else {
-            return Ok(Finalized::AlreadyFinalized);
-        };
-        let mut report = FinalizeReport {
-            interrupted_turn: spent.interrupted,
-            ..FinalizeReport::default()
-        };
-        memory_step(Db::from(c), id, plan.commit_memory, at, &mut report)?;
-        Ok(Finalized::Won(report))
     })
 }
 

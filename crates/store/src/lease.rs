@@ -260,18 +260,3 @@ pub(crate) fn fence(owner: i64, expires: i64, now: i64) -> Result<(), StoreError
         Err(StoreError::LeaseLost(OwnerId(owner.unsigned_abs())))
     }
 }
-
-/// The lease of owner `owner`: `UnknownOwner`, `LeaseLost`, or live.
-pub(crate) fn check_owner(db: Db<'_>, owner: OwnerId, now: i64) -> Result<(), StoreError> {
-    let raw = owner.raw()?;
-    let expires: Option<i64> = on_db!(db, |c| owners::table
-        .find(raw)
-        .select(owners::lease_expires_at)
-        .first(c)
-        .optional())
-    .context("looking up an owner")?;
-    match expires {
-        None => Err(StoreError::UnknownOwner(owner)),
-        Some(expires) => fence(raw, expires, now),
-    }
-}

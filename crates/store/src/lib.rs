@@ -3,14 +3,18 @@
 //! database through Diesel — SQLite by default (a file, created on first use),
 //! PostgreSQL when several processes share one store.
 //!
+//! **One write path**: every lifecycle write — a registration, a transition,
+//! a turn's start or end, a finalize — is a [`LifecycleWrite`] in a batch
+//! given to [`SessionStore::apply`], which answers each write on its own.
+//! What else the trait writes is not the lifecycle: the owner's lease, id
+//! reservations, the transcript's chunks, and recovery.
+//!
 //! The guarantees this crate carries (see the project's SPEC):
 //!
-//! - **G2 finalize exactly once**: [`SessionStore::finalize`] is a conditional
-//!   UPDATE (compare-and-set on the state and a version), so exactly one
-//!   caller wins across connections and processes; so is each finalize of a
-//!   batch.
-//! - **G3 sweepers spare live turns**: [`SessionStore::claim`] re-evaluates
-//!   the reclaim predicate in the same statement that marks the session closing.
+//! - **G2 finalize exactly once**: a finalize
+//!   ([`LifecycleWrite::Finalize`]) is a conditional UPDATE (compare-and-set
+//!   on the state and a version), so exactly one writer wins across
+//!   connections and processes; so is recovery's.
 //! - **G7 nothing acknowledged is lost**: a chunk's [`ChunkReceipt`] resolves
 //!   only after the transaction holding it committed; memory is committed only
 //!   from completed turns.
@@ -27,15 +31,18 @@
 //! - **G11 bad input is refused whole**: a bad location gives one
 //!   [`OpenError`] and nothing is written.
 //!
+//! The reclaim claim (G3) is the core's, which owns every lifecycle fact:
+//! it re-evaluates the reclaim predicate and marks the session closing in
+//! one step of its state machine, and the store records the finalize that
+//! follows.
+//!
 //! Diesel is synchronous, so it never runs on an async worker: every write
 //! goes through one writer thread per [`Store`] (which group-commits chunk
 //! appends), every read through a connection pool on `spawn_blocking`.
 //!
-//! Lifecycle writes are group-committed too: [`SessionStore::apply`] takes a
-//! batch of [`LifecycleWrite`]s (registrations, transitions, turn starts and
-//! ends, finalizes) and applies it in one transaction with multi-row
-//! statements, answering each write on its own. The timeline keeps the
-//! transitions one session gets from one write or batch in one row (a
+//! Lifecycle writes are group-committed too: [`SessionStore::apply`] applies
+//! its batch in one transaction with multi-row statements. The timeline
+//! keeps the transitions one session gets from one batch in one row (a
 //! segment), so a teardown writes three rows per session: its own, its
 //! turn's, and one timeline segment.
 //!
@@ -63,7 +70,9 @@
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use settle_store::{NewSession, OwnerInfo, RecoverOptions, SessionStore, Store};
+//! use settle_store::{
+//!     Applied, LifecycleWrite, NewSession, OwnerInfo, RecoverOptions, SessionStore, Store,
+//! };
 //!
 //! let dir = tempfile::tempdir()?;
 //! let path = dir.path().join("settle.db");
@@ -73,7 +82,12 @@
 //! runtime.block_on(async {
 //!     // A process registers itself and owns the sessions it creates.
 //!     let owner = store.register_owner(OwnerInfo::this_process(), Duration::from_secs(30)).await?;
-//!     let id = store.create_session(NewSession::new("root", owner)).await?;
+//!     let registered = store
+//!         .apply(vec![LifecycleWrite::Register(NewSession::new("root", owner))])
+//!         .await;
+//!     let Some(Ok(Applied::Registered(id))) = registered.first().cloned() else {
+//!         return Err(format!("not registered: {registered:?}").into());
+//!     };
 //!
 //!     // At start-up, finalize whatever crashed processes left live. Our own
 //!     // lease is live and our process is running, so nothing is recovered.
@@ -93,7 +107,6 @@ mod ids;
 mod batch;
 mod checkpoint;
 mod chunk;
-mod claim;
 mod error;
 mod latch;
 mod lease;
@@ -118,7 +131,6 @@ mod writer;
 
 pub use batch::{Applied, LifecycleWrite};
 pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
-pub use claim::{Claim, Ineligible};
 pub use error::{DbError, OpenError, StoreError};
 pub use latch::{FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure};
 pub use lease::{local_host_name, HostIdentity, OwnerId, OwnerInfo, OwnerRow};

@@ -1,12 +1,12 @@
 //! [`MemoryStore`]: an in-memory [`SessionStore`] for tests and benchmarks.
 //!
 //! It keeps the rules of [`Store`](crate::Store) where the lifecycle depends
-//! on them — conditional transitions, the reclaim claim, the finalize latch,
-//! closed sessions and closed turns, memory from completed turns only — and
-//! answers every call at once, on the caller's task: no thread, no I/O, no
-//! timer. So it works under tokio's paused clock, where a store that waits on
-//! a thread would let the clock jump ahead, and it costs next to nothing when
-//! a benchmark wants the store's writes out of the measurement.
+//! on them — conditional transitions, the finalize latch, closed sessions and
+//! closed turns, memory from completed turns only — and answers every call
+//! at once, on the caller's task: no thread, no I/O, no timer. So it works
+//! under tokio's paused clock, where a store that waits on a thread would let
+//! the clock jump ahead, and it costs next to nothing when a benchmark wants
+//! the store's writes out of the measurement.
 //!
 //! The store's shared test suite runs on it as on both databases, so the two
 //! implementations cannot drift apart. It is not durable: everything is lost
@@ -18,11 +18,10 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use serde_json::Value;
-use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkAck, ChunkReceipt, NewChunk};
-use crate::claim::{Claim, Ineligible};
 use crate::error::StoreError;
 use crate::latch::{FinalizeReport, FinalizeRequest, Finalized};
 use crate::lease::{fence, OwnerId, OwnerInfo, OwnerRow};
@@ -44,18 +43,38 @@ use crate::time::{duration_millis, from_millis, to_millis};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), settle_store::StoreError> {
 /// use std::time::{Duration, SystemTime};
-/// use settle_store::{EndReason, FinalizeRequest, MemoryStore, NewSession, Outcome, OwnerInfo, SessionStore};
+/// use settle_store::{
+///     Applied, EndReason, FinalizeRequest, Finalized, LifecycleWrite, MemoryStore, NewSession,
+///     Outcome, OwnerInfo, SessionStore,
+/// };
 ///
 /// let store = MemoryStore::new();
 /// let owner = store.register_owner(OwnerInfo::this_process(), Duration::from_secs(30)).await?;
-/// let id = store.create_session(NewSession::new("root", owner)).await?;
-/// store.start_turn(id, 1, None, SystemTime::now()).await?;
+/// // Every lifecycle write goes through `apply`: a batch, one answer per write.
+/// let registered = store
+///     .apply(vec![LifecycleWrite::Register(NewSession::new("root", owner))])
+///     .await;
+/// let Some(Ok(Applied::Registered(id))) = registered.first().cloned() else {
+///     unreachable!("one answer per write")
+/// };
+/// let now = SystemTime::now();
+/// let started = store
+///     .apply(vec![LifecycleWrite::StartTurn { session: id, no: 1, input: None, at: now }])
+///     .await;
+/// assert!(started.iter().all(Result::is_ok));
 /// store.append_chunk(id, 1, "hello".into()).await?;
-/// store.end_turn(id, 1, Outcome::Completed, None, SystemTime::now()).await?;
 ///
 /// let plan = FinalizeRequest::new(EndReason::Completed).commit_memory(true);
-/// assert!(store.finalize(id, plan.clone()).await?.won());
-/// assert!(!store.finalize(id, plan).await?.won()); // G2: once
+/// let finalize = LifecycleWrite::Finalize { session: id, plan };
+/// let answers = store
+///     .apply(vec![
+///         LifecycleWrite::EndTurn { session: id, no: 1, outcome: Outcome::Completed, error: None, at: now },
+///         finalize.clone(),
+///         finalize, // G2: once
+///     ])
+///     .await;
+/// assert!(matches!(answers[1], Ok(Applied::Finalized(Finalized::Won(_)))));
+/// assert!(matches!(answers[2], Ok(Applied::Finalized(Finalized::AlreadyFinalized))));
 /// assert_eq!(store.memories(id).await?[0].content, "hello");
 /// # Ok(())
 /// # }
@@ -251,7 +270,7 @@ impl Tables {
         Ok(from_millis(entry.lease_expires_at))
     }
 
-    fn create_session(&mut self, new: NewSession) -> Result<SessionId, StoreError> {
+    fn register(&mut self, new: NewSession) -> Result<SessionId, StoreError> {
         if let Some(previous) = new.resumed_from {
             if !self.sessions.contains_key(&previous.get()) {
                 return Err(StoreError::UnknownSession(previous));
@@ -299,7 +318,7 @@ impl Tables {
             timeline: Vec::new(),
             memories: Vec::new(),
         };
-        row.record(at, None, State::Registered, "registered");
+        row.record(at, None, State::Registered, &Cause::Registered.to_string());
         self.sessions.insert(id, row);
         Ok(SessionId(id))
     }
@@ -309,7 +328,7 @@ impl Tables {
         id: SessionId,
         from: State,
         to: State,
-        cause: &str,
+        cause: Cause,
         at: SystemTime,
     ) -> Result<(), StoreError> {
         if !allowed(from, to) {
@@ -322,7 +341,7 @@ impl Tables {
         }
         let row = self.owned_row(id)?;
         row.live.transition(id, from, to)?;
-        row.record(to_millis(at), Some(from), to, cause);
+        row.record(to_millis(at), Some(from), to, &cause.to_string());
         Ok(())
     }
 
@@ -399,29 +418,6 @@ impl Tables {
         Ok(())
     }
 
-    fn claim(&mut self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        let row = self.owned_row(id)?;
-        let open_turn = row.live.open_turn.or_else(|| {
-            row.turns
-                .iter()
-                .find(|(_, t)| t.ended_at.is_none())
-                .map(|(no, _)| *no)
-        });
-        let why = if row.live.state == State::Finalized {
-            Ineligible::Finalized
-        } else if let Some(r) = row.live.closing {
-            Ineligible::Closing(r)
-        } else if let Some(t) = open_turn {
-            Ineligible::TurnInFlight(t)
-        } else if row.live.state != State::Registered {
-            Ineligible::State(row.live.state)
-        } else {
-            row.live.closing = Some(reason);
-            return Ok(Claim::Claimed);
-        };
-        Ok(Claim::NotEligible(why))
-    }
-
     /// The finalize latch: `None` when the session was already finalized (or,
     /// with `owner`, no longer that owner's).
     fn spend(
@@ -457,7 +453,7 @@ impl Tables {
 
     fn finalize(&mut self, id: SessionId, plan: &FinalizeRequest) -> Result<Finalized, StoreError> {
         let at = to_millis(plan.at);
-        let cause = format!("finalize: {}", plan.reason);
+        let cause = Cause::Finalized(plan.reason).to_string();
         let Some(interrupted) = self.spend(id, plan.reason, plan.outcome, at, None, &cause)? else {
             return Ok(Finalized::AlreadyFinalized);
         };
@@ -487,7 +483,7 @@ impl Tables {
 
     fn apply(&mut self, write: LifecycleWrite) -> Result<Applied, StoreError> {
         match write {
-            LifecycleWrite::Register(new) => self.create_session(new).map(Applied::Registered),
+            LifecycleWrite::Register(new) => self.register(new).map(Applied::Registered),
             LifecycleWrite::Transition {
                 session,
                 from,
@@ -495,7 +491,7 @@ impl Tables {
                 cause,
                 at,
             } => self
-                .transition(session, from, to, &cause.to_string(), at)
+                .transition(session, from, to, cause, at)
                 .map(|()| Applied::Done),
             LifecycleWrite::StartTurn {
                 session,
@@ -645,60 +641,12 @@ impl SessionStore for MemoryStore {
         Ok(start..tables.next_session + 1)
     }
 
-    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        self.lock().create_session(new)
-    }
-
-    async fn transition(
-        &self,
-        id: SessionId,
-        from: State,
-        to: State,
-        cause: &str,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.lock().transition(id, from, to, cause, at)
-    }
-
-    async fn start_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        input: Option<Value>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.lock().start_turn(id, no, input, at)
-    }
-
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
         ChunkReceipt::ready(self.lock().append_chunk(id, turn, chunk))
     }
 
-    async fn end_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        outcome: Outcome,
-        error: Option<TurnError>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.lock().end_turn(id, no, outcome, error, at)
-    }
-
-    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        self.lock().claim(id, reason)
-    }
-
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
-    }
-
-    async fn finalize(
-        &self,
-        id: SessionId,
-        plan: FinalizeRequest,
-    ) -> Result<Finalized, StoreError> {
-        self.lock().finalize(id, &plan)
     }
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {

@@ -2,8 +2,8 @@
 //!
 //! A session is taken over when it is not finalized and its owner's lease has
 //! expired, or its owner ran on this host and its process is gone. Each such
-//! session goes through the same latch as [`finalize`](crate::SessionStore::finalize)
-//! (so two recoverers, or a recoverer and a finalizer, finalize it once), with
+//! session goes through the finalize latch ([`latch`](crate::latch): so two
+//! recoverers, or a recoverer and a batch's finalize, finalize it once), with
 //! end reason `recovered`; its open turn becomes `interrupted`; no memory is
 //! committed; the transcript is left as it was. Running it again finds nothing.
 //!
@@ -176,8 +176,7 @@ pub(crate) fn recover(mut db: Db<'_>, opts: &RecoverOptions) -> Result<RecoveryR
             reason: EndReason::Recovered,
             outcome: None,
             at: now,
-            owner: Some(owner.id.raw()?),
-            fenced_at: None,
+            owner: owner.id.raw()?,
             cause: &cause,
         };
         let spent = write_tx!(db.reborrow(), |c| spend(Db::from(c), id, &ending))?;

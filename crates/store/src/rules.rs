@@ -5,20 +5,19 @@
 //! [`MemoryStore`](crate::MemoryStore) keeps its rows this way, and a batch
 //! ([`SessionStore::apply`](crate::SessionStore::apply)) reads its sessions'
 //! rows into memory, runs its writes through these rules in order, and then
-//! writes the outcome back with one conditional UPDATE per row. (The
-//! single-call methods of [`Store`](crate::Store) state the same rules as the
-//! conditions of their SQL; the shared test suite holds the three to the same
-//! answers.)
+//! writes the outcome back with one conditional UPDATE per row, so both
+//! implementations decide every lifecycle write here; the shared test suite
+//! holds them to the same answers.
 
 use settle_core::{EndReason, Outcome, SessionId, State};
 
 use crate::error::StoreError;
 
-/// Whether `from → to` is a move the lifecycle allows outside finalize:
-/// forward only, except `running → registered` when a turn ends.
+/// Whether a transition write may move a session from `from` to `to`: a
+/// move of the lifecycle's one table ([`State::can_move_to`]), but for the
+/// moves to `finalized`, which only the finalize latch makes.
 pub(crate) fn allowed(from: State, to: State) -> bool {
-    to != State::Finalized
-        && (to.rank() > from.rank() || (from == State::Running && to == State::Registered))
+    to != State::Finalized && from.can_move_to(to)
 }
 
 /// The mutable columns of a session row.

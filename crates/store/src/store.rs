@@ -5,16 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use serde_json::Value;
-use settle_core::{EndReason, Outcome, SessionId, State, TurnError};
+use settle_core::{SessionId, State};
 
 use crate::batch::{Applied, LifecycleWrite};
 use crate::checkpoint::Checkpointer;
 use crate::chunk::{ChunkReceipt, NewChunk};
-use crate::claim::Claim;
 use crate::conn::Db;
 use crate::error::{OpenError, StoreError};
-use crate::latch::{FinalizeRequest, Finalized};
 use crate::lease::{OwnerId, OwnerInfo};
 use crate::list::SessionFilter;
 use crate::open::{open, Target};
@@ -22,7 +19,6 @@ use crate::options::StoreOptions;
 use crate::pool::ReadPool;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
 use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
-use crate::session::NewSession;
 use crate::session_store::SessionStore;
 use crate::writer::Writer;
 
@@ -195,67 +191,12 @@ impl SessionStore for Store {
         self.write(move |db| crate::ids::reserve(db, count)).await
     }
 
-    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        self.write(move |db| crate::session::create_session(db, &new))
-            .await
-    }
-
-    async fn transition(
-        &self,
-        id: SessionId,
-        from: State,
-        to: State,
-        cause: &str,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        let cause = cause.to_owned();
-        self.write(move |db| crate::session::transition(db, id, from, to, &cause, at))
-            .await
-    }
-
-    async fn start_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        input: Option<Value>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.write(move |db| crate::session::start_turn(db, id, no, input.as_ref(), at))
-            .await
-    }
-
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
         self.inner.writer.append(id, turn, chunk)
     }
 
-    async fn end_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        outcome: Outcome,
-        error: Option<TurnError>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.write(move |db| crate::session::end_turn(db, id, no, outcome, error.as_ref(), at))
-            .await
-    }
-
-    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        self.write(move |db| crate::claim::claim(db, id, reason))
-            .await
-    }
-
     async fn flush(&self) -> Result<(), StoreError> {
         self.write(|_| Ok(())).await
-    }
-
-    async fn finalize(
-        &self,
-        id: SessionId,
-        plan: FinalizeRequest,
-    ) -> Result<Finalized, StoreError> {
-        self.write(move |db| crate::latch::finalize(db, id, &plan))
-            .await
     }
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use settle_core::SessionId;
+use settle_core::{SessionId, State};
 
 use crate::error::StoreError;
 
@@ -54,6 +54,18 @@ pub(crate) fn turn_no(raw: i64) -> Result<u32, StoreError> {
     })
 }
 
+/// The states `keep` admits as an SQL list of their spellings
+/// (`'registered', 'running'`), in the vocabulary's order: SQL text that
+/// names states takes them from here, never spelled by hand.
+pub(crate) fn sql_states(keep: impl Fn(State) -> bool) -> String {
+    State::ALL
+        .iter()
+        .filter(|s| keep(**s))
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Parse one of the core's words from a column.
 pub(crate) fn word<T: FromStr>(column: &'static str, raw: &str) -> Result<T, StoreError> {
     raw.parse().map_err(|_| StoreError::Corrupt {
@@ -87,4 +99,18 @@ pub(crate) fn json_value(
         })
     })
     .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sql_states_spell_each_state_as_the_vocabulary_does() {
+        assert_eq!(
+            sql_states(|s| s != State::Finalized),
+            "'registered', 'running', 'cancelling', 'settled'"
+        );
+        assert_eq!(sql_states(|_| false), "");
+    }
 }

@@ -2,8 +2,8 @@
 //! `settle show` prints it (SPEC §2, §7).
 //!
 //! It is kept in segments: one `timeline` row holds the transitions of one
-//! session written together — by one single write, or by one batch of writes
-//! — in order, as a JSON array of `[at, from, to, cause]` steps (`at` in
+//! session written together — by one batch of writes, or by recovery's
+//! finalize — in order, as a JSON array of `[at, from, to, cause]` steps (`at` in
 //! milliseconds since the UNIX epoch, `from` null for the registration). A
 //! teardown batch thus writes one row per session rather than one per
 //! transition; reading the segments of a session in id order gives back every
@@ -52,7 +52,8 @@ pub(crate) fn encode<'a>(
     Ok(())
 }
 
-/// Append a segment of one step to session `session`'s timeline.
+/// Append a segment of one step to session `session`'s timeline (recovery's
+/// finalize, outside a batch).
 pub(crate) fn record(db: Db<'_>, session: i64, step: Step<'_>) -> Result<(), StoreError> {
     let mut steps = Vec::with_capacity(64 + step.cause.len());
     encode(&mut steps, [step])?;

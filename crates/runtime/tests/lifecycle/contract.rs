@@ -11,7 +11,7 @@ use settle_runtime::{
     CancelMode, EndReason, Handled, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionEnd,
     TurnErrorKind, TurnRequest,
 };
-use settle_store::{MemoryStore, NewSession, SessionId, SessionStore, StoreError};
+use settle_store::{MemoryStore, SessionId, SessionStore, StoreError};
 use settle_stream::{
     EventStream, Provider, ProviderStream, Request, ScriptedEnd, StreamError, TurnScript,
 };
@@ -256,28 +256,6 @@ impl SessionStore for Stalling {
     async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
         self.inner.reserve_ids(count).await
     }
-    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        self.inner.create_session(new).await
-    }
-    async fn transition(
-        &self,
-        id: SessionId,
-        from: settle_store::State,
-        to: settle_store::State,
-        cause: &str,
-        at: std::time::SystemTime,
-    ) -> Result<(), StoreError> {
-        self.inner.transition(id, from, to, cause, at).await
-    }
-    async fn start_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        input: Option<serde_json::Value>,
-        at: std::time::SystemTime,
-    ) -> Result<(), StoreError> {
-        self.inner.start_turn(id, no, input, at).await
-    }
     fn append_chunk(
         &self,
         id: SessionId,
@@ -286,32 +264,8 @@ impl SessionStore for Stalling {
     ) -> settle_store::ChunkReceipt {
         self.inner.append_chunk(id, turn, chunk)
     }
-    async fn end_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        outcome: Outcome,
-        error: Option<settle_runtime::TurnError>,
-        at: std::time::SystemTime,
-    ) -> Result<(), StoreError> {
-        self.inner.end_turn(id, no, outcome, error, at).await
-    }
-    async fn claim(
-        &self,
-        id: SessionId,
-        reason: EndReason,
-    ) -> Result<settle_store::Claim, StoreError> {
-        self.inner.claim(id, reason).await
-    }
     async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush().await
-    }
-    async fn finalize(
-        &self,
-        id: SessionId,
-        plan: settle_store::FinalizeRequest,
-    ) -> Result<settle_store::Finalized, StoreError> {
-        self.inner.finalize(id, plan).await
     }
     /// A batch that registers a session never answers while `stall` is set.
     async fn apply(

@@ -18,9 +18,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use settle_runtime::{EndReason, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionId};
 use settle_store::{
-    Applied, ChunkReceipt, Claim, FinalizeRequest, Finalized, LifecycleWrite, MemoryRow,
-    MemoryStore, NewChunk, NewSession, OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate,
-    RecoveryReport, SessionDetail, SessionFilter, SessionRow, SessionStore, State, StoreError,
+    Applied, ChunkReceipt, LifecycleWrite, MemoryRow, MemoryStore, NewChunk, OwnerId, OwnerInfo,
+    RecoverOptions, RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter, SessionRow,
+    SessionStore, State, StoreError,
 };
 use settle_stream::{ScriptedEnd, TurnScript};
 use tokio::time::Instant;
@@ -29,11 +29,11 @@ use crate::common::*;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// A [`MemoryStore`] with two faults to switch on: `stall` makes `flush`,
-/// `finalize` and `apply` (every lifecycle write) never return, as a database
-/// whose server was stopped; `lose_lease` makes the lease renewal and every
-/// owner write fail with `LeaseLost`, as the store does once another process
-/// may have recovered the owner's sessions.
+/// A [`MemoryStore`] with two faults to switch on: `stall` makes `flush` and
+/// `apply` (every lifecycle write) never return, as a database whose server
+/// was stopped; `lose_lease` makes the lease renewal and every owner write
+/// (chunks, batches) fail with `LeaseLost`, as the store does once another
+/// process may have recovered the owner's sessions.
 ///
 /// With `hold_answers`, it says it applies batches in the order they are
 /// handed to it (as the real store does) and applies each at once, but
@@ -93,64 +93,15 @@ impl SessionStore for Faulty {
     async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
         self.inner.reserve_ids(count).await
     }
-    async fn create_session(&self, new: NewSession) -> Result<SessionId, StoreError> {
-        self.fenced(OWNER)?;
-        self.inner.create_session(new).await
-    }
-    async fn transition(
-        &self,
-        id: SessionId,
-        from: State,
-        to: State,
-        cause: &str,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.fenced(OWNER)?;
-        self.inner.transition(id, from, to, cause, at).await
-    }
-    async fn start_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        input: Option<serde_json::Value>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.fenced(OWNER)?;
-        self.inner.start_turn(id, no, input, at).await
-    }
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
         match self.fenced(OWNER) {
             Ok(()) => self.inner.append_chunk(id, turn, chunk),
             Err(lost) => ChunkReceipt::ready(Err(lost)),
         }
     }
-    async fn end_turn(
-        &self,
-        id: SessionId,
-        no: u32,
-        outcome: Outcome,
-        error: Option<settle_runtime::TurnError>,
-        at: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.fenced(OWNER)?;
-        self.inner.end_turn(id, no, outcome, error, at).await
-    }
-    async fn claim(&self, id: SessionId, reason: EndReason) -> Result<Claim, StoreError> {
-        self.fenced(OWNER)?;
-        self.inner.claim(id, reason).await
-    }
     async fn flush(&self) -> Result<(), StoreError> {
         self.stall_point().await;
         self.inner.flush().await
-    }
-    async fn finalize(
-        &self,
-        id: SessionId,
-        plan: FinalizeRequest,
-    ) -> Result<Finalized, StoreError> {
-        self.stall_point().await;
-        self.fenced(OWNER)?;
-        self.inner.finalize(id, plan).await
     }
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
         self.stall_point().await;

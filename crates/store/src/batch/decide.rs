@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use settle_core::{Outcome, SessionId, State};
+use settle_core::{Cause, Outcome, SessionId, State};
 
 use super::{
     Applied, Decided, HashMap, LifecycleWrite, Registration, Sim, TimelineEntry, TurnEnd,
@@ -119,7 +119,7 @@ pub(super) fn decide<'b>(
                         });
                     }
                     let start = d.causes.len();
-                    let _ = write!(d.causes, "finalize: {}", plan.reason);
+                    let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
                     d.timeline.push(TimelineEntry {
                         whose: Whose::Existing(raw),
                         at,
@@ -168,8 +168,10 @@ fn lookup<'s>(
     Ok((raw, sim))
 }
 
-/// Check a registration as `create_session` does (the resumed session, then
-/// the parent, then the owner); the id is allocated when it is written.
+/// Check a registration: the resumed session, then the parent, then the
+/// owner, then that the id it asks for is free (no session has it, and no
+/// registration before it in the batch asked for it). An id not given is
+/// allocated when it is written.
 fn register<'b>(
     d: &mut Decided<'b>,
     item: usize,
@@ -201,10 +203,15 @@ fn register<'b>(
         Some(false) => return Some(Err(StoreError::LeaseLost(new.owner))),
         None => return Some(Err(StoreError::UnknownOwner(new.owner))),
     }
+    if let Some(id) = new.id {
+        if known(id).is_some() || !d.taken.insert(id) {
+            return Some(Err(StoreError::DuplicateSession(id)));
+        }
+    }
     let n = d.registrations.len();
     d.registrations.push(Registration { item, new, tree });
     let start = d.causes.len();
-    d.causes.push_str("registered");
+    let _ = write!(d.causes, "{}", Cause::Registered);
     d.timeline.push(TimelineEntry {
         whose: Whose::New(n),
         at: to_millis(new.created_at),

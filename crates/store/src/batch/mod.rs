@@ -47,16 +47,28 @@ use crate::session::NewSession;
 
 /// Maps keyed by database ids: foldhash, not SipHash, on this hot path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// One write of a lifecycle batch
-/// ([`SessionStore::apply`](crate::SessionStore::apply)). Each means what the
-/// single call of the same name means.
+/// ([`SessionStore::apply`](crate::SessionStore::apply)), the one way the
+/// lifecycle is written. Each is answered on its own; a write of an owner
+/// whose lease expired is refused with [`StoreError::LeaseLost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LifecycleWrite {
-    /// Register a session; answered with [`Applied::Registered`].
+    /// Register a session, with its first timeline step; answered with
+    /// [`Applied::Registered`] and its id: the one it was given with
+    /// [`NewSession::with_id`] (reserved earlier), or a fresh one. Refused
+    /// with [`StoreError::UnknownSession`] when the resumed session or the
+    /// parent does not exist, [`StoreError::ParentClosed`] when the parent is
+    /// settled or finalized, [`StoreError::UnknownOwner`], and
+    /// [`StoreError::DuplicateSession`] when the id is taken.
     Register(NewSession),
     /// Move `session` from `from` to `to`, only if it is in `from` then,
-    /// recording `cause` on its timeline. Finalizing goes through
+    /// recording `cause` on its timeline. Refused with
+    /// [`StoreError::StateMismatch`] (naming both states) when it is not in
+    /// `from`, [`StoreError::SessionClosed`] when it is finalized, and
+    /// [`StoreError::InvalidTransition`] for a move the lifecycle does not
+    /// have ([`State::can_move_to`]). Finalizing goes through
     /// [`LifecycleWrite::Finalize`], which records its own transition.
     Transition {
         /// The session.
@@ -70,7 +82,13 @@ pub enum LifecycleWrite {
         /// When.
         at: SystemTime,
     },
-    /// Open turn `no` of `session`, recording its input.
+    /// Open turn `no` of `session`, recording its input (the messages sent
+    /// to the provider: any JSON, typically an array of `{role, content}`).
+    /// Refused with [`StoreError::TurnInFlight`] while another turn is open,
+    /// [`StoreError::SessionClosing`] while the session is marked closing,
+    /// [`StoreError::NotAcceptingTurns`] once it is cancelling or settled,
+    /// [`StoreError::SessionClosed`] once it is finalized, and
+    /// [`StoreError::TurnExists`] for a number used before.
     StartTurn {
         /// The session.
         session: SessionId,
@@ -81,7 +99,10 @@ pub enum LifecycleWrite {
         /// When.
         at: SystemTime,
     },
-    /// End turn `no` of `session` with `outcome` and, if it failed, `error`.
+    /// End turn `no` of `session` with `outcome` and, if it failed, `error`;
+    /// it accepts no more chunks. Refused with [`StoreError::UnknownTurn`],
+    /// [`StoreError::TurnClosed`] when it has ended, and
+    /// [`StoreError::SessionClosed`] once the session is finalized.
     EndTurn {
         /// The session.
         session: SessionId,
@@ -94,8 +115,11 @@ pub enum LifecycleWrite {
         /// When.
         at: SystemTime,
     },
-    /// Spend the finalize latch of `session` with `plan`; answered with
-    /// [`Applied::Finalized`].
+    /// Spend the finalize latch of `session` with `plan` (G2): across
+    /// connections and processes exactly one finalize of a session gets
+    /// [`Finalized::Won`], the others [`Finalized::AlreadyFinalized`]; the
+    /// winner ends the row, interrupts the turn still open and commits
+    /// memory if asked (G7). Answered with [`Applied::Finalized`].
     Finalize {
         /// The session.
         session: SessionId,
@@ -175,6 +199,8 @@ struct Registration<'b> {
 struct Decided<'b> {
     results: Vec<Option<Result<Applied, StoreError>>>,
     registrations: Vec<Registration<'b>>,
+    /// The ids the batch's registrations asked for.
+    taken: HashSet<SessionId>,
     turn_starts: Vec<TurnStart>,
     turn_ends: Vec<TurnEnd<'b>>,
     timeline: Vec<TimelineEntry>,

@@ -27,8 +27,9 @@ type SessionCols = (
     i64,
 );
 
-/// Every session the batch names (as a subject, a parent or a resumed
-/// session), in id order; on PostgreSQL locked until the commit.
+/// Every session the batch names (as a subject, a parent, a resumed session
+/// or the id a registration asks for), in id order; on PostgreSQL locked
+/// until the commit.
 pub(super) fn sessions(
     mut db: Db<'_>,
     batch: &[LifecycleWrite],
@@ -39,6 +40,7 @@ pub(super) fn sessions(
             // An id out of the database's range names no session; its write
             // is refused on its own when it is decided.
             LifecycleWrite::Register(new) => {
+                ids.extend(new.id.and_then(|id| sid(id).ok()));
                 ids.extend(new.parent.and_then(|p| sid(p).ok()));
                 ids.extend(new.resumed_from.and_then(|p| sid(p).ok()));
             }

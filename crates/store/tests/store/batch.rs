@@ -1,5 +1,6 @@
 //! Lifecycle writes group-committed: one transaction per batch, one answer per
-//! write, the single calls' rules, and the latch still spent once (G2).
+//! write, the lifecycle's rules write by write, and the latch still spent
+//! once (G2).
 
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -12,7 +13,7 @@ use settle_store::{
 };
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, HOUR};
+use crate::{append_all, now, open, owner, session, write, HOUR};
 
 fn transition(session: SessionId, from: State, to: State, cause: Cause) -> LifecycleWrite {
     LifecycleWrite::Transition {
@@ -72,8 +73,7 @@ fn teardown(id: SessionId) -> Vec<LifecycleWrite> {
 
 /// A session running turn 1, with one chunk in it.
 async fn running(store: &dyn SessionStore, owner: OwnerId, name: &str) -> SessionId {
-    let id = store
-        .create_session(NewSession::new(name, owner))
+    let id = write::register(store, NewSession::new(name, owner))
         .await
         .unwrap();
     let results = store
@@ -140,11 +140,12 @@ pub(crate) fn g2_a_finalize_that_loses_its_race_does_not_fail_the_batch(b: Backe
             running(&*mine, o, "b").await,
             running(&*mine, o, "c").await,
         ];
-        assert!(theirs
-            .finalize(ids[1], FinalizeRequest::new(EndReason::Recovered))
-            .await
-            .unwrap()
-            .won());
+        assert!(
+            write::finalize(&*theirs, ids[1], FinalizeRequest::new(EndReason::Recovered))
+                .await
+                .unwrap()
+                .won()
+        );
 
         let batch: Vec<_> = ids.iter().flat_map(|&id| teardown(id)).collect();
         let results = mine.apply(batch).await;
@@ -207,7 +208,7 @@ pub(crate) fn g2_a_finalize_that_loses_its_race_does_not_fail_the_batch(b: Backe
                     (
                         Some(State::Settled),
                         State::Finalized,
-                        "finalize: cancelled"
+                        "finalized: cancelled"
                     ),
                 ]
             );
@@ -218,8 +219,8 @@ pub(crate) fn g2_a_finalize_that_loses_its_race_does_not_fail_the_batch(b: Backe
 }
 
 /// Within a batch, each write meets the session as the writes before it left
-/// it, and is refused for the reason a single call would give.
-pub(crate) fn batch_writes_follow_the_single_call_rules(b: Backend) {
+/// it, and is refused for the reason that write would get alone.
+pub(crate) fn batch_writes_meet_the_session_the_writes_before_left(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
@@ -355,7 +356,7 @@ pub(crate) fn batch_writes_follow_the_single_call_rules(b: Backend) {
                 "registered",
                 "turn started",
                 "turn ended: idle_timeout",
-                "finalize: failed"
+                "finalized: failed"
             ]
         );
     });
@@ -368,7 +369,9 @@ pub(crate) fn g7_a_batch_commits_memory_from_turns_it_completed(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 1, &["port 22 ", "open"]).await;
         let r = store
             .apply(vec![
@@ -394,11 +397,12 @@ pub(crate) fn batch_registrations_answer_ids_and_refuse_alone(b: Backend) {
         let store = open(&db);
         let (o, root) = session(&*store, "root").await;
         let (_, closed) = session(&*store, "closed").await;
-        assert!(store
-            .finalize(closed, FinalizeRequest::new(EndReason::Completed))
-            .await
-            .unwrap()
-            .won());
+        assert!(
+            write::finalize(&*store, closed, FinalizeRequest::new(EndReason::Completed))
+                .await
+                .unwrap()
+                .won()
+        );
         let ghost = SessionId(808_080);
         let r = store
             .apply(vec![
@@ -482,7 +486,7 @@ pub(crate) fn batch_registrations_answer_ids_and_refuse_alone(b: Backend) {
             ),
             (None, State::Registered, "registered")
         );
-        // Ids stay unique with single registrations after a batch.
+        // Ids stay unique with registrations in later batches.
         let (_, next) = session(&*store, "next").await;
         assert!(next > kid2);
     });

@@ -1,7 +1,7 @@
 //! The finalize latch (G2) and memory from completed turns only (G7).
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, texts, HOUR};
+use crate::{append_all, now, open, owner, session, texts, write, HOUR};
 use settle_store::{
     EndReason, FinalizeRequest, FinalizeStep, Finalized, NewSession, Outcome, State,
 };
@@ -16,8 +16,7 @@ pub(crate) fn g2_finalize_latch_wins_once_across_stores(b: Backend) {
         let o = owner(&*one, HOUR).await;
         let mut ids = Vec::new();
         for i in 0..40 {
-            let id = one
-                .create_session(NewSession::new(format!("s{i}"), o))
+            let id = write::register(&*one, NewSession::new(format!("s{i}"), o))
                 .await
                 .unwrap();
             ids.push(id);
@@ -26,7 +25,8 @@ pub(crate) fn g2_finalize_latch_wins_once_across_stores(b: Backend) {
             let a = {
                 let s = one.clone();
                 tokio::spawn(async move {
-                    s.finalize(
+                    write::finalize(
+                        &*s,
                         id,
                         FinalizeRequest::new(EndReason::Shutdown).commit_memory(true),
                     )
@@ -36,7 +36,8 @@ pub(crate) fn g2_finalize_latch_wins_once_across_stores(b: Backend) {
             let b = {
                 let s = two.clone();
                 tokio::spawn(async move {
-                    s.finalize(
+                    write::finalize(
+                        &*s,
                         id,
                         FinalizeRequest::new(EndReason::UserClose).commit_memory(true),
                     )
@@ -67,35 +68,39 @@ pub(crate) fn g7_memory_only_from_completed_turns(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (o, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 1, &["port 22 ", "open"]).await;
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 2, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 2, &["half a ans"]).await;
-        store
-            .end_turn(id, 2, Outcome::Failed, None, now())
+        write::end_turn(&*store, id, 2, Outcome::Failed, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 3, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 3, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 3, &["cut mid-"]).await;
-        store
-            .end_turn(id, 3, Outcome::Cancelled, None, now())
+        write::end_turn(&*store, id, 3, Outcome::Cancelled, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 4, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 4, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 4, &["still streaming"]).await;
 
-        let Finalized::Won(report) = store
-            .finalize(
-                id,
-                FinalizeRequest::new(EndReason::Shutdown).commit_memory(true),
-            )
-            .await
-            .unwrap()
-        else {
+        let Finalized::Won(report) = write::finalize(
+            &*store,
+            id,
+            FinalizeRequest::new(EndReason::Shutdown).commit_memory(true),
+        )
+        .await
+        .unwrap() else {
             panic!("must win")
         };
         assert_eq!(report.memories, 1);
@@ -113,21 +118,23 @@ pub(crate) fn g7_memory_only_from_completed_turns(b: Backend) {
         assert_eq!(texts(&detail.turns[3]), vec!["still streaming"]);
 
         // Without commit_memory, nothing is committed.
-        let other = store.create_session(NewSession::new("t", o)).await.unwrap();
-        store.start_turn(other, 1, None, now()).await.unwrap();
-        append_all(&*store, other, 1, &["done"]).await;
-        store
-            .end_turn(other, 1, Outcome::Completed, None, now())
+        let other = write::register(&*store, NewSession::new("t", o))
             .await
             .unwrap();
-        let Finalized::Won(report) = store
-            .finalize(
-                other,
-                FinalizeRequest::new(EndReason::Completed).with_outcome(Outcome::Completed),
-            )
+        write::start_turn(&*store, other, 1, None, now())
             .await
-            .unwrap()
-        else {
+            .unwrap();
+        append_all(&*store, other, 1, &["done"]).await;
+        write::end_turn(&*store, other, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap();
+        let Finalized::Won(report) = write::finalize(
+            &*store,
+            other,
+            FinalizeRequest::new(EndReason::Completed).with_outcome(Outcome::Completed),
+        )
+        .await
+        .unwrap() else {
             panic!("must win")
         };
         assert_eq!(report.memories, 0);
@@ -153,20 +160,20 @@ pub(crate) fn a_failed_finalize_step_is_reported_and_recorded(b: Backend) {
     }
     rt().block_on(async {
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
-        append_all(&*store, id, 1, &["x"]).await;
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::start_turn(&*store, id, 1, None, now())
             .await
             .unwrap();
-        let Finalized::Won(report) = store
-            .finalize(
-                id,
-                FinalizeRequest::new(EndReason::Completed).commit_memory(true),
-            )
+        append_all(&*store, id, 1, &["x"]).await;
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
-            .unwrap()
-        else {
+            .unwrap();
+        let Finalized::Won(report) = write::finalize(
+            &*store,
+            id,
+            FinalizeRequest::new(EndReason::Completed).commit_memory(true),
+        )
+        .await
+        .unwrap() else {
             panic!("must win")
         };
         assert_eq!(report.failed_steps.len(), 1);

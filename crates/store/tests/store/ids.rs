@@ -1,10 +1,10 @@
 //! Session ids reserved in blocks ahead of need: never handed out twice,
-//! whether given explicitly or allocated by a registration, single or batched.
+//! whether given explicitly or allocated by a registration, alone or batched.
 
 use settle_store::{Applied, LifecycleWrite, NewSession, SessionId, StoreError};
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{open, owner, HOUR};
+use crate::{open, owner, write, HOUR};
 
 pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
@@ -13,8 +13,7 @@ pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
     rt.block_on(async {
         let o = owner(&*one, HOUR).await;
         // A session created before any reservation: the counter starts above it.
-        let first = one
-            .create_session(NewSession::new("first", o))
+        let first = write::register(&*one, NewSession::new("first", o))
             .await
             .unwrap();
         let a = one.reserve_ids(10).await.unwrap();
@@ -28,32 +27,38 @@ pub fn reserved_ids_are_never_handed_out_twice(b: Backend) {
         );
         // Reserved ids are used as given; allocated ones never collide with them.
         let given = SessionId(b.start + 3);
-        let created = two
-            .create_session(NewSession::new("given", o).with_id(given))
+        let created = write::register(&*two, NewSession::new("given", o).with_id(given))
             .await
             .unwrap();
         assert_eq!(created, given);
-        let fresh = one
-            .create_session(NewSession::new("fresh", o))
+        let fresh = write::register(&*one, NewSession::new("fresh", o))
             .await
             .unwrap();
         assert!(!a.contains(&fresh.0) && !b.contains(&fresh.0), "{fresh}");
-        let again = one
-            .create_session(NewSession::new("again", o).with_id(given))
-            .await;
+        let again = write::register(&*one, NewSession::new("again", o).with_id(given)).await;
         assert!(
             matches!(again, Err(StoreError::DuplicateSession(id)) if id == given),
             "{again:?}"
         );
         // A batch registers under reserved ids too, and allocates the rest
-        // from the same counter.
+        // from the same counter. An id taken, by a session or by a write
+        // before it in the batch, is refused alone.
         let batched = SessionId(a.start + 1);
-        let results = one
+        let mut results = one
             .apply(vec![
                 LifecycleWrite::Register(NewSession::new("batched", o).with_id(batched)),
+                LifecycleWrite::Register(NewSession::new("twice", o).with_id(batched)),
                 LifecycleWrite::Register(NewSession::new("allocated", o)),
+                LifecycleWrite::Register(NewSession::new("taken", o).with_id(given)),
             ])
             .await;
+        for (k, taken) in [(3, given), (1, batched)] {
+            let refused = results.remove(k);
+            assert!(
+                matches!(refused, Err(StoreError::DuplicateSession(id)) if id == taken),
+                "{k}: {refused:?}"
+            );
+        }
         let ids: Vec<SessionId> = results
             .into_iter()
             .map(|r| match r {

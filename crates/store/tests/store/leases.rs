@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use settle_store::{
-    Cause, Claim, EndReason, FinalizeRequest, HostIdentity, LifecycleWrite, NewSession, OwnerGone,
+    Cause, EndReason, FinalizeRequest, HostIdentity, LifecycleWrite, NewSession, OwnerGone,
     OwnerInfo, RecoverOptions, State, StoreError,
 };
 
 use crate::common::{rt, Backend, TestDb};
 use crate::recovery::{expire, owner_elsewhere};
-use crate::{append_all, now, open, HOUR};
+use crate::{append_all, now, open, write, HOUR};
 
 fn lost(result: Result<(), StoreError>, what: &str) {
     assert!(
@@ -21,22 +21,22 @@ fn lost(result: Result<(), StoreError>, what: &str) {
 
 /// An owner whose lease expired writes nothing more, before and after its
 /// sessions are recovered: its renewal and every write of its own (session
-/// rows, turns, chunks, claims, finalizes, registrations, batches) fail with
+/// rows, turns, chunks, finalizes, registrations, batches) fail with
 /// `LeaseLost`, and leave the rows as they were.
 pub(crate) fn g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
         let late = owner_elsewhere(&*store, 4_000_100).await;
-        let busy = store
-            .create_session(NewSession::new("busy", late))
+        let busy = write::register(&*store, NewSession::new("busy", late))
             .await
             .unwrap();
-        let idle = store
-            .create_session(NewSession::new("idle", late))
+        let idle = write::register(&*store, NewSession::new("idle", late))
             .await
             .unwrap();
-        store.start_turn(busy, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, busy, 1, None, now())
+            .await
+            .unwrap();
         append_all(&*store, busy, 1, &["before"]).await;
         // It stalls past its lease (a SIGSTOP, a long GC pause).
         expire(&*store, late).await;
@@ -50,12 +50,21 @@ pub(crate) fn g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_write
             async move {
                 lost(store.renew_lease(late, HOUR).await.map(|_| ()), round);
                 lost(
-                    store
-                        .transition(busy, State::Registered, State::Running, "x", now())
-                        .await,
+                    write::transition(
+                        &*store,
+                        busy,
+                        State::Registered,
+                        State::Running,
+                        Cause::TurnStarted,
+                        now(),
+                    )
+                    .await,
                     round,
                 );
-                lost(store.start_turn(idle, 1, None, now()).await, round);
+                lost(
+                    write::start_turn(&*store, idle, 1, None, now()).await,
+                    round,
+                );
                 lost(
                     store
                         .append_chunk(busy, 1, "after".into())
@@ -64,28 +73,25 @@ pub(crate) fn g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_write
                     round,
                 );
                 lost(
-                    store
-                        .end_turn(busy, 1, settle_store::Outcome::Completed, None, now())
-                        .await,
+                    write::end_turn(
+                        &*store,
+                        busy,
+                        1,
+                        settle_store::Outcome::Completed,
+                        None,
+                        now(),
+                    )
+                    .await,
                     round,
                 );
                 lost(
-                    store
-                        .claim(idle, EndReason::IdleReap)
-                        .await
-                        .map(|_: Claim| ()),
-                    round,
-                );
-                lost(
-                    store
-                        .finalize(idle, FinalizeRequest::new(EndReason::Completed))
+                    write::finalize(&*store, idle, FinalizeRequest::new(EndReason::Completed))
                         .await
                         .map(|_| ()),
                     round,
                 );
                 lost(
-                    store
-                        .create_session(NewSession::new("new", late))
+                    write::register(&*store, NewSession::new("new", late))
                         .await
                         .map(|_| ()),
                     round,
@@ -143,8 +149,7 @@ pub(crate) fn g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owne
             .renew_lease(live, Duration::from_secs(30))
             .await
             .unwrap();
-        let id = store
-            .create_session(NewSession::new("live", live))
+        let id = write::register(&*store, NewSession::new("live", live))
             .await
             .unwrap();
         let ahead = RecoverOptions {
@@ -159,7 +164,9 @@ pub(crate) fn g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owne
         let report = store.recover(ahead).await.unwrap();
         assert!(report.recovered.is_empty(), "{report:?}");
         // The owner goes on as if nothing happened.
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
         store.renew_lease(live, HOUR).await.unwrap();
     });
 }
@@ -198,8 +205,7 @@ pub(crate) fn g8_owners_named_alike_on_different_machines_keep_their_live_sessio
             }
         };
         let a = register(twin("machine-a")).await;
-        let session = store
-            .create_session(NewSession::new("on a", a))
+        let session = write::register(&*store, NewSession::new("on a", a))
             .await
             .unwrap();
         // Machine b, same name, looks for gone processes: the pid is gone

@@ -1,11 +1,13 @@
-//! Sessions, transitions, turns, chunks and the reclaim claim (G3, G10).
+//! Sessions, transitions, turns and chunks (G10), and sessions marked closing.
+
+use settle_core::CancelMode;
+use settle_store::{
+    Cause, EndReason, FinalizeRequest, Finalized, NewSession, Outcome, OwnerId, SessionFilter,
+    SessionId, State, StoreError, StoreOptions,
+};
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, texts, HOUR};
-use settle_store::{
-    Claim, EndReason, FinalizeRequest, Finalized, Ineligible, NewSession, Outcome, OwnerId,
-    SessionFilter, SessionId, State, StoreError, StoreOptions,
-};
+use crate::{append_all, now, open, session, texts, write};
 
 // --- sessions, transitions --------------------------------------------------
 
@@ -14,8 +16,7 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (o, root) = session(&*store, "root").await;
-        let child = store
-            .create_session(NewSession::new("child", o).with_parent(root))
+        let child = write::register(&*store, NewSession::new("child", o).with_parent(root))
             .await
             .unwrap();
         assert_ne!(root, child);
@@ -27,8 +28,7 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
         assert_eq!(rows[0].parent, None);
 
         let missing = SessionId(999_999);
-        let err = store
-            .create_session(NewSession::new("orphan", o).with_parent(missing))
+        let err = write::register(&*store, NewSession::new("orphan", o).with_parent(missing))
             .await
             .unwrap_err();
         assert!(
@@ -36,18 +36,22 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
             "{err:?}"
         );
 
-        let err = store
-            .create_session(NewSession::new("nobody's", OwnerId(424_242)))
+        let err = write::register(&*store, NewSession::new("nobody's", OwnerId(424_242)))
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::UnknownOwner(_)), "{err:?}");
 
-        store
-            .transition(child, State::Registered, State::Settled, "finished", now())
-            .await
-            .unwrap();
-        let err = store
-            .create_session(NewSession::new("late", o).with_parent(child))
+        write::transition(
+            &*store,
+            child,
+            State::Registered,
+            State::Settled,
+            Cause::AgentFinished,
+            now(),
+        )
+        .await
+        .unwrap();
+        let err = write::register(&*store, NewSession::new("late", o).with_parent(child))
             .await
             .unwrap_err();
         assert!(
@@ -60,13 +64,13 @@ pub(crate) fn sessions_form_trees_under_open_parents(b: Backend) {
             ),
             "{err:?}"
         );
-        assert!(store
-            .finalize(child, FinalizeRequest::new(EndReason::Completed))
-            .await
-            .unwrap()
-            .won());
-        let err = store
-            .create_session(NewSession::new("later", o).with_parent(child))
+        assert!(
+            write::finalize(&*store, child, FinalizeRequest::new(EndReason::Completed))
+                .await
+                .unwrap()
+                .won()
+        );
+        let err = write::register(&*store, NewSession::new("later", o).with_parent(child))
             .await
             .unwrap_err();
         assert!(
@@ -87,14 +91,12 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store
-            .transition(id, State::Registered, State::Running, "turn 1", now())
-            .await
-            .unwrap();
-        let err = store
-            .transition(id, State::Registered, State::Running, "again", now())
-            .await
-            .unwrap_err();
+        let start = || {
+            let (from, to) = (State::Registered, State::Running);
+            write::transition(&*store, id, from, to, Cause::TurnStarted, now())
+        };
+        start().await.unwrap();
+        let err = start().await.unwrap_err();
         assert!(
             matches!(
                 err,
@@ -117,8 +119,7 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
             (State::Settled, State::Running),
             (State::Cancelling, State::Registered),
         ] {
-            let err = store
-                .transition(id, from, to, "bad", now())
+            let err = write::transition(&*store, id, from, to, Cause::AgentFinished, now())
                 .await
                 .unwrap_err();
             assert!(
@@ -126,20 +127,26 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
                 "{err:?}"
             );
         }
-        store
-            .transition(id, State::Running, State::Registered, "turn ended", now())
-            .await
-            .unwrap();
-        let err = store
-            .transition(
-                SessionId(777_777),
-                State::Registered,
-                State::Running,
-                "x",
-                now(),
-            )
-            .await
-            .unwrap_err();
+        write::transition(
+            &*store,
+            id,
+            State::Running,
+            State::Registered,
+            Cause::TurnEnded(Outcome::Completed),
+            now(),
+        )
+        .await
+        .unwrap();
+        let err = write::transition(
+            &*store,
+            SessionId(777_777),
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            now(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
 
         let detail = store.session_detail(id).await.unwrap();
@@ -152,8 +159,12 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
             steps,
             vec![
                 (None, State::Registered, "registered"),
-                (Some(State::Registered), State::Running, "turn 1"),
-                (Some(State::Running), State::Registered, "turn ended"),
+                (Some(State::Registered), State::Running, "turn started"),
+                (
+                    Some(State::Running),
+                    State::Registered,
+                    "turn ended: completed"
+                ),
             ]
         );
         assert_eq!(detail.session.state, State::Registered);
@@ -168,8 +179,8 @@ pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
         let store = db.open_with(StoreOptions::default().with_batch_size(16));
         let (_, a) = session(&*store, "a").await;
         let (_, c) = session(&*store, "c").await;
-        store.start_turn(a, 1, None, now()).await.unwrap();
-        store.start_turn(c, 7, None, now()).await.unwrap();
+        write::start_turn(&*store, a, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, c, 7, None, now()).await.unwrap();
         // Interleave two turns; queue everything before awaiting anything.
         let mut receipts = Vec::new();
         for i in 0..300 {
@@ -201,8 +212,12 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
             "{err:?}"
         );
 
-        store.start_turn(id, 1, None, now()).await.unwrap();
-        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
+        let err = write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, StoreError::TurnInFlight { open: 1, .. }),
             "{err:?}"
@@ -210,8 +225,7 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
         append_all(&*store, id, 1, &["kept"]).await;
         // Queued before end_turn, so committed before it.
         let before = store.append_chunk(id, 1, "just in time".into());
-        store
-            .end_turn(id, 1, Outcome::Detached, None, now())
+        write::end_turn(&*store, id, 1, Outcome::Detached, None, now())
             .await
             .unwrap();
         assert_eq!(before.await.unwrap().seq, 1);
@@ -225,19 +239,22 @@ pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
             "{err:?}"
         );
         assert!(err.to_string().contains("revoked"), "{err}");
-        let err = store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        let err = write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::TurnClosed { .. }), "{err:?}");
-        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
+        let err = write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, StoreError::TurnExists { turn: 1, .. }),
             "{err:?}"
         );
 
         // A new turn is writable; the old one stays closed.
-        store.start_turn(id, 2, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap();
         append_all(&*store, id, 2, &["next"]).await;
         let detail = store.session_detail(id).await.unwrap();
         assert_eq!(texts(&detail.turns[0]), vec!["kept", "just in time"]);
@@ -252,15 +269,17 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
-        append_all(&*store, id, 1, &["one"]).await;
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::start_turn(&*store, id, 1, None, now())
             .await
             .unwrap();
-        store.start_turn(id, 2, None, now()).await.unwrap();
-        let won = store
-            .finalize(id, FinalizeRequest::new(EndReason::UserClose))
+        append_all(&*store, id, 1, &["one"]).await;
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap();
+        write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap();
+        let won = write::finalize(&*store, id, FinalizeRequest::new(EndReason::UserClose))
             .await
             .unwrap();
         let Finalized::Won(report) = won else {
@@ -279,24 +298,25 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
         };
         closed(store.append_chunk(id, 2, "ghost".into()).await.map(|_| ()));
         closed(store.append_chunk(id, 1, "ghost".into()).await.map(|_| ()));
-        closed(store.start_turn(id, 3, None, now()).await);
-        closed(store.end_turn(id, 2, Outcome::Completed, None, now()).await);
+        closed(write::start_turn(&*store, id, 3, None, now()).await);
+        closed(write::end_turn(&*store, id, 2, Outcome::Completed, None, now()).await);
         closed(
-            store
-                .transition(id, State::Registered, State::Running, "x", now())
-                .await,
+            write::transition(
+                &*store,
+                id,
+                State::Registered,
+                State::Running,
+                Cause::TurnStarted,
+                now(),
+            )
+            .await,
         );
         assert!(matches!(
-            store
-                .finalize(id, FinalizeRequest::new(EndReason::Shutdown))
+            write::finalize(&*store, id, FinalizeRequest::new(EndReason::Shutdown))
                 .await
                 .unwrap(),
             Finalized::AlreadyFinalized
         ));
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::NotEligible(Ineligible::Finalized)
-        );
         let after = store.session_detail(id).await.unwrap();
         assert_eq!(before, after, "refused writes changed the row");
         assert_eq!(after.session.end_reason, Some(EndReason::UserClose));
@@ -304,44 +324,23 @@ pub(crate) fn g10_session_closed_after_finalize(b: Backend) {
     });
 }
 
-// --- claim (G3) ------------------------------------------------------------------
+// --- sessions marked closing ------------------------------------------------------
 
-pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
+/// A session an earlier version claimed for a reclaim, its row marked closing
+/// in the database, admits no new turn, and is finalized as any other. (The
+/// claim itself is the core's now, G3; the store keeps the mark's rule.)
+pub(crate) fn a_session_marked_closing_admits_no_new_turn(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::Shutdown).await.unwrap(),
-            Claim::NotEligible(Ineligible::TurnInFlight(1))
-        );
-        store
-            .transition(id, State::Registered, State::Running, "turn", now())
+        db.execute(&format!(
+            "UPDATE sessions SET closing_reason = '{}' WHERE id = {id}",
+            EndReason::IdleReap.as_str()
+        ));
+        let err = write::start_turn(&*store, id, 1, None, now())
             .await
-            .unwrap();
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::Shutdown).await.unwrap(),
-            Claim::NotEligible(Ineligible::State(State::Running))
-        );
-        store
-            .transition(id, State::Running, State::Registered, "turn ended", now())
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::Claimed
-        );
-        assert_eq!(
-            store.claim(id, EndReason::LruEvict).await.unwrap(),
-            Claim::NotEligible(Ineligible::Closing(EndReason::IdleReap))
-        );
-        // A closing session admits no new turn.
-        let err = store.start_turn(id, 2, None, now()).await.unwrap_err();
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -352,43 +351,13 @@ pub(crate) fn g3_claim_spares_live_turns(b: Backend) {
             ),
             "{err:?}"
         );
-        assert!(store
-            .finalize(id, FinalizeRequest::new(EndReason::IdleReap))
-            .await
-            .unwrap()
-            .won());
-        let err = store
-            .claim(SessionId(55_555), EndReason::IdleReap)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
-    });
-}
-
-/// A turn that starts while a sweeper claims: exactly one of them wins, on
-/// separate connections.
-pub(crate) fn g3_claim_and_start_turn_race_one_wins(b: Backend) {
-    let Some(db) = TestDb::new(b) else { return };
-    let rt = rt();
-    let (sweeper, worker) = (open(&db), open(&db));
-    rt.block_on(async {
-        let o = owner(&*worker, HOUR).await;
-        for i in 0..40 {
-            let id = worker
-                .create_session(NewSession::new(format!("s{i}"), o))
+        assert!(store.session_detail(id).await.unwrap().turns.is_empty());
+        assert!(
+            write::finalize(&*store, id, FinalizeRequest::new(EndReason::IdleReap))
                 .await
-                .unwrap();
-            let (claimed, started) = tokio::join!(
-                sweeper.claim(id, EndReason::IdleReap),
-                worker.start_turn(id, 1, None, now())
-            );
-            let claimed = claimed.unwrap() == Claim::Claimed;
-            match started {
-                Ok(()) => assert!(!claimed, "session {id}: both the claim and the turn won"),
-                Err(StoreError::SessionClosing { .. }) => assert!(claimed),
-                Err(e) => panic!("unexpected {e:?}"),
-            }
-        }
+                .unwrap()
+                .won()
+        );
     });
 }
 
@@ -406,24 +375,18 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
                 "{r:?}"
             )
         };
-        unknown(store.start_turn(ghost, 1, None, now()).await);
-        unknown(
-            store
-                .end_turn(ghost, 1, Outcome::Completed, None, now())
-                .await,
-        );
+        unknown(write::start_turn(&*store, ghost, 1, None, now()).await);
+        unknown(write::end_turn(&*store, ghost, 1, Outcome::Completed, None, now()).await);
         unknown(store.append_chunk(ghost, 1, "x".into()).await.map(|_| ()));
         unknown(
-            store
-                .finalize(ghost, FinalizeRequest::new(EndReason::Shutdown))
+            write::finalize(&*store, ghost, FinalizeRequest::new(EndReason::Shutdown))
                 .await
                 .map(|_| ()),
         );
         unknown(store.session_detail(ghost).await.map(|_| ()));
         assert!(store.memories(ghost).await.unwrap().is_empty());
 
-        let err = store
-            .end_turn(id, 9, Outcome::Completed, None, now())
+        let err = write::end_turn(&*store, id, 9, Outcome::Completed, None, now())
             .await
             .unwrap_err();
         assert!(
@@ -431,8 +394,7 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
             "{err:?}"
         );
         for state in [State::Registered, State::Settled] {
-            let err = store
-                .transition(id, state, state, "stay", now())
+            let err = write::transition(&*store, id, state, state, Cause::AgentFinished, now())
                 .await
                 .unwrap_err();
             assert!(
@@ -440,13 +402,21 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
                 "{err:?}"
             );
         }
-        for (from, to) in [
-            (State::Registered, State::Running),
-            (State::Running, State::Cancelling),
+        for (from, to, cause) in [
+            (State::Registered, State::Running, Cause::TurnStarted),
+            (
+                State::Running,
+                State::Cancelling,
+                Cause::CancelRequested(CancelMode::Graceful),
+            ),
         ] {
-            store.transition(id, from, to, "on", now()).await.unwrap();
+            write::transition(&*store, id, from, to, cause, now())
+                .await
+                .unwrap();
         }
-        let err = store.start_turn(id, 1, None, now()).await.unwrap_err();
+        let err = write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -457,22 +427,20 @@ pub(crate) fn every_refusal_names_its_reason(b: Backend) {
             ),
             "{err:?}"
         );
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::NotEligible(Ineligible::State(State::Cancelling))
-        );
-        store
-            .transition(id, State::Cancelling, State::Settled, "exited", now())
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim(id, EndReason::IdleReap).await.unwrap(),
-            Claim::NotEligible(Ineligible::State(State::Settled))
-        );
-        let Finalized::Won(report) = store
-            .finalize(id, FinalizeRequest::new(EndReason::Cancelled))
-            .await
-            .unwrap()
+        write::transition(
+            &*store,
+            id,
+            State::Cancelling,
+            State::Settled,
+            Cause::TurnEnded(Outcome::Cancelled),
+            now(),
+        )
+        .await
+        .unwrap();
+        let Finalized::Won(report) =
+            write::finalize(&*store, id, FinalizeRequest::new(EndReason::Cancelled))
+                .await
+                .unwrap()
         else {
             panic!("must win")
         };

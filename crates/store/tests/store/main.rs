@@ -20,6 +20,7 @@ mod open;
 mod reads;
 mod recovery;
 mod transcripts;
+mod write;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -57,8 +58,6 @@ on_backends! {
         lifecycle::chunks_keep_append_order_per_turn,
         lifecycle::g10_turn_closed_after_end_turn,
         lifecycle::g10_session_closed_after_finalize,
-        lifecycle::g3_claim_spares_live_turns,
-        lifecycle::g3_claim_and_start_turn_race_one_wins,
         lifecycle::every_refusal_names_its_reason,
         finalize::g2_finalize_latch_wins_once_across_stores,
         finalize::g7_memory_only_from_completed_turns,
@@ -74,7 +73,7 @@ on_backends! {
         transcripts::g7_a_turn_without_reply_text_commits_no_memory,
         transcripts::resumed_sessions_name_the_session_they_continue,
         batch::g2_a_finalize_that_loses_its_race_does_not_fail_the_batch,
-        batch::batch_writes_follow_the_single_call_rules,
+        batch::batch_writes_meet_the_session_the_writes_before_left,
         batch::g7_a_batch_commits_memory_from_turns_it_completed,
         batch::batch_registrations_answer_ids_and_refuse_alone,
         batch::a_batch_larger_than_a_statement_is_applied_whole,
@@ -89,6 +88,7 @@ on_backends! {
         open::schema_is_created_on_first_use_and_kept,
         open::g11_newer_schema_is_refused_and_left_alone,
         open::an_old_database_upgrades_in_place,
+        lifecycle::a_session_marked_closing_admits_no_new_turn,
         finalize::a_failed_finalize_step_is_reported_and_recorded,
         recovery::g7_acknowledged_chunks_survive_kill_9,
         recovery::g2_g8_two_processes_race_finalize_and_recover,
@@ -118,8 +118,7 @@ fn now() -> SystemTime {
 /// A session with a live owner.
 async fn session(store: &dyn SessionStore, name: &str) -> (OwnerId, SessionId) {
     let o = owner(store, HOUR).await;
-    let id = store
-        .create_session(NewSession::new(name, o))
+    let id = write::register(store, NewSession::new(name, o))
         .await
         .unwrap();
     (o, id)

@@ -9,7 +9,7 @@ use settle_store::{
 };
 
 use crate::common::{self, rt, Backend, TestDb};
-use crate::{now, open, session};
+use crate::{now, open, session, write};
 
 // --- open, schema -----------------------------------------------------------
 
@@ -295,7 +295,7 @@ pub(crate) fn postgres_writer_reconnects_after_losing_its_connection() {
         let mut attempts = 0;
         let id = loop {
             attempts += 1;
-            match store.create_session(NewSession::new("after", o)).await {
+            match write::register(&*store, NewSession::new("after", o)).await {
                 Ok(id) => break id,
                 Err(StoreError::Database { .. }) if attempts < 3 => continue,
                 Err(e) => panic!("the writer did not recover: {e:?}"),
@@ -403,6 +403,8 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
             (turn.started_at, turn.ended_at),
             (at(1_700_000_000_100), Some(at(1_700_000_000_900)))
         );
+        // A cause is text: the first release's spelling of the finalize step
+        // ("finalize: …", now "finalized: …") reads back as it was written.
         let causes: Vec<_> = old.timeline.iter().map(|t| t.cause.as_str()).collect();
         assert_eq!(
             causes,
@@ -427,13 +429,11 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
         let call = NewChunk::structured(ChunkKind::ToolCall, json!({"name": "scan"}));
         assert_eq!(store.append_chunk(kid, 2, call).await.unwrap().seq, 1);
         let error = TurnError::new(TurnErrorKind::Connect, "connection refused");
-        store
-            .end_turn(kid, 2, Outcome::Failed, Some(error.clone()), now())
+        write::end_turn(&store, kid, 2, Outcome::Failed, Some(error.clone()), now())
             .await
             .unwrap();
         let input = json!([{"role": "user", "content": "again"}]);
-        store
-            .start_turn(kid, 3, Some(input.clone()), now())
+        write::start_turn(&store, kid, 3, Some(input.clone()), now())
             .await
             .unwrap();
         let detail = store.session_detail(kid).await.unwrap();
@@ -442,8 +442,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
         assert_eq!(detail.turns[1].text(), "open");
         assert_eq!(detail.turns[2].input, Some(input));
         let (owner, _) = session(&store, "new").await;
-        let resumed = store
-            .create_session(NewSession::new("resumed", owner).resuming(root))
+        let resumed = write::register(&store, NewSession::new("resumed", owner).resuming(root))
             .await
             .unwrap();
         assert!(resumed.get() > 2, "ids continue after the old ones");

@@ -3,7 +3,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, texts, HOUR};
+use crate::{append_all, now, open, owner, session, texts, write, HOUR};
 use settle_store::{
     EndReason, FinalizeRequest, NewSession, Outcome, SessionFilter, SessionId, State, StoreError,
 };
@@ -15,7 +15,9 @@ pub(crate) fn flush_waits_for_every_appended_chunk(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "s").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
         for i in 0..500 {
             // Nobody waits for these receipts: flush must cover them.
             drop(store.append_chunk(id, 1, format!("{i}").into()));
@@ -34,28 +36,30 @@ pub(crate) fn lists_and_details_carry_the_cli_fields(b: Backend) {
         let store = open(&db);
         let t0 = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
         let o = owner(&*store, HOUR).await;
-        let root = store
-            .create_session(NewSession::new("root", o).at(t0))
+        let root = write::register(&*store, NewSession::new("root", o).at(t0))
             .await
             .unwrap();
-        let kid = store
-            .create_session(NewSession::new("kid", o).with_parent(root).at(t0))
+        let kid = write::register(&*store, NewSession::new("kid", o).with_parent(root).at(t0))
             .await
             .unwrap();
         for turn in 1..=2 {
-            store.start_turn(kid, turn, None, t0).await.unwrap();
+            write::start_turn(&*store, kid, turn, None, t0)
+                .await
+                .unwrap();
             append_all(&*store, kid, turn, &["x", "y", "z"]).await;
-            store
-                .end_turn(kid, turn, Outcome::Completed, None, t0)
+            write::end_turn(&*store, kid, turn, Outcome::Completed, None, t0)
                 .await
                 .unwrap();
         }
         let t1 = t0 + Duration::from_secs(2);
-        assert!(store
-            .finalize(kid, FinalizeRequest::new(EndReason::Completed).at(t1))
-            .await
-            .unwrap()
-            .won());
+        assert!(write::finalize(
+            &*store,
+            kid,
+            FinalizeRequest::new(EndReason::Completed).at(t1)
+        )
+        .await
+        .unwrap()
+        .won());
 
         let all = store
             .list_sessions(SessionFilter::all().oldest_first())
@@ -130,7 +134,7 @@ pub(crate) fn lists_and_details_carry_the_cli_fields(b: Backend) {
             (last.at, last.from, last.to),
             (t1, Some(State::Registered), State::Finalized)
         );
-        assert_eq!(last.cause, "finalize: completed");
+        assert_eq!(last.cause, "finalized: completed");
         assert_eq!(d.finalize_errors, None);
 
         let err = store.session_detail(SessionId(31_337)).await.unwrap_err();
@@ -151,18 +155,18 @@ pub(crate) fn sessions_list_newest_first_with_filters(b: Backend) {
         for i in 0..5u64 {
             let at = t0 + Duration::from_secs(60 * i);
             ids.push(
-                store
-                    .create_session(NewSession::new(format!("s{i}"), o).at(at))
+                write::register(&*store, NewSession::new(format!("s{i}"), o).at(at))
                     .await
                     .unwrap(),
             );
         }
         for &id in &ids[1..3] {
-            assert!(store
-                .finalize(id, FinalizeRequest::new(EndReason::Completed))
-                .await
-                .unwrap()
-                .won());
+            assert!(
+                write::finalize(&*store, id, FinalizeRequest::new(EndReason::Completed))
+                    .await
+                    .unwrap()
+                    .won()
+            );
         }
         let listed = |filter: SessionFilter| {
             let store = store.clone();

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::{self, rt, Backend, TestDb};
-use crate::{append_all, now, open, owner, session, texts, HOUR};
+use crate::{append_all, now, open, owner, session, texts, write, HOUR};
 use settle_store::{
     EndReason, FinalizeRequest, HostIdentity, NewSession, Outcome, OwnerGone, OwnerId, OwnerInfo,
     RecoverOptions, SessionFilter, SessionId, SessionStore, State, Store, StoreError,
@@ -78,7 +78,7 @@ pub(crate) fn child_writer() {
     let store = Store::open(&url).unwrap();
     rt().block_on(async {
         let (_, id) = session(&store, "doomed").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&store, id, 1, None, now()).await.unwrap();
         let mut pending = std::collections::VecDeque::new();
         let mut i = 0u64;
         loop {
@@ -130,21 +130,22 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
         let store = open(&db);
         // An owner whose lease expires at once, on a host that is not this one.
         let crashed = owner_elsewhere(&*store, 4_000_000).await;
-        let parent = store
-            .create_session(NewSession::new("p", crashed))
+        let parent = write::register(&*store, NewSession::new("p", crashed))
             .await
             .unwrap();
-        let child = store
-            .create_session(NewSession::new("c", crashed).with_parent(parent))
+        let child = write::register(&*store, NewSession::new("c", crashed).with_parent(parent))
             .await
             .unwrap();
-        store.start_turn(child, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, child, 1, None, now())
+            .await
+            .unwrap();
         append_all(&*store, child, 1, &["done"]).await;
-        store
-            .end_turn(child, 1, Outcome::Completed, None, now())
+        write::end_turn(&*store, child, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
-        store.start_turn(child, 2, None, now()).await.unwrap();
+        write::start_turn(&*store, child, 2, None, now())
+            .await
+            .unwrap();
         append_all(&*store, child, 2, &["cut", " short"]).await;
         let (_, live) = session(&*store, "live").await;
 
@@ -247,8 +248,7 @@ pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
             alive_here,
         ] {
             ids.push(
-                store
-                    .create_session(NewSession::new("s", owner))
+                write::register(&*store, NewSession::new("s", owner))
                     .await
                     .unwrap(),
             );
@@ -307,7 +307,7 @@ pub(crate) fn g8_two_stores_recovering_at_once_finalize_once(b: Backend) {
         let mut ids = BTreeSet::new();
         for i in 0..30 {
             ids.insert(
-                one.create_session(NewSession::new(format!("s{i}"), crashed))
+                write::register(&*one, NewSession::new(format!("s{i}"), crashed))
                     .await
                     .unwrap(),
             );
@@ -377,17 +377,19 @@ pub(crate) fn g2_g8_two_processes_race_finalize_and_recover(b: Backend) {
             .unwrap();
         let mut ids = Vec::new();
         for i in 0..sessions {
-            let id = store
-                .create_session(NewSession::new(format!("s{i}"), crashed))
+            let id = write::register(&*store, NewSession::new(format!("s{i}"), crashed))
                 .await
                 .unwrap();
-            store.start_turn(id, 1, None, now()).await.unwrap();
+            write::start_turn(&*store, id, 1, None, now())
+                .await
+                .unwrap();
             append_all(&*store, id, 1, &["whole"]).await;
-            store
-                .end_turn(id, 1, Outcome::Completed, None, now())
+            write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
                 .await
                 .unwrap();
-            store.start_turn(id, 2, None, now()).await.unwrap();
+            write::start_turn(&*store, id, 2, None, now())
+                .await
+                .unwrap();
             append_all(&*store, id, 2, &["partial"]).await;
             ids.push(id);
         }
@@ -491,7 +493,7 @@ pub(crate) fn child_racer(role: &str) {
             ids.reverse();
             for id in ids {
                 let plan = FinalizeRequest::new(EndReason::Shutdown).commit_memory(true);
-                if store.finalize(id, plan).await.unwrap().won() {
+                if write::finalize(&store, id, plan).await.unwrap().won() {
                     won.push(id);
                 }
             }
@@ -536,15 +538,15 @@ pub(crate) fn g8_recover_dry_run_names_candidates_and_writes_nothing(b: Backend)
     rt().block_on(async {
         let store = open(&db);
         let crashed = owner_elsewhere(&*store, 4_000_001).await;
-        let root = store
-            .create_session(NewSession::new("root", crashed))
+        let root = write::register(&*store, NewSession::new("root", crashed))
             .await
             .unwrap();
-        let kid = store
-            .create_session(NewSession::new("kid", crashed).with_parent(root))
+        let kid = write::register(&*store, NewSession::new("kid", crashed).with_parent(root))
             .await
             .unwrap();
-        store.start_turn(kid, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, kid, 1, None, now())
+            .await
+            .unwrap();
         append_all(&*store, kid, 1, &["partial"]).await;
         expire(&*store, crashed).await;
         let (_, live) = session(&*store, "live").await;

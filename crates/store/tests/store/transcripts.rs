@@ -8,7 +8,7 @@ use settle_store::{
 };
 
 use crate::common::{rt, Backend, TestDb};
-use crate::{now, open, session};
+use crate::{now, open, session, write};
 
 /// A turn keeps what it was sent, its text and structured chunks in order,
 /// and why it failed; the reply reads as one text, and memory takes only the
@@ -22,8 +22,7 @@ pub(crate) fn g7_whole_transcripts_keep_input_chunks_and_errors(b: Backend) {
             {"role": "system", "content": "You scan ports."},
             {"role": "user", "content": "Is 22 open? \u{1F50D} \"quoted\""},
         ]);
-        store
-            .start_turn(id, 1, Some(input.clone()), now())
+        write::start_turn(&*store, id, 1, Some(input.clone()), now())
             .await
             .unwrap();
         let call = json!({"name": "scan", "arguments": {"port": 22}});
@@ -39,19 +38,17 @@ pub(crate) fn g7_whole_transcripts_keep_input_chunks_and_errors(b: Backend) {
         for chunk in chunks.clone() {
             store.append_chunk(id, 1, chunk).await.unwrap();
         }
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
 
-        store.start_turn(id, 2, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 2, None, now()).await.unwrap();
         store.append_chunk(id, 2, "half".into()).await.unwrap();
         let error = TurnError::new(
             TurnErrorKind::HttpStatus,
             "HTTP 500 Internal Server Error from http://127.0.0.1:9/v1/chat/completions: {\"error\":\"boom\"}",
         );
-        store
-            .end_turn(id, 2, Outcome::Failed, Some(error.clone()), now())
+        write::end_turn(&*store, id, 2, Outcome::Failed, Some(error.clone()), now())
             .await
             .unwrap();
 
@@ -82,11 +79,8 @@ pub(crate) fn g7_whole_transcripts_keep_input_chunks_and_errors(b: Backend) {
         assert_eq!(two.text(), "half");
         assert_eq!(detail.session.chunks, 6);
 
-        let Finalized::Won(report) = store
-            .finalize(id, FinalizeRequest::new(EndReason::Completed).commit_memory(true))
-            .await
-            .unwrap()
-        else {
+        let plan = FinalizeRequest::new(EndReason::Completed).commit_memory(true);
+        let Finalized::Won(report) = write::finalize(&*store, id, plan).await.unwrap() else {
             panic!("must win")
         };
         assert_eq!(report.memories, 1);
@@ -105,15 +99,16 @@ pub(crate) fn g7_a_turn_without_reply_text_commits_no_memory(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (_, id) = session(&*store, "tools").await;
-        store.start_turn(id, 1, None, now()).await.unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
         let call = NewChunk::structured(ChunkKind::ToolCall, json!({"name": "ls"}));
         store.append_chunk(id, 1, call).await.unwrap();
-        store
-            .end_turn(id, 1, Outcome::Completed, None, now())
+        write::end_turn(&*store, id, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
         let plan = FinalizeRequest::new(EndReason::Completed).commit_memory(true);
-        let Finalized::Won(report) = store.finalize(id, plan).await.unwrap() else {
+        let Finalized::Won(report) = write::finalize(&*store, id, plan).await.unwrap() else {
             panic!("must win")
         };
         assert_eq!(report.memories, 0);
@@ -128,13 +123,13 @@ pub(crate) fn resumed_sessions_name_the_session_they_continue(b: Backend) {
     rt().block_on(async {
         let store = open(&db);
         let (owner, first) = session(&*store, "first").await;
-        assert!(store
-            .finalize(first, FinalizeRequest::new(EndReason::UserClose))
-            .await
-            .unwrap()
-            .won());
-        let second = store
-            .create_session(NewSession::new("again", owner).resuming(first))
+        assert!(
+            write::finalize(&*store, first, FinalizeRequest::new(EndReason::UserClose))
+                .await
+                .unwrap()
+                .won()
+        );
+        let second = write::register(&*store, NewSession::new("again", owner).resuming(first))
             .await
             .unwrap();
         let row = store.session_detail(second).await.unwrap().session;
@@ -150,8 +145,7 @@ pub(crate) fn resumed_sessions_name_the_session_they_continue(b: Backend) {
         );
 
         let ghost = SessionId(777_001);
-        let err = store
-            .create_session(NewSession::new("nowhere", owner).resuming(ghost))
+        let err = write::register(&*store, NewSession::new("nowhere", owner).resuming(ghost))
             .await
             .unwrap_err();
         assert!(
