@@ -282,6 +282,20 @@ impl Core {
         true
     }
 
+    /// Remembers `id` as finalized when the store says so (a session of an
+    /// earlier run, or finalized by another process): from now on every
+    /// input naming it gets a finalized session's answer (the table on
+    /// [`Event`]), and [`state`](Self::state) says `finalized`. Returns
+    /// whether it was new to the core; a session the core keeps is left as
+    /// it is.
+    pub fn remember_finalized(&mut self, id: SessionId) -> bool {
+        if self.sessions.contains_key(&id) || self.forgotten.contains(id) {
+            return false;
+        }
+        self.forgotten.insert(id);
+        true
+    }
+
     // ----- inputs ---------------------------------------------------------
 
     fn register(
@@ -664,12 +678,7 @@ impl Core {
             summary: ShutdownSummary::default(),
         });
         // No automatic path but the shutdown's own runs from here on.
-        for (_, id) in self.deadlines.take_idle() {
-            if let Some(s) = self.sessions.get_mut(&id) {
-                s.indexed_since = None;
-                s.idle_key = None;
-            }
-        }
+        self.deadlines.clear_idle(&mut self.sessions);
         self.effects.push_back(Effect::FlushTranscripts);
         let order = open_sessions_bottom_up(&self.sessions);
         for &id in &order {
@@ -771,12 +780,11 @@ impl Core {
         let Some(ttl) = self.policy.idle_ttl else {
             return;
         };
-        while let Some((since, id)) = self.oldest_idle() {
+        while let Some((since, id)) = self.deadlines.next_idle(&mut self.sessions) {
             if since.checked_add(ttl).is_none_or(|at| at > now) {
                 break;
             }
-            self.deadlines.pop_idle();
-            self.unindex(id);
+            self.take_idle(id);
             self.claim(now, id, EndReason::IdleReap);
         }
     }
@@ -786,11 +794,10 @@ impl Core {
             return;
         };
         while self.open > cap {
-            let Some((_, id)) = self.oldest_idle() else {
+            let Some((_, id)) = self.deadlines.next_idle(&mut self.sessions) else {
                 break;
             };
-            self.deadlines.pop_idle();
-            self.unindex(id);
+            self.take_idle(id);
             self.claim(now, id, EndReason::LruEvict);
         }
     }
@@ -1152,50 +1159,19 @@ impl Core {
         }));
     }
 
+    /// Takes `id`, the oldest idle session, out of the idle index to claim it.
+    fn take_idle(&mut self, id: SessionId) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            self.deadlines.take_next_idle(&mut s.idle);
+        }
+    }
+
     /// Puts `id` in the idle index exactly when it is reclaimable.
     fn refresh_index(&mut self, id: SessionId) {
         let shutting_down = self.shutdown.is_some();
         if let Some(s) = self.sessions.get_mut(&id) {
             index(s, id, shutting_down, &mut self.deadlines);
         }
-    }
-
-    /// Marks `id` as out of the idle index, once its entry was popped.
-    fn unindex(&mut self, id: SessionId) {
-        if let Some(s) = self.sessions.get_mut(&id) {
-            s.indexed_since = None;
-            s.idle_key = None;
-        }
-    }
-
-    /// The oldest idle session and since when, after dropping the entries of
-    /// sessions no longer reclaimable and re-arming the ones that surfaced
-    /// early (their session went busy and idle again since).
-    fn oldest_idle(&mut self) -> Option<(Instant, SessionId)> {
-        while let Some((key, id)) = self.deadlines.oldest_idle() {
-            let Some(s) = self.sessions.get_mut(&id) else {
-                self.deadlines.pop_idle();
-                continue;
-            };
-            if s.idle_key != Some(key) {
-                // Not this session's entry any more (it was taken at shutdown).
-                self.deadlines.pop_idle();
-                continue;
-            }
-            match s.indexed_since {
-                Some(since) if since == key => return Some((key, id)),
-                Some(since) => {
-                    self.deadlines.pop_idle();
-                    s.idle_key = Some(since);
-                    self.deadlines.index_idle(since, id);
-                }
-                None => {
-                    self.deadlines.pop_idle();
-                    s.idle_key = None;
-                }
-            }
-        }
-        None
     }
 
     /// Drops stale entries from the top of the deadline table, so that
@@ -1211,7 +1187,7 @@ impl Core {
                 Timer::Orphan => s.orphan_deadline == Some(at),
             })
         });
-        self.oldest_idle();
+        self.deadlines.next_idle(&mut self.sessions);
     }
 
     /// After every input: announce the end of a shutdown once. Stale entries on
@@ -1321,14 +1297,8 @@ fn move_state(
 /// Puts the session `s` (of id `id`) in the idle index exactly when it is
 /// reclaimable.
 fn index(s: &mut Session, id: SessionId, shutting_down: bool, deadlines: &mut Deadlines) {
-    let want = (!shutting_down && s.is_reclaimable()).then_some(s.idle_since);
-    s.indexed_since = want;
-    // An entry already in the heap is early or on time; it is re-armed
-    // when it surfaces. Only a session with no entry needs one.
-    if let (Some(since), None) = (want, s.idle_key) {
-        s.idle_key = Some(since);
-        deadlines.index_idle(since, id);
-    }
+    let since = (!shutting_down && s.is_reclaimable()).then_some(s.idle_since);
+    deadlines.set_idle(&mut s.idle, id, since);
 }
 
 fn wrong_state(session: SessionId, state: State, action: &'static str) -> Error {

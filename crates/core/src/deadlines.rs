@@ -50,6 +50,24 @@ impl Timer {
     }
 }
 
+/// A session's place in the idle index, kept on its record so that the
+/// common case (a turn that starts and ends) touches no heap.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdleMark {
+    /// Since when it is idle, while it is reclaimable; `None` otherwise.
+    since: Option<Instant>,
+    /// The key of its one entry in the idle heap, if it has one: a lower
+    /// bound of `since`, re-armed at the real time when it surfaces early.
+    key: Option<Instant>,
+}
+
+/// Where the idle index finds the marks of the sessions it names: the
+/// core's session table.
+pub(crate) trait IdleMarks {
+    /// The mark of `id`, if the session is still kept.
+    fn mark_mut(&mut self, id: SessionId) -> Option<&mut IdleMark>;
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Deadlines {
     /// Per-session deadlines. Entries are never removed eagerly: an entry whose
@@ -83,26 +101,62 @@ impl Deadlines {
         }
     }
 
-    /// Files a session as idle since `since`.
-    pub fn index_idle(&mut self, since: Instant, session: SessionId) {
-        self.idle.push(Reverse((since, session)));
+    /// Files `session` in the idle index as idle since `since`, or takes it
+    /// out of it (`None`: it is not reclaimable). An entry already in the
+    /// heap stays where it is: it is early or on time, and re-armed when it
+    /// surfaces; only a session with no entry gets one.
+    pub fn set_idle(&mut self, mark: &mut IdleMark, session: SessionId, since: Option<Instant>) {
+        mark.since = since;
+        if let (Some(since), None) = (since, mark.key) {
+            mark.key = Some(since);
+            self.idle.push(Reverse((since, session)));
+        }
     }
 
-    /// The oldest idle entry, stale or not.
-    pub fn oldest_idle(&self) -> Option<(Instant, SessionId)> {
-        self.idle.peek().map(|Reverse(entry)| *entry)
+    /// The oldest idle session and since when, after dropping the entries of
+    /// sessions no longer reclaimable (or forgotten) and re-arming the ones
+    /// that surfaced early (their session went busy and idle again since).
+    pub fn next_idle(&mut self, marks: &mut impl IdleMarks) -> Option<(Instant, SessionId)> {
+        while let Some(Reverse((key, id))) = self.idle.peek().copied() {
+            let Some(mark) = marks.mark_mut(id) else {
+                self.idle.pop();
+                continue;
+            };
+            if mark.key != Some(key) {
+                // Not this session's entry any more (the index was cleared).
+                self.idle.pop();
+                continue;
+            }
+            match mark.since {
+                Some(since) if since == key => return Some((key, id)),
+                Some(since) => {
+                    self.idle.pop();
+                    mark.key = Some(since);
+                    self.idle.push(Reverse((since, id)));
+                }
+                None => {
+                    self.idle.pop();
+                    mark.key = None;
+                }
+            }
+        }
+        None
     }
 
-    /// Removes the oldest idle entry.
-    pub fn pop_idle(&mut self) {
+    /// Takes the session [`next_idle`](Self::next_idle) named out of the
+    /// index, to claim it.
+    pub fn take_next_idle(&mut self, mark: &mut IdleMark) {
         self.idle.pop();
+        *mark = IdleMark::default();
     }
 
-    /// Empties the idle index, handing back every entry.
-    pub fn take_idle(&mut self) -> impl Iterator<Item = (Instant, SessionId)> {
-        std::mem::take(&mut self.idle)
-            .into_iter()
-            .map(|Reverse(entry)| entry)
+    /// Empties the idle index (a shutdown: no automatic path runs any more).
+    pub fn clear_idle(&mut self, marks: &mut impl IdleMarks) {
+        for Reverse((_, id)) in std::mem::take(&mut self.idle) {
+            if let Some(mark) = marks.mark_mut(id) {
+                *mark = IdleMark::default();
+            }
+        }
     }
 
     /// Drops every entry of a session `keep` says no (a forgotten session),
@@ -126,8 +180,9 @@ impl Deadlines {
         }
     }
 
-    /// Drops stale entries from the top, as judged by `is_live`, so that
-    /// [`next`](Self::next) does not report a deadline nobody waits for.
+    /// Drops stale timers from the top, as judged by `is_live`, so that
+    /// [`next`](Self::next) does not report a deadline nobody waits for
+    /// (the idle heap is pruned by [`next_idle`](Self::next_idle)).
     pub fn prune(&mut self, mut is_live: impl FnMut(Instant, SessionId, Timer) -> bool) {
         while let Some(Reverse((at, id, timer))) = self.timers.peek() {
             if is_live(*at, *id, *timer) {

@@ -1,6 +1,14 @@
 use std::time::Instant;
 
+use crate::deadlines::{IdleMark, IdleMarks};
+use crate::hash::SessionMap;
 use crate::{CancelMode, EndReason, Hold, Outcome, SessionId, State, WorkId, WorkKind};
+
+impl IdleMarks for SessionMap<Session> {
+    fn mark_mut(&mut self, id: SessionId) -> Option<&mut IdleMark> {
+        self.get_mut(&id).map(|s| &mut s.idle)
+    }
+}
 
 /// The core's record of one session. Kept small: an idle session costs a few
 /// hundred bytes (SPEC §9).
@@ -35,11 +43,8 @@ pub(crate) struct Session {
     pub has_slot: bool,
     /// The last time it became idle (registered, turn ended, hold released).
     pub idle_since: Instant,
-    /// The key under which it sits in the idle index, if it is reclaimable.
-    pub indexed_since: Option<Instant>,
-    /// The key of this session's one entry in the idle heap, if it has one:
-    /// a lower bound of `indexed_since`, re-armed when it surfaces early.
-    pub idle_key: Option<Instant>,
+    /// Its place in the idle index (see `Deadlines::set_idle`).
+    pub idle: IdleMark,
     pub orphan_deadline: Option<Instant>,
 }
 
@@ -100,8 +105,7 @@ impl Session {
             running_at_shutdown: false,
             has_slot: false,
             idle_since: now,
-            indexed_since: None,
-            idle_key: None,
+            idle: IdleMark::default(),
             orphan_deadline: None,
         }
     }

@@ -77,13 +77,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The entry of session `id`: one the gateway serves, or a session of
-    /// the kernel it adopts (the embedding program registered it).
+    /// The entry of session `id`: one the gateway serves, a session of the
+    /// kernel it adopts (the embedding program registered it), or a closed
+    /// one (finalized), served for this call only: its handle answers every
+    /// method as the core answers a finalized session.
     pub async fn entry(self: &Arc<Self>, id: SessionId) -> Result<Arc<Entry>, RpcError> {
         if let Some(entry) = self.table.get(id) {
             return Ok(entry);
         }
         match self.kernel.session(id).await {
+            Ok(handle) if handle.is_closed() => Ok(Arc::new(Entry::new(handle))),
             Ok(handle) => Ok(self.adopt(handle)),
             Err(error) => Err(RpcError::from_runtime(&error)),
         }

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use settle_core::Error as CoreError;
 use settle_runtime::{RuntimeError, SessionId, State, Turn, TurnRequest};
 use settle_stream::{Message, Role};
 use tokio::sync::OwnedMutexGuard;
@@ -100,7 +99,11 @@ async fn attach_caller(
     close_on_disconnect: bool,
 ) -> Result<(), RpcError> {
     let id = entry.handle.id();
-    if caller.attached.contains(&id) {
+    // A closed handle is not attached to anything any more: the core
+    // answers the attach (G10) instead of this connection's stale record.
+    if entry.handle.is_closed() {
+        caller.attached.remove(&id);
+    } else if caller.attached.contains(&id) {
         return Ok(());
     }
     let _ = entry
@@ -124,21 +127,16 @@ async fn create(
         return Err(RpcError::shutting_down());
     }
     let parent = params.parent.map(SessionId);
-    let handle = match shared.kernel.register(name, parent).await {
-        Ok(handle) => handle,
-        Err(RuntimeError::Lifecycle(CoreError::UnknownSession(id))) => {
-            // The core forgets finalized sessions; the store says which.
-            return Err(match shared.kernel.session(id).await {
-                Err(e) if e.is_session_closed() => RpcError::new(
-                    code::SESSION_CLOSED,
-                    ErrorKind::SessionClosed,
-                    format!("parent session {id} is finalized: it takes no children"),
-                ),
-                _ => RpcError::not_found(id.get()),
-            });
-        }
-        Err(error) => return Err(from_runtime(error)),
-    };
+    // A parent of an earlier run is looked up first, so that the core knows
+    // it as finalized and answers for it.
+    if let Some(parent) = parent.filter(|p| shared.table.get(*p).is_none()) {
+        shared.entry(parent).await?;
+    }
+    let handle = shared
+        .kernel
+        .register(name, parent)
+        .await
+        .map_err(from_runtime)?;
     let id = handle.id();
     let entry = shared.adopt(handle);
     attach_caller(caller, &entry, params.close_on_disconnect).await?;
@@ -166,25 +164,17 @@ async fn detach(
     params: params::Id,
 ) -> Result<Answer, RpcError> {
     let id = params.session();
-    let finalized = || Ok(json!({ "state": State::Finalized.as_str() }).into());
+    let entry = shared.entry(id).await?;
+    // Not attached through this connection: nothing to let go of.
     if caller.attached.remove(&id) {
-        let Some(entry) = shared.table.get(id) else {
-            return finalized();
-        };
         entry.unwatch(caller.conn);
         let _ = entry
             .handle
             .detach_transport()
             .await
             .map_err(from_runtime)?;
-        return state_of(&entry).await;
     }
-    // Not attached through this connection: nothing to let go of.
-    match shared.entry(id).await {
-        Ok(entry) => state_of(&entry).await,
-        Err(e) if e.kind == ErrorKind::SessionClosed => finalized(),
-        Err(e) => Err(e),
-    }
+    state_of(&entry).await
 }
 
 async fn turn_start(shared: &Arc<Shared>, params: params::TurnStart) -> Result<Answer, RpcError> {
@@ -203,7 +193,6 @@ async fn turn_start(shared: &Arc<Shared>, params: params::TurnStart) -> Result<A
                     "session {id} is {state}: a turn is in flight; wait for its turn.ended or cancel it"
                 )))
             }
-            State::Finalized => return Err(session_closed(id)),
             _ => entry.conversation.clone().lock_owned().await,
         },
     };
@@ -229,14 +218,8 @@ async fn turn_start(shared: &Arc<Shared>, params: params::TurnStart) -> Result<A
 }
 
 async fn turn_cancel(shared: &Arc<Shared>, params: params::Id) -> Result<Answer, RpcError> {
-    match shared.entry(params.session()).await {
-        Ok(entry) => {
-            let _ = entry.handle.cancel_turn().await.map_err(from_runtime)?;
-        }
-        // Nothing runs on a finalized session: the cancel is a no-op (G2).
-        Err(e) if e.kind == ErrorKind::SessionClosed => {}
-        Err(e) => return Err(e),
-    }
+    let entry = shared.entry(params.session()).await?;
+    let _ = entry.handle.cancel_turn().await.map_err(from_runtime)?;
     Ok(json!({}).into())
 }
 
@@ -245,12 +228,7 @@ async fn hold(
     params: params::HoldParams,
     hold: bool,
 ) -> Result<Answer, RpcError> {
-    let entry = match shared.entry(SessionId(params.id)).await {
-        Ok(entry) => entry,
-        // Letting go of a finalized session's hold is a no-op (G2).
-        Err(e) if !hold && e.kind == ErrorKind::SessionClosed => return Ok(json!({}).into()),
-        Err(e) => return Err(e),
-    };
+    let entry = shared.entry(SessionId(params.id)).await?;
     let which = params.hold.into();
     let done = if hold {
         entry.handle.hold(which).await
@@ -262,23 +240,9 @@ async fn hold(
 }
 
 async fn close(shared: &Arc<Shared>, params: params::Id) -> Result<Answer, RpcError> {
-    let id = params.session();
-    let reason = match shared.entry(id).await {
-        Ok(entry) => entry.handle.close().await.map_err(from_runtime)?,
-        // Closing a closed session reports how it ended (G2).
-        Err(e) if e.kind == ErrorKind::SessionClosed => {
-            let detail = shared
-                .kernel
-                .session_detail(id)
-                .await
-                .map_err(from_runtime)?;
-            match detail.session.end_reason {
-                Some(reason) => reason,
-                None => return Err(e),
-            }
-        }
-        Err(e) => return Err(e),
-    };
+    let entry = shared.entry(params.session()).await?;
+    // Closing a closed session reports how it ended (G2).
+    let reason = entry.handle.close().await.map_err(from_runtime)?;
     Ok(json!({ "end_reason": reason.as_str() }).into())
 }
 

@@ -39,7 +39,7 @@ struct Watchers {
 }
 
 impl Entry {
-    fn new(handle: SessionHandle) -> Self {
+    pub fn new(handle: SessionHandle) -> Self {
         Entry {
             handle,
             conversation: Arc::default(),

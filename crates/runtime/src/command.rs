@@ -58,6 +58,8 @@ pub(crate) enum Command {
         drain: Duration,
         reply: Option<oneshot::Sender<ShutdownReport>>,
     },
+    /// The store says this session, unknown to the core, is finalized.
+    Finalized { session: SessionId },
     /// The lease renewer lost this process's lease (G8).
     LeaseLost,
     /// How much the driver tracks (for tests of a long-lived kernel).

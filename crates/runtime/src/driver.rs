@@ -310,6 +310,9 @@ impl Driver {
                     works: self.works.len(),
                 });
             }
+            Command::Finalized { session } => {
+                self.core.remember_finalized(session);
+            }
             Command::LeaseLost => self.begin_shutdown(Duration::ZERO, None, Event::LeaseLost),
         }
     }

@@ -358,38 +358,51 @@ impl Kernel {
         .map_err(RuntimeError::from)
     }
 
-    /// A handle for a session of this kernel that is still open.
+    /// A handle for session `id`: an open session of this kernel, or a
+    /// finalized one (finalized here, in an earlier run, or by another
+    /// process), whose handle is closed: every method answers as the core
+    /// answers a finalized session (`SessionClosed` to using it,
+    /// `AlreadyFinalized` to ending it, its end reason to
+    /// [`close`](SessionHandle::close)), never "not known".
     ///
     /// # Errors
-    /// `SessionClosed` when it is finalized: one this kernel finalized (the
-    /// core remembers it), or one the store has finalized (an id from an
-    /// earlier run, read within the store timeout);
-    /// `Lifecycle(UnknownSession)` when neither knows it as finalized.
+    /// `Lifecycle(UnknownSession)` when neither the kernel nor the store
+    /// has it (or the store did not answer within the store timeout for an
+    /// id the kernel does not know); `SessionClosed` when the kernel
+    /// finalized it but the store's row cannot be read in time.
     pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
         let found = self
             .ask(|reply| Command::Lookup { session: id, reply })
             .await;
-        match found {
-            Ok(shared) => Ok(SessionHandle::new(shared, self.clone())),
-            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => {
-                Err(self.stored_elsewhere(id).await)
-            }
-            Err(error) => Err(error),
-        }
-    }
-
-    /// What the store says of an id this kernel never registered: a
-    /// finalized row is a closed session (G10); anything else, or no answer
-    /// within the store timeout, leaves it unknown.
-    async fn stored_elsewhere(&self, id: SessionId) -> RuntimeError {
+        let known = match found {
+            Ok(shared) => return Ok(SessionHandle::new(shared, self.clone())),
+            Err(RuntimeError::SessionClosed(_)) => true,
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => false,
+            Err(error) => return Err(error),
+        };
+        let unknown = || RuntimeError::from(settle_core::Error::UnknownSession(id));
         let bound = self.inner.store_timeout;
         let read = tokio::time::timeout(bound, self.inner.store.session_detail(id)).await;
-        match read {
+        let row = match read {
             Ok(Ok(detail)) if detail.session.state == settle_core::State::Finalized => {
-                RuntimeError::SessionClosed(id)
+                detail.session
             }
-            _ => settle_core::Error::UnknownSession(id).into(),
+            _ if known => return Err(RuntimeError::SessionClosed(id)),
+            _ => return Err(unknown()),
+        };
+        let Some(reason) = row.end_reason else {
+            return Err(if known {
+                RuntimeError::SessionClosed(id)
+            } else {
+                unknown()
+            });
+        };
+        if !known {
+            // The core learns the fact, so its table answers for it.
+            self.send(Command::Finalized { session: id })?;
         }
+        let shared = crate::shared::SessionShared::closed(&row, reason);
+        Ok(SessionHandle::new(shared, self.clone()))
     }
 
     /// Every session of the store, or those in `state`, by id: the rows

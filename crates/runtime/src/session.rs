@@ -54,6 +54,13 @@ impl SessionHandle {
         self.shared.parent
     }
 
+    /// Whether the session's finalize has run (its end reason is known):
+    /// every method of a closed handle answers as the core answers a
+    /// finalized session.
+    pub fn is_closed(&self) -> bool {
+        self.shared.end_reason().is_some()
+    }
+
     /// The kernel it belongs to.
     pub fn kernel(&self) -> &Kernel {
         &self.kernel

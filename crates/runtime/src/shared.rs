@@ -55,6 +55,19 @@ impl SessionShared {
         })
     }
 
+    /// A session that was finalized already, as the store has it: its
+    /// handles are closed from the start.
+    pub fn closed(row: &settle_store::SessionRow, reason: EndReason) -> Arc<Self> {
+        let shared = Self::new(
+            row.id,
+            row.name.as_str().into(),
+            row.parent,
+            row.resumed_from,
+        );
+        shared.set_finalized(reason);
+        shared
+    }
+
     /// The end reason, if the finalize plan has run.
     pub fn end_reason(&self) -> Option<EndReason> {
         self.finalized.get().copied()

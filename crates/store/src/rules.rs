@@ -115,7 +115,7 @@ impl Live {
         if let Some(open) = self.open_turn {
             return Err(StoreError::TurnInFlight { session: id, open });
         }
-        if !matches!(self.state, State::Registered | State::Running) {
+        if !self.state.is_active() {
             return Err(StoreError::NotAcceptingTurns {
                 session: id,
                 state: self.state,

@@ -434,10 +434,23 @@ async fn g2_a_kernel_holds_nothing_for_finalized_sessions() {
     assert_eq!(tracked.works, 0, "{tracked:?}");
     // And a forgotten session still answers as finalized (G2, G10).
     let gone = settle_store::SessionId(root.id().0 + 1);
-    let handle = kernel.session(gone).await;
+    let handle = kernel.session(gone).await.unwrap();
+    assert!(handle.is_closed());
+    assert_eq!(
+        handle.state().await.unwrap(),
+        settle_runtime::State::Finalized
+    );
+    assert_eq!(handle.close().await.unwrap(), EndReason::Completed);
+    assert_eq!(
+        handle.cancel(CancelMode::Immediate).await.unwrap(),
+        Handled::AlreadyFinalized
+    );
+    let refused = handle
+        .run_turn(p.clone(), TurnRequest::prompt("more"))
+        .await;
     assert!(
-        matches!(handle, Err(RuntimeError::SessionClosed(id)) if id == gone),
-        "{handle:?}"
+        matches!(refused, Err(RuntimeError::SessionClosed(id)) if id == gone),
+        "{refused:?}"
     );
     kernel.shutdown(Duration::ZERO).await;
 }

@@ -86,9 +86,7 @@ async fn g1_a_session_waits_for_its_tasks_and_a_panicking_task_says_why() {
         .unwrap();
     assert_eq!(
         broken.join().await,
-        Err(TaskError::Panicked(
-            "the task panicked: the tool broke".into()
-        ))
+        Err(TaskError::Panicked("the tool broke".into()))
     );
     let finishing = {
         let session = session.clone();

@@ -12,4 +12,3 @@ mod g4_g5_attach_and_settle;
 mod g9_shutdown;
 mod loopback;
 mod seams;
-mod spans;

@@ -1,6 +1,7 @@
 //! The lifecycle as `tracing` spans: an embedder's layer (OpenTelemetry's,
 //! say) sees each turn, task, finalize and end hook inside its
 //! `session{id,name,parent}` span, with no code of its own.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,14 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::common::*;
+// Its own test binary: a thread-local subscriber shares tracing's global
+// callsite cache with every other test of a binary, whose spans on other
+// threads made this one flaky.
+#[path = "lifecycle/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+use common::*;
 
 /// A span as recorded: its name, its fields, its parent's name and fields.
 #[derive(Debug, Clone)]
