@@ -74,7 +74,8 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
 }
 
 /// The answer for `id` when the table decides it, or `None` when the input
-/// goes on to its handler. `shutting_down`: a shutdown has begun.
+/// goes on to its handler. `shutting_down`: a shutdown has begun (a
+/// registration is refused for it before its parent is asked about).
 pub(crate) fn answer(
     id: SessionId,
     asks: Asks,
@@ -105,7 +106,6 @@ pub(crate) fn answer(
             })),
             None => None,
         },
-        Asks::Parent if shutting_down => Some(Err(Error::ShuttingDown)),
         Asks::Parent if !s.state.is_active() || s.intent.is_some() => {
             Some(Err(Error::ParentNotLive {
                 parent: id,

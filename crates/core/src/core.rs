@@ -1238,6 +1238,13 @@ impl Core {
         self.deadlines.len()
     }
 
+    /// How many entries the list of `id`'s children holds (forgotten ones
+    /// included until they are compacted away); for tests.
+    #[doc(hidden)]
+    pub fn child_entries(&self, id: SessionId) -> usize {
+        self.sessions.get(&id).map_or(0, |s| s.children.len())
+    }
+
     /// How many entries the idle index holds (stale ones included); for tests.
     #[doc(hidden)]
     pub fn idle_entries(&self) -> usize {

@@ -319,3 +319,59 @@ fn the_timeline_keeps_every_transition_but_the_registration_and_the_finalize() {
         ]
     );
 }
+
+#[test]
+fn g10_an_id_the_store_reports_finalized_gets_a_finalized_sessions_answers() {
+    let mut h = Harness::quiet();
+    let open = h.register(1, None);
+    let gone = h.register(2, None);
+    finalize_and_forget(&mut h, gone);
+    let earlier = SessionId(40);
+    assert_eq!(h.core.state(earlier), None);
+    assert!(h.core.remember_finalized(earlier), "new to the core");
+    assert!(!h.core.remember_finalized(earlier), "remembered once");
+    assert!(!h.core.remember_finalized(gone), "already forgotten");
+    assert!(
+        !h.core.remember_finalized(open),
+        "a kept session is left alone"
+    );
+    assert_eq!(h.state(open), State::Registered);
+    assert_eq!(h.core.state(earlier), Some(State::Finalized));
+    assert_eq!(
+        h.try_ev(Event::UserClose { session: earlier }),
+        Ok(Handled::AlreadyFinalized)
+    );
+    assert_eq!(
+        h.try_ev(Event::StartTurn { session: earlier }),
+        Err(Error::SessionClosed(earlier))
+    );
+}
+
+#[test]
+fn forgetting_children_one_by_one_keeps_the_parents_list_bounded() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let children: Vec<SessionId> = (2..102).map(|id| h.register(id, Some(1))).collect();
+    for (i, child) in children.iter().enumerate() {
+        finalize_and_forget(&mut h, *child);
+        let live = children.len() - i - 1;
+        let entries = h.core.child_entries(root);
+        assert!(
+            entries <= 2 * live + 2,
+            "{entries} entries for {live} live children after {} forgets",
+            i + 1
+        );
+    }
+    assert_eq!(h.core.child_entries(root), 0);
+}
+
+#[test]
+fn g3_a_parent_whose_only_child_is_withdrawn_is_reclaimable_again() {
+    let policy = Policy::default().idle_ttl(Some(SEC)).lru_cap(None);
+    let mut h = Harness::with(policy);
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    assert_eq!(h.ev_h(Event::Withdraw { session: child }), Handled::Applied);
+    h.advance(2 * SEC);
+    assert_eq!(h.finalized(), vec![(root, EndReason::IdleReap)]);
+}
