@@ -12,6 +12,7 @@ use settle_stream::Provider;
 use tokio::sync::oneshot;
 
 use crate::shared::SessionShared;
+use crate::tracked::Tracked;
 use crate::{RuntimeError, ShutdownReport, Turn, TurnRequest};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
@@ -63,9 +64,7 @@ pub(crate) enum Command {
     /// The lease renewer lost this process's lease (G8).
     LeaseLost,
     /// How much the driver tracks (for tests of a long-lived kernel).
-    Tracked {
-        reply: oneshot::Sender<crate::kernel::Tracked>,
-    },
+    Tracked { reply: oneshot::Sender<Tracked> },
 }
 
 /// What the recorder tells the driver after a store call.

@@ -39,6 +39,7 @@ use crate::event::EventBus;
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;
+use crate::tracked::Tracked;
 use crate::work::{self, WorkHandle};
 use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, Turn, TurnRequest};
 
@@ -304,7 +305,7 @@ impl Driver {
                 self.begin_shutdown(drain, reply, Event::BeginShutdown { drain });
             }
             Command::Tracked { reply } => {
-                let _ = reply.send(crate::kernel::Tracked {
+                let _ = reply.send(Tracked {
                     core_sessions: self.core.sessions().count(),
                     sessions: self.sessions.len(),
                     works: self.works.len(),

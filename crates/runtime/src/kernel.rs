@@ -15,6 +15,7 @@ use crate::event::EventBus;
 use crate::hook::HookRunner;
 use crate::ids::{IdBlock, BLOCK};
 use crate::recorder::Recorder;
+use crate::tracked::Tracked;
 use crate::{Config, LifecycleEvent, RuntimeError, SessionEndHook, SessionHandle, ShutdownReport};
 
 /// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.
@@ -185,19 +186,6 @@ struct Inner {
     /// Cancelled once the driver and the recorder have stopped.
     stopped: tokio_util::sync::CancellationToken,
     finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
-}
-
-/// How much a kernel keeps track of: what a long-lived process must not
-/// grow without bound. For tests and diagnostics.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tracked {
-    /// Sessions the core holds a record of (finalized ones are forgotten).
-    pub core_sessions: usize,
-    /// Sessions the driver holds an entry for.
-    pub sessions: usize,
-    /// Works in flight.
-    pub works: usize,
 }
 
 /// A running `settle` kernel: what a frontend holds. Cheap to clone.

@@ -139,6 +139,7 @@ mod session;
 mod shared;
 pub mod signals;
 mod task;
+mod tracked;
 mod turn;
 mod work;
 
@@ -147,8 +148,6 @@ pub use error::RuntimeError;
 pub use event::LifecycleEvent;
 pub use guard::SessionGuard;
 pub use hook::{SessionEnd, SessionEndHook};
-#[doc(hidden)]
-pub use kernel::Tracked;
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
 pub use resume::Resumed;
@@ -159,4 +158,6 @@ pub use settle_core::{
 };
 pub use settle_stream::{Chunk, ChunkKind, Request as TurnRequest};
 pub use task::{TaskContext, TaskError, TaskHandle};
+#[doc(hidden)]
+pub use tracked::Tracked;
 pub use turn::Turn;
