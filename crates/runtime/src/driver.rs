@@ -33,9 +33,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Ack, Command, Reply};
-use crate::event::EventBus;
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;

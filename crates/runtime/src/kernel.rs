@@ -8,10 +8,10 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Command, Reply};
 use crate::driver::{Channels, Driver, Parts};
-use crate::event::EventBus;
 use crate::hook::HookRunner;
 use crate::ids::{IdBlock, BLOCK};
 use crate::recorder::Recorder;

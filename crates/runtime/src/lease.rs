@@ -8,8 +8,8 @@ use settle_store::{OwnerId, SessionStore, StoreError};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::bus::EventBus;
 use crate::command::Command;
-use crate::event::EventBus;
 use crate::LifecycleEvent;
 
 /// Renews the lease at a third of its TTL. The lease counts as lost when the

@@ -119,6 +119,7 @@
 //! handle shuts down with no drain. A process killed before that leaves its
 //! sessions for `settle_store`'s recovery (G8).
 
+mod bus;
 mod clock;
 mod command;
 mod config;

@@ -41,8 +41,8 @@ use settle_store::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::bus::EventBus;
 use crate::command::{Ack, Command, Reply, WorkEnd};
-use crate::event::EventBus;
 use crate::hook::{HookRunner, SessionEnd};
 use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;

@@ -20,8 +20,8 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::EventBus;
 use crate::command::WorkEnd;
-use crate::event::EventBus;
 use crate::shared::SessionShared;
 use crate::{LifecycleEvent, Turn};
 
