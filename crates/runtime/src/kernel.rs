@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Command, Reply};
+use crate::config::{setters, settings};
 use crate::driver::{Channels, Driver, Parts};
 use crate::hook::HookRunner;
 use crate::ids::{IdBlock, BLOCK};
@@ -21,7 +22,7 @@ use crate::{Config, LifecycleEvent, RuntimeError, SessionEndHook, SessionHandle,
 /// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.
 pub struct KernelBuilder {
     store: Arc<dyn SessionStore>,
-    pub(crate) config: Config,
+    config: Config,
     hook: Option<Arc<dyn SessionEndHook>>,
 }
 
@@ -168,6 +169,8 @@ impl KernelBuilder {
         })
     }
 }
+
+settings!(setters!(KernelBuilder, [config]));
 
 struct Inner {
     commands: mpsc::UnboundedSender<Command>,
