@@ -8,17 +8,25 @@ use std::time::Duration;
 
 use settle_core::{Event, Handled, Outcome, SessionId, TurnError, WorkId};
 use settle_store::StoreError;
-use settle_stream::Provider;
-use tokio::sync::oneshot;
+use settle_stream::{Chunk, Provider};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::shared::SessionShared;
 use crate::tracked::Tracked;
-use crate::{RuntimeError, ShutdownReport, Turn, TurnRequest};
+use crate::{RuntimeError, ShutdownReport, TurnRequest};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
 /// How a work ended, as its waiter is told.
 pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
+
+/// A started turn's id, the receiver of its chunks and the receiver of its
+/// end: what the session's handle makes its [`Turn`](crate::Turn) of.
+pub(crate) type TurnStarted = (
+    WorkId,
+    mpsc::UnboundedReceiver<Chunk>,
+    oneshot::Receiver<WorkEnd>,
+);
 
 /// A started task's id and the receiver of its end.
 pub(crate) type TaskStarted = (WorkId, oneshot::Receiver<WorkEnd>);
@@ -34,7 +42,7 @@ pub(crate) enum Command {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        reply: Reply<Turn>,
+        reply: Reply<TurnStarted>,
     },
     StartTask {
         session: SessionId,

@@ -35,13 +35,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::EventBus;
 use crate::clock::Clock;
-use crate::command::{Ack, Command, Reply};
+use crate::command::{Ack, Command, Reply, TurnStarted};
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;
 use crate::tracked::Tracked;
 use crate::work::{self, WorkHandle};
-use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, Turn, TurnRequest};
+use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, TurnRequest};
 
 /// The driver's tables, keyed by ids it was handed: foldhash, not SipHash,
 /// on the teardown's hot path.
@@ -56,7 +56,7 @@ enum Start {
     Turn {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        reply: Reply<Turn>,
+        reply: Reply<TurnStarted>,
     },
     Task {
         start: crate::task::StartTask,
@@ -367,7 +367,7 @@ impl Driver {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        reply: Reply<Turn>,
+        reply: Reply<TurnStarted>,
     ) {
         let start = Start::Turn {
             provider,

@@ -79,7 +79,7 @@ impl SessionHandle {
         request: TurnRequest,
     ) -> Result<Turn, RuntimeError> {
         let session = self.id();
-        let turn = self
+        let started = self
             .kernel
             .ask(|reply| Command::StartTurn {
                 session,
@@ -88,7 +88,8 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        turn.map(|turn| turn.cancel_on_drop(self.kernel.commands()))
+        let (work, chunks, outcome) = started?;
+        Ok(Turn::new(work, chunks, outcome).cancel_on_drop(self.kernel.commands()))
     }
 
     /// Spawns a task the session owns: a tool call, a subprocess (see

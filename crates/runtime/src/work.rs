@@ -21,9 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::EventBus;
-use crate::command::WorkEnd;
+use crate::command::{TurnStarted, WorkEnd};
 use crate::shared::SessionShared;
-use crate::{LifecycleEvent, Turn};
+use crate::LifecycleEvent;
 
 /// The driver's grip on a work. Dropping it revokes the work's write access.
 pub(crate) struct WorkHandle {
@@ -130,8 +130,9 @@ pub(crate) fn input_json(request: &Request) -> serde_json::Value {
     serde_json::to_value(&request.messages).unwrap_or(serde_json::Value::Null)
 }
 
-/// Starts a turn's work; returns the driver's handle and the caller's [`Turn`].
-pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, Turn) {
+/// Starts a turn's work; returns the driver's handle and what the caller's
+/// [`Turn`](crate::Turn) is made of.
+pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, TurnStarted) {
     let TurnContext {
         work,
         provider,
@@ -173,7 +174,7 @@ pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, Turn) {
         error: None,
         outcome: Some(outcome_tx),
     };
-    (handle, Turn::new(work, chunks, outcome))
+    (handle, (work, chunks, outcome))
 }
 
 /// The message a panic carried.
