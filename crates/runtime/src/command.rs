@@ -12,6 +12,7 @@ use settle_stream::{Chunk, Provider};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::shared::SessionShared;
+use crate::task_work::StartTask;
 use crate::tracked::Tracked;
 use crate::{RuntimeError, ShutdownReport, TurnRequest};
 
@@ -46,7 +47,7 @@ pub(crate) enum Command {
     },
     StartTask {
         session: SessionId,
-        start: crate::task::StartTask,
+        start: StartTask,
         reply: Reply<TaskStarted>,
     },
     Core {

@@ -39,6 +39,7 @@ use crate::command::{Ack, Command, Reply, TurnStarted};
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
 use crate::shared::SessionShared;
+use crate::task_work::{self, StartTask};
 use crate::tracked::Tracked;
 use crate::work::{self, WorkHandle};
 use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, TurnRequest};
@@ -59,7 +60,7 @@ enum Start {
         reply: Reply<TurnStarted>,
     },
     Task {
-        start: crate::task::StartTask,
+        start: StartTask,
         reply: Reply<crate::command::TaskStarted>,
     },
 }
@@ -614,7 +615,7 @@ impl Driver {
                 let _ = reply.send(Ok(turn));
             }
             Start::Task { start, reply } => {
-                let (ctx, token, revoked) = crate::task::context(work);
+                let (ctx, token, revoked) = task_work::context(work);
                 let (outcome_tx, outcome) = oneshot::channel();
                 let span = tracing::info_span!(parent: &shared.span, "task", no = work.no);
                 let task = self

@@ -107,7 +107,7 @@ impl SessionHandle {
         Fut: std::future::Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        let (start, result) = crate::task::prepare(make);
+        let (start, result) = crate::task_work::prepare(make);
         let session = self.id();
         let started = self
             .kernel

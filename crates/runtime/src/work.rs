@@ -177,15 +177,6 @@ pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, TurnStarted) {
     (handle, (work, chunks, outcome))
 }
 
-/// The message a panic carried.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with no message".to_owned())
-}
-
 /// Persists each chunk and only then hands it on (G7). The stream crate
 /// revokes it at a detach; the store refuses a write to a closed session or
 /// turn (G10).
