@@ -6,9 +6,7 @@ use tokio::sync::broadcast;
 
 use crate::command::Command;
 use crate::shared::SessionShared;
-use crate::{
-    Kernel, LifecycleEvent, RuntimeError, SessionGuard, TaskContext, TaskHandle, Turn, TurnRequest,
-};
+use crate::{Kernel, LifecycleEvent, RuntimeError, TaskContext, TaskHandle, Turn, TurnRequest};
 
 /// One session of a [`Kernel`]. Cheap to clone; every method is safe to
 /// call at any time: after the session is finalized they return a
@@ -124,14 +122,6 @@ impl SessionHandle {
             outcome,
             self.kernel.commands(),
         ))
-    }
-
-    /// Wraps this handle in a guard that cancels the session (and winds its
-    /// subtree down, children first) when it is dropped without
-    /// [`SessionGuard::finish`]: on an early `?` return or a panic in the
-    /// agent's code.
-    pub fn guard(self) -> SessionGuard {
-        SessionGuard::new(self)
     }
 
     /// The agent is done: its own works are cancelled, its live descendants
