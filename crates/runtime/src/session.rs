@@ -1,3 +1,7 @@
+//! [`SessionHandle`]: one session of a [`Kernel`], and the kernel's methods
+//! that hand one out ([`Kernel::register`], [`Kernel::session`]), beside the
+//! handle they make so that the kernel's module does not import this one.
+
 use std::sync::Arc;
 
 use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
@@ -271,5 +275,78 @@ impl SessionHandle {
     /// to use it, whether or not the core still keeps its record.
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
         self.kernel.core(event).await
+    }
+}
+
+impl Kernel {
+    /// Registers a session named `name` under `parent` (G1: the parent must be
+    /// open and not winding down), and returns its handle once its row is
+    /// committed. Refused while shutting down.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
+    /// or [`RuntimeError::StoreTimeout`] when the row cannot be written.
+    pub async fn register(
+        &self,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        let name: Arc<str> = name.into().into();
+        let shared = self
+            .ask(|reply| Command::Register {
+                name,
+                parent,
+                resumed_from: None,
+                reply,
+            })
+            .await?;
+        Ok(SessionHandle::new(shared, self.clone()))
+    }
+
+    /// A handle for session `id`: an open session of this kernel, or a
+    /// finalized one (finalized here, in an earlier run, or by another
+    /// process), whose handle is closed: every method answers as the core
+    /// answers a finalized session (`SessionClosed` to using it,
+    /// `AlreadyFinalized` to ending it, its end reason to
+    /// [`close`](SessionHandle::close)), never "not known".
+    ///
+    /// # Errors
+    /// `Lifecycle(UnknownSession)` when neither the kernel nor the store
+    /// has it (or the store did not answer within the store timeout for an
+    /// id the kernel does not know); `SessionClosed` when the kernel
+    /// finalized it but the store's row cannot be read in time.
+    pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
+        let found = self
+            .ask(|reply| Command::Lookup { session: id, reply })
+            .await;
+        let known = match found {
+            Ok(shared) => return Ok(SessionHandle::new(shared, self.clone())),
+            Err(RuntimeError::SessionClosed(_)) => true,
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => false,
+            Err(error) => return Err(error),
+        };
+        let unknown = || RuntimeError::from(settle_core::Error::UnknownSession(id));
+        let bound = self.store_timeout();
+        let read = tokio::time::timeout(bound, self.store().session_detail(id)).await;
+        let row = match read {
+            Ok(Ok(detail)) if detail.session.state == settle_core::State::Finalized => {
+                detail.session
+            }
+            _ if known => return Err(RuntimeError::SessionClosed(id)),
+            _ => return Err(unknown()),
+        };
+        let Some(reason) = row.end_reason else {
+            return Err(if known {
+                RuntimeError::SessionClosed(id)
+            } else {
+                unknown()
+            });
+        };
+        if !known {
+            // The core learns the fact, so its table answers for it.
+            self.send(Command::Finalized { session: id })?;
+        }
+        let shared = SessionShared::closed(&row, reason);
+        Ok(SessionHandle::new(shared, self.clone()))
     }
 }
