@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use settle_core::{Event, Handled, Outcome, SessionId, TurnError, WorkId};
 use settle_store::StoreError;
+use settle_stream::Request as TurnRequest;
 use settle_stream::{Chunk, Provider};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::error::RuntimeError;
+use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 use crate::task_work::StartTask;
 use crate::tracked::Tracked;
-use crate::{RuntimeError, ShutdownReport, TurnRequest};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
+use settle_stream::Request as TurnRequest;
 use settle_stream::{Provider, WorkSignal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -36,13 +37,16 @@ use tokio_util::task::TaskTracker;
 use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Ack, Command, Reply, TurnStarted};
+use crate::config::Config;
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
+use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 use crate::task_work::{self, StartTask};
 use crate::tracked::Tracked;
 use crate::work::{self, WorkHandle};
-use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, TurnRequest};
 
 /// The driver's tables, keyed by ids it was handed: foldhash, not SipHash,
 /// on the teardown's hot path.

@@ -6,7 +6,8 @@ use std::ops::Deref;
 
 use settle_core::{EndReason, Event};
 
-use crate::{RuntimeError, SessionHandle};
+use crate::error::RuntimeError;
+use crate::session::SessionHandle;
 
 /// A [`SessionHandle`] that cancels its session when dropped, unless it was
 /// finished (or given back) first: a `?` early return or a panic in the

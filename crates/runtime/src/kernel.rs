@@ -11,13 +11,15 @@ use tokio_util::task::TaskTracker;
 use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Command, Reply};
-use crate::config::{setters, settings};
+use crate::config::{setters, settings, Config};
 use crate::driver::{Channels, Driver, Parts};
-use crate::hook::HookRunner;
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
+use crate::hook::{HookRunner, SessionEndHook};
 use crate::ids::{IdBlock, BLOCK};
 use crate::recorder::Recorder;
+use crate::report::ShutdownReport;
 use crate::tracked::Tracked;
-use crate::{Config, LifecycleEvent, RuntimeError, SessionEndHook, ShutdownReport};
 
 /// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.
 pub struct KernelBuilder {

@@ -43,10 +43,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::bus::EventBus;
 use crate::command::{Ack, Command, Reply, WorkEnd};
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
 use crate::hook::{HookRunner, SessionEnd};
 use crate::record::{FinalizeJob, Record};
+use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
-use crate::{LifecycleEvent, RuntimeError, ShutdownReport};
 
 /// Maps keyed by session: foldhash on the teardown's hot path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

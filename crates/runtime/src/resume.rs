@@ -9,7 +9,9 @@ use settle_store::SessionDetail;
 use settle_stream::{Message, Role};
 
 use crate::command::Command;
-use crate::{Kernel, RuntimeError, SessionHandle};
+use crate::error::RuntimeError;
+use crate::kernel::Kernel;
+use crate::session::SessionHandle;
 
 /// A new session that continues an earlier one, and the conversation to
 /// send with its next turn.

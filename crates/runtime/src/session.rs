@@ -6,11 +6,17 @@ use std::sync::Arc;
 
 use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
 use settle_stream::Provider;
+use settle_stream::Request as TurnRequest;
 use tokio::sync::broadcast;
 
 use crate::command::Command;
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
+use crate::kernel::Kernel;
 use crate::shared::SessionShared;
-use crate::{Kernel, LifecycleEvent, RuntimeError, TaskContext, TaskHandle, Turn, TurnRequest};
+use crate::task::TaskHandle;
+use crate::task_context::TaskContext;
+use crate::turn::Turn;
 
 /// One session of a [`Kernel`]. Cheap to clone; every method is safe to
 /// call at any time: after the session is finalized they return a

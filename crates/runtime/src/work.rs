@@ -22,8 +22,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::EventBus;
 use crate::command::{TurnStarted, WorkEnd};
+use crate::event::LifecycleEvent;
 use crate::shared::SessionShared;
-use crate::LifecycleEvent;
 
 /// The driver's grip on a work. Dropping it revokes the work's write access.
 pub(crate) struct WorkHandle {
