@@ -23,10 +23,10 @@ use settle_runtime::SessionId;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_util::task::TaskTracker;
 
-use crate::gateway::Shared;
 use crate::methods::{self, Caller};
 use crate::outbox::{self, Frame, Inbox, Outbox};
 use crate::protocol::{self, code, ErrorKind, RpcError};
+use crate::shared::Shared;
 use crate::table::ConnId;
 
 /// How many queued frames the writer sends before it flushes.

@@ -11,18 +11,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::Listener;
 use axum::Router;
-use serde_json::json;
-use settle_runtime::{Kernel, SessionHandle, SessionId, ShutdownReport};
+use settle_runtime::{Kernel, ShutdownReport};
 use settle_stream::Provider;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::connection::{self, Connections};
-use crate::methods::Started;
-use crate::outbox::Bounds;
-use crate::protocol::{notification, RpcError};
-use crate::table::{Entry, Table};
-use crate::GatewayError;
+use crate::error::GatewayError;
+use crate::limits::Limits;
+use crate::shared::Shared;
+use crate::table::Table;
 
 /// How long connections get to take their closing frame once everything
 /// is finalized, before they are cut.
@@ -34,112 +32,6 @@ const READ_BUFFER: usize = 2 * 1024;
 
 /// How much a connection's WebSocket layer gathers before writing.
 const WRITE_BUFFER: usize = 8 * 1024;
-
-/// The bounds of each connection.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub queue_frames: usize,
-    pub queue_bytes: usize,
-    pub max_message_bytes: usize,
-    pub keepalive: Option<Duration>,
-}
-
-impl Limits {
-    pub fn queue(&self) -> Bounds {
-        Bounds {
-            frames: self.queue_frames,
-            bytes: self.queue_bytes,
-        }
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            queue_frames: 1024,
-            queue_bytes: 1024 * 1024,
-            max_message_bytes: 1024 * 1024,
-            keepalive: Some(Duration::from_secs(30)),
-        }
-    }
-}
-
-/// What every connection and task of a gateway shares.
-pub(crate) struct Shared {
-    pub kernel: Kernel,
-    pub provider: Arc<dyn Provider>,
-    pub table: Table,
-    pub connections: Connections,
-    /// The turns being delivered and the watchers of sessions' ends.
-    pub tasks: TaskTracker,
-    pub limits: Limits,
-    pub drain: Duration,
-}
-
-impl Shared {
-    /// The entry of session `id`: one the gateway serves, a session of the
-    /// kernel it adopts (the embedding program registered it), or a closed
-    /// one (finalized), served for this call only: its handle answers every
-    /// method as the core answers a finalized session.
-    pub async fn entry(self: &Arc<Self>, id: SessionId) -> Result<Arc<Entry>, RpcError> {
-        if let Some(entry) = self.table.get(id) {
-            return Ok(entry);
-        }
-        match self.kernel.session(id).await {
-            Ok(handle) if handle.is_closed() => Ok(Arc::new(Entry::new(handle))),
-            Ok(handle) => Ok(self.adopt(handle)),
-            Err(error) => Err(RpcError::from_runtime(&error)),
-        }
-    }
-
-    /// Serves `handle`'s session: its entry, and a watcher of its end that
-    /// tells the attached connections and forgets it.
-    pub fn adopt(self: &Arc<Self>, handle: SessionHandle) -> Arc<Entry> {
-        let (entry, new) = self.table.adopt(handle);
-        if new {
-            let (shared, watched) = (self.clone(), entry.clone());
-            self.tasks
-                .spawn(async move { shared.watch_end(watched).await });
-        }
-        entry
-    }
-
-    async fn watch_end(&self, entry: Arc<Entry>) {
-        let reason = entry.handle.finalized().await;
-        // A turn still being delivered announces its end first.
-        let _delivered = entry.conversation.lock().await;
-        self.table.remove(&entry);
-        if let Ok(reason) = reason {
-            if self.kernel.is_shutting_down() {
-                self.announce_shutdown();
-            }
-            let id = entry.handle.id().get();
-            let frame = notification(
-                "session.finalized",
-                json!({ "id": id, "end_reason": reason.as_str() }),
-            );
-            entry.finalized(reason, &frame.into());
-        }
-    }
-
-    /// Runs a started turn to its end, delivering it.
-    pub fn run(&self, started: Started) {
-        let Started {
-            entry,
-            turn,
-            conversation,
-        } = started;
-        self.tasks
-            .spawn(crate::pump::pump(entry, turn, conversation));
-    }
-
-    fn announce_shutdown(&self) {
-        let drain_ms = u64::try_from(self.drain.as_millis()).unwrap_or(u64::MAX);
-        self.connections.announce_shutdown(|| {
-            notification("server.shutdown", json!({ "drain_ms": drain_ms })).into()
-        });
-    }
-}
 
 /// Builds a [`Gateway`].
 pub struct GatewayBuilder {

@@ -91,6 +91,7 @@
 mod connection;
 mod error;
 mod gateway;
+mod limits;
 mod listing;
 mod methods;
 mod outbox;
@@ -98,6 +99,7 @@ mod params;
 pub mod protocol;
 mod pump;
 mod scripted;
+mod shared;
 mod table;
 
 pub use error::{GatewayError, ScriptBookError};

@@ -10,10 +10,10 @@ use settle_runtime::{RuntimeError, SessionId, State, Turn, TurnRequest};
 use settle_stream::{Message, Role};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::gateway::Shared;
 use crate::outbox::Outbox;
 use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
+use crate::shared::Shared;
 use crate::table::{ConnId, Entry};
 
 /// Who is asking: the connection, its queue, and the sessions it is

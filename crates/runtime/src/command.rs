@@ -8,16 +8,28 @@ use std::time::Duration;
 
 use settle_core::{Event, Handled, Outcome, SessionId, TurnError, WorkId};
 use settle_store::StoreError;
-use settle_stream::Provider;
-use tokio::sync::oneshot;
+use settle_stream::Request as TurnRequest;
+use settle_stream::{Chunk, Provider};
+use tokio::sync::{mpsc, oneshot};
 
+use crate::error::RuntimeError;
+use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
-use crate::{RuntimeError, ShutdownReport, Turn, TurnRequest};
+use crate::task_work::StartTask;
+use crate::tracked::Tracked;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
 /// How a work ended, as its waiter is told.
 pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
+
+/// A started turn's id, the receiver of its chunks and the receiver of its
+/// end: what the session's handle makes its [`Turn`](crate::Turn) of.
+pub(crate) type TurnStarted = (
+    WorkId,
+    mpsc::UnboundedReceiver<Chunk>,
+    oneshot::Receiver<WorkEnd>,
+);
 
 /// A started task's id and the receiver of its end.
 pub(crate) type TaskStarted = (WorkId, oneshot::Receiver<WorkEnd>);
@@ -33,11 +45,11 @@ pub(crate) enum Command {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        reply: Reply<Turn>,
+        reply: Reply<TurnStarted>,
     },
     StartTask {
         session: SessionId,
-        start: crate::task::StartTask,
+        start: StartTask,
         reply: Reply<TaskStarted>,
     },
     Core {
@@ -63,9 +75,7 @@ pub(crate) enum Command {
     /// The lease renewer lost this process's lease (G8).
     LeaseLost,
     /// How much the driver tracks (for tests of a long-lived kernel).
-    Tracked {
-        reply: oneshot::Sender<crate::kernel::Tracked>,
-    },
+    Tracked { reply: oneshot::Sender<Tracked> },
 }
 
 /// What the recorder tells the driver after a store call.

@@ -66,60 +66,66 @@ impl Default for Config {
     }
 }
 
-macro_rules! setters {
-    ($( $(#[$doc:meta])* $name:ident: $ty:ty => $($field:ident).+ ;)*) => {
-        impl Config {
-            $(
-                $(#[$doc])*
-                #[must_use]
-                pub fn $name(mut self, value: $ty) -> Self {
-                    self.$($field).+ = value;
-                    self
-                }
-            )*
+/// Hands `$apply` the settings (after `$args`), each with its doc, its type
+/// and the field of [`Config`] it sets: the one list that both the config's
+/// setters (here) and the [`KernelBuilder`](crate::KernelBuilder)'s are made
+/// from.
+macro_rules! settings {
+    ($apply:ident!($($args:tt)*)) => {
+        $apply! { ($($args)*)
+            /// How long cancelled work may take to unwind before it is detached (G5).
+            settle_timeout: Duration => policy.settle_timeout;
+            /// How long an idle session lives before the idle reap claims it; `None` disables it.
+            idle_ttl: Option<Duration> => policy.idle_ttl;
+            /// How many open sessions before the least recently active idle one is evicted.
+            lru_cap: Option<usize> => policy.lru_cap;
+            /// How long a session may have lost its transport before the orphan reap.
+            orphan_grace: Duration => policy.orphan_grace;
+            /// How long running turns may finish once shutdown begins (G9).
+            drain_timeout: Duration => drain_timeout;
+            /// How long a provider stream may be silent before its turn times out.
+            idle_timeout: Option<Duration> => idle_timeout;
+            /// The store's budget at shutdown, after the drain and the settle timeout.
+            flush_budget: Duration => flush_budget;
+            /// The bound of every other store call.
+            store_timeout: Duration => store_timeout;
+            /// How many sessions may run turns at once.
+            slots: Option<usize> => slots;
+            /// How long the `on_session_end` hook may run.
+            hook_timeout: Duration => hook_timeout;
+            /// How many `on_session_end` hooks may run at once.
+            hook_concurrency: usize => hook_concurrency;
+            /// How long this process's lease lasts (renewed at a third of it).
+            lease_ttl: Duration => lease_ttl;
+            /// Recover the sessions of dead owners when the kernel starts.
+            recover_on_start: bool => recover_on_start;
         }
+    };
+}
+pub(crate) use settings;
 
-        impl crate::KernelBuilder {
+/// A setter on `$target` of every setting: on [`Config`] itself (`[]`), or
+/// on a builder through its field (`[config]`).
+macro_rules! setters {
+    (@set $this:ident [$($via:ident)*] $($field:ident).+ = $value:ident) => {
+        $this $(.$via)* $(.$field)+ = $value;
+    };
+    (($target:ty, $via:tt) $( $(#[$doc:meta])* $name:ident: $ty:ty => $($field:ident).+ ;)*) => {
+        impl $target {
             $(
                 $(#[$doc])*
                 #[must_use]
                 pub fn $name(mut self, value: $ty) -> Self {
-                    self.config.$($field).+ = value;
+                    setters!(@set self $via $($field).+ = value);
                     self
                 }
             )*
         }
     };
 }
+pub(crate) use setters;
 
-setters! {
-    /// How long cancelled work may take to unwind before it is detached (G5).
-    settle_timeout: Duration => policy.settle_timeout;
-    /// How long an idle session lives before the idle reap claims it; `None` disables it.
-    idle_ttl: Option<Duration> => policy.idle_ttl;
-    /// How many open sessions before the least recently active idle one is evicted.
-    lru_cap: Option<usize> => policy.lru_cap;
-    /// How long a session may have lost its transport before the orphan reap.
-    orphan_grace: Duration => policy.orphan_grace;
-    /// How long running turns may finish once shutdown begins (G9).
-    drain_timeout: Duration => drain_timeout;
-    /// How long a provider stream may be silent before its turn times out.
-    idle_timeout: Option<Duration> => idle_timeout;
-    /// The store's budget at shutdown, after the drain and the settle timeout.
-    flush_budget: Duration => flush_budget;
-    /// The bound of every other store call.
-    store_timeout: Duration => store_timeout;
-    /// How many sessions may run turns at once.
-    slots: Option<usize> => slots;
-    /// How long the `on_session_end` hook may run.
-    hook_timeout: Duration => hook_timeout;
-    /// How many `on_session_end` hooks may run at once.
-    hook_concurrency: usize => hook_concurrency;
-    /// How long this process's lease lasts (renewed at a third of it).
-    lease_ttl: Duration => lease_ttl;
-    /// Recover the sessions of dead owners when the kernel starts.
-    recover_on_start: bool => recover_on_start;
-}
+settings!(setters!(Config, []));
 
 impl Config {
     /// The longest a shutdown takes once begun with `drain`, whatever the

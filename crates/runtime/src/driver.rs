@@ -28,19 +28,25 @@ use std::time::Duration;
 
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
+use settle_stream::Request as TurnRequest;
 use settle_stream::{Provider, WorkSignal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::EventBus;
 use crate::clock::Clock;
-use crate::command::{Ack, Command, Reply};
-use crate::event::EventBus;
+use crate::command::{Ack, Command, Reply, TurnStarted};
+use crate::config::Config;
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
 use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, Record};
+use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
+use crate::task_work::{self, StartTask};
+use crate::tracked::Tracked;
 use crate::work::{self, WorkHandle};
-use crate::{Config, LifecycleEvent, RuntimeError, ShutdownReport, Turn, TurnRequest};
 
 /// The driver's tables, keyed by ids it was handed: foldhash, not SipHash,
 /// on the teardown's hot path.
@@ -55,10 +61,10 @@ enum Start {
     Turn {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        reply: Reply<Turn>,
+        reply: Reply<TurnStarted>,
     },
     Task {
-        start: crate::task::StartTask,
+        start: StartTask,
         reply: Reply<crate::command::TaskStarted>,
     },
 }
@@ -304,7 +310,7 @@ impl Driver {
                 self.begin_shutdown(drain, reply, Event::BeginShutdown { drain });
             }
             Command::Tracked { reply } => {
-                let _ = reply.send(crate::kernel::Tracked {
+                let _ = reply.send(Tracked {
                     core_sessions: self.core.sessions().count(),
                     sessions: self.sessions.len(),
                     works: self.works.len(),
@@ -366,7 +372,7 @@ impl Driver {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        reply: Reply<Turn>,
+        reply: Reply<TurnStarted>,
     ) {
         let start = Start::Turn {
             provider,
@@ -613,7 +619,7 @@ impl Driver {
                 let _ = reply.send(Ok(turn));
             }
             Start::Task { start, reply } => {
-                let (ctx, token, revoked) = crate::task::context(work);
+                let (ctx, token, revoked) = task_work::context(work);
                 let (outcome_tx, outcome) = oneshot::channel();
                 let span = tracing::info_span!(parent: &shared.span, "task", no = work.no);
                 let task = self

@@ -72,3 +72,18 @@ impl RuntimeError {
         )
     }
 }
+
+/// Why a task gave no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    /// It ignored its cancel past the settle timeout and was abandoned; its
+    /// result, if it ever produced one, was refused.
+    #[error("the task ignored its cancellation past the settle timeout and was detached")]
+    Detached,
+    /// It panicked, with this message (the panic's payload).
+    #[error("the task panicked: {0}")]
+    Panicked(String),
+    /// The kernel stopped before the task said how it ended.
+    #[error("the kernel stopped before the task ended")]
+    Stopped,
+}

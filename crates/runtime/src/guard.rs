@@ -1,10 +1,13 @@
-//! [`SessionGuard`]: the session's end on every exit path of the agent's code.
+//! [`SessionGuard`]: the session's end on every exit path of the agent's code,
+//! and [`SessionHandle::guard`], which wraps a handle in one (here, so that
+//! the session's module does not import the guard's).
 
 use std::ops::Deref;
 
 use settle_core::{EndReason, Event};
 
-use crate::{RuntimeError, SessionHandle};
+use crate::error::RuntimeError;
+use crate::session::SessionHandle;
 
 /// A [`SessionHandle`] that cancels its session when dropped, unless it was
 /// finished (or given back) first: a `?` early return or a panic in the
@@ -52,6 +55,16 @@ impl SessionGuard {
     pub fn into_inner(mut self) -> SessionHandle {
         self.armed = false;
         self.handle.clone()
+    }
+}
+
+impl SessionHandle {
+    /// Wraps this handle in a guard that cancels the session (and winds its
+    /// subtree down, children first) when it is dropped without
+    /// [`SessionGuard::finish`]: on an early `?` return or a panic in the
+    /// agent's code.
+    pub fn guard(self) -> SessionGuard {
+        SessionGuard::new(self)
     }
 }
 

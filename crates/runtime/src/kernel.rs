@@ -8,19 +8,23 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Command, Reply};
+use crate::config::{setters, settings, Config};
 use crate::driver::{Channels, Driver, Parts};
-use crate::event::EventBus;
-use crate::hook::HookRunner;
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
+use crate::hook::{HookRunner, SessionEndHook};
 use crate::ids::{IdBlock, BLOCK};
 use crate::recorder::Recorder;
-use crate::{Config, LifecycleEvent, RuntimeError, SessionEndHook, SessionHandle, ShutdownReport};
+use crate::report::ShutdownReport;
+use crate::tracked::Tracked;
 
 /// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.
 pub struct KernelBuilder {
     store: Arc<dyn SessionStore>,
-    pub(crate) config: Config,
+    config: Config,
     hook: Option<Arc<dyn SessionEndHook>>,
 }
 
@@ -168,6 +172,8 @@ impl KernelBuilder {
     }
 }
 
+settings!(setters!(KernelBuilder, [config]));
+
 struct Inner {
     commands: mpsc::UnboundedSender<Command>,
     events: EventBus,
@@ -187,24 +193,12 @@ struct Inner {
     finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
-/// How much a kernel keeps track of: what a long-lived process must not
-/// grow without bound. For tests and diagnostics.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tracked {
-    /// Sessions the core holds a record of (finalized ones are forgotten).
-    pub core_sessions: usize,
-    /// Sessions the driver holds an entry for.
-    pub sessions: usize,
-    /// Works in flight.
-    pub works: usize,
-}
-
 /// A running `settle` kernel: what a frontend holds. Cheap to clone.
 ///
 /// One driver task owns the lifecycle core; every method here is a message to
-/// it. When the last clone (and the last [`SessionHandle`]) is dropped, the
-/// kernel shuts down with no drain. A [`WeakKernel`] does not keep it alive.
+/// it. When the last clone (and the last
+/// [`SessionHandle`](crate::SessionHandle)) is dropped, the kernel shuts down
+/// with no drain. A [`WeakKernel`] does not keep it alive.
 #[derive(Clone)]
 pub struct Kernel {
     inner: Arc<Inner>,
@@ -275,66 +269,14 @@ impl Kernel {
         self.inner.commands.downgrade()
     }
 
-    /// Registers a session named `name` under `parent` (G1: the parent must be
-    /// open and not winding down), and returns its handle once its row is
-    /// committed. Refused while shutting down.
-    ///
-    /// # Errors
-    /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
-    /// or [`RuntimeError::StoreTimeout`] when the row cannot be written.
-    pub async fn register(
-        &self,
-        name: impl Into<String>,
-        parent: Option<SessionId>,
-    ) -> Result<SessionHandle, RuntimeError> {
-        let name: Arc<str> = name.into().into();
-        let shared = self
-            .ask(|reply| Command::Register {
-                name,
-                parent,
-                resumed_from: None,
-                reply,
-            })
-            .await?;
-        Ok(SessionHandle::new(shared, self.clone()))
+    /// The store, for the kernel's methods that read it in other files.
+    pub(crate) fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.inner.store
     }
 
-    /// Registers a new session named `name` that continues the stored
-    /// session `from` (finished, or finalized by recovery after a crash), and
-    /// returns it with the conversation to send with its next turn. The new
-    /// session's row names `from` (`resumed_from`).
-    ///
-    /// # Errors
-    /// [`RuntimeError::NotResumable`] when `from` is not finalized (recover
-    /// it first), a store error when it cannot be read, or what
-    /// [`register`](Self::register) returns.
-    pub async fn resume(
-        &self,
-        from: SessionId,
-        name: impl Into<String>,
-    ) -> Result<crate::Resumed, RuntimeError> {
-        let bound = self.inner.store_timeout;
-        let detail = tokio::time::timeout(bound, self.inner.store.session_detail(from))
-            .await
-            .map_err(|_| RuntimeError::StoreTimeout {
-                what: "reading the session to resume",
-                after: bound,
-            })??;
-        let history = crate::resume::history(&detail)?;
-        let name: Arc<str> = name.into().into();
-        let shared = self
-            .ask(|reply| Command::Register {
-                name,
-                parent: None,
-                resumed_from: Some(from),
-                reply,
-            })
-            .await?;
-        Ok(crate::Resumed {
-            session: SessionHandle::new(shared, self.clone()),
-            from,
-            history,
-        })
+    /// The bound of a call to the store.
+    pub(crate) fn store_timeout(&self) -> Duration {
+        self.inner.store_timeout
     }
 
     /// The most recent finalized session of the store, if any (what
@@ -356,53 +298,6 @@ impl Kernel {
             after: bound,
         })?
         .map_err(RuntimeError::from)
-    }
-
-    /// A handle for session `id`: an open session of this kernel, or a
-    /// finalized one (finalized here, in an earlier run, or by another
-    /// process), whose handle is closed: every method answers as the core
-    /// answers a finalized session (`SessionClosed` to using it,
-    /// `AlreadyFinalized` to ending it, its end reason to
-    /// [`close`](SessionHandle::close)), never "not known".
-    ///
-    /// # Errors
-    /// `Lifecycle(UnknownSession)` when neither the kernel nor the store
-    /// has it (or the store did not answer within the store timeout for an
-    /// id the kernel does not know); `SessionClosed` when the kernel
-    /// finalized it but the store's row cannot be read in time.
-    pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
-        let found = self
-            .ask(|reply| Command::Lookup { session: id, reply })
-            .await;
-        let known = match found {
-            Ok(shared) => return Ok(SessionHandle::new(shared, self.clone())),
-            Err(RuntimeError::SessionClosed(_)) => true,
-            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => false,
-            Err(error) => return Err(error),
-        };
-        let unknown = || RuntimeError::from(settle_core::Error::UnknownSession(id));
-        let bound = self.inner.store_timeout;
-        let read = tokio::time::timeout(bound, self.inner.store.session_detail(id)).await;
-        let row = match read {
-            Ok(Ok(detail)) if detail.session.state == settle_core::State::Finalized => {
-                detail.session
-            }
-            _ if known => return Err(RuntimeError::SessionClosed(id)),
-            _ => return Err(unknown()),
-        };
-        let Some(reason) = row.end_reason else {
-            return Err(if known {
-                RuntimeError::SessionClosed(id)
-            } else {
-                unknown()
-            });
-        };
-        if !known {
-            // The core learns the fact, so its table answers for it.
-            self.send(Command::Finalized { session: id })?;
-        }
-        let shared = crate::shared::SessionShared::closed(&row, reason);
-        Ok(SessionHandle::new(shared, self.clone()))
     }
 
     /// Every session of the store, or those in `state`, by id: the rows
@@ -534,7 +429,7 @@ impl Kernel {
     /// Lifecycle events of every session, for progress displays. A
     /// subscriber that falls far behind misses events (it is told how many);
     /// the store's record is always complete. For one session's events, see
-    /// [`SessionHandle::subscribe`].
+    /// [`SessionHandle::subscribe`](crate::SessionHandle::subscribe).
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.inner.events.subscribe()
     }

@@ -8,9 +8,9 @@ use settle_store::{OwnerId, SessionStore, StoreError};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::bus::EventBus;
 use crate::command::Command;
-use crate::event::EventBus;
-use crate::LifecycleEvent;
+use crate::event::LifecycleEvent;
 
 /// Renews the lease at a third of its TTL. The lease counts as lost when the
 /// store says it expired, or when no renewal has succeeded for a whole TTL

@@ -119,6 +119,7 @@
 //! handle shuts down with no drain. A process killed before that leaves its
 //! sessions for `settle_store`'s recovery (G8).
 
+mod bus;
 mod clock;
 mod command;
 mod config;
@@ -139,16 +140,17 @@ mod session;
 mod shared;
 pub mod signals;
 mod task;
+mod task_context;
+mod task_work;
+mod tracked;
 mod turn;
 mod work;
 
 pub use config::Config;
-pub use error::RuntimeError;
+pub use error::{RuntimeError, TaskError};
 pub use event::LifecycleEvent;
 pub use guard::SessionGuard;
 pub use hook::{SessionEnd, SessionEndHook};
-#[doc(hidden)]
-pub use kernel::Tracked;
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
 pub use resume::Resumed;
@@ -158,5 +160,8 @@ pub use settle_core::{
     TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
 pub use settle_stream::{Chunk, ChunkKind, Request as TurnRequest};
-pub use task::{TaskContext, TaskError, TaskHandle};
+pub use task::TaskHandle;
+pub use task_context::TaskContext;
+#[doc(hidden)]
+pub use tracked::Tracked;
 pub use turn::Turn;

@@ -35,7 +35,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
-use crate::TaskContext;
+use crate::task_context::TaskContext;
 
 /// A child process and its group, killed and reaped however it is left.
 struct Group {

@@ -9,8 +9,8 @@ use settle_store::StoreError;
 use tokio::sync::oneshot;
 
 use crate::command::Reply;
+use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
-use crate::ShutdownReport;
 
 pub(crate) enum Record {
     /// Reserve a block of session ids; the answer goes back to the driver.

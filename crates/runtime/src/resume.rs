@@ -1,11 +1,17 @@
 //! Continuing a stored session in a new one (`settle chat --resume`): the
-//! conversation as it was sent and answered, read back from the store.
+//! conversation as it was sent and answered, read back from the store, and
+//! [`Kernel::resume`], which registers the new session with it.
+
+use std::sync::Arc;
 
 use settle_core::{Outcome, SessionId, State};
 use settle_store::SessionDetail;
 use settle_stream::{Message, Role};
 
-use crate::{RuntimeError, SessionHandle};
+use crate::command::Command;
+use crate::error::RuntimeError;
+use crate::kernel::Kernel;
+use crate::session::SessionHandle;
 
 /// A new session that continues an earlier one, and the conversation to
 /// send with its next turn.
@@ -52,4 +58,44 @@ pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeErr
         messages.push(Message::new(Role::Assistant, reply));
     }
     Ok(messages)
+}
+
+impl Kernel {
+    /// Registers a new session named `name` that continues the stored
+    /// session `from` (finished, or finalized by recovery after a crash), and
+    /// returns it with the conversation to send with its next turn. The new
+    /// session's row names `from` (`resumed_from`).
+    ///
+    /// # Errors
+    /// [`RuntimeError::NotResumable`] when `from` is not finalized (recover
+    /// it first), a store error when it cannot be read, or what
+    /// [`register`](Self::register) returns.
+    pub async fn resume(
+        &self,
+        from: SessionId,
+        name: impl Into<String>,
+    ) -> Result<Resumed, RuntimeError> {
+        let bound = self.store_timeout();
+        let detail = tokio::time::timeout(bound, self.store().session_detail(from))
+            .await
+            .map_err(|_| RuntimeError::StoreTimeout {
+                what: "reading the session to resume",
+                after: bound,
+            })??;
+        let history = history(&detail)?;
+        let name: Arc<str> = name.into().into();
+        let shared = self
+            .ask(|reply| Command::Register {
+                name,
+                parent: None,
+                resumed_from: Some(from),
+                reply,
+            })
+            .await?;
+        Ok(Resumed {
+            session: SessionHandle::new(shared, self.clone()),
+            from,
+            history,
+        })
+    }
 }

@@ -1,14 +1,22 @@
+//! [`SessionHandle`]: one session of a [`Kernel`], and the kernel's methods
+//! that hand one out ([`Kernel::register`], [`Kernel::session`]), beside the
+//! handle they make so that the kernel's module does not import this one.
+
 use std::sync::Arc;
 
 use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
 use settle_stream::Provider;
+use settle_stream::Request as TurnRequest;
 use tokio::sync::broadcast;
 
 use crate::command::Command;
+use crate::error::RuntimeError;
+use crate::event::LifecycleEvent;
+use crate::kernel::Kernel;
 use crate::shared::SessionShared;
-use crate::{
-    Kernel, LifecycleEvent, RuntimeError, SessionGuard, TaskContext, TaskHandle, Turn, TurnRequest,
-};
+use crate::task::TaskHandle;
+use crate::task_context::TaskContext;
+use crate::turn::Turn;
 
 /// One session of a [`Kernel`]. Cheap to clone; every method is safe to
 /// call at any time: after the session is finalized they return a
@@ -79,7 +87,7 @@ impl SessionHandle {
         request: TurnRequest,
     ) -> Result<Turn, RuntimeError> {
         let session = self.id();
-        let turn = self
+        let started = self
             .kernel
             .ask(|reply| Command::StartTurn {
                 session,
@@ -88,7 +96,8 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        turn.map(|turn| turn.cancel_on_drop(self.kernel.commands()))
+        let (work, chunks, outcome) = started?;
+        Ok(Turn::new(work, chunks, outcome).cancel_on_drop(self.kernel.commands()))
     }
 
     /// Spawns a task the session owns: a tool call, a subprocess (see
@@ -106,7 +115,7 @@ impl SessionHandle {
         Fut: std::future::Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        let (start, result) = crate::task::prepare(make);
+        let (start, result) = crate::task_work::prepare(make);
         let session = self.id();
         let started = self
             .kernel
@@ -123,14 +132,6 @@ impl SessionHandle {
             outcome,
             self.kernel.commands(),
         ))
-    }
-
-    /// Wraps this handle in a guard that cancels the session (and winds its
-    /// subtree down, children first) when it is dropped without
-    /// [`SessionGuard::finish`]: on an early `?` return or a panic in the
-    /// agent's code.
-    pub fn guard(self) -> SessionGuard {
-        SessionGuard::new(self)
     }
 
     /// The agent is done: its own works are cancelled, its live descendants
@@ -280,5 +281,78 @@ impl SessionHandle {
     /// to use it, whether or not the core still keeps its record.
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
         self.kernel.core(event).await
+    }
+}
+
+impl Kernel {
+    /// Registers a session named `name` under `parent` (G1: the parent must be
+    /// open and not winding down), and returns its handle once its row is
+    /// committed. Refused while shutting down.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
+    /// or [`RuntimeError::StoreTimeout`] when the row cannot be written.
+    pub async fn register(
+        &self,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        let name: Arc<str> = name.into().into();
+        let shared = self
+            .ask(|reply| Command::Register {
+                name,
+                parent,
+                resumed_from: None,
+                reply,
+            })
+            .await?;
+        Ok(SessionHandle::new(shared, self.clone()))
+    }
+
+    /// A handle for session `id`: an open session of this kernel, or a
+    /// finalized one (finalized here, in an earlier run, or by another
+    /// process), whose handle is closed: every method answers as the core
+    /// answers a finalized session (`SessionClosed` to using it,
+    /// `AlreadyFinalized` to ending it, its end reason to
+    /// [`close`](SessionHandle::close)), never "not known".
+    ///
+    /// # Errors
+    /// `Lifecycle(UnknownSession)` when neither the kernel nor the store
+    /// has it (or the store did not answer within the store timeout for an
+    /// id the kernel does not know); `SessionClosed` when the kernel
+    /// finalized it but the store's row cannot be read in time.
+    pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
+        let found = self
+            .ask(|reply| Command::Lookup { session: id, reply })
+            .await;
+        let known = match found {
+            Ok(shared) => return Ok(SessionHandle::new(shared, self.clone())),
+            Err(RuntimeError::SessionClosed(_)) => true,
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => false,
+            Err(error) => return Err(error),
+        };
+        let unknown = || RuntimeError::from(settle_core::Error::UnknownSession(id));
+        let bound = self.store_timeout();
+        let read = tokio::time::timeout(bound, self.store().session_detail(id)).await;
+        let row = match read {
+            Ok(Ok(detail)) if detail.session.state == settle_core::State::Finalized => {
+                detail.session
+            }
+            _ if known => return Err(RuntimeError::SessionClosed(id)),
+            _ => return Err(unknown()),
+        };
+        let Some(reason) = row.end_reason else {
+            return Err(if known {
+                RuntimeError::SessionClosed(id)
+            } else {
+                unknown()
+            });
+        };
+        if !known {
+            // The core learns the fact, so its table answers for it.
+            self.send(Command::Finalized { session: id })?;
+        }
+        let shared = SessionShared::closed(&row, reason);
+        Ok(SessionHandle::new(shared, self.clone()))
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use settle_core::{EndReason, SessionId};
 use tokio::sync::{broadcast, Notify};
 
-use crate::LifecycleEvent;
+use crate::event::LifecycleEvent;
 
 /// How many events a session's subscribers may fall behind before they miss some.
 const SESSION_EVENTS: usize = 256;

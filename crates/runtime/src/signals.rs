@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::{Kernel, WeakKernel};
+use crate::kernel::{Kernel, WeakKernel};
 
 /// Which signal arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,10 +20,10 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::command::WorkEnd;
-use crate::event::EventBus;
+use crate::bus::EventBus;
+use crate::command::{TurnStarted, WorkEnd};
+use crate::event::LifecycleEvent;
 use crate::shared::SessionShared;
-use crate::{LifecycleEvent, Turn};
 
 /// The driver's grip on a work. Dropping it revokes the work's write access.
 pub(crate) struct WorkHandle {
@@ -130,8 +130,9 @@ pub(crate) fn input_json(request: &Request) -> serde_json::Value {
     serde_json::to_value(&request.messages).unwrap_or(serde_json::Value::Null)
 }
 
-/// Starts a turn's work; returns the driver's handle and the caller's [`Turn`].
-pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, Turn) {
+/// Starts a turn's work; returns the driver's handle and what the caller's
+/// [`Turn`](crate::Turn) is made of.
+pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, TurnStarted) {
     let TurnContext {
         work,
         provider,
@@ -173,16 +174,7 @@ pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, Turn) {
         error: None,
         outcome: Some(outcome_tx),
     };
-    (handle, Turn::new(work, chunks, outcome))
-}
-
-/// The message a panic carried.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with no message".to_owned())
+    (handle, (work, chunks, outcome))
 }
 
 /// Persists each chunk and only then hands it on (G7). The stream crate

@@ -1,0 +1,96 @@
+//! [`Shared`]: what every connection and task of a gateway shares (the
+//! kernel, the provider, the table of sessions, the connections), and what
+//! they do with it: find or adopt a session, watch its end, run a turn,
+//! announce the shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use settle_runtime::{Kernel, SessionHandle, SessionId};
+use settle_stream::Provider;
+use tokio_util::task::TaskTracker;
+
+use crate::connection::Connections;
+use crate::limits::Limits;
+use crate::methods::Started;
+use crate::protocol::{notification, RpcError};
+use crate::pump;
+use crate::table::{Entry, Table};
+
+/// What every connection and task of a gateway shares.
+pub(crate) struct Shared {
+    pub kernel: Kernel,
+    pub provider: Arc<dyn Provider>,
+    pub table: Table,
+    pub connections: Connections,
+    /// The turns being delivered and the watchers of sessions' ends.
+    pub tasks: TaskTracker,
+    pub limits: Limits,
+    pub drain: Duration,
+}
+
+impl Shared {
+    /// The entry of session `id`: one the gateway serves, a session of the
+    /// kernel it adopts (the embedding program registered it), or a closed
+    /// one (finalized), served for this call only: its handle answers every
+    /// method as the core answers a finalized session.
+    pub async fn entry(self: &Arc<Self>, id: SessionId) -> Result<Arc<Entry>, RpcError> {
+        if let Some(entry) = self.table.get(id) {
+            return Ok(entry);
+        }
+        match self.kernel.session(id).await {
+            Ok(handle) if handle.is_closed() => Ok(Arc::new(Entry::new(handle))),
+            Ok(handle) => Ok(self.adopt(handle)),
+            Err(error) => Err(RpcError::from_runtime(&error)),
+        }
+    }
+
+    /// Serves `handle`'s session: its entry, and a watcher of its end that
+    /// tells the attached connections and forgets it.
+    pub fn adopt(self: &Arc<Self>, handle: SessionHandle) -> Arc<Entry> {
+        let (entry, new) = self.table.adopt(handle);
+        if new {
+            let (shared, watched) = (self.clone(), entry.clone());
+            self.tasks
+                .spawn(async move { shared.watch_end(watched).await });
+        }
+        entry
+    }
+
+    async fn watch_end(&self, entry: Arc<Entry>) {
+        let reason = entry.handle.finalized().await;
+        // A turn still being delivered announces its end first.
+        let _delivered = entry.conversation.lock().await;
+        self.table.remove(&entry);
+        if let Ok(reason) = reason {
+            if self.kernel.is_shutting_down() {
+                self.announce_shutdown();
+            }
+            let id = entry.handle.id().get();
+            let frame = notification(
+                "session.finalized",
+                json!({ "id": id, "end_reason": reason.as_str() }),
+            );
+            entry.finalized(reason, &frame.into());
+        }
+    }
+
+    /// Runs a started turn to its end, delivering it.
+    pub fn run(&self, started: Started) {
+        let Started {
+            entry,
+            turn,
+            conversation,
+        } = started;
+        self.tasks.spawn(pump::pump(entry, turn, conversation));
+    }
+
+    /// Tells every connection `server.shutdown`, with the drain it has.
+    pub fn announce_shutdown(&self) {
+        let drain_ms = u64::try_from(self.drain.as_millis()).unwrap_or(u64::MAX);
+        self.connections.announce_shutdown(|| {
+            notification("server.shutdown", json!({ "drain_ms": drain_ms })).into()
+        });
+    }
+}

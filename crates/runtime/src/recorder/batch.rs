@@ -1,0 +1,313 @@
+//! The batching of lifecycle writes: how the records of one wake become one
+//! batch (a write about a session goes after the batch that registers it,
+//! a record that is not a lifecycle write is a barrier), how a batch is
+//! handed to the store and kept in flight, and how each of its writes is
+//! answered once it is committed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use settle_core::{SessionId, State};
+use settle_store::{Applied, FinalizeRequest, LifecycleWrite, NewSession};
+
+use super::bounded::within;
+use super::held::Held;
+use super::pending::{Answer, BatchResults, InFlight, Pending};
+use super::unwritten::Unwritten;
+use super::Recorder;
+use crate::command::{Ack, Command};
+use crate::record::Record;
+
+impl Recorder {
+    /// Adds one record to the batch, or, for a record that is not a
+    /// lifecycle write, commits the batch so far and then applies it.
+    pub(super) async fn take(&mut self, record: Record, pending: &mut Pending, held: &mut Held) {
+        let write = match record {
+            Record::CreateSession { shared, at, reply } => {
+                let mut new = NewSession::new(shared.name.to_string(), self.owner)
+                    .with_id(shared.id)
+                    .at(at);
+                new.parent = shared.parent;
+                new.resumed_from = shared.resumed_from;
+                self.split_after(pending, &[shared.parent, shared.resumed_from])
+                    .await;
+                pending.registered.insert(shared.id);
+                Some((
+                    LifecycleWrite::Register(new),
+                    Answer::Registered { shared, reply },
+                ))
+            }
+            Record::Transition { transition: t, at } => {
+                // Registration wrote the row, and the finalize latch writes
+                // the last transition itself (G2): only the ones between go
+                // here, held until the session's next write (see `HOLD`).
+                if let (Some(from), true) = (t.from, t.to != State::Finalized) {
+                    held.hold(
+                        t.session,
+                        LifecycleWrite::Transition {
+                            session: t.session,
+                            from,
+                            to: t.to,
+                            cause: t.cause,
+                            at,
+                        },
+                    );
+                }
+                None
+            }
+            Record::StartTurn {
+                work,
+                at,
+                input,
+                done,
+            } => Some((
+                LifecycleWrite::StartTurn {
+                    session: work.session,
+                    no: work.no,
+                    input,
+                    at,
+                },
+                Answer::TurnStarted {
+                    session: work.session,
+                    done,
+                },
+            )),
+            Record::EndTurn {
+                work,
+                outcome,
+                error,
+                at,
+                notify,
+            } => {
+                let answer = Answer::TurnEnded {
+                    session: work.session,
+                    notify,
+                    end: (outcome, error.clone()),
+                };
+                match work.turn_no() {
+                    Some(no) => Some((
+                        LifecycleWrite::EndTurn {
+                            session: work.session,
+                            no,
+                            outcome,
+                            error,
+                            at,
+                        },
+                        answer,
+                    )),
+                    None => {
+                        pending.after.push(answer);
+                        None
+                    }
+                }
+            }
+            Record::Finalize(job) => {
+                let plan = &job.plan;
+                let mut request = FinalizeRequest::new(plan.reason)
+                    .commit_memory(plan.commit_memory)
+                    .at(job.at);
+                if let Some(outcome) = plan.last_outcome {
+                    request = request.with_outcome(outcome);
+                }
+                Some((
+                    LifecycleWrite::Finalize {
+                        session: plan.session,
+                        plan: request,
+                    },
+                    Answer::Finalized(job),
+                ))
+            }
+            other => {
+                // Everything before a barrier is committed first.
+                held.release_old(None, pending);
+                self.commit(std::mem::take(pending)).await;
+                self.control(other).await;
+                None
+            }
+        };
+        if let Some((write, answer)) = write {
+            if let Some(session) = write_session(&write) {
+                if !matches!(write, LifecycleWrite::Register(_)) {
+                    self.split_after(pending, &[Some(session)]).await;
+                    held.release(session, pending);
+                }
+            }
+            pending.writes.push(write);
+            pending.answers.push(answer);
+        }
+    }
+
+    /// Commits the batch so far if it registers one of `sessions`: a write
+    /// about a session goes in a batch after the one that creates its row.
+    async fn split_after(&mut self, pending: &mut Pending, sessions: &[Option<SessionId>]) {
+        let needed = sessions
+            .iter()
+            .flatten()
+            .any(|s| pending.registered.contains(s));
+        if needed {
+            self.commit(std::mem::take(pending)).await;
+        }
+    }
+
+    /// Applies a batch in one transaction and answers each of its writes,
+    /// after every batch handed to the store before it.
+    async fn commit(&mut self, pending: Pending) {
+        self.land().await;
+        let Some(batch) = self.hand(pending) else {
+            return;
+        };
+        let results = batch.results.await;
+        self.answer_batch(batch.answers, batch.after, results).await;
+    }
+
+    /// Hands a batch to the store and keeps it in flight, answering the one
+    /// before it (the store is already applying this one after it, so the
+    /// database does not wait while those answers go out). A store that
+    /// does not apply batches in the order they were handed to it is given
+    /// one at a time.
+    pub(super) async fn launch(&mut self, pending: Pending) {
+        if !self.store.applies_in_order() {
+            return self.commit(pending).await;
+        }
+        let Some(mut next) = self.hand(pending) else {
+            return;
+        };
+        // The first poll hands the batch to the store (see
+        // `SessionStore::applies_in_order`); a store that applied it at once
+        // has its results kept in the future.
+        if let Poll::Ready(results) = next
+            .results
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            next.results = Box::pin(std::future::ready(results));
+        }
+        self.land().await;
+        self.in_flight = Some(next);
+    }
+
+    /// Waits for the batch in flight, if any, and answers it.
+    pub(super) async fn land(&mut self) {
+        if let Some(batch) = self.in_flight.take() {
+            let results = batch.results.await;
+            self.answer_batch(batch.answers, batch.after, results).await;
+        }
+    }
+
+    /// The store call of a batch, bounded as every call is; `None` for an
+    /// empty one.
+    fn hand(&self, pending: Pending) -> Option<InFlight> {
+        let Pending {
+            writes,
+            answers,
+            after,
+            ..
+        } = pending;
+        if writes.is_empty() && after.is_empty() {
+            return None;
+        }
+        let results: Pin<Box<dyn Future<Output = BatchResults> + Send>> = if writes.is_empty() {
+            Box::pin(std::future::ready(Ok(Vec::new())))
+        } else {
+            let store = self.store.clone();
+            Box::pin(within(self.bound(), self.deadline.clone(), async move {
+                Ok(store.apply(writes).await)
+            }))
+        };
+        Some(InFlight {
+            answers,
+            after,
+            results,
+        })
+    }
+
+    /// Answers each write of a batch with its result, then the works whose
+    /// end has no row.
+    pub(super) async fn answer_batch(
+        &mut self,
+        answers: Vec<Answer>,
+        after: Vec<Answer>,
+        results: BatchResults,
+    ) {
+        match results {
+            Ok(results) => {
+                for (answer, result) in answers.into_iter().zip(results) {
+                    self.answer(answer, result.map_err(Unwritten::from_store))
+                        .await;
+                }
+            }
+            Err(unwritten) => {
+                for answer in answers {
+                    self.answer(answer, Err(unwritten.clone())).await;
+                }
+            }
+        }
+        for answer in after {
+            self.answer(answer, Ok(Applied::Done)).await;
+        }
+    }
+
+    async fn answer(&mut self, answer: Answer, result: Result<Applied, Unwritten>) {
+        if let Err(unwritten) = &result {
+            if unwritten.lease_lost() {
+                // Another process may recover these sessions now: stop
+                // everything at once rather than at the next renewal (G8).
+                if let Some(commands) = self.commands.upgrade() {
+                    let _ = commands.send(Command::LeaseLost);
+                }
+            }
+        }
+        match answer {
+            Answer::Registered { shared, reply } => match result {
+                Ok(_) => {
+                    let _ = reply.send(Ok(shared));
+                }
+                Err(unwritten) => {
+                    self.failed(Some(shared.id), "register a session", &unwritten);
+                    let _ = reply.send(Err(unwritten.into_error("registering a session")));
+                    let _ = self.acks.send(Ack::RegisterFailed(shared.id));
+                }
+            },
+            Answer::Transition(session) => {
+                if let Err(unwritten) = result {
+                    self.failed(Some(session), "record a transition", &unwritten);
+                }
+            }
+            Answer::TurnStarted { session, done } => {
+                let answer = match result {
+                    Ok(_) => Ok(()),
+                    Err(unwritten) => {
+                        self.failed(Some(session), "start a turn", &unwritten);
+                        Err(unwritten.store_error())
+                    }
+                };
+                let _ = done.send(answer);
+            }
+            Answer::TurnEnded {
+                session,
+                notify,
+                end,
+            } => {
+                if let Err(unwritten) = result {
+                    self.failed(Some(session), "end a turn", &unwritten);
+                }
+                if let Some(notify) = notify {
+                    let _ = notify.send(end);
+                }
+            }
+            Answer::Finalized(job) => self.finalized(*job, result),
+        }
+    }
+}
+
+/// The session a lifecycle write is about.
+fn write_session(write: &LifecycleWrite) -> Option<SessionId> {
+    match write {
+        LifecycleWrite::Register(new) => new.id,
+        LifecycleWrite::Transition { session, .. }
+        | LifecycleWrite::StartTurn { session, .. }
+        | LifecycleWrite::EndTurn { session, .. }
+        | LifecycleWrite::Finalize { session, .. } => Some(*session),
+    }
+}

@@ -1,0 +1,81 @@
+//! The bounded store calls: every store call of the recorder is bounded by
+//! the store timeout and, once a shutdown has begun, by what is left of its
+//! budget, so that a store that stops answering cannot hold the process
+//! (G9); and what a call that gave no answer leaves behind.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use settle_core::SessionId;
+use settle_store::StoreError;
+use tokio::sync::watch;
+
+use super::unwritten::Unwritten;
+use super::Recorder;
+use crate::event::LifecycleEvent;
+
+/// Runs a store call within `bound`, and, once a shutdown has begun, within
+/// its deadline: a shutdown that begins while the call is in flight (a
+/// registration waiting on a stalled store) cuts it there.
+pub(super) async fn within<T>(
+    bound: Duration,
+    mut deadline: watch::Receiver<Option<tokio::time::Instant>>,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, Unwritten> {
+    let started = tokio::time::Instant::now();
+    let shutdown_ends = async move {
+        match deadline.wait_for(Option::is_some).await.map(|at| *at) {
+            Ok(Some(at)) => {
+                tokio::time::sleep_until(at).await;
+                at
+            }
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        ended = tokio::time::timeout(bound, call) => match ended {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(Unwritten::from_store(error)),
+            Err(_) => Err(Unwritten::TimedOut(bound)),
+        },
+        at = shutdown_ends => Err(Unwritten::TimedOut(at.saturating_duration_since(started))),
+    }
+}
+
+impl Recorder {
+    /// The bound of a store call now.
+    pub(super) fn bound(&self) -> Duration {
+        match *self.deadline.borrow() {
+            Some(deadline) => deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(self.store_timeout),
+            None => self.store_timeout,
+        }
+    }
+
+    /// Runs a store call within its bound. (Not an `async fn`: the future
+    /// holds no reference to the recorder, whose batch in flight is not
+    /// `Sync`.)
+    pub(super) fn bounded<T, F>(
+        &self,
+        call: F,
+    ) -> impl Future<Output = Result<T, Unwritten>> + use<T, F>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        within(self.bound(), self.deadline.clone(), call)
+    }
+
+    /// Counts a store call that gave no answer, logs it and tells the
+    /// subscribers (`StoreFailed`).
+    pub(super) fn failed(&self, session: Option<SessionId>, what: &str, unwritten: &Unwritten) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(?session, error = %unwritten, "failed to {what}");
+        self.events.emit(None, || LifecycleEvent::StoreFailed {
+            session,
+            message: format!("failed to {what}: {unwritten}"),
+        });
+    }
+}

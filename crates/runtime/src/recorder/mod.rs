@@ -1,0 +1,175 @@
+//! The recorder: one task that applies the kernel's durable writes in the
+//! order the core decided them (rows, timeline, turns, finalize plans), so the
+//! driver never waits on the store, and answers whoever waits for a write only
+//! once it is committed (G7).
+//!
+//! Lifecycle writes are group-committed: everything queued when the recorder
+//! wakes goes to the store as one batch ([`SessionStore::apply`]), applied in
+//! one transaction with a result per write, each finalize still its row's
+//! compare-and-set (G2). A registration, a turn start or a finalize waits for
+//! the batch that holds it, and no longer. When the store applies batches in
+//! the order they are handed to it ([`SessionStore::applies_in_order`], as
+//! the database store's one writer thread does), the next batch is handed
+//! over while one is still being committed, and the answers of the one
+//! before go out meanwhile: the database never waits for the recorder.
+//!
+//! A transition nobody waits for (a turn's end moving its session back to
+//! `registered`, a cancel moving it to `cancelling`) is held for its
+//! session's next write, so that both are one row update and one timeline
+//! segment: for [`HOLD`](held::HOLD) while the store has nothing else to do,
+//! and while it is busy for up to [`HOLD_BUSY`](held::HOLD_BUSY), so that a
+//! loaded store (a teardown) is not handed writes that the next one carries
+//! anyway.
+//!
+//! Every store call is bounded: by the store timeout, and once a shutdown has
+//! begun by what is left of its budget (drain + settle timeout + flush budget),
+//! so that a store that stops answering cannot hold the process (G9). What
+//! could not be committed in time is left for recovery (G8) and named in the
+//! [`ShutdownReport`].
+//!
+//! # Where each part lives
+//!
+//! - here: the [`Recorder`], its loop, and the records that are not
+//!   lifecycle writes (a block of ids, the flush, the shutdown's end);
+//! - `batch.rs`: the batching of lifecycle writes, from the records of one
+//!   wake to the answer of each write;
+//! - `pending.rs`: a batch as it is built and while the store applies it;
+//! - `held.rs`: the hold buffer of transitions nobody waits for;
+//! - `bounded.rs`: the bounded store calls, and what a failed one does;
+//! - `unwritten.rs`: why a bounded call gave no answer;
+//! - `finalize.rs`: the finalize plan, once its row's latch is committed;
+//! - `shutdown.rs`: the shutdown report and its waiters.
+
+mod batch;
+mod bounded;
+mod finalize;
+mod held;
+mod pending;
+mod shutdown;
+mod unwritten;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_store::{OwnerId, SessionStore, StoreError};
+use tokio::sync::{mpsc, watch};
+
+use self::held::{hold_for, Held};
+use self::pending::{InFlight, Pending};
+use self::unwritten::Unwritten;
+use crate::bus::EventBus;
+use crate::command::{Ack, Command};
+use crate::hook::HookRunner;
+use crate::record::Record;
+use crate::report::ShutdownReport;
+
+/// How many queued records the recorder takes per wake.
+const RECORD_BATCH: usize = 4096;
+
+/// Waits until `at` (never called without one).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+pub(crate) struct Recorder {
+    pub store: Arc<dyn SessionStore>,
+    pub owner: OwnerId,
+    pub hooks: HookRunner,
+    /// The works' tracker, to count what outlives the shutdown.
+    pub works: tokio_util::task::TaskTracker,
+    pub store_timeout: Duration,
+    pub events: EventBus,
+    pub acks: mpsc::UnboundedSender<Ack>,
+    pub commands: mpsc::WeakUnboundedSender<Command>,
+    pub failures: Arc<AtomicUsize>,
+    pub report: ShutdownReport,
+    /// Once a shutdown began: when its budget runs out (set by the driver
+    /// the moment it begins, so a call already in flight is cut at it too).
+    pub deadline: watch::Receiver<Option<tokio::time::Instant>>,
+    /// Where the final report is kept for late askers.
+    pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// The batch the store is applying while the next one is built, when
+    /// the store applies batches in the order they were handed to it.
+    pub in_flight: Option<InFlight>,
+}
+
+impl Recorder {
+    pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Record>) {
+        let mut batch = Vec::with_capacity(RECORD_BATCH);
+        let mut held = Held::default();
+        loop {
+            let due = held.due(self.in_flight.is_some());
+            let in_flight = async {
+                match self.in_flight.as_mut() {
+                    Some(batch) => batch.results.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let received = tokio::select! {
+                biased;
+                // A batch is answered as soon as it is committed.
+                results = in_flight => {
+                    if let Some(batch) = self.in_flight.take() {
+                        self.answer_batch(batch.answers, batch.after, results).await;
+                    }
+                    continue;
+                }
+                n = records.recv_many(&mut batch, RECORD_BATCH) => n,
+                () = sleep_until(due), if due.is_some() => 0,
+            };
+            if received == 0 && due.is_none() {
+                // The driver is gone and nothing is held: done.
+                break;
+            }
+            let mut pending = Pending::default();
+            for record in batch.drain(..) {
+                self.take(record, &mut pending, &mut held).await;
+            }
+            let closed = received == 0 && records.is_closed() && records.is_empty();
+            if closed {
+                held.release_old(None, &mut pending);
+            } else {
+                // A busy store gets held transitions only past `HOLD_BUSY`.
+                let busy = self.in_flight.is_some() || !pending.writes.is_empty();
+                if let Some(limit) = tokio::time::Instant::now().checked_sub(hold_for(busy)) {
+                    held.release_old(Some(limit), &mut pending);
+                }
+            }
+            self.launch(std::mem::take(&mut pending)).await;
+            if closed && held.writes.is_empty() {
+                break;
+            }
+        }
+        self.land().await;
+    }
+
+    /// A record that is not a lifecycle write, applied between batches.
+    async fn control(&mut self, record: Record) {
+        match record {
+            Record::ReserveIds { count } => {
+                let ack = match self.bounded(self.store.reserve_ids(count)).await {
+                    Ok(range) => Ack::Ids(range),
+                    Err(Unwritten::Failed(error)) => {
+                        Ack::IdsFailed(Arc::try_unwrap(error).unwrap_or(StoreError::Unavailable))
+                    }
+                    Err(Unwritten::TimedOut(_)) => Ack::IdsFailed(StoreError::Unavailable),
+                };
+                let _ = self.acks.send(ack);
+            }
+            Record::Flush => self.flush().await,
+            Record::ShutdownComplete { summary, waiters } => {
+                self.complete_shutdown(summary, waiters).await;
+            }
+            // Lifecycle writes never reach here.
+            Record::CreateSession { .. }
+            | Record::Transition { .. }
+            | Record::StartTurn { .. }
+            | Record::EndTurn { .. }
+            | Record::Finalize(_) => {}
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! A batch of lifecycle writes as the recorder builds it ([`Pending`]: its
+//! writes, and what to answer for each once it is committed) and as the
+//! store applies it ([`InFlight`]).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use settle_core::SessionId;
+use settle_store::{Applied, LifecycleWrite, StoreError};
+use tokio::sync::oneshot;
+
+use super::unwritten::Unwritten;
+use crate::command::{Reply, WorkEnd};
+use crate::record::FinalizeJob;
+use crate::shared::SessionShared;
+
+/// What to do with one write's result, once its batch is committed.
+pub(super) enum Answer {
+    Registered {
+        shared: Arc<SessionShared>,
+        reply: Reply<Arc<SessionShared>>,
+    },
+    Transition(SessionId),
+    TurnStarted {
+        session: SessionId,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    TurnEnded {
+        session: SessionId,
+        notify: Option<oneshot::Sender<WorkEnd>>,
+        end: WorkEnd,
+    },
+    Finalized(Box<FinalizeJob>),
+}
+
+/// The writes of one batch and what to answer for each.
+#[derive(Default)]
+pub(super) struct Pending {
+    pub(super) writes: Vec<LifecycleWrite>,
+    pub(super) answers: Vec<Answer>,
+    /// Works whose end has no row (tasks): answered after the batch too, so
+    /// that every answer keeps the order of the core's effects.
+    pub(super) after: Vec<Answer>,
+    /// Sessions registered in this batch: a later write about one of them
+    /// goes in the next batch, once its row exists.
+    pub(super) registered: HashSet<SessionId>,
+}
+
+/// What a batch's store call gives back: a result per write, or why none.
+pub(super) type BatchResults = Result<Vec<Result<Applied, StoreError>>, Unwritten>;
+
+/// A batch handed to the store and not answered yet.
+pub(crate) struct InFlight {
+    pub(super) answers: Vec<Answer>,
+    pub(super) after: Vec<Answer>,
+    pub(super) results: Pin<Box<dyn Future<Output = BatchResults> + Send>>,
+}

@@ -1,0 +1,90 @@
+//! A task's work side: what the driver spawns once the core admits it (the
+//! user's closure, boxed with what reports its end), and the context it is
+//! started with. The handle side, what the caller holds, is in `task.rs`.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::FutureExt;
+use settle_core::{TurnError, TurnErrorKind, WorkId};
+use settle_stream::{CancelledBy, WorkEnd as StreamEnd, WorkSignal};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::task_context::TaskContext;
+
+/// A task as the driver keeps it until the core admits it: the user's
+/// closure, boxed, with what reports its end.
+pub(crate) type StartTask = Box<
+    dyn FnOnce(
+            TaskContext,
+            mpsc::UnboundedSender<(WorkId, WorkSignal)>,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send,
+>;
+
+/// Boxes `make` into what the driver starts once the core admits the task,
+/// and the receiving half of its result.
+pub(crate) fn prepare<F, Fut, T>(make: F) -> (StartTask, oneshot::Receiver<Result<T, String>>)
+where
+    F: FnOnce(TaskContext) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (result_tx, result) = oneshot::channel();
+    let start: StartTask = Box::new(move |ctx: TaskContext, reports| {
+        Box::pin(async move {
+            let work = ctx.work;
+            let (token, revoked) = (ctx.token.clone(), ctx.revoked.clone());
+            let ended = std::panic::AssertUnwindSafe(make(ctx)).catch_unwind().await;
+            let end = match ended {
+                Ok(value) => {
+                    // Its write access is revoked once detached: a late
+                    // result is refused.
+                    if !revoked.is_cancelled() {
+                        let _ = result_tx.send(Ok(value));
+                    }
+                    if token.is_cancelled() {
+                        StreamEnd::Cancelled(CancelledBy::Request)
+                    } else {
+                        StreamEnd::Completed
+                    }
+                }
+                Err(panic) => {
+                    let message = panic_message(panic.as_ref());
+                    // The handle says "the task panicked" once, before the message.
+                    if !revoked.is_cancelled() {
+                        let _ = result_tx.send(Err(message.clone()));
+                    }
+                    let error = TurnError::new(
+                        TurnErrorKind::Panic,
+                        format!("the task panicked: {message}"),
+                    );
+                    StreamEnd::Panicked(error)
+                }
+            };
+            let _ = reports.send((work, WorkSignal::Ended(end)));
+        })
+    });
+    (start, result)
+}
+
+/// The context of a new task and the handle's half of its end.
+pub(crate) fn context(work: WorkId) -> (TaskContext, CancellationToken, CancellationToken) {
+    let (token, revoked) = (CancellationToken::new(), CancellationToken::new());
+    let ctx = TaskContext {
+        work,
+        token: token.clone(),
+        revoked: revoked.clone(),
+    };
+    (ctx, token, revoked)
+}
+
+/// The message a panic carried.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned())
+}
