@@ -959,7 +959,7 @@ impl Core {
                 }
             }
         };
-        self.effects.push_back(Effect::WorkEnded { work, outcome });
+        self.effects.push_back(Effect::EndWork { work, outcome });
         match s.work_ended(work.kind, outcome, now) {
             Left::Busy => {}
             Left::Idle { closing } => {

@@ -40,7 +40,7 @@ pub enum Effect {
     },
     /// The work ignored cancellation past the settle deadline: abandon it and
     /// revoke its write access to the session first (G5). A
-    /// [`WorkEnded`](Self::WorkEnded) with outcome `detached` follows.
+    /// [`EndWork`](Self::EndWork) with outcome `detached` follows.
     DetachWork {
         /// The work to abandon.
         work: WorkId,
@@ -48,7 +48,7 @@ pub enum Effect {
     /// A work is over, with the outcome the core settled on: record a turn's
     /// end, answer whoever waits for it. Emitted exactly once per work, before
     /// any transition or finalize the end causes.
-    WorkEnded {
+    EndWork {
         /// The work.
         work: WorkId,
         /// How it ended (for a report without one, `cancelled` if it was asked

@@ -37,7 +37,7 @@ fn g7_a_finish_after_a_turn_cancel_records_the_cut_turn_cancelled_without_memory
     assert!(
         !finish
             .iter()
-            .any(|e| matches!(e, Effect::CancelWork { .. } | Effect::WorkEnded { .. })),
+            .any(|e| matches!(e, Effect::CancelWork { .. } | Effect::EndWork { .. })),
         "G6: not cancelled again, and the turn is not declared over: {finish:?}"
     );
     assert_eq!(h.state(s), State::Cancelling, "it waits for the cut turn");

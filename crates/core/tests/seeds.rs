@@ -191,7 +191,7 @@ fn g5_a_work_that_ignores_cancel_is_detached_at_the_settle_deadline() {
         .filter(|e| {
             matches!(
                 e,
-                Effect::CloseStream { .. } | Effect::DetachWork { .. } | Effect::WorkEnded { .. }
+                Effect::CloseStream { .. } | Effect::DetachWork { .. } | Effect::EndWork { .. }
             )
         })
         .collect();
@@ -200,7 +200,7 @@ fn g5_a_work_that_ignores_cancel_is_detached_at_the_settle_deadline() {
         vec![
             &Effect::CloseStream { work },
             &Effect::DetachWork { work },
-            &Effect::WorkEnded {
+            &Effect::EndWork {
                 work,
                 outcome: Outcome::Detached
             }

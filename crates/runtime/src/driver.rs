@@ -505,7 +505,7 @@ impl Driver {
                             work,
                         });
                 }
-                Effect::WorkEnded { work, outcome } => {
+                Effect::EndWork { work, outcome } => {
                     let handle = self.works.remove(&work);
                     let (error, notify) = match handle {
                         Some(mut h) => (h.error.take(), h.outcome.take()),

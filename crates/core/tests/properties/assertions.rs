@@ -68,7 +68,7 @@ fn work_of(effect: &Effect) -> Option<WorkId> {
         Effect::CancelWork { work, .. }
         | Effect::CloseStream { work }
         | Effect::DetachWork { work }
-        | Effect::WorkEnded { work, .. } => Some(*work),
+        | Effect::EndWork { work, .. } => Some(*work),
         _ => None,
     }
 }
@@ -77,7 +77,7 @@ fn ended_by(seen: &Observed, earlier: &[Effect], work: WorkId) -> bool {
     seen.ended.contains_key(&work)
         || earlier
             .iter()
-            .any(|e| matches!(e, Effect::WorkEnded { work: w, .. } if *w == work))
+            .any(|e| matches!(e, Effect::EndWork { work: w, .. } if *w == work))
 }
 
 fn finalized_by(seen: &Observed, earlier: &[Effect], id: u64) -> bool {
@@ -467,7 +467,7 @@ fn g7_memory_only_from_completed_turns(seen: &Observed, ctx: &Ctx) {
             .iter()
             .rev()
             .find_map(|e| match e {
-                Effect::WorkEnded { work, outcome }
+                Effect::EndWork { work, outcome }
                     if work.session == f.session && work.kind == WorkKind::Turn =>
                 {
                     Some(*outcome)
@@ -660,7 +660,7 @@ fn g10_closed_handles_fail_loudly(ctx: &Ctx) {
 }
 
 /// Effects are orders: a start that is admitted answers `Started` with the
-/// next number; `WorkEnded` exactly once per work, with the outcome reported
+/// next number; `EndWork` exactly once per work, with the outcome reported
 /// (or `detached` right after a `DetachWork`), before the transition it
 /// causes; nothing about a work before its start or after its end; and the
 /// works the core holds are exactly those started and not ended.
@@ -708,14 +708,14 @@ fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
                 let next = ctx.effects.get(i + 1);
                 assert_eq!(
                     next,
-                    Some(&Effect::WorkEnded {
+                    Some(&Effect::EndWork {
                         work,
                         outcome: Outcome::Detached
                     }),
                     "a detach is followed by the work's end"
                 );
             }
-            Effect::WorkEnded { work, outcome } => {
+            Effect::EndWork { work, outcome } => {
                 let detached = earlier.last() == Some(&Effect::DetachWork { work });
                 match *ctx.step {
                     Step::WorkEnded(w, reported) if w == work => {
@@ -739,21 +739,21 @@ fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
             Effect::Transition(ref t) => {
                 let ended_here = |kind: WorkKind, outcome: Outcome| {
                     earlier.iter().any(|e| {
-                        matches!(e, Effect::WorkEnded { work, outcome: o }
+                        matches!(e, Effect::EndWork { work, outcome: o }
                             if work.session == t.session && work.kind == kind && *o == outcome)
                     })
                 };
                 match t.cause {
                     Cause::TurnEnded(o) => {
-                        assert!(ended_here(WorkKind::Turn, o), "{t:?} before its WorkEnded")
+                        assert!(ended_here(WorkKind::Turn, o), "{t:?} before its EndWork")
                     }
                     Cause::TaskEnded(o) => {
-                        assert!(ended_here(WorkKind::Task, o), "{t:?} before its WorkEnded")
+                        assert!(ended_here(WorkKind::Task, o), "{t:?} before its EndWork")
                     }
                     Cause::SettleDeadline => assert!(
                         ended_here(WorkKind::Turn, Outcome::Detached)
                             || ended_here(WorkKind::Task, Outcome::Detached),
-                        "{t:?} before its WorkEnded"
+                        "{t:?} before its EndWork"
                     ),
                     _ => {}
                 }
@@ -770,7 +770,7 @@ fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
 
     let mut live: BTreeSet<WorkId> = seen.live_works().chain(started).collect();
     for e in ctx.effects {
-        if let Effect::WorkEnded { work, .. } = *e {
+        if let Effect::EndWork { work, .. } = *e {
             live.remove(&work);
         }
     }

@@ -430,7 +430,7 @@ impl Model {
             s.state = State::Registered;
             s.idle_since = now;
         }
-        self.orders.push(Effect::WorkEnded { work, outcome });
+        self.orders.push(Effect::EndWork { work, outcome });
         self.fixpoint();
     }
 

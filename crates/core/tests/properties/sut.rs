@@ -54,7 +54,7 @@ pub struct Observed {
     /// Works the core abandoned, and which of them after shutdown began.
     pub detached: HashSet<WorkId>,
     pub detached_in_shutdown: Vec<WorkId>,
-    /// The outcome each work ended with (`WorkEnded`).
+    /// The outcome each work ended with (`EndWork`).
     pub ended: HashMap<WorkId, Outcome>,
     /// The outcome of each session's last turn.
     pub last_turn: HashMap<u64, Outcome>,
@@ -114,7 +114,7 @@ impl Observed {
                     self.detached_in_shutdown.push(*work);
                 }
             }
-            Effect::WorkEnded { work, outcome } => {
+            Effect::EndWork { work, outcome } => {
                 self.ended.insert(*work, *outcome);
                 if work.turn_no().is_some() {
                     self.last_turn.insert(work.session.get(), *outcome);

@@ -184,7 +184,7 @@ impl Harness {
         self.log
             .iter()
             .filter_map(|e| match e {
-                Effect::WorkEnded { work: w, outcome } if *w == work => Some(*outcome),
+                Effect::EndWork { work: w, outcome } if *w == work => Some(*outcome),
                 _ => None,
             })
             .collect()
