@@ -1074,7 +1074,11 @@ impl Core {
             if had_slot {
                 self.slots_taken -= 1;
             }
-            if let Some(delegates) = self.delegations.remove(&id) {
+            let delegates = match self.delegations.is_empty() {
+                true => None,
+                false => self.delegations.remove(&id),
+            };
+            if let Some(delegates) = delegates {
                 // Not its own ancestors: their lifetime holds its own, and a
                 // subtree's wind-down never cancels whoever asked for it (G1).
                 let sessions = &self.sessions;

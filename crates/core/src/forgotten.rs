@@ -10,50 +10,79 @@
 //! never more than the gaps left by ids still open (or withdrawn, or never
 //! given to this core) between them.
 
-use std::collections::BTreeMap;
-
 use crate::SessionId;
 
-/// A set of session ids, as disjoint inclusive ranges `first..=last` keyed
-/// by their first id. Adjacent ranges are merged on insert.
+/// How many forgotten ids wait, unsorted, before they are merged into the
+/// ranges: a forget costs a push, and the merge (linear in the ranges) is
+/// paid once per this many.
+const PENDING: usize = 64;
+
+/// A set of session ids: sorted, disjoint, merged inclusive ranges
+/// `(first, last)`, plus the ids forgotten since the last merge.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Forgotten {
-    ranges: BTreeMap<u64, u64>,
+    ranges: Vec<(u64, u64)>,
+    pending: Vec<u64>,
+    /// The largest id ever forgotten: a fresh id from the store's blocks is
+    /// larger, so the common question ("is this new id taken?") is one
+    /// comparison.
+    max: Option<u64>,
 }
 
 impl Forgotten {
     /// Whether `id` was forgotten.
     pub fn contains(&self, id: SessionId) -> bool {
         let id = id.0;
-        self.ranges
-            .range(..=id)
-            .next_back()
-            .is_some_and(|(_, last)| id <= *last)
+        if self.max.is_none_or(|max| id > max) {
+            return false;
+        }
+        if self.pending.contains(&id) {
+            return true;
+        }
+        let at = self.ranges.partition_point(|(first, _)| *first <= id);
+        at > 0 && id <= self.ranges[at - 1].1
     }
 
     /// Remembers `id` as forgotten.
     pub fn insert(&mut self, id: SessionId) {
-        if self.contains(id) {
-            return;
+        self.max = Some(self.max.map_or(id.0, |max| max.max(id.0)));
+        self.pending.push(id.0);
+        if self.pending.len() >= PENDING {
+            self.merge();
         }
-        let id = id.0;
-        // The range ending right before `id`, if any, grows by one.
-        let before = id.checked_sub(1).and_then(|prev| {
-            self.ranges
-                .range(..=prev)
-                .next_back()
-                .filter(|(_, last)| **last == prev)
-                .map(|(first, _)| *first)
-        });
-        // The range starting right after `id`, if any, joins it.
-        let after = id.checked_add(1).and_then(|next| self.ranges.remove(&next));
-        self.ranges
-            .insert(before.unwrap_or(id), after.unwrap_or(id));
     }
 
-    /// How many ranges it keeps (for tests of its size).
+    /// Merges the pending ids into the ranges.
+    fn merge(&mut self) {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.sort_unstable();
+        pending.dedup();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len() + pending.len());
+        let mut push = |(first, last): (u64, u64)| match merged.last_mut() {
+            Some(prev) if first <= prev.1.saturating_add(1) => prev.1 = prev.1.max(last),
+            _ => merged.push((first, last)),
+        };
+        let (mut ranges, mut ids) = (self.ranges.iter().peekable(), pending.iter().peekable());
+        loop {
+            let next = match (ranges.peek(), ids.peek()) {
+                (Some(r), Some(i)) if r.0 <= **i => ranges.next().copied(),
+                (_, Some(_)) => ids.next().map(|i| (*i, *i)),
+                (Some(_), None) => ranges.next().copied(),
+                (None, None) => break,
+            };
+            if let Some(range) = next {
+                push(range);
+            }
+        }
+        self.ranges = merged;
+        pending.clear();
+        self.pending = pending;
+    }
+
+    /// How many ranges it keeps once merged (for tests of its size).
     #[cfg(test)]
-    pub fn ranges(&self) -> usize {
+    pub fn ranges(&mut self) -> usize {
+        self.merge();
         self.ranges.len()
     }
 }
@@ -61,6 +90,24 @@ impl Forgotten {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_ids_in_any_order_agree_with_a_plain_set() {
+        let mut f = Forgotten::default();
+        let mut plain = std::collections::BTreeSet::new();
+        let mut x = 7u64;
+        for _ in 0..2000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let id = (x >> 33) % 3000;
+            f.insert(SessionId(id));
+            plain.insert(id);
+        }
+        for id in 0..3100 {
+            assert_eq!(f.contains(SessionId(id)), plain.contains(&id), "id {id}");
+        }
+    }
 
     fn set(ids: &[u64]) -> Forgotten {
         let mut f = Forgotten::default();
@@ -72,7 +119,7 @@ mod tests {
 
     #[test]
     fn ids_in_order_keep_one_range() {
-        let f = set(&(1..=1000).collect::<Vec<_>>());
+        let mut f = set(&(1..=1000).collect::<Vec<_>>());
         assert_eq!(f.ranges(), 1);
         assert!(f.contains(SessionId(1)) && f.contains(SessionId(1000)));
         assert!(!f.contains(SessionId(0)) && !f.contains(SessionId(1001)));
@@ -91,7 +138,7 @@ mod tests {
     #[test]
     fn out_of_order_and_repeated_inserts_agree_with_a_plain_set() {
         let ids = [9, 3, 7, 3, 8, 1, 2, 20, 10, 19, 0];
-        let f = set(&ids);
+        let mut f = set(&ids);
         for id in 0..25 {
             assert_eq!(f.contains(SessionId(id)), ids.contains(&id), "id {id}");
         }
@@ -100,7 +147,7 @@ mod tests {
 
     #[test]
     fn the_largest_id_is_remembered_too() {
-        let f = set(&[u64::MAX, u64::MAX - 1, 0]);
+        let mut f = set(&[u64::MAX, u64::MAX - 1, 0]);
         assert!(f.contains(SessionId(u64::MAX - 1)) && f.contains(SessionId(u64::MAX)));
         assert!(f.contains(SessionId(0)) && !f.contains(SessionId(1)));
         assert_eq!(f.ranges(), 2);

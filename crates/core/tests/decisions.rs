@@ -375,3 +375,14 @@ fn g3_a_parent_whose_only_child_is_withdrawn_is_reclaimable_again() {
     h.advance(2 * SEC);
     assert_eq!(h.finalized(), vec![(root, EndReason::IdleReap)]);
 }
+
+#[test]
+fn the_answer_predicates_say_what_they_name() {
+    let work = WorkId::turn(SessionId(1), 1);
+    assert_eq!(Handled::Started(work).started(), Some(work));
+    assert_eq!(Handled::Applied.started(), None);
+    assert!(Error::SessionClosed(SessionId(1)).is_session_closed());
+    assert!(!Error::ShuttingDown.is_session_closed());
+    assert!(Error::ShuttingDown.is_shutting_down());
+    assert!(!Error::SessionClosed(SessionId(1)).is_shutting_down());
+}
