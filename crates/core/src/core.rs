@@ -1101,6 +1101,7 @@ impl Core {
 
     /// SPEC §4 step 6 for the sessions the current input finalized: each
     /// session they delegated to is cancelled, which may finalize more.
+    #[inline]
     fn interrupt_delegations(&mut self, now: Instant) {
         while !self.interrupts.is_empty() {
             for id in std::mem::take(&mut self.interrupts) {
@@ -1225,6 +1226,7 @@ impl Core {
 
     /// The answer table's word on an input that `asks` this of `id`, if it
     /// decides it (see [`answer::answer`]).
+    #[inline]
     fn answer(&self, id: SessionId, asks: Asks) -> Option<Result<Handled, Error>> {
         answer::answer(id, asks, self.find(id), self.shutdown.is_some())
     }

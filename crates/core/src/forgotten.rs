@@ -13,9 +13,11 @@
 use crate::SessionId;
 
 /// How many forgotten ids wait, unsorted, before they are merged into the
-/// ranges: a forget costs a push, and the merge (linear in the ranges) is
-/// paid once per this many.
-const PENDING: usize = 64;
+/// ranges: a forget costs a push, and the merge (linear in the ranges, whose
+/// count is about the number of sessions still open between forgotten ones)
+/// is paid once per this many. Looking up a forgotten id scans them; only a
+/// handle of a finalized session asks that, and a fresh id never does.
+const PENDING: usize = 1024;
 
 /// A set of session ids: sorted, disjoint, merged inclusive ranges
 /// `(first, last)`, plus the ids forgotten since the last merge.
