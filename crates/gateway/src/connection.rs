@@ -11,104 +11,25 @@
 //! (not even the pong its WebSocket library answers with) for two intervals
 //! is taken for gone: a half-open connection detaches like a closed one.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{close_code, CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use settle_runtime::SessionId;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
-use tokio_util::task::TaskTracker;
 
+use crate::connections::Connections;
 use crate::methods::{self, Caller};
-use crate::outbox::{self, Frame, Inbox, Outbox};
+use crate::outbox::{self, Frame, Inbox};
 use crate::protocol::{self, code, ErrorKind, RpcError};
 use crate::shared::Shared;
 use crate::table::ConnId;
 
 /// How many queued frames the writer sends before it flushes.
 const WRITE_BATCH: usize = 64;
-
-/// The live connections, for what the gateway tells them all.
-#[derive(Debug, Default)]
-pub(crate) struct Connections {
-    next: AtomicU64,
-    registry: Mutex<Registry>,
-    /// Every connection's task.
-    pub tracker: TaskTracker,
-}
-
-#[derive(Debug, Default)]
-struct Registry {
-    live: HashMap<ConnId, Outbox>,
-    /// The `server.shutdown` notification, once it was sent.
-    shutdown: Option<Utf8Bytes>,
-    /// Set once the gateway closes every connection.
-    closing: bool,
-}
-
-impl Connections {
-    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Registers a new connection; it is told at once what the others were
-    /// (a shutdown under way, the gateway closing).
-    fn join(&self, outbox: &Outbox) -> ConnId {
-        let conn = ConnId(self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        let mut registry = self.registry();
-        if let Some(frame) = &registry.shutdown {
-            outbox.text(frame.clone());
-        }
-        if registry.closing {
-            outbox.push(Frame::Close);
-        }
-        registry.live.insert(conn, outbox.clone());
-        conn
-    }
-
-    fn leave(&self, conn: ConnId) {
-        self.registry().live.remove(&conn);
-    }
-
-    /// Sends `frame` (the `server.shutdown` notification) to every
-    /// connection, once, and to every later one as it arrives.
-    pub fn announce_shutdown(&self, frame: impl FnOnce() -> Utf8Bytes) {
-        let mut registry = self.registry();
-        if registry.shutdown.is_some() {
-            return;
-        }
-        let frame = frame();
-        for outbox in registry.live.values() {
-            outbox.text(frame.clone());
-        }
-        registry.shutdown = Some(frame);
-    }
-
-    /// Sends every connection its closing frame, after what is queued.
-    pub fn close_all(&self) {
-        let mut registry = self.registry();
-        registry.closing = true;
-        for outbox in registry.live.values() {
-            outbox.push(Frame::Close);
-        }
-    }
-
-    /// Ends every connection now.
-    pub fn cut_all(&self) {
-        for outbox in self.registry().live.values() {
-            outbox.cut();
-        }
-    }
-
-    /// How many connections are live.
-    pub fn len(&self) -> usize {
-        self.registry().live.len()
-    }
-}
 
 /// Serves one upgraded connection until it ends.
 pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {

@@ -16,7 +16,8 @@ use settle_stream::Provider;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::connection::{self, Connections};
+use crate::connection;
+use crate::connections::Connections;
 use crate::error::GatewayError;
 use crate::limits::Limits;
 use crate::shared::Shared;

@@ -89,6 +89,7 @@
 //! lines ([`protocol`]).
 
 mod connection;
+mod connections;
 mod error;
 mod gateway;
 mod limits;

@@ -6,13 +6,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use settle_runtime::{RuntimeError, SessionId, State, Turn, TurnRequest};
+use settle_runtime::{RuntimeError, SessionId, State, TurnRequest};
 use settle_stream::{Message, Role};
-use tokio::sync::OwnedMutexGuard;
 
 use crate::outbox::Outbox;
 use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
+use crate::pump::Started;
 use crate::shared::Shared;
 use crate::table::{ConnId, Entry};
 
@@ -38,13 +38,6 @@ impl From<Value> for Answer {
             started: None,
         }
     }
-}
-
-/// A turn the runtime started, to be run by [`crate::pump`].
-pub(crate) struct Started {
-    pub entry: Arc<Entry>,
-    pub turn: Turn,
-    pub conversation: OwnedMutexGuard<Vec<Message>>,
 }
 
 fn session_closed(id: SessionId) -> RpcError {

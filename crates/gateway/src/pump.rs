@@ -17,6 +17,13 @@ use tokio::sync::OwnedMutexGuard;
 use crate::protocol::notification;
 use crate::table::Entry;
 
+/// A turn the runtime started, to be run by [`pump`].
+pub(crate) struct Started {
+    pub entry: Arc<Entry>,
+    pub turn: Turn,
+    pub conversation: OwnedMutexGuard<Vec<Message>>,
+}
+
 /// The `turn.chunk` notification of one chunk.
 fn chunk_frame(id: SessionId, turn: u32, chunk: &Chunk) -> Utf8Bytes {
     let params = match chunk.as_text() {

@@ -11,11 +11,11 @@ use settle_runtime::{Kernel, SessionHandle, SessionId};
 use settle_stream::Provider;
 use tokio_util::task::TaskTracker;
 
-use crate::connection::Connections;
+use crate::connections::Connections;
 use crate::limits::Limits;
-use crate::methods::Started;
 use crate::protocol::{notification, RpcError};
 use crate::pump;
+use crate::pump::Started;
 use crate::table::{Entry, Table};
 
 /// What every connection and task of a gateway shares.
