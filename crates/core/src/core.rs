@@ -1,7 +1,6 @@
 //! The lifecycle state machine. Every transition of SPEC §2 happens in this
 //! file, through [`move_state`], which asserts [`State::can_move_to`].
 
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -9,8 +8,10 @@ use crate::answer::{self, Asks, Found};
 use crate::deadlines::{Deadline, Deadlines, Timer};
 use crate::forgotten::Forgotten;
 use crate::hash::SessionMap;
-use crate::session::{Intent, Left, Session, SessionView, Work};
+use crate::session::{Intent, Left, Session, Work};
+use crate::sessions::Sessions;
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
+use crate::view::SessionView;
 use crate::{
     CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled, Hold, Outcome, Policy,
     SessionId, ShutdownSummary, State, Sweep, Transition, WorkId, WorkKind,
@@ -28,7 +29,7 @@ use crate::{
 #[derive(Debug)]
 pub struct Core {
     policy: Policy,
-    sessions: SessionMap<Session>,
+    sessions: Sessions,
     /// The ids of finalized sessions whose record was forgotten.
     forgotten: Forgotten,
     /// Delegations outstanding, by delegating session (SPEC §4 step 6).
@@ -59,7 +60,7 @@ impl Core {
     pub fn new(policy: Policy) -> Self {
         Core {
             policy,
-            sessions: SessionMap::default(),
+            sessions: Sessions::default(),
             forgotten: Forgotten::default(),
             delegations: SessionMap::default(),
             interrupts: Vec::new(),
@@ -124,7 +125,9 @@ impl Core {
             Event::SkipDrain => Ok(self.skip_drain(now)),
             Event::LeaseLost => Ok(self.lease_lost(now)),
         };
-        self.interrupt_delegations(now);
+        if !self.interrupts.is_empty() {
+            self.interrupt_delegations(now);
+        }
         self.after_input();
         handled
     }
@@ -217,7 +220,7 @@ impl Core {
     /// Every known session, in no particular order.
     pub fn sessions(&self) -> impl Iterator<Item = SessionView<'_>> {
         self.sessions.iter().map(|(id, inner)| SessionView {
-            id: *id,
+            id,
             inner,
             sessions: &self.sessions,
         })
@@ -246,9 +249,15 @@ impl Core {
     /// finalized session (the table on [`Event`]), and
     /// [`state`](Self::state) says `finalized`.
     pub fn forget(&mut self, id: SessionId) -> bool {
-        let s = match self.sessions.entry(id) {
-            Entry::Occupied(s) if s.get().state == State::Finalized => s.remove(),
-            _ => return false,
+        if self
+            .sessions
+            .get(&id)
+            .is_none_or(|s| s.state != State::Finalized)
+        {
+            return false;
+        }
+        let Some(s) = self.sessions.remove(&id) else {
+            return false;
         };
         self.forgotten.insert(id);
         // The deadline table drops the entries of forgotten sessions once
@@ -651,7 +660,7 @@ impl Core {
                 let mut due: Vec<(Instant, SessionId)> = self
                     .sessions
                     .iter()
-                    .filter_map(|(id, s)| s.orphan_deadline.map(|at| (at, *id)))
+                    .filter_map(|(id, s)| s.orphan_deadline.map(|at| (at, id)))
                     .filter(|(at, _)| *at <= now)
                     .collect();
                 // The longest orphaned first, as the deadlines would have.

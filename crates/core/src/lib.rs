@@ -102,7 +102,9 @@ mod hash;
 mod id;
 mod policy;
 mod session;
+mod sessions;
 mod tree;
+mod view;
 pub mod vocabulary;
 
 pub use crate::core::Core;
@@ -112,7 +114,7 @@ pub use error::{Error, Handled};
 pub use event::{Event, Hold, Sweep};
 pub use id::{SessionId, WorkId, WorkKind};
 pub use policy::Policy;
-pub use session::SessionView;
+pub use view::SessionView;
 pub use vocabulary::{
     CancelMode, ChunkKind, EndReason, Outcome, State, TurnError, TurnErrorKind, UnknownWord,
 };
