@@ -322,6 +322,10 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
             Some(session) => format!("{:<24} STORE ERROR: {message}", who(rows, *session)),
             None => format!("STORE ERROR: {message}"),
         },
+        LifecycleEvent::StoreRetrying { session, message } => match session {
+            Some(session) => format!("{:<24} store retry: {message}", who(rows, *session)),
+            None => format!("store retry: {message}"),
+        },
         _ => return None,
     })
 }

@@ -29,6 +29,8 @@ pub(crate) type TurnStarted = (
     WorkId,
     mpsc::UnboundedReceiver<Chunk>,
     oneshot::Receiver<WorkEnd>,
+    // Answered once the turn's start is written (or could not be).
+    oneshot::Receiver<Result<(), settle_store::StoreError>>,
 );
 
 /// A started task's id and the receiver of its end.

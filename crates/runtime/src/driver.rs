@@ -594,12 +594,14 @@ impl Driver {
                 // the end of the previous turn; the work streams once it is
                 // committed.
                 let (started_tx, started) = oneshot::channel();
+                let (announce, announced) = oneshot::channel();
                 let at = self.clock.wall(self.now);
                 let _ = self.recorder.send(Record::StartTurn {
                     work,
                     at,
                     input: Some(work::input_json(&request)),
                     done: started_tx,
+                    announce,
                 });
                 let (handle, turn) = work::spawn_turn(work::TurnContext {
                     work,
@@ -616,7 +618,8 @@ impl Driver {
                     tracker: &self.works_tracker,
                 });
                 self.works.insert(work, handle);
-                let _ = reply.send(Ok(turn));
+                let (work, chunks, outcome) = turn;
+                let _ = reply.send(Ok((work, chunks, outcome, announced)));
             }
             Start::Task { start, reply } => {
                 let (ctx, token, revoked) = task_work::context(work);

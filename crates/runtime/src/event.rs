@@ -92,6 +92,17 @@ pub enum LifecycleEvent {
         /// What failed.
         message: String,
     },
+    /// A store write failed in a way that may heal (the database locked,
+    /// full, unreachable or slow): it is tried again, and the session's
+    /// later writes wait behind it, until the store takes it; a shutdown
+    /// whose budget runs out first leaves the session for recovery (and a
+    /// `StoreFailed` says so).
+    StoreRetrying {
+        /// The session the write is for.
+        session: Option<SessionId>,
+        /// What failed, and why.
+        message: String,
+    },
 }
 
 #[cfg(all(test, feature = "serde"))]

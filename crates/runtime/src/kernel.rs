@@ -117,6 +117,7 @@ impl KernelBuilder {
             deadline,
             last_report: last_report.clone(),
             in_flight: None,
+            retries: Default::default(),
         };
         let recorder = tokio::spawn(recorder.run(records));
         let lease = tokio::spawn(crate::lease::renew(

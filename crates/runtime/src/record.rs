@@ -27,12 +27,14 @@ pub(crate) enum Record {
         at: SystemTime,
     },
     /// Open a turn's row, after the end of the session's previous turn
-    /// (queued before it); `done` tells the work whether it may stream.
+    /// (queued before it); `done` tells the work whether it may stream,
+    /// `announce` the caller whether it has a turn.
     StartTurn {
         work: WorkId,
         at: SystemTime,
         input: Option<serde_json::Value>,
         done: oneshot::Sender<Result<(), StoreError>>,
+        announce: oneshot::Sender<Result<(), StoreError>>,
     },
     /// A work is over: end a turn's row, then tell whoever waits for it.
     EndTurn {

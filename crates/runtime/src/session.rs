@@ -96,8 +96,16 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        let (work, chunks, outcome) = started?;
-        Ok(Turn::new(work, chunks, outcome).cancel_on_drop(self.kernel.commands()))
+        let (work, chunks, outcome, announced) = started?;
+        let turn = Turn::new(work, chunks, outcome).cancel_on_drop(self.kernel.commands());
+        // A turn is announced only once its start is written: one the store
+        // did not take is refused here, with the store's own cause (its
+        // work fails, and the dropped handle is a no-op).
+        match announced.await {
+            Ok(Ok(())) => Ok(turn),
+            Ok(Err(error)) => Err(error.into()),
+            Err(_) => Err(RuntimeError::Stopped),
+        }
     }
 
     /// Spawns a task the session owns: a tool call, a subprocess (see

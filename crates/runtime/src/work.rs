@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::EventBus;
-use crate::command::{TurnStarted, WorkEnd};
+use crate::command::WorkEnd;
 use crate::event::LifecycleEvent;
 use crate::shared::SessionShared;
 
@@ -132,7 +132,16 @@ pub(crate) fn input_json(request: &Request) -> serde_json::Value {
 
 /// Starts a turn's work; returns the driver's handle and what the caller's
 /// [`Turn`](crate::Turn) is made of.
-pub(crate) fn spawn_turn(ctx: TurnContext<'_>) -> (WorkHandle, TurnStarted) {
+pub(crate) fn spawn_turn(
+    ctx: TurnContext<'_>,
+) -> (
+    WorkHandle,
+    (
+        WorkId,
+        mpsc::UnboundedReceiver<Chunk>,
+        oneshot::Receiver<WorkEnd>,
+    ),
+) {
     let TurnContext {
         work,
         provider,

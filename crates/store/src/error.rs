@@ -167,7 +167,8 @@ pub enum OpenError {
 pub struct DbError(Arc<dyn std::error::Error + Send + Sync>);
 
 impl DbError {
-    pub(crate) fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+    /// Wraps a database's error (for stores of one's own, and tests).
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         DbError(Arc::new(e))
     }
 }
@@ -326,6 +327,14 @@ pub enum StoreError {
     /// The writer thread has stopped, so nothing more can be written.
     #[error("the store's writer has stopped; open the store again")]
     Unavailable,
+    /// The store did not answer within the bound asked of it. What was
+    /// asked may still be committed once it answers: a caller told this
+    /// must not take it as not written.
+    #[error("the store did not answer within {after:?}; what was asked may still be written")]
+    TimedOut {
+        /// The bound.
+        after: std::time::Duration,
+    },
 }
 
 impl From<diesel::result::Error> for StoreError {

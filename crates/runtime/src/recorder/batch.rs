@@ -14,6 +14,7 @@ use settle_store::{Applied, FinalizeRequest, LifecycleWrite, NewSession};
 use super::bounded::within;
 use super::held::Held;
 use super::pending::{Answer, BatchResults, InFlight, Pending};
+use super::retry;
 use super::unwritten::Unwritten;
 use super::Recorder;
 use crate::command::{Ack, Command};
@@ -61,6 +62,7 @@ impl Recorder {
                 at,
                 input,
                 done,
+                announce,
             } => Some((
                 LifecycleWrite::StartTurn {
                     session: work.session,
@@ -71,6 +73,7 @@ impl Recorder {
                 Answer::TurnStarted {
                     session: work.session,
                     done,
+                    announce,
                 },
             )),
             Record::EndTurn {
@@ -154,11 +157,11 @@ impl Recorder {
     /// after every batch handed to the store before it.
     async fn commit(&mut self, pending: Pending) {
         self.land().await;
-        let Some(batch) = self.hand(pending) else {
+        let Some(mut batch) = self.hand(pending) else {
             return;
         };
-        let results = batch.results.await;
-        self.answer_batch(batch.answers, batch.after, results).await;
+        let results = (&mut batch.results).await;
+        self.answer_batch(batch, results).await;
     }
 
     /// Hands a batch to the store and keeps it in flight, answering the one
@@ -189,15 +192,33 @@ impl Recorder {
 
     /// Waits for the batch in flight, if any, and answers it.
     pub(super) async fn land(&mut self) {
-        if let Some(batch) = self.in_flight.take() {
-            let results = batch.results.await;
-            self.answer_batch(batch.answers, batch.after, results).await;
+        if let Some(mut batch) = self.in_flight.take() {
+            let results = (&mut batch.results).await;
+            self.answer_batch(batch, results).await;
         }
     }
 
     /// The store call of a batch, bounded as every call is; `None` for an
-    /// empty one.
-    fn hand(&self, pending: Pending) -> Option<InFlight> {
+    /// empty one. Writes about a session whose earlier writes wait to be
+    /// tried again wait behind them instead (see `retry.rs`).
+    fn hand(&mut self, mut pending: Pending) -> Option<InFlight> {
+        self.retries.divert(&mut pending, write_session);
+        let now = tokio::time::Instant::now();
+        let copies = pending
+            .writes
+            .iter()
+            .map(|w| retry::kept_until_written(w).then(|| (w.clone(), now)))
+            .collect();
+        self.hand_with(pending, copies, false)
+    }
+
+    /// Hands a batch whose writes come with their copies (see [`InFlight`]).
+    pub(super) fn hand_with(
+        &self,
+        pending: Pending,
+        copies: Vec<Option<(LifecycleWrite, tokio::time::Instant)>>,
+        retry: bool,
+    ) -> Option<InFlight> {
         let Pending {
             writes,
             answers,
@@ -219,36 +240,69 @@ impl Recorder {
             answers,
             after,
             results,
+            copies,
+            retry,
         })
     }
 
     /// Answers each write of a batch with its result, then the works whose
-    /// end has no row.
-    pub(super) async fn answer_batch(
-        &mut self,
-        answers: Vec<Answer>,
-        after: Vec<Answer>,
-        results: BatchResults,
-    ) {
-        match results {
-            Ok(results) => {
-                for (answer, result) in answers.into_iter().zip(results) {
-                    self.answer(answer, result.map_err(Unwritten::from_store))
-                        .await;
+    /// end has no row. A write the store failed in a way that may heal is
+    /// queued to be tried again instead, when its waiter may wait for it
+    /// (see `retry.rs`).
+    pub(super) async fn answer_batch(&mut self, batch: InFlight, results: BatchResults) {
+        let InFlight {
+            answers,
+            after,
+            copies,
+            retry,
+            ..
+        } = batch;
+        let results: Vec<Result<Applied, Unwritten>> = match results {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| r.map_err(Unwritten::from_store))
+                .collect(),
+            Err(unwritten) => answers.iter().map(|_| Err(unwritten.clone())).collect(),
+        };
+        let mut requeued = false;
+        for ((answer, result), copy) in answers.into_iter().zip(results).zip(copies) {
+            let result = match (result, copy) {
+                (Err(unwritten), Some((write, since))) if retry::may_heal(&unwritten) => {
+                    if let Some(session) = write_session(&write) {
+                        if !retry {
+                            self.retrying(session, &write, &unwritten);
+                        }
+                        let last = unwritten;
+                        let queued = retry::Queued {
+                            write,
+                            answer,
+                            since,
+                            last,
+                        };
+                        self.retries.push(session, queued);
+                        requeued = true;
+                        continue;
+                    }
+                    Err(unwritten)
                 }
-            }
-            Err(unwritten) => {
-                for answer in answers {
-                    self.answer(answer, Err(unwritten.clone())).await;
+                (Err(Unwritten::Failed(error)), Some((write, _)))
+                    if retry && retry::landed_before(&write, &error) =>
+                {
+                    Ok(Applied::Done)
                 }
-            }
+                (result, _) => result,
+            };
+            self.answer(answer, result).await;
+        }
+        if retry && !requeued {
+            self.retries.healed();
         }
         for answer in after {
             self.answer(answer, Ok(Applied::Done)).await;
         }
     }
 
-    async fn answer(&mut self, answer: Answer, result: Result<Applied, Unwritten>) {
+    pub(super) async fn answer(&mut self, answer: Answer, result: Result<Applied, Unwritten>) {
         if let Err(unwritten) = &result {
             if unwritten.lease_lost() {
                 // Another process may recover these sessions now: stop
@@ -274,7 +328,11 @@ impl Recorder {
                     self.failed(Some(session), "record a transition", &unwritten);
                 }
             }
-            Answer::TurnStarted { session, done } => {
+            Answer::TurnStarted {
+                session,
+                done,
+                announce,
+            } => {
                 let answer = match result {
                     Ok(_) => Ok(()),
                     Err(unwritten) => {
@@ -282,6 +340,7 @@ impl Recorder {
                         Err(unwritten.store_error())
                     }
                 };
+                let _ = announce.send(answer.clone());
                 let _ = done.send(answer);
             }
             Answer::TurnEnded {
@@ -302,7 +361,7 @@ impl Recorder {
 }
 
 /// The session a lifecycle write is about.
-fn write_session(write: &LifecycleWrite) -> Option<SessionId> {
+pub(super) fn write_session(write: &LifecycleWrite) -> Option<SessionId> {
     match write {
         LifecycleWrite::Register(new) => new.id,
         LifecycleWrite::Transition { session, .. }

@@ -37,6 +37,7 @@
 //! - `held.rs`: the hold buffer of transitions nobody waits for;
 //! - `bounded.rs`: the bounded store calls, and what a failed one does;
 //! - `unwritten.rs`: why a bounded call gave no answer;
+//! - `retry.rs`: the writes a store blip left unwritten, tried again;
 //! - `finalize.rs`: the finalize plan, once its row's latch is committed;
 //! - `shutdown.rs`: the shutdown report and its waiters.
 
@@ -45,6 +46,7 @@ mod bounded;
 mod finalize;
 mod held;
 mod pending;
+mod retry;
 mod shutdown;
 mod unwritten;
 
@@ -57,6 +59,7 @@ use tokio::sync::{mpsc, watch};
 
 use self::held::{hold_for, Held};
 use self::pending::{InFlight, Pending};
+use self::retry::Retries;
 use self::unwritten::Unwritten;
 use crate::bus::EventBus;
 use crate::command::{Ack, Command};
@@ -95,6 +98,8 @@ pub(crate) struct Recorder {
     /// The batch the store is applying while the next one is built, when
     /// the store applies batches in the order they were handed to it.
     pub in_flight: Option<InFlight>,
+    /// The writes a store blip left unwritten, to try again.
+    pub retries: Retries,
 }
 
 impl Recorder {
@@ -103,6 +108,7 @@ impl Recorder {
         let mut held = Held::default();
         loop {
             let due = held.due(self.in_flight.is_some());
+            let retry_due = self.retries.due();
             let in_flight = async {
                 match self.in_flight.as_mut() {
                     Some(batch) => batch.results.as_mut().await,
@@ -114,8 +120,12 @@ impl Recorder {
                 // A batch is answered as soon as it is committed.
                 results = in_flight => {
                     if let Some(batch) = self.in_flight.take() {
-                        self.answer_batch(batch.answers, batch.after, results).await;
+                        self.answer_batch(batch, results).await;
                     }
+                    continue;
+                }
+                () = sleep_until(retry_due), if retry_due.is_some() => {
+                    self.retry().await;
                     continue;
                 }
                 n = records.recv_many(&mut batch, RECORD_BATCH) => n,
@@ -145,6 +155,7 @@ impl Recorder {
             }
         }
         self.land().await;
+        self.settle_retries().await;
     }
 
     /// A record that is not a lifecycle write, applied between batches.
@@ -160,8 +171,14 @@ impl Recorder {
                 };
                 let _ = self.acks.send(ack);
             }
-            Record::Flush => self.flush().await,
+            Record::Flush => {
+                if !self.retries.is_empty() {
+                    self.retry().await;
+                }
+                self.flush().await;
+            }
             Record::ShutdownComplete { summary, waiters } => {
+                self.settle_retries().await;
                 self.complete_shutdown(summary, waiters).await;
             }
             // Lifecycle writes never reach here.

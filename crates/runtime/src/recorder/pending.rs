@@ -25,7 +25,10 @@ pub(super) enum Answer {
     Transition(SessionId),
     TurnStarted {
         session: SessionId,
+        /// The work, which streams once the start is written.
         done: oneshot::Sender<Result<(), StoreError>>,
+        /// The caller, who is given the turn once its start is written.
+        announce: oneshot::Sender<Result<(), StoreError>>,
     },
     TurnEnded {
         session: SessionId,
@@ -56,4 +59,9 @@ pub(crate) struct InFlight {
     pub(super) answers: Vec<Answer>,
     pub(super) after: Vec<Answer>,
     pub(super) results: Pin<Box<dyn Future<Output = BatchResults> + Send>>,
+    /// Beside each answer, a copy of its write and since when it waits,
+    /// for the writes to try again if the store fails them (see `retry.rs`).
+    pub(super) copies: Vec<Option<(LifecycleWrite, tokio::time::Instant)>>,
+    /// Whether the batch is a retry of writes that failed before.
+    pub(super) retry: bool,
 }

@@ -30,15 +30,12 @@ impl Unwritten {
         }
     }
 
-    /// The store's error, as a work waiting for its turn's row sees it.
+    /// The store's error, with its real cause, as a work waiting for its
+    /// turn's row sees it.
     pub fn store_error(&self) -> StoreError {
         match self {
-            Unwritten::Failed(error) => match error.as_ref() {
-                StoreError::LeaseLost(owner) => StoreError::LeaseLost(*owner),
-                StoreError::SessionClosed(id) => StoreError::SessionClosed(*id),
-                _ => StoreError::Unavailable,
-            },
-            Unwritten::TimedOut(_) => StoreError::Unavailable,
+            Unwritten::Failed(error) => error.as_ref().clone(),
+            Unwritten::TimedOut(after) => StoreError::TimedOut { after: *after },
         }
     }
 
@@ -51,7 +48,7 @@ impl std::fmt::Display for Unwritten {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Unwritten::Failed(error) => error.fmt(f),
-            Unwritten::TimedOut(after) => write!(f, "the store did not answer within {after:?}"),
+            Unwritten::TimedOut(after) => StoreError::TimedOut { after: *after }.fmt(f),
         }
     }
 }

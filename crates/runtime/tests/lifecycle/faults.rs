@@ -11,16 +11,16 @@
 //! with SIGSTOP, SQLite locked by another process, `settle` stopped past its
 //! lease) are in `tests/tests/faults_stall.rs`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use settle_runtime::{EndReason, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionId};
 use settle_store::{
-    Applied, ChunkReceipt, LifecycleWrite, MemoryRow, MemoryStore, NewChunk, OwnerId, OwnerInfo,
-    RecoverOptions, RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter, SessionRow,
-    SessionStore, State, StoreError,
+    Applied, ChunkReceipt, DbError, LifecycleWrite, MemoryRow, MemoryStore, NewChunk, OwnerId,
+    OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter,
+    SessionRow, SessionStore, State, StoreError,
 };
 use settle_stream::{ScriptedEnd, TurnScript};
 use tokio::time::Instant;
@@ -46,6 +46,9 @@ struct Faulty {
     lose_lease: Arc<AtomicBool>,
     hold_answers: Arc<AtomicBool>,
     answers: Arc<tokio::sync::Semaphore>,
+    /// How many more batches holding a turn's end or a turn's start fail
+    /// as a whole, as a transaction does on a locked database.
+    fail_turn_writes: Arc<AtomicUsize>,
 }
 
 impl Default for Faulty {
@@ -56,6 +59,7 @@ impl Default for Faulty {
             lose_lease: Arc::default(),
             hold_answers: Arc::default(),
             answers: Arc::new(tokio::sync::Semaphore::new(0)),
+            fail_turn_writes: Arc::default(),
         }
     }
 }
@@ -107,6 +111,24 @@ impl SessionStore for Faulty {
         self.stall_point().await;
         if let Err(lost) = self.fenced(OWNER) {
             return batch.iter().map(|_| Err(lost.clone())).collect();
+        }
+        let turn_write = batch.iter().any(|w| {
+            matches!(
+                w,
+                LifecycleWrite::EndTurn { .. } | LifecycleWrite::StartTurn { .. }
+            )
+        });
+        let fail = turn_write
+            && self
+                .fail_turn_writes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if fail {
+            let locked = StoreError::Database {
+                context: "running a transaction",
+                source: DbError::new(std::io::Error::other("database is locked")),
+            };
+            return batch.iter().map(|_| Err(locked.clone())).collect();
         }
         let results = self.inner.apply(batch).await;
         if self.hold_answers.load(Ordering::SeqCst) {
@@ -529,4 +551,86 @@ async fn a_held_transition_is_written_once_the_busy_store_is_free() {
     store.answers.add_permits(usize::MAX >> 4);
     let report = kernel.shutdown(Duration::ZERO).await;
     assert_eq!(report.store_failures, 0);
+}
+
+/// G7 through a store blip: a turn's end that the store failed to write (its
+/// transaction failed, as on a locked database) is written again once the
+/// store answers: the store never keeps the turn open, the handle learns the
+/// outcome, and the session's next turns start and are stored.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_end_the_store_failed_to_write_is_written_once_it_heals() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let mut events = kernel.subscribe();
+    let p = provider([complete(&["a", "b"], 10 * MS), complete(&["c"], MS)]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["a"]);
+    // The batch holding the turn's end fails twice; the store is fine after.
+    store.fail_turn_writes.store(2, Ordering::SeqCst);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    let d = detail(&store.inner, session.id()).await;
+    assert_eq!(d.turns[0].outcome, Some(Outcome::Completed), "{d:?}");
+    let said: Vec<String> = drain(&mut events)
+        .into_iter()
+        .filter_map(|e| match e {
+            LifecycleEvent::StoreRetrying { message, .. } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        said.iter().any(|m| m.contains("database is locked")),
+        "the failure was not said with its cause: {said:?}"
+    );
+
+    let second = start(&session, &p).await;
+    assert_eq!(second.outcome().await, Outcome::Completed);
+    let d = detail(&store.inner, session.id()).await;
+    assert_eq!(d.turns.len(), 2, "{d:?}");
+    assert_eq!(d.turns[1].outcome, Some(Outcome::Completed), "{d:?}");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+}
+
+/// A turn is announced only once its start is durable: a start the store
+/// failed to write is refused to the caller with the store's own cause, and
+/// leaves no open turn behind; the next start, once the store answers, runs.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_is_announced_only_once_its_start_is_written() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let p = provider([complete(&["a"], MS), complete(&["b"], MS)]);
+    store.fail_turn_writes.store(1, Ordering::SeqCst);
+    let refused = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+        .await;
+    let Err(error) = refused else {
+        panic!("a turn whose start was not written was announced");
+    };
+    assert!(error.to_string().contains("database is locked"), "{error}");
+    let mut turn = loop {
+        // The refused turn's end may still be settling.
+        match session
+            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+            .await
+        {
+            Ok(turn) => break turn,
+            Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { .. })) => {
+                tokio::time::sleep(MS).await;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(read_chunks(&mut turn, 1).await.len(), 1);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    let d = detail(&store.inner, session.id()).await;
+    assert!(
+        d.turns.iter().all(|t| t.outcome.is_some()),
+        "a turn left open: {d:?}"
+    );
+    assert_eq!(
+        d.turns.last().and_then(|t| t.outcome),
+        Some(Outcome::Completed)
+    );
 }

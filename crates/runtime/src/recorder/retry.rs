@@ -1,0 +1,298 @@
+//! The writes a store blip left unwritten, tried again until the store
+//! answers (a lock released, a disk with room again, a server back).
+//!
+//! A lifecycle write whose transaction failed in a way that may heal (the
+//! database said so, or did not answer in time) is not dropped: a turn's
+//! end, a transition or a finalize that is lost leaves the session open in
+//! the store, and every later write about it refused. So such a write is
+//! queued here with its answer, and every later write about its session
+//! waits behind it, in order, until the store takes them. The waiters of a
+//! write nobody may wait for long (a registration, a turn's start) are told
+//! it failed after the store timeout, with what the store last said, and
+//! the write is dropped: they were refused, so nothing is left live behind.
+//!
+//! Once a shutdown's budget is spent, what is still queued is given up:
+//! each waiter is told, and the session is left for recovery (G8).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use settle_core::SessionId;
+use settle_store::{LifecycleWrite, StoreError};
+use tokio::time::Instant;
+
+use super::pending::{Answer, Pending};
+use super::unwritten::Unwritten;
+
+/// Maps keyed by session: foldhash, as everywhere on the recorder's path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The first wait before a write is tried again; it doubles up to [`LAST`].
+const FIRST: Duration = Duration::from_millis(50);
+/// The longest wait between two tries.
+const LAST: Duration = Duration::from_secs(1);
+
+/// One write waiting for its session's turn, and its answer.
+pub(super) struct Queued {
+    pub write: LifecycleWrite,
+    pub answer: Answer,
+    /// When it was queued (a waiter's patience runs from here).
+    pub since: Instant,
+    /// What the store said last.
+    pub last: Unwritten,
+}
+
+/// The writes waiting to be tried again, per session, in order.
+#[derive(Default)]
+pub(crate) struct Retries {
+    queued: HashMap<SessionId, VecDeque<Queued>>,
+    /// The sessions in the order they were first queued, so a retry batch
+    /// keeps the order the writes were decided in.
+    order: VecDeque<SessionId>,
+    /// The wait before the next try, doubled after each failed one.
+    wait: Option<Duration>,
+    next: Option<Instant>,
+}
+
+/// Whether a store failure may heal on its own, so that the write is worth
+/// trying again: the database failed or did not answer; a refusal (a closed
+/// session, a lost lease) is final.
+pub(super) fn may_heal(unwritten: &Unwritten) -> bool {
+    match unwritten {
+        Unwritten::TimedOut(_) => true,
+        Unwritten::Failed(error) => matches!(
+            error.as_ref(),
+            StoreError::Database { .. } | StoreError::Connection { .. } | StoreError::Unavailable
+        ),
+    }
+}
+
+/// Whether a waiter may wait for its write until the store heals: a turn's
+/// end, a transition and a finalize are kept until written; a registration
+/// and a turn's start answer a caller, who is told within the store timeout.
+pub(super) fn kept_until_written(write: &LifecycleWrite) -> bool {
+    matches!(
+        write,
+        LifecycleWrite::EndTurn { .. }
+            | LifecycleWrite::Transition { .. }
+            | LifecycleWrite::Finalize { .. }
+    )
+}
+
+/// Whether a write tried again was refused only because an earlier try of
+/// it was committed after all (its answer was lost with the connection):
+/// the turn is ended already, the state is already moved.
+pub(super) fn landed_before(write: &LifecycleWrite, error: &StoreError) -> bool {
+    match (write, error) {
+        (LifecycleWrite::EndTurn { .. }, StoreError::TurnClosed { .. }) => true,
+        // Its start was never written: there is nothing to end.
+        (LifecycleWrite::EndTurn { .. }, StoreError::UnknownTurn { .. }) => true,
+        (LifecycleWrite::Transition { to, .. }, StoreError::StateMismatch { found, .. }) => {
+            found == to
+        }
+        _ => false,
+    }
+}
+
+impl Retries {
+    /// Whether nothing waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
+
+    /// Whether writes about `session` wait here (so its next ones must too).
+    pub(super) fn holds(&self, session: SessionId) -> bool {
+        self.queued.contains_key(&session)
+    }
+
+    /// Queues a write the store did not take, behind its session's others.
+    pub(super) fn push(&mut self, session: SessionId, queued: Queued) {
+        let entry = self.queued.entry(session).or_default();
+        if entry.is_empty() {
+            self.order.push_back(session);
+        }
+        entry.push_back(queued);
+        if self.next.is_none() {
+            let wait = *self.wait.get_or_insert(FIRST);
+            self.next = Some(Instant::now() + wait);
+        }
+    }
+
+    /// Moves the writes of `pending` about sessions that have writes
+    /// waiting here behind those, keeping the rest (and their order).
+    pub(super) fn divert(
+        &mut self,
+        pending: &mut Pending,
+        session_of: impl Fn(&LifecycleWrite) -> Option<SessionId>,
+    ) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let writes = std::mem::take(&mut pending.writes);
+        let answers = std::mem::take(&mut pending.answers);
+        for (write, answer) in writes.into_iter().zip(answers) {
+            match session_of(&write) {
+                Some(session) if self.holds(session) => {
+                    let last = self.queued[&session]
+                        .back()
+                        .map(|q| q.last.clone())
+                        .unwrap_or(Unwritten::TimedOut(Duration::ZERO));
+                    self.push(
+                        session,
+                        Queued {
+                            write,
+                            answer,
+                            since: Instant::now(),
+                            last,
+                        },
+                    );
+                }
+                _ => {
+                    pending.writes.push(write);
+                    pending.answers.push(answer);
+                }
+            }
+        }
+    }
+
+    /// When to try again, if anything waits.
+    pub(super) fn due(&self) -> Option<Instant> {
+        self.next
+    }
+
+    /// Takes every waiting write, session by session in the order they
+    /// were queued, for one more try; the next wait doubles.
+    pub(super) fn take(&mut self) -> Vec<(SessionId, Queued)> {
+        let mut taken = Vec::new();
+        for session in std::mem::take(&mut self.order) {
+            if let Some(queued) = self.queued.remove(&session) {
+                taken.extend(queued.into_iter().map(|q| (session, q)));
+            }
+        }
+        self.next = None;
+        self.wait = Some(self.wait.map_or(FIRST, |w| (w * 2).min(LAST)));
+        taken
+    }
+
+    /// The store took a try: the next failure starts from the first wait.
+    pub(super) fn healed(&mut self) {
+        if self.queued.is_empty() {
+            self.wait = None;
+        }
+    }
+
+    /// Takes the writes whose waiters may not wait longer than `patience`
+    /// (a registration, a turn's start), to be told they failed.
+    pub(super) fn expired(&mut self, patience: Duration) -> Vec<Queued> {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        self.queued.retain(|_, queue| {
+            let mut kept = VecDeque::with_capacity(queue.len());
+            for q in queue.drain(..) {
+                if !kept_until_written(&q.write) && now.duration_since(q.since) >= patience {
+                    expired.push(q);
+                } else {
+                    kept.push_back(q);
+                }
+            }
+            *queue = kept;
+            !queue.is_empty()
+        });
+        let queued = &self.queued;
+        self.order.retain(|s| queued.contains_key(s));
+        if self.queued.is_empty() {
+            self.next = None;
+        }
+        expired
+    }
+
+    /// Takes everything still waiting, to give it up.
+    pub(super) fn give_up(&mut self) -> Vec<Queued> {
+        self.next = None;
+        self.wait = None;
+        self.take().into_iter().map(|(_, q)| q).collect()
+    }
+}
+
+impl super::Recorder {
+    /// Says that a write failed and will be tried again: one line, and a
+    /// [`StoreRetrying`](crate::LifecycleEvent::StoreRetrying) event.
+    pub(super) fn retrying(
+        &self,
+        session: SessionId,
+        write: &LifecycleWrite,
+        unwritten: &Unwritten,
+    ) {
+        let what = match write {
+            LifecycleWrite::Register(_) => "register a session",
+            LifecycleWrite::Transition { .. } => "record a transition",
+            LifecycleWrite::StartTurn { .. } => "start a turn",
+            LifecycleWrite::EndTurn { .. } => "end a turn",
+            LifecycleWrite::Finalize { .. } => "end the durable row",
+        };
+        tracing::warn!(%session, error = %unwritten, "failed to {what}; trying again until the store takes it");
+        self.events
+            .emit(None, || crate::LifecycleEvent::StoreRetrying {
+                session: Some(session),
+                message: format!("failed to {what}: {unwritten}; trying again"),
+            });
+    }
+
+    /// Whether a shutdown's budget is spent: nothing is tried again then.
+    fn budget_spent(&self) -> bool {
+        self.deadline
+            .borrow()
+            .is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// One more try of every waiting write, as one batch, after telling
+    /// the waiters who may not wait any longer that their write failed.
+    pub(super) async fn retry(&mut self) {
+        for q in self.retries.expired(self.store_timeout) {
+            self.answer(q.answer, Err(q.last)).await;
+        }
+        if self.budget_spent() {
+            for q in self.retries.give_up() {
+                self.answer(q.answer, Err(q.last)).await;
+            }
+            return;
+        }
+        let taken = self.retries.take();
+        if taken.is_empty() {
+            return;
+        }
+        self.land().await;
+        let mut pending = Pending::default();
+        let mut copies = Vec::with_capacity(taken.len());
+        for (_, q) in taken {
+            copies.push(Some((q.write.clone(), q.since)));
+            pending.writes.push(q.write);
+            pending.answers.push(q.answer);
+        }
+        if let Some(mut batch) = self.hand_with(pending, copies, true) {
+            let results = (&mut batch.results).await;
+            self.answer_batch(batch, results).await;
+        }
+    }
+
+    /// Tries the waiting writes until the store takes them all or, in a
+    /// shutdown, its budget is spent (else within the store timeout); what
+    /// is left then is given up, its sessions left for recovery (G8).
+    pub(super) async fn settle_retries(&mut self) {
+        let until = self
+            .deadline
+            .borrow()
+            .unwrap_or_else(|| Instant::now() + self.store_timeout);
+        while !self.retries.is_empty() {
+            if Instant::now() >= until {
+                for q in self.retries.give_up() {
+                    self.answer(q.answer, Err(q.last)).await;
+                }
+                break;
+            }
+            let at = self.retries.due().unwrap_or_else(Instant::now).min(until);
+            tokio::time::sleep_until(at).await;
+            self.retry().await;
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The store blips under `settle serve` and comes back: a SQLite database
+//! locked by another process for longer than the busy timeout while a turn
+//! ends. A transient failure fails the writes it covers, loudly, and then
+//! the store heals: the session goes on, what a client was told is what the
+//! store holds, and no turn is left open in it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gateway_support::{connect, Client};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use settle_tests::{numbered, Running, Sandbox, PATIENCE};
+
+/// A script book: "long" streams twenty chunks 100 ms apart, anything else
+/// answers "ok".
+fn book(sandbox: &Sandbox) -> String {
+    let chunks: Vec<String> = numbered("l", 20)
+        .iter()
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    let text = format!(
+        "[default]\nchunks = [\"ok\"]\n\n[prompt.long]\nchunks = [{}]\nchunk_delay_ms = 100\n",
+        chunks.join(", ")
+    );
+    sandbox
+        .write("book.toml", &text)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Starts `settle serve` on a free port with the script book; its address.
+fn serve(sandbox: &Sandbox) -> (Running, String) {
+    let book = book(sandbox);
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--scripted",
+        &book,
+        "--drain-timeout",
+        "20s",
+    ];
+    let mut serving = sandbox.spawn(&args);
+    serving.wait_for("the listening line", |out| out.contains("/ws\n"));
+    let line = serving
+        .output()
+        .lines()
+        .find(|l| l.contains("listening on ws://"))
+        .unwrap()
+        .to_owned();
+    let addr = line
+        .split("ws://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/ws")
+        .to_owned();
+    (serving, addr)
+}
+
+/// Another process (the `sqlite3` shell) holding `BEGIN EXCLUSIVE` on a
+/// database until [`release`](Self::release).
+struct Locked(Child);
+
+impl Locked {
+    fn take(db: &Path) -> Locked {
+        let mut shell = Command::new("sqlite3")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the sqlite3 shell (install sqlite3)");
+        let stdin = shell.stdin.as_mut().unwrap();
+        writeln!(
+            stdin,
+            "PRAGMA busy_timeout = 20000;\nBEGIN EXCLUSIVE;\nSELECT 'LOCKED';"
+        )
+        .unwrap();
+        stdin.flush().unwrap();
+        let mut lines = BufReader::new(shell.stdout.take().unwrap()).lines();
+        assert!(
+            lines.any(|l| l.is_ok_and(|l| l.contains("LOCKED"))),
+            "the sqlite3 shell could not lock the database"
+        );
+        Locked(shell)
+    }
+
+    fn release(mut self) {
+        let mut stdin = self.0.stdin.take().unwrap();
+        writeln!(stdin, "COMMIT;").unwrap();
+        drop(stdin);
+        assert!(self.0.wait().unwrap().success(), "the sqlite3 shell failed");
+    }
+}
+
+async fn create(client: &mut Client, name: &str) -> u64 {
+    client.ok("session.create", json!({ "name": name })).await["id"]
+        .as_u64()
+        .unwrap()
+}
+
+/// The `turn.ended` notification of the session's turn, skipping chunks.
+async fn ended(client: &mut Client) -> Value {
+    loop {
+        let note = tokio::time::timeout(PATIENCE, client.next_notification())
+            .await
+            .expect("a turn.ended in time")
+            .expect("the connection stays open");
+        if note["method"] == "turn.ended" {
+            return note["params"].clone();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_store_locked_while_a_turn_ends_heals_and_the_session_goes_on() {
+    let sandbox = Sandbox::new();
+    let (mut serving, addr) = serve(&sandbox);
+    let mut client = connect(&addr).await;
+    let id = create(&mut client, "blip").await;
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "long" }))
+        .await;
+    assert_eq!(client.expect("turn.chunk").await["text"], "l1");
+
+    // The rest of the turn and its end meet the lock; the store's busy
+    // timeout is 5 s, so the writes under it fail.
+    let locked = Locked::take(&sandbox.db());
+    let release = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(7));
+        locked.release();
+    });
+    let first = ended(&mut client).await;
+    release.await.unwrap();
+
+    // Once the lock is gone the store has healed: the session takes turns
+    // again, and each is stored.
+    let mut seconds = Vec::new();
+    for _ in 0..3 {
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "short" }))
+            .await;
+        seconds.push(ended(&mut client).await);
+    }
+    for end in &seconds {
+        assert_eq!(end["outcome"], "completed", "after the blip: {seconds:#?}");
+    }
+    client.ok("session.close", json!({ "id": id })).await;
+    assert_eq!(client.expect("session.finalized").await["id"], id);
+    serving.signal(Signal::SIGTERM);
+    let status = serving.exited_within(PATIENCE).expect("exited");
+    let stderr = serving.stderr_text();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // What the clients were told is what the store holds; no turn is open
+    // in a finalized session, and no turn is `interrupted` (nothing was
+    // recovered).
+    let detail = sandbox.show(id);
+    let turns = detail["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 4, "{detail:#}\n{stderr}");
+    assert_eq!(
+        turns[0]["outcome"], first["outcome"],
+        "the first turn's end as told and as stored: {detail:#}\n{stderr}"
+    );
+    for turn in turns {
+        assert!(
+            turn["outcome"].is_string() && turn["outcome"] != "interrupted",
+            "a turn left open or interrupted: {detail:#}\n{stderr}"
+        );
+    }
+    for turn in &turns[1..] {
+        assert_eq!(turn["outcome"], "completed", "{detail:#}\n{stderr}");
+        assert_eq!(turn["chunks"], json!(["ok"]), "{detail:#}\n{stderr}");
+    }
+    assert_eq!(detail["session"]["end_reason"], "user_close", "{detail:#}");
+    assert!(
+        stderr.contains("database is locked"),
+        "the failure was not said with its real cause: {stderr}"
+    );
+    assert!(status.code().is_some(), "{stderr}");
+}
