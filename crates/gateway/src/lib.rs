@@ -88,6 +88,8 @@
 //! buffers are not ours to bound and cut. JSON-RPC itself is a few dozen
 //! lines ([`protocol`]).
 
+mod accept;
+mod auth;
 mod connection;
 mod connections;
 mod error;
@@ -95,16 +97,24 @@ mod gateway;
 mod limits;
 mod listing;
 mod methods;
+mod origin;
 mod outbox;
+mod ownership;
 mod params;
 pub mod protocol;
 mod pump;
+mod rate;
 mod scripted;
 mod shared;
+mod slots;
 mod table;
+mod tls;
+mod upgrade;
 
+pub use auth::{TokenFileError, Tokens, MIN_TOKEN_CHARS};
 pub use error::{GatewayError, ScriptBookError};
 pub use gateway::{Gateway, GatewayBuilder};
 pub use params::MAX_NAME_CHARS;
 pub use protocol::ErrorKind;
 pub use scripted::ScriptBook;
+pub use tls::{Tls, TlsError};
