@@ -59,6 +59,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest options is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a scripted agent tree to its end, showing its progress, then a summary.

@@ -53,8 +53,11 @@ impl fmt::Debug for Principal {
 /// allowed. Cheap to clone; its `Debug` shows the principals, never a token.
 #[derive(Clone)]
 pub struct Tokens {
-    entries: Arc<[(Arc<str>, Box<[u8]>)]>,
+    entries: Arc<[Entry]>,
 }
+
+/// A principal and one of its tokens.
+type Entry = (Arc<str>, Box<[u8]>);
 
 impl fmt::Debug for Tokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -106,7 +109,7 @@ impl Tokens {
     /// # Errors
     /// On the first line that breaks these rules, or when no token is given.
     pub fn parse(text: &str) -> Result<Tokens, TokenFileError> {
-        let mut entries: Vec<(Arc<str>, Box<[u8]>)> = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let refuse = |message: String| TokenFileError {
                 path: None,
