@@ -59,6 +59,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest options is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a scripted agent tree to its end, showing its progress, then a summary.
@@ -279,8 +281,10 @@ fn one_line(text: &str) -> String {
 }
 
 fn init_tracing() {
+    // The gateway's warnings are on by default: a connection it dropped, a
+    // limit that refused something, a queue that overflowed.
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,settle_gateway=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

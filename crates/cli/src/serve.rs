@@ -6,6 +6,12 @@
 //! `server.shutdown`, running turns drain, everything is finalized, the
 //! connections are closed, and the process exits 143/130; a second signal
 //! skips the rest of the drain.
+//!
+//! On a network: `--token-file` requires a bearer token of every client
+//! (and is required to listen on anything but a loopback address),
+//! `--allow-origin` lists the web origins allowed, `--tls-cert/--tls-key`
+//! serve `wss://`. A token file, a certificate or a key that cannot be used
+//! is refused in one line (exit 2) that never quotes a token or a key.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,7 +21,7 @@ use std::time::Duration;
 use clap::Args;
 use settle_cli::model_server::ModelServerArgs;
 use settle_cli::{duration, exit, open_store, outln, shutdown, Failure};
-use settle_gateway::{Gateway, ScriptBook};
+use settle_gateway::{Gateway, ScriptBook, Tls, Tokens};
 use settle_runtime::signals::Signals;
 use settle_runtime::Kernel;
 use settle_stream::Provider;
@@ -40,6 +46,36 @@ pub struct ServeArgs {
     /// How long running turns may finish after SIGINT/SIGTERM.
     #[arg(long, value_parser = duration::parse, default_value = "5s")]
     drain_timeout: Duration,
+    /// Require `Authorization: Bearer TOKEN` of every client: one `PRINCIPAL TOKEN` pair per line.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Allow WebSocket upgrades from this web origin (repeatable); other origins are refused.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    allow_origins: Vec<String>,
+    /// Serve wss:// with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How long a client has for its TLS handshake and each request header.
+    #[arg(long, value_parser = duration::parse_nonzero, default_value = "10s")]
+    header_timeout: Duration,
+    /// How long a connection attached to no session may send no request (0s: forever).
+    #[arg(long, value_parser = duration::parse, default_value = "5m")]
+    connection_idle_timeout: Duration,
+    /// How many connections may be open at once.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// How many connections each principal of --token-file may have open at once.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_principal: u64,
+    /// How many live sessions each principal may have (default: no bound but --max-sessions).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions_per_principal: Option<u64>,
+    /// How many requests per second each connection may send (0: unlimited).
+    #[arg(long, default_value_t = 100)]
+    requests_per_second: u32,
     /// Play the turns of this script book instead of asking a model server.
     #[arg(long, hide = true, value_name = "FILE")]
     scripted: Option<PathBuf>,
@@ -53,6 +89,23 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let provider: Arc<dyn Provider> = match &args.scripted {
         Some(path) => Arc::new(ScriptBook::load(path).map_err(Failure::bad_input)?),
         None => Arc::new(args.server.provider()?),
+    };
+    let tokens = match &args.token_file {
+        Some(path) => Some(Tokens::load(path).map_err(Failure::bad_input)?),
+        None if !args.listen.ip().is_loopback() => {
+            return Err(Failure::bad_input(format!(
+                "refusing to listen on {} without --token-file: anyone who can reach it could \
+                 drive every session (listen on 127.0.0.1, or give tokens)",
+                args.listen
+            )))
+        }
+        None => None,
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(Tls::from_pem_files(cert, key).map_err(Failure::bad_input)?)
+        }
+        _ => None,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -71,11 +124,28 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .start()
         .await
         .map_err(Failure::store)?;
-    let gateway = Gateway::builder(kernel.clone(), provider)
+    let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let mut gateway = Gateway::builder(kernel.clone(), provider)
         .drain_timeout(args.drain_timeout)
-        .build();
+        .header_timeout(args.header_timeout)
+        .connection_idle_timeout(Some(args.connection_idle_timeout))
+        .max_connections(as_usize(args.max_connections))
+        .max_connections_per_principal(as_usize(args.max_connections_per_principal))
+        .max_sessions_per_principal(args.max_sessions_per_principal.map(as_usize))
+        .requests_per_second(Some(args.requests_per_second));
+    for origin in &args.allow_origins {
+        gateway = gateway.allow_origin(origin);
+    }
+    if let Some(tokens) = tokens {
+        gateway = gateway.tokens(tokens);
+    }
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
+    if let Some(tls) = tls {
+        gateway = gateway.tls(tls);
+    }
+    let gateway = gateway.build();
     let first_signal = tokio::spawn(signals.drive(&kernel, args.drain_timeout));
-    outln!("settle serve: listening on ws://{addr}/ws");
+    outln!("settle serve: listening on {scheme}://{addr}/ws");
     let report = gateway
         .serve(listener)
         .await

@@ -9,7 +9,10 @@
 //!
 //! A keepalive ping goes out every interval; a client that has sent nothing
 //! (not even the pong its WebSocket library answers with) for two intervals
-//! is taken for gone: a half-open connection detaches like a closed one.
+//! is taken for gone: a half-open connection detaches like a closed one. A
+//! connection attached to no session that sends no request for the
+//! connection idle timeout is closed, and one that sends requests faster
+//! than its rate is answered `rate_limited` for the excess.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,23 +24,25 @@ use futures_util::{SinkExt, StreamExt};
 use settle_runtime::SessionId;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+use crate::auth::Principal;
 use crate::connections::Connections;
 use crate::methods::{self, Caller};
-use crate::outbox::{self, Frame, Inbox};
+use crate::outbox::{self, Frame, Inbox, Outbox};
 use crate::protocol::{self, code, ErrorKind, RpcError};
+use crate::rate::Bucket;
 use crate::shared::Shared;
 use crate::table::ConnId;
 
 /// How many queued frames the writer sends before it flushes.
 const WRITE_BATCH: usize = 64;
 
-/// Serves one upgraded connection until it ends.
-pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
+/// Serves one upgraded connection, speaking for `principal`, until it ends.
+pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Principal) {
     let (outbox, inbox) = outbox::channel(shared.limits.queue());
     let (sink, mut stream) = socket.split();
     let writer = tokio::spawn(write(sink, inbox));
     let conn = shared.connections.join(&outbox);
-    tracing::debug!(conn = conn.0, "connected");
+    tracing::debug!(conn = conn.0, %principal, "connected");
     let mut attached = HashSet::new();
     let keepalive = shared.limits.keepalive;
     let mut ticks = keepalive.map(|every| {
@@ -46,16 +51,38 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
         ticks
     });
     let mut heard = Instant::now();
+    let idle_after = shared.limits.connection_idle;
+    let mut asked = Instant::now();
+    // Re-armed only when it fires early (a request came meanwhile, or a
+    // session is attached), never per request.
+    let idle = tokio::time::sleep(idle_after.unwrap_or_default());
+    let mut idle = std::pin::pin!(idle);
+    let mut bucket = shared
+        .limits
+        .requests_per_second
+        .map(|rate| Bucket::new(rate, Instant::now()));
+    // Whether the last request was refused: one log line per run of them.
+    let mut limited = false;
     loop {
         let frame = tokio::select! {
             biased;
             () = outbox.is_cut() => break,
             () = tick(&mut ticks) => {
                 if keepalive.is_some_and(|every| heard.elapsed() > every * 2) {
-                    tracing::debug!(conn = conn.0, "no word from the client for two keepalives; dropping it");
+                    tracing::warn!(conn = conn.0, %principal, "dropped a connection: no word from the client for two keepalive intervals");
                     break;
                 }
                 outbox.push(Frame::Ping);
+                continue;
+            }
+            () = idle.as_mut(), if idle_after.is_some() => {
+                let after = idle_after.unwrap_or_default();
+                if attached.is_empty() && asked.elapsed() >= after {
+                    tracing::warn!(conn = conn.0, %principal, ?after, "dropped a connection: attached to no session and no request for the connection idle timeout");
+                    break;
+                }
+                let from = if attached.is_empty() { asked } else { Instant::now() };
+                idle.as_mut().reset(from + after);
                 continue;
             }
             frame = stream.next() => frame,
@@ -63,8 +90,21 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
         heard = Instant::now();
         match frame {
             Some(Ok(Message::Text(text))) => {
+                asked = heard;
+                if let Some(bucket) = bucket.as_mut() {
+                    if !bucket.take(heard) {
+                        if !limited {
+                            tracing::warn!(conn = conn.0, %principal, "refused requests: over the connection's rate");
+                        }
+                        limited = true;
+                        refuse_rate(&outbox, text.as_str(), bucket);
+                        continue;
+                    }
+                }
+                limited = false;
                 let mut caller = Caller {
                     conn,
+                    principal: &principal,
                     outbox: &outbox,
                     attached: &mut attached,
                 };
@@ -90,6 +130,24 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>) {
     outbox.cut();
     let _ = writer.await;
     tracing::debug!(conn = conn.0, "disconnected");
+}
+
+/// Answers a request over the connection's rate `rate_limited`, without
+/// carrying it out.
+fn refuse_rate(outbox: &Outbox, text: &str, bucket: &Bucket) {
+    let id = protocol::parse(text).map_or(serde_json::Value::Null, |i| {
+        i.id.unwrap_or(serde_json::Value::Null)
+    });
+    let retry = bucket.retry_after();
+    let error = RpcError::new(
+        code::RATE_LIMITED,
+        ErrorKind::RateLimited,
+        format!(
+            "too many requests on this connection; send it again in {} ms",
+            retry.as_millis().max(1)
+        ),
+    );
+    outbox.text(protocol::error(&id, &error));
 }
 
 async fn detach(shared: &Shared, conn: ConnId, id: SessionId) {

@@ -4,7 +4,6 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -16,23 +15,23 @@ use settle_stream::Provider;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accept;
+use crate::auth::Tokens;
 use crate::connection;
 use crate::connections::Connections;
 use crate::error::GatewayError;
 use crate::limits::Limits;
+use crate::origin::Origins;
+use crate::ownership::Owners;
 use crate::shared::Shared;
+use crate::slots::Slots;
 use crate::table::Table;
+use crate::tls::Tls;
+use crate::upgrade::upgrade;
 
 /// How long connections get to take their closing frame once everything
 /// is finalized, before they are cut.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-/// The read buffer of a connection: small, since requests are; a larger
-/// request is read in several pieces.
-const READ_BUFFER: usize = 2 * 1024;
-
-/// How much a connection's WebSocket layer gathers before writing.
-const WRITE_BUFFER: usize = 8 * 1024;
 
 /// Builds a [`Gateway`].
 pub struct GatewayBuilder {
@@ -40,6 +39,9 @@ pub struct GatewayBuilder {
     provider: Arc<dyn Provider>,
     drain: Duration,
     limits: Limits,
+    tokens: Option<Tokens>,
+    origins: Origins,
+    tls: Option<Tls>,
 }
 
 impl Debug for GatewayBuilder {
@@ -47,6 +49,9 @@ impl Debug for GatewayBuilder {
         f.debug_struct("GatewayBuilder")
             .field("drain", &self.drain)
             .field("limits", &self.limits)
+            .field("tokens", &self.tokens)
+            .field("origins", &self.origins)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -93,8 +98,90 @@ impl GatewayBuilder {
         self
     }
 
+    /// Requires a bearer token of `tokens` on every upgrade (HTTP 401
+    /// without one); each session then belongs to the principal that
+    /// created it, and is `not_found` to every other. Without tokens the
+    /// gateway serves one anonymous principal.
+    #[must_use]
+    pub fn tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// Allows upgrades whose `Origin` is `origin` (`https://app.example.com`);
+    /// one with another `Origin` is refused (HTTP 403), one with none (not
+    /// a browser) is let through. Repeatable. Default: no origin allowed.
+    #[must_use]
+    pub fn allow_origin(mut self, origin: &str) -> Self {
+        self.origins.allow(origin);
+        self
+    }
+
+    /// Serves `wss://` (and `https://`) with `tls`, instead of plain text.
+    #[must_use]
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// How long a client has for its TLS handshake and for each whole
+    /// request head (a kept-alive HTTP connection, for its next one);
+    /// past it, the connection is dropped. Default 10 s.
+    #[must_use]
+    pub fn header_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.header_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a WebSocket connection attached to no session may send no
+    /// request before it is closed; `None` never closes one. Default 5 min.
+    #[must_use]
+    pub fn connection_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.limits.connection_idle = timeout.filter(|d| !d.is_zero());
+        self
+    }
+
+    /// How many connections may be open at once, upgraded or not; past it
+    /// a new one is closed at once. Default 4096.
+    #[must_use]
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.limits.max_connections = max.max(1);
+        self
+    }
+
+    /// How many WebSocket connections each principal of the tokens may
+    /// have open at once; past it an upgrade is refused (HTTP 429).
+    /// Default 256.
+    #[must_use]
+    pub fn max_connections_per_principal(mut self, max: usize) -> Self {
+        self.limits.max_connections_per_principal = max.max(1);
+        self
+    }
+
+    /// How many live sessions each principal may have; past it
+    /// `session.create` is refused `over_capacity`. `None` (the default):
+    /// no bound but the kernel's cap.
+    #[must_use]
+    pub fn max_sessions_per_principal(mut self, max: Option<usize>) -> Self {
+        self.limits.max_sessions_per_principal = max;
+        self
+    }
+
+    /// How many requests per second each connection may send, in bursts
+    /// of up to a second's worth; one more is answered `rate_limited`.
+    /// `None`: unlimited. Default 100.
+    #[must_use]
+    pub fn requests_per_second(mut self, rate: Option<u32>) -> Self {
+        self.limits.requests_per_second = rate.filter(|r| *r > 0);
+        self
+    }
+
     /// The gateway.
     pub fn build(self) -> Gateway {
+        let slots = Slots::new(
+            self.limits.max_connections,
+            self.limits.max_connections_per_principal,
+        );
         Gateway {
             shared: Arc::new(Shared {
                 kernel: self.kernel,
@@ -104,6 +191,11 @@ impl GatewayBuilder {
                 tasks: TaskTracker::new(),
                 limits: self.limits,
                 drain: self.drain,
+                tokens: self.tokens,
+                origins: self.origins,
+                tls: self.tls,
+                owners: Owners::default(),
+                slots,
             }),
         }
     }
@@ -140,6 +232,9 @@ impl Gateway {
             provider,
             drain: Duration::from_secs(5),
             limits: Limits::default(),
+            tokens: None,
+            origins: Origins::default(),
+            tls: None,
         }
     }
 
@@ -165,20 +260,28 @@ impl Gateway {
     /// session's end, closes the connections, and returns the kernel's
     /// report.
     ///
+    /// No connection outlives it: one that has not upgraded is dropped
+    /// past a short grace, however far into its request it is, and so is
+    /// a WebSocket connection that does not take its closing frame.
+    ///
     /// # Errors
-    /// When the server fails.
+    /// None today; kept for a server that can fail.
     pub async fn serve<L>(&self, listener: L) -> Result<ShutdownReport, GatewayError>
     where
         L: Listener,
         L::Addr: Debug,
     {
         let stop_accepting = CancellationToken::new();
-        let server = {
-            let stop = stop_accepting.clone();
-            axum::serve(listener, self.router())
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-        };
+        let http = TaskTracker::new();
         let shared = &self.shared;
+        let accepting = accept::accept(
+            listener,
+            self.router(),
+            shared.clone(),
+            stop_accepting.clone(),
+            http.clone(),
+            CLOSE_GRACE,
+        );
         let wind_down = async {
             shared.kernel.shutdown_begun().await;
             shared.announce_shutdown();
@@ -190,13 +293,16 @@ impl Gateway {
             {
                 tracing::warn!("some turn or session end was not delivered in time");
             }
+            // Every connection, upgraded or not, ends within the grace.
             stop_accepting.cancel();
-            connection::close_all(&shared.connections, CLOSE_GRACE).await;
+            http.close();
+            tokio::join!(
+                connection::close_all(&shared.connections, CLOSE_GRACE),
+                http.wait()
+            );
             report
         };
-        let (served, report) =
-            tokio::join!(std::future::IntoFuture::into_future(server), wind_down);
-        served.map_err(GatewayError::Serve)?;
+        let ((), report) = tokio::join!(accepting, wind_down);
         Ok(report)
     }
 
@@ -215,17 +321,6 @@ impl Gateway {
     pub fn sessions(&self) -> usize {
         self.shared.table.len()
     }
-}
-
-async fn upgrade(State(shared): State<Arc<Shared>>, upgrade: WebSocketUpgrade) -> Response {
-    let max = shared.limits.max_message_bytes;
-    let tracker = shared.connections.tracker.clone();
-    upgrade
-        .read_buffer_size(READ_BUFFER)
-        .write_buffer_size(WRITE_BUFFER)
-        .max_message_size(max)
-        .max_frame_size(max)
-        .on_upgrade(move |socket| tracker.track_future(connection::serve(socket, shared)))
 }
 
 async fn healthz(State(shared): State<Arc<Shared>>) -> Response {

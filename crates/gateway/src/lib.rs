@@ -87,7 +87,22 @@
 //! is the one event a gateway of transports is about, and its subscription
 //! buffers are not ours to bound and cut. JSON-RPC itself is a few dozen
 //! lines ([`protocol`]).
+//!
+//! Connections are accepted by a loop of the gateway's own on hyper's
+//! HTTP/1 server rather than by `axum::serve`, whose shutdown waits for
+//! every connection to end by itself: here a request head has a timeout,
+//! and no connection, upgraded or not, outlives the shutdown.
+//!
+//! # On a network
+//!
+//! [`GatewayBuilder::tokens`] requires a bearer token on every upgrade and
+//! makes each session its creator's alone; [`GatewayBuilder::allow_origin`]
+//! lists the web origins allowed; [`GatewayBuilder::tls`] serves `wss://`;
+//! the builder's other setters bound connections, sessions and requests.
+//! Their defaults are in `docs/gateway.md`.
 
+mod accept;
+mod auth;
 mod connection;
 mod connections;
 mod error;
@@ -95,16 +110,24 @@ mod gateway;
 mod limits;
 mod listing;
 mod methods;
+mod origin;
 mod outbox;
+mod ownership;
 mod params;
 pub mod protocol;
 mod pump;
+mod rate;
 mod scripted;
 mod shared;
+mod slots;
 mod table;
+mod tls;
+mod upgrade;
 
+pub use auth::{TokenFileError, Tokens, MIN_TOKEN_CHARS};
 pub use error::{GatewayError, ScriptBookError};
 pub use gateway::{Gateway, GatewayBuilder};
 pub use params::MAX_NAME_CHARS;
 pub use protocol::ErrorKind;
 pub use scripted::ScriptBook;
+pub use tls::{Tls, TlsError};

@@ -1,17 +1,33 @@
-//! [`Limits`]: the bounds of each connection of a gateway, as its builder
-//! sets them.
+//! [`Limits`]: the bounds of a gateway and of each of its connections, as
+//! its builder sets them. Their defaults are listed in `docs/gateway.md`.
 
 use std::time::Duration;
 
 use crate::outbox::Bounds;
 
-/// The bounds of each connection.
+/// The bounds of the gateway and of each connection.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
     pub queue_frames: usize,
     pub queue_bytes: usize,
     pub max_message_bytes: usize,
     pub keepalive: Option<Duration>,
+    /// How long a client has to send a whole request head (and its TLS
+    /// handshake), and how long a kept-alive HTTP connection may wait for
+    /// its next request.
+    pub header_timeout: Duration,
+    /// How long a WebSocket connection attached to no session may send no
+    /// request before it is closed.
+    pub connection_idle: Option<Duration>,
+    /// Connections open at once, upgraded or not.
+    pub max_connections: usize,
+    /// WebSocket connections open at once per named principal.
+    pub max_connections_per_principal: usize,
+    /// Live sessions per principal; `None`: only the kernel's cap.
+    pub max_sessions_per_principal: Option<usize>,
+    /// Requests per second per connection (in bursts of up to a second's
+    /// worth); `None`: unlimited.
+    pub requests_per_second: Option<u32>,
 }
 
 impl Limits {
@@ -30,6 +46,12 @@ impl Default for Limits {
             queue_bytes: 1024 * 1024,
             max_message_bytes: 1024 * 1024,
             keepalive: Some(Duration::from_secs(30)),
+            header_timeout: Duration::from_secs(10),
+            connection_idle: Some(Duration::from_secs(5 * 60)),
+            max_connections: 4096,
+            max_connections_per_principal: 256,
+            max_sessions_per_principal: None,
+            requests_per_second: Some(100),
         }
     }
 }

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use settle_runtime::{RuntimeError, SessionId, State, TurnRequest};
 use settle_stream::{Message, Role};
 
+use crate::auth::Principal;
 use crate::outbox::Outbox;
 use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
@@ -16,10 +17,11 @@ use crate::pump::Started;
 use crate::shared::Shared;
 use crate::table::{ConnId, Entry};
 
-/// Who is asking: the connection, its queue, and the sessions it is
-/// attached to (as transports).
+/// Who is asking: the connection, the principal it speaks for, its queue,
+/// and the sessions it is attached to (as transports).
 pub(crate) struct Caller<'a> {
     pub conn: ConnId,
+    pub principal: &'a Principal,
     pub outbox: &'a Outbox,
     pub attached: &'a mut HashSet<SessionId>,
 }
@@ -48,12 +50,35 @@ fn session_closed(id: SessionId) -> RpcError {
     )
 }
 
+fn over_capacity(principal: &Principal, live: usize) -> RpcError {
+    tracing::warn!(%principal, live, "refused a session: the principal has its maximum of live sessions");
+    RpcError::new(
+        code::OVER_CAPACITY,
+        ErrorKind::OverCapacity,
+        format!("{principal} has {live} live sessions, its maximum: close one first"),
+    )
+}
+
 fn wrong_state(message: String) -> RpcError {
     RpcError::new(code::WRONG_STATE, ErrorKind::WrongState, message)
 }
 
 fn from_runtime(error: RuntimeError) -> RpcError {
     RpcError::from_runtime(&error)
+}
+
+/// The entry of session `id` if `caller`'s principal owns it; another
+/// principal's session is `not_found`, as if it did not exist. Every
+/// method about a session asks this first.
+async fn owned(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    id: SessionId,
+) -> Result<Arc<Entry>, RpcError> {
+    if !shared.owners.may_use(caller.principal, id) {
+        return Err(RpcError::not_found(id.get()));
+    }
+    shared.entry(id).await
 }
 
 /// Calls `method` for `caller`.
@@ -67,12 +92,12 @@ pub(crate) async fn call(
         "session.create" => create(shared, caller, read(params)?).await,
         "session.attach" => attach(shared, caller, read(params)?).await,
         "session.detach" => detach(shared, caller, read(params)?).await,
-        "turn.start" => turn_start(shared, read(params)?).await,
-        "turn.cancel" => turn_cancel(shared, read(params)?).await,
-        "session.hold" => hold(shared, read(params)?, true).await,
-        "session.release" => hold(shared, read(params)?, false).await,
-        "session.close" => close(shared, read(params)?).await,
-        "sessions.list" => list(shared, read(params)?).await,
+        "turn.start" => turn_start(shared, caller, read(params)?).await,
+        "turn.cancel" => turn_cancel(shared, caller, read(params)?).await,
+        "session.hold" => hold(shared, caller, read(params)?, true).await,
+        "session.release" => hold(shared, caller, read(params)?, false).await,
+        "session.close" => close(shared, caller, read(params)?).await,
+        "sessions.list" => list(shared, caller, read(params)?).await,
         other => Err(RpcError::new(
             code::METHOD_NOT_FOUND,
             ErrorKind::BadRequest,
@@ -122,15 +147,20 @@ async fn create(
     let parent = params.parent.map(SessionId);
     // A parent of an earlier run is looked up first, so that the core knows
     // it as finalized and answers for it.
-    if let Some(parent) = parent.filter(|p| shared.table.get(*p).is_none()) {
-        shared.entry(parent).await?;
+    if let Some(parent) = parent {
+        owned(shared, caller, parent).await?;
     }
+    let place = shared
+        .owners
+        .reserve(caller.principal, shared.limits.max_sessions_per_principal)
+        .map_err(|live| over_capacity(caller.principal, live))?;
     let handle = shared
         .kernel
         .register(name, parent)
         .await
         .map_err(from_runtime)?;
     let id = handle.id();
+    place.own(id);
     let entry = shared.adopt(handle);
     attach_caller(caller, &entry, params.close_on_disconnect).await?;
     Ok(json!({ "id": id.get() }).into())
@@ -146,7 +176,7 @@ async fn attach(
     caller: &mut Caller<'_>,
     params: params::Id,
 ) -> Result<Answer, RpcError> {
-    let entry = shared.entry(params.session()).await?;
+    let entry = owned(shared, caller, params.session()).await?;
     attach_caller(caller, &entry, false).await?;
     state_of(&entry).await
 }
@@ -157,7 +187,7 @@ async fn detach(
     params: params::Id,
 ) -> Result<Answer, RpcError> {
     let id = params.session();
-    let entry = shared.entry(id).await?;
+    let entry = owned(shared, caller, id).await?;
     // Not attached through this connection: nothing to let go of.
     if caller.attached.remove(&id) {
         entry.unwatch(caller.conn);
@@ -170,12 +200,16 @@ async fn detach(
     state_of(&entry).await
 }
 
-async fn turn_start(shared: &Arc<Shared>, params: params::TurnStart) -> Result<Answer, RpcError> {
+async fn turn_start(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    params: params::TurnStart,
+) -> Result<Answer, RpcError> {
     if shared.kernel.is_shutting_down() {
         return Err(RpcError::shutting_down());
     }
     let id = SessionId(params.id);
-    let entry = shared.entry(id).await?;
+    let entry = owned(shared, caller, id).await?;
     let conversation = match entry.conversation.clone().try_lock_owned() {
         Ok(conversation) => conversation,
         // Held by the turn before: refused while the core says it runs; once
@@ -210,18 +244,23 @@ async fn turn_start(shared: &Arc<Shared>, params: params::TurnStart) -> Result<A
     })
 }
 
-async fn turn_cancel(shared: &Arc<Shared>, params: params::Id) -> Result<Answer, RpcError> {
-    let entry = shared.entry(params.session()).await?;
+async fn turn_cancel(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    params: params::Id,
+) -> Result<Answer, RpcError> {
+    let entry = owned(shared, caller, params.session()).await?;
     let _ = entry.handle.cancel_turn().await.map_err(from_runtime)?;
     Ok(json!({}).into())
 }
 
 async fn hold(
     shared: &Arc<Shared>,
+    caller: &Caller<'_>,
     params: params::HoldParams,
     hold: bool,
 ) -> Result<Answer, RpcError> {
-    let entry = shared.entry(SessionId(params.id)).await?;
+    let entry = owned(shared, caller, SessionId(params.id)).await?;
     let which = params.hold.into();
     let done = if hold {
         entry.handle.hold(which).await
@@ -232,19 +271,29 @@ async fn hold(
     Ok(json!({}).into())
 }
 
-async fn close(shared: &Arc<Shared>, params: params::Id) -> Result<Answer, RpcError> {
-    let entry = shared.entry(params.session()).await?;
+async fn close(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    params: params::Id,
+) -> Result<Answer, RpcError> {
+    let entry = owned(shared, caller, params.session()).await?;
     // Closing a closed session reports how it ended (G2).
     let reason = entry.handle.close().await.map_err(from_runtime)?;
     Ok(json!({ "end_reason": reason.as_str() }).into())
 }
 
-async fn list(shared: &Arc<Shared>, params: params::List) -> Result<Answer, RpcError> {
+async fn list(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    params: params::List,
+) -> Result<Answer, RpcError> {
     let state = params.checked_state()?;
-    let rows = shared
+    let mut rows = shared
         .kernel
         .list_sessions(state)
         .await
         .map_err(from_runtime)?;
+    // Another principal's sessions do not exist for this one.
+    rows.retain(|row| shared.owners.may_use(caller.principal, row.id));
     Ok(crate::listing::rows(&rows).into())
 }

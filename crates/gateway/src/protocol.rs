@@ -31,6 +31,12 @@ pub enum ErrorKind {
     /// The gateway could not do it for a reason of its own: the session
     /// store failed or did not answer in time. Nothing was acknowledged.
     Internal,
+    /// A limit of the gateway refuses it: the principal has its maximum of
+    /// live sessions. Nothing was written.
+    OverCapacity,
+    /// The connection sends requests faster than its rate: this one was not
+    /// carried out; send it again a little later.
+    RateLimited,
 }
 
 impl ErrorKind {
@@ -42,6 +48,8 @@ impl ErrorKind {
         ErrorKind::ShuttingDown,
         ErrorKind::BadRequest,
         ErrorKind::Internal,
+        ErrorKind::OverCapacity,
+        ErrorKind::RateLimited,
     ];
 
     /// The spelling in `data.kind`.
@@ -53,6 +61,8 @@ impl ErrorKind {
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::BadRequest => "bad_request",
             ErrorKind::Internal => "internal",
+            ErrorKind::OverCapacity => "over_capacity",
+            ErrorKind::RateLimited => "rate_limited",
         }
     }
 }
@@ -74,6 +84,8 @@ pub(crate) mod code {
     pub const SESSION_CLOSED: i64 = -32002;
     pub const WRONG_STATE: i64 = -32003;
     pub const SHUTTING_DOWN: i64 = -32004;
+    pub const OVER_CAPACITY: i64 = -32005;
+    pub const RATE_LIMITED: i64 = -32006;
 }
 
 /// An error answer: its JSON-RPC code, its kind and a sentence.

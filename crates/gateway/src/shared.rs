@@ -11,12 +11,17 @@ use settle_runtime::{Kernel, SessionHandle, SessionId};
 use settle_stream::Provider;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::Tokens;
 use crate::connections::Connections;
 use crate::limits::Limits;
+use crate::origin::Origins;
+use crate::ownership::Owners;
 use crate::protocol::{notification, RpcError};
 use crate::pump;
 use crate::pump::Started;
+use crate::slots::Slots;
 use crate::table::{Entry, Table};
+use crate::tls::Tls;
 
 /// What every connection and task of a gateway shares.
 pub(crate) struct Shared {
@@ -28,6 +33,14 @@ pub(crate) struct Shared {
     pub tasks: TaskTracker,
     pub limits: Limits,
     pub drain: Duration,
+    /// The bearer tokens required on upgrade; none: one anonymous principal.
+    pub tokens: Option<Tokens>,
+    pub origins: Origins,
+    pub tls: Option<Tls>,
+    /// Which principal owns which session.
+    pub owners: Owners,
+    /// The places for connections.
+    pub slots: Slots,
 }
 
 impl Shared {
@@ -63,6 +76,7 @@ impl Shared {
         // A turn still being delivered announces its end first.
         let _delivered = entry.conversation.lock().await;
         self.table.remove(&entry);
+        self.owners.finished(entry.handle.id());
         if let Ok(reason) = reason {
             if self.kernel.is_shutting_down() {
                 self.announce_shutdown();

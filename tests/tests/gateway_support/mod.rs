@@ -191,7 +191,8 @@ impl Drop for Client {
 }
 
 impl Client {
-    fn new<S>(ws: WebSocketStream<S>) -> Client
+    /// A client over an open WebSocket (one made with headers of its own, or over TLS).
+    pub fn new<S>(ws: WebSocketStream<S>) -> Client
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {

@@ -1,0 +1,165 @@
+//! The accept loop: each connection served by hyper's HTTP/1 server in a
+//! task of the gateway's, so that none can hold the gateway.
+//!
+//! axum's `serve` waits at shutdown for every connection to end by itself,
+//! so a client that sent half a request head and then nothing kept the
+//! process alive for good. Here, each connection:
+//!
+//! - takes a place among the gateway's connections when accepted, or is
+//!   closed at once when there is none (reading a request from it would
+//!   cost what the limit protects);
+//! - has the header timeout to finish its TLS handshake and each request
+//!   head, a byte at a time or not (a kept-alive connection waiting for its
+//!   next request too): past it, it is dropped;
+//! - once the gateway stops accepting, is asked to close after the request
+//!   it serves, and is dropped past a short grace whatever it is doing.
+//!
+//! An upgraded connection leaves this loop (hyper hands its socket to the
+//! WebSocket task) with its place: see [`connection`](crate::connection).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::serve::Listener;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower_service::Service;
+
+use crate::shared::Shared;
+use crate::slots::Slot;
+
+/// Accepts connections from `listener` until `stop`, serving `router` on
+/// each in a task of `tracker`'s.
+pub(crate) async fn accept<L>(
+    mut listener: L,
+    router: Router,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    grace: Duration,
+) where
+    L: Listener,
+    L::Addr: Debug,
+{
+    loop {
+        let (io, peer) = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Some(slot) = shared.slots.any() else {
+            tracing::warn!(
+                ?peer,
+                limit = shared.limits.max_connections,
+                "refused a connection: the gateway has its maximum of connections open"
+            );
+            drop(io);
+            continue;
+        };
+        let served = Served {
+            router: router.clone(),
+            shared: shared.clone(),
+            slot,
+            stop: stop.clone(),
+            grace,
+        };
+        tracker.spawn(served.connection(io, peer));
+    }
+}
+
+/// What one connection's task needs.
+struct Served {
+    router: Router,
+    shared: Arc<Shared>,
+    slot: Slot,
+    stop: CancellationToken,
+    grace: Duration,
+}
+
+impl Served {
+    async fn connection<I, A>(self, io: I, peer: A)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: Debug,
+    {
+        let Some(tls) = self.shared.tls.clone() else {
+            return self.http(io, peer).await;
+        };
+        let timeout = self.shared.limits.header_timeout;
+        let handshake = tokio::select! {
+            biased;
+            () = self.stop.cancelled() => return,
+            handshake = tokio::time::timeout(timeout, tls.accept(io)) => handshake,
+        };
+        match handshake {
+            Ok(Ok(io)) => self.http(io, peer).await,
+            Ok(Err(error)) => {
+                tracing::warn!(?peer, %error, "dropped a connection: its TLS handshake failed");
+            }
+            Err(_) => tracing::warn!(
+                ?peer,
+                ?timeout,
+                "dropped a connection: no TLS handshake within the header timeout"
+            ),
+        }
+    }
+
+    async fn http<I, A>(self, io: I, peer: A)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: Debug,
+    {
+        let Served {
+            router,
+            shared,
+            slot,
+            stop,
+            grace,
+        } = self;
+        // Each request carries the connection's place, for the upgrade to
+        // take along.
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+            request.extensions_mut().insert(slot.clone());
+            let mut router = router.clone();
+            async move { router.call(request.map(Body::new)).await }
+        });
+        let timeout = shared.limits.header_timeout;
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeout);
+        let connection = builder
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        let mut connection = std::pin::pin!(connection);
+        let served = tokio::select! {
+            served = connection.as_mut() => served,
+            () = stop.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                match tokio::time::timeout(grace, connection.as_mut()).await {
+                    Ok(served) => served,
+                    Err(_) => {
+                        tracing::warn!(?peer, "dropped a connection still in a request at shutdown");
+                        return;
+                    }
+                }
+            }
+        };
+        match served {
+            Err(error) if error.is_timeout() => tracing::warn!(
+                ?peer,
+                ?timeout,
+                "dropped a connection: no complete request header within the header timeout"
+            ),
+            Err(error) => tracing::debug!(?peer, %error, "a connection failed"),
+            Ok(()) => {}
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! `GET /ws`: what a request must pass before its upgrade, in this order,
+//! each refusal an HTTP status and one log line:
+//!
+//! 1. its `Origin`, if it has one, is allowed (else 403);
+//! 2. its bearer token names a principal, when the gateway has tokens
+//!    (else 401, with `WWW-Authenticate: Bearer`);
+//! 3. it is a WebSocket upgrade (else axum's 4xx);
+//! 4. its principal has a connection place left (else 429).
+
+use std::sync::Arc;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::State;
+use axum::http::header::WWW_AUTHENTICATE;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+
+use crate::auth;
+use crate::connection;
+use crate::shared::Shared;
+use crate::slots::Slot;
+
+/// The read buffer of a connection: small, since requests are; a larger
+/// request is read in several pieces.
+const READ_BUFFER: usize = 2 * 1024;
+
+/// How much a connection's WebSocket layer gathers before writing.
+const WRITE_BUFFER: usize = 8 * 1024;
+
+/// A refusal: its status and its body, a sentence that starts with its kind.
+fn refused(status: StatusCode, kind: &str, message: &str) -> Response {
+    (status, format!("{kind}: {message}\n")).into_response()
+}
+
+pub(crate) async fn upgrade(
+    State(shared): State<Arc<Shared>>,
+    slot: Option<Extension<Slot>>,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    if let Some(origin) = shared.origins.refused(&headers) {
+        tracing::warn!(%origin, "refused an upgrade: its origin is not allowed");
+        return refused(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this origin is not allowed (see --allow-origin)",
+        );
+    }
+    let principal = match auth::authenticate(shared.tokens.as_ref(), &headers) {
+        Ok(principal) => principal,
+        Err(why) => {
+            tracing::warn!(
+                reason = why.message(),
+                "refused an upgrade: not authenticated"
+            );
+            let mut response = refused(StatusCode::UNAUTHORIZED, "unauthorized", why.message());
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    };
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let own = match shared.slots.of(&principal) {
+        Ok(own) => own,
+        Err(limit) => {
+            tracing::warn!(%principal, limit, "refused an upgrade: the principal has its maximum of connections open");
+            return refused(
+                StatusCode::TOO_MANY_REQUESTS,
+                "over_capacity",
+                &format!("{principal} has its {limit} connections open already"),
+            );
+        }
+    };
+    let max = shared.limits.max_message_bytes;
+    let tracker = shared.connections.tracker.clone();
+    let places = (slot.map(|Extension(slot)| slot), own);
+    upgrade
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(WRITE_BUFFER)
+        .max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| {
+            tracker.track_future(async move {
+                // Held until the connection ends.
+                let _places = places;
+                connection::serve(socket, shared, principal).await;
+            })
+        })
+}
