@@ -841,3 +841,81 @@ fn g11_bad_input_is_refused_whole() {
     eprintln!("{ran} bad inputs tried, {} refused wrongly", failures.len());
     assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
 }
+
+/// A PostgreSQL URL that is not one (bad brackets, ports, options, escapes)
+/// is bad input: exit 2, one line, nothing written, for every command that
+/// opens the store. And no line ever carries its password: not the masked
+/// URL's, not inside what the client library quotes back, not in part.
+#[test]
+fn g11_a_malformed_postgresql_url_is_bad_input_and_never_shows_its_password() {
+    // (URL, the secret it holds)
+    let malformed = [
+        ("postgres://postgres:SECRETPW@[::1/settle", "SECRETPW"),
+        ("postgres://u:HUNTER22@host:notaport/db", "HUNTER22"),
+        ("postgres://u:PASSWD99@h:99999/db", "PASSWD99"),
+        ("postgres://u:TOPSECRET@h/db?sslmode=bogus", "TOPSECRET"),
+        ("postgresql://u:OPENSESAME@/db?host=%zz", "OPENSESAME"),
+        ("postgres://u:XYZZY123@h/db?nosuchoption=1", "XYZZY123"),
+        (
+            "postgres://u@h/db?password=QUERYPW1&sslmode=bogus",
+            "QUERYPW1",
+        ),
+        ("postgres://u:ESC%41PED@[::1/db", "ESCAPED"),
+        ("postgres://u:ESC%41PED@[::1/db", "ESC%41PED"),
+    ];
+    // Well formed, but the server is not there: a store error (3), and no
+    // password either, even one with an `@` in it that libpq reads apart.
+    let unreachable = [
+        ("postgres://u:SECRETPW@127.0.0.1:1/x", "SECRETPW"),
+        ("postgres://u:AT@SIGN@127.0.0.1:1/x", "AT@SIGN"),
+        ("postgres://u:AT@SIGN@127.0.0.1:1/x", "AT"),
+    ];
+    let commands: [&[&str]; 6] = [
+        &["sessions"],
+        &["run", "ok.toml"],
+        &["show", "1"],
+        &["export", "1"],
+        &["recover"],
+        &["chat", "--last"],
+    ];
+    let mut failures = Vec::new();
+    let cases = malformed
+        .iter()
+        .map(|case| (case, 2))
+        .chain(unreachable.iter().map(|case| (case, 3)));
+    for ((url, secret), code) in cases {
+        for args in commands {
+            let dir = common::open_tempdir();
+            ok_scenario(dir.path());
+            let before = snapshot(dir.path());
+            let out = common::settle(url)
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            let after = snapshot(dir.path());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let mut problems = Vec::new();
+            if stderr.contains(secret) || stdout.contains(secret) {
+                problems.push(format!("the password {secret:?} is shown"));
+            }
+            if out.status.code() != Some(code) {
+                problems.push(format!("exit {:?}, not {code}", out.status.code()));
+            }
+            if stderr.lines().count() != 1 || !stderr.starts_with("settle: ") {
+                problems.push("not one line starting `settle: `".to_owned());
+            }
+            if before != after {
+                problems.push("files changed".to_owned());
+            }
+            if !problems.is_empty() {
+                failures.push(format!(
+                    "{url} {args:?}: {}\n  stderr: {stderr}",
+                    problems.join("; ")
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}

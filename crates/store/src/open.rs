@@ -27,6 +27,7 @@ use crate::conn::{AnyConn, Db};
 use crate::error::OpenError;
 use crate::options::StoreOptions;
 use crate::pool::{sqlite_pragmas, ReadPool, SqliteSettings};
+use crate::redact::{redact, scrub};
 use crate::schema::{settle_meta, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
 
 const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -71,22 +72,6 @@ impl Target {
             Target::Sqlite(p) => p.display().to_string(),
             Target::Postgres(u) => redact(u),
         }
-    }
-}
-
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
     }
 }
 
@@ -279,8 +264,9 @@ fn establish_sqlite(
 
 fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError> {
     let shown = redact(url);
-    let url = &options.bounded_pg_url(url);
-    let mut conn = PgConnection::establish(url).map_err(|e| pg_refusal(&shown, e))?;
+    let sent = options.bounded_pg_url(url);
+    let mut conn = PgConnection::establish(&sent).map_err(|e| pg_refusal(url, &sent, e))?;
+    let url = &sent;
     check_schema(Db::Pg(&mut conn), false).map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
@@ -303,15 +289,23 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     })
 }
 
-fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
-    let url = url.to_owned();
+/// Why libpq refused `url` (sent as `sent`), its message cleaned of the
+/// password (libpq may quote the URL back, or a piece of it).
+fn pg_refusal(url: &str, sent: &str, e: ConnectionError) -> OpenError {
+    let clean = |message: &str| scrub(message.trim(), url, sent);
+    let url = redact(url);
     match e {
-        ConnectionError::InvalidConnectionUrl(message) => OpenError::BadUrl { url, message },
+        ConnectionError::InvalidConnectionUrl(message) => OpenError::BadUrl {
+            url,
+            message: clean(&message),
+        },
         ConnectionError::BadConnection(message) => {
-            let message = message.trim().to_owned();
+            let message = clean(&message);
             let lower = message.to_lowercase();
             if lower.contains("ssl support is not compiled in") {
                 OpenError::TlsNotBuilt { url, message }
+            } else if is_malformed(&lower) {
+                OpenError::BadUrl { url, message }
             } else if lower.contains("database \"") && lower.contains("does not exist") {
                 OpenError::MissingDatabase { url, message }
             } else if lower.contains("fatal") {
@@ -322,9 +316,38 @@ fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
         }
         other => OpenError::Rejected {
             url,
-            message: other.to_string(),
+            message: clean(&other.to_string()),
         },
     }
+}
+
+/// Whether libpq's message (lower case) says it could not read the URL
+/// itself, before any connection was tried: its URI parser's and its
+/// option checks' messages.
+fn is_malformed(lower: &str) -> bool {
+    const SAYINGS: [&str; 12] = [
+        " in uri",
+        "invalid uri",
+        "invalid percent-encoded token",
+        "forbidden value %00",
+        "invalid port number",
+        "invalid integer value",
+        "invalid connection option",
+        "key/value separator",
+        "missing \"=\" after",
+        "unterminated quoted string",
+        "could not match",
+        "invalid uri query parameter",
+    ];
+    if SAYINGS.iter().any(|saying| lower.contains(saying)) {
+        return true;
+    }
+    // `invalid sslmode value: "bogus"` and the like, for every option
+    // that takes one of a set of words.
+    lower
+        .split("invalid ")
+        .skip(1)
+        .any(|rest| rest.split_whitespace().nth(1) == Some("value:"))
 }
 
 // --- schema version ---------------------------------------------------------

@@ -253,6 +253,24 @@ pub(crate) fn g11_open_refuses_an_unreachable_server() {
     assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
 }
 
+/// A URL libpq cannot read is `BadUrl` (bad input), and neither the error
+/// nor what libpq quotes back in it shows the password.
+#[test]
+pub(crate) fn g11_open_refuses_a_malformed_url_without_showing_its_password() {
+    for url in [
+        "postgres://postgres:hunter2@[::1/settle",
+        "postgres://settle:hunter2@127.0.0.1:notaport/settle",
+        "postgres://settle:hunter2@127.0.0.1/settle?sslmode=bogus",
+        "postgres://settle@127.0.0.1/settle?password=hunter2&nosuchoption=1",
+    ] {
+        let err = Store::open(url).unwrap_err();
+        assert!(matches!(err, OpenError::BadUrl { .. }), "{url}: {err:?}");
+        let msg = err.to_string();
+        assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    }
+}
+
 /// Built without `postgres-tls`, a URL that requires TLS is refused before
 /// any connection is tried, naming the feature that would allow it.
 #[cfg(not(feature = "postgres-tls"))]
