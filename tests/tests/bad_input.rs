@@ -919,3 +919,43 @@ fn g11_a_malformed_postgresql_url_is_bad_input_and_never_shows_its_password() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// A PostgreSQL server without the database the URL names is bad input for
+/// every command, those that write as well as those that only read (SPEC §7:
+/// a database location is input): exit 2, one line naming it.
+#[test]
+fn g11_a_missing_postgresql_database_is_bad_input_for_every_command() {
+    let Some(admin) = common::pg_admin_url() else {
+        return;
+    };
+    let name = format!("settle_missing_{}", std::process::id());
+    let url = common::with_database(&admin, &name);
+    let commands: [&[&str]; 5] = [
+        &["sessions"],
+        &["recover"],
+        &["run", "ok.toml"],
+        &["chat", "--last"],
+        &["serve", "--listen", "127.0.0.1:0"],
+    ];
+    let mut failures = Vec::new();
+    for args in commands {
+        let dir = common::open_tempdir();
+        ok_scenario(dir.path());
+        let before = snapshot(dir.path());
+        let out = common::settle(&url)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let one_line = stderr.lines().count() == 1 && stderr.starts_with("settle: ");
+        if out.status.code() != Some(2) || !one_line || !stderr.contains(&name) {
+            failures.push(format!(
+                "{args:?}: exit {:?}, stderr: {stderr}",
+                out.status.code()
+            ));
+        }
+        assert_eq!(before, snapshot(dir.path()), "{args:?} wrote a file");
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}

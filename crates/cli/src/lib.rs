@@ -138,10 +138,7 @@ pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
             "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
         )));
     }
-    Store::open_with(db, options()).map_err(|error| match error {
-        OpenError::MissingDatabase { .. } => Failure::bad_input(error),
-        _ => sort_open_error(error),
-    })
+    Store::open_with(db, options()).map_err(sort_open_error)
 }
 
 /// The SQLite file named by `db` when nothing is at that path (a dangling
@@ -164,10 +161,12 @@ pub fn open_store(db: &str) -> Result<Store, Failure> {
     Store::open_with(db, options()).map_err(sort_open_error)
 }
 
+/// A location that names no usable database (a bad path or URL, a missing
+/// PostgreSQL database) is bad input for every command; a server or file
+/// that fails is a store error.
 fn sort_open_error(error: OpenError) -> Failure {
     match error {
         OpenError::Unreachable { .. }
-        | OpenError::MissingDatabase { .. }
         | OpenError::Rejected { .. }
         | OpenError::Migration { .. }
         | OpenError::Database { .. } => Failure::store(error),
