@@ -579,6 +579,39 @@ fn cases() -> Vec<Case> {
             )
         },
         case(
+            "sessions on an empty file",
+            |d| fs::write(d.join("empty.db"), b"").unwrap(),
+            &["--db", "empty.db", "sessions"],
+            2,
+            "empty.db",
+        ),
+        case(
+            "recover on an empty file",
+            |d| fs::write(d.join("empty.db"), b"").unwrap(),
+            &["--db", "empty.db", "recover"],
+            2,
+            "empty.db",
+        ),
+        case(
+            "show on an SQLite database with no tables",
+            |d| {
+                common::execute(
+                    d.join("bare.db").to_str().unwrap(),
+                    "PRAGMA user_version = 7",
+                )
+            },
+            &["--db", "bare.db", "show", "1"],
+            2,
+            "bare.db",
+        ),
+        case(
+            "sessions on a file that is not a database",
+            |d| fs::write(d.join("notes.txt"), b"just some notes\n").unwrap(),
+            &["--db", "notes.txt", "sessions"],
+            2,
+            "notes.txt",
+        ),
+        case(
             "--db an unreachable PostgreSQL server",
             nothing,
             &["--db", "postgres://127.0.0.1:1/x", "sessions"],

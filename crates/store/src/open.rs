@@ -98,7 +98,7 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
             path: path.to_owned(),
         });
     };
-    let before = preflight(path)?;
+    let before = preflight(path, options.existing_only())?;
     let opened = establish_sqlite(path, path_str, options);
     if let (Err(_), Before::Nothing(created)) = (&opened, &before) {
         for file in created {
@@ -113,7 +113,7 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
 }
 
 /// Refuse a bad location before SQLite sees it.
-fn preflight(path: &Path) -> Result<Before, OpenError> {
+fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
     let read_only = |e: io::Error| OpenError::ReadOnly {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -134,6 +134,11 @@ fn preflight(path: &Path) -> Result<Before, OpenError> {
             // must carry SQLite's header.
             if !header.is_empty() && (header.len() < 100 || !header.starts_with(SQLITE_MAGIC)) {
                 return Err(OpenError::NotADatabase {
+                    path: path.to_owned(),
+                });
+            }
+            if header.is_empty() && existing_only {
+                return Err(OpenError::NoSettleDatabase {
                     path: path.to_owned(),
                 });
             }
@@ -226,7 +231,8 @@ fn establish_sqlite(
         .map_err(|e| sqlite_refusal(path, "setting the busy timeout", e.to_string()))?;
     // Reading the schema reads page 1 and the schema table: a damaged file
     // fails here, before anything is written.
-    check_schema(Db::Sqlite(&mut conn), true).map_err(|r| r.into_open(path, &location))?;
+    check_schema(Db::Sqlite(&mut conn), true, options.existing_only())
+        .map_err(|r| r.into_open(path, &location))?;
     // Checkpoints run on their own thread (see `checkpoint`), not inside
     // the writer's commits.
     for pragma in rest
@@ -238,7 +244,7 @@ fn establish_sqlite(
             .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;
     }
     conn.immediate_transaction(|c| {
-        check_schema(Db::Sqlite(&mut *c), true)?;
+        check_schema(Db::Sqlite(&mut *c), true, options.existing_only())?;
         c.run_pending_migrations(SQLITE_MIGRATIONS)
             .map_err(|e| Refusal::Migration(e.to_string()))?;
         Ok::<_, Refusal>(())
@@ -267,11 +273,11 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     let sent = options.bounded_pg_url(url);
     let mut conn = PgConnection::establish(&sent).map_err(|e| pg_refusal(url, &sent, e))?;
     let url = &sent;
-    check_schema(Db::Pg(&mut conn), false).map_err(|r| r.into_open_pg(&shown))?;
+    check_schema(Db::Pg(&mut conn), false, false).map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
             .execute(c)?;
-        check_schema(Db::Pg(&mut *c), false)?;
+        check_schema(Db::Pg(&mut *c), false, false)?;
         c.run_pending_migrations(PG_MIGRATIONS)
             .map_err(|e| Refusal::Migration(e.to_string()))?;
         Ok::<_, Refusal>(())
@@ -358,6 +364,7 @@ enum Refusal {
     Db(diesel::result::Error),
     Newer(i64),
     Foreign,
+    NoSettle,
     Migration(String),
 }
 
@@ -390,6 +397,9 @@ impl Refusal {
             Refusal::Foreign => OpenError::ForeignDatabase {
                 path: PathBuf::from(location),
             },
+            Refusal::NoSettle => OpenError::NoSettleDatabase {
+                path: PathBuf::from(location),
+            },
             Refusal::Migration(message) => OpenError::Migration {
                 location: location.to_owned(),
                 message,
@@ -404,9 +414,10 @@ struct TableName {
     name: String,
 }
 
-/// Read-only: refuse a database of a newer schema version, and (for SQLite,
-/// where a file is one program's) one that holds another program's tables.
-fn check_schema(db: Db<'_>, refuse_foreign: bool) -> Result<(), Refusal> {
+/// Read-only: refuse a database of a newer schema version, (for SQLite,
+/// where a file is one program's) one that holds another program's tables,
+/// and with `require_settle` one that has no tables at all.
+fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Result<(), Refusal> {
     on_db!(db, |c| {
         let sql = if refuse_foreign {
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
@@ -416,7 +427,11 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool) -> Result<(), Refusal> {
         };
         let tables: Vec<TableName> = diesel::sql_query(sql).load(c)?;
         if tables.is_empty() {
-            return Ok(());
+            return if require_settle {
+                Err(Refusal::NoSettle)
+            } else {
+                Ok(())
+            };
         }
         if !tables.iter().any(|t| t.name == "settle_meta") {
             return if refuse_foreign {
