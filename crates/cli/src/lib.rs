@@ -31,6 +31,7 @@ macro_rules! outln {
 pub mod chat;
 pub mod display;
 pub mod duration;
+pub mod escape;
 pub mod export;
 pub mod listing;
 pub mod live;
