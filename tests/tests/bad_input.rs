@@ -579,6 +579,39 @@ fn cases() -> Vec<Case> {
             )
         },
         case(
+            "sessions on an empty file",
+            |d| fs::write(d.join("empty.db"), b"").unwrap(),
+            &["--db", "empty.db", "sessions"],
+            2,
+            "empty.db",
+        ),
+        case(
+            "recover on an empty file",
+            |d| fs::write(d.join("empty.db"), b"").unwrap(),
+            &["--db", "empty.db", "recover"],
+            2,
+            "empty.db",
+        ),
+        case(
+            "show on an SQLite database with no tables",
+            |d| {
+                common::execute(
+                    d.join("bare.db").to_str().unwrap(),
+                    "PRAGMA user_version = 7",
+                )
+            },
+            &["--db", "bare.db", "show", "1"],
+            2,
+            "bare.db",
+        ),
+        case(
+            "sessions on a file that is not a database",
+            |d| fs::write(d.join("notes.txt"), b"just some notes\n").unwrap(),
+            &["--db", "notes.txt", "sessions"],
+            2,
+            "notes.txt",
+        ),
+        case(
             "--db an unreachable PostgreSQL server",
             nothing,
             &["--db", "postgres://127.0.0.1:1/x", "sessions"],
@@ -840,4 +873,122 @@ fn g11_bad_input_is_refused_whole() {
     }
     eprintln!("{ran} bad inputs tried, {} refused wrongly", failures.len());
     assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
+
+/// A PostgreSQL URL that is not one (bad brackets, ports, options, escapes)
+/// is bad input: exit 2, one line, nothing written, for every command that
+/// opens the store. And no line ever carries its password: not the masked
+/// URL's, not inside what the client library quotes back, not in part.
+#[test]
+fn g11_a_malformed_postgresql_url_is_bad_input_and_never_shows_its_password() {
+    // (URL, the secret it holds)
+    let malformed = [
+        ("postgres://postgres:SECRETPW@[::1/settle", "SECRETPW"),
+        ("postgres://u:HUNTER22@host:notaport/db", "HUNTER22"),
+        ("postgres://u:PASSWD99@h:99999/db", "PASSWD99"),
+        ("postgres://u:TOPSECRET@h/db?sslmode=bogus", "TOPSECRET"),
+        ("postgresql://u:OPENSESAME@/db?host=%zz", "OPENSESAME"),
+        ("postgres://u:XYZZY123@h/db?nosuchoption=1", "XYZZY123"),
+        (
+            "postgres://u@h/db?password=QUERYPW1&sslmode=bogus",
+            "QUERYPW1",
+        ),
+        ("postgres://u:ESC%41PED@[::1/db", "ESCAPED"),
+        ("postgres://u:ESC%41PED@[::1/db", "ESC%41PED"),
+    ];
+    // Well formed, but the server is not there: a store error (3), and no
+    // password either, even one with an `@` in it that libpq reads apart.
+    let unreachable = [
+        ("postgres://u:SECRETPW@127.0.0.1:1/x", "SECRETPW"),
+        ("postgres://u:AT@SIGN@127.0.0.1:1/x", "AT@SIGN"),
+        ("postgres://u:AT@SIGN@127.0.0.1:1/x", "AT"),
+    ];
+    let commands: [&[&str]; 6] = [
+        &["sessions"],
+        &["run", "ok.toml"],
+        &["show", "1"],
+        &["export", "1"],
+        &["recover"],
+        &["chat", "--last"],
+    ];
+    let mut failures = Vec::new();
+    let cases = malformed
+        .iter()
+        .map(|case| (case, 2))
+        .chain(unreachable.iter().map(|case| (case, 3)));
+    for ((url, secret), code) in cases {
+        for args in commands {
+            let dir = common::open_tempdir();
+            ok_scenario(dir.path());
+            let before = snapshot(dir.path());
+            let out = common::settle(url)
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            let after = snapshot(dir.path());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let mut problems = Vec::new();
+            if stderr.contains(secret) || stdout.contains(secret) {
+                problems.push(format!("the password {secret:?} is shown"));
+            }
+            if out.status.code() != Some(code) {
+                problems.push(format!("exit {:?}, not {code}", out.status.code()));
+            }
+            if stderr.lines().count() != 1 || !stderr.starts_with("settle: ") {
+                problems.push("not one line starting `settle: `".to_owned());
+            }
+            if before != after {
+                problems.push("files changed".to_owned());
+            }
+            if !problems.is_empty() {
+                failures.push(format!(
+                    "{url} {args:?}: {}\n  stderr: {stderr}",
+                    problems.join("; ")
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// A PostgreSQL server without the database the URL names is bad input for
+/// every command, those that write as well as those that only read (SPEC §7:
+/// a database location is input): exit 2, one line naming it.
+#[test]
+fn g11_a_missing_postgresql_database_is_bad_input_for_every_command() {
+    let Some(admin) = common::pg_admin_url() else {
+        return;
+    };
+    let name = format!("settle_missing_{}", std::process::id());
+    let url = common::with_database(&admin, &name);
+    let commands: [&[&str]; 5] = [
+        &["sessions"],
+        &["recover"],
+        &["run", "ok.toml"],
+        &["chat", "--last"],
+        &["serve", "--listen", "127.0.0.1:0"],
+    ];
+    let mut failures = Vec::new();
+    for args in commands {
+        let dir = common::open_tempdir();
+        ok_scenario(dir.path());
+        let before = snapshot(dir.path());
+        let out = common::settle(&url)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let one_line = stderr.lines().count() == 1 && stderr.starts_with("settle: ");
+        if out.status.code() != Some(2) || !one_line || !stderr.contains(&name) {
+            failures.push(format!(
+                "{args:?}: exit {:?}, stderr: {stderr}",
+                out.status.code()
+            ));
+        }
+        assert_eq!(before, snapshot(dir.path()), "{args:?} wrote a file");
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use settle_tests::{
@@ -366,4 +367,60 @@ chunk_delay_ms = 10
         });
         assert_success(&out, &format!("settle run two.toml (round {round})"));
     }
+}
+
+/// A child that has not spawned when its parent finished never spawns, and
+/// the run ends once the tree is settled: it does not wait out the child's
+/// `spawn_after_ms` (an hour here, for a root that is done in well under a
+/// second).
+#[test]
+fn g1_a_child_not_yet_spawned_when_its_parent_finishes_never_spawns() {
+    let sandbox = Sandbox::new();
+    let scenario = sandbox.write(
+        "late.toml",
+        r#"
+name = "late"
+[[agent]]
+name = "root"
+[[agent.turn]]
+chunks = ["a", "b"]
+chunk_delay_ms = 100
+[[agent]]
+name = "late"
+parent = "root"
+spawn_after_ms = 3600000
+[[agent.turn]]
+chunks = ["never"]
+[[agent]]
+name = "mid"
+parent = "root"
+spawn_after_ms = 0
+[[agent.turn]]
+chunks = ["m"]
+chunk_delay_ms = 10
+[[agent]]
+name = "deep"
+parent = "mid"
+spawn_after_ms = 3600000
+[[agent.turn]]
+chunks = ["never"]
+"#,
+    );
+    // Far more than the run needs, far less than the hour it once waited.
+    let bound = Duration::from_secs(30);
+    let started = Instant::now();
+    let mut run = sandbox.spawn(&["run", "--json", scenario.to_str().unwrap()]);
+    let status = run
+        .exited_within(bound)
+        .unwrap_or_else(|| panic!("still running {bound:?} after the root finished"));
+    assert_eq!(status.code(), Some(0), "{}", run.stderr_text());
+    assert!(started.elapsed() < bound);
+    let sessions = sandbox.sessions();
+    let names: BTreeSet<&str> = sessions
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["root", "mid"]), "{sessions:?}");
+    assert_eq!(ending(&sessions, "root"), ("completed", "completed"));
+    assert_eq!(ending(&sessions, "mid"), ("completed", "completed"));
 }

@@ -466,3 +466,53 @@ fn a_trace_to_stdout_is_the_json_alone() {
     assert!(trace["traceEvents"].as_array().unwrap().len() > 3);
     assert_eq!(trace["otherData"]["session"], 2);
 }
+
+/// What a model sends reaches a terminal as text, never as a control
+/// sequence: `show` and the Markdown export escape every control character
+/// (ESC, NUL, CR, BEL, …) of a reply, keeping its line breaks; the JSON
+/// outputs keep the text exact, JSON-escaped.
+#[test]
+fn show_and_export_never_print_a_control_character_from_the_model() {
+    let sandbox = Sandbox::new();
+    let scenario = sandbox.write(
+        "evil.toml",
+        r#"
+name = "evil"
+[[agent]]
+name = "root"
+[[agent.turn]]
+chunks = ["\u001b]0;pwned\u0007", "\u001b[2J\u0000over\rwrite", "\nnext line\u009b"]
+"#,
+    );
+    let out = sandbox.run(&["run", "--json", scenario.to_str().unwrap()]);
+    assert_success(&out, "settle run evil.toml");
+    let text = "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{0}over\rwrite\nnext line\u{9b}";
+    let raw_controls = |printed: &str| -> Vec<char> {
+        printed
+            .chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect()
+    };
+    for args in [
+        &["show", "1"][..],
+        &["export", "1"],
+        &["export", "1", "--format", "md"],
+    ] {
+        let printed = stdout(&sandbox, args);
+        assert_eq!(raw_controls(&printed), [], "{args:?} printed:\n{printed}");
+        assert!(printed.contains("\\u{1b}]0;pwned"), "{args:?}: {printed}");
+        assert!(printed.contains("next line"), "{args:?}: {printed}");
+    }
+    let shown: Value = serde_json::from_str(&stdout(&sandbox, &["show", "1", "--json"])).unwrap();
+    assert_eq!(shown["turns"][0]["text"], text);
+    let jsonl = stdout(&sandbox, &["export", "1", "--format", "jsonl"]);
+    assert_eq!(raw_controls(&jsonl), [], "{jsonl}");
+    let (_, turns, _) = replay(&jsonl);
+    let replayed: String = turns[0]["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(replayed, text);
+}

@@ -152,6 +152,52 @@ fn g9_sigterm_mid_run_shuts_down_gracefully_and_exits_143() {
     assert_eq!(sandbox.memories(id_of(root)), []);
 }
 
+/// SIGHUP (the terminal went away) is a graceful shutdown too, and its exit
+/// code, 129, is the one the help lists.
+#[test]
+fn g9_sighup_mid_run_shuts_down_gracefully_and_exits_129() {
+    let sandbox = Sandbox::new();
+    let scenario = slow_tree(&sandbox);
+    let mut run = start(
+        &sandbox,
+        &scenario,
+        &["--drain-timeout", "300ms"],
+        &["root", "worker", "stubborn"],
+    );
+    run.signal(Signal::SIGHUP);
+    let (status, _) = run.wait();
+    assert_eq!(status.code(), Some(129), "{}", run.stderr_text());
+    assert_shut_down_gracefully(&sandbox);
+}
+
+/// Every exit code `settle` can end with is listed in its help.
+#[test]
+fn the_help_lists_every_exit_code() {
+    let out = Sandbox::new().run(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let section = help
+        .split("Exit codes:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no exit codes in the help:\n{help}"));
+    for (code, says) in [
+        ("0", "done"),
+        ("1", "root"),
+        ("2", "bad input"),
+        ("3", "store"),
+        ("129", "SIGHUP"),
+        ("130", "SIGINT"),
+        ("143", "SIGTERM"),
+    ] {
+        assert!(
+            section
+                .lines()
+                .any(|l| l.trim_start().starts_with(code) && l.contains(says)),
+            "exit {code} ({says}) is not in:\n{section}"
+        );
+    }
+}
+
 #[test]
 fn g9_sigint_mid_run_shuts_down_gracefully_and_exits_130() {
     let sandbox = Sandbox::new();

@@ -24,6 +24,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 use settle_store::{ChunkRow, SessionDetail, State, TimelineRow, TurnRow};
 
+use crate::escape;
 use crate::output::{rfc3339, SessionJson};
 use crate::transcript::{self, InputMessage, TurnFailure};
 
@@ -167,7 +168,9 @@ pub fn markdown(detail: &SessionDetail) -> String {
             cell(&row.cause)
         );
     }
-    out
+    // What the model wrote keeps its lines, nothing else: no control
+    // sequence reaches the terminal or the reader's viewer.
+    escape::lines(&out).into_owned()
 }
 
 /// `text` as a Markdown quote, each of its lines after `> `.
@@ -179,9 +182,11 @@ fn quoted(text: &str) -> String {
         .join("\n")
 }
 
-/// `text` on one line (for a heading or a list item).
+/// `text` on one line (for a heading or a list item), its control
+/// characters escaped.
 fn inline(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    escape::one_line(&joined).into_owned()
 }
 
 /// `text` for a table cell: one line, pipes escaped.
@@ -271,7 +276,7 @@ pub fn json_lines(detail: &SessionDetail) -> String {
     let mut out = String::new();
     for line in lines {
         // Plain strings and numbers: serializing cannot fail.
-        if let Ok(json) = serde_json::to_string(&line) {
+        if let Ok(json) = escape::json(&line, false) {
             out.push_str(&json);
             out.push('\n');
         }
@@ -511,5 +516,27 @@ mod tests {
         assert!(md.contains("\n**reply:**\n\nWell,\nthen\n"), "{md}");
         assert!(md.contains("**Outcome:** cancelled"), "{md}");
         assert!(md.contains("| cancel \\| by the user |"), "{md}");
+    }
+    #[test]
+    fn control_characters_of_a_name_an_error_and_a_reply_are_escaped_in_markdown() {
+        let mut detail = detail();
+        detail.session.name = "evil\u{1b}[31m\nname\u{0}".to_owned();
+        if let Some(turn) = detail.turns.first_mut() {
+            turn.error = Some(settle_store::TurnError::new(
+                settle_store::TurnErrorKind::Provider,
+                "bad\u{1b}]0;x\u{7}\nline",
+            ));
+            turn.outcome = Some(Outcome::Failed);
+            turn.chunks = text_chunks(&["\u{1b}[2Jreply\r\n"]);
+        }
+        let printed = markdown(&detail);
+        let raw: Vec<char> = printed
+            .chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect();
+        assert!(raw.is_empty(), "{raw:?} in {printed}");
+        // Markdown puts a name on one line: its newline is a space.
+        assert!(printed.contains("evil\\u{1b}[31m name\\0"), "{printed}");
+        assert!(printed.contains("bad\\u{1b}]0;x\\u{7}"), "{printed}");
     }
 }

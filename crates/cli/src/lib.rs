@@ -31,6 +31,7 @@ macro_rules! outln {
 pub mod chat;
 pub mod display;
 pub mod duration;
+pub mod escape;
 pub mod export;
 pub mod listing;
 pub mod live;
@@ -130,18 +131,15 @@ pub fn parse_id(text: &str) -> Result<SessionId, String> {
 
 /// Opens an existing store for a command that only reads it, or recovers it
 /// (`sessions`, `show`, `export`, `recover`): a SQLite file that is not there,
-/// or a PostgreSQL database that does not exist, is bad input (exit 2) and
-/// nothing is created.
+/// that is empty or holds no settle tables, or a PostgreSQL database that does
+/// not exist, is bad input (exit 2) and nothing is created or written.
 pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
     if let Some(path) = missing_sqlite_file(db) {
         return Err(Failure::bad_input(format!(
             "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
         )));
     }
-    Store::open_with(db, options()).map_err(|error| match error {
-        OpenError::MissingDatabase { .. } => Failure::bad_input(error),
-        _ => sort_open_error(error),
-    })
+    Store::open_with(db, options().with_existing_only(true)).map_err(sort_open_error)
 }
 
 /// The SQLite file named by `db` when nothing is at that path (a dangling
@@ -164,10 +162,12 @@ pub fn open_store(db: &str) -> Result<Store, Failure> {
     Store::open_with(db, options()).map_err(sort_open_error)
 }
 
+/// A location that names no usable database (a bad path or URL, a missing
+/// PostgreSQL database) is bad input for every command; a server or file
+/// that fails is a store error.
 fn sort_open_error(error: OpenError) -> Failure {
     match error {
         OpenError::Unreachable { .. }
-        | OpenError::MissingDatabase { .. }
         | OpenError::Rejected { .. }
         | OpenError::Migration { .. }
         | OpenError::Database { .. } => Failure::store(error),

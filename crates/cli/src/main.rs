@@ -46,7 +46,19 @@ Examples:
   settle recover --dry-run                 what would be recovered, and whose it was
   settle chat --base-url http://127.0.0.1:8080/v1 --model local
   settle chat --last                       continue the most recent finished session
-  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local";
+  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local
+
+Exit codes:
+  0    done
+  1    the root agent of `run` failed (its last turn failed or timed out)
+  2    bad input: arguments, scenario file, database path or URL; nothing written
+  3    store error (or sessions left for `settle recover`)
+  129  ended by SIGHUP, after a graceful shutdown
+  130  ended by SIGINT, after a graceful shutdown
+  143  ended by SIGTERM, after a graceful shutdown
+
+Logs: SETTLE_LOG=debug (an env-filter) logs to stderr, in colour only on a
+terminal and without NO_COLOR.";
 
 /// A lifecycle kernel for LLM-agent sessions: teardown that is correct on every path.
 #[derive(Debug, Parser)]
@@ -285,8 +297,13 @@ fn init_tracing() {
     // limit that refused something, a queue that overflowed.
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,settle_gateway=warn"));
+    // Colours only for a person at a terminal who did not ask for none
+    // (no-color.org): a log in a file or a pipe holds no escape sequences.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .try_init();
 }

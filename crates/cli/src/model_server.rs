@@ -2,7 +2,7 @@
 //! and `settle serve` stream from.
 
 use clap::Args;
-use settle_stream::{OpenAiConfig, OpenAiProvider};
+use settle_stream::{OpenAiConfig, OpenAiProvider, DEFAULT_MAX_EVENT_BYTES};
 
 use crate::Failure;
 
@@ -23,12 +23,26 @@ pub struct ModelServerArgs {
     /// The API key, sent as a bearer token.
     #[arg(long, env = "SETTLE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// The largest server-sent event the model server may send, in bytes: a
+    /// reply with a larger one fails (error kind `protocol`).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_EVENT_BYTES, value_parser = parse_bytes)]
+    pub max_event_bytes: usize,
+}
+
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!(
+            "`{text}` is not a size: write a whole number of bytes, like 4194304"
+        )),
+        Ok(n) => Ok(n),
+    }
 }
 
 impl ModelServerArgs {
     /// The provider these options name; a base URL it cannot use is bad input.
     pub fn provider(&self) -> Result<OpenAiProvider, Failure> {
-        let mut config = OpenAiConfig::new(self.base_url.clone(), self.model.clone());
+        let mut config = OpenAiConfig::new(self.base_url.clone(), self.model.clone())
+            .max_event_bytes(self.max_event_bytes);
         if let Some(key) = &self.api_key {
             config = config.api_key(key.clone());
         }

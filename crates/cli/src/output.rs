@@ -9,6 +9,7 @@ use settle_store::{
     SessionId, SessionRow, TimelineRow, TurnRow,
 };
 
+use crate::escape::{self, one_line};
 use crate::listing::{self, Listed};
 use crate::table::{Align, Column, Table};
 use crate::transcript::{self, InputMessage, TurnFailure};
@@ -121,7 +122,7 @@ struct RunJson {
 
 fn to_json<T: Serialize>(value: &T) -> String {
     // Serializing plain structs of strings and numbers cannot fail.
-    serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    escape::json(value, true).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// `settle sessions --json`.
@@ -427,7 +428,7 @@ pub fn show_text(detail: &SessionDetail) -> String {
     let mut out = format!(
         "session {} \"{}\"{}\n  state {}   outcome {}   end reason {}\n  created {}   finalized {}\n",
         s.id,
-        s.name,
+        one_line(&s.name),
         if links.is_empty() {
             String::new()
         } else {
@@ -440,7 +441,10 @@ pub fn show_text(detail: &SessionDetail) -> String {
         s.finalized_at.map_or("-".to_owned(), rfc3339),
     );
     if let Some(errors) = &detail.finalize_errors {
-        out.push_str(&format!("  finalize steps that failed: {errors}\n"));
+        out.push_str(&format!(
+            "  finalize steps that failed: {}\n",
+            one_line(errors)
+        ));
     }
     if detail.turns.is_empty() {
         out.push_str("\nno turns\n");
@@ -480,25 +484,29 @@ pub fn show_text(detail: &SessionDetail) -> String {
         for call in &reply.tool_calls {
             out.push_str(&format!(
                 "  tool call: {}({}){}\n",
-                call.name,
-                call.arguments_line(),
+                one_line(&call.name),
+                one_line(&call.arguments_line()),
                 call.id
                     .as_ref()
-                    .map_or(String::new(), |id| format!("   [{id}]"))
+                    .map_or(String::new(), |id| format!("   [{}]", one_line(id)))
             ));
         }
         for usage in &reply.usage {
             out.push_str(&format!("  usage: {}\n", transcript::usage_line(usage)));
         }
         for data in &reply.data {
-            out.push_str(&format!("  data: {data}\n"));
+            out.push_str(&format!("  data: {}\n", one_line(&data.to_string())));
         }
         out.push_str(&format!(
             "  outcome: {}\n",
             turn.outcome.map_or("(open)", |o| o.as_str())
         ));
         if let Some(error) = transcript::error(turn) {
-            out.push_str(&format!("  error: {} ({})\n", error.message, error.kind));
+            out.push_str(&format!(
+                "  error: {} ({})\n",
+                one_line(&error.message),
+                error.kind
+            ));
         }
     }
     out.push_str("\ntimeline\n");
@@ -512,10 +520,12 @@ pub fn show_text(detail: &SessionDetail) -> String {
             rfc3339(row.at),
             row.from.map_or("-", |f| f.as_str()),
             row.to.as_str(),
-            row.cause
+            one_line(&row.cause)
         ));
     }
-    out
+    // What the model wrote (replies, reasoning, inputs) keeps its lines,
+    // nothing else: no control sequence reaches the terminal.
+    escape::lines(&out).into_owned()
 }
 
 /// `text` with `prefix` before each of its lines, ending in a newline.
@@ -738,5 +748,27 @@ mod tests {
         assert_eq!(json["recovered"][1]["name"], "chat");
         assert_eq!(json["recovered"][1]["owner"], Value::Null);
         assert_eq!(json["finalized_elsewhere"], json!([7]));
+    }
+    #[test]
+    fn control_characters_of_a_name_an_error_and_a_reply_are_escaped_in_show_text() {
+        let mut detail = detail();
+        detail.session.name = "evil\u{1b}[31m\nname\u{0}".to_owned();
+        if let Some(turn) = detail.turns.first_mut() {
+            turn.error = Some(TurnError::new(
+                TurnErrorKind::Provider,
+                "bad\u{1b}]0;x\u{7}\nline",
+            ));
+            turn.outcome = Some(settle_store::Outcome::Failed);
+            turn.chunks
+                .push(chunk(9, ChunkKind::Text, "\u{1b}[2Jreply\r\n", None));
+        }
+        let printed = show_text(&detail);
+        let raw: Vec<char> = printed
+            .chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect();
+        assert!(raw.is_empty(), "{raw:?} in {printed}");
+        assert!(printed.contains("evil\\u{1b}[31m\\nname\\0"), "{printed}");
+        assert!(printed.contains("bad\\u{1b}]0;x\\u{7}"), "{printed}");
     }
 }

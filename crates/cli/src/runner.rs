@@ -5,11 +5,15 @@
 //! Every wait of the runner gives way to a shutdown: an agent still waiting
 //! to spawn gives up at once, an agent between turns starts no more, and an
 //! agent in a turn reads it to its end (the drain, or its cancel).
+//!
+//! An agent still waiting to spawn when its parent finishes never spawns
+//! (nor do its own children): finishing winds the parent's subtree down, so
+//! the run does not wait out a spawn delay once the tree is settled.
 
 use std::sync::Arc;
 
 use settle_runtime::{Kernel, Outcome, SessionHandle, SessionId, TurnRequest};
-use settle_stream::{ScriptedProvider, TurnScript};
+use settle_stream::{CancellationToken, ScriptedProvider, TurnScript};
 use tokio::task::JoinSet;
 
 use crate::scenario::{AgentSpec, Scenario, TurnSpec};
@@ -48,11 +52,14 @@ fn boxed_agent(
     kernel: Kernel,
     spec: AgentSpec,
     parent: SessionId,
+    parent_finishing: CancellationToken,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
         tokio::select! {
-            () = tokio::time::sleep(spec.spawn_after) => {}
+            biased;
             () = kernel.shutdown_begun() => return,
+            () = parent_finishing.cancelled() => return,
+            () = tokio::time::sleep(spec.spawn_after) => {}
         }
         let mut grandchildren = JoinSet::new();
         run_agent(scenario, kernel, spec, Some(parent), &mut grandchildren).await;
@@ -74,15 +81,21 @@ async fn run_agent(
             return None;
         }
     };
+    // Cancelled once this agent's turns are over, whatever ends them (a drop
+    // included): its children still waiting to spawn give up.
+    let finishing = CancellationToken::new();
+    let _finishing = finishing.clone().drop_guard();
     for child in scenario.children(&spec.name) {
         children.spawn(boxed_agent(
             scenario.clone(),
             kernel.clone(),
             child.clone(),
             session.id(),
+            finishing.clone(),
         ));
     }
     let outcome = play_turns(&session, &spec).await;
+    finishing.cancel();
     // Finishing winds the subtree down first (G1); during a shutdown's drain
     // it leaves the children's running turns to the drain (G9).
     if let Err(error) = session.finish().await {

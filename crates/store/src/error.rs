@@ -59,6 +59,17 @@ pub enum OpenError {
         /// The path asked for.
         path: PathBuf,
     },
+    /// The file holds no settle database yet (it is empty, or an SQLite
+    /// database without tables), and the store was opened for an existing
+    /// one only ([`StoreOptions::existing_only`](crate::StoreOptions::existing_only)); it was left untouched.
+    #[error(
+        "{} holds no settle database (it is empty or has no tables); it was left untouched; `settle run` or `settle chat` makes one, or pass the path of one",
+        path.display()
+    )]
+    NoSettleDatabase {
+        /// The path asked for.
+        path: PathBuf,
+    },
     /// The file is an SQLite database whose contents are damaged.
     #[error(
         "the database {} is corrupt ({message}); restore it from a backup or move it aside and start a new one",

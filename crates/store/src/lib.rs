@@ -117,6 +117,7 @@ mod options;
 mod pool;
 mod read;
 mod recover;
+mod redact;
 mod rows;
 mod rules;
 mod schema;

@@ -27,6 +27,7 @@ use crate::conn::{AnyConn, Db};
 use crate::error::OpenError;
 use crate::options::StoreOptions;
 use crate::pool::{sqlite_pragmas, ReadPool, SqliteSettings};
+use crate::redact::{redact, scrub};
 use crate::schema::{settle_meta, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
 
 const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -74,22 +75,6 @@ impl Target {
     }
 }
 
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 pub(crate) fn open(target: &Target, options: &StoreOptions) -> Result<Opened, OpenError> {
     match target {
         Target::Sqlite(path) => open_sqlite(path, options),
@@ -113,7 +98,7 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
             path: path.to_owned(),
         });
     };
-    let before = preflight(path)?;
+    let before = preflight(path, options.existing_only())?;
     let opened = establish_sqlite(path, path_str, options);
     if let (Err(_), Before::Nothing(created)) = (&opened, &before) {
         for file in created {
@@ -128,7 +113,7 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
 }
 
 /// Refuse a bad location before SQLite sees it.
-fn preflight(path: &Path) -> Result<Before, OpenError> {
+fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
     let read_only = |e: io::Error| OpenError::ReadOnly {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -149,6 +134,11 @@ fn preflight(path: &Path) -> Result<Before, OpenError> {
             // must carry SQLite's header.
             if !header.is_empty() && (header.len() < 100 || !header.starts_with(SQLITE_MAGIC)) {
                 return Err(OpenError::NotADatabase {
+                    path: path.to_owned(),
+                });
+            }
+            if header.is_empty() && existing_only {
+                return Err(OpenError::NoSettleDatabase {
                     path: path.to_owned(),
                 });
             }
@@ -241,7 +231,8 @@ fn establish_sqlite(
         .map_err(|e| sqlite_refusal(path, "setting the busy timeout", e.to_string()))?;
     // Reading the schema reads page 1 and the schema table: a damaged file
     // fails here, before anything is written.
-    check_schema(Db::Sqlite(&mut conn), true).map_err(|r| r.into_open(path, &location))?;
+    check_schema(Db::Sqlite(&mut conn), true, options.existing_only())
+        .map_err(|r| r.into_open(path, &location))?;
     // Checkpoints run on their own thread (see `checkpoint`), not inside
     // the writer's commits.
     for pragma in rest
@@ -253,7 +244,7 @@ fn establish_sqlite(
             .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;
     }
     conn.immediate_transaction(|c| {
-        check_schema(Db::Sqlite(&mut *c), true)?;
+        check_schema(Db::Sqlite(&mut *c), true, options.existing_only())?;
         c.run_pending_migrations(SQLITE_MIGRATIONS)
             .map_err(|e| Refusal::Migration(e.to_string()))?;
         Ok::<_, Refusal>(())
@@ -279,13 +270,14 @@ fn establish_sqlite(
 
 fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError> {
     let shown = redact(url);
-    let url = &options.bounded_pg_url(url);
-    let mut conn = PgConnection::establish(url).map_err(|e| pg_refusal(&shown, e))?;
-    check_schema(Db::Pg(&mut conn), false).map_err(|r| r.into_open_pg(&shown))?;
+    let sent = options.bounded_pg_url(url);
+    let mut conn = PgConnection::establish(&sent).map_err(|e| pg_refusal(url, &sent, e))?;
+    let url = &sent;
+    check_schema(Db::Pg(&mut conn), false, false).map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
             .execute(c)?;
-        check_schema(Db::Pg(&mut *c), false)?;
+        check_schema(Db::Pg(&mut *c), false, false)?;
         c.run_pending_migrations(PG_MIGRATIONS)
             .map_err(|e| Refusal::Migration(e.to_string()))?;
         Ok::<_, Refusal>(())
@@ -303,15 +295,23 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     })
 }
 
-fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
-    let url = url.to_owned();
+/// Why libpq refused `url` (sent as `sent`), its message cleaned of the
+/// password (libpq may quote the URL back, or a piece of it).
+fn pg_refusal(url: &str, sent: &str, e: ConnectionError) -> OpenError {
+    let clean = |message: &str| scrub(message.trim(), url, sent);
+    let url = redact(url);
     match e {
-        ConnectionError::InvalidConnectionUrl(message) => OpenError::BadUrl { url, message },
+        ConnectionError::InvalidConnectionUrl(message) => OpenError::BadUrl {
+            url,
+            message: clean(&message),
+        },
         ConnectionError::BadConnection(message) => {
-            let message = message.trim().to_owned();
+            let message = clean(&message);
             let lower = message.to_lowercase();
             if lower.contains("ssl support is not compiled in") {
                 OpenError::TlsNotBuilt { url, message }
+            } else if is_malformed(&lower) {
+                OpenError::BadUrl { url, message }
             } else if lower.contains("database \"") && lower.contains("does not exist") {
                 OpenError::MissingDatabase { url, message }
             } else if lower.contains("fatal") {
@@ -322,9 +322,38 @@ fn pg_refusal(url: &str, e: ConnectionError) -> OpenError {
         }
         other => OpenError::Rejected {
             url,
-            message: other.to_string(),
+            message: clean(&other.to_string()),
         },
     }
+}
+
+/// Whether libpq's message (lower case) says it could not read the URL
+/// itself, before any connection was tried: its URI parser's and its
+/// option checks' messages.
+fn is_malformed(lower: &str) -> bool {
+    const SAYINGS: [&str; 12] = [
+        " in uri",
+        "invalid uri",
+        "invalid percent-encoded token",
+        "forbidden value %00",
+        "invalid port number",
+        "invalid integer value",
+        "invalid connection option",
+        "key/value separator",
+        "missing \"=\" after",
+        "unterminated quoted string",
+        "could not match",
+        "invalid uri query parameter",
+    ];
+    if SAYINGS.iter().any(|saying| lower.contains(saying)) {
+        return true;
+    }
+    // `invalid sslmode value: "bogus"` and the like, for every option
+    // that takes one of a set of words.
+    lower
+        .split("invalid ")
+        .skip(1)
+        .any(|rest| rest.split_whitespace().nth(1) == Some("value:"))
 }
 
 // --- schema version ---------------------------------------------------------
@@ -335,6 +364,7 @@ enum Refusal {
     Db(diesel::result::Error),
     Newer(i64),
     Foreign,
+    NoSettle,
     Migration(String),
 }
 
@@ -367,6 +397,9 @@ impl Refusal {
             Refusal::Foreign => OpenError::ForeignDatabase {
                 path: PathBuf::from(location),
             },
+            Refusal::NoSettle => OpenError::NoSettleDatabase {
+                path: PathBuf::from(location),
+            },
             Refusal::Migration(message) => OpenError::Migration {
                 location: location.to_owned(),
                 message,
@@ -381,9 +414,10 @@ struct TableName {
     name: String,
 }
 
-/// Read-only: refuse a database of a newer schema version, and (for SQLite,
-/// where a file is one program's) one that holds another program's tables.
-fn check_schema(db: Db<'_>, refuse_foreign: bool) -> Result<(), Refusal> {
+/// Read-only: refuse a database of a newer schema version, (for SQLite,
+/// where a file is one program's) one that holds another program's tables,
+/// and with `require_settle` one that has no tables at all.
+fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Result<(), Refusal> {
     on_db!(db, |c| {
         let sql = if refuse_foreign {
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
@@ -393,7 +427,11 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool) -> Result<(), Refusal> {
         };
         let tables: Vec<TableName> = diesel::sql_query(sql).load(c)?;
         if tables.is_empty() {
-            return Ok(());
+            return if require_settle {
+                Err(Refusal::NoSettle)
+            } else {
+                Ok(())
+            };
         }
         if !tables.iter().any(|t| t.name == "settle_meta") {
             return if refuse_foreign {

@@ -26,6 +26,7 @@ pub struct StoreOptions {
     pg_statement_timeout: Duration,
     pg_idle_in_transaction_timeout: Duration,
     pg_keepalive_idle: Duration,
+    existing_only: bool,
 }
 
 impl Default for StoreOptions {
@@ -41,6 +42,7 @@ impl Default for StoreOptions {
             pg_statement_timeout: Duration::from_secs(30),
             pg_idle_in_transaction_timeout: Duration::from_secs(10),
             pg_keepalive_idle: Duration::from_secs(15),
+            existing_only: false,
         }
     }
 }
@@ -154,6 +156,20 @@ impl StoreOptions {
     /// Set [`connection_timeout`](Self::connection_timeout).
     pub fn with_connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
+        self
+    }
+
+    /// Whether `open` refuses an SQLite file that holds no settle database
+    /// yet (an empty file, or a database with no tables) instead of creating
+    /// the schema in it (default false). For the commands that only read a
+    /// store: they write nothing to a file that is not already a store.
+    pub fn existing_only(&self) -> bool {
+        self.existing_only
+    }
+
+    /// Set [`existing_only`](Self::existing_only).
+    pub fn with_existing_only(mut self, existing_only: bool) -> Self {
+        self.existing_only = existing_only;
         self
     }
 

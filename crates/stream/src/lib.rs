@@ -68,6 +68,7 @@ mod run;
 mod scripted;
 mod signal;
 mod sink;
+mod sse;
 mod sync;
 mod work;
 
@@ -80,7 +81,9 @@ pub use error::{
 pub use event::{StreamEvent, StreamItem};
 pub use guarded::Guarded;
 pub use idle_timeout::IdleTimeout;
-pub use openai::{OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT};
+pub use openai::{
+    OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
+};
 pub use provider::{EventStream, Provider, ProviderStream};
 pub use request::{Message, Request, Role};
 pub use run::{TurnOptions, DEFAULT_IDLE_TIMEOUT};

@@ -4,19 +4,17 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 use serde_json::Value;
 use settle_core::ChunkKind;
 
 use crate::close::Close;
+use crate::sse::SseDecoder;
 use crate::{
     Chunk, CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
     StreamEvent, Truncation,
@@ -24,6 +22,12 @@ use crate::{
 
 /// The default time to wait for a server's response headers.
 pub const DEFAULT_HEADERS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default maximum size of one server-sent event, in bytes: its lines
+/// as sent, field names included. A chat-completion event is a few hundred
+/// bytes; 4 MiB leaves room for a whole reply sent as one event while
+/// bounding what a hostile or broken server can make a turn hold.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
 /// How much of an error response's body is kept for the error message.
 const ERROR_BODY_LIMIT: usize = 2048;
@@ -55,6 +59,10 @@ pub struct OpenAiConfig {
     pub api_key: Option<String>,
     /// How long to wait for the response headers; zero disables.
     pub headers_timeout: Duration,
+    /// The largest server-sent event accepted, in bytes (default
+    /// [`DEFAULT_MAX_EVENT_BYTES`]); a larger one fails the turn with a
+    /// [`Protocol`](StreamErrorKind::Protocol) error.
+    pub max_event_bytes: usize,
 }
 
 impl fmt::Debug for OpenAiConfig {
@@ -64,6 +72,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("headers_timeout", &self.headers_timeout)
+            .field("max_event_bytes", &self.max_event_bytes)
             .finish()
     }
 }
@@ -76,6 +85,7 @@ impl OpenAiConfig {
             model: model.into(),
             api_key: None,
             headers_timeout: DEFAULT_HEADERS_TIMEOUT,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
         }
     }
 
@@ -88,6 +98,12 @@ impl OpenAiConfig {
     /// Sets the headers timeout.
     pub fn headers_timeout(mut self, timeout: Duration) -> Self {
         self.headers_timeout = timeout;
+        self
+    }
+
+    /// Sets the largest server-sent event accepted, in bytes.
+    pub fn max_event_bytes(mut self, max: usize) -> Self {
+        self.max_event_bytes = max;
         self
     }
 }
@@ -207,16 +223,10 @@ impl Provider for OpenAiProvider {
             }
             .into());
         }
-        let keepalives = Arc::new(AtomicUsize::new(0));
-        let tapped = CommentTap {
-            inner: response.bytes_stream(),
-            at_line_start: true,
-            comments: keepalives.clone(),
-        };
         Ok(Box::new(OpenAiStream {
-            events: Some(Box::pin(tapped.eventsource())),
+            body: Some(Box::pin(response.bytes_stream())),
+            decoder: SseDecoder::new(self.config.max_event_bytes),
             pending: VecDeque::new(),
-            keepalives,
             keepalives_seen: 0,
             url: self.url.clone(),
         }))
@@ -232,17 +242,18 @@ struct Body<'a> {
     stream: bool,
 }
 
-type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
+type ResponseBody = Pin<Box<dyn Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send>>;
 
 /// The event stream of one chat completion.
 pub struct OpenAiStream {
     // `None` once closed: dropping it drops the response body and with it
     // the connection.
-    events: Option<Events>,
+    body: Option<ResponseBody>,
+    decoder: SseDecoder,
     // The decoded items of the last event not yet yielded: one SSE event can
     // carry reasoning, text, tool calls and usage at once.
     pending: VecDeque<Result<StreamEvent, StreamError>>,
-    keepalives: Arc<AtomicUsize>,
+    // The comments (keepalives) of the decoder already reported.
     keepalives_seen: usize,
     url: String,
 }
@@ -251,7 +262,7 @@ impl fmt::Debug for OpenAiStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiStream")
             .field("url", &self.url)
-            .field("open", &self.events.is_some())
+            .field("open", &self.body.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -259,8 +270,8 @@ impl fmt::Debug for OpenAiStream {
 impl OpenAiStream {
     /// Decodes one SSE event into `pending`: its chunks in order, or one
     /// error. Returns `false` at `data: [DONE]`, the end of the reply.
-    fn decode(&mut self, event: &Event) -> bool {
-        let data = event.data.trim();
+    fn decode(&mut self, data: &str) -> bool {
+        let data = data.trim();
         if data == "[DONE]" {
             return false;
         }
@@ -354,32 +365,33 @@ impl Stream for OpenAiStream {
                 if item.is_err() {
                     // An error ends the stream: nothing after it is read.
                     this.pending.clear();
-                    this.events = None;
+                    this.body = None;
                 }
                 return Poll::Ready(Some(item));
             }
-            let Some(events) = this.events.as_mut() else {
+            let Some(body) = this.body.as_mut() else {
                 return Poll::Ready(None);
             };
-            let error: StreamError = match events.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok(event))) => {
-                    if !this.decode(&event) {
-                        this.events = None;
-                        return Poll::Ready(None);
-                    }
-                    continue;
+            if let Some(data) = this.decoder.next_event() {
+                if !this.decode(&data) {
+                    this.body = None;
+                    return Poll::Ready(None);
                 }
-                Poll::Ready(Some(Err(EventStreamError::Transport(source)))) => {
-                    StreamErrorKind::Transport {
-                        url: this.url.clone(),
-                        source,
-                    }
-                    .into()
+                continue;
+            }
+            let error: StreamError = match body.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(bytes))) => match this.decoder.feed(&bytes) {
+                    Ok(()) => continue,
+                    Err(e) => StreamErrorKind::Protocol(format!(
+                        "the stream from {} is not valid SSE: {e}",
+                        this.url
+                    ))
+                    .into(),
+                },
+                Poll::Ready(Some(Err(source))) => StreamErrorKind::Transport {
+                    url: this.url.clone(),
+                    source,
                 }
-                Poll::Ready(Some(Err(e))) => StreamErrorKind::Protocol(format!(
-                    "the stream from {} is not valid SSE ({e})",
-                    this.url
-                ))
                 .into(),
                 Poll::Ready(None) => StreamErrorKind::Protocol(format!(
                     "the stream from {} ended before `data: [DONE]`; the reply may be cut short",
@@ -387,7 +399,9 @@ impl Stream for OpenAiStream {
                 ))
                 .into(),
                 Poll::Pending => {
-                    let comments = this.keepalives.load(Ordering::Relaxed);
+                    // Comments are activity: one keepalive for those decoded
+                    // since the last, once the body has nothing more ready.
+                    let comments = this.decoder.comments();
                     if comments == this.keepalives_seen {
                         return Poll::Pending;
                     }
@@ -403,41 +417,7 @@ impl Stream for OpenAiStream {
 #[async_trait]
 impl Close for OpenAiStream {
     fn close_now(&mut self) -> Result<(), CloseError> {
-        self.events = None;
+        self.body = None;
         Ok(())
-    }
-}
-
-/// Counts SSE comment lines on their way to the parser, which drops them.
-struct CommentTap<S> {
-    inner: S,
-    at_line_start: bool,
-    comments: Arc<AtomicUsize>,
-}
-
-impl<S, B, E> Stream for CommentTap<S>
-where
-    S: Stream<Item = Result<B, E>> + Unpin,
-    B: AsRef<[u8]>,
-{
-    type Item = Result<B, E>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let poll = self.inner.poll_next_unpin(cx);
-        if let Poll::Ready(Some(Ok(bytes))) = &poll {
-            let mut comments = 0;
-            let mut at_line_start = self.at_line_start;
-            for &b in bytes.as_ref() {
-                if at_line_start && b == b':' {
-                    comments += 1;
-                }
-                at_line_start = b == b'\n' || b == b'\r';
-            }
-            self.at_line_start = at_line_start;
-            if comments > 0 {
-                self.comments.fetch_add(comments, Ordering::Relaxed);
-            }
-        }
-        poll
     }
 }

@@ -5,7 +5,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::json;
 use settle_store::{
     ChunkKind, EndReason, HostIdentity, NewChunk, NewSession, OpenError, Outcome, RecoverOptions,
-    SessionFilter, SessionId, SessionStore, State, Store, StoreError, TurnError, TurnErrorKind,
+    SessionFilter, SessionId, SessionStore, State, Store, StoreError, StoreOptions, TurnError,
+    TurnErrorKind,
 };
 
 use crate::common::{self, rt, Backend, TestDb};
@@ -113,6 +114,26 @@ pub(crate) fn g11_open_refuses_a_file_that_is_not_a_database() {
     assert_refused_untouched(dir.path(), path.to_str().unwrap(), |e| {
         matches!(e, OpenError::NotADatabase { .. })
     });
+}
+
+/// Opened for an existing store only, an empty file and an SQLite database
+/// without tables are refused and left as they were; opened as usual, the
+/// same file becomes a store.
+#[test]
+pub(crate) fn g11_open_existing_only_refuses_a_file_without_a_store_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.db");
+    std::fs::write(&path, b"").unwrap();
+    let url = path.to_str().unwrap();
+    let existing = StoreOptions::default().with_existing_only(true);
+    let before = common::snapshot(dir.path());
+    let err = Store::open_with(url, existing.clone()).unwrap_err();
+    assert!(matches!(err, OpenError::NoSettleDatabase { .. }), "{err:?}");
+    assert!(err.to_string().contains("empty.db"), "{err}");
+    assert_eq!(common::snapshot(dir.path()), before, "open wrote something");
+    // A store made in it is then opened, existing only or not.
+    drop(Store::open(url).unwrap());
+    drop(Store::open_with(url, existing).unwrap());
 }
 
 #[test]
@@ -251,6 +272,24 @@ pub(crate) fn g11_open_refuses_an_unreachable_server() {
     let msg = err.to_string();
     assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
     assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
+}
+
+/// A URL libpq cannot read is `BadUrl` (bad input), and neither the error
+/// nor what libpq quotes back in it shows the password.
+#[test]
+pub(crate) fn g11_open_refuses_a_malformed_url_without_showing_its_password() {
+    for url in [
+        "postgres://postgres:hunter2@[::1/settle",
+        "postgres://settle:hunter2@127.0.0.1:notaport/settle",
+        "postgres://settle:hunter2@127.0.0.1/settle?sslmode=bogus",
+        "postgres://settle@127.0.0.1/settle?password=hunter2&nosuchoption=1",
+    ] {
+        let err = Store::open(url).unwrap_err();
+        assert!(matches!(err, OpenError::BadUrl { .. }), "{url}: {err:?}");
+        let msg = err.to_string();
+        assert!(!msg.contains("hunter2"), "the password leaked: {msg}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    }
 }
 
 /// Built without `postgres-tls`, a URL that requires TLS is refused before
