@@ -223,7 +223,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage_error(error),
     };
-    init_tracing();
+    init_tracing(matches!(cli.command, Command::Serve(_)));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -292,11 +292,17 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn init_tracing() {
-    // The gateway's warnings are on by default: a connection it dropped, a
-    // limit that refused something, a queue that overflowed.
+/// Logs to stderr, by `SETTLE_LOG` or else errors only; a gateway, which
+/// has no other voice, also says by default when it dropped a connection,
+/// a limit refused something, a queue overflowed, or a store call failed
+/// (and is tried again).
+fn init_tracing(serving: bool) {
+    let default = match serving {
+        true => "error,settle_gateway=warn,settle_runtime=warn",
+        false => "error",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,settle_gateway=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // Colours only for a person at a terminal who did not ask for none
     // (no-color.org): a log in a file or a pipe holds no escape sequences.
     let colour = std::io::stderr().is_terminal()

@@ -44,6 +44,9 @@ pub struct Core {
     /// Sessions not yet finalized.
     open: usize,
     shutdown: Option<Shutdown>,
+    /// The lease on the sessions was lost: what is finalized from then on
+    /// is the store's to end by recovery, and ends `recovered` (G8).
+    lease_lost: bool,
     /// The latest `now` seen: time never runs backwards inside the core.
     now: Option<Instant>,
 }
@@ -69,6 +72,7 @@ impl Core {
             deadlines: Deadlines::default(),
             open: 0,
             shutdown: None,
+            lease_lost: false,
             now: None,
         }
     }
@@ -712,6 +716,8 @@ impl Core {
 
     /// G8: nothing may start any more and every work is cancelled now.
     fn lease_lost(&mut self, now: Instant) -> Handled {
+        // Set first: the shutdown finalizes idle sessions as it begins.
+        self.lease_lost = true;
         self.begin_shutdown(now, Duration::ZERO);
         self.skip_drain(now);
         if let Some(shutdown) = self.shutdown.as_mut() {
@@ -1051,10 +1057,15 @@ impl Core {
             _ => None,
         };
         let last_outcome = s.last_outcome;
-        // Every session finalized after a shutdown began ends `shutdown` (G9).
-        let reason = finalize.map(|intent| match shutting_down {
-            true => EndReason::Shutdown,
-            false => intent.reason(last_outcome),
+        // Every session finalized after a shutdown began ends `shutdown`
+        // (G9), or, once the lease is lost, `recovered`: this process may
+        // not write it any more, and recovery ends it so (G8), so that is
+        // what its clients are told.
+        let lease_lost = self.lease_lost;
+        let reason = finalize.map(|intent| match (lease_lost, shutting_down) {
+            (true, _) => EndReason::Recovered,
+            (false, true) => EndReason::Shutdown,
+            (false, false) => intent.reason(last_outcome),
         });
         let deadlines = &mut self.deadlines;
         let settled =

@@ -277,6 +277,17 @@ fn g8_a_lost_lease_cancels_everything_now_and_says_so() {
     let turn = h.start_turn(busy);
     assert_eq!(h.ev_h(Event::LeaseLost), Handled::Applied);
     assert_eq!(h.state(idle), State::Finalized);
+    // What its clients are told is what the store will hold: recovery ends
+    // the sessions of a lost lease, not this process (G8).
+    let reasons: Vec<EndReason> = h
+        .log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Finalize(f) => Some(f.reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, [EndReason::Recovered]);
     assert_eq!(h.cancels_of(busy), 1);
     assert_eq!(
         h.try_ev(Event::Register {
@@ -291,6 +302,11 @@ fn g8_a_lost_lease_cancels_everything_now_and_says_so() {
         _ => None,
     });
     assert!(summary.expect("complete").lease_lost);
+    let last = h.log.iter().rev().find_map(|e| match e {
+        Effect::Finalize(f) => Some((f.session, f.reason)),
+        _ => None,
+    });
+    assert_eq!(last, Some((busy, EndReason::Recovered)));
 }
 
 #[test]

@@ -15,7 +15,7 @@ pub enum RuntimeError {
     Store(#[from] settle_store::StoreError),
     /// The store did not answer in time: the request was given up (what it
     /// wrote, if anything, is decided by the store; nothing was acknowledged).
-    #[error("the store did not answer within {after:?} while {what}; check that the database is up and reachable")]
+    #[error("the store did not answer within {after:?} while {what}, so it may still be written (the kernel ends whatever it later finds written); check that the database is up and reachable")]
     StoreTimeout {
         /// What the kernel was doing.
         what: &'static str,

@@ -59,6 +59,9 @@ fn describe(out: &Output) -> String {
 /// `settle sessions --json`.
 pub fn sessions(db: &str) -> Result<Vec<Value>, String> {
     let out = settle_output(db, &["sessions", "--json"]);
+    if never_made(db, &out) {
+        return Ok(Vec::new());
+    }
     if !out.status.success() {
         return Err(format!(
             "`settle sessions --json` failed: {}",
@@ -97,6 +100,15 @@ pub fn spawn_recover(db: &str) -> Child {
 }
 
 /// The count a finished `settle recover` printed.
+/// Whether `out` is a read-only command's refusal of a store that a run
+/// killed before it made its tables left without any (exit 2, nothing
+/// written): there is nothing in it.
+fn never_made(db: &str, out: &Output) -> bool {
+    std::path::Path::new(db).is_file()
+        && out.status.code() == Some(2)
+        && String::from_utf8_lossy(&out.stderr).contains("holds no settle database")
+}
+
 pub fn recovered_count(out: &Output) -> Result<usize, String> {
     if !out.status.success() {
         return Err(format!("`settle recover` failed: {}", describe(out)));
@@ -111,7 +123,11 @@ pub fn recovered_count(out: &Output) -> Result<usize, String> {
 
 /// `settle recover`: how many sessions it recovered.
 pub fn recover(db: &str) -> Result<usize, String> {
-    recovered_count(&settle_output(db, &["recover"]))
+    let out = settle_output(db, &["recover"]);
+    if never_made(db, &out) {
+        return Ok(0);
+    }
+    recovered_count(&out)
 }
 
 /// Sends `signal` (a name such as `TERM`) to a process.
@@ -527,7 +543,8 @@ struct MemoryTurn {
     turn_no: i64,
 }
 
-/// `(session, turn)` of every memory row, read straight from the database.
+/// `(session, turn)` of every memory row, read straight from the database
+/// (none in a SQLite file a run killed early left without tables).
 pub fn memory_turns(db: &str) -> Vec<(i64, i64)> {
     let sql = "SELECT session, turn_no FROM memories ORDER BY id";
     let rows: Vec<MemoryTurn> = if db.starts_with("postgres") {
@@ -537,7 +554,11 @@ pub fn memory_turns(db: &str) -> Vec<(i64, i64)> {
         let mut c = SqliteConnection::establish(db).expect("open the SQLite file");
         c.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA query_only = 1")
             .expect("configure the connection");
-        diesel::sql_query(sql).load(&mut c).expect("read memories")
+        match diesel::sql_query(sql).load(&mut c) {
+            Ok(rows) => rows,
+            Err(e) if e.to_string().contains("no such table: memories") => Vec::new(),
+            Err(e) => panic!("read memories: {e}"),
+        }
     };
     rows.into_iter().map(|r| (r.session, r.turn_no)).collect()
 }

@@ -153,6 +153,8 @@ pub struct Model {
     /// Ids are never reused, as a store's row ids are not.
     pub next_id: u64,
     pub shutdown: Option<RefShutdown>,
+    /// The lease was lost: finalizes from then on end `recovered` (G8).
+    pub lease_lost: bool,
     /// The answer to the last step.
     pub answer: Answer,
     /// The orders the last step gave, in no particular order.
@@ -186,6 +188,7 @@ impl Model {
             interrupts: Vec::new(),
             next_id: 1,
             shutdown: None,
+            lease_lost: false,
             answer: Answer::Ticked,
             orders: Vec::new(),
         }
@@ -322,10 +325,14 @@ impl Model {
 
     fn finalize(&mut self, id: u64) {
         let shutting_down = self.shutdown.is_some();
+        let lease_lost = self.lease_lost;
         let s = self.s(id);
         let intent = s.intent.expect("finalized with a reason");
-        // G9: whatever asked for it, after shutdown began the reason is `shutdown`.
-        let reason = if shutting_down {
+        // G9: whatever asked for it, after shutdown began the reason is
+        // `shutdown`; G8: once the lease is lost, `recovered`.
+        let reason = if lease_lost {
+            EndReason::Recovered
+        } else if shutting_down {
             EndReason::Shutdown
         } else {
             intent.reason(s.last_outcome)
@@ -903,6 +910,7 @@ impl Model {
                 Ok(Applied)
             }
             Step::LeaseLost => {
+                self.lease_lost = true;
                 self.handle(&Step::BeginShutdown {
                     drain: crate::strategies::Span::Ms(0),
                 })?;

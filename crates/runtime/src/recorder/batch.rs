@@ -319,9 +319,29 @@ impl Recorder {
                 }
                 Err(unwritten) => {
                     self.failed(Some(shared.id), "register a session", &unwritten);
+                    if retry::may_heal(&unwritten) {
+                        // Its row may still be written: end it, once the
+                        // store answers, so nothing the caller was told
+                        // failed is left live.
+                        self.retries.withdraw(shared.id, unwritten.clone());
+                    }
                     let _ = reply.send(Err(unwritten.into_error("registering a session")));
                     let _ = self.acks.send(Ack::RegisterFailed(shared.id));
                 }
+            },
+            Answer::Withdrawn(session) => match &result {
+                Ok(Applied::Finalized(settle_store::Finalized::Won(_))) => tracing::warn!(
+                    %session,
+                    "a session whose registration was refused was written after all; it is finalized"
+                ),
+                // Given up at the end of a shutdown: recovery ends it.
+                Err(unwritten) if retry::may_heal(unwritten) => {
+                    let what = "end a session whose registration was refused";
+                    self.failed(Some(session), what, unwritten);
+                    self.report.left_recoverable.push(session);
+                }
+                // Nothing was written (no such session), or it is ended.
+                _ => {}
             },
             Answer::Transition(session) => {
                 if let Err(unwritten) = result {

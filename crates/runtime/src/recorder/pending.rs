@@ -36,6 +36,9 @@ pub(super) enum Answer {
         end: WorkEnd,
     },
     Finalized(Box<FinalizeJob>),
+    /// The finalize of a session whose registration was refused to its
+    /// caller but may have been written after all (see `retry.rs`).
+    Withdrawn(SessionId),
 }
 
 /// The writes of one batch and what to answer for each.

@@ -17,8 +17,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use settle_core::EndReason;
 use settle_core::SessionId;
-use settle_store::{LifecycleWrite, StoreError};
+use settle_store::{FinalizeRequest, LifecycleWrite, StoreError};
 use tokio::time::Instant;
 
 use super::pending::{Answer, Pending};
@@ -204,6 +205,25 @@ impl Retries {
             self.next = None;
         }
         expired
+    }
+
+    /// Queues the finalize of `session`, whose registration was refused to
+    /// its caller after a failure that may not have kept it from being
+    /// written (`last`): the store's writer applies it after the
+    /// registration, so its answer says for certain (no such session:
+    /// nothing was written; won: it was, and is ended now).
+    pub(super) fn withdraw(&mut self, session: SessionId, last: Unwritten) {
+        let write = LifecycleWrite::Finalize {
+            session,
+            plan: FinalizeRequest::new(EndReason::Failed),
+        };
+        let queued = Queued {
+            write,
+            answer: Answer::Withdrawn(session),
+            since: Instant::now(),
+            last,
+        };
+        self.push(session, queued);
     }
 
     /// Takes everything still waiting, to give it up.

@@ -49,6 +49,11 @@ struct Faulty {
     /// How many more batches holding a turn's end or a turn's start fail
     /// as a whole, as a transaction does on a locked database.
     fail_turn_writes: Arc<AtomicUsize>,
+    /// How long each batch takes to apply, in milliseconds (batches apply
+    /// one after another, as on the database's one writer): a server that
+    /// is slow, not stopped.
+    slow_ms: Arc<std::sync::atomic::AtomicU64>,
+    in_order: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Default for Faulty {
@@ -60,6 +65,8 @@ impl Default for Faulty {
             hold_answers: Arc::default(),
             answers: Arc::new(tokio::sync::Semaphore::new(0)),
             fail_turn_writes: Arc::default(),
+            slow_ms: Arc::default(),
+            in_order: Arc::default(),
         }
     }
 }
@@ -130,7 +137,21 @@ impl SessionStore for Faulty {
             };
             return batch.iter().map(|_| Err(locked.clone())).collect();
         }
-        let results = self.inner.apply(batch).await;
+        // Applied on a task of its own, as on the database's writer thread:
+        // a caller that stops waiting does not stop the write.
+        let one_at_a_time = self.in_order.clone().lock_owned().await;
+        let slow = self.slow_ms.load(Ordering::SeqCst);
+        let inner = self.inner.clone();
+        let applied = tokio::spawn(async move {
+            let _in_order = one_at_a_time;
+            if slow > 0 {
+                tokio::time::sleep(Duration::from_millis(slow)).await;
+            }
+            inner.apply(batch).await
+        });
+        let Ok(results) = applied.await else {
+            return Vec::new();
+        };
         if self.hold_answers.load(Ordering::SeqCst) {
             if let Ok(permit) = self.answers.acquire().await {
                 permit.forget();
@@ -633,4 +654,35 @@ async fn g7_a_turn_is_announced_only_once_its_start_is_written() {
         d.turns.last().and_then(|t| t.outcome),
         Some(Outcome::Completed)
     );
+}
+
+/// A registration refused to its caller because the store did not answer in
+/// time, yet written once the store caught up, is finalized by the kernel:
+/// nothing the caller was told failed is left live (and the refusal says the
+/// write may still land).
+#[tokio::test(start_paused = true)]
+async fn g8_a_registration_refused_after_a_timeout_but_written_later_is_not_left_live() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    // Slower than the store timeout (10 s) once.
+    store.slow_ms.store(15_000, Ordering::SeqCst);
+    let refused = kernel.register("late", None).await;
+    store.slow_ms.store(0, Ordering::SeqCst);
+    let Err(error) = refused else {
+        panic!("the slow registration was not refused");
+    };
+    assert!(
+        error.to_string().contains("may still be written"),
+        "{error}"
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let rows = store
+        .inner
+        .list_sessions(SessionFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].state, State::Finalized, "{rows:?}");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
