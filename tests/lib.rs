@@ -285,7 +285,15 @@ impl Sandbox {
     /// # Panics
     /// When it cannot start.
     pub fn spawn(&self, args: &[&str]) -> Running {
-        let mut cmd = self.command(args);
+        self.spawn_command(self.command(args))
+    }
+
+    /// Starts `cmd` (see [`Sandbox::spawn`]): for a `--db` given in its
+    /// arguments, with [`Sandbox::command_default_db`].
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn spawn_command(&self, mut cmd: Command) -> Running {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

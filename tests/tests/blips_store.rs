@@ -1,11 +1,13 @@
 //! The store blips under `settle serve` and comes back: a SQLite database
 //! locked by another process for longer than the busy timeout while a turn
-//! ends. A transient failure fails the writes it covers, loudly, and then
-//! the store heals: the session goes on, what a client was told is what the
-//! store holds, and no turn is left open in it.
+//! ends; a PostgreSQL server restarted every few seconds under hundreds of
+//! clients. A transient failure fails the writes it covers, loudly, and
+//! then the store heals: every session goes on, what a client was told is
+//! what the store holds, and no turn is left open in it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 mod gateway_support;
 
 use std::io::{BufRead, BufReader, Write};
@@ -35,10 +37,11 @@ fn book(sandbox: &Sandbox) -> String {
         .into_owned()
 }
 
-/// Starts `settle serve` on a free port with the script book; its address.
-fn serve(sandbox: &Sandbox) -> (Running, String) {
+/// Starts `settle serve` on a free port with the script book, on the
+/// sandbox's SQLite file or on `db`; its address.
+fn serve(sandbox: &Sandbox, db: Option<&str>) -> (Running, String) {
     let book = book(sandbox);
-    let args = [
+    let mut args = vec![
         "serve",
         "--listen",
         "127.0.0.1:0",
@@ -46,8 +49,16 @@ fn serve(sandbox: &Sandbox) -> (Running, String) {
         &book,
         "--drain-timeout",
         "20s",
+        "--max-sessions",
+        "2000",
     ];
-    let mut serving = sandbox.spawn(&args);
+    let mut serving = match db {
+        Some(db) => {
+            args.extend(["--db", db]);
+            sandbox.spawn_command(sandbox.command_default_db(&args))
+        }
+        None => sandbox.spawn(&args),
+    };
     serving.wait_for("the listening line", |out| out.contains("/ws\n"));
     let line = serving
         .output()
@@ -122,7 +133,7 @@ async fn ended(client: &mut Client) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_a_store_locked_while_a_turn_ends_heals_and_the_session_goes_on() {
     let sandbox = Sandbox::new();
-    let (mut serving, addr) = serve(&sandbox);
+    let (mut serving, addr) = serve(&sandbox, None);
     let mut client = connect(&addr).await;
     let id = create(&mut client, "blip").await;
     client
@@ -185,4 +196,158 @@ async fn g7_a_store_locked_while_a_turn_ends_heals_and_the_session_goes_on() {
         "the failure was not said with its real cause: {stderr}"
     );
     assert!(status.code().is_some(), "{stderr}");
+}
+
+/// One soak client's record: its session, and each turn it was announced
+/// with what it was told of its end.
+struct Told {
+    id: u64,
+    turns: Vec<(u64, String)>,
+    refused: usize,
+}
+
+/// A client of the soak: a session, then turns one after another until
+/// `until`, each announced one followed to its end; a refused start (the
+/// store was down) is counted and tried again.
+async fn soak_client(addr: String, until: tokio::time::Instant) -> Told {
+    let mut client = connect(&addr).await;
+    let id = loop {
+        match client.call("session.create", json!({ "name": "soak" })).await {
+            Ok(v) => break v["id"].as_u64().unwrap(),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let mut told = Told {
+        id,
+        turns: Vec::new(),
+        refused: 0,
+    };
+    while tokio::time::Instant::now() < until {
+        match client
+            .call("turn.start", json!({ "id": id, "prompt": "short" }))
+            .await
+        {
+            Ok(v) => {
+                let no = v["turn"].as_u64().unwrap();
+                let (_, end) = client.turn(id).await;
+                assert_eq!(end["turn"], no, "{end}");
+                told.turns.push((no, end["outcome"].as_str().unwrap().to_owned()));
+            }
+            Err(_) => {
+                told.refused += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // Once the server is back for good, the session is usable.
+    let after = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match client
+            .call("turn.start", json!({ "id": id, "prompt": "short" }))
+            .await
+        {
+            Ok(v) => {
+                let no = v["turn"].as_u64().unwrap();
+                let (chunks, end) = client.turn(id).await;
+                assert_eq!(end["outcome"], "completed", "after the soak: {end}");
+                assert_eq!(chunks, ["ok"]);
+                told.turns.push((no, "completed".to_owned()));
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < after,
+                    "session {id} unusable after the soak: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    client.ok("session.close", json!({ "id": id })).await;
+    told
+}
+
+/// The soak of SPEC G7/G8 under a server that keeps restarting:
+/// `SETTLE_SOAK_CLIENTS` clients (default 200) take turns on one gateway
+/// while PostgreSQL is restarted (`pg_ctl restart -m fast`) every 3 s for
+/// `SETTLE_SOAK_SECS` seconds (default 20); then every session takes a turn
+/// that completes, and every turn a client was announced is in the store
+/// with the outcome it was told, none left open or `interrupted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_gateway_on_a_postgresql_restarted_every_few_seconds_loses_no_announced_turn() {
+    let Some(cluster) = common::own_cluster() else {
+        return;
+    };
+    let knob = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let clients = knob("SETTLE_SOAK_CLIENTS", 200);
+    let secs = knob("SETTLE_SOAK_SECS", 20);
+    let pg = common::PgDb::new(&cluster.admin_url);
+    let sandbox = Sandbox::new();
+    let (mut serving, addr) = serve(&sandbox, Some(&pg.url));
+    let until = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| tokio::spawn(soak_client(addr.clone(), until)))
+        .collect();
+    let mut restarts = 0;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let restarted = tokio::task::spawn_blocking(|| cluster.restart())
+            .await
+            .unwrap();
+        assert!(restarted, "pg_ctl restart failed");
+        restarts += 1;
+    }
+    let mut told = Vec::new();
+    for task in tasks {
+        told.push(task.await.unwrap());
+    }
+    serving.signal(Signal::SIGTERM);
+    let status = serving.exited_within(PATIENCE).expect("exited");
+    let stderr = serving.stderr_text();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.code(), Some(143), "{stderr}");
+
+    let (mut announced, mut failed, mut refused) = (0, 0, 0);
+    for client in &told {
+        let out = sandbox.run_command(sandbox.command_default_db(&[
+            "--db",
+            &pg.url,
+            "show",
+            &client.id.to_string(),
+            "--json",
+        ]));
+        settle_tests::assert_success(&out, "settle show --json");
+        let detail = settle_tests::parse_json(&out.stdout);
+        let stored: Vec<&Value> = detail["turns"].as_array().unwrap().iter().collect();
+        for turn in &stored {
+            assert!(
+                turn["outcome"].is_string() && turn["outcome"] != "interrupted",
+                "session {}: a turn left open or interrupted: {turn}",
+                client.id
+            );
+        }
+        for (no, outcome) in &client.turns {
+            let row = stored.iter().find(|t| t["no"] == *no).unwrap_or_else(|| {
+                panic!("session {}: announced turn {no} is not stored", client.id)
+            });
+            assert_eq!(
+                row["outcome"], outcome.as_str(),
+                "session {}: turn {no} as told and as stored",
+                client.id
+            );
+            announced += 1;
+            failed += usize::from(outcome != "completed");
+        }
+        refused += client.refused;
+        assert_eq!(detail["session"]["end_reason"], "user_close", "{detail:#}");
+    }
+    eprintln!(
+        "soak: {clients} clients, {secs} s, {restarts} restarts: {announced} turns announced \
+         and stored as told ({failed} told failed), {refused} starts refused while the server was down"
+    );
 }
