@@ -1,6 +1,6 @@
 //! The store blips under `settle serve` and comes back: a SQLite database
 //! locked by another process for longer than the busy timeout while a turn
-//! ends; a PostgreSQL server restarted every few seconds under hundreds of
+//! ends; a full disk freed again; a PostgreSQL server restarted every few seconds under hundreds of
 //! clients. A transient failure fails the writes it covers, loudly, and
 //! then the store heals: every session goes on, what a client was told is
 //! what the store holds, and no turn is left open in it.
@@ -212,7 +212,10 @@ struct Told {
 async fn soak_client(addr: String, until: tokio::time::Instant) -> Told {
     let mut client = connect(&addr).await;
     let id = loop {
-        match client.call("session.create", json!({ "name": "soak" })).await {
+        match client
+            .call("session.create", json!({ "name": "soak" }))
+            .await
+        {
             Ok(v) => break v["id"].as_u64().unwrap(),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
@@ -231,7 +234,8 @@ async fn soak_client(addr: String, until: tokio::time::Instant) -> Told {
                 let no = v["turn"].as_u64().unwrap();
                 let (_, end) = client.turn(id).await;
                 assert_eq!(end["turn"], no, "{end}");
-                told.turns.push((no, end["outcome"].as_str().unwrap().to_owned()));
+                told.turns
+                    .push((no, end["outcome"].as_str().unwrap().to_owned()));
             }
             Err(_) => {
                 told.refused += 1;
@@ -336,7 +340,8 @@ async fn g7_a_gateway_on_a_postgresql_restarted_every_few_seconds_loses_no_annou
                 panic!("session {}: announced turn {no} is not stored", client.id)
             });
             assert_eq!(
-                row["outcome"], outcome.as_str(),
+                row["outcome"],
+                outcome.as_str(),
                 "session {}: turn {no} as told and as stored",
                 client.id
             );
@@ -350,4 +355,120 @@ async fn g7_a_gateway_on_a_postgresql_restarted_every_few_seconds_loses_no_annou
         "soak: {clients} clients, {secs} s, {restarts} restarts: {announced} turns announced \
          and stored as told ({failed} told failed), {refused} starts refused while the server was down"
     );
+}
+
+/// A full disk under twenty sessions mid-turn, freed again: every session
+/// takes turns again afterwards, each is stored, and what every client was
+/// told of the turns the full disk met is what the store holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_full_disk_freed_again_leaves_every_session_usable() {
+    if !common::is_root() {
+        common::skip("disk-full fault", "mounting a tmpfs needs root");
+        return;
+    }
+    let fs = match common::Tmpfs::mount("8m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED: disk-full fault: {why} ***\n");
+            return;
+        }
+    };
+    let sandbox = Sandbox::new();
+    let db = fs.path().join("settle.db");
+    let db = db.to_str().unwrap().to_owned();
+    let (mut serving, addr) = serve(&sandbox, Some(&db));
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        let mut client = connect(&addr).await;
+        let id = create(&mut client, "full").await;
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "long" }))
+            .await;
+        assert_eq!(client.expect("turn.chunk").await["text"], "l1");
+        clients.push((client, id));
+    }
+    // Each client reads on its own (so it answers the gateway's keepalive):
+    // the end of its first turn, which meets the full disk, then, once
+    // space is back, a turn that completes.
+    let (freed, space_back) = tokio::sync::watch::channel(false);
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|(mut client, id)| {
+            let mut space_back = space_back.clone();
+            tokio::spawn(async move {
+                let first = ended(&mut client).await;
+                space_back.wait_for(|back| *back).await.unwrap();
+                let after = tokio::time::Instant::now() + PATIENCE;
+                loop {
+                    match client
+                        .call("turn.start", json!({ "id": id, "prompt": "short" }))
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(e) => {
+                            assert!(
+                                tokio::time::Instant::now() < after,
+                                "session {id} unusable once space came back: {e}"
+                            );
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+                assert_eq!(ended(&mut client).await["outcome"], "completed");
+                client.ok("session.close", json!({ "id": id })).await;
+                (id, first)
+            })
+        })
+        .collect();
+    let filler = fs.path().join("filler");
+    let filled = tokio::task::spawn_blocking({
+        let filler = filler.clone();
+        move || common::fill(&filler)
+    })
+    .await
+    .unwrap();
+    assert!(filled > 0);
+    // The turns stream on (1 s more) against the full disk.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    std::fs::remove_file(&filler).unwrap();
+    freed.send(true).unwrap();
+    let mut told = Vec::new();
+    for task in tasks {
+        told.push(task.await.unwrap());
+    }
+    let met = told
+        .iter()
+        .filter(|(_, t)| t["outcome"] != "completed")
+        .count();
+    eprintln!(
+        "full disk: {met} of {} first turns told they failed",
+        told.len()
+    );
+    assert!(met > 0, "the full disk failed nothing: {told:?}");
+    serving.signal(Signal::SIGTERM);
+    let status = serving.exited_within(PATIENCE).expect("exited");
+    let stderr = serving.stderr_text();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    for (id, first) in &told {
+        let out = sandbox.run_command(sandbox.command_default_db(&[
+            "--db",
+            &db,
+            "show",
+            &id.to_string(),
+            "--json",
+        ]));
+        settle_tests::assert_success(&out, "settle show --json");
+        let detail = settle_tests::parse_json(&out.stdout);
+        let turns = detail["turns"].as_array().unwrap();
+        assert_eq!(turns[0]["outcome"], first["outcome"], "{detail:#}");
+        assert_eq!(turns.last().unwrap()["outcome"], "completed", "{detail:#}");
+        for turn in turns {
+            assert!(
+                turn["outcome"].is_string() && turn["outcome"] != "interrupted",
+                "a turn left open or interrupted: {detail:#}"
+            );
+        }
+        assert_eq!(detail["session"]["end_reason"], "user_close", "{detail:#}");
+    }
 }

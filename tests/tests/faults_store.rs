@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -319,62 +319,13 @@ fn sqlite_made_read_only_mid_run() {
 
 // --- disk full -------------------------------------------------------------------
 
-/// A tmpfs of `size` mounted on a fresh folder, unmounted on drop.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Result<Tmpfs, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mounting a tmpfs was refused: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(Tmpfs(dir))
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
-    }
-}
-
-/// Fills the file system holding `path` until a write fails.
-fn fill(path: &Path) -> u64 {
-    let mut file = std::fs::File::create(path).unwrap();
-    let block = vec![0u8; 16 * 1024];
-    let mut written = 0u64;
-    while file.write_all(&block).is_ok() {
-        written += block.len() as u64;
-    }
-    // Whatever is left is smaller than a block: take it byte by byte.
-    while file.write_all(&[0]).is_ok() && file.flush().is_ok() {
-        written += 1;
-        if written & 4095 == 0 && file.sync_all().is_err() {
-            break;
-        }
-    }
-    written
-}
-
 #[test]
 fn sqlite_disk_full_mid_run() {
     if !common::is_root() {
         common::skip("disk-full fault", "mounting a tmpfs needs root");
         return;
     }
-    let fs = match Tmpfs::mount("4m") {
+    let fs = match common::Tmpfs::mount("4m") {
         Ok(fs) => fs,
         Err(why) => {
             // Mount privileges are not something CI can be asked for.
@@ -390,7 +341,7 @@ fn sqlite_disk_full_mid_run() {
     let run = Running::start(&db, &file, &[]);
     assert!(run.wait_for_line("persisted turn 1 chunk 1", Duration::from_secs(10)));
     let filler = fs.path().join("filler");
-    let filled = fill(&filler);
+    let filled = common::fill(&filler);
     // Writes fail while the disk is full...
     let before = run.count_lines("STORE ERROR");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
@@ -1015,4 +1015,55 @@ impl Drop for SqliteLock {
     fn drop(&mut self) {
         self.quit();
     }
+}
+
+// --- disk full -------------------------------------------------------------------
+
+/// A tmpfs of `size` mounted on a fresh folder, unmounted on drop.
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(size: &str) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mounting a tmpfs was refused: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+/// Fills the file system holding `path` until a write fails.
+pub fn fill(path: &Path) -> u64 {
+    let mut file = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 16 * 1024];
+    let mut written = 0u64;
+    while file.write_all(&block).is_ok() {
+        written += block.len() as u64;
+    }
+    // Whatever is left is smaller than a block: take it byte by byte.
+    while file.write_all(&[0]).is_ok() && file.flush().is_ok() {
+        written += 1;
+        if written & 4095 == 0 && file.sync_all().is_err() {
+            break;
+        }
+    }
+    written
 }
