@@ -406,6 +406,19 @@ async fn g8_a_lost_lease_stops_the_kernel_and_cancels_its_work() {
 
     let report = kernel.shutdown(Duration::ZERO).await;
     assert!(report.lease_lost, "{report:?}");
+    // Its handles and subscribers are told what the store will hold once
+    // a peer recovers the sessions: `recovered`, not `shutdown`.
+    let told = finalized(&drain(&mut events));
+    assert_eq!(
+        sorted(told.iter().map(|(id, _)| *id).collect()),
+        vec![idle.id(), busy.id()],
+        "{told:?}"
+    );
+    assert!(
+        told.iter()
+            .all(|(_, reason)| *reason == EndReason::Recovered),
+        "{told:?}"
+    );
     assert_eq!(
         sorted(report.left_recoverable.clone()),
         vec![idle.id(), busy.id()],
