@@ -599,7 +599,7 @@ impl Driver {
                 let _ = self.recorder.send(Record::StartTurn {
                     work,
                     at,
-                    input: Some(work::input_json(&request)),
+                    input: Some(settle_store::TurnInput::whole(work::input_json(&request))),
                     done: started_tx,
                     announce,
                 });
