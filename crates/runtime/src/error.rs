@@ -40,9 +40,9 @@ pub enum RuntimeError {
     /// ([`Config::max_prompt_bytes`](crate::Config::max_prompt_bytes),
     /// [`Config::max_history_bytes`](crate::Config::max_history_bytes)): it
     /// was refused before anything was sent or written.
-    #[error("the turn's {what} is {size} bytes, over the limit of {limit} bytes ({setting}); nothing was sent or written")]
+    #[error("{what} is {size} bytes, over the limit of {limit} bytes ({setting}); nothing was sent or written")]
     TooLarge {
-        /// What is too large: `a message` or `request`.
+        /// What is too large: `a message of the turn` or `the turn's whole request`.
         what: &'static str,
         /// The setting that limits it: `max_prompt_bytes` or `max_history_bytes`.
         setting: &'static str,

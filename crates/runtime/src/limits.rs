@@ -33,7 +33,7 @@ impl InputLimits {
             let size = bytes(message);
             if let Some(limit) = self.prompt.filter(|&limit| size > limit) {
                 return Err(RuntimeError::TooLarge {
-                    what: "a message",
+                    what: "a message of the turn",
                     setting: "max_prompt_bytes",
                     size,
                     limit,
@@ -43,7 +43,7 @@ impl InputLimits {
         }
         match self.history.filter(|&limit| total > limit) {
             Some(limit) => Err(RuntimeError::TooLarge {
-                what: "request",
+                what: "the turn's whole request",
                 setting: "max_history_bytes",
                 size: total,
                 limit,
