@@ -805,3 +805,32 @@ fn show_and_export_give_reasoning_tool_calls_and_usage_as_what_they_are() {
         }
     }
 }
+
+/// A prompt over `--max-prompt-bytes` is refused before anything is sent or
+/// written, in one line naming the limit; the chat goes on without it.
+#[test]
+fn g11_a_prompt_over_the_size_limit_is_refused_and_the_chat_goes_on() {
+    let server = Server::start(vec![Answer::Events(texts(&["fine"]))]);
+    let sandbox = Sandbox::new();
+    let url = server.base_url();
+    let mut chat = start_chat(&sandbox, &url, &["--max-prompt-bytes", "16"]);
+    say(&mut chat, "this prompt is far too long to send");
+    say(&mut chat, "short");
+    let stderr = end_chat(chat);
+    assert!(
+        stderr.contains("over the limit of 16 bytes (max_prompt_bytes)"),
+        "{stderr}"
+    );
+    // The refused prompt was never sent, nor kept in the history.
+    assert_eq!(
+        messages(&server.request(0)),
+        conversation(&[("user", "short")])
+    );
+    let shown = sandbox.show(session_ids(&sandbox)[0]);
+    let turns = shown["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 1, "{shown}");
+    assert_eq!(
+        turns[0]["input"],
+        json!([{"role": "user", "content": "short"}])
+    );
+}

@@ -24,6 +24,7 @@ use settle_store::{SessionStore, Store, StoreError};
 use settle_stream::{Message, Provider, Request, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::input_limits::InputLimitArgs;
 use crate::model_server::ModelServerArgs;
 use crate::{exit, open_existing_store, open_store, Failure};
 
@@ -32,6 +33,8 @@ use crate::{exit, open_existing_store, open_store, Failure};
 pub struct ChatArgs {
     #[command(flatten)]
     server: ModelServerArgs,
+    #[command(flatten)]
+    limits: InputLimitArgs,
     /// How long the server may be silent mid-reply before the turn times out.
     #[arg(long, value_parser = crate::duration::parse, default_value = "60s")]
     idle_timeout: Duration,
@@ -79,7 +82,9 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         (open_store(db)?, None)
     };
     let store: Arc<dyn SessionStore> = Arc::new(store);
-    let kernel = Kernel::builder(store)
+    let kernel = args
+        .limits
+        .apply(Kernel::builder(store))
         .idle_timeout(Some(args.idle_timeout))
         .drain_timeout(args.drain_timeout)
         .start()

@@ -90,7 +90,7 @@ pub fn markdown(detail: &SessionDetail) -> String {
         let _ = writeln!(out, "- **finalize steps that failed:** {}", inline(errors));
     }
     let mut previous: Option<(Vec<InputMessage>, String)> = None;
-    for turn in &detail.turns {
+    for (turn, input) in detail.turns.iter().zip(transcript::inputs(&detail.turns)) {
         let _ = writeln!(
             out,
             "\n## Turn {}\n\n_Started {}, {}._",
@@ -102,7 +102,7 @@ pub fn markdown(detail: &SessionDetail) -> String {
             ))
         );
         let reply = transcript::reply(turn);
-        if let Some(input) = transcript::input(turn) {
+        if let Some(input) = input {
             let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
             for message in transcript::new_messages(before, &input) {
                 let _ = writeln!(
@@ -241,6 +241,13 @@ enum TurnEvent<'a> {
 pub fn json_lines(detail: &SessionDetail) -> String {
     let id = detail.session.id.get();
     let mut lines = vec![Line::Session(detail.session.to_json())];
+    // What each turn was sent, rebuilt from what each added, by number.
+    let mut inputs: std::collections::HashMap<u32, Option<Vec<InputMessage>>> = detail
+        .turns
+        .iter()
+        .map(|t| t.no)
+        .zip(transcript::inputs(&detail.turns))
+        .collect();
     for event in in_order(&detail.timeline, &detail.turns) {
         lines.push(match event {
             Either::Transition(row) => Line::Transition {
@@ -254,7 +261,7 @@ pub fn json_lines(detail: &SessionDetail) -> String {
                 session: id,
                 turn: turn.no,
                 at: rfc3339(turn.started_at),
-                messages: transcript::input(turn),
+                messages: inputs.remove(&turn.no).flatten(),
             },
             Either::Turn(TurnEvent::Chunk(turn, seq, chunk)) => Line::Chunk {
                 session: id,
@@ -440,7 +447,9 @@ mod tests {
         let mut detail = detail();
         detail.session.resumed_from = Some(SessionId(3));
         let turn = &mut detail.turns[0];
-        turn.input = Some(json!([{"role": "user", "content": "hi"}]));
+        turn.input = Some(settle_store::TurnInput::whole(
+            json!([{"role": "user", "content": "hi"}]),
+        ));
         let structured = |seq, kind, data| settle_store::ChunkRow {
             seq,
             kind,
@@ -506,6 +515,68 @@ mod tests {
             .unwrap();
         assert_eq!(failed["outcome"], "failed");
         assert_eq!(failed["error"]["kind"], "connect");
+    }
+
+    /// `detail()` as a chat of two turns stores it: whole, then as added
+    /// (`new_format`), or both whole as before additions were kept.
+    fn chat(new_format: bool) -> SessionDetail {
+        use serde_json::json;
+        use settle_store::TurnInput;
+        let mut detail = detail();
+        let calls = json!([{"id": "c1", "function": {"name": "scan"}}]);
+        let first =
+            json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
+        let added = json!([
+            {"role": "user", "content": "scan it"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "22 open", "tool_call_id": "c1"},
+        ]);
+        let mut whole = first.as_array().unwrap().clone();
+        whole.push(json!({"role": "assistant", "content": "Hi there!"}));
+        whole.extend(added.as_array().unwrap().iter().cloned());
+        detail.turns[0].input = Some(TurnInput::whole(first));
+        detail.turns[1].input = Some(if new_format {
+            TurnInput::added(3, added)
+        } else {
+            TurnInput::whole(Value::Array(whole))
+        });
+        detail
+    }
+
+    #[test]
+    fn a_conversation_stored_as_additions_prints_as_one_stored_whole() {
+        let (new, old) = (chat(true), chat(false));
+        assert_eq!(json_lines(&new), json_lines(&old));
+        assert_eq!(markdown(&new), markdown(&old));
+        assert_eq!(
+            crate::output::show_json(&new),
+            crate::output::show_json(&old)
+        );
+        assert_eq!(
+            crate::output::show_text(&new),
+            crate::output::show_text(&old)
+        );
+        let lines: Vec<Value> = json_lines(&new)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let inputs: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["event"] == "turn_input")
+            .map(|l| &l["messages"])
+            .collect();
+        // The second turn was sent everything, its tool round trip kept.
+        let second = inputs[1].as_array().unwrap();
+        assert_eq!(second.len(), 6);
+        assert_eq!(second[2]["content"], "Hi there!");
+        assert_eq!(second[4]["tool_calls"][0]["id"], "c1");
+        assert_eq!(second[5]["tool_call_id"], "c1");
+        assert!(second[0].get("tool_calls").is_none());
+        // The Markdown shows each message once: the second turn's new ones.
+        let md = markdown(&new);
+        assert_eq!(md.matches("**user:**\n\nhi\n").count(), 1, "{md}");
+        assert!(md.contains("**user:**\n\nscan it\n"), "{md}");
+        assert!(md.contains("**tool:**\n\n22 open\n"), "{md}");
     }
 
     #[test]

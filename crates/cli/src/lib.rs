@@ -33,6 +33,7 @@ pub mod display;
 pub mod duration;
 pub mod escape;
 pub mod export;
+pub mod input_limits;
 pub mod listing;
 pub mod live;
 pub mod model_server;

@@ -73,14 +73,15 @@ impl<'a> From<&'a ChunkRow> for ChunkJson<'a> {
     }
 }
 
-impl<'a> From<&'a TurnRow> for TurnJson<'a> {
-    fn from(turn: &'a TurnRow) -> Self {
+impl<'a> TurnJson<'a> {
+    /// `turn`, which was sent `input`.
+    fn new(turn: &'a TurnRow, input: Option<Vec<InputMessage>>) -> Self {
         TurnJson {
             no: turn.no,
             outcome: turn.outcome.map(|o| o.as_str()),
             started_at: rfc3339(turn.started_at),
             ended_at: turn.ended_at.map(rfc3339),
-            input: transcript::input(turn),
+            input,
             text: transcript::text(turn),
             error: transcript::error(turn),
             chunks: turn.chunks.iter().map(ChunkJson::from).collect(),
@@ -142,7 +143,12 @@ pub fn run_json(exit: i32, rows: &[SessionRow]) -> String {
 pub fn show_json(detail: &SessionDetail) -> String {
     to_json(&ShowJson {
         session: detail.session.to_json(),
-        turns: detail.turns.iter().map(TurnJson::from).collect(),
+        turns: detail
+            .turns
+            .iter()
+            .zip(transcript::inputs(&detail.turns))
+            .map(|(turn, input)| TurnJson::new(turn, input))
+            .collect(),
         timeline: detail.timeline.iter().map(TimelineJson::from).collect(),
     })
 }
@@ -450,7 +456,7 @@ pub fn show_text(detail: &SessionDetail) -> String {
         out.push_str("\nno turns\n");
     }
     let mut previous: Option<(Vec<InputMessage>, String)> = None;
-    for turn in &detail.turns {
+    for (turn, input) in detail.turns.iter().zip(transcript::inputs(&detail.turns)) {
         let took = turn
             .ended_at
             .and_then(|end| end.duration_since(turn.started_at).ok())
@@ -463,7 +469,7 @@ pub fn show_text(detail: &SessionDetail) -> String {
             rfc3339(turn.started_at)
         ));
         let reply = transcript::reply(turn);
-        if let Some(input) = transcript::input(turn) {
+        if let Some(input) = input {
             let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
             for message in transcript::new_messages(before, &input) {
                 out.push_str(&format!("  {}:\n", message.role));
@@ -583,7 +589,9 @@ mod tests {
                 outcome: Some(settle_store::Outcome::Failed),
                 started_at: at(1),
                 ended_at: Some(at(5)),
-                input: Some(json!([{"role": "user", "content": "weather?"}])),
+                input: Some(settle_store::TurnInput::whole(
+                    json!([{"role": "user", "content": "weather?"}]),
+                )),
                 error: Some(TurnError::new(
                     TurnErrorKind::HttpStatus,
                     "HTTP 500 Internal Server Error from http://x/v1/chat/completions: busy",

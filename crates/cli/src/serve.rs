@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use settle_cli::input_limits::InputLimitArgs;
 use settle_cli::model_server::ModelServerArgs;
 use settle_cli::{duration, exit, open_store, outln, shutdown, Failure};
 use settle_gateway::{Gateway, ScriptBook, Tls, Tokens};
@@ -34,6 +35,8 @@ pub struct ServeArgs {
     listen: SocketAddr,
     #[command(flatten)]
     server: ModelServerArgs,
+    #[command(flatten)]
+    limits: InputLimitArgs,
     /// How long a session may have no client attached before it is reaped (once idle).
     #[arg(long, value_parser = duration::parse, default_value = "60s")]
     orphan_grace: Duration,
@@ -114,7 +117,9 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .local_addr()
         .map_err(|e| Failure::bad_input(format!("cannot listen on {}: {e}", args.listen)))?;
     let store: Arc<dyn settle_store::SessionStore> = Arc::new(open_store(db)?);
-    let kernel = Kernel::builder(store)
+    let kernel = args
+        .limits
+        .apply(Kernel::builder(store))
         .orphan_grace(args.orphan_grace)
         .idle_ttl(Some(args.idle_ttl).filter(|ttl| !ttl.is_zero()))
         .lru_cap(Some(

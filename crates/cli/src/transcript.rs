@@ -2,10 +2,12 @@
 //! as one flowing text, what else the model sent (reasoning, tool calls,
 //! usage: [`Reply`]), how it ended and, for a failed turn, why.
 //!
-//! [`input`], [`error`] and [`reply`] are the one place that reads a turn's
-//! input, error and output from the store's rows; a turn written before the
-//! store kept input and error has none: `show` and `export md` leave them
-//! out, `show --json` and `export jsonl` give null.
+//! [`inputs`], [`error`] and [`reply`] are the one place that reads a turn's
+//! input, error and output from the store's rows. The store keeps what each
+//! turn added to the conversation; [`inputs`] rebuilds what each was sent.
+//! A turn written before the store kept input and error has none: `show`
+//! and `export md` leave them out, `show --json` and `export jsonl` give
+//! null.
 //!
 //! ```
 //! use settle_cli::transcript::{new_messages, InputMessage};
@@ -22,15 +24,23 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use settle_store::{ChunkKind, ChunkRow, TurnRow};
+use settle_store::{ChunkKind, ChunkRow, Conversation, TurnRow};
 
-/// One message of a turn's input: who wrote it and what it says.
+/// One message of a turn's input: who wrote it and what it says, and for
+/// a tool call's round trip, the calls an assistant message made or the
+/// call a tool message answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InputMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// What it says.
     pub content: String,
+    /// The tool calls of an assistant message, as the provider's JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    /// The call a tool message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl InputMessage {
@@ -39,6 +49,21 @@ impl InputMessage {
         InputMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// A message as the store keeps it (`{role, content, ...}`).
+    fn from_json(message: &Value) -> Self {
+        let text = |key: &str| message.get(key).and_then(Value::as_str);
+        InputMessage {
+            tool_calls: message.get("tool_calls").filter(|v| !v.is_null()).cloned(),
+            tool_call_id: text("tool_call_id").map(str::to_owned),
+            ..InputMessage::new(
+                text("role").unwrap_or_default(),
+                text("content").unwrap_or_default(),
+            )
         }
     }
 }
@@ -53,19 +78,18 @@ pub struct TurnFailure {
     pub message: String,
 }
 
-/// The messages sent to the provider for `turn`, where the store keeps them
-/// (a JSON array of `{role, content, ...}`, as the runtime serializes them).
-pub fn input(turn: &TurnRow) -> Option<Vec<InputMessage>> {
-    let messages = turn.input.as_ref()?.as_array()?;
-    Some(
-        messages
-            .iter()
-            .map(|m| {
-                let text = |key: &str| m.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-                InputMessage::new(text("role"), text("content"))
-            })
-            .collect(),
-    )
+/// The messages each of `turns` (a session's, in order) sent to the
+/// provider, rebuilt from what each added to the conversation; `None` for a
+/// turn whose input the store does not keep.
+pub fn inputs(turns: &[TurnRow]) -> Vec<Option<Vec<InputMessage>>> {
+    let mut conversation = Conversation::new();
+    turns
+        .iter()
+        .map(|turn| {
+            let sent = conversation.turn(turn)?;
+            Some(sent.iter().map(InputMessage::from_json).collect())
+        })
+        .collect()
 }
 
 /// Why `turn` failed, where the store keeps it.
@@ -218,8 +242,9 @@ pub fn usage_line(usage: &Value) -> String {
 
 /// What `input` adds to the conversation after the turn before it: a chat
 /// sends its whole history with each turn, so when `input` begins with the
-/// previous turn's input and then its reply (`previous`), only the rest is
-/// new. Otherwise all of `input` is.
+/// previous turn's input (`previous`), only the rest is new, less that
+/// turn's reply when it comes next as it was given. Otherwise all of
+/// `input` is.
 pub fn new_messages<'a>(
     previous: Option<(&[InputMessage], &str)>,
     input: &'a [InputMessage],
@@ -228,14 +253,13 @@ pub fn new_messages<'a>(
         return input;
     };
     let history = before.len();
-    let continues = input.len() > history
-        && input[..history] == *before
-        && input[history].role == "assistant"
-        && input[history].content == reply;
-    if continues {
-        &input[history + 1..]
-    } else {
-        input
+    if input.len() <= history || input[..history] != *before {
+        return input;
+    }
+    let rest = &input[history..];
+    match rest.first() {
+        Some(next) if *next == InputMessage::new("assistant", reply) => &rest[1..],
+        _ => rest,
     }
 }
 
@@ -348,13 +372,21 @@ mod tests {
     }
 
     #[test]
-    fn a_history_that_does_not_match_the_reply_is_shown_whole() {
+    fn a_reply_kept_in_other_words_or_dropped_is_shown_as_sent() {
         let earlier = [user("hi")];
         let later = [
             user("hi"),
             InputMessage::new("assistant", "edited"),
             user("and?"),
         ];
-        assert_eq!(new_messages(Some((&earlier, "hello")), &later), &later);
+        assert_eq!(new_messages(Some((&earlier, "hello")), &later), &later[1..]);
+        // A failed reply dropped: the prompts after the earlier input.
+        let retried = [user("hi"), user("hi again")];
+        assert_eq!(
+            new_messages(Some((&earlier, "hel")), &retried),
+            &retried[1..]
+        );
+        let other = [user("something else")];
+        assert_eq!(new_messages(Some((&earlier, "hello")), &other), &other);
     }
 }

@@ -32,7 +32,8 @@ pub enum ErrorKind {
     /// store failed or did not answer in time. Nothing was acknowledged.
     Internal,
     /// A limit of the gateway refuses it: the principal has its maximum of
-    /// live sessions. Nothing was written.
+    /// live sessions, or a turn's prompt or history is over its size limit
+    /// (`--max-prompt-bytes`, `--max-history-bytes`). Nothing was written.
     OverCapacity,
     /// The connection sends requests faster than its rate: this one was not
     /// carried out; send it again a little later.
@@ -141,6 +142,7 @@ impl RpcError {
                 (code::WRONG_STATE, ErrorKind::WrongState)
             }
             R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
+            R::TooLarge { .. } => (code::OVER_CAPACITY, ErrorKind::OverCapacity),
             // Store failures, and whatever a later runtime adds.
             _ => (code::INTERNAL, ErrorKind::Internal),
         };

@@ -47,7 +47,24 @@ pub struct Config {
     pub lease_ttl: Duration,
     /// Run recovery for sessions of dead owners when the kernel starts.
     pub recover_on_start: bool,
+    /// The largest one message of a turn's request may be, in bytes (its
+    /// content, and its tool calls as JSON); a turn with a larger one is
+    /// refused with [`RuntimeError::TooLarge`](crate::RuntimeError::TooLarge)
+    /// before anything is sent or written. `None` for no limit. Default
+    /// 1 MiB, the gateway's frame limit.
+    pub max_prompt_bytes: Option<usize>,
+    /// The largest a turn's whole request may be, in bytes (every message,
+    /// counted as for `max_prompt_bytes`): a conversation that outgrows it
+    /// is refused the same way, before anything is sent or written. `None`
+    /// for no limit. Default 16 MiB, far above any model's context window.
+    pub max_history_bytes: Option<usize>,
 }
+
+/// The default of [`Config::max_prompt_bytes`]: 1 MiB.
+pub const DEFAULT_MAX_PROMPT_BYTES: usize = 1 << 20;
+
+/// The default of [`Config::max_history_bytes`]: 16 MiB.
+pub const DEFAULT_MAX_HISTORY_BYTES: usize = 16 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -62,6 +79,8 @@ impl Default for Config {
             hook_concurrency: 64,
             lease_ttl: Duration::from_secs(30),
             recover_on_start: false,
+            max_prompt_bytes: Some(DEFAULT_MAX_PROMPT_BYTES),
+            max_history_bytes: Some(DEFAULT_MAX_HISTORY_BYTES),
         }
     }
 }
@@ -99,6 +118,10 @@ macro_rules! settings {
             lease_ttl: Duration => lease_ttl;
             /// Recover the sessions of dead owners when the kernel starts.
             recover_on_start: bool => recover_on_start;
+            /// The largest one message of a turn may be, in bytes; `None` for no limit.
+            max_prompt_bytes: Option<usize> => max_prompt_bytes;
+            /// The largest a turn's whole request may be, in bytes; `None` for no limit.
+            max_history_bytes: Option<usize> => max_history_bytes;
         }
     };
 }

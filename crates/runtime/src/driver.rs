@@ -596,10 +596,17 @@ impl Driver {
                 let (started_tx, started) = oneshot::channel();
                 let (announce, announced) = oneshot::channel();
                 let at = self.clock.wall(self.now);
+                // Only what the turn adds to the conversation is stored.
+                let input = {
+                    let mut sent = shared.sent();
+                    let (input, next) = crate::sent::split(sent.as_deref(), &request.messages);
+                    *sent = Some(Box::new(next));
+                    input
+                };
                 let _ = self.recorder.send(Record::StartTurn {
                     work,
                     at,
-                    input: Some(work::input_json(&request)),
+                    input: Some(input),
                     done: started_tx,
                     announce,
                 });

@@ -36,6 +36,21 @@ pub enum RuntimeError {
     /// Every active-session slot is taken.
     #[error("all {0} active-session slots are taken; wait for a session to be finalized or configure more slots")]
     NoSlot(usize),
+    /// A turn's request is over a size limit
+    /// ([`Config::max_prompt_bytes`](crate::Config::max_prompt_bytes),
+    /// [`Config::max_history_bytes`](crate::Config::max_history_bytes)): it
+    /// was refused before anything was sent or written.
+    #[error("{what} is {size} bytes, over the limit of {limit} bytes ({setting}); nothing was sent or written")]
+    TooLarge {
+        /// What is too large: `a message of the turn` or `the turn's whole request`.
+        what: &'static str,
+        /// The setting that limits it: `max_prompt_bytes` or `max_history_bytes`.
+        setting: &'static str,
+        /// Its size, in bytes.
+        size: usize,
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// The runtime's driver has stopped (after shutdown, or it was dropped).
     #[error("the runtime has shut down; no further requests are accepted")]
     Stopped,

@@ -17,6 +17,7 @@ use crate::error::RuntimeError;
 use crate::event::LifecycleEvent;
 use crate::hook::{HookRunner, SessionEndHook};
 use crate::ids::{IdBlock, BLOCK};
+use crate::limits::InputLimits;
 use crate::recorder::Recorder;
 use crate::report::ShutdownReport;
 use crate::tracked::Tracked;
@@ -128,6 +129,7 @@ impl KernelBuilder {
             events.clone(),
         ));
         let drain = config.drain_timeout;
+        let limits = InputLimits::of(&config);
         let driver = Driver::new(
             config,
             Channels {
@@ -162,6 +164,7 @@ impl KernelBuilder {
                 failures,
                 drain,
                 store_timeout: bound,
+                limits,
                 store,
                 owner,
                 last_report,
@@ -181,6 +184,8 @@ struct Inner {
     failures: Arc<AtomicUsize>,
     drain: Duration,
     store_timeout: Duration,
+    /// The size limits of a turn's request.
+    limits: InputLimits,
     store: Arc<dyn SessionStore>,
     owner: OwnerId,
     /// The report of the shutdown, once it completed (a shutdown the kernel
@@ -273,6 +278,11 @@ impl Kernel {
     /// The store, for the kernel's methods that read it in other files.
     pub(crate) fn store(&self) -> &Arc<dyn SessionStore> {
         &self.inner.store
+    }
+
+    /// The size limits of a turn's request.
+    pub(crate) fn limits(&self) -> InputLimits {
+        self.inner.limits
     }
 
     /// The bound of a call to the store.

@@ -32,7 +32,7 @@ pub(crate) enum Record {
     StartTurn {
         work: WorkId,
         at: SystemTime,
-        input: Option<serde_json::Value>,
+        input: Option<settle_store::TurnInput>,
         done: oneshot::Sender<Result<(), StoreError>>,
         announce: oneshot::Sender<Result<(), StoreError>>,
     },

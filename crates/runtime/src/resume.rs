@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use settle_core::{Outcome, SessionId, State};
-use settle_store::SessionDetail;
-use settle_stream::{Message, Role};
+use settle_store::{Conversation, SessionDetail};
+use settle_stream::Message;
 
 use crate::command::Command;
 use crate::error::RuntimeError;
@@ -22,15 +22,16 @@ pub struct Resumed {
     pub session: SessionHandle,
     /// The session it continues.
     pub from: SessionId,
-    /// The messages of the earlier session, oldest first: the last turn's
-    /// input, then its reply unless the turn failed.
+    /// The messages of the earlier session, oldest first: what its last
+    /// turn was sent, then its reply unless the turn failed.
     pub history: Vec<Message>,
 }
 
-/// The conversation stored for `detail`: the input of its last turn that has
-/// one (a chat sends its whole history with each turn), then that turn's
-/// reply text, unless the turn failed (the prompt stays, the failed reply
-/// does not, as `settle chat` keeps it).
+/// The conversation stored for `detail`: what its last turn that has an
+/// input was sent, rebuilt from what each turn added (the store keeps a
+/// turn's additions, not the whole history again), then that turn's reply
+/// text, unless the turn failed (the prompt stays, the failed reply does
+/// not, as `settle chat` keeps it).
 ///
 /// # Errors
 /// [`RuntimeError::NotResumable`] when the session is not finalized: it may
@@ -44,20 +45,22 @@ pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeErr
             state: session.state,
         });
     }
-    let Some(last) = detail.turns.iter().rev().find(|t| t.input.is_some()) else {
+    let Some(last) = detail.turns.iter().rposition(|t| t.input.is_some()) else {
         return Ok(Vec::new());
     };
-    let mut messages: Vec<Message> = last
-        .input
-        .clone()
-        .and_then(|input| serde_json::from_value(input).ok())
-        .unwrap_or_default();
-    let reply = last.text();
-    let failed = matches!(last.outcome, Some(Outcome::Failed | Outcome::IdleTimeout));
-    if !failed && !reply.is_empty() {
-        messages.push(Message::new(Role::Assistant, reply));
+    let mut conversation = Conversation::new();
+    for turn in &detail.turns[..=last] {
+        let _ = conversation.turn(turn);
     }
-    Ok(messages)
+    let failed = matches!(
+        detail.turns[last].outcome,
+        Some(Outcome::Failed | Outcome::IdleTimeout)
+    );
+    Ok(conversation
+        .into_messages(!failed)
+        .into_iter()
+        .filter_map(|message| serde_json::from_value(message).ok())
+        .collect())
 }
 
 impl Kernel {

@@ -78,14 +78,26 @@ impl SessionHandle {
     /// chunk once the store has acknowledged it (G7); dropping it before its
     /// end cancels the turn.
     ///
+    /// Send `request` as the provider must see it: the whole conversation
+    /// (a chat's history and its new prompt), or a fresh prompt. The store
+    /// keeps only what the turn adds to the conversation: the messages after
+    /// what the previous turn was sent and its reply, when the request
+    /// begins with them (see [`TurnInput`](settle_store::TurnInput)); show,
+    /// export and [`Kernel::resume`] rebuild the rest.
+    ///
     /// # Errors
-    /// When the session is closing, finalized, a turn is already in flight,
-    /// the kernel is shutting down, or no slot is free.
+    /// [`RuntimeError::TooLarge`] when a message is over
+    /// [`max_prompt_bytes`](crate::Config::max_prompt_bytes) or the request
+    /// over [`max_history_bytes`](crate::Config::max_history_bytes), before
+    /// anything is sent or written; and when the session is closing,
+    /// finalized, a turn is already in flight, the kernel is shutting down,
+    /// or no slot is free.
     pub async fn run_turn(
         &self,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
     ) -> Result<Turn, RuntimeError> {
+        self.kernel.limits().check(&request)?;
         let session = self.id();
         let started = self
             .kernel

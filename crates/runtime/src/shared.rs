@@ -1,12 +1,13 @@
 //! What a session's handles share with the kernel: its identity, its end
 //! once the finalize plan has run, and its own stream of lifecycle events.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use settle_core::{EndReason, SessionId};
 use tokio::sync::{broadcast, Notify};
 
 use crate::event::LifecycleEvent;
+use crate::sent::Sent;
 
 /// How many events a session's subscribers may fall behind before they miss some.
 const SESSION_EVENTS: usize = 256;
@@ -27,6 +28,10 @@ pub(crate) struct SessionShared {
     finalized_waiters: Notify,
     /// The session's own events, created by its first subscriber.
     events: OnceLock<broadcast::Sender<LifecycleEvent>>,
+    /// What the store holds of its conversation, once it has run a turn
+    /// here: the driver sets it at a turn's start, the turn's work adds the
+    /// reply as it is persisted.
+    sent: Mutex<Option<Box<Sent>>>,
 }
 
 impl SessionShared {
@@ -52,6 +57,7 @@ impl SessionShared {
             finalized: OnceLock::new(),
             finalized_waiters: Notify::new(),
             events: OnceLock::new(),
+            sent: Mutex::new(None),
         })
     }
 
@@ -66,6 +72,12 @@ impl SessionShared {
         );
         shared.set_finalized(reason);
         shared
+    }
+
+    /// What the store holds of the session's conversation (see
+    /// [`sent`](crate::sent)).
+    pub fn sent(&self) -> MutexGuard<'_, Option<Box<Sent>>> {
+        self.sent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The end reason, if the finalize plan has run.

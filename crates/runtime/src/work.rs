@@ -125,11 +125,6 @@ pub(crate) struct TurnContext<'a> {
     pub tracker: &'a TaskTracker,
 }
 
-/// The messages sent to the provider, as the store keeps a turn's input.
-pub(crate) fn input_json(request: &Request) -> serde_json::Value {
-    serde_json::to_value(&request.messages).unwrap_or(serde_json::Value::Null)
-}
-
 /// Starts a turn's work; returns the driver's handle and what the caller's
 /// [`Turn`](crate::Turn) is made of.
 pub(crate) fn spawn_turn(
@@ -253,6 +248,10 @@ impl ChunkSink for Persisting {
                     "could not persist a chunk: the store did not answer within {after:?}"
                 )));
             }
+        }
+        if let (Some(text), Some(sent)) = (chunk.as_text(), self.shared.sent().as_mut()) {
+            // The reply as the store now has it, for the next turn's input.
+            sent.reply_text(text);
         }
         let seq = self.seq;
         self.seq += 1;

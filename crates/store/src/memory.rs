@@ -17,12 +17,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use serde_json::Value;
 use settle_core::{Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkAck, ChunkReceipt, NewChunk};
 use crate::error::StoreError;
+use crate::input::TurnInput;
 use crate::latch::{FinalizeReport, FinalizeRequest, Finalized};
 use crate::lease::{fence, OwnerId, OwnerInfo, OwnerRow};
 use crate::list::{ListOrder, SessionFilter};
@@ -136,7 +136,7 @@ struct TurnRec {
     started_at: i64,
     ended_at: Option<i64>,
     outcome: Option<Outcome>,
-    input: Option<Value>,
+    input: Option<TurnInput>,
     error: Option<TurnError>,
     chunks: Vec<ChunkRow>,
 }
@@ -349,7 +349,7 @@ impl Tables {
         &mut self,
         id: SessionId,
         no: u32,
-        input: Option<Value>,
+        input: Option<TurnInput>,
         at: SystemTime,
     ) -> Result<(), StoreError> {
         let row = self.owned_row(id)?;

@@ -11,6 +11,7 @@ use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError, Tu
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
+use crate::input::TurnInput;
 use crate::schema::{chunks, memories, sessions, timeline, turns};
 use crate::time::{from_millis, json_value, opt_word, session_id, sid, turn_no, word};
 
@@ -75,9 +76,11 @@ pub struct TurnRow {
     pub started_at: SystemTime,
     /// When it ended, once it has.
     pub ended_at: Option<SystemTime>,
-    /// The messages it sent to the provider, as given when it started (`None`
-    /// when none were recorded, as for turns written before inputs were kept).
-    pub input: Option<Value>,
+    /// What it sent to the provider, as the store keeps it: everything, or
+    /// the messages it added to the conversation ([`TurnInput`]; rebuild what
+    /// it was sent with [`Conversation`](crate::Conversation)). `None` when
+    /// none was recorded, as for turns written before inputs were kept.
+    pub input: Option<TurnInput>,
     /// Why it failed, when it did and the reason was given.
     pub error: Option<TurnError>,
     /// Its chunks, in order, text and structured.
@@ -206,7 +209,7 @@ type TurnColumns = (
     Option<String>,
     i64,
     Option<i64>,
-    Option<String>,
+    (Option<String>, Option<i64>),
     Option<String>,
     Option<String>,
 );
@@ -233,7 +236,7 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
                 turns::outcome,
                 turns::started_at,
                 turns::ended_at,
-                turns::input,
+                (turns::input, turns::input_from),
                 turns::error_kind,
                 turns::error_message,
             ))
@@ -279,7 +282,7 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
                     outcome: opt_word("turns.outcome", outcome.as_deref())?,
                     started_at: from_millis(started_at),
                     ended_at: ended_at.map(from_millis),
-                    input: json_value("turns.input", input)?,
+                    input: turn_input(input)?,
                     error: turn_error(error_kind, error_message)?,
                     chunks: by_turn.remove(&no).unwrap_or_default(),
                 })
@@ -296,6 +299,27 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
         timeline,
         finalize_errors: errors,
     })
+}
+
+/// A turn's input from its two columns: the messages stored, and where in
+/// the conversation they begin (NULL: they are all it was sent).
+fn turn_input(
+    (messages, from): (Option<String>, Option<i64>),
+) -> Result<Option<TurnInput>, StoreError> {
+    let Some(messages) = json_value("turns.input", messages)? else {
+        return Ok(None);
+    };
+    let continues = match from {
+        None => None,
+        Some(from) => Some(u32::try_from(from).map_err(|_| StoreError::Corrupt {
+            column: "turns.input_from",
+            value: from.to_string(),
+        })?),
+    };
+    Ok(Some(TurnInput {
+        messages,
+        continues,
+    }))
 }
 
 /// A turn's error from its two columns: a kind, and a message (empty if

@@ -5,7 +5,7 @@
 
 /// The schema version this build writes. A database that records a higher one
 /// was written by a newer settle and is refused on open.
-pub(crate) const SCHEMA_VERSION: i64 = 4;
+pub(crate) const SCHEMA_VERSION: i64 = 5;
 
 /// The `settle_meta` key that holds [`SCHEMA_VERSION`].
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -58,6 +58,7 @@ diesel::table! {
         ended_at -> Nullable<BigInt>,
         next_seq -> BigInt,
         input -> Nullable<Text>,
+        input_from -> Nullable<BigInt>,
         error_kind -> Nullable<Text>,
         error_message -> Nullable<Text>,
     }

@@ -3,6 +3,7 @@
 
 mod common;
 mod contract;
+mod conversation;
 mod embedding;
 mod faults;
 mod g1_settle_before_close;

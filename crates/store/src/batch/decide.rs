@@ -74,7 +74,8 @@ pub(super) fn decide<'b>(
                     session: raw,
                     no: i64::from(*no),
                     at: to_millis(*at),
-                    input: input.as_ref().map(json_text),
+                    input: input.as_ref().map(|i| json_text(&i.messages)),
+                    input_from: input.as_ref().and_then(|i| i.continues).map(i64::from),
                 });
                 Ok(Applied::Done)
             })),

@@ -35,11 +35,11 @@ use std::ops::Range;
 use std::time::SystemTime;
 
 use diesel::prelude::*;
-use serde_json::Value;
 use settle_core::{Cause, Outcome, SessionId, State, TurnError};
 
 use crate::conn::Db;
 use crate::error::StoreError;
+use crate::input::TurnInput;
 use crate::latch::{memory_step, FinalizeRequest, Finalized};
 use crate::lease::store_now;
 use crate::rules::Live;
@@ -82,8 +82,9 @@ pub enum LifecycleWrite {
         /// When.
         at: SystemTime,
     },
-    /// Open turn `no` of `session`, recording its input (the messages sent
-    /// to the provider: any JSON, typically an array of `{role, content}`).
+    /// Open turn `no` of `session`, recording its input: the messages sent
+    /// to the provider (any JSON, typically an array of `{role, content}`),
+    /// whole or as the messages the turn added ([`TurnInput`]).
     /// Refused with [`StoreError::TurnInFlight`] while another turn is open,
     /// [`StoreError::SessionClosing`] while the session is marked closing,
     /// [`StoreError::NotAcceptingTurns`] once it is cancelling or settled,
@@ -95,7 +96,7 @@ pub enum LifecycleWrite {
         /// The turn number.
         no: u32,
         /// The messages sent to the provider.
-        input: Option<Value>,
+        input: Option<TurnInput>,
         /// When.
         at: SystemTime,
     },
@@ -176,6 +177,7 @@ struct TurnStart {
     no: i64,
     at: i64,
     input: Option<String>,
+    input_from: Option<i64>,
 }
 
 /// A turn to end (or interrupt).

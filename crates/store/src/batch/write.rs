@@ -34,7 +34,7 @@ struct Segment<'e> {
 
 params!(TurnStart, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, BigInt => &0_i64,
-    Nullable<Text> => &r.input));
+    Nullable<Text> => &r.input, Nullable<BigInt> => &r.input_from));
 params!(TurnEnd<'b>, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, Text => r.outcome,
     Nullable<Text> => &r.error_kind, Nullable<Text> => &r.error_message));
@@ -179,7 +179,7 @@ fn changed_under(context: &'static str) -> StoreError {
 fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> {
     for part in pieces(starts) {
         let statement = Rows::insert(
-            "INSERT INTO turns (session, \"no\", started_at, next_seq, input) VALUES ",
+            "INSERT INTO turns (session, \"no\", started_at, next_seq, input, input_from) VALUES ",
             part,
         );
         on_db!(db.reborrow(), |c| statement.execute(c)).context("opening the turns of a batch")?;

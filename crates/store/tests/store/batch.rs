@@ -10,6 +10,7 @@ use settle_core::CancelMode;
 use settle_store::{
     Applied, Cause, EndReason, FinalizeRequest, Finalized, LifecycleWrite, NewSession, Outcome,
     OwnerId, SessionFilter, SessionId, SessionStore, State, StoreError, TurnError, TurnErrorKind,
+    TurnInput,
 };
 
 use crate::common::{rt, Backend, TestDb};
@@ -231,7 +232,7 @@ pub(crate) fn batch_writes_meet_the_session_the_writes_before_left(b: Backend) {
             LifecycleWrite::StartTurn {
                 session: id,
                 no: 1,
-                input: Some(input.clone()),
+                input: Some(TurnInput::whole(input.clone())),
                 at: now(),
             },
             start(id, 2),
@@ -345,7 +346,12 @@ pub(crate) fn batch_writes_meet_the_session_the_writes_before_left(b: Backend) {
         assert_eq!(
             turns,
             vec![
-                (1, Some(Outcome::IdleTimeout), Some(error), Some(input)),
+                (
+                    1,
+                    Some(Outcome::IdleTimeout),
+                    Some(error),
+                    Some(TurnInput::whole(input))
+                ),
                 (2, Some(Outcome::Interrupted), None, None),
             ]
         );

@@ -14,6 +14,7 @@ mod batch;
 mod bounds;
 mod finalize;
 mod ids;
+mod inputs;
 mod leases;
 mod lifecycle;
 mod open;
@@ -72,6 +73,7 @@ on_backends! {
         transcripts::g7_whole_transcripts_keep_input_chunks_and_errors,
         transcripts::g7_a_turn_without_reply_text_commits_no_memory,
         transcripts::resumed_sessions_name_the_session_they_continue,
+        inputs::turn_inputs_are_additions_and_read_back_whole,
         batch::g2_a_finalize_that_loses_its_race_does_not_fail_the_batch,
         batch::batch_writes_meet_the_session_the_writes_before_left,
         batch::g7_a_batch_commits_memory_from_turns_it_completed,
@@ -88,6 +90,7 @@ on_backends! {
         open::schema_is_created_on_first_use_and_kept,
         open::g11_newer_schema_is_refused_and_left_alone,
         open::an_old_database_upgrades_in_place,
+        inputs::an_old_whole_conversation_row_reads_as_before,
         lifecycle::a_session_marked_closing_admits_no_new_turn,
         finalize::a_failed_finalize_step_is_reported_and_recorded,
         recovery::g7_acknowledged_chunks_survive_kill_9,

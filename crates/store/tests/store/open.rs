@@ -6,7 +6,7 @@ use serde_json::json;
 use settle_store::{
     ChunkKind, EndReason, HostIdentity, NewChunk, NewSession, OpenError, Outcome, RecoverOptions,
     SessionFilter, SessionId, SessionStore, State, Store, StoreError, StoreOptions, TurnError,
-    TurnErrorKind,
+    TurnErrorKind, TurnInput,
 };
 
 use crate::common::{self, rt, Backend, TestDb};
@@ -406,7 +406,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     let store = Store::open(&db.url).expect("the old database opens and upgrades");
     assert_eq!(
         db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
-        4
+        5
     );
     let (root, kid) = (SessionId(1), SessionId(2));
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
@@ -479,7 +479,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
         assert_eq!(detail.turns[1].error, Some(error));
         assert_eq!(detail.turns[1].chunks[1].kind, ChunkKind::ToolCall);
         assert_eq!(detail.turns[1].text(), "open");
-        assert_eq!(detail.turns[2].input, Some(input));
+        assert_eq!(detail.turns[2].input, Some(TurnInput::whole(input)));
         let (owner, _) = session(&store, "new").await;
         let resumed = write::register(&store, NewSession::new("resumed", owner).resuming(root))
             .await

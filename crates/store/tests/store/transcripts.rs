@@ -4,7 +4,7 @@
 use serde_json::json;
 use settle_store::{
     ChunkKind, EndReason, FinalizeRequest, Finalized, NewChunk, NewSession, Outcome, SessionId,
-    StoreError, TurnError, TurnErrorKind,
+    StoreError, TurnError, TurnErrorKind, TurnInput,
 };
 
 use crate::common::{rt, Backend, TestDb};
@@ -56,7 +56,7 @@ pub(crate) fn g7_whole_transcripts_keep_input_chunks_and_errors(b: Backend) {
         let [one, two] = &detail.turns[..] else {
             panic!("two turns: {:?}", detail.turns)
         };
-        assert_eq!(one.input, Some(input));
+        assert_eq!(one.input, Some(TurnInput::whole(input)));
         assert_eq!(one.error, None);
         assert_eq!(one.text(), "Port 22 is open.");
         let kinds: Vec<_> = one.chunks.iter().map(|c| (c.seq, c.kind)).collect();

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use serde_json::Value;
 use settle_store::{
     Applied, Cause, FinalizeRequest, Finalized, LifecycleWrite, NewSession, Outcome, SessionId,
-    SessionStore, State, StoreError, TurnError,
+    SessionStore, State, StoreError, TurnError, TurnInput,
 };
 
 /// Apply `write` alone and return its one answer.
@@ -70,7 +70,7 @@ pub(crate) async fn start_turn(
             LifecycleWrite::StartTurn {
                 session,
                 no,
-                input,
+                input: input.map(TurnInput::whole),
                 at,
             },
         )
