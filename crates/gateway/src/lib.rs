@@ -106,6 +106,7 @@ mod auth;
 mod connection;
 mod connections;
 mod error;
+mod excerpt;
 mod gateway;
 mod limits;
 mod listing;

@@ -102,9 +102,10 @@ pub(crate) async fn call(
             code::METHOD_NOT_FOUND,
             ErrorKind::BadRequest,
             format!(
-                "no method `{other}`; the methods are session.create, session.attach, \
+                "no method `{}`; the methods are session.create, session.attach, \
                  session.detach, turn.start, turn.cancel, session.hold, session.release, \
-                 session.close and sessions.list"
+                 session.close and sessions.list",
+                crate::excerpt::bounded(other, crate::excerpt::MAX_QUOTED_CHARS)
             ),
         )),
     }

@@ -9,9 +9,13 @@
 //! Every error carries a stable `data.kind` (see [`ErrorKind`]) besides the
 //! JSON-RPC code: a client decides on the kind, a person reads the message.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Map, Value};
 use settle_core::Error as CoreError;
 use settle_runtime::RuntimeError;
+
+use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 
 /// The stable kind of an error, in its `data.kind` (SPEC §10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,11 +101,19 @@ pub(crate) struct RpcError {
 }
 
 impl RpcError {
+    /// An error answer; a message longer than
+    /// [`MAX_MESSAGE_CHARS`](crate::excerpt::MAX_MESSAGE_CHARS) (one that
+    /// echoes a huge request) is cut, so that the answer fits in a frame.
     pub fn new(code: i64, kind: ErrorKind, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let message = match bounded(&message, MAX_MESSAGE_CHARS) {
+            Cow::Borrowed(_) => message,
+            Cow::Owned(cut) => cut,
+        };
         RpcError {
             code,
             kind,
-            message: message.into(),
+            message,
         }
     }
 
