@@ -59,3 +59,55 @@ async fn an_error_quotes_a_bounded_excerpt_of_a_huge_request_and_the_connection_
     assert!(id > 0);
     served.shut_down().await;
 }
+
+#[tokio::test]
+async fn g3_a_create_over_a_cap_of_held_sessions_is_refused_over_capacity_and_writes_nothing() {
+    let mut served = Served::tcp(
+        book(),
+        |k| k.lru_cap(Some(3)),
+        |g| g.drain_timeout(std::time::Duration::from_millis(50)),
+    )
+    .await;
+    let mut client = served.client().await;
+    let mut held = Vec::new();
+    for name in ["a", "b", "c"] {
+        let id = create(&mut client, name).await;
+        client
+            .ok("session.hold", json!({ "id": id, "hold": "input" }))
+            .await;
+        held.push(id);
+    }
+    for _ in 0..3 {
+        let error = client
+            .call("session.create", json!({ "name": "late" }))
+            .await
+            .unwrap_err();
+        assert_eq!(error["data"]["kind"], "over_capacity", "{error}");
+        assert_eq!(error["code"], -32005);
+    }
+    let rows = served.kernel.list_sessions(None).await.unwrap();
+    assert_eq!(rows.len(), 3, "a refused create wrote a row");
+    assert!(rows.iter().all(|r| r.end_reason.is_none()), "{rows:?}");
+    assert!(client.held().is_empty(), "{:?}", client.held());
+
+    // Released, the oldest is evicted for the next one; the new one lives.
+    client
+        .ok("session.release", json!({ "id": held[0], "hold": "input" }))
+        .await;
+    let fresh = create(&mut client, "fresh").await;
+    let finalized = client.expect("session.finalized").await;
+    assert_eq!(
+        finalized,
+        json!({ "id": held[0], "end_reason": "lru_evict" })
+    );
+    assert_eq!(
+        client.ok("session.attach", json!({ "id": fresh })).await,
+        json!({ "state": "registered" })
+    );
+    client
+        .ok("turn.start", json!({ "id": fresh, "prompt": "hi" }))
+        .await;
+    let (_, ended) = client.turn(fresh).await;
+    assert_eq!(ended["outcome"], "completed");
+    served.shut_down().await;
+}

@@ -35,8 +35,9 @@ pub enum ErrorKind {
     /// The gateway could not do it for a reason of its own: the session
     /// store failed or did not answer in time. Nothing was acknowledged.
     Internal,
-    /// A limit of the gateway refuses it: the principal has its maximum of
-    /// live sessions. Nothing was written.
+    /// A limit refuses it: the principal has its maximum of live sessions
+    /// (or holds), or the session cap (`--max-sessions`) is full of
+    /// sessions none of which can be evicted. Nothing was written.
     OverCapacity,
     /// The connection sends requests faster than its rate: this one was not
     /// carried out; send it again a little later.
@@ -149,6 +150,10 @@ impl RpcError {
             e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
             R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
             R::Lifecycle(CoreError::ShuttingDown) | R::Stopped => return RpcError::shutting_down(),
+            R::Lifecycle(CoreError::OverCapacity { .. }) => {
+                tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
+                (code::OVER_CAPACITY, ErrorKind::OverCapacity)
+            }
             R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } => {
                 (code::WRONG_STATE, ErrorKind::WrongState)
             }
