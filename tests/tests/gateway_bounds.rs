@@ -111,3 +111,133 @@ async fn g3_a_create_over_a_cap_of_held_sessions_is_refused_over_capacity_and_wr
     assert_eq!(ended["outcome"], "completed");
     served.shut_down().await;
 }
+
+/// Every page of `sessions.list` with `params`, following `next_cursor`:
+/// the ids, and the size of the largest answer.
+async fn all_pages(client: &mut Client, params: Value) -> (Vec<Vec<u64>>, usize) {
+    let mut pages = Vec::new();
+    let mut largest = 0;
+    let mut params = params;
+    loop {
+        let page = client.ok("sessions.list", params.clone()).await;
+        largest = largest.max(page.to_string().len());
+        let ids = page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_u64().unwrap())
+            .collect();
+        pages.push(ids);
+        match page["next_cursor"].as_str() {
+            Some(cursor) => params["cursor"] = json!(cursor),
+            None => return (pages, largest),
+        }
+    }
+}
+
+#[tokio::test]
+async fn sessions_list_pages_within_a_frame_past_thousands_of_sessions() {
+    let mut served = Served::tcp(book(), |k| k.lru_cap(None).idle_ttl(None), |g| g).await;
+    // 4,500 rows with the longest names: about 2 MB as one array.
+    let name = "n".repeat(settle_gateway::MAX_NAME_CHARS);
+    let mut all = Vec::new();
+    for _ in 0..4_500 {
+        all.push(
+            served
+                .kernel
+                .register(&name, None)
+                .await
+                .unwrap()
+                .id()
+                .get(),
+        );
+    }
+    let mut client = served.client().await;
+    let watched = create(&mut client, "watched").await;
+    all.push(watched);
+
+    // The default page is 100 rows.
+    let first = client.ok("sessions.list", json!({})).await;
+    assert_eq!(first["sessions"].as_array().unwrap().len(), 100);
+    assert!(first["next_cursor"].is_string());
+
+    // The largest pages: each within half the 1 MiB frame, every session once, in order.
+    let (pages, largest) = all_pages(&mut client, json!({ "limit": 1000 })).await;
+    assert!(largest <= 512 * 1024, "a page of {largest} bytes");
+    assert!(pages.len() >= 5, "{} pages", pages.len());
+    let listed: Vec<u64> = pages.concat();
+    assert_eq!(listed, all);
+    for page in &pages[..pages.len() - 1] {
+        assert!(!page.is_empty());
+    }
+
+    // Filters page too: by state, by registration time.
+    let (finalized, _) = all_pages(&mut client, json!({ "state": "finalized" })).await;
+    assert_eq!(finalized.concat(), Vec::<u64>::new());
+    let future = humantime::format_rfc3339(
+        std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+    );
+    let (later, _) = all_pages(&mut client, json!({ "since": future.to_string() })).await;
+    assert_eq!(later, [Vec::<u64>::new()]);
+    for bad in [
+        json!({ "limit": 0 }),
+        json!({ "limit": 1001 }),
+        json!({ "cursor": "not-a-cursor" }),
+        json!({ "since": "yesterday" }),
+    ] {
+        assert_eq!(
+            client.refused("sessions.list", bad.clone()).await,
+            "bad_request",
+            "{bad}"
+        );
+    }
+    // The connection was never dropped: its session is still attached.
+    assert!(client.held().is_empty());
+    client
+        .ok("turn.start", json!({ "id": watched, "prompt": "hi" }))
+        .await;
+    assert_eq!(client.turn(watched).await.0, ["fine"]);
+    served.shut_down().await;
+}
+
+/// A client of the gateway at `addr` with `token`.
+async fn connect_as(served: &Served, token: &str) -> Client {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let gateway_support::Address::Tcp(addr) = served.address.clone() else {
+        unreachable!()
+    };
+    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    Client::new(tokio_tungstenite::connect_async(request).await.unwrap().0)
+}
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789ab";
+
+#[tokio::test]
+async fn a_principals_pages_are_full_of_its_own_sessions_only() {
+    let tokens = settle_gateway::Tokens::parse(&format!("alice {ALICE}\nbob {BOB}\n")).unwrap();
+    let mut served = Served::tcp(book(), |k| k.lru_cap(None), |g| g.tokens(tokens)).await;
+    let mut alice = connect_as(&served, ALICE).await;
+    let mut bob = connect_as(&served, BOB).await;
+    let (mut hers, mut his) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        hers.push(create(&mut alice, "hers").await);
+        for _ in 0..6 {
+            his.push(create(&mut bob, "his").await);
+        }
+    }
+    let (pages, _) = all_pages(&mut alice, json!({ "limit": 2 })).await;
+    assert_eq!(
+        pages,
+        [hers[..2].to_vec(), hers[2..4].to_vec(), hers[4..].to_vec()]
+    );
+    let (pages, _) = all_pages(&mut bob, json!({ "limit": 10 })).await;
+    assert_eq!(
+        pages,
+        [his[..10].to_vec(), his[10..20].to_vec(), his[20..].to_vec()]
+    );
+    served.shut_down().await;
+}

@@ -31,6 +31,13 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
+    /// The most bytes one answer of many rows may take: half of what a
+    /// connection's queue and a message may hold, so that it passes beside
+    /// the notifications already queued.
+    pub fn page_bytes(&self) -> usize {
+        self.queue_bytes.min(self.max_message_bytes) / 2
+    }
+
     pub fn queue(&self) -> Bounds {
         Bounds {
             frames: self.queue_frames,

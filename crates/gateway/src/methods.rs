@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use settle_runtime::{RuntimeError, SessionId, State, TurnRequest};
+use settle_store::SessionFilter;
 use settle_stream::{Message, Role};
 
 use crate::auth::Principal;
+use crate::listing;
 use crate::outbox::Outbox;
 use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
@@ -289,12 +291,26 @@ async fn list(
     params: params::List,
 ) -> Result<Answer, RpcError> {
     let state = params.checked_state()?;
+    let since = params.checked_since()?;
+    let limit = params.checked_limit()?;
+    let mut filter = SessionFilter::all().in_state_opt(state);
+    if let Some(since) = since {
+        filter = filter.since(since);
+    }
+    if let Some(after) = params.checked_cursor()? {
+        filter = filter.after(after);
+    }
+    // A named principal's sessions are asked for by id, in the page's
+    // query: another's never take a place in it.
+    if let Some(ids) = shared.owners.owned_by(caller.principal) {
+        filter = filter.only(ids);
+    }
     let mut rows = shared
         .kernel
-        .list_sessions(state)
+        .list_sessions_where(listing::filter(filter, limit))
         .await
         .map_err(from_runtime)?;
-    // Another principal's sessions do not exist for this one.
+    // The anonymous principal's: every session no named principal owns.
     rows.retain(|row| shared.owners.may_use(caller.principal, row.id));
-    Ok(crate::listing::rows(&rows).into())
+    Ok(listing::page(&rows, limit, shared.limits.page_bytes()).into())
 }

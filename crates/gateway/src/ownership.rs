@@ -64,6 +64,24 @@ impl Owners {
         }
     }
 
+    /// The sessions `principal` owns, live and finalized, for a listing to
+    /// ask the store for these alone; `None` for the anonymous principal,
+    /// whose sessions are every session no named principal owns.
+    pub fn owned_by(&self, principal: &Principal) -> Option<Vec<SessionId>> {
+        if principal.is_anonymous() {
+            return None;
+        }
+        let inner = self.inner();
+        let mut ids: Vec<SessionId> = inner
+            .sessions
+            .iter()
+            .filter(|(_, owned)| owned.principal == *principal)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        Some(ids)
+    }
+
     /// A place for one more live session of `principal`, if it has fewer
     /// than `max`; else the number it has.
     pub fn reserve(

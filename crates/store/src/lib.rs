@@ -135,7 +135,7 @@ pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
 pub use error::{DbError, OpenError, StoreError};
 pub use latch::{FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure};
 pub use lease::{local_host_name, HostIdentity, OwnerId, OwnerInfo, OwnerRow};
-pub use list::{ListOrder, SessionFilter};
+pub use list::{ListCursor, ListOrder, SessionFilter};
 pub use memory::MemoryStore;
 pub use options::StoreOptions;
 pub use read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};

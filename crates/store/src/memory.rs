@@ -584,8 +584,9 @@ impl Tables {
     }
 
     fn list_sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
-        let admitted =
-            |(_, r): &(&u64, &Row)| filter.admits(r.live.state, from_millis(r.created_at));
+        let admitted = |(id, r): &(&u64, &Row)| {
+            filter.admits(SessionId(**id), r.live.state, from_millis(r.created_at))
+        };
         let limit = filter.limit.unwrap_or(usize::MAX);
         let rows = |it: &mut dyn Iterator<Item = (&u64, &Row)>| {
             it.filter(admitted)
