@@ -21,6 +21,47 @@ fn book() -> Arc<ScriptBook> {
     Arc::new(ScriptBook::new().otherwise(TurnScript::new(["fine"])))
 }
 
+/// A reply with one chunk of `big` bytes between two small ones.
+fn big_reply(big: usize) -> (Arc<ScriptBook>, Vec<String>) {
+    // Quotes and newlines, escaped in JSON, make the frame larger than the text.
+    let unit = "0123456789abcdé\"\n";
+    let large: String = unit.repeat(big / unit.len());
+    let chunks = vec!["head".to_owned(), large, "tail".to_owned()];
+    let book = ScriptBook::new()
+        .otherwise(TurnScript::new(["fine"]))
+        .reply("big", TurnScript::new(chunks.clone()));
+    (Arc::new(book), chunks)
+}
+
+/// The chunks of session `id`'s turn up to its `turn.ended`, parts joined
+/// by `seq`: each chunk's text, and how many notifications carried them.
+async fn joined_turn(client: &mut Client, id: u64) -> (Vec<String>, usize, Value) {
+    let mut chunks: Vec<String> = Vec::new();
+    let mut frames = 0;
+    loop {
+        let message = client.next_notification().await.expect("closed mid-turn");
+        let params = message["params"].clone();
+        assert_eq!(params["id"], id, "{message}");
+        match message["method"].as_str() {
+            Some("turn.chunk") => {
+                frames += 1;
+                let seq = params["seq"].as_u64().unwrap() as usize;
+                let part = params["part"].as_u64().unwrap_or(0);
+                let text = params["text"].as_str().unwrap();
+                if part == 0 {
+                    assert_eq!(seq, chunks.len(), "{}", &message.to_string()[..200]);
+                    chunks.push(text.to_owned());
+                } else {
+                    assert_eq!(seq + 1, chunks.len());
+                    chunks[seq].push_str(text);
+                }
+            }
+            Some("turn.ended") => return (chunks, frames, params),
+            _ => panic!("not a turn notification: {message}"),
+        }
+    }
+}
+
 async fn create(client: &mut Client, name: &str) -> u64 {
     client.ok("session.create", json!({ "name": name })).await["id"]
         .as_u64()
@@ -234,10 +275,111 @@ async fn a_principals_pages_are_full_of_its_own_sessions_only() {
         pages,
         [hers[..2].to_vec(), hers[2..4].to_vec(), hers[4..].to_vec()]
     );
+    assert_eq!(
+        bob.refused("session.read", json!({ "id": hers[0] })).await,
+        "not_found"
+    );
     let (pages, _) = all_pages(&mut bob, json!({ "limit": 10 })).await;
     assert_eq!(
         pages,
         [his[..10].to_vec(), his[10..20].to_vec(), his[20..].to_vec()]
+    );
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_chunk_larger_than_a_frame_reaches_every_watcher_in_parts_that_join_back() {
+    let (book, chunks) = big_reply(3 * 1024 * 1024);
+    let mut served = Served::tcp(book, |k| k, |g| g).await;
+    let mut first = served.client().await;
+    let mut second = served.client().await;
+    let id = create(&mut first, "big").await;
+    second.ok("session.attach", json!({ "id": id })).await;
+    first
+        .ok("turn.start", json!({ "id": id, "prompt": "big" }))
+        .await;
+    for client in [&mut first, &mut second] {
+        let (got, frames, ended) = joined_turn(client, id).await;
+        assert_eq!(ended["outcome"], "completed");
+        assert!(got == chunks, "the chunks did not join back");
+        assert!(frames > 3, "{frames} frames");
+    }
+    // Neither was disconnected.
+    assert_eq!(served.gateway.connections(), 2);
+    assert_eq!(
+        second.ok("session.detach", json!({ "id": id })).await,
+        json!({ "state": "registered" })
+    );
+    served.shut_down().await;
+}
+
+/// Every page of `session.read` from `from`: the chunks' texts joined by
+/// `seq`, and the largest answer.
+async fn read_all(client: &mut Client, from: Value) -> (Vec<String>, usize, Value) {
+    let mut params = from;
+    let mut chunks: Vec<(u64, String)> = Vec::new();
+    let mut largest = 0;
+    loop {
+        let page = client.ok("session.read", params.clone()).await;
+        largest = largest.max(page.to_string().len());
+        for chunk in page["chunks"].as_array().unwrap() {
+            let seq = chunk["seq"].as_u64().unwrap();
+            let text = chunk["text"].as_str().unwrap();
+            match chunks.last_mut() {
+                Some((last, joined)) if *last == seq => joined.push_str(text),
+                _ => chunks.push((seq, text.to_owned())),
+            }
+        }
+        if page["next"].is_null() {
+            return (chunks.into_iter().map(|(_, t)| t).collect(), largest, page);
+        }
+        for key in ["turn", "seq", "part"] {
+            params[key] = page["next"][key].clone();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_comes_back_reads_what_it_missed_from_the_store() {
+    let (book, chunks) = big_reply(2 * 1024 * 1024);
+    let mut served = Served::tcp(book, |k| k, |g| g).await;
+    let mut gone = served.client().await;
+    let id = create(&mut gone, "missed").await;
+    gone.ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+        .await;
+    gone.turn(id).await;
+    gone.ok("turn.start", json!({ "id": id, "prompt": "big" }))
+        .await;
+    let (_, _, ended) = joined_turn(&mut gone, id).await;
+    assert_eq!(ended["outcome"], "completed");
+    drop(gone);
+
+    // Another connection reads the last turn back, page by page, each within a frame.
+    let mut back = served.client().await;
+    let (read, largest, last) = read_all(&mut back, json!({ "id": id })).await;
+    assert!(read == chunks, "the read did not join back");
+    assert!(largest <= 512 * 1024, "a page of {largest} bytes");
+    assert_eq!(
+        (
+            last["turn"].clone(),
+            last["turns"].clone(),
+            last["outcome"].clone()
+        ),
+        (json!(2), json!(2), json!("completed"))
+    );
+    // From a given seq; an earlier turn by its number.
+    let (from_tail, _, _) = read_all(&mut back, json!({ "id": id, "turn": 2, "seq": 2 })).await;
+    assert_eq!(from_tail, ["tail"]);
+    let (first, _, _) = read_all(&mut back, json!({ "id": id, "turn": 1 })).await;
+    assert_eq!(first, ["fine"]);
+    assert_eq!(
+        back.refused("session.read", json!({ "id": id, "turn": 9 }))
+            .await,
+        "bad_request"
+    );
+    assert_eq!(
+        back.refused("session.read", json!({ "id": 999 })).await,
+        "not_found"
     );
     served.shut_down().await;
 }

@@ -38,6 +38,13 @@ impl Limits {
         self.queue_bytes.min(self.max_message_bytes) / 2
     }
 
+    /// The most bytes one `turn.chunk` may take; a larger chunk goes in
+    /// parts (see `parts.rs`): a quarter of what a connection's queue and a
+    /// message may hold.
+    pub fn part_bytes(&self) -> usize {
+        (self.queue_bytes.min(self.max_message_bytes) / 4).max(1024)
+    }
+
     pub fn queue(&self) -> Bounds {
         Bounds {
             frames: self.queue_frames,

@@ -16,6 +16,7 @@ use crate::outbox::Outbox;
 use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
 use crate::pump::Started;
+use crate::reading;
 use crate::shared::Shared;
 use crate::table::{ConnId, Entry};
 
@@ -100,13 +101,14 @@ pub(crate) async fn call(
         "session.release" => hold(shared, caller, read(params)?, false).await,
         "session.close" => close(shared, caller, read(params)?).await,
         "sessions.list" => list(shared, caller, read(params)?).await,
+        "session.read" => session_read(shared, caller, read(params)?).await,
         other => Err(RpcError::new(
             code::METHOD_NOT_FOUND,
             ErrorKind::BadRequest,
             format!(
                 "no method `{}`; the methods are session.create, session.attach, \
                  session.detach, turn.start, turn.cancel, session.hold, session.release, \
-                 session.close and sessions.list",
+                 session.close, session.read and sessions.list",
                 crate::excerpt::bounded(other, crate::excerpt::MAX_QUOTED_CHARS)
             ),
         )),
@@ -283,6 +285,33 @@ async fn close(
     // Closing a closed session reports how it ended (G2).
     let reason = entry.handle.close().await.map_err(from_runtime)?;
     Ok(json!({ "end_reason": reason.as_str() }).into())
+}
+
+async fn session_read(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    params: params::Read,
+) -> Result<Answer, RpcError> {
+    let id = SessionId(params.id);
+    owned(shared, caller, id).await?;
+    let detail = shared
+        .kernel
+        .session_detail(id)
+        .await
+        .map_err(|error| match error {
+            // Not written yet: as good as not there.
+            RuntimeError::Store(settle_store::StoreError::UnknownSession(_)) => {
+                RpcError::not_found(id.get())
+            }
+            error => from_runtime(error),
+        })?;
+    let from = reading::From {
+        turn: params.turn,
+        seq: params.seq,
+        part: params.part,
+    };
+    let limits = &shared.limits;
+    Ok(reading::page(&detail, from, limits.page_bytes(), limits.part_bytes())?.into())
 }
 
 async fn list(

@@ -96,6 +96,22 @@ impl From<HoldWord> for Hold {
     }
 }
 
+/// `session.read`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Read {
+    pub id: u64,
+    /// The turn; the last one when left out.
+    #[serde(default)]
+    pub turn: Option<u32>,
+    /// The first chunk's `seq` (default 0).
+    #[serde(default)]
+    pub seq: u32,
+    /// The first part of that chunk (default 0).
+    #[serde(default)]
+    pub part: u32,
+}
+
 /// `sessions.list`: the filters, and the place and size of the page.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

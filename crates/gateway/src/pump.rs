@@ -14,6 +14,7 @@ use settle_runtime::{Chunk, Outcome, SessionId, Turn, TurnError};
 use settle_stream::{Message, Role};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::parts::{self, Payload};
 use crate::protocol::notification;
 use crate::table::Entry;
 
@@ -24,16 +25,31 @@ pub(crate) struct Started {
     pub conversation: OwnedMutexGuard<Vec<Message>>,
 }
 
-/// The `turn.chunk` notification of one chunk.
-fn chunk_frame(id: SessionId, turn: u32, chunk: &Chunk) -> Utf8Bytes {
-    let params = match chunk.as_text() {
-        Some(text) => json!({ "id": id.get(), "turn": turn, "text": text }),
+/// The `turn.chunk` notifications of chunk `seq`: one, or its parts when
+/// it would not fit in `budget` bytes.
+fn chunk_frames(
+    id: SessionId,
+    turn: u32,
+    seq: u32,
+    chunk: &Chunk,
+    budget: usize,
+) -> Vec<Utf8Bytes> {
+    let json;
+    let payload = match chunk.as_text() {
+        Some(text) => Payload::Text(text),
         // A tool call, reasoning or usage: its kind and its JSON, as persisted.
         None => {
-            json!({ "id": id.get(), "turn": turn, "kind": chunk.kind().as_str(), "data": chunk.to_json() })
+            json = chunk.to_json();
+            Payload::Data {
+                kind: chunk.kind().as_str(),
+                json: &json,
+            }
         }
     };
-    notification("turn.chunk", params).into()
+    parts::params(id, turn, seq, payload, budget)
+        .into_iter()
+        .map(|params| notification("turn.chunk", params).into())
+        .collect()
 }
 
 /// The `turn.ended` notification.
@@ -57,12 +73,25 @@ pub(crate) async fn pump(
     entry: Arc<Entry>,
     mut turn: Turn,
     mut conversation: OwnedMutexGuard<Vec<Message>>,
+    part_bytes: usize,
 ) {
     let id = entry.handle.id();
     let no = turn.work().no;
     let mut reply = String::new();
+    // The chunks yielded are a prefix of the stored ones, in order: the
+    // count so far is the store's `seq` of the next.
+    let mut seq = 0u32;
     while let Some(chunk) = turn.next().await {
-        entry.notify(&chunk_frame(id, no, &chunk));
+        let mut frames = chunk_frames(id, no, seq, &chunk, part_bytes);
+        seq = seq.saturating_add(1);
+        match frames.len() {
+            1 => {
+                if let Some(frame) = frames.pop() {
+                    entry.notify(&frame);
+                }
+            }
+            _ => entry.notify_parts(&frames.into()),
+        }
         if let Some(text) = chunk.as_text() {
             reply.push_str(text);
         }

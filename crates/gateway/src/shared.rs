@@ -97,7 +97,9 @@ impl Shared {
             turn,
             conversation,
         } = started;
-        self.tasks.spawn(pump::pump(entry, turn, conversation));
+        let part_bytes = self.limits.part_bytes();
+        self.tasks
+            .spawn(pump::pump(entry, turn, conversation, part_bytes));
     }
 
     /// Tells every connection `server.shutdown`, with the drain it has.
