@@ -383,3 +383,117 @@ async fn a_client_that_comes_back_reads_what_it_missed_from_the_store() {
     );
     served.shut_down().await;
 }
+
+#[tokio::test]
+async fn a_prompt_or_a_history_past_its_bound_is_refused_too_large_and_nothing_is_written() {
+    let mut served = Served::tcp(
+        book(),
+        |k| k,
+        |g| g.max_prompt_bytes(10).max_history_bytes(30),
+    )
+    .await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "bounded").await;
+    let error = client
+        .call("turn.start", json!({ "id": id, "prompt": "x".repeat(11) }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (error["code"].clone(), error["data"]["kind"].clone()),
+        (json!(-32007), json!("too_large"))
+    );
+    // 10 + 4 ("fine"), then 24 + 4: the third prompt would make 38 bytes.
+    for _ in 0..2 {
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "y".repeat(10) }))
+            .await;
+        assert_eq!(client.turn(id).await.0, ["fine"]);
+    }
+    assert_eq!(
+        client
+            .refused("turn.start", json!({ "id": id, "prompt": "y".repeat(10) }))
+            .await,
+        "too_large"
+    );
+    assert_eq!(served.row(id).await.turns, 2, "a refused turn was written");
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_turn_past_its_chunks_or_bytes_is_cancelled_and_ends_too_large() {
+    // At a model's pace, so that the cancel lands before the reply ends.
+    let pace = std::time::Duration::from_millis(20);
+    let book = ScriptBook::new()
+        .otherwise(TurnScript::new(["fine"]))
+        .reply(
+            "many",
+            TurnScript::new(["a", "b", "c", "d", "e", "f", "g", "h"]).chunk_delay(pace),
+        )
+        .reply(
+            "wide",
+            TurnScript::new([
+                "x".repeat(60),
+                "y".repeat(60),
+                "z".repeat(60),
+                "w".repeat(60),
+            ])
+            .chunk_delay(pace),
+        );
+    let mut served = Served::tcp(
+        Arc::new(book),
+        |k| k,
+        |g| g.max_turn_chunks(3).max_turn_bytes(100),
+    )
+    .await;
+    let mut client = served.client().await;
+    for (prompt, delivered) in [("many", 3), ("wide", 1)] {
+        let id = create(&mut client, prompt).await;
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": prompt }))
+            .await;
+        let (chunks, ended) = client.turn(id).await;
+        assert_eq!(chunks.len(), delivered, "{prompt}: {chunks:?}");
+        assert_eq!(ended["error"]["kind"], "too_large", "{prompt}: {ended}");
+        assert_eq!(ended["outcome"], "cancelled", "{prompt}: {ended}");
+        // The session takes the next turn.
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "again" }))
+            .await;
+        let (_, ended) = client.turn(id).await;
+        assert_eq!(ended["outcome"], "completed");
+    }
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_principal_past_its_holds_is_refused_over_capacity_until_one_is_released() {
+    let mut served = Served::tcp(book(), |k| k, |g| g.max_holds_per_principal(Some(2))).await;
+    let mut client = served.client().await;
+    let a = create(&mut client, "a").await;
+    let b = create(&mut client, "b").await;
+    let hold = |id: u64| json!({ "id": id, "hold": "input" });
+    client.ok("session.hold", hold(a)).await;
+    client.ok("session.hold", hold(b)).await;
+    assert_eq!(
+        client.refused("session.hold", hold(a)).await,
+        "over_capacity"
+    );
+    // A release gives its place back; so does a finalize.
+    client.ok("session.release", hold(a)).await;
+    client.ok("session.hold", hold(a)).await;
+    assert_eq!(
+        client.refused("session.hold", hold(b)).await,
+        "over_capacity"
+    );
+    client.ok("session.close", json!({ "id": b })).await;
+    client.expect("session.finalized").await;
+    client.ok("session.hold", hold(a)).await;
+    // A release of no hold gives nothing back.
+    let c = create(&mut client, "c").await;
+    client.ok("session.release", hold(c)).await;
+    assert_eq!(
+        client.refused("session.hold", hold(c)).await,
+        "over_capacity"
+    );
+    served.shut_down().await;
+}

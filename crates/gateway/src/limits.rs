@@ -28,6 +28,17 @@ pub(crate) struct Limits {
     /// Requests per second per connection (in bursts of up to a second's
     /// worth); `None`: unlimited.
     pub requests_per_second: Option<u32>,
+    /// Holds placed at once per principal; `None`: no bound.
+    pub max_holds_per_principal: Option<usize>,
+    /// The largest prompt of a `turn.start`, in bytes.
+    pub max_prompt_bytes: usize,
+    /// The largest history (every prompt and reply so far, and the new
+    /// prompt) a turn is sent with, in bytes.
+    pub max_history_bytes: usize,
+    /// The most chunks one turn may stream before it is cancelled.
+    pub max_turn_chunks: usize,
+    /// The most bytes of chunks one turn may stream before it is cancelled.
+    pub max_turn_bytes: usize,
 }
 
 impl Limits {
@@ -66,6 +77,11 @@ impl Default for Limits {
             max_connections_per_principal: 256,
             max_sessions_per_principal: None,
             requests_per_second: Some(100),
+            max_holds_per_principal: None,
+            max_prompt_bytes: 512 * 1024,
+            max_history_bytes: 4 * 1024 * 1024,
+            max_turn_chunks: 100_000,
+            max_turn_bytes: 64 * 1024 * 1024,
         }
     }
 }

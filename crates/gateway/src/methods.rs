@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use settle_runtime::{RuntimeError, SessionId, State, TurnRequest};
+use settle_runtime::{Handled, RuntimeError, SessionId, State, TurnRequest};
 use settle_store::SessionFilter;
 use settle_stream::{Message, Role};
 
@@ -59,6 +59,24 @@ fn over_capacity(principal: &Principal, live: usize) -> RpcError {
         code::OVER_CAPACITY,
         ErrorKind::OverCapacity,
         format!("{principal} has {live} live sessions, its maximum: close one first"),
+    )
+}
+
+fn over_holds(principal: &Principal, held: usize) -> RpcError {
+    tracing::warn!(%principal, held, "refused a hold: the principal has its maximum of holds");
+    RpcError::new(
+        code::OVER_CAPACITY,
+        ErrorKind::OverCapacity,
+        format!("{principal} has {held} holds, its maximum: release one first"),
+    )
+}
+
+fn too_large(what: &str, bytes: usize, max: usize, option: &str) -> RpcError {
+    tracing::warn!(what, bytes, max, "refused a turn: over a size limit");
+    RpcError::new(
+        code::TOO_LARGE,
+        ErrorKind::TooLarge,
+        format!("{what} is {bytes} bytes, over the gateway's {max} ({option})"),
     )
 }
 
@@ -215,6 +233,11 @@ async fn turn_start(
     }
     let id = SessionId(params.id);
     let entry = owned(shared, caller, id).await?;
+    let limits = &shared.limits;
+    if params.prompt.len() > limits.max_prompt_bytes {
+        let (bytes, max) = (params.prompt.len(), limits.max_prompt_bytes);
+        return Err(too_large("the prompt", bytes, max, "--max-prompt-bytes"));
+    }
     let conversation = match entry.conversation.clone().try_lock_owned() {
         Ok(conversation) => conversation,
         // Held by the turn before: refused while the core says it runs; once
@@ -228,6 +251,19 @@ async fn turn_start(
             _ => entry.conversation.clone().lock_owned().await,
         },
     };
+    // The history goes with every prompt: past its bound the session is
+    // refused more turns, before anything is written.
+    let history: usize = conversation.iter().map(|m| m.content.len()).sum();
+    let with_prompt = history.saturating_add(params.prompt.len());
+    if with_prompt > limits.max_history_bytes {
+        let max = limits.max_history_bytes;
+        return Err(too_large(
+            "the history with this prompt",
+            with_prompt,
+            max,
+            "--max-history-bytes; start a new session",
+        ));
+    }
     let prompt = Message::new(Role::User, params.prompt);
     let mut messages = conversation.clone();
     messages.push(prompt.clone());
@@ -265,14 +301,24 @@ async fn hold(
     params: params::HoldParams,
     hold: bool,
 ) -> Result<Answer, RpcError> {
-    let entry = owned(shared, caller, SessionId(params.id)).await?;
+    let id = SessionId(params.id);
+    let entry = owned(shared, caller, id).await?;
     let which = params.hold.into();
-    let done = if hold {
-        entry.handle.hold(which).await
+    if hold {
+        let place = shared
+            .owners
+            .reserve_hold(caller.principal, shared.limits.max_holds_per_principal)
+            .map_err(|held| over_holds(caller.principal, held))?;
+        let done = entry.handle.hold(which).await.map_err(from_runtime)?;
+        if done == Handled::Applied {
+            place.keep(id);
+        }
     } else {
-        entry.handle.release(which).await
-    };
-    let _ = done.map_err(from_runtime)?;
+        let done = entry.handle.release(which).await.map_err(from_runtime)?;
+        if done == Handled::Applied {
+            shared.owners.released_hold(id);
+        }
+    }
     Ok(json!({}).into())
 }
 

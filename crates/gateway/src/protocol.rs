@@ -42,6 +42,11 @@ pub enum ErrorKind {
     /// The connection sends requests faster than its rate: this one was not
     /// carried out; send it again a little later.
     RateLimited,
+    /// A size limit refuses it: a prompt, or the history sent with it, is
+    /// larger than the gateway takes (nothing was written); in a
+    /// `turn.ended`, the turn streamed more chunks or bytes than a turn may
+    /// and was cancelled.
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -55,6 +60,7 @@ impl ErrorKind {
         ErrorKind::Internal,
         ErrorKind::OverCapacity,
         ErrorKind::RateLimited,
+        ErrorKind::TooLarge,
     ];
 
     /// The spelling in `data.kind`.
@@ -68,6 +74,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::OverCapacity => "over_capacity",
             ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::TooLarge => "too_large",
         }
     }
 }
@@ -91,6 +98,7 @@ pub(crate) mod code {
     pub const SHUTTING_DOWN: i64 = -32004;
     pub const OVER_CAPACITY: i64 = -32005;
     pub const RATE_LIMITED: i64 = -32006;
+    pub const TOO_LARGE: i64 = -32007;
 }
 
 /// An error answer: its JSON-RPC code, its kind and a sentence.
