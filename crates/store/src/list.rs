@@ -137,8 +137,9 @@ impl SessionFilter {
         self
     }
 
-    /// Whether the session `id` passes the state, time, place and id
-    /// filters (not the limit).
+    /// Whether the session `id` passes the state, time and place filters
+    /// (not the ids, which a caller looks up in a set of its own, nor the
+    /// limit).
     pub(crate) fn admits(&self, id: SessionId, state: State, created_at: SystemTime) -> bool {
         self.state.is_none_or(|s| s == state)
             && self.created_since.is_none_or(|t| created_at >= t)
@@ -149,7 +150,6 @@ impl SessionFilter {
                     ListOrder::OldestFirst => key > after.key(),
                 }
             })
-            && self.ids.as_ref().is_none_or(|ids| ids.contains(&id))
     }
 
     /// Sorts `rows` in the listing's order and keeps the first `limit`.
