@@ -497,3 +497,35 @@ async fn a_principal_past_its_holds_is_refused_over_capacity_until_one_is_releas
     );
     served.shut_down().await;
 }
+
+/// A provider whose every request fails with a message of `len` bytes.
+struct Verbose(usize);
+
+#[async_trait::async_trait]
+impl settle_stream::Provider for Verbose {
+    async fn open(
+        &self,
+        _: &settle_stream::Request,
+    ) -> Result<settle_stream::ProviderStream, settle_stream::StreamError> {
+        let message = "\"".repeat(self.0);
+        Err(settle_stream::StreamErrorKind::Provider { message }.into())
+    }
+}
+
+#[tokio::test]
+async fn a_turn_that_fails_with_a_huge_message_ends_within_a_frame() {
+    let mut served = Served::tcp(Arc::new(Verbose(900_000)), |k| k, |g| g).await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "verbose").await;
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+        .await;
+    let (_, ended) = client.turn(id).await;
+    assert_eq!(ended["outcome"], "failed");
+    let message = ended["error"]["message"].as_str().unwrap();
+    assert!(message.chars().count() <= 700, "{}", message.len());
+    assert!(message.contains("characters in all"), "{message}");
+    assert!(client.held().is_empty());
+    client.ok("sessions.list", json!({})).await;
+    served.shut_down().await;
+}

@@ -14,6 +14,7 @@ use settle_runtime::{Chunk, Outcome, SessionId, Turn};
 use settle_stream::{Message, Role};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 use crate::parts::{self, Payload};
 use crate::protocol::{notification, ErrorKind};
 use crate::table::Entry;
@@ -129,7 +130,12 @@ pub(crate) async fn pump(
     let (outcome, error) = turn.end().await;
     let error = match (&over, error) {
         (Some(why), _) => json!({ "kind": ErrorKind::TooLarge.as_str(), "message": why }),
-        (None, Some(e)) => json!({ "kind": e.kind.as_str(), "message": e.message }),
+        // A provider's message may quote a whole response body: bounded,
+        // so that the turn's end fits in a frame.
+        (None, Some(e)) => json!({
+            "kind": e.kind.as_str(),
+            "message": bounded(&e.message, MAX_MESSAGE_CHARS),
+        }),
         (None, None) => {
             if !reply.is_empty() {
                 conversation.push(Message::new(Role::Assistant, reply));
