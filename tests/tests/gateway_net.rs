@@ -237,8 +237,10 @@ async fn another_principal_can_neither_see_attach_prompt_cancel_hold_nor_close_a
         .as_u64()
         .unwrap();
 
-    let ids = |rows: &Value| -> Vec<u64> {
-        rows.as_array()
+    let ids = |page: &Value| -> Vec<u64> {
+        assert_eq!(page["next_cursor"], Value::Null);
+        page["sessions"]
+            .as_array()
             .unwrap()
             .iter()
             .map(|r| r["id"].as_u64().unwrap())

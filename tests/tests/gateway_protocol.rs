@@ -435,8 +435,9 @@ async fn sessions_list_gives_the_rows_of_settle_sessions_json_and_healthz_answer
         .await;
     client.turn(child).await;
     client.ok("session.close", json!({ "id": child })).await;
-    let rows = client.ok("sessions.list", json!({})).await;
-    let rows = rows.as_array().unwrap();
+    let page = client.ok("sessions.list", json!({})).await;
+    assert_eq!(page["next_cursor"], Value::Null);
+    let rows = page["sessions"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for row in rows {
         assert_eq!(settle_tests::keys(row), settle_tests::SESSION_KEYS);
@@ -451,7 +452,7 @@ async fn sessions_list_gives_the_rows_of_settle_sessions_json_and_healthz_answer
     let open = client
         .ok("sessions.list", json!({ "state": "registered" }))
         .await;
-    let open: Vec<u64> = open
+    let open: Vec<u64> = open["sessions"]
         .as_array()
         .unwrap()
         .iter()

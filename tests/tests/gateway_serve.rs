@@ -150,7 +150,8 @@ async fn sigint_finalizes_every_session_and_exits_130_and_sessions_list_is_settl
         .await;
     client.turn(id).await;
     let listed = client.ok("sessions.list", json!({})).await;
-    assert_eq!(Value::Array(sandbox.sessions()), listed);
+    assert_eq!(Value::Array(sandbox.sessions()), listed["sessions"]);
+    assert_eq!(listed["next_cursor"], Value::Null);
 
     serving.signal(Signal::SIGINT);
     assert_eq!(

@@ -79,6 +79,15 @@ pub struct ServeArgs {
     /// How many requests per second each connection may send (0: unlimited).
     #[arg(long, default_value_t = 100)]
     requests_per_second: u32,
+    /// How many holds each principal may have placed at once (default: no bound).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_holds_per_principal: Option<u64>,
+    /// How many chunks one turn may stream before it is cancelled.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_turn_chunks: u64,
+    /// How many bytes of chunks one turn may stream before it is cancelled.
+    #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_turn_bytes: u64,
     /// Play the turns of this script book instead of asking a model server.
     #[arg(long, hide = true, value_name = "FILE")]
     scripted: Option<PathBuf>,
@@ -137,7 +146,10 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .max_connections(as_usize(args.max_connections))
         .max_connections_per_principal(as_usize(args.max_connections_per_principal))
         .max_sessions_per_principal(args.max_sessions_per_principal.map(as_usize))
-        .requests_per_second(Some(args.requests_per_second));
+        .requests_per_second(Some(args.requests_per_second))
+        .max_holds_per_principal(args.max_holds_per_principal.map(as_usize))
+        .max_turn_chunks(as_usize(args.max_turn_chunks))
+        .max_turn_bytes(as_usize(args.max_turn_bytes));
     for origin in &args.allow_origins {
         gateway = gateway.allow_origin(origin);
     }

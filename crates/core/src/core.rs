@@ -321,6 +321,7 @@ impl Core {
             return Err(Error::DuplicateSession(id));
         }
         self.check_register(parent)?;
+        self.make_room(now, parent)?;
         let mut parent_was_childless = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
             p.children.push(id);
@@ -337,8 +338,35 @@ impl Core {
             // It has a child to finalize first now: no longer reclaimable (G1).
             self.refresh_index(p);
         }
-        self.enforce_lru_cap(now);
         Ok(Handled::Applied)
+    }
+
+    /// Makes room under the LRU cap for one more session (under `parent`),
+    /// before it is registered, so that the new session is never the one
+    /// evicted: the least recently active idle sessions are evicted, the
+    /// parent spared (its child would make it busy). Refused, changing
+    /// nothing, when too few can be evicted.
+    fn make_room(&mut self, now: Instant, parent: Option<SessionId>) -> Result<(), Error> {
+        let Some(cap) = self.policy.lru_cap else {
+            return Ok(());
+        };
+        let needed = (self.open + 1).saturating_sub(cap);
+        if needed == 0 {
+            return Ok(());
+        }
+        let victims = self
+            .deadlines
+            .oldest_idle(&mut self.sessions, needed, parent);
+        if victims.len() < needed {
+            return Err(Error::OverCapacity { cap });
+        }
+        for id in victims {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                self.deadlines.unindex_idle(&mut s.idle);
+            }
+            self.claim(now, id, EndReason::LruEvict);
+        }
+        Ok(())
     }
 
     fn start_work(

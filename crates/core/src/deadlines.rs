@@ -143,6 +143,37 @@ impl Deadlines {
         None
     }
 
+    /// The `n` oldest idle sessions but `spare`, oldest first (fewer when
+    /// there are not as many), leaving them in the index.
+    pub fn oldest_idle(
+        &mut self,
+        marks: &mut impl IdleMarks,
+        n: usize,
+        spare: Option<SessionId>,
+    ) -> Vec<SessionId> {
+        let mut taken = Vec::with_capacity(n + 1);
+        let mut oldest = Vec::with_capacity(n);
+        while oldest.len() < n {
+            let Some((since, id)) = self.next_idle(marks) else {
+                break;
+            };
+            // Off the top for the next look, back in below as it was.
+            self.idle.pop();
+            taken.push(Reverse((since, id)));
+            if Some(id) != spare {
+                oldest.push(id);
+            }
+        }
+        self.idle.extend(taken);
+        oldest
+    }
+
+    /// Takes a session out of the index wherever its entry is: the entry
+    /// goes stale, skipped when it surfaces.
+    pub fn unindex_idle(&mut self, mark: &mut IdleMark) {
+        *mark = IdleMark::default();
+    }
+
     /// Takes the session [`next_idle`](Self::next_idle) named out of the
     /// index, to claim it.
     pub fn take_next_idle(&mut self, mark: &mut IdleMark) {

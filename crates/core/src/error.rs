@@ -46,6 +46,15 @@ pub enum Error {
         /// How many slots there are.
         slots: usize,
     },
+    /// The LRU cap (see [`Policy::lru_cap`](crate::Policy::lru_cap)) is
+    /// reached and no session can be evicted for a new one: every open
+    /// session is running, held, has children, or is the parent asked for.
+    /// Nothing was registered and nothing evicted.
+    #[error("all {cap} places of the session cap are taken by sessions that are running, held or have children, and none can be evicted; close or release one, or raise the cap")]
+    OverCapacity {
+        /// The cap.
+        cap: usize,
+    },
     /// The session's previous turn was cancelled (or its `Turn` dropped) and
     /// has not settled yet: its work is still unwinding, for at most the
     /// settle timeout (G5).

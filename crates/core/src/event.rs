@@ -31,7 +31,10 @@ use crate::{CancelMode, Outcome, SessionId, WorkId};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A new session, optionally under a parent that is registered or running
-    /// and not closing. Refused while shutting down.
+    /// and not closing. Refused while shutting down. At the LRU cap the least
+    /// recently active idle session is evicted first, so the new one never
+    /// is; with none to evict it is refused with
+    /// [`Error::OverCapacity`](crate::Error::OverCapacity), changing nothing.
     Register {
         /// The caller-chosen identity (usually the store's row id).
         session: SessionId,

@@ -19,8 +19,11 @@ pub struct Policy {
     pub settle_timeout: Duration,
     /// How long a session may sit idle before the idle reap claims it; `None` disables it.
     pub idle_ttl: Option<Duration>,
-    /// How many open sessions may exist before the least recently active idle
-    /// one is evicted; `None` disables the cap.
+    /// How many open sessions may exist: a registration at the cap first
+    /// evicts the least recently active idle session (never the new one,
+    /// nor its parent), and is refused with
+    /// [`Error::OverCapacity`](crate::Error::OverCapacity) when none can be
+    /// evicted. `None` disables the cap.
     pub lru_cap: Option<usize>,
     /// How long a session may have no transport attached before the orphan
     /// reap claims it (only sessions that had a transport are ever orphans).

@@ -461,13 +461,20 @@ fn g3_a_session_with_a_live_task_is_never_reclaimed() {
     h.attach(s);
     h.ev(Event::TransportDetached { session: s });
     h.tick(10 * SEC);
-    // Over the cap: the newcomer is the only idle one, and it goes.
-    let other = h.register(2, None);
+    // At the cap with nothing to evict: the newcomer is refused, never
+    // registered to be evicted at birth.
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(2),
+            parent: None
+        }),
+        Err(Error::OverCapacity { cap: 1 })
+    );
     for sweep in [Sweep::Idle, Sweep::Lru, Sweep::Orphan] {
         h.ev(Event::Sweep(sweep));
     }
     h.tick(20 * SEC);
-    assert_eq!(h.finalized(), vec![(other, EndReason::LruEvict)]);
+    assert_eq!(h.finalized(), vec![]);
     assert_eq!(h.state(s), State::Running);
     assert_eq!(h.core.session(s).unwrap().closing(), None);
 

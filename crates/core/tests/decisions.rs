@@ -402,3 +402,52 @@ fn the_answer_predicates_say_what_they_name() {
     assert!(Error::ShuttingDown.is_shutting_down());
     assert!(!Error::SessionClosed(SessionId(1)).is_shutting_down());
 }
+
+#[test]
+fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_is_never_evicted() {
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(2)));
+    let a = h.register(1, None);
+    let b = h.register(2, None);
+    for s in [a, b] {
+        h.ev(Event::Hold {
+            session: s,
+            hold: Hold::PendingInput,
+        });
+    }
+    h.drain();
+    // Full of held sessions: refused, and nothing changed.
+    for id in [3, 4] {
+        assert_eq!(
+            h.try_ev(Event::Register {
+                session: SessionId(id),
+                parent: None
+            }),
+            Err(Error::OverCapacity { cap: 2 })
+        );
+        assert!(h.drain().is_empty());
+        assert_eq!(h.core.state(SessionId(id)), None);
+    }
+    assert_eq!(h.core.open_sessions(), 2);
+    assert!(h.finalized().is_empty());
+
+    // A child under the only idle session would make it unreclaimable: its
+    // parent is not evicted for it.
+    h.ev(Event::Release {
+        session: a,
+        hold: Hold::PendingInput,
+    });
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(5),
+            parent: Some(a)
+        }),
+        Err(Error::OverCapacity { cap: 2 })
+    );
+    assert_eq!(h.state(a), State::Registered);
+
+    // One released session makes room: it is evicted, the new one lives.
+    let c = h.register(6, None);
+    assert_eq!(h.finalized(), vec![(a, EndReason::LruEvict)]);
+    assert_eq!(h.state(c), State::Registered);
+    assert_eq!(h.core.open_sessions(), 2);
+}

@@ -555,9 +555,16 @@ fn g3_a_held_session_survives_every_automatic_path_until_the_drain_ends() {
         session: held,
         hold: Hold::Delegation,
     });
-    h.register(2, None);
+    // At the cap, the second session is refused: the held one is not evicted for it.
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(2),
+            parent: None
+        }),
+        Err(settle_core::Error::OverCapacity { cap: 1 })
+    );
     h.advance(Duration::from_secs(2));
-    // The second session was evicted or reaped, never the held one.
+    // Nothing reaps the held one either.
     assert!(h.finalized().iter().all(|(s, _)| *s != held));
     h.ev(Event::BeginShutdown {
         drain: Duration::from_secs(1),

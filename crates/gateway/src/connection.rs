@@ -238,6 +238,15 @@ async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) 
     for frame in batch.drain(..) {
         let message = match frame {
             Frame::Text(text) => Message::Text(text),
+            Frame::Parts(parts) => {
+                // Flushed part by part: a socket's buffer takes one at a time.
+                for part in parts.iter() {
+                    if sink.send(Message::Text(part.clone())).await.is_err() {
+                        return false;
+                    }
+                }
+                continue;
+            }
             Frame::Ping => Message::Ping(Default::default()),
             Frame::Close => {
                 let close = Message::Close(Some(CloseFrame {

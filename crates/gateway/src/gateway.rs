@@ -176,6 +176,32 @@ impl GatewayBuilder {
         self
     }
 
+    /// How many holds each principal may have placed at once; one more
+    /// `session.hold` is refused `over_capacity`. `None` (the default): no
+    /// bound.
+    #[must_use]
+    pub fn max_holds_per_principal(mut self, max: Option<usize>) -> Self {
+        self.limits.max_holds_per_principal = max;
+        self
+    }
+
+    /// How many chunks one turn may stream; the turn is cancelled at the
+    /// next one (its `turn.ended` error kind `too_large`). Default 100,000.
+    #[must_use]
+    pub fn max_turn_chunks(mut self, chunks: usize) -> Self {
+        self.limits.max_turn_chunks = chunks.max(1);
+        self
+    }
+
+    /// How many bytes of chunks one turn may stream; the turn is cancelled
+    /// at the chunk that passes it (its `turn.ended` error kind
+    /// `too_large`). Default 64 MiB.
+    #[must_use]
+    pub fn max_turn_bytes(mut self, bytes: usize) -> Self {
+        self.limits.max_turn_bytes = bytes.max(1);
+        self
+    }
+
     /// The gateway.
     pub fn build(self) -> Gateway {
         let slots = Slots::new(

@@ -4,8 +4,9 @@
 //! Clients (a TUI, a desktop app, a script) speak JSON-RPC 2.0 over
 //! WebSocket at `ws://ADDR/ws`, one text frame per message: they create
 //! sessions, attach to them and detach, run turns whose chunks they receive
-//! as notifications once persisted, hold sessions while a person is asked
-//! for input, close them, list them. `GET /healthz` answers `ok` (503 once
+//! as notifications once persisted (a chunk larger than a frame in parts),
+//! read a turn back from the store, hold sessions while a person is asked
+//! for input, close them, list them a page at a time. `GET /healthz` answers `ok` (503 once
 //! shutting down). The protocol is in `docs/gateway.md`.
 //!
 //! Each connection is a transport of the sessions it attaches to. The
@@ -106,6 +107,7 @@ mod auth;
 mod connection;
 mod connections;
 mod error;
+mod excerpt;
 mod gateway;
 mod limits;
 mod listing;
@@ -114,9 +116,11 @@ mod origin;
 mod outbox;
 mod ownership;
 mod params;
+mod parts;
 pub mod protocol;
 mod pump;
 mod rate;
+mod reading;
 mod scripted;
 mod shared;
 mod slots;

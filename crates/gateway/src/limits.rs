@@ -28,9 +28,29 @@ pub(crate) struct Limits {
     /// Requests per second per connection (in bursts of up to a second's
     /// worth); `None`: unlimited.
     pub requests_per_second: Option<u32>,
+    /// Holds placed at once per principal; `None`: no bound.
+    pub max_holds_per_principal: Option<usize>,
+    /// The most chunks one turn may stream before it is cancelled.
+    pub max_turn_chunks: usize,
+    /// The most bytes of chunks one turn may stream before it is cancelled.
+    pub max_turn_bytes: usize,
 }
 
 impl Limits {
+    /// The most bytes one answer of many rows may take: half of what a
+    /// connection's queue and a message may hold, so that it passes beside
+    /// the notifications already queued.
+    pub fn page_bytes(&self) -> usize {
+        self.queue_bytes.min(self.max_message_bytes) / 2
+    }
+
+    /// The most bytes one `turn.chunk` may take; a larger chunk goes in
+    /// parts (see `parts.rs`): a quarter of what a connection's queue and a
+    /// message may hold.
+    pub fn part_bytes(&self) -> usize {
+        (self.queue_bytes.min(self.max_message_bytes) / 4).max(1024)
+    }
+
     pub fn queue(&self) -> Bounds {
         Bounds {
             frames: self.queue_frames,
@@ -52,6 +72,9 @@ impl Default for Limits {
             max_connections_per_principal: 256,
             max_sessions_per_principal: None,
             requests_per_second: Some(100),
+            max_holds_per_principal: None,
+            max_turn_chunks: 100_000,
+            max_turn_bytes: 64 * 1024 * 1024,
         }
     }
 }

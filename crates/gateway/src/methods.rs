@@ -6,14 +6,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use settle_runtime::{RuntimeError, SessionId, State, TurnRequest};
+use settle_runtime::{Handled, RuntimeError, SessionId, State, TurnRequest};
+use settle_store::SessionFilter;
 use settle_stream::{Message, Role};
 
 use crate::auth::Principal;
+use crate::listing;
 use crate::outbox::Outbox;
 use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
 use crate::pump::Started;
+use crate::reading;
 use crate::shared::Shared;
 use crate::table::{ConnId, Entry};
 
@@ -59,6 +62,15 @@ fn over_capacity(principal: &Principal, live: usize) -> RpcError {
     )
 }
 
+fn over_holds(principal: &Principal, held: usize) -> RpcError {
+    tracing::warn!(%principal, held, "refused a hold: the principal has its maximum of holds");
+    RpcError::new(
+        code::OVER_CAPACITY,
+        ErrorKind::OverCapacity,
+        format!("{principal} has {held} holds, its maximum: release one first"),
+    )
+}
+
 fn wrong_state(message: String) -> RpcError {
     RpcError::new(code::WRONG_STATE, ErrorKind::WrongState, message)
 }
@@ -98,13 +110,15 @@ pub(crate) async fn call(
         "session.release" => hold(shared, caller, read(params)?, false).await,
         "session.close" => close(shared, caller, read(params)?).await,
         "sessions.list" => list(shared, caller, read(params)?).await,
+        "session.read" => session_read(shared, caller, read(params)?).await,
         other => Err(RpcError::new(
             code::METHOD_NOT_FOUND,
             ErrorKind::BadRequest,
             format!(
-                "no method `{other}`; the methods are session.create, session.attach, \
+                "no method `{}`; the methods are session.create, session.attach, \
                  session.detach, turn.start, turn.cancel, session.hold, session.release, \
-                 session.close and sessions.list"
+                 session.close, session.read and sessions.list",
+                crate::excerpt::bounded(other, crate::excerpt::MAX_QUOTED_CHARS)
             ),
         )),
     }
@@ -223,6 +237,9 @@ async fn turn_start(
             _ => entry.conversation.clone().lock_owned().await,
         },
     };
+    // The prompt and the history sent with it are bounded by the kernel
+    // (`max_prompt_bytes`, `max_history_bytes`), which refuses a turn over
+    // either before anything is written: `too_large`.
     let prompt = Message::new(Role::User, params.prompt);
     let mut messages = conversation.clone();
     messages.push(prompt.clone());
@@ -260,14 +277,24 @@ async fn hold(
     params: params::HoldParams,
     hold: bool,
 ) -> Result<Answer, RpcError> {
-    let entry = owned(shared, caller, SessionId(params.id)).await?;
+    let id = SessionId(params.id);
+    let entry = owned(shared, caller, id).await?;
     let which = params.hold.into();
-    let done = if hold {
-        entry.handle.hold(which).await
+    if hold {
+        let place = shared
+            .owners
+            .reserve_hold(caller.principal, shared.limits.max_holds_per_principal)
+            .map_err(|held| over_holds(caller.principal, held))?;
+        let done = entry.handle.hold(which).await.map_err(from_runtime)?;
+        if done == Handled::Applied {
+            place.keep(id);
+        }
     } else {
-        entry.handle.release(which).await
-    };
-    let _ = done.map_err(from_runtime)?;
+        let done = entry.handle.release(which).await.map_err(from_runtime)?;
+        if done == Handled::Applied {
+            shared.owners.released_hold(id);
+        }
+    }
     Ok(json!({}).into())
 }
 
@@ -282,18 +309,59 @@ async fn close(
     Ok(json!({ "end_reason": reason.as_str() }).into())
 }
 
+async fn session_read(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    params: params::Read,
+) -> Result<Answer, RpcError> {
+    let id = SessionId(params.id);
+    owned(shared, caller, id).await?;
+    let detail = shared
+        .kernel
+        .session_detail(id)
+        .await
+        .map_err(|error| match error {
+            // Not written yet: as good as not there.
+            RuntimeError::Store(settle_store::StoreError::UnknownSession(_)) => {
+                RpcError::not_found(id.get())
+            }
+            error => from_runtime(error),
+        })?;
+    let from = reading::From {
+        turn: params.turn,
+        seq: params.seq,
+        part: params.part,
+    };
+    let limits = &shared.limits;
+    Ok(reading::page(&detail, from, limits.page_bytes(), limits.part_bytes())?.into())
+}
+
 async fn list(
     shared: &Arc<Shared>,
     caller: &Caller<'_>,
     params: params::List,
 ) -> Result<Answer, RpcError> {
     let state = params.checked_state()?;
+    let since = params.checked_since()?;
+    let limit = params.checked_limit()?;
+    let mut filter = SessionFilter::all().in_state_opt(state);
+    if let Some(since) = since {
+        filter = filter.since(since);
+    }
+    if let Some(after) = params.checked_cursor()? {
+        filter = filter.after(after);
+    }
+    // A named principal's sessions are asked for by id, in the page's
+    // query: another's never take a place in it.
+    if let Some(ids) = shared.owners.owned_by(caller.principal) {
+        filter = filter.only(ids);
+    }
     let mut rows = shared
         .kernel
-        .list_sessions(state)
+        .list_sessions_where(listing::filter(filter, limit))
         .await
         .map_err(from_runtime)?;
-    // Another principal's sessions do not exist for this one.
+    // The anonymous principal's: every session no named principal owns.
     rows.retain(|row| shared.owners.may_use(caller.principal, row.id));
-    Ok(crate::listing::rows(&rows).into())
+    Ok(listing::page(&rows, limit, shared.limits.page_bytes()).into())
 }

@@ -20,6 +20,9 @@ use tokio_util::sync::CancellationToken;
 pub(crate) enum Frame {
     /// A JSON-RPC message.
     Text(Utf8Bytes),
+    /// The messages of one chunk sent in parts, one frame each, shared by
+    /// every connection watching its session.
+    Parts(Arc<[Utf8Bytes]>),
     /// A keepalive ping.
     Ping,
     /// The closing frame: the gateway is going away.
@@ -30,6 +33,10 @@ impl Frame {
     fn weight(&self) -> usize {
         match self {
             Frame::Text(text) => text.len(),
+            // The parts are shared by every watcher and held by the turn's
+            // chunk anyway: a connection's queue is charged its largest
+            // part, the most it holds of them in a socket's buffer at once.
+            Frame::Parts(parts) => parts.iter().map(|part| part.len()).max().unwrap_or(0),
             Frame::Ping | Frame::Close => 0,
         }
     }

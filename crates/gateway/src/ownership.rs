@@ -1,5 +1,5 @@
 //! [`Owners`]: which principal each session belongs to, and how many live
-//! sessions each principal has.
+//! sessions and holds each principal has.
 //!
 //! A session belongs to the principal whose connection created it. Another
 //! principal is told `not_found` for it by every method and does not see it
@@ -32,6 +32,11 @@ struct Inner {
     sessions: HashMap<SessionId, Owned>,
     /// Live sessions (and reservations) per principal.
     live: HashMap<Principal, usize>,
+    /// The holds a principal placed on each session, until released or
+    /// the session is finalized.
+    holds: HashMap<SessionId, (Principal, usize)>,
+    /// Holds (and hold reservations) per principal.
+    held: HashMap<Principal, usize>,
 }
 
 #[derive(Debug)]
@@ -64,6 +69,24 @@ impl Owners {
         }
     }
 
+    /// The sessions `principal` owns, live and finalized, for a listing to
+    /// ask the store for these alone; `None` for the anonymous principal,
+    /// whose sessions are every session no named principal owns.
+    pub fn owned_by(&self, principal: &Principal) -> Option<Vec<SessionId>> {
+        if principal.is_anonymous() {
+            return None;
+        }
+        let inner = self.inner();
+        let mut ids: Vec<SessionId> = inner
+            .sessions
+            .iter()
+            .filter(|(_, owned)| owned.principal == *principal)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        Some(ids)
+    }
+
     /// A place for one more live session of `principal`, if it has fewer
     /// than `max`; else the number it has.
     pub fn reserve(
@@ -84,9 +107,47 @@ impl Owners {
         })
     }
 
-    /// Session `id` is finalized: its place is given back.
+    /// A place for one more hold of `principal`, if it has fewer than
+    /// `max`; else the number it has. Taken before the hold is asked of the
+    /// kernel, given back when dropped unless [`HoldPlace::keep`] kept it.
+    pub fn reserve_hold(
+        &self,
+        principal: &Principal,
+        max: Option<usize>,
+    ) -> Result<HoldPlace<'_>, usize> {
+        let mut inner = self.inner();
+        let held = inner.held.entry(principal.clone()).or_default();
+        if max.is_some_and(|max| *held >= max) {
+            return Err(*held);
+        }
+        *held += 1;
+        Ok(HoldPlace {
+            owners: self,
+            principal: principal.clone(),
+            kept: false,
+        })
+    }
+
+    /// A hold on session `id` was released: its place is given back.
+    pub fn released_hold(&self, id: SessionId) {
+        let mut inner = self.inner();
+        let Some((principal, count)) = inner.holds.get_mut(&id) else {
+            return;
+        };
+        let principal = principal.clone();
+        *count -= 1;
+        if *count == 0 {
+            inner.holds.remove(&id);
+        }
+        inner.unhold(&principal, 1);
+    }
+
+    /// Session `id` is finalized: its place and its holds' are given back.
     pub fn finished(&self, id: SessionId) {
         let mut inner = self.inner();
+        if let Some((principal, count)) = inner.holds.remove(&id) {
+            inner.unhold(&principal, count);
+        }
         let Some(owned) = inner.sessions.get_mut(&id) else {
             return;
         };
@@ -102,6 +163,15 @@ impl Owners {
 }
 
 impl Inner {
+    fn unhold(&mut self, principal: &Principal, count: usize) {
+        if let Some(held) = self.held.get_mut(principal) {
+            *held = held.saturating_sub(count);
+            if *held == 0 {
+                self.held.remove(principal);
+            }
+        }
+    }
+
     fn release(&mut self, principal: &Principal) {
         if let Some(live) = self.live.get_mut(principal) {
             *live = live.saturating_sub(1);
@@ -123,6 +193,35 @@ impl Reservation<'_> {
                 live: true,
             },
         );
+    }
+}
+
+/// A place for one more hold of a principal: see [`Owners::reserve_hold`].
+#[derive(Debug)]
+pub(crate) struct HoldPlace<'a> {
+    owners: &'a Owners,
+    principal: Principal,
+    kept: bool,
+}
+
+impl HoldPlace<'_> {
+    /// The place is a hold on session `id` now.
+    pub fn keep(mut self, id: SessionId) {
+        self.kept = true;
+        let mut inner = self.owners.inner();
+        let entry = inner
+            .holds
+            .entry(id)
+            .or_insert_with(|| (self.principal.clone(), 0));
+        entry.1 += 1;
+    }
+}
+
+impl Drop for HoldPlace<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.owners.inner().unhold(&self.principal, 1);
+        }
     }
 }
 

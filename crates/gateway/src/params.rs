@@ -5,7 +5,10 @@
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use settle_runtime::{Hold, SessionId, State};
+use settle_store::ListCursor;
 
 use crate::protocol::RpcError;
 
@@ -93,13 +96,45 @@ impl From<HoldWord> for Hold {
     }
 }
 
-/// `sessions.list`.
+/// `session.read`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Read {
+    pub id: u64,
+    /// The turn; the last one when left out.
+    #[serde(default)]
+    pub turn: Option<u32>,
+    /// The first chunk's `seq` (default 0).
+    #[serde(default)]
+    pub seq: u32,
+    /// The first part of that chunk (default 0).
+    #[serde(default)]
+    pub part: u32,
+}
+
+/// `sessions.list`: the filters, and the place and size of the page.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct List {
     #[serde(default)]
     pub state: Option<String>,
+    /// Only sessions registered at or after this time (RFC 3339).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// At most this many rows (default [`DEFAULT_PAGE_ROWS`], at most
+    /// [`MAX_PAGE_ROWS`]).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the page before.
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
+
+/// The rows of a `sessions.list` page when no `limit` is given.
+pub(crate) const DEFAULT_PAGE_ROWS: usize = 100;
+
+/// The most rows a `sessions.list` page has.
+pub(crate) const MAX_PAGE_ROWS: usize = 1000;
 
 impl List {
     /// The state asked for, checked against the vocabulary.
@@ -110,6 +145,69 @@ impl List {
             .transpose()
             .map_err(RpcError::bad_params)
     }
+
+    /// The time asked for, read as RFC 3339.
+    pub fn checked_since(&self) -> Result<Option<SystemTime>, RpcError> {
+        self.since
+            .as_deref()
+            .map(|since| {
+                humantime::parse_rfc3339_weak(since).map_err(|e| {
+                    RpcError::bad_params(format!(
+                        "`since` must be an RFC 3339 time such as 2025-01-31T12:00:00Z: {e}"
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    /// The page size asked for, checked: 1 to [`MAX_PAGE_ROWS`].
+    pub fn checked_limit(&self) -> Result<usize, RpcError> {
+        match self.limit {
+            None => Ok(DEFAULT_PAGE_ROWS),
+            Some(n @ 1..=MAX_PAGE_ROWS) => Ok(n),
+            Some(n) => Err(RpcError::bad_params(format!(
+                "`limit` is {n}; a page has 1 to {MAX_PAGE_ROWS} rows"
+            ))),
+        }
+    }
+
+    /// The place the page starts after, read from a cursor this gateway gave.
+    pub fn checked_cursor(&self) -> Result<Option<ListCursor>, RpcError> {
+        self.cursor.as_deref().map(parse_cursor).transpose()
+    }
+}
+
+/// A cursor as `sessions.list` gives it out: the registration time of the
+/// page's last row in milliseconds since the epoch, a dot, its id. Opaque
+/// to clients; spelled plainly so a person can read it in a log.
+pub(crate) fn cursor(place: ListCursor) -> String {
+    let ms = match place.created_at.duration_since(UNIX_EPOCH) {
+        Ok(d) => i128::try_from(d.as_millis()).unwrap_or(i128::MAX),
+        Err(e) => -i128::try_from(e.duration().as_millis()).unwrap_or(i128::MAX),
+    };
+    format!("{ms}.{}", place.id.get())
+}
+
+fn parse_cursor(text: &str) -> Result<ListCursor, RpcError> {
+    let refused = || {
+        RpcError::bad_params(format!(
+            "`cursor` {} is not one sessions.list gave; pass its `next_cursor` as it is",
+            crate::excerpt::bounded(text, 40)
+        ))
+    };
+    let (ms, id) = text.split_once('.').ok_or_else(refused)?;
+    let ms: i64 = ms.parse().map_err(|_| refused())?;
+    let id: u64 = id.parse().map_err(|_| refused())?;
+    let created_at = if ms >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_millis(ms.unsigned_abs()))
+    } else {
+        UNIX_EPOCH.checked_sub(Duration::from_millis(ms.unsigned_abs()))
+    }
+    .ok_or_else(refused)?;
+    Ok(ListCursor {
+        created_at,
+        id: SessionId(id),
+    })
 }
 
 #[cfg(test)]
@@ -139,5 +237,29 @@ mod tests {
         assert!(list.checked_state().is_err());
         let list: List = read(json!({"state": "finalized"})).unwrap();
         assert_eq!(list.checked_state().unwrap(), Some(State::Finalized));
+    }
+
+    #[test]
+    fn a_page_is_bounded_and_its_cursor_reads_back() {
+        let list: List = read(json!({})).unwrap();
+        assert_eq!(list.checked_limit().unwrap(), DEFAULT_PAGE_ROWS);
+        for limit in [0, MAX_PAGE_ROWS + 1] {
+            let list: List = read(json!({ "limit": limit })).unwrap();
+            assert!(list.checked_limit().is_err(), "{limit}");
+        }
+        let place = ListCursor {
+            created_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            id: SessionId(42),
+        };
+        let list: List = read(json!({ "cursor": cursor(place) })).unwrap();
+        assert_eq!(list.checked_cursor().unwrap(), Some(place));
+        for bad in ["", "12", "a.b", "1.-2", "99999999999999999999.1"] {
+            let list: List = read(json!({ "cursor": bad })).unwrap();
+            assert!(list.checked_cursor().is_err(), "{bad}");
+        }
+        let list: List = read(json!({ "since": "yesterday" })).unwrap();
+        assert!(list.checked_since().is_err());
+        let list: List = read(json!({ "since": "2025-01-31T12:00:00Z" })).unwrap();
+        assert!(list.checked_since().unwrap().is_some());
     }
 }

@@ -9,9 +9,13 @@
 //! Every error carries a stable `data.kind` (see [`ErrorKind`]) besides the
 //! JSON-RPC code: a client decides on the kind, a person reads the message.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Map, Value};
 use settle_core::Error as CoreError;
 use settle_runtime::RuntimeError;
+
+use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 
 /// The stable kind of an error, in its `data.kind` (SPEC §10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,13 +35,18 @@ pub enum ErrorKind {
     /// The gateway could not do it for a reason of its own: the session
     /// store failed or did not answer in time. Nothing was acknowledged.
     Internal,
-    /// A limit of the gateway refuses it: the principal has its maximum of
-    /// live sessions, or a turn's prompt or history is over its size limit
-    /// (`--max-prompt-bytes`, `--max-history-bytes`). Nothing was written.
+    /// A limit refuses it: the principal has its maximum of live sessions
+    /// (or holds), or the session cap (`--max-sessions`) is full of
+    /// sessions none of which can be evicted. Nothing was written.
     OverCapacity,
     /// The connection sends requests faster than its rate: this one was not
     /// carried out; send it again a little later.
     RateLimited,
+    /// A size limit refuses it: a prompt, or the history sent with it, is
+    /// larger than the gateway takes (nothing was written); in a
+    /// `turn.ended`, the turn streamed more chunks or bytes than a turn may
+    /// and was cancelled.
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -51,6 +60,7 @@ impl ErrorKind {
         ErrorKind::Internal,
         ErrorKind::OverCapacity,
         ErrorKind::RateLimited,
+        ErrorKind::TooLarge,
     ];
 
     /// The spelling in `data.kind`.
@@ -64,6 +74,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::OverCapacity => "over_capacity",
             ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::TooLarge => "too_large",
         }
     }
 }
@@ -87,6 +98,7 @@ pub(crate) mod code {
     pub const SHUTTING_DOWN: i64 = -32004;
     pub const OVER_CAPACITY: i64 = -32005;
     pub const RATE_LIMITED: i64 = -32006;
+    pub const TOO_LARGE: i64 = -32007;
 }
 
 /// An error answer: its JSON-RPC code, its kind and a sentence.
@@ -98,11 +110,19 @@ pub(crate) struct RpcError {
 }
 
 impl RpcError {
+    /// An error answer; a message longer than
+    /// [`MAX_MESSAGE_CHARS`](crate::excerpt::MAX_MESSAGE_CHARS) (one that
+    /// echoes a huge request) is cut, so that the answer fits in a frame.
     pub fn new(code: i64, kind: ErrorKind, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let message = match bounded(&message, MAX_MESSAGE_CHARS) {
+            Cow::Borrowed(_) => message,
+            Cow::Owned(cut) => cut,
+        };
         RpcError {
             code,
             kind,
-            message: message.into(),
+            message,
         }
     }
 
@@ -138,11 +158,15 @@ impl RpcError {
             e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
             R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
             R::Lifecycle(CoreError::ShuttingDown) | R::Stopped => return RpcError::shutting_down(),
+            R::Lifecycle(CoreError::OverCapacity { .. }) => {
+                tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
+                (code::OVER_CAPACITY, ErrorKind::OverCapacity)
+            }
             R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } => {
                 (code::WRONG_STATE, ErrorKind::WrongState)
             }
             R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
-            R::TooLarge { .. } => (code::OVER_CAPACITY, ErrorKind::OverCapacity),
+            R::TooLarge { .. } => (code::TOO_LARGE, ErrorKind::TooLarge),
             // Store failures, and whatever a later runtime adds.
             _ => (code::INTERNAL, ErrorKind::Internal),
         };

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use axum::extract::ws::Utf8Bytes;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use settle_runtime::{Chunk, Outcome, SessionId, Turn, TurnError};
+use settle_runtime::{Chunk, Outcome, SessionId, Turn};
 use settle_stream::{Message, Role};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::protocol::notification;
+use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
+use crate::parts::{self, Payload};
+use crate::protocol::{notification, ErrorKind};
 use crate::table::Entry;
 
 /// A turn the runtime started, to be run by [`pump`].
@@ -24,24 +26,35 @@ pub(crate) struct Started {
     pub conversation: OwnedMutexGuard<Vec<Message>>,
 }
 
-/// The `turn.chunk` notification of one chunk.
-fn chunk_frame(id: SessionId, turn: u32, chunk: &Chunk) -> Utf8Bytes {
-    let params = match chunk.as_text() {
-        Some(text) => json!({ "id": id.get(), "turn": turn, "text": text }),
+/// The `turn.chunk` notifications of chunk `seq`: one, or its parts when
+/// it would not fit in `budget` bytes.
+fn chunk_frames(
+    id: SessionId,
+    turn: u32,
+    seq: u32,
+    chunk: &Chunk,
+    budget: usize,
+) -> Vec<Utf8Bytes> {
+    let json;
+    let payload = match chunk.as_text() {
+        Some(text) => Payload::Text(text),
         // A tool call, reasoning or usage: its kind and its JSON, as persisted.
         None => {
-            json!({ "id": id.get(), "turn": turn, "kind": chunk.kind().as_str(), "data": chunk.to_json() })
+            json = chunk.to_json();
+            Payload::Data {
+                kind: chunk.kind().as_str(),
+                json: &json,
+            }
         }
     };
-    notification("turn.chunk", params).into()
+    parts::params(id, turn, seq, payload, budget)
+        .into_iter()
+        .map(|params| notification("turn.chunk", params).into())
+        .collect()
 }
 
 /// The `turn.ended` notification.
-fn ended_frame(id: SessionId, turn: u32, outcome: Outcome, error: Option<&TurnError>) -> Utf8Bytes {
-    let error = error.map_or(
-        Value::Null,
-        |e| json!({ "kind": e.kind.as_str(), "message": e.message }),
-    );
+fn ended_frame(id: SessionId, turn: u32, outcome: Outcome, error: Value) -> Utf8Bytes {
     notification(
         "turn.ended",
         json!({ "id": id.get(), "turn": turn, "outcome": outcome.as_str(), "error": error }),
@@ -49,29 +62,88 @@ fn ended_frame(id: SessionId, turn: u32, outcome: Outcome, error: Option<&TurnEr
     .into()
 }
 
+/// The bounds a turn is delivered within.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// The largest `turn.chunk`; a larger chunk goes in parts.
+    pub part_bytes: usize,
+    /// The most chunks a turn may stream before it is cancelled.
+    pub max_chunks: usize,
+    /// The most bytes of chunks a turn may stream before it is cancelled.
+    pub max_bytes: usize,
+}
+
 /// Runs `turn` to its end. The turn goes on whoever watches: it is read to
 /// its end even with no connection attached (dropping it would cancel it).
 /// `conversation` is held until the end is delivered, and gets the reply
-/// unless the turn failed (the prompt stays, as in `settle chat`).
+/// unless the turn failed (the prompt stays, as in `settle chat`). A turn
+/// that streams more chunks or bytes than `bounds` allow is cancelled at
+/// the chunk past them, which is not delivered; its `turn.ended` says
+/// `too_large`, and its reply does not join the conversation.
 pub(crate) async fn pump(
     entry: Arc<Entry>,
     mut turn: Turn,
     mut conversation: OwnedMutexGuard<Vec<Message>>,
+    bounds: Bounds,
 ) {
     let id = entry.handle.id();
     let no = turn.work().no;
     let mut reply = String::new();
+    // The chunks yielded are a prefix of the stored ones, in order: the
+    // count so far is the store's `seq` of the next.
+    let mut seq = 0u32;
+    let mut bytes = 0usize;
+    let mut over: Option<String> = None;
     while let Some(chunk) = turn.next().await {
-        entry.notify(&chunk_frame(id, no, &chunk));
+        if over.is_some() {
+            continue; // Cancelled: read to its end, delivered no more.
+        }
+        bytes = bytes.saturating_add(match chunk.as_text() {
+            Some(text) => text.len(),
+            None => chunk.to_json().to_string().len(),
+        });
+        let count = usize::try_from(seq).unwrap_or(usize::MAX).saturating_add(1);
+        if count > bounds.max_chunks || bytes > bounds.max_bytes {
+            let why = format!(
+                "turn {no} streamed more than a turn may ({} chunks or {} bytes); it was cancelled",
+                bounds.max_chunks, bounds.max_bytes
+            );
+            tracing::warn!(session = %id, turn = no, "cancelled a turn: over the chunks or bytes a turn may stream");
+            turn.cancel();
+            over = Some(why);
+            continue;
+        }
+        let mut frames = chunk_frames(id, no, seq, &chunk, bounds.part_bytes);
+        seq = seq.saturating_add(1);
+        match frames.len() {
+            1 => {
+                if let Some(frame) = frames.pop() {
+                    entry.notify(&frame);
+                }
+            }
+            _ => entry.notify_parts(&frames.into()),
+        }
         if let Some(text) = chunk.as_text() {
             reply.push_str(text);
         }
     }
     let (outcome, error) = turn.end().await;
-    if error.is_none() && !reply.is_empty() {
-        conversation.push(Message::new(Role::Assistant, reply));
-    }
-    entry.notify(&ended_frame(id, no, outcome, error.as_ref()));
+    let error = match (&over, error) {
+        (Some(why), _) => json!({ "kind": ErrorKind::TooLarge.as_str(), "message": why }),
+        // A provider's message may quote a whole response body: bounded,
+        // so that the turn's end fits in a frame.
+        (None, Some(e)) => json!({
+            "kind": e.kind.as_str(),
+            "message": bounded(&e.message, MAX_MESSAGE_CHARS),
+        }),
+        (None, None) => {
+            if !reply.is_empty() {
+                conversation.push(Message::new(Role::Assistant, reply));
+            }
+            Value::Null
+        }
+    };
+    entry.notify(&ended_frame(id, no, outcome, error));
     // Released only now: a session's end is announced after its turn's.
     drop(conversation);
 }

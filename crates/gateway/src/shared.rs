@@ -97,7 +97,13 @@ impl Shared {
             turn,
             conversation,
         } = started;
-        self.tasks.spawn(pump::pump(entry, turn, conversation));
+        let bounds = pump::Bounds {
+            part_bytes: self.limits.part_bytes(),
+            max_chunks: self.limits.max_turn_chunks,
+            max_bytes: self.limits.max_turn_bytes,
+        };
+        self.tasks
+            .spawn(pump::pump(entry, turn, conversation, bounds));
     }
 
     /// Tells every connection `server.shutdown`, with the drain it has.

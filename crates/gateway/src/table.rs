@@ -14,7 +14,7 @@ use axum::extract::ws::Utf8Bytes;
 use settle_runtime::{EndReason, SessionHandle, SessionId};
 use settle_stream::Message;
 
-use crate::outbox::Outbox;
+use crate::outbox::{Frame, Outbox};
 
 /// Which connection: numbered from 1 in the order they arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,6 +74,14 @@ impl Entry {
     pub fn notify(&self, frame: &Utf8Bytes) {
         for (_, outbox) in &self.watchers().attached {
             outbox.text(frame.clone());
+        }
+    }
+
+    /// Queues the parts of one chunk for every attached connection, as
+    /// [`notify`](Self::notify) does a frame.
+    pub fn notify_parts(&self, parts: &Arc<[Utf8Bytes]>) {
+        for (_, outbox) in &self.watchers().attached {
+            outbox.push(Frame::Parts(parts.clone()));
         }
     }
 

@@ -334,6 +334,25 @@ impl Kernel {
             .map_err(RuntimeError::from)
     }
 
+    /// The sessions `filter` selects, as the store has them (one page of a
+    /// listing: see [`SessionFilter::after`](settle_store::SessionFilter::after)).
+    ///
+    /// # Errors
+    /// When the store fails or does not answer within the store timeout.
+    pub async fn list_sessions_where(
+        &self,
+        filter: settle_store::SessionFilter,
+    ) -> Result<Vec<settle_store::SessionRow>, RuntimeError> {
+        let bound = self.inner.store_timeout;
+        tokio::time::timeout(bound, self.inner.store.list_sessions(filter))
+            .await
+            .map_err(|_| RuntimeError::StoreTimeout {
+                what: "listing sessions",
+                after: bound,
+            })?
+            .map_err(RuntimeError::from)
+    }
+
     /// One session's row, turns and timeline, as the store has them.
     ///
     /// # Errors

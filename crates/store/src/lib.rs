@@ -137,7 +137,7 @@ pub use error::{DbError, OpenError, StoreError};
 pub use input::{Conversation, TurnInput};
 pub use latch::{FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure};
 pub use lease::{local_host_name, HostIdentity, OwnerId, OwnerInfo, OwnerRow};
-pub use list::{ListOrder, SessionFilter};
+pub use list::{ListCursor, ListOrder, SessionFilter};
 pub use memory::MemoryStore;
 pub use options::StoreOptions;
 pub use read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, TurnRow};

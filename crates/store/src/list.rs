@@ -2,6 +2,7 @@
 //! first), filtered by state and registration time, up to a limit; and the
 //! most recent session, for `settle chat --last`.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use diesel::prelude::*;
@@ -27,7 +28,13 @@ use crate::time::{session_id, to_millis};
 ///     .limit(20);
 /// assert_eq!(filter.limit, Some(20));
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// A page of a long listing starts [`after`](Self::after) the last row of
+/// the page before (a keyset, so that sessions registered meanwhile neither
+/// shift nor repeat rows), and [`only`](Self::only) narrows the listing to
+/// a set of sessions (one principal's) in the same query, so that a page
+/// is as long as the limit whenever enough sessions pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SessionFilter {
     /// Only sessions in this state.
@@ -38,6 +45,36 @@ pub struct SessionFilter {
     pub limit: Option<usize>,
     /// Newest or oldest first.
     pub order: ListOrder,
+    /// Only the sessions after this place in `order`.
+    pub after: Option<ListCursor>,
+    /// Only these sessions (`None`: every session).
+    pub ids: Option<Arc<[SessionId]>>,
+}
+
+/// A place in a listing: the registration time and id of its last row. The
+/// next page is what comes after it in the listing's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListCursor {
+    /// When the row's session was registered.
+    pub created_at: SystemTime,
+    /// Its id.
+    pub id: SessionId,
+}
+
+impl ListCursor {
+    /// The place of `row`.
+    pub fn of(row: &SessionRow) -> Self {
+        ListCursor {
+            created_at: row.created_at,
+            id: row.id,
+        }
+    }
+
+    /// The place as milliseconds since the epoch (as the stores keep
+    /// registration times) and the id, for ordering.
+    fn key(self) -> (i64, u64) {
+        (to_millis(self.created_at), self.id.get())
+    }
 }
 
 /// The order of a listing. Sessions are ordered by registration, so a parent
@@ -87,11 +124,49 @@ impl SessionFilter {
         self
     }
 
-    /// Whether `row` passes the state and time filters (not the limit).
-    pub(crate) fn admits(&self, state: State, created_at: SystemTime) -> bool {
-        self.state.is_none_or(|s| s == state) && self.created_since.is_none_or(|t| created_at >= t)
+    /// Only the sessions after `cursor` in the listing's order: the page
+    /// after the one whose last row it names.
+    pub fn after(mut self, cursor: ListCursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+
+    /// Only the sessions among `ids`.
+    pub fn only(mut self, ids: impl Into<Arc<[SessionId]>>) -> Self {
+        self.ids = Some(ids.into());
+        self
+    }
+
+    /// Whether the session `id` passes the state, time and place filters
+    /// (not the ids, which a caller looks up in a set of its own, nor the
+    /// limit).
+    pub(crate) fn admits(&self, id: SessionId, state: State, created_at: SystemTime) -> bool {
+        self.state.is_none_or(|s| s == state)
+            && self.created_since.is_none_or(|t| created_at >= t)
+            && self.after.is_none_or(|after| {
+                let key = (to_millis(created_at), id.get());
+                match self.order {
+                    ListOrder::NewestFirst => key < after.key(),
+                    ListOrder::OldestFirst => key > after.key(),
+                }
+            })
+    }
+
+    /// Sorts `rows` in the listing's order and keeps the first `limit`.
+    fn order_and_cut(&self, rows: &mut Vec<SessionRow>) {
+        rows.sort_by_key(|r| ListCursor::of(r).key());
+        if self.order == ListOrder::NewestFirst {
+            rows.reverse();
+        }
+        if let Some(limit) = self.limit {
+            rows.truncate(limit);
+        }
     }
 }
+
+/// How many ids one query names at most: SQLite binds each one, and allows
+/// 32,766 parameters. A longer set is queried in parts, merged in order.
+const IDS_PER_QUERY: usize = 10_000;
 
 /// The sessions `filter` selects, with their turn and chunk counts.
 pub(crate) fn list_sessions(
@@ -99,41 +174,82 @@ pub(crate) fn list_sessions(
     filter: &SessionFilter,
 ) -> Result<Vec<SessionRow>, StoreError> {
     let since = filter.created_since.map(to_millis);
+    let after = filter.after.map(ListCursor::key);
     // A limit beyond what the database can count means no limit.
     let limit = filter.limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+    let parts: Vec<Option<Vec<i64>>> = match &filter.ids {
+        None => vec![None],
+        Some(ids) => ids
+            .chunks(IDS_PER_QUERY)
+            .map(|part| {
+                // An id past i64 is in no database: it matches nothing.
+                Some(
+                    part.iter()
+                        .filter_map(|id| i64::try_from(id.get()).ok())
+                        .collect(),
+                )
+            })
+            .collect(),
+    };
     let rows: Vec<(SessionColumns, Option<i64>, Option<i64>)> = on_db!(db, |c| {
-        // Counted per session by correlated subqueries on the tables' primary
-        // keys, so a limit also limits the counting.
-        let turn_count = turns::table
-            .filter(turns::session.eq(sessions::id))
-            .count()
-            .single_value();
-        let chunk_count = chunks::table
-            .filter(chunks::session.eq(sessions::id))
-            .count()
-            .single_value();
-        let mut q = sessions::table
-            .select((SESSION_COLUMNS, turn_count, chunk_count))
-            .into_boxed();
-        if let Some(state) = filter.state {
-            q = q.filter(sessions::state.eq(state.as_str()));
+        let mut all = Vec::new();
+        for part in &parts {
+            // Counted per session by correlated subqueries on the tables'
+            // primary keys, so a limit also limits the counting.
+            let turn_count = turns::table
+                .filter(turns::session.eq(sessions::id))
+                .count()
+                .single_value();
+            let chunk_count = chunks::table
+                .filter(chunks::session.eq(sessions::id))
+                .count()
+                .single_value();
+            let mut q = sessions::table
+                .select((SESSION_COLUMNS, turn_count, chunk_count))
+                .into_boxed();
+            if let Some(state) = filter.state {
+                q = q.filter(sessions::state.eq(state.as_str()));
+            }
+            if let Some(since) = since {
+                q = q.filter(sessions::created_at.ge(since));
+            }
+            if let Some(ids) = part {
+                q = q.filter(sessions::id.eq_any(ids.clone()));
+            }
+            // The keyset of the page: strictly after (created_at, id).
+            if let Some((at, id)) = after {
+                let id = i64::try_from(id).unwrap_or(i64::MAX);
+                q = match filter.order {
+                    ListOrder::NewestFirst => q.filter(
+                        sessions::created_at
+                            .lt(at)
+                            .or(sessions::created_at.eq(at).and(sessions::id.lt(id))),
+                    ),
+                    ListOrder::OldestFirst => q.filter(
+                        sessions::created_at
+                            .gt(at)
+                            .or(sessions::created_at.eq(at).and(sessions::id.gt(id))),
+                    ),
+                };
+            }
+            // By registration time: ids come in blocks per process, so with
+            // two processes at work id order is not the order of creation.
+            q = match filter.order {
+                ListOrder::NewestFirst => {
+                    q.order((sessions::created_at.desc(), sessions::id.desc()))
+                }
+                ListOrder::OldestFirst => q.order((sessions::created_at.asc(), sessions::id.asc())),
+            };
+            if let Some(limit) = limit {
+                q = q.limit(limit);
+            }
+            all.extend(q.load::<(SessionColumns, Option<i64>, Option<i64>)>(c)?);
         }
-        if let Some(since) = since {
-            q = q.filter(sessions::created_at.ge(since));
-        }
-        // By registration time: ids come in blocks per process, so with two
-        // processes at work id order is not the order of creation.
-        q = match filter.order {
-            ListOrder::NewestFirst => q.order((sessions::created_at.desc(), sessions::id.desc())),
-            ListOrder::OldestFirst => q.order((sessions::created_at.asc(), sessions::id.asc())),
-        };
-        if let Some(limit) = limit {
-            q = q.limit(limit);
-        }
-        q.load(c)
+        Ok::<_, diesel::result::Error>(all)
     })
     .context("listing sessions")?;
-    rows.into_iter()
+    let mut rows = rows
+        .into_iter()
         .map(|(cols, turns, chunks)| {
             session_row(
                 cols,
@@ -141,7 +257,11 @@ pub(crate) fn list_sessions(
                 chunks.unwrap_or(0).unsigned_abs(),
             )
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    if parts.len() > 1 {
+        filter.order_and_cut(&mut rows);
+    }
+    Ok(rows)
 }
 
 /// The most recently registered session (in `state`, if given).

@@ -584,8 +584,14 @@ impl Tables {
     }
 
     fn list_sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
-        let admitted =
-            |(_, r): &(&u64, &Row)| filter.admits(r.live.state, from_millis(r.created_at));
+        let only: Option<std::collections::HashSet<u64>> = filter
+            .ids
+            .as_ref()
+            .map(|ids| ids.iter().map(|id| id.get()).collect());
+        let admitted = |(id, r): &(&u64, &Row)| {
+            only.as_ref().is_none_or(|only| only.contains(*id))
+                && filter.admits(SessionId(**id), r.live.state, from_millis(r.created_at))
+        };
         let limit = filter.limit.unwrap_or(usize::MAX);
         let rows = |it: &mut dyn Iterator<Item = (&u64, &Row)>| {
             it.filter(admitted)

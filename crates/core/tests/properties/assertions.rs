@@ -299,6 +299,15 @@ fn g2_finalize_exactly_once(seen: &Observed, ctx: &Ctx) {
 fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
     let shutdown_began =
         |i: usize| ctx.shutting_down || ctx.before(i).contains(&Effect::FlushTranscripts);
+    if let (Step::Register { .. }, Answer::Handled(Err(Error::OverCapacity { .. }))) =
+        (ctx.step, ctx.answer)
+    {
+        assert!(
+            ctx.effects.is_empty(),
+            "G3: a registration refused over the cap changed something: {:?}",
+            ctx.effects
+        );
+    }
     for (i, f) in ctx.finalizes() {
         let id = f.session.get();
         let from = match i.checked_sub(1).map(|j| &ctx.effects[j]) {
@@ -343,6 +352,12 @@ fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
                 0,
                 "G3: {} of session {id} with a transport attached",
                 f.reason
+            );
+        }
+        if let Step::Register { session, .. } = *ctx.step {
+            assert_ne!(
+                id, session,
+                "G3: session {id} evicted by its own registration"
             );
         }
         if let (EndReason::IdleReap, Some(Span::Ms(ttl))) = (f.reason, ctx.policy.idle_ttl) {

@@ -714,6 +714,26 @@ impl Model {
                         });
                     }
                 }
+                // Room under the cap is made before the new session exists,
+                // sparing its parent; refused, changing nothing, without it.
+                if let Some(cap) = self.policy.lru_cap {
+                    let needed = (self.open_count() + 1).saturating_sub(cap);
+                    if needed > 0 {
+                        let mut victims: Vec<_> = self
+                            .sessions
+                            .iter()
+                            .filter(|(id, _)| Some(**id) != parent && self.reclaimable(**id))
+                            .map(|(id, s)| (s.idle_since, *id))
+                            .collect();
+                        if victims.len() < needed {
+                            return Err(Error::OverCapacity { cap });
+                        }
+                        victims.sort_unstable();
+                        for (_, id) in victims.into_iter().take(needed) {
+                            self.claim(id, EndReason::LruEvict);
+                        }
+                    }
+                }
                 self.sessions.insert(
                     session,
                     RefSession {
@@ -735,7 +755,6 @@ impl Model {
                         has_slot: false,
                     },
                 );
-                self.enforce_lru_cap();
                 Ok(Applied)
             }
             Step::StartTurn(id) | Step::StartTask(id) => {

@@ -69,6 +69,7 @@ on_backends! {
         reads::flush_waits_for_every_appended_chunk,
         reads::lists_and_details_carry_the_cli_fields,
         reads::sessions_list_newest_first_with_filters,
+        reads::sessions_list_pages_after_a_cursor_among_given_ids,
         recovery::g8_recover_dry_run_names_candidates_and_writes_nothing,
         transcripts::g7_whole_transcripts_keep_input_chunks_and_errors,
         transcripts::g7_a_turn_without_reply_text_commits_no_memory,

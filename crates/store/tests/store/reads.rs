@@ -5,7 +5,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::common::{rt, Backend, TestDb};
 use crate::{append_all, now, open, owner, session, texts, write, HOUR};
 use settle_store::{
-    EndReason, FinalizeRequest, NewSession, Outcome, SessionFilter, SessionId, State, StoreError,
+    EndReason, FinalizeRequest, ListCursor, NewSession, Outcome, SessionFilter, SessionId, State,
+    StoreError,
 };
 
 // --- flush and reads ----------------------------------------------------------------
@@ -222,5 +223,70 @@ pub(crate) fn sessions_list_newest_first_with_filters(b: Backend) {
             store.last_session(Some(State::Settled)).await.unwrap(),
             None
         );
+    });
+}
+
+pub(crate) fn sessions_list_pages_after_a_cursor_among_given_ids(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let o = owner(&*store, HOUR).await;
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut ids = Vec::new();
+        // Pairs registered at the same millisecond: the id breaks the tie.
+        for i in 0..8u64 {
+            let at = t0 + Duration::from_secs(i / 2);
+            ids.push(
+                write::register(&*store, NewSession::new(format!("s{i}"), o).at(at))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let page = |filter: SessionFilter| {
+            let store = store.clone();
+            async move { store.list_sessions(filter).await.unwrap() }
+        };
+        // Oldest first, three at a time, every session once.
+        let mut seen = Vec::new();
+        let mut filter = SessionFilter::all().oldest_first().limit(3);
+        loop {
+            let rows = page(filter.clone()).await;
+            seen.extend(rows.iter().map(|r| r.id));
+            match rows.last() {
+                Some(last) if rows.len() == 3 => filter = filter.after(ListCursor::of(last)),
+                _ => break,
+            }
+        }
+        assert_eq!(seen, ids);
+        // Newest first after the fourth newest.
+        let fourth = page(SessionFilter::all().limit(4)).await.pop().unwrap();
+        let rest: Vec<SessionId> = page(SessionFilter::all().after(ListCursor::of(&fourth)))
+            .await
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        let expected: Vec<SessionId> = ids[..4].iter().rev().copied().collect();
+        assert_eq!(rest, expected);
+        // Among given ids only, in the same query: a page is full when
+        // enough of them pass.
+        let mine = vec![ids[1], ids[4], ids[6], ids[7]];
+        let first = page(
+            SessionFilter::all()
+                .oldest_first()
+                .only(mine.clone())
+                .limit(2),
+        )
+        .await;
+        assert_eq!(first.iter().map(|r| r.id).collect::<Vec<_>>(), mine[..2]);
+        let second = page(
+            SessionFilter::all()
+                .oldest_first()
+                .only(mine.clone())
+                .limit(2)
+                .after(ListCursor::of(&first[1])),
+        )
+        .await;
+        assert_eq!(second.iter().map(|r| r.id).collect::<Vec<_>>(), mine[2..]);
+        assert!(page(SessionFilter::all().only(Vec::new())).await.is_empty());
     });
 }

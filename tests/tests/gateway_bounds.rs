@@ -1,0 +1,531 @@
+//! The gateway's answers fit its frames, whatever a client sends or a model
+//! streams, over 127.0.0.1 with real WebSocket clients: an error quotes a
+//! bounded excerpt of a huge request; `sessions.list` pages; a chunk larger
+//! than a frame arrives in parts; a client that comes back reads what it
+//! missed from the store; a cap of held sessions refuses a new one instead
+//! of evicting it at birth; the per-principal and per-turn limits refuse
+//! with their kinds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use std::sync::Arc;
+
+use gateway_support::{Client, Served};
+use serde_json::{json, Value};
+use settle_gateway::ScriptBook;
+use settle_stream::TurnScript;
+
+fn book() -> Arc<ScriptBook> {
+    Arc::new(ScriptBook::new().otherwise(TurnScript::new(["fine"])))
+}
+
+/// A reply with one chunk of `big` bytes between two small ones.
+fn big_reply(big: usize) -> (Arc<ScriptBook>, Vec<String>) {
+    // Quotes and newlines, escaped in JSON, make the frame larger than the text.
+    let unit = "0123456789abcdé\"\n";
+    let large: String = unit.repeat(big / unit.len());
+    let chunks = vec!["head".to_owned(), large, "tail".to_owned()];
+    let book = ScriptBook::new()
+        .otherwise(TurnScript::new(["fine"]))
+        .reply("big", TurnScript::new(chunks.clone()));
+    (Arc::new(book), chunks)
+}
+
+/// The chunks of session `id`'s turn up to its `turn.ended`, parts joined
+/// by `seq`: each chunk's text, and how many notifications carried them.
+async fn joined_turn(client: &mut Client, id: u64) -> (Vec<String>, usize, Value) {
+    let mut chunks: Vec<String> = Vec::new();
+    let mut frames = 0;
+    loop {
+        let message = client.next_notification().await.expect("closed mid-turn");
+        let params = message["params"].clone();
+        assert_eq!(params["id"], id, "{message}");
+        match message["method"].as_str() {
+            Some("turn.chunk") => {
+                frames += 1;
+                let seq = params["seq"].as_u64().unwrap() as usize;
+                let part = params["part"].as_u64().unwrap_or(0);
+                let text = params["text"].as_str().unwrap();
+                if part == 0 {
+                    assert_eq!(seq, chunks.len(), "{}", &message.to_string()[..200]);
+                    chunks.push(text.to_owned());
+                } else {
+                    assert_eq!(seq + 1, chunks.len());
+                    chunks[seq].push_str(text);
+                }
+            }
+            Some("turn.ended") => return (chunks, frames, params),
+            _ => panic!("not a turn notification: {message}"),
+        }
+    }
+}
+
+async fn create(client: &mut Client, name: &str) -> u64 {
+    client.ok("session.create", json!({ "name": name })).await["id"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_error_quotes_a_bounded_excerpt_of_a_huge_request_and_the_connection_stays_usable() {
+    let mut served = Served::tcp(book(), |k| k, |g| g).await;
+    let mut client = served.client().await;
+    // About 900 KB of quotes: each one escaped twice over in an echo.
+    let huge = "\"".repeat(450_000);
+    let cases = [
+        ("turn.start", json!({ "id": huge, "prompt": "hi" })),
+        ("session.create", json!({ "name": "a", huge.clone(): 1 })),
+        (huge.as_str(), json!({})),
+    ];
+    for (method, params) in cases {
+        let error = client.call(method, params).await.unwrap_err();
+        assert_eq!(
+            error["data"]["kind"],
+            "bad_request",
+            "{}",
+            &error.to_string()[..200]
+        );
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.chars().count() <= 700,
+            "a message of {} characters",
+            message.chars().count()
+        );
+        assert!(message.contains("characters in all"), "{message}");
+    }
+    // Still answered on the same connection.
+    let id = create(&mut client, "after").await;
+    assert!(id > 0);
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn g3_a_create_over_a_cap_of_held_sessions_is_refused_over_capacity_and_writes_nothing() {
+    let mut served = Served::tcp(
+        book(),
+        |k| k.lru_cap(Some(3)),
+        |g| g.drain_timeout(std::time::Duration::from_millis(50)),
+    )
+    .await;
+    let mut client = served.client().await;
+    let mut held = Vec::new();
+    for name in ["a", "b", "c"] {
+        let id = create(&mut client, name).await;
+        client
+            .ok("session.hold", json!({ "id": id, "hold": "input" }))
+            .await;
+        held.push(id);
+    }
+    for _ in 0..3 {
+        let error = client
+            .call("session.create", json!({ "name": "late" }))
+            .await
+            .unwrap_err();
+        assert_eq!(error["data"]["kind"], "over_capacity", "{error}");
+        assert_eq!(error["code"], -32005);
+    }
+    let rows = served.kernel.list_sessions(None).await.unwrap();
+    assert_eq!(rows.len(), 3, "a refused create wrote a row");
+    assert!(rows.iter().all(|r| r.end_reason.is_none()), "{rows:?}");
+    assert!(client.held().is_empty(), "{:?}", client.held());
+
+    // Released, the oldest is evicted for the next one; the new one lives.
+    client
+        .ok("session.release", json!({ "id": held[0], "hold": "input" }))
+        .await;
+    let fresh = create(&mut client, "fresh").await;
+    let finalized = client.expect("session.finalized").await;
+    assert_eq!(
+        finalized,
+        json!({ "id": held[0], "end_reason": "lru_evict" })
+    );
+    assert_eq!(
+        client.ok("session.attach", json!({ "id": fresh })).await,
+        json!({ "state": "registered" })
+    );
+    client
+        .ok("turn.start", json!({ "id": fresh, "prompt": "hi" }))
+        .await;
+    let (_, ended) = client.turn(fresh).await;
+    assert_eq!(ended["outcome"], "completed");
+    served.shut_down().await;
+}
+
+/// Every page of `sessions.list` with `params`, following `next_cursor`:
+/// the ids, and the size of the largest answer.
+async fn all_pages(client: &mut Client, params: Value) -> (Vec<Vec<u64>>, usize) {
+    let mut pages = Vec::new();
+    let mut largest = 0;
+    let mut params = params;
+    loop {
+        let page = client.ok("sessions.list", params.clone()).await;
+        largest = largest.max(page.to_string().len());
+        let ids = page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_u64().unwrap())
+            .collect();
+        pages.push(ids);
+        match page["next_cursor"].as_str() {
+            Some(cursor) => params["cursor"] = json!(cursor),
+            None => return (pages, largest),
+        }
+    }
+}
+
+#[tokio::test]
+async fn sessions_list_pages_within_a_frame_past_thousands_of_sessions() {
+    let mut served = Served::tcp(book(), |k| k.lru_cap(None).idle_ttl(None), |g| g).await;
+    // 4,500 rows with the longest names: about 2 MB as one array.
+    let name = "n".repeat(settle_gateway::MAX_NAME_CHARS);
+    let mut all = Vec::new();
+    for _ in 0..4_500 {
+        all.push(
+            served
+                .kernel
+                .register(&name, None)
+                .await
+                .unwrap()
+                .id()
+                .get(),
+        );
+    }
+    let mut client = served.client().await;
+    let watched = create(&mut client, "watched").await;
+    all.push(watched);
+
+    // The default page is 100 rows.
+    let first = client.ok("sessions.list", json!({})).await;
+    assert_eq!(first["sessions"].as_array().unwrap().len(), 100);
+    assert!(first["next_cursor"].is_string());
+
+    // The largest pages: each within half the 1 MiB frame, every session once, in order.
+    let (pages, largest) = all_pages(&mut client, json!({ "limit": 1000 })).await;
+    assert!(largest <= 512 * 1024, "a page of {largest} bytes");
+    assert!(pages.len() >= 5, "{} pages", pages.len());
+    let listed: Vec<u64> = pages.concat();
+    assert_eq!(listed, all);
+    for page in &pages[..pages.len() - 1] {
+        assert!(!page.is_empty());
+    }
+
+    // Filters page too: by state, by registration time.
+    let (finalized, _) = all_pages(&mut client, json!({ "state": "finalized" })).await;
+    assert_eq!(finalized.concat(), Vec::<u64>::new());
+    let future = humantime::format_rfc3339(
+        std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+    );
+    let (later, _) = all_pages(&mut client, json!({ "since": future.to_string() })).await;
+    assert_eq!(later, [Vec::<u64>::new()]);
+    for bad in [
+        json!({ "limit": 0 }),
+        json!({ "limit": 1001 }),
+        json!({ "cursor": "not-a-cursor" }),
+        json!({ "since": "yesterday" }),
+    ] {
+        assert_eq!(
+            client.refused("sessions.list", bad.clone()).await,
+            "bad_request",
+            "{bad}"
+        );
+    }
+    // The connection was never dropped: its session is still attached.
+    assert!(client.held().is_empty());
+    client
+        .ok("turn.start", json!({ "id": watched, "prompt": "hi" }))
+        .await;
+    assert_eq!(client.turn(watched).await.0, ["fine"]);
+    served.shut_down().await;
+}
+
+/// A client of the gateway at `addr` with `token`.
+async fn connect_as(served: &Served, token: &str) -> Client {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let gateway_support::Address::Tcp(addr) = served.address.clone() else {
+        unreachable!()
+    };
+    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    Client::new(tokio_tungstenite::connect_async(request).await.unwrap().0)
+}
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789ab";
+
+#[tokio::test]
+async fn a_principals_pages_are_full_of_its_own_sessions_only() {
+    let tokens = settle_gateway::Tokens::parse(&format!("alice {ALICE}\nbob {BOB}\n")).unwrap();
+    let mut served = Served::tcp(book(), |k| k.lru_cap(None), |g| g.tokens(tokens)).await;
+    let mut alice = connect_as(&served, ALICE).await;
+    let mut bob = connect_as(&served, BOB).await;
+    let (mut hers, mut his) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        hers.push(create(&mut alice, "hers").await);
+        for _ in 0..6 {
+            his.push(create(&mut bob, "his").await);
+        }
+    }
+    let (pages, _) = all_pages(&mut alice, json!({ "limit": 2 })).await;
+    assert_eq!(
+        pages,
+        [hers[..2].to_vec(), hers[2..4].to_vec(), hers[4..].to_vec()]
+    );
+    assert_eq!(
+        bob.refused("session.read", json!({ "id": hers[0] })).await,
+        "not_found"
+    );
+    let (pages, _) = all_pages(&mut bob, json!({ "limit": 10 })).await;
+    assert_eq!(
+        pages,
+        [his[..10].to_vec(), his[10..20].to_vec(), his[20..].to_vec()]
+    );
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_chunk_larger_than_a_frame_reaches_every_watcher_in_parts_that_join_back() {
+    let (book, chunks) = big_reply(3 * 1024 * 1024);
+    let mut served = Served::tcp(book, |k| k, |g| g).await;
+    let mut first = served.client().await;
+    let mut second = served.client().await;
+    let id = create(&mut first, "big").await;
+    second.ok("session.attach", json!({ "id": id })).await;
+    first
+        .ok("turn.start", json!({ "id": id, "prompt": "big" }))
+        .await;
+    for client in [&mut first, &mut second] {
+        let (got, frames, ended) = joined_turn(client, id).await;
+        assert_eq!(ended["outcome"], "completed");
+        assert!(got == chunks, "the chunks did not join back");
+        assert!(frames > 3, "{frames} frames");
+    }
+    // Neither was disconnected.
+    assert_eq!(served.gateway.connections(), 2);
+    assert_eq!(
+        second.ok("session.detach", json!({ "id": id })).await,
+        json!({ "state": "registered" })
+    );
+    served.shut_down().await;
+}
+
+/// Every page of `session.read` from `from`: the chunks' texts joined by
+/// `seq`, and the largest answer.
+async fn read_all(client: &mut Client, from: Value) -> (Vec<String>, usize, Value) {
+    let mut params = from;
+    let mut chunks: Vec<(u64, String)> = Vec::new();
+    let mut largest = 0;
+    loop {
+        let page = client.ok("session.read", params.clone()).await;
+        largest = largest.max(page.to_string().len());
+        for chunk in page["chunks"].as_array().unwrap() {
+            let seq = chunk["seq"].as_u64().unwrap();
+            let text = chunk["text"].as_str().unwrap();
+            match chunks.last_mut() {
+                Some((last, joined)) if *last == seq => joined.push_str(text),
+                _ => chunks.push((seq, text.to_owned())),
+            }
+        }
+        if page["next"].is_null() {
+            return (chunks.into_iter().map(|(_, t)| t).collect(), largest, page);
+        }
+        for key in ["turn", "seq", "part"] {
+            params[key] = page["next"][key].clone();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_comes_back_reads_what_it_missed_from_the_store() {
+    let (book, chunks) = big_reply(2 * 1024 * 1024);
+    let mut served = Served::tcp(book, |k| k, |g| g).await;
+    let mut gone = served.client().await;
+    let id = create(&mut gone, "missed").await;
+    gone.ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+        .await;
+    gone.turn(id).await;
+    gone.ok("turn.start", json!({ "id": id, "prompt": "big" }))
+        .await;
+    let (_, _, ended) = joined_turn(&mut gone, id).await;
+    assert_eq!(ended["outcome"], "completed");
+    drop(gone);
+
+    // Another connection reads the last turn back, page by page, each within a frame.
+    let mut back = served.client().await;
+    let (read, largest, last) = read_all(&mut back, json!({ "id": id })).await;
+    assert!(read == chunks, "the read did not join back");
+    assert!(largest <= 512 * 1024, "a page of {largest} bytes");
+    assert_eq!(
+        (
+            last["turn"].clone(),
+            last["turns"].clone(),
+            last["outcome"].clone()
+        ),
+        (json!(2), json!(2), json!("completed"))
+    );
+    // From a given seq; an earlier turn by its number.
+    let (from_tail, _, _) = read_all(&mut back, json!({ "id": id, "turn": 2, "seq": 2 })).await;
+    assert_eq!(from_tail, ["tail"]);
+    let (first, _, _) = read_all(&mut back, json!({ "id": id, "turn": 1 })).await;
+    assert_eq!(first, ["fine"]);
+    assert_eq!(
+        back.refused("session.read", json!({ "id": id, "turn": 9 }))
+            .await,
+        "bad_request"
+    );
+    assert_eq!(
+        back.refused("session.read", json!({ "id": 999 })).await,
+        "not_found"
+    );
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_prompt_or_a_history_past_its_bound_is_refused_too_large_and_nothing_is_written() {
+    let mut served = Served::tcp(
+        book(),
+        |k| k.max_prompt_bytes(Some(10)).max_history_bytes(Some(30)),
+        |g| g,
+    )
+    .await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "bounded").await;
+    let error = client
+        .call("turn.start", json!({ "id": id, "prompt": "x".repeat(11) }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (error["code"].clone(), error["data"]["kind"].clone()),
+        (json!(-32007), json!("too_large"))
+    );
+    // 10 + 4 ("fine"), then 24 + 4: the third prompt would make 38 bytes.
+    for _ in 0..2 {
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "y".repeat(10) }))
+            .await;
+        assert_eq!(client.turn(id).await.0, ["fine"]);
+    }
+    assert_eq!(
+        client
+            .refused("turn.start", json!({ "id": id, "prompt": "y".repeat(10) }))
+            .await,
+        "too_large"
+    );
+    assert_eq!(served.row(id).await.turns, 2, "a refused turn was written");
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_turn_past_its_chunks_or_bytes_is_cancelled_and_ends_too_large() {
+    // At a model's pace, so that the cancel lands before the reply ends.
+    let pace = std::time::Duration::from_millis(20);
+    let book = ScriptBook::new()
+        .otherwise(TurnScript::new(["fine"]))
+        .reply(
+            "many",
+            TurnScript::new(["a", "b", "c", "d", "e", "f", "g", "h"]).chunk_delay(pace),
+        )
+        .reply(
+            "wide",
+            TurnScript::new([
+                "x".repeat(60),
+                "y".repeat(60),
+                "z".repeat(60),
+                "w".repeat(60),
+            ])
+            .chunk_delay(pace),
+        );
+    let mut served = Served::tcp(
+        Arc::new(book),
+        |k| k,
+        |g| g.max_turn_chunks(3).max_turn_bytes(100),
+    )
+    .await;
+    let mut client = served.client().await;
+    for (prompt, delivered) in [("many", 3), ("wide", 1)] {
+        let id = create(&mut client, prompt).await;
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": prompt }))
+            .await;
+        let (chunks, ended) = client.turn(id).await;
+        assert_eq!(chunks.len(), delivered, "{prompt}: {chunks:?}");
+        assert_eq!(ended["error"]["kind"], "too_large", "{prompt}: {ended}");
+        assert_eq!(ended["outcome"], "cancelled", "{prompt}: {ended}");
+        // The session takes the next turn.
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "again" }))
+            .await;
+        let (_, ended) = client.turn(id).await;
+        assert_eq!(ended["outcome"], "completed");
+    }
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_principal_past_its_holds_is_refused_over_capacity_until_one_is_released() {
+    let mut served = Served::tcp(book(), |k| k, |g| g.max_holds_per_principal(Some(2))).await;
+    let mut client = served.client().await;
+    let a = create(&mut client, "a").await;
+    let b = create(&mut client, "b").await;
+    let hold = |id: u64| json!({ "id": id, "hold": "input" });
+    client.ok("session.hold", hold(a)).await;
+    client.ok("session.hold", hold(b)).await;
+    assert_eq!(
+        client.refused("session.hold", hold(a)).await,
+        "over_capacity"
+    );
+    // A release gives its place back; so does a finalize.
+    client.ok("session.release", hold(a)).await;
+    client.ok("session.hold", hold(a)).await;
+    assert_eq!(
+        client.refused("session.hold", hold(b)).await,
+        "over_capacity"
+    );
+    client.ok("session.close", json!({ "id": b })).await;
+    client.expect("session.finalized").await;
+    client.ok("session.hold", hold(a)).await;
+    // A release of no hold gives nothing back.
+    let c = create(&mut client, "c").await;
+    client.ok("session.release", hold(c)).await;
+    assert_eq!(
+        client.refused("session.hold", hold(c)).await,
+        "over_capacity"
+    );
+    served.shut_down().await;
+}
+
+/// A provider whose every request fails with a message of `len` bytes.
+struct Verbose(usize);
+
+#[async_trait::async_trait]
+impl settle_stream::Provider for Verbose {
+    async fn open(
+        &self,
+        _: &settle_stream::Request,
+    ) -> Result<settle_stream::ProviderStream, settle_stream::StreamError> {
+        let message = "\"".repeat(self.0);
+        Err(settle_stream::StreamErrorKind::Provider { message }.into())
+    }
+}
+
+#[tokio::test]
+async fn a_turn_that_fails_with_a_huge_message_ends_within_a_frame() {
+    let mut served = Served::tcp(Arc::new(Verbose(900_000)), |k| k, |g| g).await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "verbose").await;
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+        .await;
+    let (_, ended) = client.turn(id).await;
+    assert_eq!(ended["outcome"], "failed");
+    let message = ended["error"]["message"].as_str().unwrap();
+    assert!(message.chars().count() <= 700, "{}", message.len());
+    assert!(message.contains("characters in all"), "{message}");
+    assert!(client.held().is_empty());
+    client.ok("sessions.list", json!({})).await;
+    served.shut_down().await;
+}
