@@ -24,7 +24,8 @@ use serde_json::Value;
 
 use crate::read::TurnRow;
 
-/// The input of one turn as the store keeps it (see the [module](self)).
+/// The input of one turn as the store keeps it: the messages it added, and
+/// where in the conversation they begin ([`Conversation`] reads them back whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TurnInput {
     /// The messages stored: a JSON array, typically of `{role, content}`
