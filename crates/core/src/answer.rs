@@ -7,7 +7,9 @@
 //! checks again, and drivers and frontends map the answer to their replies
 //! without deciding anything.
 
+use crate::forgotten::Forgotten;
 use crate::session::Session;
+use crate::sessions::Sessions;
 use crate::{Error, Event, Handled, SessionId, State, WorkKind};
 
 /// What an input asks of the session it names.
@@ -71,6 +73,44 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         | Event::LeaseLost => return None,
     };
     Some(asked)
+}
+
+/// Whether the handler of `event` applies the table itself, on the one
+/// lookup it makes ([`admit`]): the hottest inputs (a work starting, a
+/// work's report), so they find their session once.
+pub(crate) fn admitted_by_handler(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::StartTurn { .. }
+            | Event::StartTask { .. }
+            | Event::WorkEnded { .. }
+            | Event::WorkExited { .. }
+    )
+}
+
+/// The table applied on a handler's own lookup of `id`: the session's
+/// record to go on with, or the table's answer (the same as
+/// [`answer`]'s).
+pub(crate) fn admit<'a>(
+    sessions: &'a mut Sessions,
+    forgotten: &Forgotten,
+    id: SessionId,
+    asks: Asks,
+    shutting_down: bool,
+) -> Result<&'a mut Session, Result<Handled, Error>> {
+    match sessions.get_mut(&id) {
+        Some(s) => match answer(id, asks, Found::Kept(s), shutting_down) {
+            Some(answered) => Err(answered),
+            None => Ok(s),
+        },
+        None => {
+            let found = match forgotten.contains(id) {
+                true => Found::Forgotten,
+                false => Found::Unknown,
+            };
+            Err(answer(id, asks, found, shutting_down).unwrap_or(Err(Error::UnknownSession(id))))
+        }
+    }
 }
 
 /// The answer for `id` when the table decides it, or `None` when the input

@@ -90,8 +90,11 @@ impl Core {
     pub fn handle(&mut self, now: Instant, event: Event) -> Result<Handled, Error> {
         let now = self.clock(now);
         if let Some((id, asks)) = answer::subject(&event) {
-            if let Some(answered) = self.answer(id, asks) {
-                return answered;
+            // The hottest handlers apply the table on their own lookup.
+            if !answer::admitted_by_handler(&event) {
+                if let Some(answered) = self.answer(id, asks) {
+                    return answered;
+                }
             }
         }
         let handled = match event {
@@ -377,8 +380,11 @@ impl Core {
     ) -> Result<Handled, Error> {
         let slots = self.policy.slots;
         let slots_free = slots.is_none_or(|n| self.slots_taken < n);
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return Err(Error::UnknownSession(id));
+        let shutting_down = self.shutdown.is_some();
+        let asks = Asks::Start(kind);
+        let s = match answer::admit(&mut self.sessions, &self.forgotten, id, asks, shutting_down) {
+            Ok(s) => s,
+            Err(answered) => return answered,
         };
         if kind == WorkKind::Turn {
             if let Some(turn) = s.works.turn {
@@ -969,10 +975,16 @@ impl Core {
     fn end_work(&mut self, now: Instant, work: WorkId, how: Ended) -> Result<Handled, Error> {
         let id = work.session;
         let shutting_down = self.shutdown.is_some();
-        // One lookup answers both: a finalized session has no works, so its
-        // reports are no-ops like any late report (the table on `Event`).
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return Err(Error::UnknownSession(id));
+        // The table on `Event`, on the one lookup of the session.
+        let s = match answer::admit(
+            &mut self.sessions,
+            &self.forgotten,
+            id,
+            Asks::Report,
+            shutting_down,
+        ) {
+            Ok(s) => s,
+            Err(answered) => return answered,
         };
         let Some(w) = s.works.take(work.kind, work.no) else {
             // A late report from a detached (or long gone) work: its session
@@ -1206,9 +1218,6 @@ impl Core {
             from,
             to,
             cause,
-            // The session's row records its registration, and the finalize's
-            // latch its end.
-            timeline: from.is_some() && to != State::Finalized,
         }));
     }
 

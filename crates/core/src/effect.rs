@@ -159,10 +159,18 @@ pub struct Transition {
     pub to: State,
     /// Why.
     pub cause: Cause,
+}
+
+impl Transition {
     /// Whether to record it as a step of the session's timeline. The
     /// registration and the finalize are not: the session's row records the
     /// first, and the finalize's latch records the last with the plan.
-    pub timeline: bool,
+    /// (Decided from the transition itself rather than carried beside it, so
+    /// an effect stays as small as it was: the core's throughput row moves
+    /// every effect through a queue.)
+    pub fn timeline(&self) -> bool {
+        self.from.is_some() && self.to != State::Finalized
+    }
 }
 
 /// Why a transition happened.

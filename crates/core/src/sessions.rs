@@ -1,14 +1,11 @@
-//! The session table: every kept record in a slab, found through an index
-//! by id, with the last id looked up remembered.
+//! The session table: every kept record, by id, inline in one hash table.
 //!
-//! One input looks its session up several times (the answer table, then its
-//! handler, then the transition's second half): the memo answers all but the
-//! first without hashing, and the index's entries stay small (an id and a
-//! slot) however large a record grows.
-
-use std::cell::Cell;
-
-use slab::Slab;
+//! A slab behind an index (with the last id found remembered) was tried
+//! and measured slower on the core row: the index and the slab are two
+//! dependent memory reads where an inline record is one, and that read,
+//! not the hashing, is what a lookup costs. The hottest handlers apply the
+//! answer table on their own lookup instead (`answer::admit`), so an input
+//! finds its session once.
 
 use crate::deadlines::{IdleMark, IdleMarks};
 use crate::hash::SessionMap;
@@ -18,68 +15,42 @@ use crate::SessionId;
 /// The core's kept session records, by id.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    /// The slot of each kept id in `records`.
-    index: SessionMap<usize>,
-    /// The records, each beside its id.
-    records: Slab<(SessionId, Session)>,
-    /// The last id found and its slot; cleared when that record goes.
-    last: Cell<Option<(SessionId, usize)>>,
+    records: SessionMap<Session>,
 }
 
 impl Sessions {
-    /// The slot of `id`, if it is kept.
-    #[inline]
-    fn slot(&self, id: SessionId) -> Option<usize> {
-        if let Some((last, slot)) = self.last.get() {
-            if last == id {
-                return Some(slot);
-            }
-        }
-        let slot = *self.index.get(&id)?;
-        self.last.set(Some((id, slot)));
-        Some(slot)
-    }
-
     /// The record of `id`.
     #[inline]
     pub fn get(&self, id: &SessionId) -> Option<&Session> {
-        let slot = self.slot(*id)?;
-        self.records.get(slot).map(|(_, s)| s)
+        self.records.get(id)
     }
 
     /// The record of `id`, to change it.
     #[inline]
     pub fn get_mut(&mut self, id: &SessionId) -> Option<&mut Session> {
-        let slot = self.slot(*id)?;
-        self.records.get_mut(slot).map(|(_, s)| s)
+        self.records.get_mut(id)
     }
 
     /// Whether `id` is kept.
     #[inline]
     pub fn contains_key(&self, id: &SessionId) -> bool {
-        self.slot(*id).is_some()
+        self.records.contains_key(id)
     }
 
     /// Keeps `session` as the record of `id`, which must not be kept yet.
     pub fn insert(&mut self, id: SessionId, session: Session) {
-        debug_assert!(!self.index.contains_key(&id), "session {id} kept twice");
-        let slot = self.records.insert((id, session));
-        self.index.insert(id, slot);
-        self.last.set(Some((id, slot)));
+        let old = self.records.insert(id, session);
+        debug_assert!(old.is_none(), "session {id} kept twice");
     }
 
     /// Drops the record of `id` and returns it.
     pub fn remove(&mut self, id: &SessionId) -> Option<Session> {
-        let slot = self.index.remove(id)?;
-        if self.last.get().is_some_and(|(last, _)| last == *id) {
-            self.last.set(None);
-        }
-        self.records.try_remove(slot).map(|(_, s)| s)
+        self.records.remove(id)
     }
 
     /// Every kept record with its id, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (SessionId, &Session)> {
-        self.records.iter().map(|(_, (id, s))| (*id, s))
+        self.records.iter().map(|(id, s)| (*id, s))
     }
 
     /// How many records are kept.
@@ -101,19 +72,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_taken_again_never_answers_for_the_id_that_left_it() {
+    fn a_record_dropped_is_gone_and_another_kept_beside_it_is_found() {
         let now = Instant::now();
         let mut sessions = Sessions::default();
         let (a, b) = (SessionId(1), SessionId(2));
         sessions.insert(a, Session::new(None, now));
         assert!(sessions.contains_key(&a));
         assert!(sessions.remove(&a).is_some());
-        // `b` takes the slot `a` left, and the memo named `a` last.
+        // `b` is kept after `a` left.
         sessions.insert(b, Session::new(Some(a), now));
-        assert!(
-            !sessions.contains_key(&a),
-            "the memo must not outlive a's record"
-        );
+        assert!(!sessions.contains_key(&a), "a dropped record is gone");
         assert!(sessions.remove(&a).is_none());
         assert_eq!(sessions.get(&b).and_then(|s| s.parent), Some(a));
         assert_eq!(sessions.len(), 1);

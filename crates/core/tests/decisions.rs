@@ -320,7 +320,7 @@ fn the_timeline_keeps_every_transition_but_the_registration_and_the_finalize() {
         .log
         .iter()
         .filter_map(|e| match e {
-            Effect::Transition(t) => Some((t.from, t.to, t.timeline)),
+            Effect::Transition(t) => Some((t.from, t.to, t.timeline())),
             _ => None,
         })
         .collect();

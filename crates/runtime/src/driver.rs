@@ -550,7 +550,7 @@ impl Driver {
                                 at,
                             },
                         });
-                    if t.timeline {
+                    if t.timeline() {
                         let _ = self.recorder.send(Record::Transition { transition: t, at });
                     }
                 }
