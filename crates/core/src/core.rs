@@ -256,14 +256,7 @@ impl Core {
     /// finalized session (the table on [`Event`]), and
     /// [`state`](Self::state) says `finalized`.
     pub fn forget(&mut self, id: SessionId) -> bool {
-        if self
-            .sessions
-            .get(&id)
-            .is_none_or(|s| s.state != State::Finalized)
-        {
-            return false;
-        }
-        let Some(s) = self.sessions.remove(&id) else {
+        let Some(s) = self.sessions.remove_if(id, |s| s.state == State::Finalized) else {
             return false;
         };
         self.forgotten.insert(id);

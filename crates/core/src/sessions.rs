@@ -7,6 +7,8 @@
 //! answer table on their own lookup instead (`answer::admit`), so an input
 //! finds its session once.
 
+use std::collections::hash_map::Entry;
+
 use crate::deadlines::{IdleMark, IdleMarks};
 use crate::hash::SessionMap;
 use crate::session::Session;
@@ -46,6 +48,19 @@ impl Sessions {
     /// Drops the record of `id` and returns it.
     pub fn remove(&mut self, id: &SessionId) -> Option<Session> {
         self.records.remove(id)
+    }
+
+    /// Drops the record of `id` and returns it, if `drop` says so of it (one
+    /// lookup either way).
+    pub fn remove_if(
+        &mut self,
+        id: SessionId,
+        drop: impl FnOnce(&Session) -> bool,
+    ) -> Option<Session> {
+        match self.records.entry(id) {
+            Entry::Occupied(kept) if drop(kept.get()) => Some(kept.remove()),
+            _ => None,
+        }
     }
 
     /// Every kept record with its id, in no particular order.
