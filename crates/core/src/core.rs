@@ -317,7 +317,7 @@ impl Core {
             return Err(Error::DuplicateSession(id));
         }
         self.check_register(parent)?;
-        self.make_room(now, parent)?;
+        let victims = self.room_for(parent)?;
         let mut parent_was_childless = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
             p.children.push(id);
@@ -334,21 +334,29 @@ impl Core {
             // It has a child to finalize first now: no longer reclaimable (G1).
             self.refresh_index(p);
         }
+        // Evicted once the new session is a child of its parent: evicting
+        // its last sibling cannot then finalize the parent (a pending
+        // reclaim waiting for its children) under it (G1).
+        for id in victims {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                self.deadlines.unindex_idle(&mut s.idle);
+            }
+            self.claim(now, id, EndReason::LruEvict);
+        }
         Ok(Handled::Applied)
     }
 
-    /// Makes room under the LRU cap for one more session (under `parent`),
-    /// before it is registered, so that the new session is never the one
-    /// evicted: the least recently active idle sessions are evicted, the
-    /// parent spared (its child would make it busy). Refused, changing
-    /// nothing, when too few can be evicted.
-    fn make_room(&mut self, now: Instant, parent: Option<SessionId>) -> Result<(), Error> {
+    /// The sessions to evict to make room under the LRU cap for one more
+    /// (under `parent`): the least recently active idle ones, the parent
+    /// spared (its child makes it busy), so that the new session is never
+    /// the one evicted. Refused, changing nothing, when too few can be.
+    fn room_for(&mut self, parent: Option<SessionId>) -> Result<Vec<SessionId>, Error> {
         let Some(cap) = self.policy.lru_cap else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let needed = (self.open + 1).saturating_sub(cap);
         if needed == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let victims = self
             .deadlines
@@ -356,13 +364,7 @@ impl Core {
         if victims.len() < needed {
             return Err(Error::OverCapacity { cap });
         }
-        for id in victims {
-            if let Some(s) = self.sessions.get_mut(&id) {
-                self.deadlines.unindex_idle(&mut s.idle);
-            }
-            self.claim(now, id, EndReason::LruEvict);
-        }
-        Ok(())
+        Ok(victims)
     }
 
     fn start_work(

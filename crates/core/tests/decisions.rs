@@ -451,3 +451,34 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
     assert_eq!(h.state(c), State::Registered);
     assert_eq!(h.core.open_sessions(), 2);
 }
+
+/// Found by the property suite: a registration at the cap evicted the new
+/// session's last sibling before the new session existed, and the parent,
+/// whose close-on-disconnect reclaim waited only for that child, was
+/// finalized under its new child (G1). Room is found first and made once the
+/// new session is its parent's child.
+#[test]
+fn g1_an_eviction_at_registration_never_finalizes_the_new_sessions_parent() {
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(3)));
+    let idle = h.register(1, None);
+    let parent = h.register(6, None);
+    h.ev(Event::TransportAttached {
+        session: parent,
+        close_on_disconnect: true,
+    });
+    let busy = h.register(7, None);
+    h.start_turn(busy);
+    let sibling = h.register(9, Some(6));
+    // The transport goes: the parent's reclaim waits for its child.
+    h.ev(Event::TransportDetached { session: parent });
+    assert_eq!(h.state(parent), State::Registered);
+    let child = h.register(10, Some(6));
+    assert_eq!(h.state(idle), State::Finalized);
+    assert_eq!(h.state(sibling), State::Finalized);
+    assert_eq!(h.state(child), State::Registered);
+    assert_ne!(
+        h.state(parent),
+        State::Finalized,
+        "G1: the parent was finalized under its new child"
+    );
+}

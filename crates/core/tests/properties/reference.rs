@@ -714,8 +714,10 @@ impl Model {
                         });
                     }
                 }
-                // Room under the cap is made before the new session exists,
-                // sparing its parent; refused, changing nothing, without it.
+                // Room under the cap is found before the new session exists,
+                // sparing its parent; refused, changing nothing, without it;
+                // and made once the new session is its parent's child (G1).
+                let mut evict = Vec::new();
                 if let Some(cap) = self.policy.lru_cap {
                     let needed = (self.open_count() + 1).saturating_sub(cap);
                     if needed > 0 {
@@ -729,9 +731,7 @@ impl Model {
                             return Err(Error::OverCapacity { cap });
                         }
                         victims.sort_unstable();
-                        for (_, id) in victims.into_iter().take(needed) {
-                            self.claim(id, EndReason::LruEvict);
-                        }
+                        evict.extend(victims.into_iter().take(needed).map(|(_, id)| id));
                     }
                 }
                 self.sessions.insert(
@@ -755,6 +755,9 @@ impl Model {
                         has_slot: false,
                     },
                 );
+                for id in evict {
+                    self.claim(id, EndReason::LruEvict);
+                }
                 Ok(Applied)
             }
             Step::StartTurn(id) | Step::StartTask(id) => {
