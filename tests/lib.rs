@@ -301,6 +301,47 @@ impl Sandbox {
     }
 }
 
+impl Running {
+    /// For a `settle serve`: waits for its listening line and returns the
+    /// address it listens on (`HOST:PORT`, from `ws://HOST:PORT/ws` or
+    /// `wss://`).
+    ///
+    /// # Panics
+    /// When it never says it is listening.
+    pub fn listening_address(&mut self) -> String {
+        self.wait_for("the listening line", |out| out.contains("/ws\n"));
+        let line = self
+            .output()
+            .lines()
+            .find(|l| l.contains("listening on "))
+            .expect("a listening line")
+            .to_owned();
+        line.split("://")
+            .nth(1)
+            .expect("an address")
+            .trim_end_matches("/ws")
+            .to_owned()
+    }
+}
+
+/// The script book of the gateway tests, written into `sandbox`: "long"
+/// streams twenty chunks (`l1`..`l20`) 100 ms apart, anything else answers
+/// "ok". Its path.
+pub fn long_book(sandbox: &Sandbox) -> String {
+    let chunks: Vec<String> = numbered("l", 20)
+        .iter()
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    let text = format!(
+        "[default]\nchunks = [\"ok\"]\n\n[prompt.long]\nchunks = [{}]\nchunk_delay_ms = 100\n",
+        chunks.join(", ")
+    );
+    sandbox
+        .write("book.toml", &text)
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Runs `cmd` to its end within [`PATIENCE`], killing it past that.
 fn finish(cmd: &mut Command) -> Output {
     let mut child = cmd.spawn().expect("cannot start `settle`");

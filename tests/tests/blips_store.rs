@@ -18,29 +18,12 @@ use std::time::Duration;
 use gateway_support::{connect, Client};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-use settle_tests::{numbered, Running, Sandbox, PATIENCE};
-
-/// A script book: "long" streams twenty chunks 100 ms apart, anything else
-/// answers "ok".
-fn book(sandbox: &Sandbox) -> String {
-    let chunks: Vec<String> = numbered("l", 20)
-        .iter()
-        .map(|c| format!("\"{c}\""))
-        .collect();
-    let text = format!(
-        "[default]\nchunks = [\"ok\"]\n\n[prompt.long]\nchunks = [{}]\nchunk_delay_ms = 100\n",
-        chunks.join(", ")
-    );
-    sandbox
-        .write("book.toml", &text)
-        .to_string_lossy()
-        .into_owned()
-}
+use settle_tests::{Running, Sandbox, PATIENCE};
 
 /// Starts `settle serve` on a free port with the script book, on the
 /// sandbox's SQLite file or on `db`; its address.
 fn serve(sandbox: &Sandbox, db: Option<&str>) -> (Running, String) {
-    let book = book(sandbox);
+    let book = settle_tests::long_book(sandbox);
     let mut args = vec![
         "serve",
         "--listen",
@@ -59,19 +42,7 @@ fn serve(sandbox: &Sandbox, db: Option<&str>) -> (Running, String) {
         }
         None => sandbox.spawn(&args),
     };
-    serving.wait_for("the listening line", |out| out.contains("/ws\n"));
-    let line = serving
-        .output()
-        .lines()
-        .find(|l| l.contains("listening on ws://"))
-        .unwrap()
-        .to_owned();
-    let addr = line
-        .split("ws://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/ws")
-        .to_owned();
+    let addr = serving.listening_address();
     (serving, addr)
 }
 

@@ -69,19 +69,7 @@ fn serve(sandbox: &Sandbox, extra: &[&str]) -> (Running, String) {
     }
     args.extend_from_slice(extra);
     let mut serving = sandbox.spawn(&args);
-    serving.wait_for("the listening line", |out| out.contains("/ws\n"));
-    let line = serving
-        .output()
-        .lines()
-        .find(|l| l.contains("listening on "))
-        .unwrap()
-        .to_owned();
-    let addr = line
-        .split("://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/ws")
-        .to_owned();
+    let addr = serving.listening_address();
     (serving, addr)
 }
 

@@ -13,42 +13,13 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use settle_tests::{by_name, numbered, Running, Sandbox, PATIENCE};
 
-/// A script book: "long" streams twenty chunks 100 ms apart, anything else
-/// answers "ok".
-fn book(sandbox: &Sandbox) -> String {
-    let chunks: Vec<String> = numbered("l", 20)
-        .iter()
-        .map(|c| format!("\"{c}\""))
-        .collect();
-    let text = format!(
-        "[default]\nchunks = [\"ok\"]\n\n[prompt.long]\nchunks = [{}]\nchunk_delay_ms = 100\n",
-        chunks.join(", ")
-    );
-    sandbox
-        .write("book.toml", &text)
-        .to_string_lossy()
-        .into_owned()
-}
-
 /// Starts `settle serve` on a free port with the script book; its address.
 fn serve(sandbox: &Sandbox, extra: &[&str]) -> (Running, String) {
-    let book = book(sandbox);
+    let book = settle_tests::long_book(sandbox);
     let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--scripted", &book];
     args.extend_from_slice(extra);
     let mut serving = sandbox.spawn(&args);
-    serving.wait_for("the listening line", |out| out.contains("/ws\n"));
-    let line = serving
-        .output()
-        .lines()
-        .find(|l| l.contains("listening on ws://"))
-        .unwrap()
-        .to_owned();
-    let addr = line
-        .split("ws://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/ws")
-        .to_owned();
+    let addr = serving.listening_address();
     (serving, addr)
 }
 
@@ -173,7 +144,7 @@ fn g11_bad_options_are_refused_with_exit_2_before_the_store_is_touched() {
     let sandbox = Sandbox::new();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
-    let book = book(&sandbox);
+    let book = settle_tests::long_book(&sandbox);
     let bad_book = sandbox
         .write("bad.toml", "[default]\nchunks = [\"a\"]\nend = \"later\"\n")
         .to_string_lossy()
