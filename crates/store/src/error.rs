@@ -182,6 +182,24 @@ impl DbError {
     pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         DbError(Arc::new(e))
     }
+
+    /// Whether the failure may heal on its own, so that the same write may
+    /// succeed later: a lock, a full disk, a lost connection, a server
+    /// restarting do; a violated constraint (a unique, foreign key, not
+    /// null or check constraint) does not.
+    pub fn may_heal(&self) -> bool {
+        use diesel::result::{DatabaseErrorKind as K, Error as E};
+        !matches!(
+            self.0.downcast_ref::<E>(),
+            Some(E::DatabaseError(
+                K::UniqueViolation
+                    | K::ForeignKeyViolation
+                    | K::NotNullViolation
+                    | K::CheckViolation,
+                _
+            ))
+        )
+    }
 }
 
 impl fmt::Debug for DbError {
@@ -348,6 +366,23 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the failure may heal on its own, so that the same write is
+    /// worth trying again: the database failed (but for a violated
+    /// constraint, see [`DbError::may_heal`]), gave no connection, or the
+    /// writer or the store did not answer. A refusal (a closed session, a
+    /// lost lease, a state that does not allow it) is final.
+    pub fn may_heal(&self) -> bool {
+        match self {
+            StoreError::Database { source, .. } | StoreError::Connection { source } => {
+                source.may_heal()
+            }
+            StoreError::Unavailable | StoreError::TimedOut { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 impl From<diesel::result::Error> for StoreError {
     fn from(e: diesel::result::Error) -> Self {
         StoreError::Database {
@@ -368,5 +403,29 @@ impl<T> Context<T> for Result<T, diesel::result::Error> {
             context: what,
             source: DbError::new(e),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_or_a_lost_connection_may_heal_and_a_violated_constraint_does_not() {
+        use diesel::result::{DatabaseErrorKind as K, Error as E};
+        let db = |kind: K| StoreError::from(E::DatabaseError(kind, Box::new("detail".to_owned())));
+        assert!(db(K::Unknown).may_heal(), "database is locked, disk full");
+        assert!(db(K::ClosedConnection).may_heal());
+        assert!(db(K::SerializationFailure).may_heal());
+        assert!(!db(K::UniqueViolation).may_heal());
+        assert!(!db(K::ForeignKeyViolation).may_heal());
+        assert!(StoreError::Database {
+            context: "writing",
+            source: DbError::new(std::io::Error::other("database is locked")),
+        }
+        .may_heal());
+        assert!(StoreError::Unavailable.may_heal());
+        assert!(!StoreError::SessionClosed(SessionId(1)).may_heal());
+        assert!(!StoreError::LeaseLost(OwnerId(1)).may_heal());
     }
 }

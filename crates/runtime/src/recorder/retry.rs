@@ -56,15 +56,13 @@ pub(crate) struct Retries {
 }
 
 /// Whether a store failure may heal on its own, so that the write is worth
-/// trying again: the database failed or did not answer; a refusal (a closed
-/// session, a lost lease) is final.
+/// trying again (see [`StoreError::may_heal`]): the database failed (not a
+/// violated constraint) or did not answer; a refusal (a closed session, a
+/// lost lease) is final.
 pub(super) fn may_heal(unwritten: &Unwritten) -> bool {
     match unwritten {
         Unwritten::TimedOut(_) => true,
-        Unwritten::Failed(error) => matches!(
-            error.as_ref(),
-            StoreError::Database { .. } | StoreError::Connection { .. } | StoreError::Unavailable
-        ),
+        Unwritten::Failed(error) => error.may_heal(),
     }
 }
 
