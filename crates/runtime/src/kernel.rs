@@ -321,17 +321,10 @@ impl Kernel {
         &self,
         state: Option<settle_core::State>,
     ) -> Result<Vec<settle_store::SessionRow>, RuntimeError> {
-        let bound = self.inner.store_timeout;
         let filter = settle_store::SessionFilter::all()
             .in_state_opt(state)
             .oldest_first();
-        tokio::time::timeout(bound, self.inner.store.list_sessions(filter))
-            .await
-            .map_err(|_| RuntimeError::StoreTimeout {
-                what: "listing sessions",
-                after: bound,
-            })?
-            .map_err(RuntimeError::from)
+        self.list_sessions_where(filter).await
     }
 
     /// The sessions `filter` selects, as the store has them (one page of a
@@ -343,14 +336,8 @@ impl Kernel {
         &self,
         filter: settle_store::SessionFilter,
     ) -> Result<Vec<settle_store::SessionRow>, RuntimeError> {
-        let bound = self.inner.store_timeout;
-        tokio::time::timeout(bound, self.inner.store.list_sessions(filter))
+        self.read_store("listing sessions", self.inner.store.list_sessions(filter))
             .await
-            .map_err(|_| RuntimeError::StoreTimeout {
-                what: "listing sessions",
-                after: bound,
-            })?
-            .map_err(RuntimeError::from)
     }
 
     /// One session's row, turns and timeline, as the store has them.
@@ -362,13 +349,20 @@ impl Kernel {
         &self,
         id: SessionId,
     ) -> Result<settle_store::SessionDetail, RuntimeError> {
-        let bound = self.inner.store_timeout;
-        tokio::time::timeout(bound, self.inner.store.session_detail(id))
+        self.read_store("reading a session", self.inner.store.session_detail(id))
             .await
-            .map_err(|_| RuntimeError::StoreTimeout {
-                what: "reading a session",
-                after: bound,
-            })?
+    }
+
+    /// A store read within the store timeout.
+    async fn read_store<T>(
+        &self,
+        what: &'static str,
+        read: impl std::future::Future<Output = Result<T, settle_store::StoreError>>,
+    ) -> Result<T, RuntimeError> {
+        let after = self.inner.store_timeout;
+        tokio::time::timeout(after, read)
+            .await
+            .map_err(|_| RuntimeError::StoreTimeout { what, after })?
             .map_err(RuntimeError::from)
     }
 
