@@ -156,6 +156,11 @@ fn g9_sigterm_mid_run_shuts_down_gracefully_and_exits_143() {
 /// code, 129, is the one the help lists.
 #[test]
 fn g9_sighup_mid_run_shuts_down_gracefully_and_exits_129() {
+    signal_mid_run(Signal::SIGHUP, 129);
+}
+
+/// `signal` mid-run on the slow tree: a graceful shutdown, exit `code`.
+fn signal_mid_run(signal: Signal, code: i32) {
     let sandbox = Sandbox::new();
     let scenario = slow_tree(&sandbox);
     let mut run = start(
@@ -164,9 +169,9 @@ fn g9_sighup_mid_run_shuts_down_gracefully_and_exits_129() {
         &["--drain-timeout", "300ms"],
         &["root", "worker", "stubborn"],
     );
-    run.signal(Signal::SIGHUP);
+    run.signal(signal);
     let (status, _) = run.wait();
-    assert_eq!(status.code(), Some(129), "{}", run.stderr_text());
+    assert_eq!(status.code(), Some(code), "{}", run.stderr_text());
     assert_shut_down_gracefully(&sandbox);
 }
 
@@ -200,18 +205,7 @@ fn the_help_lists_every_exit_code() {
 
 #[test]
 fn g9_sigint_mid_run_shuts_down_gracefully_and_exits_130() {
-    let sandbox = Sandbox::new();
-    let scenario = slow_tree(&sandbox);
-    let mut run = start(
-        &sandbox,
-        &scenario,
-        &["--drain-timeout", "300ms"],
-        &["root", "worker", "stubborn"],
-    );
-    run.signal(Signal::SIGINT);
-    let (status, _) = run.wait();
-    assert_eq!(status.code(), Some(130), "{}", run.stderr_text());
-    assert_shut_down_gracefully(&sandbox);
+    signal_mid_run(Signal::SIGINT, 130);
 }
 
 #[test]
