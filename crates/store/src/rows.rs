@@ -1,15 +1,14 @@
-//! Multi-row statements: `INSERT … VALUES (…), (…)` and `UPDATE … FROM
-//! (VALUES (…), (…)) AS v WHERE …`, one parenthesised group of parameters per
-//! row, bound straight from the rows.
+//! Multi-row statements: `INSERT … VALUES (…), (…)`, one parenthesised
+//! group of parameters per row, bound straight from the rows; and `UPDATE …
+//! WHERE … IN (…)` for a set of rows written to the same values.
 //!
 //! A batch writes thousands of rows; one statement per row costs Diesel's and
 //! the database's per-statement work each time (measured at about three times
 //! the cost of these statements for the session rows of a 10,000-session
 //! teardown), and Diesel's boxed raw queries allocate for every parameter.
-//! This fragment borrows the rows and binds each value in place; Diesel writes
-//! the placeholders in each backend's style, and keeps full statements
-//! prepared. In `UPDATE … FROM (VALUES …) AS
-//! v`, the values' columns are `v.column1`, `v.column2`, … on both backends.
+//! These fragments borrow the rows and bind each value in place; Diesel
+//! writes the placeholders in each backend's style, and keeps full statements
+//! prepared.
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
@@ -48,28 +47,17 @@ pub(crate) trait Params<DB: Backend> {
     fn push<'b>(&'b self, out: &mut AstPass<'_, 'b, DB>) -> QueryResult<()>;
 }
 
-/// `head (…), (…), … tail`, one group per row.
+/// `head (…), (…), …`, one group per row.
 pub(crate) struct Rows<'a, P> {
     head: &'static str,
     rows: &'a [P],
-    tail: &'static str,
 }
 
 impl<'a, P> Rows<'a, P> {
     /// `INSERT INTO target VALUES (…), …`; `target` names the table and its
     /// columns, e.g. `"timeline (session, steps)"`.
     pub(crate) fn insert(head: &'static str, rows: &'a [P]) -> Self {
-        Rows {
-            head,
-            rows,
-            tail: "",
-        }
-    }
-
-    /// `UPDATE … SET … FROM (VALUES (…), …) AS v WHERE …`: `head` is the
-    /// statement up to and including `(VALUES `, `tail` from `) AS v`.
-    pub(crate) fn update(head: &'static str, rows: &'a [P], tail: &'static str) -> Self {
-        Rows { head, rows, tail }
+        Rows { head, rows }
     }
 }
 
@@ -86,10 +74,55 @@ impl<DB: Backend, P: Params<DB>> QueryFragment<DB> for Rows<'_, P> {
             row.push(&mut out)?;
             out.push_sql(")");
         }
-        out.push_sql(self.tail);
         Ok(())
     }
 }
+
+/// `UPDATE … SET … WHERE … IN (?, ?, …)`: one statement for every row that
+/// is set to the same values, the values bound once and then one key per
+/// row. On SQLite a set of rows named by key is updated about twice as fast
+/// as the same rows joined from `(VALUES …)`, which the database first
+/// copies into a table of its own.
+pub(crate) struct InList<'a, G> {
+    /// What every row is set to, and the condition they share.
+    pub(crate) group: &'a G,
+    /// The keys of the rows.
+    pub(crate) keys: &'a [i64],
+}
+
+/// The head of an [`InList`] update: the statement up to and including
+/// `IN (`, with its parameters.
+pub(crate) trait GroupHead<DB: Backend> {
+    /// Push the statement's text and parameters up to `IN (`.
+    fn push<'b>(&'b self, out: &mut AstPass<'_, 'b, DB>) -> QueryResult<()>;
+}
+
+impl<DB: Backend, G: GroupHead<DB>> QueryFragment<DB> for InList<'_, G>
+where
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        if !self.keys.len().is_power_of_two() || self.keys.len() > ROWS_PER_STATEMENT {
+            out.unsafe_to_cache_prepared();
+        }
+        self.group.push(&mut out)?;
+        for (k, key) in self.keys.iter().enumerate() {
+            if k > 0 {
+                out.push_sql(", ");
+            }
+            out.push_bind_param::<diesel::sql_types::BigInt, _>(key)?;
+        }
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+impl<G> QueryId for InList<'_, G> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<G, Conn> RunQueryDsl<Conn> for InList<'_, G> {}
 
 impl<P> QueryId for Rows<'_, P> {
     type QueryId = ();
@@ -112,11 +145,11 @@ macro_rules! bind {
 }
 pub(crate) use bind;
 
-/// `Params` for both backends, from one body:
-/// `params!(Row<'a>, |row, out| bind!(out; BigInt => &row.id))`.
-macro_rules! params {
-    ($row:ident $(<$l:lifetime>)?, |$this:ident, $out:ident| $body:expr) => {
-        impl $(<$l>)? $crate::rows::Params<diesel::sqlite::Sqlite> for $row $(<$l>)? {
+/// An implementation of one of this module's traits (`Params`,
+/// `GroupHead`) for both backends, from one body of `push`.
+macro_rules! both_backends {
+    ($trait:ident, $row:ident $(<$l:lifetime>)?, |$this:ident, $out:ident| $body:expr) => {
+        impl $(<$l>)? $crate::rows::$trait<diesel::sqlite::Sqlite> for $row $(<$l>)? {
             fn push<'x>(
                 &'x self,
                 $out: &mut diesel::query_builder::AstPass<'_, 'x, diesel::sqlite::Sqlite>,
@@ -125,7 +158,7 @@ macro_rules! params {
                 $body
             }
         }
-        impl $(<$l>)? $crate::rows::Params<diesel::pg::Pg> for $row $(<$l>)? {
+        impl $(<$l>)? $crate::rows::$trait<diesel::pg::Pg> for $row $(<$l>)? {
             fn push<'x>(
                 &'x self,
                 $out: &mut diesel::query_builder::AstPass<'_, 'x, diesel::pg::Pg>,
@@ -136,7 +169,25 @@ macro_rules! params {
         }
     };
 }
+pub(crate) use both_backends;
+
+/// `Params` for both backends, from one body:
+/// `params!(Row<'a>, |row, out| bind!(out; BigInt => &row.id))`.
+macro_rules! params {
+    ($row:ident $(<$l:lifetime>)?, |$this:ident, $out:ident| $body:expr) => {
+        $crate::rows::both_backends!(Params, $row $(<$l>)?, |$this, $out| $body);
+    };
+}
 pub(crate) use params;
+
+/// `GroupHead` for both backends, from one body:
+/// `group_head!(Set, |set, out| { out.push_sql("UPDATE … IN ("); Ok(()) })`.
+macro_rules! group_head {
+    ($row:ident $(<$l:lifetime>)?, |$this:ident, $out:ident| $body:block) => {
+        $crate::rows::both_backends!(GroupHead, $row $(<$l>)?, |$this, $out| $body);
+    };
+}
+pub(crate) use group_head;
 
 #[cfg(test)]
 mod tests {

@@ -14,11 +14,13 @@
 //!    write the lifecycle refuses gets its refusal (a write of an owner whose
 //!    lease expired, `LeaseLost`), and the writes after it see the session as
 //!    it was left.
-//! 3. **Write** the outcome back: the new sessions in multi-row INSERTs; one
-//!    conditional UPDATE per changed session (compare-and-set on the version
-//!    that was read, so a finalize spends the latch once across processes,
-//!    G2), all of them in multi-row `UPDATE … FROM (VALUES …)` statements; the
-//!    new turns and turn ends likewise, and one timeline segment per session
+//! 3. **Write** the outcome back: the new sessions in multi-row INSERTs; every
+//!    changed session only if it still has the version that was read (a
+//!    compare-and-set per row, so a finalize spends the latch once across
+//!    processes, G2), in one `UPDATE … WHERE version = ? AND id IN (…)` per
+//!    set of sessions written to the same values, whose row count must be the
+//!    set's size (a teardown's sessions are nearly one set); the new turns
+//!    and turn ends likewise, and one timeline segment per session
 //!    holding all its transitions of the batch ([`timeline`](crate::timeline)).
 //! 4. **Commit memory** for finalizes that ask for it, from completed turns
 //!    only (G7), each in a savepoint of the same transaction.

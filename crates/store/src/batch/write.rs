@@ -10,22 +10,10 @@ use settle_core::{Outcome, State};
 use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
-use crate::rows::{bind, params, pieces, Rows};
+use crate::rows::{bind, group_head, params, pieces, GroupHead, InList, Rows};
 use crate::schema::sessions;
 use crate::time::{session_id, sid, to_millis};
 use crate::timeline::Step;
-
-/// A session's row as the batch leaves it, and the version it must still
-/// have.
-struct SessionWrite {
-    id: i64,
-    version: i64,
-    state: &'static str,
-    outcome: Option<&'static str>,
-    end_reason: Option<&'static str>,
-    open_turn: Option<i64>,
-    finalized_at: Option<i64>,
-}
 
 struct Segment<'e> {
     session: i64,
@@ -35,13 +23,6 @@ struct Segment<'e> {
 params!(TurnStart, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, BigInt => &0_i64,
     Nullable<Text> => &r.input, Nullable<BigInt> => &r.input_from));
-params!(TurnEnd<'b>, |r, out| bind!(out;
-    BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, Text => r.outcome,
-    Nullable<Text> => &r.error_kind, Nullable<Text> => &r.error_message));
-params!(SessionWrite, |r, out| bind!(out;
-    BigInt => &r.id, BigInt => &r.version, Text => r.state,
-    Nullable<Text> => &r.outcome, Nullable<Text> => &r.end_reason,
-    Nullable<BigInt> => &r.open_turn, Nullable<BigInt> => &r.finalized_at));
 params!(
     Segment<'e>,
     |r, out| bind!(out; BigInt => &r.session, Text => r.steps)
@@ -131,37 +112,123 @@ fn reserve_session_ids(db: Db<'_>, n: usize) -> Result<std::ops::Range<u64>, Sto
     on_db!(db, |c| { reserve_ids_on!(c, count) })
 }
 
+/// What a set of sessions is written to, and the version each of them must
+/// still have: one statement for all of them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct SessionSet {
+    version: i64,
+    state: &'static str,
+    outcome: Option<&'static str>,
+    end_reason: Option<&'static str>,
+    open_turn: Option<i64>,
+    finalized_at: Option<i64>,
+}
+
+group_head!(SessionSet, |set, out| {
+    out.push_sql("UPDATE sessions SET state = ");
+    out.push_bind_param::<Text, _>(set.state)?;
+    out.push_sql(", outcome = ");
+    out.push_bind_param::<Nullable<Text>, _>(&set.outcome)?;
+    out.push_sql(", end_reason = ");
+    out.push_bind_param::<Nullable<Text>, _>(&set.end_reason)?;
+    out.push_sql(", open_turn = ");
+    out.push_bind_param::<Nullable<BigInt>, _>(&set.open_turn)?;
+    out.push_sql(", finalized_at = ");
+    out.push_bind_param::<Nullable<BigInt>, _>(&set.finalized_at)?;
+    out.push_sql(", version = version + 1 WHERE version = ");
+    out.push_bind_param::<BigInt, _>(&set.version)?;
+    out.push_sql(" AND id IN (");
+    Ok(())
+});
+
+/// What a set of turns is ended with: one statement for all of them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct TurnSet<'b> {
+    no: i64,
+    at: i64,
+    outcome: &'static str,
+    error_kind: Option<&'static str>,
+    error_message: Option<&'b str>,
+}
+
+group_head!(TurnSet<'b>, |set, out| {
+    out.push_sql("UPDATE turns SET ended_at = ");
+    out.push_bind_param::<BigInt, _>(&set.at)?;
+    out.push_sql(", outcome = ");
+    out.push_bind_param::<Text, _>(set.outcome)?;
+    out.push_sql(", error_kind = ");
+    out.push_bind_param::<Nullable<Text>, _>(&set.error_kind)?;
+    out.push_sql(", error_message = ");
+    out.push_bind_param::<Nullable<Text>, _>(&set.error_message)?;
+    out.push_sql(" WHERE \"no\" = ");
+    out.push_bind_param::<BigInt, _>(&set.no)?;
+    out.push_sql(" AND ended_at IS NULL AND session IN (");
+    Ok(())
+});
+
+/// `rows` grouped by what they are set to, each group's keys in order, the
+/// groups in the order of their first key.
+fn grouped<K: Copy + Eq + std::hash::Hash>(
+    rows: impl Iterator<Item = (K, i64)>,
+) -> Vec<(K, Vec<i64>)> {
+    let mut at: HashMap<K, usize> = HashMap::default();
+    let mut groups: Vec<(K, Vec<i64>)> = Vec::new();
+    for (key, id) in rows {
+        let slot = *at.entry(key).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[slot].1.push(id);
+    }
+    for (_, ids) in &mut groups {
+        ids.sort_unstable();
+    }
+    groups.sort_unstable_by_key(|(_, ids)| ids.first().copied());
+    groups
+}
+
 /// Write every changed session back, each only if its version is still the
-/// one read: a compare-and-set per row, many rows per statement.
-fn update_sessions(mut db: Db<'_>, sessions: &HashMap<i64, Sim>) -> Result<(), StoreError> {
-    let mut rows: Vec<SessionWrite> = sessions
-        .iter()
-        .filter(|(_, s)| s.changed)
-        .map(|(id, sim)| SessionWrite {
-            id: *id,
-            version: sim.version,
-            state: sim.live.state.as_str(),
-            outcome: sim.live.outcome.map(Outcome::as_str),
-            end_reason: sim.live.end_reason.map(|r| r.as_str()),
-            open_turn: sim.live.open_turn.map(i64::from),
-            finalized_at: sim.live.finalized_at,
-        })
-        .collect();
-    rows.sort_unstable_by_key(|r| r.id);
-    for part in pieces(&rows) {
-        let statement = Rows::update(
-            "UPDATE sessions SET state = v.column3, outcome = v.column4, \
-             end_reason = v.column5, open_turn = v.column6, finalized_at = v.column7, \
-             version = sessions.version + 1 FROM (VALUES ",
-            part,
-            ") AS v WHERE sessions.id = v.column1 AND sessions.version = v.column2",
-        );
-        let updated = on_db!(db.reborrow(), |c| statement.execute(c))
-            .context("writing the sessions of a batch")?;
-        if updated != part.len() {
-            // The rows were read under this transaction's lock: a session that
-            // changed anyway means another writer ignored it. Write nothing.
-            return Err(changed_under("writing the sessions of a batch"));
+/// one read: a compare-and-set per row, one statement per set of rows
+/// written to the same values (in a teardown, nearly all of them).
+fn update_sessions(db: Db<'_>, sessions: &HashMap<i64, Sim>) -> Result<(), StoreError> {
+    let sets = grouped(sessions.iter().filter(|(_, s)| s.changed).map(|(id, sim)| {
+        (
+            SessionSet {
+                version: sim.version,
+                state: sim.live.state.as_str(),
+                outcome: sim.live.outcome.map(Outcome::as_str),
+                end_reason: sim.live.end_reason.map(|r| r.as_str()),
+                open_turn: sim.live.open_turn.map(i64::from),
+                finalized_at: sim.live.finalized_at,
+            },
+            *id,
+        )
+    }));
+    update_sets(db, &sets, "writing the sessions of a batch")
+}
+
+/// One `UPDATE … IN (…)` per set (cut into statements that stay prepared),
+/// each of which must change every row it names: the rows were read under
+/// this transaction's lock, so a row that changed anyway means another
+/// writer ignored it, and nothing of the batch is written.
+fn update_sets<G>(
+    mut db: Db<'_>,
+    sets: &[(G, Vec<i64>)],
+    context: &'static str,
+) -> Result<(), StoreError>
+where
+    G: GroupHead<diesel::sqlite::Sqlite> + GroupHead<diesel::pg::Pg>,
+{
+    for (set, keys) in sets {
+        for part in pieces(keys) {
+            let statement = InList {
+                group: set,
+                keys: part,
+            };
+            let updated = on_db!(db.reborrow(), |c| statement.execute(c)).context(context)?;
+            if updated != part.len() {
+                return Err(changed_under(context));
+            }
         }
     }
     Ok(())
@@ -187,22 +254,20 @@ fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> 
     Ok(())
 }
 
-fn end_turns(mut db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
-    for part in pieces(ends) {
-        let statement = Rows::update(
-            "UPDATE turns SET ended_at = v.column3, outcome = v.column4, \
-             error_kind = v.column5, error_message = v.column6 FROM (VALUES ",
-            part,
-            ") AS v WHERE turns.session = v.column1 AND turns.\"no\" = v.column2 \
-             AND turns.ended_at IS NULL",
-        );
-        let ended = on_db!(db.reborrow(), |c| statement.execute(c))
-            .context("ending the turns of a batch")?;
-        if ended != part.len() {
-            return Err(changed_under("ending the turns of a batch"));
-        }
-    }
-    Ok(())
+fn end_turns(db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
+    let sets = grouped(ends.iter().map(|e| {
+        (
+            TurnSet {
+                no: e.no,
+                at: e.at,
+                outcome: e.outcome,
+                error_kind: e.error_kind,
+                error_message: e.error_message,
+            },
+            e.session,
+        )
+    }));
+    update_sets(db, &sets, "ending the turns of a batch")
 }
 
 /// The batch's timeline: one segment per session, its steps in batch order,
