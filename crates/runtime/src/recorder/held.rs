@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use settle_core::SessionId;
 use settle_store::LifecycleWrite;
+use smallvec::SmallVec;
 
 use super::pending::{Answer, Pending};
 
@@ -41,10 +42,13 @@ pub(super) struct Held {
     since: VecDeque<(tokio::time::Instant, SessionId)>,
 }
 
-/// One session's held transitions, and when the first of them came.
+/// One session's held transitions, and when the first of them came: inline
+/// up to two (a turn's end; a cancel and its settling), the most a session
+/// holds between two of its writes in a teardown, so that holding costs no
+/// allocation per session.
 pub(super) struct HeldWrites {
     since: tokio::time::Instant,
-    writes: Vec<LifecycleWrite>,
+    writes: SmallVec<[LifecycleWrite; 2]>,
 }
 
 impl Held {
@@ -55,7 +59,7 @@ impl Held {
             since.push_back((now, session));
             HeldWrites {
                 since: now,
-                writes: Vec::new(),
+                writes: SmallVec::new(),
             }
         });
         held.writes.push(write);

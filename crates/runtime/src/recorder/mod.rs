@@ -135,7 +135,7 @@ impl Recorder {
                 // The driver is gone and nothing is held: done.
                 break;
             }
-            let mut pending = Pending::default();
+            let mut pending = Pending::for_records(batch.len());
             for record in batch.drain(..) {
                 self.take(record, &mut pending, &mut held).await;
             }

@@ -54,6 +54,21 @@ pub(super) struct Pending {
     pub(super) registered: HashSet<SessionId>,
 }
 
+impl Pending {
+    /// An empty batch with room for the writes of `records` records and the
+    /// transitions they take along from the hold buffer, so that a wake of
+    /// thousands of records (a teardown) does not grow its vectors one
+    /// doubling at a time.
+    pub(super) fn for_records(records: usize) -> Pending {
+        let room = records.saturating_mul(2);
+        Pending {
+            writes: Vec::with_capacity(room),
+            answers: Vec::with_capacity(room),
+            ..Pending::default()
+        }
+    }
+}
+
 /// What a batch's store call gives back: a result per write, or why none.
 pub(super) type BatchResults = Result<Vec<Result<Applied, StoreError>>, Unwritten>;
 
