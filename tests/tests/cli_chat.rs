@@ -834,3 +834,39 @@ fn g11_a_prompt_over_the_size_limit_is_refused_and_the_chat_goes_on() {
         json!([{"role": "user", "content": "short"}])
     );
 }
+
+/// A reply is shown, never obeyed: control sequences a model sends (a
+/// terminal title, a clipboard write, a screen clear) reach the terminal as
+/// their escapes, while the stored reply keeps them exactly.
+#[test]
+fn a_reply_with_terminal_control_sequences_is_shown_escaped_and_stored_exactly() {
+    let hostile = [
+        "plain ",
+        "\u{1b}]0;owned\u{7}",
+        "\u{1b}[2J",
+        "\u{1b}]52;c;ZXZpbA==\u{7}",
+        "\ttab\nnext line",
+    ];
+    let server = Server::start(vec![Answer::Events(texts(&hostile))]);
+    let sandbox = Sandbox::new();
+    let mut chat = start_chat(&sandbox, &server.base_url(), &[]);
+    say(&mut chat, "hello");
+    let shown = chat.output().to_owned();
+    end_chat(chat);
+    assert!(
+        !shown.contains('\u{1b}'),
+        "an escape reached the terminal: {shown:?}"
+    );
+    assert!(
+        !shown.contains('\u{7}'),
+        "a bell reached the terminal: {shown:?}"
+    );
+    assert!(shown.contains(r"\u{1b}]0;owned\u{7}"), "{shown:?}");
+    assert!(
+        shown.contains("\ttab\nnext line"),
+        "tabs and newlines stay: {shown:?}"
+    );
+    let sessions = sandbox.sessions();
+    let shown_json = sandbox.show(sessions[0]["id"].as_u64().unwrap());
+    assert_eq!(shown_json["turns"][0]["chunks"], serde_json::json!(hostile));
+}

@@ -24,6 +24,7 @@ use settle_store::{SessionStore, Store, StoreError};
 use settle_stream::{Message, Provider, Request, Role};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::escape;
 use crate::input_limits::InputLimitArgs;
 use crate::model_server::ModelServerArgs;
 use crate::{exit, open_existing_store, open_store, Failure};
@@ -147,9 +148,11 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             tokio::select! {
                 chunk = turn.next_chunk() => match chunk {
                     // Text is the reply; tool calls, reasoning and usage are
-                    // persisted all the same, not printed.
+                    // persisted all the same, not printed. The model's text
+                    // is shown, never obeyed: its control characters are
+                    // written as their escapes (the stored reply keeps them).
                     Some(chunk) => if let Some(text) = chunk.as_text() {
-                        out!("{text}");
+                        out!("{}", escape::lines(text));
                         let _ = std::io::stdout().flush();
                         reply.push_str(text);
                     },
