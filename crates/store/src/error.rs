@@ -59,15 +59,16 @@ pub enum OpenError {
         /// The path asked for.
         path: PathBuf,
     },
-    /// The file holds no settle database yet (it is empty, or an SQLite
-    /// database without tables), and the store was opened for an existing
-    /// one only ([`StoreOptions::existing_only`](crate::StoreOptions::existing_only)); it was left untouched.
+    /// The file or database holds no settle database yet (an empty file,
+    /// an SQLite database without tables, a PostgreSQL database without the
+    /// store's tables), and the store was opened for an existing one only
+    /// ([`StoreOptions::existing_only`](crate::StoreOptions::existing_only)); it was left untouched.
     #[error(
-        "{} holds no settle database (it is empty or has no tables); it was left untouched; `settle run` or `settle chat` makes one, or pass the path of one",
+        "{} holds no settle database (none of settle's tables are in it); it was left untouched; `settle run` or `settle chat` makes one, or pass --db with one that has",
         path.display()
     )]
     NoSettleDatabase {
-        /// The path asked for.
+        /// The path (or the PostgreSQL URL, its password hidden) asked for.
         path: PathBuf,
     },
     /// The file is an SQLite database whose contents are damaged.

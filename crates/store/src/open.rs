@@ -273,11 +273,12 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     let sent = options.bounded_pg_url(url);
     let mut conn = PgConnection::establish(&sent).map_err(|e| pg_refusal(url, &sent, e))?;
     let url = &sent;
-    check_schema(Db::Pg(&mut conn), false, false).map_err(|r| r.into_open_pg(&shown))?;
+    let existing_only = options.existing_only();
+    check_schema(Db::Pg(&mut conn), false, existing_only).map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
             .execute(c)?;
-        check_schema(Db::Pg(&mut *c), false, false)?;
+        check_schema(Db::Pg(&mut *c), false, existing_only)?;
         c.run_pending_migrations(PG_MIGRATIONS)
             .map_err(|e| Refusal::Migration(e.to_string()))?;
         Ok::<_, Refusal>(())
@@ -416,7 +417,8 @@ struct TableName {
 
 /// Read-only: refuse a database of a newer schema version, (for SQLite,
 /// where a file is one program's) one that holds another program's tables,
-/// and with `require_settle` one that has no tables at all.
+/// and with `require_settle` one without the store's tables (on PostgreSQL,
+/// where a database may be shared, whatever else it holds).
 fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Result<(), Refusal> {
     on_db!(db, |c| {
         let sql = if refuse_foreign {
@@ -436,6 +438,8 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
         if !tables.iter().any(|t| t.name == "settle_meta") {
             return if refuse_foreign {
                 Err(Refusal::Foreign)
+            } else if require_settle {
+                Err(Refusal::NoSettle)
             } else {
                 Ok(())
             };

@@ -159,10 +159,11 @@ impl StoreOptions {
         self
     }
 
-    /// Whether `open` refuses an SQLite file that holds no settle database
-    /// yet (an empty file, or a database with no tables) instead of creating
-    /// the schema in it (default false). For the commands that only read a
-    /// store: they write nothing to a file that is not already a store.
+    /// Whether `open` refuses a database that holds no settle database yet
+    /// (an empty SQLite file or one with no tables, a PostgreSQL database
+    /// without the store's tables) instead of creating the schema in it
+    /// (default false). For the commands that only read a store: they write
+    /// nothing to a database that is not already a store.
     pub fn existing_only(&self) -> bool {
         self.existing_only
     }

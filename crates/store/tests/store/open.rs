@@ -316,6 +316,45 @@ pub(crate) fn g11_open_refuses_a_missing_postgres_database() {
     assert!(err.to_string().contains("createdb"), "{err}");
 }
 
+/// Opened for an existing store only, a PostgreSQL database without the
+/// store's tables (an empty one, or one that holds another program's) is
+/// refused and nothing is created in it; opened as usual, it becomes a store.
+#[test]
+pub(crate) fn g11_open_existing_only_refuses_a_postgres_database_without_a_store_and_writes_nothing(
+) {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    db.execute("CREATE TABLE their_table (x INTEGER)");
+    let tables = || -> Vec<String> {
+        use diesel::prelude::*;
+        #[derive(QueryableByName)]
+        struct Name {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            name: String,
+        }
+        let mut conn = diesel::pg::PgConnection::establish(&db.url).unwrap();
+        let mut names: Vec<String> = diesel::sql_query(
+            "SELECT table_name::text AS name FROM information_schema.tables \
+             WHERE table_schema = current_schema()",
+        )
+        .load::<Name>(&mut conn)
+        .unwrap()
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+        names.sort();
+        names
+    };
+    let existing = StoreOptions::default().with_existing_only(true);
+    let err = Store::open_with(&db.url, existing.clone()).unwrap_err();
+    assert!(matches!(err, OpenError::NoSettleDatabase { .. }), "{err:?}");
+    assert_eq!(tables(), ["their_table"], "a read-only open created tables");
+    drop(Store::open(&db.url).unwrap());
+    drop(Store::open_with(&db.url, existing).unwrap());
+    assert!(tables().contains(&"settle_meta".to_owned()));
+}
+
 /// The server drops the store's connections (a restart, an administrator):
 /// the write in flight fails, later ones go through on a new connection.
 #[test]
