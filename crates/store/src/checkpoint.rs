@@ -14,6 +14,7 @@ use diesel::connection::SimpleConnection;
 use diesel::sqlite::SqliteConnection;
 use diesel::Connection;
 
+use crate::durability::Durability;
 use crate::pool::sqlite_pragmas;
 use crate::thread::StoreThread;
 
@@ -32,6 +33,7 @@ impl Checkpointer {
     pub(crate) fn spawn(
         path: &str,
         busy_timeout: Duration,
+        durability: Durability,
         close_timeout: Duration,
     ) -> std::io::Result<Checkpointer> {
         let path = path.to_owned();
@@ -44,7 +46,7 @@ impl Checkpointer {
                     return;
                 }
             };
-            for pragma in sqlite_pragmas(busy_timeout) {
+            for pragma in sqlite_pragmas(busy_timeout, durability) {
                 if let Err(e) = conn.batch_execute(&pragma) {
                     tracing::warn!(error = %e, "configuring the checkpoint connection failed");
                 }

@@ -49,6 +49,17 @@
 //! [`MemoryStore`] keeps the same rules in memory and answers at once, for
 //! tests under tokio's paused clock and for benchmarks that stub the store out.
 //!
+//! # What a commit survives
+//!
+//! SQLite runs in WAL mode. With the default [`Durability::Normal`]
+//! (`synchronous = NORMAL`) a write that was answered survives the process
+//! being killed (`kill -9`, a panic, an out-of-memory kill) but an
+//! operating-system crash or a power loss may lose the last commits (never
+//! the database itself); [`Durability::Full`]
+//! ([`StoreOptions::with_durability`]) syncs every commit to the disk before
+//! answering it, so it survives a power loss too, at the disk's cost per
+//! commit. PostgreSQL keeps its server's own settings.
+//!
 //! # Building: PostgreSQL support is always built in
 //!
 //! libpq, PostgreSQL's client library, is compiled from source with the crate
@@ -107,6 +118,7 @@ mod ids;
 mod batch;
 mod checkpoint;
 mod chunk;
+mod durability;
 mod error;
 mod input;
 mod latch;
@@ -133,6 +145,7 @@ mod writer;
 
 pub use batch::{Applied, LifecycleWrite};
 pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
+pub use durability::Durability;
 pub use error::{DbError, OpenError, StoreError};
 pub use input::{Conversation, TurnInput};
 pub use latch::{FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure};

@@ -226,7 +226,7 @@ fn establish_sqlite(
     let location = path.display().to_string();
     let mut conn = SqliteConnection::establish(path_str)
         .map_err(|e| sqlite_refusal(path, "connecting", e.to_string()))?;
-    let [busy, rest @ ..] = sqlite_pragmas(options.busy_timeout());
+    let [busy, rest @ ..] = sqlite_pragmas(options.busy_timeout(), options.durability());
     conn.batch_execute(&busy)
         .map_err(|e| sqlite_refusal(path, "setting the busy timeout", e.to_string()))?;
     // Reading the schema reads page 1 and the schema table: a damaged file
@@ -257,6 +257,7 @@ fn establish_sqlite(
         .connection_timeout(options.connection_timeout())
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: options.busy_timeout(),
+            durability: options.durability(),
         }))
         .build_unchecked(ConnectionManager::<SqliteConnection>::new(path_str));
     Ok(Opened {

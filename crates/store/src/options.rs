@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::durability::Durability;
+
 /// Tuning for [`Store::open_with`](crate::Store::open_with).
 ///
 /// ```
@@ -27,6 +29,7 @@ pub struct StoreOptions {
     pg_idle_in_transaction_timeout: Duration,
     pg_keepalive_idle: Duration,
     existing_only: bool,
+    durability: Durability,
 }
 
 impl Default for StoreOptions {
@@ -43,6 +46,7 @@ impl Default for StoreOptions {
             pg_idle_in_transaction_timeout: Duration::from_secs(10),
             pg_keepalive_idle: Duration::from_secs(15),
             existing_only: false,
+            durability: Durability::Normal,
         }
     }
 }
@@ -171,6 +175,20 @@ impl StoreOptions {
     /// Set [`existing_only`](Self::existing_only).
     pub fn with_existing_only(mut self, existing_only: bool) -> Self {
         self.existing_only = existing_only;
+        self
+    }
+
+    /// What a commit to an SQLite store survives once it is answered
+    /// (default [`Durability::Normal`]: a killed process loses nothing, a
+    /// power loss may lose the last commits). No effect on PostgreSQL.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Set [`durability`](Self::durability): [`Durability::Full`] syncs
+    /// every commit to the disk before answering it.
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 

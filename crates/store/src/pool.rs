@@ -8,16 +8,17 @@ use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel::sqlite::SqliteConnection;
 
 use crate::conn::Db;
+use crate::durability::Durability;
 use crate::error::{DbError, StoreError};
 
 /// The SQLite settings, in this order and each its own statement: the busy
 /// timeout first (so the others wait for a lock instead of failing), then WAL,
-/// `synchronous = NORMAL` (durable at commit under WAL), foreign keys.
-pub(crate) fn sqlite_pragmas(busy_timeout: Duration) -> [String; 4] {
+/// the `synchronous` setting of `durability` ([`Durability`]), foreign keys.
+pub(crate) fn sqlite_pragmas(busy_timeout: Duration, durability: Durability) -> [String; 4] {
     [
         format!("PRAGMA busy_timeout = {}", busy_timeout.as_millis()),
         "PRAGMA journal_mode = WAL".to_owned(),
-        "PRAGMA synchronous = NORMAL".to_owned(),
+        durability.pragma().to_owned(),
         "PRAGMA foreign_keys = ON".to_owned(),
     ]
 }
@@ -26,11 +27,12 @@ pub(crate) fn sqlite_pragmas(busy_timeout: Duration) -> [String; 4] {
 #[derive(Debug)]
 pub(crate) struct SqliteSettings {
     pub(crate) busy_timeout: Duration,
+    pub(crate) durability: Durability,
 }
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqliteSettings {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
-        for statement in sqlite_pragmas(self.busy_timeout) {
+        for statement in sqlite_pragmas(self.busy_timeout, self.durability) {
             conn.batch_execute(&statement)
                 .map_err(diesel::r2d2::Error::QueryError)?;
         }
@@ -64,5 +66,41 @@ impl ReadPool {
                 f(Db::Pg(&mut c))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::prelude::*;
+    use diesel::sql_types::BigInt;
+
+    use super::*;
+
+    #[derive(QueryableByName)]
+    struct Synchronous {
+        #[diesel(sql_type = BigInt)]
+        synchronous: i64,
+    }
+
+    /// The `synchronous` setting a connection is left with by the pragmas.
+    fn synchronous_after(durability: Durability) -> i64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.db");
+        let mut conn = SqliteConnection::establish(path.to_str().unwrap()).unwrap();
+        for pragma in sqlite_pragmas(Duration::from_secs(1), durability) {
+            conn.batch_execute(&pragma).unwrap();
+        }
+        diesel::sql_query("PRAGMA synchronous")
+            .get_result::<Synchronous>(&mut conn)
+            .unwrap()
+            .synchronous
+    }
+
+    #[test]
+    fn each_durability_sets_its_own_synchronous_mode() {
+        // SQLite's numbering: 1 NORMAL, 2 FULL.
+        assert_eq!(synchronous_after(Durability::Normal), 1);
+        assert_eq!(synchronous_after(Durability::Full), 2);
+        assert_eq!(Durability::default(), Durability::Normal);
     }
 }

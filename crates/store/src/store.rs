@@ -127,7 +127,14 @@ impl Store {
         })?;
         let checkpointer = opened
             .checkpoint
-            .map(|path| Checkpointer::spawn(&path, options.busy_timeout(), options.close_timeout()))
+            .map(|path| {
+                Checkpointer::spawn(
+                    &path,
+                    options.busy_timeout(),
+                    options.durability(),
+                    options.close_timeout(),
+                )
+            })
             .transpose()
             .map_err(|e| OpenError::Database {
                 location: location.clone(),
