@@ -11,17 +11,24 @@
 //! `settle recover --dry-run`.
 
 use std::collections::BTreeMap;
+
+/// Maps keyed by database ids: foldhash on recovery's path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 use std::time::SystemTime;
 
 use diesel::prelude::*;
-use settle_core::{EndReason, SessionId, State};
+use diesel::sql_types::{BigInt, Nullable, Text};
+use settle_core::{EndReason, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
-use crate::latch::{spend, Ending};
+use crate::latch::{spend, Ending, Spent};
 use crate::lease::{store_now, HostIdentity, OwnerColumns, OwnerId, OwnerRow, OWNER_COLUMNS};
+use crate::rows::{group_head, grouped, pieces, InList, Rows};
 use crate::schema::{owners, sessions};
-use crate::time::{session_id, to_millis, turn_no, word};
+use crate::time::{opt_word, session_id, sid, to_millis, turn_no, word};
+use crate::timeline::{segment_text, Segment, Step, SEGMENT_INSERT};
 
 /// Where and when recovery runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +151,223 @@ pub(crate) fn verdict(owner: &OwnerRow, now: i64, here: &HostIdentity) -> Option
     }
 }
 
-/// Recover every session left live by a gone owner.
+/// How many sessions one transaction of recovery finalizes.
+const RECOVER_PER_TRANSACTION: usize = 256;
+
+/// The timeline cause of a session recovery finalizes.
+fn recovered_cause(candidate: &RecoveryCandidate) -> String {
+    let owner = &candidate.owner;
+    match candidate.reason {
+        OwnerGone::LeaseExpired => format!("recovered: the lease of owner {} expired", owner.id),
+        OwnerGone::ProcessGone => format!(
+            "recovered: owner {} (process {} on {}) is gone",
+            owner.id, owner.pid, owner.host
+        ),
+    }
+}
+
+/// A session of a piece as read: id, state, version, outcome, open turn, owner.
+type PieceColumns = (i64, String, i64, Option<String>, Option<i64>, i64);
+
+/// A session of a piece as read, by id: state, version, outcome, open turn,
+/// owner.
+type PieceRow = (State, i64, Option<Outcome>, Option<i64>, i64);
+
+/// A session of a piece that is still its gone owner's and live.
+struct Target {
+    /// Its place in the piece.
+    at: usize,
+    id: i64,
+    from: State,
+    open_turn: Option<i64>,
+}
+
+/// What a set of recovered sessions is written to, and the version each of
+/// them must still have.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct RecoveredSet {
+    version: i64,
+    outcome: Option<&'static str>,
+    at: i64,
+}
+
+group_head!(RecoveredSet, |set, out| {
+    out.push_sql("UPDATE sessions SET state = 'finalized', end_reason = ");
+    out.push_bind_param::<Text, _>(EndReason::Recovered.as_str())?;
+    out.push_sql(", outcome = ");
+    out.push_bind_param::<Nullable<Text>, _>(&set.outcome)?;
+    out.push_sql(", finalized_at = ");
+    out.push_bind_param::<BigInt, _>(&set.at)?;
+    out.push_sql(
+        ", open_turn = NULL, version = version + 1 \
+         WHERE state <> 'finalized' AND version = ",
+    );
+    out.push_bind_param::<BigInt, _>(&set.version)?;
+    out.push_sql(" AND id IN (");
+    Ok(())
+});
+
+/// The open turns of recovered sessions, ended `interrupted`.
+#[derive(Clone, Copy)]
+struct Interrupted {
+    at: i64,
+}
+
+group_head!(Interrupted, |set, out| {
+    out.push_sql("UPDATE turns SET outcome = ");
+    out.push_bind_param::<Text, _>(Outcome::Interrupted.as_str())?;
+    out.push_sql(", ended_at = ");
+    out.push_bind_param::<BigInt, _>(&set.at)?;
+    out.push_sql(" WHERE ended_at IS NULL AND session IN (");
+    Ok(())
+});
+
+/// Recover the sessions of `piece` inside the caller's transaction, as
+/// sets: each session's latch is still a compare-and-set of its own row on
+/// the version read (G2), and a session whose row changed meanwhile (another
+/// recoverer, on PostgreSQL) goes through [`spend`], which reads it again.
+/// One entry per candidate: `None` when it was finalized elsewhere.
+fn recover_piece(
+    mut db: Db<'_>,
+    piece: &[RecoveryCandidate],
+    now: i64,
+) -> Result<Vec<Option<Spent>>, StoreError> {
+    let ids = piece
+        .iter()
+        .map(|c| sid(c.session))
+        .collect::<Result<Vec<i64>, StoreError>>()?;
+    let rows: Vec<PieceColumns> = on_db!(db.reborrow(), |c| sessions::table
+        .filter(sessions::id.eq_any(&ids))
+        .select((
+            sessions::id,
+            sessions::state,
+            sessions::version,
+            sessions::outcome,
+            sessions::open_turn,
+            sessions::owner,
+        ))
+        .load(c))
+    .context("reading the sessions to recover")?;
+    let mut read: HashMap<i64, PieceRow> =
+        HashMap::with_capacity_and_hasher(rows.len(), Default::default());
+    for (id, state, version, outcome, open_turn, owner) in rows {
+        let state = word("sessions.state", &state)?;
+        let outcome = opt_word("sessions.outcome", outcome.as_deref())?;
+        read.insert(id, (state, version, outcome, open_turn, owner));
+    }
+    let mut spent: Vec<Option<Spent>> = piece.iter().map(|_| None).collect();
+    let mut targets: Vec<Target> = Vec::with_capacity(piece.len());
+    let mut sets: Vec<(RecoveredSet, i64)> = Vec::with_capacity(piece.len());
+    for (at, (candidate, &id)) in piece.iter().zip(&ids).enumerate() {
+        let Some(&(from, version, outcome, open_turn, owner)) = read.get(&id) else {
+            return Err(StoreError::UnknownSession(candidate.session));
+        };
+        if from == State::Finalized || owner != candidate.owner.id.raw()? {
+            continue;
+        }
+        // The open turn is cut: the session ends as it did (G7).
+        let outcome = if open_turn.is_some() {
+            Some(Outcome::Interrupted)
+        } else {
+            outcome
+        };
+        let set = RecoveredSet {
+            version,
+            outcome: outcome.map(Outcome::as_str),
+            at: now,
+        };
+        sets.push((set, id));
+        targets.push(Target {
+            at,
+            id,
+            from,
+            open_turn,
+        });
+    }
+    let mut won: HashSet<i64> =
+        HashSet::with_capacity_and_hasher(targets.len(), Default::default());
+    for (set, keys) in grouped(sets.into_iter()) {
+        for part in pieces(&keys) {
+            let statement = InList {
+                group: &set,
+                keys: part,
+                tail: " RETURNING id",
+            };
+            let returned: Vec<i64> = on_db!(db.reborrow(), |c| statement.load(c))
+                .context("spending the finalize latch")?;
+            won.extend(returned);
+        }
+    }
+    let won_ids: Vec<i64> = targets
+        .iter()
+        .map(|t| t.id)
+        .filter(|id| won.contains(id))
+        .collect();
+    let mut cut: HashSet<i64> = HashSet::default();
+    for part in pieces(&won_ids) {
+        let statement = InList {
+            group: &Interrupted { at: now },
+            keys: part,
+            tail: " RETURNING session",
+        };
+        let returned: Vec<i64> =
+            on_db!(db.reborrow(), |c| statement.load(c)).context("interrupting the open turns")?;
+        cut.extend(returned);
+    }
+    let mut encoded: Vec<u8> = Vec::with_capacity(won_ids.len() * 96);
+    let mut ranges: Vec<(i64, std::ops::Range<usize>)> = Vec::with_capacity(won_ids.len());
+    for target in &targets {
+        let candidate = &piece[target.at];
+        if !won.contains(&target.id) {
+            // Its row changed since it was read: read it again, on its own.
+            let cause = recovered_cause(candidate);
+            let ending = Ending {
+                reason: EndReason::Recovered,
+                outcome: None,
+                at: now,
+                owner: candidate.owner.id.raw()?,
+                cause: &cause,
+            };
+            spent[target.at] = spend(db.reborrow(), candidate.session, &ending)?;
+            continue;
+        }
+        let start = encoded.len();
+        let cause = recovered_cause(candidate);
+        crate::timeline::encode(
+            &mut encoded,
+            [Step {
+                at: now,
+                from: Some(target.from),
+                to: State::Finalized,
+                cause: &cause,
+            }],
+        )?;
+        ranges.push((target.id, start..encoded.len()));
+        let interrupted = match (target.open_turn, cut.contains(&target.id)) {
+            (Some(no), true) => Some(turn_no(no)?),
+            _ => None,
+        };
+        spent[target.at] = Some(Spent { interrupted });
+    }
+    let segments = ranges
+        .into_iter()
+        .map(|(session, range)| {
+            Ok(Segment {
+                session,
+                steps: segment_text(&encoded[range])?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    for part in pieces(&segments) {
+        let statement = Rows::insert(SEGMENT_INSERT, part);
+        on_db!(db.reborrow(), |c| statement.execute(c))
+            .context("recording the recovered timelines")?;
+    }
+    Ok(spent)
+}
+
+/// Recover every session left live by a gone owner, a piece of sessions per
+/// transaction, written as sets (each session's latch still its own, G2).
 pub(crate) fn recover(mut db: Db<'_>, opts: &RecoverOptions) -> Result<RecoveryReport, StoreError> {
     let now = to_millis(opts.now);
     let found = candidates(db.reborrow(), opts)?;
@@ -156,39 +379,22 @@ pub(crate) fn recover(mut db: Db<'_>, opts: &RecoverOptions) -> Result<RecoveryR
         }
     }
     report.owners_gone.sort();
-    for candidate in found {
-        let RecoveryCandidate {
-            session: id,
-            owner,
-            reason: gone,
-            ..
-        } = candidate;
-        let cause = match gone {
-            OwnerGone::LeaseExpired => {
-                format!("recovered: the lease of owner {} expired", owner.id)
-            }
-            OwnerGone::ProcessGone => format!(
-                "recovered: owner {} (process {} on {}) is gone",
-                owner.id, owner.pid, owner.host
-            ),
-        };
-        let ending = Ending {
-            reason: EndReason::Recovered,
-            outcome: None,
-            at: now,
-            owner: owner.id.raw()?,
-            cause: &cause,
-        };
-        let spent = write_tx!(db.reborrow(), |c| spend(Db::from(c), id, &ending))?;
-        match spent {
-            Some(spent) => {
-                tracing::info!(session = %id, ?gone, "recovered a session left live");
-                report.recovered.push(id);
-                if let Some(turn) = spent.interrupted {
-                    report.interrupted_turns.push((id, turn));
+    // A transaction per piece of sessions, not per session: a commit costs
+    // more than the writes of one session's latch.
+    for piece in found.chunks(RECOVER_PER_TRANSACTION) {
+        let spent = write_tx!(db.reborrow(), |c| recover_piece(Db::from(c), piece, now))?;
+        for (candidate, spent) in piece.iter().zip(spent) {
+            let id = candidate.session;
+            match spent {
+                Some(spent) => {
+                    tracing::info!(session = %id, gone = ?candidate.reason, "recovered a session left live");
+                    report.recovered.push(id);
+                    if let Some(turn) = spent.interrupted {
+                        report.interrupted_turns.push((id, turn));
+                    }
                 }
+                None => report.finalized_elsewhere.push(id),
             }
-            None => report.finalized_elsewhere.push(id),
         }
     }
     Ok(report)

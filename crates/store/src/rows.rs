@@ -41,6 +41,28 @@ pub(crate) fn pieces<P>(rows: &[P]) -> impl Iterator<Item = &[P]> {
     })
 }
 
+/// `rows` grouped by what they are set to, each group's keys in order, the
+/// groups in the order of their first key.
+pub(crate) fn grouped<K: Copy + Eq + std::hash::Hash>(
+    rows: impl Iterator<Item = (K, i64)>,
+) -> Vec<(K, Vec<i64>)> {
+    let mut at: std::collections::HashMap<K, usize, foldhash::fast::RandomState> =
+        std::collections::HashMap::default();
+    let mut groups: Vec<(K, Vec<i64>)> = Vec::new();
+    for (key, id) in rows {
+        let slot = *at.entry(key).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[slot].1.push(id);
+    }
+    for (_, ids) in &mut groups {
+        ids.sort_unstable();
+    }
+    groups.sort_unstable_by_key(|(_, ids)| ids.first().copied());
+    groups
+}
+
 /// A row of parameters.
 pub(crate) trait Params<DB: Backend> {
     /// Push this row's parameters, comma-separated, in column order.
@@ -88,6 +110,9 @@ pub(crate) struct InList<'a, G> {
     pub(crate) group: &'a G,
     /// The keys of the rows.
     pub(crate) keys: &'a [i64],
+    /// What follows the list: nothing, or a `RETURNING` of one `BIGINT`
+    /// column (see [`Query`](diesel::query_builder::Query) below).
+    pub(crate) tail: &'static str,
 }
 
 /// The head of an [`InList`] update: the statement up to and including
@@ -113,6 +138,7 @@ where
             out.push_bind_param::<diesel::sql_types::BigInt, _>(key)?;
         }
         out.push_sql(")");
+        out.push_sql(self.tail);
         Ok(())
     }
 }
@@ -120,6 +146,11 @@ where
 impl<G> QueryId for InList<'_, G> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+/// An [`InList`] with a `RETURNING` tail loads the one `BIGINT` it returns.
+impl<G> diesel::query_builder::Query for InList<'_, G> {
+    type SqlType = diesel::sql_types::BigInt;
 }
 
 impl<G, Conn> RunQueryDsl<Conn> for InList<'_, G> {}

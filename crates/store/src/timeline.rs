@@ -27,6 +27,20 @@ pub(crate) struct Step<'a> {
     pub(crate) cause: &'a str,
 }
 
+/// A segment as it is inserted: many per statement ([`SEGMENT_INSERT`]).
+pub(crate) struct Segment<'e> {
+    pub(crate) session: i64,
+    pub(crate) steps: &'e str,
+}
+
+crate::rows::params!(
+    Segment<'e>,
+    |r, out| crate::rows::bind!(out; diesel::sql_types::BigInt => &r.session, diesel::sql_types::Text => r.steps)
+);
+
+/// The head of a multi-row insert of [`Segment`]s.
+pub(crate) const SEGMENT_INSERT: &str = "INSERT INTO timeline (session, steps) VALUES ";
+
 /// Append `steps` to `out` as one segment's JSON.
 pub(crate) fn encode<'a>(
     out: &mut Vec<u8>,

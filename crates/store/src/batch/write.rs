@@ -10,23 +10,14 @@ use settle_core::{Outcome, State};
 use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
-use crate::rows::{bind, group_head, params, pieces, GroupHead, InList, Rows};
+use crate::rows::{bind, group_head, grouped, params, pieces, GroupHead, InList, Rows};
 use crate::schema::sessions;
 use crate::time::{session_id, sid, to_millis};
-use crate::timeline::Step;
-
-struct Segment<'e> {
-    session: i64,
-    steps: &'e str,
-}
+use crate::timeline::{Segment, Step, SEGMENT_INSERT};
 
 params!(TurnStart, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, BigInt => &0_i64,
     Nullable<Text> => &r.input, Nullable<BigInt> => &r.input_from));
-params!(
-    Segment<'e>,
-    |r, out| bind!(out; BigInt => &r.session, Text => r.steps)
-);
 
 pub(super) fn write_back(
     mut db: Db<'_>,
@@ -166,27 +157,6 @@ group_head!(TurnSet<'b>, |set, out| {
     Ok(())
 });
 
-/// `rows` grouped by what they are set to, each group's keys in order, the
-/// groups in the order of their first key.
-fn grouped<K: Copy + Eq + std::hash::Hash>(
-    rows: impl Iterator<Item = (K, i64)>,
-) -> Vec<(K, Vec<i64>)> {
-    let mut at: HashMap<K, usize> = HashMap::default();
-    let mut groups: Vec<(K, Vec<i64>)> = Vec::new();
-    for (key, id) in rows {
-        let slot = *at.entry(key).or_insert_with(|| {
-            groups.push((key, Vec::new()));
-            groups.len() - 1
-        });
-        groups[slot].1.push(id);
-    }
-    for (_, ids) in &mut groups {
-        ids.sort_unstable();
-    }
-    groups.sort_unstable_by_key(|(_, ids)| ids.first().copied());
-    groups
-}
-
 /// Write every changed session back, each only if its version is still the
 /// one read: a compare-and-set per row, one statement per set of rows
 /// written to the same values (in a teardown, nearly all of them).
@@ -224,6 +194,7 @@ where
             let statement = InList {
                 group: set,
                 keys: part,
+                tail: "",
             };
             let updated = on_db!(db.reborrow(), |c| statement.execute(c)).context(context)?;
             if updated != part.len() {
@@ -316,7 +287,7 @@ fn insert_timeline(mut db: Db<'_>, d: &Decided<'_>, new_ids: &[i64]) -> Result<(
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     for part in pieces(&segments) {
-        let statement = Rows::insert("INSERT INTO timeline (session, steps) VALUES ", part);
+        let statement = Rows::insert(SEGMENT_INSERT, part);
         on_db!(db.reborrow(), |c| statement.execute(c))
             .context("recording the timeline of a batch")?;
     }
