@@ -172,23 +172,40 @@ pub fn local_host_name() -> String {
     crate::sys::host_name()
 }
 
-#[derive(QueryableByName)]
-struct Clock {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    now: i64,
+/// PostgreSQL's clock, in milliseconds since the UNIX epoch. A statement of
+/// its own type, so Diesel keeps it prepared (its `sql_query` is parsed
+/// again every time, and every batch and chunk commit reads the clock).
+struct ClockNow;
+
+impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for ClockNow {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
+    ) -> diesel::QueryResult<()> {
+        out.push_sql("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint");
+        Ok(())
+    }
 }
+
+impl diesel::query_builder::QueryId for ClockNow {
+    type QueryId = ClockNow;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::Query for ClockNow {
+    type SqlType = diesel::sql_types::BigInt;
+}
+
+impl<Conn> RunQueryDsl<Conn> for ClockNow {}
 
 /// The store's clock, in milliseconds since the UNIX epoch: PostgreSQL's
 /// (shared by every process on the store), or on SQLite this machine's.
 pub(crate) fn store_now(db: Db<'_>) -> Result<i64, StoreError> {
     match db {
         Db::Sqlite(_) => Ok(to_millis(SystemTime::now())),
-        Db::Pg(c) => diesel::sql_query(
-            "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint AS now",
-        )
-        .get_result::<Clock>(c)
-        .map(|clock| clock.now)
-        .context("reading the store's clock"),
+        Db::Pg(c) => ClockNow
+            .get_result::<i64>(c)
+            .context("reading the store's clock"),
     }
 }
 
