@@ -53,7 +53,6 @@ fn resident_bytes() -> Option<f64> {
 
 /// The scale process: `n` idle sessions, counted and torn down.
 pub fn process(n: usize) -> Result<Figures> {
-    let core_bytes = crate::core_bench::bytes_per_idle_session(n as u64)?;
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("scale.db");
     let path_str = path.to_str().ok_or("the temporary path is not UTF-8")?;
@@ -104,6 +103,11 @@ pub fn process(n: usize) -> Result<Figures> {
         Ok::<_, crate::Error>(took)
     })?;
     check(&path, registered)?;
+    drop(kernel);
+    drop(rt);
+    // Last, so that the runtime's resident-set growth above starts from a
+    // fresh heap rather than reusing what this count freed.
+    let core_bytes = crate::core_bench::bytes_per_idle_session(n as u64)?;
     Ok(Figures {
         core_bytes,
         runtime_bytes: bytes as f64 / n.saturating_sub(1).max(1) as f64,

@@ -243,7 +243,7 @@ pub fn chart(title: &str, series: &[Series], bars: &[Bar]) -> String {
 /// scale, green where its target is met and red where not, the target a
 /// black tick, 1× a grey line.
 fn bar_panel(s: &mut String, top: f64, bars: &[Bar]) {
-    let label_w = 300.0;
+    let label_w = 410.0;
     let (x0, x1) = (label_w, W - 60.0);
     let max = bars
         .iter()
