@@ -608,17 +608,15 @@ fn run_store(sizes: &Sizes) -> Result<Vec<Row>> {
             Target::ratio_at_least(0.7),
             sizes.store.rounds,
         );
-        rows.push(
-            if batch == sizes.store_batches[sizes.store_batches.len() - 1] {
-                row.with_note(
-                    "baseline: plain Diesel, one transaction per batch, each batch one prepared \
+        rows.push(if sizes.store_batches.last() == Some(&batch) {
+            row.with_note(
+                "baseline: plain Diesel, one transaction per batch, each batch one prepared \
                  multi-row INSERT, the store's pragmas and checkpoint policy (a passive \
                  checkpoint every 100 ms on its own thread, none inside a commit)",
-                )
-            } else {
-                row
-            },
-        );
+            )
+        } else {
+            row
+        });
     }
     progress(&format!(
         "store durability lag: {} sessions × {} chunks at 1 ms",
