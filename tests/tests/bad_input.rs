@@ -463,6 +463,33 @@ fn cases() -> Vec<Case> {
             "chunk_delay_ms",
         ),
         case(
+            "agent count of zero",
+            |d| {
+                scenario(d, "zero.toml", &format!("{OK_SCENARIO}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 0\n[[agent.turn]]\n"))
+            },
+            &["run", "zero.toml"],
+            2,
+            "count",
+        ),
+        case(
+            "agent count over the cap",
+            |d| {
+                scenario(d, "many.toml", &format!("{OK_SCENARIO}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 5000000\n[[agent.turn]]\n"))
+            },
+            &["run", "many.toml"],
+            2,
+            "1000000 agents",
+        ),
+        case(
+            "parent naming a counted entry",
+            |d| {
+                scenario(d, "counted.toml", &format!("{OK_SCENARIO}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 2\n[[agent.turn]]\n[[agent]]\nname = \"k\"\nparent = \"w\"\n[[agent.turn]]\n"))
+            },
+            &["run", "counted.toml"],
+            2,
+            "\"w-1\" to \"w-2\"",
+        ),
+        case(
             "huge scenario (over 1 MiB)",
             |d| {
                 let mut text = OK_SCENARIO.to_owned();

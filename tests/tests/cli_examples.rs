@@ -424,3 +424,44 @@ chunks = ["never"]
     assert_eq!(ending(&sessions, "root"), ("completed", "completed"));
     assert_eq!(ending(&sessions, "mid"), ("completed", "completed"));
 }
+
+/// `count` on an agent entry: one entry of a few lines runs as that many
+/// agents, each a session of its own under the named parent, every one
+/// finalized before the root (G1).
+#[test]
+fn g1_a_counted_entry_runs_as_that_many_agents() {
+    let sandbox = Sandbox::new();
+    let scenario = sandbox.write(
+        "many.toml",
+        r#"
+name = "many"
+[[agent]]
+name = "root"
+[[agent.turn]]
+chunks = ["plan"]
+chunk_delay_ms = 30
+[[agent]]
+name = "worker"
+parent = "root"
+count = 300
+[[agent.turn]]
+chunks = ["w"]
+end = "hang"
+"#,
+    );
+    let out = sandbox.run(&["run", "--json", scenario.to_str().unwrap()]);
+    assert_success(&out, "settle run many.toml");
+    let summary = parse_json(&out.stdout);
+    let sessions = summary["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 301, "the root and 300 workers");
+    for i in [1, 150, 300] {
+        let name = format!("worker-{i}");
+        assert_eq!(
+            ending(sessions, &name),
+            ("cancelled", "parent_finished"),
+            "{name}"
+        );
+        assert!(finalized_before(sessions, &name, "root"), "{name}");
+    }
+    assert_eq!(ending(sessions, "root").0, "completed");
+}

@@ -1,13 +1,25 @@
 //! The gateway rows (SPEC §10, issue 16): `CLIENTS` concurrent WebSocket
 //! clients, each attached to its own session, each running a turn that
 //! streams `CHUNKS` chunks from a provider; the latency of each chunk from
-//! the moment the provider yields it to the moment its client has parsed
-//! its `turn.chunk`, against the same chunks, stamped the same way, sent as
-//! the same notification frames by a bare axum WebSocket server (the same
-//! stack: axum, hyper, tungstenite) with no kernel, no store and no fan-out.
+//! the moment it was due to the moment its client has parsed its
+//! `turn.chunk`, against the same chunks, due at the same times, sent as the
+//! same notification frames by a bare axum WebSocket server (the same stack:
+//! axum, hyper, tungstenite, with the gateway's buffer sizes) with no kernel,
+//! no store and no fan-out.
+//!
+//! Both sides run one fixed-deadline [`Schedule`] per round: the stream
+//! opened `i`-th is due its chunk `k` at `origin + phase(i) + k × delay`,
+//! the phases spread evenly over one delay, and a chunk is stamped with the
+//! time it was due, not the time its task happened to run. A stream that
+//! sleeps its delay from its own last poll drifts by however late it was
+//! woken, and the two sides then drift apart (the bare side's chunks bunch
+//! more): the figures compare pacing, not paths.
+//!
 //! And the heap bytes per connected idle session, counted in this process
 //! while the clients run in a child process (this binary again, with
-//! `--gateway-clients`), so that only the server's side is counted.
+//! `--gateway-clients`), so that only the server's side is counted; the bare
+//! server's bytes per connection, with the same buffer sizes, are in the
+//! note.
 //!
 //! The gateway runs over a store that writes nothing (as the teardown row
 //! does): the store rows measure the store.
@@ -15,7 +27,8 @@
 use std::io::{BufRead, BufReader, Write as _};
 use std::pin::Pin;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -58,23 +71,75 @@ fn base() -> Instant {
     *BASE.get_or_init(Instant::now)
 }
 
-fn stamp() -> String {
-    base().elapsed().as_nanos().to_string()
+/// `at` as the text of a chunk: nanoseconds since [`base`].
+fn stamp(at: Instant) -> String {
+    at.saturating_duration_since(base()).as_nanos().to_string()
 }
 
 fn latency(text: &str) -> Option<Duration> {
-    let sent = Duration::from_nanos(text.parse().ok()?);
-    Some(base().elapsed().saturating_sub(sent))
+    let due = Duration::from_nanos(text.parse().ok()?);
+    Some(base().elapsed().saturating_sub(due))
 }
 
-/// A provider whose chunks are the time they were yielded.
+/// The gateway's read and write buffer sizes (`crates/gateway/src/upgrade.rs`),
+/// which the bare server uses too: with tungstenite's defaults (128 KiB of
+/// read buffer) the bare connection's memory is mostly its buffer.
+const READ_BUFFER: usize = 2 * 1024;
+const WRITE_BUFFER: usize = 8 * 1024;
+
+/// How long after a round starts its first chunks are due: room for every
+/// client's `turn.start` to reach its provider, on either side.
+fn lead(delay: Duration) -> Duration {
+    (4 * delay).max(Duration::from_millis(100))
+}
+
+/// One round's fixed deadlines, shared by every stream of a side.
+struct Schedule {
+    /// When the phase-0 stream's first chunk is due, minus one delay.
+    origin: Mutex<Instant>,
+    /// Streams opened this round: the next one's phase.
+    opened: AtomicUsize,
+    /// Phases per delay: one per client.
+    clients: usize,
+    delay: Duration,
+}
+
+impl Schedule {
+    fn new(clients: usize, delay: Duration) -> Arc<Schedule> {
+        Arc::new(Schedule {
+            origin: Mutex::new(Instant::now()),
+            opened: AtomicUsize::new(0),
+            clients: clients.max(1),
+            delay,
+        })
+    }
+
+    /// A new round whose first chunks are due after [`lead`].
+    fn restart(&self) {
+        let origin = Instant::now() + lead(self.delay);
+        *self.origin.lock().unwrap_or_else(|e| e.into_inner()) = origin;
+        self.opened.store(0, Ordering::SeqCst);
+    }
+
+    /// When the next stream opened is due its first chunk.
+    fn first_due(&self) -> Instant {
+        let i = self.opened.fetch_add(1, Ordering::SeqCst) % self.clients;
+        let origin = *self.origin.lock().unwrap_or_else(|e| e.into_inner());
+        let phase = self.delay.mul_f64(i as f64 / self.clients as f64);
+        origin + phase + self.delay
+    }
+}
+
+/// A provider whose chunks are due on the [`Schedule`], each stamped with
+/// the time it was due.
 struct Stamping {
     chunks: usize,
-    delay: Duration,
+    schedule: Arc<Schedule>,
 }
 
 struct StampStream {
     left: usize,
+    due: Instant,
     delay: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -86,15 +151,16 @@ impl Stream for StampStream {
         if self.left == 0 {
             return Poll::Ready(None);
         }
-        let delay = self.delay;
+        let due = self.due;
         let sleep = self
             .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due.into())));
         ready!(sleep.poll_unpin(cx));
         self.sleep = None;
         self.left -= 1;
+        self.due = due + self.delay;
         Poll::Ready(Some(Ok(StreamEvent::Chunk(settle_stream::Chunk::text(
-            stamp(),
+            stamp(due),
         )))))
     }
 }
@@ -118,7 +184,8 @@ impl Stamping {
     fn stream(&self) -> StampStream {
         StampStream {
             left: self.chunks,
-            delay: self.delay,
+            due: self.schedule.first_due(),
+            delay: self.schedule.delay,
             sleep: None,
         }
     }
@@ -174,11 +241,14 @@ async fn turn(mut ws: Ws, start: Message) -> Result<(Ws, Vec<Duration>)> {
 /// The clients of one side and how each starts a turn.
 struct Side {
     clients: Vec<(Ws, Message)>,
+    schedule: Arc<Schedule>,
 }
 
 impl Side {
-    /// Every client runs one turn at once; every chunk's latency, sorted.
+    /// Every client runs one turn at once, on a fresh schedule; every
+    /// chunk's latency, sorted.
     async fn round(&mut self) -> Result<Vec<Duration>> {
+        self.schedule.restart();
         let turns: Vec<_> = self
             .clients
             .drain(..)
@@ -208,9 +278,10 @@ async fn gateway_side(sizes: Sizes) -> Result<(Side, Gateway)> {
         .lru_cap(None)
         .start()
         .await?;
+    let schedule = Schedule::new(sizes.clients, sizes.delay);
     let provider = Arc::new(Stamping {
         chunks: sizes.chunks,
-        delay: sizes.delay,
+        schedule: schedule.clone(),
     });
     let gateway = Gateway::builder(kernel, provider).build();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -236,7 +307,7 @@ async fn gateway_side(sizes: Sizes) -> Result<(Side, Gateway)> {
             request(2, "turn.start", json!({ "id": id, "prompt": "go" })),
         ));
     }
-    Ok((Side { clients }, gateway))
+    Ok((Side { clients, schedule }, gateway))
 }
 
 /// The bare path: each text frame starts the same stamped stream, sent as
@@ -269,16 +340,21 @@ async fn bare_connection(mut socket: WebSocket, provider: Arc<Stamping>) {
     }
 }
 
-async fn bare_server(sizes: Sizes) -> Result<std::net::SocketAddr> {
+async fn bare_server(sizes: Sizes, schedule: Arc<Schedule>) -> Result<std::net::SocketAddr> {
     let provider = Arc::new(Stamping {
         chunks: sizes.chunks,
-        delay: sizes.delay,
+        schedule,
     });
     let router = axum::Router::new().route(
         "/ws",
         axum::routing::get(move |upgrade: WebSocketUpgrade| {
             let provider = provider.clone();
-            async move { upgrade.on_upgrade(move |socket| bare_connection(socket, provider)) }
+            async move {
+                upgrade
+                    .read_buffer_size(READ_BUFFER)
+                    .write_buffer_size(WRITE_BUFFER)
+                    .on_upgrade(move |socket| bare_connection(socket, provider))
+            }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -288,12 +364,13 @@ async fn bare_server(sizes: Sizes) -> Result<std::net::SocketAddr> {
 }
 
 async fn bare_side(sizes: Sizes) -> Result<Side> {
-    let addr = bare_server(sizes).await?;
+    let schedule = Schedule::new(sizes.clients, sizes.delay);
+    let addr = bare_server(sizes, schedule.clone()).await?;
     let mut clients = Vec::with_capacity(sizes.clients);
     for _ in 0..sizes.clients {
         clients.push((connect(addr).await?, Message::text("start")));
     }
-    Ok(Side { clients })
+    Ok(Side { clients, schedule })
 }
 
 /// The latency rows: p50 and p99, ours against the bare path, interleaved.
@@ -361,9 +438,11 @@ pub fn latency_rows(sizes: Sizes) -> Result<Vec<Row>> {
     Ok(vec![
         row("latency p50", &p50, 2.0),
         row("latency p99", &p99, 2.0).with_note(format!(
-            "provider → client, per chunk, a chunk every {} ms per session; baseline = the same \
-             stamped chunks as the same frames from a bare axum WebSocket handler (no kernel, \
-             store or fan-out); ours over a store that writes nothing",
+            "due → parsed by the client, per chunk, a chunk due every {} ms per session on one \
+             fixed schedule per round (phases spread evenly over the interval, the same on both \
+             sides), stamped with the time it was due; baseline = the same chunks on the same \
+             schedule as the same frames from a bare axum WebSocket handler with the gateway's \
+             buffer sizes (no kernel, store or fan-out); ours over a store that writes nothing",
             num(sizes.delay.as_secs_f64() * 1e3)
         )),
     ])
@@ -397,7 +476,8 @@ pub fn memory_row(clients: usize) -> Result<Row> {
     .with_note(format!(
         "heap bytes per connected client with its session (gateway entry, connection, queue, \
          core and driver records), the servers in a process of their own and the clients in \
-         another; a bare axum WebSocket connection alone: {} B",
+         another; a bare axum WebSocket connection alone, with the same read and write buffer \
+         sizes (2 KiB, 8 KiB): {} B",
         num(bare)
     )))
 }
@@ -424,11 +504,12 @@ pub fn memory_process(clients: usize) -> Result<(f64, f64)> {
             .lru_cap(None)
             .start(),
     )?;
+    let schedule = Schedule::new(clients, Duration::ZERO);
     let gateway = Gateway::builder(
         kernel,
         Arc::new(Stamping {
             chunks: 1,
-            delay: Duration::ZERO,
+            schedule: schedule.clone(),
         }),
     )
     .build();
@@ -440,7 +521,7 @@ pub fn memory_process(clients: usize) -> Result<(f64, f64)> {
     });
     let (child, ours) = alloc::net_bytes(|| spawn_clients(addr, clients, true));
     let mut child = child?;
-    let bare_addr = rt.block_on(bare_server(sizes))?;
+    let bare_addr = rt.block_on(bare_server(sizes, schedule))?;
     let (bare_child, bare) = alloc::net_bytes(|| spawn_clients(bare_addr, clients, false));
     let mut bare_child = bare_child?;
     let connected = gateway.connections();

@@ -2,11 +2,19 @@
 //! SPEC §9 (`peers/asyncio_teardown.py`, vendored into this crate unchanged),
 //! run as a subprocess at the same size and shape as ours.
 //!
-//! The script is compiled into the binary and written to a temporary folder
-//! at start, so the bench runs from a clean clone and from any directory. It
-//! times its own teardown (from the first cancel to the commit of every
-//! finalized row) and prints it as JSON; one subprocess per round, so its
-//! rounds interleave with ours like every other row's.
+//! It runs through `peers/peer_options.py`, which sets what the peer leaves
+//! to chance so that both sides run the same: its SQLite `synchronous`
+//! setting is the store's ([`SYNCHRONOUS`]; Python's default is `FULL`, an
+//! fsync per commit, which the store does not pay), and a tree of fan-out
+//! `k < n` is cancelled by tree (the root's task only; each task cancels its
+//! children and waits for them), as ours is, where the peer on its own
+//! cancels every task in one loop whatever the shape.
+//!
+//! The scripts are compiled into the binary and written to a temporary
+//! folder at start, so the bench runs from a clean clone and from any
+//! directory. The peer times its own teardown (from the first cancel to the
+//! commit of every finalized row) and prints it as JSON; one subprocess per
+//! round, so its rounds interleave with ours like every other row's.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,6 +25,12 @@ use crate::Result;
 /// The reference peer, byte for byte as `../shared/peers/asyncio_teardown.py`
 /// but for one header line.
 const SCRIPT: &str = include_str!("../peers/asyncio_teardown.py");
+
+/// The bench's options around the peer (`synchronous`, cancel by tree).
+const OPTIONS: &str = include_str!("../peers/peer_options.py");
+
+/// The store's SQLite `synchronous` setting, which the peer runs too.
+pub const SYNCHRONOUS: &str = "NORMAL";
 
 /// The interpreter the peer runs under.
 const PYTHON: &str = "python3";
@@ -47,16 +61,20 @@ impl Peer {
             return Ok(None);
         }
         let dir = tempfile::tempdir()?;
-        let script = dir.path().join("asyncio_teardown.py");
-        std::fs::write(&script, SCRIPT)?;
+        std::fs::write(dir.path().join("asyncio_teardown.py"), SCRIPT)?;
+        let script = dir.path().join("peer_options.py");
+        std::fs::write(&script, OPTIONS)?;
         Ok(Some(Peer { script, _dir: dir }))
     }
 
     /// One teardown of `n` tasks in a tree of `fanout` children per node
-    /// (`n` or more: flat), as the peer timed it.
+    /// (`n` or more: flat, cancelled in one loop; fewer: cancelled by tree),
+    /// as the peer timed it.
     pub fn round(&self, n: usize, fanout: usize) -> Result<Duration> {
         let out = Command::new(PYTHON)
             .arg(&self.script)
+            .args(["--synchronous", SYNCHRONOUS])
+            .args((fanout < n).then_some("--tree"))
             .arg(n.to_string())
             .args(["--fanout", &fanout.to_string(), "--runs", "1", "--json"])
             .output()

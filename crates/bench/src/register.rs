@@ -13,20 +13,24 @@
 //! pragmas: for each session the row a registration writes (the session,
 //! with its tree, state and owner) and its `registered` timeline row,
 //! [`STORE_BATCH`] sessions per transaction, multi-row inserts, ids chosen by
-//! the bench. It skips what the store does on top: checking the parent is
-//! open (G1) and reading back the id SQLite allocated.
+//! the bench, each statement prepared once (see [`crate::raw_sql`]), and the
+//! store's checkpoint policy (a passive checkpoint every 100 ms on a thread
+//! of its own, none inside a commit). It skips what the store does on top:
+//! checking the parent is open (G1) and reading back the id SQLite allocated.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use diesel::sqlite::SqliteConnection;
+use diesel::query_builder::AstPass;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sqlite::Sqlite;
 use futures_util::future::try_join_all;
 use settle_runtime::{Kernel, SessionId};
 use settle_store::{NewSession, OwnerInfo, SessionStore, Store};
 
+use crate::raw_sql::{self, Checkpointer, Values};
 use crate::Result;
 
 /// How many registrations the baseline commits in one transaction. The store
@@ -107,19 +111,11 @@ mod db {
             owner -> BigInt,
         }
     }
-
-    diesel::table! {
-        timeline (id) {
-            id -> BigInt,
-            session -> BigInt,
-            steps -> Text,
-        }
-    }
 }
 
 /// One round of the baseline: the same rows on a fresh database.
 pub fn baseline(n: usize) -> Result<Duration> {
-    use db::{sessions, timeline};
+    use db::sessions;
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("raw.db");
     let (owner, root) = {
@@ -140,52 +136,39 @@ pub fn baseline(n: usize) -> Result<Duration> {
     };
     let owner = i64::try_from(owner.0)?;
     let root = raw_id(root)?;
-    let mut conn = SqliteConnection::establish(path_str(&path)?)?;
-    for pragma in [
-        "PRAGMA busy_timeout = 5000",
-        "PRAGMA journal_mode = WAL",
-        "PRAGMA synchronous = NORMAL",
-        "PRAGMA foreign_keys = ON",
-        "PRAGMA wal_autocheckpoint = 0",
-    ] {
-        conn.batch_execute(pragma)?;
-    }
+    let mut conn = raw_sql::sqlite(path_str(&path)?)?;
+    let _checkpointer = Checkpointer::spawn(path_str(&path)?)?;
     let names = names(n);
 
     let start = Instant::now();
     let at = i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
+    // The `registered` step of each session's timeline, as the store
+    // encodes it: a segment `[[at, from, to, cause]]`.
+    let step = format!(r#"[[{at},null,"registered","registered"]]"#);
     for (b, batch) in names.chunks(STORE_BATCH).enumerate() {
         let first = root + 1 + (b * STORE_BATCH) as i64;
-        // The `registered` step of each session's timeline, as the store
-        // encodes it: a segment `[[at, from, to, cause]]`.
-        let step = format!(r#"[[{at},null,"registered","registered"]]"#);
         conn.immediate_transaction(|c| {
-            let rows: Vec<_> = batch
+            let rows: Vec<SessionRow<'_>> = batch
                 .iter()
                 .zip(first..)
-                .map(|(name, id)| {
-                    (
-                        sessions::id.eq(id),
-                        sessions::name.eq(name.as_str()),
-                        sessions::parent.eq(Some(root)),
-                        sessions::tree.eq(root),
-                        sessions::state.eq("registered"),
-                        sessions::created_at.eq(at),
-                        sessions::version.eq(0_i64),
-                        sessions::owner.eq(owner),
-                    )
+                .map(|(name, id)| SessionRow {
+                    id,
+                    name,
+                    parent: Some(root),
+                    tree: root,
+                    created_at: at,
+                    owner,
                 })
                 .collect();
-            diesel::insert_into(sessions::table)
-                .values(&rows)
-                .execute(c)?;
-            let steps: Vec<_> = (first..)
+            Values::insert(SESSION_INSERT, &rows).execute(c)?;
+            let steps: Vec<TimelineRow<'_>> = (first..)
                 .take(batch.len())
-                .map(|id| (timeline::session.eq(id), timeline::steps.eq(step.as_str())))
+                .map(|session| TimelineRow {
+                    session,
+                    steps: &step,
+                })
                 .collect();
-            diesel::insert_into(timeline::table)
-                .values(&steps)
-                .execute(c)?;
+            Values::insert(TIMELINE_INSERT, &steps).execute(c)?;
             Ok::<_, diesel::result::Error>(())
         })?;
     }
@@ -196,6 +179,51 @@ pub fn baseline(n: usize) -> Result<Duration> {
         return Err(format!("register baseline: {rows} session rows, expected {}", n + 1).into());
     }
     Ok(took)
+}
+
+const SESSION_INSERT: &str = "INSERT INTO sessions (id, name, parent, tree, state, created_at, \
+                              version, owner) VALUES ";
+const TIMELINE_INSERT: &str = "INSERT INTO timeline (session, steps) VALUES ";
+
+/// A session row as a registration writes it (state `registered`,
+/// version 0).
+struct SessionRow<'a> {
+    id: i64,
+    name: &'a str,
+    parent: Option<i64>,
+    tree: i64,
+    created_at: i64,
+    owner: i64,
+}
+
+impl raw_sql::Row<Sqlite> for SessionRow<'_> {
+    fn push<'b>(&'b self, out: &mut AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_bind_param::<BigInt, _>(&self.id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(self.name)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Nullable<BigInt>, _>(&self.parent)?;
+        out.push_sql(", ");
+        out.push_bind_param::<BigInt, _>(&self.tree)?;
+        out.push_sql(", 'registered', ");
+        out.push_bind_param::<BigInt, _>(&self.created_at)?;
+        out.push_sql(", 0, ");
+        out.push_bind_param::<BigInt, _>(&self.owner)
+    }
+}
+
+/// A session's `registered` timeline segment.
+struct TimelineRow<'a> {
+    session: i64,
+    steps: &'a str,
+}
+
+impl raw_sql::Row<Sqlite> for TimelineRow<'_> {
+    fn push<'b>(&'b self, out: &mut AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_bind_param::<BigInt, _>(&self.session)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(self.steps)
+    }
 }
 
 fn raw_id(id: SessionId) -> Result<i64> {

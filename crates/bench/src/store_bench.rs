@@ -4,31 +4,30 @@
 //! durability lag (append → acknowledgement) of a streaming load, against the
 //! flush interval. The logic is that of `crates/store/benches/store.rs`, with
 //! the batch size as a parameter.
+//!
+//! The raw side inserts each batch with one multi-row statement that stays
+//! prepared, and checkpoints as the store does, on a thread of its own (see
+//! [`crate::raw_sql`]).
 
 use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use diesel::connection::SimpleConnection;
+use diesel::backend::Backend;
 use diesel::prelude::*;
+use diesel::query_builder::AstPass;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Text};
 use diesel::sqlite::SqliteConnection;
 use settle_store::{
     Applied, LifecycleWrite, NewSession, OwnerInfo, SessionId, SessionStore, Store, StoreOptions,
 };
 
+use crate::raw_sql::{self, Checkpointer, Values};
 use crate::Result;
 
 /// Sessions the chunks are spread over, round-robin.
 pub const SESSIONS: usize = 8;
-
-diesel::table! {
-    chunks (session, turn_no, seq) {
-        session -> BigInt,
-        turn_no -> BigInt,
-        seq -> BigInt,
-        text -> Text,
-    }
-}
 
 fn text(i: usize) -> String {
     format!("chunk {i:06} of a streamed reply, about sixty-four bytes long..")
@@ -126,9 +125,43 @@ impl Ours {
     }
 }
 
-/// The baseline: the same rows, plain Diesel, one transaction per `batch`.
+/// One chunk row as the raw side binds it.
+pub struct ChunkRow<'a> {
+    /// The session.
+    pub session: i64,
+    /// Its turn.
+    pub turn_no: i64,
+    /// The chunk's sequence number in the turn.
+    pub seq: i64,
+    /// The text.
+    pub text: &'a str,
+}
+
+/// The statement head of a raw chunk insert.
+pub const CHUNK_INSERT: &str = "INSERT INTO chunks (session, turn_no, seq, \"text\") VALUES ";
+
+impl<DB> raw_sql::Row<DB> for ChunkRow<'_>
+where
+    DB: Backend + HasSqlType<BigInt> + HasSqlType<Text>,
+    i64: ToSql<BigInt, DB>,
+    str: ToSql<Text, DB>,
+{
+    fn push<'b>(&'b self, out: &mut AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_bind_param::<BigInt, _>(&self.session)?;
+        out.push_sql(", ");
+        out.push_bind_param::<BigInt, _>(&self.turn_no)?;
+        out.push_sql(", ");
+        out.push_bind_param::<BigInt, _>(&self.seq)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(self.text)
+    }
+}
+
+/// The baseline: the same rows, plain Diesel, one transaction per `batch`,
+/// each batch one prepared multi-row `INSERT`.
 pub struct Raw {
     conn: SqliteConnection,
+    _checkpointer: Checkpointer,
     ids: Vec<i64>,
     next_seq: i64,
     batch: usize,
@@ -137,7 +170,7 @@ pub struct Raw {
 
 impl Raw {
     /// A fresh database at `path`, with the store's schema and sessions (made
-    /// by the store), opened with the store's pragmas.
+    /// by the store), opened with the store's pragmas and checkpoint policy.
     pub fn new(
         rt: &tokio::runtime::Runtime,
         path: &Path,
@@ -147,17 +180,10 @@ impl Raw {
         let store = Store::open(path_str(path)?)?;
         let ids = prepared_on(rt, &store)?;
         drop(store);
-        let mut conn = SqliteConnection::establish(path_str(path)?)?;
-        for pragma in [
-            "PRAGMA busy_timeout = 5000",
-            "PRAGMA journal_mode = WAL",
-            "PRAGMA synchronous = NORMAL",
-            "PRAGMA foreign_keys = ON",
-        ] {
-            conn.batch_execute(pragma)?;
-        }
+        let conn = raw_sql::sqlite(path_str(path)?)?;
         Ok(Raw {
             conn,
+            _checkpointer: Checkpointer::spawn(path_str(path)?)?,
             ids: ids.iter().map(|i| i.get() as i64).collect(),
             next_seq: 0,
             batch,
@@ -173,19 +199,16 @@ impl Raw {
         let rows: Vec<_> = texts
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                (
-                    chunks::session.eq(self.ids[i % SESSIONS]),
-                    chunks::turn_no.eq(1_i64),
-                    chunks::seq.eq(base + (i / SESSIONS) as i64),
-                    chunks::text.eq(t.as_str()),
-                )
+            .map(|(i, t)| ChunkRow {
+                session: self.ids[i % SESSIONS],
+                turn_no: 1,
+                seq: base + (i / SESSIONS) as i64,
+                text: t.as_str(),
             })
             .collect();
         for batch in rows.chunks(self.batch) {
-            self.conn.immediate_transaction(|c| {
-                diesel::insert_into(chunks::table).values(batch).execute(c)
-            })?;
+            self.conn
+                .immediate_transaction(|c| Values::insert(CHUNK_INSERT, batch).execute(c))?;
         }
         self.next_seq += self.rows.div_ceil(SESSIONS) as i64;
         Ok(start.elapsed())

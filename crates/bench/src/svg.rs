@@ -1,7 +1,10 @@
 //! A log–log line chart of teardown time against tree size, as a standalone
 //! SVG file: the stubbed teardown against the token tree, the durable
-//! teardown against the asyncio peer. Hand-written: eight series of a few
-//! points need no plotting library.
+//! teardown against the asyncio peer, the scale row's million idle sessions
+//! against the peer at that size; and under it, one bar per row that is not
+//! a teardown time (recover, fleet appends, scale memory): its ratio to its
+//! baseline (or to its bound) against its target. Hand-written: ten series of
+//! a few points and a handful of bars need no plotting library.
 
 use std::fmt::Write as _;
 
@@ -30,6 +33,24 @@ pub struct Series {
     /// The points, by increasing size.
     pub points: Vec<Point>,
 }
+
+/// One bar of the lower panel: a row's ratio against its target.
+#[derive(Debug, Clone)]
+pub struct Bar {
+    /// The row and its size, in words.
+    pub label: String,
+    /// The median ratio (ours over the baseline, or over the bound).
+    pub ratio: f64,
+    /// The target ratio.
+    pub target: f64,
+    /// Whether the target is a floor (`≥`) rather than a ceiling.
+    pub at_least: bool,
+}
+
+/// Height of one bar's line.
+const BAR_LINE: f64 = 24.0;
+/// Room above and below the bars.
+const BAR_MARGIN: f64 = 56.0;
 
 const W: f64 = 820.0;
 const H: f64 = 460.0;
@@ -66,8 +87,9 @@ fn ms_label(exp: i32) -> String {
     }
 }
 
-/// The chart as an SVG document.
-pub fn chart(title: &str, series: &[Series]) -> String {
+/// The chart as an SVG document, with the bars' panel under it when there
+/// are bars.
+pub fn chart(title: &str, series: &[Series], bars: &[Bar]) -> String {
     let all = || series.iter().flat_map(|s| s.points.iter());
     let (x0, x1) = decades(all().map(|p| p.n));
     let (y0, y1) = decades(all().flat_map(|p| [p.min, p.max, p.median]));
@@ -77,12 +99,17 @@ pub fn chart(title: &str, series: &[Series]) -> String {
     let x = |n: f64| LEFT + (n.log10() - xl) / (xr - xl) * pw;
     let y = |ms: f64| TOP + ph - (ms.log10() - f64::from(y0)) / f64::from(y1 - y0) * ph;
 
+    let total_h = if bars.is_empty() {
+        H
+    } else {
+        H + 2.0 * BAR_MARGIN + BAR_LINE * bars.len() as f64
+    };
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{total_h}" viewBox="0 0 {W} {total_h}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(s, r#"<rect width="{W}" height="{total_h}" fill="white"/>"#);
     let _ = writeln!(
         s,
         r#"<text x="{}" y="28" text-anchor="middle" font-size="15">{}</text>"#,
@@ -205,8 +232,87 @@ pub fn chart(title: &str, series: &[Series]) -> String {
         LEFT + pw + 16.0,
         TOP + 14.0 + 22.0 * series.len() as f64 + 6.0
     );
+    if !bars.is_empty() {
+        bar_panel(&mut s, H, bars);
+    }
     s.push_str("</svg>\n");
     s
+}
+
+/// The bars' panel, from `top` down: each row's ratio as a bar on a linear
+/// scale, green where its target is met and red where not, the target a
+/// black tick, 1× a grey line.
+fn bar_panel(s: &mut String, top: f64, bars: &[Bar]) {
+    let label_w = 410.0;
+    let (x0, x1) = (label_w, W - 60.0);
+    let max = bars
+        .iter()
+        .flat_map(|b| [b.ratio, b.target])
+        .filter(|v| v.is_finite())
+        .fold(1.0_f64, f64::max)
+        * 1.15;
+    let x = |v: f64| x0 + (v.clamp(0.0, max) / max) * (x1 - x0);
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="15">Other rows: ratio to the baseline (or to the bound), against the target</text>"#,
+        W / 2.0,
+        top + 28.0
+    );
+    let y0 = top + BAR_MARGIN;
+    let y1 = y0 + BAR_LINE * bars.len() as f64;
+    let one = x(1.0);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{one:.1}" y1="{y0:.1}" x2="{one:.1}" y2="{y1:.1}" stroke="#bbb"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{one:.1}" y="{:.1}" text-anchor="middle">1×</text>"#,
+        y1 + 16.0
+    );
+    for (i, bar) in bars.iter().enumerate() {
+        let y = y0 + BAR_LINE * i as f64;
+        let met = if bar.at_least {
+            bar.ratio >= bar.target
+        } else {
+            bar.ratio <= bar.target
+        };
+        let color = if met { "#1e8449" } else { "#c0392b" };
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            x0 - 8.0,
+            y + 16.0,
+            escape(&bar.label)
+        );
+        if bar.ratio.is_finite() {
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="14" fill="{color}"/>"#,
+                y + 5.0,
+                (x(bar.ratio) - x0).max(1.0)
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}">{:.2}×</text>"#,
+                x(bar.ratio) + 4.0,
+                y + 16.0,
+                bar.ratio
+            );
+        }
+        let tx = x(bar.target);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{tx:.1}" y1="{:.1}" x2="{tx:.1}" y2="{:.1}" stroke="#000" stroke-width="2"/>"##,
+            y + 2.0,
+            y + 22.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{x0:.1}" y="{:.1}" fill="#555">black tick: the target (≥ for throughput, ≤ for time and bounds); green: met</text>"##,
+        y1 + 34.0
+    );
 }
 
 fn marker(px: f64, py: f64, line: &Series) -> String {

@@ -22,7 +22,17 @@
 //! [[agent.turn]]
 //! chunks = ["port 22 open", "port 80 open"]
 //! chunk_delay_ms = 200
+//!
+//! [[agent]]
+//! name = "probe"                  # probe-1 … probe-1000
+//! parent = "recon"
+//! count = 1000                    # optional: this entry is 1000 agents
+//! [[agent.turn]]
+//! chunks = ["probing"]
 //! ```
+//!
+//! `count` (see `count.rs`) lets a file of a few lines describe a tree of a
+//! hundred thousand agents, up to [`MAX_AGENTS`].
 //!
 //! [`Scenario::load`] and [`Scenario::parse`] either return a scenario that is
 //! fully valid (one root, every parent known, no cycle, sane durations, at
@@ -30,6 +40,7 @@
 //! line naming the file, the agent, the turn and the key at fault (G11). They
 //! never write anything.
 
+mod count;
 mod error;
 mod locate;
 mod raw;
@@ -59,6 +70,11 @@ pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long an `ignore_cancel` turn ignores its cancellation when the turn
 /// does not say (`ignore_ms`).
 pub const DEFAULT_IGNORE: Duration = Duration::from_secs(60);
+
+/// The most agents a scenario may describe, every `count` counted (the
+/// scale of SPEC §9). A file of a few lines can ask for any number with
+/// `count`; this is what keeps that number one a run can hold.
+pub const MAX_AGENTS: usize = 1_000_000;
 
 /// The longest agent or scenario name accepted, in characters.
 pub const MAX_NAME_CHARS: usize = 128;
@@ -195,8 +211,11 @@ impl Scenario {
     /// that is its own parent, a cycle of parents, duplicate names, empty
     /// names or names with control characters, negative durations or ones
     /// over [`MAX_DURATION`], `idle_timeout_ms = 0`, an unknown turn `end`, an
-    /// agent with no turn, `spawn_after_ms` on the root, and `ignore_ms` on a
-    /// turn that does not end with `ignore_cancel`.
+    /// agent with no turn, `spawn_after_ms` on the root, `ignore_ms` on a
+    /// turn that does not end with `ignore_cancel`, a `count` below 1 or on
+    /// the root, more than [`MAX_AGENTS`] agents in all, a `parent` that names
+    /// a counted entry rather than one of its agents, and a name a `count`
+    /// gives that another agent has.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ScenarioError> {
         Self::parse_as(text, error::one_line(origin))
     }

@@ -171,6 +171,33 @@ pub enum Problem {
         /// The turn's `end`.
         end: TurnEnd,
     },
+    /// A `count` below 1.
+    BadCount {
+        /// The value found.
+        value: i64,
+    },
+    /// `count` on the root, which is one agent.
+    RootCount,
+    /// The file describes more agents than [`MAX_AGENTS`](super::MAX_AGENTS).
+    TooManyAgents {
+        /// The cap.
+        max: usize,
+    },
+    /// A `parent` that names an entry with a `count`, which stands for
+    /// several agents.
+    ParentIsCounted {
+        /// The name given.
+        parent: String,
+        /// The entry's `count`.
+        count: usize,
+    },
+    /// A name a counted entry gives one of its agents is already taken.
+    CountedNameTaken {
+        /// The name.
+        name: String,
+        /// The line of the agent that has it.
+        first_line: usize,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -238,6 +265,30 @@ impl fmt::Display for Problem {
                 f,
                 "`ignore_ms` applies only to end = \"ignore_cancel\", and this turn's end is {:?}",
                 end.as_str()
+            ),
+            Self::BadCount { value } => write!(
+                f,
+                "`count` must be at least 1 (found {value}); leave it out for one agent"
+            ),
+            Self::RootCount => f.write_str(
+                "the root is one agent; `count` applies only to an agent with a `parent`",
+            ),
+            Self::TooManyAgents { max } => write!(
+                f,
+                "the scenario describes more than the {max} agents `settle run` takes (counting \
+                 every `count`)"
+            ),
+            Self::ParentIsCounted { parent, count } => write!(
+                f,
+                "{parent:?} has count = {count}, so it stands for {count} agents; name one of \
+                 them, {:?} to {:?}",
+                format!("{parent}-1"),
+                format!("{parent}-{count}"),
+            ),
+            Self::CountedNameTaken { name, first_line } => write!(
+                f,
+                "`count` names this entry's agents NAME-1, NAME-2, …, and {name:?} is taken by \
+                 the agent at line {first_line}"
             ),
         }
     }

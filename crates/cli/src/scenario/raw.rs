@@ -52,6 +52,8 @@ pub(crate) struct RawAgent {
     pub(crate) parent: Option<Spanned<String>>,
     /// `spawn_after_ms`.
     pub(crate) spawn_after_ms: Option<Spanned<i64>>,
+    /// `count`: this entry stands for that many agents, `name-1` … `name-N`.
+    pub(crate) count: Option<Spanned<i64>>,
     /// `[[agent.turn]]`.
     #[serde(default)]
     pub(crate) turn: Vec<Spanned<RawTurn>>,

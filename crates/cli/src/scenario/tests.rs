@@ -372,6 +372,89 @@ chunks = [\"a\", 3]
             with_child_turn("end = \"hang\"\nignore_ms = 10"),
             vec!["agent \"recon\": turn 1: key \"ignore_ms\"", "\"hang\""],
         ),
+        (
+            "count of zero",
+            with_child("count = 0"),
+            vec![
+                "bad.toml:8:9: agent \"recon\": key \"count\"",
+                "at least 1 (found 0)",
+            ],
+        ),
+        (
+            "negative count",
+            with_child("count = -3"),
+            vec!["agent \"recon\": key \"count\"", "found -3"],
+        ),
+        (
+            "count as a string",
+            with_child("count = \"3\""),
+            vec!["agent \"recon\": key \"count\"", "wrong value"],
+        ),
+        (
+            "count on the root",
+            doc("[[agent]]\nname = \"root\"\ncount = 2\n[[agent.turn]]\n"),
+            vec!["agent \"root\": key \"count\"", "the root is one agent"],
+        ),
+        (
+            "count over the cap",
+            with_child("count = 1000001"),
+            vec![
+                "agent \"recon\": key \"count\"",
+                "more than the 1000000 agents",
+            ],
+        ),
+        (
+            "counts that add up over the cap",
+            doc(&format!(
+                "{}[[agent]]\nname = \"a\"\nparent = \"root\"\ncount = 600000\n[[agent.turn]]\n\
+                 [[agent]]\nname = \"b\"\nparent = \"root\"\ncount = 400000\n[[agent.turn]]\n",
+                agent("root", None)
+            )),
+            vec!["agent \"b\": key \"count\"", "more than the 1000000 agents"],
+        ),
+        (
+            "a parent that names a counted entry",
+            doc(&format!(
+                "{}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 3\n[[agent.turn]]\n{}",
+                agent("root", None),
+                agent("kid", Some("w"))
+            )),
+            vec![
+                "agent \"kid\": key \"parent\"",
+                "\"w\" has count = 3",
+                "\"w-1\" to \"w-3\"",
+            ],
+        ),
+        (
+            "a counted name already taken",
+            doc(&format!(
+                "{}{}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 3\n[[agent.turn]]\n",
+                agent("root", None),
+                agent("w-2", Some("root"))
+            )),
+            vec![
+                "agent \"w\": key \"count\"",
+                "\"w-2\" is taken by the agent at line 6",
+            ],
+        ),
+        (
+            "an agent named like a counted entry",
+            doc(&format!(
+                "{}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 3\n[[agent.turn]]\n{}",
+                agent("root", None),
+                agent("w", Some("root"))
+            )),
+            vec!["agent \"w\": key \"name\"", "duplicate name", "line 6"],
+        ),
+        (
+            "a counted name too long",
+            doc(&format!(
+                "{}[[agent]]\nname = \"{}\"\nparent = \"root\"\ncount = 10\n[[agent.turn]]\n",
+                agent("root", None),
+                "n".repeat(126)
+            )),
+            vec!["key \"count\"", "longer than 128 characters"],
+        ),
     ];
     assert!(cases.len() >= 25);
     let mut failures = Vec::new();
@@ -549,6 +632,77 @@ fn tree_helpers_follow_parents_and_file_order() {
     }
     assert_eq!(scenario.agent("a").unwrap().parent.as_deref(), Some("root"));
     assert!(scenario.agent("c").is_none());
+}
+
+#[test]
+fn a_count_describes_a_hundred_thousand_agents_in_a_few_lines() {
+    let text = doc(&format!(
+        "{}[[agent]]\nname = \"worker\"\nparent = \"root\"\nspawn_after_ms = 5\ncount = 100000\n\
+         [[agent.turn]]\nchunks = [\"a\", \"b\"]\nend = \"hang\"\n",
+        agent("root", None)
+    ));
+    assert!(text.len() < 200, "{} bytes", text.len());
+    let scenario = Scenario::parse(&text, "t.toml").unwrap();
+    assert_eq!(scenario.agents().len(), 100_001);
+    assert_eq!(scenario.children("root").count(), 100_000);
+    let first = scenario.agent("worker-1").unwrap();
+    let last = scenario.agent("worker-100000").unwrap();
+    for worker in [first, last] {
+        assert_eq!(worker.parent.as_deref(), Some("root"));
+        assert_eq!(worker.spawn_after, Duration::from_millis(5));
+        assert_eq!(worker.turns.len(), 1);
+        assert_eq!(worker.turns[0].chunks, ["a", "b"]);
+        assert_eq!(worker.turns[0].end, TurnEnd::Hang);
+    }
+    // The base name names no agent, and the copies come in order.
+    assert!(scenario.agent("worker").is_none());
+    assert!(scenario.agent("worker-0").is_none());
+    assert!(scenario.agent("worker-100001").is_none());
+    let order: Vec<&str> = scenario
+        .topological_order()
+        .take(3)
+        .map(|a| a.name.as_str())
+        .collect();
+    assert_eq!(order, ["root", "worker-1", "worker-2"]);
+}
+
+#[test]
+fn counted_agents_can_be_parents_and_count_one_is_one_numbered_agent() {
+    let text = doc(&format!(
+        "{}[[agent]]\nname = \"lead\"\nparent = \"root\"\ncount = 3\n[[agent.turn]]\n\
+         [[agent]]\nname = \"w\"\nparent = \"lead-2\"\ncount = 4\n[[agent.turn]]\n\
+         [[agent]]\nname = \"solo\"\nparent = \"w-4\"\ncount = 1\n[[agent.turn]]\n",
+        agent("root", None)
+    ));
+    let scenario = Scenario::parse(&text, "t.toml").unwrap();
+    assert_eq!(scenario.agents().len(), 1 + 3 + 4 + 1);
+    let names = |parent: &str| -> Vec<String> {
+        scenario.children(parent).map(|a| a.name.clone()).collect()
+    };
+    assert_eq!(names("root"), ["lead-1", "lead-2", "lead-3"]);
+    assert_eq!(names("lead-2"), ["w-1", "w-2", "w-3", "w-4"]);
+    assert!(names("lead-1").is_empty());
+    assert_eq!(names("w-4"), ["solo-1"]);
+    assert!(scenario.agent("solo").is_none());
+}
+
+#[test]
+fn g11_a_cycle_through_counted_agents_names_the_copies() {
+    let text = doc(&format!(
+        "{}[[agent]]\nname = \"a\"\nparent = \"b-1\"\ncount = 2\n[[agent.turn]]\n\
+         [[agent]]\nname = \"b\"\nparent = \"a-2\"\ncount = 2\n[[agent.turn]]\n",
+        agent("root", None)
+    ));
+    let line = refused(&text);
+    assert!(line.contains("cycle"), "{line}");
+    assert!(line.contains("\"a-2\" -> \"b-1\" -> \"a-2\""), "{line}");
+    assert!(line.contains("\"b-1\""), "{line}");
+    let own = doc(&format!(
+        "{}[[agent]]\nname = \"a\"\nparent = \"a-1\"\ncount = 2\n[[agent.turn]]\n",
+        agent("root", None)
+    ));
+    let line = refused(&own);
+    assert!(line.contains("own parent"), "{line}");
 }
 
 /// The repository's `examples/` folder.

@@ -12,10 +12,14 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::count::{copy_name, longest_name_chars};
 use super::error::{one_line, AgentRef, Location, Problem, ScenarioError};
 use super::locate::{line_col, Tree};
 use super::raw::{RawAgent, RawScenario, RawTurn};
-use super::{AgentSpec, Scenario, TurnEnd, TurnSpec, DEFAULT_IGNORE, MAX_DURATION, MAX_NAME_CHARS};
+use super::{
+    AgentSpec, Scenario, TurnEnd, TurnSpec, DEFAULT_IGNORE, MAX_AGENTS, MAX_DURATION,
+    MAX_NAME_CHARS,
+};
 
 /// The context errors are reported in: the text (for line and column) and
 /// the file's name.
@@ -141,6 +145,32 @@ impl Ctx<'_> {
         Err(self.error(name.span(), place, "name", problem))
     }
 
+    /// `count` of entry `agent`: `None` when absent; refused below 1, on the
+    /// root (an entry without a `parent`), above [`MAX_AGENTS`], or when the
+    /// names it gives would be too long.
+    fn count(&self, agent: &RawAgent, place: Place<'_>) -> Result<Option<usize>, ScenarioError> {
+        let Some(value) = &agent.count else {
+            return Ok(None);
+        };
+        let n = *value.get_ref();
+        let problem = match usize::try_from(n) {
+            Ok(0) | Err(_) if n < 1 => Problem::BadCount { value: n },
+            _ if agent.parent.is_none() => Problem::RootCount,
+            Ok(count) if count <= MAX_AGENTS => {
+                let base = agent.name.get_ref();
+                if longest_name_chars(base, count) > MAX_NAME_CHARS {
+                    Problem::BadName {
+                        reason: "with the number `count` adds, it is longer than 128 characters",
+                    }
+                } else {
+                    return Ok(Some(count));
+                }
+            }
+            _ => Problem::TooManyAgents { max: MAX_AGENTS },
+        };
+        Err(self.error(value.span(), place, "count", problem))
+    }
+
     /// One turn of agent `place`.
     fn turn(&self, turn: &RawTurn, place: Place<'_>) -> Result<TurnSpec, ScenarioError> {
         let chunk_delay = self.duration(turn.chunk_delay_ms.as_ref(), place, "chunk_delay_ms")?;
@@ -203,24 +233,50 @@ pub(crate) fn validate(
         });
     }
 
-    // Each agent on its own, in file order.
+    // Each entry on its own, in file order; a counted entry stands for
+    // `count` agents (see `count`).
     let mut by_name: HashMap<String, usize> = HashMap::with_capacity(raw.agent.len());
+    // The base names of counted entries: entry index and count.
+    let mut counted: HashMap<&str, (usize, usize)> = HashMap::new();
     let mut agents = Vec::with_capacity(raw.agent.len());
+    // For each agent (same index as `agents`), the entry it comes from.
+    let mut entry_of: Vec<usize> = Vec::with_capacity(raw.agent.len());
+    let line_of = |entry: usize| {
+        let first: &RawAgent = raw.agent[entry].get_ref();
+        line_col(text, first.name.span().start).0
+    };
     for (index, spanned) in raw.agent.iter().enumerate() {
         let agent: &RawAgent = spanned.get_ref();
         let agent_name = ctx.name(&agent.name, Place::agent(index, None))?;
         let place = Place::agent(index, Some(agent_name));
-        if let Some(&first) = by_name.get(agent_name) {
-            let first: &RawAgent = raw.agent[first].get_ref();
-            let (first_line, _) = line_col(text, first.name.span().start);
+        let taken = by_name
+            .get(agent_name)
+            .map(|&first| entry_of[first])
+            .or_else(|| counted.get(agent_name).map(|&(entry, _)| entry));
+        if let Some(first) = taken {
             return Err(ctx.error(
                 agent.name.span(),
                 place,
                 "name",
-                Problem::DuplicateName { first_line },
+                Problem::DuplicateName {
+                    first_line: line_of(first),
+                },
             ));
         }
-        by_name.insert(agent_name.to_owned(), index);
+        let count = ctx.count(agent, place)?;
+        let copies = count.unwrap_or(1);
+        if copies > MAX_AGENTS - agents.len() {
+            let span = agent
+                .count
+                .as_ref()
+                .map_or(agent.name.span(), Spanned::span);
+            return Err(ctx.error(
+                span,
+                place,
+                "count",
+                Problem::TooManyAgents { max: MAX_AGENTS },
+            ));
+        }
         let spawn_after = ctx.duration(agent.spawn_after_ms.as_ref(), place, "spawn_after_ms")?;
         if agent.turn.is_empty() {
             return Err(ctx.error(spanned.span(), place, "turn", Problem::NoTurns));
@@ -231,25 +287,60 @@ pub(crate) fn validate(
             .enumerate()
             .map(|(turn_index, turn)| ctx.turn(turn.get_ref(), place.turn(turn_index)))
             .collect::<Result<Vec<_>, _>>()?;
-        agents.push(AgentSpec {
-            name: agent_name.to_owned(),
+        let spec = |name: String| AgentSpec {
+            name,
             parent: agent.parent.as_ref().map(|parent| parent.get_ref().clone()),
             spawn_after: spawn_after.unwrap_or_default(),
-            turns,
-        });
+            turns: turns.clone(),
+        };
+        let Some(count) = count else {
+            by_name.insert(agent_name.to_owned(), agents.len());
+            agents.push(spec(agent_name.to_owned()));
+            entry_of.push(index);
+            continue;
+        };
+        counted.insert(agent_name, (index, count));
+        for i in 1..=count {
+            let name = copy_name(agent_name, i);
+            if let Some(&first) = by_name.get(&name) {
+                return Err(ctx.error(
+                    agent.name.span(),
+                    place,
+                    "count",
+                    Problem::CountedNameTaken {
+                        name,
+                        first_line: line_of(entry_of[first]),
+                    },
+                ));
+            }
+            by_name.insert(name.clone(), agents.len());
+            agents.push(spec(name));
+            entry_of.push(index);
+        }
     }
 
     // Parents, in file order.
     let mut parents: Vec<Option<usize>> = Vec::with_capacity(agents.len());
-    for (index, agent) in raw.agent.iter().enumerate() {
-        let agent = agent.get_ref();
-        let place = Place::agent(index, Some(agent.name.get_ref()));
+    for (index, &entry) in entry_of.iter().enumerate() {
+        let agent = raw.agent[entry].get_ref();
+        let place = Place::agent(entry, Some(agent.name.get_ref()));
         let Some(parent) = &agent.parent else {
             parents.push(None);
             continue;
         };
-        if parent.get_ref() == agent.name.get_ref() {
+        if parent.get_ref() == &agents[index].name {
             return Err(ctx.error(parent.span(), place, "parent", Problem::OwnParent));
+        }
+        if let Some(&(_, count)) = counted.get(parent.get_ref().as_str()) {
+            return Err(ctx.error(
+                parent.span(),
+                place,
+                "parent",
+                Problem::ParentIsCounted {
+                    parent: parent.get_ref().clone(),
+                    count,
+                },
+            ));
         }
         let Some(&parent_index) = by_name.get(parent.get_ref()) else {
             return Err(ctx.error(
@@ -284,20 +375,21 @@ pub(crate) fn validate(
         ));
     };
     if let Some(second) = roots.next() {
-        let agent = raw.agent[second].get_ref();
+        let entry = entry_of[second];
+        let agent = raw.agent[entry].get_ref();
         return Err(ctx.error(
             agent.name.span(),
-            Place::agent(second, Some(agent.name.get_ref())),
+            Place::agent(entry, Some(agent.name.get_ref())),
             "parent",
             Problem::SecondRoot {
                 first: agents[root].name.clone(),
             },
         ));
     }
-    if let Some(spawn_after) = &raw.agent[root].get_ref().spawn_after_ms {
+    if let Some(spawn_after) = &raw.agent[entry_of[root]].get_ref().spawn_after_ms {
         return Err(ctx.error(
             spawn_after.span(),
-            Place::agent(root, Some(&agents[root].name)),
+            Place::agent(entry_of[root], Some(&agents[root].name)),
             "spawn_after_ms",
             Problem::RootSpawnAfter,
         ));
@@ -321,7 +413,9 @@ pub(crate) fn validate(
         for &index in &order {
             reached[index] = true;
         }
-        return Err(cycle_error(&ctx, &raw, &parents, &reached));
+        return Err(cycle_error(
+            &ctx, &raw, &agents, &entry_of, &parents, &reached,
+        ));
     }
 
     Ok(Scenario {
@@ -341,6 +435,8 @@ pub(crate) fn validate(
 fn cycle_error(
     ctx: &Ctx<'_>,
     raw: &RawScenario,
+    agents: &[AgentSpec],
+    entry_of: &[usize],
     parents: &[Option<usize>],
     reached: &[bool],
 ) -> ScenarioError {
@@ -368,18 +464,19 @@ fn cycle_error(
         let first = first.0;
         cycle.rotate_left(first);
     }
-    let name_of = |index: usize| raw.agent[index].get_ref().name.get_ref().clone();
+    let name_of = |index: usize| agents[index].name.clone();
     let mut path: Vec<String> = cycle.iter().map(|&index| name_of(index)).collect();
     let first = cycle.first().copied().unwrap_or(start);
     path.push(name_of(first));
-    let agent = raw.agent[first].get_ref();
+    let entry = entry_of[first];
+    let agent = raw.agent[entry].get_ref();
     let span = agent
         .parent
         .as_ref()
         .map_or(agent.name.span(), Spanned::span);
     ctx.error(
         span,
-        Place::agent(first, Some(agent.name.get_ref())),
+        Place::agent(entry, Some(agent.name.get_ref())),
         "parent",
         Problem::Cycle { path },
     )
