@@ -829,8 +829,9 @@ fn run_recover(sizes: &Sizes) -> Result<Row> {
         "ours: the store's recovery (what `settle recover` runs after reading its candidates) \
          on a copy of a file where one owner whose lease ran out left every session live with \
          a turn open; baseline: plain Diesel on another copy, one query for the sessions left \
-         live, then per session its conditional update, its turn's and its timeline segment, \
-         {} session{} per transaction as the store commits them",
+         live, then per piece of {} session{} (one transaction, as the store commits them) \
+         the conditional update of their rows, their turns' and a multi-row insert of their \
+         timeline segments",
         recover_bench::RECOVER_BATCH,
         if recover_bench::RECOVER_BATCH == 1 {
             ""

@@ -16,11 +16,13 @@
 //!
 //! Baseline: the same rows with plain Diesel on a connection with the
 //! store's pragmas and checkpoint policy (see [`crate::raw_sql`]): one query
-//! for the sessions of owners whose lease ran out, then for each session the
-//! conditional update of its row, the update of its open turn and the insert
-//! of its timeline segment, [`RECOVER_BATCH`] sessions per transaction as the
-//! store commits them. It skips what the store does on top: reading each row
-//! before its compare-and-set, and the process-liveness check.
+//! for the sessions of owners whose lease ran out, then per piece of
+//! [`RECOVER_BATCH`] sessions, one transaction as the store commits them, the
+//! conditional update of their rows, the update of their open turns and a
+//! multi-row insert of their timeline segments. It skips what the store does
+//! on top: reading each piece before its compare-and-set (whose row counts
+//! say which session's latch each write spent), and the process-liveness
+//! check.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,10 +35,10 @@ use settle_store::{
 use crate::raw_sql::{self, Checkpointer};
 use crate::Result;
 
-/// Sessions per transaction in the store's recovery today: one
-/// (`crates/store/src/recover.rs` spends each session's latch in a
-/// transaction of its own). The baseline follows it; change both together.
-pub const RECOVER_BATCH: usize = 1;
+/// Sessions per transaction in the store's recovery today: 256
+/// (`RECOVER_PER_TRANSACTION` in `crates/store/src/recover.rs`, which writes
+/// each piece as sets). The baseline follows it; change both together.
+pub const RECOVER_BATCH: usize = 256;
 
 /// Registrations per set-up batch.
 const SETUP_BATCH: usize = 4096;
@@ -214,39 +216,44 @@ impl LeftLive {
         let cause = "recovered: the lease of the owner expired";
         for batch in live.chunks(RECOVER_BATCH) {
             conn.immediate_transaction(|c| {
-                for (id, from) in batch {
-                    let won = diesel::update(
-                        sessions::table
-                            .filter(sessions::id.eq(id))
-                            .filter(sessions::state.ne("finalized")),
-                    )
-                    .set((
-                        sessions::state.eq("finalized"),
-                        sessions::end_reason.eq(Some("recovered")),
-                        sessions::finalized_at.eq(Some(now)),
-                        sessions::outcome.eq(Some("interrupted")),
-                        sessions::open_turn.eq(None::<i64>),
-                        sessions::version.eq(sessions::version + 1),
-                    ))
+                let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+                diesel::update(
+                    sessions::table
+                        .filter(sessions::id.eq_any(&ids))
+                        .filter(sessions::state.ne("finalized")),
+                )
+                .set((
+                    sessions::state.eq("finalized"),
+                    sessions::end_reason.eq(Some("recovered")),
+                    sessions::finalized_at.eq(Some(now)),
+                    sessions::outcome.eq(Some("interrupted")),
+                    sessions::open_turn.eq(None::<i64>),
+                    sessions::version.eq(sessions::version + 1),
+                ))
+                .execute(c)?;
+                diesel::update(
+                    turns::table
+                        .filter(turns::session.eq_any(&ids))
+                        .filter(turns::ended_at.is_null()),
+                )
+                .set((
+                    turns::ended_at.eq(Some(now)),
+                    turns::outcome.eq(Some("interrupted")),
+                ))
+                .execute(c)?;
+                let steps: Vec<_> = batch
+                    .iter()
+                    .map(|(id, from)| {
+                        (
+                            timeline::session.eq(*id),
+                            timeline::steps
+                                .eq(format!(r#"[[{now},"{from}","finalized","{cause}"]]"#)),
+                        )
+                    })
+                    .collect();
+                diesel::insert_into(timeline::table)
+                    .values(&steps)
                     .execute(c)?;
-                    if won == 0 {
-                        continue;
-                    }
-                    diesel::update(
-                        turns::table
-                            .filter(turns::session.eq(id))
-                            .filter(turns::ended_at.is_null()),
-                    )
-                    .set((
-                        turns::ended_at.eq(Some(now)),
-                        turns::outcome.eq(Some("interrupted")),
-                    ))
-                    .execute(c)?;
-                    let step = format!(r#"[[{now},"{from}","finalized","{cause}"]]"#);
-                    diesel::insert_into(timeline::table)
-                        .values((timeline::session.eq(id), timeline::steps.eq(step)))
-                        .execute(c)?;
-                }
                 Ok::<_, diesel::result::Error>(())
             })?;
         }
