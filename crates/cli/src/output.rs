@@ -492,9 +492,11 @@ pub fn show_text(detail: &SessionDetail) -> String {
                 "  tool call: {}({}){}\n",
                 one_line(&call.name),
                 one_line(&call.arguments_line()),
-                call.id
-                    .as_ref()
-                    .map_or(String::new(), |id| format!("   [{}]", one_line(id)))
+                if call.id.is_empty() {
+                    String::new()
+                } else {
+                    format!("   [{}]", one_line(&call.id))
+                }
             ));
         }
         for usage in &reply.usage {

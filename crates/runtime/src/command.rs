@@ -27,7 +27,7 @@ pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
 /// end: what the session's handle makes its [`Turn`](crate::Turn) of.
 pub(crate) type TurnStarted = (
     WorkId,
-    mpsc::UnboundedReceiver<Chunk>,
+    mpsc::Receiver<Chunk>,
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).
     oneshot::Receiver<Result<(), settle_store::StoreError>>,
@@ -47,6 +47,8 @@ pub(crate) enum Command {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
+        /// This turn's own timeouts and retries; `None` for the kernel's.
+        options: Option<settle_stream::TurnOptions>,
         reply: Reply<TurnStarted>,
     },
     StartTask {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
 use settle_stream::Request as TurnRequest;
-use settle_stream::{Provider, WorkSignal};
+use settle_stream::{Provider, TurnOptions, WorkSignal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -61,6 +61,7 @@ enum Start {
     Turn {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
+        options: Option<TurnOptions>,
         reply: Reply<TurnStarted>,
     },
     Task {
@@ -276,8 +277,9 @@ impl Driver {
                 session,
                 provider,
                 request,
+                options,
                 reply,
-            } => self.start_turn(session, provider, request, reply),
+            } => self.start_turn(session, provider, request, options, reply),
             Command::StartTask {
                 session,
                 start,
@@ -372,11 +374,13 @@ impl Driver {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
+        options: Option<TurnOptions>,
         reply: Reply<TurnStarted>,
     ) {
         let start = Start::Turn {
             provider,
             request,
+            options,
             reply,
         };
         self.start(Event::StartTurn { session }, start);
@@ -434,6 +438,26 @@ impl Driver {
         let event = match signal {
             WorkSignal::StreamAttached => Event::StreamAttached { work },
             WorkSignal::StreamClosed => Event::StreamClosed { work },
+            // Not a lifecycle fact: the work is still opening its stream.
+            WorkSignal::Retrying {
+                attempt,
+                delay,
+                fallback,
+                error,
+            } => {
+                if let Some(shared) = self.sessions.get(&work.session) {
+                    self.events
+                        .emit(Some(shared), || LifecycleEvent::TurnRetried {
+                            session: work.session,
+                            work,
+                            attempt,
+                            delay,
+                            fallback,
+                            error,
+                        });
+                }
+                return;
+            }
             WorkSignal::Ended(end) => {
                 if let Some(handle) = self.works.get_mut(&work) {
                     handle.error = end.error().cloned();
@@ -588,6 +612,7 @@ impl Driver {
             Start::Turn {
                 provider,
                 request,
+                options,
                 reply,
             } => {
                 // The turn's row is written by the recorder, in order after
@@ -621,7 +646,8 @@ impl Driver {
                     store_timeout: self.config.store_timeout,
                     failures: self.failures.clone(),
                     events: self.events.clone(),
-                    idle_timeout: self.config.idle_timeout,
+                    options: options.unwrap_or_else(|| self.config.turn_options()),
+                    chunk_buffer: self.config.chunk_buffer,
                     tracker: &self.works_tracker,
                 });
                 self.works.insert(work, handle);

@@ -148,7 +148,9 @@ mod tracked;
 mod turn;
 mod work;
 
-pub use config::{Config, DEFAULT_MAX_HISTORY_BYTES, DEFAULT_MAX_PROMPT_BYTES};
+pub use config::{
+    Config, DEFAULT_CHUNK_BUFFER, DEFAULT_MAX_HISTORY_BYTES, DEFAULT_MAX_PROMPT_BYTES,
+};
 pub use error::{RuntimeError, TaskError};
 pub use event::LifecycleEvent;
 pub use guard::SessionGuard;
@@ -161,9 +163,12 @@ pub use settle_core::{
     CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, TurnError,
     TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
-pub use settle_stream::{Chunk, ChunkKind, Request as TurnRequest};
+pub use settle_stream::{
+    Chunk, ChunkKind, Message, ModelOptions, Reply, Request as TurnRequest, RetryPolicy, Role,
+    ToolCall, TurnOptions,
+};
 pub use task::TaskHandle;
 pub use task_context::TaskContext;
 #[doc(hidden)]
 pub use tracked::Tracked;
-pub use turn::Turn;
+pub use turn::{Turn, TurnReply};

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
-use settle_stream::Provider;
 use settle_stream::Request as TurnRequest;
+use settle_stream::{Provider, TurnOptions};
 use tokio::sync::broadcast;
 
 use crate::command::Command;
@@ -97,6 +97,32 @@ impl SessionHandle {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
     ) -> Result<Turn, RuntimeError> {
+        self.start_turn(provider, request, None).await
+    }
+
+    /// Starts a turn with its own timeouts and retries instead of the
+    /// kernel's ([`Config::turn_options`](crate::Config::turn_options)): a
+    /// longer first-event timeout for a model that thinks, a shorter idle
+    /// timeout for a tool-calling step, a fallback provider. Otherwise as
+    /// [`run_turn`](Self::run_turn).
+    ///
+    /// # Errors
+    /// As [`run_turn`](Self::run_turn).
+    pub async fn run_turn_with(
+        &self,
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+        options: TurnOptions,
+    ) -> Result<Turn, RuntimeError> {
+        self.start_turn(provider, request, Some(options)).await
+    }
+
+    async fn start_turn(
+        &self,
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+        options: Option<TurnOptions>,
+    ) -> Result<Turn, RuntimeError> {
         self.kernel.limits().check(&request)?;
         let session = self.id();
         let started = self
@@ -105,6 +131,7 @@ impl SessionHandle {
                 session,
                 provider,
                 request,
+                options,
                 reply,
             })
             .await;

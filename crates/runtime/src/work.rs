@@ -121,7 +121,9 @@ pub(crate) struct TurnContext<'a> {
     pub store_timeout: Duration,
     pub failures: Arc<AtomicUsize>,
     pub events: EventBus,
-    pub idle_timeout: Option<Duration>,
+    pub options: TurnOptions,
+    /// How many persisted chunks may wait for the consumer of the turn.
+    pub chunk_buffer: usize,
     pub tracker: &'a TaskTracker,
 }
 
@@ -131,11 +133,7 @@ pub(crate) fn spawn_turn(
     ctx: TurnContext<'_>,
 ) -> (
     WorkHandle,
-    (
-        WorkId,
-        mpsc::UnboundedReceiver<Chunk>,
-        oneshot::Receiver<WorkEnd>,
-    ),
+    (WorkId, mpsc::Receiver<Chunk>, oneshot::Receiver<WorkEnd>),
 ) {
     let TurnContext {
         work,
@@ -148,15 +146,15 @@ pub(crate) fn spawn_turn(
         store_timeout,
         failures,
         events,
-        idle_timeout,
+        options,
+        chunk_buffer,
         tracker,
     } = ctx;
-    let (chunk_tx, chunks) = mpsc::unbounded_channel();
+    // Bounded: a consumer that reads slowly slows its own turn (the work
+    // waits to hand a chunk on, so it stops reading the provider's stream
+    // and TCP pushes back), and memory stays flat.
+    let (chunk_tx, chunks) = mpsc::channel(chunk_buffer.max(1));
     let (outcome_tx, outcome) = oneshot::channel();
-    let options = TurnOptions {
-        idle_timeout: idle_timeout.unwrap_or(Duration::ZERO),
-        first_event_timeout: None,
-    };
     let span = tracing::info_span!(parent: &shared.span, "turn", no = work.no);
     let sink = Persisting {
         work,
@@ -169,7 +167,8 @@ pub(crate) fn spawn_turn(
         events,
         seq: 0,
     };
-    let control = Work::new(provider, request)
+    // The provider learns which session and turn it opens for.
+    let control = Work::new(provider, request.for_turn(work))
         .options(options)
         .span(span)
         .spawn(tracker, sink, Keyed::new(work, reports));
@@ -191,7 +190,7 @@ struct Persisting {
     store: Arc<dyn SessionStore>,
     store_timeout: Duration,
     failures: Arc<AtomicUsize>,
-    consumer: Option<mpsc::UnboundedSender<Chunk>>,
+    consumer: Option<mpsc::Sender<Chunk>>,
     shared: Arc<SessionShared>,
     events: EventBus,
     seq: u32,
@@ -262,10 +261,12 @@ impl ChunkSink for Persisting {
                 seq,
                 chunk: chunk.clone(),
             });
-        // A consumer that stopped reading does not stop the turn: the
-        // transcript is what matters, and it is persisted.
+        // A consumer that went away does not stop the turn: the
+        // transcript is what matters, and it is persisted. One that is
+        // there but slow is waited for (back-pressure); a cancel still
+        // lands, the work selects on it around this call.
         if let Some(consumer) = &self.consumer {
-            if consumer.send(chunk).is_err() {
+            if consumer.send(chunk).await.is_err() {
                 self.consumer = None;
             }
         }

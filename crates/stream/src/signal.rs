@@ -92,6 +92,18 @@ pub enum WorkSignal {
     /// The stream is closed (its close finished, or was handed to the
     /// runtime because the work was unwinding).
     StreamClosed,
+    /// Opening the stream failed before any chunk and is tried again
+    /// (see [`RetryPolicy`](crate::RetryPolicy)).
+    Retrying {
+        /// Which retry this is, from 1.
+        attempt: u32,
+        /// How long the work waits before it.
+        delay: std::time::Duration,
+        /// Whether the fallback provider is tried.
+        fallback: bool,
+        /// Why the opening failed.
+        error: TurnError,
+    },
     /// The work ended, and how.
     Ended(WorkEnd),
 }

@@ -13,3 +13,4 @@ mod g4_g5_attach_and_settle;
 mod g9_shutdown;
 mod loopback;
 mod seams;
+mod tools;
