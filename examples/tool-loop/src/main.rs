@@ -147,7 +147,11 @@ async fn answer(
     ];
     for _ in 0..max_steps {
         let request = TurnRequest::new(history.clone()).options(options.clone());
-        let done = session.run_turn(model.clone(), request).await?.reply().await;
+        let done = session
+            .run_turn(model.clone(), request)
+            .await?
+            .reply()
+            .await;
         if let Some(error) = done.error {
             return Err(LoopError::Turn(error.message));
         }
@@ -249,7 +253,8 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_loop_runs_a_tool_and_answers_with_its_result() -> Result<(), Box<dyn std::error::Error>> {
+    async fn the_loop_runs_a_tool_and_answers_with_its_result(
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let dir = std::env::temp_dir().join(format!("tool-loop-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("a"))?;
         std::fs::create_dir_all(dir.join("b"))?;

@@ -258,3 +258,43 @@ async fn a_retry_before_the_first_chunk_is_recorded_on_the_turn() {
     assert_eq!(detail.turns.len(), 1);
     assert_eq!(detail.turns[0].text(), "finally");
 }
+
+#[tokio::test(start_paused = true)]
+async fn resume_replays_the_pending_tool_calls_of_the_last_reply() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let agent = kernel.register("agent", None).await.unwrap();
+    let model = Arc::new(ToolModel::default());
+    let first = agent
+        .run_turn(model.clone(), TurnRequest::prompt("Weather in Paris?"))
+        .await
+        .unwrap()
+        .reply()
+        .await;
+    assert_eq!(first.reply.tool_calls.len(), 1);
+    // The agent stops before running the tool (a crash, a deploy).
+    agent.finish().await.unwrap();
+
+    let resumed = kernel.resume(agent.id(), "agent again").await.unwrap();
+    let call = ToolCall::new("call_1", "weather", r#"{"city":"Paris"}"#);
+    assert_eq!(resumed.pending_tool_calls, [call.clone()]);
+    let history = serde_json::to_value(&resumed.history).unwrap();
+    assert_eq!(
+        history,
+        json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Let me check.", "tool_calls": [call.to_json()]},
+        ])
+    );
+    // The conversation goes on from the calls.
+    let mut next = resumed.history.clone();
+    next.push(Message::tool_result(&call.id, "rainy"));
+    let done = resumed
+        .session
+        .run_turn(model, TurnRequest::new(next))
+        .await
+        .unwrap()
+        .reply()
+        .await;
+    assert_eq!(done.reply.text, "It is rainy in Paris.");
+}
