@@ -40,6 +40,18 @@ pub enum Error {
         /// Whether it is closing (winding down).
         closing: bool,
     },
+    /// The session's budget (or an ancestor's, `session`) has no turn left:
+    /// the turn was refused, and the budget's subtree is winding down
+    /// (`budget_exhausted`).
+    #[error(
+        "the budget of session {session} has no {limit} left; its subtree is being wound down"
+    )]
+    BudgetExhausted {
+        /// The session whose budget ran out.
+        session: SessionId,
+        /// Which limit.
+        limit: crate::BudgetLimit,
+    },
     /// Every active-session slot is taken (see [`Policy::slots`](crate::Policy::slots)).
     #[error("all {slots} active-session slots are taken; wait for a session to be finalized or configure more slots")]
     NoSlot {

@@ -41,6 +41,8 @@ pub(crate) enum Command {
         name: Arc<str>,
         parent: Option<SessionId>,
         resumed_from: Option<SessionId>,
+        /// Set in the same step as the registration.
+        budget: Option<settle_core::Budget>,
         reply: Reply<Arc<SessionShared>>,
     },
     StartTurn {
@@ -48,7 +50,7 @@ pub(crate) enum Command {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
         /// This turn's own timeouts and retries; `None` for the kernel's.
-        options: Option<settle_stream::TurnOptions>,
+        options: Option<Box<settle_stream::TurnOptions>>,
         reply: Reply<TurnStarted>,
     },
     StartTask {

@@ -61,7 +61,7 @@ enum Start {
     Turn {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        options: Option<TurnOptions>,
+        options: Option<Box<TurnOptions>>,
         reply: Reply<TurnStarted>,
     },
     Task {
@@ -89,6 +89,7 @@ struct Parked {
     name: Arc<str>,
     parent: Option<SessionId>,
     resumed_from: Option<SessionId>,
+    budget: Option<settle_core::Budget>,
     reply: Reply<Arc<SessionShared>>,
 }
 
@@ -266,11 +267,13 @@ impl Driver {
                 name,
                 parent,
                 resumed_from,
+                budget,
                 reply,
             } => self.register(Parked {
                 name,
                 parent,
                 resumed_from,
+                budget,
                 reply,
             }),
             Command::StartTurn {
@@ -344,6 +347,7 @@ impl Driver {
             name,
             parent,
             resumed_from,
+            budget,
             reply,
         } = parked;
         let session = SessionId(id);
@@ -355,6 +359,15 @@ impl Driver {
                 let _ = reply.send(Err(refused.into()));
             }
             Ok(_) => {
+                if let Some(budget) = budget {
+                    // The same step: nothing of it runs before its budget.
+                    let set = self
+                        .core
+                        .handle(self.now, Event::SetBudget { session, budget });
+                    if let Err(error) = set {
+                        tracing::error!(%error, "the core refused a new session's budget");
+                    }
+                }
                 let shared = SessionShared::new(session, name, parent, resumed_from);
                 self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
@@ -374,7 +387,7 @@ impl Driver {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
-        options: Option<TurnOptions>,
+        options: Option<Box<TurnOptions>>,
         reply: Reply<TurnStarted>,
     ) {
         let start = Start::Turn {
@@ -438,6 +451,7 @@ impl Driver {
         let event = match signal {
             WorkSignal::StreamAttached => Event::StreamAttached { work },
             WorkSignal::StreamClosed => Event::StreamClosed { work },
+            WorkSignal::Usage { tokens } => Event::Usage { work, tokens },
             // Not a lifecycle fact: the work is still opening its stream.
             WorkSignal::Retrying {
                 attempt,
@@ -646,7 +660,7 @@ impl Driver {
                     store_timeout: self.config.store_timeout,
                     failures: self.failures.clone(),
                     events: self.events.clone(),
-                    options: options.unwrap_or_else(|| self.config.turn_options()),
+                    options: options.map_or_else(|| self.config.turn_options(), |o| *o),
                     chunk_buffer: self.config.chunk_buffer,
                     tracker: &self.works_tracker,
                 });

@@ -160,8 +160,8 @@ pub use report::ShutdownReport;
 pub use resume::Resumed;
 pub use session::SessionHandle;
 pub use settle_core::{
-    CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, TurnError,
-    TurnErrorKind, UnknownWord, WorkId, WorkKind,
+    Budget, BudgetLimit, CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State,
+    TurnError, TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
 pub use settle_stream::{
     Chunk, ChunkKind, Message, ModelOptions, Reply, Request as TurnRequest, RetryPolicy, Role,

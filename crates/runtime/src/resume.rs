@@ -117,6 +117,7 @@ impl Kernel {
                 name,
                 parent: None,
                 resumed_from: Some(from),
+                budget: None,
                 reply,
             })
             .await?;

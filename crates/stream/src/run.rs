@@ -78,12 +78,15 @@ pub(crate) trait Progress {
     /// Opening failed with `error` and is tried again after `delay`
     /// (`attempt` from 1; `fallback` when the fallback provider is next).
     fn retrying(&mut self, attempt: u32, delay: Duration, fallback: bool, error: TurnError);
+    /// A usage report counting `tokens` was delivered (persisted).
+    fn usage(&mut self, tokens: u64);
 }
 
 impl Progress for () {
     fn attached(&mut self) {}
     fn closed(&mut self) {}
     fn retrying(&mut self, _: u32, _: Duration, _: bool, _: TurnError) {}
+    fn usage(&mut self, _: u64) {}
 }
 
 /// The body of a work; see [`Work::run`](crate::Work::run).
@@ -129,6 +132,8 @@ where
     let end = loop {
         match stream.next().await {
             Some(Ok(StreamEvent::Chunk(chunk))) => {
+                let usage = (chunk.kind() == settle_core::ChunkKind::Usage)
+                    .then(|| crate::usage_tokens(&chunk.to_json()));
                 let delivered = tokio::select! {
                     biased;
                     () = token.cancelled() => Err(WorkEnd::Cancelled(CancelledBy::Request)),
@@ -136,6 +141,10 @@ where
                 };
                 if let Err(end) = delivered {
                     break end;
+                }
+                // Counted once the sink has it (persisted, in a runtime).
+                if let Some(tokens) = usage {
+                    progress.usage(tokens);
                 }
             }
             Some(Ok(StreamEvent::KeepAlive)) => {}

@@ -104,6 +104,11 @@ pub enum WorkSignal {
         /// Why the opening failed.
         error: TurnError,
     },
+    /// A usage report was delivered to the sink: what its budget counts.
+    Usage {
+        /// The tokens it counts ([`usage_tokens`](crate::usage_tokens)).
+        tokens: u64,
+    },
     /// The work ended, and how.
     Ended(WorkEnd),
 }

@@ -409,6 +409,10 @@ impl<R: SignalSink> Progress for Reporter<R> {
             error,
         });
     }
+
+    fn usage(&mut self, tokens: u64) {
+        self.send(WorkSignal::Usage { tokens });
+    }
 }
 
 impl<R: SignalSink> Drop for Reporter<R> {

@@ -1,6 +1,7 @@
 //! End-to-end tests of the runtime, each named after the guarantee it checks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod budgets;
 mod common;
 mod contract;
 mod conversation;

@@ -277,7 +277,7 @@ async fn resume_replays_the_pending_tool_calls_of_the_last_reply() {
 
     let resumed = kernel.resume(agent.id(), "agent again").await.unwrap();
     let call = ToolCall::new("call_1", "weather", r#"{"city":"Paris"}"#);
-    assert_eq!(resumed.pending_tool_calls, [call.clone()]);
+    assert_eq!(resumed.pending_tool_calls, std::slice::from_ref(&call));
     let history = serde_json::to_value(&resumed.history).unwrap();
     assert_eq!(
         history,
