@@ -459,6 +459,7 @@ impl Driver {
                 fallback,
                 error,
             } => {
+                crate::meter::turn_retry();
                 if let Some(shared) = self.sessions.get(&work.session) {
                     self.events
                         .emit(Some(shared), || LifecycleEvent::TurnRetried {
@@ -519,9 +520,11 @@ impl Driver {
         while let Some(effect) = self.core.poll_effect() {
             match effect {
                 Effect::CancelWork { work, mode } => {
-                    // Graceful: the turn may finish; the settle deadline bounds it.
-                    if mode == CancelMode::Immediate {
-                        if let Some(handle) = self.works.get_mut(&work) {
+                    let now = self.now;
+                    if let Some(handle) = self.works.get_mut(&work) {
+                        handle.cancelled_at.get_or_insert(now);
+                        // Graceful: the turn may finish; the settle deadline bounds it.
+                        if mode == CancelMode::Immediate {
                             handle.cancel();
                         }
                     }
@@ -536,6 +539,7 @@ impl Driver {
                         tracing::warn!(%work, "work ignored cancellation past the settle deadline; detached");
                         handle.detach();
                     }
+                    crate::meter::detached();
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
@@ -545,10 +549,12 @@ impl Driver {
                 }
                 Effect::EndWork { work, outcome } => {
                     let handle = self.works.remove(&work);
-                    let (error, notify) = match handle {
-                        Some(mut h) => (h.error.take(), h.outcome.take()),
-                        None => (None, None),
+                    let (error, notify, cancelled_at) = match handle {
+                        Some(mut h) => (h.error.take(), h.outcome.take(), h.cancelled_at),
+                        None => (None, None, None),
                     };
+                    let settled = cancelled_at.map(|at| self.now.saturating_duration_since(at));
+                    crate::meter::work_ended(work.kind, outcome, settled);
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::WorkEnded {
@@ -570,6 +576,7 @@ impl Driver {
                     let _ = self.recorder.send(Record::Flush);
                 }
                 Effect::Transition(t) => {
+                    crate::meter::transition(t.from, t.to);
                     let at = self.clock.wall(t.at);
                     let shared = self.sessions.get(&t.session);
                     self.events
@@ -593,6 +600,7 @@ impl Driver {
                     }
                 }
                 Effect::Finalize(plan) => {
+                    crate::meter::finalized(plan.reason);
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
                     let at = self.clock.wall(self.now);

@@ -132,6 +132,7 @@ mod ids;
 mod kernel;
 mod lease;
 mod limits;
+pub mod meter;
 pub mod process;
 mod record;
 mod recorder;

@@ -32,6 +32,8 @@ pub(crate) struct WorkHandle {
     pub error: Option<TurnError>,
     /// Who waits for its end.
     pub outcome: Option<oneshot::Sender<WorkEnd>>,
+    /// When it was first cancelled (for the settle-time metric).
+    pub cancelled_at: Option<std::time::Instant>,
 }
 
 enum Grip {
@@ -61,6 +63,7 @@ impl WorkHandle {
             },
             error: None,
             outcome: Some(outcome),
+            cancelled_at: None,
         }
     }
 
@@ -176,6 +179,7 @@ pub(crate) fn spawn_turn(
         grip: Grip::Turn(Some(control)),
         error: None,
         outcome: Some(outcome_tx),
+        cancelled_at: None,
     };
     (handle, (work, chunks, outcome))
 }
@@ -232,8 +236,9 @@ impl ChunkSink for Persisting {
         let receipt = self
             .store
             .append_chunk(self.work.session, self.work.no, stored);
+        let appended = tokio::time::Instant::now();
         match tokio::time::timeout(self.store_timeout, receipt).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => crate::meter::chunk_acked(appended.elapsed()),
             // A closed session or turn is revoked write access (G10), not a fault.
             Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
                 return Err(SinkError::Closed)
