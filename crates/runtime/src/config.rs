@@ -22,6 +22,12 @@ use settle_stream::{RetryPolicy, TurnOptions};
 #[non_exhaustive]
 pub struct Config {
     /// The core's policy: settle timeout, idle TTL, LRU cap, orphan grace.
+    ///
+    /// **The idle reap (30 min) and the LRU cap (1,000 open sessions) are on
+    /// by default** (SPEC §5, for gateways): they finalize idle sessions a
+    /// program registered itself too. Turn them off with `.idle_ttl(None)`
+    /// and `.lru_cap(None)` when the program decides when its sessions end
+    /// (see the crate's "What the kernel will do to your sessions on its own").
     pub policy: Policy,
     /// How long running turns may finish once shutdown begins (G9).
     pub drain_timeout: Duration,

@@ -172,6 +172,35 @@ impl Turn {
         self.finish().await
     }
 
+    /// The turn as a stream of results: each chunk as `Ok`, once
+    /// persisted, then, if the turn failed or timed out, its error as one
+    /// last `Err` (the in-line view of [`result`](Self::result)).
+    ///
+    /// ```ignore
+    /// let mut results = turn.results();
+    /// while let Some(item) = results.next().await {
+    ///     match item {
+    ///         Ok(chunk) => print!("{}", chunk.as_text().unwrap_or_default()),
+    ///         Err(error) => eprintln!("the turn failed: {error}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn results(self) -> TurnResults {
+        Box::pin(futures_util::stream::unfold(
+            Some(self),
+            |turn| async move {
+                let mut turn = turn?;
+                match turn.next_chunk().await {
+                    Some(chunk) => Some((Ok(chunk), Some(turn))),
+                    None => match turn.end().await {
+                        (_, Some(error)) => Some((Err(error), None)),
+                        (_, None) => None,
+                    },
+                }
+            },
+        ))
+    }
+
     async fn finish(mut self) -> (Outcome, Option<TurnError>) {
         self.cancel_on_drop = None;
         // Nobody reads the rest: the work must not wait for a reader
@@ -202,6 +231,10 @@ impl Drop for Turn {
         self.cancel();
     }
 }
+
+/// A turn as a stream of results ([`Turn::results`]): its chunks, then its
+/// error if it failed. Dropping it before the end cancels the turn.
+pub type TurnResults = Pin<Box<dyn Stream<Item = Result<Chunk, TurnError>> + Send>>;
 
 /// A turn read to its end ([`Turn::reply`]).
 #[derive(Debug, Clone, PartialEq)]

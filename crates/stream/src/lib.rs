@@ -76,6 +76,10 @@ mod sync;
 mod tool_call;
 mod work;
 
+/// The attribute a custom [`Provider`] is implemented with
+/// (`#[async_trait] impl Provider for MyModel`), re-exported so that a
+/// provider needs no dependency of its own for it.
+pub use async_trait::async_trait;
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use chunk::{Chunk, InvalidChunk};
 pub use close::{close_best_effort, close_without_waiting, Close};

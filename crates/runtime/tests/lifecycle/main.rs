@@ -4,6 +4,7 @@
 mod budgets;
 mod common;
 mod contract;
+mod conventions;
 mod conversation;
 mod embedding;
 mod faults;
