@@ -368,7 +368,8 @@ impl Driver {
                         tracing::error!(%error, "the core refused a new session's budget");
                     }
                 }
-                let shared = SessionShared::new(session, name, parent, resumed_from);
+                let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
+                let shared = SessionShared::new(session, name, parent, resumed_from, parent_span);
                 self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
@@ -550,7 +551,10 @@ impl Driver {
                 Effect::EndWork { work, outcome } => {
                     let handle = self.works.remove(&work);
                     let (error, notify, cancelled_at) = match handle {
-                        Some(mut h) => (h.error.take(), h.outcome.take(), h.cancelled_at),
+                        Some(mut h) => {
+                            h.ended(outcome);
+                            (h.error.take(), h.outcome.take(), h.cancelled_at)
+                        }
                         None => (None, None, None),
                     };
                     let settled = cancelled_at.map(|at| self.now.saturating_duration_since(at));

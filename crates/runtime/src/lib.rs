@@ -153,6 +153,16 @@
 //!     .init();
 //! ```
 //!
+//! With the `otel-genai` feature the spans follow OpenTelemetry's GenAI
+//! semantic conventions (opt-in while they are experimental): a turn is an
+//! `invoke_agent {agent}` client span with `gen_ai.operation.name`,
+//! `gen_ai.agent.name`, `gen_ai.conversation.id` (the session id),
+//! `gen_ai.provider.name` ([`Provider::name`]), `gen_ai.usage.input_tokens`
+//! and `gen_ai.usage.output_tokens` (from the usage chunks) and, when it
+//! failed, `error.type` (the turn error's kind) with an error status; a
+//! child session's span nests under its parent's, so an agent tree is one
+//! trace. `tracing-opentelemetry` maps the fields; nothing more to add.
+//!
 //! With the `serde` feature, the vocabulary and the result types
 //! ([`ShutdownReport`], [`LifecycleEvent`], [`SessionEnd`]) serialize with
 //! their stable spellings.

@@ -34,6 +34,8 @@ pub(crate) struct WorkHandle {
     pub outcome: Option<oneshot::Sender<WorkEnd>>,
     /// When it was first cancelled (for the settle-time metric).
     pub cancelled_at: Option<std::time::Instant>,
+    /// A turn's span, to record how it ended.
+    pub span: Option<tracing::Span>,
 }
 
 enum Grip {
@@ -64,7 +66,23 @@ impl WorkHandle {
             error: None,
             outcome: Some(outcome),
             cancelled_at: None,
+            span: None,
         }
+    }
+
+    /// Records on the turn's span how it ended (GenAI's `error.type`).
+    pub fn ended(&self, outcome: settle_core::Outcome) {
+        #[cfg(feature = "otel-genai")]
+        if let (Some(span), Some(error)) = (&self.span, &self.error) {
+            span.record("error.type", error.kind.as_str());
+            span.record("otel.status_code", "ERROR");
+        }
+        #[cfg(feature = "otel-genai")]
+        if let (Some(span), settle_core::Outcome::Detached) = (&self.span, outcome) {
+            span.record("error.type", "detached");
+            span.record("otel.status_code", "ERROR");
+        }
+        let _ = (&self.span, outcome);
     }
 
     /// An immediate cancel: the work's own token (which ends a turn's
@@ -158,7 +176,25 @@ pub(crate) fn spawn_turn(
     // and TCP pushes back), and memory stays flat.
     let (chunk_tx, chunks) = mpsc::channel(chunk_buffer.max(1));
     let (outcome_tx, outcome) = oneshot::channel();
+    #[cfg(not(feature = "otel-genai"))]
     let span = tracing::info_span!(parent: &shared.span, "turn", no = work.no);
+    // GenAI conventions: a turn is the agent's invocation of its model.
+    #[cfg(feature = "otel-genai")]
+    let span = tracing::info_span!(
+        parent: &shared.span,
+        "turn",
+        no = work.no,
+        otel.name = %format!("invoke_agent {}", shared.name),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = %shared.name,
+        gen_ai.conversation.id = %work.session.0,
+        gen_ai.provider.name = provider.name(),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
     let sink = Persisting {
         work,
         started: Some(started),
@@ -173,13 +209,14 @@ pub(crate) fn spawn_turn(
     // The provider learns which session and turn it opens for.
     let control = Work::new(provider, request.for_turn(work))
         .options(options)
-        .span(span)
+        .span(span.clone())
         .spawn(tracker, sink, Keyed::new(work, reports));
     let handle = WorkHandle {
         grip: Grip::Turn(Some(control)),
         error: None,
         outcome: Some(outcome_tx),
         cancelled_at: None,
+        span: Some(span),
     };
     (handle, (work, chunks, outcome))
 }
@@ -251,6 +288,21 @@ impl ChunkSink for Persisting {
                 return Err(self.failed(format!(
                     "could not persist a chunk: the store did not answer within {after:?}"
                 )));
+            }
+        }
+        #[cfg(feature = "otel-genai")]
+        if chunk.kind() == settle_core::ChunkKind::Usage {
+            // The work runs in the turn's span.
+            let usage = chunk.to_json();
+            let span = tracing::Span::current();
+            for (field, key) in [
+                ("gen_ai.usage.input_tokens", "prompt_tokens"),
+                ("gen_ai.usage.output_tokens", "completion_tokens"),
+            ] {
+                // As an i64: OpenTelemetry's integers are signed.
+                if let Some(n) = usage.get(key).and_then(serde_json::Value::as_i64) {
+                    span.record(field, n);
+                }
             }
         }
         if let (Some(text), Some(sent)) = (chunk.as_text(), self.shared.sent().as_mut()) {

@@ -306,6 +306,10 @@ impl Provider for OpenAiProvider {
             self.config.max_event_bytes,
         )))
     }
+
+    fn name(&self) -> &str {
+        "openai"
+    }
 }
 
 /// The `Retry-After` of a response, in its delay-seconds form (an HTTP date
