@@ -36,9 +36,9 @@ pub struct ChatArgs {
     server: ModelServerArgs,
     #[command(flatten)]
     limits: InputLimitArgs,
-    /// How long the server may be silent mid-reply before the turn times out.
-    #[arg(long, value_parser = crate::duration::parse, default_value = "60s")]
-    idle_timeout: Duration,
+    /// How long the server may be silent mid-reply before the turn times out (default 30s, as everywhere).
+    #[arg(long, value_parser = crate::duration::parse)]
+    idle_timeout: Option<Duration>,
     /// How long a running reply may finish after SIGTERM.
     #[arg(long, value_parser = crate::duration::parse, default_value = "5s")]
     drain_timeout: Duration,
@@ -86,7 +86,10 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     let kernel = args
         .limits
         .apply(Kernel::builder(store))
-        .idle_timeout(Some(args.idle_timeout))
+        .idle_timeout(Some(
+            args.idle_timeout
+                .unwrap_or(settle_stream::DEFAULT_IDLE_TIMEOUT),
+        ))
         .drain_timeout(args.drain_timeout)
         .start()
         .await

@@ -123,10 +123,11 @@ pub fn markdown(detail: &SessionDetail) -> String {
             let _ = writeln!(out, "\n**reply:** _(nothing)_");
         }
         for call in &reply.tool_calls {
-            let id = call
-                .id
-                .as_ref()
-                .map_or(String::new(), |id| format!(" ({})", inline(id)));
+            let id = if call.id.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", inline(&call.id))
+            };
             let _ = writeln!(
                 out,
                 "\n**tool call** `{}`{id}:\n\n```json\n{}\n```",

@@ -452,7 +452,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let idle_timeout = args
         .idle_timeout
         .or(scenario.idle_timeout())
-        .unwrap_or(Duration::from_secs(30));
+        .unwrap_or(settle_stream::DEFAULT_IDLE_TIMEOUT);
     let mut builder = Kernel::builder(store.clone())
         .settle_timeout(settle_timeout)
         .drain_timeout(args.drain_timeout)

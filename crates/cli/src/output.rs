@@ -492,9 +492,11 @@ pub fn show_text(detail: &SessionDetail) -> String {
                 "  tool call: {}({}){}\n",
                 one_line(&call.name),
                 one_line(&call.arguments_line()),
-                call.id
-                    .as_ref()
-                    .map_or(String::new(), |id| format!("   [{}]", one_line(id)))
+                if call.id.is_empty() {
+                    String::new()
+                } else {
+                    format!("   [{}]", one_line(&call.id))
+                }
             ));
         }
         for usage in &reply.usage {
@@ -635,6 +637,29 @@ mod tests {
                 {"kind": "usage", "data": {"total_tokens": 9}},
             ])
         );
+    }
+
+    #[test]
+    fn show_json_keeps_a_tool_conversation_in_the_inputs() {
+        let calls = json!([{"id": "c1", "type": "function",
+                            "function": {"name": "weather", "arguments": "{}"}}]);
+        let mut detail = detail();
+        let mut second = detail.turns[0].clone();
+        second.no = 2;
+        second.outcome = Some(settle_store::Outcome::Completed);
+        second.error = None;
+        second.chunks = vec![chunk(0, ChunkKind::Text, "Sunny.", None)];
+        second.input = Some(settle_store::TurnInput::whole(json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": calls},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        ])));
+        detail.turns.push(second);
+        let shown: Value = serde_json::from_str(&show_json(&detail)).unwrap();
+        let input = &shown["turns"][1]["input"];
+        assert_eq!(input[1]["tool_calls"], calls);
+        assert_eq!(input[2]["role"], "tool");
+        assert_eq!(input[2]["tool_call_id"], "c1");
     }
 
     #[test]

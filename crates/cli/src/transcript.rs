@@ -24,7 +24,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use settle_store::{ChunkKind, ChunkRow, Conversation, TurnRow};
+use settle_store::{ChunkRow, Conversation, TurnRow};
 
 /// One message of a turn's input: who wrote it and what it says, and for
 /// a tool call's round trip, the calls an assistant message made or the
@@ -106,113 +106,22 @@ pub fn text(turn: &TurnRow) -> String {
     turn.text()
 }
 
-/// A tool call the model made, put together from the pieces it streamed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCall {
-    /// The call's id, when the provider gave one.
-    pub id: Option<String>,
-    /// The function called (empty when no piece named it).
-    pub name: String,
-    /// Its arguments, as the model wrote them (usually JSON text).
-    pub arguments: String,
-}
+/// A tool call the model made, put together from the pieces it streamed
+/// (the library's; see [`settle_stream::ToolCalls`]).
+pub use settle_stream::ToolCall;
 
-impl ToolCall {
-    /// The arguments on one line: compact JSON when they are JSON, else the
-    /// text with its line breaks made spaces.
-    pub fn arguments_line(&self) -> String {
-        match serde_json::from_str::<Value>(&self.arguments) {
-            Ok(value) => value.to_string(),
-            Err(_) => self.arguments.replace(['\r', '\n'], " "),
-        }
-    }
-}
+/// What a turn's output says, by kind (the library's, see
+/// [`settle_stream::Reply`]).
+pub use settle_stream::Reply;
 
-/// What a turn's output says, by kind: the reply text, the model's
-/// reasoning, its tool calls, the usage reports and any other structured
-/// events, each in the order it came.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Reply {
-    /// The text chunks joined: the reply a person reads.
-    pub text: String,
-    /// The reasoning chunks joined (their strings, or their JSON when not one).
-    pub reasoning: String,
-    /// The tool calls, their streamed pieces merged.
-    pub tool_calls: Vec<ToolCall>,
-    /// Each usage report, as the provider sent it.
-    pub usage: Vec<Value>,
-    /// Every other structured chunk's payload.
-    pub data: Vec<Value>,
-}
-
-impl Reply {
-    /// Whether the turn produced nothing at all.
-    pub fn is_empty(&self) -> bool {
-        self.text.is_empty()
-            && self.reasoning.is_empty()
-            && self.tool_calls.is_empty()
-            && self.usage.is_empty()
-            && self.data.is_empty()
-    }
-}
-
-/// What `turn`'s chunks say, sorted by kind (see [`Reply`]).
-///
-/// A streamed tool call comes in pieces (OpenAI's `delta.tool_calls`): the
-/// first names the call (`id`, `function.name`), the next ones carry the
-/// same `index` and more of `function.arguments`. A piece joins the last
-/// call of its index unless it starts a new one (a different `id`).
+/// What `turn`'s chunks say, sorted by kind (see [`Reply`]), its streamed
+/// tool-call pieces put together by the library's [`settle_stream::ToolCalls`].
 pub fn reply(turn: &TurnRow) -> Reply {
-    let mut reply = Reply::default();
-    // The index of each call in `reply.tool_calls`, by its stream index.
-    let mut open_calls: Vec<(Option<u64>, usize)> = Vec::new();
+    let mut reply = settle_stream::ReplyBuilder::default();
     for chunk in &turn.chunks {
-        let payload = payload(chunk);
-        match chunk.kind {
-            ChunkKind::Text => reply.text.push_str(&chunk.text),
-            ChunkKind::Reasoning => match &payload {
-                Value::String(text) => reply.reasoning.push_str(text),
-                other => reply.reasoning.push_str(&other.to_string()),
-            },
-            ChunkKind::ToolCall => {
-                let index = payload.get("index").and_then(Value::as_u64);
-                let id = payload.get("id").and_then(Value::as_str).map(str::to_owned);
-                let function = payload.get("function").unwrap_or(&payload);
-                let name = function.get("name").and_then(Value::as_str);
-                let arguments = match function.get("arguments") {
-                    Some(Value::String(text)) => text.clone(),
-                    Some(other) => other.to_string(),
-                    None => String::new(),
-                };
-                let open = open_calls
-                    .iter()
-                    .rev()
-                    .find(|(i, _)| index.is_some() && *i == index)
-                    .map(|(_, at)| *at)
-                    .filter(|&at| id.is_none() || reply.tool_calls[at].id == id);
-                match open {
-                    Some(at) => {
-                        let call = &mut reply.tool_calls[at];
-                        if call.name.is_empty() {
-                            call.name = name.unwrap_or_default().to_owned();
-                        }
-                        call.arguments.push_str(&arguments);
-                    }
-                    None => {
-                        open_calls.push((index, reply.tool_calls.len()));
-                        reply.tool_calls.push(ToolCall {
-                            id,
-                            name: name.unwrap_or_default().to_owned(),
-                            arguments,
-                        });
-                    }
-                }
-            }
-            ChunkKind::Usage => reply.usage.push(payload),
-            ChunkKind::Data => reply.data.push(payload),
-        }
+        reply.push_json(chunk.kind, &payload(chunk));
     }
-    reply
+    reply.finish()
 }
 
 /// A chunk's structured payload: its data, or its text as a JSON string
@@ -266,6 +175,7 @@ pub fn new_messages<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use settle_store::ChunkKind;
 
     fn user(text: &str) -> InputMessage {
         InputMessage::new("user", text)
@@ -343,25 +253,21 @@ mod tests {
         let reply = reply(&turn);
         assert_eq!(reply.text, "Sunny");
         assert_eq!(reply.reasoning, "Let me think");
-        let calls: Vec<(Option<&str>, &str, &str)> = reply
+        let calls: Vec<(&str, &str, &str)> = reply
             .tool_calls
             .iter()
-            .map(|c| (c.id.as_deref(), c.name.as_str(), c.arguments.as_str()))
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
             .collect();
         assert_eq!(
             calls,
             [
-                (Some("call_1"), "weather", "{\"city\":\"Paris\"}"),
-                (Some("call_2"), "time", "{}"),
-                (Some("call_3"), "news", ""),
+                ("call_1", "weather", "{\"city\":\"Paris\"}"),
+                ("call_2", "time", "{}"),
+                ("call_3", "news", ""),
             ]
         );
         assert_eq!(reply.tool_calls[0].arguments_line(), "{\"city\":\"Paris\"}");
-        let pretty = ToolCall {
-            id: None,
-            name: "f".to_owned(),
-            arguments: "{\n  \"a\": \"x  y\"\n}".to_owned(),
-        };
+        let pretty = ToolCall::new("", "f", "{\n  \"a\": \"x  y\"\n}");
         assert_eq!(pretty.arguments_line(), "{\"a\":\"x  y\"}");
         assert_eq!(
             usage_line(&reply.usage[0]),

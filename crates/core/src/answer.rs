@@ -49,7 +49,8 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         Event::StreamAttached { work }
         | Event::StreamClosed { work }
         | Event::WorkEnded { work, .. }
-        | Event::WorkExited { work } => (work.session, Asks::Report),
+        | Event::WorkExited { work }
+        | Event::Usage { work, .. } => (work.session, Asks::Report),
         Event::CancelWork { work } => (work.session, Asks::End),
         Event::AgentFinished { session }
         | Event::Abandoned { session }
@@ -60,9 +61,9 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         | Event::Release { session, .. }
         | Event::TransportDetached { session }
         | Event::Withdraw { session } => (session, Asks::End),
-        Event::Hold { session, .. } | Event::TransportAttached { session, .. } => {
-            (session, Asks::Use)
-        }
+        Event::Hold { session, .. }
+        | Event::TransportAttached { session, .. }
+        | Event::SetBudget { session, .. } => (session, Asks::Use),
         Event::Delegate { from, .. } => (from, Asks::Use),
         // A registration is refused first for its own id (taken) and for a
         // shutdown, then by this table for its parent (`Core::register`).

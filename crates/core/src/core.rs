@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::answer::{self, Asks, Found};
+use crate::budget::Spent;
 use crate::deadlines::{Deadline, Deadlines, Timer};
 use crate::forgotten::Forgotten;
 use crate::hash::SessionMap;
@@ -13,8 +14,8 @@ use crate::sessions::Sessions;
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::view::SessionView;
 use crate::{
-    CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled, Hold, Outcome, Policy,
-    SessionId, ShutdownSummary, State, Sweep, Transition, WorkId, WorkKind,
+    Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled,
+    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, Transition, WorkId, WorkKind,
 };
 
 /// The sans-IO lifecycle kernel for one tree (or forest) of agent sessions.
@@ -82,7 +83,11 @@ impl Core {
         &self.policy
     }
 
-    /// Feeds one input. On `Err` nothing changed and no effect was queued.
+    /// Feeds one input. On `Err` nothing changed and no effect was queued,
+    /// with one exception: a turn refused with
+    /// [`Error::BudgetExhausted`] has spent its budget's last turn, and the
+    /// budget's subtree is wound down in the same input (drain the effects
+    /// as after any input).
     ///
     /// Every input naming a session is first answered by one table (see
     /// [`Event`]) when the session is finalized, forgotten, closing, winding
@@ -109,7 +114,7 @@ impl Core {
             Event::Abandoned { session } => Ok(self.abandoned(now, session)),
             Event::Cancel { session, mode } => {
                 let (intent, cause) = (EndReason::Cancelled, Cause::CancelRequested(mode));
-                self.cancel(now, session, mode, intent, cause)
+                self.cancel(now, session, mode, intent, cause, EndReason::Cancelled)
             }
             Event::CancelTurn { session } => self.cancel_turn(now, session),
             Event::CancelWork { work } => self.cancel_work(now, work),
@@ -117,7 +122,8 @@ impl Core {
             Event::CancelDescendants { session } => self.cancel_descendants(now, session),
             Event::UserClose { session } => {
                 let mode = CancelMode::Immediate;
-                self.cancel(now, session, mode, EndReason::UserClose, Cause::UserClose)
+                let (reason, cause) = (EndReason::UserClose, Cause::UserClose);
+                self.cancel(now, session, mode, reason, cause, EndReason::Cancelled)
             }
             Event::Delegate { from, to } => self.delegate(from, to),
             Event::Hold { session, hold } => self.hold(session, hold),
@@ -127,6 +133,8 @@ impl Core {
                 close_on_disconnect,
             } => Ok(self.transport_attached(session, close_on_disconnect)),
             Event::TransportDetached { session } => self.transport_detached(now, session),
+            Event::SetBudget { session, budget } => self.set_budget(now, session, budget),
+            Event::Usage { work, tokens } => Ok(self.usage(now, work, tokens)),
             Event::Sweep(sweep) => Ok(self.sweep(now, sweep)),
             Event::BeginShutdown { drain } => Ok(self.begin_shutdown(now, drain)),
             Event::SkipDrain => Ok(self.skip_drain(now)),
@@ -156,6 +164,18 @@ impl Core {
             while let Some((at, id, timer)) = self.deadlines.pop_due(now) {
                 match timer {
                     Timer::Settle(kind, no) => self.settle_deadline(now, id, kind, no, at),
+                    Timer::Budget => {
+                        // Only while it matters: a session winding down
+                        // already spends nothing more.
+                        let due = self
+                            .sessions
+                            .get(&id)
+                            .filter(|s| s.state.is_active())
+                            .and_then(|s| s.budget.as_ref());
+                        if due.is_some_and(|b| b.deadline == Some(at) && !b.exhausted) {
+                            self.exhaust(now, id, BudgetLimit::WallTime);
+                        }
+                    }
                     Timer::Orphan => {
                         let due = self
                             .sessions
@@ -326,6 +346,10 @@ impl Core {
             parent_was_childless = p.unfinalized_children == 1;
         }
         let mut s = Session::new(parent, now);
+        // A budget over the parent counts this session too.
+        s.budgeted = parent
+            .and_then(|p| self.sessions.get(&p))
+            .is_some_and(|p| p.budgeted);
         index(&mut s, id, false, &mut self.deadlines);
         self.sessions.insert(id, s);
         self.open += 1;
@@ -391,15 +415,30 @@ impl Core {
                     None => wrong_state(id, s.state, "start a turn"),
                 });
             }
-            if !s.has_slot {
-                if !slots_free {
-                    return Err(Error::NoSlot {
-                        slots: slots.unwrap_or_default(),
-                    });
-                }
-                s.has_slot = true;
-                self.slots_taken += 1;
+        }
+        let counted = kind == WorkKind::Turn && s.budgeted;
+        if counted {
+            // The one refusal that changes something: the budget that has
+            // no turn left winds its subtree down.
+            if let Some(owner) = self.turns_spent(id) {
+                self.exhaust(now, owner, BudgetLimit::Turns);
+                return Err(Error::BudgetExhausted {
+                    session: owner,
+                    limit: BudgetLimit::Turns,
+                });
             }
+        }
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
+        if kind == WorkKind::Turn && !s.has_slot {
+            if !slots_free {
+                return Err(Error::NoSlot {
+                    slots: slots.unwrap_or_default(),
+                });
+            }
+            s.has_slot = true;
+            self.slots_taken += 1;
         }
         let from = s.state;
         let work = match kind {
@@ -423,6 +462,9 @@ impl Core {
             };
             let m = move_state(s, id, State::Running, cause, false, &mut self.deadlines);
             self.moved(now, id, m);
+        }
+        if counted {
+            self.spend(id, |spent| spent.turns += 1);
         }
         Ok(Handled::Started(work.id(id)))
     }
@@ -508,6 +550,7 @@ impl Core {
         mode: CancelMode,
         reason: EndReason,
         cause: Cause,
+        descendants: EndReason,
     ) -> Result<Handled, Error> {
         let Some(s) = self.sessions.get(&id) else {
             return Err(Error::UnknownSession(id));
@@ -517,7 +560,7 @@ impl Core {
             return Ok(Handled::NoOp);
         }
         if !s.children.is_empty() {
-            self.cancel_subtree(now, id, EndReason::Cancelled);
+            self.cancel_subtree(now, id, descendants);
         }
         self.cancel_one(now, id, mode, reason, cause);
         self.cascade(now, id, cause);
@@ -603,7 +646,7 @@ impl Core {
         }
         let (mode, reason) = (CancelMode::Immediate, EndReason::Cancelled);
         let cause = Cause::CancelRequested(mode);
-        self.cancel(now, id, mode, reason, cause)
+        self.cancel(now, id, mode, reason, cause, EndReason::Cancelled)
             .unwrap_or(Handled::NoOp)
     }
 
@@ -866,6 +909,112 @@ impl Core {
         for &id in &order {
             self.settle_or_finalize(now, id, Cause::DescendantsSettled);
         }
+    }
+
+    fn set_budget(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        budget: Budget,
+    ) -> Result<Handled, Error> {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Err(Error::UnknownSession(id));
+        };
+        // A subtree winding down (its budget spent, among others) is not
+        // given a new one.
+        if let Some(intent) = s.intent {
+            return Err(Error::Closing {
+                session: id,
+                reason: intent.reason(s.last_outcome),
+            });
+        }
+        if !s.state.is_active() {
+            return Err(wrong_state(id, s.state, "set a budget"));
+        }
+        let spent = Spent::new(budget, now);
+        if let Some(at) = spent.deadline {
+            self.deadlines.arm(at, id, Timer::Budget);
+        }
+        s.budget = Some(Box::new(spent));
+        s.budgeted = true;
+        // Its subtree counts against it from now on.
+        let mut below = s.children.clone();
+        while let Some(child) = below.pop() {
+            if let Some(c) = self.sessions.get_mut(&child) {
+                c.budgeted = true;
+                below.extend(c.children.iter().copied());
+            }
+        }
+        Ok(Handled::Applied)
+    }
+
+    fn usage(&mut self, now: Instant, work: WorkId, tokens: u64) -> Handled {
+        if !self.sessions.get(&work.session).is_some_and(|s| s.budgeted) {
+            return Handled::Applied;
+        }
+        self.spend(work.session, |spent| {
+            spent.tokens = spent.tokens.saturating_add(tokens);
+        });
+        // Top down: the widest budget that ran out winds its subtree down;
+        // one under it is then wound down with it.
+        for owner in self.budget_owners(work.session).into_iter().rev() {
+            let exceeded = self
+                .sessions
+                .get(&owner)
+                .and_then(|s| s.budget.as_ref())
+                .is_some_and(|b| b.tokens_spent() && !b.exhausted);
+            if exceeded {
+                self.exhaust(now, owner, BudgetLimit::Tokens);
+            }
+        }
+        Handled::Applied
+    }
+
+    /// The sessions from `id` up to its root that have a budget, nearest first.
+    fn budget_owners(&self, id: SessionId) -> Vec<SessionId> {
+        let mut owners = Vec::new();
+        let mut at = Some(id);
+        while let Some(s) = at.and_then(|a| self.sessions.get(&a).map(|s| (a, s))) {
+            if s.1.budget.is_some() {
+                owners.push(s.0);
+            }
+            at = s.1.parent;
+        }
+        owners
+    }
+
+    /// The widest budget over `id` with no turn left, if any.
+    fn turns_spent(&self, id: SessionId) -> Option<SessionId> {
+        self.budget_owners(id).into_iter().rev().find(|owner| {
+            self.sessions
+                .get(owner)
+                .and_then(|s| s.budget.as_ref())
+                .is_some_and(|b| b.turns_spent())
+        })
+    }
+
+    /// Counts something spent in `id` against every budget over it.
+    fn spend(&mut self, id: SessionId, mut what: impl FnMut(&mut Spent)) {
+        for owner in self.budget_owners(id) {
+            if let Some(spent) = self
+                .sessions
+                .get_mut(&owner)
+                .and_then(|s| s.budget.as_mut())
+            {
+                what(spent);
+            }
+        }
+    }
+
+    /// `id`'s budget ran out of `limit`: its subtree is cancelled, deepest
+    /// first (G1), and every session of it finalized `budget_exhausted`.
+    fn exhaust(&mut self, now: Instant, id: SessionId, limit: BudgetLimit) {
+        if let Some(spent) = self.sessions.get_mut(&id).and_then(|s| s.budget.as_mut()) {
+            spent.exhausted = true;
+        }
+        let (mode, reason) = (CancelMode::Immediate, EndReason::BudgetExhausted);
+        let cause = Cause::BudgetExhausted(limit);
+        let _ = self.cancel(now, id, mode, reason, cause, reason);
     }
 
     // ----- the shared mechanisms ------------------------------------------
@@ -1163,7 +1312,8 @@ impl Core {
                 let mode = CancelMode::Immediate;
                 let cause = Cause::DelegationInterrupted;
                 if self.sessions.contains_key(&id) {
-                    let _ = self.cancel(now, id, mode, EndReason::Cancelled, cause);
+                    let reason = EndReason::Cancelled;
+                    let _ = self.cancel(now, id, mode, reason, cause, reason);
                 }
             }
         }
@@ -1242,6 +1392,12 @@ impl Core {
                     .iter()
                     .any(|w| w.kind == kind && w.no == no && w.settle_at == Some(at)),
                 Timer::Orphan => s.orphan_deadline == Some(at),
+                Timer::Budget => {
+                    s.state.is_active()
+                        && s.budget
+                            .as_ref()
+                            .is_some_and(|b| b.deadline == Some(at) && !b.exhausted)
+                }
             })
         });
         self.deadlines.next_idle(&mut self.sessions);

@@ -32,6 +32,8 @@ pub enum DeadlineKind {
     IdleReap,
     /// The drain period of a shutdown ends (G9).
     Drain,
+    /// A budget's wall time runs out.
+    Budget,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,6 +41,8 @@ pub(crate) enum Timer {
     /// The settle deadline of one work of the session.
     Settle(WorkKind, u32),
     Orphan,
+    /// The wall time of the session's budget.
+    Budget,
 }
 
 impl Timer {
@@ -46,6 +50,7 @@ impl Timer {
         match self {
             Timer::Settle(..) => DeadlineKind::Settle,
             Timer::Orphan => DeadlineKind::Orphan,
+            Timer::Budget => DeadlineKind::Budget,
         }
     }
 }

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::{CancelMode, EndReason, Outcome, SessionId, State, WorkId};
+use crate::{BudgetLimit, CancelMode, EndReason, Outcome, SessionId, State, WorkId};
 
 /// An output of the core: an order for the driver, to execute as it says.
 ///
@@ -205,6 +205,8 @@ pub enum Cause {
     DelegationInterrupted,
     /// The finalize plan ran with this end reason.
     Finalized(EndReason),
+    /// Its budget (or an ancestor's) ran out of this limit.
+    BudgetExhausted(BudgetLimit),
 }
 
 impl fmt::Display for Cause {
@@ -224,6 +226,7 @@ impl fmt::Display for Cause {
             Cause::DrainEnded => f.write_str("drain ended: cancelled"),
             Cause::DelegationInterrupted => f.write_str("delegation interrupted"),
             Cause::Finalized(reason) => write!(f, "finalized: {reason}"),
+            Cause::BudgetExhausted(limit) => write!(f, "budget exhausted: {limit}"),
         }
     }
 }

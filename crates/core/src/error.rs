@@ -40,6 +40,18 @@ pub enum Error {
         /// Whether it is closing (winding down).
         closing: bool,
     },
+    /// The session's budget (or an ancestor's, `session`) has no turn left:
+    /// the turn was refused, and the budget's subtree is winding down
+    /// (`budget_exhausted`).
+    #[error(
+        "the budget of session {session} has no {limit} left; its subtree is being wound down"
+    )]
+    BudgetExhausted {
+        /// The session whose budget ran out.
+        session: SessionId,
+        /// Which limit.
+        limit: crate::BudgetLimit,
+    },
     /// Every active-session slot is taken (see [`Policy::slots`](crate::Policy::slots)).
     #[error("all {slots} active-session slots are taken; wait for a session to be finalized or configure more slots")]
     NoSlot {
@@ -70,6 +82,28 @@ pub enum Error {
     SessionClosed(SessionId),
 }
 
+impl Error {
+    /// Whether it was refused because a shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        matches!(self, Error::ShuttingDown)
+    }
+
+    /// Whether the session is finalized (G10).
+    pub fn is_session_closed(&self) -> bool {
+        matches!(self, Error::SessionClosed(_))
+    }
+
+    /// Whether the session is closing: it admits no new work.
+    pub fn is_closing(&self) -> bool {
+        matches!(self, Error::Closing { .. })
+    }
+
+    /// Whether a budget over the session has nothing left.
+    pub fn is_budget_exhausted(&self) -> bool {
+        matches!(self, Error::BudgetExhausted { .. })
+    }
+}
+
 /// What an accepted input did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handled {
@@ -93,17 +127,5 @@ impl Handled {
             Handled::Started(work) => Some(work),
             _ => None,
         }
-    }
-}
-
-impl Error {
-    /// Whether this is the typed `SessionClosed` of G10.
-    pub fn is_session_closed(&self) -> bool {
-        matches!(self, Error::SessionClosed(_))
-    }
-
-    /// Whether it was refused because a shutdown has begun.
-    pub fn is_shutting_down(&self) -> bool {
-        matches!(self, Error::ShuttingDown)
     }
 }

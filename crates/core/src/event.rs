@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::{CancelMode, Outcome, SessionId, WorkId};
+use crate::{Budget, CancelMode, Outcome, SessionId, WorkId};
 
 /// An input to the core: something that happened, or something asked of it.
 ///
@@ -23,8 +23,8 @@ use crate::{CancelMode, Outcome, SessionId, WorkId};
 /// | letting go of it: `Release`, `TransportDetached`, `Withdraw` | `Ok(Handled::AlreadyFinalized)` | handled |
 /// | starting work: `StartTurn`, `StartTask` | `Err(Error::SessionClosed)` (G10) | `Err(Error::ShuttingDown)`, `Err(Error::Closing)` or `Err(Error::WrongState)` |
 /// | a child under it: `Register` | `Err(Error::SessionClosed)` | `Err(Error::ShuttingDown)` or `Err(Error::ParentNotLive)` |
-/// | using it: `Hold`, `TransportAttached`, `Delegate` (either side) | `Err(Error::SessionClosed)` (G10) | handled |
-/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited` | `Ok(Handled::NoOp)` (the work is gone) | handled |
+/// | using it: `Hold`, `TransportAttached`, `Delegate` (either side), `SetBudget` | `Err(Error::SessionClosed)` (G10) | handled |
+/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited`, `Usage` | `Ok(Handled::NoOp)` (the work is gone) | handled |
 ///
 /// An id the core was never given is refused with
 /// [`Error::UnknownSession`](crate::Error::UnknownSession) by every input.
@@ -178,6 +178,27 @@ pub enum Event {
     Withdraw {
         /// The session whose registration is withdrawn.
         session: SessionId,
+    },
+    /// Sets the budget of the session and its subtree (see [`Budget`]),
+    /// replacing any it had; what was spent so far under the old one is
+    /// forgotten, and the wall time counts from now. Refused for a session
+    /// that is closing ([`Error::Closing`](crate::Error::Closing)) or winding
+    /// down ([`Error::WrongState`](crate::Error::WrongState)). Sessions under it count
+    /// against it from now on, as do the ones registered later.
+    SetBudget {
+        /// The session.
+        session: SessionId,
+        /// Its limits.
+        budget: Budget,
+    },
+    /// A work reported what it spent (a turn's usage report): counted
+    /// against every budget over its session. Past a budget's tokens, that
+    /// budget's subtree is wound down (`budget_exhausted`).
+    Usage {
+        /// The work.
+        work: WorkId,
+        /// The tokens its report counts.
+        tokens: u64,
     },
     /// Run one automatic reclaim path now instead of waiting for its deadline.
     Sweep(Sweep),

@@ -36,8 +36,9 @@
 //!   unknown session, whatever finalized it, from one table applied before
 //!   dispatch (the table on [`Event`]); a forgotten session is remembered
 //!   as finalized, never "not known".
-//! - Slots, delegations and the loss of the lease are the core's decisions
-//!   too ([`Policy::slots`], [`Event::Delegate`], [`Event::LeaseLost`]).
+//! - Slots, delegations, budgets and the loss of the lease are the core's
+//!   decisions too ([`Policy::slots`], [`Event::Delegate`], [`Budget`] with
+//!   [`Event::SetBudget`] and [`Event::Usage`], [`Event::LeaseLost`]).
 //! - [`Core::poll_timeout`] says when and why ([`Deadline`]); after
 //!   `handle_timeout(now)` it never names a time at or before `now`.
 //! - [`State::can_move_to`] is the one transition table; every state change
@@ -92,6 +93,7 @@
 //! ```
 
 mod answer;
+mod budget;
 mod core;
 mod deadlines;
 mod effect;
@@ -108,6 +110,7 @@ mod view;
 pub mod vocabulary;
 
 pub use crate::core::Core;
+pub use budget::{Budget, BudgetLimit};
 pub use deadlines::{Deadline, DeadlineKind};
 pub use effect::{Cause, Effect, Finalize, FinalizeStep, ShutdownSummary, Transition};
 pub use error::{Error, Handled};

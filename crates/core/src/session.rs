@@ -1,5 +1,6 @@
 use std::time::Instant;
 
+use crate::budget::Spent;
 use crate::deadlines::IdleMark;
 use crate::{CancelMode, EndReason, Hold, Outcome, SessionId, State, WorkId, WorkKind};
 
@@ -39,6 +40,11 @@ pub(crate) struct Session {
     /// Its place in the idle index (see `Deadlines::set_idle`).
     pub idle: IdleMark,
     pub orphan_deadline: Option<Instant>,
+    /// Its own budget and what its subtree spent (boxed: most sessions
+    /// have none, and an idle one stays small).
+    pub budget: Option<Box<Spent>>,
+    /// It or an ancestor has a budget: its turns and usage are counted.
+    pub budgeted: bool,
 }
 
 /// Where a session stands once one of its works ended.
@@ -100,6 +106,8 @@ impl Session {
             idle_since: now,
             idle: IdleMark::default(),
             orphan_deadline: None,
+            budget: None,
+            budgeted: false,
         }
     }
 

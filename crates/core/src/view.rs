@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use crate::session::Session;
 use crate::sessions::Sessions;
-use crate::{CancelMode, EndReason, Outcome, SessionId, State, WorkId};
+use crate::{Budget, CancelMode, EndReason, Outcome, SessionId, State, WorkId};
 
 /// A read-only view of one session, for drivers and tests.
 #[derive(Debug, Clone, Copy)]
@@ -79,5 +79,19 @@ impl<'a> SessionView<'a> {
     /// The earliest pending settle deadline of its works, if any is being cancelled.
     pub fn settle_deadline(&self) -> Option<Instant> {
         self.inner.works.iter().filter_map(|w| w.settle_at).min()
+    }
+
+    /// Its own budget, what its subtree spent of it (turns, tokens), and
+    /// whether it ran out; `None` without a budget of its own.
+    pub fn budget(&self) -> Option<(Budget, u32, u64, bool)> {
+        self.inner
+            .budget
+            .as_ref()
+            .map(|b| (b.limits, b.turns, b.tokens, b.exhausted))
+    }
+
+    /// Whether a budget (its own or an ancestor's) counts what it spends.
+    pub fn is_budgeted(&self) -> bool {
+        self.inner.budgeted
     }
 }

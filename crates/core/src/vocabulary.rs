@@ -204,6 +204,9 @@ vocabulary! {
         Shutdown => "shutdown",
         /// Found live after its owning process crashed.
         Recovered => "recovered",
+        /// It (or an ancestor) spent its budget of turns, tokens or wall
+        /// time ([`Budget`](crate::Budget)).
+        BudgetExhausted => "budget_exhausted",
     }
 }
 

@@ -27,7 +27,7 @@ pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
 /// end: what the session's handle makes its [`Turn`](crate::Turn) of.
 pub(crate) type TurnStarted = (
     WorkId,
-    mpsc::UnboundedReceiver<Chunk>,
+    mpsc::Receiver<Chunk>,
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).
     oneshot::Receiver<Result<(), settle_store::StoreError>>,
@@ -41,12 +41,16 @@ pub(crate) enum Command {
         name: Arc<str>,
         parent: Option<SessionId>,
         resumed_from: Option<SessionId>,
+        /// Set in the same step as the registration.
+        budget: Option<settle_core::Budget>,
         reply: Reply<Arc<SessionShared>>,
     },
     StartTurn {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
+        /// This turn's own timeouts and retries; `None` for the kernel's.
+        options: Option<Box<settle_stream::TurnOptions>>,
         reply: Reply<TurnStarted>,
     },
     StartTask {

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use settle_core::Policy;
+use settle_stream::{RetryPolicy, TurnOptions};
 
 /// Everything a kernel is tuned by, with the defaults of SPEC §3–5.
 ///
@@ -21,12 +22,28 @@ use settle_core::Policy;
 #[non_exhaustive]
 pub struct Config {
     /// The core's policy: settle timeout, idle TTL, LRU cap, orphan grace.
+    ///
+    /// **The idle reap (30 min) and the LRU cap (1,000 open sessions) are on
+    /// by default** (SPEC §5, for gateways): they finalize idle sessions a
+    /// program registered itself too. Turn them off with `.idle_ttl(None)`
+    /// and `.lru_cap(None)` when the program decides when its sessions end
+    /// (see the crate's "What the kernel will do to your sessions on its own").
     pub policy: Policy,
     /// How long running turns may finish once shutdown begins (G9).
     pub drain_timeout: Duration,
     /// How long a provider stream may go without an event before the turn
-    /// ends with `idle_timeout`; `None` disables it.
+    /// ends with `idle_timeout`; `None` disables it. Default
+    /// [`DEFAULT_IDLE_TIMEOUT`](settle_stream::DEFAULT_IDLE_TIMEOUT) (30 s),
+    /// the one default of every crate and the command line. A turn may set
+    /// its own ([`SessionHandle::run_turn_with`](crate::SessionHandle::run_turn_with)).
     pub idle_timeout: Option<Duration>,
+    /// How opening a turn's stream is retried before its first chunk, for
+    /// turns that do not set their own; default: never.
+    pub retry: RetryPolicy,
+    /// How many persisted chunks may wait, unread, for a turn's consumer
+    /// before the turn waits for it (back-pressure: a slow reader slows its
+    /// provider's stream, never grows memory). Default 64.
+    pub chunk_buffer: usize,
     /// How long the store may take to commit what a shutdown must write
     /// (every transcript, every finalize) once the drain and the settle
     /// timeout are over. Past it the rest is left for recovery (G8, G9).
@@ -60,6 +77,9 @@ pub struct Config {
     pub max_history_bytes: Option<usize>,
 }
 
+/// The default of [`Config::chunk_buffer`].
+pub const DEFAULT_CHUNK_BUFFER: usize = 64;
+
 /// The default of [`Config::max_prompt_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_PROMPT_BYTES: usize = 1 << 20;
 
@@ -71,7 +91,9 @@ impl Default for Config {
         Config {
             policy: Policy::default(),
             drain_timeout: Duration::from_secs(5),
-            idle_timeout: Some(Duration::from_secs(300)),
+            idle_timeout: Some(settle_stream::DEFAULT_IDLE_TIMEOUT),
+            retry: RetryPolicy::default(),
+            chunk_buffer: DEFAULT_CHUNK_BUFFER,
             flush_budget: Duration::from_secs(2),
             store_timeout: Duration::from_secs(10),
             slots: None,
@@ -104,6 +126,10 @@ macro_rules! settings {
             drain_timeout: Duration => drain_timeout;
             /// How long a provider stream may be silent before its turn times out.
             idle_timeout: Option<Duration> => idle_timeout;
+            /// How a turn's opening is retried before its first chunk.
+            retry: settle_stream::RetryPolicy => retry;
+            /// How many persisted chunks may wait for a turn's consumer.
+            chunk_buffer: usize => chunk_buffer;
             /// The store's budget at shutdown, after the drain and the settle timeout.
             flush_budget: Duration => flush_budget;
             /// The bound of every other store call.
@@ -151,6 +177,15 @@ pub(crate) use setters;
 settings!(setters!(Config, []));
 
 impl Config {
+    /// The options of a turn that does not set its own.
+    pub fn turn_options(&self) -> TurnOptions {
+        TurnOptions {
+            idle_timeout: self.idle_timeout.unwrap_or(Duration::ZERO),
+            first_event_timeout: None,
+            retry: self.retry.clone(),
+        }
+    }
+
     /// The longest a shutdown takes once begun with `drain`, whatever the
     /// store and the works do: the drain, the settle timeout, the flush budget.
     pub fn shutdown_bound(&self, drain: Duration) -> Duration {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
 use settle_store::SessionStore;
 use settle_stream::Request as TurnRequest;
-use settle_stream::{Provider, WorkSignal};
+use settle_stream::{Provider, TurnOptions, WorkSignal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -61,6 +61,7 @@ enum Start {
     Turn {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
+        options: Option<Box<TurnOptions>>,
         reply: Reply<TurnStarted>,
     },
     Task {
@@ -88,6 +89,7 @@ struct Parked {
     name: Arc<str>,
     parent: Option<SessionId>,
     resumed_from: Option<SessionId>,
+    budget: Option<settle_core::Budget>,
     reply: Reply<Arc<SessionShared>>,
 }
 
@@ -265,19 +267,22 @@ impl Driver {
                 name,
                 parent,
                 resumed_from,
+                budget,
                 reply,
             } => self.register(Parked {
                 name,
                 parent,
                 resumed_from,
+                budget,
                 reply,
             }),
             Command::StartTurn {
                 session,
                 provider,
                 request,
+                options,
                 reply,
-            } => self.start_turn(session, provider, request, reply),
+            } => self.start_turn(session, provider, request, options, reply),
             Command::StartTask {
                 session,
                 start,
@@ -342,6 +347,7 @@ impl Driver {
             name,
             parent,
             resumed_from,
+            budget,
             reply,
         } = parked;
         let session = SessionId(id);
@@ -353,7 +359,17 @@ impl Driver {
                 let _ = reply.send(Err(refused.into()));
             }
             Ok(_) => {
-                let shared = SessionShared::new(session, name, parent, resumed_from);
+                if let Some(budget) = budget {
+                    // The same step: nothing of it runs before its budget.
+                    let set = self
+                        .core
+                        .handle(self.now, Event::SetBudget { session, budget });
+                    if let Err(error) = set {
+                        tracing::error!(%error, "the core refused a new session's budget");
+                    }
+                }
+                let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
+                let shared = SessionShared::new(session, name, parent, resumed_from, parent_span);
                 self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
@@ -372,11 +388,13 @@ impl Driver {
         session: SessionId,
         provider: Arc<dyn Provider>,
         request: TurnRequest,
+        options: Option<Box<TurnOptions>>,
         reply: Reply<TurnStarted>,
     ) {
         let start = Start::Turn {
             provider,
             request,
+            options,
             reply,
         };
         self.start(Event::StartTurn { session }, start);
@@ -434,6 +452,28 @@ impl Driver {
         let event = match signal {
             WorkSignal::StreamAttached => Event::StreamAttached { work },
             WorkSignal::StreamClosed => Event::StreamClosed { work },
+            WorkSignal::Usage { tokens } => Event::Usage { work, tokens },
+            // Not a lifecycle fact: the work is still opening its stream.
+            WorkSignal::Retrying {
+                attempt,
+                delay,
+                fallback,
+                error,
+            } => {
+                crate::meter::turn_retry();
+                if let Some(shared) = self.sessions.get(&work.session) {
+                    self.events
+                        .emit(Some(shared), || LifecycleEvent::TurnRetried {
+                            session: work.session,
+                            work,
+                            attempt,
+                            delay,
+                            fallback,
+                            error,
+                        });
+                }
+                return;
+            }
             WorkSignal::Ended(end) => {
                 if let Some(handle) = self.works.get_mut(&work) {
                     handle.error = end.error().cloned();
@@ -481,9 +521,11 @@ impl Driver {
         while let Some(effect) = self.core.poll_effect() {
             match effect {
                 Effect::CancelWork { work, mode } => {
-                    // Graceful: the turn may finish; the settle deadline bounds it.
-                    if mode == CancelMode::Immediate {
-                        if let Some(handle) = self.works.get_mut(&work) {
+                    let now = self.now;
+                    if let Some(handle) = self.works.get_mut(&work) {
+                        handle.cancelled_at.get_or_insert(now);
+                        // Graceful: the turn may finish; the settle deadline bounds it.
+                        if mode == CancelMode::Immediate {
                             handle.cancel();
                         }
                     }
@@ -498,6 +540,7 @@ impl Driver {
                         tracing::warn!(%work, "work ignored cancellation past the settle deadline; detached");
                         handle.detach();
                     }
+                    crate::meter::detached();
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
@@ -507,10 +550,15 @@ impl Driver {
                 }
                 Effect::EndWork { work, outcome } => {
                     let handle = self.works.remove(&work);
-                    let (error, notify) = match handle {
-                        Some(mut h) => (h.error.take(), h.outcome.take()),
-                        None => (None, None),
+                    let (error, notify, cancelled_at) = match handle {
+                        Some(mut h) => {
+                            h.ended(outcome);
+                            (h.error.take(), h.outcome.take(), h.cancelled_at)
+                        }
+                        None => (None, None, None),
                     };
+                    let settled = cancelled_at.map(|at| self.now.saturating_duration_since(at));
+                    crate::meter::work_ended(work.kind, outcome, settled);
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::WorkEnded {
@@ -532,6 +580,7 @@ impl Driver {
                     let _ = self.recorder.send(Record::Flush);
                 }
                 Effect::Transition(t) => {
+                    crate::meter::transition(t.from, t.to);
                     let at = self.clock.wall(t.at);
                     let shared = self.sessions.get(&t.session);
                     self.events
@@ -555,6 +604,7 @@ impl Driver {
                     }
                 }
                 Effect::Finalize(plan) => {
+                    crate::meter::finalized(plan.reason);
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
                     let at = self.clock.wall(self.now);
@@ -588,6 +638,7 @@ impl Driver {
             Start::Turn {
                 provider,
                 request,
+                options,
                 reply,
             } => {
                 // The turn's row is written by the recorder, in order after
@@ -621,7 +672,8 @@ impl Driver {
                     store_timeout: self.config.store_timeout,
                     failures: self.failures.clone(),
                     events: self.events.clone(),
-                    idle_timeout: self.config.idle_timeout,
+                    options: options.map_or_else(|| self.config.turn_options(), |o| *o),
+                    chunk_buffer: self.config.chunk_buffer,
                     tracker: &self.works_tracker,
                 });
                 self.works.insert(work, handle);

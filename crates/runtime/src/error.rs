@@ -56,6 +56,19 @@ pub enum RuntimeError {
     Stopped,
 }
 
+impl RuntimeError {
+    /// Whether a budget over the session has nothing left (see
+    /// [`Kernel::register_with_budget`](crate::Kernel::register_with_budget)).
+    pub fn is_budget_exhausted(&self) -> bool {
+        matches!(self, RuntimeError::Lifecycle(e) if e.is_budget_exhausted())
+    }
+
+    /// Whether the kernel stopped before it could answer.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self, RuntimeError::Stopped)
+    }
+}
+
 impl From<settle_core::Error> for RuntimeError {
     /// The core's answer as the runtime says it: `SessionClosed` and
     /// `NoSlot` have variants of their own, the rest are `Lifecycle`.

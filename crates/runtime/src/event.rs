@@ -61,6 +61,23 @@ pub enum LifecycleEvent {
         /// Why, when it failed or timed out.
         error: Option<TurnError>,
     },
+    /// A turn's provider failed before its first chunk and its stream is
+    /// opened again (its [`RetryPolicy`](settle_stream::RetryPolicy)): the
+    /// record of each retry on the turn.
+    TurnRetried {
+        /// The session.
+        session: SessionId,
+        /// The turn.
+        work: WorkId,
+        /// Which retry, from 1.
+        attempt: u32,
+        /// The wait before it.
+        delay: std::time::Duration,
+        /// Whether the fallback provider is tried.
+        fallback: bool,
+        /// Why the opening failed.
+        error: TurnError,
+    },
     /// A work ignored cancellation past its settle deadline and was detached.
     Detached {
         /// The session.

@@ -51,10 +51,16 @@ impl SessionGuard {
         self.into_inner().finish().await
     }
 
-    /// Gives the handle back without ending the session.
-    pub fn into_inner(mut self) -> SessionHandle {
+    /// Gives the handle back without ending the session (tokio-util's
+    /// `DropGuard::disarm`): dropping it afterwards does nothing.
+    pub fn disarm(mut self) -> SessionHandle {
         self.armed = false;
         self.handle.clone()
+    }
+
+    /// The same as [`disarm`](Self::disarm).
+    pub fn into_inner(self) -> SessionHandle {
+        self.disarm()
     }
 }
 

@@ -33,17 +33,23 @@ pub(crate) async fn renew(
         let asked = Instant::now();
         let message = match tokio::time::timeout(every, store.renew_lease(owner, ttl)).await {
             Ok(Ok(_)) => {
+                crate::meter::lease_renewal(true);
                 valid_until = asked + ttl;
                 continue;
             }
-            Ok(Err(error @ StoreError::LeaseLost(_))) => error.to_string(),
+            Ok(Err(error @ StoreError::LeaseLost(_))) => {
+                crate::meter::lease_renewal(false);
+                error.to_string()
+            }
             Ok(Err(error)) if Instant::now() >= valid_until => {
+                crate::meter::lease_renewal(false);
                 format!("the lease could not be renewed before it expired: {error}")
             }
             Err(_) if Instant::now() >= valid_until => format!(
                 "the lease could not be renewed before it expired: the store did not answer within {every:?}"
             ),
             Ok(Err(error)) => {
+                crate::meter::lease_renewal(false);
                 tracing::warn!(%error, "failed to renew this process's lease; trying again");
                 continue;
             }

@@ -69,6 +69,75 @@
 //! # }
 //! ```
 //!
+//! # Tools, model options, budgets
+//!
+//! A turn's [`TurnRequest`] carries the [`ModelOptions`] a framework needs
+//! (tools, `tool_choice`, `response_format`, temperature, `max_tokens`, any
+//! other body field); the library puts each streamed tool call together
+//! ([`Turn::tool_calls`], [`Turn::reply`]) and builds the assistant message
+//! that goes back ([`Reply::to_message`]). A whole loop (model → tools
+//! under [`SessionHandle::spawn`] → results → model) is `examples/tool-loop`:
+//!
+//! ```ignore
+//! let done = session.run_turn(model.clone(), TurnRequest::new(history.clone()).options(tools)).await?.reply().await;
+//! history.push(done.reply.to_message());
+//! for call in &done.reply.tool_calls {
+//!     let result = session.spawn(move |ctx| run_tool(ctx, call)).await?.await?;
+//!     history.push(Message::tool_result(&call.id, result));
+//! }
+//! ```
+//!
+//! A [`Budget`] bounds what a session and its subtree may spend; the core
+//! decides when it ran out, cancels the subtree children first (G1) and
+//! finalizes it [`EndReason::BudgetExhausted`]:
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use settle_runtime::{Budget, EndReason, Kernel, TurnRequest};
+//! # use settle_stream::{ScriptedProvider, TurnScript};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let kernel = Kernel::builder(Arc::new(settle_store::MemoryStore::new())).start().await?;
+//! let agent = kernel.register_with_budget("agent", None, Budget::default().turns(1).tokens(50_000)).await?;
+//! let model = Arc::new(ScriptedProvider::new([TurnScript::new(["one"]), TurnScript::new(["two"])]));
+//! agent.run_turn(model.clone(), TurnRequest::prompt("go")).await?.outcome().await;
+//! let refused = agent.run_turn(model, TurnRequest::prompt("again")).await.unwrap_err();
+//! assert!(refused.is_budget_exhausted());
+//! assert_eq!(agent.finalized().await?, EndReason::BudgetExhausted);
+//! # Ok(()) }
+//! ```
+//!
+//! Per turn, [`SessionHandle::run_turn_with`] sets [`TurnOptions`]: idle
+//! and first-event timeouts and a [`RetryPolicy`] (a connect error, 429 or
+//! 5xx before the first chunk is retried with bounded backoff, never after
+//! a chunk was acknowledged, G7; an optional fallback provider).
+//!
+//! # What the kernel will do to your sessions on its own
+//!
+//! Some defaults exist for gateways (SPEC §5) and act on sessions a program
+//! registered itself too. **Turn off what you do not want** on the builder:
+//!
+//! | what | default | end | turn it off |
+//! |---|---|---|---|
+//! | idle reap: a session with no turn, no hold, no child for the idle TTL | 30 min | `idle_reap` | `.idle_ttl(None)` |
+//! | LRU eviction: a registration over the cap evicts the least recently active idle session | 1,000 open sessions | `lru_evict` | `.lru_cap(None)` |
+//! | orphan reap: only sessions that had a transport attached and lost it | 60 s grace | `orphan_reap` | attach no transport |
+//! | a turn's stream silent (no chunk, no keepalive) | 30 s ([`settle_stream::DEFAULT_IDLE_TIMEOUT`]) | turn `idle_timeout` | `.idle_timeout(None)`, or per turn |
+//! | a cancelled work that does not unwind | 1 s settle timeout | turn `detached` | `.settle_timeout(..)` |
+//! | a dropped [`SessionGuard`] | cancel | `cancelled` | [`SessionGuard::disarm`] |
+//! | the lease not renewed in time (G8) | 30 s lease | nothing new starts, works cancelled | `.lease_ttl(..)` |
+//! | every handle dropped | shutdown with no drain | `shutdown` | keep the [`Kernel`] |
+//!
+//! Nothing else ends a session: no budget unless one is set, no retry
+//! unless a [`RetryPolicy`] asks. A held session ([`SessionHandle::hold`])
+//! is never reclaimed automatically.
+//!
+//! # Metrics
+//!
+//! Counters, gauges and histograms go through the `metrics` facade (names
+//! and labels in [`meter`]): install `metrics-exporter-prometheus` (or any
+//! exporter) in the program and they appear; without one they cost nothing.
+//!
 //! # Observability
 //!
 //! Every turn, task, finalize and end hook runs inside a
@@ -83,6 +152,16 @@
 //!     .with(tracing_opentelemetry::layer().with_tracer(tracer))
 //!     .init();
 //! ```
+//!
+//! With the `otel-genai` feature the spans follow OpenTelemetry's GenAI
+//! semantic conventions (opt-in while they are experimental): a turn is an
+//! `invoke_agent {agent}` client span with `gen_ai.operation.name`,
+//! `gen_ai.agent.name`, `gen_ai.conversation.id` (the session id),
+//! `gen_ai.provider.name` ([`Provider::name`]), `gen_ai.usage.input_tokens`
+//! and `gen_ai.usage.output_tokens` (from the usage chunks) and, when it
+//! failed, `error.type` (the turn error's kind) with an error status; a
+//! child session's span nests under its parent's, so an agent tree is one
+//! trace. `tracing-opentelemetry` maps the fields; nothing more to add.
 //!
 //! With the `serde` feature, the vocabulary and the result types
 //! ([`ShutdownReport`], [`LifecycleEvent`], [`SessionEnd`]) serialize with
@@ -132,6 +211,7 @@ mod ids;
 mod kernel;
 mod lease;
 mod limits;
+pub mod meter;
 pub mod process;
 mod record;
 mod recorder;
@@ -148,7 +228,9 @@ mod tracked;
 mod turn;
 mod work;
 
-pub use config::{Config, DEFAULT_MAX_HISTORY_BYTES, DEFAULT_MAX_PROMPT_BYTES};
+pub use config::{
+    Config, DEFAULT_CHUNK_BUFFER, DEFAULT_MAX_HISTORY_BYTES, DEFAULT_MAX_PROMPT_BYTES,
+};
 pub use error::{RuntimeError, TaskError};
 pub use event::LifecycleEvent;
 pub use guard::SessionGuard;
@@ -157,13 +239,22 @@ pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
 pub use resume::Resumed;
 pub use session::SessionHandle;
+/// The core's refusals, as [`RuntimeError::Lifecycle`] carries them.
+pub use settle_core::Error as LifecycleError;
 pub use settle_core::{
-    CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State, TurnError,
-    TurnErrorKind, UnknownWord, WorkId, WorkKind,
+    Budget, BudgetLimit, CancelMode, EndReason, Handled, Hold, Outcome, Policy, SessionId, State,
+    TurnError, TurnErrorKind, UnknownWord, WorkId, WorkKind,
 };
-pub use settle_stream::{Chunk, ChunkKind, Request as TurnRequest};
+/// What a custom provider is written with: `#[async_trait] impl Provider`.
+pub use settle_stream::{
+    async_trait, DropClose, Provider, ProviderStream, StreamError, StreamErrorKind, StreamEvent,
+};
+pub use settle_stream::{
+    Chunk, ChunkKind, Message, ModelOptions, Reply, Request as TurnRequest, RetryPolicy, Role,
+    ToolCall, TurnOptions,
+};
 pub use task::TaskHandle;
 pub use task_context::TaskContext;
 #[doc(hidden)]
 pub use tracked::Tracked;
-pub use turn::Turn;
+pub use turn::{Turn, TurnReply, TurnResults};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use settle_core::{Outcome, SessionId, State};
 use settle_store::{Conversation, SessionDetail};
-use settle_stream::Message;
+use settle_stream::{Message, ReplyBuilder, ToolCall};
 
 use crate::command::Command;
 use crate::error::RuntimeError;
@@ -23,8 +23,14 @@ pub struct Resumed {
     /// The session it continues.
     pub from: SessionId,
     /// The messages of the earlier session, oldest first: what its last
-    /// turn was sent, then its reply unless the turn failed.
+    /// turn was sent, then its reply unless the turn failed; a reply that
+    /// asked for tools is the assistant message with its tool calls, so
+    /// the conversation goes on from them.
     pub history: Vec<Message>,
+    /// The tool calls of that last reply, which no tool has answered yet:
+    /// run them and send their results
+    /// ([`Message::tool_result`]) with the next turn.
+    pub pending_tool_calls: Vec<ToolCall>,
 }
 
 /// The conversation stored for `detail`: what its last turn that has an
@@ -37,7 +43,9 @@ pub struct Resumed {
 /// [`RuntimeError::NotResumable`] when the session is not finalized: it may
 /// still be live in another process, or was left by one that crashed and
 /// must be recovered first.
-pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeError> {
+pub(crate) fn history(
+    detail: &SessionDetail,
+) -> Result<(Vec<Message>, Vec<ToolCall>), RuntimeError> {
     let session = &detail.session;
     if session.state != State::Finalized {
         return Err(RuntimeError::NotResumable {
@@ -46,7 +54,7 @@ pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeErr
         });
     }
     let Some(last) = detail.turns.iter().rposition(|t| t.input.is_some()) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
     let mut conversation = Conversation::new();
     for turn in &detail.turns[..=last] {
@@ -56,11 +64,28 @@ pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeErr
         detail.turns[last].outcome,
         Some(Outcome::Failed | Outcome::IdleTimeout)
     );
-    Ok(conversation
-        .into_messages(!failed)
+    // The last reply, put together: its tool calls are the conversation's
+    // next step, not only its text.
+    let mut reply = ReplyBuilder::default();
+    for chunk in &detail.turns[last].chunks {
+        let payload = chunk
+            .data
+            .clone()
+            .unwrap_or_else(|| serde_json::Value::String(chunk.text.clone()));
+        reply.push_json(chunk.kind, &payload);
+    }
+    let reply = reply.finish();
+    let pending = !failed && !reply.tool_calls.is_empty();
+    let mut history: Vec<Message> = conversation
+        .into_messages(!failed && !pending)
         .into_iter()
         .filter_map(|message| serde_json::from_value(message).ok())
-        .collect())
+        .collect();
+    if !pending {
+        return Ok((history, Vec::new()));
+    }
+    history.push(reply.to_message());
+    Ok((history, reply.tool_calls))
 }
 
 impl Kernel {
@@ -85,13 +110,14 @@ impl Kernel {
                 what: "reading the session to resume",
                 after: bound,
             })??;
-        let history = history(&detail)?;
+        let (history, pending_tool_calls) = history(&detail)?;
         let name: Arc<str> = name.into().into();
         let shared = self
             .ask(|reply| Command::Register {
                 name,
                 parent: None,
                 resumed_from: Some(from),
+                budget: None,
                 reply,
             })
             .await?;
@@ -99,6 +125,7 @@ impl Kernel {
             session: SessionHandle::new(shared, self.clone()),
             from,
             history,
+            pending_tool_calls,
         })
     }
 }

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use settle_core::{CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
-use settle_stream::Provider;
+use settle_core::{Budget, CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
 use settle_stream::Request as TurnRequest;
+use settle_stream::{Provider, TurnOptions};
 use tokio::sync::broadcast;
 
 use crate::command::Command;
@@ -74,6 +74,15 @@ impl SessionHandle {
         &self.kernel
     }
 
+    /// Registers a child of this session named `name`:
+    /// `kernel.register(name, Some(self.id()))`.
+    ///
+    /// # Errors
+    /// As [`Kernel::register`].
+    pub async fn child(&self, name: impl Into<String>) -> Result<SessionHandle, RuntimeError> {
+        self.kernel.register(name, Some(self.id())).await
+    }
+
     /// Starts a turn against `provider`. The returned [`Turn`] yields each
     /// chunk once the store has acknowledged it (G7); dropping it before its
     /// end cancels the turn.
@@ -97,6 +106,33 @@ impl SessionHandle {
         provider: Arc<dyn Provider>,
         request: TurnRequest,
     ) -> Result<Turn, RuntimeError> {
+        self.start_turn(provider, request, None).await
+    }
+
+    /// Starts a turn with its own timeouts and retries instead of the
+    /// kernel's ([`Config::turn_options`](crate::Config::turn_options)): a
+    /// longer first-event timeout for a model that thinks, a shorter idle
+    /// timeout for a tool-calling step, a fallback provider. Otherwise as
+    /// [`run_turn`](Self::run_turn).
+    ///
+    /// # Errors
+    /// As [`run_turn`](Self::run_turn).
+    pub async fn run_turn_with(
+        &self,
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+        options: TurnOptions,
+    ) -> Result<Turn, RuntimeError> {
+        self.start_turn(provider, request, Some(Box::new(options)))
+            .await
+    }
+
+    async fn start_turn(
+        &self,
+        provider: Arc<dyn Provider>,
+        request: TurnRequest,
+        options: Option<Box<TurnOptions>>,
+    ) -> Result<Turn, RuntimeError> {
         self.kernel.limits().check(&request)?;
         let session = self.id();
         let started = self
@@ -105,6 +141,7 @@ impl SessionHandle {
                 session,
                 provider,
                 request,
+                options,
                 reply,
             })
             .await;
@@ -317,12 +354,42 @@ impl Kernel {
         name: impl Into<String>,
         parent: Option<SessionId>,
     ) -> Result<SessionHandle, RuntimeError> {
-        let name: Arc<str> = name.into().into();
+        self.register_as(name.into(), parent, None).await
+    }
+
+    /// Registers a session as [`register`](Self::register) does, with a
+    /// [`Budget`] for it and every session under it: the turns they start,
+    /// the tokens their usage reports count, the wall time from now.
+    /// Children registered under it count against it (and may have
+    /// budgets of their own). Exceeding it cancels the subtree, children
+    /// first (G1), and finalizes every session of it with
+    /// [`EndReason::BudgetExhausted`]; the turn that would go past the turn
+    /// limit is refused with `Lifecycle(BudgetExhausted)`.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_with_budget(
+        &self,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+        budget: Budget,
+    ) -> Result<SessionHandle, RuntimeError> {
+        self.register_as(name.into(), parent, Some(budget)).await
+    }
+
+    async fn register_as(
+        &self,
+        name: String,
+        parent: Option<SessionId>,
+        budget: Option<Budget>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        let name: Arc<str> = name.into();
         let shared = self
             .ask(|reply| Command::Register {
                 name,
                 parent,
                 resumed_from: None,
+                budget,
                 reply,
             })
             .await?;

@@ -40,13 +40,29 @@ impl SessionShared {
         name: Arc<str>,
         parent: Option<SessionId>,
         resumed_from: Option<SessionId>,
+        parent_span: Option<&tracing::Span>,
     ) -> Arc<Self> {
+        #[cfg(not(feature = "otel-genai"))]
+        let span = {
+            let _ = parent_span;
+            tracing::info_span!(
+                parent: None,
+                "session",
+                id = id.0,
+                name = %name,
+                parent = parent.map(|p| p.0),
+            )
+        };
+        // GenAI conventions: an agent's session nests under its parent's.
+        #[cfg(feature = "otel-genai")]
         let span = tracing::info_span!(
-            parent: None,
+            parent: parent_span.and_then(tracing::Span::id),
             "session",
             id = id.0,
             name = %name,
             parent = parent.map(|p| p.0),
+            gen_ai.agent.name = %name,
+            gen_ai.conversation.id = %id.0,
         );
         Arc::new(SessionShared {
             id,
@@ -69,6 +85,7 @@ impl SessionShared {
             row.name.as_str().into(),
             row.parent,
             row.resumed_from,
+            None,
         );
         shared.set_finalized(reason);
         shared

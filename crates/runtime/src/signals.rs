@@ -11,6 +11,7 @@
 //! default action, which ends the process as the signal would have.)
 
 use std::future::Future;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -46,6 +47,24 @@ impl ShutdownSignal {
             ShutdownSignal::Hangup => 129,
         }
     }
+}
+
+/// The first signal a [`Signals::drive`] of this process received.
+static FIRST: OnceLock<ShutdownSignal> = OnceLock::new();
+
+/// The first shutdown signal this process received through
+/// [`shutdown_on_signals`] (or [`Signals::drive`]), if any: a program that
+/// shuts down on it exits with its [`exit_code`](ShutdownSignal::exit_code)
+/// (130 for SIGINT, 143 for SIGTERM), as a process the signal ended would.
+///
+/// ```ignore
+/// kernel.shutdown(drain).await;
+/// if let Some(signal) = signals::received() {
+///     std::process::exit(signal.exit_code());
+/// }
+/// ```
+pub fn received() -> Option<ShutdownSignal> {
+    FIRST.get().copied()
 }
 
 /// The handlers of SIGINT, SIGTERM and SIGHUP, installed for as long as this
@@ -99,6 +118,7 @@ impl Signals {
         tokio::spawn(async move {
             let watched = async {
                 let first = self.recv().await;
+                let _ = FIRST.set(first);
                 tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
                 if let Some(kernel) = kernel.upgrade() {
                     kernel.begin_shutdown(drain);

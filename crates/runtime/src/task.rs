@@ -7,19 +7,28 @@
 //! what the task's own code gets is in `task_context.rs`, and what the driver
 //! spawns in `task_work.rs`.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
 use settle_core::{Event, Outcome, WorkId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::command::{Command, WorkEnd};
 use crate::error::TaskError;
 
-/// A spawned task: its result, once it ends.
+/// A spawned task: a [`Future`] of its result, like tokio's `JoinHandle`
+/// (`.await` it, or [`join`](Self::join)); [`cancel`](Self::cancel) asks it
+/// to stop, as [`Turn::cancel`](crate::Turn::cancel) does a turn. Dropping
+/// the handle does not cancel the task: it belongs to its session.
 #[derive(Debug)]
 pub struct TaskHandle<T> {
     work: WorkId,
     result: oneshot::Receiver<Result<T, String>>,
     outcome: oneshot::Receiver<WorkEnd>,
     commands: mpsc::WeakUnboundedSender<Command>,
+    /// The result channel closed without a result: the outcome says why.
+    no_result: bool,
 }
 
 impl<T> TaskHandle<T> {
@@ -36,19 +45,33 @@ impl<T> TaskHandle<T> {
         }
     }
 
-    /// Waits for the task's result.
+    /// Waits for the task's result (the same as awaiting the handle).
     ///
     /// # Errors
     /// When it was detached, panicked, or the kernel stopped first.
     pub async fn join(self) -> Result<T, TaskError> {
-        match self.result.await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(panic)) => Err(TaskError::Panicked(panic)),
-            Err(_) => match self.outcome.await {
-                Ok((Outcome::Detached, _)) => Err(TaskError::Detached),
-                _ => Err(TaskError::Stopped),
-            },
+        self.await
+    }
+}
+
+impl<T> Future for TaskHandle<T> {
+    type Output = Result<T, TaskError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if !this.no_result {
+            match ready!(Pin::new(&mut this.result).poll(cx)) {
+                Ok(Ok(value)) => return Poll::Ready(Ok(value)),
+                Ok(Err(panic)) => return Poll::Ready(Err(TaskError::Panicked(panic))),
+                // No result: why is the work's end (a receiver is not polled
+                // again once it answered).
+                Err(_) => this.no_result = true,
+            }
         }
+        Poll::Ready(match ready!(Pin::new(&mut this.outcome).poll(cx)) {
+            Ok((Outcome::Detached, _)) => Err(TaskError::Detached),
+            _ => Err(TaskError::Stopped),
+        })
     }
 }
 
@@ -63,5 +86,6 @@ pub(crate) fn handle<T>(
         result,
         outcome,
         commands,
+        no_result: false,
     }
 }

@@ -2,8 +2,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use settle_core::{Event, Outcome, TurnError, WorkId};
-use settle_stream::Chunk;
+use settle_core::{ChunkKind, Event, Outcome, TurnError, WorkId};
+use settle_stream::{Chunk, Reply, ReplyBuilder, ToolCall, ToolCalls};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::command::Command;
@@ -48,7 +48,9 @@ use crate::command::Command;
 #[derive(Debug)]
 pub struct Turn {
     work: WorkId,
-    chunks: mpsc::UnboundedReceiver<Chunk>,
+    chunks: mpsc::Receiver<Chunk>,
+    /// The tool calls of the chunks yielded so far, put together.
+    calls: ToolCalls,
     outcome: Option<oneshot::Receiver<crate::command::WorkEnd>>,
     /// Where a cancel goes; set until the turn is known to be over.
     cancel_on_drop: Option<mpsc::WeakUnboundedSender<Command>>,
@@ -57,12 +59,13 @@ pub struct Turn {
 impl Turn {
     pub(crate) fn new(
         work: WorkId,
-        chunks: mpsc::UnboundedReceiver<Chunk>,
+        chunks: mpsc::Receiver<Chunk>,
         outcome: oneshot::Receiver<crate::command::WorkEnd>,
     ) -> Self {
         Turn {
             work,
             chunks,
+            calls: ToolCalls::default(),
             outcome: Some(outcome),
             cancel_on_drop: None,
         }
@@ -81,10 +84,57 @@ impl Turn {
     /// The next chunk, once persisted; `None` when the turn has ended.
     pub async fn next_chunk(&mut self) -> Option<Chunk> {
         let chunk = self.chunks.recv().await;
-        if chunk.is_none() {
-            self.cancel_on_drop = None;
-        }
+        self.saw(chunk.as_ref());
         chunk
+    }
+
+    /// Notes a chunk on its way to the caller (`None`: the stream ended).
+    fn saw(&mut self, chunk: Option<&Chunk>) {
+        match chunk {
+            Some(chunk) if chunk.kind() == ChunkKind::ToolCall => {
+                self.calls.push(&chunk.to_json());
+            }
+            Some(_) => {}
+            None => self.cancel_on_drop = None,
+        }
+    }
+
+    /// The tool calls the model made in the chunks yielded so far, each
+    /// put together from its streamed pieces: all of the turn's once its
+    /// stream has ended. A tool-call loop runs them (under
+    /// [`SessionHandle::spawn`](crate::SessionHandle::spawn)) and sends their
+    /// results with the next turn.
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        self.calls.calls()
+    }
+
+    /// Reads the turn to its end and returns it whole: how it ended, why if
+    /// it failed, and its [`Reply`] (text, reasoning, usage of the chunks
+    /// not yet read; the tool calls of the whole turn).
+    ///
+    /// ```ignore
+    /// let done = session.run_turn(provider, request).await?.reply().await;
+    /// for call in &done.reply.tool_calls { /* run it, send its result */ }
+    /// let next = done.reply.to_message(); // the assistant message, tool calls included
+    /// ```
+    pub async fn reply(mut self) -> TurnReply {
+        let mut reply = ReplyBuilder::default();
+        while let Some(chunk) = self.chunks.recv().await {
+            if chunk.kind() != ChunkKind::ToolCall {
+                reply.push(&chunk);
+            }
+            self.saw(Some(&chunk));
+        }
+        self.saw(None);
+        let calls = std::mem::take(&mut self.calls).finish();
+        let (outcome, error) = self.finish().await;
+        let mut reply = reply.finish();
+        reply.tool_calls = calls;
+        TurnReply {
+            outcome,
+            error,
+            reply,
+        }
     }
 
     /// Cancels this turn now (its stream is closed); the session stays open.
@@ -122,8 +172,40 @@ impl Turn {
         self.finish().await
     }
 
+    /// The turn as a stream of results: each chunk as `Ok`, once
+    /// persisted, then, if the turn failed or timed out, its error as one
+    /// last `Err` (the in-line view of [`result`](Self::result)).
+    ///
+    /// ```ignore
+    /// let mut results = turn.results();
+    /// while let Some(item) = results.next().await {
+    ///     match item {
+    ///         Ok(chunk) => print!("{}", chunk.as_text().unwrap_or_default()),
+    ///         Err(error) => eprintln!("the turn failed: {error}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn results(self) -> TurnResults {
+        Box::pin(futures_util::stream::unfold(
+            Some(self),
+            |turn| async move {
+                let mut turn = turn?;
+                match turn.next_chunk().await {
+                    Some(chunk) => Some((Ok(chunk), Some(turn))),
+                    None => match turn.end().await {
+                        (_, Some(error)) => Some((Err(error), None)),
+                        (_, None) => None,
+                    },
+                }
+            },
+        ))
+    }
+
     async fn finish(mut self) -> (Outcome, Option<TurnError>) {
         self.cancel_on_drop = None;
+        // Nobody reads the rest: the work must not wait for a reader
+        // (back-pressure), so its hand-offs fail and it persists on.
+        self.chunks.close();
         match self.outcome.take() {
             Some(rx) => rx.await.unwrap_or((Outcome::Interrupted, None)),
             None => (Outcome::Interrupted, None),
@@ -136,8 +218,9 @@ impl Stream for Turn {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Chunk>> {
         let polled = self.chunks.poll_recv(cx);
-        if let Poll::Ready(None) = polled {
-            self.cancel_on_drop = None;
+        if let Poll::Ready(chunk) = &polled {
+            let chunk = chunk.as_ref();
+            self.saw(chunk);
         }
         polled
     }
@@ -147,4 +230,20 @@ impl Drop for Turn {
     fn drop(&mut self) {
         self.cancel();
     }
+}
+
+/// A turn as a stream of results ([`Turn::results`]): its chunks, then its
+/// error if it failed. Dropping it before the end cancels the turn.
+pub type TurnResults = Pin<Box<dyn Stream<Item = Result<Chunk, TurnError>> + Send>>;
+
+/// A turn read to its end ([`Turn::reply`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TurnReply {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Why, when it failed or timed out.
+    pub error: Option<TurnError>,
+    /// What it said: text, reasoning, tool calls whole, usage.
+    pub reply: Reply,
 }

@@ -32,6 +32,10 @@ pub(crate) struct WorkHandle {
     pub error: Option<TurnError>,
     /// Who waits for its end.
     pub outcome: Option<oneshot::Sender<WorkEnd>>,
+    /// When it was first cancelled (for the settle-time metric).
+    pub cancelled_at: Option<std::time::Instant>,
+    /// A turn's span, to record how it ended.
+    pub span: Option<tracing::Span>,
 }
 
 enum Grip {
@@ -61,7 +65,24 @@ impl WorkHandle {
             },
             error: None,
             outcome: Some(outcome),
+            cancelled_at: None,
+            span: None,
         }
+    }
+
+    /// Records on the turn's span how it ended (GenAI's `error.type`).
+    pub fn ended(&self, outcome: settle_core::Outcome) {
+        #[cfg(feature = "otel-genai")]
+        if let (Some(span), Some(error)) = (&self.span, &self.error) {
+            span.record("error.type", error.kind.as_str());
+            span.record("otel.status_code", "ERROR");
+        }
+        #[cfg(feature = "otel-genai")]
+        if let (Some(span), settle_core::Outcome::Detached) = (&self.span, outcome) {
+            span.record("error.type", "detached");
+            span.record("otel.status_code", "ERROR");
+        }
+        let _ = (&self.span, outcome);
     }
 
     /// An immediate cancel: the work's own token (which ends a turn's
@@ -121,7 +142,9 @@ pub(crate) struct TurnContext<'a> {
     pub store_timeout: Duration,
     pub failures: Arc<AtomicUsize>,
     pub events: EventBus,
-    pub idle_timeout: Option<Duration>,
+    pub options: TurnOptions,
+    /// How many persisted chunks may wait for the consumer of the turn.
+    pub chunk_buffer: usize,
     pub tracker: &'a TaskTracker,
 }
 
@@ -131,11 +154,7 @@ pub(crate) fn spawn_turn(
     ctx: TurnContext<'_>,
 ) -> (
     WorkHandle,
-    (
-        WorkId,
-        mpsc::UnboundedReceiver<Chunk>,
-        oneshot::Receiver<WorkEnd>,
-    ),
+    (WorkId, mpsc::Receiver<Chunk>, oneshot::Receiver<WorkEnd>),
 ) {
     let TurnContext {
         work,
@@ -148,16 +167,34 @@ pub(crate) fn spawn_turn(
         store_timeout,
         failures,
         events,
-        idle_timeout,
+        options,
+        chunk_buffer,
         tracker,
     } = ctx;
-    let (chunk_tx, chunks) = mpsc::unbounded_channel();
+    // Bounded: a consumer that reads slowly slows its own turn (the work
+    // waits to hand a chunk on, so it stops reading the provider's stream
+    // and TCP pushes back), and memory stays flat.
+    let (chunk_tx, chunks) = mpsc::channel(chunk_buffer.max(1));
     let (outcome_tx, outcome) = oneshot::channel();
-    let options = TurnOptions {
-        idle_timeout: idle_timeout.unwrap_or(Duration::ZERO),
-        first_event_timeout: None,
-    };
+    #[cfg(not(feature = "otel-genai"))]
     let span = tracing::info_span!(parent: &shared.span, "turn", no = work.no);
+    // GenAI conventions: a turn is the agent's invocation of its model.
+    #[cfg(feature = "otel-genai")]
+    let span = tracing::info_span!(
+        parent: &shared.span,
+        "turn",
+        no = work.no,
+        otel.name = %format!("invoke_agent {}", shared.name),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = %shared.name,
+        gen_ai.conversation.id = %work.session.0,
+        gen_ai.provider.name = provider.name(),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
     let sink = Persisting {
         work,
         started: Some(started),
@@ -169,14 +206,17 @@ pub(crate) fn spawn_turn(
         events,
         seq: 0,
     };
-    let control = Work::new(provider, request)
+    // The provider learns which session and turn it opens for.
+    let control = Work::new(provider, request.for_turn(work))
         .options(options)
-        .span(span)
+        .span(span.clone())
         .spawn(tracker, sink, Keyed::new(work, reports));
     let handle = WorkHandle {
         grip: Grip::Turn(Some(control)),
         error: None,
         outcome: Some(outcome_tx),
+        cancelled_at: None,
+        span: Some(span),
     };
     (handle, (work, chunks, outcome))
 }
@@ -191,7 +231,7 @@ struct Persisting {
     store: Arc<dyn SessionStore>,
     store_timeout: Duration,
     failures: Arc<AtomicUsize>,
-    consumer: Option<mpsc::UnboundedSender<Chunk>>,
+    consumer: Option<mpsc::Sender<Chunk>>,
     shared: Arc<SessionShared>,
     events: EventBus,
     seq: u32,
@@ -233,8 +273,9 @@ impl ChunkSink for Persisting {
         let receipt = self
             .store
             .append_chunk(self.work.session, self.work.no, stored);
+        let appended = tokio::time::Instant::now();
         match tokio::time::timeout(self.store_timeout, receipt).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => crate::meter::chunk_acked(appended.elapsed()),
             // A closed session or turn is revoked write access (G10), not a fault.
             Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
                 return Err(SinkError::Closed)
@@ -247,6 +288,21 @@ impl ChunkSink for Persisting {
                 return Err(self.failed(format!(
                     "could not persist a chunk: the store did not answer within {after:?}"
                 )));
+            }
+        }
+        #[cfg(feature = "otel-genai")]
+        if chunk.kind() == settle_core::ChunkKind::Usage {
+            // The work runs in the turn's span.
+            let usage = chunk.to_json();
+            let span = tracing::Span::current();
+            for (field, key) in [
+                ("gen_ai.usage.input_tokens", "prompt_tokens"),
+                ("gen_ai.usage.output_tokens", "completion_tokens"),
+            ] {
+                // As an i64: OpenTelemetry's integers are signed.
+                if let Some(n) = usage.get(key).and_then(serde_json::Value::as_i64) {
+                    span.record(field, n);
+                }
             }
         }
         if let (Some(text), Some(sent)) = (chunk.as_text(), self.shared.sent().as_mut()) {
@@ -262,10 +318,12 @@ impl ChunkSink for Persisting {
                 seq,
                 chunk: chunk.clone(),
             });
-        // A consumer that stopped reading does not stop the turn: the
-        // transcript is what matters, and it is persisted.
+        // A consumer that went away does not stop the turn: the
+        // transcript is what matters, and it is persisted. One that is
+        // there but slow is waited for (back-pressure); a cancel still
+        // lands, the work selects on it around this call.
         if let Some(consumer) = &self.consumer {
-            if consumer.send(chunk).is_err() {
+            if consumer.send(chunk).await.is_err() {
                 self.consumer = None;
             }
         }

@@ -76,6 +76,16 @@
 //!   socket in `/tmp`, libpq's own default; a distribution's server may keep
 //!   it elsewhere: say so in the URL (`postgres:///settle?host=/var/run/postgresql`).
 //!
+//! # Building: the SQLite the benchmarks measured
+//!
+//! The benchmarks measure SQLite built multi-threaded (`SQLITE_THREADSAFE=2`:
+//! no mutex per call, safe because no connection is ever shared by two
+//! threads). That build flag is an environment variable of the build
+//! (`LIBSQLITE3_FLAGS`), which this workspace's `.cargo/config.toml` sets and
+//! which a dependency cannot set for its embedder: set it in the embedding
+//! program's own `.cargo/config.toml` (see [`sqlite_threading`], which also
+//! tells which build a program has).
+//!
 //! # Opening a store and recovering
 //!
 //! ```
@@ -136,6 +146,7 @@ mod rules;
 mod schema;
 mod session;
 mod session_store;
+mod sqlite_build;
 mod store;
 mod sys;
 mod thread;
@@ -157,6 +168,7 @@ pub use read::{ChunkRow, MemoryRow, SessionDetail, SessionRow, TimelineRow, Turn
 pub use recover::{OwnerGone, RecoverOptions, RecoveryCandidate, RecoveryReport};
 pub use session::NewSession;
 pub use session_store::SessionStore;
+pub use sqlite_build::{sqlite_threading, SqliteThreading};
 pub use store::Store;
 
 pub use settle_core::{

@@ -224,6 +224,7 @@ fn establish_sqlite(
     options: &StoreOptions,
 ) -> Result<Opened, OpenError> {
     let location = path.display().to_string();
+    log_sqlite_build();
     let mut conn = SqliteConnection::establish(path_str)
         .map_err(|e| sqlite_refusal(path, "connecting", e.to_string()))?;
     let [busy, rest @ ..] = sqlite_pragmas(options.busy_timeout(), options.durability());
@@ -265,6 +266,21 @@ fn establish_sqlite(
         pool: ReadPool::Sqlite(pool),
         checkpoint: Some(path_str.to_owned()),
     })
+}
+
+/// Says once per process which SQLite build the store runs on.
+fn log_sqlite_build() {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    LOGGED.call_once(|| match crate::sqlite_threading() {
+        Ok(crate::SqliteThreading::MultiThread) => {
+            tracing::debug!("SQLite built multi-threaded, as benchmarked");
+        }
+        Ok(mode) => tracing::info!(
+            ?mode,
+            "SQLite is not built multi-threaded; set LIBSQLITE3_FLAGS=\"-USQLITE_THREADSAFE -DSQLITE_THREADSAFE=2\" in the program's .cargo/config.toml [env] for the benchmarked build"
+        ),
+        Err(error) => tracing::debug!(%error, "could not read how SQLite was built"),
+    });
 }
 
 // --- PostgreSQL -----------------------------------------------------------

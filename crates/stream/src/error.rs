@@ -175,6 +175,9 @@ pub enum StreamErrorKind {
         status: u16,
         /// The start of the response body, for the provider's explanation.
         body: String,
+        /// How long the server asked to wait before trying again
+        /// (`Retry-After`, in seconds), when it said.
+        retry_after: Option<Duration>,
     },
     /// The provider sent something that is not a valid stream event.
     #[error("the provider sent a malformed stream: {0}")]
@@ -352,6 +355,7 @@ mod tests {
             url: "http://h/v1/chat/completions".into(),
             status: 404,
             body: String::new(),
+            retry_after: None,
         });
         assert_eq!(
             error.to_string(),
@@ -362,6 +366,7 @@ mod tests {
             url: "http://h/x".into(),
             status: 599,
             body: "{\"message\":\"busy\"}".into(),
+            retry_after: None,
         });
         assert_eq!(error.to_string(), "HTTP 599 from http://h/x: busy");
         assert_eq!(error.outcome(), Outcome::Failed);

@@ -57,24 +57,33 @@
 mod attach;
 mod chunk;
 mod close;
+mod drop_close;
 mod error;
 mod event;
 mod guarded;
 mod idle_timeout;
 mod openai;
 mod provider;
+mod reply;
 mod request;
+mod retry;
 mod run;
 mod scripted;
 mod signal;
 mod sink;
 mod sse;
 mod sync;
+mod tool_call;
 mod work;
 
+/// The attribute a custom [`Provider`] is implemented with
+/// (`#[async_trait] impl Provider for MyModel`), re-exported so that a
+/// provider needs no dependency of its own for it.
+pub use async_trait::async_trait;
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use chunk::{Chunk, InvalidChunk};
 pub use close::{close_best_effort, close_without_waiting, Close};
+pub use drop_close::DropClose;
 pub use error::{
     CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,
 };
@@ -85,7 +94,9 @@ pub use openai::{
     OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
 };
 pub use provider::{EventStream, Provider, ProviderStream};
-pub use request::{Message, Request, Role};
+pub use reply::{usage_tokens, Reply, ReplyBuilder};
+pub use request::{Message, ModelOptions, Request, Role};
+pub use retry::RetryPolicy;
 pub use run::{TurnOptions, DEFAULT_IDLE_TIMEOUT};
 pub use scripted::{
     ScriptStats, ScriptedEnd, ScriptedPanic, ScriptedProvider, ScriptedStream, TurnScript,
@@ -94,5 +105,7 @@ pub use scripted::{
 pub use settle_core::ChunkKind;
 pub use signal::{CancelledBy, Keyed, SignalSink, WorkEnd, WorkSignal};
 pub use sink::{ChunkSink, FnSink, SinkError};
+pub use sse::{SseDecoder, SseError};
 pub use tokio_util::sync::CancellationToken;
+pub use tool_call::{ToolCall, ToolCalls};
 pub use work::{CancelIssued, Detached, Work, WorkControl};

@@ -63,6 +63,17 @@ pub struct OpenAiConfig {
     /// [`DEFAULT_MAX_EVENT_BYTES`]); a larger one fails the turn with a
     /// [`Protocol`](StreamErrorKind::Protocol) error.
     pub max_event_bytes: usize,
+    /// Asks the server to end the stream with a usage report
+    /// (`stream_options.include_usage`), which becomes a
+    /// [`ChunkKind::Usage`] chunk: what token budgets and metrics count.
+    /// Default `true`; turn it off for a server that refuses the field.
+    pub include_usage: bool,
+    /// Extra headers sent with every request (an organization, a project,
+    /// a gateway's routing key, `api-key` for Azure). Their values are
+    /// never shown by `Debug`.
+    pub headers: Vec<(String, String)>,
+    /// Extra query parameters of every request (`api-version` for Azure).
+    pub query: Vec<(String, String)>,
 }
 
 impl fmt::Debug for OpenAiConfig {
@@ -73,6 +84,16 @@ impl fmt::Debug for OpenAiConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("headers_timeout", &self.headers_timeout)
             .field("max_event_bytes", &self.max_event_bytes)
+            .field("include_usage", &self.include_usage)
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(name, _)| name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("query", &self.query)
             .finish()
     }
 }
@@ -86,7 +107,28 @@ impl OpenAiConfig {
             api_key: None,
             headers_timeout: DEFAULT_HEADERS_TIMEOUT,
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            include_usage: true,
+            headers: Vec::new(),
+            query: Vec::new(),
         }
+    }
+
+    /// Sets whether to ask for a usage report at the end of the stream.
+    pub fn include_usage(mut self, include: bool) -> Self {
+        self.include_usage = include;
+        self
+    }
+
+    /// Adds a header sent with every request.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Adds a query parameter sent with every request.
+    pub fn query(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.query.push((name.into(), value.into()));
+        self
     }
 
     /// Sets the API key.
@@ -138,25 +180,9 @@ pub struct OpenAiProvider {
 }
 
 impl OpenAiProvider {
-    /// A provider for `config`.
+    /// A provider for `config`, with a client of its own.
     pub fn new(config: OpenAiConfig) -> Result<Self, StreamError> {
-        let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        let invalid = |reason: String| {
-            StreamError::from(StreamErrorKind::InvalidUrl {
-                url: config.base_url.clone(),
-                reason,
-            })
-        };
-        match reqwest::Url::parse(&url) {
-            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
-            Ok(parsed) => {
-                return Err(invalid(format!(
-                    "the scheme `{}` is not http or https",
-                    parsed.scheme()
-                )))
-            }
-            Err(e) => return Err(invalid(e.to_string())),
-        }
+        let url = Self::checked_url(&config)?;
         let client = reqwest::Client::builder().build().map_err(|source| {
             StreamError::from(StreamErrorKind::Connect {
                 url: url.clone(),
@@ -170,6 +196,41 @@ impl OpenAiProvider {
         })
     }
 
+    /// A provider for `config` that sends through `client`: one connection
+    /// pool, proxy, TLS and timeout setup shared with the rest of a program
+    /// (a `reqwest::Client` is a handle; cloning it shares the pool).
+    pub fn with_client(config: OpenAiConfig, client: reqwest::Client) -> Result<Self, StreamError> {
+        let url = Self::checked_url(&config)?;
+        Ok(OpenAiProvider {
+            config,
+            url,
+            client,
+        })
+    }
+
+    fn checked_url(config: &OpenAiConfig) -> Result<String, StreamError> {
+        let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let invalid = |reason: String| {
+            StreamError::from(StreamErrorKind::InvalidUrl {
+                url: config.base_url.clone(),
+                reason,
+            })
+        };
+        match reqwest::Url::parse(&url) {
+            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(url),
+            Ok(parsed) => Err(invalid(format!(
+                "the scheme `{}` is not http or https",
+                parsed.scheme()
+            ))),
+            Err(e) => Err(invalid(e.to_string())),
+        }
+    }
+
+    /// The config it sends with.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.config
+    }
+
     /// The URL requests go to.
     pub fn url(&self) -> &str {
         &self.url
@@ -177,11 +238,26 @@ impl OpenAiProvider {
 
     async fn send(&self, request: &Request) -> Result<reqwest::Response, StreamError> {
         let body = Body {
+            extra: Extra(&request.options.extra),
             model: &self.config.model,
             messages: &request.messages,
             stream: true,
+            stream_options: self.config.include_usage.then_some(StreamOptions {
+                include_usage: true,
+            }),
+            tools: request.options.tools.as_ref(),
+            tool_choice: request.options.tool_choice.as_ref(),
+            response_format: request.options.response_format.as_ref(),
+            temperature: request.options.temperature,
+            max_tokens: request.options.max_tokens,
         };
         let mut builder = self.client.post(&self.url).json(&body);
+        if !self.config.query.is_empty() {
+            builder = builder.query(&self.config.query);
+        }
+        for (name, value) in &self.config.headers {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);
         }
@@ -214,32 +290,92 @@ impl Provider for OpenAiProvider {
         if !status.is_success() {
             // The body explains the status, but a stalled server must not
             // hold the turn: read its start, within a short while.
+            let retry_after = retry_after(response.headers());
             let mut head = Vec::new();
             let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
             return Err(StreamErrorKind::Status {
                 url: self.url.clone(),
                 status: status.as_u16(),
                 body: String::from_utf8_lossy(&head).into_owned(),
+                retry_after,
             }
             .into());
         }
-        Ok(Box::new(OpenAiStream {
-            body: Some(Box::pin(response.bytes_stream())),
-            decoder: SseDecoder::new(self.config.max_event_bytes),
-            pending: VecDeque::new(),
-            keepalives_seen: 0,
-            url: self.url.clone(),
-        }))
+        Ok(Box::new(OpenAiStream::from_response(
+            response,
+            self.config.max_event_bytes,
+        )))
     }
+
+    fn name(&self) -> &str {
+        "openai"
+    }
+}
+
+/// The `Retry-After` of a response, in its delay-seconds form (an HTTP date
+/// is not honoured: the backoff applies instead).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 /// The request body. A [`Message`] serializes to the chat-completion shape
 /// itself: role, content, and the tool fields when it has them.
+///
+/// The options' `extra` fields come first and are overridden by the named
+/// ones: JSON objects keep the last of two equal keys, and the provider's own
+/// `model`, `messages` and `stream` are not the caller's to replace.
 #[derive(Serialize)]
 struct Body<'a> {
+    #[serde(flatten)]
+    extra: Extra<'a>,
     model: &'a str,
     messages: &'a [Message],
     stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// The extra body fields, less those the body sets itself.
+struct Extra<'a>(&'a serde_json::Map<String, Value>);
+
+impl Serialize for Extra<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        const OWN: [&str; 9] = [
+            "model",
+            "messages",
+            "stream",
+            "stream_options",
+            "tools",
+            "tool_choice",
+            "response_format",
+            "temperature",
+            "max_tokens",
+        ];
+        let mut map = serializer.serialize_map(None)?;
+        for (name, value) in self.0 {
+            if !OWN.contains(&name.as_str()) {
+                map.serialize_entry(name, value)?;
+            }
+        }
+        map.end()
+    }
 }
 
 type ResponseBody = Pin<Box<dyn Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send>>;
@@ -268,6 +404,31 @@ impl fmt::Debug for OpenAiStream {
 }
 
 impl OpenAiStream {
+    /// The event stream of `response`, a chat completion's streamed reply:
+    /// for a custom provider that sends its own request (another endpoint,
+    /// a signed request, a different body) and reads an OpenAI-shaped event
+    /// stream back. Events larger than `max_event_bytes` fail the stream.
+    /// The response's status is not checked here.
+    pub fn from_response(response: reqwest::Response, max_event_bytes: usize) -> Self {
+        let url = response.url().to_string();
+        Self::from_body(response.bytes_stream(), url, max_event_bytes)
+    }
+
+    /// The event stream of a body read some other way: its pieces as they
+    /// arrive, and the URL its errors name.
+    pub fn from_body<B>(body: B, url: impl Into<String>, max_event_bytes: usize) -> Self
+    where
+        B: Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send + 'static,
+    {
+        OpenAiStream {
+            body: Some(Box::pin(body)),
+            decoder: SseDecoder::new(max_event_bytes),
+            pending: VecDeque::new(),
+            keepalives_seen: 0,
+            url: url.into(),
+        }
+    }
+
     /// Decodes one SSE event into `pending`: its chunks in order, or one
     /// error. Returns `false` at `data: [DONE]`, the end of the reply.
     fn decode(&mut self, data: &str) -> bool {

@@ -33,4 +33,10 @@ pub type ProviderStream = Box<dyn EventStream>;
 pub trait Provider: Send + Sync {
     /// Opens the stream of one turn.
     async fn open(&self, request: &Request) -> Result<ProviderStream, StreamError>;
+
+    /// Who serves the model, as OpenTelemetry's GenAI conventions name it
+    /// (`gen_ai.provider.name`: `openai`, `anthropic`, `aws.bedrock`, ...).
+    fn name(&self) -> &str {
+        "unknown"
+    }
 }

@@ -5,7 +5,8 @@
 //! a resumed session sends them again.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
+use settle_core::WorkId;
 
 /// Who wrote a message of the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -100,24 +101,144 @@ impl Message {
     }
 }
 
-/// What a turn asks the model: the conversation so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How the model should answer, beside the conversation: the tools it may
+/// call, whether it must, the shape of its reply, its sampling.
+///
+/// Every field is optional and sent only when set; [`extra`](Self::extra)
+/// carries any other body field a server knows (`top_p`, `seed`, `stop`,
+/// a vendor's own), so a request never needs a new release of this crate.
+/// Tools, `tool_choice` and `response_format` are JSON as the
+/// chat-completions API spells them, passed through.
+///
+/// ```
+/// use serde_json::json;
+/// use settle_stream::{ModelOptions, Request};
+///
+/// let request = Request::prompt("What is in /tmp?").options(
+///     ModelOptions::default()
+///         .tools(json!([{"type": "function", "function": {
+///             "name": "ls", "parameters": {"type": "object"}}}]))
+///         .tool_choice(json!("auto"))
+///         .temperature(0.2)
+///         .max_tokens(512)
+///         .extra("seed", json!(7)),
+/// );
+/// assert_eq!(request.options.max_tokens, Some(512));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ModelOptions {
+    /// The tools the model may call (`[{"type": "function", "function": {...}}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Value>,
+    /// Whether and which tool it must call (`"auto"`, `"required"`, `"none"`,
+    /// or `{"type": "function", "function": {"name": ...}}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    /// The shape of the reply: `{"type": "json_object"}` or
+    /// `{"type": "json_schema", "json_schema": {...}}` (structured outputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<Value>,
+    /// The sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// The most tokens the reply may have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Any other body fields, sent as they are; a field named here that the
+    /// provider also sets itself (`model`, `messages`, `stream`) is ignored.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+}
+
+impl ModelOptions {
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        *self == ModelOptions::default()
+    }
+
+    /// Sets the tools the model may call.
+    pub fn tools(mut self, tools: Value) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Sets whether and which tool the model must call.
+    pub fn tool_choice(mut self, choice: Value) -> Self {
+        self.tool_choice = Some(choice);
+        self
+    }
+
+    /// Sets the shape of the reply (structured outputs).
+    pub fn response_format(mut self, format: Value) -> Self {
+        self.response_format = Some(format);
+        self
+    }
+
+    /// Sets the sampling temperature.
+    pub fn temperature(mut self, temperature: f32) -> Self {
+        self.temperature = Some(temperature);
+        self
+    }
+
+    /// Sets the most tokens the reply may have.
+    pub fn max_tokens(mut self, max: u32) -> Self {
+        self.max_tokens = Some(max);
+        self
+    }
+
+    /// Sets another body field.
+    pub fn extra(mut self, name: impl Into<String>, value: Value) -> Self {
+        self.extra.insert(name.into(), value);
+        self
+    }
+}
+
+/// What a turn asks the model: the conversation so far, and how to answer.
+///
+/// Only [`messages`](Self::messages) is the turn's input as a transcript
+/// keeps it; [`options`](Self::options) are how it was asked, and
+/// [`turn`](Self::turn) is set by the runtime for the provider to read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Request {
     /// The messages, oldest first.
     pub messages: Vec<Message>,
+    /// Tools, structured output, sampling: sent with the messages.
+    #[serde(default, skip_serializing_if = "ModelOptions::is_empty")]
+    pub options: ModelOptions,
+    /// The session and turn this request opens a stream for, set by the
+    /// runtime before [`Provider::open`](crate::Provider::open): a provider
+    /// wrapper meters, logs or limits per session with it. `None` outside a
+    /// runtime (a stream opened by hand).
+    #[serde(skip)]
+    pub turn: Option<WorkId>,
 }
 
 impl Request {
     /// A request of the given messages.
     pub fn new(messages: Vec<Message>) -> Self {
-        Request { messages }
+        Request {
+            messages,
+            ..Request::default()
+        }
     }
 
     /// A request of one user message.
     pub fn prompt(text: impl Into<String>) -> Self {
-        Request {
-            messages: vec![Message::new(Role::User, text)],
-        }
+        Request::new(vec![Message::new(Role::User, text)])
+    }
+
+    /// Sets how the model should answer.
+    pub fn options(mut self, options: ModelOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Sets the session and turn the request is for (the runtime does).
+    pub fn for_turn(mut self, turn: WorkId) -> Self {
+        self.turn = Some(turn);
+        self
     }
 }
 

@@ -4,19 +4,30 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use settle_core::TurnError;
 
 use crate::close::Close;
 use crate::signal::{CancelledBy, WorkEnd};
 use crate::sink::{ChunkSink, SinkError};
-use crate::{Cut, IdleTimeout, Provider, Request, Scope, StreamEvent};
+use crate::{
+    Cut, IdleTimeout, Provider, ProviderStream, Request, RetryPolicy, Scope, StreamError,
+    StreamEvent,
+};
 
-/// The default idle timeout of a turn's stream.
+/// The default idle timeout of a turn's stream: the one default of the
+/// stream crate, the runtime's [`Config`] and the command line alike.
+///
+/// Thirty seconds of silence (no chunk and no keepalive) is a hung stream
+/// for any server that streams; a model that thinks longer before its first
+/// token gets a longer [`first_event_timeout`](TurnOptions::first_event_timeout).
+///
+/// [`Config`]: https://docs.rs/settle-runtime/latest/settle_runtime/struct.Config.html
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The timeouts of one turn's stream. The settle deadline is not here: it
-/// is the lifecycle core's, which detaches a work that does not unwind in
-/// time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The timeouts and retries of one turn's stream. The settle deadline is not
+/// here: it is the lifecycle core's, which detaches a work that does not
+/// unwind in time.
+#[derive(Debug, Clone)]
 pub struct TurnOptions {
     /// No event for this long ends the turn with `idle_timeout`; zero
     /// disables, and so does a duration too long for the clock.
@@ -24,6 +35,8 @@ pub struct TurnOptions {
     /// No first event within this ends the turn with `idle_timeout`; `None`
     /// means the idle timeout, zero disables.
     pub first_event_timeout: Option<Duration>,
+    /// How opening the stream is retried before its first chunk.
+    pub retry: RetryPolicy,
 }
 
 impl Default for TurnOptions {
@@ -31,7 +44,28 @@ impl Default for TurnOptions {
         TurnOptions {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             first_event_timeout: None,
+            retry: RetryPolicy::default(),
         }
+    }
+}
+
+impl TurnOptions {
+    /// Sets the idle timeout (zero disables).
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// Sets the first-event timeout (zero disables).
+    pub fn first_event_timeout(mut self, first: Duration) -> Self {
+        self.first_event_timeout = Some(first);
+        self
+    }
+
+    /// Sets how opening the stream is retried.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
     }
 }
 
@@ -41,11 +75,18 @@ pub(crate) trait Progress {
     fn attached(&mut self);
     /// The stream is closed.
     fn closed(&mut self);
+    /// Opening failed with `error` and is tried again after `delay`
+    /// (`attempt` from 1; `fallback` when the fallback provider is next).
+    fn retrying(&mut self, attempt: u32, delay: Duration, fallback: bool, error: TurnError);
+    /// A usage report counting `tokens` was delivered (persisted).
+    fn usage(&mut self, tokens: u64);
 }
 
 impl Progress for () {
     fn attached(&mut self) {}
     fn closed(&mut self) {}
+    fn retrying(&mut self, _: u32, _: Duration, _: bool, _: TurnError) {}
+    fn usage(&mut self, _: u64) {}
 }
 
 /// The body of a work; see [`Work::run`](crate::Work::run).
@@ -78,7 +119,7 @@ where
         biased;
         () = token.cancelled() => return WorkEnd::Cancelled(CancelledBy::Request),
         () = close.closed() => return WorkEnd::Cancelled(CancelledBy::ForceClose),
-        opened = provider.open(request) => opened,
+        opened = open(provider, request, &options.retry, progress) => opened,
     };
     let stream = match opened {
         Ok(stream) => stream,
@@ -91,6 +132,8 @@ where
     let end = loop {
         match stream.next().await {
             Some(Ok(StreamEvent::Chunk(chunk))) => {
+                let usage = (chunk.kind() == settle_core::ChunkKind::Usage)
+                    .then(|| crate::usage_tokens(&chunk.to_json()));
                 let delivered = tokio::select! {
                     biased;
                     () = token.cancelled() => Err(WorkEnd::Cancelled(CancelledBy::Request)),
@@ -98,6 +141,10 @@ where
                 };
                 if let Err(end) = delivered {
                     break end;
+                }
+                // Counted once the sink has it (persisted, in a runtime).
+                if let Some(tokens) = usage {
+                    progress.usage(tokens);
                 }
             }
             Some(Ok(StreamEvent::KeepAlive)) => {}
@@ -115,6 +162,44 @@ where
     let _ = stream.close().await;
     progress.closed();
     end
+}
+
+/// Opens the stream, retrying as `retry` says: only here, before the stream
+/// exists, so never after a chunk was acknowledged (G7). The caller's select
+/// cancels it (the wait included) on a cancel or a force close.
+async fn open<P>(
+    provider: &dyn Provider,
+    request: &Request,
+    retry: &RetryPolicy,
+    progress: &mut P,
+) -> Result<ProviderStream, StreamError>
+where
+    P: Progress + ?Sized,
+{
+    let mut attempt = 0;
+    loop {
+        let error = match provider.open(request).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => error,
+        };
+        let Some(asked) = RetryPolicy::retryable(&error) else {
+            return Err(error);
+        };
+        match retry.delay(attempt, asked) {
+            Some(delay) => {
+                attempt += 1;
+                progress.retrying(attempt, delay, false, error.turn_error());
+                tokio::time::sleep(delay).await;
+            }
+            None => {
+                let Some(fallback) = &retry.fallback else {
+                    return Err(error);
+                };
+                progress.retrying(attempt + 1, Duration::ZERO, true, error.turn_error());
+                return fallback.open(request).await;
+            }
+        }
+    }
 }
 
 fn sink_end(error: SinkError) -> WorkEnd {

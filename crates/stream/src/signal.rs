@@ -92,6 +92,23 @@ pub enum WorkSignal {
     /// The stream is closed (its close finished, or was handed to the
     /// runtime because the work was unwinding).
     StreamClosed,
+    /// Opening the stream failed before any chunk and is tried again
+    /// (see [`RetryPolicy`](crate::RetryPolicy)).
+    Retrying {
+        /// Which retry this is, from 1.
+        attempt: u32,
+        /// How long the work waits before it.
+        delay: std::time::Duration,
+        /// Whether the fallback provider is tried.
+        fallback: bool,
+        /// Why the opening failed.
+        error: TurnError,
+    },
+    /// A usage report was delivered to the sink: what its budget counts.
+    Usage {
+        /// The tokens it counts ([`usage_tokens`](crate::usage_tokens)).
+        tokens: u64,
+    },
     /// The work ended, and how.
     Ended(WorkEnd),
 }

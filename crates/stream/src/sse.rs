@@ -20,7 +20,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Why a body is not an event stream this decoder accepts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum SseError {
+pub enum SseError {
     /// An event grew past the maximum event size.
     #[error("an event is larger than the maximum event size of {max} bytes")]
     TooLarge {
@@ -34,7 +34,7 @@ pub(crate) enum SseError {
 
 /// Decodes one event stream. After an error it accepts nothing more.
 #[derive(Debug)]
-pub(crate) struct SseDecoder {
+pub struct SseDecoder {
     max_event: usize,
     /// The unfinished line: bytes fed after the last line end.
     line: Vec<u8>,
@@ -65,7 +65,7 @@ pub(crate) struct Counts {
 
 impl SseDecoder {
     /// A decoder that refuses events over `max_event` bytes.
-    pub(crate) fn new(max_event: usize) -> Self {
+    pub fn new(max_event: usize) -> Self {
         SseDecoder {
             max_event,
             line: Vec::new(),
@@ -83,7 +83,7 @@ impl SseDecoder {
 
     /// Decodes the next piece of the body; the events it completes are then
     /// [`next_event`](Self::next_event)'s. An error is final.
-    pub(crate) fn feed(&mut self, mut bytes: &[u8]) -> Result<(), SseError> {
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), SseError> {
         if let Some(error) = &self.failed {
             return Err(error.clone());
         }
@@ -219,12 +219,12 @@ impl SseDecoder {
     }
 
     /// The data of the next event decoded, oldest first.
-    pub(crate) fn next_event(&mut self) -> Option<String> {
+    pub fn next_event(&mut self) -> Option<String> {
         self.events.pop_front()
     }
 
     /// How many comment lines were decoded so far.
-    pub(crate) fn comments(&self) -> usize {
+    pub fn comments(&self) -> usize {
         self.comments
     }
 

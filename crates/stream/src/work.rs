@@ -393,6 +393,26 @@ impl<R: SignalSink> Progress for Reporter<R> {
             self.send(WorkSignal::StreamClosed);
         }
     }
+
+    fn retrying(
+        &mut self,
+        attempt: u32,
+        delay: std::time::Duration,
+        fallback: bool,
+        error: settle_core::TurnError,
+    ) {
+        tracing::warn!(attempt, ?delay, fallback, %error.message, "retrying the turn's stream");
+        self.send(WorkSignal::Retrying {
+            attempt,
+            delay,
+            fallback,
+            error,
+        });
+    }
+
+    fn usage(&mut self, tokens: u64) {
+        self.send(WorkSignal::Usage { tokens });
+    }
 }
 
 impl<R: SignalSink> Drop for Reporter<R> {

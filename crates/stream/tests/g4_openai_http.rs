@@ -222,6 +222,7 @@ async fn g4_http_cancelled_work_closes_the_connection() {
         .options(TurnOptions {
             idle_timeout: Duration::from_secs(60),
             first_event_timeout: None,
+            ..TurnOptions::default()
         })
         .spawn(&tracker, tx, Keyed::new((), signals));
     assert_eq!(

@@ -45,6 +45,7 @@ fn options(idle: Duration) -> TurnOptions {
     TurnOptions {
         idle_timeout: idle,
         first_event_timeout: None,
+        ..TurnOptions::default()
     }
 }
 
@@ -870,6 +871,7 @@ async fn g4_a_work_with_timeouts_too_long_for_the_clock_never_times_out() {
         .options(TurnOptions {
             idle_timeout: Duration::MAX,
             first_event_timeout: Some(Duration::MAX),
+            ..TurnOptions::default()
         })
         .spawn(&tracker, quiet_sink(), Keyed::new((), tx));
     assert_eq!(signals.recv().await.unwrap().1, StreamAttached);

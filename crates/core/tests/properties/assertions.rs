@@ -140,7 +140,34 @@ pub fn after_each_step(seen: &Observed, sut: &Sut, ctx: &Ctx) {
     g7_memory_only_from_completed_turns(seen, ctx);
     g9_graceful_shutdown(seen, &sut.core, ctx);
     g10_closed_handles_fail_loudly(ctx);
+    budgets_end_only_spent_subtrees(&sut.core, ctx);
     effects_are_orders(seen, &sut.core, ctx);
+}
+
+/// A session is finalized `budget_exhausted` only when a budget over it
+/// (its own or an ancestor's) ran out; and the widest budget that ran out
+/// finalizes every session under it that way, children first (G1, checked
+/// by `g1_settle_before_close`).
+fn budgets_end_only_spent_subtrees(core: &Core, ctx: &Ctx) {
+    for effect in ctx.effects {
+        let Effect::Finalize(f) = effect else {
+            continue;
+        };
+        if f.reason != settle_core::EndReason::BudgetExhausted {
+            continue;
+        }
+        let mut at = Some(f.session);
+        let mut spent = false;
+        while let Some(view) = at.and_then(|id| core.session(id)) {
+            spent |= view.budget().is_some_and(|b| b.3);
+            at = view.parent();
+        }
+        assert!(
+            spent,
+            "{} was finalized budget_exhausted with no spent budget over it",
+            f.session
+        );
+    }
 }
 
 /// firezone's and quinn's lesson: once woken with the current time, the core
@@ -934,6 +961,27 @@ pub fn always(sut: &Sut, model: &Model) {
             sut.base + Duration::from_millis(expected.idle_since),
             "{}",
             what("idle since")
+        );
+        // Budgets: the same limits, the same spent, the same inheritance.
+        let budget = view.budget().map(|(limits, turns, tokens, exhausted)| {
+            (
+                limits.max_turns,
+                limits.max_tokens,
+                turns,
+                tokens,
+                exhausted,
+            )
+        });
+        let expected_budget = expected
+            .budget
+            .as_ref()
+            .map(|b| (b.max_turns, b.max_tokens, b.turns, b.tokens, b.exhausted));
+        assert_eq!(budget, expected_budget, "{}", what("budget"));
+        assert_eq!(
+            view.is_budgeted(),
+            expected.budgeted,
+            "{}",
+            what("budgeted")
         );
         let settle = expected.works.iter().filter_map(|w| w.settle_at).min();
         assert_eq!(

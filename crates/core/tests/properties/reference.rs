@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use proptest_state_machine::ReferenceStateMachine;
 use settle_core::{
-    CancelMode, DeadlineKind, Effect, EndReason, Error, Finalize, Handled, Hold, Outcome, Policy,
-    SessionId, ShutdownSummary, State, Sweep, WorkId, WorkKind,
+    BudgetLimit, CancelMode, DeadlineKind, Effect, EndReason, Error, Finalize, Handled, Hold,
+    Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, WorkId, WorkKind,
 };
 
 use crate::strategies::{self, Span, Step};
@@ -107,6 +107,22 @@ pub struct RefSession {
     pub running_at_shutdown: bool,
     /// It holds an active-session slot: from its first turn to its finalize.
     pub has_slot: bool,
+    /// Its own budget, and what its subtree spent.
+    pub budget: Option<RefBudget>,
+    /// It or an ancestor has a budget.
+    pub budgeted: bool,
+}
+
+/// A session's budget and what its subtree spent.
+#[derive(Debug, Clone)]
+pub struct RefBudget {
+    pub max_turns: Option<u32>,
+    pub max_tokens: Option<u64>,
+    /// When its wall time runs out.
+    pub deadline: Option<u64>,
+    pub turns: u32,
+    pub tokens: u64,
+    pub exhausted: bool,
 }
 
 impl RefSession {
@@ -578,14 +594,29 @@ impl Model {
                 if let Some(at) = s.orphan_at {
                     due.push((at, *id, 2, 0, None));
                 }
+                if let Some(at) = self.budget_deadline(*id) {
+                    due.push((at, *id, 3, 0, None));
+                }
             }
             let next = due.into_iter().filter(|d| d.0 <= self.now).min();
             match next {
                 Some((_, _, _, _, Some(work))) => self.settle_due(work),
-                Some((_, id, _, _, None)) => self.orphan_due(id),
+                Some((_, id, 2, _, None)) => self.orphan_due(id),
+                Some((_, id, _, _, None)) => self.exhaust(id),
                 None => break,
             }
         }
+    }
+
+    /// When the wall time of `id`'s budget runs out, while that matters:
+    /// it is active and its budget not spent yet.
+    fn budget_deadline(&self, id: u64) -> Option<u64> {
+        let s = &self.sessions[&id];
+        let b = s.budget.as_ref().filter(|b| !b.exhausted)?;
+        if !matches!(s.state, State::Registered | State::Running) {
+            return None;
+        }
+        b.deadline
     }
 
     /// SPEC §4 step 6 for the sessions finalized by the current input.
@@ -606,6 +637,10 @@ impl Model {
                 all.extend(w.settle_at.map(|at| (at, DeadlineKind::Settle)));
             }
             all.extend(s.orphan_at.map(|at| (at, DeadlineKind::Orphan)));
+            all.extend(
+                self.budget_deadline(*id)
+                    .map(|at| (at, DeadlineKind::Budget)),
+            );
             if let (Some(Span::Ms(ttl)), None) = (self.policy.idle_ttl, &self.shutdown) {
                 if self.reclaimable(*id) {
                     all.push((s.idle_since + ttl, DeadlineKind::IdleReap));
@@ -753,6 +788,10 @@ impl Model {
                         orphan_at: None,
                         running_at_shutdown: false,
                         has_slot: false,
+                        budget: None,
+                        budgeted: parent
+                            .and_then(|p| self.sessions.get(&p))
+                            .is_some_and(|p| p.budgeted),
                     },
                 );
                 for id in evict {
@@ -794,11 +833,33 @@ impl Model {
                             None => wrong_state(id, s.state, action),
                         });
                     }
+                    if s.budgeted {
+                        // The widest budget over it with no turn left.
+                        let spent = self.budget_owners(id).into_iter().rev().find(|o| {
+                            let b = self.sessions[o].budget.as_ref();
+                            b.is_some_and(|b| b.max_turns.is_some_and(|max| b.turns >= max))
+                        });
+                        if let Some(owner) = spent {
+                            self.exhaust(owner);
+                            return Err(Error::BudgetExhausted {
+                                session: SessionId(owner),
+                                limit: BudgetLimit::Turns,
+                            });
+                        }
+                    }
+                    let s = self.to_use(id)?;
                     let full = self.policy.slots.is_some_and(|n| taken >= n);
                     if !s.has_slot && full {
                         return Err(Error::NoSlot {
                             slots: self.policy.slots.unwrap_or_default(),
                         });
+                    }
+                }
+                if kind == WorkKind::Turn && self.sessions[&id].budgeted {
+                    for owner in self.budget_owners(id) {
+                        if let Some(b) = self.s(owner).budget.as_mut() {
+                            b.turns += 1;
+                        }
                     }
                 }
                 let s = self.s(id);
@@ -972,6 +1033,68 @@ impl Model {
                     _ => Ok(NoOp),
                 }
             }
+            Step::SetBudget(id, max_turns, max_tokens, wall) => {
+                let s = self.to_use(id)?;
+                if let Some(intent) = s.intent {
+                    return Err(Error::Closing {
+                        session: SessionId(id),
+                        reason: intent.reason(s.last_outcome),
+                    });
+                }
+                if !matches!(s.state, State::Registered | State::Running) {
+                    return Err(wrong_state(id, s.state, "set a budget"));
+                }
+                let deadline = wall.map(|ms| now + ms);
+                let s = self.s(id);
+                s.budget = Some(RefBudget {
+                    max_turns,
+                    max_tokens,
+                    deadline,
+                    turns: 0,
+                    tokens: 0,
+                    exhausted: false,
+                });
+                s.budgeted = true;
+                let mut below = vec![id];
+                while let Some(at) = below.pop() {
+                    let children: Vec<u64> = self
+                        .sessions
+                        .iter()
+                        .filter(|(_, c)| c.parent == Some(at))
+                        .map(|(c, _)| *c)
+                        .collect();
+                    for c in children {
+                        self.s(c).budgeted = true;
+                        below.push(c);
+                    }
+                }
+                Ok(Applied)
+            }
+            Step::Usage(work, tokens) => {
+                let id = work.session.get();
+                if !self.to_end(id)? {
+                    // A work's report about a finalized session: it is gone.
+                    return Ok(NoOp);
+                }
+                if !self.sessions[&id].budgeted {
+                    return Ok(Applied);
+                }
+                let owners = self.budget_owners(id);
+                for &owner in &owners {
+                    if let Some(b) = self.s(owner).budget.as_mut() {
+                        b.tokens = b.tokens.saturating_add(tokens);
+                    }
+                }
+                for owner in owners.into_iter().rev() {
+                    let exceeded = self.sessions[&owner].budget.as_ref().is_some_and(|b| {
+                        !b.exhausted && b.max_tokens.is_some_and(|max| b.tokens > max)
+                    });
+                    if exceeded {
+                        self.exhaust(owner);
+                    }
+                }
+                Ok(Applied)
+            }
             Step::Withdraw(id) => {
                 if !self.to_end(id)? {
                     return Ok(AlreadyFinalized);
@@ -1111,6 +1234,17 @@ impl Model {
 
     /// `Cancel` and `UserClose`: descendants first, then the session itself.
     fn cancel(&mut self, id: u64, mode: CancelMode, reason: EndReason) -> Result<Handled, Error> {
+        self.cancel_as(id, mode, reason, EndReason::Cancelled)
+    }
+
+    /// A cancel whose descendants end `descendants`.
+    fn cancel_as(
+        &mut self,
+        id: u64,
+        mode: CancelMode,
+        reason: EndReason,
+        descendants: EndReason,
+    ) -> Result<Handled, Error> {
         if !self.to_end(id)? {
             return Ok(Handled::AlreadyFinalized);
         }
@@ -1118,9 +1252,31 @@ impl Model {
             // G6: cancelled already, or its work is over.
             return Ok(Handled::NoOp);
         }
-        self.cancel_subtree(id, EndReason::Cancelled);
+        self.cancel_subtree(id, descendants);
         self.cancel_one(id, mode, reason);
         Ok(Handled::Applied)
+    }
+
+    /// The sessions from `id` up to its root that have a budget, nearest first.
+    fn budget_owners(&self, id: u64) -> Vec<u64> {
+        let mut owners = Vec::new();
+        let mut at = Some(id);
+        while let Some(s) = at.and_then(|a| self.sessions.get(&a)) {
+            if s.budget.is_some() {
+                owners.push(at.unwrap_or_default());
+            }
+            at = s.parent;
+        }
+        owners
+    }
+
+    /// A budget ran out: its subtree is cancelled and ends `budget_exhausted`.
+    fn exhaust(&mut self, id: u64) {
+        if let Some(b) = self.s(id).budget.as_mut() {
+            b.exhausted = true;
+        }
+        let reason = EndReason::BudgetExhausted;
+        let _ = self.cancel_as(id, CancelMode::Immediate, reason, reason);
     }
 }
 

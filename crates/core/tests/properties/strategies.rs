@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::strategy::Union;
-use settle_core::{CancelMode, Event, Hold, Outcome, SessionId, State, Sweep, WorkId};
+use settle_core::{Budget, CancelMode, Event, Hold, Outcome, SessionId, State, Sweep, WorkId};
 
 use crate::reference::{Model, RefPolicy};
 
@@ -83,6 +83,11 @@ pub enum Step {
     Forget(u64),
     /// A registration whose durable row could not be written is withdrawn.
     Withdraw(u64),
+    /// A budget for the session's subtree: at most these turns, tokens,
+    /// milliseconds of wall time.
+    SetBudget(u64, Option<u32>, Option<u64>, Option<u64>),
+    /// A work's usage report of this many tokens.
+    Usage(WorkId, u64),
 }
 
 impl Step {
@@ -103,8 +108,10 @@ impl Step {
             | Step::TransportAttached(id, _)
             | Step::TransportDetached(id)
             | Step::Forget(id)
-            | Step::Withdraw(id) => Some(id),
+            | Step::Withdraw(id)
+            | Step::SetBudget(id, ..) => Some(id),
             Step::StreamAttached(w)
+            | Step::Usage(w, _)
             | Step::CancelWork(w)
             | Step::StreamClosed(w)
             | Step::WorkEnded(w, _)
@@ -145,6 +152,17 @@ impl Step {
             Step::CancelTurn(id) => Event::CancelTurn { session: sid(id) },
             Step::CancelWork(work) => Event::CancelWork { work },
             Step::Withdraw(id) => Event::Withdraw { session: sid(id) },
+            Step::SetBudget(id, turns, tokens, wall) => {
+                let mut budget = Budget::default();
+                budget.max_turns = turns;
+                budget.max_tokens = tokens;
+                budget.max_wall = wall.map(Duration::from_millis);
+                Event::SetBudget {
+                    session: sid(id),
+                    budget,
+                }
+            }
+            Step::Usage(work, tokens) => Event::Usage { work, tokens },
             Step::CancelDescendants(id) => Event::CancelDescendants { session: sid(id) },
             Step::UserClose(id) => Event::UserClose { session: sid(id) },
             Step::Hold(id, hold) => Event::Hold {
@@ -196,6 +214,7 @@ impl Step {
                 | Step::Hold(..)
                 | Step::TransportAttached(..)
                 | Step::Delegate(..)
+                | Step::SetBudget(..)
         )
     }
 
@@ -423,13 +442,27 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
         ));
         choices.push((1, o().prop_map(Step::TransportDetached).boxed()));
     }
+    if !open.is_empty() {
+        let limits = (
+            prop_oneof![2 => Just(None), 1 => (0u32..4).prop_map(Some)],
+            prop_oneof![2 => Just(None), 1 => (0u64..120).prop_map(Some)],
+            prop_oneof![2 => Just(None), 1 => (0u64..1500).prop_map(Some)],
+        );
+        let budget = (select(open.clone()), limits)
+            .prop_map(|(id, (turns, tokens, wall))| Step::SetBudget(id, turns, tokens, wall));
+        choices.push((2, budget.boxed()));
+    }
+    if !live_works.is_empty() {
+        let usage = (select(live_works.clone()), 0u64..60).prop_map(|(w, n)| Step::Usage(w, n));
+        choices.push((3, usage.boxed()));
+    }
     if !finalized.is_empty() {
         choices.push((1, select(finalized).prop_map(Step::Forget).boxed()));
     }
     if !known.is_empty() {
         // Any input at any session, finalized and forgotten ones included:
         // each must get its one answer and change nothing else.
-        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..21).prop_map(
+        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..23).prop_map(
             move |(id, outcome, hold, flag, which)| {
                 let turn = WorkId::turn(SessionId(id), 1);
                 match which {
@@ -453,6 +486,8 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     17 => Step::CancelWork(turn),
                     18 => Step::Abandoned(id),
                     19 => Step::Delegate(id, id.saturating_sub(1).max(1)),
+                    20 => Step::Usage(turn, 30),
+                    21 => Step::SetBudget(id, Some(1), None, None),
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),

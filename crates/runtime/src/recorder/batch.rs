@@ -232,6 +232,7 @@ impl Recorder {
             Box::pin(std::future::ready(Ok(Vec::new())))
         } else {
             let store = self.store.clone();
+            crate::meter::batch(writes.len());
             Box::pin(within(self.bound(), self.deadline.clone(), async move {
                 Ok(store.apply(writes).await)
             }))

@@ -1,8 +1,10 @@
 //! End-to-end tests of the runtime, each named after the guarantee it checks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod budgets;
 mod common;
 mod contract;
+mod conventions;
 mod conversation;
 mod embedding;
 mod faults;
@@ -13,3 +15,4 @@ mod g4_g5_attach_and_settle;
 mod g9_shutdown;
 mod loopback;
 mod seams;
+mod tools;

@@ -1,0 +1,113 @@
+//! Budgets through the runtime: set at registration, inherited by children,
+//! counted from usage chunks, turns and wall time; exceeding one cancels
+//! the subtree (G1) and finalizes it `budget_exhausted`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::{stream, StreamExt};
+use serde_json::json;
+use settle_runtime::{Budget, BudgetLimit, EndReason, RuntimeError, TurnRequest};
+use settle_store::MemoryStore;
+use settle_stream::{
+    Chunk, ChunkKind, DropClose, Provider, ProviderStream, Request, StreamError, StreamEvent,
+};
+
+use crate::common::*;
+
+const S: Duration = Duration::from_secs(1);
+
+/// Reports `tokens` of usage, then stays open (a long reply).
+struct Spender {
+    tokens: u64,
+}
+
+#[async_trait]
+impl Provider for Spender {
+    async fn open(&self, _: &Request) -> Result<ProviderStream, StreamError> {
+        let usage = Chunk::json(ChunkKind::Usage, &json!({"total_tokens": self.tokens}));
+        let events = stream::iter([
+            Ok(StreamEvent::Chunk(Chunk::text("thinking"))),
+            Ok(StreamEvent::Chunk(usage)),
+        ])
+        .chain(stream::pending());
+        Ok(Box::new(DropClose::new(events)))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn g1_tokens_past_a_budget_cancel_the_subtree_and_finalize_it_budget_exhausted() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let root = kernel
+        .register_with_budget("root", None, Budget::default().tokens(100))
+        .await
+        .unwrap();
+    let child = root.child("worker").await.unwrap();
+    let mut events = kernel.subscribe();
+    // The child's usage counts against the root's budget.
+    let mut turn = child
+        .run_turn(Arc::new(Spender { tokens: 150 }), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    while turn.next_chunk().await.is_some() {}
+    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Cancelled);
+    assert_eq!(root.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    assert_eq!(child.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    let order = finalized(&drain(&mut events));
+    assert!(position(&order, child.id()) < position(&order, root.id()));
+    let row = detail(&store, root.id()).await.session;
+    assert_eq!(row.end_reason, Some(EndReason::BudgetExhausted));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_turn_past_a_turn_budget_is_refused_and_the_session_ends() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let agent = kernel
+        .register_with_budget("agent", None, Budget::default().turns(1))
+        .await
+        .unwrap();
+    let script = provider([
+        complete(&["one"], Duration::ZERO),
+        complete(&["two"], Duration::ZERO),
+    ]);
+    let first = start(&agent, &script).await;
+    assert_eq!(first.outcome().await, settle_runtime::Outcome::Completed);
+    let refused = agent
+        .run_turn(script.clone(), TurnRequest::prompt("again"))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(RuntimeError::Lifecycle(
+                settle_core::Error::BudgetExhausted {
+                    limit: BudgetLimit::Turns,
+                    ..
+                }
+            ))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(agent.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    assert_eq!(script.stats().opened, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wall_time_budget_ends_a_hung_subtree_on_the_paused_clock() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let root = kernel
+        .register_with_budget("root", None, Budget::default().wall_time(60 * S))
+        .await
+        .unwrap();
+    let child = root.child("hung").await.unwrap();
+    let hung = provider([hang(&["a"], Duration::ZERO)]);
+    let _turn = start(&child, &hung).await;
+    let began = tokio::time::Instant::now();
+    assert_eq!(child.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    assert_eq!(root.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    assert!(began.elapsed() >= 60 * S && began.elapsed() < 62 * S);
+    assert_eq!(hung.stats().close_finished, 1, "its stream was closed (G4)");
+}

@@ -1,0 +1,132 @@
+//! [`Reply`]: what a turn's chunks say, put together by kind.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use settle_core::ChunkKind;
+
+use crate::{Chunk, Message, Role, ToolCall, ToolCalls};
+
+/// A turn's output, put together: the reply text, the model's reasoning,
+/// its tool calls whole, its usage reports and any other structured event,
+/// each in the order it came.
+///
+/// ```
+/// use serde_json::json;
+/// use settle_stream::{Chunk, ChunkKind, Reply};
+///
+/// let reply = Reply::from_chunks(&[
+///     Chunk::text("Let me look."),
+///     Chunk::json(ChunkKind::ToolCall, &json!({"index": 0, "id": "c1",
+///         "function": {"name": "ls", "arguments": "{}"}})),
+///     Chunk::json(ChunkKind::Usage, &json!({"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12})),
+/// ]);
+/// assert_eq!(reply.text, "Let me look.");
+/// assert_eq!(reply.tool_calls[0].name, "ls");
+/// assert_eq!(reply.total_tokens(), 12);
+/// // The assistant message to send back with the tools' results.
+/// assert_eq!(reply.to_message().tool_calls.unwrap()[0]["id"], "c1");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Reply {
+    /// The text chunks joined: the reply a person reads.
+    pub text: String,
+    /// The reasoning chunks joined (their strings, or their JSON when not one).
+    pub reasoning: String,
+    /// The tool calls, their streamed pieces put together.
+    pub tool_calls: Vec<ToolCall>,
+    /// Each usage report, as the provider sent it.
+    pub usage: Vec<Value>,
+    /// Every other structured chunk's payload.
+    pub data: Vec<Value>,
+}
+
+/// Puts a [`Reply`] together chunk by chunk.
+#[derive(Debug, Clone, Default)]
+pub struct ReplyBuilder {
+    reply: Reply,
+    calls: ToolCalls,
+}
+
+impl ReplyBuilder {
+    /// Adds a chunk.
+    pub fn push(&mut self, chunk: &Chunk) {
+        match chunk.as_text() {
+            Some(text) => self.reply.text.push_str(text),
+            None => self.push_json(chunk.kind(), &chunk.to_json()),
+        }
+    }
+
+    /// Adds a chunk given by its kind and payload (a stored row's: the text
+    /// of a text chunk as a JSON string).
+    pub fn push_json(&mut self, kind: ChunkKind, payload: &Value) {
+        match kind {
+            ChunkKind::Text => match payload {
+                Value::String(text) => self.reply.text.push_str(text),
+                other => self.reply.text.push_str(&other.to_string()),
+            },
+            ChunkKind::Reasoning => match payload {
+                Value::String(text) => self.reply.reasoning.push_str(text),
+                other => self.reply.reasoning.push_str(&other.to_string()),
+            },
+            ChunkKind::ToolCall => self.calls.push(payload),
+            ChunkKind::Usage => self.reply.usage.push(payload.clone()),
+            ChunkKind::Data => self.reply.data.push(payload.clone()),
+        }
+    }
+
+    /// The reply so far.
+    pub fn finish(self) -> Reply {
+        Reply {
+            tool_calls: self.calls.finish(),
+            ..self.reply
+        }
+    }
+}
+
+impl Reply {
+    /// The reply of these chunks.
+    pub fn from_chunks<'a>(chunks: impl IntoIterator<Item = &'a Chunk>) -> Self {
+        let mut builder = ReplyBuilder::default();
+        for chunk in chunks {
+            builder.push(chunk);
+        }
+        builder.finish()
+    }
+
+    /// Whether the turn produced nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+            && self.reasoning.is_empty()
+            && self.tool_calls.is_empty()
+            && self.usage.is_empty()
+            && self.data.is_empty()
+    }
+
+    /// The tokens the usage reports count, summed (`total_tokens`, or
+    /// prompt plus completion tokens when a report has no total).
+    pub fn total_tokens(&self) -> u64 {
+        self.usage.iter().map(usage_tokens).sum()
+    }
+
+    /// The reply as the assistant message of the conversation: its text,
+    /// and its tool calls when it made some (what the next turn sends back
+    /// with each tool's [`Message::tool_result`]).
+    pub fn to_message(&self) -> Message {
+        let message = Message::new(Role::Assistant, self.text.clone());
+        if self.tool_calls.is_empty() {
+            return message;
+        }
+        message.tool_calls(Value::Array(
+            self.tool_calls.iter().map(ToolCall::to_json).collect(),
+        ))
+    }
+}
+
+/// The tokens one usage report counts.
+pub fn usage_tokens(usage: &Value) -> u64 {
+    let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+    field("total_tokens").unwrap_or_else(|| {
+        field("prompt_tokens").unwrap_or(0) + field("completion_tokens").unwrap_or(0)
+    })
+}

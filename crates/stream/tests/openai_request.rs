@@ -1,0 +1,259 @@
+//! What the OpenAI-compatible provider sends, checked where it lands: on
+//! the server side of a local HTTP server. Tools, tool choice, structured
+//! output, sampling, the usage request, extra headers and query parameters,
+//! a shared client, tool messages; and what a custom provider reuses
+//! (`OpenAiStream::from_response`), the tool calls it streams put together.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use settle_stream::{
+    Guarded, Message, ModelOptions, OpenAiConfig, OpenAiProvider, OpenAiStream, Provider, Reply,
+    ReplyBuilder, Request, Role, StreamErrorKind, StreamEvent, ToolCall, DEFAULT_MAX_EVENT_BYTES,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+#[path = "support/http.rs"]
+#[allow(dead_code)]
+mod http;
+
+/// A server of one connection that answers these `data:` events and
+/// `[DONE]`; returns its base URL and the request it got.
+async fn serve(events: Vec<String>) -> (String, tokio::sync::oneshot::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let connection = http::serve_one(listener, move |mut wr| async move {
+        wr.write_all(http::SSE_HEAD).await?;
+        for data in events {
+            wr.write_all(&http::chunked(&format!("data: {data}\n\n")))
+                .await?;
+        }
+        wr.write_all(&http::chunked("data: [DONE]\n\n")).await?;
+        wr.write_all(b"0\r\n\r\n").await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    (base_url, connection.request)
+}
+
+/// The request's head (lowercased) and its JSON body.
+fn split(request: &str) -> (String, Value) {
+    let at = request.find("\r\n\r\n").unwrap();
+    let body = serde_json::from_str(&request[at + 4..]).unwrap();
+    (request[..at].to_lowercase(), body)
+}
+
+async fn drain(provider: &dyn Provider, request: &Request) -> Reply {
+    let mut stream = Guarded::new(provider.open(request).await.unwrap());
+    let mut reply = ReplyBuilder::default();
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .unwrap()
+    {
+        if let StreamEvent::Chunk(chunk) = event.unwrap() {
+            reply.push(&chunk);
+        }
+    }
+    reply.finish()
+}
+
+fn tool_events() -> Vec<String> {
+    [
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "ls", "arguments": ""}}]}}]}),
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": "{\"path\":"}}]}}]}),
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": "\"/tmp\"}"}}]}, "finish_reason": "tool_calls"}]}),
+        json!({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}),
+    ]
+    .iter()
+    .map(Value::to_string)
+    .collect()
+}
+
+#[tokio::test]
+async fn a_request_carries_tools_options_headers_query_and_tool_messages() {
+    let (base_url, request) = serve(tool_events()).await;
+    let provider = OpenAiProvider::new(
+        OpenAiConfig::new(&base_url, "test-model")
+            .api_key("secret-key")
+            .header("OpenAI-Organization", "org-7")
+            .query("api-version", "2024-10-21"),
+    )
+    .unwrap();
+    let tools = json!([{"type": "function", "function": {
+        "name": "ls", "description": "list a folder",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "listing",
+        "schema": {"type": "object"}}});
+    let calls = json!([{"id": "call_0", "type": "function",
+        "function": {"name": "pwd", "arguments": "{}"}}]);
+    let sent = Request::new(vec![
+        Message::new(Role::System, "be brief"),
+        Message::new(Role::User, "what is in /tmp?"),
+        Message::new(Role::Assistant, "").tool_calls(calls.clone()),
+        Message::tool_result("call_0", "/home"),
+    ])
+    .options(
+        ModelOptions::default()
+            .tools(tools.clone())
+            .tool_choice(json!("required"))
+            .response_format(schema.clone())
+            .temperature(0.25)
+            .max_tokens(321)
+            .extra("seed", json!(7))
+            // The provider's own fields are not the caller's to replace.
+            .extra("model", json!("other-model"))
+            .extra("stream", json!(false)),
+    );
+    let reply = drain(&provider, &sent).await;
+
+    let (head, body) = split(&request.await.unwrap());
+    assert!(
+        head.starts_with("post /v1/chat/completions?api-version=2024-10-21 "),
+        "{head}"
+    );
+    assert!(head.contains("\r\nopenai-organization: org-7"), "{head}");
+    assert!(
+        head.contains("\r\nauthorization: bearer secret-key"),
+        "{head}"
+    );
+    assert_eq!(body["model"], "test-model");
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"], json!({"include_usage": true}));
+    assert_eq!(body["tools"], tools);
+    assert_eq!(body["tool_choice"], "required");
+    assert_eq!(body["response_format"], schema);
+    assert_eq!(body["temperature"], 0.25);
+    assert_eq!(body["max_tokens"], 321);
+    assert_eq!(body["seed"], 7);
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "what is in /tmp?"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "/home", "tool_call_id": "call_0"},
+        ])
+    );
+
+    // The tool call came in three pieces; it is whole here.
+    assert_eq!(
+        reply.tool_calls,
+        [ToolCall::new("call_1", "ls", r#"{"path":"/tmp"}"#)]
+    );
+    assert_eq!(reply.total_tokens(), 25);
+    // And goes back to the model as it would expect it.
+    let back = reply.to_message();
+    assert_eq!(back.tool_calls.unwrap()[0]["function"]["name"], "ls");
+}
+
+#[tokio::test]
+async fn a_plain_request_sends_no_option_it_was_not_given() {
+    let (base_url, request) = serve(vec![]).await;
+    let provider =
+        OpenAiProvider::new(OpenAiConfig::new(&base_url, "m").include_usage(false)).unwrap();
+    let _ = drain(&provider, &Request::prompt("hi")).await;
+    let (head, body) = split(&request.await.unwrap());
+    assert!(head.starts_with("post /v1/chat/completions "), "{head}");
+    assert_eq!(
+        body,
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true})
+    );
+}
+
+#[tokio::test]
+async fn a_shared_client_is_the_one_that_sends() {
+    let (base_url, request) = serve(vec![]).await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-from-shared-client", "yes".parse().unwrap());
+    let client = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let provider =
+        OpenAiProvider::with_client(OpenAiConfig::new(&base_url, "m"), client.clone()).unwrap();
+    let _ = drain(&provider, &Request::prompt("hi")).await;
+    let (head, _) = split(&request.await.unwrap());
+    assert!(head.contains("\r\nx-from-shared-client: yes"), "{head}");
+}
+
+/// A custom provider: its own request, the crate's event-stream decoding.
+struct Custom {
+    url: String,
+}
+
+#[async_trait::async_trait]
+impl Provider for Custom {
+    async fn open(
+        &self,
+        request: &Request,
+    ) -> Result<settle_stream::ProviderStream, settle_stream::StreamError> {
+        let body = json!({"input": request.messages, "signed": true});
+        let response = reqwest::Client::new()
+            .post(&self.url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|source| StreamErrorKind::Connect {
+                url: self.url.clone(),
+                source,
+            })?;
+        Ok(Box::new(OpenAiStream::from_response(
+            response,
+            DEFAULT_MAX_EVENT_BYTES,
+        )))
+    }
+}
+
+#[tokio::test]
+async fn a_custom_provider_reuses_the_event_stream_decoding() {
+    let (base_url, request) = serve(tool_events()).await;
+    let provider = Custom {
+        url: format!("{base_url}/responses"),
+    };
+    let reply = drain(&provider, &Request::prompt("hi")).await;
+    assert_eq!(reply.tool_calls[0].arguments, r#"{"path":"/tmp"}"#);
+    assert_eq!(reply.usage.len(), 1);
+    let (head, body) = split(&request.await.unwrap());
+    assert!(head.starts_with("post /v1/responses "), "{head}");
+    assert_eq!(body["signed"], true);
+}
+
+#[tokio::test]
+async fn a_429_reports_the_servers_retry_after() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let _connection = http::serve_one(listener, |mut wr| async move {
+        let body = r#"{"error":{"message":"slow down"}}"#;
+        let response = format!(
+            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 7\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        wr.write_all(response.as_bytes()).await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+    let error = match provider.open(&Request::prompt("hi")).await {
+        Err(error) => error,
+        Ok(_) => panic!("a 429 opened a stream"),
+    };
+    match error.kind() {
+        StreamErrorKind::Status {
+            status,
+            retry_after,
+            ..
+        } => {
+            assert_eq!(*status, 429);
+            assert_eq!(*retry_after, Some(Duration::from_secs(7)));
+        }
+        other => panic!("expected a status error, got {other:?}"),
+    }
+}
