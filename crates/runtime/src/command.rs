@@ -31,6 +31,8 @@ pub(crate) type TurnStarted = (
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).
     oneshot::Receiver<Result<(), settle_store::StoreError>>,
+    // How many times its opening was retried, counted by the driver.
+    std::sync::Arc<std::sync::atomic::AtomicU32>,
 );
 
 /// A started task's id and the receiver of its end.

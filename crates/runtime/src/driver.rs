@@ -461,6 +461,11 @@ impl Driver {
                 error,
             } => {
                 crate::meter::turn_retry();
+                if let Some(handle) = self.works.get(&work) {
+                    handle
+                        .retries
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if let Some(shared) = self.sessions.get(&work.session) {
                     self.events
                         .emit(Some(shared), || LifecycleEvent::TurnRetried {
@@ -676,9 +681,10 @@ impl Driver {
                     chunk_buffer: self.config.chunk_buffer,
                     tracker: &self.works_tracker,
                 });
+                let retries = handle.retries.clone();
                 self.works.insert(work, handle);
                 let (work, chunks, outcome) = turn;
-                let _ = reply.send(Ok((work, chunks, outcome, announced)));
+                let _ = reply.send(Ok((work, chunks, outcome, announced, retries)));
             }
             Start::Task { start, reply } => {
                 let (ctx, token, revoked) = task_work::context(work);

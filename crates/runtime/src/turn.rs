@@ -1,4 +1,6 @@
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
@@ -51,6 +53,8 @@ pub struct Turn {
     chunks: mpsc::Receiver<Chunk>,
     /// The tool calls of the chunks yielded so far, put together.
     calls: ToolCalls,
+    /// How many times its opening was retried (the driver counts).
+    retries: Arc<AtomicU32>,
     outcome: Option<oneshot::Receiver<crate::command::WorkEnd>>,
     /// Where a cancel goes; set until the turn is known to be over.
     cancel_on_drop: Option<mpsc::WeakUnboundedSender<Command>>,
@@ -61,11 +65,13 @@ impl Turn {
         work: WorkId,
         chunks: mpsc::Receiver<Chunk>,
         outcome: oneshot::Receiver<crate::command::WorkEnd>,
+        retries: Arc<AtomicU32>,
     ) -> Self {
         Turn {
             work,
             chunks,
             calls: ToolCalls::default(),
+            retries,
             outcome: Some(outcome),
             cancel_on_drop: None,
         }
@@ -108,6 +114,13 @@ impl Turn {
         self.calls.calls()
     }
 
+    /// How many times opening its stream was retried before the first
+    /// chunk (its [`RetryPolicy`](settle_stream::RetryPolicy)); each retry
+    /// is also a [`LifecycleEvent::TurnRetried`](crate::LifecycleEvent::TurnRetried).
+    pub fn retries(&self) -> u32 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
     /// Reads the turn to its end and returns it whole: how it ended, why if
     /// it failed, and its [`Reply`] (text, reasoning, usage of the chunks
     /// not yet read; the tool calls of the whole turn).
@@ -127,13 +140,18 @@ impl Turn {
         }
         self.saw(None);
         let calls = std::mem::take(&mut self.calls).finish();
+        // Read once the end is known: the driver counted every retry
+        // before it learnt of the end (one channel, in order).
+        let retries = self.retries.clone();
         let (outcome, error) = self.finish().await;
+        let retries = retries.load(Ordering::Relaxed);
         let mut reply = reply.finish();
         reply.tool_calls = calls;
         TurnReply {
             outcome,
             error,
             reply,
+            retries,
         }
     }
 
@@ -246,4 +264,6 @@ pub struct TurnReply {
     pub error: Option<TurnError>,
     /// What it said: text, reasoning, tool calls whole, usage.
     pub reply: Reply,
+    /// How many times opening its stream was retried.
+    pub retries: u32,
 }

@@ -36,6 +36,8 @@ pub(crate) struct WorkHandle {
     pub cancelled_at: Option<std::time::Instant>,
     /// A turn's span, to record how it ended.
     pub span: Option<tracing::Span>,
+    /// How many times a turn's opening was retried; its `Turn` reads it.
+    pub retries: Arc<std::sync::atomic::AtomicU32>,
 }
 
 enum Grip {
@@ -67,6 +69,7 @@ impl WorkHandle {
             outcome: Some(outcome),
             cancelled_at: None,
             span: None,
+            retries: Arc::default(),
         }
     }
 
@@ -217,6 +220,7 @@ pub(crate) fn spawn_turn(
         outcome: Some(outcome_tx),
         cancelled_at: None,
         span: Some(span),
+        retries: Arc::default(),
     };
     (handle, (work, chunks, outcome))
 }

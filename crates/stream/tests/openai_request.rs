@@ -257,3 +257,107 @@ async fn a_429_reports_the_servers_retry_after() {
         other => panic!("expected a status error, got {other:?}"),
     }
 }
+
+/// A server of several connections: the first `failures` requests get
+/// these statuses (with `Retry-After: 0` on a 429), the next one a reply.
+async fn flaky_server(
+    failures: Vec<u16>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            let status = failures.get(n).copied();
+            tokio::spawn(async move {
+                // Read the request's head and body (small: one read or two).
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut got = Vec::new();
+                while !String::from_utf8_lossy(&got).contains("\"stream\":true") {
+                    let read = socket.read(&mut buf).await.unwrap_or(0);
+                    if read == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..read]);
+                }
+                match status {
+                    Some(status) => {
+                        let extra = if status == 429 {
+                            "retry-after: 0\r\n"
+                        } else {
+                            ""
+                        };
+                        let response = format!(
+                            "HTTP/1.1 {status} Busy\r\n{extra}content-length: 0\r\nconnection: close\r\n\r\n"
+                        );
+                        let _ = socket.write_all(response.as_bytes()).await;
+                    }
+                    None => {
+                        let data = http::chunk_json("at last");
+                        let _ = socket.write_all(http::SSE_HEAD).await;
+                        let _ = socket
+                            .write_all(&http::chunked(&format!("data: {data}\n\ndata: [DONE]\n\n")))
+                            .await;
+                        let _ = socket.write_all(b"0\r\n\r\n").await;
+                    }
+                }
+            });
+        }
+    });
+    (base_url, requests)
+}
+
+#[tokio::test]
+async fn a_local_server_answering_429_and_503_is_retried_until_it_streams() {
+    use settle_stream::{
+        FnSink, Keyed, RetryPolicy, SinkError, TurnOptions, Work, WorkEnd, WorkSignal,
+    };
+    let (base_url, requests) = flaky_server(vec![429, 503]).await;
+    let provider =
+        std::sync::Arc::new(OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap());
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink_got = got.clone();
+    let sink = FnSink(
+        move |chunk: settle_stream::Chunk| -> Result<(), SinkError> {
+            sink_got.lock().unwrap().push(chunk.payload().to_owned());
+            Ok(())
+        },
+    );
+    let retry = RetryPolicy::default()
+        .retries(3)
+        .backoff(Duration::from_millis(5), Duration::from_millis(50));
+    let tracker = tokio_util::task::TaskTracker::new();
+    let (tx, mut signals) = tokio::sync::mpsc::unbounded_channel();
+    let _control = Work::new(provider, Request::prompt("hi"))
+        .options(TurnOptions::default().retry(retry))
+        .spawn(&tracker, sink, Keyed::new((), tx));
+    let mut retried = Vec::new();
+    let end = loop {
+        let signal = tokio::time::timeout(Duration::from_secs(10), signals.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .1;
+        match signal {
+            WorkSignal::Retrying { delay, error, .. } => retried.push((delay, error.message)),
+            WorkSignal::Ended(end) => break end,
+            _ => {}
+        }
+    };
+    assert_eq!(end, WorkEnd::Completed);
+    assert_eq!(*got.lock().unwrap(), ["at last"]);
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(retried.len(), 2);
+    // The 429's Retry-After (0 s) was honoured; the 503 waited its backoff.
+    assert_eq!(retried[0].0, Duration::ZERO);
+    assert!(retried[0].1.contains("429"), "{}", retried[0].1);
+    assert_eq!(retried[1].0, Duration::from_millis(10));
+    assert!(retried[1].1.contains("503"), "{}", retried[1].1);
+}

@@ -235,6 +235,7 @@ async fn a_retry_before_the_first_chunk_is_recorded_on_the_turn() {
         .await;
     assert_eq!(done.outcome, Outcome::Completed);
     assert_eq!(done.reply.text, "finally");
+    assert_eq!(done.retries, 2, "the turn says how often it was retried");
     let retries: Vec<_> = drain(&mut events)
         .into_iter()
         .filter_map(|e| match e {
