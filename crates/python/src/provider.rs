@@ -103,6 +103,10 @@ impl Shared {
         });
     }
 
+    fn close_requested(&self) -> bool {
+        self.control.lock().map_or(true, |c| c.close_requested)
+    }
+
     fn send_opened(&self, result: Result<(), String>) -> bool {
         let sender = self.opened.lock().ok().and_then(|mut o| o.take());
         match sender {
@@ -143,6 +147,9 @@ impl PumpSink {
     /// One item of the stream; `False` once the turn no longer takes any
     /// (it ended, was cancelled or detached): the pump stops.
     fn push(&self, item: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if self.shared.close_requested() {
+            return Ok(false);
+        }
         let mut chunks = Vec::new();
         crate::chunk::chunks_of(item, &mut chunks)?;
         for chunk in chunks {
