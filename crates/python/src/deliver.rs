@@ -7,7 +7,8 @@
 //! acquisition, and a Python program busy on the GIL slows only this thread,
 //! never the kernel's driver or the store.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use pyo3::Python;
 
@@ -17,6 +18,18 @@ pub(crate) type Job = Box<dyn for<'py> FnOnce(Python<'py>) + Send>;
 /// The sending side of the deliverer.
 pub(crate) struct Deliverer {
     jobs: mpsc::Sender<Job>,
+    gate: Arc<Gate>,
+}
+
+/// Keeps the deliverer away from an interpreter that is exiting: a thread
+/// that asks for the GIL once finalization has begun is ended inside
+/// CPython (`pthread_exit`), which no Rust frame survives.
+#[derive(Default)]
+struct Gate {
+    /// Held by the deliverer for as long as it is attached.
+    attached: Mutex<()>,
+    /// Set once the interpreter is exiting; the deliverer never attaches again.
+    closed: AtomicBool,
 }
 
 /// At most this many jobs per GIL acquisition, so Python threads get it back.
@@ -26,10 +39,19 @@ impl Deliverer {
     /// Starts the deliverer's thread.
     pub fn start() -> std::io::Result<Deliverer> {
         let (jobs, queue) = mpsc::channel::<Job>();
+        let gate = Arc::new(Gate::default());
+        let theirs = gate.clone();
         std::thread::Builder::new()
             .name("settle-deliver".into())
-            .spawn(move || run(queue))?;
-        Ok(Deliverer { jobs })
+            .spawn(move || run(queue, &theirs))?;
+        Ok(Deliverer { jobs, gate })
+    }
+
+    /// Stops delivering for good, once the job in hand (if any) is done:
+    /// what interpreter exit calls, with the GIL released.
+    pub fn close(&self) {
+        let _attached = self.gate.attached.lock();
+        self.gate.closed.store(true, Ordering::Release);
     }
 
     /// Queues `job` to run with the GIL held.
@@ -38,9 +60,14 @@ impl Deliverer {
     }
 }
 
-fn run(queue: mpsc::Receiver<Job>) {
+fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
     while let Ok(first) = queue.recv() {
         let mut first = Some(first);
+        let _attached = gate.attached.lock();
+        if gate.closed.load(Ordering::Acquire) {
+            std::mem::forget(first);
+            continue;
+        }
         let attached = Python::try_attach(|py| {
             if let Some(job) = first.take() {
                 job(py);

@@ -316,7 +316,8 @@ impl SignalHandler {
 }
 
 /// Shuts down every kernel this process opened and still holds, each
-/// within `timeout` seconds, with the GIL released: what `atexit` runs.
+/// within `timeout` seconds, with the GIL released, then stops handing
+/// results to Python: what `atexit` runs, at interpreter exit only.
 #[pyfunction]
 #[pyo3(signature = (timeout = 30.0))]
 pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
@@ -330,9 +331,6 @@ pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
             .collect(),
         Err(_) => Vec::new(),
     };
-    if kernels.is_empty() {
-        return Ok(());
-    }
     let here = here()?;
     py.detach(|| {
         here.runtime.block_on(async move {
@@ -340,6 +338,8 @@ pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
                 let _ = tokio::time::timeout(bound, kernel.shutdown(drain)).await;
             }
         });
+        // Nothing reaches Python from here on: the interpreter is exiting.
+        here.deliver.close();
     });
     Ok(())
 }

@@ -45,6 +45,28 @@ pub(crate) struct Source {
 pub(crate) struct PyProvider {
     pub source: Arc<Source>,
     pub deliver: Arc<Deliverer>,
+    /// Whether the kernel ever opened it.
+    pub opened: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for PyProvider {
+    /// A turn cancelled before its stream was opened: a source that is
+    /// already a stream (not a callable that makes one) was handed to the
+    /// kernel, so it is closed all the same (G4).
+    fn drop(&mut self) {
+        if self.opened.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let source = self.source.clone();
+        self.deliver.send(move |py| {
+            if let Ok(bridge) = bridge(py) {
+                let _ = bridge.call_method1(
+                    "close_unopened",
+                    (source.event_loop.bind(py), source.source.bind(py)),
+                );
+            }
+        });
+    }
 }
 
 enum Item {
@@ -127,16 +149,17 @@ pub(crate) struct PumpSink {
 
 #[pymethods]
 impl PumpSink {
-    /// The pump's task exists; `True` if it should cancel itself at once
-    /// (the turn was cancelled while its stream was being opened).
-    fn attach(&self, task: Py<PyAny>) -> bool {
-        match self.shared.control.lock() {
-            Ok(mut control) => {
-                control.task = Some(task);
-                control.close_requested
-            }
-            Err(_) => true,
+    /// The pump's task exists: a close asked for from now on cancels it.
+    fn attach(&self, task: Py<PyAny>) {
+        if let Ok(mut control) = self.shared.control.lock() {
+            control.task = Some(task);
         }
+    }
+
+    /// Whether the turn asked for the stream's close (it was cancelled,
+    /// possibly before the pump started).
+    fn close_requested(&self) -> bool {
+        self.shared.close_requested()
     }
 
     /// The source gave its stream.
@@ -202,6 +225,8 @@ impl Drop for CloseUnlessOpened {
 #[async_trait]
 impl Provider for PyProvider {
     async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+        self.opened
+            .store(true, std::sync::atomic::Ordering::Release);
         let (items_tx, items) = mpsc::unbounded_channel();
         let (opened_tx, opened) = oneshot::channel();
         let shared = Arc::new(Shared {

@@ -135,6 +135,7 @@ impl PySession {
                 to_chunk,
             }),
             deliver: here.deliver.clone(),
+            opened: std::sync::atomic::AtomicBool::new(false),
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
         // The start runs to its end even if the caller's task is cancelled:

@@ -89,15 +89,20 @@ pub(crate) struct TaskControl {
 
 #[pymethods]
 impl TaskControl {
-    /// The asyncio task exists; `True` if it must cancel itself at once.
-    fn attach(&self, task: Py<PyAny>) -> bool {
-        match self.shared.control.lock() {
-            Ok(mut control) => {
-                control.task = Some(task);
-                control.cancel_requested
-            }
-            Err(_) => true,
+    /// The asyncio task exists: a cancel asked for from now on reaches it.
+    fn attach(&self, task: Py<PyAny>) {
+        if let Ok(mut control) = self.shared.control.lock() {
+            control.task = Some(task);
         }
+    }
+
+    /// Whether the kernel asked for the task's cancel (possibly before the
+    /// asyncio task started).
+    fn cancel_requested(&self) -> bool {
+        self.shared
+            .control
+            .lock()
+            .map_or(true, |control| control.cancel_requested)
     }
 
     fn finished(&self, result: Py<PyAny>) {

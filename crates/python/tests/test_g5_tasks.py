@@ -116,7 +116,8 @@ async def test_g5_a_turn_whose_iterator_swallows_its_cancel_is_detached(db):
 
         stream = Stubborn(["tick"], forever=True)
         turn = await session.turn(stream)
-        await asyncio.wait_for(stream.first_item.wait(), 10)
+        first = await asyncio.wait_for(turn.__anext__(), 10)
+        assert first.text == "tick"  # stored
         started = time.monotonic()
         await turn.aclose()
         assert turn.outcome == "detached"

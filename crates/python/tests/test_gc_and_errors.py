@@ -103,8 +103,8 @@ async def test_a_chunk_that_cannot_be_read_fails_the_turn_saying_to_use_to_chunk
 
 async def test_g9_nothing_starts_once_a_shutdown_began(kernel):
     session = await kernel.register("s")
-    kernel.begin_shutdown(0.0)
-    assert kernel.shutting_down
+    kernel.begin_shutdown(0.0)  # does not wait
+    await eventually(lambda: kernel.shutting_down, "the shutdown to begin")
     with pytest.raises(settle.ShuttingDown):
         await kernel.register("late")
     await kernel.stopped()

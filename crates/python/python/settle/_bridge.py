@@ -40,16 +40,21 @@ def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink
 
 
 def _start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
-    task = loop.create_task(_pump(source, to_chunk, sink))
-    if sink.attach(task):
-        # The turn was cancelled while its stream was being opened.
-        task.cancel()
+    # Never cancelled before its first step (its body would not run, and
+    # its `finally` would not close anything): a close asked for before the
+    # task existed is seen by the pump itself, first thing.
+    sink.attach(loop.create_task(_pump(source, to_chunk, sink)))
 
 
 async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
     stream = None
     iterator = None
     try:
+        if sink.close_requested():
+            # The turn was cancelled while its stream was being opened.
+            await _close_source(source)
+            sink.cancelled()
+            return
         made = source() if callable(source) and not hasattr(source, "__aiter__") else source
         if inspect.isawaitable(made):
             made = await made
@@ -80,6 +85,21 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
             sink.closed()
 
 
+def close_unopened(loop: asyncio.AbstractEventLoop, source: Any) -> None:
+    """Closes a turn's source that the kernel never opened (the turn was
+    cancelled first), from the deliverer's thread."""
+    loop.call_soon_threadsafe(lambda: loop.create_task(_close_source(source)))
+
+
+async def _close_source(source: Any) -> None:
+    """A source given as a stream is closed; a coroutine is closed unawaited;
+    a callable that makes a stream was never called: nothing to close."""
+    if inspect.iscoroutine(source):
+        source.close()
+    elif hasattr(source, "__aiter__"):
+        await close_stream(source)
+
+
 async def close_stream(stream: Any, iterator: Any = None) -> None:
     """Closes a turn's stream once, best effort: ``aclose()``, else ``close()``
     (awaited when it returns an awaitable); errors are logged, never raised."""
@@ -105,13 +125,16 @@ def start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) ->
 
 
 def _start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
-    task = loop.create_task(_run_task(coroutine, control))
-    if control.attach(task):
-        task.cancel()
+    # As for a pump: never cancelled before its first step.
+    control.attach(loop.create_task(_run_task(coroutine, control)))
 
 
 async def _run_task(coroutine: Any, control: Any) -> None:
     CURRENT_TASK.set(control)
+    if control.cancel_requested():
+        coroutine.close()
+        control.cancelled()
+        return
     try:
         result = await coroutine
     except asyncio.CancelledError:
