@@ -63,9 +63,9 @@ fn g1_to_g11_hold_for_the_python_package() {
     // maturin of the environment builds it and nothing is downloaded.
     // The backend runs the `maturin` beside the interpreter.
     let bin = python.parent().map(Path::to_path_buf).unwrap_or_default();
-    let path = std::env::join_paths(
-        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
+    let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
     .expect("a PATH");
     let started = Instant::now();
     let installed = Command::new(&python)
@@ -97,5 +97,8 @@ fn g1_to_g11_hold_for_the_python_package() {
         .status()
         .expect("run pytest");
     eprintln!("pytest crates/python/tests: {:.1?}", started.elapsed());
-    assert!(tested.success(), "the Python package's tests failed (their output is above)");
+    assert!(
+        tested.success(),
+        "the Python package's tests failed (their output is above)"
+    );
 }

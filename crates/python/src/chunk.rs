@@ -65,7 +65,11 @@ impl PyChunk {
     }
 
     fn __repr__(&self) -> String {
-        format!("Chunk({:?}, {:?})", self.chunk.kind().as_str(), self.chunk.payload())
+        format!(
+            "Chunk({:?}, {:?})",
+            self.chunk.kind().as_str(),
+            self.chunk.payload()
+        )
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

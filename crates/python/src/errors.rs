@@ -69,9 +69,9 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         return ShuttingDown::new_err(message);
     }
     match error {
-        RuntimeError::Store(_) | RuntimeError::StoreTimeout { .. } | RuntimeError::Registration(_) => {
-            StoreError::new_err(message)
-        }
+        RuntimeError::Store(_)
+        | RuntimeError::StoreTimeout { .. }
+        | RuntimeError::Registration(_) => StoreError::new_err(message),
         RuntimeError::TooLarge { .. }
         | RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)) => {
             BadInput::new_err(message)

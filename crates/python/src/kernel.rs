@@ -21,8 +21,11 @@ use crate::session::PySession;
 static OPEN: Mutex<Vec<(u32, WeakKernel, Duration)>> = Mutex::new(Vec::new());
 
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value)
-        .map_err(|_| errors::BadInput::new_err(format!("{what} must be a number of seconds ≥ 0, not {value}")))
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        errors::BadInput::new_err(format!(
+            "{what} must be a number of seconds ≥ 0, not {value}"
+        ))
+    })
 }
 
 /// A running kernel: what a Python program holds. It registers sessions,
@@ -97,34 +100,44 @@ impl PyKernel {
     ) -> PyResult<Bound<'py, PyAny>> {
         let settle = seconds(settle_timeout, "settle_timeout")?;
         let drain = seconds(drain_timeout, "drain_timeout")?;
-        let idle = idle_timeout.map(|t| seconds(t, "idle_timeout")).transpose()?;
+        let idle = idle_timeout
+            .map(|t| seconds(t, "idle_timeout"))
+            .transpose()?;
         let owner = Owner::now()?;
         let here = here()?;
-        awaitable(py, &here, CancellationToken::new(), OnCancel::Finish, async move {
-            let store: Arc<dyn SessionStore> = match db {
-                None => Arc::new(MemoryStore::new()),
-                Some(db) => Arc::new(Store::open_async(db).await.map_err(|e| {
-                    errors::BadInput::new_err(e.to_string())
-                })?),
-            };
-            let kernel = Kernel::builder(store)
-                .settle_timeout(settle)
-                .drain_timeout(drain)
-                .idle_timeout(idle)
-                .start()
-                .await
-                .map_err(errors::runtime)?;
-            if let Ok(mut open) = OPEN.lock() {
-                open.retain(|(_, weak, _)| weak.upgrade().is_some());
-                open.push((std::process::id(), kernel.downgrade(), drain));
-            }
-            Ok(PyKernel {
-                kernel: ForkSafe::new(kernel, owner.clone()),
-                owner,
-                drain,
-                signal: Arc::new(AtomicU32::new(0)),
-            })
-        })
+        awaitable(
+            py,
+            &here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let store: Arc<dyn SessionStore> = match db {
+                    None => Arc::new(MemoryStore::new()),
+                    Some(db) => Arc::new(
+                        Store::open_async(db)
+                            .await
+                            .map_err(|e| errors::BadInput::new_err(e.to_string()))?,
+                    ),
+                };
+                let kernel = Kernel::builder(store)
+                    .settle_timeout(settle)
+                    .drain_timeout(drain)
+                    .idle_timeout(idle)
+                    .start()
+                    .await
+                    .map_err(errors::runtime)?;
+                if let Ok(mut open) = OPEN.lock() {
+                    open.retain(|(_, weak, _)| weak.upgrade().is_some());
+                    open.push((std::process::id(), kernel.downgrade(), drain));
+                }
+                Ok(PyKernel {
+                    kernel: ForkSafe::new(kernel, owner.clone()),
+                    owner,
+                    drain,
+                    signal: Arc::new(AtomicU32::new(0)),
+                })
+            },
+        )
     }
 
     /// Registers a root session (or a child of `parent`, a `Session` or an
@@ -147,10 +160,19 @@ impl PyKernel {
         };
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner) = (kernel.clone(), self.owner.clone());
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let session = kernel.register(name, parent).await.map_err(errors::runtime)?;
-            Ok(PySession::new(session, owner))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let session = kernel
+                    .register(name, parent)
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PySession::new(session, owner))
+            },
+        )
     }
 
     /// A handle on session `id`: an open one, or a finalized one whose
@@ -158,10 +180,19 @@ impl PyKernel {
     fn session<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner) = (kernel.clone(), self.owner.clone());
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            let session = kernel.session(SessionId(id)).await.map_err(errors::runtime)?;
-            Ok(PySession::new(session, owner))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let session = kernel
+                    .session(SessionId(id))
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PySession::new(session, owner))
+            },
+        )
     }
 
     /// Resolves to the sessions of the store (those in `state`, if given),
@@ -176,10 +207,16 @@ impl PyKernel {
             .map_err(|e| errors::BadInput::new_err(e.to_string()))?;
         let (kernel, here) = self.kernel.get()?;
         let kernel = kernel.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            let rows = kernel.list_sessions(state).await.map_err(errors::runtime)?;
-            Ok(Rows(rows))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let rows = kernel.list_sessions(state).await.map_err(errors::runtime)?;
+                Ok(Rows(rows))
+            },
+        )
     }
 
     /// Shuts down (G9): no new session or turn, transcripts flushed, idle
@@ -197,9 +234,13 @@ impl PyKernel {
         };
         let (kernel, here) = self.kernel.get()?;
         let kernel = kernel.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            Ok(Report(kernel.shutdown(drain).await))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move { Ok(Report(kernel.shutdown(drain).await)) },
+        )
     }
 
     /// Starts the graceful shutdown without waiting for it.
@@ -229,10 +270,16 @@ impl PyKernel {
     fn stopped<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (kernel, here) = self.kernel.get()?;
         let kernel = kernel.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            kernel.stopped().await;
-            Ok(())
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                kernel.stopped().await;
+                Ok(())
+            },
+        )
     }
 
     /// Installs handlers of SIGINT, SIGTERM and SIGHUP on the running loop
@@ -253,7 +300,10 @@ impl PyKernel {
         let signal = py.import("signal")?;
         for name in ["SIGINT", "SIGTERM", "SIGHUP"] {
             let number = signal.getattr(name)?;
-            event_loop.call_method1("add_signal_handler", (number.clone(), handler.clone_ref(py), number))?;
+            event_loop.call_method1(
+                "add_signal_handler",
+                (number.clone(), handler.clone_ref(py), number),
+            )?;
         }
         Ok(())
     }

@@ -197,7 +197,10 @@ impl PumpSink {
 
     /// The pump was cancelled.
     fn cancelled(&self) {
-        if !self.shared.send_opened(Err("the turn's task was cancelled".into())) {
+        if !self
+            .shared
+            .send_opened(Err("the turn's task was cancelled".into()))
+        {
             let _ = self.shared.items.send(Item::Cancelled);
         }
     }
@@ -249,7 +252,8 @@ impl Provider for PyProvider {
                 starting.closed.cancel();
             }
         });
-        let provider_error = |message: String| StreamError::from(StreamErrorKind::Provider { message });
+        let provider_error =
+            |message: String| StreamError::from(StreamErrorKind::Provider { message });
         match opened.await {
             Ok(Ok(())) => {
                 guard.shared = None;
@@ -260,7 +264,9 @@ impl Provider for PyProvider {
                 }))
             }
             Ok(Err(message)) => Err(provider_error(message)),
-            Err(_) => Err(provider_error("the turn's stream was dropped while opening".into())),
+            Err(_) => Err(provider_error(
+                "the turn's stream was dropped while opening".into(),
+            )),
         }
     }
 }
@@ -276,7 +282,12 @@ fn start_pump(py: Python<'_>, shared: &Arc<Shared>) -> PyResult<()> {
     let to_chunk = source.to_chunk.as_ref().map(|f| f.bind(py).clone());
     bridge(py)?.call_method1(
         "start_pump",
-        (source.event_loop.bind(py), source.source.bind(py), to_chunk, sink),
+        (
+            source.event_loop.bind(py),
+            source.source.bind(py),
+            to_chunk,
+            sink,
+        ),
     )?;
     Ok(())
 }

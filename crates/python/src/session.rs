@@ -99,10 +99,19 @@ impl PySession {
         check_write(py)?;
         let (handle, here) = self.handle.get()?;
         let (kernel, parent, owner) = (handle.kernel().clone(), handle.id(), self.owner.clone());
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let child = kernel.register(name, Some(parent)).await.map_err(errors::runtime)?;
-            Ok(PySession::new(child, owner))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let child = kernel
+                    .register(name, Some(parent))
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PySession::new(child, owner))
+            },
+        )
     }
 
     /// Starts a turn over `source`: a callable returning an async iterable
@@ -140,13 +149,19 @@ impl PySession {
         let (handle, owner) = (handle.clone(), self.owner.clone());
         // The start runs to its end even if the caller's task is cancelled:
         // the `Turn` it then makes is dropped, which cancels the turn.
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let turn = handle
-                .run_turn(provider, request)
-                .await
-                .map_err(errors::runtime)?;
-            Ok(PyTurn::new(turn, owner))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let turn = handle
+                    .run_turn(provider, request)
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PyTurn::new(turn, owner))
+            },
+        )
     }
 
     /// Runs `coroutine` as an asyncio task under this session's lifecycle
@@ -160,13 +175,27 @@ impl PySession {
         let (handle, here) = self.handle.get()?;
         let shared = TaskShared::new(running_loop(py)?.unbind(), coroutine, here.deliver.clone());
         let (handle, owner) = (handle.clone(), self.owner.clone());
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let task = handle
-                .spawn(move |context| crate::task::run(context, shared))
-                .await
-                .map_err(errors::runtime)?;
-            Ok(PyTask::new(task, owner))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let theirs = shared.clone();
+                let spawned = handle
+                    .spawn(move |context| crate::task::run(context, theirs))
+                    .await;
+                match spawned {
+                    Ok(task) => Ok(PyTask::new(task, owner)),
+                    Err(error) => {
+                        // Never started: closed unawaited, so Python does
+                        // not warn that it was never awaited.
+                        shared.discard();
+                        Err(errors::runtime(error))
+                    }
+                }
+            },
+        )
     }
 
     /// The agent is done: its live descendants are cancelled, settled and
@@ -176,10 +205,16 @@ impl PySession {
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let reason = handle.finish().await.map_err(errors::runtime)?;
-            Ok(reason.as_str())
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let reason = handle.finish().await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            },
+        )
     }
 
     /// Cancels the session: its descendants first, then its own turn and
@@ -194,15 +229,21 @@ impl PySession {
         } else {
             CancelMode::Graceful
         };
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            match handle.cancel(mode).await.map_err(errors::runtime)? {
-                Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
-                    "session {} was already finalized",
-                    handle.id()
-                ))),
-                _ => Ok(()),
-            }
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                match handle.cancel(mode).await.map_err(errors::runtime)? {
+                    Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
+                        "session {} was already finalized",
+                        handle.id()
+                    ))),
+                    _ => Ok(()),
+                }
+            },
+        )
     }
 
     /// Closes the session on a user's request: cancel, then finalize
@@ -211,20 +252,32 @@ impl PySession {
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let reason = handle.close().await.map_err(errors::runtime)?;
-            Ok(reason.as_str())
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let reason = handle.close().await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            },
+        )
     }
 
     /// Resolves to the end reason once the session is finalized.
     fn finalized<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            let reason = handle.finalized().await.map_err(errors::runtime)?;
-            Ok(reason.as_str())
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let reason = handle.finalized().await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            },
+        )
     }
 
     /// Resolves to its state as the kernel has it now: `"registered"`,
@@ -232,10 +285,16 @@ impl PySession {
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            let state = handle.state().await.map_err(errors::runtime)?;
-            Ok(state.as_str())
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let state = handle.state().await.map_err(errors::runtime)?;
+                Ok(state.as_str())
+            },
+        )
     }
 
     /// Resolves to its turns as the store has them: a list of dicts with
@@ -245,10 +304,16 @@ impl PySession {
     fn transcript<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let (kernel, id) = (handle.kernel().clone(), handle.id());
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            let detail = kernel.session_detail(id).await.map_err(errors::runtime)?;
-            Ok(Transcript(detail.turns))
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let detail = kernel.session_detail(id).await.map_err(errors::runtime)?;
+                Ok(Transcript(detail.turns))
+            },
+        )
     }
 
     fn __repr__(&self) -> String {

@@ -57,6 +57,17 @@ impl Shared {
         })
     }
 
+    /// Closes the coroutine unawaited when it never started (the spawn was
+    /// refused), so Python does not warn that it was never awaited.
+    pub fn discard(&self) {
+        let Some(coroutine) = self.coroutine.lock().ok().and_then(|mut c| c.take()) else {
+            return;
+        };
+        self.deliver.send(move |py| {
+            let _ = coroutine.bind(py).call_method0("close");
+        });
+    }
+
     fn report(&self, ended: Ended) {
         if let Some(sender) = self.ended.lock().ok().and_then(|mut e| e.take()) {
             let _ = sender.send(ended);
@@ -227,17 +238,23 @@ impl PyTask {
     fn join<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let handle = handle.lock().ok().and_then(|mut h| h.take());
-        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, async move {
-            let handle = handle.ok_or_else(|| errors::error("this task was already joined"))?;
-            match handle.join().await {
-                Ok(Ended::Returned(value)) => Ok(value),
-                Ok(Ended::Raised(error)) => Err(error),
-                Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
-                    "the task was cancelled and gave no result",
-                )),
-                Err(error) => Err(errors::task(error)),
-            }
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let handle = handle.ok_or_else(|| errors::error("this task was already joined"))?;
+                match handle.join().await {
+                    Ok(Ended::Returned(value)) => Ok(value),
+                    Ok(Ended::Raised(error)) => Err(error),
+                    Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
+                        "the task was cancelled and gave no result",
+                    )),
+                    Err(error) => Err(errors::task(error)),
+                }
+            },
+        )
     }
 
     fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

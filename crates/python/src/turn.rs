@@ -126,14 +126,20 @@ impl PyTurn {
         let (turn, here) = self.turn.get()?;
         let (turn, ending) = (turn.clone(), self.ending.clone());
         self.cancel.cancel();
-        awaitable(py, here, CancellationToken::new(), OnCancel::Finish, async move {
-            let mut slot = turn.lock().await;
-            if let Some(turn) = slot.take() {
-                turn.cancel();
-                settle_turn(turn, &ending).await;
-            }
-            Ok(())
-        })
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let mut slot = turn.lock().await;
+                if let Some(turn) = slot.take() {
+                    turn.cancel();
+                    settle_turn(turn, &ending).await;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Cancels the turn without waiting; the session stays open.
