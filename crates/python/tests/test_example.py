@@ -36,3 +36,23 @@ async def test_g1_the_scan_example_runs_against_a_local_server(db):
     assert rows["recon"]["end_reason"] == "parent_finished"
     assert rows["web"]["outcome"] == "cancelled"
     assert rows["web"]["finalized_at"] <= rows["root"]["finalized_at"]
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+async def test_g1_the_readme_example_runs_against_a_local_server(db):
+    text = README.read_text()
+    start = text.index("```python\nimport asyncio, openai, settle")
+    code = text[start + len("```python\n"): text.index("```", start + 10)]
+    async with SseServer(interval=0.01) as server:
+        code = code.replace("http://127.0.0.1:8080/v1", server.base_url).replace('"settle.db"', repr(db))
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
+    assert child.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["Hello, world", "completed"]
+    rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
+    assert rows["recon"]["end_reason"] == "parent_finished"
+    assert rows["root"]["end_reason"] == "completed"
