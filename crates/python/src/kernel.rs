@@ -1,7 +1,7 @@
 //! `settle.Kernel`: a running kernel over a store, and the process-wide
 //! list of kernels that interpreter exit shuts down.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -287,14 +287,22 @@ impl PyKernel {
     /// first signal starts the graceful shutdown (G9), every later one skips
     /// the rest of the drain. `received_signal` then says which came first.
     fn install_signal_handlers(&self, py: Python<'_>) -> PyResult<()> {
-        let (kernel, _) = self.kernel.get()?;
+        let (kernel, here) = self.kernel.get()?;
         let event_loop = running_loop(py)?;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (watched, flag) = (kernel.stopped(), stopped.clone());
+        here.runtime.spawn(async move {
+            watched.await;
+            flag.store(true, Ordering::Release);
+        });
         let handler = Py::new(
             py,
             SignalHandler {
                 kernel: kernel.downgrade(),
                 drain: self.drain,
                 first: self.signal.clone(),
+                stopped,
+                event_loop: event_loop.clone().unbind(),
             },
         )?;
         let signal = py.import("signal")?;
@@ -340,18 +348,30 @@ impl PyKernel {
 }
 
 /// The handler of the shutdown signals (see `install_signal_handlers`).
+///
+/// Once the kernel has stopped (or is gone), a signal gets its default
+/// action back: a program that hangs after its shutdown is still ended by
+/// SIGTERM or SIGINT, as the runtime's own signal handling does.
 #[pyclass(module = "settle._settle", frozen)]
 struct SignalHandler {
     kernel: WeakKernel,
     drain: Duration,
     first: Arc<AtomicU32>,
+    stopped: Arc<AtomicBool>,
+    event_loop: Py<PyAny>,
 }
 
 #[pymethods]
 impl SignalHandler {
-    fn __call__(&self, number: u32) {
-        let Some(kernel) = self.kernel.upgrade() else {
-            return;
+    fn __call__(&self, py: Python<'_>, number: u32) -> PyResult<()> {
+        let kernel = self
+            .kernel
+            .upgrade()
+            .filter(|_| !self.stopped.load(Ordering::Acquire));
+        let Some(kernel) = kernel else {
+            crate::awaitable::bridge(py)?
+                .call_method1("default_action", (self.event_loop.bind(py), number))?;
+            return Ok(());
         };
         if self
             .first
@@ -362,6 +382,7 @@ impl SignalHandler {
         } else {
             kernel.skip_drain();
         }
+        Ok(())
     }
 }
 

@@ -200,3 +200,28 @@ def test_a_completion_after_its_loop_closed_is_dropped_quietly(db):
     assert "shut down" in out.stdout
     assert "Event loop is closed" not in out.stderr, out.stderr
     assert "Traceback" not in out.stderr, out.stderr
+
+
+AFTER_STOP_SCRIPT = """
+import asyncio, os, signal, sys
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1])
+    kernel.install_signal_handlers()
+    await kernel.register("s")
+    await kernel.shutdown()
+    await kernel.stopped()
+    print("stopped", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(10)
+    print("survived the signal", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_g9_a_signal_after_the_kernel_stopped_takes_its_default_action(db):
+    out = run_script(AFTER_STOP_SCRIPT, db, timeout=30)
+    assert out.stdout.splitlines() == ["stopped"], out.stdout + out.stderr
+    assert out.returncode == -signal.SIGTERM

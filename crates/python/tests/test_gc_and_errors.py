@@ -111,3 +111,11 @@ async def test_g9_nothing_starts_once_a_shutdown_began(kernel):
     with pytest.raises((settle.ShuttingDown, settle.SessionClosed)):
         await session.turn(Stream())
     assert await session.finalized() == "shutdown"
+
+
+async def test_a_source_that_is_not_an_async_iterable_fails_the_turn_saying_so(kernel):
+    session = await kernel.register("s")
+    async with await session.turn(lambda: [1, 2]) as turn:
+        assert [c async for c in turn] == []
+    assert turn.outcome == "failed"
+    assert "not an async iterable" in turn.error[1]

@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import os
 from typing import Any, Optional
 
 _log = logging.getLogger("settle")
@@ -58,6 +59,10 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         made = source() if callable(source) and not hasattr(source, "__aiter__") else source
         if inspect.isawaitable(made):
             made = await made
+        if not hasattr(made, "__aiter__"):
+            raise TypeError(
+                f"the turn's source gave {type(made).__name__}, which is not an async iterable"
+            )
         stream = made
         iterator = stream.__aiter__()
         sink.opened()
@@ -146,6 +151,14 @@ async def _run_task(coroutine: Any, control: Any) -> None:
             raise
     else:
         control.finished(result)
+
+
+def default_action(loop: asyncio.AbstractEventLoop, number: int) -> None:
+    """Gives signal ``number`` its default action back and takes it: the
+    kernel it was for has stopped (a signal after the shutdown ends the
+    program, as it would without handlers)."""
+    loop.remove_signal_handler(number)
+    os.kill(os.getpid(), number)
 
 
 def cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
