@@ -87,10 +87,11 @@ fn g1_to_g11_hold_for_the_python_package() {
     assert!(installed.success(), "pip install ./crates/python failed");
     eprintln!("pip install ./crates/python: {:.1?}", started.elapsed());
 
+    let settle = settle_tests::settle_bin();
     let started = Instant::now();
     let tested = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
-        .env("SETTLE_BIN", settle_tests::settle_bin())
+        .env("SETTLE_BIN", settle)
         .env("PATH", &path)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .current_dir(&package)
