@@ -58,7 +58,7 @@ async def read(turn: settle.Turn) -> None:
 
 async def ours(n: int, fanout: int, folder: str, round_no: int) -> float:
     db = os.path.join(folder, f"ours-{n}-{round_no}.db")
-    kernel = await settle.Kernel.open(db, settle_timeout=5.0, idle_timeout=None)
+    kernel = await settle.Kernel.open(db, settle_timeout=5.0, idle_timeout=None, idle_ttl=None, lru_cap=None)
     try:
         sessions = [await kernel.register("agent-0")]
         for i in range(1, n):

@@ -87,22 +87,28 @@ impl PyKernel {
     /// a `postgres://` URL; `None` for a store in memory) and starts a
     /// kernel on it. Times are in seconds: `settle_timeout` (G5),
     /// `drain_timeout` (G9), `idle_timeout` (a stream silent this long ends
-    /// its turn `idle_timeout`; `None` for none). Raises `BadInput` for a
+    /// its turn `idle_timeout`; `None` for none), `idle_ttl` (an idle
+    /// session this old is reaped, `idle_reap`; `None` for never); `lru_cap`
+    /// (past this many open sessions the least recently active idle one is
+    /// evicted, `lru_evict`; `None` for no cap). Raises `BadInput` for a
     /// database that cannot be opened, `StoreError` when the store fails.
     #[staticmethod]
-    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(300.0)))]
+    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(300.0), idle_ttl = Some(1800.0), lru_cap = Some(1000)))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<String>,
         settle_timeout: f64,
         drain_timeout: f64,
         idle_timeout: Option<f64>,
+        idle_ttl: Option<f64>,
+        lru_cap: Option<usize>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let settle = seconds(settle_timeout, "settle_timeout")?;
         let drain = seconds(drain_timeout, "drain_timeout")?;
         let idle = idle_timeout
             .map(|t| seconds(t, "idle_timeout"))
             .transpose()?;
+        let idle_ttl = idle_ttl.map(|t| seconds(t, "idle_ttl")).transpose()?;
         let owner = Owner::now()?;
         let here = here()?;
         awaitable(
@@ -123,6 +129,8 @@ impl PyKernel {
                     .settle_timeout(settle)
                     .drain_timeout(drain)
                     .idle_timeout(idle)
+                    .idle_ttl(idle_ttl)
+                    .lru_cap(lru_cap)
                     .start()
                     .await
                     .map_err(errors::runtime)?;
