@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The `python` row of SPEC §9: the durable teardown driven from Python
+through the `settle` package, against the asyncio peer at the same size.
+
+N agents in a tree (fan-out 10 by default), each a session whose turn is
+mid-stream on an async generator, read by an asyncio task of its own. Timed
+from the root's finish (which cancels every descendant, closes every stream
+with aclose() and finalizes every session, children first, timeline
+included, on a SQLite file in WAL mode) until every reading task has ended.
+The peer (`crates/bench/peers/asyncio_teardown.py`, the seeds' own teardown:
+cancel, gather, aclose, one UPDATE per session) runs in the same process,
+its rounds interleaved with ours.
+
+    pip install ./crates/python      # a release build: what a user installs
+    python crates/python/bench/teardown.py [N ...] [--fanout F] [--runs R] [--json]
+
+Prints one line per size (or, with --json, one object: {"n", "fanout",
+"runs", "ours_ms", "peer_ms", "ratio"}: medians, ratio = ours / peer, target
+≤ 1.0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import settle
+
+PEER = Path(__file__).resolve().parents[2] / "bench" / "peers" / "asyncio_teardown.py"
+
+
+def load_peer():
+    spec = importlib.util.spec_from_file_location("asyncio_teardown", PEER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def provider():
+    i = 0
+    while True:
+        await asyncio.sleep(3600)
+        yield str(i)
+        i += 1
+
+
+async def read(turn: settle.Turn) -> None:
+    async for _ in turn:
+        pass
+
+
+async def ours(n: int, fanout: int, folder: str, round_no: int) -> float:
+    db = os.path.join(folder, f"ours-{n}-{round_no}.db")
+    kernel = await settle.Kernel.open(db, settle_timeout=5.0, idle_timeout=None, idle_ttl=None, lru_cap=None)
+    try:
+        sessions = [await kernel.register("agent-0")]
+        for i in range(1, n):
+            sessions.append(await kernel.register(f"agent-{i}", sessions[(i - 1) // fanout]))
+        turns = await asyncio.gather(*(s.turn(provider) for s in sessions))
+        readers = [asyncio.create_task(read(t)) for t in turns]
+        # Every turn's stream is open and mid-stream (its pump is waiting).
+        await asyncio.sleep(0.2)
+        t0 = time.perf_counter()
+        await sessions[0].finish()
+        await asyncio.gather(*readers)
+        dt = time.perf_counter() - t0
+        outcomes = {t.outcome for t in turns}
+        assert outcomes == {"cancelled"}, outcomes
+        return dt
+    finally:
+        await kernel.shutdown(0.0)
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(db + suffix):
+                os.unlink(db + suffix)
+
+
+def main(argv) -> None:
+    sizes, fanout, runs, as_json = [], 10, 5, False
+    it = iter(argv)
+    for a in it:
+        if a == "--fanout":
+            fanout = int(next(it))
+        elif a == "--runs":
+            runs = int(next(it))
+        elif a == "--json":
+            as_json = True
+        else:
+            sizes.append(int(a))
+    peer = load_peer()
+    with tempfile.TemporaryDirectory() as folder:
+        for n in sizes or [1000, 10000]:
+            mine, theirs = [], []
+            for r in range(runs):
+                mine.append(asyncio.run(ours(n, max(1, fanout), folder, r)) * 1000)
+                theirs.append(asyncio.run(peer.teardown(n, max(1, fanout), folder)) * 1000)
+            mine.sort()
+            theirs.sort()
+            row = {"n": n, "fanout": fanout, "runs": runs, "ours_ms": mine[runs // 2],
+                   "peer_ms": theirs[runs // 2]}
+            row["ratio"] = row["ours_ms"] / row["peer_ms"]
+            if as_json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"python teardown durable n={n} fanout={fanout}: settle {row['ours_ms']:.1f} ms, "
+                      f"asyncio peer {row['peer_ms']:.1f} ms, ratio {row['ratio']:.2f} (target <= 1.0)",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,83 @@
+"""settle: a lifecycle kernel for LLM-agent sessions, for asyncio programs.
+
+A program keeps its own model client, tools and loop, and puts them under
+the kernel, so that teardown is correct on every path::
+
+    import settle
+
+    async def main():
+        async with await settle.Kernel.open("settle.db") as kernel:
+            kernel.install_signal_handlers()   # SIGINT/SIGTERM: G9; a second skips the drain
+            root = await kernel.register("root")
+            recon = await root.child("recon")
+            tool = await recon.spawn(run_nmap(target))       # under recon's lifecycle
+            async with await recon.turn(
+                lambda: client.chat.completions.create(model=m, messages=msgs, stream=True),
+                input=msgs,
+            ) as turn:
+                async for chunk in turn:                    # chunks the store has (G7)
+                    print(chunk.text or "", end="")
+            print(turn.outcome)            # completed | cancelled | failed | idle_timeout | detached
+            await root.finish()            # recon cancelled, settled, finalized first (G1)
+
+What it guarantees (the numbers are the project's, see its README):
+
+- G1: no session is finalized while a descendant is running or cancelling;
+  children are cancelled and finalized before their parent on every path.
+- G2: every session is finalized exactly once.
+- G4: a turn's stream is closed exactly once (``aclose()``, else ``close()``)
+  on end, error, idle timeout, cancel and drop, including a cancel that lands
+  while it is being opened.
+- G5: cancelled work (a turn, a spawned coroutine) gets ``settle_timeout``
+  seconds to unwind, then it is detached.
+- G7: a chunk a turn yields is already stored.
+- G9: shutdown (``kernel.shutdown()``, a signal, interpreter exit) starts no
+  new work, finalizes idle sessions at once, lets running turns drain, then
+  cancels and settles them, and finalizes every session, within
+  drain + settle timeout + a flush budget.
+- G10: a write to a finalized session, or by a task detached at the settle
+  deadline, raises ``settle.SessionClosed``.
+
+Errors are exceptions under ``settle.Error``. A forked child that uses its
+parent's kernel gets ``settle.Error`` (open a new kernel in the child).
+"""
+
+from __future__ import annotations
+
+import atexit as _atexit
+
+from settle._settle import (
+    AlreadyFinalized,
+    BadInput,
+    Cancelled,
+    Chunk,
+    Detached,
+    Error,
+    Kernel,
+    Session,
+    SessionClosed,
+    ShuttingDown,
+    StoreError,
+    Task,
+    Turn,
+    shutdown_all as _shutdown_all,
+)
+
+__all__ = [
+    "AlreadyFinalized",
+    "BadInput",
+    "Cancelled",
+    "Chunk",
+    "Detached",
+    "Error",
+    "Kernel",
+    "Session",
+    "SessionClosed",
+    "ShuttingDown",
+    "StoreError",
+    "Task",
+    "Turn",
+]
+
+# Interpreter exit shuts down every kernel still open (G9), each bounded.
+_atexit.register(_shutdown_all)

@@ -1,0 +1,166 @@
+"""The Python half of the bridge: what runs on the caller's event loop.
+
+The Rust half (``settle._settle``) never runs Python code on the loop
+itself: it schedules these functions there with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import os
+from typing import Any, Optional
+
+_log = logging.getLogger("settle")
+
+#: The control of the settle task the current asyncio task runs, if any: a
+#: detached task's writes are refused through it (G10).
+CURRENT_TASK: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
+    "settle_current_task", default=None
+)
+
+
+def resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
+    """Hands a kernel call's result to its future, unless it was cancelled."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+# --- turns --------------------------------------------------------------
+
+
+def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
+    """Starts a turn's pump on ``loop`` (called from the deliverer's thread)."""
+    loop.call_soon_threadsafe(_start_pump, loop, source, to_chunk, sink)
+
+
+def _start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
+    # Never cancelled before its first step (its body would not run, and
+    # its `finally` would not close anything): a close asked for before the
+    # task existed is seen by the pump itself, first thing.
+    sink.attach(loop.create_task(_pump(source, to_chunk, sink)))
+
+
+async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
+    stream = None
+    iterator = None
+    try:
+        if sink.close_requested():
+            # The turn was cancelled while its stream was being opened.
+            await _close_source(source)
+            sink.cancelled()
+            return
+        made = source() if callable(source) and not hasattr(source, "__aiter__") else source
+        if inspect.isawaitable(made):
+            made = await made
+        if not hasattr(made, "__aiter__"):
+            raise TypeError(
+                f"the turn's source gave {type(made).__name__}, which is not an async iterable"
+            )
+        stream = made
+        iterator = stream.__aiter__()
+        sink.opened()
+        while True:
+            try:
+                item = await iterator.__anext__()
+            except StopAsyncIteration:
+                break
+            if to_chunk is not None:
+                item = to_chunk(item)
+            if not sink.push(item):
+                # The turn is over (ended, cancelled, or detached): stop here.
+                return
+        sink.end()
+    except asyncio.CancelledError:
+        sink.cancelled()
+        raise
+    except Exception as error:  # the source's own failure ends the turn, saying why
+        sink.fail(f"{type(error).__name__}: {error}")
+    finally:
+        try:
+            if stream is not None:
+                await close_stream(stream, iterator)
+        finally:
+            sink.closed()
+
+
+def close_unopened(loop: asyncio.AbstractEventLoop, source: Any) -> None:
+    """Closes a turn's source that the kernel never opened (the turn was
+    cancelled first), from the deliverer's thread."""
+    loop.call_soon_threadsafe(lambda: loop.create_task(_close_source(source)))
+
+
+async def _close_source(source: Any) -> None:
+    """A source given as a stream is closed; a coroutine is closed unawaited;
+    a callable that makes a stream was never called: nothing to close."""
+    if inspect.iscoroutine(source):
+        source.close()
+    elif hasattr(source, "__aiter__"):
+        await close_stream(source)
+
+
+async def close_stream(stream: Any, iterator: Any = None) -> None:
+    """Closes a turn's stream once, best effort: ``aclose()``, else ``close()``
+    (awaited when it returns an awaitable); errors are logged, never raised."""
+    closer = getattr(stream, "aclose", None) or getattr(stream, "close", None)
+    if closer is None and iterator is not None and iterator is not stream:
+        closer = getattr(iterator, "aclose", None)
+    if closer is None:
+        return
+    try:
+        closing = closer()
+        if inspect.isawaitable(closing):
+            await closing
+    except Exception as error:  # close is best effort (G4)
+        _log.warning("closing a turn's stream failed: %s", error)
+
+
+# --- tasks --------------------------------------------------------------
+
+
+def start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
+    """Starts a settle task's coroutine on ``loop`` (from the deliverer's thread)."""
+    loop.call_soon_threadsafe(_start_task, loop, coroutine, control)
+
+
+def _start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
+    # As for a pump: never cancelled before its first step.
+    control.attach(loop.create_task(_run_task(coroutine, control)))
+
+
+async def _run_task(coroutine: Any, control: Any) -> None:
+    CURRENT_TASK.set(control)
+    if control.cancel_requested():
+        coroutine.close()
+        control.cancelled()
+        return
+    try:
+        result = await coroutine
+    except asyncio.CancelledError:
+        control.cancelled()
+        raise
+    except BaseException as error:  # reported to whoever joins the task
+        control.failed(error)
+        if not isinstance(error, Exception):
+            raise
+    else:
+        control.finished(result)
+
+
+def default_action(loop: asyncio.AbstractEventLoop, number: int) -> None:
+    """Gives signal ``number`` its default action back and takes it: the
+    kernel it was for has stopped (a signal after the shutdown ends the
+    program, as it would without handlers)."""
+    loop.remove_signal_handler(number)
+    os.kill(os.getpid(), number)
+
+
+def cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    """Cancels ``task`` on its own loop (from the deliverer's thread)."""
+    loop.call_soon_threadsafe(task.cancel)

@@ -1,0 +1,167 @@
+//! Chunks between Python and the kernel: what a turn's iterator may yield,
+//! and the `settle.Chunk` a turn gives back.
+//!
+//! An item of a turn's iterator (after the caller's `to_chunk`, if any) is
+//! read as:
+//!
+//! | item | chunks |
+//! |---|---|
+//! | `str` | one text chunk (an empty string: none) |
+//! | `settle.Chunk` | itself |
+//! | `None` | none (a keepalive) |
+//! | a list or tuple | each element, in order |
+//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one: `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk |
+//!
+//! Anything else is refused with `settle.BadInput` (and fails the turn,
+//! saying why): pass `to_chunk=` to read it.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyTuple};
+use serde_json::Value;
+use settle_core::ChunkKind;
+use settle_stream::Chunk;
+
+use crate::convert;
+
+/// One piece of a turn's output, as the store acknowledged it: text, or a
+/// structured chunk (reasoning, a tool-call piece, usage, data).
+#[pyclass(name = "Chunk", module = "settle", frozen)]
+pub(crate) struct PyChunk {
+    pub chunk: Chunk,
+}
+
+#[pymethods]
+impl PyChunk {
+    /// A chunk of `kind` (`"text"`, `"reasoning"`, `"tool_call"`, `"usage"`,
+    /// `"data"`...) carrying `data`: a string for text, any JSON-like value
+    /// for the others. What a `to_chunk` callable may return.
+    #[new]
+    fn new(kind: &str, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let kind: ChunkKind = kind
+            .parse()
+            .map_err(|e| crate::errors::BadInput::new_err(format!("{e}")))?;
+        let value = convert::to_json(data)?;
+        Ok(PyChunk {
+            chunk: Chunk::json(kind, &value),
+        })
+    }
+
+    /// What it carries: `"text"`, `"reasoning"`, `"tool_call"`, `"usage"`, ...
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.chunk.kind().as_str()
+    }
+
+    /// The text of a text chunk; `None` for the other kinds.
+    #[getter]
+    fn text(&self) -> Option<&str> {
+        self.chunk.as_text()
+    }
+
+    /// The payload: the text of a text chunk, the parsed JSON of the others.
+    #[getter]
+    fn data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        convert::from_json(py, &self.chunk.to_json())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Chunk({:?}, {:?})",
+            self.chunk.kind().as_str(),
+            self.chunk.payload()
+        )
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyChunk>()
+            .is_ok_and(|other| other.get().chunk == self.chunk)
+    }
+}
+
+/// The chunks `item` stands for (the table of the module's doc).
+pub(crate) fn chunks_of(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>) -> PyResult<()> {
+    if item.is_none() {
+        return Ok(());
+    }
+    if let Ok(text) = item.cast::<PyString>() {
+        let text = text.to_cow()?;
+        if !text.is_empty() {
+            out.push(Chunk::text(text));
+        }
+        return Ok(());
+    }
+    if let Ok(chunk) = item.cast::<PyChunk>() {
+        out.push(chunk.get().chunk.clone());
+        return Ok(());
+    }
+    if let Ok(list) = item.cast::<PyList>() {
+        for each in list.iter() {
+            chunks_of(&each, out)?;
+        }
+        return Ok(());
+    }
+    if let Ok(tuple) = item.cast::<PyTuple>() {
+        for each in tuple.iter() {
+            chunks_of(&each, out)?;
+        }
+        return Ok(());
+    }
+    if item.is_instance_of::<pyo3::types::PyDict>() || item.hasattr("model_dump")? {
+        let value = convert::to_json(item)?;
+        if value.get("choices").is_some() || value.get("usage").is_some() {
+            openai_chunks(&value, out);
+            return Ok(());
+        }
+    }
+    let shown = item.repr().map(|r| r.to_string()).unwrap_or_default();
+    Err(crate::errors::BadInput::new_err(format!(
+        "a turn's iterator yielded {} ({}), which is not a str, a settle.Chunk or an \
+         OpenAI-shaped chunk; pass to_chunk= to turn it into one",
+        item.get_type().name()?,
+        excerpt(&shown)
+    )))
+}
+
+/// The chunks of one OpenAI streaming chunk, as the Rust provider reads an
+/// SSE event.
+fn openai_chunks(value: &Value, out: &mut Vec<Chunk>) {
+    let delta = value.pointer("/choices/0/delta");
+    if let Some(delta) = delta {
+        let reasoning = ["reasoning_content", "reasoning"]
+            .iter()
+            .find_map(|key| delta.get(*key).filter(|v| !is_empty(v)));
+        if let Some(reasoning) = reasoning {
+            out.push(Chunk::json(ChunkKind::Reasoning, reasoning));
+        }
+        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+            if !text.is_empty() {
+                out.push(Chunk::text(text));
+            }
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for call in calls {
+                out.push(Chunk::json(ChunkKind::ToolCall, call));
+            }
+        }
+    }
+    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+        out.push(Chunk::json(ChunkKind::Usage, usage));
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(text) => text.is_empty(),
+        _ => false,
+    }
+}
+
+fn excerpt(text: &str) -> String {
+    const MAX: usize = 80;
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}

@@ -1,0 +1,81 @@
+//! Python values and JSON: what a dict, a list or a pydantic model (the
+//! `openai` package's types) becomes in the store, and back.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde_json::{Map, Number, Value};
+
+/// How deep a value may nest before it is refused (a cycle, or a value no
+/// model sends).
+const MAX_DEPTH: usize = 64;
+
+/// `value` as JSON: `None`, booleans, numbers, strings, lists, tuples,
+/// dicts (keys as strings), and objects with `model_dump()` (pydantic);
+/// anything else as its `str()`.
+pub(crate) fn to_json(value: &Bound<'_, PyAny>) -> PyResult<Value> {
+    to_json_at(value, 0)
+}
+
+fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+    if depth > MAX_DEPTH {
+        return Err(crate::errors::BadInput::new_err(format!(
+            "a value nests deeper than {MAX_DEPTH} levels; it cannot be stored"
+        )));
+    }
+    if value.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(flag) = value.cast::<PyBool>() {
+        return Ok(Value::Bool(flag.is_true()));
+    }
+    if value.is_instance_of::<PyInt>() {
+        if let Ok(n) = value.extract::<i64>() {
+            return Ok(Value::from(n));
+        }
+        if let Ok(n) = value.extract::<u64>() {
+            return Ok(Value::from(n));
+        }
+        return Ok(Value::String(value.str()?.to_string()));
+    }
+    if let Ok(n) = value.cast::<PyFloat>() {
+        return Ok(Number::from_f64(n.value()).map_or(Value::Null, Value::Number));
+    }
+    if let Ok(text) = value.cast::<PyString>() {
+        return Ok(Value::String(text.to_cow()?.into_owned()));
+    }
+    if let Ok(list) = value.cast::<PyList>() {
+        return list.iter().map(|v| to_json_at(&v, depth + 1)).collect();
+    }
+    if let Ok(tuple) = value.cast::<PyTuple>() {
+        return tuple.iter().map(|v| to_json_at(&v, depth + 1)).collect();
+    }
+    if let Ok(dict) = value.cast::<PyDict>() {
+        let mut map = Map::new();
+        for (key, item) in dict.iter() {
+            let key = match key.cast::<PyString>() {
+                Ok(key) => key.to_cow()?.into_owned(),
+                Err(_) => key.str()?.to_string(),
+            };
+            map.insert(key, to_json_at(&item, depth + 1)?);
+        }
+        return Ok(Value::Object(map));
+    }
+    if value.hasattr("model_dump")? {
+        let kwargs = PyDict::new(value.py());
+        kwargs.set_item("exclude_none", true)?;
+        let dumped = value.call_method("model_dump", (), Some(&kwargs))?;
+        return to_json_at(&dumped, depth + 1);
+    }
+    Ok(Value::String(value.str()?.to_string()))
+}
+
+/// `value` as a Python object (through `json.loads`).
+pub(crate) fn from_json<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    match value {
+        Value::Null => Ok(py.None().into_bound(py)),
+        Value::String(text) => Ok(PyString::new(py, text).into_any()),
+        other => py
+            .import("json")?
+            .call_method1("loads", (other.to_string(),)),
+    }
+}

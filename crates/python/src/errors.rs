@@ -1,0 +1,106 @@
+//! The exceptions of the package, all under `settle.Error`, and how each
+//! runtime error reads as one.
+
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use settle_runtime::{RuntimeError, TaskError};
+
+pyo3::create_exception!(
+    settle,
+    Error,
+    PyException,
+    "Every error of `settle`: the base of the others. A forked child that uses its parent's kernel gets this one."
+);
+pyo3::create_exception!(
+    settle,
+    SessionClosed,
+    Error,
+    "G10: the session is finalized (or the task writing was detached at the settle deadline); its handle is closed."
+);
+pyo3::create_exception!(
+    settle,
+    AlreadyFinalized,
+    Error,
+    "G2: the session was already finalized; the request changed nothing."
+);
+pyo3::create_exception!(
+    settle,
+    ShuttingDown,
+    Error,
+    "G9: the kernel is shutting down (or has stopped); no new session, turn or task starts."
+);
+pyo3::create_exception!(
+    settle,
+    StoreError,
+    Error,
+    "The session store failed, or did not answer within its timeout."
+);
+pyo3::create_exception!(
+    settle,
+    BadInput,
+    Error,
+    "An argument was refused before anything was written: an unknown session, a request over a size limit, a chunk that cannot be read."
+);
+pyo3::create_exception!(
+    settle,
+    Detached,
+    Error,
+    "G5: the task ignored its cancellation past the settle timeout and was detached; its result is refused."
+);
+pyo3::create_exception!(
+    settle,
+    Cancelled,
+    Error,
+    "The task was cancelled (by its session, the kernel, or `Task.cancel()`) and gave no result."
+);
+
+/// A plain `settle.Error`.
+pub(crate) fn error(message: impl Into<String>) -> PyErr {
+    Error::new_err(message.into())
+}
+
+/// A runtime error as the exception that names it.
+pub(crate) fn runtime(error: RuntimeError) -> PyErr {
+    let message = error.to_string();
+    if error.is_session_closed() {
+        return SessionClosed::new_err(message);
+    }
+    if error.is_shutting_down() {
+        return ShuttingDown::new_err(message);
+    }
+    match error {
+        RuntimeError::Store(_)
+        | RuntimeError::StoreTimeout { .. }
+        | RuntimeError::Registration(_) => StoreError::new_err(message),
+        RuntimeError::TooLarge { .. }
+        | RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)) => {
+            BadInput::new_err(message)
+        }
+        RuntimeError::Stopped => ShuttingDown::new_err(message),
+        _ => Error::new_err(message),
+    }
+}
+
+/// Why a task gave no result, as an exception.
+pub(crate) fn task(error: TaskError) -> PyErr {
+    let message = error.to_string();
+    match error {
+        TaskError::Detached => Detached::new_err(message),
+        TaskError::Stopped => ShuttingDown::new_err(message),
+        TaskError::Panicked(_) => Error::new_err(message),
+    }
+}
+
+/// Adds the exception classes to the module.
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = module.py();
+    module.add("Error", py.get_type::<Error>())?;
+    module.add("SessionClosed", py.get_type::<SessionClosed>())?;
+    module.add("AlreadyFinalized", py.get_type::<AlreadyFinalized>())?;
+    module.add("ShuttingDown", py.get_type::<ShuttingDown>())?;
+    module.add("StoreError", py.get_type::<StoreError>())?;
+    module.add("BadInput", py.get_type::<BadInput>())?;
+    module.add("Detached", py.get_type::<Detached>())?;
+    module.add("Cancelled", py.get_type::<Cancelled>())?;
+    Ok(())
+}

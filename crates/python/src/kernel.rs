@@ -1,0 +1,424 @@
+//! `settle.Kernel`: a running kernel over a store, and the process-wide
+//! list of kernels that interpreter exit shuts down.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use settle_core::{SessionId, State};
+use settle_runtime::{Kernel, ShutdownReport, WeakKernel};
+use settle_store::{MemoryStore, SessionStore, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::awaitable::{awaitable, ready, running_loop, OnCancel};
+use crate::errors;
+use crate::process::{here, ForkSafe, Owner};
+use crate::session::PySession;
+
+/// The kernels opened in this process, for the shutdown at interpreter exit.
+static OPEN: Mutex<Vec<(u32, WeakKernel, Duration)>> = Mutex::new(Vec::new());
+
+fn seconds(value: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        errors::BadInput::new_err(format!(
+            "{what} must be a number of seconds ≥ 0, not {value}"
+        ))
+    })
+}
+
+/// A running kernel: what a Python program holds. It registers sessions,
+/// and it shuts them all down (G9) on `shutdown()`, at the end of an
+/// `async with` block, on SIGINT/SIGTERM once `install_signal_handlers()`
+/// was called, and at interpreter exit (bounded by drain + settle timeout +
+/// flush budget).
+#[pyclass(name = "Kernel", module = "settle", frozen)]
+pub(crate) struct PyKernel {
+    kernel: ForkSafe<Kernel>,
+    owner: Owner,
+    drain: Duration,
+    /// The first signal the handlers received (0: none).
+    signal: Arc<AtomicU32>,
+}
+
+/// A shutdown's report on its way to Python.
+struct Report(ShutdownReport);
+
+impl<'py> IntoPyObject<'py> for Report {
+    type Target = PyDict;
+    type Output = Bound<'py, PyDict>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        let dict = PyDict::new(py);
+        let report = self.0;
+        let ids = |ids: &[SessionId]| ids.iter().map(|id| id.get()).collect::<Vec<u64>>();
+        let finalized = PyDict::new(py);
+        for (id, reason) in &report.finalized {
+            finalized.set_item(id.get(), reason.as_str())?;
+        }
+        dict.set_item("finalized", finalized)?;
+        dict.set_item("drained", ids(&report.drained))?;
+        dict.set_item("cancelled", ids(&report.cancelled))?;
+        dict.set_item("detached", ids(&report.detached))?;
+        dict.set_item("left_recoverable", ids(&report.left_recoverable))?;
+        dict.set_item("store_failures", report.store_failures)?;
+        Ok(dict)
+    }
+}
+
+/// A list of rows on its way to Python.
+struct Rows(Vec<settle_store::SessionRow>);
+
+impl<'py> IntoPyObject<'py> for Rows {
+    type Target = pyo3::types::PyList;
+    type Output = Bound<'py, pyo3::types::PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        crate::reads::sessions(py, &self.0)
+    }
+}
+
+#[pymethods]
+impl PyKernel {
+    /// Opens the store at `db` (an SQLite file path, created if missing, or
+    /// a `postgres://` URL; `None` for a store in memory) and starts a
+    /// kernel on it. Times are in seconds: `settle_timeout` (G5),
+    /// `drain_timeout` (G9), `idle_timeout` (a stream silent this long ends
+    /// its turn `idle_timeout`; `None` for none), `idle_ttl` (an idle
+    /// session this old is reaped, `idle_reap`; `None` for never); `lru_cap`
+    /// (past this many open sessions the least recently active idle one is
+    /// evicted, `lru_evict`; `None` for no cap). Raises `BadInput` for a
+    /// database that cannot be opened, `StoreError` when the store fails.
+    #[staticmethod]
+    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(300.0), idle_ttl = Some(1800.0), lru_cap = Some(1000)))]
+    fn open<'py>(
+        py: Python<'py>,
+        db: Option<String>,
+        settle_timeout: f64,
+        drain_timeout: f64,
+        idle_timeout: Option<f64>,
+        idle_ttl: Option<f64>,
+        lru_cap: Option<usize>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let settle = seconds(settle_timeout, "settle_timeout")?;
+        let drain = seconds(drain_timeout, "drain_timeout")?;
+        let idle = idle_timeout
+            .map(|t| seconds(t, "idle_timeout"))
+            .transpose()?;
+        let idle_ttl = idle_ttl.map(|t| seconds(t, "idle_ttl")).transpose()?;
+        let owner = Owner::now()?;
+        let here = here()?;
+        awaitable(
+            py,
+            &here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let store: Arc<dyn SessionStore> = match db {
+                    None => Arc::new(MemoryStore::new()),
+                    Some(db) => Arc::new(
+                        Store::open_async(db)
+                            .await
+                            .map_err(|e| errors::BadInput::new_err(e.to_string()))?,
+                    ),
+                };
+                let kernel = Kernel::builder(store)
+                    .settle_timeout(settle)
+                    .drain_timeout(drain)
+                    .idle_timeout(idle)
+                    .idle_ttl(idle_ttl)
+                    .lru_cap(lru_cap)
+                    .start()
+                    .await
+                    .map_err(errors::runtime)?;
+                if let Ok(mut open) = OPEN.lock() {
+                    open.retain(|(_, weak, _)| weak.upgrade().is_some());
+                    open.push((std::process::id(), kernel.downgrade(), drain));
+                }
+                Ok(PyKernel {
+                    kernel: ForkSafe::new(kernel, owner.clone()),
+                    owner,
+                    drain,
+                    signal: Arc::new(AtomicU32::new(0)),
+                })
+            },
+        )
+    }
+
+    /// Registers a root session (or a child of `parent`, a `Session` or an
+    /// id). Raises `ShuttingDown` during a shutdown, `SessionClosed` when the
+    /// parent is finalized, `BadInput` when it is unknown.
+    #[pyo3(signature = (name, parent = None))]
+    fn register<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        parent: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::task::check_write(py)?;
+        let parent = match parent {
+            None => None,
+            Some(p) => match p.cast::<PySession>() {
+                Ok(session) => Some(SessionId(session.get().id_value())),
+                Err(_) => Some(SessionId(p.extract::<u64>()?)),
+            },
+        };
+        let (kernel, here) = self.kernel.get()?;
+        let (kernel, owner) = (kernel.clone(), self.owner.clone());
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let session = kernel
+                    .register(name, parent)
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PySession::new(session, owner))
+            },
+        )
+    }
+
+    /// A handle on session `id`: an open one, or a finalized one whose
+    /// methods raise `SessionClosed`. Raises `BadInput` when it is unknown.
+    fn session<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
+        let (kernel, here) = self.kernel.get()?;
+        let (kernel, owner) = (kernel.clone(), self.owner.clone());
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let session = kernel
+                    .session(SessionId(id))
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PySession::new(session, owner))
+            },
+        )
+    }
+
+    /// Resolves to the sessions of the store (those in `state`, if given),
+    /// oldest first, as dicts with the fields of `settle sessions --json`
+    /// (`id`, `name`, `parent`, `state`, `outcome`, `end_reason`, `turns`,
+    /// `chunks`, `created_at`, `finalized_at`, `resumed_from`).
+    #[pyo3(signature = (state = None))]
+    fn sessions<'py>(&self, py: Python<'py>, state: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+        let state = state
+            .map(|s| s.parse::<State>())
+            .transpose()
+            .map_err(|e| errors::BadInput::new_err(e.to_string()))?;
+        let (kernel, here) = self.kernel.get()?;
+        let kernel = kernel.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let rows = kernel.list_sessions(state).await.map_err(errors::runtime)?;
+                Ok(Rows(rows))
+            },
+        )
+    }
+
+    /// Shuts down (G9): no new session or turn, transcripts flushed, idle
+    /// sessions finalized `shutdown`, running turns drained for `drain`
+    /// seconds (default: the kernel's drain timeout), then cancelled,
+    /// settled and finalized. Resolves to a report (`finalized`: id to end
+    /// reason; `drained`, `cancelled`, `detached`, `left_recoverable`: ids;
+    /// `store_failures`) once every session is
+    /// finalized, or once the bound ran out on a stalled store.
+    #[pyo3(signature = (drain = None))]
+    fn shutdown<'py>(&self, py: Python<'py>, drain: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        let drain = match drain {
+            Some(d) => seconds(d, "drain")?,
+            None => self.drain,
+        };
+        let (kernel, here) = self.kernel.get()?;
+        let kernel = kernel.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move { Ok(Report(kernel.shutdown(drain).await)) },
+        )
+    }
+
+    /// Starts the graceful shutdown without waiting for it.
+    #[pyo3(signature = (drain = None))]
+    fn begin_shutdown(&self, drain: Option<f64>) -> PyResult<()> {
+        let drain = match drain {
+            Some(d) => seconds(d, "drain")?,
+            None => self.drain,
+        };
+        self.kernel.get()?.0.begin_shutdown(drain);
+        Ok(())
+    }
+
+    /// Ends a shutdown's drain now (what a second signal does).
+    fn skip_drain(&self) -> PyResult<()> {
+        self.kernel.get()?.0.skip_drain();
+        Ok(())
+    }
+
+    /// Whether a shutdown has begun.
+    #[getter]
+    fn shutting_down(&self) -> PyResult<bool> {
+        Ok(self.kernel.get()?.0.is_shutting_down())
+    }
+
+    /// Resolves once the kernel has stopped: its shutdown is complete.
+    fn stopped<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (kernel, here) = self.kernel.get()?;
+        let kernel = kernel.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                kernel.stopped().await;
+                Ok(())
+            },
+        )
+    }
+
+    /// Installs handlers of SIGINT, SIGTERM and SIGHUP on the running loop
+    /// (`loop.add_signal_handler`, so call it from the main thread): the
+    /// first signal starts the graceful shutdown (G9), every later one skips
+    /// the rest of the drain. `received_signal` then says which came first.
+    fn install_signal_handlers(&self, py: Python<'_>) -> PyResult<()> {
+        let (kernel, here) = self.kernel.get()?;
+        let event_loop = running_loop(py)?;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (watched, flag) = (kernel.stopped(), stopped.clone());
+        here.runtime.spawn(async move {
+            watched.await;
+            flag.store(true, Ordering::Release);
+        });
+        let handler = Py::new(
+            py,
+            SignalHandler {
+                kernel: kernel.downgrade(),
+                drain: self.drain,
+                first: self.signal.clone(),
+                stopped,
+                event_loop: event_loop.clone().unbind(),
+            },
+        )?;
+        let signal = py.import("signal")?;
+        for name in ["SIGINT", "SIGTERM", "SIGHUP"] {
+            let number = signal.getattr(name)?;
+            event_loop.call_method1(
+                "add_signal_handler",
+                (number.clone(), handler.clone_ref(py), number),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The first signal the handlers received, as its number; `None` if none.
+    #[getter]
+    fn received_signal(&self) -> Option<u32> {
+        match self.signal.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    /// How many store writes failed so far.
+    #[getter]
+    fn store_failures(&self) -> PyResult<usize> {
+        Ok(self.kernel.get()?.0.store_failures())
+    }
+
+    fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        ready(py, slf.into_any())
+    }
+
+    fn __aexit__<'py>(
+        &self,
+        py: Python<'py>,
+        _kind: Bound<'py, PyAny>,
+        _value: Bound<'py, PyAny>,
+        _traceback: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.shutdown(py, None)
+    }
+}
+
+/// The handler of the shutdown signals (see `install_signal_handlers`).
+///
+/// Once the kernel has stopped (or is gone), a signal gets its default
+/// action back: a program that hangs after its shutdown is still ended by
+/// SIGTERM or SIGINT, as the runtime's own signal handling does.
+#[pyclass(module = "settle._settle", frozen)]
+struct SignalHandler {
+    kernel: WeakKernel,
+    drain: Duration,
+    first: Arc<AtomicU32>,
+    stopped: Arc<AtomicBool>,
+    event_loop: Py<PyAny>,
+}
+
+#[pymethods]
+impl SignalHandler {
+    fn __call__(&self, py: Python<'_>, number: u32) -> PyResult<()> {
+        let kernel = self
+            .kernel
+            .upgrade()
+            .filter(|_| !self.stopped.load(Ordering::Acquire));
+        let Some(kernel) = kernel else {
+            crate::awaitable::bridge(py)?
+                .call_method1("default_action", (self.event_loop.bind(py), number))?;
+            return Ok(());
+        };
+        if self
+            .first
+            .compare_exchange(0, number, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            kernel.begin_shutdown(self.drain);
+        } else {
+            kernel.skip_drain();
+        }
+        Ok(())
+    }
+}
+
+/// Shuts down every kernel this process opened and still holds, each
+/// within `timeout` seconds, with the GIL released, then stops handing
+/// results to Python: what `atexit` runs, at interpreter exit only.
+#[pyfunction]
+#[pyo3(signature = (timeout = 30.0))]
+pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
+    let bound = seconds(timeout, "timeout")?;
+    let pid = std::process::id();
+    let kernels: Vec<(Kernel, Duration)> = match OPEN.lock() {
+        Ok(mut open) => open
+            .drain(..)
+            .filter(|(owner, _, _)| *owner == pid)
+            .filter_map(|(_, weak, drain)| weak.upgrade().map(|k| (k, drain)))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let here = here()?;
+    py.detach(|| {
+        here.runtime.block_on(async move {
+            for (kernel, drain) in kernels {
+                let _ = tokio::time::timeout(bound, kernel.shutdown(drain)).await;
+            }
+        });
+        // Nothing reaches Python from here on: the interpreter is exiting.
+        here.deliver.close();
+    });
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `settle-python`: the `settle` Python package, bindings of
+//! [`settle_runtime`] for asyncio programs (SPEC §11).
+//!
+//! A Python program keeps its own model client, tools and loop, and puts
+//! them under the kernel: it registers sessions in a tree, runs turns over
+//! its own async iterators (the `openai` package's stream, an async
+//! generator) and spawns its coroutines under a session's lifecycle, with
+//! every guarantee of the runtime kept.
+//!
+//! ```python
+//! import settle
+//!
+//! async def main():
+//!     async with await settle.Kernel.open("settle.db") as kernel:
+//!         kernel.install_signal_handlers()
+//!         root = await kernel.register("root")
+//!         recon = await root.child("recon")
+//!         async with await recon.turn(lambda: model_stream(), input="look around") as turn:
+//!             async for chunk in turn:
+//!                 print(chunk.text or "", end="")
+//!         print(turn.outcome)
+//!         await root.finish()      # recon is finalized first (G1)
+//! ```
+//!
+//! The package is built by maturin (`pip install ./crates/python`); this
+//! crate is its native module, `settle._settle`, and `python/settle` its
+//! Python half.
+//!
+//! # The bridge, and why it is not pyo3-async-runtimes
+//!
+//! The runtime runs on its own threads (a tokio runtime made once per
+//! process, `process.rs`); the GIL is never held while the kernel or the
+//! store is waited on. Every kernel call returns an `asyncio.Future` made on
+//! the caller's loop, resolved through one deliverer thread with
+//! `call_soon_threadsafe` (`awaitable.rs`, `deliver.rs`).
+//!
+//! It is granian's approach, a future of our own whose `cancel()` reaches
+//! Rust, rather than pyo3-async-runtimes' `future_into_py`, for what that
+//! crate's tracker records: a tokio task keeps running when its asyncio
+//! future is garbage-collected (pyo3-async-runtimes issue 64), which here
+//! would leave a turn streaming and spending after its awaitable was
+//! dropped; and a cancel that lands while the loop closes raises
+//! `RuntimeError: Event loop is closed` from the completion (its issue 90),
+//! which a kernel finishing turns at interpreter exit would hit. Here the
+//! Rust side holds only a weak reference to the future, the future holds a
+//! done callback whose drop cancels the Rust side, and a completion for a
+//! closed loop is dropped. A cancel either drops the Rust future or, for a
+//! call that must finish to be safe (a turn's start), lets it finish and
+//! drops what it made (which cancels it).
+//!
+//! # What runs where
+//!
+//! - A turn's source is opened and iterated by a pump task on the caller's
+//!   loop (`provider.rs`, `settle/_bridge.py`), which the kernel cancels to
+//!   close it; the pump's `finally` closes the stream once (G4).
+//! - A spawned coroutine runs as an asyncio task on the caller's loop
+//!   (`task.rs`); the kernel cancels it with `Task.cancel()` there, detaches
+//!   it at the settle deadline (G5), and its later writes raise
+//!   `SessionClosed` (G10).
+//! - A forked child that touches its parent's objects gets `settle.Error`
+//!   (`process.rs`); interpreter exit shuts every kernel down, bounded
+//!   (`kernel.rs`, registered with `atexit` by the package).
+
+mod awaitable;
+mod chunk;
+mod convert;
+mod deliver;
+mod errors;
+mod kernel;
+mod process;
+mod provider;
+mod reads;
+mod session;
+mod task;
+mod turn;
+
+use pyo3::prelude::*;
+
+/// The native module, `settle._settle`.
+#[pymodule]
+fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(module)?;
+    module.add_class::<kernel::PyKernel>()?;
+    module.add_class::<session::PySession>()?;
+    module.add_class::<turn::PyTurn>()?;
+    module.add_class::<task::PyTask>()?;
+    module.add_class::<chunk::PyChunk>()?;
+    module.add_function(wrap_pyfunction!(kernel::shutdown_all, module)?)?;
+    Ok(())
+}

@@ -1,0 +1,349 @@
+//! A turn over a Python async iterator: the [`Provider`] the kernel opens,
+//! and the pump on the caller's loop that feeds it.
+//!
+//! `open` asks the caller's loop (through the deliverer) to start the pump,
+//! an asyncio task of `settle/_bridge.py`: it calls the caller's source
+//! (awaiting it if it returns an awaitable, as `openai`'s `create()` does),
+//! iterates what it got and hands each item to a [`PumpSink`]. Closing the
+//! Rust stream (on end, error, idle timeout, cancel, drop, and a cancel that
+//! lands while `open` waits) asks the loop to cancel the pump; the pump's
+//! `finally` closes the Python stream (`aclose()`, else `close()`), so it is
+//! closed once on every path (G4), whichever comes first. A pump that goes
+//! on after its stream was dropped (an iterator that swallows its cancel,
+//! detached at the settle deadline, G5) is refused at its next item and
+//! closes its stream then.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use async_trait::async_trait;
+use futures_util::Stream;
+use pyo3::prelude::*;
+use settle_stream::{
+    Chunk, Close, CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
+    StreamEvent,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::awaitable::bridge;
+use crate::deliver::Deliverer;
+
+/// What the caller gave for one turn.
+pub(crate) struct Source {
+    /// The loop the pump runs on: the caller's.
+    pub event_loop: Py<PyAny>,
+    /// A callable returning an async iterable (or an awaitable of one), or
+    /// an async iterable.
+    pub source: Py<PyAny>,
+    /// The caller's item-to-chunk function, if any.
+    pub to_chunk: Option<Py<PyAny>>,
+}
+
+/// The provider of one Python turn.
+pub(crate) struct PyProvider {
+    pub source: Arc<Source>,
+    pub deliver: Arc<Deliverer>,
+    /// Whether the kernel ever opened it.
+    pub opened: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for PyProvider {
+    /// A turn cancelled before its stream was opened: a source that is
+    /// already a stream (not a callable that makes one) was handed to the
+    /// kernel, so it is closed all the same (G4).
+    fn drop(&mut self) {
+        if self.opened.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let source = self.source.clone();
+        self.deliver.send(move |py| {
+            if let Ok(bridge) = bridge(py) {
+                let _ = bridge.call_method1(
+                    "close_unopened",
+                    (source.event_loop.bind(py), source.source.bind(py)),
+                );
+            }
+        });
+    }
+}
+
+enum Item {
+    Chunk(Chunk),
+    End,
+    Failed(String),
+    /// The pump was cancelled by someone else (its loop is shutting down).
+    Cancelled,
+}
+
+#[derive(Default)]
+struct Control {
+    task: Option<Py<PyAny>>,
+    close_requested: bool,
+}
+
+/// What the pump and the Rust stream share.
+struct Shared {
+    items: mpsc::UnboundedSender<Item>,
+    opened: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
+    control: Mutex<Control>,
+    /// Cancelled once the pump's `finally` ran (the Python stream is closed).
+    closed: CancellationToken,
+    source: Arc<Source>,
+    deliver: Arc<Deliverer>,
+}
+
+impl Shared {
+    /// Asks for the pump's end (idempotent): cancels its task on its loop,
+    /// or has it cancel itself as soon as it exists.
+    fn request_close(self: &Arc<Self>) {
+        match self.control.lock() {
+            Ok(mut control) if !control.close_requested => control.close_requested = true,
+            _ => return,
+        }
+        let shared = self.clone();
+        self.deliver.send(move |py| {
+            let task = match shared.control.lock() {
+                Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
+                Err(_) => None,
+            };
+            if let Some(task) = task {
+                let cancel = task.getattr("cancel");
+                let scheduled = cancel.and_then(|cancel| {
+                    shared
+                        .source
+                        .event_loop
+                        .bind(py)
+                        .call_method1("call_soon_threadsafe", (cancel,))
+                });
+                if scheduled.is_err() {
+                    // Its loop is closed: the pump will never run again.
+                    shared.closed.cancel();
+                }
+            }
+        });
+    }
+
+    fn close_requested(&self) -> bool {
+        self.control.lock().map_or(true, |c| c.close_requested)
+    }
+
+    fn send_opened(&self, result: Result<(), String>) -> bool {
+        let sender = self.opened.lock().ok().and_then(|mut o| o.take());
+        match sender {
+            Some(sender) => {
+                let _ = sender.send(result);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The pump's way into the kernel: one per turn.
+#[pyclass(module = "settle._settle", frozen)]
+pub(crate) struct PumpSink {
+    shared: Arc<Shared>,
+}
+
+#[pymethods]
+impl PumpSink {
+    /// The pump's task exists: a close asked for from now on cancels it.
+    fn attach(&self, task: Py<PyAny>) {
+        if let Ok(mut control) = self.shared.control.lock() {
+            control.task = Some(task);
+        }
+    }
+
+    /// Whether the turn asked for the stream's close (it was cancelled,
+    /// possibly before the pump started).
+    fn close_requested(&self) -> bool {
+        self.shared.close_requested()
+    }
+
+    /// The source gave its stream.
+    fn opened(&self) {
+        self.shared.send_opened(Ok(()));
+    }
+
+    /// One item of the stream; `False` once the turn no longer takes any
+    /// (it ended, was cancelled or detached): the pump stops.
+    fn push(&self, item: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if self.shared.close_requested() {
+            return Ok(false);
+        }
+        let mut chunks = Vec::new();
+        crate::chunk::chunks_of(item, &mut chunks)?;
+        for chunk in chunks {
+            if self.shared.items.send(Item::Chunk(chunk)).is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(!self.shared.items.is_closed())
+    }
+
+    /// The stream ended normally.
+    fn end(&self) {
+        let _ = self.shared.items.send(Item::End);
+    }
+
+    /// The source or the stream raised `message`.
+    fn fail(&self, message: String) {
+        if !self.shared.send_opened(Err(message.clone())) {
+            let _ = self.shared.items.send(Item::Failed(message));
+        }
+    }
+
+    /// The pump was cancelled.
+    fn cancelled(&self) {
+        if !self
+            .shared
+            .send_opened(Err("the turn's task was cancelled".into()))
+        {
+            let _ = self.shared.items.send(Item::Cancelled);
+        }
+    }
+
+    /// The pump's `finally` ran: the Python stream is closed.
+    fn closed(&self) {
+        self.shared.closed.cancel();
+    }
+}
+
+/// Closes the pump if `open` is dropped before its stream is handed over:
+/// the cancel that lands while the stream is being opened (G4).
+struct CloseUnlessOpened {
+    shared: Option<Arc<Shared>>,
+}
+
+impl Drop for CloseUnlessOpened {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.request_close();
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for PyProvider {
+    async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+        self.opened
+            .store(true, std::sync::atomic::Ordering::Release);
+        let (items_tx, items) = mpsc::unbounded_channel();
+        let (opened_tx, opened) = oneshot::channel();
+        let shared = Arc::new(Shared {
+            items: items_tx,
+            opened: Mutex::new(Some(opened_tx)),
+            control: Mutex::new(Control::default()),
+            closed: CancellationToken::new(),
+            source: self.source.clone(),
+            deliver: self.deliver.clone(),
+        });
+        let mut guard = CloseUnlessOpened {
+            shared: Some(shared.clone()),
+        };
+        let starting = shared.clone();
+        self.deliver.send(move |py| {
+            if let Err(error) = start_pump(py, &starting) {
+                starting.send_opened(Err(format!(
+                    "the turn's stream could not be started on its event loop: {error}"
+                )));
+                starting.closed.cancel();
+            }
+        });
+        let provider_error =
+            |message: String| StreamError::from(StreamErrorKind::Provider { message });
+        match opened.await {
+            Ok(Ok(())) => {
+                guard.shared = None;
+                Ok(Box::new(PyStream {
+                    items,
+                    shared,
+                    done: false,
+                }))
+            }
+            Ok(Err(message)) => Err(provider_error(message)),
+            Err(_) => Err(provider_error(
+                "the turn's stream was dropped while opening".into(),
+            )),
+        }
+    }
+}
+
+fn start_pump(py: Python<'_>, shared: &Arc<Shared>) -> PyResult<()> {
+    let sink = Py::new(
+        py,
+        PumpSink {
+            shared: shared.clone(),
+        },
+    )?;
+    let source = &shared.source;
+    let to_chunk = source.to_chunk.as_ref().map(|f| f.bind(py).clone());
+    bridge(py)?.call_method1(
+        "start_pump",
+        (
+            source.event_loop.bind(py),
+            source.source.bind(py),
+            to_chunk,
+            sink,
+        ),
+    )?;
+    Ok(())
+}
+
+/// The Rust side of a Python turn's stream.
+struct PyStream {
+    items: mpsc::UnboundedReceiver<Item>,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl Stream for PyStream {
+    type Item = Result<StreamEvent, StreamError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let polled = self.items.poll_recv(cx);
+        Poll::Ready(match polled {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Item::Chunk(chunk))) => Some(Ok(StreamEvent::Chunk(chunk))),
+            Poll::Ready(Some(Item::End)) | Poll::Ready(None) => {
+                self.done = true;
+                None
+            }
+            Poll::Ready(Some(Item::Failed(message))) => {
+                self.done = true;
+                Some(Err(StreamErrorKind::Provider { message }.into()))
+            }
+            Poll::Ready(Some(Item::Cancelled)) => {
+                self.done = true;
+                Some(Err(StreamErrorKind::SelfCancelled.into()))
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl Close for PyStream {
+    async fn close(&mut self) -> Result<(), CloseError> {
+        self.shared.request_close();
+        // The pump's `finally` closes the Python stream; the kernel bounds
+        // this wait by the settle timeout.
+        self.shared.closed.cancelled().await;
+        Ok(())
+    }
+
+    fn close_now(&mut self) -> Result<(), CloseError> {
+        self.shared.request_close();
+        Ok(())
+    }
+}
+
+impl Drop for PyStream {
+    fn drop(&mut self) {
+        self.shared.request_close();
+    }
+}

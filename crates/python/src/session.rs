@@ -1,0 +1,335 @@
+//! `settle.Session`: one session of a kernel, its turns, tasks and end.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use settle_core::{CancelMode, Handled, SessionId};
+use settle_runtime::{SessionHandle, TurnRequest};
+use settle_stream::Message;
+use tokio_util::sync::CancellationToken;
+
+use crate::awaitable::{awaitable, running_loop, OnCancel};
+use crate::errors;
+use crate::process::{ForkSafe, Owner};
+use crate::provider::{PyProvider, Source};
+use crate::task::{check_write, PyTask, Shared as TaskShared};
+use crate::turn::PyTurn;
+
+/// One session of a kernel. Every method is safe at any time: once the
+/// session is finalized, those that use it raise `settle.SessionClosed`
+/// (G10) and those that end it say it already ended (G2); none crashes.
+#[pyclass(name = "Session", module = "settle", frozen)]
+pub(crate) struct PySession {
+    handle: ForkSafe<SessionHandle>,
+    owner: Owner,
+    id: u64,
+    name: String,
+    parent: Option<u64>,
+}
+
+impl PySession {
+    pub fn new(handle: SessionHandle, owner: Owner) -> Self {
+        PySession {
+            id: handle.id().get(),
+            name: handle.name().to_owned(),
+            parent: handle.parent().map(SessionId::get),
+            handle: ForkSafe::new(handle, owner.clone()),
+            owner,
+        }
+    }
+}
+
+/// A turn's request from `input=`: a prompt string, a list of
+/// `{"role", "content"}` messages (what the caller sends its model), or
+/// nothing.
+fn request(input: Option<&Bound<'_, PyAny>>) -> PyResult<TurnRequest> {
+    let Some(input) = input.filter(|i| !i.is_none()) else {
+        return Ok(TurnRequest::new(Vec::new()));
+    };
+    if let Ok(prompt) = input.cast::<PyString>() {
+        return Ok(TurnRequest::prompt(prompt.to_cow()?.into_owned()));
+    }
+    let value = crate::convert::to_json(input)?;
+    let messages: Vec<Message> = serde_json::from_value(value).map_err(|e| {
+        errors::BadInput::new_err(format!(
+            "input= must be a str or a list of {{\"role\", \"content\"}} messages: {e}"
+        ))
+    })?;
+    Ok(TurnRequest::new(messages))
+}
+
+impl PySession {
+    /// The session's id, for Rust callers.
+    pub fn id_value(&self) -> u64 {
+        self.id
+    }
+}
+
+#[pymethods]
+impl PySession {
+    /// The session's id (what `settle show ID` takes).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The session's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The id of the session that spawned it, if any.
+    #[getter]
+    fn parent(&self) -> Option<u64> {
+        self.parent
+    }
+
+    /// Whether its finalize has run.
+    #[getter]
+    fn closed(&self) -> PyResult<bool> {
+        Ok(self.handle.get()?.0.is_closed())
+    }
+
+    /// Registers a child session under this one (G1: it is cancelled and
+    /// finalized before this one). Raises `SessionClosed` once this one is
+    /// finalized, `Error` while it winds down, `ShuttingDown` during a shutdown.
+    fn child<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
+        let (handle, here) = self.handle.get()?;
+        let (kernel, parent, owner) = (handle.kernel().clone(), handle.id(), self.owner.clone());
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let child = kernel
+                    .register(name, Some(parent))
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PySession::new(child, owner))
+            },
+        )
+    }
+
+    /// Starts a turn over `source`: a callable returning an async iterable
+    /// (or an awaitable of one, as `client.chat.completions.create(...,
+    /// stream=True)` is), or an async iterable. The kernel opens it on this
+    /// loop, stores each chunk, and closes it (`aclose()`, else `close()`)
+    /// exactly once, on end, error, idle timeout, cancel and drop, and when
+    /// the cancel lands while it is being opened (G4). `input` is what the
+    /// turn sends (a prompt, or `[{"role", "content"}]` messages), stored
+    /// as the turn's input. `to_chunk` turns each item into a chunk (a
+    /// `str`, a `settle.Chunk`, an OpenAI-shaped chunk, a list of those, or
+    /// `None`) when the items are none of those.
+    ///
+    /// Resolves to a `settle.Turn` once the turn's start is stored.
+    #[pyo3(signature = (source, *, input = None, to_chunk = None))]
+    fn turn<'py>(
+        &self,
+        py: Python<'py>,
+        source: Py<PyAny>,
+        input: Option<Bound<'py, PyAny>>,
+        to_chunk: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
+        let (handle, here) = self.handle.get()?;
+        let request = request(input.as_ref())?;
+        let provider = Arc::new(PyProvider {
+            source: Arc::new(Source {
+                event_loop: running_loop(py)?.unbind(),
+                source,
+                to_chunk,
+            }),
+            deliver: here.deliver.clone(),
+            opened: std::sync::atomic::AtomicBool::new(false),
+        });
+        let (handle, owner) = (handle.clone(), self.owner.clone());
+        // The start runs to its end even if the caller's task is cancelled:
+        // the `Turn` it then makes is dropped, which cancels the turn.
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let turn = handle
+                    .run_turn(provider, request)
+                    .await
+                    .map_err(errors::runtime)?;
+                Ok(PyTurn::new(turn, owner))
+            },
+        )
+    }
+
+    /// Runs `coroutine` as an asyncio task under this session's lifecycle
+    /// (G1, G5, G6): when the session (or an ancestor) is cancelled or
+    /// finishes, or the shutdown's drain ends, the task is cancelled on its
+    /// loop; if it ignores that past the settle timeout it is detached, and
+    /// its later writes through a session raise `SessionClosed` (G10). The
+    /// session is not finalized while it runs. Resolves to a `settle.Task`.
+    fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
+        let (handle, here) = self.handle.get()?;
+        let shared = TaskShared::new(running_loop(py)?.unbind(), coroutine, here.deliver.clone());
+        let (handle, owner) = (handle.clone(), self.owner.clone());
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let theirs = shared.clone();
+                let spawned = handle
+                    .spawn(move |context| crate::task::run(context, theirs))
+                    .await;
+                match spawned {
+                    Ok(task) => Ok(PyTask::new(task, owner)),
+                    Err(error) => {
+                        // Never started: closed unawaited, so Python does
+                        // not warn that it was never awaited.
+                        shared.discard();
+                        Err(errors::runtime(error))
+                    }
+                }
+            },
+        )
+    }
+
+    /// The agent is done: its live descendants are cancelled, settled and
+    /// finalized first, then it is (G1). Resolves to its end reason
+    /// (`"completed"`, `"failed"`, `"cancelled"`; `"shutdown"` during a
+    /// shutdown). Raises `SessionClosed` when it was already finalized.
+    fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let reason = handle.finish().await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            },
+        )
+    }
+
+    /// Cancels the session: its descendants first, then its own turn and
+    /// tasks (G1, G5); `immediate=False` lets the current turn finish and
+    /// starts no more. Raises `AlreadyFinalized` when it was (G2).
+    #[pyo3(signature = (*, immediate = true))]
+    fn cancel<'py>(&self, py: Python<'py>, immediate: bool) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        let mode = if immediate {
+            CancelMode::Immediate
+        } else {
+            CancelMode::Graceful
+        };
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                match handle.cancel(mode).await.map_err(errors::runtime)? {
+                    Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
+                        "session {} was already finalized",
+                        handle.id()
+                    ))),
+                    _ => Ok(()),
+                }
+            },
+        )
+    }
+
+    /// Closes the session on a user's request: cancel, then finalize
+    /// (`user_close`). Resolves to its end reason; closing a closed session
+    /// resolves to the reason it ended with (G2).
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let reason = handle.close().await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            },
+        )
+    }
+
+    /// Resolves to the end reason once the session is finalized.
+    fn finalized<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let reason = handle.finalized().await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            },
+        )
+    }
+
+    /// Resolves to its state as the kernel has it now: `"registered"`,
+    /// `"running"`, `"cancelling"`, `"settled"` or `"finalized"`.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let state = handle.state().await.map_err(errors::runtime)?;
+                Ok(state.as_str())
+            },
+        )
+    }
+
+    /// Resolves to its turns as the store has them: a list of dicts with
+    /// `no`, `outcome`, `started_at`, `ended_at`, `input`, `text`, `error`
+    /// (`{"kind", "message"}` or `None`) and `chunks` (`settle.Chunk`s) —
+    /// what `settle show` prints.
+    fn transcript<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let (kernel, id) = (handle.kernel().clone(), handle.id());
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let detail = kernel.session_detail(id).await.map_err(errors::runtime)?;
+                Ok(Transcript(detail.turns))
+            },
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<settle.Session {} {:?}>", self.id, self.name)
+    }
+}
+
+/// A transcript on its way to Python.
+struct Transcript(Vec<settle_store::TurnRow>);
+
+impl<'py> IntoPyObject<'py> for Transcript {
+    type Target = pyo3::types::PyList;
+    type Output = Bound<'py, pyo3::types::PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        crate::reads::transcript(py, &self.0)
+    }
+}

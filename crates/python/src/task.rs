@@ -1,0 +1,263 @@
+//! A Python coroutine under a session's lifecycle: `session.spawn(coro)`.
+//!
+//! The kernel's task (a Rust future on the runtime) starts the coroutine as
+//! an asyncio task on the caller's loop and waits for it to report. When the
+//! kernel cancels the work (its session or an ancestor is cancelled or
+//! finishes, the drain ends, `Task.cancel()`), it calls `task.cancel()` on
+//! that loop; a coroutine that swallows its `CancelledError` is detached at
+//! the settle deadline (G5), and from then on every write it makes through a
+//! session raises `settle.SessionClosed` (G10): the asyncio task carries its
+//! control in a context variable, and each writing call checks it.
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use settle_runtime::{TaskContext, TaskHandle};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::awaitable::{awaitable, bridge, OnCancel};
+use crate::deliver::Deliverer;
+use crate::errors;
+use crate::process::{ForkSafe, Owner};
+
+/// How the coroutine ended.
+pub(crate) enum Ended {
+    Returned(Py<PyAny>),
+    Raised(PyErr),
+    Cancelled,
+}
+
+#[derive(Default)]
+struct Control {
+    task: Option<Py<PyAny>>,
+    cancel_requested: bool,
+}
+
+/// What the kernel's side and the asyncio task share.
+pub(crate) struct Shared {
+    event_loop: Py<PyAny>,
+    coroutine: Mutex<Option<Py<PyAny>>>,
+    ended: Mutex<Option<oneshot::Sender<Ended>>>,
+    control: Mutex<Control>,
+    /// Cancelled when the kernel detaches the task (its write access).
+    context: Mutex<Option<TaskContext>>,
+    deliver: Arc<Deliverer>,
+}
+
+impl Shared {
+    pub fn new(event_loop: Py<PyAny>, coroutine: Py<PyAny>, deliver: Arc<Deliverer>) -> Arc<Self> {
+        Arc::new(Shared {
+            event_loop,
+            coroutine: Mutex::new(Some(coroutine)),
+            ended: Mutex::new(None),
+            control: Mutex::new(Control::default()),
+            context: Mutex::new(None),
+            deliver,
+        })
+    }
+
+    /// Closes the coroutine unawaited when it never started (the spawn was
+    /// refused), so Python does not warn that it was never awaited.
+    pub fn discard(&self) {
+        let Some(coroutine) = self.coroutine.lock().ok().and_then(|mut c| c.take()) else {
+            return;
+        };
+        self.deliver.send(move |py| {
+            let _ = coroutine.bind(py).call_method0("close");
+        });
+    }
+
+    fn report(&self, ended: Ended) {
+        if let Some(sender) = self.ended.lock().ok().and_then(|mut e| e.take()) {
+            let _ = sender.send(ended);
+        }
+    }
+
+    fn request_cancel(self: &Arc<Self>) {
+        match self.control.lock() {
+            Ok(mut control) if !control.cancel_requested => control.cancel_requested = true,
+            _ => return,
+        }
+        let shared = self.clone();
+        self.deliver.send(move |py| {
+            let task = match shared.control.lock() {
+                Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
+                Err(_) => None,
+            };
+            if let (Some(task), Ok(bridge)) = (task, bridge(py)) {
+                let _ = bridge.call_method1("cancel_soon", (shared.event_loop.bind(py), task));
+            }
+        });
+    }
+}
+
+/// The kernel's side of a settle task, handed to its asyncio task.
+#[pyclass(module = "settle._settle", frozen)]
+pub(crate) struct TaskControl {
+    shared: Arc<Shared>,
+}
+
+#[pymethods]
+impl TaskControl {
+    /// The asyncio task exists: a cancel asked for from now on reaches it.
+    fn attach(&self, task: Py<PyAny>) {
+        if let Ok(mut control) = self.shared.control.lock() {
+            control.task = Some(task);
+        }
+    }
+
+    /// Whether the kernel asked for the task's cancel (possibly before the
+    /// asyncio task started).
+    fn cancel_requested(&self) -> bool {
+        self.shared
+            .control
+            .lock()
+            .map_or(true, |control| control.cancel_requested)
+    }
+
+    fn finished(&self, result: Py<PyAny>) {
+        self.shared.report(Ended::Returned(result));
+    }
+
+    fn failed(&self, error: Bound<'_, PyAny>) {
+        self.shared.report(Ended::Raised(PyErr::from_value(error)));
+    }
+
+    fn cancelled(&self) {
+        self.shared.report(Ended::Cancelled);
+    }
+
+    /// Whether the task was detached: its writes are refused.
+    fn is_revoked(&self) -> bool {
+        self.shared
+            .context
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(TaskContext::is_revoked))
+            .unwrap_or(false)
+    }
+}
+
+/// `SessionClosed` when the asyncio task calling is a detached settle task.
+pub(crate) fn check_write(py: Python<'_>) -> PyResult<()> {
+    let current = bridge(py)?.getattr("CURRENT_TASK")?.call_method0("get")?;
+    if let Ok(control) = current.cast::<TaskControl>() {
+        if control.get().is_revoked() {
+            return Err(errors::SessionClosed::new_err(
+                "this task ignored its cancellation past the settle timeout and was detached; \
+                 its write access to the session is revoked",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's task of a spawned coroutine.
+pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
+    let (sender, mut ended) = oneshot::channel();
+    if let Ok(mut slot) = shared.ended.lock() {
+        *slot = Some(sender);
+    }
+    if let Ok(mut slot) = shared.context.lock() {
+        *slot = Some(context.clone());
+    }
+    let starting = shared.clone();
+    shared.deliver.send(move |py| {
+        let started = (|| -> PyResult<()> {
+            let coroutine = starting.coroutine.lock().ok().and_then(|mut c| c.take());
+            let Some(coroutine) = coroutine else {
+                return Ok(());
+            };
+            let control = Py::new(
+                py,
+                TaskControl {
+                    shared: starting.clone(),
+                },
+            )?;
+            bridge(py)?.call_method1(
+                "start_task",
+                (starting.event_loop.bind(py), coroutine.bind(py), control),
+            )?;
+            Ok(())
+        })();
+        if let Err(error) = started {
+            starting.report(Ended::Raised(error));
+        }
+    });
+    tokio::select! {
+        ended = &mut ended => return ended.unwrap_or(Ended::Cancelled),
+        () = context.cancelled() => shared.request_cancel(),
+    }
+    // The coroutine has the settle timeout to unwind; the kernel drops this
+    // future at the deadline (the task is detached).
+    ended.await.unwrap_or(Ended::Cancelled)
+}
+
+/// A coroutine running under a session: await it (or `join()`) for its
+/// result.
+#[pyclass(name = "Task", module = "settle", frozen)]
+pub(crate) struct PyTask {
+    handle: ForkSafe<Mutex<Option<TaskHandle<Ended>>>>,
+    work: u32,
+}
+
+impl PyTask {
+    pub fn new(handle: TaskHandle<Ended>, owner: Owner) -> Self {
+        let work = handle.work().no;
+        PyTask {
+            handle: ForkSafe::new(Mutex::new(Some(handle)), owner),
+            work,
+        }
+    }
+}
+
+#[pymethods]
+impl PyTask {
+    /// The task's number within its session.
+    #[getter]
+    fn no(&self) -> u32 {
+        self.work
+    }
+
+    /// Cancels the task: its coroutine gets `CancelledError` on its loop and
+    /// the settle timeout to unwind, then it is detached (G5).
+    fn cancel(&self) -> PyResult<()> {
+        let (handle, _) = self.handle.get()?;
+        if let Some(handle) = handle.lock().ok().as_ref().and_then(|h| h.as_ref()) {
+            handle.cancel();
+        }
+        Ok(())
+    }
+
+    /// Waits for the coroutine's result: what it returned, or what it
+    /// raised. Raises `settle.Cancelled` when it was cancelled,
+    /// `settle.Detached` when it was detached at the settle deadline,
+    /// `settle.ShuttingDown` when the kernel stopped first. Awaiting it a
+    /// second time raises `settle.Error`.
+    fn join<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.lock().ok().and_then(|mut h| h.take());
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let handle = handle.ok_or_else(|| errors::error("this task was already joined"))?;
+                match handle.join().await {
+                    Ok(Ended::Returned(value)) => Ok(value),
+                    Ok(Ended::Raised(error)) => Err(error),
+                    Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
+                        "the task was cancelled and gave no result",
+                    )),
+                    Err(error) => Err(errors::task(error)),
+                }
+            },
+        )
+    }
+
+    fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.join(py)?.call_method0("__await__")
+    }
+}

@@ -1,0 +1,181 @@
+//! `settle.Turn`: a turn in flight, as an async iterator of the chunks the
+//! store has acknowledged (G7), closed by `aclose()` or `async with`.
+//!
+//! Leaving early closes the turn: `aclose()`, the end of an `async with`
+//! block, cancelling the asyncio task that awaits its next chunk, or the
+//! `Turn` being collected all cancel it, and the kernel closes its stream
+//! (G4). (A bare `async for` that breaks out leaves the closing to the
+//! collector; `async with` makes it deterministic, as pydantic-ai asks of its
+//! streams for the same reason.)
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyStopAsyncIteration;
+use pyo3::prelude::*;
+use settle_core::{Outcome, TurnError};
+use settle_runtime::Turn;
+use tokio_util::sync::CancellationToken;
+
+use crate::awaitable::{awaitable, ready, OnCancel};
+use crate::chunk::PyChunk;
+use crate::process::{ForkSafe, Owner};
+
+type Ending = Option<(Outcome, Option<TurnError>)>;
+
+/// A turn in flight: `async for chunk in turn` yields each chunk once the
+/// store has it; then `turn.outcome` says how it ended.
+#[pyclass(name = "Turn", module = "settle", frozen)]
+pub(crate) struct PyTurn {
+    turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,
+    /// Cancelled to cancel the turn (its next chunk, or its close, sees it).
+    cancel: CancellationToken,
+    ending: Arc<Mutex<Ending>>,
+    no: u32,
+    session: u64,
+}
+
+impl PyTurn {
+    pub fn new(turn: Turn, owner: Owner) -> Self {
+        let work = turn.work();
+        PyTurn {
+            turn: ForkSafe::new(Arc::new(tokio::sync::Mutex::new(Some(turn))), owner),
+            cancel: CancellationToken::new(),
+            ending: Arc::new(Mutex::new(None)),
+            no: work.no,
+            session: work.session.get(),
+        }
+    }
+}
+
+/// Waits for `turn`'s end and keeps it in `ending`.
+async fn settle_turn(turn: Turn, ending: &Mutex<Ending>) {
+    let end = turn.end().await;
+    if let Ok(mut slot) = ending.lock() {
+        *slot = Some(end);
+    }
+}
+
+#[pymethods]
+impl PyTurn {
+    /// The turn's number within its session, from 1.
+    #[getter]
+    fn no(&self) -> u32 {
+        self.no
+    }
+
+    /// The id of the session it belongs to.
+    #[getter]
+    fn session_id(&self) -> u64 {
+        self.session
+    }
+
+    /// How it ended, once it has: `"completed"`, `"cancelled"`, `"failed"`,
+    /// `"idle_timeout"`, `"detached"` (or `"interrupted"` when the kernel
+    /// stopped first); `None` while it runs.
+    #[getter]
+    fn outcome(&self) -> Option<&'static str> {
+        let ending = self.ending.lock().ok()?;
+        ending.as_ref().map(|(outcome, _)| outcome.as_str())
+    }
+
+    /// Why it failed or timed out, as `(kind, message)`; `None` otherwise.
+    #[getter]
+    fn error(&self) -> Option<(&'static str, String)> {
+        let ending = self.ending.lock().ok()?;
+        ending
+            .as_ref()
+            .and_then(|(_, error)| error.as_ref())
+            .map(|error| (error.kind.as_str(), error.message.clone()))
+    }
+
+    fn __aiter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// The next chunk, once the store has it; `StopAsyncIteration` at the
+    /// turn's end (its outcome is then known). Cancelling the awaiting task
+    /// cancels the turn.
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (turn, here) = self.turn.get()?;
+        let (turn, cancel, ending) = (turn.clone(), self.cancel.clone(), self.ending.clone());
+        // A cancel (or the collection) of this awaitable cancels the turn:
+        // the future goes on to settle it, and its result is dropped.
+        awaitable(py, here, cancel.clone(), OnCancel::Finish, async move {
+            let mut slot = turn.lock().await;
+            let next = match slot.as_mut() {
+                None => None,
+                Some(turn) => tokio::select! {
+                    chunk = turn.next_chunk() => chunk,
+                    () = cancel.cancelled() => { turn.cancel(); None }
+                },
+            };
+            if let Some(chunk) = next {
+                return Ok(PyChunk { chunk });
+            }
+            if let Some(turn) = slot.take() {
+                settle_turn(turn, &ending).await;
+            }
+            Err(PyStopAsyncIteration::new_err(()))
+        })
+    }
+
+    /// Ends the turn here: cancels it unless it already ended (G6), and
+    /// resolves once it has settled (its stream closed, G4); then
+    /// `outcome` is known. Idempotent.
+    fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (turn, here) = self.turn.get()?;
+        let (turn, ending) = (turn.clone(), self.ending.clone());
+        self.cancel.cancel();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let mut slot = turn.lock().await;
+                if let Some(turn) = slot.take() {
+                    turn.cancel();
+                    settle_turn(turn, &ending).await;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Cancels the turn without waiting; the session stays open.
+    fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        ready(py, slf.into_any())
+    }
+
+    fn __aexit__<'py>(
+        &self,
+        py: Python<'py>,
+        _kind: Bound<'py, PyAny>,
+        _value: Bound<'py, PyAny>,
+        _traceback: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.aclose(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<settle.Turn {} of session {}: {}>",
+            self.no,
+            self.session,
+            self.outcome().unwrap_or("running")
+        )
+    }
+}
+
+impl Drop for PyTurn {
+    fn drop(&mut self) {
+        // The Rust turn cancels itself when dropped; the token also stops a
+        // next-chunk wait still holding it.
+        self.cancel.cancel();
+    }
+}

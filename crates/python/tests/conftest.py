@@ -1,0 +1,127 @@
+"""Shared helpers of the package's tests: a kernel on a fresh SQLite file,
+streams that count their closes, and a way to run a script in a child
+interpreter (for signals, exit and fork)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Optional
+
+import pytest
+
+import settle
+
+#: Far above what any wait needs on an idle machine: only a hang trips it.
+PATIENCE = 30.0
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "settle.db")
+
+
+@pytest.fixture
+async def kernel(db: str) -> AsyncIterator[settle.Kernel]:
+    k = await settle.Kernel.open(db, settle_timeout=0.3, drain_timeout=2.0)
+    yield k
+    await k.shutdown(0.0)
+
+
+class Stream:
+    """An async iterator over ``items`` that counts how often it is closed.
+
+    ``forever`` repeats the last item; ``delay`` sleeps before each item;
+    ``fail`` raises it after the items; ``swallow`` ignores cancellation
+    (it catches ``CancelledError`` and goes on yielding)."""
+
+    def __init__(
+        self,
+        items: Iterable[Any] = ("a", "b"),
+        *,
+        delay: float = 0.0,
+        forever: bool = False,
+        fail: Optional[BaseException] = None,
+        swallow: bool = False,
+    ) -> None:
+        self.items = list(items)
+        self.delay = delay
+        self.forever = forever
+        self.fail = fail
+        self.swallow = swallow
+        self.closes = 0
+        self.sent = 0
+        self.cancels_swallowed = 0
+        self.first_item = asyncio.Event()
+
+    def __aiter__(self) -> "Stream":
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.closes:
+            raise StopAsyncIteration
+        if self.delay:
+            try:
+                await asyncio.sleep(self.delay)
+            except asyncio.CancelledError:
+                if not self.swallow:
+                    raise
+                self.cancels_swallowed += 1
+        if self.sent < len(self.items):
+            item = self.items[self.sent]
+        elif self.forever and self.items:
+            item = self.items[-1]
+        elif self.fail is not None:
+            raise self.fail
+        else:
+            raise StopAsyncIteration
+        self.sent += 1
+        self.first_item.set()
+        return item
+
+    async def aclose(self) -> None:
+        self.closes += 1
+
+
+async def eventually(predicate, what: str, timeout: float = PATIENCE) -> None:
+    """Waits until ``predicate()`` is true."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def run_script(code: str, *args: str, timeout: float = PATIENCE, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a child interpreter; its stdout and stderr are captured."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def settle_bin() -> str:
+    """The `settle` binary (``SETTLE_BIN``, set by the workspace's test runner)."""
+    bin = os.environ.get("SETTLE_BIN")
+    if not bin:
+        if os.environ.get("CI") == "true":
+            pytest.fail("SETTLE_BIN is not set under CI=true")
+        pytest.skip("SETTLE_BIN is not set: the `settle` binary is not known")
+    return bin
+
+
+def settle_json(db: str, *args: str) -> Any:
+    out = subprocess.run(
+        [settle_bin(), "--db", db, *args], capture_output=True, text=True, timeout=PATIENCE
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

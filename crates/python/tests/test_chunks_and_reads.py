@@ -1,0 +1,95 @@
+"""Chunks from str, OpenAI-shaped dicts, ``settle.Chunk`` and a caller's
+``to_chunk``; and what Python wrote reads the same through ``settle show``
+and ``settle export``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import settle
+from conftest import PATIENCE, Stream, settle_bin, settle_json
+
+OPENAI_DICTS = [
+    {"choices": [{"index": 0, "delta": {"reasoning_content": "The user wants the weather"}}]},
+    {"choices": [{"index": 0, "delta": {"content": "Checking."}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}}]},
+    {"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 9, "total_tokens": 13}},
+]
+
+
+async def test_g7_openai_shaped_dicts_give_reasoning_text_tool_calls_and_usage(kernel):
+    session = await kernel.register("s")
+    async with await session.turn(Stream(OPENAI_DICTS), input="weather in Paris?") as turn:
+        got = [c async for c in turn]
+    assert turn.outcome == "completed"
+    assert [c.kind for c in got] == ["reasoning", "text", "tool_call", "tool_call", "usage"]
+    assert got[0].data == "The user wants the weather"
+    assert got[1].text == "Checking."
+    assert got[2].data["function"]["name"] == "get_weather"
+    assert got[4].data == {"completion_tokens": 4, "prompt_tokens": 9, "total_tokens": 13}
+    assert [c.text for c in got] == [None, "Checking.", None, None, None]
+
+
+async def test_g7_to_chunk_and_settle_chunks(kernel):
+    session = await kernel.register("s")
+
+    class Event:
+        def __init__(self, text):
+            self.text = text
+
+    items = [Event("one"), Event("two"), None]
+    to_chunk = lambda e: None if e is None else [settle.Chunk("data", {"seen": e.text}), e.text]
+    async with await session.turn(Stream(items), to_chunk=to_chunk) as turn:
+        got = [c async for c in turn]
+    assert [(c.kind, c.data) for c in got] == [
+        ("data", {"seen": "one"}),
+        ("text", "one"),
+        ("data", {"seen": "two"}),
+        ("text", "two"),
+    ]
+    assert got[1] == settle.Chunk("text", "one")
+
+
+async def test_what_python_wrote_reads_the_same_through_show_and_export(db, kernel):
+    root = await kernel.register("root")
+    child = await root.child("child")
+    async with await child.turn(Stream(OPENAI_DICTS), input=[{"role": "user", "content": "weather in Paris?"}]) as turn:
+        async for _ in turn:
+            pass
+    async with await root.turn(Stream(["Hello, ", "world"]), input="hi") as turn:
+        async for _ in turn:
+            pass
+    await root.finish()
+
+    ours = {row["id"]: row for row in await kernel.sessions()}
+    listed = {row["id"]: row for row in settle_json(db, "sessions", "--json")}
+    assert set(ours) == set(listed) == {root.id, child.id}
+    for id, row in ours.items():
+        for field in ("name", "parent", "state", "outcome", "end_reason", "turns", "chunks"):
+            assert listed[id][field] == row[field], (id, field)
+
+    for session in (root, child):
+        shown = settle_json(db, "show", str(session.id), "--json")
+        transcript = await session.transcript()
+        assert len(shown["turns"]) == len(transcript)
+        for theirs, mine in zip(shown["turns"], transcript):
+            assert theirs["outcome"] == mine["outcome"]
+            assert theirs["text"] == mine["text"]
+            assert theirs["input"] == mine["input"]
+            expected = [c.text if c.kind == "text" else {"kind": c.kind, "data": c.data} for c in mine["chunks"]]
+            assert theirs["chunks"] == expected
+
+    exported = subprocess.run(
+        [settle_bin(), "--db", db, "export", str(child.id), "--format", "jsonl"],
+        capture_output=True, text=True, timeout=PATIENCE,
+    )
+    assert exported.returncode == 0, exported.stderr
+    kinds = [e.get("kind") for e in map(json.loads, exported.stdout.splitlines()) if e.get("event") == "chunk"]
+    assert kinds == ["reasoning", "text", "tool_call", "tool_call", "usage"]
+    shown = subprocess.run(
+        [settle_bin(), "--db", db, "show", str(child.id)], capture_output=True, text=True, timeout=PATIENCE
+    )
+    assert 'tool call: get_weather({"city":"Paris"})' in shown.stdout, shown.stdout
+    assert "usage: completion_tokens=4 prompt_tokens=9 total_tokens=13" in shown.stdout

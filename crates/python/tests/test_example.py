@@ -1,0 +1,58 @@
+"""The README's example, examples/python/scan.py, against a local
+OpenAI-compatible server: it runs to its end, and the child still mid-turn
+when the root finished is finalized first (G1)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PATIENCE, settle_json
+from sse_server import SseServer
+
+pytest.importorskip("openai")
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "python" / "scan.py"
+
+
+async def test_g1_the_scan_example_runs_against_a_local_server(db):
+    # Three chunks, 0.3 s apart: recon's turn completes; web's is cut short.
+    async with SseServer(interval=0.3) as server:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, str(EXAMPLE), "--base-url", server.base_url, "--db", db, "--web-time", "0.5",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
+    assert child.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert "[recon] turn 1: completed" in lines, lines
+    assert "[web] turn 1: cancelled" in lines, lines
+    assert "root: completed" in lines
+    assert "web: parent_finished" in lines
+    rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
+    assert rows["recon"]["end_reason"] == "parent_finished"
+    assert rows["web"]["outcome"] == "cancelled"
+    assert rows["web"]["finalized_at"] <= rows["root"]["finalized_at"]
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+async def test_g1_the_readme_example_runs_against_a_local_server(db):
+    text = README.read_text()
+    start = text.index("```python\nimport asyncio, openai, settle")
+    code = text[start + len("```python\n"): text.index("```", start + 10)]
+    async with SseServer(interval=0.01) as server:
+        code = code.replace("http://127.0.0.1:8080/v1", server.base_url).replace('"settle.db"', repr(db))
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
+    assert child.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["Hello, world", "completed"]
+    rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
+    assert rows["recon"]["end_reason"] == "parent_finished"
+    assert rows["root"]["end_reason"] == "completed"

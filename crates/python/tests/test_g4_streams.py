@@ -1,0 +1,164 @@
+"""G4: a turn's stream is closed exactly once, on end, error, idle timeout,
+cancel and drop, and when the cancel lands while it is being opened; and
+leaving an ``async with`` (or ``aclose()``) closes the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+
+import pytest
+
+import settle
+from conftest import Stream, eventually
+
+
+async def test_g4_stream_closed_once_on_end(kernel):
+    session = await kernel.register("s")
+    stream = Stream(["a", "b", "c"])
+    async with await session.turn(lambda: stream, input="go") as turn:
+        assert [chunk.text async for chunk in turn] == ["a", "b", "c"]
+    assert turn.outcome == "completed"
+    await eventually(lambda: stream.closes, "the stream closed")
+    assert stream.closes == 1
+
+
+async def test_g4_stream_closed_once_on_error_and_the_turn_says_why(kernel):
+    session = await kernel.register("s")
+    stream = Stream(["a"], fail=ValueError("the model fell over"))
+    async with await session.turn(stream) as turn:
+        assert [chunk.text async for chunk in turn] == ["a"]
+    assert turn.outcome == "failed"
+    kind, message = turn.error
+    assert kind == "provider"
+    assert "ValueError: the model fell over" in message
+    await eventually(lambda: stream.closes, "the stream closed")
+    assert stream.closes == 1
+    [stored] = await session.transcript()
+    assert stored["error"]["message"] == message
+
+
+async def test_g4_stream_closed_once_on_idle_timeout(db):
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3, idle_timeout=0.2)
+    try:
+        session = await kernel.register("s")
+        stream = Stream(["a"], delay=30.0)
+        async with await session.turn(stream) as turn:
+            assert [chunk.text async for chunk in turn] == []
+        assert turn.outcome == "idle_timeout"
+        await eventually(lambda: stream.closes, "the stream closed")
+        assert stream.closes == 1
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_g4_stream_closed_once_when_the_reading_task_is_cancelled(kernel):
+    session = await kernel.register("s")
+    stream = Stream(["tick"], delay=0.02, forever=True)
+    turn = await session.turn(stream)
+
+    async def read() -> None:
+        async with turn:
+            async for _ in turn:
+                pass
+
+    reader = asyncio.create_task(read())
+    await asyncio.wait_for(stream.first_item.wait(), 10)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    await eventually(lambda: turn.outcome is not None, "the turn's end")
+    assert turn.outcome == "cancelled"
+    await eventually(lambda: stream.closes, "the stream closed")
+    await asyncio.sleep(0.1)
+    assert stream.closes == 1
+    # The session stays open for another turn.
+    async with await session.turn(Stream(["next"])) as again:
+        assert [c.text async for c in again] == ["next"]
+
+
+async def test_g4_breaking_out_of_async_with_closes_the_turn(kernel):
+    session = await kernel.register("s")
+    stream = Stream(["tick"], delay=0.01, forever=True)
+    async with await session.turn(stream) as turn:
+        async for _ in turn:
+            break
+    assert turn.outcome == "cancelled"
+    await eventually(lambda: stream.closes, "the stream closed")
+    assert stream.closes == 1
+
+
+async def test_g4_a_dropped_turn_is_cancelled_and_its_stream_closed(kernel):
+    session = await kernel.register("s")
+    stream = Stream(["tick"], delay=0.01, forever=True)
+    turn = await session.turn(stream)
+    await asyncio.wait_for(stream.first_item.wait(), 10)
+    del turn
+    gc.collect()
+    await eventually(lambda: stream.closes, "the stream closed")
+    [stored] = await _transcript_when_ended(session)
+    assert stored["outcome"] == "cancelled"
+    assert stream.closes == 1
+
+
+async def _transcript_when_ended(session):
+    for _ in range(1000):
+        turns = await session.transcript()
+        if turns and turns[-1]["outcome"] is not None:
+            return turns
+        await asyncio.sleep(0.01)
+    raise AssertionError("the turn never ended")
+
+
+async def test_g4_a_cancel_while_the_stream_is_opened_closes_what_was_opened(kernel):
+    """The attach race of seed 001: the source is still opening (awaiting,
+    like an HTTP request waiting for its headers) when the turn is
+    cancelled. The source sees the cancel; nothing is left open."""
+    session = await kernel.register("s")
+    opening = asyncio.Event()
+    released = []
+
+    async def open_stream() -> Stream:
+        held = Stream(["never"])  # what the source holds while it opens
+        opening.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await held.aclose()
+            released.append(held)
+            raise
+        return held
+
+    turn = await session.turn(open_stream)
+    await asyncio.wait_for(opening.wait(), 10)
+    await turn.aclose()
+    assert turn.outcome == "cancelled"
+    assert [s.closes for s in released] == [1]
+
+
+async def test_g4_cancels_landing_anywhere_around_the_open_close_each_stream_exactly_once(kernel):
+    """A cancel at a random moment around the open: every stream that was
+    made is closed exactly once, whichever window the cancel hit."""
+    rng = random.Random(7)
+    made: list = []
+
+    def factory():
+        async def open_stream():
+            await asyncio.sleep(rng.choice([0, 0, 0.001, 0.003]))
+            stream = Stream(["a"], delay=0.002, forever=True)
+            made.append(stream)
+            return stream
+
+        return open_stream()
+
+    for n in range(40):
+        session = await kernel.register(f"s{n}")
+        turn = await session.turn(factory)
+        await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.002, 0.004, 0.01]))
+        await turn.aclose()
+        assert turn.outcome in ("cancelled", "completed"), turn.outcome
+    await eventually(lambda: all(s.closes for s in made), "every stream made closed")
+    await asyncio.sleep(0.1)
+    assert made, "no stream was ever made"
+    assert {s.closes for s in made} == {1}

@@ -1,0 +1,153 @@
+"""Coroutines under a session (G1, G5, G6, G10): cancelled on their own loop
+with their session, detached at the settle deadline when they swallow the
+cancel, and refused every write after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import settle
+from conftest import Stream, eventually
+
+
+async def test_g1_a_spawned_coroutine_gives_its_result(kernel):
+    session = await kernel.register("s")
+
+    async def tool(x: int) -> int:
+        await asyncio.sleep(0.01)
+        return x * 2
+
+    task = await session.spawn(tool(21))
+    assert await task == 42
+
+
+async def test_g1_a_spawned_coroutine_raises_what_it_raised(kernel):
+    session = await kernel.register("s")
+
+    async def tool() -> None:
+        raise KeyError("missing")
+
+    task = await session.spawn(tool())
+    with pytest.raises(KeyError):
+        await task.join()
+
+
+async def test_g1_cancelling_the_session_cancels_its_coroutine_on_its_loop(kernel):
+    session = await kernel.register("s")
+    saw_cancel = asyncio.Event()
+
+    async def tool() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            saw_cancel.set()
+            raise
+
+    task = await session.spawn(tool())
+    await asyncio.sleep(0.05)
+    await session.cancel()
+    await asyncio.wait_for(saw_cancel.wait(), 10)
+    with pytest.raises(settle.Cancelled):
+        await task
+
+
+async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_deadline(db):
+    settle_timeout = 0.3
+    kernel = await settle.Kernel.open(db, settle_timeout=settle_timeout)
+    try:
+        root = await kernel.register("root")
+        session = await root.child("worker")
+        cancels = []
+        later: list = []
+        stop = asyncio.Event()
+
+        async def stubborn() -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    cancels.append(time.monotonic())  # swallowed
+            # Its writes after the detach are refused (G10).
+            for write in (lambda: session.child("late"), lambda: root.child("late")):
+                try:
+                    await write()
+                    later.append("accepted")
+                except settle.SessionClosed:
+                    later.append("SessionClosed")
+
+        task = await session.spawn(stubborn())
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        await session.cancel()
+        with pytest.raises(settle.Detached):
+            await task
+        detached_after = time.monotonic() - started
+        assert cancels, "the coroutine never saw its cancel"
+        assert detached_after >= settle_timeout * 0.9
+        assert await session.state() in ("settled", "finalized")
+        stop.set()
+        await eventually(lambda: len(later) == 2, "the detached coroutine's writes")
+        assert later == ["SessionClosed", "SessionClosed"]
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_g5_a_turn_whose_iterator_swallows_its_cancel_is_detached(db):
+    settle_timeout = 0.3
+    kernel = await settle.Kernel.open(db, settle_timeout=settle_timeout)
+    try:
+        session = await kernel.register("s")
+        released = asyncio.Event()
+
+        class Stubborn(Stream):
+            """Yields one item, then ignores every cancel until released."""
+
+            async def __anext__(self):
+                if self.sent:
+                    while not released.is_set():
+                        try:
+                            await asyncio.sleep(0.01)
+                        except asyncio.CancelledError:
+                            self.cancels_swallowed += 1
+                return await super().__anext__()
+
+        stream = Stubborn(["tick"], forever=True)
+        turn = await session.turn(stream)
+        first = await asyncio.wait_for(turn.__anext__(), 10)
+        assert first.text == "tick"  # stored
+        started = time.monotonic()
+        await turn.aclose()
+        assert turn.outcome == "detached"
+        assert time.monotonic() - started >= settle_timeout * 0.9
+        assert stream.cancels_swallowed >= 1
+        assert stream.closes == 0  # it never gave the pump a chance
+        # Once it yields again, its item is refused and it is closed, once.
+        released.set()
+        await eventually(lambda: stream.closes, "the stream closed")
+        await asyncio.sleep(0.1)
+        assert stream.closes == 1
+        [stored] = await session.transcript()
+        assert stored["outcome"] == "detached"
+        assert stored["text"] == "tick"
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_g6_a_finished_task_is_not_cancelled_again(kernel):
+    session = await kernel.register("s")
+    cancelled = []
+
+    async def quick() -> str:
+        try:
+            return "done"
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    task = await session.spawn(quick())
+    assert await task == "done"
+    await session.finish()
+    assert cancelled == []

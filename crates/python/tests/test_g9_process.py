@@ -1,0 +1,227 @@
+"""Seed 004 and the process's edges: signals (G9), interpreter exit, fork,
+and a loop that closed before a completion arrived. Each runs in a child
+interpreter."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from conftest import run_script
+
+
+SIGNALS_SCRIPT = """
+import asyncio, json, os, signal, sys, time
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.5, drain_timeout=float(sys.argv[2]))
+    kernel.install_signal_handlers()
+    idle = await kernel.register("idle")
+    busy = await kernel.register("busy")
+    signals = int(sys.argv[3])
+    forever = sys.argv[4] == "forever"
+
+    async def stream():
+        n = 0
+        while forever or n < 5:
+            await asyncio.sleep(0.1)
+            n += 1
+            yield f"chunk {n} "
+
+    turn = await busy.turn(stream)
+    chunks = []
+    async def read():
+        async for chunk in turn:
+            chunks.append(chunk.text)
+            if len(chunks) == 1:
+                for _ in range(signals):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    await asyncio.sleep(0.05)
+    reader = asyncio.create_task(read())
+    await asyncio.wait_for(idle.finalized(), 10)
+    idle_done = time.monotonic()
+    await reader
+    turn_done = time.monotonic()
+    await kernel.stopped()
+    print(json.dumps({
+        "signal": kernel.received_signal,
+        "idle": await idle.finalized(),
+        "busy": await busy.finalized(),
+        "turn": turn.outcome,
+        "chunks": len(chunks),
+        "idle_first": idle_done < turn_done,
+    }))
+
+asyncio.run(main())
+"""
+
+
+def test_g9_sigterm_finalizes_the_idle_session_at_once_and_drains_the_running_turn(db):
+    started = time.monotonic()
+    out = run_script(SIGNALS_SCRIPT, db, "5.0", "1", "finite", timeout=30)
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["signal"] == signal.SIGTERM
+    assert report["idle"] == "shutdown"
+    assert report["idle_first"], "the idle session waited for the running turn"
+    assert report["turn"] == "completed"  # it drained: all five chunks
+    assert report["chunks"] == 5
+    assert report["busy"] == "shutdown"
+    # drain (5 s) + settle timeout + a margin, and far less in fact.
+    assert took < 5.0 + 0.5 + 10
+
+
+def test_g9_a_second_signal_skips_the_drain(db):
+    started = time.monotonic()
+    out = run_script(SIGNALS_SCRIPT, db, "60.0", "2", "forever", timeout=30)
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["idle"] == "shutdown"
+    assert report["turn"] == "cancelled"
+    assert report["busy"] == "shutdown"
+    assert took < 20, "the second signal did not cut the 60 s drain"
+
+
+ATEXIT_SCRIPT = """
+import asyncio, sys
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.5, drain_timeout=1.0)
+    root = await kernel.register("root")
+    await root.child("child")
+    print(root.id, flush=True)
+    # Returns with both sessions open and no shutdown: interpreter exit does it.
+
+asyncio.run(main())
+"""
+
+READ_SCRIPT = """
+import asyncio, json, sys
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1])
+    print(json.dumps(await kernel.sessions()))
+    await kernel.shutdown()
+
+asyncio.run(main())
+"""
+
+
+def test_g9_interpreter_exit_shuts_the_kernel_down(db):
+    started = time.monotonic()
+    out = run_script(ATEXIT_SCRIPT, db, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 15
+    rows = json.loads(run_script(READ_SCRIPT, db).stdout)
+    assert [(r["name"], r["state"], r["end_reason"]) for r in rows] == [
+        ("root", "finalized", "shutdown"),
+        ("child", "finalized", "shutdown"),
+    ]
+
+
+FORK_SCRIPT = """
+import asyncio, os, sys
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1])
+    session = await kernel.register("parent's")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            kernel.register("child's")
+            os._exit(3)
+        except settle.Error as error:
+            try:
+                session.turn(lambda: None)
+                os._exit(4)
+            except settle.Error as again:
+                sys.stdout.write(f"child: {type(error).__name__}: {error}\\n")
+                sys.stdout.flush()
+                os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status))
+    # The parent's kernel is untouched.
+    await session.finish()
+    print("parent", await session.finalized())
+    await kernel.shutdown()
+
+asyncio.run(main())
+"""
+
+
+def test_fork_a_child_touching_its_parents_kernel_gets_a_clear_error(db):
+    out = run_script(FORK_SCRIPT, db, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(l.startswith("child: Error: ") and "fork" in l for l in lines), out.stdout
+    assert "child exit 0" in lines
+    assert "parent completed" in lines
+
+
+CLOSED_LOOP_SCRIPT = """
+import asyncio, gc, sys
+import settle
+
+async def first(kernel_box):
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.2)
+    kernel_box.append(kernel)
+    session = await kernel.register("s")
+    kernel_box.append(session)
+    # Pending calls whose completions arrive after this loop closed.
+    asyncio.ensure_future(session.finalized())
+    asyncio.ensure_future(kernel.stopped())
+
+box = []
+asyncio.run(first(box))
+kernel, session = box
+
+async def second():
+    # A new loop: the old loop's completions arrive now, and are dropped.
+    await kernel.shutdown(0.0)
+    print("shut down", flush=True)
+
+asyncio.run(second())
+gc.collect()
+"""
+
+
+def test_a_completion_after_its_loop_closed_is_dropped_quietly(db):
+    out = run_script(CLOSED_LOOP_SCRIPT, db, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "shut down" in out.stdout
+    assert "Event loop is closed" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+AFTER_STOP_SCRIPT = """
+import asyncio, os, signal, sys
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1])
+    kernel.install_signal_handlers()
+    await kernel.register("s")
+    await kernel.shutdown()
+    await kernel.stopped()
+    print("stopped", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(10)
+    print("survived the signal", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_g9_a_signal_after_the_kernel_stopped_takes_its_default_action(db):
+    out = run_script(AFTER_STOP_SCRIPT, db, timeout=30)
+    assert out.stdout.splitlines() == ["stopped"], out.stdout + out.stderr
+    assert out.returncode == -signal.SIGTERM

@@ -1,0 +1,121 @@
+"""A garbage-collected awaitable leaves no turn running (the gap of
+pyo3-async-runtimes' issue 64), and every error maps to its documented
+class under ``settle.Error``."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+import settle
+from conftest import Stream, eventually
+
+
+async def ended_turns(session):
+    for _ in range(2000):
+        turns = await session.transcript()
+        if turns and all(t["outcome"] is not None for t in turns):
+            return turns
+        await asyncio.sleep(0.01)
+    raise AssertionError("a turn never ended")
+
+
+async def test_g4_a_collected_next_chunk_awaitable_cancels_the_turn(kernel):
+    session = await kernel.register("s")
+    stream = Stream(["tick"], delay=0.05, forever=True)
+    turn = await session.turn(stream)
+    pending = turn.__anext__()
+    del pending
+    gc.collect()
+    await eventually(lambda: turn.outcome is not None, "the turn's end")
+    assert turn.outcome == "cancelled"
+    await eventually(lambda: stream.closes, "the stream closed")
+    assert stream.closes == 1
+
+
+async def test_g4_a_collected_turn_start_awaitable_leaves_no_turn_running(kernel):
+    session = await kernel.register("s")
+    made = []
+
+    def source():
+        stream = Stream(["tick"], delay=0.05, forever=True)
+        made.append(stream)
+        return stream
+
+    pending = session.turn(source)
+    del pending
+    gc.collect()
+    [turn] = await ended_turns(session)
+    assert turn["outcome"] == "cancelled"
+    await eventually(lambda: all(s.closes for s in made), "what was opened closed")
+    assert [s.closes for s in made] in ([], [1])
+    # The session takes its next turn.
+    for _ in range(200):
+        try:
+            again = await session.turn(Stream(["next"]))
+            break
+        except settle.Error:  # the cancelled turn may still be settling
+            await asyncio.sleep(0.01)
+    async with again:
+        assert [c.text async for c in again] == ["next"]
+
+
+def test_every_exception_is_a_settle_error():
+    for cls in (
+        settle.SessionClosed,
+        settle.AlreadyFinalized,
+        settle.ShuttingDown,
+        settle.StoreError,
+        settle.BadInput,
+        settle.Detached,
+        settle.Cancelled,
+    ):
+        assert issubclass(cls, settle.Error)
+        assert cls.__doc__
+    assert issubclass(settle.Error, Exception)
+
+
+async def test_g11_bad_input_is_refused_before_anything_is_written(kernel, tmp_path):
+    session = await kernel.register("s")
+    with pytest.raises(settle.BadInput):
+        session.turn(Stream(), input=42)
+    with pytest.raises(settle.BadInput):
+        await kernel.session(987654)
+    with pytest.raises(settle.BadInput):
+        await kernel.sessions(state="sleeping")
+    with pytest.raises(settle.BadInput):
+        await settle.Kernel.open(str(tmp_path / "no" / "such" / "folder" / "x.db"))
+    with pytest.raises(settle.BadInput):
+        await settle.Kernel.open(str(tmp_path / "y.db"), settle_timeout=-1.0)
+    assert await session.transcript() == []
+
+
+async def test_a_chunk_that_cannot_be_read_fails_the_turn_saying_to_use_to_chunk(kernel):
+    session = await kernel.register("s")
+    async with await session.turn(Stream([object()])) as turn:
+        assert [c async for c in turn] == []
+    assert turn.outcome == "failed"
+    kind, message = turn.error
+    assert "to_chunk" in message
+
+
+async def test_g9_nothing_starts_once_a_shutdown_began(kernel):
+    session = await kernel.register("s")
+    kernel.begin_shutdown(0.0)  # does not wait
+    await eventually(lambda: kernel.shutting_down, "the shutdown to begin")
+    with pytest.raises(settle.ShuttingDown):
+        await kernel.register("late")
+    await kernel.stopped()
+    with pytest.raises((settle.ShuttingDown, settle.SessionClosed)):
+        await session.turn(Stream())
+    assert await session.finalized() == "shutdown"
+
+
+async def test_a_source_that_is_not_an_async_iterable_fails_the_turn_saying_so(kernel):
+    session = await kernel.register("s")
+    async with await session.turn(lambda: [1, 2]) as turn:
+        assert [c async for c in turn] == []
+    assert turn.outcome == "failed"
+    assert "not an async iterable" in turn.error[1]
