@@ -60,7 +60,30 @@ fn request(input: Option<&Bound<'_, PyAny>>) -> PyResult<TurnRequest> {
 }
 
 impl PySession {
-    /// The session's id, for Rust callers.
+    /// An awaitable of `work` on a clone of this session's handle, on the
+    /// kernel's runtime: the call every method that only asks the handle
+    /// something makes.
+    fn call<'py, F, Fut, T>(
+        &self,
+        py: Python<'py>,
+        on_cancel: OnCancel,
+        work: F,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: FnOnce(SessionHandle) -> Fut,
+        Fut: std::future::Future<Output = PyResult<T>> + Send + 'static,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let (handle, here) = self.handle.get()?;
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            on_cancel,
+            work(handle.clone()),
+        )
+    }
+
     pub fn id_value(&self) -> u64 {
         self.id
     }
@@ -203,18 +226,10 @@ impl PySession {
     /// (`"completed"`, `"failed"`, `"cancelled"`; `"shutdown"` during a
     /// shutdown). Raises `SessionClosed` when it was already finalized.
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (handle, here) = self.handle.get()?;
-        let handle = handle.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let reason = handle.finish().await.map_err(errors::runtime)?;
-                Ok(reason.as_str())
-            },
-        )
+        self.call(py, OnCancel::Finish, |handle| async move {
+            let reason = handle.finish().await.map_err(errors::runtime)?;
+            Ok(reason.as_str())
+        })
     }
 
     /// Cancels the session: its descendants first, then its own turn and
@@ -222,79 +237,47 @@ impl PySession {
     /// starts no more. Raises `AlreadyFinalized` when it was (G2).
     #[pyo3(signature = (*, immediate = true))]
     fn cancel<'py>(&self, py: Python<'py>, immediate: bool) -> PyResult<Bound<'py, PyAny>> {
-        let (handle, here) = self.handle.get()?;
-        let handle = handle.clone();
         let mode = if immediate {
             CancelMode::Immediate
         } else {
             CancelMode::Graceful
         };
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                match handle.cancel(mode).await.map_err(errors::runtime)? {
-                    Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
-                        "session {} was already finalized",
-                        handle.id()
-                    ))),
-                    _ => Ok(()),
-                }
-            },
-        )
+        self.call(py, OnCancel::Finish, move |handle| async move {
+            match handle.cancel(mode).await.map_err(errors::runtime)? {
+                Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
+                    "session {} was already finalized",
+                    handle.id()
+                ))),
+                _ => Ok(()),
+            }
+        })
     }
 
     /// Closes the session on a user's request: cancel, then finalize
     /// (`user_close`). Resolves to its end reason; closing a closed session
     /// resolves to the reason it ended with (G2).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (handle, here) = self.handle.get()?;
-        let handle = handle.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let reason = handle.close().await.map_err(errors::runtime)?;
-                Ok(reason.as_str())
-            },
-        )
+        self.call(py, OnCancel::Finish, |handle| async move {
+            let reason = handle.close().await.map_err(errors::runtime)?;
+            Ok(reason.as_str())
+        })
     }
 
     /// Resolves to the end reason once the session is finalized.
     fn finalized<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (handle, here) = self.handle.get()?;
-        let handle = handle.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                let reason = handle.finalized().await.map_err(errors::runtime)?;
-                Ok(reason.as_str())
-            },
-        )
+        self.call(py, OnCancel::Abort, |handle| async move {
+            let reason = handle.finalized().await.map_err(errors::runtime)?;
+            Ok(reason.as_str())
+        })
     }
 
     /// Resolves to its state as the kernel has it now: `"registered"`,
     /// `"running"`, `"cancelling"`, `"settled"` or `"finalized"`.
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (handle, here) = self.handle.get()?;
-        let handle = handle.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                let state = handle.state().await.map_err(errors::runtime)?;
-                Ok(state.as_str())
-            },
-        )
+        self.call(py, OnCancel::Abort, |handle| async move {
+            let state = handle.state().await.map_err(errors::runtime)?;
+            Ok(state.as_str())
+        })
     }
 
     /// Resolves to its turns as the store has them: a list of dicts with
