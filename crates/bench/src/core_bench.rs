@@ -7,25 +7,21 @@
 //! about half as fast as it is. The workload generator is the one of
 //! `crates/core/benches/core.rs` (the same source file,
 //! `crates/core/benches/support/workload.rs`), so both harnesses measure the
-//! same thing; its `run_map` takes a SipHash map, so the loop is restated
-//! here over any hasher ([`run_map_hashed`]).
+//! same thing.
 //!
 //! Also the memory row: heap bytes per idle registered session.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use settle_core::{Core, Event, SessionId};
 
 use crate::Result;
-// Its `run_map` (a SipHash map) is restated over foldhash below.
-#[allow(dead_code)]
 #[path = "../../core/benches/support/workload.rs"]
 mod workload;
 
-use workload::{bench_policy, run_core};
+use workload::{bench_policy, run_core, run_map};
 pub use workload::{workload, Op};
 
 /// The seed of the workload (the same as the criterion bench's).
@@ -48,72 +44,13 @@ pub fn core_round(ops: &[Op]) -> Duration {
 /// through the whole workload.
 pub fn map_round(ops: &[Op]) -> Duration {
     let start = Instant::now();
-    let map = run_map_hashed(
+    let map = run_map(
         HashMap::with_hasher(foldhash::fast::RandomState::default()),
         ops,
     );
     let took = start.elapsed();
     drop(black_box(map));
     took
-}
-
-/// The baseline's value: one lookup and a small update per input, nothing
-/// else (the workload's `Small`).
-#[derive(Debug, Clone, Copy)]
-pub struct Small {
-    state: u8,
-    turns: u32,
-    outcome: u8,
-}
-
-/// The workload's `run_map`, the same lookups and updates, over a map with
-/// any hasher.
-pub fn run_map_hashed<S: BuildHasher>(
-    mut map: HashMap<u64, Small, S>,
-    ops: &[Op],
-) -> HashMap<u64, Small, S> {
-    for op in ops {
-        match *op {
-            Op::Register(id) => {
-                map.insert(
-                    id,
-                    Small {
-                        state: 0,
-                        turns: 0,
-                        outcome: 0,
-                    },
-                );
-            }
-            Op::Start(id) => {
-                if let Some(s) = map.get_mut(&id) {
-                    if s.state == 0 {
-                        s.state = 1;
-                        s.turns += 1;
-                    }
-                }
-            }
-            Op::End(id, _) => {
-                if let Some(s) = map.get_mut(&id) {
-                    s.state = 0;
-                    s.outcome = 1;
-                }
-            }
-            Op::Finish(id) | Op::Exited(id, _) => {
-                if let Some(s) = map.get_mut(&id) {
-                    s.state = 4;
-                }
-            }
-            Op::Cancel(id) => {
-                if let Some(s) = map.get_mut(&id) {
-                    s.state = 2;
-                }
-            }
-            Op::Forget(id) => {
-                black_box(map.remove(&id));
-            }
-        }
-    }
-    map
 }
 
 /// Heap bytes per idle registered session in a core holding `sessions` of

@@ -5,6 +5,7 @@
 //! core and through a bare `HashMap` update loop doing the same lookups.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -156,8 +157,12 @@ pub struct Small {
     outcome: u8,
 }
 
-/// Runs `ops` through the baseline map.
-pub fn run_map(mut map: HashMap<u64, Small>, ops: &[Op]) -> HashMap<u64, Small> {
+/// Runs `ops` through the baseline map, with whatever hasher it was made
+/// with (the harnesses give it the core's, foldhash).
+pub fn run_map<S: BuildHasher>(
+    mut map: HashMap<u64, Small, S>,
+    ops: &[Op],
+) -> HashMap<u64, Small, S> {
     for op in ops {
         match *op {
             Op::Register(id) => {
