@@ -31,9 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use diesel::pg::PgConnection;
 use diesel::prelude::*;
-use settle_store::{
-    Applied, LifecycleWrite, NewSession, OwnerInfo, SessionId, SessionStore, Store,
-};
+use settle_store::{OwnerInfo, SessionId, SessionStore, Store};
 
 use crate::measure::{interleave, Plan, Sense};
 use crate::raw_sql::Values;
@@ -274,34 +272,7 @@ async fn sessions(store: &Store) -> Result<Vec<SessionId>> {
     let owner = store
         .register_owner(OwnerInfo::this_process(), Duration::from_secs(3600))
         .await?;
-    let batch = (0..SESSIONS)
-        .map(|i| LifecycleWrite::Register(NewSession::new(format!("fleet-{i}"), owner)))
-        .collect();
-    let ids = store
-        .apply(batch)
-        .await
-        .into_iter()
-        .map(|answer| match answer? {
-            Applied::Registered(id) => Ok(id),
-            other => Err(format!("a registration answered {other:?}").into()),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let at = SystemTime::now();
-    let starts = ids
-        .iter()
-        .map(|&session| LifecycleWrite::StartTurn {
-            session,
-            no: 1,
-            input: None,
-            at,
-        })
-        .collect();
-    for answer in store.apply(starts).await {
-        if !matches!(answer?, Applied::Done) {
-            return Err("a turn start answered something else".into());
-        }
-    }
-    Ok(ids)
+    crate::mid_turn::sessions_mid_turn(store, owner, "fleet", 0..SESSIONS).await
 }
 
 /// The `--fleet-child` process: set up, say `ready`, wait for `go`, append

@@ -26,6 +26,7 @@ mod finalized_memory;
 mod fleet;
 mod gateway_bench;
 mod measure;
+mod mid_turn;
 mod null_store;
 mod peer;
 mod raw_sql;

@@ -28,9 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel::prelude::*;
-use settle_store::{
-    Applied, LifecycleWrite, NewSession, OwnerInfo, RecoverOptions, SessionStore, Store,
-};
+use settle_store::{OwnerInfo, RecoverOptions, SessionStore, Store};
 
 use crate::raw_sql::{self, Checkpointer};
 use crate::Result;
@@ -113,33 +111,8 @@ impl LeftLive {
                 .await?;
             let mut made = 0;
             while made < n {
-                let batch = (made..n.min(made + SETUP_BATCH))
-                    .map(|i| LifecycleWrite::Register(NewSession::new(format!("agent-{i}"), owner)))
-                    .collect();
-                let ids = store
-                    .apply(batch)
-                    .await
-                    .into_iter()
-                    .map(|answer| match answer? {
-                        Applied::Registered(id) => Ok(id),
-                        other => Err(format!("a registration answered {other:?}").into()),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let at = SystemTime::now();
-                let starts = ids
-                    .iter()
-                    .map(|&session| LifecycleWrite::StartTurn {
-                        session,
-                        no: 1,
-                        input: None,
-                        at,
-                    })
-                    .collect();
-                for answer in store.apply(starts).await {
-                    if !matches!(answer?, Applied::Done) {
-                        return Err("a turn start answered something else".into());
-                    }
-                }
+                let range = made..n.min(made + SETUP_BATCH);
+                let ids = crate::mid_turn::sessions_mid_turn(&store, owner, "agent", range).await?;
                 made += ids.len();
             }
             store.close().await;
