@@ -21,6 +21,7 @@ pub(super) fn decide<'b>(
     sessions: &mut HashMap<i64, Sim>,
     owners: &HashMap<i64, bool>,
     turns: &mut HashMap<(i64, u32), TurnSeen>,
+    writer: Option<(OwnerId, i64)>,
 ) -> Result<Decided<'b>, StoreError> {
     let mut d = Decided {
         results: Vec::with_capacity(batch.len()),
@@ -37,7 +38,7 @@ pub(super) fn decide<'b>(
                 at,
             } => {
                 Some(if allowed(*from, *to) {
-                    lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+                    lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
                         sim.live.transition(*session, *from, *to)?;
                         sim.changed = true;
                         let start = d.causes.len();
@@ -65,7 +66,7 @@ pub(super) fn decide<'b>(
                 no,
                 input,
                 at,
-            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+            } => Some(lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
                 let seen = seen(turns, sim, raw, *no);
                 sim.live.start_turn(*session, *no, seen)?;
                 sim.changed = true;
@@ -85,7 +86,7 @@ pub(super) fn decide<'b>(
                 outcome,
                 error,
                 at,
-            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+            } => Some(lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
                 let seen = seen(turns, sim, raw, *no);
                 sim.live.end_turn(*session, *no, *outcome, seen)?;
                 sim.changed = true;
@@ -102,7 +103,7 @@ pub(super) fn decide<'b>(
             })),
             LifecycleWrite::Finalize { session, plan } => {
                 let at = to_millis(plan.at);
-                Some(lookup(sessions, owners, *session).map(|(raw, sim)| {
+                Some(lookup(sessions, owners, writer, *session).map(|(raw, sim)| {
                     let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
                         return Applied::Finalized(Finalized::AlreadyFinalized);
                     };
@@ -153,16 +154,30 @@ fn seen(turns: &HashMap<(i64, u32), TurnSeen>, sim: &Sim, raw: i64, no: u32) -> 
 }
 
 /// The session `id` as the batch sees it, with its database id, for a write
-/// of its owner: refused with `LeaseLost` once the owner's lease expired.
+/// of its owner: refused with `LeaseLost` once the owner's lease expired,
+/// and with `HandedOff` once it was released, or, for a batch of a
+/// `writer`, when another process owns it now (G8, G12: a former owner
+/// never writes a session another process adopted).
 fn lookup<'s>(
     sessions: &'s mut HashMap<i64, Sim>,
     owners: &HashMap<i64, bool>,
+    writer: Option<(OwnerId, i64)>,
     id: SessionId,
 ) -> Result<(i64, &'s mut Sim), StoreError> {
     let raw = sid(id)?;
     let sim = sessions
         .get_mut(&raw)
         .ok_or(StoreError::UnknownSession(id))?;
+    let (owner, mine) = match writer {
+        Some((owner, raw_owner)) => (owner, raw_owner == sim.owner),
+        None => (OwnerId(sim.owner.unsigned_abs()), true),
+    };
+    if sim.released || !mine {
+        // A finalized session answers as one, whoever asks (G10).
+        if sim.live.state != State::Finalized {
+            return Err(StoreError::HandedOff { session: id, owner });
+        }
+    }
     if owners.get(&sim.owner) != Some(&true) {
         return Err(StoreError::LeaseLost(OwnerId(sim.owner.unsigned_abs())));
     }
