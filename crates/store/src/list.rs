@@ -193,7 +193,13 @@ pub(crate) fn list_sessions(
             })
             .collect(),
     };
-    type Listed = (SessionColumns, Option<i64>, Option<i64>, Option<i64>, Option<String>);
+    type Listed = (
+        SessionColumns,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+    );
     let rows: Vec<Listed> = on_db!(db, |c| {
         let mut all = Vec::new();
         for part in &parts {

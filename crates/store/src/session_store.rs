@@ -182,7 +182,9 @@ pub trait SessionStore: Send + Sync {
         at: SystemTime,
     ) -> Result<PeerRelease, StoreError> {
         let _ = (owner, at);
-        Err(StoreError::Unsupported("releasing the sessions of expired peers"))
+        Err(StoreError::Unsupported(
+            "releasing the sessions of expired peers",
+        ))
     }
 
     /// Finalize `idle_reap`, once across the fleet, every session released

@@ -202,7 +202,10 @@ impl SessionStore for Store {
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
         let n = batch.len();
-        match self.write(move |db| crate::batch::apply(db, &batch, None)).await {
+        match self
+            .write(move |db| crate::batch::apply(db, &batch, None))
+            .await
+        {
             Ok(results) => results,
             Err(e) => vec![Err(e); n],
         }

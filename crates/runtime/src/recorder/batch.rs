@@ -232,8 +232,11 @@ impl Recorder {
             Box::pin(std::future::ready(Ok(Vec::new())))
         } else {
             let store = self.store.clone();
+            // Fenced per writer: a session this process released, or that
+            // another one adopted, is never written by it (G8, G12).
+            let owner = self.owner;
             Box::pin(within(self.bound(), self.deadline.clone(), async move {
-                Ok(store.apply(writes).await)
+                Ok(store.apply_as(owner, writes).await)
             }))
         };
         Some(InFlight {

@@ -66,75 +66,81 @@ pub(super) fn decide<'b>(
                 no,
                 input,
                 at,
-            } => Some(lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
-                let seen = seen(turns, sim, raw, *no);
-                sim.live.start_turn(*session, *no, seen)?;
-                sim.changed = true;
-                turns.insert((raw, *no), TurnSeen::Open);
-                d.turn_starts.push(TurnStart {
-                    session: raw,
-                    no: i64::from(*no),
-                    at: to_millis(*at),
-                    input: input.as_ref().map(|i| json_text(&i.messages)),
-                    input_from: input.as_ref().and_then(|i| i.continues).map(i64::from),
-                });
-                Ok(Applied::Done)
-            })),
+            } => Some(
+                lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
+                    let seen = seen(turns, sim, raw, *no);
+                    sim.live.start_turn(*session, *no, seen)?;
+                    sim.changed = true;
+                    turns.insert((raw, *no), TurnSeen::Open);
+                    d.turn_starts.push(TurnStart {
+                        session: raw,
+                        no: i64::from(*no),
+                        at: to_millis(*at),
+                        input: input.as_ref().map(|i| json_text(&i.messages)),
+                        input_from: input.as_ref().and_then(|i| i.continues).map(i64::from),
+                    });
+                    Ok(Applied::Done)
+                }),
+            ),
             LifecycleWrite::EndTurn {
                 session,
                 no,
                 outcome,
                 error,
                 at,
-            } => Some(lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
-                let seen = seen(turns, sim, raw, *no);
-                sim.live.end_turn(*session, *no, *outcome, seen)?;
-                sim.changed = true;
-                turns.insert((raw, *no), TurnSeen::Ended);
-                d.turn_ends.push(TurnEnd {
-                    session: raw,
-                    no: i64::from(*no),
-                    at: to_millis(*at),
-                    outcome: outcome.as_str(),
-                    error_kind: error.as_ref().map(|e| e.kind.as_str()),
-                    error_message: error.as_ref().map(|e| e.message.as_str()),
-                });
-                Ok(Applied::Done)
-            })),
+            } => Some(
+                lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
+                    let seen = seen(turns, sim, raw, *no);
+                    sim.live.end_turn(*session, *no, *outcome, seen)?;
+                    sim.changed = true;
+                    turns.insert((raw, *no), TurnSeen::Ended);
+                    d.turn_ends.push(TurnEnd {
+                        session: raw,
+                        no: i64::from(*no),
+                        at: to_millis(*at),
+                        outcome: outcome.as_str(),
+                        error_kind: error.as_ref().map(|e| e.kind.as_str()),
+                        error_message: error.as_ref().map(|e| e.message.as_str()),
+                    });
+                    Ok(Applied::Done)
+                }),
+            ),
             LifecycleWrite::Finalize { session, plan } => {
                 let at = to_millis(plan.at);
-                Some(lookup(sessions, owners, writer, *session).map(|(raw, sim)| {
-                    let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
-                        return Applied::Finalized(Finalized::AlreadyFinalized);
-                    };
-                    sim.changed = true;
-                    if let Some(no) = spent.interrupted {
-                        // Close the turn still open, so its work can write no more.
-                        turns.insert((raw, no), TurnSeen::Ended);
-                        d.turn_ends.push(TurnEnd {
-                            session: raw,
-                            no: i64::from(no),
+                Some(
+                    lookup(sessions, owners, writer, *session).map(|(raw, sim)| {
+                        let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
+                            return Applied::Finalized(Finalized::AlreadyFinalized);
+                        };
+                        sim.changed = true;
+                        if let Some(no) = spent.interrupted {
+                            // Close the turn still open, so its work can write no more.
+                            turns.insert((raw, no), TurnSeen::Ended);
+                            d.turn_ends.push(TurnEnd {
+                                session: raw,
+                                no: i64::from(no),
+                                at,
+                                outcome: Outcome::Interrupted.as_str(),
+                                error_kind: None,
+                                error_message: None,
+                            });
+                        }
+                        let start = d.causes.len();
+                        let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
+                        d.timeline.push(TimelineEntry {
+                            whose: Whose::Existing(raw),
                             at,
-                            outcome: Outcome::Interrupted.as_str(),
-                            error_kind: None,
-                            error_message: None,
+                            from: Some(spent.from),
+                            to: State::Finalized,
+                            cause: start..d.causes.len(),
                         });
-                    }
-                    let start = d.causes.len();
-                    let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
-                    d.timeline.push(TimelineEntry {
-                        whose: Whose::Existing(raw),
-                        at,
-                        from: Some(spent.from),
-                        to: State::Finalized,
-                        cause: start..d.causes.len(),
-                    });
-                    d.finalized.push((item, *session, plan.commit_memory, at));
-                    Applied::Finalized(Finalized::Won(FinalizeReport {
-                        interrupted_turn: spent.interrupted,
-                        ..FinalizeReport::default()
-                    }))
-                }))
+                        d.finalized.push((item, *session, plan.commit_memory, at));
+                        Applied::Finalized(Finalized::Won(FinalizeReport {
+                            interrupted_turn: spent.interrupted,
+                            ..FinalizeReport::default()
+                        }))
+                    }),
+                )
             }
         };
         d.results.push(result);

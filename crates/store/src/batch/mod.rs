@@ -235,7 +235,9 @@ pub(crate) fn apply(
         let mut sessions = read::sessions(db.reborrow(), batch)?;
         let owners = read::owners(db.reborrow(), batch, &sessions, now)?;
         let mut turns = read::turns(db.reborrow(), batch, &sessions)?;
-        let writer = writer.map(|w| Ok::<_, StoreError>((w, w.raw()?))).transpose()?;
+        let writer = writer
+            .map(|w| Ok::<_, StoreError>((w, w.raw()?)))
+            .transpose()?;
         let mut decided = decide::decide(batch, &mut sessions, &owners, &mut turns, writer)?;
         write::write_back(db.reborrow(), &sessions, &mut decided)?;
         for &(item, id, commit, at) in &decided.finalized {

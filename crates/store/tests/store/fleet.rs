@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_store::{
-    Cause, EndReason, FinalizeRequest, LifecycleWrite, NewSession, OwnerId, OwnerInfo, Outcome,
+    Cause, EndReason, FinalizeRequest, LifecycleWrite, NewSession, Outcome, OwnerId, OwnerInfo,
     RecoverOptions, SessionFilter, SessionId, SessionStore, State, StoreError, Whereabouts,
 };
 
@@ -29,9 +29,16 @@ async fn conversation(store: &dyn SessionStore, owner: OwnerId) -> SessionId {
         .await
         .unwrap();
     let at = now();
-    write::transition(store, id, State::Registered, State::Running, Cause::TurnStarted, at)
-        .await
-        .unwrap();
+    write::transition(
+        store,
+        id,
+        State::Registered,
+        State::Running,
+        Cause::TurnStarted,
+        at,
+    )
+    .await
+    .unwrap();
     write::start_turn(store, id, 1, None, at).await.unwrap();
     append_all(store, id, 1, &["hello"]).await;
     write::end_turn(store, id, 1, Outcome::Completed, None, at)
@@ -126,7 +133,15 @@ pub(crate) fn g12_g8_the_former_owner_never_writes_a_released_or_adopted_session
         }
         // Released: nobody writes it, whoever asks.
         assert!(matches!(
-            write::transition(&*store, id, State::Registered, State::Running, Cause::TurnStarted, now()).await,
+            write::transition(
+                &*store,
+                id,
+                State::Registered,
+                State::Running,
+                Cause::TurnStarted,
+                now()
+            )
+            .await,
             Err(StoreError::HandedOff { .. })
         ));
         store.adopt(node_b, id, now()).await.unwrap();
@@ -178,7 +193,11 @@ pub(crate) fn g12_g2_a_released_session_nobody_adopts_is_reaped_once(b: Backend)
         );
         let mut reaped = x.unwrap();
         reaped.extend(y.unwrap());
-        assert_eq!(reaped, vec![left], "reaped once, and only the one nobody adopted");
+        assert_eq!(
+            reaped,
+            vec![left],
+            "reaped once, and only the one nobody adopted"
+        );
         let detail = one.session_detail(left).await.unwrap();
         assert_eq!(detail.session.end_reason, Some(EndReason::IdleReap));
         assert!(matches!(
@@ -196,9 +215,7 @@ pub(crate) fn g12_g2_a_released_session_nobody_adopts_is_reaped_once(b: Backend)
 /// sessions for adoption, the turn it left open marked `interrupted` with
 /// its acknowledged chunks kept (G7, G8); `settle recover` finalizes only
 /// what was left by a crash and not released.
-pub(crate) fn g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_interrupted(
-    b: Backend,
-) {
+pub(crate) fn g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_interrupted(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store: Arc<dyn SessionStore> = open(&db);
@@ -207,9 +224,16 @@ pub(crate) fn g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_inter
         let idle = conversation(&*store, crashed).await;
         let busy = conversation(&*store, crashed).await;
         let at = now();
-        write::transition(&*store, busy, State::Registered, State::Running, Cause::TurnStarted, at)
-            .await
-            .unwrap();
+        write::transition(
+            &*store,
+            busy,
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            at,
+        )
+        .await
+        .unwrap();
         write::start_turn(&*store, busy, 2, None, at).await.unwrap();
         append_all(&*store, busy, 2, &["half", " a reply"]).await;
         // Not before its lease expired.
@@ -224,7 +248,10 @@ pub(crate) fn g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_inter
         assert_eq!(detail.turns[1].outcome, Some(Outcome::Interrupted));
         assert_eq!(detail.turns[1].text(), "half a reply");
         // Released: recovery leaves them to adoption.
-        let recovered = store.recover(RecoverOptions::now_on_this_host()).await.unwrap();
+        let recovered = store
+            .recover(RecoverOptions::now_on_this_host())
+            .await
+            .unwrap();
         assert!(recovered.recovered.is_empty(), "{recovered:?}");
         let adopted = store.adopt(live, busy, now()).await.unwrap();
         assert_eq!(adopted.turns, 2);
