@@ -76,7 +76,9 @@ impl Shared {
         };
         match whereabouts {
             Whereabouts::Owned {
-                owner, advertise, live: true,
+                owner,
+                advertise,
+                live: true,
             } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
             Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
                 let adoption = self

@@ -141,7 +141,9 @@ impl RpcError {
     /// §12); with no owner, it was handed off and `session.attach` adopts it.
     pub fn elsewhere(id: u64, owner: Option<String>) -> Self {
         let message = match &owner {
-            Some(url) => format!("session {id} is served by another process: reconnect to {url} and attach there"),
+            Some(url) => format!(
+                "session {id} is served by another process: reconnect to {url} and attach there"
+            ),
             None => format!("session {id} was handed off by its process: session.attach adopts it"),
         };
         RpcError {
