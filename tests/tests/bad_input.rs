@@ -139,6 +139,27 @@ fn cases() -> Vec<Case> {
             "--frobnicate",
         ),
         case(
+            "serve --advertise that is not a ws:// URL",
+            nothing,
+            &["serve", "--listen", "127.0.0.1:0", "--advertise", "http://gw-a/ws"],
+            2,
+            "http://gw-a/ws",
+        ),
+        case(
+            "serve --advertise with no host",
+            nothing,
+            &["serve", "--listen", "127.0.0.1:0", "--advertise", "ws:///ws"],
+            2,
+            "names no host",
+        ),
+        case(
+            "serve --lease-ttl of zero",
+            nothing,
+            &["serve", "--listen", "127.0.0.1:0", "--lease-ttl", "0s"],
+            2,
+            "--lease-ttl",
+        ),
+        case(
             "duration without unit",
             ok_scenario,
             &["run", "ok.toml", "--settle-timeout", "5"],
