@@ -228,10 +228,13 @@ pub enum Event {
     /// as a root of this core. Refused like a registration: while shutting
     /// down, for an id this core keeps or finalized, at the LRU cap with
     /// none to evict. A session this core released itself may be adopted
-    /// back. Adopting is answered before the store's conditional update
-    /// decides who won: a driver whose store says another process adopted
-    /// it first sends [`Withdraw`](Self::Withdraw), which an adopted
-    /// session admits until it runs a work or has a child.
+    /// back. **A driver asks the store first**: its conditional update
+    /// decides which process wins the session, and only the winner feeds
+    /// `Adopt`; a refusal means the driver releases the session again.
+    /// (Fed before the store answers, the core could reap the session or
+    /// hand it off while the store still has it released, and a sweeper of
+    /// another process finalize it too.) [`Withdraw`](Self::Withdraw) admits
+    /// an adopted session until it runs a work or has a child.
     Adopt {
         /// The session's identity (its row id).
         session: SessionId,
