@@ -141,14 +141,26 @@ fn cases() -> Vec<Case> {
         case(
             "serve --advertise that is not a ws:// URL",
             nothing,
-            &["serve", "--listen", "127.0.0.1:0", "--advertise", "http://gw-a/ws"],
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--advertise",
+                "http://gw-a/ws",
+            ],
             2,
             "http://gw-a/ws",
         ),
         case(
             "serve --advertise with no host",
             nothing,
-            &["serve", "--listen", "127.0.0.1:0", "--advertise", "ws:///ws"],
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--advertise",
+                "ws:///ws",
+            ],
             2,
             "names no host",
         ),

@@ -527,3 +527,91 @@ async fn g12_g8_after_a_sigkill_mid_turn_a_live_peer_releases_the_sessions_for_a
     assert_eq!(row(&pg.url, busy)["owner"], b.url());
     assert_eq!(b.stop(), 143);
 }
+
+/// The figure of BENCHMARKS.md's fleet row (run with `--ignored
+/// --nocapture`): a rolling restart of a three-process fleet with 300
+/// connected sessions (100 on each), one process at a time: the time from
+/// its SIGTERM until every one of its sessions is adopted on the next
+/// process by its client; then every session runs a turn (none lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: cargo test -p settle-tests --test gateway_fleet -- --ignored --nocapture"]
+async fn g12_bench_a_rolling_restart_of_a_three_process_fleet_with_300_sessions() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|_| Node::start(&sandbox, &pg.url, &model, "30s"))
+        .collect();
+    // (node it is on, client, session)
+    let mut clients: Vec<(usize, Client, u64)> = Vec::new();
+    for i in 0..300 {
+        let at = i % 3;
+        let mut client = connect(&nodes[at].addr).await;
+        let id = create(&mut client, &format!("c{i}")).await;
+        clients.push((at, client, id));
+    }
+    let mut times = Vec::new();
+    for going in 0..3 {
+        let next = (going + 1) % 3;
+        let started = Instant::now();
+        nodes[going].running.signal(Signal::SIGTERM);
+        let moving: Vec<&mut (usize, Client, u64)> = clients
+            .iter_mut()
+            .filter(|(at, _, _)| *at == going)
+            .collect();
+        let addr = nodes[next].addr.clone();
+        let adopted = futures_util::future::join_all(moving.into_iter().map(|entry| {
+            let addr = addr.clone();
+            async move {
+                // The client sees the handoff, then follows it.
+                loop {
+                    match entry.1.next_notification().await {
+                        Some(m) if m["method"] == "server.shutdown" => {
+                            assert_eq!(m["params"]["handoff"], true);
+                        }
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+                entry.1 = connect(&addr).await;
+                loop {
+                    match entry
+                        .1
+                        .call("session.attach", json!({ "id": entry.2 }))
+                        .await
+                    {
+                        Ok(_) => break,
+                        // Not released yet: the process is still handing off.
+                        Err(e) if e["data"]["kind"] == "elsewhere" => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("session {} lost: {e}", entry.2),
+                    }
+                }
+                entry.0 = next;
+            }
+        }))
+        .await;
+        assert_eq!(adopted.len(), 100);
+        times.push(started.elapsed());
+        let status = nodes[going].running.exited_within(PATIENCE).expect("exits");
+        assert_eq!(status_code(status), 143);
+        nodes[going] = Node::start(&sandbox, &pg.url, &model, "30s");
+    }
+    for (_, client, id) in &mut clients {
+        assert_eq!(turn(client, *id, "still here").await.1, "completed");
+    }
+    let lost = rows(&pg.url)
+        .iter()
+        .filter(|r| r["end_reason"] != Value::Null)
+        .count();
+    assert_eq!(lost, 0, "no session lost");
+    let ms: Vec<String> = times
+        .iter()
+        .map(|t| format!("{:.0} ms", t.as_secs_f64() * 1e3))
+        .collect();
+    println!("fleet rolling restart, 3 processes, 300 sessions: SIGTERM to every session adopted elsewhere: {}", ms.join(", "));
+    for node in &mut nodes {
+        assert_eq!(node.stop(), 143);
+    }
+}

@@ -540,12 +540,17 @@ impl Core {
         reason: EndReason,
         cause: Cause,
     ) -> Result<Handled, Error> {
-        let Some(s) = self.sessions.get(&id) else {
+        let Some(s) = self.sessions.get_mut(&id) else {
             return Err(Error::UnknownSession(id));
         };
         // G6: already cancelled, or already ended on its own.
         if !s.state.is_active() {
             return Ok(Handled::NoOp);
+        }
+        // A close asked of a session a handoff would release is a close:
+        // its subtree's wind-down must not release it on the way (SPEC §12).
+        if s.intent == Some(Intent::HandOff) {
+            s.intent = Some(Intent::End(reason));
         }
         if !s.children.is_empty() {
             self.cancel_subtree(now, id, EndReason::Cancelled);

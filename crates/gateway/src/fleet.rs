@@ -81,6 +81,12 @@ impl Shared {
                 live: true,
             } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
             Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
+                // One adoption at a time here: two attaches of one session
+                // racing on this process find it adopted by the first.
+                let _one = self.adopting.lock().await;
+                if let Some(entry) = self.table.get(id) {
+                    return Ok(entry);
+                }
                 let adoption = self
                     .kernel
                     .adopt(id)

@@ -239,6 +239,7 @@ impl GatewayBuilder {
                 owners: Owners::default(),
                 slots,
                 fleet: self.fleet,
+                adopting: tokio::sync::Mutex::new(()),
             }),
         }
     }

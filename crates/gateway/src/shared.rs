@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     /// Its part in a fleet of gateways on one database (SPEC §12): then a
     /// shutdown hands the sessions off.
     pub fleet: Option<Fleet>,
+    /// Held while a session is adopted from the fleet.
+    pub adopting: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -89,11 +91,13 @@ impl Shared {
     }
 
     async fn watch_end(&self, entry: Arc<Entry>) {
-        // A session handed off is never finalized here: its watch ends
-        // with the kernel.
+        // In a fleet, a session handed off is never finalized here: its
+        // watch ends with the kernel (a finalize that came first wins).
+        let in_fleet = self.fleet.is_some();
         let reason = tokio::select! {
+            biased;
             reason = entry.handle.finalized() => reason,
-            () = self.kernel.stopped() => {
+            () = self.kernel.stopped(), if in_fleet => {
                 self.table.remove(&entry);
                 return;
             }

@@ -1219,6 +1219,11 @@ impl Model {
             // G6: cancelled already, or its work is over.
             return Ok(Handled::NoOp);
         }
+        // A close of a session a handoff would release: it is closed.
+        let s = self.s(id);
+        if s.intent == Some(Intent::HandOff) {
+            s.intent = Some(Intent::End(reason));
+        }
         self.cancel_subtree(id, EndReason::Cancelled);
         self.cancel_one(id, mode, reason);
         Ok(Handled::Applied)

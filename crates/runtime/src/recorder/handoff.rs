@@ -14,6 +14,12 @@ impl Recorder {
     /// session owned by this process: once its lease expires, a live peer
     /// releases it (or `settle recover` finalizes it).
     pub(super) async fn release(&mut self, session: SessionId, at: SystemTime) {
+        // Its row must be as the core left it (idle) before it is released:
+        // the writes a store blip left waiting land first, within the
+        // shutdown's budget.
+        if !self.retries.is_empty() {
+            self.settle_retries().await;
+        }
         let call = self.store.release(self.owner, session, at);
         let released = match self.bounded(call).await {
             Ok(()) => {
