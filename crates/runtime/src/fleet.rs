@@ -50,8 +50,9 @@ pub struct FleetSweep {
 
 /// The conversation stored for `detail`, whatever its state: what its last
 /// turn that has an input was sent, rebuilt from what each turn added, then
-/// that turn's reply text, unless the turn failed.
-pub(crate) fn conversation(detail: &SessionDetail) -> Vec<Message> {
+/// that turn's reply text, unless the turn failed (as `resume.rs` reads a
+/// finalized session's).
+fn conversation(detail: &SessionDetail) -> Vec<Message> {
     let Some(last) = detail.turns.iter().rposition(|t| t.input.is_some()) else {
         return Vec::new();
     };

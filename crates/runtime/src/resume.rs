@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use settle_core::{SessionId, State};
-use settle_store::SessionDetail;
+use settle_core::{Outcome, SessionId, State};
+use settle_store::{Conversation, SessionDetail};
 use settle_stream::Message;
 
 use crate::command::Command;
@@ -45,7 +45,22 @@ pub(crate) fn history(detail: &SessionDetail) -> Result<Vec<Message>, RuntimeErr
             state: session.state,
         });
     }
-    Ok(crate::fleet::conversation(detail))
+    let Some(last) = detail.turns.iter().rposition(|t| t.input.is_some()) else {
+        return Ok(Vec::new());
+    };
+    let mut conversation = Conversation::new();
+    for turn in &detail.turns[..=last] {
+        let _ = conversation.turn(turn);
+    }
+    let failed = matches!(
+        detail.turns[last].outcome,
+        Some(Outcome::Failed | Outcome::IdleTimeout)
+    );
+    Ok(conversation
+        .into_messages(!failed)
+        .into_iter()
+        .filter_map(|message| serde_json::from_value(message).ok())
+        .collect())
 }
 
 impl Kernel {
