@@ -1092,6 +1092,15 @@ impl Core {
     /// Cancels every open descendant of `id`, deepest first; returns how many.
     fn cancel_subtree(&mut self, now: Instant, id: SessionId, reason: EndReason) -> usize {
         let order = open_descendants_bottom_up(&self.sessions, id);
+        // A subtree wound down is closed, not handed off on the way: a
+        // child's finalize must not release a descendant above it (SPEC §12).
+        for d in &order {
+            if let Some(s) = self.sessions.get_mut(d) {
+                if s.intent == Some(Intent::HandOff) {
+                    s.intent = Some(Intent::End(reason));
+                }
+            }
+        }
         let mut cancelled = 0;
         for &d in &order {
             if self.state(d).is_some_and(State::is_active) {

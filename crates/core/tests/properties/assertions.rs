@@ -294,14 +294,22 @@ fn g12_handoff_and_adoption(seen: &Observed, core: &Core, ctx: &Ctx) {
             "G12: an input about {id} ordered something"
         );
     }
-    if let (Step::Adopt { session, .. }, true) = (ctx.step, ctx.applied()) {
-        let view = core.session(SessionId(*session)).expect("adopted");
+    if let (Step::Adopt { session, turns, .. }, true) = (ctx.step, ctx.applied()) {
+        // It enters registered, as adopted (the same input may still wind
+        // it down, as a registration's: an eviction's delegations).
+        let entered = ctx.effects.iter().find_map(|e| match e {
+            Effect::Transition(t) if t.session.get() == *session => Some(t),
+            _ => None,
+        });
+        let entered = entered.expect("an adoption is recorded");
         assert_eq!(
-            view.state(),
-            State::Registered,
+            (entered.from, entered.to, entered.cause),
+            (None, State::Registered, Cause::Adopted),
             "G12: adopted open and idle"
         );
-        assert!(view.work().is_none());
+        if let Some(view) = core.session(SessionId(*session)) {
+            assert!(view.turns() >= *turns, "G12: its turns go on");
+        }
     }
 }
 

@@ -483,7 +483,15 @@ impl Model {
     /// G1: every open descendant, deepest first; returns how many.
     fn cancel_subtree(&mut self, id: u64, reason: EndReason) -> usize {
         let mut n = 0;
-        for d in self.descendants_bottom_up(id) {
+        let order = self.descendants_bottom_up(id);
+        // Closed, not handed off on the way (SPEC §12).
+        for d in &order {
+            let s = self.s(*d);
+            if s.intent == Some(Intent::HandOff) && s.state != State::Finalized {
+                s.intent = Some(Intent::End(reason));
+            }
+        }
+        for d in order {
             if matches!(self.sessions[&d].state, State::Registered | State::Running) {
                 self.cancel_one(d, CancelMode::Immediate, reason);
                 n += 1;
@@ -763,6 +771,9 @@ impl Model {
     /// The session an input names, as the table on `Event` sees it: a
     /// forgotten session is still a finalized one.
     fn lookup(&self, id: u64) -> Result<&RefSession, Error> {
+        if self.handed_off.contains(&id) {
+            return Err(Error::HandedOff(SessionId(id)));
+        }
         self.sessions
             .get(&id)
             .or_else(|| self.tombstones.get(&id))

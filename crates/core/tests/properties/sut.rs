@@ -273,9 +273,11 @@ impl StateMachineTest for CoreUnderTest {
             },
         ) = (&answer, &step)
         {
-            if let Some(outcome) = last_outcome {
-                sut.seen.last_turn.insert(*session, *outcome);
-            }
+            // Its record starts again here (a withdrawn id may come back).
+            match last_outcome {
+                Some(outcome) => sut.seen.last_turn.insert(*session, *outcome),
+                None => sut.seen.last_turn.remove(session),
+            };
             // Its parent is the one the core gave it (its own, or none).
             let view = sut.core.session(SessionId(*session)).expect("adopted");
             let parent = view.parent().map(|p| p.get());
