@@ -125,7 +125,7 @@ impl Core {
             }
             Event::CancelTurn { session } => self.cancel_turn(now, session),
             Event::CancelWork { work } => self.cancel_work(now, work),
-            Event::Withdraw { session } => self.withdraw(session),
+            Event::Withdraw { session } => self.withdraw(now, session),
             Event::CancelDescendants { session } => self.cancel_descendants(now, session),
             Event::UserClose { session } => {
                 let mode = CancelMode::Immediate;
@@ -631,7 +631,7 @@ impl Core {
         Ok(Handled::Applied)
     }
 
-    fn withdraw(&mut self, id: SessionId) -> Result<Handled, Error> {
+    fn withdraw(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
         let Some(s) = self.sessions.get(&id) else {
             return Err(Error::UnknownSession(id));
         };
@@ -662,6 +662,10 @@ impl Core {
             parent_may_reclaim = p.unfinalized_children == 0;
         }
         if let (Some(p), true) = (parent, parent_may_reclaim) {
+            // Its last child gone, the parent moves as after a child's
+            // finalize: a close that waited for its children (a dropped
+            // transport, a claim) goes now, or it waits idle again.
+            self.after_idle(now, p);
             self.refresh_index(p);
         }
         Ok(Handled::Applied)

@@ -46,6 +46,30 @@ impl Ctx<'_> {
         self.base + Duration::from_millis(self.now_ms)
     }
 
+    /// The outcome of `session`'s last turn as the effects before the `i`-th
+    /// one tell: the last turn ended among them, else the one ended before
+    /// the step, or the one it was adopted with when this step adopted it
+    /// (its record starts again here, and may end in this same step: an
+    /// eviction that makes room for it can wind its new parent down).
+    fn last_turn_before(&self, seen: &Observed, i: usize, session: SessionId) -> Option<Outcome> {
+        let ended = self.before(i).iter().rev().find_map(|e| match e {
+            Effect::EndWork { work, outcome }
+                if work.session == session && work.kind == WorkKind::Turn =>
+            {
+                Some(*outcome)
+            }
+            _ => None,
+        });
+        ended.or_else(|| match *self.step {
+            Step::Adopt {
+                session: adopted,
+                last_outcome,
+                ..
+            } if adopted == session.get() && self.applied() => last_outcome,
+            _ => seen.last_turn.get(&session.get()).copied(),
+        })
+    }
+
     /// The effects before the `i`-th one.
     fn before(&self, i: usize) -> &[Effect] {
         &self.effects[..i]
@@ -245,19 +269,7 @@ fn g12_handoff_and_adoption(seen: &Observed, core: &Core, ctx: &Ctx) {
                     entry + u32::try_from(turns).expect("few turns"),
                     "G12: session {id} handed off with its turn count"
                 );
-                let last = ctx
-                    .before(i)
-                    .iter()
-                    .rev()
-                    .find_map(|e| match e {
-                        Effect::EndWork { work, outcome }
-                            if work.session == h.session && work.kind == WorkKind::Turn =>
-                        {
-                            Some(*outcome)
-                        }
-                        _ => None,
-                    })
-                    .or_else(|| seen.last_turn.get(&id).copied());
+                let last = ctx.last_turn_before(seen, i, h.session);
                 assert_eq!(
                     h.last_outcome, last,
                     "G12: session {id} handed off with its last outcome"
@@ -375,9 +387,13 @@ fn g1_settle_before_close(seen: &Observed, core: &Core, ctx: &Ctx) {
     for (i, f) in ctx.finalizes() {
         let id = f.session.get();
         for c in seen.children(id) {
-            // A child handed off left this process's tree whole and idle.
+            // A child handed off left this process's tree whole and idle;
+            // one this step withdrew was never there.
+            let withdrawn = *ctx.step == Step::Withdraw(c) && ctx.applied();
             assert!(
-                finalized_by(seen, ctx.before(i), c) || handed_off_by(seen, ctx.before(i), c),
+                withdrawn
+                    || finalized_by(seen, ctx.before(i), c)
+                    || handed_off_by(seen, ctx.before(i), c),
                 "G1: session {id} finalized before its child {c}"
             );
         }
@@ -667,19 +683,7 @@ fn g6_no_duplicate_cancel(seen: &Observed, ctx: &Ctx) {
 fn g7_memory_only_from_completed_turns(seen: &Observed, ctx: &Ctx) {
     for (i, f) in ctx.finalizes() {
         let id = f.session.get();
-        let last = ctx
-            .before(i)
-            .iter()
-            .rev()
-            .find_map(|e| match e {
-                Effect::EndWork { work, outcome }
-                    if work.session == f.session && work.kind == WorkKind::Turn =>
-                {
-                    Some(*outcome)
-                }
-                _ => None,
-            })
-            .or_else(|| seen.last_turn.get(&id).copied());
+        let last = ctx.last_turn_before(seen, i, f.session);
         assert_eq!(
             f.last_outcome, last,
             "G7: session {id}: the last turn's outcome"

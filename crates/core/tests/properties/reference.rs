@@ -1198,10 +1198,12 @@ impl Model {
                         "withdraw a registration that was used",
                     ));
                 }
-                // As if it had never been registered: no order, no record.
+                // As if it had never been registered: no order, no record;
+                // its parent moves as after a child's finalize.
                 self.sessions.remove(&id);
                 self.delegations.remove(&id);
                 self.forgotten.insert(id);
+                self.fixpoint();
                 Ok(Applied)
             }
             Step::CancelDescendants(id) => {
