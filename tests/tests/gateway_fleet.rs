@@ -617,3 +617,90 @@ async fn g12_bench_a_rolling_restart_of_a_three_process_fleet_with_300_sessions(
         assert_eq!(node.stop(), 143);
     }
 }
+
+/// The fleet client of the README (`examples/python/fleet_client.py`), run
+/// with the interpreter `SETTLE_TEST_PYTHON` names (which needs the
+/// `websockets` package): a turn on A; A is redeployed (SIGTERM); the client
+/// sees the handoff, attaches on B and runs a turn there with the whole
+/// conversation behind it, and closes the session once (`user_close`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g12_the_readmes_python_client_follows_a_handoff_to_another_process() {
+    let Some(pg) = fleet_db() else { return };
+    let Some(python) = std::env::var_os("SETTLE_TEST_PYTHON").filter(|p| !p.is_empty()) else {
+        eprintln!("skipped: SETTLE_TEST_PYTHON is not set (see tests/tests/python.rs)");
+        return;
+    };
+    let has_websockets = std::process::Command::new(&python)
+        .args(["-c", "import websockets"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_websockets,
+        "the fleet client needs `pip install websockets` in SETTLE_TEST_PYTHON's environment"
+    );
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut a = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut b = Node::start(&sandbox, &pg.url, &model, "30s");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/python/fleet_client.py"
+    );
+    let mut cmd = std::process::Command::new(&python);
+    cmd.arg(script).arg(a.url()).arg(b.url());
+    let mut client = sandbox.spawn_command(cmd);
+    client.wait_for("the first turn", |out| out.contains("ready\n"));
+    a.running.signal(Signal::SIGTERM);
+    let status = client.exited_within(PATIENCE).expect("the client ends");
+    let out = client.output().to_owned();
+    assert!(status.success(), "the client failed: {out}");
+    assert!(out.contains("re:first [completed]"), "{out}");
+    assert!(out.contains("handoff: True"), "{out}");
+    assert!(out.contains("re:second [completed]"), "{out}");
+    assert!(out.trim_end().ends_with("user_close"), "{out}");
+    assert_eq!(
+        model.sent_with("second"),
+        vec![vec![
+            pair("user", "first"),
+            pair("assistant", "re:first"),
+            pair("user", "second"),
+        ]],
+        "the turn on B sends the conversation begun on A"
+    );
+    assert_eq!(
+        status_code(a.running.exited_within(PATIENCE).expect("A exits")),
+        143
+    );
+    let rows = rows(&pg.url);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0]["end_reason"], "user_close");
+    assert_eq!(b.stop(), 143);
+}
+
+/// The README shows the fleet client in full, as the example file has it.
+#[test]
+fn g12_the_readme_shows_the_fleet_client_the_test_runs() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let client =
+        std::fs::read_to_string(format!("{root}/examples/python/fleet_client.py")).unwrap();
+    let (_, body) = client
+        .split_once("\n\"\"\"\n")
+        .expect("the example's code after its docstring");
+    // Inside a list item of the README: two spaces in.
+    let shown: Vec<String> = body
+        .trim()
+        .lines()
+        .map(|l| {
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("  {l}")
+            }
+        })
+        .collect();
+    assert!(
+        readme.contains(&shown.join("\n")),
+        "README.md's fleet client differs from examples/python/fleet_client.py"
+    );
+}
