@@ -17,7 +17,7 @@ mod gateway_support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gateway_support::{connect, Client};
+use gateway_support::{connect, connect_as, Client};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use settle_tests::{Running, Sandbox, PATIENCE};
@@ -161,7 +161,18 @@ struct Node {
 
 impl Node {
     fn start(sandbox: &Sandbox, db: &str, model: &ModelServer, lease: &str) -> Node {
-        let args = [
+        Node::start_with(sandbox, db, model, lease, &[])
+    }
+
+    /// [`Node::start`] with more arguments for `settle serve`.
+    fn start_with(
+        sandbox: &Sandbox,
+        db: &str,
+        model: &ModelServer,
+        lease: &str,
+        extra: &[&str],
+    ) -> Node {
+        let mut args = vec![
             "--db",
             db,
             "serve",
@@ -176,6 +187,7 @@ impl Node {
             "--lease-ttl",
             lease,
         ];
+        args.extend_from_slice(extra);
         let mut running = sandbox.spawn_command(sandbox.command_default_db(&args));
         let addr = running.listening_address();
         Node { running, addr }
@@ -528,94 +540,61 @@ async fn g12_g8_after_a_sigkill_mid_turn_a_live_peer_releases_the_sessions_for_a
     assert_eq!(b.stop(), 143);
 }
 
-/// The figure of BENCHMARKS.md's fleet row (run with `--ignored
-/// --nocapture`): a rolling restart of a three-process fleet with 300
-/// connected sessions (100 on each at first), one process at a time: the
-/// time from its SIGTERM until every one of its sessions (100, then 200,
-/// then 300: each moves on with the sessions it adopted) is adopted on the
-/// next process by its client; then every session runs a turn (none lost).
+const ALICE: &str = "alice-token-0123456789";
+const MALLORY: &str = "mallory-token-0123456789";
+
+/// G12 with principals: another principal's session is `not_found` on
+/// every process of the fleet, as on its own, never `elsewhere` with its
+/// owner's URL (which would say it exists, and where), and an attach of it
+/// after a handoff does not adopt it (which would move it, and its
+/// history, to a process its owner never asked for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement: cargo test -p settle-tests --test gateway_fleet -- --ignored --nocapture"]
-async fn g12_bench_a_rolling_restart_of_a_three_process_fleet_with_300_sessions() {
+async fn g12_another_principals_session_is_not_found_on_every_process_and_never_adopted_by_it() {
     let Some(pg) = fleet_db() else { return };
     let sandbox = Sandbox::new();
+    let tokens = sandbox.write("tokens", &format!("alice {ALICE}\nmallory {MALLORY}\n"));
+    let tokens = tokens.to_string_lossy().into_owned();
     let model = ModelServer::start().await;
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|_| Node::start(&sandbox, &pg.url, &model, "30s"))
-        .collect();
-    // (node it is on, client, session)
-    let mut clients: Vec<(usize, Client, u64)> = Vec::new();
-    for i in 0..300 {
-        let at = i % 3;
-        let mut client = connect(&nodes[at].addr).await;
-        let id = create(&mut client, &format!("c{i}")).await;
-        clients.push((at, client, id));
+    let extra = ["--token-file", tokens.as_str()];
+    let mut a = Node::start_with(&sandbox, &pg.url, &model, "30s", &extra);
+    let mut b = Node::start_with(&sandbox, &pg.url, &model, "30s", &extra);
+    let mut alice = connect_as(&a.addr, ALICE).await;
+    let id = create(&mut alice, "alices").await;
+    assert_eq!(turn(&mut alice, id, "mine").await.1, "completed");
+
+    let mut mallory = connect_as(&b.addr, MALLORY).await;
+    for (method, params) in [
+        ("session.attach", json!({ "id": id })),
+        ("session.read", json!({ "id": id })),
+        ("turn.start", json!({ "id": id, "prompt": "theirs" })),
+        ("session.close", json!({ "id": id })),
+    ] {
+        let error = refusal(&mut mallory, method, params).await;
+        assert_eq!(error["data"]["kind"], "not_found", "{method} on B: {error}");
     }
-    let mut times = Vec::new();
-    for going in 0..3 {
-        let next = (going + 1) % 3;
-        let started = Instant::now();
-        nodes[going].running.signal(Signal::SIGTERM);
-        let moving: Vec<&mut (usize, Client, u64)> = clients
-            .iter_mut()
-            .filter(|(at, _, _)| *at == going)
-            .collect();
-        let expected = moving.len();
-        let addr = nodes[next].addr.clone();
-        let adopted = futures_util::future::join_all(moving.into_iter().map(|entry| {
-            let addr = addr.clone();
-            async move {
-                // The client sees the handoff, then follows it.
-                loop {
-                    match entry.1.next_notification().await {
-                        Some(m) if m["method"] == "server.shutdown" => {
-                            assert_eq!(m["params"]["handoff"], true);
-                        }
-                        Some(_) => {}
-                        None => break,
-                    }
-                }
-                entry.1 = connect(&addr).await;
-                loop {
-                    match entry
-                        .1
-                        .call("session.attach", json!({ "id": entry.2 }))
-                        .await
-                    {
-                        Ok(_) => break,
-                        // Not released yet: the process is still handing off.
-                        Err(e) if e["data"]["kind"] == "elsewhere" => {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        Err(e) => panic!("session {} lost: {e}", entry.2),
-                    }
-                }
-                entry.0 = next;
-            }
-        }))
-        .await;
-        assert_eq!(adopted.len(), expected);
-        times.push((expected, started.elapsed()));
-        let status = nodes[going].running.exited_within(PATIENCE).expect("exits");
-        assert_eq!(status_code(status), 143);
-        nodes[going] = Node::start(&sandbox, &pg.url, &model, "30s");
-    }
-    for (_, client, id) in &mut clients {
-        assert_eq!(turn(client, *id, "still here").await.1, "completed");
-    }
-    let lost = rows(&pg.url)
-        .iter()
-        .filter(|r| r["end_reason"] != Value::Null)
-        .count();
-    assert_eq!(lost, 0, "no session lost");
-    let ms: Vec<String> = times
-        .iter()
-        .map(|(n, t)| format!("{n} sessions in {:.0} ms", t.as_secs_f64() * 1e3))
-        .collect();
-    println!("fleet rolling restart, 3 processes, 300 sessions: SIGTERM to every session adopted elsewhere: {}", ms.join(", "));
-    for node in &mut nodes {
-        assert_eq!(node.stop(), 143);
-    }
+    // A hands its sessions off; mallory's attach on B does not adopt alice's.
+    a.running.signal(Signal::SIGTERM);
+    alice.until_closed().await;
+    assert_eq!(
+        status_code(a.running.exited_within(PATIENCE).expect("A exits")),
+        143
+    );
+    let error = refusal(&mut mallory, "session.attach", json!({ "id": id })).await;
+    assert_eq!(error["data"]["kind"], "not_found", "{error}");
+    assert_eq!(row(&pg.url, id)["owner"], Value::Null, "still released");
+    // Alice's attach on B adopts it, with its history.
+    let mut alice = connect_as(&b.addr, ALICE).await;
+    alice.ok("session.attach", json!({ "id": id })).await;
+    assert_eq!(turn(&mut alice, id, "again").await.1, "completed");
+    assert_eq!(
+        model.sent_with("again"),
+        vec![vec![
+            pair("user", "mine"),
+            pair("assistant", "re:mine"),
+            pair("user", "again"),
+        ]]
+    );
+    assert_eq!(b.stop(), 143);
 }
 
 /// The fleet client of the README (`examples/python/fleet_client.py`), run

@@ -63,10 +63,14 @@ impl Shared {
     /// released (or left by a process whose lease expired), which an
     /// attach (`adopt`) adopts here and any other method is told
     /// `elsewhere` with no owner.
+    ///
+    /// Another principal's session is `not_found` here as on its own
+    /// process: neither its owner's URL nor an adoption says it exists.
     pub(crate) async fn from_fleet(
         self: &Arc<Self>,
         id: SessionId,
         adopt: bool,
+        caller: &Principal,
     ) -> Result<Arc<Entry>, RpcError> {
         let not_found = || RpcError::not_found(id.get());
         let whereabouts = match self.kernel.locate(id).await {
@@ -74,6 +78,16 @@ impl Shared {
             Err(RuntimeError::Store(StoreError::UnknownSession(_))) => return Err(not_found()),
             Err(error) => return Err(RpcError::from_runtime(&error)),
         };
+        if !matches!(whereabouts, Whereabouts::Finalized) {
+            let principal = self
+                .kernel
+                .principal(id)
+                .await
+                .map_err(|e| RpcError::from_runtime(&e))?;
+            if principal_of(principal.as_deref()) != *caller {
+                return Err(not_found());
+            }
+        }
         match whereabouts {
             Whereabouts::Owned {
                 owner,
@@ -92,11 +106,8 @@ impl Shared {
                     .adopt(id)
                     .await
                     .map_err(|e| RpcError::from_runtime(&e))?;
-                let principal = match adoption.principal.as_deref() {
-                    Some(name) => Principal::named(name),
-                    None => Principal::ANONYMOUS,
-                };
-                self.owners.adopted(principal, id);
+                self.owners
+                    .adopted(principal_of(adoption.principal.as_deref()), id);
                 tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
                 let entry = self.adopt(adoption.session);
                 *entry.conversation.lock().await = adoption.history;
@@ -145,5 +156,13 @@ pub(crate) async fn sweep(shared: Arc<Shared>, fleet: Fleet) {
             }
             Err(error) => tracing::warn!(%error, "the fleet could not be swept"),
         }
+    }
+}
+
+/// The principal a session's recorded name stands for.
+fn principal_of(name: Option<&str>) -> Principal {
+    match name {
+        Some(name) => Principal::named(name),
+        None => Principal::ANONYMOUS,
     }
 }

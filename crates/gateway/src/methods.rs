@@ -103,7 +103,7 @@ async fn owned_or_adopted(
     if !unknown_here && !shared.owners.may_use(caller.principal, id) {
         return Err(RpcError::not_found(id.get()));
     }
-    let entry = shared.entry(id, adopt).await?;
+    let entry = shared.entry(id, adopt, caller.principal).await?;
     if !shared.owners.may_use(caller.principal, id) {
         return Err(RpcError::not_found(id.get()));
     }

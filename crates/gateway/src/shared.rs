@@ -11,7 +11,7 @@ use settle_runtime::{Kernel, RuntimeError, SessionHandle, SessionId};
 use settle_stream::Provider;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::Tokens;
+use crate::auth::{Principal, Tokens};
 use crate::connections::Connections;
 use crate::fleet::Fleet;
 use crate::limits::Limits;
@@ -62,6 +62,7 @@ impl Shared {
         self: &Arc<Self>,
         id: SessionId,
         adopt: bool,
+        caller: &Principal,
     ) -> Result<Arc<Entry>, RpcError> {
         if let Some(entry) = self.table.get(id) {
             return Ok(entry);
@@ -72,7 +73,7 @@ impl Shared {
             Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)))
                 if self.fleet.is_some() =>
             {
-                self.from_fleet(id, adopt).await
+                self.from_fleet(id, adopt, caller).await
             }
             Err(error) => Err(RpcError::from_runtime(&error)),
         }

@@ -163,6 +163,16 @@ impl Kernel {
             .await
     }
 
+    /// Who may use `session` through a gateway, as
+    /// [`set_principal`](Self::set_principal) recorded it.
+    ///
+    /// # Errors
+    /// When the store fails or does not answer within the store timeout.
+    pub async fn principal(&self, session: SessionId) -> Result<Option<String>, RuntimeError> {
+        self.fleet_call("reading a principal", self.store().principal(session))
+            .await
+    }
+
     /// Records who may use `session` through a gateway, for every process
     /// of the fleet.
     ///

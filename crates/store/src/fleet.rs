@@ -327,12 +327,7 @@ pub(crate) fn adopt(
                 .select(diesel::dsl::max(turns::no))
                 .first(c))
             .context("counting a session's turns")?;
-            let principal: Option<String> = on_db!(db.reborrow(), |c| session_principals::table
-                .find(raw)
-                .select(session_principals::principal)
-                .first(c)
-                .optional())
-            .context("reading a session's principal")?;
+            let principal = principal_of(db.reborrow(), raw)?;
             return Ok(Adopted {
                 session: id,
                 name: r.name,
@@ -487,6 +482,22 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
         }
     }
     Ok(reaped)
+}
+
+/// Who may use session `raw` through a gateway (`None`: anyone the
+/// gateway lets in without a principal).
+fn principal_of(mut db: Db<'_>, raw: i64) -> Result<Option<String>, StoreError> {
+    on_db!(db.reborrow(), |c| session_principals::table
+        .find(raw)
+        .select(session_principals::principal)
+        .first(c)
+        .optional())
+    .context("reading a session's principal")
+}
+
+/// [`SessionStore::principal`](crate::SessionStore::principal).
+pub(crate) fn principal(mut db: Db<'_>, id: SessionId) -> Result<Option<String>, StoreError> {
+    principal_of(db.reborrow(), sid(id)?)
 }
 
 /// Record `principal` as who may use `id` through a gateway.

@@ -194,6 +194,14 @@ pub trait SessionStore: Send + Sync {
         Err(StoreError::Unsupported("reaping released sessions"))
     }
 
+    /// Who may use `session` through a gateway, as
+    /// [`set_principal`](Self::set_principal) recorded it (`None`: no
+    /// principal was recorded).
+    async fn principal(&self, session: SessionId) -> Result<Option<String>, StoreError> {
+        let _ = session;
+        Err(StoreError::Unsupported("reading principals"))
+    }
+
     /// Record who may use `session` through a gateway, so that every process
     /// of the fleet enforces it ([`Adopted::principal`]).
     async fn set_principal(

@@ -309,6 +309,11 @@ impl SessionStore for Store {
             .await
     }
 
+    async fn principal(&self, session: SessionId) -> Result<Option<String>, StoreError> {
+        self.read(move |db| crate::fleet::principal(db, session))
+            .await
+    }
+
     async fn set_principal(
         &self,
         session: SessionId,
