@@ -10,8 +10,8 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use settle_core::SessionId;
-use settle_store::{Conversation, PeerRelease, SessionDetail, StoreError, Whereabouts};
-use settle_stream::Message;
+use settle_store::{PeerRelease, StoreError, Whereabouts};
+use settle_stream::{Message, ToolCall};
 use tokio::sync::oneshot;
 
 use crate::command::Command;
@@ -29,6 +29,10 @@ pub struct Adoption {
     /// Its conversation so far, oldest first: what its next turn sends
     /// before the new prompt.
     pub history: Vec<Message>,
+    /// The tool calls of its last reply, which no tool has answered yet:
+    /// run them and send their results with the next turn, as after
+    /// [`Kernel::resume`](crate::Kernel::resume).
+    pub pending_tool_calls: Vec<ToolCall>,
     /// Who may use it through a gateway, as recorded where it was created.
     pub principal: Option<String>,
     /// Turns it ran elsewhere (its next turn is `turns + 1`).
@@ -46,29 +50,6 @@ pub struct FleetSweep {
     /// Released sessions nobody adopted within the idle TTL, finalized
     /// `idle_reap`.
     pub reaped: Vec<SessionId>,
-}
-
-/// The conversation stored for `detail`, whatever its state: what its last
-/// turn that has an input was sent, rebuilt from what each turn added, then
-/// that turn's reply text, unless the turn failed (as `resume.rs` reads a
-/// finalized session's).
-fn conversation(detail: &SessionDetail) -> Vec<Message> {
-    let Some(last) = detail.turns.iter().rposition(|t| t.input.is_some()) else {
-        return Vec::new();
-    };
-    let mut conversation = Conversation::new();
-    for turn in &detail.turns[..=last] {
-        let _ = conversation.turn(turn);
-    }
-    let failed = matches!(
-        detail.turns[last].outcome,
-        Some(settle_core::Outcome::Failed | settle_core::Outcome::IdleTimeout)
-    );
-    conversation
-        .into_messages(!failed)
-        .into_iter()
-        .filter_map(|message| serde_json::from_value(message).ok())
-        .collect()
 }
 
 impl Kernel {
@@ -145,9 +126,11 @@ impl Kernel {
                 self.store().session_detail(session),
             )
             .await?;
+        let (history, pending_tool_calls) = crate::resume::conversation(&detail);
         Ok(Adoption {
             session: SessionHandle::new(shared, self.clone()),
-            history: conversation(&detail),
+            history,
+            pending_tool_calls,
             principal,
             turns,
         })
