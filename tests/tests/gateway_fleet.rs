@@ -478,6 +478,49 @@ async fn g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once() {
     assert_eq!(c.stop(), 143);
 }
 
+/// On one process, attaches race per session: two of one released
+/// session both attach it (adopted once), while released sessions of other
+/// clients are adopted beside them, not one after another behind a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g12_attaches_racing_on_one_process_adopt_each_session_once() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut a = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut b = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut on_a = connect(&a.addr).await;
+    let ids = [
+        create(&mut on_a, "one").await,
+        create(&mut on_a, "two").await,
+        create(&mut on_a, "three").await,
+    ];
+    assert_eq!(a.stop(), 143);
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(connect(&b.addr).await);
+    }
+    // Two clients per session, all at once.
+    let attaches = clients.iter_mut().enumerate().map(|(i, client)| {
+        let id = ids[i % ids.len()];
+        async move { client.call("session.attach", json!({ "id": id })).await }
+    });
+    for answer in futures_util::future::join_all(attaches).await {
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    for id in ids {
+        assert_eq!(row(&pg.url, id)["owner"], b.url());
+        let show = common::show(&pg.url, i64::try_from(id).unwrap()).unwrap();
+        let adopted = show["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["cause"] == "adopted")
+            .count();
+        assert_eq!(adopted, 1, "{show}");
+    }
+    assert_eq!(b.stop(), 143);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g12_g8_after_a_sigkill_mid_turn_a_live_peer_releases_the_sessions_for_adoption() {
     let Some(pg) = fleet_db() else { return };

@@ -6,7 +6,8 @@
 //! adopted. The kernel and the store decide each of these; the gateway
 //! only asks and answers.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use settle_runtime::{RuntimeError, SessionId};
@@ -95,9 +96,10 @@ impl Shared {
                 live: true,
             } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
             Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
-                // One adoption at a time here: two attaches of one session
-                // racing on this process find it adopted by the first.
-                let _one = self.adopting.lock().await;
+                // One adoption of a session at a time here: two attaches
+                // of one session racing on this process find it adopted by
+                // the first; attaches of different sessions go together.
+                let _one = self.adopting.lock(id).await;
                 if let Some(entry) = self.table.get(id) {
                     return Ok(entry);
                 }
@@ -164,5 +166,54 @@ fn principal_of(name: Option<&str>) -> Principal {
     match name {
         Some(name) => Principal::named(name),
         None => Principal::ANONYMOUS,
+    }
+}
+
+/// The adoptions in flight on this process: one lock per session, held
+/// while it is adopted, gone when nobody waits for it.
+#[derive(Debug, Default)]
+pub(crate) struct Adopting {
+    locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Adopting {
+    /// Waits until nobody else adopts `id` here; held until dropped.
+    async fn lock(&self, id: SessionId) -> AdoptingGuard<'_> {
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        AdoptingGuard {
+            adopting: self,
+            id,
+            lock,
+            _guard: guard,
+        }
+    }
+}
+
+/// One adoption's turn; forgets the session's lock when nobody else holds it.
+struct AdoptingGuard<'a> {
+    adopting: &'a Adopting,
+    id: SessionId,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for AdoptingGuard<'_> {
+    fn drop(&mut self) {
+        let mut locks = self
+            .adopting
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Ours, this guard's and the map's: nobody waits for it.
+        if Arc::strong_count(&self.lock) <= 3 {
+            locks.remove(&self.id);
+        }
     }
 }

@@ -239,7 +239,7 @@ impl GatewayBuilder {
                 owners: Owners::default(),
                 slots,
                 fleet: self.fleet,
-                adopting: tokio::sync::Mutex::new(()),
+                adopting: crate::fleet::Adopting::default(),
             }),
         }
     }

@@ -45,8 +45,8 @@ pub(crate) struct Shared {
     /// Its part in a fleet of gateways on one database (SPEC §12): then a
     /// shutdown hands the sessions off.
     pub fleet: Option<Fleet>,
-    /// Held while a session is adopted from the fleet.
-    pub adopting: tokio::sync::Mutex<()>,
+    /// The sessions being adopted from the fleet, one lock each.
+    pub adopting: crate::fleet::Adopting,
 }
 
 impl Shared {
