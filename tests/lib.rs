@@ -588,9 +588,9 @@ pub fn keys(value: &Value) -> Vec<&str> {
     keys
 }
 
-/// The keys of a session in `sessions --json` (SPEC §7, and `resumed_from`),
-/// sorted.
-pub const SESSION_KEYS: [&str; 11] = [
+/// The keys of a session in `sessions --json` (SPEC §7, `resumed_from`,
+/// and `owner`, SPEC §12), sorted.
+pub const SESSION_KEYS: [&str; 12] = [
     "chunks",
     "created_at",
     "end_reason",
@@ -598,6 +598,7 @@ pub const SESSION_KEYS: [&str; 11] = [
     "id",
     "name",
     "outcome",
+    "owner",
     "parent",
     "resumed_from",
     "state",

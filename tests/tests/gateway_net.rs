@@ -12,12 +12,12 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_support::{connect, Client};
+use gateway_support::{connect, connect_as, connect_with, Client};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use settle_tests::{Running, Sandbox, PATIENCE};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
+use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789ab";
@@ -29,32 +29,6 @@ fn token_file(sandbox: &Sandbox) -> String {
         .write("tokens", &text)
         .to_string_lossy()
         .into_owned()
-}
-
-/// Connects to `ws://ADDR/ws` with these headers: the client, or the
-/// HTTP status the upgrade was refused with.
-async fn connect_with(addr: &str, headers: &[(&str, &str)]) -> Result<Client, u16> {
-    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
-    for (name, value) in headers {
-        request.headers_mut().insert(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(value).unwrap(),
-        );
-    }
-    match tokio_tungstenite::connect_async(request).await {
-        Ok((ws, _)) => Ok(Client::new(ws)),
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            Err(response.status().as_u16())
-        }
-        Err(other) => panic!("{other}"),
-    }
-}
-
-/// A client of `principal`'s token.
-async fn connect_as(addr: &str, token: &str) -> Client {
-    connect_with(addr, &[("authorization", &format!("Bearer {token}"))])
-        .await
-        .unwrap_or_else(|status| panic!("refused with {status}"))
 }
 
 /// Starts `settle serve` on a free port with a one-reply script book; its address.

@@ -61,7 +61,7 @@ pub struct Sizes {
 }
 
 /// Where the rows run.
-struct Server {
+pub struct Server {
     /// The URL of the bench's own database.
     url: String,
     /// The admin URL, to drop that database after (a server we were given).
@@ -97,8 +97,21 @@ fn with_database(url: &str, db: &str) -> String {
     }
 }
 
-/// A server and a fresh database on it, or why there is none.
-fn server() -> Result<std::result::Result<Server, String>> {
+impl Server {
+    /// The URL of the bench's own database.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Where the server came from, for a row's note.
+    pub fn from(&self) -> &'static str {
+        self.from
+    }
+}
+
+/// A server and a fresh database on it for the rows of `purpose`, or why
+/// there is none.
+pub fn server(purpose: &str) -> Result<std::result::Result<Server, String>> {
     let (admin, from, drop_after) = match std::env::var("SETTLE_TEST_PG_URL") {
         Ok(url) => (url, "the server of SETTLE_TEST_PG_URL", true),
         Err(_) => {
@@ -117,7 +130,7 @@ fn server() -> Result<std::result::Result<Server, String>> {
             )
         }
     };
-    let name = format!("settle_bench_fleet_{}", std::process::id());
+    let name = format!("settle_bench_{purpose}_{}", std::process::id());
     let mut conn = PgConnection::establish(&admin)?;
     diesel::sql_query(format!("DROP DATABASE IF EXISTS {name}")).execute(&mut conn)?;
     diesel::sql_query(format!("CREATE DATABASE {name}")).execute(&mut conn)?;
@@ -137,7 +150,7 @@ fn text(i: usize) -> String {
 
 /// The fleet rows.
 pub fn rows(sizes: &Sizes) -> Result<Vec<Row>> {
-    let server = match server()? {
+    let server = match server("fleet")? {
         Ok(server) => server,
         Err(why) => {
             progress(&format!("fleet appends: skipped: {why}"));

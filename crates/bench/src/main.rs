@@ -7,6 +7,7 @@
 //! cargo run --release -p settle-bench -- --json        # the same rows as JSON
 //! cargo run --release -p settle-bench -- --svg docs/teardown.svg
 //! cargo run --release -p settle-bench -- --only durable,register
+//! cargo build --release -p settle-cli && cargo run --release -p settle-bench -- --only fleet-restart
 //! ```
 //!
 //! Every row runs ours and its baseline in alternating order within each
@@ -24,6 +25,7 @@ mod core_bench;
 mod durable;
 mod finalized_memory;
 mod fleet;
+mod fleet_restart;
 mod gateway_bench;
 mod measure;
 mod mid_turn;
@@ -73,6 +75,7 @@ enum Bench {
     Scale,
     Recover,
     Fleet,
+    FleetRestart,
 }
 
 /// Every performance target of SPEC §9 against its baseline, interleaved in
@@ -147,6 +150,7 @@ struct Sizes {
     recover_sessions: usize,
     recover: Plan,
     fleet: fleet::Sizes,
+    fleet_restart_sessions: usize,
 }
 
 impl Sizes {
@@ -190,6 +194,7 @@ impl Sizes {
                 chunks: 20_000,
                 plan: plan(1, 5),
             },
+            fleet_restart_sessions: fleet_restart::SESSIONS,
         }
     }
 
@@ -225,6 +230,7 @@ impl Sizes {
                 chunks: 1_000,
                 plan: plan(0, 1),
             },
+            fleet_restart_sessions: 30,
         }
     }
 }
@@ -974,6 +980,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if wants(Bench::Fleet) {
         rows.extend(fleet::rows(&sizes.fleet)?);
+    }
+    if wants(Bench::FleetRestart) {
+        rows.extend(fleet_restart::rows(sizes.fleet_restart_sessions)?);
     }
     // The SPEC's order: teardown (stubbed, then durable), scale, recover,
     // fleet, core, stream, store, register, memory, then the gateway's rows.

@@ -43,6 +43,15 @@ impl Target {
         }
     }
 
+    /// No target: the row says a figure users feel, with nothing to beat.
+    pub const fn none() -> Target {
+        Target {
+            op: "",
+            value: f64::NAN,
+            of: "none",
+        }
+    }
+
     fn holds(&self, x: f64) -> bool {
         match self.op {
             "<=" => x <= self.value,
@@ -52,7 +61,9 @@ impl Target {
 
     fn describe(&self, unit: &str) -> String {
         let op = if self.op == "<=" { "≤" } else { "≥" };
-        if self.of == "ratio" {
+        if self.of == "none" {
+            "none".to_owned()
+        } else if self.of == "ratio" {
             format!("{op} {:.2}×", self.value)
         } else {
             format!("{op} {} {unit}", num(self.value))

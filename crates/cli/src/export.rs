@@ -364,6 +364,7 @@ mod tests {
                 created_at: at(0),
                 finalized_at: Some(at(40)),
                 resumed_from: None,
+                owner: None,
             },
             turns: vec![
                 TurnRow {

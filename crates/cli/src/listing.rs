@@ -121,6 +121,7 @@ mod tests {
             created_at: SystemTime::UNIX_EPOCH + T0 + Duration::from_secs(created),
             finalized_at: None,
             resumed_from: None,
+            owner: None,
         }
     }
 

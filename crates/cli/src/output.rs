@@ -372,11 +372,13 @@ pub fn recover_dry_run_text(found: &[RecoveryCandidate], width: Option<usize>) -
 /// line per session (names indented by depth), fitted to `width` when given
 /// (a terminal's), with ages counted from `now`. A `FROM` column names the
 /// session each one continues (`settle chat --resume`), when any listed
-/// session was resumed.
+/// session was resumed; an `OWNER` column where clients reach the live
+/// process that owns it (a fleet of `settle serve`, SPEC §12), when any has one.
 pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) -> String {
     // In a tree the indentation already says who the parent is.
     let tree = listed.iter().any(|l| l.depth > 0);
     let resumed = listed.iter().any(|l| l.row.resumed_from.is_some());
+    let owned = listed.iter().any(|l| l.row.owner.is_some());
     let mut columns = vec![
         Column::new("ID", Align::Right),
         Column::new("NAME", Align::Left).shorten_to(12),
@@ -393,6 +395,9 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
         Column::new("CHUNKS", Align::Right).drop_order(2),
         Column::new("CREATED", Align::Left).drop_order(6),
     ]);
+    if owned {
+        columns.push(Column::new("OWNER", Align::Left).drop_order(7));
+    }
     let mut table = Table::new(columns);
     let id_or_dash = |id: Option<SessionId>| id.map_or("-".to_owned(), |p| p.to_string());
     for Listed { row, depth } in listed {
@@ -412,6 +417,9 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
             row.chunks.to_string(),
             listing::age(row.created_at, now),
         ]);
+        if owned {
+            cells.push(row.owner.clone().unwrap_or_else(|| "-".to_owned()));
+        }
         table.push(cells);
     }
     let mut out = table.render(width).join("\n");
@@ -569,6 +577,7 @@ mod tests {
             created_at: at(0),
             finalized_at: Some(at(10)),
             resumed_from: resumed_from.map(SessionId),
+            owner: None,
         }
     }
 

@@ -22,7 +22,7 @@ use clap::Args;
 use settle_cli::input_limits::InputLimitArgs;
 use settle_cli::model_server::ModelServerArgs;
 use settle_cli::{duration, exit, open_store, outln, shutdown, Failure};
-use settle_gateway::{Gateway, ScriptBook, Tls, Tokens};
+use settle_gateway::{Fleet, Gateway, ScriptBook, Tls, Tokens};
 use settle_runtime::signals::Signals;
 use settle_runtime::Kernel;
 use settle_stream::Provider;
@@ -88,6 +88,18 @@ pub struct ServeArgs {
     /// How many bytes of chunks one turn may stream before it is cancelled.
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_turn_bytes: u64,
+    /// Where clients reach this process, for the other processes of a fleet
+    /// on one PostgreSQL (default: ws://LISTEN-ADDRESS/ws).
+    #[arg(long, value_name = "URL", value_parser = parse_advertise)]
+    advertise: Option<String>,
+    /// On PostgreSQL, finalize every session at shutdown (`shutdown`) instead
+    /// of handing the sessions off to the other processes of the fleet.
+    #[arg(long)]
+    no_handoff: bool,
+    /// How long this process's lease on its sessions lasts (renewed at a
+    /// third of it); a peer takes over its sessions once it has lapsed.
+    #[arg(long, value_parser = duration::parse_nonzero, default_value = "30s")]
+    lease_ttl: Duration,
     /// Play the turns of this script book instead of asking a model server.
     #[arg(long, hide = true, value_name = "FILE")]
     scripted: Option<PathBuf>,
@@ -125,12 +137,23 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let addr = listener
         .local_addr()
         .map_err(|e| Failure::bad_input(format!("cannot listen on {}: {e}", args.listen)))?;
-    let store: Arc<dyn settle_store::SessionStore> = Arc::new(open_store(db)?);
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
+    let advertise = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{addr}/ws"));
+    let store = open_store(db)?;
+    // A fleet shares one PostgreSQL; on SQLite one process serves alone.
+    let handoff = store.is_postgres() && !args.no_handoff;
+    let store: Arc<dyn settle_store::SessionStore> = Arc::new(store);
+    let idle_ttl = Some(args.idle_ttl).filter(|ttl| !ttl.is_zero());
     let kernel = args
         .limits
         .apply(Kernel::builder(store))
+        .advertise(Some(advertise))
+        .lease_ttl(args.lease_ttl)
         .orphan_grace(args.orphan_grace)
-        .idle_ttl(Some(args.idle_ttl).filter(|ttl| !ttl.is_zero()))
+        .idle_ttl(idle_ttl)
         .lru_cap(Some(
             usize::try_from(args.max_sessions).unwrap_or(usize::MAX),
         ))
@@ -156,12 +179,20 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     if let Some(tokens) = tokens {
         gateway = gateway.tokens(tokens);
     }
-    let scheme = if tls.is_some() { "wss" } else { "ws" };
     if let Some(tls) = tls {
         gateway = gateway.tls(tls);
     }
+    if handoff {
+        // Swept often enough that a crashed peer's sessions wait little
+        // past its lease.
+        let every = (args.lease_ttl / 3).min(Duration::from_secs(5));
+        gateway = gateway.fleet(Fleet::new().sweep_every(every).idle_ttl(idle_ttl));
+    }
     let gateway = gateway.build();
-    let first_signal = tokio::spawn(signals.drive(&kernel, args.drain_timeout));
+    let first_signal = match handoff {
+        true => tokio::spawn(signals.drive_handoff(&kernel, args.drain_timeout)),
+        false => tokio::spawn(signals.drive(&kernel, args.drain_timeout)),
+    };
     outln!("settle serve: listening on {scheme}://{addr}/ws");
     let report = gateway
         .serve(listener)
@@ -171,11 +202,20 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         shutdown::say_left(&report);
         return Ok(exit::STORE);
     }
-    outln!(
-        "settle serve: shut down; {} session{} finalized",
-        report.finalized.len(),
-        if report.finalized.len() == 1 { "" } else { "s" }
-    );
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    match report.handoff {
+        true => outln!(
+            "settle serve: shut down; {} session{} handed off, {} finalized",
+            report.released.len(),
+            plural(report.released.len()),
+            report.finalized.len()
+        ),
+        false => outln!(
+            "settle serve: shut down; {} session{} finalized",
+            report.finalized.len(),
+            plural(report.finalized.len())
+        ),
+    }
     match first_signal.is_finished() {
         true => match first_signal.await {
             Ok(signal) => Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)),
@@ -184,4 +224,17 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         // Shut down by the kernel itself (no signal): only a lost lease does.
         false => Ok(exit::STORE),
     }
+}
+
+/// `--advertise`: a `ws://` or `wss://` URL with a host.
+fn parse_advertise(url: &str) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("ws://")
+        .or_else(|| url.strip_prefix("wss://"))
+        .ok_or_else(|| format!("`{url}` is not a ws:// or wss:// URL"))?;
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() || url.chars().any(char::is_whitespace) {
+        return Err(format!("`{url}` names no host to reach this process at"));
+    }
+    Ok(url.to_owned())
 }

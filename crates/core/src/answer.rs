@@ -8,6 +8,7 @@
 //! without deciding anything.
 
 use crate::forgotten::Forgotten;
+use crate::hash::SessionMap;
 use crate::session::Session;
 use crate::sessions::Sessions;
 use crate::{Error, Event, Handled, SessionId, State, WorkKind};
@@ -36,6 +37,8 @@ pub(crate) enum Found<'a> {
     Forgotten,
     /// It was never registered here.
     Unknown,
+    /// It was handed off to another process (SPEC §12).
+    HandedOff,
 }
 
 /// The session an input names and what it asks of it; `None` for inputs
@@ -71,7 +74,9 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         | Event::Sweep(_)
         | Event::BeginShutdown { .. }
         | Event::SkipDrain
-        | Event::LeaseLost => return None,
+        | Event::LeaseLost
+        | Event::BeginHandoff { .. }
+        | Event::Adopt { .. } => return None,
     };
     Some(asked)
 }
@@ -95,6 +100,7 @@ pub(crate) fn admitted_by_handler(event: &Event) -> bool {
 pub(crate) fn admit<'a>(
     sessions: &'a mut Sessions,
     forgotten: &Forgotten,
+    handed_off: &SessionMap<()>,
     id: SessionId,
     asks: Asks,
     shutting_down: bool,
@@ -107,6 +113,7 @@ pub(crate) fn admit<'a>(
         None => {
             let found = match forgotten.contains(id) {
                 true => Found::Forgotten,
+                false if handed_off.contains_key(&id) => Found::HandedOff,
                 false => Found::Unknown,
             };
             Err(answer(id, asks, found, shutting_down).unwrap_or(Err(Error::UnknownSession(id))))
@@ -125,6 +132,14 @@ pub(crate) fn answer(
 ) -> Option<Result<Handled, Error>> {
     let s = match found {
         Found::Unknown => return Some(Err(Error::UnknownSession(id))),
+        // Another process's now: only a report of a work of it (there is
+        // none left, a handoff waits for them) is a harmless no-op.
+        Found::HandedOff => {
+            return Some(match asks {
+                Asks::Report => Ok(Handled::NoOp),
+                _ => Err(Error::HandedOff(id)),
+            })
+        }
         Found::Forgotten => return Some(finalized(id, asks)),
         Found::Kept(s) if s.state == State::Finalized => return Some(finalized(id, asks)),
         Found::Kept(s) => s,

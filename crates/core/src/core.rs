@@ -1,5 +1,9 @@
 //! The lifecycle state machine. Every transition of SPEC §2 happens in this
 //! file, through [`move_state`], which asserts [`State::can_move_to`].
+//! Handing sessions off and adopting them (SPEC §12), which move no state,
+//! are in [`handoff`].
+
+mod handoff;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -50,6 +54,8 @@ pub struct Core {
     lease_lost: bool,
     /// The latest `now` seen: time never runs backwards inside the core.
     now: Option<Instant>,
+    /// Sessions handed off to another process (SPEC §12).
+    handed_off: SessionMap<()>,
 }
 
 #[derive(Debug)]
@@ -75,6 +81,7 @@ impl Core {
             shutdown: None,
             lease_lost: false,
             now: None,
+            handed_off: SessionMap::default(),
         }
     }
 
@@ -118,7 +125,7 @@ impl Core {
             }
             Event::CancelTurn { session } => self.cancel_turn(now, session),
             Event::CancelWork { work } => self.cancel_work(now, work),
-            Event::Withdraw { session } => self.withdraw(session),
+            Event::Withdraw { session } => self.withdraw(now, session),
             Event::CancelDescendants { session } => self.cancel_descendants(now, session),
             Event::UserClose { session } => {
                 let mode = CancelMode::Immediate;
@@ -139,6 +146,13 @@ impl Core {
             Event::BeginShutdown { drain } => Ok(self.begin_shutdown(now, drain)),
             Event::SkipDrain => Ok(self.skip_drain(now)),
             Event::LeaseLost => Ok(self.lease_lost(now)),
+            Event::BeginHandoff { drain } => Ok(self.begin(now, drain, true)),
+            Event::Adopt {
+                session,
+                parent,
+                turns,
+                last_outcome,
+            } => self.adopt(now, session, parent, turns, last_outcome),
         };
         if !self.interrupts.is_empty() {
             self.interrupt_delegations(now);
@@ -226,12 +240,13 @@ impl Core {
 
     /// The state of a session, finalized ones included after
     /// [`forget`](Self::forget): `None` only for an id never registered here
-    /// (or withdrawn).
+    /// (or withdrawn), or handed off to another process.
     pub fn state(&self, id: SessionId) -> Option<State> {
         match self.find(id) {
             Found::Kept(s) => Some(s.state),
             Found::Forgotten => Some(State::Finalized),
-            Found::Unknown => None,
+            // Another process's now ([`is_handed_off`](Self::is_handed_off)).
+            Found::HandedOff | Found::Unknown => None,
         }
     }
 
@@ -338,6 +353,22 @@ impl Core {
         }
         self.check_register(parent)?;
         let victims = self.room_for(parent)?;
+        let s = Session::new(parent, now);
+        self.enter(now, id, s, victims, Cause::Registered);
+        Ok(Handled::Applied)
+    }
+
+    /// Keeps the new record `s` of `id` (registered or adopted), under its
+    /// parent, and evicts `victims` to make room for it.
+    fn enter(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        mut s: Session,
+        victims: Vec<SessionId>,
+        cause: Cause,
+    ) {
+        let parent = s.parent;
         let mut parent_was_childless = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
             p.children.push(id);
@@ -345,7 +376,6 @@ impl Core {
             p.unfinalized_children += 1;
             parent_was_childless = p.unfinalized_children == 1;
         }
-        let mut s = Session::new(parent, now);
         // A budget over the parent counts this session too.
         s.budgeted = parent
             .and_then(|p| self.sessions.get(&p))
@@ -353,7 +383,7 @@ impl Core {
         index(&mut s, id, false, &mut self.deadlines);
         self.sessions.insert(id, s);
         self.open += 1;
-        self.record(now, id, None, State::Registered, Cause::Registered);
+        self.record(now, id, None, State::Registered, cause);
         if let (Some(p), true) = (parent, parent_was_childless) {
             // It has a child to finalize first now: no longer reclaimable (G1).
             self.refresh_index(p);
@@ -367,7 +397,6 @@ impl Core {
             }
             self.claim(now, id, EndReason::LruEvict);
         }
-        Ok(Handled::Applied)
     }
 
     /// The sessions to evict to make room under the LRU cap for one more
@@ -401,7 +430,9 @@ impl Core {
         let slots_free = slots.is_none_or(|n| self.slots_taken < n);
         let shutting_down = self.shutdown.is_some();
         let asks = Asks::Start(kind);
-        let s = match answer::admit(&mut self.sessions, &self.forgotten, id, asks, shutting_down) {
+        let (sessions, forgotten, handed_off) =
+            (&mut self.sessions, &self.forgotten, &self.handed_off);
+        let s = match answer::admit(sessions, forgotten, handed_off, id, asks, shutting_down) {
             Ok(s) => s,
             Err(answered) => return answered,
         };
@@ -552,12 +583,17 @@ impl Core {
         cause: Cause,
         descendants: EndReason,
     ) -> Result<Handled, Error> {
-        let Some(s) = self.sessions.get(&id) else {
+        let Some(s) = self.sessions.get_mut(&id) else {
             return Err(Error::UnknownSession(id));
         };
         // G6: already cancelled, or already ended on its own.
         if !s.state.is_active() {
             return Ok(Handled::NoOp);
+        }
+        // A close asked of a session a handoff would release is a close:
+        // its subtree's wind-down must not release it on the way (SPEC §12).
+        if s.intent == Some(Intent::HandOff) {
+            s.intent = Some(Intent::End(reason));
         }
         if !s.children.is_empty() {
             self.cancel_subtree(now, id, descendants);
@@ -595,13 +631,13 @@ impl Core {
         Ok(Handled::Applied)
     }
 
-    fn withdraw(&mut self, id: SessionId) -> Result<Handled, Error> {
+    fn withdraw(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
         let Some(s) = self.sessions.get(&id) else {
             return Err(Error::UnknownSession(id));
         };
         let has_child = s.children.iter().any(|c| self.sessions.contains_key(c));
         let pristine = s.state == State::Registered
-            && s.turns == 0
+            && s.turns == s.entry_turns
             && s.tasks == 0
             && !has_child
             && s.intent.is_none();
@@ -626,6 +662,10 @@ impl Core {
             parent_may_reclaim = p.unfinalized_children == 0;
         }
         if let (Some(p), true) = (parent, parent_may_reclaim) {
+            // Its last child gone, the parent moves as after a child's
+            // finalize: a close that waited for its children (a dropped
+            // transport, a claim) goes now, or it waits idle again.
+            self.after_idle(now, p);
             self.refresh_index(p);
         }
         Ok(Handled::Applied)
@@ -754,14 +794,27 @@ impl Core {
     }
 
     fn begin_shutdown(&mut self, now: Instant, drain: Duration) -> Handled {
+        self.begin(now, drain, false)
+    }
+
+    /// Begins a shutdown; with `handoff`, one that releases its sessions
+    /// for adoption instead of finalizing them (SPEC §12).
+    fn begin(&mut self, now: Instant, drain: Duration, handoff: bool) -> Handled {
         if self.shutdown.is_some() {
             return Handled::NoOp;
         }
         self.shutdown = Some(Shutdown {
             drained: false,
             complete_sent: false,
-            summary: ShutdownSummary::default(),
+            summary: ShutdownSummary {
+                handoff,
+                ..ShutdownSummary::default()
+            },
         });
+        let intent = match handoff {
+            true => Intent::HandOff,
+            false => Intent::End(EndReason::Shutdown),
+        };
         // No automatic path but the shutdown's own runs from here on.
         self.deadlines.clear_idle(&mut self.sessions);
         self.effects.push_back(Effect::FlushTranscripts);
@@ -770,7 +823,7 @@ impl Core {
             let Some(s) = self.sessions.get_mut(&id) else {
                 continue;
             };
-            s.intent.get_or_insert(Intent::End(EndReason::Shutdown));
+            s.intent.get_or_insert(intent);
             s.running_at_shutdown = s.state == State::Running && s.works.turn.is_some();
         }
         // Idle sessions go now, children before parents; running turns drain.
@@ -902,7 +955,13 @@ impl Core {
                     shutdown.summary.cancelled.push(id);
                 }
                 let mode = CancelMode::Immediate;
-                self.cancel_one(now, id, mode, EndReason::Shutdown, Cause::DrainEnded);
+                if self.hands_off(id) {
+                    // Its turn is cancelled and settled; the session stays
+                    // open, to be released once it is idle (SPEC §12).
+                    self.cancel_works(now, id, mode, false);
+                } else {
+                    self.cancel_one(now, id, mode, EndReason::Shutdown, Cause::DrainEnded);
+                }
             }
         }
         // Held sessions were spared until now; nothing is spared any more.
@@ -1037,6 +1096,15 @@ impl Core {
     /// Cancels every open descendant of `id`, deepest first; returns how many.
     fn cancel_subtree(&mut self, now: Instant, id: SessionId, reason: EndReason) -> usize {
         let order = open_descendants_bottom_up(&self.sessions, id);
+        // A subtree wound down is closed, not handed off on the way: a
+        // child's finalize must not release a descendant above it (SPEC §12).
+        for d in &order {
+            if let Some(s) = self.sessions.get_mut(d) {
+                if s.intent == Some(Intent::HandOff) {
+                    s.intent = Some(Intent::End(reason));
+                }
+            }
+        }
         let mut cancelled = 0;
         for &d in &order {
             if self.state(d).is_some_and(State::is_active) {
@@ -1123,6 +1191,7 @@ impl Core {
         let s = match answer::admit(
             &mut self.sessions,
             &self.forgotten,
+            &self.handed_off,
             id,
             Asks::Report,
             shutting_down,
@@ -1241,6 +1310,12 @@ impl Core {
             _ => None,
         };
         let last_outcome = s.last_outcome;
+        // A handoff releases an idle session instead, unless the lease is
+        // lost: it is then no longer this process's to release (G8).
+        if finalize == Some(Intent::HandOff) && state == State::Registered && !self.lease_lost {
+            self.hand_off(id);
+            return (true, parent);
+        }
         // Every session finalized after a shutdown began ends `shutdown`
         // (G9), or, once the lease is lost, `recovered`: this process may
         // not write it any more, and recovery ends it so (G8), so that is
@@ -1428,6 +1503,7 @@ impl Core {
         match self.sessions.get(&id) {
             Some(s) => Found::Kept(s),
             None if self.forgotten.contains(id) => Found::Forgotten,
+            None if self.handed_off.contains_key(&id) => Found::HandedOff,
             None => Found::Unknown,
         }
     }

@@ -64,8 +64,17 @@ pub enum Effect {
     Finalize(Finalize),
     /// A state transition to record on the session's timeline.
     Transition(Transition),
-    /// Shutdown has begun and every session is finalized: the driver may exit.
-    /// Says what the shutdown did.
+    /// Release this session for another process to adopt (SPEC §12): in a
+    /// handoff ([`Event::BeginHandoff`](crate::Event::BeginHandoff)) it is
+    /// open and idle, no work of it can write any more and its children
+    /// were released or finalized first. The driver writes it released in
+    /// the store (no owner, `registered`, timeline cause [`Cause::HandedOff`])
+    /// and lets go of it: the core has forgotten it, and answers every
+    /// input about it [`Error::HandedOff`](crate::Error::HandedOff).
+    /// Emitted at most once per session, never for a finalized one.
+    HandOff(HandOff),
+    /// Shutdown has begun and every session is finalized or handed off: the
+    /// driver may exit. Says what the shutdown did.
     ShutdownComplete(Box<ShutdownSummary>),
 }
 
@@ -83,6 +92,21 @@ pub struct ShutdownSummary {
     /// The shutdown was forced by the loss of this process's lease (G8):
     /// what it finalizes may already belong to another process's recovery.
     pub lease_lost: bool,
+    /// The shutdown hands sessions off (SPEC §12) instead of finalizing them.
+    pub handoff: bool,
+    /// Sessions released for another process to adopt, in the order they were.
+    pub released: Vec<SessionId>,
+}
+
+/// A session released for adoption by another process (SPEC §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandOff {
+    /// The session.
+    pub session: SessionId,
+    /// Turns it ran (the adopter's next turn is `turns + 1`).
+    pub turns: u32,
+    /// How its last turn ended, if it ran any.
+    pub last_outcome: Option<Outcome>,
 }
 
 /// The finalize plan for one session (SPEC §4).
@@ -207,6 +231,10 @@ pub enum Cause {
     Finalized(EndReason),
     /// Its budget (or an ancestor's) ran out of this limit.
     BudgetExhausted(BudgetLimit),
+    /// The session was released for another process to adopt (SPEC §12).
+    HandedOff,
+    /// The session was adopted from the process that released it (SPEC §12).
+    Adopted,
 }
 
 impl fmt::Display for Cause {
@@ -227,6 +255,8 @@ impl fmt::Display for Cause {
             Cause::DelegationInterrupted => f.write_str("delegation interrupted"),
             Cause::Finalized(reason) => write!(f, "finalized: {reason}"),
             Cause::BudgetExhausted(limit) => write!(f, "budget exhausted: {limit}"),
+            Cause::HandedOff => f.write_str("handoff"),
+            Cause::Adopted => f.write_str("adopted"),
         }
     }
 }

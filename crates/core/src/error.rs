@@ -80,6 +80,10 @@ pub enum Error {
     /// The session has been finalized; its handle is closed (G10).
     #[error("session {0} is finalized; its handle is closed")]
     SessionClosed(SessionId),
+    /// The session was handed off to another process (SPEC §12): use it
+    /// where it is adopted.
+    #[error("session {0} was handed off to another process; attach to it there")]
+    HandedOff(SessionId),
 }
 
 impl Error {

@@ -26,6 +26,11 @@ use crate::{Budget, CancelMode, Outcome, SessionId, WorkId};
 /// | using it: `Hold`, `TransportAttached`, `Delegate` (either side), `SetBudget` | `Err(Error::SessionClosed)` (G10) | handled |
 /// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited`, `Usage` | `Ok(Handled::NoOp)` (the work is gone) | handled |
 ///
+/// A session this core handed off ([`Effect::HandOff`](crate::Effect::HandOff))
+/// is another process's to use: every input naming it but a work's report
+/// (a `NoOp`) and [`Event::Adopt`] is refused with
+/// [`Error::HandedOff`](crate::Error::HandedOff).
+///
 /// An id the core was never given is refused with
 /// [`Error::UnknownSession`](crate::Error::UnknownSession) by every input.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +223,49 @@ pub enum Event {
     /// [`ShutdownSummary::lease_lost`](crate::ShutdownSummary::lease_lost)
     /// says why.
     LeaseLost,
+    /// Start a shutdown that hands the sessions off instead of ending them
+    /// (SPEC §12, G12): as [`BeginShutdown`](Self::BeginShutdown), no new
+    /// session or turn, transcripts flushed, running turns drained until
+    /// `now + drain`; but a session with no close decided of its own is
+    /// released ([`Effect::HandOff`](crate::Effect::HandOff)) instead of
+    /// finalized `shutdown`, as soon as it is idle: at once for an idle
+    /// one, when its turn ends for a running one, and at the end of the
+    /// drain for a held one. A turn still running when the drain ends is
+    /// cancelled immediately and settled (G5), its session kept open, then
+    /// released the same way. Children are released before their parents.
+    /// A session closing for a reason of its own (a user close, a finished
+    /// agent, a cancel) is finalized `shutdown` as in any shutdown; once
+    /// the lease is lost (G8) nothing is released any more: it is finalized
+    /// `recovered`. A second begin of either kind is a no-op.
+    BeginHandoff {
+        /// How long running turns may still finish.
+        drain: Duration,
+    },
+    /// Take over a session another process released (SPEC §12): it is
+    /// registered here as it was left, open and idle, with its turn count
+    /// (its next turn is `turns + 1`) and the outcome of its last turn.
+    /// Under `parent` when this core has that parent registered or running
+    /// and not closing; otherwise (its parent lives elsewhere, or is gone)
+    /// as a root of this core. Refused like a registration: while shutting
+    /// down, for an id this core keeps or finalized, at the LRU cap with
+    /// none to evict. A session this core released itself may be adopted
+    /// back. **A driver asks the store first**: its conditional update
+    /// decides which process wins the session, and only the winner feeds
+    /// `Adopt`; a refusal means the driver releases the session again.
+    /// (Fed before the store answers, the core could reap the session or
+    /// hand it off while the store still has it released, and a sweeper of
+    /// another process finalize it too.) [`Withdraw`](Self::Withdraw) admits
+    /// an adopted session until it runs a work or has a child.
+    Adopt {
+        /// The session's identity (its row id).
+        session: SessionId,
+        /// Its parent, as the store has it.
+        parent: Option<SessionId>,
+        /// Turns it ran before.
+        turns: u32,
+        /// How its last turn ended.
+        last_outcome: Option<Outcome>,
+    },
 }
 
 /// What a held session waits on (SPEC §5).

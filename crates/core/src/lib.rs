@@ -112,7 +112,7 @@ pub mod vocabulary;
 pub use crate::core::Core;
 pub use budget::{Budget, BudgetLimit};
 pub use deadlines::{Deadline, DeadlineKind};
-pub use effect::{Cause, Effect, Finalize, FinalizeStep, ShutdownSummary, Transition};
+pub use effect::{Cause, Effect, Finalize, FinalizeStep, HandOff, ShutdownSummary, Transition};
 pub use error::{Error, Handled};
 pub use event::{Event, Hold, Sweep};
 pub use id::{SessionId, WorkId, WorkKind};

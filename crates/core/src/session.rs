@@ -25,6 +25,9 @@ pub(crate) struct Session {
     pub turns: u32,
     /// Tasks started so far.
     pub tasks: u32,
+    /// Turns it had run elsewhere when it was adopted here (0 for one
+    /// registered here): a withdrawal admits it while `turns` is still that.
+    pub entry_turns: u32,
     pub last_outcome: Option<Outcome>,
     /// The close intent: once set, the session admits no new turn and is
     /// finalized as soon as it may be.
@@ -67,6 +70,9 @@ pub(crate) enum Intent {
     Finished,
     /// Ends with this reason.
     End(EndReason),
+    /// Released for another process to adopt once it is idle (a handoff,
+    /// SPEC §12); finalized `shutdown` if it has to be finalized instead.
+    HandOff,
 }
 
 impl Intent {
@@ -74,6 +80,7 @@ impl Intent {
     pub fn reason(self, last: Option<Outcome>) -> EndReason {
         match self {
             Intent::End(reason) => reason,
+            Intent::HandOff => EndReason::Shutdown,
             Intent::Finished => match last {
                 None | Some(Outcome::Completed) => EndReason::Completed,
                 Some(Outcome::Failed | Outcome::IdleTimeout) => EndReason::Failed,
@@ -97,6 +104,7 @@ impl Session {
             works: Works::default(),
             turns: 0,
             tasks: 0,
+            entry_turns: 0,
             last_outcome: None,
             intent: None,
             holds: Holds::default(),

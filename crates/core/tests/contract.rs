@@ -164,6 +164,7 @@ fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
             cancelled: vec![],
             detached: vec![],
             lease_lost: false,
+            ..ShutdownSummary::default()
         })))
     );
 }

@@ -393,6 +393,24 @@ fn g3_a_parent_whose_only_child_is_withdrawn_is_reclaimable_again() {
 }
 
 #[test]
+fn g1_a_close_that_waited_for_a_child_goes_when_that_child_is_withdrawn() {
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let s = h.register(2, Some(1));
+    h.ev(Event::TransportAttached {
+        session: s,
+        close_on_disconnect: true,
+    });
+    let child = h.register(3, Some(2));
+    // The transport is gone, but a child is open: the close waits for it.
+    h.ev(Event::TransportDetached { session: s });
+    assert_eq!(h.state(s), State::Registered);
+    assert_eq!(h.ev_h(Event::Withdraw { session: child }), Handled::Applied);
+    assert_eq!(h.finalized(), vec![(s, EndReason::TransportClosed)]);
+    assert_eq!(h.state(root), State::Registered);
+}
+
+#[test]
 fn the_answer_predicates_say_what_they_name() {
     let work = WorkId::turn(SessionId(1), 1);
     assert_eq!(Handled::Started(work).started(), Some(work));

@@ -265,6 +265,7 @@ fn g3_shutdown_sweep_spares_running_and_finalized_sessions() {
             cancelled: vec![],
             detached: vec![],
             lease_lost: false,
+            ..ShutdownSummary::default()
         })))
     );
 }
@@ -301,6 +302,7 @@ fn g9_drain_end_cancels_running_turns_and_finalizes_without_memory() {
             cancelled: vec![child],
             detached: vec![],
             lease_lost: false,
+            ..ShutdownSummary::default()
         })))
     );
 }

@@ -33,6 +33,16 @@ impl Principal {
     pub fn is_anonymous(&self) -> bool {
         self.0.is_none()
     }
+
+    /// The principal named `name`, as the store records it (SPEC §12).
+    pub fn named(name: &str) -> Self {
+        Principal(Some(name.into()))
+    }
+
+    /// Its name, as the store records it; `None` for the anonymous one.
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
 }
 
 impl fmt::Display for Principal {

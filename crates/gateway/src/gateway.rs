@@ -20,6 +20,7 @@ use crate::auth::Tokens;
 use crate::connection;
 use crate::connections::Connections;
 use crate::error::GatewayError;
+use crate::fleet::Fleet;
 use crate::limits::Limits;
 use crate::origin::Origins;
 use crate::ownership::Owners;
@@ -42,6 +43,7 @@ pub struct GatewayBuilder {
     tokens: Option<Tokens>,
     origins: Origins,
     tls: Option<Tls>,
+    fleet: Option<Fleet>,
 }
 
 impl Debug for GatewayBuilder {
@@ -202,6 +204,20 @@ impl GatewayBuilder {
         self
     }
 
+    /// Makes the gateway one of a fleet of gateways on one PostgreSQL
+    /// (SPEC §12): a method on a session another live process owns answers
+    /// `elsewhere` with its URL, `session.attach` of a released session
+    /// adopts it, the fleet is swept as `fleet` says, and a shutdown hands
+    /// the sessions off instead of finalizing them (`server.shutdown` says
+    /// `handoff: true`). The kernel's store must be shared by the fleet;
+    /// where clients reach this process is the kernel's
+    /// [`advertise`](settle_runtime::KernelBuilder::advertise).
+    #[must_use]
+    pub fn fleet(mut self, fleet: Fleet) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
     /// The gateway.
     pub fn build(self) -> Gateway {
         let slots = Slots::new(
@@ -222,6 +238,8 @@ impl GatewayBuilder {
                 tls: self.tls,
                 owners: Owners::default(),
                 slots,
+                fleet: self.fleet,
+                adopting: crate::fleet::Adopting::default(),
             }),
         }
     }
@@ -261,6 +279,7 @@ impl Gateway {
             tokens: None,
             origins: Origins::default(),
             tls: None,
+            fleet: None,
         }
     }
 
@@ -308,6 +327,9 @@ impl Gateway {
             http.clone(),
             CLOSE_GRACE,
         );
+        if let Some(fleet) = shared.fleet.clone() {
+            tokio::spawn(crate::fleet::sweep(shared.clone(), fleet));
+        }
         let wind_down = async {
             shared.kernel.shutdown_begun().await;
             shared.announce_shutdown();
@@ -333,9 +355,13 @@ impl Gateway {
     }
 
     /// Begins the graceful shutdown (G9) with the gateway's drain timeout;
-    /// [`serve`](Self::serve) returns once it is done.
+    /// [`serve`](Self::serve) returns once it is done. In a fleet it hands
+    /// the sessions off (SPEC §12).
     pub fn shutdown(&self) {
-        self.shared.kernel.begin_shutdown(self.shared.drain);
+        match self.shared.fleet {
+            Some(_) => self.shared.kernel.begin_handoff(self.shared.drain),
+            None => self.shared.kernel.begin_shutdown(self.shared.drain),
+        }
     }
 
     /// How many connections are open now.

@@ -108,6 +108,7 @@ mod connection;
 mod connections;
 mod error;
 mod excerpt;
+mod fleet;
 mod gateway;
 mod limits;
 mod listing;
@@ -130,6 +131,7 @@ mod upgrade;
 
 pub use auth::{TokenFileError, Tokens, MIN_TOKEN_CHARS};
 pub use error::{GatewayError, ScriptBookError};
+pub use fleet::Fleet;
 pub use gateway::{Gateway, GatewayBuilder};
 pub use params::MAX_NAME_CHARS;
 pub use protocol::ErrorKind;

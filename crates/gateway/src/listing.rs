@@ -82,6 +82,7 @@ mod tests {
             created_at: UNIX_EPOCH + Duration::from_secs(id),
             finalized_at: None,
             resumed_from: None,
+            owner: None,
         }
     }
 

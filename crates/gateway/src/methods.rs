@@ -87,10 +87,27 @@ async fn owned(
     caller: &Caller<'_>,
     id: SessionId,
 ) -> Result<Arc<Entry>, RpcError> {
+    owned_or_adopted(shared, caller, id, false).await
+}
+
+/// [`owned`], and with `adopt` (an attach), in a fleet, a released session
+/// is adopted here first: its principal comes from the store, and is asked
+/// once it is known (SPEC §12).
+async fn owned_or_adopted(
+    shared: &Arc<Shared>,
+    caller: &Caller<'_>,
+    id: SessionId,
+    adopt: bool,
+) -> Result<Arc<Entry>, RpcError> {
+    let unknown_here = shared.fleet.is_some() && !shared.owners.knows(id);
+    if !unknown_here && !shared.owners.may_use(caller.principal, id) {
+        return Err(RpcError::not_found(id.get()));
+    }
+    let entry = shared.entry(id, adopt, caller.principal).await?;
     if !shared.owners.may_use(caller.principal, id) {
         return Err(RpcError::not_found(id.get()));
     }
-    shared.entry(id).await
+    Ok(entry)
 }
 
 /// Calls `method` for `caller`.
@@ -175,6 +192,7 @@ async fn create(
         .map_err(from_runtime)?;
     let id = handle.id();
     place.own(id);
+    shared.record_principal(id, caller.principal).await;
     let entry = shared.adopt(handle);
     attach_caller(caller, &entry, params.close_on_disconnect).await?;
     Ok(json!({ "id": id.get() }).into())
@@ -190,7 +208,7 @@ async fn attach(
     caller: &mut Caller<'_>,
     params: params::Id,
 ) -> Result<Answer, RpcError> {
-    let entry = owned(shared, caller, params.session()).await?;
+    let entry = owned_or_adopted(shared, caller, params.session(), true).await?;
     attach_caller(caller, &entry, false).await?;
     state_of(&entry).await
 }

@@ -9,7 +9,8 @@
 //! so a gateway without tokens serves every session as it always did, and
 //! a gateway with tokens serves such a session to nobody.
 //!
-//! Ownership is kept in memory only. A named principal's finalized sessions
+//! Ownership is kept in memory, and, in a fleet (SPEC §12), recorded in the
+//! store too, so that the process that adopts a session enforces it. A named principal's finalized sessions
 //! stay recorded (a few bytes each), so that they go on answering their
 //! owner and nobody else; the anonymous principal's are forgotten at their
 //! finalize, since an unrecorded session is its anyway.
@@ -140,6 +141,30 @@ impl Owners {
             inner.holds.remove(&id);
         }
         inner.unhold(&principal, 1);
+    }
+
+    /// Session `id`, adopted from another process of the fleet, belongs to
+    /// `principal`, as the store recorded where it was created (SPEC §12).
+    /// Counted as one of its live sessions, past its limit if need be: the
+    /// session exists already.
+    pub fn adopted(&self, principal: Principal, id: SessionId) {
+        let mut inner = self.inner();
+        if inner.sessions.contains_key(&id) {
+            return;
+        }
+        *inner.live.entry(principal.clone()).or_default() += 1;
+        inner.sessions.insert(
+            id,
+            Owned {
+                principal,
+                live: true,
+            },
+        );
+    }
+
+    /// Whether the owner of session `id` is known here.
+    pub fn knows(&self, id: SessionId) -> bool {
+        self.inner().sessions.contains_key(&id)
     }
 
     /// Session `id` is finalized: its place and its holds' are given back.

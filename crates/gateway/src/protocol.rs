@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use serde_json::{json, Map, Value};
 use settle_core::Error as CoreError;
 use settle_runtime::RuntimeError;
+use settle_store::StoreError;
 
 use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 
@@ -47,6 +48,10 @@ pub enum ErrorKind {
     /// `turn.ended`, the turn streamed more chunks or bytes than a turn may
     /// and was cancelled.
     TooLarge,
+    /// Another process of the fleet owns the session (SPEC §12): reconnect
+    /// to `data.owner`, its URL, and attach there; `data.owner` null: it was
+    /// handed off and nobody owns it now, and `session.attach` adopts it.
+    Elsewhere,
 }
 
 impl ErrorKind {
@@ -61,6 +66,7 @@ impl ErrorKind {
         ErrorKind::OverCapacity,
         ErrorKind::RateLimited,
         ErrorKind::TooLarge,
+        ErrorKind::Elsewhere,
     ];
 
     /// The spelling in `data.kind`.
@@ -75,6 +81,7 @@ impl ErrorKind {
             ErrorKind::OverCapacity => "over_capacity",
             ErrorKind::RateLimited => "rate_limited",
             ErrorKind::TooLarge => "too_large",
+            ErrorKind::Elsewhere => "elsewhere",
         }
     }
 }
@@ -99,6 +106,7 @@ pub(crate) mod code {
     pub const OVER_CAPACITY: i64 = -32005;
     pub const RATE_LIMITED: i64 = -32006;
     pub const TOO_LARGE: i64 = -32007;
+    pub const ELSEWHERE: i64 = -32008;
 }
 
 /// An error answer: its JSON-RPC code, its kind and a sentence.
@@ -107,6 +115,8 @@ pub(crate) struct RpcError {
     pub code: i64,
     pub kind: ErrorKind,
     pub message: String,
+    /// For `elsewhere`: where the session's owner is reached (`data.owner`).
+    pub owner: Option<String>,
 }
 
 impl RpcError {
@@ -123,6 +133,22 @@ impl RpcError {
             code,
             kind,
             message,
+            owner: None,
+        }
+    }
+
+    /// Another live process owns session `id`, reached at `owner` (SPEC
+    /// §12); with no owner, it was handed off and `session.attach` adopts it.
+    pub fn elsewhere(id: u64, owner: Option<String>) -> Self {
+        let message = match &owner {
+            Some(url) => format!(
+                "session {id} is served by another process: reconnect to {url} and attach there"
+            ),
+            None => format!("session {id} was handed off by its process: session.attach adopts it"),
+        };
+        RpcError {
+            owner,
+            ..RpcError::new(code::ELSEWHERE, ErrorKind::Elsewhere, message)
         }
     }
 
@@ -157,6 +183,10 @@ impl RpcError {
         let (code, kind) = match error {
             e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
             R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
+            R::Lifecycle(CoreError::HandedOff(id)) => return RpcError::elsewhere(id.get(), None),
+            R::Store(StoreError::Elsewhere { session, advertise }) => {
+                return RpcError::elsewhere(session.get(), advertise.clone())
+            }
             R::Lifecycle(CoreError::ShuttingDown) | R::Stopped => return RpcError::shutting_down(),
             R::Lifecycle(CoreError::OverCapacity { .. }) => {
                 tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
@@ -256,7 +286,10 @@ pub(crate) fn error(id: &Value, error: &RpcError) -> String {
         "error": {
             "code": error.code,
             "message": error.message,
-            "data": { "kind": error.kind.as_str() },
+            "data": match error.kind {
+                ErrorKind::Elsewhere => json!({ "kind": error.kind.as_str(), "owner": error.owner }),
+                kind => json!({ "kind": kind.as_str() }),
+            },
         },
     })
     .to_string()

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use settle_runtime::{Kernel, SessionHandle, SessionId};
+use settle_runtime::{Kernel, RuntimeError, SessionHandle, SessionId};
 use settle_stream::Provider;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::Tokens;
+use crate::auth::{Principal, Tokens};
 use crate::connections::Connections;
+use crate::fleet::Fleet;
 use crate::limits::Limits;
 use crate::origin::Origins;
 use crate::ownership::Owners;
@@ -41,6 +42,11 @@ pub(crate) struct Shared {
     pub owners: Owners,
     /// The places for connections.
     pub slots: Slots,
+    /// Its part in a fleet of gateways on one database (SPEC §12): then a
+    /// shutdown hands the sessions off.
+    pub fleet: Option<Fleet>,
+    /// The sessions being adopted from the fleet, one lock each.
+    pub adopting: crate::fleet::Adopting,
 }
 
 impl Shared {
@@ -48,13 +54,27 @@ impl Shared {
     /// kernel it adopts (the embedding program registered it), or a closed
     /// one (finalized), served for this call only: its handle answers every
     /// method as the core answers a finalized session.
-    pub async fn entry(self: &Arc<Self>, id: SessionId) -> Result<Arc<Entry>, RpcError> {
+    ///
+    /// In a fleet, a session the kernel does not know is looked for in the
+    /// fleet ([`from_fleet`](Self::from_fleet)): `adopt` (an attach) adopts
+    /// a released one here.
+    pub async fn entry(
+        self: &Arc<Self>,
+        id: SessionId,
+        adopt: bool,
+        caller: &Principal,
+    ) -> Result<Arc<Entry>, RpcError> {
         if let Some(entry) = self.table.get(id) {
             return Ok(entry);
         }
         match self.kernel.session(id).await {
             Ok(handle) if handle.is_closed() => Ok(Arc::new(Entry::new(handle))),
             Ok(handle) => Ok(self.adopt(handle)),
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)))
+                if self.fleet.is_some() =>
+            {
+                self.from_fleet(id, adopt, caller).await
+            }
             Err(error) => Err(RpcError::from_runtime(&error)),
         }
     }
@@ -72,7 +92,17 @@ impl Shared {
     }
 
     async fn watch_end(&self, entry: Arc<Entry>) {
-        let reason = entry.handle.finalized().await;
+        // In a fleet, a session handed off is never finalized here: its
+        // watch ends with the kernel (a finalize that came first wins).
+        let in_fleet = self.fleet.is_some();
+        let reason = tokio::select! {
+            biased;
+            reason = entry.handle.finalized() => reason,
+            () = self.kernel.stopped(), if in_fleet => {
+                self.table.remove(&entry);
+                return;
+            }
+        };
         // A turn still being delivered announces its end first.
         let _delivered = entry.conversation.lock().await;
         self.table.remove(&entry);
@@ -106,11 +136,16 @@ impl Shared {
             .spawn(pump::pump(entry, turn, conversation, bounds));
     }
 
-    /// Tells every connection `server.shutdown`, with the drain it has.
+    /// Tells every connection `server.shutdown`, with the drain it has,
+    /// and, in a fleet, `handoff: true`: its sessions are handed off, to be
+    /// attached on another process (SPEC §12).
     pub fn announce_shutdown(&self) {
         let drain_ms = u64::try_from(self.drain.as_millis()).unwrap_or(u64::MAX);
-        self.connections.announce_shutdown(|| {
-            notification("server.shutdown", json!({ "drain_ms": drain_ms })).into()
-        });
+        let params = match self.fleet {
+            Some(_) => json!({ "drain_ms": drain_ms, "handoff": true }),
+            None => json!({ "drain_ms": drain_ms }),
+        };
+        self.connections
+            .announce_shutdown(|| notification("server.shutdown", params.clone()).into());
     }
 }

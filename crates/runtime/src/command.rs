@@ -78,6 +78,16 @@ pub(crate) enum Command {
         drain: Duration,
         reply: Option<oneshot::Sender<ShutdownReport>>,
     },
+    /// Begin a shutdown that hands the sessions off (SPEC §12).
+    Handoff {
+        drain: Duration,
+        reply: Option<oneshot::Sender<ShutdownReport>>,
+    },
+    /// The store gave this process a released session: the core takes it on.
+    Adopt {
+        adopted: settle_store::Adopted,
+        reply: Reply<Arc<SessionShared>>,
+    },
     /// The store says this session, unknown to the core, is finalized.
     Finalized { session: SessionId },
     /// The lease renewer lost this process's lease (G8).

@@ -64,6 +64,9 @@ pub struct Config {
     pub lease_ttl: Duration,
     /// Run recovery for sessions of dead owners when the kernel starts.
     pub recover_on_start: bool,
+    /// Where clients reach this process (a gateway's URL), stored with its
+    /// lease for the other processes of a fleet (SPEC §12).
+    pub advertise: Option<String>,
     /// The largest one message of a turn's request may be, in bytes (its
     /// content, and its tool calls as JSON); a turn with a larger one is
     /// refused with [`RuntimeError::TooLarge`](crate::RuntimeError::TooLarge)
@@ -101,6 +104,7 @@ impl Default for Config {
             hook_concurrency: 64,
             lease_ttl: Duration::from_secs(30),
             recover_on_start: false,
+            advertise: None,
             max_prompt_bytes: Some(DEFAULT_MAX_PROMPT_BYTES),
             max_history_bytes: Some(DEFAULT_MAX_HISTORY_BYTES),
         }
@@ -144,6 +148,8 @@ macro_rules! settings {
             lease_ttl: Duration => lease_ttl;
             /// Recover the sessions of dead owners when the kernel starts.
             recover_on_start: bool => recover_on_start;
+            /// Where clients reach this process, stored with its lease (SPEC §12).
+            advertise: Option<String> => advertise;
             /// The largest one message of a turn may be, in bytes; `None` for no limit.
             max_prompt_bytes: Option<usize> => max_prompt_bytes;
             /// The largest a turn's whole request may be, in bytes; `None` for no limit.

@@ -321,6 +321,10 @@ impl Driver {
                     works: self.works.len(),
                 });
             }
+            Command::Handoff { drain, reply } => {
+                self.begin_shutdown(drain, reply, Event::BeginHandoff { drain });
+            }
+            Command::Adopt { adopted, reply } => self.adopt(adopted, reply),
             Command::Finalized { session } => {
                 self.core.remember_finalized(session);
             }
@@ -381,6 +385,33 @@ impl Driver {
         }
         self.execute();
         None
+    }
+
+    /// The store gave this process `adopted` (SPEC §12): the core takes it
+    /// on, or refuses (a shutdown began, the cap is full) and the caller
+    /// releases it again.
+    fn adopt(&mut self, adopted: settle_store::Adopted, reply: Reply<Arc<SessionShared>>) {
+        let session = adopted.session;
+        let event = Event::Adopt {
+            session,
+            parent: adopted.parent,
+            turns: adopted.turns,
+            last_outcome: adopted.last_outcome,
+        };
+        match self.core.handle(self.now, event) {
+            Err(refused) => {
+                let _ = reply.send(Err(refused.into()));
+            }
+            Ok(_) => {
+                let parent = self.core.session(session).and_then(|s| s.parent());
+                let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
+                let shared =
+                    SessionShared::new(session, adopted.name.into(), parent, None, parent_span);
+                self.sessions.insert(session, shared.clone());
+                let _ = reply.send(Ok(shared));
+            }
+        }
+        self.execute();
     }
 
     fn start_turn(
@@ -621,6 +652,16 @@ impl Driver {
                     // Its record is no use to the core any more (G2 holds in
                     // the store's latch; a long-lived kernel must not grow).
                     self.core.forget(session);
+                }
+                Effect::HandOff(handoff) => {
+                    // Its handles answer as the core does now: another
+                    // process's session (the core has let go of it).
+                    self.sessions.remove(&handoff.session);
+                    let at = self.clock.wall(self.now);
+                    let _ = self.recorder.send(Record::Release {
+                        session: handoff.session,
+                        at,
+                    });
                 }
                 Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);

@@ -94,6 +94,15 @@ pub enum LifecycleEvent {
         /// Whether memory was committed.
         memory_committed: bool,
     },
+    /// A session was handed off (SPEC §12): released in the store for another
+    /// process to adopt (`released`), or, when the store failed, left to a
+    /// live peer once this process's lease expires.
+    HandedOff {
+        /// The session.
+        session: SessionId,
+        /// Whether the release was committed.
+        released: bool,
+    },
     /// This process could not renew its lease on its sessions in time (G8):
     /// it starts nothing more, cancels its works and writes nothing more as
     /// their owner; another process recovers them.

@@ -72,7 +72,13 @@ impl KernelBuilder {
             |what: &'static str| move |_| RuntimeError::StoreTimeout { what, after: bound };
         let owner = tokio::time::timeout(
             bound,
-            store.register_owner(OwnerInfo::this_process(), config.lease_ttl),
+            store.register_owner(
+                OwnerInfo {
+                    advertise: config.advertise.clone(),
+                    ..OwnerInfo::this_process()
+                },
+                config.lease_ttl,
+            ),
         )
         .await
         .map_err(within("registering this process"))??;
@@ -288,6 +294,11 @@ impl Kernel {
     /// The bound of a call to the store.
     pub(crate) fn store_timeout(&self) -> Duration {
         self.inner.store_timeout
+    }
+
+    /// This process's identity in the store: the owner of its sessions.
+    pub fn owner(&self) -> OwnerId {
+        self.inner.owner
     }
 
     /// The most recent finalized session of the store, if any (what

@@ -205,6 +205,7 @@ mod config;
 mod driver;
 mod error;
 mod event;
+mod fleet;
 mod guard;
 mod hook;
 mod ids;
@@ -233,6 +234,7 @@ pub use config::{
 };
 pub use error::{RuntimeError, TaskError};
 pub use event::LifecycleEvent;
+pub use fleet::{Adoption, FleetSweep};
 pub use guard::SessionGuard;
 pub use hook::{SessionEnd, SessionEndHook};
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};

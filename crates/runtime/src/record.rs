@@ -48,6 +48,12 @@ pub(crate) enum Record {
     Flush,
     /// Run a session's finalize plan (SPEC §4).
     Finalize(Box<FinalizeJob>),
+    /// Release a session for another process to adopt (SPEC §12), once
+    /// every record before this one is applied.
+    Release {
+        session: settle_core::SessionId,
+        at: SystemTime,
+    },
     /// Every session is finalized: answer the shutdown's waiters once every
     /// record before this one is applied.
     ShutdownComplete {

@@ -31,6 +31,10 @@ pub struct ShutdownReport {
     /// The shutdown was forced by the loss of this process's lease (G8):
     /// what was not finalized is left for another process to recover.
     pub lease_lost: bool,
+    /// The shutdown handed sessions off (SPEC §12) instead of finalizing them.
+    pub handoff: bool,
+    /// Sessions released in the store for another process to adopt, in order.
+    pub released: Vec<SessionId>,
 }
 
 #[cfg(all(test, feature = "serde"))]

@@ -53,8 +53,15 @@ pub(crate) fn history(
             state: session.state,
         });
     }
+    Ok(conversation(detail))
+}
+
+/// The conversation stored for `detail`, as [`history`] says, whatever the
+/// session's state (an adopted session is open): the messages, and the
+/// tool calls of the last reply that no tool has answered yet.
+pub(crate) fn conversation(detail: &SessionDetail) -> (Vec<Message>, Vec<ToolCall>) {
     let Some(last) = detail.turns.iter().rposition(|t| t.input.is_some()) else {
-        return Ok((Vec::new(), Vec::new()));
+        return (Vec::new(), Vec::new());
     };
     let mut conversation = Conversation::new();
     for turn in &detail.turns[..=last] {
@@ -82,10 +89,10 @@ pub(crate) fn history(
         .filter_map(|message| serde_json::from_value(message).ok())
         .collect();
     if !pending {
-        return Ok((history, Vec::new()));
+        return (history, Vec::new());
     }
     history.push(reply.to_message());
-    Ok((history, reply.tool_calls))
+    (history, reply.tool_calls)
 }
 
 impl Kernel {

@@ -108,9 +108,28 @@ impl Signals {
     /// every signal that arrives gets its default action (it ends the
     /// process).
     pub fn drive(
+        self,
+        kernel: &Kernel,
+        drain: Duration,
+    ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        self.drive_as(kernel, drain, false)
+    }
+
+    /// As [`drive`](Self::drive), but the first signal begins a shutdown
+    /// that hands the sessions off ([`Kernel::begin_handoff`], SPEC §12).
+    pub fn drive_handoff(
+        self,
+        kernel: &Kernel,
+        drain: Duration,
+    ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        self.drive_as(kernel, drain, true)
+    }
+
+    fn drive_as(
         mut self,
         kernel: &Kernel,
         drain: Duration,
+        handoff: bool,
     ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
         let stopped = kernel.stopped();
         let kernel: WeakKernel = kernel.downgrade();
@@ -120,8 +139,10 @@ impl Signals {
                 let first = self.recv().await;
                 let _ = FIRST.set(first);
                 tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
-                if let Some(kernel) = kernel.upgrade() {
-                    kernel.begin_shutdown(drain);
+                match kernel.upgrade() {
+                    Some(kernel) if handoff => kernel.begin_handoff(drain),
+                    Some(kernel) => kernel.begin_shutdown(drain),
+                    None => {}
                 }
                 let _ = first_tx.send(first);
                 loop {

@@ -318,6 +318,36 @@ pub enum StoreError {
     /// already have been recovered by another process.
     #[error("the lease of owner {0} expired before it was renewed; its sessions may have been recovered; register the process again")]
     LeaseLost(OwnerId),
+    /// The session is not this process's to write: it was handed off to
+    /// another process of the fleet, or adopted by one (SPEC §12, G12).
+    #[error("session {session} is not owned by this process (owner {owner}): it was handed off; use it where it is adopted")]
+    HandedOff {
+        /// The session.
+        session: SessionId,
+        /// The process that asked to write it.
+        owner: OwnerId,
+    },
+    /// Another live process owns the session (SPEC §12): a client reaches
+    /// it at `advertise`, if that process said where.
+    #[error("session {session} is owned by another live process{}", match .advertise { Some(url) => format!(" at {url}"), None => String::new() })]
+    Elsewhere {
+        /// The session.
+        session: SessionId,
+        /// The advertised URL of the process that owns it.
+        advertise: Option<String>,
+    },
+    /// The session is not released: there is nothing to adopt.
+    #[error("session {session} is {state} and not released by any process; it cannot be adopted")]
+    NotReleased {
+        /// The session.
+        session: SessionId,
+        /// Its state.
+        state: State,
+    },
+    /// This store keeps no fleet (one process only): handoff and adoption
+    /// need the database store.
+    #[error("this store does not support {0}; use the database store (PostgreSQL for a fleet)")]
+    Unsupported(&'static str),
     /// A session with this id exists already: ids come from
     /// [`reserve_ids`](crate::SessionStore::reserve_ids), each used once.
     #[error(

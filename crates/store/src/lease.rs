@@ -93,6 +93,9 @@ pub struct OwnerInfo {
     pub pid: u32,
     /// When the process started.
     pub started_at: SystemTime,
+    /// Where clients reach the process (a gateway's advertised URL, SPEC
+    /// §12), if anywhere.
+    pub advertise: Option<String>,
 }
 
 impl OwnerInfo {
@@ -103,7 +106,14 @@ impl OwnerInfo {
             identity: HostIdentity::this_process(),
             pid: std::process::id(),
             started_at: SystemTime::now(),
+            advertise: None,
         }
+    }
+
+    /// The same, advertising where clients reach the process.
+    pub fn advertising(mut self, url: impl Into<String>) -> Self {
+        self.advertise = Some(url.into());
+        self
     }
 }
 
@@ -228,6 +238,7 @@ pub(crate) fn register_owner(
             owners::lease_expires_at.eq(expires),
             owners::machine.eq(info.identity.machine.as_deref()),
             owners::pid_namespace.eq(pid_namespace),
+            owners::advertise.eq(info.advertise.as_deref()),
         ))
         .returning(owners::id)
         .get_result(c))

@@ -11,7 +11,7 @@ use settle_core::{SessionId, State};
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::read::{session_row, SessionColumns, SessionRow, SESSION_COLUMNS};
-use crate::schema::{chunks, sessions, turns};
+use crate::schema::{chunks, owners, sessions, turns};
 use crate::time::{session_id, to_millis};
 
 /// Which sessions [`list_sessions`](crate::SessionStore::list_sessions)
@@ -170,9 +170,11 @@ const IDS_PER_QUERY: usize = 10_000;
 
 /// The sessions `filter` selects, with their turn and chunk counts.
 pub(crate) fn list_sessions(
-    db: Db<'_>,
+    mut db: Db<'_>,
     filter: &SessionFilter,
 ) -> Result<Vec<SessionRow>, StoreError> {
+    // An owner is shown while its lease is live, by the store's clock.
+    let now = crate::lease::store_now(db.reborrow())?;
     let since = filter.created_since.map(to_millis);
     let after = filter.after.map(ListCursor::key);
     // A limit beyond what the database can count means no limit.
@@ -191,7 +193,14 @@ pub(crate) fn list_sessions(
             })
             .collect(),
     };
-    let rows: Vec<(SessionColumns, Option<i64>, Option<i64>)> = on_db!(db, |c| {
+    type Listed = (
+        SessionColumns,
+        Option<i64>,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+    );
+    let rows: Vec<Listed> = on_db!(db, |c| {
         let mut all = Vec::new();
         for part in &parts {
             // Counted per session by correlated subqueries on the tables'
@@ -204,8 +213,20 @@ pub(crate) fn list_sessions(
                 .filter(chunks::session.eq(sessions::id))
                 .count()
                 .single_value();
+            // Where the live owner said clients reach it (SPEC §12).
+            let owner_url = owners::table
+                .filter(owners::id.eq(sessions::owner))
+                .filter(owners::lease_expires_at.gt(now))
+                .select(owners::advertise)
+                .single_value();
             let mut q = sessions::table
-                .select((SESSION_COLUMNS, turn_count, chunk_count))
+                .select((
+                    SESSION_COLUMNS,
+                    turn_count,
+                    chunk_count,
+                    sessions::released_at,
+                    owner_url,
+                ))
                 .into_boxed();
             if let Some(state) = filter.state {
                 q = q.filter(sessions::state.eq(state.as_str()));
@@ -243,19 +264,23 @@ pub(crate) fn list_sessions(
             if let Some(limit) = limit {
                 q = q.limit(limit);
             }
-            all.extend(q.load::<(SessionColumns, Option<i64>, Option<i64>)>(c)?);
+            all.extend(q.load::<Listed>(c)?);
         }
         Ok::<_, diesel::result::Error>(all)
     })
     .context("listing sessions")?;
     let mut rows = rows
         .into_iter()
-        .map(|(cols, turns, chunks)| {
-            session_row(
+        .map(|(cols, turns, chunks, released_at, owner)| {
+            let mut row = session_row(
                 cols,
                 turns.unwrap_or(0).unsigned_abs(),
                 chunks.unwrap_or(0).unsigned_abs(),
-            )
+            )?;
+            if released_at.is_none() && row.state != settle_core::State::Finalized {
+                row.owner = owner;
+            }
+            Ok::<_, StoreError>(row)
         })
         .collect::<Result<Vec<_>, _>>()?;
     if parts.len() > 1 {

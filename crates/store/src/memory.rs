@@ -182,6 +182,7 @@ impl Row {
             created_at: from_millis(self.created_at),
             finalized_at: self.live.finalized_at.map(from_millis),
             resumed_from: self.resumed_from,
+            owner: None,
         }
     }
 

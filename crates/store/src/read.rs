@@ -40,6 +40,10 @@ pub struct SessionRow {
     pub finalized_at: Option<SystemTime>,
     /// The session it continues, if it was resumed.
     pub resumed_from: Option<SessionId>,
+    /// Where clients reach the live process that owns it (its advertised
+    /// URL, SPEC §12); `None` when it is finalized, released, or its owner
+    /// advertised nothing or lost its lease.
+    pub owner: Option<String>,
 }
 
 impl SessionRow {
@@ -60,6 +64,7 @@ impl SessionRow {
             "created_at": time(self.created_at),
             "finalized_at": self.finalized_at.map(time),
             "resumed_from": self.resumed_from.map(SessionId::get),
+            "owner": self.owner,
         })
     }
 }
@@ -201,6 +206,7 @@ pub(crate) fn session_row(
         created_at: from_millis(created_at),
         finalized_at: finalized_at.map(from_millis),
         resumed_from: resumed_from.map(session_id),
+        owner: None,
     })
 }
 

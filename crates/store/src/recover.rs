@@ -104,6 +104,8 @@ pub(crate) fn candidates(
     let live: Vec<LiveColumns> = read_tx!(db, |c| sessions::table
         .inner_join(owners::table)
         .filter(sessions::state.ne(State::Finalized.as_str()))
+        // A released session was left for adoption, not by a crash.
+        .filter(sessions::released_at.is_null())
         .order(sessions::id.desc())
         .select((
             sessions::id,

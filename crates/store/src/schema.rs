@@ -5,7 +5,7 @@
 
 /// The schema version this build writes. A database that records a higher one
 /// was written by a newer settle and is refused on open.
-pub(crate) const SCHEMA_VERSION: i64 = 5;
+pub(crate) const SCHEMA_VERSION: i64 = 6;
 
 /// The `settle_meta` key that holds [`SCHEMA_VERSION`].
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -26,6 +26,7 @@ diesel::table! {
         lease_expires_at -> BigInt,
         machine -> Nullable<Text>,
         pid_namespace -> Nullable<BigInt>,
+        advertise -> Nullable<Text>,
     }
 }
 
@@ -46,6 +47,15 @@ diesel::table! {
         version -> BigInt,
         owner -> BigInt,
         resumed_from -> Nullable<BigInt>,
+        released_at -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// Who may use a session through a gateway (SPEC §12).
+    session_principals (session) {
+        session -> BigInt,
+        principal -> Text,
     }
 }
 
@@ -97,6 +107,7 @@ diesel::table! {
 diesel::joinable!(sessions -> owners (owner));
 diesel::joinable!(timeline -> sessions (session));
 diesel::joinable!(memories -> sessions (session));
+diesel::joinable!(session_principals -> sessions (session));
 
 diesel::allow_tables_to_appear_in_same_query!(
     settle_meta,
@@ -106,4 +117,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     chunks,
     timeline,
     memories,
+    session_principals,
 );

@@ -9,6 +9,7 @@ use settle_core::{SessionId, State};
 use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::error::StoreError;
+use crate::fleet::{Adopted, PeerRelease, Whereabouts};
 use crate::lease::{OwnerId, OwnerInfo};
 use crate::list::SessionFilter;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
@@ -116,4 +117,99 @@ pub trait SessionStore: Send + Sync {
 
     /// The memory committed for `id`.
     async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError>;
+
+    // ----- a fleet of processes on one database (SPEC §12) -----------------
+    // A store of one process only keeps the defaults: `apply_as` is `apply`,
+    // the rest are refused with `StoreError::Unsupported`.
+
+    /// [`apply`](Self::apply) the batch as `writer`, fenced per writer: a
+    /// write about a session that `writer` does not own now (it released
+    /// it, or another process adopted it) is refused with
+    /// [`StoreError::HandedOff`], whoever's lease is live (G8, G12).
+    async fn apply_as(
+        &self,
+        writer: OwnerId,
+        batch: Vec<LifecycleWrite>,
+    ) -> Vec<Result<Applied, StoreError>> {
+        let _ = writer;
+        self.apply(batch).await
+    }
+
+    /// Release `session`, idle (`registered`, no open turn) and owned by
+    /// `owner`, for another process to adopt: no owner, timeline cause
+    /// `handoff`. Refused with [`StoreError::HandedOff`] when `owner` does
+    /// not own it, [`StoreError::StateMismatch`] when it is not idle,
+    /// [`StoreError::LeaseLost`] once `owner`'s lease expired.
+    async fn release(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        let _ = (owner, session, at);
+        Err(StoreError::Unsupported("handing sessions off"))
+    }
+
+    /// Adopt `session` for `owner`: one conditional update that takes a
+    /// released session (or one whose owner's lease expired, its open turn
+    /// marked `interrupted`, G8), so that of two processes racing, one wins
+    /// and the other gets [`StoreError::Elsewhere`] naming the winner.
+    /// Refused with [`StoreError::SessionClosed`] once finalized and
+    /// [`StoreError::NotReleased`] when `owner` owns it or it is winding down.
+    async fn adopt(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        at: SystemTime,
+    ) -> Result<Adopted, StoreError> {
+        let _ = (owner, session, at);
+        Err(StoreError::Unsupported("adopting sessions"))
+    }
+
+    /// Where `session` is: owned (by whom, reached where, whether its lease
+    /// is live), released, or finalized.
+    async fn locate(&self, session: SessionId) -> Result<Whereabouts, StoreError> {
+        let _ = session;
+        Err(StoreError::Unsupported("locating sessions in a fleet"))
+    }
+
+    /// Release for adoption every session that a peer whose lease expired
+    /// left `registered` or `running`, its open turn marked `interrupted`
+    /// (G8); `owner` is the live process asking, which must hold its lease.
+    async fn release_expired(
+        &self,
+        owner: OwnerId,
+        at: SystemTime,
+    ) -> Result<PeerRelease, StoreError> {
+        let _ = (owner, at);
+        Err(StoreError::Unsupported(
+            "releasing the sessions of expired peers",
+        ))
+    }
+
+    /// Finalize `idle_reap`, once across the fleet, every session released
+    /// at least `idle_ttl` ago (by the store's clock) that nobody adopted.
+    async fn reap_released(&self, idle_ttl: Duration) -> Result<Vec<SessionId>, StoreError> {
+        let _ = idle_ttl;
+        Err(StoreError::Unsupported("reaping released sessions"))
+    }
+
+    /// Who may use `session` through a gateway, as
+    /// [`set_principal`](Self::set_principal) recorded it (`None`: no
+    /// principal was recorded).
+    async fn principal(&self, session: SessionId) -> Result<Option<String>, StoreError> {
+        let _ = session;
+        Err(StoreError::Unsupported("reading principals"))
+    }
+
+    /// Record who may use `session` through a gateway, so that every process
+    /// of the fleet enforces it ([`Adopted::principal`]).
+    async fn set_principal(
+        &self,
+        session: SessionId,
+        principal: Option<String>,
+    ) -> Result<(), StoreError> {
+        let _ = (session, principal);
+        Err(StoreError::Unsupported("recording principals"))
+    }
 }

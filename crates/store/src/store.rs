@@ -12,6 +12,7 @@ use crate::checkpoint::Checkpointer;
 use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::conn::Db;
 use crate::error::{OpenError, StoreError};
+use crate::fleet::{Adopted, PeerRelease, Whereabouts};
 use crate::lease::{OwnerId, OwnerInfo};
 use crate::list::SessionFilter;
 use crate::open::{open, Target};
@@ -208,7 +209,25 @@ impl SessionStore for Store {
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
         let n = batch.len();
-        match self.write(move |db| crate::batch::apply(db, &batch)).await {
+        match self
+            .write(move |db| crate::batch::apply(db, &batch, None))
+            .await
+        {
+            Ok(results) => results,
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
+    async fn apply_as(
+        &self,
+        writer: OwnerId,
+        batch: Vec<LifecycleWrite>,
+    ) -> Vec<Result<Applied, StoreError>> {
+        let n = batch.len();
+        match self
+            .write(move |db| crate::batch::apply(db, &batch, Some(writer)))
+            .await
+        {
             Ok(results) => results,
             Err(e) => vec![Err(e); n],
         }
@@ -250,5 +269,57 @@ impl SessionStore for Store {
 
     async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
         self.read(move |db| crate::read::memories(db, id)).await
+    }
+
+    async fn release(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        at: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.write(move |db| crate::fleet::release(db, owner, session, at))
+            .await
+    }
+
+    async fn adopt(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        at: SystemTime,
+    ) -> Result<Adopted, StoreError> {
+        self.write(move |db| crate::fleet::adopt(db, owner, session, at))
+            .await
+    }
+
+    async fn locate(&self, session: SessionId) -> Result<Whereabouts, StoreError> {
+        self.read(move |db| crate::fleet::locate(db, session)).await
+    }
+
+    async fn release_expired(
+        &self,
+        owner: OwnerId,
+        at: SystemTime,
+    ) -> Result<PeerRelease, StoreError> {
+        self.write(move |db| crate::fleet::release_expired(db, owner, at))
+            .await
+    }
+
+    async fn reap_released(&self, idle_ttl: Duration) -> Result<Vec<SessionId>, StoreError> {
+        self.write(move |db| crate::fleet::reap_released(db, idle_ttl))
+            .await
+    }
+
+    async fn principal(&self, session: SessionId) -> Result<Option<String>, StoreError> {
+        self.read(move |db| crate::fleet::principal(db, session))
+            .await
+    }
+
+    async fn set_principal(
+        &self,
+        session: SessionId,
+        principal: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.write(move |db| crate::fleet::set_principal(db, session, principal.as_deref()))
+            .await
     }
 }

@@ -20,6 +20,8 @@ use settle_stream::Provider;
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -167,6 +169,32 @@ pub async fn connect(addr: &str) -> Client {
         .await
         .unwrap();
     Client::new(ws)
+}
+
+/// Connects to `ws://ADDR/ws` with these headers: the client, or the
+/// HTTP status the upgrade was refused with.
+pub async fn connect_with(addr: &str, headers: &[(&str, &str)]) -> Result<Client, u16> {
+    let mut request = format!("ws://{addr}/ws").into_client_request().unwrap();
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((ws, _)) => Ok(Client::new(ws)),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            Err(response.status().as_u16())
+        }
+        Err(other) => panic!("{other}"),
+    }
+}
+
+/// A client of `principal`'s token.
+pub async fn connect_as(addr: &str, token: &str) -> Client {
+    connect_with(addr, &[("authorization", &format!("Bearer {token}"))])
+        .await
+        .unwrap_or_else(|status| panic!("refused with {status}"))
 }
 
 type Sink = Box<

@@ -46,6 +46,30 @@ impl Ctx<'_> {
         self.base + Duration::from_millis(self.now_ms)
     }
 
+    /// The outcome of `session`'s last turn as the effects before the `i`-th
+    /// one tell: the last turn ended among them, else the one ended before
+    /// the step, or the one it was adopted with when this step adopted it
+    /// (its record starts again here, and may end in this same step: an
+    /// eviction that makes room for it can wind its new parent down).
+    fn last_turn_before(&self, seen: &Observed, i: usize, session: SessionId) -> Option<Outcome> {
+        let ended = self.before(i).iter().rev().find_map(|e| match e {
+            Effect::EndWork { work, outcome }
+                if work.session == session && work.kind == WorkKind::Turn =>
+            {
+                Some(*outcome)
+            }
+            _ => None,
+        });
+        ended.or_else(|| match *self.step {
+            Step::Adopt {
+                session: adopted,
+                last_outcome,
+                ..
+            } if adopted == session.get() && self.applied() => last_outcome,
+            _ => seen.last_turn.get(&session.get()).copied(),
+        })
+    }
+
     /// The effects before the `i`-th one.
     fn before(&self, i: usize) -> &[Effect] {
         &self.effects[..i]
@@ -85,6 +109,13 @@ fn finalized_by(seen: &Observed, earlier: &[Effect], id: u64) -> bool {
         || earlier
             .iter()
             .any(|e| matches!(e, Effect::Finalize(f) if f.session.get() == id))
+}
+
+fn handed_off_by(seen: &Observed, earlier: &[Effect], id: u64) -> bool {
+    seen.handed_off.contains_key(&id)
+        || earlier
+            .iter()
+            .any(|e| matches!(e, Effect::HandOff(h) if h.session.get() == id))
 }
 
 fn cancel_of(seen: &Observed, ctx: &Ctx, work: WorkId) -> Option<(CancelMode, u64)> {
@@ -141,6 +172,7 @@ pub fn after_each_step(seen: &Observed, sut: &Sut, ctx: &Ctx) {
     g9_graceful_shutdown(seen, &sut.core, ctx);
     g10_closed_handles_fail_loudly(ctx);
     budgets_end_only_spent_subtrees(&sut.core, ctx);
+    g12_handoff_and_adoption(seen, &sut.core, ctx);
     effects_are_orders(seen, &sut.core, ctx);
 }
 
@@ -167,6 +199,143 @@ fn budgets_end_only_spent_subtrees(core: &Core, ctx: &Ctx) {
             "{} was finalized budget_exhausted with no spent budget over it",
             f.session
         );
+    }
+}
+
+/// G12 (SPEC §12), within one process: a session is handed off only in a
+/// handoff, once, idle (registered, no work that can still write), after
+/// its children are finalized or handed off, and never once finalized;
+/// after it nothing more is ordered about it (no finalize, no transition:
+/// no sweeper of this process claims it while another adopts it), and
+/// every input about it is refused `HandedOff` (a late report is a no-op).
+/// Finalized and handed off are exclusive: each session ends here once, or
+/// leaves once. An adopted session enters registered, open and idle.
+fn g12_handoff_and_adoption(seen: &Observed, core: &Core, ctx: &Ctx) {
+    let handoff =
+        seen.handoff || matches!(ctx.step, Step::BeginHandoff { .. }) && !ctx.shutting_down;
+    let mut gone: HashSet<u64> = seen.handed_off.keys().copied().collect();
+    let mut finalized: HashSet<u64> = seen.finalized.keys().copied().collect();
+    let mut states: HashMap<u64, State> = seen.timeline.clone();
+    for (i, e) in ctx.effects.iter().enumerate() {
+        if let Some(id) = effect_session(e) {
+            assert!(
+                !gone.contains(&id),
+                "G12: {e:?} ordered after session {id} was handed off"
+            );
+        }
+        match e {
+            Effect::Transition(t) => {
+                states.insert(t.session.get(), t.to);
+            }
+            Effect::Finalize(f) => {
+                finalized.insert(f.session.get());
+            }
+            Effect::HandOff(h) => {
+                let id = h.session.get();
+                assert!(handoff, "G12: session {id} handed off outside a handoff");
+                assert!(
+                    !finalized.contains(&id),
+                    "G12: session {id} handed off after it was finalized"
+                );
+                assert_eq!(
+                    states.get(&id),
+                    Some(&State::Registered),
+                    "G12: session {id} handed off while not idle"
+                );
+                let live: Vec<WorkId> = seen
+                    .started
+                    .keys()
+                    .copied()
+                    .filter(|w| w.session == h.session && !ended_by(seen, ctx.before(i), *w))
+                    .collect();
+                assert!(
+                    live.is_empty(),
+                    "G12: session {id} handed off while {live:?} can still write"
+                );
+                for c in seen.children(id) {
+                    assert!(
+                        finalized.contains(&c) || gone.contains(&c),
+                        "G12: session {id} handed off before its child {c}"
+                    );
+                }
+                let turns = seen
+                    .started
+                    .keys()
+                    .filter(|w| w.session == h.session && w.kind == WorkKind::Turn)
+                    .count();
+                let entry = seen.entry_turns.get(&id).copied().unwrap_or(0);
+                assert_eq!(
+                    h.turns,
+                    entry + u32::try_from(turns).expect("few turns"),
+                    "G12: session {id} handed off with its turn count"
+                );
+                let last = ctx.last_turn_before(seen, i, h.session);
+                assert_eq!(
+                    h.last_outcome, last,
+                    "G12: session {id} handed off with its last outcome"
+                );
+                gone.insert(id);
+            }
+            _ => {}
+        }
+    }
+    for id in &gone {
+        assert!(
+            core.session(SessionId(*id)).is_none() && core.is_handed_off(SessionId(*id)),
+            "G12: session {id} is handed off, and the core still keeps it"
+        );
+    }
+    // Every input about a session handed off before the step is refused.
+    let asked = ctx
+        .step
+        .session()
+        .filter(|id| seen.handed_off.contains_key(id));
+    if let (Some(id), Answer::Handled(answer)) = (asked, ctx.answer) {
+        match ctx.step {
+            Step::Adopt { .. } => {}
+            step if step.reports() => assert_eq!(*answer, Ok(Handled::NoOp)),
+            _ => assert_eq!(
+                *answer,
+                Err(Error::HandedOff(SessionId(id))),
+                "G12: {:?} about a session handed off",
+                ctx.step
+            ),
+        }
+        assert!(
+            ctx.effects.is_empty(),
+            "G12: an input about {id} ordered something"
+        );
+    }
+    if let (Step::Adopt { session, turns, .. }, true) = (ctx.step, ctx.applied()) {
+        // It enters registered, as adopted (the same input may still wind
+        // it down, as a registration's: an eviction's delegations).
+        let entered = ctx.effects.iter().find_map(|e| match e {
+            Effect::Transition(t) if t.session.get() == *session => Some(t),
+            _ => None,
+        });
+        let entered = entered.expect("an adoption is recorded");
+        assert_eq!(
+            (entered.from, entered.to, entered.cause),
+            (None, State::Registered, Cause::Adopted),
+            "G12: adopted open and idle"
+        );
+        if let Some(view) = core.session(SessionId(*session)) {
+            assert!(view.turns() >= *turns, "G12: its turns go on");
+        }
+    }
+}
+
+/// The session an effect is about, if any.
+fn effect_session(e: &Effect) -> Option<u64> {
+    match e {
+        Effect::CancelWork { work, .. }
+        | Effect::CloseStream { work }
+        | Effect::DetachWork { work }
+        | Effect::EndWork { work, .. } => Some(work.session.get()),
+        Effect::Finalize(f) => Some(f.session.get()),
+        Effect::Transition(t) => Some(t.session.get()),
+        Effect::HandOff(h) => Some(h.session.get()),
+        Effect::FlushTranscripts | Effect::ShutdownComplete(_) => None,
     }
 }
 
@@ -200,8 +369,9 @@ fn states_move_by_the_transition_table(seen: &Observed, ctx: &Ctx) {
                 t.cause
             ),
             None => assert!(
-                t.to == State::Registered && matches!(ctx.step, Step::Register { .. }),
-                "only a registration starts a timeline: {t:?}"
+                t.to == State::Registered
+                    && matches!(ctx.step, Step::Register { .. } | Step::Adopt { .. }),
+                "only a registration or an adoption starts a timeline: {t:?}"
             ),
         }
         assert_eq!(t.at, ctx.now(), "a transition carries the input's time");
@@ -217,8 +387,13 @@ fn g1_settle_before_close(seen: &Observed, core: &Core, ctx: &Ctx) {
     for (i, f) in ctx.finalizes() {
         let id = f.session.get();
         for c in seen.children(id) {
+            // A child handed off left this process's tree whole and idle;
+            // one this step withdrew was never there.
+            let withdrawn = *ctx.step == Step::Withdraw(c) && ctx.applied();
             assert!(
-                finalized_by(seen, ctx.before(i), c),
+                withdrawn
+                    || finalized_by(seen, ctx.before(i), c)
+                    || handed_off_by(seen, ctx.before(i), c),
                 "G1: session {id} finalized before its child {c}"
             );
         }
@@ -508,19 +683,7 @@ fn g6_no_duplicate_cancel(seen: &Observed, ctx: &Ctx) {
 fn g7_memory_only_from_completed_turns(seen: &Observed, ctx: &Ctx) {
     for (i, f) in ctx.finalizes() {
         let id = f.session.get();
-        let last = ctx
-            .before(i)
-            .iter()
-            .rev()
-            .find_map(|e| match e {
-                Effect::EndWork { work, outcome }
-                    if work.session == f.session && work.kind == WorkKind::Turn =>
-                {
-                    Some(*outcome)
-                }
-                _ => None,
-            })
-            .or_else(|| seen.last_turn.get(&id).copied());
+        let last = ctx.last_turn_before(seen, i, f.session);
         assert_eq!(
             f.last_outcome, last,
             "G7: session {id}: the last turn's outcome"
@@ -573,8 +736,10 @@ fn g9_graceful_shutdown(seen: &Observed, core: &Core, ctx: &Ctx) {
             Effect::FlushTranscripts => {
                 assert!(!flushed, "G9: transcripts flushed twice");
                 assert!(
-                    matches!(ctx.step, Step::BeginShutdown { .. } | Step::LeaseLost)
-                        && !ctx.shutting_down,
+                    matches!(
+                        ctx.step,
+                        Step::BeginShutdown { .. } | Step::BeginHandoff { .. } | Step::LeaseLost
+                    ) && !ctx.shutting_down,
                     "G9: a flush outside the start of shutdown"
                 );
                 flushed = true;
@@ -611,6 +776,15 @@ fn g9_graceful_shutdown(seen: &Observed, core: &Core, ctx: &Ctx) {
                         view.id()
                     );
                 }
+                let mut released: Vec<u64> = seen.handed_off.keys().copied().collect();
+                released.extend(ctx.effects.iter().filter_map(|e| match e {
+                    Effect::HandOff(h) => Some(h.session.get()),
+                    _ => None,
+                }));
+                let mut said: Vec<u64> = summary.released.iter().map(|s| s.get()).collect();
+                released.sort_unstable();
+                said.sort_unstable();
+                assert_eq!(said, released, "G12: the summary's released sessions");
                 let mut detached = seen.detached_in_shutdown.clone();
                 detached.extend(ctx.effects.iter().filter_map(|e| match e {
                     Effect::DetachWork { work } => Some(*work),
@@ -727,10 +901,15 @@ fn effects_are_orders(seen: &Observed, core: &Core, ctx: &Ctx) {
                 .keys()
                 .filter(|w| w.session.get() == id && w.kind == kind)
                 .count();
+            // An adopted session's turns go on from the ones it came with.
+            let entry = match kind {
+                WorkKind::Turn => seen.entry_turns.get(&id).copied().unwrap_or(0),
+                WorkKind::Task => 0,
+            };
             let expected = WorkId {
                 session: SessionId(id),
                 kind,
-                no: u32::try_from(before).expect("few works") + 1,
+                no: entry + u32::try_from(before).expect("few works") + 1,
             };
             assert_eq!(work, expected, "the next work's id");
             assert!(!seen.started.contains_key(&expected));
@@ -848,6 +1027,7 @@ pub fn the_model_and_the_core_agree(sut: &Sut, model: &Model, ctx: &Ctx) {
                     s.drained.sort_unstable();
                     s.cancelled.sort_unstable();
                     s.detached.sort_unstable();
+                    s.released.sort_unstable();
                     format!("{:?}", Effect::ShutdownComplete(s))
                 }
                 e => format!("{e:?}"),

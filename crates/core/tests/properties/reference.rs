@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use proptest_state_machine::ReferenceStateMachine;
 use settle_core::{
-    BudgetLimit, CancelMode, DeadlineKind, Effect, EndReason, Error, Finalize, Handled, Hold,
-    Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, WorkId, WorkKind,
+    BudgetLimit, CancelMode, DeadlineKind, Effect, EndReason, Error, Finalize, HandOff, Handled,
+    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, WorkId, WorkKind,
 };
 
 use crate::strategies::{self, Span, Step};
@@ -70,12 +70,15 @@ pub enum Intent {
     /// The agent finished: the reason follows its last turn (`Event::AgentFinished`).
     Finished,
     End(EndReason),
+    /// A handoff releases it once idle (SPEC §12).
+    HandOff,
 }
 
 impl Intent {
     pub fn reason(self, last: Option<Outcome>) -> EndReason {
         match (self, last) {
             (Intent::End(reason), _) => reason,
+            (Intent::HandOff, _) => EndReason::Shutdown,
             (Intent::Finished, None | Some(Outcome::Completed)) => EndReason::Completed,
             (Intent::Finished, Some(Outcome::Failed | Outcome::IdleTimeout)) => EndReason::Failed,
             (Intent::Finished, Some(_)) => EndReason::Cancelled,
@@ -90,6 +93,8 @@ pub struct RefSession {
     /// At most one turn, any number of tasks.
     pub works: Vec<RefWork>,
     pub turns: u32,
+    /// The turns it came with when it was adopted (0 when registered).
+    pub entry_turns: u32,
     pub tasks: u32,
     /// Of its last turn (tasks have no transcript).
     pub last_outcome: Option<Outcome>,
@@ -126,6 +131,31 @@ pub struct RefBudget {
 }
 
 impl RefSession {
+    /// A session as a registration leaves it.
+    pub fn new(parent: Option<u64>, now: u64) -> Self {
+        RefSession {
+            parent,
+            state: State::Registered,
+            works: Vec::new(),
+            turns: 0,
+            entry_turns: 0,
+            tasks: 0,
+            last_outcome: None,
+            intent: None,
+            end_reason: None,
+            holds: [0; 2],
+            transports: 0,
+            close_on_disconnect: false,
+            pending: None,
+            idle_since: now,
+            orphan_at: None,
+            running_at_shutdown: false,
+            has_slot: false,
+            budget: None,
+            budgeted: false,
+        }
+    }
+
     pub fn held(&self) -> bool {
         self.holds.iter().any(|n| *n > 0)
     }
@@ -171,6 +201,8 @@ pub struct Model {
     pub shutdown: Option<RefShutdown>,
     /// The lease was lost: finalizes from then on end `recovered` (G8).
     pub lease_lost: bool,
+    /// Sessions released for another process to adopt (SPEC §12).
+    pub handed_off: BTreeSet<u64>,
     /// The answer to the last step.
     pub answer: Answer,
     /// The orders the last step gave, in no particular order.
@@ -205,6 +237,7 @@ impl Model {
             next_id: 1,
             shutdown: None,
             lease_lost: false,
+            handed_off: BTreeSet::new(),
             answer: Answer::Ticked,
             orders: Vec::new(),
         }
@@ -332,11 +365,30 @@ impl Model {
                 State::Registered => !s.held() || drained,
                 _ => false,
             };
-        if may_finalize {
+        let hand_off = s.intent == Some(Intent::HandOff) && s.state == State::Registered;
+        if may_finalize && hand_off && !self.lease_lost {
+            self.hand_off(id);
+            moved = true;
+        } else if may_finalize {
             self.finalize(id);
             moved = true;
         }
         moved
+    }
+
+    /// SPEC §12: released, and gone from this core.
+    fn hand_off(&mut self, id: u64) {
+        let s = self.sessions.remove(&id).expect("a session of the model");
+        self.delegations.remove(&id);
+        self.handed_off.insert(id);
+        if let Some(shutdown) = self.shutdown.as_mut() {
+            shutdown.summary.released.push(SessionId(id));
+        }
+        self.orders.push(Effect::HandOff(HandOff {
+            session: SessionId(id),
+            turns: s.turns,
+            last_outcome: s.last_outcome,
+        }));
     }
 
     fn finalize(&mut self, id: u64) {
@@ -431,7 +483,15 @@ impl Model {
     /// G1: every open descendant, deepest first; returns how many.
     fn cancel_subtree(&mut self, id: u64, reason: EndReason) -> usize {
         let mut n = 0;
-        for d in self.descendants_bottom_up(id) {
+        let order = self.descendants_bottom_up(id);
+        // Closed, not handed off on the way (SPEC §12).
+        for d in &order {
+            let s = self.s(*d);
+            if s.intent == Some(Intent::HandOff) && s.state != State::Finalized {
+                s.intent = Some(Intent::End(reason));
+            }
+        }
+        for d in order {
             if matches!(self.sessions[&d].state, State::Registered | State::Running) {
                 self.cancel_one(d, CancelMode::Immediate, reason);
                 n += 1;
@@ -552,7 +612,12 @@ impl Model {
             if let Some(shutdown) = self.shutdown.as_mut() {
                 shutdown.summary.cancelled.push(SessionId(id));
             }
-            self.cancel_one(id, CancelMode::Immediate, EndReason::Shutdown);
+            if self.sessions[&id].intent == Some(Intent::HandOff) && !self.lease_lost {
+                // Its turn is cancelled; the session stays open to be released.
+                self.cancel_works(id, CancelMode::Immediate, false);
+            } else {
+                self.cancel_one(id, CancelMode::Immediate, EndReason::Shutdown);
+            }
         }
         self.fixpoint();
     }
@@ -685,7 +750,7 @@ impl Model {
             }
             _ => Answer::Handled(self.handle(step)),
         };
-        if let Step::Register { session, .. } = *step {
+        if let Step::Register { session, .. } | Step::Adopt { session, .. } = *step {
             self.next_id = self.next_id.max(session + 1);
         }
         // Delegations of the sessions finalized by the input are interrupted,
@@ -706,6 +771,9 @@ impl Model {
     /// The session an input names, as the table on `Event` sees it: a
     /// forgotten session is still a finalized one.
     fn lookup(&self, id: u64) -> Result<&RefSession, Error> {
+        if self.handed_off.contains(&id) {
+            return Err(Error::HandedOff(SessionId(id)));
+        }
         self.sessions
             .get(&id)
             .or_else(|| self.tombstones.get(&id))
@@ -729,7 +797,59 @@ impl Model {
     fn handle(&mut self, step: &Step) -> Result<Handled, Error> {
         use Handled::{AlreadyFinalized, Applied, NoOp};
         let now = self.now;
+        // The table on `Event`: a handed-off session is another process's.
+        if let Some(id) = step.session().filter(|id| self.handed_off.contains(id)) {
+            if !matches!(step, Step::Adopt { .. }) {
+                return match step.reports() {
+                    true => Ok(NoOp),
+                    false => Err(Error::HandedOff(SessionId(id))),
+                };
+            }
+        }
         match *step {
+            Step::Adopt {
+                session,
+                parent,
+                turns,
+                last_outcome,
+            } => {
+                if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
+                    return Err(Error::DuplicateSession(SessionId(session)));
+                }
+                if self.shutdown.is_some() {
+                    return Err(Error::ShuttingDown);
+                }
+                // Under its parent only when this core may give it one.
+                let parent = parent.filter(|p| {
+                    self.sessions.get(p).is_some_and(|ps| {
+                        matches!(ps.state, State::Registered | State::Running)
+                            && ps.intent.is_none()
+                    })
+                });
+                let evict = self.room_for(parent)?;
+                self.handed_off.remove(&session);
+                // A withdrawn id may come back, as a registration's never does.
+                self.forgotten.remove(&session);
+                // A budget over the parent it is adopted under counts it too.
+                let budgeted = parent
+                    .and_then(|p| self.sessions.get(&p))
+                    .is_some_and(|p| p.budgeted);
+                self.sessions.insert(
+                    session,
+                    RefSession {
+                        turns,
+                        entry_turns: turns,
+                        last_outcome,
+                        budgeted,
+                        ..RefSession::new(parent, now)
+                    },
+                );
+                for id in evict {
+                    self.claim(id, EndReason::LruEvict);
+                }
+                Ok(Applied)
+            }
+            Step::BeginHandoff { drain } => self.begin_shutdown(drain, true),
             Step::Register { session, parent } => {
                 if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
                     return Err(Error::DuplicateSession(SessionId(session)));
@@ -752,48 +872,13 @@ impl Model {
                 // Room under the cap is found before the new session exists,
                 // sparing its parent; refused, changing nothing, without it;
                 // and made once the new session is its parent's child (G1).
-                let mut evict = Vec::new();
-                if let Some(cap) = self.policy.lru_cap {
-                    let needed = (self.open_count() + 1).saturating_sub(cap);
-                    if needed > 0 {
-                        let mut victims: Vec<_> = self
-                            .sessions
-                            .iter()
-                            .filter(|(id, _)| Some(**id) != parent && self.reclaimable(**id))
-                            .map(|(id, s)| (s.idle_since, *id))
-                            .collect();
-                        if victims.len() < needed {
-                            return Err(Error::OverCapacity { cap });
-                        }
-                        victims.sort_unstable();
-                        evict.extend(victims.into_iter().take(needed).map(|(_, id)| id));
-                    }
-                }
-                self.sessions.insert(
-                    session,
-                    RefSession {
-                        parent,
-                        state: State::Registered,
-                        works: Vec::new(),
-                        turns: 0,
-                        tasks: 0,
-                        last_outcome: None,
-                        intent: None,
-                        end_reason: None,
-                        holds: [0; 2],
-                        transports: 0,
-                        close_on_disconnect: false,
-                        pending: None,
-                        idle_since: now,
-                        orphan_at: None,
-                        running_at_shutdown: false,
-                        has_slot: false,
-                        budget: None,
-                        budgeted: parent
-                            .and_then(|p| self.sessions.get(&p))
-                            .is_some_and(|p| p.budgeted),
-                    },
-                );
+                let evict = self.room_for(parent)?;
+                let mut s = RefSession::new(parent, now);
+                // A budget over the parent counts this session too.
+                s.budgeted = parent
+                    .and_then(|p| self.sessions.get(&p))
+                    .is_some_and(|p| p.budgeted);
+                self.sessions.insert(session, s);
                 for id in evict {
                     self.claim(id, EndReason::LruEvict);
                 }
@@ -1102,7 +1187,7 @@ impl Model {
                 let has_child = self.sessions.values().any(|c| c.parent == Some(id));
                 let s = self.s(id);
                 let pristine = s.state == State::Registered
-                    && s.turns == 0
+                    && s.turns == s.entry_turns
                     && s.tasks == 0
                     && s.intent.is_none()
                     && !has_child;
@@ -1113,10 +1198,12 @@ impl Model {
                         "withdraw a registration that was used",
                     ));
                 }
-                // As if it had never been registered: no order, no record.
+                // As if it had never been registered: no order, no record;
+                // its parent moves as after a child's finalize.
                 self.sessions.remove(&id);
                 self.delegations.remove(&id);
                 self.forgotten.insert(id);
+                self.fixpoint();
                 Ok(Applied)
             }
             Step::CancelDescendants(id) => {
@@ -1201,26 +1288,7 @@ impl Model {
                     NoOp
                 })
             }
-            Step::BeginShutdown { drain } => {
-                if self.shutdown.is_some() {
-                    return Ok(NoOp);
-                }
-                self.shutdown = Some(RefShutdown::default());
-                self.orders.push(Effect::FlushTranscripts);
-                for s in self.sessions.values_mut() {
-                    if s.state != State::Finalized {
-                        s.intent.get_or_insert(Intent::End(EndReason::Shutdown));
-                        s.running_at_shutdown = s.state == State::Running && s.turn().is_some();
-                    }
-                }
-                self.fixpoint();
-                if drain.is_zero() {
-                    self.end_drain();
-                } else if let Some(shutdown) = self.shutdown.as_mut() {
-                    shutdown.drain_until = drain.after(now);
-                }
-                Ok(Applied)
-            }
+            Step::BeginShutdown { drain } => self.begin_shutdown(drain, false),
             Step::SkipDrain => match &self.shutdown {
                 Some(s) if !s.drained => {
                     self.end_drain();
@@ -1230,6 +1298,60 @@ impl Model {
             },
             Step::Tick { .. } | Step::Forget(_) => unreachable!("not an event"),
         }
+    }
+
+    /// A shutdown begins; with `handoff`, one that releases its idle
+    /// sessions instead of finalizing them (SPEC §12).
+    fn begin_shutdown(&mut self, drain: Span, handoff: bool) -> Result<Handled, Error> {
+        let now = self.now;
+        if self.shutdown.is_some() {
+            return Ok(Handled::NoOp);
+        }
+        let mut shutdown = RefShutdown::default();
+        shutdown.summary.handoff = handoff;
+        self.shutdown = Some(shutdown);
+        self.orders.push(Effect::FlushTranscripts);
+        let intent = match handoff {
+            true => Intent::HandOff,
+            false => Intent::End(EndReason::Shutdown),
+        };
+        for s in self.sessions.values_mut() {
+            if s.state != State::Finalized {
+                s.intent.get_or_insert(intent);
+                s.running_at_shutdown = s.state == State::Running && s.turn().is_some();
+            }
+        }
+        self.fixpoint();
+        if drain.is_zero() {
+            self.end_drain();
+        } else if let Some(shutdown) = self.shutdown.as_mut() {
+            shutdown.drain_until = drain.after(now);
+        }
+        Ok(Handled::Applied)
+    }
+
+    /// The sessions to evict to make room under the LRU cap for one more
+    /// under `parent` (spared): found before the new session exists; refused,
+    /// changing nothing, without them; evicted once it is its parent's child (G1).
+    fn room_for(&self, parent: Option<u64>) -> Result<Vec<u64>, Error> {
+        let mut evict = Vec::new();
+        if let Some(cap) = self.policy.lru_cap {
+            let needed = (self.open_count() + 1).saturating_sub(cap);
+            if needed > 0 {
+                let mut victims: Vec<_> = self
+                    .sessions
+                    .iter()
+                    .filter(|(id, _)| Some(**id) != parent && self.reclaimable(**id))
+                    .map(|(id, s)| (s.idle_since, *id))
+                    .collect();
+                if victims.len() < needed {
+                    return Err(Error::OverCapacity { cap });
+                }
+                victims.sort_unstable();
+                evict.extend(victims.into_iter().take(needed).map(|(_, id)| id));
+            }
+        }
+        Ok(evict)
     }
 
     /// `Cancel` and `UserClose`: descendants first, then the session itself.
@@ -1251,6 +1373,11 @@ impl Model {
         if !matches!(self.sessions[&id].state, State::Registered | State::Running) {
             // G6: cancelled already, or its work is over.
             return Ok(Handled::NoOp);
+        }
+        // A close of a session a handoff would release: it is closed.
+        let s = self.s(id);
+        if s.intent == Some(Intent::HandOff) {
+            s.intent = Some(Intent::End(reason));
         }
         self.cancel_subtree(id, descendants);
         self.cancel_one(id, mode, reason);
@@ -1302,9 +1429,15 @@ impl ReferenceStateMachine for Reference {
     /// Keeps shrunk sequences meaningful: a registration names a new id, and
     /// every other step a session that was registered at some point.
     fn preconditions(state: &Model, step: &Step) -> bool {
-        let known = |id: u64| state.sessions.contains_key(&id) || state.forgotten.contains(&id);
+        let known = |id: u64| {
+            state.sessions.contains_key(&id)
+                || state.forgotten.contains(&id)
+                || state.handed_off.contains(&id)
+        };
         match step {
             Step::Register { session, .. } => !known(*session),
+            // A fresh id, or one the model knows (refused, or adopted back).
+            Step::Adopt { session, .. } => *session >= state.next_id || known(*session),
             _ => step.session().is_none_or(known),
         }
     }

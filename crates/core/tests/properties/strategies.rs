@@ -75,6 +75,17 @@ pub enum Step {
     SkipDrain,
     /// This process lost its lease (G8).
     LeaseLost,
+    /// A shutdown that hands sessions off (SPEC §12).
+    BeginHandoff {
+        drain: Span,
+    },
+    /// A session another process released is adopted here (SPEC §12).
+    Adopt {
+        session: u64,
+        parent: Option<u64>,
+        turns: u32,
+        last_outcome: Option<Outcome>,
+    },
     /// The fake clock moves on; the driver wakes the core if it is due.
     Tick {
         millis: u64,
@@ -110,6 +121,7 @@ impl Step {
             | Step::Forget(id)
             | Step::Withdraw(id)
             | Step::SetBudget(id, ..) => Some(id),
+            Step::Adopt { session, .. } => Some(session),
             Step::StreamAttached(w)
             | Step::Usage(w, _)
             | Step::CancelWork(w)
@@ -121,6 +133,7 @@ impl Step {
             | Step::BeginShutdown { .. }
             | Step::SkipDrain
             | Step::LeaseLost
+            | Step::BeginHandoff { .. }
             | Step::Tick { .. } => None,
         }
     }
@@ -184,6 +197,20 @@ impl Step {
             },
             Step::SkipDrain => Event::SkipDrain,
             Step::LeaseLost => Event::LeaseLost,
+            Step::BeginHandoff { drain } => Event::BeginHandoff {
+                drain: drain.duration(),
+            },
+            Step::Adopt {
+                session,
+                parent,
+                turns,
+                last_outcome,
+            } => Event::Adopt {
+                session: sid(session),
+                parent: parent.map(sid),
+                turns,
+                last_outcome,
+            },
             Step::Tick { .. } | Step::Forget(_) => return None,
         })
     }
@@ -332,8 +359,13 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     choices.push((
         1,
         drain
+            .clone()
             .prop_map(|drain| Step::BeginShutdown { drain })
             .boxed(),
+    ));
+    choices.push((
+        1,
+        drain.prop_map(|drain| Step::BeginHandoff { drain }).boxed(),
     ));
     // A second signal skips the drain; before any shutdown it is a no-op.
     let draining = model.shutdown.as_ref().is_some_and(|s| !s.drained);
@@ -359,6 +391,44 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     });
     // After shutdown one refusal is telling; a run of them is not.
     choices.push((if shutting_down { 1 } else { 14 }, register.boxed()));
+    // A released session adopted here: a fresh id (under a parent that may
+    // take it, or one that lives elsewhere), or one this core knows or
+    // handed off itself (refused).
+    let mut adoptable = vec![next];
+    adoptable.extend(known.iter().copied());
+    adoptable.extend(model.handed_off.iter().copied());
+    let last = prop_oneof![
+        Just(None),
+        Just(Some(Outcome::Completed)),
+        Just(Some(Outcome::Cancelled)),
+        Just(Some(Outcome::Interrupted)),
+    ];
+    let mut adopt_parents = vec![None, Some(next + 1000)];
+    adopt_parents.extend(startable.iter().copied().map(Some));
+    let adopt = (
+        prop_oneof![4 => Just(next), 1 => select(adoptable)],
+        select(adopt_parents),
+        0u32..4,
+        last,
+    )
+        .prop_map(|(session, parent, turns, last_outcome)| Step::Adopt {
+            session,
+            parent,
+            turns,
+            last_outcome,
+        });
+    choices.push((if shutting_down { 1 } else { 4 }, adopt.boxed()));
+    if !model.handed_off.is_empty() {
+        // Whatever a late caller still asks of a session handed off.
+        let gone = select(model.handed_off.iter().copied().collect::<Vec<_>>());
+        let late = (gone, 0u8..4).prop_map(|(id, which)| match which {
+            0 => Step::StartTurn(id),
+            1 => Step::UserClose(id),
+            2 => Step::WorkEnded(WorkId::turn(SessionId(id), 1), Outcome::Completed),
+            _ => Step::TransportAttached(id, false),
+        });
+        choices.push((2, late.boxed()));
+    }
 
     if !turnless.is_empty() {
         choices.push((9, select(turnless).prop_map(Step::StartTurn).boxed()));

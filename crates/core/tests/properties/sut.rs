@@ -65,6 +65,12 @@ pub struct Observed {
     pub shutdown_completes: usize,
     /// Sessions the driver forgot.
     pub forgotten: HashSet<u64>,
+    /// Sessions handed off to another process (SPEC §12), and how.
+    pub handed_off: HashMap<u64, settle_core::HandOff>,
+    /// A handoff began (`BeginHandoff` applied before any other shutdown).
+    pub handoff: bool,
+    /// The turns each adopted session came with.
+    pub entry_turns: HashMap<u64, u32>,
 }
 
 impl Observed {
@@ -132,6 +138,9 @@ impl Observed {
                 self.timeline.insert(id, t.to);
             }
             Effect::ShutdownComplete(_) => self.shutdown_completes += 1,
+            Effect::HandOff(h) => {
+                self.handed_off.insert(h.session.get(), *h);
+            }
         }
     }
 
@@ -145,6 +154,7 @@ impl Observed {
             Step::Register { session, parent } => {
                 self.parents.insert(session, parent);
             }
+            Step::BeginHandoff { .. } => self.handoff = true,
             // Withdrawn: as if it had never been registered.
             Step::Withdraw(id) => {
                 self.parents.remove(&id);
@@ -252,6 +262,28 @@ impl StateMachineTest for CoreUnderTest {
                 sut.seen.started.insert(work, sut.now_ms);
             }
             _ => {}
+        }
+        if let (
+            Answer::Handled(Ok(Handled::Applied)),
+            Step::Adopt {
+                session,
+                turns,
+                last_outcome,
+                ..
+            },
+        ) = (&answer, &step)
+        {
+            // Its record starts again here (a withdrawn id may come back).
+            match last_outcome {
+                Some(outcome) => sut.seen.last_turn.insert(*session, *outcome),
+                None => sut.seen.last_turn.remove(session),
+            };
+            // Its parent is the one the core gave it (its own, or none).
+            let view = sut.core.session(SessionId(*session)).expect("adopted");
+            let parent = view.parent().map(|p| p.get());
+            sut.seen.parents.insert(*session, parent);
+            sut.seen.entry_turns.insert(*session, *turns);
+            sut.seen.handed_off.remove(session);
         }
         if let (Answer::Forgot(true), Some(id)) = (&answer, step.session()) {
             sut.seen.forgotten.insert(id);

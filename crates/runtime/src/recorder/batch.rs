@@ -233,8 +233,11 @@ impl Recorder {
         } else {
             let store = self.store.clone();
             crate::meter::batch(writes.len());
+            // Fenced per writer: a session this process released, or that
+            // another one adopted, is never written by it (G8, G12).
+            let owner = self.owner;
             Box::pin(within(self.bound(), self.deadline.clone(), async move {
-                Ok(store.apply(writes).await)
+                Ok(store.apply_as(owner, writes).await)
             }))
         };
         Some(InFlight {

@@ -39,11 +39,13 @@
 //! - `unwritten.rs`: why a bounded call gave no answer;
 //! - `retry.rs`: the writes a store blip left unwritten, tried again;
 //! - `finalize.rs`: the finalize plan, once its row's latch is committed;
+//! - `handoff.rs`: a session released for another process (SPEC §12);
 //! - `shutdown.rs`: the shutdown report and its waiters.
 
 mod batch;
 mod bounded;
 mod finalize;
+mod handoff;
 mod held;
 mod pending;
 mod retry;
@@ -177,6 +179,7 @@ impl Recorder {
                 }
                 self.flush().await;
             }
+            Record::Release { session, at } => self.release(session, at).await,
             Record::ShutdownComplete { summary, waiters } => {
                 self.settle_retries().await;
                 self.complete_shutdown(summary, waiters).await;

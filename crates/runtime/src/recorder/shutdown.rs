@@ -42,6 +42,7 @@ impl Recorder {
         report.detached = summary.detached.iter().map(|w| w.session).collect();
         report.store_failures = self.failures.load(Ordering::Relaxed);
         report.lease_lost = summary.lease_lost;
+        report.handoff = summary.handoff;
         let _ = self.last_report.set(report.clone());
         for waiter in waiters {
             let _ = waiter.send(report.clone());

@@ -8,6 +8,7 @@ mod conventions;
 mod conversation;
 mod embedding;
 mod faults;
+mod g12_handoff;
 mod g1_settle_before_close;
 mod g2_g10_handles_and_hooks;
 mod g3_sweepers;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use futures_util::stream;
 use serde_json::json;
 use settle_runtime::{
-    Config, LifecycleEvent, Message, ModelOptions, Outcome, RetryPolicy, Role, ToolCall,
+    Config, Kernel, LifecycleEvent, Message, ModelOptions, Outcome, RetryPolicy, Role, ToolCall,
     TurnOptions, TurnRequest, WorkId,
 };
 use settle_store::MemoryStore;
@@ -298,4 +298,57 @@ async fn resume_replays_the_pending_tool_calls_of_the_last_reply() {
         .reply()
         .await;
     assert_eq!(done.reply.text, "It is rainy in Paris.");
+}
+
+/// G12 and tools: a session handed off between its model's tool calls and
+/// their results is adopted with those calls as the conversation's next
+/// step, as a resumed one is: the history ends with the reply that made
+/// them, and the adoption says which are pending.
+#[tokio::test]
+async fn g12_an_adopted_session_goes_on_from_its_last_replys_pending_tool_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn settle_store::SessionStore> =
+        Arc::new(settle_store::Store::open(path.to_str().unwrap()).unwrap());
+    let node = |url: &str| {
+        Kernel::builder(store.clone())
+            .idle_timeout(None)
+            .advertise(Some(url.to_owned()))
+            .start()
+    };
+    let a = node("ws://a/ws").await.unwrap();
+    let b = node("ws://b/ws").await.unwrap();
+    let agent = a.register("agent", None).await.unwrap();
+    let model = Arc::new(ToolModel::default());
+    let first = agent
+        .run_turn(model.clone(), TurnRequest::prompt("Weather in Paris?"))
+        .await
+        .unwrap()
+        .reply()
+        .await;
+    assert_eq!(first.reply.tool_calls.len(), 1);
+    // A redeploy before the tool ran.
+    assert!(a.handoff(Duration::from_secs(5)).await.handoff);
+
+    let adoption = b.adopt(agent.id()).await.unwrap();
+    let call = ToolCall::new("call_1", "weather", r#"{"city":"Paris"}"#);
+    assert_eq!(adoption.pending_tool_calls, std::slice::from_ref(&call));
+    assert_eq!(
+        serde_json::to_value(&adoption.history).unwrap(),
+        json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Let me check.", "tool_calls": [call.to_json()]},
+        ])
+    );
+    let mut next = adoption.history.clone();
+    next.push(Message::tool_result(&call.id, "rainy"));
+    let done = adoption
+        .session
+        .run_turn(model, TurnRequest::new(next))
+        .await
+        .unwrap()
+        .reply()
+        .await;
+    assert_eq!(done.reply.text, "It is rainy in Paris.");
+    b.shutdown(Duration::ZERO).await;
 }

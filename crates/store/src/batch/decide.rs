@@ -21,6 +21,7 @@ pub(super) fn decide<'b>(
     sessions: &mut HashMap<i64, Sim>,
     owners: &HashMap<i64, bool>,
     turns: &mut HashMap<(i64, u32), TurnSeen>,
+    writer: Option<(OwnerId, i64)>,
 ) -> Result<Decided<'b>, StoreError> {
     let mut d = Decided {
         results: Vec::with_capacity(batch.len()),
@@ -37,7 +38,7 @@ pub(super) fn decide<'b>(
                 at,
             } => {
                 Some(if allowed(*from, *to) {
-                    lookup(sessions, owners, *session).and_then(|(raw, sim)| {
+                    lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
                         sim.live.transition(*session, *from, *to)?;
                         sim.changed = true;
                         let start = d.causes.len();
@@ -65,75 +66,81 @@ pub(super) fn decide<'b>(
                 no,
                 input,
                 at,
-            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
-                let seen = seen(turns, sim, raw, *no);
-                sim.live.start_turn(*session, *no, seen)?;
-                sim.changed = true;
-                turns.insert((raw, *no), TurnSeen::Open);
-                d.turn_starts.push(TurnStart {
-                    session: raw,
-                    no: i64::from(*no),
-                    at: to_millis(*at),
-                    input: input.as_ref().map(|i| json_text(&i.messages)),
-                    input_from: input.as_ref().and_then(|i| i.continues).map(i64::from),
-                });
-                Ok(Applied::Done)
-            })),
+            } => Some(
+                lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
+                    let seen = seen(turns, sim, raw, *no);
+                    sim.live.start_turn(*session, *no, seen)?;
+                    sim.changed = true;
+                    turns.insert((raw, *no), TurnSeen::Open);
+                    d.turn_starts.push(TurnStart {
+                        session: raw,
+                        no: i64::from(*no),
+                        at: to_millis(*at),
+                        input: input.as_ref().map(|i| json_text(&i.messages)),
+                        input_from: input.as_ref().and_then(|i| i.continues).map(i64::from),
+                    });
+                    Ok(Applied::Done)
+                }),
+            ),
             LifecycleWrite::EndTurn {
                 session,
                 no,
                 outcome,
                 error,
                 at,
-            } => Some(lookup(sessions, owners, *session).and_then(|(raw, sim)| {
-                let seen = seen(turns, sim, raw, *no);
-                sim.live.end_turn(*session, *no, *outcome, seen)?;
-                sim.changed = true;
-                turns.insert((raw, *no), TurnSeen::Ended);
-                d.turn_ends.push(TurnEnd {
-                    session: raw,
-                    no: i64::from(*no),
-                    at: to_millis(*at),
-                    outcome: outcome.as_str(),
-                    error_kind: error.as_ref().map(|e| e.kind.as_str()),
-                    error_message: error.as_ref().map(|e| e.message.as_str()),
-                });
-                Ok(Applied::Done)
-            })),
+            } => Some(
+                lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
+                    let seen = seen(turns, sim, raw, *no);
+                    sim.live.end_turn(*session, *no, *outcome, seen)?;
+                    sim.changed = true;
+                    turns.insert((raw, *no), TurnSeen::Ended);
+                    d.turn_ends.push(TurnEnd {
+                        session: raw,
+                        no: i64::from(*no),
+                        at: to_millis(*at),
+                        outcome: outcome.as_str(),
+                        error_kind: error.as_ref().map(|e| e.kind.as_str()),
+                        error_message: error.as_ref().map(|e| e.message.as_str()),
+                    });
+                    Ok(Applied::Done)
+                }),
+            ),
             LifecycleWrite::Finalize { session, plan } => {
                 let at = to_millis(plan.at);
-                Some(lookup(sessions, owners, *session).map(|(raw, sim)| {
-                    let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
-                        return Applied::Finalized(Finalized::AlreadyFinalized);
-                    };
-                    sim.changed = true;
-                    if let Some(no) = spent.interrupted {
-                        // Close the turn still open, so its work can write no more.
-                        turns.insert((raw, no), TurnSeen::Ended);
-                        d.turn_ends.push(TurnEnd {
-                            session: raw,
-                            no: i64::from(no),
+                Some(
+                    lookup(sessions, owners, writer, *session).map(|(raw, sim)| {
+                        let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
+                            return Applied::Finalized(Finalized::AlreadyFinalized);
+                        };
+                        sim.changed = true;
+                        if let Some(no) = spent.interrupted {
+                            // Close the turn still open, so its work can write no more.
+                            turns.insert((raw, no), TurnSeen::Ended);
+                            d.turn_ends.push(TurnEnd {
+                                session: raw,
+                                no: i64::from(no),
+                                at,
+                                outcome: Outcome::Interrupted.as_str(),
+                                error_kind: None,
+                                error_message: None,
+                            });
+                        }
+                        let start = d.causes.len();
+                        let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
+                        d.timeline.push(TimelineEntry {
+                            whose: Whose::Existing(raw),
                             at,
-                            outcome: Outcome::Interrupted.as_str(),
-                            error_kind: None,
-                            error_message: None,
+                            from: Some(spent.from),
+                            to: State::Finalized,
+                            cause: start..d.causes.len(),
                         });
-                    }
-                    let start = d.causes.len();
-                    let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
-                    d.timeline.push(TimelineEntry {
-                        whose: Whose::Existing(raw),
-                        at,
-                        from: Some(spent.from),
-                        to: State::Finalized,
-                        cause: start..d.causes.len(),
-                    });
-                    d.finalized.push((item, *session, plan.commit_memory, at));
-                    Applied::Finalized(Finalized::Won(FinalizeReport {
-                        interrupted_turn: spent.interrupted,
-                        ..FinalizeReport::default()
-                    }))
-                }))
+                        d.finalized.push((item, *session, plan.commit_memory, at));
+                        Applied::Finalized(Finalized::Won(FinalizeReport {
+                            interrupted_turn: spent.interrupted,
+                            ..FinalizeReport::default()
+                        }))
+                    }),
+                )
             }
         };
         d.results.push(result);
@@ -153,16 +160,30 @@ fn seen(turns: &HashMap<(i64, u32), TurnSeen>, sim: &Sim, raw: i64, no: u32) -> 
 }
 
 /// The session `id` as the batch sees it, with its database id, for a write
-/// of its owner: refused with `LeaseLost` once the owner's lease expired.
+/// of its owner: refused with `LeaseLost` once the owner's lease expired,
+/// and with `HandedOff` once it was released, or, for a batch of a
+/// `writer`, when another process owns it now (G8, G12: a former owner
+/// never writes a session another process adopted).
 fn lookup<'s>(
     sessions: &'s mut HashMap<i64, Sim>,
     owners: &HashMap<i64, bool>,
+    writer: Option<(OwnerId, i64)>,
     id: SessionId,
 ) -> Result<(i64, &'s mut Sim), StoreError> {
     let raw = sid(id)?;
     let sim = sessions
         .get_mut(&raw)
         .ok_or(StoreError::UnknownSession(id))?;
+    let (owner, mine) = match writer {
+        Some((owner, raw_owner)) => (owner, raw_owner == sim.owner),
+        None => (OwnerId(sim.owner.unsigned_abs()), true),
+    };
+    if sim.released || !mine {
+        // A finalized session answers as one, whoever asks (G10).
+        if sim.live.state != State::Finalized {
+            return Err(StoreError::HandedOff { session: id, owner });
+        }
+    }
     if owners.get(&sim.owner) != Some(&true) {
         return Err(StoreError::LeaseLost(OwnerId(sim.owner.unsigned_abs())));
     }

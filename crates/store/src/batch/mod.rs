@@ -43,7 +43,7 @@ use crate::conn::Db;
 use crate::error::StoreError;
 use crate::input::TurnInput;
 use crate::latch::{memory_step, FinalizeRequest, Finalized};
-use crate::lease::store_now;
+use crate::lease::{store_now, OwnerId};
 use crate::rules::Live;
 use crate::session::NewSession;
 
@@ -154,6 +154,8 @@ struct Sim {
     version: i64,
     tree: i64,
     owner: i64,
+    /// Released by its owner for another process to adopt (SPEC §12).
+    released: bool,
     changed: bool,
 }
 
@@ -215,11 +217,14 @@ struct Decided<'b> {
     finalized: Vec<(usize, SessionId, bool, i64)>,
 }
 
-/// Apply `batch` in one transaction. `Err` when the transaction failed:
-/// nothing of the batch was written.
+/// Apply `batch` in one transaction, as `writer` when it is given (each
+/// write about an existing session is then refused unless `writer` owns it
+/// now, G8, G12). `Err` when the transaction failed: nothing of the batch
+/// was written.
 pub(crate) fn apply(
     db: Db<'_>,
     batch: &[LifecycleWrite],
+    writer: Option<OwnerId>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     if batch.is_empty() {
         return Ok(Vec::new());
@@ -230,7 +235,10 @@ pub(crate) fn apply(
         let mut sessions = read::sessions(db.reborrow(), batch)?;
         let owners = read::owners(db.reborrow(), batch, &sessions, now)?;
         let mut turns = read::turns(db.reborrow(), batch, &sessions)?;
-        let mut decided = decide::decide(batch, &mut sessions, &owners, &mut turns)?;
+        let writer = writer
+            .map(|w| Ok::<_, StoreError>((w, w.raw()?)))
+            .transpose()?;
+        let mut decided = decide::decide(batch, &mut sessions, &owners, &mut turns, writer)?;
         write::write_back(db.reborrow(), &sessions, &mut decided)?;
         for &(item, id, commit, at) in &decided.finalized {
             if let (true, Some(Ok(Applied::Finalized(Finalized::Won(report))))) =

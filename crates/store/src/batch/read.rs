@@ -25,6 +25,7 @@ type SessionCols = (
     Option<i64>,
     i64,
     i64,
+    Option<i64>,
 );
 
 /// Every session the batch names (as a subject, a parent, a resumed session
@@ -68,6 +69,7 @@ pub(super) fn sessions(
                     sessions::finalized_at,
                     sessions::tree,
                     sessions::owner,
+                    sessions::released_at,
                 );
                 let q = sessions::table
                     .filter($filter)
@@ -98,6 +100,7 @@ pub(super) fn sessions(
             finalized_at,
             tree,
             owner,
+            released_at,
         ) in rows
         {
             // A range may hold sessions the batch does not name.
@@ -120,6 +123,7 @@ pub(super) fn sessions(
                     version,
                     tree,
                     owner,
+                    released: released_at.is_some(),
                     changed: false,
                 },
             );

@@ -197,6 +197,7 @@ pub(crate) fn g8_owners_named_alike_on_different_machines_keep_their_live_sessio
                             identity,
                             pid: gone,
                             started_at: now(),
+                            advertise: None,
                         },
                         HOUR,
                     )

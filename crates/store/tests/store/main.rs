@@ -13,6 +13,7 @@ mod common;
 mod batch;
 mod bounds;
 mod finalize;
+mod fleet;
 mod ids;
 mod inputs;
 mod leases;
@@ -97,6 +98,11 @@ on_backends! {
         recovery::g7_acknowledged_chunks_survive_kill_9,
         recovery::g2_g8_two_processes_race_finalize_and_recover,
         batch::a_failed_batch_writes_nothing,
+        fleet::g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once,
+        fleet::g12_g8_the_former_owner_never_writes_a_released_or_adopted_session,
+        fleet::g12_g2_a_released_session_nobody_adopts_is_reaped_once,
+        fleet::g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_interrupted,
+        fleet::g12_a_sessions_principal_comes_with_its_adoption,
     ],
 }
 

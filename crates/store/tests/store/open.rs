@@ -445,7 +445,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     let store = Store::open(&db.url).expect("the old database opens and upgrades");
     assert_eq!(
         db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
-        5
+        6
     );
     let (root, kid) = (SessionId(1), SessionId(2));
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);

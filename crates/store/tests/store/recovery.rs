@@ -111,6 +111,7 @@ pub(crate) async fn owner_elsewhere(store: &dyn SessionStore, pid: u32) -> Owner
                 },
                 pid,
                 started_at: now(),
+                advertise: None,
             },
             HOUR,
         )
@@ -219,6 +220,7 @@ pub(crate) fn g8_recover_gone_process_on_this_host(b: Backend) {
                             identity,
                             pid,
                             started_at: now(),
+                            advertise: None,
                         },
                         HOUR,
                     )
@@ -370,6 +372,7 @@ pub(crate) fn g2_g8_two_processes_race_finalize_and_recover(b: Backend) {
                     identity: HostIdentity::this_process(),
                     pid: gone,
                     started_at: now(),
+                    advertise: None,
                 },
                 HOUR,
             )

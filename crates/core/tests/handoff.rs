@@ -1,0 +1,234 @@
+//! Handing sessions off and adopting them (SPEC §12, G12), decided by the
+//! core: a handoff releases idle sessions instead of finalizing them, a
+//! turn that cannot finish within the drain is cancelled and settled first,
+//! and an adopted session goes on with its turn count.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use settle_core::{
+    Effect, EndReason, Error, Event, HandOff, Handled, Outcome, Policy, SessionId, State, WorkId,
+};
+use support::{Harness, MS, SEC};
+
+fn handed_off(h: &Harness) -> Vec<HandOff> {
+    h.log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::HandOff(h) => Some(*h),
+            _ => None,
+        })
+        .collect()
+}
+
+fn summary(h: &Harness) -> settle_core::ShutdownSummary {
+    h.log
+        .iter()
+        .find_map(|e| match e {
+            Effect::ShutdownComplete(s) => Some((**s).clone()),
+            _ => None,
+        })
+        .expect("the shutdown completed")
+}
+
+#[test]
+fn g12_a_handoff_releases_idle_sessions_and_drains_running_turns_first() {
+    let mut h = Harness::quiet();
+    let idle = h.register(1, None);
+    let busy = h.register(2, None);
+    let first = h.start_turn(idle);
+    h.ev(Event::WorkEnded {
+        work: first,
+        outcome: Outcome::Completed,
+    });
+    let turn = h.start_turn(busy);
+    h.ev(Event::BeginHandoff { drain: 5 * SEC });
+    // The idle session goes at once, released, not finalized.
+    assert_eq!(
+        handed_off(&h),
+        vec![HandOff {
+            session: idle,
+            turns: 1,
+            last_outcome: Some(Outcome::Completed)
+        }]
+    );
+    assert!(h.finalized().is_empty());
+    assert_eq!(h.core.state(idle), None);
+    assert!(h.core.is_handed_off(idle));
+    // The running turn keeps the drain, then its session is released.
+    assert_eq!(h.state(busy), State::Running);
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(handed_off(&h).len(), 2);
+    assert!(
+        h.finalized().is_empty(),
+        "nothing finalized: {:?}",
+        h.finalized()
+    );
+    let s = summary(&h);
+    assert!(s.handoff);
+    assert_eq!(s.released, vec![idle, busy]);
+    assert_eq!(s.drained, vec![busy]);
+}
+
+#[test]
+fn g12_a_turn_that_cannot_finish_in_the_drain_is_cancelled_settled_then_released() {
+    let mut h = Harness::with(
+        Policy::default()
+            .idle_ttl(None)
+            .lru_cap(None)
+            .settle_timeout(SEC),
+    );
+    let s = h.register(1, None);
+    let turn = h.attached_turn(s);
+    h.ev(Event::BeginHandoff { drain: 100 * MS });
+    h.tick(100 * MS);
+    // Cancelled at the end of the drain; the session stays open meanwhile.
+    assert_eq!(h.cancels_of(s), 1);
+    assert_eq!(h.state(s), State::Running);
+    assert!(handed_off(&h).is_empty());
+    h.ev(Event::WorkExited { work: turn });
+    assert_eq!(h.ended(turn), vec![Outcome::Cancelled]);
+    assert_eq!(
+        handed_off(&h),
+        vec![HandOff {
+            session: s,
+            turns: 1,
+            last_outcome: Some(Outcome::Cancelled)
+        }]
+    );
+    assert!(h.finalized().is_empty());
+    assert_eq!(summary(&h).cancelled, vec![s]);
+}
+
+#[test]
+fn g12_children_are_released_before_their_parents() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    let turn = h.start_turn(child);
+    h.ev(Event::BeginHandoff { drain: 5 * SEC });
+    // The parent is idle but waits for its running child.
+    assert!(handed_off(&h).is_empty());
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: Outcome::Completed,
+    });
+    let order: Vec<SessionId> = handed_off(&h).iter().map(|h| h.session).collect();
+    assert_eq!(order, vec![child, root]);
+}
+
+#[test]
+fn g12_a_session_closing_for_its_own_reason_is_finalized_not_released() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    let turn = h.start_turn(s);
+    h.ev(Event::BeginHandoff { drain: 5 * SEC });
+    h.ev(Event::UserClose { session: s });
+    h.ev(Event::WorkExited { work: turn });
+    assert!(handed_off(&h).is_empty());
+    assert_eq!(h.finalized(), vec![(s, EndReason::Shutdown)]);
+}
+
+#[test]
+fn g8_once_the_lease_is_lost_a_handoff_releases_nothing_more() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    let turn = h.start_turn(s);
+    h.ev(Event::BeginHandoff { drain: 5 * SEC });
+    h.ev(Event::LeaseLost);
+    h.ev(Event::WorkExited { work: turn });
+    assert!(handed_off(&h).is_empty());
+    assert_eq!(h.finalized(), vec![(s, EndReason::Recovered)]);
+}
+
+#[test]
+fn g12_a_handed_off_session_is_another_processs_to_use() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    h.ev(Event::BeginHandoff { drain: SEC });
+    assert_eq!(
+        h.try_ev(Event::StartTurn { session: s }),
+        Err(Error::HandedOff(s))
+    );
+    assert_eq!(
+        h.try_ev(Event::UserClose { session: s }),
+        Err(Error::HandedOff(s))
+    );
+    assert_eq!(
+        h.try_ev(Event::TransportAttached {
+            session: s,
+            close_on_disconnect: false
+        }),
+        Err(Error::HandedOff(s))
+    );
+    let late = WorkId::turn(s, 1);
+    assert_eq!(
+        h.try_ev(Event::WorkExited { work: late }),
+        Ok(Handled::NoOp)
+    );
+    assert!(!h.core.forget(s));
+}
+
+#[test]
+fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
+    let mut h = Harness::with(Policy::default().idle_ttl(Some(10 * SEC)).lru_cap(None));
+    let s = SessionId(7);
+    h.ev(Event::Adopt {
+        session: s,
+        parent: Some(SessionId(3)),
+        turns: 2,
+        last_outcome: Some(Outcome::Completed),
+    });
+    assert_eq!(h.state(s), State::Registered);
+    // Its parent lives elsewhere: a root here.
+    assert_eq!(h.core.session(s).unwrap().parent(), None);
+    let turn = h.start_turn(s);
+    assert_eq!(turn, WorkId::turn(s, 3));
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: Outcome::Completed,
+    });
+    // Adopting it twice is refused; so is adopting during a shutdown.
+    assert_eq!(
+        h.try_ev(Event::Adopt {
+            session: s,
+            parent: None,
+            turns: 2,
+            last_outcome: None
+        }),
+        Err(Error::DuplicateSession(s))
+    );
+    h.advance(10 * SEC);
+    assert_eq!(h.finalized(), vec![(s, EndReason::IdleReap)]);
+}
+
+#[test]
+fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
+    let mut h = Harness::quiet();
+    let s = SessionId(9);
+    h.ev(Event::Adopt {
+        session: s,
+        parent: None,
+        turns: 4,
+        last_outcome: None,
+    });
+    assert_eq!(
+        h.try_ev(Event::Withdraw { session: s }),
+        Ok(Handled::Applied)
+    );
+    assert_eq!(h.core.state(s), None);
+    assert!(h.finalized().is_empty());
+    h.ev(Event::BeginShutdown { drain: SEC });
+    assert_eq!(
+        h.try_ev(Event::Adopt {
+            session: SessionId(10),
+            parent: None,
+            turns: 0,
+            last_outcome: None
+        }),
+        Err(Error::ShuttingDown)
+    );
+}

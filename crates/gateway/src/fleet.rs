@@ -1,0 +1,219 @@
+//! A gateway in a fleet of gateways on one PostgreSQL (SPEC §12): a session
+//! another live process owns answers `elsewhere` with that process's URL;
+//! `session.attach` of a released one adopts it here, with its history and
+//! its principal; a shutdown hands the sessions off; and a sweep releases
+//! the sessions of peers whose lease expired and reaps released ones nobody
+//! adopted. The kernel and the store decide each of these; the gateway
+//! only asks and answers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use settle_runtime::{RuntimeError, SessionId};
+use settle_store::{StoreError, Whereabouts};
+
+use crate::auth::Principal;
+use crate::protocol::RpcError;
+use crate::shared::Shared;
+use crate::table::Entry;
+
+/// How a gateway takes part in a fleet ([`GatewayBuilder::fleet`](crate::GatewayBuilder::fleet)).
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub(crate) sweep_every: Duration,
+    pub(crate) idle_ttl: Option<Duration>,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Fleet {
+            sweep_every: Duration::from_secs(5),
+            idle_ttl: Some(Duration::from_secs(30 * 60)),
+        }
+    }
+}
+
+impl Fleet {
+    /// A fleet member that sweeps every 5 s and reaps released sessions
+    /// nobody adopted for 30 min.
+    pub fn new() -> Self {
+        Fleet::default()
+    }
+
+    /// How often the fleet is swept: the sessions of peers whose lease
+    /// expired are released, released sessions past the idle TTL reaped.
+    #[must_use]
+    pub fn sweep_every(mut self, every: Duration) -> Self {
+        self.sweep_every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long a released session may wait for an adopter before it is
+    /// finalized `idle_reap` (`None`: never); the gateway's idle TTL.
+    #[must_use]
+    pub fn idle_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.idle_ttl = ttl.filter(|t| !t.is_zero());
+        self
+    }
+}
+
+impl Shared {
+    /// Session `id`, which this process does not serve, as the fleet has
+    /// it: owned by another live process (`elsewhere`, with its URL), or
+    /// released (or left by a process whose lease expired), which an
+    /// attach (`adopt`) adopts here and any other method is told
+    /// `elsewhere` with no owner.
+    ///
+    /// Another principal's session is `not_found` here as on its own
+    /// process: neither its owner's URL nor an adoption says it exists.
+    pub(crate) async fn from_fleet(
+        self: &Arc<Self>,
+        id: SessionId,
+        adopt: bool,
+        caller: &Principal,
+    ) -> Result<Arc<Entry>, RpcError> {
+        let not_found = || RpcError::not_found(id.get());
+        let whereabouts = match self.kernel.locate(id).await {
+            Ok(whereabouts) => whereabouts,
+            Err(RuntimeError::Store(StoreError::UnknownSession(_))) => return Err(not_found()),
+            Err(error) => return Err(RpcError::from_runtime(&error)),
+        };
+        if !matches!(whereabouts, Whereabouts::Finalized) {
+            let principal = self
+                .kernel
+                .principal(id)
+                .await
+                .map_err(|e| RpcError::from_runtime(&e))?;
+            if principal_of(principal.as_deref()) != *caller {
+                return Err(not_found());
+            }
+        }
+        match whereabouts {
+            Whereabouts::Owned {
+                owner,
+                advertise,
+                live: true,
+            } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
+            Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
+                // One adoption of a session at a time here: two attaches
+                // of one session racing on this process find it adopted by
+                // the first; attaches of different sessions go together.
+                let _one = self.adopting.lock(id).await;
+                if let Some(entry) = self.table.get(id) {
+                    return Ok(entry);
+                }
+                let adoption = self
+                    .kernel
+                    .adopt(id)
+                    .await
+                    .map_err(|e| RpcError::from_runtime(&e))?;
+                self.owners
+                    .adopted(principal_of(adoption.principal.as_deref()), id);
+                tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
+                let entry = self.adopt(adoption.session);
+                *entry.conversation.lock().await = adoption.history;
+                Ok(entry)
+            }
+            Whereabouts::Released | Whereabouts::Owned { live: false, .. } => {
+                Err(RpcError::elsewhere(id.get(), None))
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    /// Records the principal of a session created here, for the process
+    /// that may adopt it; best-effort (a failure is logged: the session is
+    /// then the anonymous principal's wherever it is adopted).
+    pub(crate) async fn record_principal(&self, id: SessionId, principal: &Principal) {
+        if self.fleet.is_none() || principal.is_anonymous() {
+            return;
+        }
+        let name = principal.name().map(str::to_owned);
+        if let Err(error) = self.kernel.set_principal(id, name).await {
+            tracing::warn!(session = %id, %error, "the session's principal could not be recorded");
+        }
+    }
+}
+
+/// Sweeps the fleet every `fleet.sweep_every` until the shutdown begins.
+pub(crate) async fn sweep(shared: Arc<Shared>, fleet: Fleet) {
+    let mut every = tokio::time::interval(fleet.sweep_every);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shared.kernel.shutdown_begun() => return,
+            _ = every.tick() => {}
+        }
+        match shared.kernel.sweep_fleet(fleet.idle_ttl).await {
+            Ok(swept) => {
+                if !swept.released.is_empty() || !swept.reaped.is_empty() {
+                    tracing::info!(
+                        released = swept.released.len(),
+                        interrupted = swept.interrupted_turns.len(),
+                        reaped = swept.reaped.len(),
+                        "swept the fleet"
+                    );
+                }
+            }
+            Err(error) => tracing::warn!(%error, "the fleet could not be swept"),
+        }
+    }
+}
+
+/// The principal a session's recorded name stands for.
+fn principal_of(name: Option<&str>) -> Principal {
+    match name {
+        Some(name) => Principal::named(name),
+        None => Principal::ANONYMOUS,
+    }
+}
+
+/// The adoptions in flight on this process: one lock per session, held
+/// while it is adopted, gone when nobody waits for it.
+#[derive(Debug, Default)]
+pub(crate) struct Adopting {
+    locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Adopting {
+    /// Waits until nobody else adopts `id` here; held until dropped.
+    async fn lock(&self, id: SessionId) -> AdoptingGuard<'_> {
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        AdoptingGuard {
+            adopting: self,
+            id,
+            lock,
+            _guard: guard,
+        }
+    }
+}
+
+/// One adoption's turn; forgets the session's lock when nobody else holds it.
+struct AdoptingGuard<'a> {
+    adopting: &'a Adopting,
+    id: SessionId,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for AdoptingGuard<'_> {
+    fn drop(&mut self) {
+        let mut locks = self
+            .adopting
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Ours, this guard's and the map's: nobody waits for it.
+        if Arc::strong_count(&self.lock) <= 3 {
+            locks.remove(&self.id);
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The kernel's side of a fleet of processes on one database (SPEC §12):
+//! a shutdown that hands its sessions off, adopting a session another
+//! process released, where a session is, and the fleet's sweep (the
+//! sessions of peers whose lease expired released, released sessions
+//! nobody adopted reaped). The core decides what is handed off and whether
+//! an adoption is admitted; the store's conditional updates decide who
+//! wins a race.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use settle_core::SessionId;
+use settle_store::{PeerRelease, StoreError, Whereabouts};
+use settle_stream::{Message, ToolCall};
+use tokio::sync::oneshot;
+
+use crate::command::Command;
+use crate::error::RuntimeError;
+use crate::kernel::Kernel;
+use crate::report::ShutdownReport;
+use crate::session::SessionHandle;
+
+/// A session this process adopted, with what it needs to go on.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Adoption {
+    /// The session, now this process's.
+    pub session: SessionHandle,
+    /// Its conversation so far, oldest first: what its next turn sends
+    /// before the new prompt.
+    pub history: Vec<Message>,
+    /// The tool calls of its last reply, which no tool has answered yet:
+    /// run them and send their results with the next turn, as after
+    /// [`Kernel::resume`](crate::Kernel::resume).
+    pub pending_tool_calls: Vec<ToolCall>,
+    /// Who may use it through a gateway, as recorded where it was created.
+    pub principal: Option<String>,
+    /// Turns it ran elsewhere (its next turn is `turns + 1`).
+    pub turns: u32,
+}
+
+/// What one sweep of the fleet did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FleetSweep {
+    /// Sessions of peers whose lease expired, released for adoption.
+    pub released: Vec<SessionId>,
+    /// Their turns left open, marked `interrupted` (G8).
+    pub interrupted_turns: Vec<(SessionId, u32)>,
+    /// Released sessions nobody adopted within the idle TTL, finalized
+    /// `idle_reap`.
+    pub reaped: Vec<SessionId>,
+}
+
+impl Kernel {
+    /// Starts a shutdown that hands the sessions off (SPEC §12) instead of
+    /// finalizing them, and returns at once: as
+    /// [`begin_shutdown`](Self::begin_shutdown), but each idle session is
+    /// released in the store for another process to adopt; a running turn
+    /// keeps the drain, and one still running at its end is cancelled and
+    /// settled first. Only for a store shared by a fleet (PostgreSQL).
+    pub fn begin_handoff(&self, drain: Duration) {
+        let _ = self.send(Command::Handoff { drain, reply: None });
+    }
+
+    /// Hands the sessions off as [`begin_handoff`](Self::begin_handoff)
+    /// does and waits for the end: the report names what was released
+    /// ([`ShutdownReport::released`]).
+    pub async fn handoff(&self, drain: Duration) -> ShutdownReport {
+        let (tx, rx) = oneshot::channel();
+        let answered = match self.send(Command::Handoff {
+            drain,
+            reply: Some(tx),
+        }) {
+            Ok(()) => rx.await.ok(),
+            Err(_) => None,
+        };
+        self.finished().await;
+        answered.unwrap_or_default()
+    }
+
+    /// Adopts `session`, released by another process (or left by one whose
+    /// lease expired, its open turn then `interrupted`, G8): one
+    /// conditional update in the store, then the core takes it on with its
+    /// turn count; its conversation comes with it.
+    ///
+    /// # Errors
+    /// [`StoreError::Elsewhere`] (as [`RuntimeError::Store`]) when another
+    /// live process owns it or won the race, with that process's URL;
+    /// [`RuntimeError::SessionClosed`] once it is finalized; what the core
+    /// answers an adoption (a shutdown began, the cap is full), after which
+    /// it is released again.
+    pub async fn adopt(&self, session: SessionId) -> Result<Adoption, RuntimeError> {
+        if self.is_shutting_down() {
+            return Err(settle_core::Error::ShuttingDown.into());
+        }
+        let owner = self.owner();
+        let adopted = self
+            .fleet_call(
+                "adopting a session",
+                self.store().adopt(owner, session, SystemTime::now()),
+            )
+            .await
+            .map_err(|error| match error {
+                RuntimeError::Store(StoreError::SessionClosed(_)) => {
+                    RuntimeError::SessionClosed(session)
+                }
+                other => other,
+            })?;
+        let (principal, turns) = (adopted.principal.clone(), adopted.turns);
+        let taken = self.ask(|reply| Command::Adopt { adopted, reply }).await;
+        let shared = match taken {
+            Ok(shared) => shared,
+            Err(refused) => {
+                // Not taken on here: nobody else may wait for it.
+                let release = self.store().release(owner, session, SystemTime::now());
+                if let Err(error) = self.fleet_call("releasing a session", release).await {
+                    tracing::warn!(%session, %error, "an adoption the core refused could not be released again");
+                }
+                return Err(refused);
+            }
+        };
+        let detail = self
+            .fleet_call(
+                "reading an adopted session",
+                self.store().session_detail(session),
+            )
+            .await?;
+        let (history, pending_tool_calls) = crate::resume::conversation(&detail);
+        Ok(Adoption {
+            session: SessionHandle::new(shared, self.clone()),
+            history,
+            pending_tool_calls,
+            principal,
+            turns,
+        })
+    }
+
+    /// Where `session` is in the fleet: this process's or another's (and
+    /// where clients reach it), released, or finalized.
+    ///
+    /// # Errors
+    /// When the store cannot be read within the store timeout.
+    pub async fn locate(&self, session: SessionId) -> Result<Whereabouts, RuntimeError> {
+        self.fleet_call("locating a session", self.store().locate(session))
+            .await
+    }
+
+    /// Who may use `session` through a gateway, as
+    /// [`set_principal`](Self::set_principal) recorded it.
+    ///
+    /// # Errors
+    /// When the store fails or does not answer within the store timeout.
+    pub async fn principal(&self, session: SessionId) -> Result<Option<String>, RuntimeError> {
+        self.fleet_call("reading a principal", self.store().principal(session))
+            .await
+    }
+
+    /// Records who may use `session` through a gateway, for every process
+    /// of the fleet.
+    ///
+    /// # Errors
+    /// When the store cannot write it within the store timeout.
+    pub async fn set_principal(
+        &self,
+        session: SessionId,
+        principal: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        self.fleet_call(
+            "recording a principal",
+            self.store().set_principal(session, principal),
+        )
+        .await
+    }
+
+    /// One sweep of the fleet: the sessions of peers whose lease expired
+    /// are released for adoption (their open turns `interrupted`, G8), and
+    /// released sessions nobody adopted for `idle_ttl` are finalized
+    /// `idle_reap`, once across the fleet (G2).
+    ///
+    /// # Errors
+    /// When the store fails or does not answer within the store timeout.
+    pub async fn sweep_fleet(
+        &self,
+        idle_ttl: Option<Duration>,
+    ) -> Result<FleetSweep, RuntimeError> {
+        let owner = self.owner();
+        let PeerRelease {
+            released,
+            interrupted_turns,
+            ..
+        } = self
+            .fleet_call(
+                "releasing the sessions of expired peers",
+                self.store().release_expired(owner, SystemTime::now()),
+            )
+            .await?;
+        let reaped = match idle_ttl {
+            Some(ttl) => {
+                self.fleet_call("reaping released sessions", self.store().reap_released(ttl))
+                    .await?
+            }
+            None => Vec::new(),
+        };
+        Ok(FleetSweep {
+            released,
+            interrupted_turns,
+            reaped,
+        })
+    }
+
+    /// A store call of the fleet, bounded by the store timeout.
+    async fn fleet_call<T>(
+        &self,
+        what: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, RuntimeError> {
+        let after = self.store_timeout();
+        match tokio::time::timeout(after, call).await {
+            Ok(result) => result.map_err(RuntimeError::Store),
+            Err(_) => Err(RuntimeError::StoreTimeout { what, after }),
+        }
+    }
+}

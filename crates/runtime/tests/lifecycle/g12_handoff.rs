@@ -1,0 +1,140 @@
+//! A fleet of two kernels on one database file (SPEC §12, G12): a handoff
+//! releases the sessions instead of finalizing them, the other kernel adopts
+//! one with its history and turn count, and the first never writes it again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_runtime::{EndReason, Kernel, Outcome, RuntimeError, SessionId, State, TurnRequest};
+use settle_store::{SessionStore, Store, StoreError, Whereabouts};
+use settle_stream::{Message, Role};
+
+use crate::common::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+async fn node(store: &Arc<dyn SessionStore>, url: &str) -> Kernel {
+    Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .advertise(Some(url.to_owned()))
+        .start()
+        .await
+        .expect("the runtime starts")
+}
+
+fn texts(history: &[Message]) -> Vec<(Role, String)> {
+    history
+        .iter()
+        .map(|m| (m.role, m.content.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn g12_a_handoff_releases_sessions_and_another_kernel_adopts_one_with_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
+    let a = node(&store, "ws://a/ws").await;
+    let b = node(&store, "ws://b/ws").await;
+
+    let idle = a.register("idle", None).await.unwrap();
+    let busy = a.register("busy", None).await.unwrap();
+    let script = provider([
+        complete(&["hello", " there"], MS),
+        complete(&["slow"], 50 * MS),
+    ]);
+    let first = idle
+        .run_turn(script.clone(), TurnRequest::prompt("hi"))
+        .await
+        .unwrap();
+    assert_eq!(first.outcome().await, Outcome::Completed);
+    let running = busy
+        .run_turn(script.clone(), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.locate(idle.id()).await.unwrap(),
+        Whereabouts::Owned {
+            owner: a.owner(),
+            advertise: Some("ws://a/ws".into()),
+            live: true
+        }
+    );
+
+    // The running turn keeps the drain; then both are released, none finalized.
+    let report = a.handoff(Duration::from_secs(5)).await;
+    assert_eq!(running.outcome().await, Outcome::Completed);
+    assert!(report.handoff);
+    assert!(report.finalized.is_empty(), "{report:?}");
+    let mut released = report.released.clone();
+    released.sort_unstable();
+    assert_eq!(released, vec![idle.id(), busy.id()]);
+    assert_eq!(
+        store.locate(idle.id()).await.unwrap(),
+        Whereabouts::Released
+    );
+    assert!(matches!(
+        idle.run_turn(script.clone(), TurnRequest::prompt("more"))
+            .await,
+        Err(RuntimeError::Lifecycle(settle_core::Error::HandedOff(_)) | RuntimeError::Stopped)
+    ));
+
+    // The other kernel adopts it: the history comes along, turns go on.
+    let adoption = b.adopt(idle.id()).await.unwrap();
+    assert_eq!(adoption.turns, 1);
+    assert_eq!(
+        texts(&adoption.history),
+        vec![
+            (Role::User, "hi".into()),
+            (Role::Assistant, "hello there".into())
+        ]
+    );
+    let next = provider([complete(&["again"], MS)]);
+    let mut messages = adoption.history.clone();
+    messages.push(Message::new(Role::User, "and now?"));
+    let turn = adoption
+        .session
+        .run_turn(next, TurnRequest::new(messages))
+        .await
+        .unwrap();
+    assert_eq!(turn.work().no, 2);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    // Adopting it again answers where it is.
+    let again = a_second_try(&store, idle.id()).await;
+    assert!(
+        matches!(again, Err(StoreError::Elsewhere { advertise: Some(ref url), .. }) if url == "ws://b/ws"),
+        "{again:?}"
+    );
+    assert_eq!(
+        adoption.session.close().await.unwrap(),
+        EndReason::UserClose
+    );
+    let detail = store.session_detail(idle.id()).await.unwrap();
+    assert_eq!(detail.session.end_reason, Some(EndReason::UserClose));
+    assert_eq!(detail.turns.len(), 2);
+    let causes: Vec<&str> = detail.timeline.iter().map(|t| t.cause.as_str()).collect();
+    assert!(
+        causes.contains(&"handoff") && causes.contains(&"adopted"),
+        "{causes:?}"
+    );
+    assert_eq!(
+        store.session_detail(busy.id()).await.unwrap().session.state,
+        State::Registered
+    );
+    b.shutdown(Duration::ZERO).await;
+}
+
+/// Another process racing for the same session: a third owner.
+async fn a_second_try(store: &Arc<dyn SessionStore>, id: SessionId) -> Result<(), StoreError> {
+    let other = store
+        .register_owner(
+            settle_store::OwnerInfo::this_process(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    store
+        .adopt(other, id, std::time::SystemTime::now())
+        .await
+        .map(|_| ())
+}

@@ -1,0 +1,524 @@
+//! A fleet of processes on one database (SPEC §12): where a session's owner
+//! is, handing a session off, adopting it, releasing the sessions of a peer
+//! whose lease expired, and reaping released sessions nobody adopted.
+//!
+//! Every move of a session between processes is one conditional update of
+//! its row (a compare-and-set on its version), inside a write transaction,
+//! judged by the store's clock: two processes racing to adopt one session
+//! adopt it once, and a sweeper racing an adoption either finalizes it or
+//! finds it owned (G2, G3). A released session keeps its last owner in
+//! `owner`; `released_at` says since when nobody owns it.
+
+use std::time::{Duration, SystemTime};
+
+use diesel::prelude::*;
+use settle_core::{EndReason, Outcome, SessionId, State};
+
+use crate::conn::Db;
+use crate::error::{Context, StoreError};
+use crate::latch::{spend, Ending};
+use crate::lease::OwnerId;
+use crate::schema::{owners, session_principals, sessions, turns};
+use crate::time::{duration_millis, opt_word, session_id, sid, to_millis, turn_no, word};
+use crate::timeline::{record, Step};
+
+/// Where a session is, as a process that may not own it asks (SPEC §12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Whereabouts {
+    /// A process owns it.
+    Owned {
+        /// The owner.
+        owner: OwnerId,
+        /// Where clients reach that process, if it said.
+        advertise: Option<String>,
+        /// Whether its lease is live by the store's clock.
+        live: bool,
+    },
+    /// Released by its owner: any process of the fleet may adopt it.
+    Released,
+    /// Finalized: nobody may use it any more.
+    Finalized,
+}
+
+/// A session adopted by this process ([`SessionStore::adopt`](crate::SessionStore::adopt)):
+/// what it needs to go on with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Adopted {
+    /// The session.
+    pub session: SessionId,
+    /// Its name.
+    pub name: String,
+    /// Its parent, if it has one.
+    pub parent: Option<SessionId>,
+    /// Turns it ran so far: the next one is `turns + 1`.
+    pub turns: u32,
+    /// How its last turn ended.
+    pub last_outcome: Option<Outcome>,
+    /// Who may use it through a gateway, as recorded with
+    /// [`SessionStore::set_principal`](crate::SessionStore::set_principal).
+    pub principal: Option<String>,
+    /// The turn a crashed owner left open, marked `interrupted` by this
+    /// adoption (G8), if any.
+    pub interrupted_turn: Option<u32>,
+}
+
+/// What releasing the sessions of peers whose lease expired did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerRelease {
+    /// Sessions released for adoption.
+    pub released: Vec<SessionId>,
+    /// Turns left open by their owner, marked `interrupted` (G8).
+    pub interrupted_turns: Vec<(SessionId, u32)>,
+}
+
+type RowColumns = (
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    i64,
+    Option<i64>,
+    String,
+    Option<i64>,
+);
+
+/// A session's row as the fleet's moves read it.
+struct Row {
+    state: State,
+    version: i64,
+    outcome: Option<Outcome>,
+    open_turn: Option<u32>,
+    owner: i64,
+    released_at: Option<i64>,
+    name: String,
+    parent: Option<i64>,
+}
+
+fn row(db: Db<'_>, id: i64) -> Result<Option<Row>, StoreError> {
+    let found: Option<RowColumns> = on_db!(db, |c| sessions::table
+        .filter(sessions::id.eq(id))
+        .select((
+            sessions::state,
+            sessions::version,
+            sessions::outcome,
+            sessions::open_turn,
+            sessions::owner,
+            sessions::released_at,
+            sessions::name,
+            sessions::parent,
+        ))
+        .first(c)
+        .optional())
+    .context("reading a session")?;
+    found
+        .map(
+            |(state, version, outcome, open_turn, owner, released_at, name, parent)| {
+                Ok(Row {
+                    state: word("sessions.state", &state)?,
+                    version,
+                    outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+                    open_turn: open_turn.map(turn_no).transpose()?,
+                    owner,
+                    released_at,
+                    name,
+                    parent,
+                })
+            },
+        )
+        .transpose()
+}
+
+/// The lease of `owner` and where it advertised itself: `(expires, advertise)`.
+fn owner(db: Db<'_>, owner: i64) -> Result<Option<(i64, Option<String>)>, StoreError> {
+    on_db!(db, |c| owners::table
+        .filter(owners::id.eq(owner))
+        .select((owners::lease_expires_at, owners::advertise))
+        .first(c)
+        .optional())
+    .context("reading an owner")
+}
+
+/// Refused with `LeaseLost` unless `me` holds its lease at `now`.
+fn holds_lease(db: Db<'_>, me: OwnerId, now: i64) -> Result<i64, StoreError> {
+    let raw = me.raw()?;
+    match owner(db, raw)? {
+        Some((expires, _)) if expires > now => Ok(raw),
+        Some(_) => Err(StoreError::LeaseLost(me)),
+        None => Err(StoreError::UnknownOwner(me)),
+    }
+}
+
+/// Where `id` is.
+pub(crate) fn locate(mut db: Db<'_>, id: SessionId) -> Result<Whereabouts, StoreError> {
+    let now = crate::lease::store_now(db.reborrow())?;
+    let Some(r) = row(db.reborrow(), sid(id)?)? else {
+        return Err(StoreError::UnknownSession(id));
+    };
+    if r.state == State::Finalized {
+        return Ok(Whereabouts::Finalized);
+    }
+    if r.released_at.is_some() {
+        return Ok(Whereabouts::Released);
+    }
+    let (expires, advertise) = owner(db, r.owner)?.unwrap_or((0, None));
+    Ok(Whereabouts::Owned {
+        owner: OwnerId(r.owner.unsigned_abs()),
+        advertise,
+        live: expires > now,
+    })
+}
+
+/// Release `id`, idle and owned by `me`, for another process to adopt.
+pub(crate) fn release(
+    mut db: Db<'_>,
+    me: OwnerId,
+    id: SessionId,
+    at: SystemTime,
+) -> Result<(), StoreError> {
+    let raw = sid(id)?;
+    write_tx!(db.reborrow(), |c| {
+        let mut db = Db::from(c);
+        let now = crate::lease::store_now(db.reborrow())?;
+        let mine = holds_lease(db.reborrow(), me, now)?;
+        let Some(r) = row(db.reborrow(), raw)? else {
+            return Err(StoreError::UnknownSession(id));
+        };
+        if r.state == State::Finalized {
+            return Err(StoreError::SessionClosed(id));
+        }
+        if r.owner != mine || r.released_at.is_some() {
+            return Err(StoreError::HandedOff {
+                session: id,
+                owner: me,
+            });
+        }
+        if r.state != State::Registered || r.open_turn.is_some() {
+            return Err(StoreError::StateMismatch {
+                session: id,
+                expected: State::Registered,
+                found: r.state,
+            });
+        }
+        let moved = on_db!(db.reborrow(), |c| diesel::update(
+            sessions::table
+                .filter(sessions::id.eq(raw))
+                .filter(sessions::version.eq(r.version)),
+        )
+        .set((
+            sessions::released_at.eq(Some(now)),
+            sessions::version.eq(sessions::version + 1),
+        ))
+        .execute(c))
+        .context("releasing a session")?;
+        if moved != 1 {
+            // Its row is locked by this transaction on SQLite and was read
+            // in it on PostgreSQL: another writer got there in between.
+            return Err(StoreError::HandedOff {
+                session: id,
+                owner: me,
+            });
+        }
+        let step = Step {
+            at: to_millis(at),
+            from: Some(State::Registered),
+            to: State::Registered,
+            cause: "handoff",
+        };
+        record(db, raw, step)
+    })
+}
+
+/// Adopt `id` for `me`: released, or left by an owner whose lease expired
+/// (its open turn is then marked `interrupted`, G8). One conditional update;
+/// the loser of a race is told where the winner is (`Elsewhere`).
+pub(crate) fn adopt(
+    mut db: Db<'_>,
+    me: OwnerId,
+    id: SessionId,
+    at: SystemTime,
+) -> Result<Adopted, StoreError> {
+    let raw = sid(id)?;
+    write_tx!(db.reborrow(), |c| {
+        let mut db = Db::from(c);
+        let now = crate::lease::store_now(db.reborrow())?;
+        let mine = holds_lease(db.reborrow(), me, now)?;
+        // A compare-and-set: a concurrent move makes it miss; read again.
+        for _ in 0..64 {
+            let Some(r) = row(db.reborrow(), raw)? else {
+                return Err(StoreError::UnknownSession(id));
+            };
+            if r.state == State::Finalized {
+                return Err(StoreError::SessionClosed(id));
+            }
+            let (expires, advertise) = owner(db.reborrow(), r.owner)?.unwrap_or((0, None));
+            let abandoned = r.released_at.is_none() && expires <= now && r.owner != mine;
+            if r.released_at.is_none() && !abandoned {
+                return Err(match r.owner == mine {
+                    true => StoreError::NotReleased {
+                        session: id,
+                        state: r.state,
+                    },
+                    false => StoreError::Elsewhere {
+                        session: id,
+                        advertise,
+                    },
+                });
+            }
+            // Released sessions are idle; an abandoned one is taken over
+            // only from `registered` or `running` (its turn interrupted).
+            if !matches!(r.state, State::Registered | State::Running) {
+                return Err(StoreError::NotReleased {
+                    session: id,
+                    state: r.state,
+                });
+            }
+            let outcome = match r.open_turn {
+                Some(_) => Some(Outcome::Interrupted),
+                None => r.outcome,
+            };
+            let won = on_db!(db.reborrow(), |c| diesel::update(
+                sessions::table
+                    .filter(sessions::id.eq(raw))
+                    .filter(sessions::version.eq(r.version)),
+            )
+            .set((
+                sessions::owner.eq(mine),
+                sessions::released_at.eq(None::<i64>),
+                sessions::state.eq(State::Registered.as_str()),
+                sessions::open_turn.eq(None::<i64>),
+                sessions::outcome.eq(outcome.map(Outcome::as_str)),
+                sessions::version.eq(sessions::version + 1),
+            ))
+            .execute(c))
+            .context("adopting a session")?;
+            if won == 0 {
+                continue;
+            }
+            let at = to_millis(at);
+            let interrupted_turn = match r.open_turn {
+                Some(no) => {
+                    interrupt(db.reborrow(), raw, no, at)?;
+                    record(
+                        db.reborrow(),
+                        raw,
+                        Step {
+                            at,
+                            from: Some(r.state),
+                            to: State::Registered,
+                            cause: "turn ended: interrupted",
+                        },
+                    )?;
+                    Some(no)
+                }
+                None => None,
+            };
+            let step = Step {
+                at,
+                from: Some(State::Registered),
+                to: State::Registered,
+                cause: "adopted",
+            };
+            record(db.reborrow(), raw, step)?;
+            let turns: Option<i64> = on_db!(db.reborrow(), |c| turns::table
+                .filter(turns::session.eq(raw))
+                .select(diesel::dsl::max(turns::no))
+                .first(c))
+            .context("counting a session's turns")?;
+            let principal = principal_of(db.reborrow(), raw)?;
+            return Ok(Adopted {
+                session: id,
+                name: r.name,
+                parent: r.parent.map(session_id),
+                turns: turns.map(turn_no).transpose()?.unwrap_or(0),
+                last_outcome: outcome,
+                principal,
+                interrupted_turn,
+            });
+        }
+        Err(StoreError::Unavailable)
+    })
+}
+
+/// Ends turn `no` of session `raw` `interrupted`, if it is still open.
+fn interrupt(db: Db<'_>, raw: i64, no: u32, at: i64) -> Result<(), StoreError> {
+    on_db!(db, |c| diesel::update(
+        turns::table
+            .filter(turns::session.eq(raw))
+            .filter(turns::no.eq(i64::from(no)))
+            .filter(turns::ended_at.is_null()),
+    )
+    .set((
+        turns::ended_at.eq(Some(at)),
+        turns::outcome.eq(Some(Outcome::Interrupted.as_str())),
+    ))
+    .execute(c))
+    .context("interrupting a turn")?;
+    Ok(())
+}
+
+/// Release, for adoption, every session that a peer whose lease expired
+/// left `registered` or `running` (its open turn marked `interrupted`, G8).
+/// Sessions it left cancelling or settled were ending anyway: `settle
+/// recover` finalizes those.
+pub(crate) fn release_expired(
+    mut db: Db<'_>,
+    me: OwnerId,
+    at: SystemTime,
+) -> Result<PeerRelease, StoreError> {
+    let now = crate::lease::store_now(db.reborrow())?;
+    let mine = holds_lease(db.reborrow(), me, now)?;
+    let states = [State::Registered.as_str(), State::Running.as_str()];
+    let left: Vec<(i64, i64)> = on_db!(db.reborrow(), |c| sessions::table
+        .inner_join(owners::table)
+        .filter(sessions::state.eq_any(states))
+        .filter(sessions::released_at.is_null())
+        .filter(owners::lease_expires_at.le(now))
+        .filter(sessions::owner.ne(mine))
+        .order(sessions::id.asc())
+        .select((sessions::id, sessions::owner))
+        .load(c))
+    .context("looking for sessions left by expired peers")?;
+    let mut report = PeerRelease::default();
+    let at = to_millis(at);
+    for (raw, left_by) in left {
+        let id = session_id(raw);
+        let moved = write_tx!(db.reborrow(), |c| {
+            let mut db = Db::from(c);
+            let Some(r) = row(db.reborrow(), raw)? else {
+                return Ok(None);
+            };
+            // Adopted, released or ended since it was read.
+            let still = r.owner == left_by
+                && r.released_at.is_none()
+                && matches!(r.state, State::Registered | State::Running);
+            if !still {
+                return Ok(None);
+            }
+            let outcome = match r.open_turn {
+                Some(_) => Some(Outcome::Interrupted),
+                None => r.outcome,
+            };
+            let won = on_db!(db.reborrow(), |c| diesel::update(
+                sessions::table
+                    .filter(sessions::id.eq(raw))
+                    .filter(sessions::version.eq(r.version)),
+            )
+            .set((
+                sessions::released_at.eq(Some(now)),
+                sessions::state.eq(State::Registered.as_str()),
+                sessions::open_turn.eq(None::<i64>),
+                sessions::outcome.eq(outcome.map(Outcome::as_str)),
+                sessions::version.eq(sessions::version + 1),
+            ))
+            .execute(c))
+            .context("releasing a session left by an expired peer")?;
+            if won == 0 {
+                return Ok(None);
+            }
+            if let Some(no) = r.open_turn {
+                interrupt(db.reborrow(), raw, no, at)?;
+            }
+            let cause = format!("handoff: the lease of owner {left_by} expired");
+            let step = Step {
+                at,
+                from: Some(r.state),
+                to: State::Registered,
+                cause: &cause,
+            };
+            record(db, raw, step)?;
+            Ok::<_, StoreError>(Some(r.open_turn))
+        })?;
+        if let Some(open_turn) = moved {
+            tracing::info!(session = %id, owner = left_by, "released a session left by an expired peer");
+            report.released.push(id);
+            if let Some(no) = open_turn {
+                report.interrupted_turns.push((id, no));
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Finalize `idle_reap`, once, every session released at least `ttl` ago
+/// (by the store's clock) that nobody adopted (G2: the latch is a
+/// compare-and-set on a row an adoption changes).
+pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<SessionId>, StoreError> {
+    let now = crate::lease::store_now(db.reborrow())?;
+    let before = now.saturating_sub(duration_millis(ttl));
+    let due: Vec<(i64, i64)> = on_db!(db.reborrow(), |c| sessions::table
+        .filter(sessions::released_at.le(before))
+        .filter(sessions::state.eq(State::Registered.as_str()))
+        .order(sessions::id.asc())
+        .select((sessions::id, sessions::owner))
+        .load(c))
+    .context("looking for released sessions nobody adopted")?;
+    let mut reaped = Vec::new();
+    let cause = settle_core::Cause::Finalized(EndReason::IdleReap).to_string();
+    for (raw, owner) in due {
+        let id = session_id(raw);
+        let ending = Ending {
+            reason: EndReason::IdleReap,
+            outcome: None,
+            at: now,
+            owner,
+            cause: &cause,
+        };
+        let spent = write_tx!(db.reborrow(), |c| {
+            let mut db = Db::from(c);
+            // Still released: an adoption clears `released_at` in the same
+            // update that takes the row, so it is either adopted or reaped.
+            let released = row(db.reborrow(), raw)?.is_some_and(|r| r.released_at.is_some());
+            match released {
+                true => spend(db, id, &ending),
+                false => Ok(None),
+            }
+        })?;
+        if spent.is_some() {
+            tracing::info!(session = %id, "finalized a released session nobody adopted");
+            reaped.push(id);
+        }
+    }
+    Ok(reaped)
+}
+
+/// Who may use session `raw` through a gateway (`None`: anyone the
+/// gateway lets in without a principal).
+fn principal_of(mut db: Db<'_>, raw: i64) -> Result<Option<String>, StoreError> {
+    on_db!(db.reborrow(), |c| session_principals::table
+        .find(raw)
+        .select(session_principals::principal)
+        .first(c)
+        .optional())
+    .context("reading a session's principal")
+}
+
+/// [`SessionStore::principal`](crate::SessionStore::principal).
+pub(crate) fn principal(mut db: Db<'_>, id: SessionId) -> Result<Option<String>, StoreError> {
+    principal_of(db.reborrow(), sid(id)?)
+}
+
+/// Record `principal` as who may use `id` through a gateway.
+pub(crate) fn set_principal(
+    db: Db<'_>,
+    id: SessionId,
+    principal: Option<&str>,
+) -> Result<(), StoreError> {
+    let raw = sid(id)?;
+    write_tx!(db, |c| {
+        diesel::delete(session_principals::table.find(raw)).execute(c)?;
+        match principal {
+            Some(principal) => diesel::insert_into(session_principals::table)
+                .values((
+                    session_principals::session.eq(raw),
+                    session_principals::principal.eq(principal),
+                ))
+                .execute(c)
+                .map(|_| ()),
+            None => Ok(()),
+        }
+    })
+    .context("recording a session's principal")
+}

@@ -1,0 +1,286 @@
+//! A fleet of processes on one database (SPEC §12, G12): a session released
+//! by its owner is adopted once, by one conditional update; its former
+//! owner writes it no more; one nobody adopts is reaped `idle_reap` once;
+//! a crashed peer's sessions are released with their open turn
+//! `interrupted` (G8), and `settle recover` leaves released ones alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_store::{
+    Cause, EndReason, FinalizeRequest, LifecycleWrite, NewSession, Outcome, OwnerId, OwnerInfo,
+    RecoverOptions, SessionFilter, SessionId, SessionStore, State, StoreError, Whereabouts,
+};
+
+use crate::common::{rt, Backend, TestDb};
+use crate::recovery::expire;
+use crate::{append_all, now, open, write, HOUR};
+
+async fn node(store: &dyn SessionStore, url: &str) -> OwnerId {
+    store
+        .register_owner(OwnerInfo::this_process().advertising(url), HOUR)
+        .await
+        .unwrap()
+}
+
+/// A session of `owner` that ran one completed turn.
+async fn conversation(store: &dyn SessionStore, owner: OwnerId) -> SessionId {
+    let id = write::register(store, NewSession::new("chat", owner))
+        .await
+        .unwrap();
+    let at = now();
+    write::transition(
+        store,
+        id,
+        State::Registered,
+        State::Running,
+        Cause::TurnStarted,
+        at,
+    )
+    .await
+    .unwrap();
+    write::start_turn(store, id, 1, None, at).await.unwrap();
+    append_all(store, id, 1, &["hello"]).await;
+    write::end_turn(store, id, 1, Outcome::Completed, None, at)
+        .await
+        .unwrap();
+    let ended = Cause::TurnEnded(Outcome::Completed);
+    write::transition(store, id, State::Running, State::Registered, ended, at)
+        .await
+        .unwrap();
+    id
+}
+
+fn causes(detail: &settle_store::SessionDetail) -> Vec<String> {
+    detail.timeline.iter().map(|t| t.cause.clone()).collect()
+}
+
+/// Two processes racing to adopt one released session: exactly one wins,
+/// the other is told where the winner is; the winner goes on with the turn
+/// count and the history, the timeline says `handoff` then `adopted`.
+pub(crate) fn g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (a, b1, b2) = (open(&db), open(&db), open(&db));
+        let node_a = node(&*a, "ws://a/ws").await;
+        let node_b = node(&*b1, "ws://b/ws").await;
+        let node_c = node(&*b2, "ws://c/ws").await;
+        let id = conversation(&*a, node_a).await;
+        a.release(node_a, id, now()).await.unwrap();
+        assert_eq!(a.locate(id).await.unwrap(), Whereabouts::Released);
+        let (one, two) = tokio::join!(b1.adopt(node_b, id, now()), b2.adopt(node_c, id, now()));
+        let (won, lost, winner) = match (&one, &two) {
+            (Ok(won), Err(lost)) => (won, lost, "ws://b/ws"),
+            (Err(lost), Ok(won)) => (won, lost, "ws://c/ws"),
+            other => panic!("exactly one adoption wins: {other:?}"),
+        };
+        match lost {
+            StoreError::Elsewhere { session, advertise } => {
+                assert_eq!(*session, id);
+                assert_eq!(advertise.as_deref(), Some(winner));
+            }
+            other => panic!("the loser is told where the winner is: {other:?}"),
+        }
+        assert_eq!(won.turns, 1);
+        assert_eq!(won.last_outcome, Some(Outcome::Completed));
+        let detail = a.session_detail(id).await.unwrap();
+        assert_eq!(detail.session.state, State::Registered);
+        assert_eq!(detail.turns[0].text(), "hello");
+        let causes = causes(&detail);
+        let n = causes.len();
+        assert_eq!(&causes[n - 2..], ["handoff", "adopted"], "{causes:?}");
+        let rows = a.list_sessions(SessionFilter::all()).await.unwrap();
+        assert_eq!(rows[0].owner.as_deref(), Some(winner));
+    });
+}
+
+/// The former owner of a released session writes it no more, before and
+/// after another process adopts it, although the adopter's lease is live
+/// (fencing per writer): its transitions, turns and finalize are refused
+/// `HandedOff`, and the adopter's writes go on.
+pub(crate) fn g12_g8_the_former_owner_never_writes_a_released_or_adopted_session(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let node_a = node(&*store, "ws://a/ws").await;
+        let node_b = node(&*store, "ws://b/ws").await;
+        let id = conversation(&*store, node_a).await;
+        store.release(node_a, id, now()).await.unwrap();
+        let late = |owner: OwnerId| {
+            let store = store.clone();
+            async move {
+                let writes = vec![
+                    LifecycleWrite::Transition {
+                        session: id,
+                        from: State::Registered,
+                        to: State::Running,
+                        cause: Cause::TurnStarted,
+                        at: now(),
+                    },
+                    LifecycleWrite::Finalize {
+                        session: id,
+                        plan: FinalizeRequest::new(EndReason::Shutdown),
+                    },
+                ];
+                store.apply_as(owner, writes).await
+            }
+        };
+        for answer in late(node_a).await {
+            assert!(
+                matches!(answer, Err(StoreError::HandedOff { .. })),
+                "released: {answer:?}"
+            );
+        }
+        // Released: nobody writes it, whoever asks.
+        assert!(matches!(
+            write::transition(
+                &*store,
+                id,
+                State::Registered,
+                State::Running,
+                Cause::TurnStarted,
+                now()
+            )
+            .await,
+            Err(StoreError::HandedOff { .. })
+        ));
+        store.adopt(node_b, id, now()).await.unwrap();
+        for answer in late(node_a).await {
+            assert!(
+                matches!(answer, Err(StoreError::HandedOff { .. })),
+                "adopted elsewhere: {answer:?}"
+            );
+        }
+        assert!(matches!(
+            store.release(node_a, id, now()).await,
+            Err(StoreError::HandedOff { .. })
+        ));
+        let start = LifecycleWrite::Transition {
+            session: id,
+            from: State::Registered,
+            to: State::Running,
+            cause: Cause::TurnStarted,
+            at: now(),
+        };
+        let answers = store.apply_as(node_b, vec![start]).await;
+        assert!(answers[0].is_ok(), "{answers:?}");
+        assert_eq!(
+            store.session_detail(id).await.unwrap().session.state,
+            State::Running
+        );
+    });
+}
+
+/// A released session nobody adopts within the idle TTL is finalized
+/// `idle_reap` once, by whichever process sweeps first; after it nobody
+/// adopts it. One adopted in time is never reaped (G3).
+pub(crate) fn g12_g2_a_released_session_nobody_adopts_is_reaped_once(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (one, two) = (open(&db), open(&db));
+        let node_a = node(&*one, "ws://a/ws").await;
+        let node_b = node(&*two, "ws://b/ws").await;
+        let left = conversation(&*one, node_a).await;
+        let taken = conversation(&*one, node_a).await;
+        one.release(node_a, left, now()).await.unwrap();
+        one.release(node_a, taken, now()).await.unwrap();
+        two.adopt(node_b, taken, now()).await.unwrap();
+        // Not yet due.
+        assert!(one.reap_released(HOUR).await.unwrap().is_empty());
+        let (x, y) = tokio::join!(
+            one.reap_released(Duration::ZERO),
+            two.reap_released(Duration::ZERO)
+        );
+        let mut reaped = x.unwrap();
+        reaped.extend(y.unwrap());
+        assert_eq!(
+            reaped,
+            vec![left],
+            "reaped once, and only the one nobody adopted"
+        );
+        let detail = one.session_detail(left).await.unwrap();
+        assert_eq!(detail.session.end_reason, Some(EndReason::IdleReap));
+        assert!(matches!(
+            two.adopt(node_b, left, now()).await,
+            Err(StoreError::SessionClosed(_))
+        ));
+        assert_eq!(
+            one.session_detail(taken).await.unwrap().session.state,
+            State::Registered
+        );
+    });
+}
+
+/// A peer that crashed: once its lease expired, a live process releases its
+/// sessions for adoption, the turn it left open marked `interrupted` with
+/// its acknowledged chunks kept (G7, G8); `settle recover` finalizes only
+/// what was left by a crash and not released.
+pub(crate) fn g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_interrupted(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store: Arc<dyn SessionStore> = open(&db);
+        let crashed = node(&*store, "ws://a/ws").await;
+        let live = node(&*store, "ws://b/ws").await;
+        let idle = conversation(&*store, crashed).await;
+        let busy = conversation(&*store, crashed).await;
+        let at = now();
+        write::transition(
+            &*store,
+            busy,
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            at,
+        )
+        .await
+        .unwrap();
+        write::start_turn(&*store, busy, 2, None, at).await.unwrap();
+        append_all(&*store, busy, 2, &["half", " a reply"]).await;
+        // Not before its lease expired.
+        let report = store.release_expired(live, now()).await.unwrap();
+        assert!(report.released.is_empty(), "{report:?}");
+        expire(&*store, crashed).await;
+        let report = store.release_expired(live, now()).await.unwrap();
+        assert_eq!(report.released, vec![idle, busy]);
+        assert_eq!(report.interrupted_turns, vec![(busy, 2)]);
+        let detail = store.session_detail(busy).await.unwrap();
+        assert_eq!(detail.session.state, State::Registered);
+        assert_eq!(detail.turns[1].outcome, Some(Outcome::Interrupted));
+        assert_eq!(detail.turns[1].text(), "half a reply");
+        // Released: recovery leaves them to adoption.
+        let recovered = store
+            .recover(RecoverOptions::now_on_this_host())
+            .await
+            .unwrap();
+        assert!(recovered.recovered.is_empty(), "{recovered:?}");
+        let adopted = store.adopt(live, busy, now()).await.unwrap();
+        assert_eq!(adopted.turns, 2);
+        assert_eq!(adopted.last_outcome, Some(Outcome::Interrupted));
+        // A second sweep finds nothing more.
+        let again = store.release_expired(live, now()).await.unwrap();
+        assert!(again.released.is_empty());
+    });
+}
+
+/// A session's principal is kept with it, for the process that adopts it.
+pub(crate) fn g12_a_sessions_principal_comes_with_its_adoption(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let node_a = node(&*store, "ws://a/ws").await;
+        let node_b = node(&*store, "ws://b/ws").await;
+        let id = conversation(&*store, node_a).await;
+        store.set_principal(id, Some("alice".into())).await.unwrap();
+        store.release(node_a, id, now()).await.unwrap();
+        let adopted = store.adopt(node_b, id, now()).await.unwrap();
+        assert_eq!(adopted.principal.as_deref(), Some("alice"));
+        assert_eq!(
+            store.locate(id).await.unwrap(),
+            Whereabouts::Owned {
+                owner: node_b,
+                advertise: Some("ws://b/ws".into()),
+                live: true
+            }
+        );
+    });
+}
