@@ -79,15 +79,24 @@ pub fn rows(sessions: usize) -> Result<Vec<Row>> {
         .enable_all()
         .build()?;
     let moves = runtime.block_on(rolling_restart(&settle, server.url(), sessions))?;
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
     let rows = moves
         .iter()
         .enumerate()
-        .map(|(i, (carried, took))| {
+        .map(|(i, m)| {
+            let phases = format!(
+                "the last client told at {}, the last connection closed (handed off) at {}, \
+                 the last attach at {}; {} attaches answered elsewhere (not released yet) first",
+                ms(m.last_told),
+                ms(m.last_closed),
+                ms(m.took),
+                m.retries
+            );
             Row::ours_only(
                 "fleet restart",
-                format!("move {} of {PROCESSES}: {carried} sessions", i + 1),
+                format!("move {} of {PROCESSES}: {} sessions", i + 1, m.carried),
                 "ms",
-                took.as_secs_f64() * 1e3,
+                m.took.as_secs_f64() * 1e3,
                 Target::none(),
                 1,
             )
@@ -97,11 +106,11 @@ pub fn rows(sessions: usize) -> Result<Vec<Row>> {
                      every one of its clients, following `server.shutdown {{handoff}}`, is \
                      attached on the next process; each move carries the sessions the \
                      process had adopted; {sessions} sessions in all, none lost (checked in \
-                     the database after the last move)",
+                     the database after the last move); {phases}",
                     server.from()
                 )
             } else {
-                format!("as move 1, {carried} sessions")
+                format!("as move 1; {phases}")
             })
         })
         .collect();
@@ -263,8 +272,9 @@ impl Client {
 
     /// Follows a handoff: reads until the process closes the connection
     /// (`server.shutdown {handoff: true}` first), then attaches on `next`.
-    async fn follow(&mut self, next: &str) -> Result<()> {
-        let mut told = false;
+    /// When each step happened.
+    async fn follow(&mut self, next: &str) -> Result<Steps> {
+        let mut told = None;
         while let Some(frame) = self.ws.next().await {
             let Ok(Message::Text(text)) = frame else {
                 break;
@@ -274,20 +284,30 @@ impl Client {
                 if message["params"]["handoff"] != true {
                     return Err(format!("a shutdown that is no handoff: {message}").into());
                 }
-                told = true;
+                told = Some(Instant::now());
             }
         }
-        if !told {
+        let Some(told) = told else {
             return Err("the connection closed without server.shutdown".into());
-        }
+        };
+        let closed = Instant::now();
         self.ws = Self::connect(next).await?;
+        let mut retries = 0;
         loop {
             self.next_id += 1;
             let params = json!({ "id": self.session });
             match Self::call(&mut self.ws, self.next_id, "session.attach", params).await? {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    return Ok(Steps {
+                        told,
+                        closed,
+                        attached: Instant::now(),
+                        retries,
+                    })
+                }
                 // Not released yet: its process is still handing off.
                 Err(e) if e["data"]["kind"] == "elsewhere" => {
+                    retries += 1;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err(e) => return Err(format!("session {} lost: {e}", self.session).into()),
@@ -296,13 +316,33 @@ impl Client {
     }
 }
 
+/// When a client saw each step of its move.
+struct Steps {
+    told: Instant,
+    closed: Instant,
+    attached: Instant,
+    /// Attaches answered `elsewhere` (not released yet) before the one that
+    /// adopted it.
+    retries: u32,
+}
+
+/// One move of the rolling restart, from its SIGTERM.
+pub struct Move {
+    /// Sessions it carried.
+    pub carried: usize,
+    /// Until every one was attached on the next process.
+    pub took: Duration,
+    /// Until the last client was told `server.shutdown`.
+    pub last_told: Duration,
+    /// Until the last connection closed (its sessions handed off).
+    pub last_closed: Duration,
+    /// Attaches answered `elsewhere` in all.
+    pub retries: u32,
+}
+
 /// The rolling restart: per move, how many sessions moved and how long it
 /// took from the SIGTERM until every one was attached on the next process.
-async fn rolling_restart(
-    settle: &PathBuf,
-    db: &str,
-    sessions: usize,
-) -> Result<Vec<(usize, Duration)>> {
+async fn rolling_restart(settle: &PathBuf, db: &str, sessions: usize) -> Result<Vec<Move>> {
     let mut nodes = Vec::with_capacity(PROCESSES);
     for _ in 0..PROCESSES {
         nodes.push(Node::start(settle, db)?);
@@ -325,17 +365,31 @@ async fn rolling_restart(
             .map(|(at, client)| {
                 let addr = addr.clone();
                 async move {
-                    client.follow(&addr).await?;
+                    let steps = client.follow(&addr).await?;
                     *at = next;
-                    Ok::<(), crate::Error>(())
+                    Ok::<Steps, crate::Error>(steps)
                 }
             })
             .collect();
         let carried = moving.len();
+        let mut steps = Vec::with_capacity(carried);
         for done in futures_util::future::join_all(moving).await {
-            done?;
+            steps.push(done?);
         }
-        moves.push((carried, started.elapsed()));
+        let last = |f: fn(&Steps) -> Instant| {
+            steps
+                .iter()
+                .map(|s| f(s).duration_since(started))
+                .max()
+                .unwrap_or_default()
+        };
+        moves.push(Move {
+            carried,
+            took: last(|s| s.attached),
+            last_told: last(|s| s.told),
+            last_closed: last(|s| s.closed),
+            retries: steps.iter().map(|s| s.retries).sum(),
+        });
         nodes[going].exited()?;
         nodes[going] = Node::start(settle, db)?;
     }
