@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, WorkId};
+use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, State, WorkId};
 use settle_store::SessionStore;
 use settle_stream::Request as TurnRequest;
 use settle_stream::{Provider, TurnOptions, WorkSignal};
@@ -547,7 +547,10 @@ impl Driver {
             }
             Ack::RegisterFailed(session) => {
                 self.sessions.remove(&session);
-                let _ = self.input(Event::Withdraw { session });
+                if let Ok(Handled::Applied) = self.input(Event::Withdraw { session }) {
+                    // As if never registered: no transition says it went.
+                    crate::meter::left(State::Registered);
+                }
             }
         }
     }
@@ -655,8 +658,9 @@ impl Driver {
                 }
                 Effect::HandOff(handoff) => {
                     // Its handles answer as the core does now: another
-                    // process's session (the core has let go of it).
+                    // process's session (the core has let go of it, idle).
                     self.sessions.remove(&handoff.session);
+                    crate::meter::left(State::Registered);
                     let at = self.clock.wall(self.now);
                     let _ = self.recorder.send(Record::Release {
                         session: handoff.session,

@@ -54,6 +54,12 @@ pub(crate) fn transition(from: Option<State>, to: State) {
     }
 }
 
+/// A session left this process open, in `state`, with no transition: its
+/// registration was withdrawn, or it was handed off to another process.
+pub(crate) fn left(state: State) {
+    metrics::gauge!(SESSIONS, "state" => state.as_str()).decrement(1.0);
+}
+
 /// A session was finalized with `reason`.
 pub(crate) fn finalized(reason: EndReason) {
     metrics::counter!(SESSIONS_FINALIZED, "end_reason" => reason.as_str()).increment(1);

@@ -147,4 +147,22 @@ async fn the_lifecycle_moves_the_documented_metrics() {
             0.0
         );
     }
+
+    // A session handed off to another process leaves them too (SPEC §12):
+    // it is open, but no longer this process's. (On the real clock: the
+    // store is a file.)
+    tokio::time::resume();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store = settle_store::Store::open(path.to_str().unwrap()).unwrap();
+    let kernel = Kernel::builder(Arc::new(store))
+        .idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    kernel.register("leaving", None).await.unwrap();
+    let report = kernel.handoff(Duration::from_secs(1)).await;
+    assert_eq!(report.released.len(), 1, "{report:?}");
+    snapshot(&snapshotter, &mut seen);
+    assert_eq!(gauge(&seen, "settle_sessions{state=registered}"), 0.0);
 }
