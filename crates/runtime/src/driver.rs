@@ -140,6 +140,8 @@ pub(crate) struct Driver {
     failures: Arc<AtomicUsize>,
     /// Told when a shutdown begins, for frontends waiting to start more.
     shutting_down: CancellationToken,
+    /// The metrics moved by the effects it executes.
+    meter: crate::meter::Meter,
     done: bool,
 }
 
@@ -168,6 +170,7 @@ impl Driver {
             shutdown_waiters: Vec::new(),
             failures: parts.failures,
             shutting_down: parts.shutting_down,
+            meter: crate::meter::Meter::default(),
             done: false,
         }
     }
@@ -576,7 +579,7 @@ impl Driver {
                         tracing::warn!(%work, "work ignored cancellation past the settle deadline; detached");
                         handle.detach();
                     }
-                    crate::meter::detached();
+                    self.meter.detached();
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
@@ -594,7 +597,7 @@ impl Driver {
                         None => (None, None, None),
                     };
                     let settled = cancelled_at.map(|at| self.now.saturating_duration_since(at));
-                    crate::meter::work_ended(work.kind, outcome, settled);
+                    self.meter.work_ended(work.kind, outcome, settled);
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::WorkEnded {
@@ -616,7 +619,7 @@ impl Driver {
                     let _ = self.recorder.send(Record::Flush);
                 }
                 Effect::Transition(t) => {
-                    crate::meter::transition(t.from, t.to);
+                    self.meter.transition(t.from, t.to);
                     let at = self.clock.wall(t.at);
                     let shared = self.sessions.get(&t.session);
                     self.events
@@ -640,7 +643,7 @@ impl Driver {
                     }
                 }
                 Effect::Finalize(plan) => {
-                    crate::meter::finalized(plan.reason);
+                    self.meter.finalized(plan.reason);
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
                     let at = self.clock.wall(self.now);
