@@ -1,5 +1,5 @@
 //! What the driver hands the recorder: the durable side of the effects it
-//! executed, in the order the core decided them.
+//! executed, in the order the core decided them, one message per wake.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -7,6 +7,8 @@ use std::time::SystemTime;
 use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, TurnError, WorkId};
 use settle_store::StoreError;
 use tokio::sync::oneshot;
+
+use tokio::sync::mpsc;
 
 use crate::command::Reply;
 use crate::report::ShutdownReport;
@@ -67,4 +69,38 @@ pub(crate) struct FinalizeJob {
     pub at: SystemTime,
     /// `None` for a session the driver no longer knew (it never does today).
     pub shared: Option<Arc<SessionShared>>,
+}
+
+/// The driver's end of the recorder's channel. Records queue here as the
+/// driver executes effects and cross over as one message per wake, in
+/// order: a subtree's teardown (thousands of transitions, turn ends and
+/// finalizes from a batch of reports) is one send, not one per record.
+pub(crate) struct Outbox {
+    tx: mpsc::UnboundedSender<Vec<Record>>,
+    queued: Vec<Record>,
+}
+
+impl Outbox {
+    pub fn new(tx: mpsc::UnboundedSender<Vec<Record>>) -> Self {
+        Outbox {
+            tx,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues `record` behind every record queued before it.
+    pub fn push(&mut self, record: Record) {
+        self.queued.push(record);
+    }
+
+    /// Hands everything queued to the recorder. The driver calls it before
+    /// it waits again, so nothing it ordered waits for its next wake.
+    pub fn flush(&mut self) {
+        if !self.queued.is_empty() {
+            // Room for as many as last time: a wake of a teardown queues
+            // thousands, and growing one doubling at a time copies them all.
+            let room = Vec::with_capacity(self.queued.len());
+            let _ = self.tx.send(std::mem::replace(&mut self.queued, room));
+        }
+    }
 }

@@ -69,7 +69,8 @@ use crate::hook::HookRunner;
 use crate::record::Record;
 use crate::report::ShutdownReport;
 
-/// How many queued records the recorder takes per wake.
+/// How many queued messages of records (the driver sends one per wake) the
+/// recorder takes per wake.
 const RECORD_BATCH: usize = 4096;
 
 /// Waits until `at` (never called without one).
@@ -105,8 +106,8 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Record>) {
-        let mut batch = Vec::with_capacity(RECORD_BATCH);
+    pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Vec<Record>>) {
+        let mut batch: Vec<Vec<Record>> = Vec::with_capacity(RECORD_BATCH);
         let mut held = Held::default();
         loop {
             let due = held.due(self.in_flight.is_some());
@@ -137,8 +138,8 @@ impl Recorder {
                 // The driver is gone and nothing is held: done.
                 break;
             }
-            let mut pending = Pending::for_records(batch.len());
-            for record in batch.drain(..) {
+            let mut pending = Pending::for_records(batch.iter().map(Vec::len).sum());
+            for record in batch.drain(..).flatten() {
                 self.take(record, &mut pending, &mut held).await;
             }
             let closed = received == 0 && records.is_closed() && records.is_empty();
