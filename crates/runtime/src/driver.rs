@@ -124,7 +124,7 @@ pub(crate) struct Driver {
     reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
     report_tx: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     acks: mpsc::UnboundedReceiver<Ack>,
-    /// The recorder's records, sent once per wake.
+    /// The recorder's records, sent once per input (in chunks for a big one).
     recorder: Outbox,
     shutdown_deadline: watch::Sender<Option<tokio::time::Instant>>,
     store: Arc<dyn SessionStore>,
@@ -676,6 +676,8 @@ impl Driver {
                 }
             }
         }
+        // One message per input (see `Outbox`).
+        self.recorder.flush();
     }
 
     /// Starts the work the core admitted, with what its command brought.

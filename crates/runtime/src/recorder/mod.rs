@@ -69,7 +69,7 @@ use crate::hook::HookRunner;
 use crate::record::Record;
 use crate::report::ShutdownReport;
 
-/// How many queued messages of records (the driver sends one per wake) the
+/// How many queued messages of records (the driver sends one per input) the
 /// recorder takes per wake.
 const RECORD_BATCH: usize = 4096;
 
