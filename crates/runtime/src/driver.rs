@@ -41,7 +41,7 @@ use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::event::LifecycleEvent;
 use crate::ids::IdBlock;
-use crate::record::{FinalizeJob, Record};
+use crate::record::{FinalizeJob, Outbox, Record};
 use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 use crate::task_work::{self, StartTask};
@@ -96,7 +96,7 @@ struct Parked {
 pub(crate) struct Channels {
     pub commands: mpsc::UnboundedReceiver<Command>,
     pub acks: mpsc::UnboundedReceiver<Ack>,
-    pub recorder: mpsc::UnboundedSender<Record>,
+    pub recorder: mpsc::UnboundedSender<Vec<Record>>,
     /// Where the driver publishes the shutdown's deadline: the recorder
     /// cuts even a store call already in flight at it.
     pub shutdown_deadline: watch::Sender<Option<tokio::time::Instant>>,
@@ -124,7 +124,8 @@ pub(crate) struct Driver {
     reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
     report_tx: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     acks: mpsc::UnboundedReceiver<Ack>,
-    recorder: mpsc::UnboundedSender<Record>,
+    /// The recorder's records, sent once per input (in chunks for a big one).
+    recorder: Outbox,
     shutdown_deadline: watch::Sender<Option<tokio::time::Instant>>,
     store: Arc<dyn SessionStore>,
     events: EventBus,
@@ -140,6 +141,8 @@ pub(crate) struct Driver {
     failures: Arc<AtomicUsize>,
     /// Told when a shutdown begins, for frontends waiting to start more.
     shutting_down: CancellationToken,
+    /// The metrics moved by the effects it executes.
+    meter: crate::meter::Meter,
     done: bool,
 }
 
@@ -156,7 +159,7 @@ impl Driver {
             reports,
             report_tx,
             acks: channels.acks,
-            recorder: channels.recorder,
+            recorder: Outbox::new(channels.recorder),
             shutdown_deadline: channels.shutdown_deadline,
             store: channels.store,
             events: parts.events,
@@ -168,6 +171,7 @@ impl Driver {
             shutdown_waiters: Vec::new(),
             failures: parts.failures,
             shutting_down: parts.shutting_down,
+            meter: crate::meter::Meter::default(),
             done: false,
         }
     }
@@ -237,7 +241,9 @@ impl Driver {
                 self.core.handle_timeout(self.now);
                 self.execute();
             }
+            self.recorder.flush();
         }
+        self.recorder.flush();
         // Every session is finalized, so no work may write any more; one that
         // is still around is abandoned, not left running.
         for (_, mut handle) in self.works.drain() {
@@ -344,7 +350,7 @@ impl Driver {
     /// Registers under the next reserved id; hands the registration back when
     /// the block is empty (a refill is on its way).
     fn try_register(&mut self, parked: Parked) -> Option<Parked> {
-        let Some(id) = self.ids.take(&self.recorder) else {
+        let Some(id) = self.ids.take(&mut self.recorder) else {
             return Some(parked);
         };
         let Parked {
@@ -378,9 +384,8 @@ impl Driver {
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
                 let at = self.clock.wall(self.now);
-                let _ = self
-                    .recorder
-                    .send(Record::CreateSession { shared, at, reply });
+                self.recorder
+                    .push(Record::CreateSession { shared, at, reply });
             }
         }
         self.execute();
@@ -549,7 +554,7 @@ impl Driver {
                 self.sessions.remove(&session);
                 if let Ok(Handled::Applied) = self.input(Event::Withdraw { session }) {
                     // As if never registered: no transition says it went.
-                    crate::meter::left(State::Registered);
+                    self.meter.left(State::Registered);
                 }
             }
         }
@@ -579,7 +584,7 @@ impl Driver {
                         tracing::warn!(%work, "work ignored cancellation past the settle deadline; detached");
                         handle.detach();
                     }
-                    crate::meter::detached();
+                    self.meter.detached();
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::Detached {
@@ -597,7 +602,7 @@ impl Driver {
                         None => (None, None, None),
                     };
                     let settled = cancelled_at.map(|at| self.now.saturating_duration_since(at));
-                    crate::meter::work_ended(work.kind, outcome, settled);
+                    self.meter.work_ended(work.kind, outcome, settled);
                     let shared = self.sessions.get(&work.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || LifecycleEvent::WorkEnded {
@@ -607,7 +612,7 @@ impl Driver {
                             error: error.clone(),
                         });
                     let at = self.clock.wall(self.now);
-                    let _ = self.recorder.send(Record::EndTurn {
+                    self.recorder.push(Record::EndTurn {
                         work,
                         outcome,
                         error,
@@ -616,10 +621,10 @@ impl Driver {
                     });
                 }
                 Effect::FlushTranscripts => {
-                    let _ = self.recorder.send(Record::Flush);
+                    self.recorder.push(Record::Flush);
                 }
                 Effect::Transition(t) => {
-                    crate::meter::transition(t.from, t.to);
+                    self.meter.transition(t.from, t.to);
                     let at = self.clock.wall(t.at);
                     let shared = self.sessions.get(&t.session);
                     self.events
@@ -639,15 +644,15 @@ impl Driver {
                             },
                         });
                     if t.timeline() {
-                        let _ = self.recorder.send(Record::Transition { transition: t, at });
+                        self.recorder.push(Record::Transition { transition: t, at });
                     }
                 }
                 Effect::Finalize(plan) => {
-                    crate::meter::finalized(plan.reason);
+                    self.meter.finalized(plan.reason);
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
                     let at = self.clock.wall(self.now);
-                    let _ = self.recorder.send(Record::Finalize(Box::new(FinalizeJob {
+                    self.recorder.push(Record::Finalize(Box::new(FinalizeJob {
                         plan,
                         at,
                         shared,
@@ -660,22 +665,23 @@ impl Driver {
                     // Its handles answer as the core does now: another
                     // process's session (the core has let go of it, idle).
                     self.sessions.remove(&handoff.session);
-                    crate::meter::left(State::Registered);
+                    self.meter.left(State::Registered);
                     let at = self.clock.wall(self.now);
-                    let _ = self.recorder.send(Record::Release {
+                    self.recorder.push(Record::Release {
                         session: handoff.session,
                         at,
                     });
                 }
                 Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);
-                    let _ = self
-                        .recorder
-                        .send(Record::ShutdownComplete { summary, waiters });
+                    self.recorder
+                        .push(Record::ShutdownComplete { summary, waiters });
                     self.done = true;
                 }
             }
         }
+        // One message per input (see `Outbox`).
+        self.recorder.flush();
     }
 
     /// Starts the work the core admitted, with what its command brought.
@@ -704,7 +710,7 @@ impl Driver {
                     *sent = Some(Box::new(next));
                     input
                 };
-                let _ = self.recorder.send(Record::StartTurn {
+                self.recorder.push(Record::StartTurn {
                     work,
                     at,
                     input: Some(input),

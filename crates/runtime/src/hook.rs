@@ -69,6 +69,13 @@ impl HookRunner {
         }
     }
 
+    /// Whether a hook is set: without one, nothing needs to build a
+    /// [`SessionEnd`] (a teardown would allocate a name per session for
+    /// nobody).
+    pub fn is_set(&self) -> bool {
+        self.hook.is_some()
+    }
+
     /// Fires the hook for `end`, without waiting for it.
     pub fn fire(&self, session: Option<tracing::Span>, end: SessionEnd) {
         let Some(hook) = self.hook.clone() else {

@@ -4,9 +4,7 @@
 
 use std::ops::Range;
 
-use tokio::sync::mpsc;
-
-use crate::record::Record;
+use crate::record::{Outbox, Record};
 
 /// How many ids one reservation asks for.
 pub(crate) const BLOCK: u32 = 1024;
@@ -30,7 +28,7 @@ impl IdBlock {
 
     /// The next id, asking the recorder for another block when this one runs
     /// low; `None` when none is left yet.
-    pub fn take(&mut self, recorder: &mpsc::UnboundedSender<Record>) -> Option<u64> {
+    pub fn take(&mut self, recorder: &mut Outbox) -> Option<u64> {
         if self.current.is_empty() {
             if let Some(next) = self.next.take() {
                 self.current = next;
@@ -40,7 +38,7 @@ impl IdBlock {
         let low = self.current.end - self.current.start < u64::from(BLOCK / 2);
         if low && self.next.is_none() && !self.requested {
             self.requested = true;
-            let _ = recorder.send(Record::ReserveIds { count: BLOCK });
+            recorder.push(Record::ReserveIds { count: BLOCK });
         }
         id
     }

@@ -136,7 +136,8 @@
 //!
 //! Counters, gauges and histograms go through the `metrics` facade (names
 //! and labels in [`meter`]): install `metrics-exporter-prometheus` (or any
-//! exporter) in the program and they appear; without one they cost nothing.
+//! exporter) in the program before the kernel starts and they appear;
+//! without one they cost nothing.
 //!
 //! # Observability
 //!

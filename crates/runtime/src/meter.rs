@@ -17,9 +17,15 @@
 //!
 //! Every name is derived from what the core ordered (its effects) or what
 //! a store call took, never from a look at the core's state.
+//!
+//! The metrics the driver moves on every effect go through [`Meter`]'s
+//! handles, registered once each with the recorder installed at the time
+//! (as every `metrics` handle is bound): install the exporter before the
+//! kernel starts.
 
 use std::time::Duration;
 
+use metrics::{Counter, Gauge, Histogram};
 use settle_core::{EndReason, Outcome, State, WorkKind};
 
 /// Sessions registered.
@@ -43,43 +49,86 @@ pub const LEASE_RENEWALS: &str = "settle_lease_renewals_total";
 /// Retries of a turn's opening.
 pub const TURN_RETRIES: &str = "settle_turn_retries_total";
 
-/// A session moved from `from` (none: it was registered) to `to`.
-pub(crate) fn transition(from: Option<State>, to: State) {
-    match from {
-        None => metrics::counter!(SESSIONS_REGISTERED).increment(1),
-        Some(from) => metrics::gauge!(SESSIONS, "state" => from.as_str()).decrement(1.0),
+/// The driver's handles to the metrics it moves on every effect, each
+/// registered at its first use: a `metrics` macro builds and hashes its key
+/// and asks the recorder on every call, which a teardown would pay for
+/// every transition of thousands of sessions.
+#[derive(Default)]
+pub(crate) struct Meter {
+    registered: Option<Counter>,
+    states: [Option<Gauge>; State::ALL.len()],
+    finalized: [Option<Counter>; EndReason::ALL.len()],
+    /// By kind (turn, task) and outcome.
+    works: [[Option<Counter>; Outcome::ALL.len()]; 2],
+    settle: Option<Histogram>,
+    detached: Option<Counter>,
+}
+
+impl Meter {
+    /// A session moved from `from` (none: it was registered) to `to`.
+    pub(crate) fn transition(&mut self, from: Option<State>, to: State) {
+        match from {
+            None => self
+                .registered
+                .get_or_insert_with(|| metrics::counter!(SESSIONS_REGISTERED))
+                .increment(1),
+            Some(from) => self.state(from).decrement(1.0),
+        }
+        if to != State::Finalized {
+            self.state(to).increment(1.0);
+        }
     }
-    if to != State::Finalized {
-        metrics::gauge!(SESSIONS, "state" => to.as_str()).increment(1.0);
+
+    /// A session left this process open, in `state`, with no transition:
+    /// its registration was withdrawn, or it was handed off to another
+    /// process.
+    pub(crate) fn left(&mut self, state: State) {
+        self.state(state).decrement(1.0);
     }
-}
 
-/// A session left this process open, in `state`, with no transition: its
-/// registration was withdrawn, or it was handed off to another process.
-pub(crate) fn left(state: State) {
-    metrics::gauge!(SESSIONS, "state" => state.as_str()).decrement(1.0);
-}
-
-/// A session was finalized with `reason`.
-pub(crate) fn finalized(reason: EndReason) {
-    metrics::counter!(SESSIONS_FINALIZED, "end_reason" => reason.as_str()).increment(1);
-}
-
-/// A work ended with `outcome`, `settled` after its cancel if it had one.
-pub(crate) fn work_ended(kind: WorkKind, outcome: Outcome, settled: Option<Duration>) {
-    let kind = match kind {
-        WorkKind::Turn => "turn",
-        WorkKind::Task => "task",
-    };
-    metrics::counter!(WORKS, "kind" => kind, "outcome" => outcome.as_str()).increment(1);
-    if let Some(settled) = settled {
-        metrics::histogram!(SETTLE_SECONDS).record(settled.as_secs_f64());
+    fn state(&mut self, state: State) -> &Gauge {
+        self.states[state as usize]
+            .get_or_insert_with(|| metrics::gauge!(SESSIONS, "state" => state.as_str()))
     }
-}
 
-/// A work was detached.
-pub(crate) fn detached() {
-    metrics::counter!(WORKS_DETACHED).increment(1);
+    /// A session was finalized with `reason`.
+    pub(crate) fn finalized(&mut self, reason: EndReason) {
+        self.finalized[reason as usize]
+            .get_or_insert_with(
+                || metrics::counter!(SESSIONS_FINALIZED, "end_reason" => reason.as_str()),
+            )
+            .increment(1);
+    }
+
+    /// A work ended with `outcome`, `settled` after its cancel if it had one.
+    pub(crate) fn work_ended(
+        &mut self,
+        kind: WorkKind,
+        outcome: Outcome,
+        settled: Option<Duration>,
+    ) {
+        let (index, label) = match kind {
+            WorkKind::Turn => (0, "turn"),
+            WorkKind::Task => (1, "task"),
+        };
+        self.works[index][outcome as usize]
+            .get_or_insert_with(
+                || metrics::counter!(WORKS, "kind" => label, "outcome" => outcome.as_str()),
+            )
+            .increment(1);
+        if let Some(settled) = settled {
+            self.settle
+                .get_or_insert_with(|| metrics::histogram!(SETTLE_SECONDS))
+                .record(settled.as_secs_f64());
+        }
+    }
+
+    /// A work was detached.
+    pub(crate) fn detached(&mut self) {
+        self.detached
+            .get_or_insert_with(|| metrics::counter!(WORKS_DETACHED))
+            .increment(1);
+    }
 }
 
 /// A chunk was acknowledged `after` its append.

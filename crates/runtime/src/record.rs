@@ -1,5 +1,5 @@
 //! What the driver hands the recorder: the durable side of the effects it
-//! executed, in the order the core decided them.
+//! executed, in the order the core decided them, one message per input.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -7,6 +7,8 @@ use std::time::SystemTime;
 use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, TurnError, WorkId};
 use settle_store::StoreError;
 use tokio::sync::oneshot;
+
+use tokio::sync::mpsc;
 
 use crate::command::Reply;
 use crate::report::ShutdownReport;
@@ -67,4 +69,48 @@ pub(crate) struct FinalizeJob {
     pub at: SystemTime,
     /// `None` for a session the driver no longer knew (it never does today).
     pub shared: Option<Arc<SessionShared>>,
+}
+
+/// The driver's end of the recorder's channel. Records queue here as the
+/// driver executes an input's effects and cross over as one message per
+/// input, in order (a session's turn end, its settling and its finalize are
+/// one send, not three); an input that orders more than [`Outbox::CHUNK`]
+/// (a subtree's cancel) sends them in chunks as it goes, so the recorder
+/// takes the first ones on the other core while the driver still executes
+/// the rest.
+pub(crate) struct Outbox {
+    tx: mpsc::UnboundedSender<Vec<Record>>,
+    queued: Vec<Record>,
+}
+
+impl Outbox {
+    /// How many records an input queues before they go over anyway.
+    pub const CHUNK: usize = 256;
+
+    pub fn new(tx: mpsc::UnboundedSender<Vec<Record>>) -> Self {
+        Outbox {
+            tx,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues `record` behind every record queued before it.
+    pub fn push(&mut self, record: Record) {
+        self.queued.push(record);
+        if self.queued.len() >= Self::CHUNK {
+            self.flush();
+        }
+    }
+
+    /// Hands everything queued to the recorder. The driver calls it after
+    /// each input's effects and before it waits again, so nothing it
+    /// ordered waits for a later input.
+    pub fn flush(&mut self) {
+        if !self.queued.is_empty() {
+            // Room for as many as last time, up to a chunk: not grown one
+            // doubling at a time.
+            let room = Vec::with_capacity(self.queued.len().min(Self::CHUNK));
+            let _ = self.tx.send(std::mem::replace(&mut self.queued, room));
+        }
+    }
 }

@@ -341,6 +341,13 @@ where
         }
         Ok(())
     }
+
+    /// A stream the handle already took has nothing left to wait for.
+    fn close_waits(&self) -> bool {
+        lock_slot(&self.slot)
+            .as_ref()
+            .is_some_and(Close::close_waits)
+    }
 }
 
 /// Model-checks the force-close protocol of [`Slot`]. Run with

@@ -15,6 +15,11 @@ use crate::CloseError;
 /// drop; a stream that can only close asynchronously returns
 /// [`CloseError::AsyncOnly`] there and overrides [`close`](Close::close).
 /// Closing twice must be harmless, but the wrappers of this crate never do it.
+///
+/// A stream that does not override `close` should say so with
+/// [`close_waits`](Close::close_waits) returning `false`: the closers of this
+/// crate then close it in place, without building a future for each layer
+/// of wrappers around it.
 #[async_trait]
 pub trait Close: Send {
     /// Close, waiting for the provider to acknowledge where that takes time.
@@ -24,6 +29,14 @@ pub trait Close: Send {
 
     /// Close without waiting, from synchronous code such as `drop`.
     fn close_now(&mut self) -> Result<(), CloseError>;
+
+    /// Whether [`close`](Close::close) has anything to wait for now. `false`
+    /// promises that it would do no more than [`close_now`](Close::close_now)
+    /// (as the default `close` does), so a closer calls that instead. The
+    /// default, `true`, is right for any stream that overrides `close`.
+    fn close_waits(&self) -> bool {
+        true
+    }
 }
 
 #[async_trait]
@@ -35,6 +48,10 @@ impl<C: Close + ?Sized> Close for Box<C> {
     fn close_now(&mut self) -> Result<(), CloseError> {
         (**self).close_now()
     }
+
+    fn close_waits(&self) -> bool {
+        (**self).close_waits()
+    }
 }
 
 /// Close `stream` and never fail: try the async close, fall back to the sync
@@ -42,6 +59,10 @@ impl<C: Close + ?Sized> Close for Box<C> {
 ///
 /// This is the only closer the wrappers use, so every path logs the same way.
 pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
+    if !stream.close_waits() {
+        close_now_logged(stream);
+        return;
+    }
     let error = match AssertUnwindSafe(stream.close()).catch_unwind().await {
         Ok(Ok(())) => return,
         Ok(Err(CloseError::AsyncOnly)) => "it reported that only an async close works".to_owned(),
@@ -74,7 +95,9 @@ pub fn close_without_waiting<C: Close + 'static>(mut stream: C) {
     }
 }
 
-fn close_now_logged<C: Close + ?Sized>(stream: &mut C) {
+/// Close `stream` in place and never fail: its sync close, logged if it
+/// errs or panics.
+pub(crate) fn close_now_logged<C: Close + ?Sized>(stream: &mut C) {
     match catch_unwind(AssertUnwindSafe(|| stream.close_now())) {
         Ok(Ok(())) => {}
         Ok(Err(CloseError::AsyncOnly)) => {}

@@ -58,6 +58,10 @@ where
 
 #[async_trait::async_trait]
 impl<S: Send> Close for DropClose<S> {
+    fn close_waits(&self) -> bool {
+        false
+    }
+
     fn close_now(&mut self) -> Result<(), CloseError> {
         self.inner = None;
         Ok(())

@@ -11,7 +11,7 @@ use futures_util::stream::{FusedStream, Stream};
 use futures_util::FutureExt;
 use pin_project_lite::pin_project;
 
-use crate::close::{close_best_effort, close_without_waiting, Close};
+use crate::close::{close_best_effort, close_now_logged, close_without_waiting, Close};
 use crate::{CloseError, StreamError};
 
 type CloseFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -69,9 +69,14 @@ where
     fn start_close(&mut self) {
         if let State::Open(_) = self {
             if let State::Open(mut stream) = std::mem::replace(self, State::Closed) {
-                *self = State::Closing(Box::pin(async move {
-                    close_best_effort(&mut stream).await;
-                }));
+                // A close with nothing to wait for runs here, with no future.
+                if stream.close_waits() {
+                    *self = State::Closing(Box::pin(async move {
+                        close_best_effort(&mut stream).await;
+                    }));
+                } else {
+                    close_now_logged(&mut stream);
+                }
             }
         }
     }
@@ -209,6 +214,14 @@ where
     fn close_now(&mut self) -> Result<(), CloseError> {
         self.state.close_without_waiting();
         Ok(())
+    }
+
+    fn close_waits(&self) -> bool {
+        match &self.state {
+            State::Open(stream) => stream.close_waits(),
+            State::Closing(_) => true,
+            State::Closed => false,
+        }
     }
 }
 

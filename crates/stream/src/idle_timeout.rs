@@ -240,6 +240,10 @@ impl<S: Close> Close for IdleTimeout<S> {
         self.sleep = None;
         self.inner.close_now()
     }
+
+    fn close_waits(&self) -> bool {
+        self.inner.close_waits()
+    }
 }
 
 impl<S> fmt::Debug for IdleTimeout<S> {

@@ -577,6 +577,10 @@ impl Stream for OpenAiStream {
 
 #[async_trait]
 impl Close for OpenAiStream {
+    fn close_waits(&self) -> bool {
+        false
+    }
+
     fn close_now(&mut self) -> Result<(), CloseError> {
         self.body = None;
         Ok(())

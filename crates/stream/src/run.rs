@@ -6,7 +6,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use settle_core::TurnError;
 
-use crate::close::Close;
 use crate::signal::{CancelledBy, WorkEnd};
 use crate::sink::{ChunkSink, SinkError};
 use crate::{
@@ -159,7 +158,8 @@ where
         }
     };
     // Already closed at an end or an error; not when the sink stopped us.
-    let _ = stream.close().await;
+    // Driven in place: no boxed future for a close with nothing to wait for.
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_close(cx)).await;
     progress.closed();
     end
 }

@@ -348,6 +348,10 @@ impl Close for ScriptedStream {
         Ok(())
     }
 
+    fn close_waits(&self) -> bool {
+        !self.close_time().is_zero()
+    }
+
     fn close_now(&mut self) -> Result<(), CloseError> {
         if !self.close_time().is_zero() {
             return Err(CloseError::AsyncOnly);

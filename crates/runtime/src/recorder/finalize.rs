@@ -50,7 +50,7 @@ impl Recorder {
                         }
                     }
                 },
-                FinalizeStep::EndHook => {
+                FinalizeStep::EndHook if self.hooks.is_set() => {
                     let name = shared
                         .as_ref()
                         .map(|s| s.name.to_string())
@@ -67,6 +67,8 @@ impl Recorder {
                         },
                     );
                 }
+                // No hook is set: nothing to fire.
+                FinalizeStep::EndHook => {}
                 // The core freed the slot and interrupted the delegations
                 // when it ordered the plan (steps 5 and 6 are its decisions).
                 FinalizeStep::ReleaseSlot | FinalizeStep::InterruptDelegations => {}

@@ -69,7 +69,8 @@ use crate::hook::HookRunner;
 use crate::record::Record;
 use crate::report::ShutdownReport;
 
-/// How many queued records the recorder takes per wake.
+/// How many queued records the recorder takes per wake (give or take the
+/// last message: the driver sends one per input, at most a chunk each).
 const RECORD_BATCH: usize = 4096;
 
 /// Waits until `at` (never called without one).
@@ -105,8 +106,8 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Record>) {
-        let mut batch = Vec::with_capacity(RECORD_BATCH);
+    pub async fn run(mut self, mut records: mpsc::UnboundedReceiver<Vec<Record>>) {
+        let mut batch: Vec<Vec<Record>> = Vec::new();
         let mut held = Held::default();
         loop {
             let due = held.due(self.in_flight.is_some());
@@ -130,15 +131,28 @@ impl Recorder {
                     self.retry().await;
                     continue;
                 }
-                n = records.recv_many(&mut batch, RECORD_BATCH) => n,
+                n = records.recv_many(&mut batch, 1) => n,
                 () = sleep_until(due), if due.is_some() => 0,
             };
+            // As many records as are waiting, up to a batch's worth: a
+            // subtree's cancel or a shutdown is many messages, and each
+            // batch stays one bounded store call.
+            let mut taken: usize = batch.iter().map(Vec::len).sum();
+            while taken < RECORD_BATCH {
+                match records.try_recv() {
+                    Ok(more) => {
+                        taken += more.len();
+                        batch.push(more);
+                    }
+                    Err(_) => break,
+                }
+            }
             if received == 0 && due.is_none() {
                 // The driver is gone and nothing is held: done.
                 break;
             }
-            let mut pending = Pending::for_records(batch.len());
-            for record in batch.drain(..) {
+            let mut pending = Pending::for_records(taken);
+            for record in batch.drain(..).flatten() {
                 self.take(record, &mut pending, &mut held).await;
             }
             let closed = received == 0 && records.is_closed() && records.is_empty();
