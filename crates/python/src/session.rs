@@ -139,11 +139,10 @@ impl PySession {
         let request = request(input.as_ref())?;
         let provider = Arc::new(PyProvider {
             source: Arc::new(Source {
-                event_loop: running_loop(py)?.unbind(),
+                mailbox: here.deliver.mailbox(&running_loop(py)?)?,
                 source,
                 to_chunk,
             }),
-            deliver: here.deliver.clone(),
             opened: std::sync::atomic::AtomicBool::new(false),
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
@@ -173,7 +172,7 @@ impl PySession {
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         let (handle, here) = self.handle.get()?;
-        let shared = TaskShared::new(running_loop(py)?.unbind(), coroutine, here.deliver.clone());
+        let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
         let (handle, owner) = (handle.clone(), self.owner.clone());
         awaitable(
             py,
