@@ -84,6 +84,12 @@ mod turn;
 
 use pyo3::prelude::*;
 
+/// The allocator of the Rust side (as the `settle` binary's): a teardown
+/// frees on the kernel's threads blocks made on others, which glibc's
+/// malloc pays for. Python's objects keep Python's allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The native module, `settle._settle`.
 #[pymodule]
 fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
