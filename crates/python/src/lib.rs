@@ -70,6 +70,7 @@
 //!   (`kernel.rs`, registered with `atexit` by the package).
 
 mod awaitable;
+mod budget;
 mod chunk;
 mod convert;
 mod deliver;
@@ -99,6 +100,7 @@ fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<turn::PyTurn>()?;
     module.add_class::<task::PyTask>()?;
     module.add_class::<chunk::PyChunk>()?;
+    module.add_class::<budget::PyBudget>()?;
     module.add_function(wrap_pyfunction!(kernel::shutdown_all, module)?)?;
     Ok(())
 }
