@@ -209,6 +209,14 @@ impl PumpSink {
     /// hears it at the next iteration of the loop, with the other pumps
     /// that ended in this one.
     fn closed(&self, py: Python<'_>) {
+        // The task is done: nothing will cancel it any more.
+        let task = self
+            .shared
+            .control
+            .lock()
+            .ok()
+            .and_then(|mut c| c.task.take());
+        drop(task);
         let token = self.shared.closed.clone();
         self.shared.source.mailbox.cancel_soon(py, token);
     }

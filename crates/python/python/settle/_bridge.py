@@ -70,7 +70,11 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         sink.end()
     except asyncio.CancelledError:
         sink.cancelled()
-        raise
+        if not sink.close_requested():
+            raise  # someone else's cancel (the loop is closing): theirs to see
+        # The kernel's own close: the pump has done its job, and it ends
+        # without keeping the CancelledError (and the traceback and frames
+        # it holds) alive on its task until the collector finds them.
     except Exception as error:  # the source's own failure ends the turn, saying why
         sink.fail(f"{type(error).__name__}: {error}")
     finally:
