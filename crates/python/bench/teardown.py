@@ -15,8 +15,11 @@ its rounds interleaved with ours.
     python crates/python/bench/teardown.py [N ...] [--fanout F] [--runs R] [--json]
 
 Prints one line per size (or, with --json, one object: {"n", "fanout",
-"runs", "ours_ms", "peer_ms", "ratio"}: medians, ratio = ours / peer, target
-≤ 1.0).
+"runs", "ours_ms", "peer_ms", "ratio", "ours_cpu_ms", "ours_loop_cpu_ms",
+"peer_cpu_ms"}: medians, ratio = ours / peer, target ≤ 1.0). The CPU times
+are the process's (every thread) and the loop thread's over the same timed
+window: on shared cores, where wall time swings with the other load, they
+say how much work each side does.
 """
 
 from __future__ import annotations
@@ -33,6 +36,22 @@ from pathlib import Path
 import settle
 
 PEER = Path(__file__).resolve().parents[2] / "bench" / "peers" / "asyncio_teardown.py"
+
+
+class _Clock:
+    """The peer's `time`, unchanged but for `perf_counter`, which also notes
+    the CPU time at each call: the peer reads it exactly twice, at the start
+    and at the end of its timed window."""
+
+    def __init__(self) -> None:
+        self.marks: list = []
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def perf_counter(self) -> float:
+        self.marks.append(time.process_time())
+        return time.perf_counter()
 
 
 def load_peer():
@@ -56,7 +75,7 @@ async def read(turn: settle.Turn) -> None:
         pass
 
 
-async def ours(n: int, fanout: int, folder: str, round_no: int) -> float:
+async def ours(n: int, fanout: int, folder: str, round_no: int) -> tuple:
     db = os.path.join(folder, f"ours-{n}-{round_no}.db")
     kernel = await settle.Kernel.open(db, settle_timeout=5.0, idle_timeout=None, idle_ttl=None, lru_cap=None)
     try:
@@ -67,13 +86,14 @@ async def ours(n: int, fanout: int, folder: str, round_no: int) -> float:
         readers = [asyncio.create_task(read(t)) for t in turns]
         # Every turn's stream is open and mid-stream (its pump is waiting).
         await asyncio.sleep(0.2)
-        t0 = time.perf_counter()
+        t0, c0, l0 = time.perf_counter(), time.process_time(), time.thread_time()
         await sessions[0].finish()
         await asyncio.gather(*readers)
         dt = time.perf_counter() - t0
+        cpu, loop_cpu = time.process_time() - c0, time.thread_time() - l0
         outcomes = {t.outcome for t in turns}
         assert outcomes == {"cancelled"}, outcomes
-        return dt
+        return dt, cpu, loop_cpu
     finally:
         await kernel.shutdown(0.0)
         for suffix in ("", "-wal", "-shm"):
@@ -94,23 +114,30 @@ def main(argv) -> None:
         else:
             sizes.append(int(a))
     peer = load_peer()
+    clock = peer.time = _Clock()
+    median = lambda values: sorted(values)[len(values) // 2]
     with tempfile.TemporaryDirectory() as folder:
         for n in sizes or [1000, 10000]:
             mine, theirs = [], []
             for r in range(runs):
-                mine.append(asyncio.run(ours(n, max(1, fanout), folder, r)) * 1000)
-                theirs.append(asyncio.run(peer.teardown(n, max(1, fanout), folder)) * 1000)
-            mine.sort()
-            theirs.sort()
-            row = {"n": n, "fanout": fanout, "runs": runs, "ours_ms": mine[runs // 2],
-                   "peer_ms": theirs[runs // 2]}
+                dt, cpu, loop_cpu = asyncio.run(ours(n, max(1, fanout), folder, r))
+                mine.append((dt * 1000, cpu * 1000, loop_cpu * 1000))
+                clock.marks.clear()
+                dt = asyncio.run(peer.teardown(n, max(1, fanout), folder))
+                theirs.append((dt * 1000, (clock.marks[-1] - clock.marks[0]) * 1000))
+            row = {"n": n, "fanout": fanout, "runs": runs,
+                   "ours_ms": median([m[0] for m in mine]), "peer_ms": median([t[0] for t in theirs])}
             row["ratio"] = row["ours_ms"] / row["peer_ms"]
+            row["ours_cpu_ms"] = median([m[1] for m in mine])
+            row["ours_loop_cpu_ms"] = median([m[2] for m in mine])
+            row["peer_cpu_ms"] = median([t[1] for t in theirs])
             if as_json:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"python teardown durable n={n} fanout={fanout}: settle {row['ours_ms']:.1f} ms, "
-                      f"asyncio peer {row['peer_ms']:.1f} ms, ratio {row['ratio']:.2f} (target <= 1.0)",
-                      flush=True)
+                      f"asyncio peer {row['peer_ms']:.1f} ms, ratio {row['ratio']:.2f} (target <= 1.0); "
+                      f"cpu: settle {row['ours_cpu_ms']:.1f} ms (loop thread {row['ours_loop_cpu_ms']:.1f}), "
+                      f"peer {row['peer_cpu_ms']:.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 //! through.
 //!
 //! Each call makes an `asyncio.Future` on the caller's running loop and runs
-//! the Rust future on the runtime's threads. When that ends, the deliverer
-//! (`deliver.rs`) schedules the result onto the loop with
-//! `call_soon_threadsafe`; the GIL is never held while the kernel or the
-//! store is waited on. Three things make it safe where a plain
+//! the Rust future on the runtime's threads. When that ends, its result is
+//! posted to the loop's mailbox (`deliver.rs`) and set on the future by the
+//! loop's own thread, in a batch with whatever else arrived meanwhile (one
+//! wake of the loop per batch); the GIL is never held while the kernel or
+//! the store is waited on. Three things make it safe where a plain
 //! `future_into_py` is not:
 //!
 //! - **Cancel reaches Rust.** A done callback sees the asyncio future
@@ -22,12 +23,14 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyModule, PyWeakrefReference};
+use pyo3::types::{PyDict, PyModule, PyWeakrefReference};
 use pyo3::IntoPyObjectExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::deliver::Landing;
 use crate::process::Here;
 
 /// What a cancel of the asyncio future does to the Rust future.
@@ -81,6 +84,21 @@ pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     py.import("asyncio")?.call_method0("get_running_loop")
 }
 
+/// An empty context for the done callbacks of bridged futures: they read
+/// no context variable, so they need no copy of the caller's.
+static NO_CONTEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn no_context(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    NO_CONTEXT
+        .get_or_try_init(py, || {
+            py.import("contextvars")?
+                .getattr("Context")?
+                .call0()
+                .map(Bound::unbind)
+        })
+        .map(|context| context.bind(py))
+}
+
 /// An awaitable on the running loop that resolves with what `work` gives
 /// (converted to Python), or raises its error. `token` is cancelled when
 /// the awaitable is cancelled or collected before it is done.
@@ -96,7 +114,8 @@ where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     let event_loop = running_loop(py)?;
-    let future = event_loop.call_method0("create_future")?;
+    let mailbox = here.deliver.mailbox(&event_loop)?;
+    let future = event_loop.call_method0(intern!(py, "create_future"))?;
     let callback = Bound::new(
         py,
         CancelOnDone {
@@ -104,10 +123,14 @@ where
             called: AtomicBool::new(false),
         },
     )?;
-    future.call_method1("add_done_callback", (callback,))?;
-    let weak = PyWeakrefReference::new(&future)?.into_any().unbind();
-    let event_loop = event_loop.unbind();
-    let deliver = here.deliver.clone();
+    let options = PyDict::new(py);
+    options.set_item(intern!(py, "context"), no_context(py)?)?;
+    future.call_method(
+        intern!(py, "add_done_callback"),
+        (callback,),
+        Some(&options),
+    )?;
+    let weak = PyWeakrefReference::new(&future)?.unbind();
     here.runtime.spawn(async move {
         let result = match on_cancel {
             OnCancel::Finish => work.await,
@@ -116,37 +139,37 @@ where
                 () = token.cancelled() => return,
             },
         };
-        deliver.send(move |py| resolve(py, &event_loop, &weak, result));
+        mailbox.post(move |py, landing| {
+            if let Landing::Loop(_) = landing {
+                resolve(py, &weak, result);
+            }
+        });
     });
     Ok(future)
 }
 
-/// Hands `result` to the future `weak` names, on its loop; nothing when the
-/// future was collected or the loop is closed.
-fn resolve<T>(py: Python<'_>, event_loop: &Py<PyAny>, weak: &Py<PyAny>, result: PyResult<T>)
+/// Hands `result` to the future `weak` names, on its loop's thread; nothing
+/// when the future was collected or is already done (cancelled).
+fn resolve<T>(py: Python<'_>, weak: &Py<PyWeakrefReference>, result: PyResult<T>)
 where
     T: for<'a> IntoPyObject<'a>,
 {
-    let Ok(future) = weak.bind(py).call0() else {
+    let Some(future) = weak.bind(py).upgrade() else {
         return;
     };
-    if future.is_none() {
+    let done = future
+        .call_method0(intern!(py, "done"))
+        .and_then(|done| done.is_truthy());
+    if !matches!(done, Ok(false)) {
         return;
     }
-    let (ok, value) = match result.and_then(|value| value.into_py_any(py)) {
-        Ok(value) => (true, value),
-        Err(error) => (false, error.into_value(py).into_any()),
+    let set = match result.and_then(|value| value.into_py_any(py)) {
+        Ok(value) => future.call_method1(intern!(py, "set_result"), (value,)),
+        Err(error) => future.call_method1(intern!(py, "set_exception"), (error.into_value(py),)),
     };
-    let Ok(bridge) = bridge(py) else {
-        return;
-    };
-    let Ok(set) = bridge.getattr("resolve") else {
-        return;
-    };
-    // A closed loop raises here; the result has nobody left to reach.
-    let _ = event_loop
-        .bind(py)
-        .call_method1("call_soon_threadsafe", (set, future, ok, value));
+    // Only an `InvalidStateError` can fail here, and the future then has
+    // its result already: nothing is lost.
+    let _ = set;
 }
 
 /// An awaitable already resolved with `value` (for `__aenter__`).

@@ -54,6 +54,13 @@ pyo3::create_exception!(
     "The task was cancelled (by its session, the kernel, or `Task.cancel()`) and gave no result."
 );
 
+pyo3::create_exception!(
+    settle,
+    BudgetExhausted,
+    Error,
+    "The session's budget (its own or an ancestor's `settle.Budget`) is spent: the turn was refused, and the subtree is wound down `budget_exhausted`."
+);
+
 /// A plain `settle.Error`.
 pub(crate) fn error(message: impl Into<String>) -> PyErr {
     Error::new_err(message.into())
@@ -67,6 +74,9 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
     }
     if error.is_shutting_down() {
         return ShuttingDown::new_err(message);
+    }
+    if error.is_budget_exhausted() {
+        return BudgetExhausted::new_err(message);
     }
     match error {
         RuntimeError::Store(_)
@@ -102,5 +112,6 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("BadInput", py.get_type::<BadInput>())?;
     module.add("Detached", py.get_type::<Detached>())?;
     module.add("Cancelled", py.get_type::<Cancelled>())?;
+    module.add("BudgetExhausted", py.get_type::<BudgetExhausted>())?;
     Ok(())
 }

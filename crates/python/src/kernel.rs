@@ -13,6 +13,7 @@ use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::{awaitable, ready, running_loop, OnCancel};
+use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{here, ForkSafe, Owner};
 use crate::session::PySession;
@@ -38,6 +39,8 @@ pub(crate) struct PyKernel {
     kernel: ForkSafe<Kernel>,
     owner: Owner,
     drain: Duration,
+    /// The idle timeout of its turns, unless a turn sets its own.
+    idle: Option<Duration>,
     /// The first signal the handlers received (0: none).
     signal: Arc<AtomicU32>,
 }
@@ -87,13 +90,27 @@ impl PyKernel {
     /// a `postgres://` URL; `None` for a store in memory) and starts a
     /// kernel on it. Times are in seconds: `settle_timeout` (G5),
     /// `drain_timeout` (G9), `idle_timeout` (a stream silent this long ends
-    /// its turn `idle_timeout`; `None` for none), `idle_ttl` (an idle
-    /// session this old is reaped, `idle_reap`; `None` for never); `lru_cap`
-    /// (past this many open sessions the least recently active idle one is
-    /// evicted, `lru_evict`; `None` for no cap). Raises `BadInput` for a
-    /// database that cannot be opened, `StoreError` when the store fails.
+    /// its turn `idle_timeout`; `None` for none; a turn may set its own).
+    ///
+    /// The kernel's two reclaimers of idle sessions are **off by default**
+    /// here: a Python program holds its sessions and ends them itself
+    /// (`finish()`, `close()`, the shutdown), and a reclaimer finalizes a
+    /// session whether or not a `Session` of it is still held. Turned on:
+    /// `idle_ttl` (seconds: a session idle this long is finalized
+    /// `idle_reap`) and `lru_cap` (a number: registering a session past
+    /// this many open ones first finalizes the least recently active idle
+    /// ones, `lru_evict`; registering raises `Error` when none can be).
+    /// "Idle" is between turns: no turn running, no spawned task, no live
+    /// child, no `hold()`; a session mid-turn is never reclaimed (G3), but
+    /// one whose program is between two of its turns (running a tool in
+    /// its own code, waiting for a person) is, and its next call raises
+    /// `SessionClosed`: `hold()` it for that time. (The SPEC's defaults for
+    /// a gateway, `settle serve`, are 30 minutes and 1,000.)
+    ///
+    /// Raises `BadInput` for a database that cannot be opened, `StoreError`
+    /// when the store fails.
     #[staticmethod]
-    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(300.0), idle_ttl = Some(1800.0), lru_cap = Some(1000)))]
+    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(300.0), idle_ttl = None, lru_cap = None))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<String>,
@@ -142,6 +159,7 @@ impl PyKernel {
                     kernel: ForkSafe::new(kernel, owner.clone()),
                     owner,
                     drain,
+                    idle,
                     signal: Arc::new(AtomicU32::new(0)),
                 })
             },
@@ -149,15 +167,18 @@ impl PyKernel {
     }
 
     /// Registers a root session (or a child of `parent`, a `Session` or an
-    /// id). Raises `ShuttingDown` during a shutdown, `SessionClosed` when the
-    /// parent is finalized, `BadInput` when it is unknown.
-    #[pyo3(signature = (name, parent = None))]
+    /// id), with a `settle.Budget` for it and its subtree if given. Raises
+    /// `ShuttingDown` during a shutdown, `SessionClosed` when the parent is
+    /// finalized, `BadInput` when it is unknown.
+    #[pyo3(signature = (name, parent = None, *, budget = None))]
     fn register<'py>(
         &self,
         py: Python<'py>,
         name: String,
         parent: Option<Bound<'py, PyAny>>,
+        budget: Option<PyRef<'py, PyBudget>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let budget = budget.map(|b| b.get());
         crate::task::check_write(py)?;
         let parent = match parent {
             None => None,
@@ -167,18 +188,22 @@ impl PyKernel {
             },
         };
         let (kernel, here) = self.kernel.get()?;
-        let (kernel, owner) = (kernel.clone(), self.owner.clone());
+        let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
         awaitable(
             py,
             here,
             CancellationToken::new(),
             OnCancel::Finish,
             async move {
-                let session = kernel
-                    .register(name, parent)
-                    .await
-                    .map_err(errors::runtime)?;
-                Ok(PySession::new(session, owner))
+                let session = match budget {
+                    None => kernel.register(name, parent).await,
+                    Some(budget) => kernel.register_with_budget(name, parent, budget).await,
+                };
+                Ok(PySession::new(
+                    session.map_err(errors::runtime)?,
+                    owner,
+                    idle,
+                ))
             },
         )
     }
@@ -187,7 +212,7 @@ impl PyKernel {
     /// methods raise `SessionClosed`. Raises `BadInput` when it is unknown.
     fn session<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
         let (kernel, here) = self.kernel.get()?;
-        let (kernel, owner) = (kernel.clone(), self.owner.clone());
+        let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
         awaitable(
             py,
             here,
@@ -198,7 +223,7 @@ impl PyKernel {
                     .session(SessionId(id))
                     .await
                     .map_err(errors::runtime)?;
-                Ok(PySession::new(session, owner))
+                Ok(PySession::new(session, owner, idle))
             },
         )
     }

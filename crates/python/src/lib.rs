@@ -31,8 +31,16 @@
 //! The runtime runs on its own threads (a tokio runtime made once per
 //! process, `process.rs`); the GIL is never held while the kernel or the
 //! store is waited on. Every kernel call returns an `asyncio.Future` made on
-//! the caller's loop, resolved through one deliverer thread with
-//! `call_soon_threadsafe` (`awaitable.rs`, `deliver.rs`).
+//! the caller's loop. What the kernel has for a loop (a call's result, a
+//! pump or a task to start or cancel) is posted to that loop's mailbox and
+//! run by the loop's own thread, in batches: only the first post to an idle
+//! mailbox wakes the loop (one `call_soon_threadsafe`, made by the one
+//! deliverer thread that takes the GIL on the kernel's behalf), and a drain
+//! that finds more schedules itself again from the loop. The other way,
+//! what the loop's pumps report (a stream closed) is handed to the kernel
+//! once per iteration of the loop, not once per pump (`awaitable.rs`,
+//! `deliver.rs`). A subtree torn down at once costs its loop a handful of
+//! wakes, not one per session.
 //!
 //! It is granian's approach, a future of our own whose `cancel()` reaches
 //! Rust, rather than pyo3-async-runtimes' `future_into_py`, for what that
@@ -62,6 +70,7 @@
 //!   (`kernel.rs`, registered with `atexit` by the package).
 
 mod awaitable;
+mod budget;
 mod chunk;
 mod convert;
 mod deliver;
@@ -76,6 +85,12 @@ mod turn;
 
 use pyo3::prelude::*;
 
+/// The allocator of the Rust side (as the `settle` binary's): a teardown
+/// frees on the kernel's threads blocks made on others, which glibc's
+/// malloc pays for. Python's objects keep Python's allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The native module, `settle._settle`.
 #[pymodule]
 fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -85,6 +100,7 @@ fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<turn::PyTurn>()?;
     module.add_class::<task::PyTask>()?;
     module.add_class::<chunk::PyChunk>()?;
+    module.add_class::<budget::PyBudget>()?;
     module.add_function(wrap_pyfunction!(kernel::shutdown_all, module)?)?;
     Ok(())
 }

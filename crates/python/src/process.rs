@@ -48,7 +48,7 @@ pub(crate) fn here() -> PyResult<Here> {
     let here = Here {
         pid,
         runtime: Box::leak(Box::new(runtime)),
-        deliver: Arc::new(deliver),
+        deliver,
     };
     // A parent's runtime in a child is forgotten, not dropped (see above).
     if let Some(old) = current.replace(here.clone()) {

@@ -1,7 +1,7 @@
 //! A turn over a Python async iterator: the [`Provider`] the kernel opens,
 //! and the pump on the caller's loop that feeds it.
 //!
-//! `open` asks the caller's loop (through the deliverer) to start the pump,
+//! `open` asks the caller's loop (through its mailbox) to start the pump,
 //! an asyncio task of `settle/_bridge.py`: it calls the caller's source
 //! (awaiting it if it returns an awaitable, as `openai`'s `create()` does),
 //! iterates what it got and hands each item to a [`PumpSink`]. Closing the
@@ -28,12 +28,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::bridge;
-use crate::deliver::Deliverer;
+use crate::deliver::{Landing, Mailbox};
 
 /// What the caller gave for one turn.
 pub(crate) struct Source {
-    /// The loop the pump runs on: the caller's.
-    pub event_loop: Py<PyAny>,
+    /// The mailbox of the loop the pump runs on: the caller's.
+    pub mailbox: Arc<Mailbox>,
     /// A callable returning an async iterable (or an awaitable of one), or
     /// an async iterable.
     pub source: Py<PyAny>,
@@ -44,7 +44,6 @@ pub(crate) struct Source {
 /// The provider of one Python turn.
 pub(crate) struct PyProvider {
     pub source: Arc<Source>,
-    pub deliver: Arc<Deliverer>,
     /// Whether the kernel ever opened it.
     pub opened: std::sync::atomic::AtomicBool,
 }
@@ -58,12 +57,13 @@ impl Drop for PyProvider {
             return;
         }
         let source = self.source.clone();
-        self.deliver.send(move |py| {
+        self.source.mailbox.post(move |py, landing| {
+            let event_loop = match landing {
+                Landing::Loop(event_loop) => Some(event_loop),
+                Landing::Closed => None,
+            };
             if let Ok(bridge) = bridge(py) {
-                let _ = bridge.call_method1(
-                    "close_unopened",
-                    (source.event_loop.bind(py), source.source.bind(py)),
-                );
+                let _ = bridge.call_method1("close_unopened", (event_loop, source.source.bind(py)));
             }
         });
     }
@@ -91,7 +91,6 @@ struct Shared {
     /// Cancelled once the pump's `finally` ran (the Python stream is closed).
     closed: CancellationToken,
     source: Arc<Source>,
-    deliver: Arc<Deliverer>,
 }
 
 impl Shared {
@@ -103,22 +102,19 @@ impl Shared {
             _ => return,
         }
         let shared = self.clone();
-        self.deliver.send(move |py| {
+        self.source.mailbox.post(move |py, landing| {
+            if let Landing::Closed = landing {
+                // Its loop is closed: the pump will never run again.
+                shared.closed.cancel();
+                return;
+            }
             let task = match shared.control.lock() {
                 Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
                 Err(_) => None,
             };
+            // No task yet: the pump sees the request first thing.
             if let Some(task) = task {
-                let cancel = task.getattr("cancel");
-                let scheduled = cancel.and_then(|cancel| {
-                    shared
-                        .source
-                        .event_loop
-                        .bind(py)
-                        .call_method1("call_soon_threadsafe", (cancel,))
-                });
-                if scheduled.is_err() {
-                    // Its loop is closed: the pump will never run again.
+                if task.call_method0(pyo3::intern!(py, "cancel")).is_err() {
                     shared.closed.cancel();
                 }
             }
@@ -195,19 +191,34 @@ impl PumpSink {
         }
     }
 
-    /// The pump was cancelled.
+    /// The pump was cancelled: by the kernel closing its stream (which
+    /// needs to hear nothing more than `closed()`), or by someone else (its
+    /// loop shutting down), which ends the turn.
     fn cancelled(&self) {
-        if !self
+        if self
             .shared
             .send_opened(Err("the turn's task was cancelled".into()))
+            || self.shared.close_requested()
         {
-            let _ = self.shared.items.send(Item::Cancelled);
+            return;
         }
+        let _ = self.shared.items.send(Item::Cancelled);
     }
 
-    /// The pump's `finally` ran: the Python stream is closed.
-    fn closed(&self) {
-        self.shared.closed.cancel();
+    /// The pump's `finally` ran: the Python stream is closed. The kernel
+    /// hears it at the next iteration of the loop, with the other pumps
+    /// that ended in this one.
+    fn closed(&self, py: Python<'_>) {
+        // The task is done: nothing will cancel it any more.
+        let task = self
+            .shared
+            .control
+            .lock()
+            .ok()
+            .and_then(|mut c| c.task.take());
+        drop(task);
+        let token = self.shared.closed.clone();
+        self.shared.source.mailbox.cancel_soon(py, token);
     }
 }
 
@@ -238,14 +249,17 @@ impl Provider for PyProvider {
             control: Mutex::new(Control::default()),
             closed: CancellationToken::new(),
             source: self.source.clone(),
-            deliver: self.deliver.clone(),
         });
         let mut guard = CloseUnlessOpened {
             shared: Some(shared.clone()),
         };
         let starting = shared.clone();
-        self.deliver.send(move |py| {
-            if let Err(error) = start_pump(py, &starting) {
+        self.source.mailbox.post(move |py, landing| {
+            let started = match landing {
+                Landing::Loop(event_loop) => start_pump(py, event_loop, &starting),
+                Landing::Closed => Err(crate::errors::error("its event loop is closed")),
+            };
+            if let Err(error) = started {
                 starting.send_opened(Err(format!(
                     "the turn's stream could not be started on its event loop: {error}"
                 )));
@@ -271,7 +285,7 @@ impl Provider for PyProvider {
     }
 }
 
-fn start_pump(py: Python<'_>, shared: &Arc<Shared>) -> PyResult<()> {
+fn start_pump(py: Python<'_>, event_loop: &Bound<'_, PyAny>, shared: &Arc<Shared>) -> PyResult<()> {
     let sink = Py::new(
         py,
         PumpSink {
@@ -282,12 +296,7 @@ fn start_pump(py: Python<'_>, shared: &Arc<Shared>) -> PyResult<()> {
     let to_chunk = source.to_chunk.as_ref().map(|f| f.bind(py).clone());
     bridge(py)?.call_method1(
         "start_pump",
-        (
-            source.event_loop.bind(py),
-            source.source.bind(py),
-            to_chunk,
-            sink,
-        ),
+        (event_loop, source.source.bind(py), to_chunk, sink),
     )?;
     Ok(())
 }

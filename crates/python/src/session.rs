@@ -1,15 +1,17 @@
 //! `settle.Session`: one session of a kernel, its turns, tasks and end.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use settle_core::{CancelMode, Handled, SessionId};
-use settle_runtime::{SessionHandle, TurnRequest};
+use settle_core::{CancelMode, Handled, Hold, SessionId};
+use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::{awaitable, running_loop, OnCancel};
+use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
 use crate::provider::{PyProvider, Source};
@@ -23,14 +25,17 @@ use crate::turn::PyTurn;
 pub(crate) struct PySession {
     handle: ForkSafe<SessionHandle>,
     owner: Owner,
+    /// The kernel's idle timeout of a turn, unless the turn sets its own.
+    idle: Option<Duration>,
     id: u64,
     name: String,
     parent: Option<u64>,
 }
 
 impl PySession {
-    pub fn new(handle: SessionHandle, owner: Owner) -> Self {
+    pub fn new(handle: SessionHandle, owner: Owner, idle: Option<Duration>) -> Self {
         PySession {
+            idle,
             id: handle.id().get(),
             name: handle.name().to_owned(),
             parent: handle.parent().map(SessionId::get),
@@ -87,6 +92,41 @@ impl PySession {
     pub fn id_value(&self) -> u64 {
         self.id
     }
+
+    /// A turn's options from its keyword arguments; `None` when it sets
+    /// none (the kernel's apply).
+    fn turn_options(&self, idle: Option<f64>, first: Option<f64>) -> PyResult<Option<TurnOptions>> {
+        if idle.is_none() && first.is_none() {
+            return Ok(None);
+        }
+        let seconds = |value: f64, what: &str| {
+            Duration::try_from_secs_f64(value).map_err(|_| {
+                errors::BadInput::new_err(format!(
+                    "{what} must be a number of seconds ≥ 0, not {value}"
+                ))
+            })
+        };
+        let idle = match idle {
+            Some(idle) => seconds(idle, "idle_timeout")?,
+            None => self.idle.unwrap_or(Duration::ZERO),
+        };
+        let mut options = TurnOptions::default().idle_timeout(idle);
+        if let Some(first) = first {
+            options = options.first_event_timeout(seconds(first, "first_event_timeout")?);
+        }
+        Ok(Some(options))
+    }
+}
+
+/// A hold's kind from its Python spelling.
+fn hold_of(kind: &str) -> PyResult<Hold> {
+    match kind {
+        "input" => Ok(Hold::PendingInput),
+        "delegation" => Ok(Hold::Delegation),
+        other => Err(errors::BadInput::new_err(format!(
+            "a hold is \"input\" or \"delegation\", not {other:?}"
+        ))),
+    }
 }
 
 #[pymethods]
@@ -116,23 +156,37 @@ impl PySession {
     }
 
     /// Registers a child session under this one (G1: it is cancelled and
-    /// finalized before this one). Raises `SessionClosed` once this one is
-    /// finalized, `Error` while it winds down, `ShuttingDown` during a shutdown.
-    fn child<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+    /// finalized before this one), with a `settle.Budget` of its own if
+    /// given (it counts against this one's too). Raises `SessionClosed`
+    /// once this one is finalized, `Error` while it winds down,
+    /// `ShuttingDown` during a shutdown.
+    #[pyo3(signature = (name, *, budget = None))]
+    fn child<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        budget: Option<PyRef<'py, PyBudget>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
+        let budget = budget.map(|b| b.get());
         let (handle, here) = self.handle.get()?;
         let (kernel, parent, owner) = (handle.kernel().clone(), handle.id(), self.owner.clone());
+        let idle = self.idle;
         awaitable(
             py,
             here,
             CancellationToken::new(),
             OnCancel::Finish,
             async move {
-                let child = kernel
-                    .register(name, Some(parent))
-                    .await
-                    .map_err(errors::runtime)?;
-                Ok(PySession::new(child, owner))
+                let child = match budget {
+                    None => kernel.register(name, Some(parent)).await,
+                    Some(budget) => {
+                        kernel
+                            .register_with_budget(name, Some(parent), budget)
+                            .await
+                    }
+                };
+                Ok(PySession::new(child.map_err(errors::runtime)?, owner, idle))
             },
         )
     }
@@ -148,25 +202,37 @@ impl PySession {
     /// `str`, a `settle.Chunk`, an OpenAI-shaped chunk, a list of those, or
     /// `None`) when the items are none of those.
     ///
+    /// This turn's own timeouts, in seconds (`0` disables): `idle_timeout`
+    /// (no item for this long ends it `idle_timeout`; default: the
+    /// kernel's) and `first_event_timeout` (no first item within this ends
+    /// it `idle_timeout`; default: the idle timeout), for a model that
+    /// thinks long before its first token, or a step that must be quick.
+    /// (Retrying a failed open is the model client's own business in
+    /// Python, e.g. `openai`'s `max_retries`: the kernel never re-opens a
+    /// source it was given.)
+    ///
     /// Resolves to a `settle.Turn` once the turn's start is stored.
-    #[pyo3(signature = (source, *, input = None, to_chunk = None))]
+    #[pyo3(signature = (source, *, input = None, to_chunk = None, idle_timeout = None, first_event_timeout = None))]
+    #[allow(clippy::too_many_arguments)]
     fn turn<'py>(
         &self,
         py: Python<'py>,
         source: Py<PyAny>,
         input: Option<Bound<'py, PyAny>>,
         to_chunk: Option<Py<PyAny>>,
+        idle_timeout: Option<f64>,
+        first_event_timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
+        let options = self.turn_options(idle_timeout, first_event_timeout)?;
         let (handle, here) = self.handle.get()?;
         let request = request(input.as_ref())?;
         let provider = Arc::new(PyProvider {
             source: Arc::new(Source {
-                event_loop: running_loop(py)?.unbind(),
+                mailbox: here.deliver.mailbox(&running_loop(py)?)?,
                 source,
                 to_chunk,
             }),
-            deliver: here.deliver.clone(),
             opened: std::sync::atomic::AtomicBool::new(false),
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
@@ -178,10 +244,11 @@ impl PySession {
             CancellationToken::new(),
             OnCancel::Finish,
             async move {
-                let turn = handle
-                    .run_turn(provider, request)
-                    .await
-                    .map_err(errors::runtime)?;
+                let turn = match options {
+                    None => handle.run_turn(provider, request).await,
+                    Some(options) => handle.run_turn_with(provider, request, options).await,
+                };
+                let turn = turn.map_err(errors::runtime)?;
                 Ok(PyTurn::new(turn, owner))
             },
         )
@@ -196,7 +263,7 @@ impl PySession {
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         let (handle, here) = self.handle.get()?;
-        let shared = TaskShared::new(running_loop(py)?.unbind(), coroutine, here.deliver.clone());
+        let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
         let (handle, owner) = (handle.clone(), self.owner.clone());
         awaitable(
             py,
@@ -261,6 +328,45 @@ impl PySession {
             let reason = handle.close().await.map_err(errors::runtime)?;
             Ok(reason.as_str())
         })
+    }
+
+    /// Marks the session as waiting (`kind`: `"input"`, input it asked a
+    /// person for; `"delegation"`, work it handed to another session): no
+    /// automatic path (idle reap, LRU cap) reclaims it until `release()`.
+    /// Raises `SessionClosed` once it is finalized.
+    #[pyo3(signature = (kind = "input"))]
+    fn hold<'py>(&self, py: Python<'py>, kind: &str) -> PyResult<Bound<'py, PyAny>> {
+        let hold = hold_of(kind)?;
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                handle.hold(hold).await.map_err(errors::runtime)?;
+                Ok(())
+            },
+        )
+    }
+
+    /// Ends a `hold(kind)`.
+    #[pyo3(signature = (kind = "input"))]
+    fn release<'py>(&self, py: Python<'py>, kind: &str) -> PyResult<Bound<'py, PyAny>> {
+        let hold = hold_of(kind)?;
+        let (handle, here) = self.handle.get()?;
+        let handle = handle.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                handle.release(hold).await.map_err(errors::runtime)?;
+                Ok(())
+            },
+        )
     }
 
     /// Resolves to the end reason once the session is finalized.

@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::{awaitable, bridge, OnCancel};
-use crate::deliver::Deliverer;
+use crate::deliver::{Landing, Mailbox};
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
 
@@ -36,24 +36,23 @@ struct Control {
 
 /// What the kernel's side and the asyncio task share.
 pub(crate) struct Shared {
-    event_loop: Py<PyAny>,
+    /// The mailbox of the caller's loop, where the coroutine runs.
+    mailbox: Arc<Mailbox>,
     coroutine: Mutex<Option<Py<PyAny>>>,
     ended: Mutex<Option<oneshot::Sender<Ended>>>,
     control: Mutex<Control>,
     /// Cancelled when the kernel detaches the task (its write access).
     context: Mutex<Option<TaskContext>>,
-    deliver: Arc<Deliverer>,
 }
 
 impl Shared {
-    pub fn new(event_loop: Py<PyAny>, coroutine: Py<PyAny>, deliver: Arc<Deliverer>) -> Arc<Self> {
+    pub fn new(mailbox: Arc<Mailbox>, coroutine: Py<PyAny>) -> Arc<Self> {
         Arc::new(Shared {
-            event_loop,
+            mailbox,
             coroutine: Mutex::new(Some(coroutine)),
             ended: Mutex::new(None),
             control: Mutex::new(Control::default()),
             context: Mutex::new(None),
-            deliver,
         })
     }
 
@@ -63,7 +62,7 @@ impl Shared {
         let Some(coroutine) = self.coroutine.lock().ok().and_then(|mut c| c.take()) else {
             return;
         };
-        self.deliver.send(move |py| {
+        self.mailbox.post(move |py, _| {
             let _ = coroutine.bind(py).call_method0("close");
         });
     }
@@ -80,13 +79,19 @@ impl Shared {
             _ => return,
         }
         let shared = self.clone();
-        self.deliver.send(move |py| {
+        self.mailbox.post(move |py, landing| {
+            // A closed loop runs nothing more: the kernel detaches the task
+            // at the settle deadline.
+            if let Landing::Closed = landing {
+                return;
+            }
             let task = match shared.control.lock() {
                 Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
                 Err(_) => None,
             };
-            if let (Some(task), Ok(bridge)) = (task, bridge(py)) {
-                let _ = bridge.call_method1("cancel_soon", (shared.event_loop.bind(py), task));
+            // No task yet: it sees the request first thing.
+            if let Some(task) = task {
+                let _ = task.call_method0(pyo3::intern!(py, "cancel"));
             }
         });
     }
@@ -163,11 +168,18 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
         *slot = Some(context.clone());
     }
     let starting = shared.clone();
-    shared.deliver.send(move |py| {
+    shared.mailbox.post(move |py, landing| {
         let started = (|| -> PyResult<()> {
             let coroutine = starting.coroutine.lock().ok().and_then(|mut c| c.take());
             let Some(coroutine) = coroutine else {
                 return Ok(());
+            };
+            let Landing::Loop(event_loop) = landing else {
+                // Closed unawaited, so Python does not warn that it never ran.
+                let _ = coroutine.bind(py).call_method0("close");
+                return Err(errors::error(
+                    "the task's event loop is closed: its coroutine cannot run",
+                ));
             };
             let control = Py::new(
                 py,
@@ -175,10 +187,7 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
                     shared: starting.clone(),
                 },
             )?;
-            bridge(py)?.call_method1(
-                "start_task",
-                (starting.event_loop.bind(py), coroutine.bind(py), control),
-            )?;
+            bridge(py)?.call_method1("start_task", (event_loop, coroutine.bind(py), control))?;
             Ok(())
         })();
         if let Err(error) = started {

@@ -202,6 +202,57 @@ def test_a_completion_after_its_loop_closed_is_dropped_quietly(db):
     assert "Traceback" not in out.stderr, out.stderr
 
 
+WORK_FOR_A_CLOSED_LOOP_SCRIPT = """
+import asyncio, sys
+import settle
+
+async def stream():
+    while True:
+        await asyncio.sleep(3600)
+        yield "never"
+
+async def job():
+    await asyncio.sleep(3600)
+
+async def first(box):
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.2)
+    session = await kernel.register("s")
+    # Their pump and coroutine are for this loop, which closes at once:
+    # whether they started on it (and were cancelled as it closed) or never
+    # reached it, neither waits for a loop that is gone.
+    turn = await session.turn(stream)
+    task = await session.spawn(job())
+    box.extend([kernel, turn, task])
+
+box = []
+asyncio.run(first(box))
+kernel, turn, task = box
+
+async def second():
+    chunks = [c async for c in turn]
+    print("turn", turn.outcome, chunks, flush=True)
+    try:
+        await asyncio.wait_for(task.join(), 20)
+    except settle.Error as error:
+        print("task", type(error).__name__, flush=True)
+    await kernel.shutdown(0.0)
+    print("shut down", flush=True)
+
+asyncio.run(asyncio.wait_for(second(), 25))
+"""
+
+
+def test_a_pump_or_task_whose_loop_closed_ends_instead_of_waiting(db):
+    out = run_script(WORK_FOR_A_CLOSED_LOOP_SCRIPT, db, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] in ("turn failed []", "turn cancelled []"), lines
+    assert lines[1] in ("task Cancelled", "task Error"), lines
+    assert lines[2] == "shut down", lines
+    assert "never awaited" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 AFTER_STOP_SCRIPT = """
 import asyncio, os, signal, sys
 import settle

@@ -38,6 +38,13 @@ What it guarantees (the numbers are the project's, see its README):
 - G10: a write to a finalized session, or by a task detached at the settle
   deadline, raises ``settle.SessionClosed``.
 
+Per turn, ``session.turn(..., idle_timeout=, first_event_timeout=)`` sets
+its own timeouts; ``kernel.register(..., budget=settle.Budget(turns=,
+tokens=, wall_time=))`` (or ``session.child``) bounds a subtree, which is
+wound down ``budget_exhausted`` when it is spent. The kernel's reclaimers of
+idle sessions (``idle_ttl``, ``lru_cap``) are off unless ``Kernel.open``
+is given them; ``session.hold()`` keeps a session they would take.
+
 Errors are exceptions under ``settle.Error``. A forked child that uses its
 parent's kernel gets ``settle.Error`` (open a new kernel in the child).
 """
@@ -49,6 +56,8 @@ import atexit as _atexit
 from settle._settle import (
     AlreadyFinalized,
     BadInput,
+    Budget,
+    BudgetExhausted,
     Cancelled,
     Chunk,
     Detached,
@@ -66,6 +75,8 @@ from settle._settle import (
 __all__ = [
     "AlreadyFinalized",
     "BadInput",
+    "Budget",
+    "BudgetExhausted",
     "Cancelled",
     "Chunk",
     "Detached",

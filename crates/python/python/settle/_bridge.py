@@ -1,7 +1,9 @@
 """The Python half of the bridge: what runs on the caller's event loop.
 
-The Rust half (``settle._settle``) never runs Python code on the loop
-itself: it schedules these functions there with ``call_soon_threadsafe``.
+The Rust half (``settle._settle``) calls these on the loop's own thread,
+from the drain of the loop's mailbox: what the kernel has for a loop is
+queued there and run in batches, with one ``call_soon_threadsafe`` per
+batch (see ``deliver.rs``), never one per result.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import contextvars
 import inspect
 import logging
 import os
+import types
 from typing import Any, Optional
 
 _log = logging.getLogger("settle")
+
+_AsyncGenerator = types.AsyncGeneratorType
 
 #: The control of the settle task the current asyncio task runs, if any: a
 #: detached task's writes are refused through it (G10).
@@ -22,25 +27,11 @@ CURRENT_TASK: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
 )
 
 
-def resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
-    """Hands a kernel call's result to its future, unless it was cancelled."""
-    if future.done():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
-
-
 # --- turns --------------------------------------------------------------
 
 
 def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
-    """Starts a turn's pump on ``loop`` (called from the deliverer's thread)."""
-    loop.call_soon_threadsafe(_start_pump, loop, source, to_chunk, sink)
-
-
-def _start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
+    """Starts a turn's pump on ``loop``, from its thread."""
     # Never cancelled before its first step (its body would not run, and
     # its `finally` would not close anything): a close asked for before the
     # task existed is seen by the pump itself, first thing.
@@ -79,7 +70,11 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         sink.end()
     except asyncio.CancelledError:
         sink.cancelled()
-        raise
+        if not sink.close_requested():
+            raise  # someone else's cancel (the loop is closing): theirs to see
+        # The kernel's own close: the pump has done its job, and it ends
+        # without keeping the CancelledError (and the traceback and frames
+        # it holds) alive on its task until the collector finds them.
     except Exception as error:  # the source's own failure ends the turn, saying why
         sink.fail(f"{type(error).__name__}: {error}")
     finally:
@@ -90,10 +85,14 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
             sink.closed()
 
 
-def close_unopened(loop: asyncio.AbstractEventLoop, source: Any) -> None:
+def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> None:
     """Closes a turn's source that the kernel never opened (the turn was
-    cancelled first), from the deliverer's thread."""
-    loop.call_soon_threadsafe(lambda: loop.create_task(_close_source(source)))
+    cancelled first), from ``loop``'s thread; ``loop`` is ``None`` when it
+    is closed, and then only a coroutine can still be closed (unawaited)."""
+    if loop is not None:
+        loop.create_task(_close_source(source))
+    elif inspect.iscoroutine(source):
+        source.close()
 
 
 async def _close_source(source: Any) -> None:
@@ -108,6 +107,13 @@ async def _close_source(source: Any) -> None:
 async def close_stream(stream: Any, iterator: Any = None) -> None:
     """Closes a turn's stream once, best effort: ``aclose()``, else ``close()``
     (awaited when it returns an awaitable); errors are logged, never raised."""
+    if type(stream) is _AsyncGenerator:
+        # The common case (an async generator) without the look-ups.
+        try:
+            await stream.aclose()
+        except Exception as error:  # close is best effort (G4)
+            _log.warning("closing a turn's stream failed: %s", error)
+        return
     closer = getattr(stream, "aclose", None) or getattr(stream, "close", None)
     if closer is None and iterator is not None and iterator is not stream:
         closer = getattr(iterator, "aclose", None)
@@ -125,11 +131,7 @@ async def close_stream(stream: Any, iterator: Any = None) -> None:
 
 
 def start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
-    """Starts a settle task's coroutine on ``loop`` (from the deliverer's thread)."""
-    loop.call_soon_threadsafe(_start_task, loop, coroutine, control)
-
-
-def _start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
+    """Starts a settle task's coroutine on ``loop``, from its thread."""
     # As for a pump: never cancelled before its first step.
     control.attach(loop.create_task(_run_task(coroutine, control)))
 
@@ -159,8 +161,3 @@ def default_action(loop: asyncio.AbstractEventLoop, number: int) -> None:
     program, as it would without handlers)."""
     loop.remove_signal_handler(number)
     os.kill(os.getpid(), number)
-
-
-def cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
-    """Cancels ``task`` on its own loop (from the deliverer's thread)."""
-    loop.call_soon_threadsafe(task.cancel)

@@ -1,0 +1,101 @@
+"""The Rust framework's per-turn options, budgets and holds, from Python:
+``session.turn(..., idle_timeout=, first_event_timeout=)``,
+``settle.Budget`` on ``register``/``child``, ``session.hold()``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import settle
+from conftest import PATIENCE, Stream
+
+
+async def test_a_turn_sets_its_own_idle_timeout(db):
+    # The kernel's idle timeout is long; this turn's is short.
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3, idle_timeout=300.0)
+    try:
+        session = await kernel.register("s")
+        stream = Stream(["a"], delay=30.0)
+        async with await session.turn(stream, idle_timeout=0.2) as turn:
+            chunks = await asyncio.wait_for(_read(turn), PATIENCE)
+        assert chunks == []
+        assert turn.outcome == "idle_timeout"
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_a_turn_sets_its_own_first_event_timeout(db):
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3, idle_timeout=None)
+    try:
+        session = await kernel.register("s")
+        async with await session.turn(Stream(["a"], delay=30.0), first_event_timeout=0.2) as turn:
+            assert await asyncio.wait_for(_read(turn), PATIENCE) == []
+        assert turn.outcome == "idle_timeout"
+        # Zero disables: a quick stream is read to its end.
+        async with await session.turn(Stream(["b"]), idle_timeout=0) as turn:
+            assert await asyncio.wait_for(_read(turn), PATIENCE) == ["b"]
+        assert turn.outcome == "completed"
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_a_negative_timeout_is_bad_input(kernel):
+    session = await kernel.register("s")
+    with pytest.raises(settle.BadInput):
+        await session.turn(Stream(["a"]), idle_timeout=-1.0)
+
+
+def test_a_budget_says_what_it_limits():
+    budget = settle.Budget(turns=2, tokens=1000, wall_time=1.5)
+    assert (budget.turns, budget.tokens, budget.wall_time) == (2, 1000, 1.5)
+    assert settle.Budget() == settle.Budget(turns=None)
+    assert budget != settle.Budget(turns=2)
+    with pytest.raises(settle.BadInput):
+        settle.Budget(wall_time=-1.0)
+
+
+async def test_a_spent_turn_budget_refuses_the_next_turn_and_winds_the_subtree_down(kernel):
+    root = await kernel.register("root", budget=settle.Budget(turns=1))
+    child = await root.child("child")
+    async with await child.turn(Stream(["one"])) as turn:
+        assert await _read(turn) == ["one"]
+    with pytest.raises(settle.BudgetExhausted):
+        await root.turn(Stream(["two"]))
+    assert await asyncio.wait_for(child.finalized(), PATIENCE) == "budget_exhausted"
+    assert await asyncio.wait_for(root.finalized(), PATIENCE) == "budget_exhausted"
+
+
+async def test_a_child_has_a_budget_of_its_own(kernel):
+    root = await kernel.register("root")
+    child = await root.child("child", budget=settle.Budget(turns=0))
+    with pytest.raises(settle.BudgetExhausted):
+        await child.turn(Stream(["x"]))
+    assert await asyncio.wait_for(child.finalized(), PATIENCE) == "budget_exhausted"
+    assert not root.closed
+
+
+async def test_a_held_session_is_not_evicted_by_the_lru_cap(db):
+    kernel = await settle.Kernel.open(db, lru_cap=2)
+    try:
+        waiting = await kernel.register("waiting for a person")
+        await waiting.hold("input")
+        idle = await kernel.register("idle")
+        newcomer = await kernel.register("newcomer")  # over the cap of 2: the idle one goes
+        assert await asyncio.wait_for(idle.finalized(), PATIENCE) == "lru_evict"
+        assert not waiting.closed
+        await waiting.release("input")
+        # Now the released one can go too (after the newcomer, idle longer).
+        await kernel.register("another")
+        await kernel.register("one more")
+        assert await asyncio.wait_for(newcomer.finalized(), PATIENCE) == "lru_evict"
+        assert await asyncio.wait_for(waiting.finalized(), PATIENCE) == "lru_evict"
+        with pytest.raises(settle.BadInput):
+            await idle.hold("lunch")
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def _read(turn):
+    return [chunk.text async for chunk in turn]
