@@ -256,6 +256,7 @@ fn establish_sqlite(
         .max_size(options.read_connections())
         .min_idle(Some(0))
         .connection_timeout(options.connection_timeout())
+        .thread_pool(pool_threads())
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: options.busy_timeout(),
             durability: options.durability(),
@@ -266,6 +267,21 @@ fn establish_sqlite(
         pool: ReadPool::Sqlite(pool),
         checkpoint: Some(path_str.to_owned()),
     })
+}
+
+/// The threads of a read pool (they open its connections and reap idle
+/// ones), which end when the pool is dropped. r2d2's own pool keeps its
+/// three threads for the life of the process (its reaper is a job at a
+/// fixed rate, and its pool completes pending jobs before it ends), so a
+/// program that opens a store per job grew three threads per store.
+fn pool_threads() -> std::sync::Arc<scheduled_thread_pool::ScheduledThreadPool> {
+    std::sync::Arc::new(
+        scheduled_thread_pool::ScheduledThreadPool::builder()
+            .num_threads(2)
+            .thread_name_pattern("settle-pool-{}")
+            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+            .build(),
+    )
 }
 
 /// Says once per process which SQLite build the store runs on.
@@ -305,6 +321,7 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
         .max_size(options.read_connections())
         .min_idle(Some(0))
         .connection_timeout(options.connection_timeout())
+        .thread_pool(pool_threads())
         .build_unchecked(ConnectionManager::<PgConnection>::new(url));
     Ok(Opened {
         writer: AnyConn::Pg(conn),

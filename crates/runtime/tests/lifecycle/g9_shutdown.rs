@@ -290,3 +290,30 @@ fn killed_child(path: &str) {
         }
     });
 }
+
+/// G9: a kernel that shut down lets go of its store: the program that
+/// opens a kernel per job does not keep every store (its connection pool
+/// and its threads) it ever used.
+#[tokio::test]
+async fn g9_a_kernel_shut_down_and_dropped_lets_go_of_its_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one.db");
+    let store: Arc<dyn settle_store::SessionStore> =
+        Arc::new(settle_store::Store::open(path.to_str().unwrap()).unwrap());
+    let kernel = Kernel::builder(store.clone()).start().await.unwrap();
+    let session = kernel.register("job", None).await.unwrap();
+    kernel.shutdown(Duration::from_millis(100)).await;
+    drop(session);
+    drop(kernel);
+    // The driver's and the recorder's tasks end once it is shut down.
+    for _ in 0..200 {
+        if Arc::strong_count(&store) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "{} references to the store are left after the shutdown",
+        Arc::strong_count(&store) - 1
+    );
+}
