@@ -18,6 +18,10 @@ use crate::errors;
 use crate::process::{here, ForkSafe, Owner};
 use crate::session::PySession;
 
+/// A turn's idle timeout unless the kernel or the turn sets one: the
+/// runtime's, in seconds (`settle.DEFAULT_IDLE_TIMEOUT`).
+pub(crate) const DEFAULT_IDLE_SECONDS: f64 = settle_stream::DEFAULT_IDLE_TIMEOUT.as_secs_f64();
+
 /// The kernels opened in this process, for the shutdown at interpreter exit.
 static OPEN: Mutex<Vec<(u32, WeakKernel, Duration)>> = Mutex::new(Vec::new());
 
@@ -110,7 +114,7 @@ impl PyKernel {
     /// Raises `BadInput` for a database that cannot be opened, `StoreError`
     /// when the store fails.
     #[staticmethod]
-    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(300.0), idle_ttl = None, lru_cap = None))]
+    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<String>,

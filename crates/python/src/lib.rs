@@ -95,6 +95,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[pymodule]
 fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(module)?;
+    module.add("DEFAULT_IDLE_TIMEOUT", kernel::DEFAULT_IDLE_SECONDS)?;
     module.add_class::<kernel::PyKernel>()?;
     module.add_class::<session::PySession>()?;
     module.add_class::<turn::PyTurn>()?;

@@ -99,3 +99,8 @@ async def test_a_held_session_is_not_evicted_by_the_lru_cap(db):
 
 async def _read(turn):
     return [chunk.text async for chunk in turn]
+
+
+def test_the_idle_timeout_has_the_runtimes_default():
+    # Kernel.open's default is the runtime's (30 s), not a second number.
+    assert settle.DEFAULT_IDLE_TIMEOUT == 30.0

@@ -54,6 +54,7 @@ from __future__ import annotations
 import atexit as _atexit
 
 from settle._settle import (
+    DEFAULT_IDLE_TIMEOUT,
     AlreadyFinalized,
     BadInput,
     Budget,
@@ -73,6 +74,7 @@ from settle._settle import (
 )
 
 __all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
     "AlreadyFinalized",
     "BadInput",
     "Budget",

@@ -7,6 +7,7 @@ from typing import Any, Awaitable, Callable, Dict, Generator, List, Optional, Tu
 from typing_extensions import final
 
 __all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
     "AlreadyFinalized",
     "BadInput",
     "Budget",
@@ -24,6 +25,9 @@ __all__ = [
     "Turn",
     "shutdown_all",
 ]
+
+DEFAULT_IDLE_TIMEOUT: float
+"""A turn's idle timeout in seconds unless the kernel or the turn sets one (the runtime's: 30)."""
 
 class Error(Exception):
     """Every error of ``settle``; a forked child using its parent's kernel gets this one."""
