@@ -482,3 +482,39 @@ fn g1_an_eviction_at_registration_never_finalizes_the_new_sessions_parent() {
         "G1: the parent was finalized under its new child"
     );
 }
+
+/// A registration of an id the core keeps says the id is taken, whatever
+/// else would refuse it: a shutdown, a parent that is not live, a full cap.
+#[test]
+fn a_kept_id_is_refused_as_taken_before_anything_else_is_asked() {
+    let taken = |h: &mut Harness, id: u64, parent: Option<u64>| {
+        let refused = h.try_ev(Event::Register {
+            session: SessionId(id),
+            parent: parent.map(SessionId),
+        });
+        assert_eq!(refused, Err(Error::DuplicateSession(SessionId(id))));
+        assert!(h.drain().is_empty(), "nothing changed");
+    };
+    // Over a cap nothing can be evicted from.
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(1)));
+    let a = h.register(1, None);
+    h.ev(Event::Hold {
+        session: a,
+        hold: Hold::PendingInput,
+    });
+    taken(&mut h, 1, None);
+    // Under a parent that is finalized.
+    let mut h = Harness::quiet();
+    let parent = h.register(1, None);
+    h.register(2, None);
+    h.ev(Event::UserClose { session: parent });
+    assert_eq!(h.state(parent), State::Finalized);
+    taken(&mut h, 2, Some(1));
+    // During a shutdown.
+    let mut h = Harness::quiet();
+    let busy = h.register(1, None);
+    h.start_turn(busy);
+    h.ev(Event::BeginShutdown { drain: 60 * SEC });
+    taken(&mut h, 1, None);
+    assert_eq!(h.state(busy), State::Running);
+}
