@@ -297,9 +297,11 @@ impl Core {
         self.forgotten.insert(id);
         // The deadline table drops the entries of forgotten sessions once
         // they could be half of it, so that nothing stays per session.
-        let sessions = &self.sessions;
-        self.deadlines
-            .compact(sessions.len(), |id| sessions.contains_key(&id));
+        // A forgotten id is never kept: its bit answers without a lookup.
+        let (sessions, forgotten) = (&self.sessions, &self.forgotten);
+        self.deadlines.compact(sessions.len(), |id| {
+            !forgotten.contains(id) && sessions.contains_key(&id)
+        });
         // A parent's list keeps its forgotten children until they are half
         // of it, then drops them all at once: forgetting a wide tree's
         // children one by one stays linear, not quadratic.
@@ -348,18 +350,27 @@ impl Core {
         id: SessionId,
         parent: Option<SessionId>,
     ) -> Result<Handled, Error> {
-        if self.sessions.contains_key(&id) || self.forgotten.contains(id) {
+        if self.forgotten.contains(id) {
             return Err(Error::DuplicateSession(id));
         }
-        self.check_register(parent)?;
-        let victims = self.room_for(parent)?;
+        // A kept id is refused before anything else, but only a refusal
+        // asks: the id is looked up once, where its record is kept.
+        let admitted = self
+            .check_register(parent)
+            .and_then(|()| self.room_for(parent));
+        let victims = match admitted {
+            Ok(victims) => victims,
+            Err(_) if self.sessions.contains_key(&id) => return Err(Error::DuplicateSession(id)),
+            Err(refused) => return Err(refused),
+        };
         let s = Session::new(parent, now);
-        self.enter(now, id, s, victims, Cause::Registered);
+        self.enter(now, id, s, victims, Cause::Registered)?;
         Ok(Handled::Applied)
     }
 
     /// Keeps the new record `s` of `id` (registered or adopted), under its
-    /// parent, and evicts `victims` to make room for it.
+    /// parent, and evicts `victims` to make room for it; refused, changing
+    /// nothing, when `id` is kept already.
     fn enter(
         &mut self,
         now: Instant,
@@ -367,8 +378,16 @@ impl Core {
         mut s: Session,
         victims: Vec<SessionId>,
         cause: Cause,
-    ) {
+    ) -> Result<(), Error> {
         let parent = s.parent;
+        // A budget over the parent counts this session too.
+        s.budgeted = parent
+            .and_then(|p| self.sessions.get(&p))
+            .is_some_and(|p| p.budgeted);
+        let Some(s) = self.sessions.insert_new(id, s) else {
+            return Err(Error::DuplicateSession(id));
+        };
+        index(s, id, false, &mut self.deadlines);
         let mut parent_was_childless = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
             p.children.push(id);
@@ -376,12 +395,6 @@ impl Core {
             p.unfinalized_children += 1;
             parent_was_childless = p.unfinalized_children == 1;
         }
-        // A budget over the parent counts this session too.
-        s.budgeted = parent
-            .and_then(|p| self.sessions.get(&p))
-            .is_some_and(|p| p.budgeted);
-        index(&mut s, id, false, &mut self.deadlines);
-        self.sessions.insert(id, s);
         self.open += 1;
         self.record(now, id, None, State::Registered, cause);
         if let (Some(p), true) = (parent, parent_was_childless) {
@@ -397,6 +410,7 @@ impl Core {
             }
             self.claim(now, id, EndReason::LruEvict);
         }
+        Ok(())
     }
 
     /// The sessions to evict to make room under the LRU cap for one more
@@ -448,19 +462,24 @@ impl Core {
             }
         }
         let counted = kind == WorkKind::Turn && s.budgeted;
-        if counted {
-            // The one refusal that changes something: the budget that has
-            // no turn left winds its subtree down.
-            if let Some(owner) = self.turns_spent(id) {
-                self.exhaust(now, owner, BudgetLimit::Turns);
-                return Err(Error::BudgetExhausted {
-                    session: owner,
-                    limit: BudgetLimit::Turns,
-                });
+        // Found once, unless a budget is asked about the tree above it.
+        let s = match counted {
+            false => s,
+            true => {
+                // The one refusal that changes something: the budget that
+                // has no turn left winds its subtree down.
+                if let Some(owner) = self.turns_spent(id) {
+                    self.exhaust(now, owner, BudgetLimit::Turns);
+                    return Err(Error::BudgetExhausted {
+                        session: owner,
+                        limit: BudgetLimit::Turns,
+                    });
+                }
+                let Some(s) = self.sessions.get_mut(&id) else {
+                    return Err(Error::UnknownSession(id));
+                };
+                s
             }
-        }
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return Err(Error::UnknownSession(id));
         };
         if kind == WorkKind::Turn && !s.has_slot {
             if !slots_free {

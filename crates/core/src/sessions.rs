@@ -5,7 +5,8 @@
 //! dependent memory reads where an inline record is one, and that read,
 //! not the hashing, is what a lookup costs. The hottest handlers apply the
 //! answer table on their own lookup instead (`answer::admit`), so an input
-//! finds its session once.
+//! finds its session once, and a registration looks its id up once, where
+//! its record is kept (`Sessions::insert_new`).
 
 use std::collections::hash_map::Entry;
 
@@ -39,10 +40,13 @@ impl Sessions {
         self.records.contains_key(id)
     }
 
-    /// Keeps `session` as the record of `id`, which must not be kept yet.
-    pub fn insert(&mut self, id: SessionId, session: Session) {
-        let old = self.records.insert(id, session);
-        debug_assert!(old.is_none(), "session {id} kept twice");
+    /// Keeps `session` as the record of `id` and returns it, or `None`
+    /// (keeping nothing) when `id` is kept already: one lookup either way.
+    pub fn insert_new(&mut self, id: SessionId, session: Session) -> Option<&mut Session> {
+        match self.records.entry(id) {
+            Entry::Vacant(slot) => Some(slot.insert(session)),
+            Entry::Occupied(_) => None,
+        }
     }
 
     /// Drops the record of `id` and returns it.
@@ -91,11 +95,20 @@ mod tests {
         let now = Instant::now();
         let mut sessions = Sessions::default();
         let (a, b) = (SessionId(1), SessionId(2));
-        sessions.insert(a, Session::new(None, now));
+        assert!(sessions.insert_new(a, Session::new(None, now)).is_some());
         assert!(sessions.contains_key(&a));
+        assert!(
+            sessions.insert_new(a, Session::new(Some(b), now)).is_none(),
+            "a kept id is not kept twice"
+        );
+        assert_eq!(
+            sessions.get(&a).map(|s| s.parent),
+            Some(None),
+            "the first record stays"
+        );
         assert!(sessions.remove(&a).is_some());
         // `b` is kept after `a` left.
-        sessions.insert(b, Session::new(Some(a), now));
+        assert!(sessions.insert_new(b, Session::new(Some(a), now)).is_some());
         assert!(!sessions.contains_key(&a), "a dropped record is gone");
         assert!(sessions.remove(&a).is_none());
         assert_eq!(sessions.get(&b).and_then(|s| s.parent), Some(a));
@@ -108,7 +121,9 @@ mod tests {
         let now = Instant::now();
         let mut sessions = Sessions::default();
         for id in 1..=64 {
-            sessions.insert(SessionId(id), Session::new(None, now));
+            assert!(sessions
+                .insert_new(SessionId(id), Session::new(None, now))
+                .is_some());
         }
         for id in (1..=64).step_by(3) {
             assert!(sessions.remove(&SessionId(id)).is_some());

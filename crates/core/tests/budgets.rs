@@ -162,3 +162,28 @@ fn usage_without_a_budget_changes_nothing_and_a_finalized_sessions_is_a_no_op() 
         Err(Error::SessionClosed(root))
     );
 }
+
+#[test]
+fn a_budget_with_no_limit_set_limits_nothing_and_each_limit_is_a_limit() {
+    assert!(Budget::default().is_unlimited());
+    assert!(!Budget::default().turns(1).is_unlimited());
+    assert!(!Budget::default().tokens(1).is_unlimited());
+    assert!(!Budget::default().wall_time(SEC).is_unlimited());
+}
+
+#[test]
+fn a_spent_limit_is_named_in_words_in_the_refusal() {
+    let named = [
+        (BudgetLimit::Turns, "turns"),
+        (BudgetLimit::Tokens, "tokens"),
+        (BudgetLimit::WallTime, "wall time"),
+    ];
+    for (limit, name) in named {
+        assert_eq!(limit.to_string(), name);
+        let refused = Error::BudgetExhausted {
+            session: SessionId(7),
+            limit,
+        };
+        assert!(refused.to_string().contains(name), "{refused} names {name}");
+    }
+}

@@ -7,8 +7,8 @@
 mod support;
 
 use settle_core::{
-    CancelMode, Cause, Effect, EndReason, Error, Event, Handled, Hold, Policy, SessionId, State,
-    WorkId,
+    CancelMode, Cause, Effect, EndReason, Error, Event, Handled, Hold, Outcome, Policy, SessionId,
+    State, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -165,7 +165,7 @@ fn a_turn_over_the_slots_is_refused_and_a_finalize_frees_its_slot() {
     h.start_task(b);
     h.ev(Event::WorkEnded {
         work: turn,
-        outcome: settle_core::Outcome::Completed,
+        outcome: Outcome::Completed,
     });
     assert_eq!(h.start_turn(a), WorkId::turn(a, 2));
     h.ev(Event::UserClose { session: a });
@@ -245,7 +245,7 @@ fn g9_an_agent_abandoned_during_the_drain_leaves_its_subtree_draining() {
     assert_eq!(h.cancels_of(child), 0, "the child's turn keeps the drain");
     h.ev(Event::WorkEnded {
         work: turn,
-        outcome: settle_core::Outcome::Completed,
+        outcome: Outcome::Completed,
     });
     assert_eq!(
         h.finalized(),
@@ -499,4 +499,101 @@ fn g1_an_eviction_at_registration_never_finalizes_the_new_sessions_parent() {
         State::Finalized,
         "G1: the parent was finalized under its new child"
     );
+}
+
+/// A registration of an id the core keeps says the id is taken, whatever
+/// else would refuse it: a shutdown, a parent that is not live, a full cap.
+#[test]
+fn a_kept_id_is_refused_as_taken_before_anything_else_is_asked() {
+    let taken = |h: &mut Harness, id: u64, parent: Option<u64>| {
+        let refused = h.try_ev(Event::Register {
+            session: SessionId(id),
+            parent: parent.map(SessionId),
+        });
+        assert_eq!(refused, Err(Error::DuplicateSession(SessionId(id))));
+        assert!(h.drain().is_empty(), "nothing changed");
+    };
+    // Over a cap nothing can be evicted from.
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(1)));
+    let a = h.register(1, None);
+    h.ev(Event::Hold {
+        session: a,
+        hold: Hold::PendingInput,
+    });
+    taken(&mut h, 1, None);
+    // Under a parent that is finalized.
+    let mut h = Harness::quiet();
+    let parent = h.register(1, None);
+    h.register(2, None);
+    h.ev(Event::UserClose { session: parent });
+    assert_eq!(h.state(parent), State::Finalized);
+    taken(&mut h, 2, Some(1));
+    // During a shutdown.
+    let mut h = Harness::quiet();
+    let busy = h.register(1, None);
+    h.start_turn(busy);
+    h.ev(Event::BeginShutdown { drain: 60 * SEC });
+    taken(&mut h, 1, None);
+    assert_eq!(h.state(busy), State::Running);
+}
+
+/// Only a registration nothing happened to may be withdrawn: one that ran
+/// a turn or a task (idle again), that has a child, or that is closing is
+/// refused, and stays.
+#[test]
+fn only_an_unused_registration_can_be_withdrawn() {
+    let refused = |h: &mut Harness, s: SessionId| {
+        let answer = h.try_ev(Event::Withdraw { session: s });
+        assert!(
+            matches!(answer, Err(Error::WrongState { session, .. }) if session == s),
+            "{answer:?}"
+        );
+        assert!(h.core.session(s).is_some(), "{s} is kept");
+    };
+    let mut h = Harness::quiet();
+    let ran_turn = h.register(1, None);
+    let work = h.start_turn(ran_turn);
+    h.ev(Event::WorkEnded {
+        work,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(h.state(ran_turn), State::Registered);
+    refused(&mut h, ran_turn);
+    let ran_task = h.register(2, None);
+    let work = h.start_task(ran_task);
+    h.ev(Event::WorkEnded {
+        work,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(h.state(ran_task), State::Registered);
+    refused(&mut h, ran_task);
+    let parent = h.register(3, None);
+    h.register(4, Some(3));
+    refused(&mut h, parent);
+    // Closing: a held session waits for the end of the drain.
+    let held = h.register(5, None);
+    h.ev(Event::Hold {
+        session: held,
+        hold: Hold::PendingInput,
+    });
+    h.ev(Event::BeginShutdown { drain: 60 * SEC });
+    assert_eq!(h.state(held), State::Registered);
+    refused(&mut h, held);
+}
+
+/// A withdrawn child leaves its parent's list, and only it: its siblings
+/// are still the parent's, and wound down with it.
+#[test]
+fn a_withdrawn_child_leaves_its_siblings_under_their_parent() {
+    let mut h = Harness::quiet();
+    let root = h.register(1, None);
+    let gone = h.register(2, Some(1));
+    let stays = h.register(3, Some(1));
+    assert_eq!(h.ev_h(Event::Withdraw { session: gone }), Handled::Applied);
+    let children: Vec<_> = h.core.session(root).unwrap().children().collect();
+    assert_eq!(children, [stays]);
+    assert_eq!(h.core.child_entries(root), 1);
+    h.ev(Event::UserClose { session: root });
+    assert_eq!(h.state(stays), State::Finalized);
+    assert_eq!(h.state(root), State::Finalized);
 }

@@ -226,6 +226,61 @@ fn forgotten_sessions_leave_no_deadline_entries_behind() {
     assert_eq!(h.state(live), State::Registered);
 }
 
+/// The compaction that drops forgotten sessions' entries keeps every entry
+/// of a session still kept: its settle deadline still detaches (G5) and its
+/// idle TTL still reaps it (G3).
+#[test]
+fn g3_g5_the_deadlines_of_kept_sessions_outlive_the_compaction_of_forgotten_ones() {
+    let mut h = Harness::with(Policy::default().lru_cap(None));
+    let idle = h.register(1, None);
+    let busy = h.register(2, None);
+    let work = h.attached_turn(busy);
+    h.ev(Event::CancelTurn { session: busy });
+    for id in 3..5_003 {
+        let s = h.register(id, None);
+        let w = h.start_turn(s);
+        h.ev(Event::CancelTurn { session: s });
+        h.ev(Event::WorkEnded {
+            work: w,
+            outcome: Outcome::Cancelled,
+        });
+        h.ev(Event::UserClose { session: s });
+        assert!(h.core.forget(s));
+    }
+    assert!(h.core.idle_entries() <= 4 + 64 && h.core.deadline_entries() <= 4 + 64);
+    // The settle timeout of the default policy is one second.
+    h.advance(SEC);
+    assert_eq!(h.detaches_of(busy), 1, "{work:?} detached at its deadline");
+    h.advance(30 * 60 * SEC);
+    assert_eq!(
+        h.finalize_of(idle).map(|f| f.reason),
+        Some(EndReason::IdleReap)
+    );
+}
+
+/// Withdrawn registrations are not forgotten, only dropped: their entries go
+/// with the compaction too.
+#[test]
+fn withdrawn_registrations_leave_no_deadline_entries_behind() {
+    let mut h = Harness::with(Policy::default().lru_cap(None));
+    for id in 1..5_001 {
+        let s = h.register(id, None);
+        assert_eq!(
+            h.try_ev(Event::Withdraw { session: s }),
+            Ok(Handled::Applied)
+        );
+    }
+    let last = h.register(5_001, None);
+    h.ev(Event::UserClose { session: last });
+    assert!(h.core.forget(last));
+    assert_eq!(h.core.sessions().count(), 0);
+    assert!(
+        h.core.idle_entries() <= 64,
+        "{} idle entries for no session",
+        h.core.idle_entries()
+    );
+}
+
 #[test]
 fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
     let mut h = Harness::quiet();

@@ -70,12 +70,12 @@ impl Core {
         // Under its parent only when this core may give it one.
         let parent = parent.filter(|p| self.answer(*p, Asks::Parent).is_none());
         let victims = self.room_for(parent)?;
-        self.handed_off.remove(&id);
         let mut s = Session::new(parent, now);
         s.turns = turns;
         s.entry_turns = turns;
         s.last_outcome = last_outcome;
-        self.enter(now, id, s, victims, Cause::Adopted);
+        self.enter(now, id, s, victims, Cause::Adopted)?;
+        self.handed_off.remove(&id);
         Ok(Handled::Applied)
     }
 
