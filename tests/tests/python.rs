@@ -27,7 +27,7 @@ fn python() -> Option<PathBuf> {
         common::skip(
             "the Python package's tests",
             "SETTLE_TEST_PYTHON is not set. Make a virtual environment with \
-             `python3 -m venv .venv && .venv/bin/pip install maturin pytest pytest-asyncio openai mypy` \
+             `python3 -m venv .venv && .venv/bin/pip install maturin pytest pytest-asyncio openai mypy websockets` \
              and set SETTLE_TEST_PYTHON=$PWD/.venv/bin/python.",
         );
         return None;
