@@ -18,7 +18,7 @@
 //! Every name is derived from what the core ordered (its effects) or what
 //! a store call took, never from a look at the core's state.
 //!
-//! The metrics the driver moves on every effect go through [`Meter`]'s
+//! The metrics the driver moves on every effect go through `Meter`'s
 //! handles, registered once each with the recorder installed at the time
 //! (as every `metrics` handle is bound): install the exporter before the
 //! kernel starts.
