@@ -258,6 +258,17 @@ fn g3_g5_the_deadlines_of_kept_sessions_outlive_the_compaction_of_forgotten_ones
     );
 }
 
+/// The idle index holds one entry per reclaimable session, so that the
+/// bounds above say something.
+#[test]
+fn the_idle_index_holds_an_entry_per_idle_session() {
+    let mut h = Harness::new();
+    for id in 1..=3 {
+        h.register(id, None);
+        assert_eq!(h.core.idle_entries(), id as usize);
+    }
+}
+
 /// Withdrawn registrations are not forgotten, only dropped: their entries go
 /// with the compaction too.
 #[test]
