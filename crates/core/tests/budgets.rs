@@ -187,3 +187,30 @@ fn a_spent_limit_is_named_in_words_in_the_refusal() {
         assert!(refused.to_string().contains(name), "{refused} names {name}");
     }
 }
+
+/// A budget set again replaces the wall time of the one before: once the
+/// core is woken, it waits for the new deadline, not the replaced one.
+#[test]
+fn a_replaced_wall_time_is_not_waited_for() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    budget(&mut h, s, Budget::default().wall_time(10 * SEC));
+    budget(&mut h, s, Budget::default().wall_time(60 * SEC));
+    h.tick(SEC);
+    let next = h.core.poll_timeout().unwrap();
+    assert_eq!(
+        (next.at, next.kind),
+        (h.start + 60 * SEC, DeadlineKind::Budget)
+    );
+    h.tick(10 * SEC);
+    assert_eq!(
+        h.state(s),
+        State::Registered,
+        "the replaced wall time spent nothing"
+    );
+    h.tick(60 * SEC);
+    assert_eq!(
+        h.finalize_of(s).map(|f| f.reason),
+        Some(EndReason::BudgetExhausted)
+    );
+}

@@ -419,6 +419,18 @@ fn the_answer_predicates_say_what_they_name() {
     assert!(!Error::ShuttingDown.is_session_closed());
     assert!(Error::ShuttingDown.is_shutting_down());
     assert!(!Error::SessionClosed(SessionId(1)).is_shutting_down());
+    let closing = Error::Closing {
+        session: SessionId(1),
+        reason: EndReason::Completed,
+    };
+    assert!(closing.is_closing());
+    assert!(!Error::ShuttingDown.is_closing());
+    let exhausted = Error::BudgetExhausted {
+        session: SessionId(1),
+        limit: settle_core::BudgetLimit::Turns,
+    };
+    assert!(exhausted.is_budget_exhausted());
+    assert!(!closing.is_budget_exhausted());
 }
 
 #[test]

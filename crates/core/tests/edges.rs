@@ -258,6 +258,78 @@ fn g3_g5_the_deadlines_of_kept_sessions_outlive_the_compaction_of_forgotten_ones
     );
 }
 
+/// Sessions registered in batches and forgotten together leave no entries
+/// behind either: between two forgets the tables may have grown past any
+/// one size.
+#[test]
+fn forgotten_batches_of_sessions_leave_no_deadline_entries_behind() {
+    let mut h = Harness::with(Policy::default().lru_cap(None));
+    let live = h.register(1, None);
+    let mut next = 2;
+    for _ in 0..25 {
+        let batch: Vec<_> = (next..next + 201).map(|id| h.register(id, None)).collect();
+        next += 201;
+        for &s in &batch {
+            let work = h.start_turn(s);
+            h.ev(Event::CancelTurn { session: s });
+            h.ev(Event::WorkEnded {
+                work,
+                outcome: Outcome::Cancelled,
+            });
+            h.ev(Event::UserClose { session: s });
+        }
+        for s in batch {
+            assert!(h.core.forget(s));
+        }
+    }
+    let (idle, timers) = (h.core.idle_entries(), h.core.deadline_entries());
+    assert!(
+        idle < 1_000 && timers < 1_000,
+        "{idle} idle entries and {timers} timers for one live session"
+    );
+    assert_eq!(h.state(live), State::Registered);
+}
+
+/// A session with many deadlines of its own does not stop the timers of
+/// forgotten sessions from being dropped.
+#[test]
+fn forgotten_sessions_leave_no_timers_behind_a_session_with_many() {
+    let mut h = Harness::with(Policy::default().lru_cap(None).settle_timeout(3_600 * SEC));
+    let busy = h.register(1, None);
+    for _ in 0..100 {
+        h.start_task(busy);
+    }
+    h.ev(Event::Cancel {
+        session: busy,
+        mode: CancelMode::Immediate,
+    });
+    assert_eq!(h.core.deadline_entries(), 100);
+    for id in 2..5_002 {
+        let s = h.register(id, None);
+        let work = h.start_turn(s);
+        h.ev(Event::CancelTurn { session: s });
+        h.ev(Event::WorkEnded {
+            work,
+            outcome: Outcome::Cancelled,
+        });
+        h.ev(Event::UserClose { session: s });
+        assert!(h.core.forget(s));
+    }
+    let timers = h.core.deadline_entries();
+    assert!(timers <= 2 * 100 + 64, "{timers} timers for 100 live ones");
+}
+
+/// The idle index holds one entry per reclaimable session, so that the
+/// bounds above say something.
+#[test]
+fn the_idle_index_holds_an_entry_per_idle_session() {
+    let mut h = Harness::new();
+    for id in 1..=3 {
+        h.register(id, None);
+        assert_eq!(h.core.idle_entries(), id as usize);
+    }
+}
+
 /// Withdrawn registrations are not forgotten, only dropped: their entries go
 /// with the compaction too.
 #[test]
