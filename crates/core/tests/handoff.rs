@@ -57,6 +57,8 @@ fn g12_a_handoff_releases_idle_sessions_and_drains_running_turns_first() {
     assert!(h.core.is_handed_off(idle));
     // The running turn keeps the drain, then its session is released.
     assert_eq!(h.state(busy), State::Running);
+    assert!(!h.core.is_handed_off(busy), "kept until its turn ends");
+    assert!(!h.core.is_handed_off(SessionId(99)), "never known here");
     h.ev(Event::WorkEnded {
         work: turn,
         outcome: Outcome::Completed,
