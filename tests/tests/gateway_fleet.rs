@@ -262,6 +262,18 @@ async fn refusal(client: &mut Client, method: &str, params: Value) -> Value {
         .expect_err("the call is refused")
 }
 
+/// Session `id`'s timeline in `db` has one adoption.
+fn assert_adopted_once(db: &str, id: u64) {
+    let show = common::show(db, i64::try_from(id).unwrap()).unwrap();
+    let adopted = show["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["cause"] == "adopted")
+        .count();
+    assert_eq!(adopted, 1, "{show}");
+}
+
 // --- the tests ----------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,14 +478,7 @@ async fn g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once() {
     assert_eq!(loser["data"]["kind"], "elsewhere", "{loser}");
     assert_eq!(loser["data"]["owner"], winner, "the loser names the winner");
     assert_eq!(row(&pg.url, id)["owner"], winner);
-    let show = common::show(&pg.url, i64::try_from(id).unwrap()).unwrap();
-    let adopted = show["timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|t| t["cause"] == "adopted")
-        .count();
-    assert_eq!(adopted, 1, "{show}");
+    assert_adopted_once(&pg.url, id);
     assert_eq!(b.stop(), 143);
     assert_eq!(c.stop(), 143);
 }
@@ -509,14 +514,7 @@ async fn g12_attaches_racing_on_one_process_adopt_each_session_once() {
     }
     for id in ids {
         assert_eq!(row(&pg.url, id)["owner"], b.url());
-        let show = common::show(&pg.url, i64::try_from(id).unwrap()).unwrap();
-        let adopted = show["timeline"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|t| t["cause"] == "adopted")
-            .count();
-        assert_eq!(adopted, 1, "{show}");
+        assert_adopted_once(&pg.url, id);
     }
     assert_eq!(b.stop(), 143);
 }

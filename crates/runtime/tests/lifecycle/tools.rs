@@ -277,27 +277,13 @@ async fn resume_replays_the_pending_tool_calls_of_the_last_reply() {
     agent.finish().await.unwrap();
 
     let resumed = kernel.resume(agent.id(), "agent again").await.unwrap();
-    let call = ToolCall::new("call_1", "weather", r#"{"city":"Paris"}"#);
-    assert_eq!(resumed.pending_tool_calls, std::slice::from_ref(&call));
-    let history = serde_json::to_value(&resumed.history).unwrap();
-    assert_eq!(
-        history,
-        json!([
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": "Let me check.", "tool_calls": [call.to_json()]},
-        ])
-    );
-    // The conversation goes on from the calls.
-    let mut next = resumed.history.clone();
-    next.push(Message::tool_result(&call.id, "rainy"));
-    let done = resumed
-        .session
-        .run_turn(model, TurnRequest::new(next))
-        .await
-        .unwrap()
-        .reply()
-        .await;
-    assert_eq!(done.reply.text, "It is rainy in Paris.");
+    goes_on_from_the_weather_call(
+        &resumed.session,
+        &resumed.history,
+        &resumed.pending_tool_calls,
+        model,
+    )
+    .await;
 }
 
 /// G12 and tools: a session handed off between its model's tool calls and
@@ -331,24 +317,41 @@ async fn g12_an_adopted_session_goes_on_from_its_last_replys_pending_tool_calls(
     assert!(a.handoff(Duration::from_secs(5)).await.handoff);
 
     let adoption = b.adopt(agent.id()).await.unwrap();
+    goes_on_from_the_weather_call(
+        &adoption.session,
+        &adoption.history,
+        &adoption.pending_tool_calls,
+        model,
+    )
+    .await;
+    b.shutdown(Duration::ZERO).await;
+}
+
+/// The conversation `history` of a session taken on again (resumed or
+/// adopted) ends with the model's pending weather call, and goes on from it:
+/// the tool's result sent with the next turn gets the model's answer.
+async fn goes_on_from_the_weather_call(
+    session: &settle_runtime::SessionHandle,
+    history: &[Message],
+    pending: &[ToolCall],
+    model: Arc<ToolModel>,
+) {
     let call = ToolCall::new("call_1", "weather", r#"{"city":"Paris"}"#);
-    assert_eq!(adoption.pending_tool_calls, std::slice::from_ref(&call));
+    assert_eq!(pending, std::slice::from_ref(&call));
     assert_eq!(
-        serde_json::to_value(&adoption.history).unwrap(),
+        serde_json::to_value(history).unwrap(),
         json!([
             {"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": "Let me check.", "tool_calls": [call.to_json()]},
         ])
     );
-    let mut next = adoption.history.clone();
+    let mut next = history.to_vec();
     next.push(Message::tool_result(&call.id, "rainy"));
-    let done = adoption
-        .session
+    let done = session
         .run_turn(model, TurnRequest::new(next))
         .await
         .unwrap()
         .reply()
         .await;
     assert_eq!(done.reply.text, "It is rainy in Paris.");
-    b.shutdown(Duration::ZERO).await;
 }
