@@ -498,7 +498,9 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
             let root = run.await.ok().flatten();
             (root, signalled)
         }
-        root = &mut run => (root.ok().flatten(), None),
+        // The run may see the shutdown a signal began before the watcher's
+        // future is polled: the signal recorded first still decides.
+        root = &mut run => (root.ok().flatten(), settle_runtime::signals::received()),
     };
     let report = kernel.shutdown(Duration::ZERO).await;
     let failures = kernel.store_failures();

@@ -189,7 +189,11 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         gateway = gateway.fleet(Fleet::new().sweep_every(every).idle_ttl(idle_ttl));
     }
     let gateway = gateway.build();
-    let first_signal = match handoff {
+    // The watcher records the first signal before it begins the shutdown,
+    // so once the gateway has stopped, `signals::received` tells a stop by
+    // signal from one by the kernel itself; the future it returns may not
+    // have been polled yet, so it is not what is asked.
+    let _first_signal = match handoff {
         true => tokio::spawn(signals.drive_handoff(&kernel, args.drain_timeout)),
         false => tokio::spawn(signals.drive(&kernel, args.drain_timeout)),
     };
@@ -216,13 +220,10 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
             plural(report.finalized.len())
         ),
     }
-    match first_signal.is_finished() {
-        true => match first_signal.await {
-            Ok(signal) => Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)),
-            Err(_) => Ok(exit::DONE),
-        },
+    match settle_runtime::signals::received() {
+        Some(signal) => Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE)),
         // Shut down by the kernel itself (no signal): only a lost lease does.
-        false => Ok(exit::STORE),
+        None => Ok(exit::STORE),
     }
 }
 

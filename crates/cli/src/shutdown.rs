@@ -14,44 +14,17 @@ use settle_runtime::Kernel;
 use crate::Failure;
 
 /// Installs the handlers now and drives `kernel`'s shutdown from them;
-/// resolves with the first signal once the shutdown has begun.
+/// resolves with the first signal once the shutdown has begun. The first
+/// signal is also recorded ([`settle_runtime::signals::received`]) before the
+/// shutdown begins, so a caller that sees the kernel stop first still learns
+/// that a signal stopped it.
 pub fn watch(
     kernel: &Kernel,
     drain: Duration,
 ) -> Result<impl Future<Output = ShutdownSignal> + Send + 'static, Failure> {
     let signals = Signals::install()
         .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
-    Ok(drive(signals, kernel, drain))
-}
-
-/// Drives `kernel`'s shutdown from `signals` (installed earlier).
-pub fn drive(
-    mut signals: Signals,
-    kernel: &Kernel,
-    drain: Duration,
-) -> impl Future<Output = ShutdownSignal> + Send + 'static {
-    let kernel = kernel.downgrade();
-    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let first = signals.recv().await;
-        if let Some(kernel) = kernel.upgrade() {
-            kernel.begin_shutdown(drain);
-        }
-        let _ = first_tx.send(first);
-        loop {
-            let _ = signals.recv().await;
-            tracing::warn!("another signal: skipping the rest of the drain");
-            if let Some(kernel) = kernel.upgrade() {
-                kernel.skip_drain();
-            }
-        }
-    });
-    async move {
-        match first_rx.await {
-            Ok(first) => first,
-            Err(_) => std::future::pending().await,
-        }
-    }
+    Ok(signals.drive(kernel, drain))
 }
 
 /// The one line a shutdown that could not commit everything prints: how
