@@ -79,6 +79,7 @@ mod kernel;
 mod process;
 mod provider;
 mod reads;
+mod reply;
 mod session;
 mod task;
 mod turn;

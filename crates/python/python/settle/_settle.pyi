@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Dict, Generator, List, Optional, Tuple, Union
 
-from typing_extensions import final
+from typing_extensions import TypedDict, final
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -84,6 +84,22 @@ class Chunk:
     def data(self) -> Any: ...
     def __eq__(self, other: object, /) -> bool: ...
 
+class _ToolCall(TypedDict):
+    """A tool call the model made, its streamed pieces put together."""
+
+    id: str
+    name: str
+    arguments: str
+
+class _Reply(TypedDict):
+    """A turn's reply: its text and reasoning joined, its tool calls whole, its usage reports and other data."""
+
+    text: str
+    reasoning: str
+    tool_calls: List[_ToolCall]
+    usage: List[Dict[str, Any]]
+    data: List[Any]
+
 _ChunkLike = Union[str, Chunk, None, Dict[str, Any], List[Any], Tuple[Any, ...], Any]
 _Source = Union[Callable[[], Any], Any]
 
@@ -99,6 +115,8 @@ class Turn:
     def outcome(self) -> Optional[str]: ...
     @property
     def error(self) -> Optional[Tuple[str, str]]: ...
+    def tool_calls(self) -> List[_ToolCall]: ...
+    def reply(self) -> _Reply: ...
     def __aiter__(self) -> Turn: ...
     def __anext__(self) -> Awaitable[Chunk]: ...
     def aclose(self) -> Awaitable[None]: ...
