@@ -80,6 +80,7 @@ mod process;
 mod provider;
 mod reads;
 mod reply;
+mod resume;
 mod session;
 mod task;
 mod turn;
@@ -100,6 +101,7 @@ fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<kernel::PyKernel>()?;
     module.add_class::<session::PySession>()?;
     module.add_class::<turn::PyTurn>()?;
+    module.add_class::<resume::PyResumed>()?;
     module.add_class::<task::PyTask>()?;
     module.add_class::<chunk::PyChunk>()?;
     module.add_class::<budget::PyBudget>()?;

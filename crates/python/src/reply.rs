@@ -14,9 +14,10 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use settle_stream::{Reply, ToolCall};
+use settle_stream::{Message, Reply, ToolCall};
 
 use crate::convert;
+use crate::errors;
 
 /// One tool call, whole.
 pub(crate) fn tool_call<'py>(py: Python<'py>, call: &ToolCall) -> PyResult<Bound<'py, PyDict>> {
@@ -52,4 +53,14 @@ pub(crate) fn reply<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound<'py, 
     dict.set_item("usage", values(&reply.usage)?)?;
     dict.set_item("data", values(&reply.data)?)?;
     Ok(dict)
+}
+/// Messages, oldest first, as a turn's stored input spells them.
+pub(crate) fn messages<'py>(py: Python<'py>, messages: &[Message]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for message in messages {
+        let value = serde_json::to_value(message)
+            .map_err(|e| errors::error(format!("a message could not be read: {e}")))?;
+        list.append(convert::from_json(py, &value)?)?;
+    }
+    Ok(list)
 }
