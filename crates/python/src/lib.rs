@@ -5,7 +5,10 @@
 //! them under the kernel: it registers sessions in a tree, runs turns over
 //! its own async iterators (the `openai` package's stream, an async
 //! generator) and spawns its coroutines under a session's lifecycle, with
-//! every guarantee of the runtime kept.
+//! every guarantee of the runtime kept. A turn gives back its reply put
+//! together (`turn.tool_calls()`, `turn.reply()`, `reply.rs`), and a
+//! finalized session's conversation continues in a new one
+//! (`kernel.resume()`, `resume.rs`).
 //!
 //! ```python
 //! import settle
