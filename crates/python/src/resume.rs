@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use pyo3::{PyTraverseError, PyVisit};
 use settle_runtime::Resumed;
 use settle_stream::{Message, ToolCall};
 
@@ -59,6 +60,14 @@ impl PyResumed {
     #[getter]
     fn pending_tool_calls(&self, py: Python<'_>) -> Py<PyList> {
         self.pending.clone_ref(py)
+    }
+
+    // The lists are the caller's to change (a `Resumed` put in its own
+    // `history` is a cycle): the collector sees what it holds.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.session)?;
+        visit.call(&self.history)?;
+        visit.call(&self.pending)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {

@@ -52,7 +52,8 @@ impl Gathered {
 }
 
 /// A turn in flight: `async for chunk in turn` yields each chunk once the
-/// store has it; then `turn.outcome` says how it ended.
+/// store has it; then `turn.outcome` says how it ended, and
+/// `turn.tool_calls()` and `turn.reply()` what its chunks made.
 #[pyclass(name = "Turn", module = "settle", frozen)]
 pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,

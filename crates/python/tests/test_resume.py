@@ -4,6 +4,8 @@ of its last reply that no tool has answered yet (``pending_tool_calls``)."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 import settle
@@ -83,6 +85,9 @@ async def test_a_session_with_no_turn_resumes_with_an_empty_history(kernel):
     await quiet.close()
     resumed = await kernel.resume(quiet.id, "again")
     assert resumed.history == [] and resumed.pending_tool_calls == []
+    assert resumed.history is resumed.history  # the caller's to extend
+    held = gc.get_referents(resumed)
+    assert any(r is resumed.history for r in held) and any(r is resumed.session for r in held)
 
 
 async def test_an_unknown_or_open_session_cannot_be_resumed(kernel):

@@ -98,7 +98,7 @@ class _Reply(TypedDict):
     text: str
     reasoning: str
     tool_calls: List[_ToolCall]
-    usage: List[Dict[str, Any]]
+    usage: List[Any]
     data: List[Any]
 
 _ChunkLike = Union[str, Chunk, None, Dict[str, Any], List[Any], Tuple[Any, ...], Any]
@@ -106,7 +106,7 @@ _Source = Union[Callable[[], Any], Any]
 
 @final
 class Turn:
-    """A turn in flight: an async iterator of stored chunks; ``async with`` closes it."""
+    """A turn in flight: an async iterator of stored chunks; ``async with`` closes it; then its tool calls and reply."""
 
     @property
     def no(self) -> int: ...
