@@ -80,6 +80,19 @@ async def test_a_last_reply_with_tool_calls_gives_them_as_pending(kernel):
     assert again.history[-2:] == [*results, {"role": "assistant", "content": "18°C in Paris."}]
 
 
+async def test_a_failed_last_turn_leaves_its_prompt_and_no_pending_calls(kernel):
+    chat = await kernel.register("chat")
+    async with await chat.turn(Stream(WEATHER_CALL, fail=RuntimeError("connection reset")), input=PROMPT) as turn:
+        async for _ in turn:
+            pass
+    assert turn.outcome == "failed"
+    assert len(turn.tool_calls()) == 1  # what it yielded before it failed
+    await chat.finish()
+    resumed = await kernel.resume(chat.id, "again")
+    assert resumed.history == PROMPT
+    assert resumed.pending_tool_calls == []
+
+
 async def test_a_session_with_no_turn_resumes_with_an_empty_history(kernel):
     quiet = await kernel.register("quiet")
     await quiet.close()
