@@ -1,6 +1,6 @@
 //! `settle.Resumed`: what `Kernel.resume()` gives, a new session that
 //! continues a finalized one, with the conversation to send with its next
-//! turn (the runtime's [`Resumed`](settle_runtime::Resumed)).
+//! turn (the runtime's [`Resumed`]).
 
 use std::time::Duration;
 
