@@ -39,7 +39,7 @@ pyo3::create_exception!(
     settle,
     BadInput,
     Error,
-    "An argument was refused before anything was written: an unknown session, a request over a size limit, a chunk that cannot be read."
+    "An argument was refused before anything was written: an unknown session, one that cannot be resumed (not finalized), a request over a size limit, a chunk that cannot be read."
 );
 pyo3::create_exception!(
     settle,
@@ -79,10 +79,16 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         return BudgetExhausted::new_err(message);
     }
     match error {
+        // The caller named a session the store does not know: said as
+        // the store says it, not as a failure of the store.
+        RuntimeError::Store(unknown @ settle_store::StoreError::UnknownSession(_)) => {
+            BadInput::new_err(unknown.to_string())
+        }
         RuntimeError::Store(_)
         | RuntimeError::StoreTimeout { .. }
         | RuntimeError::Registration(_) => StoreError::new_err(message),
         RuntimeError::TooLarge { .. }
+        | RuntimeError::NotResumable { .. }
         | RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)) => {
             BadInput::new_err(message)
         }

@@ -16,6 +16,7 @@ use crate::awaitable::{awaitable, ready, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{here, ForkSafe, Owner};
+use crate::resume::Resumption;
 use crate::session::PySession;
 
 /// A turn's idle timeout unless the kernel or the turn sets one: the
@@ -228,6 +229,44 @@ impl PyKernel {
                     .await
                     .map_err(errors::runtime)?;
                 Ok(PySession::new(session, owner, idle))
+            },
+        )
+    }
+
+    /// Registers a new root session named `name` that continues the
+    /// finalized session `id` (a `Session` or an id): finished, closed, or
+    /// finalized by recovery after a crash. Its row names the one it
+    /// continues (`resumed_from` in `sessions()`). Resolves to a
+    /// `settle.Resumed`: the new `session`, the conversation so far
+    /// (`history`, message dicts) and the tool calls of its last reply that
+    /// no tool has answered yet (`pending_tool_calls`), to run and send
+    /// back with `history` as the next turn's `input=`.
+    ///
+    /// Raises `BadInput` when `id` is unknown or not finalized (it may
+    /// still be live, here or in another process; one left by a crash is
+    /// recovered with `settle recover` first), `ShuttingDown` during a
+    /// shutdown, `StoreError` when the store fails.
+    fn resume<'py>(
+        &self,
+        py: Python<'py>,
+        id: Bound<'py, PyAny>,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::task::check_write(py)?;
+        let from = match id.cast::<PySession>() {
+            Ok(session) => SessionId(session.get().id_value()),
+            Err(_) => SessionId(id.extract::<u64>()?),
+        };
+        let (kernel, here) = self.kernel.get()?;
+        let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
+                Ok(Resumption::new(resumed, owner, idle))
             },
         )
     }

@@ -5,7 +5,10 @@
 //! them under the kernel: it registers sessions in a tree, runs turns over
 //! its own async iterators (the `openai` package's stream, an async
 //! generator) and spawns its coroutines under a session's lifecycle, with
-//! every guarantee of the runtime kept.
+//! every guarantee of the runtime kept. A turn gives back its reply put
+//! together (`turn.tool_calls()`, `turn.reply()`, `reply.rs`), and a
+//! finalized session's conversation continues in a new one
+//! (`kernel.resume()`, `resume.rs`).
 //!
 //! ```python
 //! import settle
@@ -79,6 +82,8 @@ mod kernel;
 mod process;
 mod provider;
 mod reads;
+mod reply;
+mod resume;
 mod session;
 mod task;
 mod turn;
@@ -99,6 +104,7 @@ fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<kernel::PyKernel>()?;
     module.add_class::<session::PySession>()?;
     module.add_class::<turn::PyTurn>()?;
+    module.add_class::<resume::PyResumed>()?;
     module.add_class::<task::PyTask>()?;
     module.add_class::<chunk::PyChunk>()?;
     module.add_class::<budget::PyBudget>()?;

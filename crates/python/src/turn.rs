@@ -7,13 +7,20 @@
 //! (G4). (A bare `async for` that breaks out leaves the closing to the
 //! collector; `async with` makes it deterministic, as pydantic-ai asks of its
 //! streams for the same reason.)
+//!
+//! What the yielded chunks say is kept as they go by: `tool_calls()` gives
+//! the runtime turn's own assembly of the tool-call pieces (by index, as
+//! `settle_stream::ToolCalls` puts them together), and `reply()` the whole
+//! reply, both readable without waiting on the kernel.
 
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
-use settle_core::{Outcome, TurnError};
+use pyo3::types::{PyDict, PyList};
+use settle_core::{ChunkKind, Outcome, TurnError};
 use settle_runtime::Turn;
+use settle_stream::{Chunk, ReplyBuilder, ToolCall};
 use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::{awaitable, ready, OnCancel};
@@ -22,14 +29,39 @@ use crate::process::{ForkSafe, Owner};
 
 type Ending = Option<(Outcome, Option<TurnError>)>;
 
+/// What the chunks a `Turn` yielded say, put together as they go by.
+#[derive(Debug, Default)]
+struct Gathered {
+    /// The chunks other than tool-call pieces (text, reasoning, usage, data).
+    reply: ReplyBuilder,
+    /// The tool calls, as the runtime's turn has put them together so far.
+    calls: Vec<ToolCall>,
+}
+
+impl Gathered {
+    /// Notes `chunk`, which `turn` has just yielded.
+    fn saw(&mut self, chunk: &Chunk, turn: &Turn) {
+        if chunk.kind() == ChunkKind::ToolCall {
+            // The runtime's turn assembled the piece already: its calls are
+            // the truth (a piece may grow any of them, by its index).
+            turn.tool_calls().clone_into(&mut self.calls);
+        } else {
+            self.reply.push(chunk);
+        }
+    }
+}
+
 /// A turn in flight: `async for chunk in turn` yields each chunk once the
-/// store has it; then `turn.outcome` says how it ended.
+/// store has it; then `turn.outcome` says how it ended, and
+/// `turn.tool_calls()` and `turn.reply()` what its chunks made.
 #[pyclass(name = "Turn", module = "settle", frozen)]
 pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,
     /// Cancelled to cancel the turn (its next chunk, or its close, sees it).
     cancel: CancellationToken,
     ending: Arc<Mutex<Ending>>,
+    /// What its yielded chunks say (`tool_calls()`, `reply()`).
+    gathered: Arc<Mutex<Gathered>>,
     no: u32,
     session: u64,
 }
@@ -41,6 +73,7 @@ impl PyTurn {
             turn: ForkSafe::new(Arc::new(tokio::sync::Mutex::new(Some(turn))), owner),
             cancel: CancellationToken::new(),
             ending: Arc::new(Mutex::new(None)),
+            gathered: Arc::new(Mutex::new(Gathered::default())),
             no: work.no,
             session: work.session.get(),
         }
@@ -98,6 +131,7 @@ impl PyTurn {
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (turn, here) = self.turn.get()?;
         let (turn, cancel, ending) = (turn.clone(), self.cancel.clone(), self.ending.clone());
+        let gathered = self.gathered.clone();
         // A cancel (or the collection) of this awaitable cancels the turn:
         // the future goes on to settle it, and its result is dropped.
         awaitable(py, here, cancel.clone(), OnCancel::Finish, async move {
@@ -110,6 +144,9 @@ impl PyTurn {
                 },
             };
             if let Some(chunk) = next {
+                if let (Some(turn), Ok(mut gathered)) = (slot.as_ref(), gathered.lock()) {
+                    gathered.saw(&chunk, turn);
+                }
                 return Ok(PyChunk { chunk });
             }
             if let Some(turn) = slot.take() {
@@ -140,6 +177,41 @@ impl PyTurn {
                 Ok(())
             },
         )
+    }
+
+    /// The tool calls the model made, each put together from its streamed
+    /// pieces (OpenAI's `delta.tool_calls`: a piece joins the call of its
+    /// `index`), in the order they began: a list of `{"id", "name",
+    /// "arguments"}` dicts, `arguments` the text the pieces made (usually
+    /// JSON, unparsed). Once the turn has ended, read to its end, these
+    /// are all of its calls; before that, those of the chunks yielded so
+    /// far (`[]` before the first), and a turn closed early keeps those it
+    /// yielded (the store has every chunk: `session.transcript()`).
+    fn tool_calls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let calls = match self.gathered.lock() {
+            Ok(gathered) => gathered.calls.clone(),
+            Err(_) => Vec::new(),
+        };
+        crate::reply::tool_calls(py, &calls)
+    }
+
+    /// The reply its chunks make, put together: a dict of `text` (the text
+    /// chunks joined), `reasoning` (the reasoning chunks joined), `tool_calls`
+    /// (as `tool_calls()` gives them), `usage` (each usage report, as the
+    /// model sent it) and `data` (every other structured chunk's payload).
+    /// Once the turn has ended, read to its end, it is the whole reply;
+    /// before that, the reply of the chunks yielded so far (empty before
+    /// the first), as `tool_calls()` says.
+    fn reply<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let reply = match self.gathered.lock() {
+            Ok(gathered) => {
+                let mut reply = gathered.reply.clone().finish();
+                reply.tool_calls = gathered.calls.clone();
+                reply
+            }
+            Err(_) => ReplyBuilder::default().finish(),
+        };
+        crate::reply::reply(py, &reply)
     }
 
     /// Cancels the turn without waiting; the session stays open.

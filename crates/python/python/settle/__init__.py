@@ -45,6 +45,15 @@ wound down ``budget_exhausted`` when it is spent. The kernel's reclaimers of
 idle sessions (``idle_ttl``, ``lru_cap``) are off unless ``Kernel.open``
 is given them; ``session.hold()`` keeps a session they would take.
 
+A turn that ended gives its reply put together: ``turn.tool_calls()`` the
+model's tool calls, each assembled from its streamed pieces by index
+(``{"id", "name", "arguments"}``), and ``turn.reply()`` the text, reasoning,
+tool calls and usage. ``await kernel.resume(id, name)`` continues a
+finalized session in a new one (its row's ``resumed_from``): the
+``settle.Resumed`` it gives has the new ``session``, the ``history`` so far
+(message dicts) and the ``pending_tool_calls`` of its last reply; run those
+and send ``history`` with their results as the next turn's ``input=``.
+
 Errors are exceptions under ``settle.Error``. A forked child that uses its
 parent's kernel gets ``settle.Error`` (open a new kernel in the child).
 """
@@ -64,6 +73,7 @@ from settle._settle import (
     Detached,
     Error,
     Kernel,
+    Resumed,
     Session,
     SessionClosed,
     ShuttingDown,
@@ -84,6 +94,7 @@ __all__ = [
     "Detached",
     "Error",
     "Kernel",
+    "Resumed",
     "Session",
     "SessionClosed",
     "ShuttingDown",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Dict, Generator, List, Optional, Tuple, Union
 
-from typing_extensions import final
+from typing_extensions import TypedDict, final
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -17,6 +17,7 @@ __all__ = [
     "Detached",
     "Error",
     "Kernel",
+    "Resumed",
     "Session",
     "SessionClosed",
     "ShuttingDown",
@@ -84,12 +85,28 @@ class Chunk:
     def data(self) -> Any: ...
     def __eq__(self, other: object, /) -> bool: ...
 
+class _ToolCall(TypedDict):
+    """A tool call the model made, its streamed pieces put together."""
+
+    id: str
+    name: str
+    arguments: str
+
+class _Reply(TypedDict):
+    """A turn's reply: its text and reasoning joined, its tool calls whole, its usage reports and other data."""
+
+    text: str
+    reasoning: str
+    tool_calls: List[_ToolCall]
+    usage: List[Any]
+    data: List[Any]
+
 _ChunkLike = Union[str, Chunk, None, Dict[str, Any], List[Any], Tuple[Any, ...], Any]
 _Source = Union[Callable[[], Any], Any]
 
 @final
 class Turn:
-    """A turn in flight: an async iterator of stored chunks; ``async with`` closes it."""
+    """A turn in flight: an async iterator of stored chunks; ``async with`` closes it; then its tool calls and reply."""
 
     @property
     def no(self) -> int: ...
@@ -99,6 +116,8 @@ class Turn:
     def outcome(self) -> Optional[str]: ...
     @property
     def error(self) -> Optional[Tuple[str, str]]: ...
+    def tool_calls(self) -> List[_ToolCall]: ...
+    def reply(self) -> _Reply: ...
     def __aiter__(self) -> Turn: ...
     def __anext__(self) -> Awaitable[Chunk]: ...
     def aclose(self) -> Awaitable[None]: ...
@@ -149,6 +168,19 @@ class Session:
     def transcript(self) -> Awaitable[List[Dict[str, Any]]]: ...
 
 @final
+class Resumed:
+    """A new session continuing a finalized one, with the conversation to send next."""
+
+    @property
+    def session(self) -> Session: ...
+    @property
+    def resumed_from(self) -> int: ...
+    @property
+    def history(self) -> List[Dict[str, Any]]: ...
+    @property
+    def pending_tool_calls(self) -> List[_ToolCall]: ...
+
+@final
 class Kernel:
     """A running kernel over a session store."""
 
@@ -166,6 +198,7 @@ class Kernel:
         self, name: str, parent: Union[Session, int, None] = None, *, budget: Optional[Budget] = None
     ) -> Awaitable[Session]: ...
     def session(self, id: int) -> Awaitable[Session]: ...
+    def resume(self, id: Union[Session, int], name: str) -> Awaitable[Resumed]: ...
     def sessions(self, state: Optional[str] = None) -> Awaitable[List[Dict[str, Any]]]: ...
     def shutdown(self, drain: Optional[float] = None) -> Awaitable[Dict[str, Any]]: ...
     def begin_shutdown(self, drain: Optional[float] = None) -> None: ...

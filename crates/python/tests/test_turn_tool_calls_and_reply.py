@@ -1,0 +1,120 @@
+"""A turn's tool calls and reply, put together from the chunks it yielded:
+``turn.tool_calls()`` assembles the streamed ``delta.tool_calls`` pieces by
+index (as the runtime's turn does), and ``turn.reply()`` gives the whole
+reply (text, reasoning, tool calls, usage, data)."""
+
+from __future__ import annotations
+
+import pytest
+
+import settle
+from conftest import Stream
+
+
+def piece(index, *, id=None, name=None, arguments=None):
+    """An OpenAI-shaped chunk carrying one tool-call piece."""
+    function = {}
+    if name is not None:
+        function["name"] = name
+    if arguments is not None:
+        function["arguments"] = arguments
+    call = {"index": index, "function": function}
+    if id is not None:
+        call["id"] = id
+        call["type"] = "function"
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+INTERLEAVED = [
+    {"choices": [{"index": 0, "delta": {"reasoning_content": "two tools at once"}}]},
+    {"choices": [{"index": 0, "delta": {"content": "Looking."}}]},
+    piece(0, id="call_a", name="ls", arguments=""),
+    piece(1, id="call_b", name="cat", arguments='{"f'),
+    piece(0, arguments='{"path":'),
+    piece(1, arguments='ile":"a.txt"}'),
+    piece(0, arguments='"/tmp"}'),
+    {"choices": [], "usage": {"completion_tokens": 7, "prompt_tokens": 11, "total_tokens": 18}},
+]
+
+
+async def test_two_interleaved_tool_calls_are_put_together_by_index(kernel):
+    session = await kernel.register("s")
+    async with await session.turn(Stream(INTERLEAVED), input="list and read") as turn:
+        kinds = [c.kind async for c in turn]
+    assert turn.outcome == "completed"
+    assert kinds.count("tool_call") == 5
+    assert turn.tool_calls() == [
+        {"id": "call_a", "name": "ls", "arguments": '{"path":"/tmp"}'},
+        {"id": "call_b", "name": "cat", "arguments": '{"file":"a.txt"}'},
+    ]
+
+
+async def test_the_reply_holds_text_reasoning_tool_calls_and_usage(kernel):
+    session = await kernel.register("s")
+    async with await session.turn(Stream(INTERLEAVED), input="list and read") as turn:
+        async for _ in turn:
+            pass
+    reply = turn.reply()
+    assert reply == {
+        "text": "Looking.",
+        "reasoning": "two tools at once",
+        "tool_calls": turn.tool_calls(),
+        "usage": [{"completion_tokens": 7, "prompt_tokens": 11, "total_tokens": 18}],
+        "data": [],
+    }
+
+
+async def test_a_text_reply_has_no_tool_calls(kernel):
+    session = await kernel.register("s")
+    extra = settle.Chunk("data", {"step": 1})
+    async with await session.turn(Stream(["Hello, ", "world", extra])) as turn:
+        async for _ in turn:
+            pass
+    assert turn.tool_calls() == []
+    reply = turn.reply()
+    assert reply["text"] == "Hello, world"
+    assert reply["tool_calls"] == []
+    assert reply["data"] == [{"step": 1}]
+    assert reply["reasoning"] == "" and reply["usage"] == []
+
+
+async def test_before_the_end_they_hold_the_chunks_yielded_so_far(kernel):
+    session = await kernel.register("s")
+    items = [piece(0, id="call_a", name="ls", arguments='{"path":'), "Then ", piece(0, arguments='"/"}')]
+    async with await session.turn(Stream(items)) as turn:
+        assert turn.tool_calls() == []
+        assert turn.reply()["text"] == ""
+        seen = []
+        async for chunk in turn:
+            seen.append(chunk.kind)
+            if len(seen) == 1:
+                assert turn.tool_calls() == [{"id": "call_a", "name": "ls", "arguments": '{"path":'}]
+                assert turn.outcome is None
+            if len(seen) == 2:
+                assert turn.reply()["text"] == "Then "
+    assert turn.tool_calls() == [{"id": "call_a", "name": "ls", "arguments": '{"path":"/"}'}]
+
+
+async def test_a_turn_closed_early_keeps_what_it_yielded(kernel):
+    session = await kernel.register("s")
+    items = [piece(0, id="call_a", name="ls", arguments="{}"), "never read"]
+    async with await session.turn(Stream(items, delay=0.05, forever=True)) as turn:
+        async for chunk in turn:
+            assert chunk.kind == "tool_call"
+            break
+    assert turn.outcome == "cancelled"
+    assert turn.tool_calls() == [{"id": "call_a", "name": "ls", "arguments": "{}"}]
+    assert turn.reply()["text"] == ""
+
+
+async def test_openai_chunk_objects_give_assembled_tool_calls(kernel):
+    types = pytest.importorskip("openai.types.chat")
+    chunks = [types.ChatCompletionChunk.model_validate(
+        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", **item}
+    ) for item in INTERLEAVED]
+    session = await kernel.register("s")
+    async with await session.turn(Stream(chunks)) as turn:
+        async for _ in turn:
+            pass
+    assert [call["name"] for call in turn.tool_calls()] == ["ls", "cat"]
+    assert turn.reply()["tool_calls"][1]["arguments"] == '{"file":"a.txt"}'
