@@ -258,3 +258,40 @@ impl Deadlines {
         self.idle.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fills both heaps with `n` entries of sessions nobody keeps any more.
+    fn filled(n: u64) -> Deadlines {
+        let now = Instant::now();
+        let mut d = Deadlines::default();
+        for id in 1..=n {
+            d.arm(now, SessionId(id), Timer::Orphan);
+            d.set_idle(&mut IdleMark::default(), SessionId(id), Some(now));
+        }
+        d
+    }
+
+    #[test]
+    fn a_heap_is_rebuilt_once_it_holds_more_than_twice_the_live_sessions_and_64() {
+        // No live session: the bound is 64 entries, each heap's own.
+        let mut at_bound = filled(64);
+        at_bound.compact(0, |_| false);
+        assert_eq!(
+            (at_bound.idle_len(), at_bound.len()),
+            (64, 64),
+            "at the bound"
+        );
+        let mut past = filled(65);
+        past.compact(0, |_| false);
+        assert_eq!((past.idle_len(), past.len()), (0, 0), "one past it");
+        // Ten live sessions raise it to 84.
+        let mut live = filled(84);
+        live.compact(10, |_| false);
+        assert_eq!((live.idle_len(), live.len()), (84, 84));
+        live.compact(9, |_| false);
+        assert_eq!((live.idle_len(), live.len()), (0, 0));
+    }
+}
