@@ -334,9 +334,18 @@ async fn session_read(
 ) -> Result<Answer, RpcError> {
     let id = SessionId(params.id);
     owned(shared, caller, id).await?;
-    let detail = shared
+    let from = reading::From {
+        turn: params.turn,
+        seq: params.seq,
+        part: params.part,
+    };
+    let limits = &shared.limits;
+    let (page_bytes, part_bytes) = (limits.page_bytes(), limits.part_bytes());
+    // Only the chunks a page can hold are read: each takes a part at least.
+    let rows = reading::most_chunks(id, page_bytes, part_bytes);
+    let page = shared
         .kernel
-        .session_detail(id)
+        .turn_page(id, from.turn, from.seq, rows)
         .await
         .map_err(|error| match error {
             // Not written yet: as good as not there.
@@ -345,13 +354,7 @@ async fn session_read(
             }
             error => from_runtime(error),
         })?;
-    let from = reading::From {
-        turn: params.turn,
-        seq: params.seq,
-        part: params.part,
-    };
-    let limits = &shared.limits;
-    Ok(reading::page(&detail, from, limits.page_bytes(), limits.part_bytes())?.into())
+    Ok(reading::page(id, &page, from, page_bytes, part_bytes)?.into())
 }
 
 async fn list(

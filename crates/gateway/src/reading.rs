@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 use settle_runtime::SessionId;
-use settle_store::{ChunkKind, SessionDetail};
+use settle_store::{ChunkKind, TurnPage};
 
 use crate::parts::{self, Payload};
 use crate::protocol::RpcError;
@@ -23,23 +23,35 @@ pub(crate) struct From {
 /// What the answer has besides its chunks.
 const ENVELOPE_BYTES: usize = 512;
 
-/// The answer to `session.read` of `detail` from `from`: the turn's number,
-/// outcome and error, how many turns the session has, its chunks from
-/// `from` within `page_bytes`, each part within `part_bytes`, and where the
-/// next page starts (null once the read reached the turn's last chunk).
+/// The most chunks a page of `page_bytes` can hold: each gives at least one
+/// part, and no part is smaller than an empty one of the first chunk.
+pub(crate) fn most_chunks(id: SessionId, page_bytes: usize, part_bytes: usize) -> usize {
+    let smallest = parts::params(id, 1, 0, Payload::Text(""), part_bytes)
+        .first()
+        .map_or(1, |p| p.to_string().len() + 1);
+    page_bytes.saturating_sub(ENVELOPE_BYTES) / smallest.max(1) + 1
+}
+
+/// The answer to `session.read` of `id` from `from`, on the store's `page`
+/// of the turn it names: the turn's number, outcome and error, how many
+/// turns the session has, its chunks from `from` within `page_bytes`, each
+/// part within `part_bytes`, and where the next page starts (null once the
+/// read reached the turn's last chunk).
 pub(crate) fn page(
-    detail: &SessionDetail,
+    id: SessionId,
+    page: &TurnPage,
     from: From,
     page_bytes: usize,
     part_bytes: usize,
 ) -> Result<Value, RpcError> {
-    let id: SessionId = detail.session.id;
-    let count = detail.turns.len();
-    let turn = match from.turn {
-        None => detail.turns.last(),
-        Some(no) => Some(detail.turns.iter().find(|t| t.no == no).ok_or_else(|| {
-            RpcError::bad_params(format!("session {id} has no turn {no}; it has {count}"))
-        })?),
+    let count = page.turns;
+    let turn = match (from.turn, page.turn.as_ref()) {
+        (Some(no), None) => {
+            return Err(RpcError::bad_params(format!(
+                "session {id} has no turn {no}; it has {count}"
+            )))
+        }
+        (_, turn) => turn,
     };
     let Some(turn) = turn else {
         return Ok(json!({
@@ -71,6 +83,13 @@ pub(crate) fn page(
             chunks.push(params);
         }
     }
+    if next.is_null() && page.more {
+        // Every chunk read fitted (a read that began past a chunk's last
+        // part): the next page goes on after them.
+        if let Some(last) = turn.chunks.last() {
+            next = json!({ "turn": turn.no, "seq": last.seq.saturating_add(1), "part": 0 });
+        }
+    }
     let error = turn.error.as_ref().map_or(
         Value::Null,
         |e| json!({ "kind": e.kind.as_str(), "message": e.message }),
@@ -84,4 +103,84 @@ pub(crate) fn page(
         "chunks": chunks,
         "next": next,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use settle_store::{ChunkRow, TurnRow};
+
+    use super::*;
+
+    fn turn_of(texts: impl Iterator<Item = String>) -> TurnRow {
+        TurnRow {
+            no: 1,
+            outcome: None,
+            started_at: SystemTime::UNIX_EPOCH,
+            ended_at: None,
+            input: None,
+            error: None,
+            chunks: texts
+                .enumerate()
+                .map(|(seq, text)| ChunkRow {
+                    seq: u32::try_from(seq).unwrap_or(u32::MAX),
+                    kind: ChunkKind::Text,
+                    text,
+                    data: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// As many of the smallest chunks as `most_chunks` allows never all fit
+    /// in a page: the page stops before them and says where to go on, so
+    /// reading no more rows than that loses nothing.
+    #[test]
+    fn the_chunks_a_page_is_read_with_are_more_than_it_holds() {
+        let id = SessionId(1);
+        let (page_bytes, part_bytes) = (4096, 1024);
+        let most = most_chunks(id, page_bytes, part_bytes);
+        let page = TurnPage {
+            turns: 1,
+            turn: Some(turn_of((0..most).map(|_| String::new()))),
+            more: true,
+        };
+        let from = From {
+            turn: None,
+            seq: 0,
+            part: 0,
+        };
+        let answer = page_of(id, &page, from, page_bytes, part_bytes);
+        let shown = answer["chunks"].as_array().map_or(0, Vec::len);
+        assert!(shown < most, "{shown} of {most} shown");
+        assert_eq!(answer["next"]["seq"], shown);
+    }
+
+    /// A read that begins past its first chunk's last part, with more after
+    /// the chunks read, goes on after them.
+    #[test]
+    fn a_page_whose_chunks_all_fit_goes_on_after_them_when_more_follow() {
+        let id = SessionId(1);
+        let page = TurnPage {
+            turns: 1,
+            turn: Some(turn_of(["a".to_owned(), "b".to_owned()].into_iter())),
+            more: true,
+        };
+        let from = From {
+            turn: Some(1),
+            seq: 0,
+            part: 5,
+        };
+        let answer = page_of(id, &page, from, 4096, 1024);
+        assert_eq!(answer["chunks"].as_array().map(Vec::len), Some(1));
+        assert_eq!(answer["next"], json!({ "turn": 1, "seq": 2, "part": 0 }));
+    }
+
+    fn page_of(id: SessionId, page: &TurnPage, from: From, bytes: usize, part: usize) -> Value {
+        match super::page(id, page, from, bytes, part) {
+            Ok(answer) => answer,
+            Err(error) => panic!("{error:?}"),
+        }
+    }
 }

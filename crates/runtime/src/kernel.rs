@@ -364,6 +364,24 @@ impl Kernel {
             .await
     }
 
+    /// Turn `turn` of `id` (its last when `None`) with at most `max_chunks`
+    /// of its chunks from `from_seq`, and how many turns the session has:
+    /// one page of a transcript, read without the rest of the session
+    /// ([`SessionStore::turn_page`](settle_store::SessionStore::turn_page)).
+    ///
+    /// # Errors
+    /// As [`session_detail`](Self::session_detail).
+    pub async fn turn_page(
+        &self,
+        id: SessionId,
+        turn: Option<u32>,
+        from_seq: u32,
+        max_chunks: usize,
+    ) -> Result<settle_store::TurnPage, RuntimeError> {
+        let read = self.inner.store.turn_page(id, turn, from_seq, max_chunks);
+        self.read_store("reading a page of a session", read).await
+    }
+
     /// A store read within the store timeout.
     async fn read_store<T>(
         &self,

@@ -210,7 +210,7 @@ pub(crate) fn session_row(
     })
 }
 
-type TurnColumns = (
+pub(crate) type TurnColumns = (
     i64,
     Option<String>,
     i64,
@@ -219,7 +219,65 @@ type TurnColumns = (
     Option<String>,
     Option<String>,
 );
-type ChunkColumns = (i64, i64, String, String, Option<String>);
+type TurnSelect = (
+    turns::no,
+    turns::outcome,
+    turns::started_at,
+    turns::ended_at,
+    (turns::input, turns::input_from),
+    turns::error_kind,
+    turns::error_message,
+);
+/// The columns of a turn's row that [`turn_row`] reads.
+pub(crate) const TURN_COLUMNS: TurnSelect = (
+    turns::no,
+    turns::outcome,
+    turns::started_at,
+    turns::ended_at,
+    (turns::input, turns::input_from),
+    turns::error_kind,
+    turns::error_message,
+);
+pub(crate) type ChunkColumns = (i64, i64, String, String, Option<String>);
+type ChunkSelect = (
+    chunks::turn_no,
+    chunks::seq,
+    chunks::kind,
+    chunks::text,
+    chunks::data,
+);
+/// The columns of a chunk's row that [`chunk_row`] reads.
+pub(crate) const CHUNK_COLUMNS: ChunkSelect = (
+    chunks::turn_no,
+    chunks::seq,
+    chunks::kind,
+    chunks::text,
+    chunks::data,
+);
+
+/// A turn from its row's [`TURN_COLUMNS`], with `chunks`.
+pub(crate) fn turn_row(cols: TurnColumns, chunks: Vec<ChunkRow>) -> Result<TurnRow, StoreError> {
+    let (no, outcome, started_at, ended_at, input, error_kind, error_message) = cols;
+    Ok(TurnRow {
+        no: turn_no(no)?,
+        outcome: opt_word("turns.outcome", outcome.as_deref())?,
+        started_at: from_millis(started_at),
+        ended_at: ended_at.map(from_millis),
+        input: turn_input(input)?,
+        error: turn_error(error_kind, error_message)?,
+        chunks,
+    })
+}
+
+/// A chunk from its row's [`CHUNK_COLUMNS`].
+pub(crate) fn chunk_row((_, seq, kind, text, data): ChunkColumns) -> Result<ChunkRow, StoreError> {
+    Ok(ChunkRow {
+        seq: turn_no(seq)?,
+        kind: word("chunks.kind", &kind)?,
+        text,
+        data: json_value("chunks.data", data)?,
+    })
+}
 
 /// One session with its turns, transcript and timeline.
 pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
@@ -237,27 +295,13 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
         let turn_rows: Vec<TurnColumns> = turns::table
             .filter(turns::session.eq(raw))
             .order(turns::no.asc())
-            .select((
-                turns::no,
-                turns::outcome,
-                turns::started_at,
-                turns::ended_at,
-                (turns::input, turns::input_from),
-                turns::error_kind,
-                turns::error_message,
-            ))
+            .select(TURN_COLUMNS)
             .load(c)
             .context("reading turns")?;
         let chunk_rows: Vec<ChunkColumns> = chunks::table
             .filter(chunks::session.eq(raw))
             .order((chunks::turn_no.asc(), chunks::seq.asc()))
-            .select((
-                chunks::turn_no,
-                chunks::seq,
-                chunks::kind,
-                chunks::text,
-                chunks::data,
-            ))
+            .select(CHUNK_COLUMNS)
             .load(c)
             .context("reading the transcript")?;
         let timeline_rows: Vec<String> = timeline::table
@@ -271,29 +315,16 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
 
     let mut by_turn: HashMap<i64, Vec<ChunkRow>> = HashMap::new();
     let chunk_count = chunk_rows.len() as u64;
-    for (turn, seq, kind, text, data) in chunk_rows {
-        by_turn.entry(turn).or_default().push(ChunkRow {
-            seq: turn_no(seq)?,
-            kind: word("chunks.kind", &kind)?,
-            text,
-            data: json_value("chunks.data", data)?,
-        });
+    for cols in chunk_rows {
+        let turn = cols.0;
+        by_turn.entry(turn).or_default().push(chunk_row(cols)?);
     }
     let turns = turn_rows
         .into_iter()
-        .map(
-            |(no, outcome, started_at, ended_at, input, error_kind, error_message)| {
-                Ok(TurnRow {
-                    no: turn_no(no)?,
-                    outcome: opt_word("turns.outcome", outcome.as_deref())?,
-                    started_at: from_millis(started_at),
-                    ended_at: ended_at.map(from_millis),
-                    input: turn_input(input)?,
-                    error: turn_error(error_kind, error_message)?,
-                    chunks: by_turn.remove(&no).unwrap_or_default(),
-                })
-            },
-        )
+        .map(|cols| {
+            let chunks = by_turn.remove(&cols.0).unwrap_or_default();
+            turn_row(cols, chunks)
+        })
         .collect::<Result<Vec<_>, StoreError>>()?;
     let mut timeline = Vec::with_capacity(timeline_rows.len());
     for segment in &timeline_rows {

@@ -12,6 +12,7 @@ use crate::error::StoreError;
 use crate::fleet::{Adopted, PeerRelease, Whereabouts};
 use crate::lease::{OwnerId, OwnerInfo};
 use crate::list::SessionFilter;
+use crate::page::TurnPage;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
 use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
 
@@ -114,6 +115,23 @@ pub trait SessionStore: Send + Sync {
 
     /// One session with its turns, transcript and timeline.
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError>;
+
+    /// Turn `turn` of `id` (its last when `None`) with at most `max_chunks`
+    /// of its chunks from `from_seq`, and how many turns the session has:
+    /// a page of a transcript without the rest of the session. Refused with
+    /// [`StoreError::UnknownSession`] as `session_detail` is. The default
+    /// cuts it from [`session_detail`](Self::session_detail); the stores of
+    /// this crate read only the page.
+    async fn turn_page(
+        &self,
+        id: SessionId,
+        turn: Option<u32>,
+        from_seq: u32,
+        max_chunks: usize,
+    ) -> Result<TurnPage, StoreError> {
+        let detail = self.session_detail(id).await?;
+        Ok(TurnPage::of(&detail, turn, from_seq, max_chunks))
+    }
 
     /// The memory committed for `id`.
     async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError>;

@@ -17,6 +17,7 @@ use crate::lease::{OwnerId, OwnerInfo};
 use crate::list::SessionFilter;
 use crate::open::{open, Target};
 use crate::options::StoreOptions;
+use crate::page::TurnPage;
 use crate::pool::ReadPool;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
 use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
@@ -264,6 +265,17 @@ impl SessionStore for Store {
 
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
         self.read(move |db| crate::read::session_detail(db, id))
+            .await
+    }
+
+    async fn turn_page(
+        &self,
+        id: SessionId,
+        turn: Option<u32>,
+        from_seq: u32,
+        max_chunks: usize,
+    ) -> Result<TurnPage, StoreError> {
+        self.read(move |db| crate::page::turn_page(db, id, turn, from_seq, max_chunks))
             .await
     }
 

@@ -75,6 +75,7 @@ on_backends! {
         transcripts::g7_whole_transcripts_keep_input_chunks_and_errors,
         transcripts::g7_a_turn_without_reply_text_commits_no_memory,
         transcripts::resumed_sessions_name_the_session_they_continue,
+        transcripts::a_page_of_a_turn_is_that_turn_of_the_whole_session_from_a_chunk,
         inputs::turn_inputs_are_additions_and_read_back_whole,
         batch::g2_a_finalize_that_loses_its_race_does_not_fail_the_batch,
         batch::batch_writes_meet_the_session_the_writes_before_left,

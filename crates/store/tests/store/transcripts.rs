@@ -155,3 +155,55 @@ pub(crate) fn resumed_sessions_name_the_session_they_continue(b: Backend) {
         assert_eq!(store.last_session(None).await.unwrap(), Some(second));
     });
 }
+
+/// A page of one turn reads the same as the same page cut from the whole
+/// session: any turn (or the last), from any chunk, at most as many chunks
+/// as asked, and whether more follow; an unknown session is refused as its
+/// detail is.
+pub(crate) fn a_page_of_a_turn_is_that_turn_of_the_whole_session_from_a_chunk(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let (_, id) = session(&*store, "long").await;
+        let (_, empty) = session(&*store, "no turns").await;
+        for no in 1..=3u32 {
+            write::start_turn(&*store, id, no, None, now())
+                .await
+                .unwrap();
+            for seq in 0..(no * 4) {
+                let chunk = match seq % 3 {
+                    0 => NewChunk::structured(ChunkKind::ToolCall, json!({ "n": seq })),
+                    _ => NewChunk::text(format!("t{no}c{seq}")),
+                };
+                store.append_chunk(id, no, chunk).await.unwrap();
+            }
+            write::end_turn(&*store, id, no, Outcome::Completed, None, now())
+                .await
+                .unwrap();
+        }
+        let detail = store.session_detail(id).await.unwrap();
+        for turn in [None, Some(1), Some(2), Some(3), Some(4)] {
+            for from in [0, 1, 5, 11, 12, 40] {
+                for most in [0, 1, 3, 100] {
+                    let page = store.turn_page(id, turn, from, most).await.unwrap();
+                    let cut = settle_store::TurnPage::of(&detail, turn, from, most);
+                    assert_eq!(page, cut, "turn {turn:?} from {from}, at most {most}");
+                }
+            }
+        }
+        let last = store.turn_page(id, None, 10, 1).await.unwrap();
+        let row = last.turn.expect("the last turn");
+        assert_eq!(
+            (last.turns, row.no, row.chunks.len(), last.more),
+            (3, 3, 1, true)
+        );
+        assert_eq!(row.chunks[0].text, "t3c10");
+        let none = store.turn_page(empty, None, 0, 10).await.unwrap();
+        assert_eq!((none.turns, none.turn, none.more), (0, None, false));
+        let unknown = store.turn_page(SessionId(9_999_999), None, 0, 10).await;
+        assert!(
+            matches!(unknown, Err(StoreError::UnknownSession(_))),
+            "{unknown:?}"
+        );
+    });
+}
