@@ -79,7 +79,13 @@ fn tokens_past_the_budget_cancel_the_subtree_at_once() {
         Ok(Handled::Applied)
     );
     assert_eq!(h.cancels_of(child), 0, "60 of 100 spent");
-    h.ev(Event::Usage { work, tokens: 41 });
+    h.ev(Event::Usage { work, tokens: 40 });
+    assert_eq!(
+        h.cancels_of(child),
+        0,
+        "the most tokens spent, none past it"
+    );
+    h.ev(Event::Usage { work, tokens: 1 });
     assert_eq!(h.cancels_of(child), 1);
     h.ev(Event::WorkEnded {
         work,
