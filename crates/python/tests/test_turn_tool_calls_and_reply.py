@@ -118,3 +118,27 @@ async def test_openai_chunk_objects_give_assembled_tool_calls(kernel):
             pass
     assert [call["name"] for call in turn.tool_calls()] == ["ls", "cat"]
     assert turn.reply()["tool_calls"][1]["arguments"] == '{"file":"a.txt"}'
+
+
+async def test_tool_calls_go_back_as_input_with_the_assistants_content_none(kernel):
+    # The chat-completion spelling of a reply that only calls tools, as the
+    # `openai` package's own types write it: `content: None`.
+    session = await kernel.register("s")
+    async with await session.turn(Stream(INTERLEAVED[2:7]), input="list and read") as turn:
+        async for _ in turn:
+            pass
+    calls = turn.tool_calls()
+    sent = [
+        {"role": "user", "content": "list and read"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls
+        ]},
+        *({"role": "tool", "content": "ok", "tool_call_id": c["id"]} for c in calls),
+    ]
+    async with await session.turn(Stream(["Done."]), input=sent) as turn:
+        async for _ in turn:
+            pass
+    assert turn.outcome == "completed"
+    stored = (await session.transcript())[1]["input"]
+    assert stored[1]["content"] == "" and stored[1]["tool_calls"] == sent[1]["tool_calls"]
+    assert stored[2:] == sent[2:]
