@@ -15,7 +15,7 @@ use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
 use crate::provider::{PyProvider, Source};
-use crate::task::{check_write, PyTask, Shared as TaskShared};
+use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
 use crate::turn::PyTurn;
 
 /// One session of a kernel. Every method is safe at any time: once the
@@ -276,7 +276,8 @@ impl PySession {
     /// finishes, or the shutdown's drain ends, the task is cancelled on its
     /// loop; if it ignores that past the settle timeout it is detached, and
     /// its later writes through a session raise `SessionClosed` (G10). The
-    /// session is not finalized while it runs. Resolves to a `settle.Task`.
+    /// session is not finalized while it runs. Resolves to a `settle.Task`;
+    /// cancelled before it resolves, the task it started is cancelled too.
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         let (handle, here) = self.handle.get()?;
@@ -293,7 +294,8 @@ impl PySession {
                     .spawn(move |context| crate::task::run(context, theirs))
                     .await;
                 match spawned {
-                    Ok(task) => Ok(PyTask::new(task, owner)),
+                    // Cancelled if its awaiter is gone before it gets there.
+                    Ok(task) => Ok(Spawned::new(PyTask::new(task, owner))),
                     Err(error) => {
                         // Never started: closed unawaited, so Python does
                         // not warn that it was never awaited.
