@@ -5,6 +5,8 @@ reply (text, reasoning, tool calls, usage, data)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import settle
@@ -142,3 +144,31 @@ async def test_tool_calls_go_back_as_input_with_the_assistants_content_none(kern
     stored = (await session.transcript())[1]["input"]
     assert stored[1]["content"] == "" and stored[1]["tool_calls"] == sent[1]["tool_calls"]
     assert stored[2:] == sent[2:]
+
+
+async def test_a_turn_cancelled_mid_stream_replies_with_what_it_yielded_only(kernel):
+    # The cancel of the reading task lands while a next chunk is on its way:
+    # that chunk is stored, never yielded, and not part of the reply.
+    for attempt in range(40):
+        session = await kernel.register(f"s{attempt}")
+        seen, first = [], asyncio.Event()
+        items = [piece(0, id="call_a", name="ls", arguments="{")] + [f"w{n} " for n in range(10_000)]
+        stream = Stream(items, delay=0.0002)
+
+        async def read(turn):
+            async for chunk in turn:
+                seen.append(chunk)
+                first.set()
+
+        async with await session.turn(stream) as turn:
+            reader = asyncio.create_task(read(turn))
+            await first.wait()
+            for _ in range(attempt % 5):
+                await asyncio.sleep(0)
+            reader.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+        assert turn.outcome == "cancelled"
+        assert turn.reply()["text"] == "".join(c.text or "" for c in seen), attempt
+        assert turn.tool_calls() == [{"id": "call_a", "name": "ls", "arguments": "{"}]
+        await session.close()
