@@ -412,6 +412,9 @@ impl PyKernel {
         ready(py, slf.into_any())
     }
 
+    /// Shuts down as `shutdown()` does, with the kernel's drain timeout,
+    /// and resolves to `False`: an exception raised in the `async with`
+    /// block goes on up (the report is `shutdown()`'s to give).
     fn __aexit__<'py>(
         &self,
         py: Python<'py>,
@@ -419,7 +422,18 @@ impl PyKernel {
         _value: Bound<'py, PyAny>,
         _traceback: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.shutdown(py, None)
+        let (kernel, here) = self.kernel.get()?;
+        let (kernel, drain) = (kernel.clone(), self.drain);
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Finish,
+            async move {
+                kernel.shutdown(drain).await;
+                Ok(false)
+            },
+        )
     }
 }
 

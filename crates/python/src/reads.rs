@@ -6,7 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use settle_store::{SessionRow, TurnRow};
+use serde_json::Value;
+use settle_store::{Conversation, SessionRow, TurnRow};
 
 use crate::chunk::PyChunk;
 use crate::convert;
@@ -43,15 +44,21 @@ pub(crate) fn sessions<'py>(py: Python<'py>, rows: &[SessionRow]) -> PyResult<Bo
     Ok(list)
 }
 
-/// One turn: its number, outcome, times, input, reply text, error and chunks.
-pub(crate) fn turn<'py>(py: Python<'py>, row: &TurnRow) -> PyResult<Bound<'py, PyDict>> {
+/// One turn: its number, outcome, times, input (`sent`: all it was sent,
+/// which the store rebuilds from what each turn added), reply text, error
+/// and chunks.
+fn turn<'py>(
+    py: Python<'py>,
+    row: &TurnRow,
+    sent: Option<&[Value]>,
+) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     dict.set_item("no", row.no)?;
     dict.set_item("outcome", row.outcome.map(|o| o.as_str()))?;
     dict.set_item("started_at", seconds(row.started_at))?;
     dict.set_item("ended_at", row.ended_at.map(seconds))?;
-    let input = match &row.input {
-        Some(input) => convert::from_json(py, &input.messages)?,
+    let input = match sent {
+        Some(sent) => convert::from_json(py, &Value::Array(sent.to_vec()))?,
         None => py.None().into_bound(py),
     };
     dict.set_item("input", input)?;
@@ -81,11 +88,15 @@ pub(crate) fn turn<'py>(py: Python<'py>, row: &TurnRow) -> PyResult<Bound<'py, P
     Ok(dict)
 }
 
-/// A session's turns, in order.
+/// A session's turns, in order, each `input` all that the turn was sent
+/// (the store keeps what each turn added to the conversation; a
+/// [`Conversation`] walk gives the whole back, as `settle show` prints it).
 pub(crate) fn transcript<'py>(py: Python<'py>, turns: &[TurnRow]) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
+    let mut conversation = Conversation::new();
     for row in turns {
-        list.append(turn(py, row)?)?;
+        let sent = conversation.turn(row);
+        list.append(turn(py, row, sent)?)?;
     }
     Ok(list)
 }

@@ -56,7 +56,8 @@ impl PyResumed {
 
     /// The tool calls of that last reply, which no tool has answered yet,
     /// as `Turn.tool_calls()` gives them: `{"id", "name", "arguments"}`
-    /// dicts; `[]` when the reply asked for none (or the turn failed).
+    /// dicts; `[]` when the reply asked for none, or did not complete (a
+    /// turn cancelled or cut by a crash may have lost the end of a call).
     #[getter]
     fn pending_tool_calls(&self, py: Python<'_>) -> Py<PyList> {
         self.pending.clone_ref(py)

@@ -15,7 +15,7 @@ use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
 use crate::provider::{PyProvider, Source};
-use crate::task::{check_write, PyTask, Shared as TaskShared};
+use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
 use crate::turn::PyTurn;
 
 /// One session of a kernel. Every method is safe at any time: once the
@@ -55,13 +55,28 @@ fn request(input: Option<&Bound<'_, PyAny>>) -> PyResult<TurnRequest> {
     if let Ok(prompt) = input.cast::<PyString>() {
         return Ok(TurnRequest::prompt(prompt.to_cow()?.into_owned()));
     }
-    let value = crate::convert::to_json(input)?;
+    let mut value = crate::convert::to_json(input)?;
+    null_content_as_empty(&mut value);
     let messages: Vec<Message> = serde_json::from_value(value).map_err(|e| {
         errors::BadInput::new_err(format!(
             "input= must be a str or a list of {{\"role\", \"content\"}} messages: {e}"
         ))
     })?;
     Ok(TurnRequest::new(messages))
+}
+
+/// Gives `""` to each message whose `content` is `None`: the chat-completion
+/// spelling of an assistant message that only calls tools (the `openai`
+/// package's own types write it so), which a message's text is then.
+fn null_content_as_empty(messages: &mut serde_json::Value) {
+    let Some(messages) = messages.as_array_mut() else {
+        return;
+    };
+    for message in messages {
+        if let Some(content) = message.get_mut("content").filter(|c| c.is_null()) {
+            *content = serde_json::Value::String(String::new());
+        }
+    }
 }
 
 impl PySession {
@@ -197,10 +212,12 @@ impl PySession {
     /// loop, stores each chunk, and closes it (`aclose()`, else `close()`)
     /// exactly once, on end, error, idle timeout, cancel and drop, and when
     /// the cancel lands while it is being opened (G4). `input` is what the
-    /// turn sends (a prompt, or `[{"role", "content"}]` messages), stored
-    /// as the turn's input. `to_chunk` turns each item into a chunk (a
-    /// `str`, a `settle.Chunk`, an OpenAI-shaped chunk, a list of those, or
-    /// `None`) when the items are none of those.
+    /// turn sends (a prompt, or `[{"role", "content"}]` messages, with
+    /// `tool_calls` and `tool_call_id` where they have them; a `None`
+    /// content is stored as `""`), stored as the turn's input. `to_chunk`
+    /// turns each item into a chunk (a `str`, a `settle.Chunk`, an
+    /// OpenAI-shaped chunk, a list of those, or `None`) when the items are
+    /// none of those.
     ///
     /// This turn's own timeouts, in seconds (`0` disables): `idle_timeout`
     /// (no item for this long ends it `idle_timeout`; default: the
@@ -259,7 +276,8 @@ impl PySession {
     /// finishes, or the shutdown's drain ends, the task is cancelled on its
     /// loop; if it ignores that past the settle timeout it is detached, and
     /// its later writes through a session raise `SessionClosed` (G10). The
-    /// session is not finalized while it runs. Resolves to a `settle.Task`.
+    /// session is not finalized while it runs. Resolves to a `settle.Task`;
+    /// cancelled before it resolves, the task it started is cancelled too.
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         let (handle, here) = self.handle.get()?;
@@ -276,7 +294,8 @@ impl PySession {
                     .spawn(move |context| crate::task::run(context, theirs))
                     .await;
                 match spawned {
-                    Ok(task) => Ok(PyTask::new(task, owner)),
+                    // Cancelled if its awaiter is gone before it gets there.
+                    Ok(task) => Ok(Spawned::new(PyTask::new(task, owner))),
                     Err(error) => {
                         // Never started: closed unawaited, so Python does
                         // not warn that it was never awaited.

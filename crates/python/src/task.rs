@@ -203,6 +203,40 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
     ended.await.unwrap_or(Ended::Cancelled)
 }
 
+/// A task on its way to Python, as `spawn()` resolves to it: cancelled if
+/// it never gets there (the awaiter of `spawn()` was cancelled or collected
+/// first, or its loop closed), for nobody could join or cancel it then.
+pub(crate) struct Spawned(Option<PyTask>);
+
+impl Spawned {
+    pub fn new(task: PyTask) -> Self {
+        Spawned(Some(task))
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            // Only a forked child fails here, and its parent's task is not
+            // its own to cancel.
+            let _ = task.cancel();
+        }
+    }
+}
+
+impl<'py> IntoPyObject<'py> for Spawned {
+    type Target = PyTask;
+    type Output = Bound<'py, PyTask>;
+    type Error = PyErr;
+
+    fn into_pyobject(mut self, py: Python<'py>) -> PyResult<Self::Output> {
+        match self.0.take() {
+            Some(task) => Bound::new(py, task),
+            None => Err(errors::error("this task was already handed over")),
+        }
+    }
+}
+
 /// A coroutine running under a session: await it (or `join()`) for its
 /// result.
 #[pyclass(name = "Task", module = "settle", frozen)]
@@ -244,26 +278,37 @@ impl PyTask {
     /// `settle.Detached` when it was detached at the settle deadline,
     /// `settle.ShuttingDown` when the kernel stopped first. Awaiting it a
     /// second time raises `settle.Error`.
+    ///
+    /// As with an `asyncio.Task`, cancelling the asyncio task that awaits
+    /// it cancels the settle task too (its coroutine gets `CancelledError`
+    /// and the settle timeout to unwind, G5): a caller that is cancelled
+    /// leaves nothing it was waiting for running. `asyncio.shield()` the
+    /// awaitable to let the task go on.
     fn join<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
         let handle = handle.lock().ok().and_then(|mut h| h.take());
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                let handle = handle.ok_or_else(|| errors::error("this task was already joined"))?;
-                match handle.join().await {
-                    Ok(Ended::Returned(value)) => Ok(value),
-                    Ok(Ended::Raised(error)) => Err(error),
-                    Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
-                        "the task was cancelled and gave no result",
-                    )),
-                    Err(error) => Err(errors::task(error)),
+        let cancel = CancellationToken::new();
+        let cancelled = cancel.clone();
+        awaitable(py, here, cancel, OnCancel::Finish, async move {
+            let mut handle = handle.ok_or_else(|| errors::error("this task was already joined"))?;
+            let ended = tokio::select! {
+                ended = &mut handle => ended,
+                () = cancelled.cancelled() => {
+                    // Nobody waits for it any more: it is cancelled, and
+                    // what it gives is dropped with this future.
+                    handle.cancel();
+                    return Err(errors::Cancelled::new_err("the task's awaiter was cancelled"));
                 }
-            },
-        )
+            };
+            match ended {
+                Ok(Ended::Returned(value)) => Ok(value),
+                Ok(Ended::Raised(error)) => Err(error),
+                Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
+                    "the task was cancelled and gave no result",
+                )),
+                Err(error) => Err(errors::task(error)),
+            }
+        })
     }
 
     fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

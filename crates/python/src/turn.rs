@@ -8,10 +8,13 @@
 //! collector; `async with` makes it deterministic, as pydantic-ai asks of its
 //! streams for the same reason.)
 //!
-//! What the yielded chunks say is kept as they go by: `tool_calls()` gives
-//! the runtime turn's own assembly of the tool-call pieces (by index, as
-//! `settle_stream::ToolCalls` puts them together), and `reply()` the whole
-//! reply, both readable without waiting on the kernel.
+//! What the yielded chunks say is kept as they reach Python: `tool_calls()`
+//! gives the tool-call pieces put together (by index, as the runtime's turn
+//! does, with `settle_stream::ToolCalls`), and `reply()` the whole reply,
+//! both readable without waiting on the kernel. A chunk counts once the
+//! task awaiting `__anext__` has it, not when the kernel has it: one whose
+//! awaiter was cancelled first (it is stored all the same) is no part of
+//! them.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,10 +23,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use settle_core::{ChunkKind, Outcome, TurnError};
 use settle_runtime::Turn;
-use settle_stream::{Chunk, ReplyBuilder, ToolCall};
+use settle_stream::{Chunk, ReplyBuilder, ToolCalls};
 use tokio_util::sync::CancellationToken;
 
-use crate::awaitable::{awaitable, ready, OnCancel};
+use crate::awaitable::{awaitable, bridge, ready, OnCancel};
 use crate::chunk::PyChunk;
 use crate::process::{ForkSafe, Owner};
 
@@ -34,19 +37,36 @@ type Ending = Option<(Outcome, Option<TurnError>)>;
 struct Gathered {
     /// The chunks other than tool-call pieces (text, reasoning, usage, data).
     reply: ReplyBuilder,
-    /// The tool calls, as the runtime's turn has put them together so far.
-    calls: Vec<ToolCall>,
+    /// The tool-call pieces, put together (a piece may grow any call, by
+    /// its index).
+    calls: ToolCalls,
 }
 
 impl Gathered {
-    /// Notes `chunk`, which `turn` has just yielded.
-    fn saw(&mut self, chunk: &Chunk, turn: &Turn) {
+    /// Notes `chunk`, which the task awaiting it has just received.
+    fn saw(&mut self, chunk: &Chunk) {
         if chunk.kind() == ChunkKind::ToolCall {
-            // The runtime's turn assembled the piece already: its calls are
-            // the truth (a piece may grow any of them, by its index).
-            turn.tool_calls().clone_into(&mut self.calls);
+            self.calls.push(&chunk.to_json());
         } else {
             self.reply.push(chunk);
+        }
+    }
+}
+
+/// What notes a chunk in its turn's `Gathered` once the task that awaited
+/// it has it (`_bridge.Next` calls it in that task's own step): a chunk
+/// whose awaiter was cancelled before it resumed is stored, never seen, and
+/// no part of the reply.
+#[pyclass(module = "settle._settle", frozen)]
+struct Gather {
+    gathered: Arc<Mutex<Gathered>>,
+}
+
+#[pymethods]
+impl Gather {
+    fn __call__(&self, chunk: &Bound<'_, PyChunk>) {
+        if let Ok(mut gathered) = self.gathered.lock() {
+            gathered.saw(&chunk.get().chunk);
         }
     }
 }
@@ -131,10 +151,12 @@ impl PyTurn {
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (turn, here) = self.turn.get()?;
         let (turn, cancel, ending) = (turn.clone(), self.cancel.clone(), self.ending.clone());
-        let gathered = self.gathered.clone();
+        let gather = Gather {
+            gathered: self.gathered.clone(),
+        };
         // A cancel (or the collection) of this awaitable cancels the turn:
         // the future goes on to settle it, and its result is dropped.
-        awaitable(py, here, cancel.clone(), OnCancel::Finish, async move {
+        let next = awaitable(py, here, cancel.clone(), OnCancel::Finish, async move {
             let mut slot = turn.lock().await;
             let next = match slot.as_mut() {
                 None => None,
@@ -144,16 +166,16 @@ impl PyTurn {
                 },
             };
             if let Some(chunk) = next {
-                if let (Some(turn), Ok(mut gathered)) = (slot.as_ref(), gathered.lock()) {
-                    gathered.saw(&chunk, turn);
-                }
                 return Ok(PyChunk { chunk });
             }
             if let Some(turn) = slot.take() {
                 settle_turn(turn, &ending).await;
             }
             Err(PyStopAsyncIteration::new_err(()))
-        })
+        })?;
+        bridge(py)?
+            .getattr(pyo3::intern!(py, "Next"))?
+            .call1((next, Bound::new(py, gather)?))
     }
 
     /// Ends the turn here: cancels it unless it already ended (G6), and
@@ -189,7 +211,7 @@ impl PyTurn {
     /// yielded (the store has every chunk: `session.transcript()`).
     fn tool_calls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let calls = match self.gathered.lock() {
-            Ok(gathered) => gathered.calls.clone(),
+            Ok(gathered) => gathered.calls.calls().to_vec(),
             Err(_) => Vec::new(),
         };
         crate::reply::tool_calls(py, &calls)
@@ -206,7 +228,7 @@ impl PyTurn {
         let reply = match self.gathered.lock() {
             Ok(gathered) => {
                 let mut reply = gathered.reply.clone().finish();
-                reply.tool_calls = gathered.calls.clone();
+                reply.tool_calls = gathered.calls.calls().to_vec();
                 reply
             }
             Err(_) => ReplyBuilder::default().finish(),

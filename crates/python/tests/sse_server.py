@@ -1,6 +1,10 @@
 """A local OpenAI-compatible server: ``POST /v1/chat/completions`` answered
-with server-sent events, one chunk every ``interval`` seconds, and a record
-of when each connection was closed by the client."""
+with server-sent events, one chunk every ``interval`` seconds, a record of
+each request's body, and of when each connection was closed by the client.
+
+``chunks`` is every request's answer; ``replies`` answers the first request
+with its first list of chunks, the second with its second, and so on (the
+last one again after that): a model that asks for tools, then answers."""
 
 from __future__ import annotations
 
@@ -10,10 +14,21 @@ from typing import List, Optional
 
 
 class SseServer:
-    def __init__(self, *, chunks: Optional[List[dict]] = None, interval: float = 0.05, forever: bool = False, headers_delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        chunks: Optional[List[dict]] = None,
+        replies: Optional[List[List[dict]]] = None,
+        interval: float = 0.05,
+        forever: bool = False,
+        headers_delay: float = 0.0,
+    ) -> None:
         self.chunks = chunks if chunks is not None else [
             {"choices": [{"index": 0, "delta": {"content": word}}]} for word in ["Hello", ",", " world"]
         ]
+        self.replies = replies
+        #: The JSON body of each request, in the order they came.
+        self.bodies: List[dict] = []
         self.interval = interval
         self.forever = forever
         self.headers_delay = headers_delay
@@ -43,8 +58,12 @@ class SseServer:
             for line in head.decode().split("\r\n"):
                 if line.lower().startswith("content-length:"):
                     length = int(line.split(":", 1)[1])
-            await reader.readexactly(length)
+            body = await reader.readexactly(length)
+            self.bodies.append(json.loads(body) if body else {})
             self.requests += 1
+            chunks = self.chunks
+            if self.replies:
+                chunks = self.replies[min(self.requests, len(self.replies)) - 1]
             if self.headers_delay:
                 eof = asyncio.ensure_future(reader.read(1))
                 done, _ = await asyncio.wait({eof}, timeout=self.headers_delay)
@@ -58,8 +77,8 @@ class SseServer:
             )
             n = 0
             while True:
-                if n < len(self.chunks):
-                    chunk = self.chunks[n]
+                if n < len(chunks):
+                    chunk = chunks[n]
                 elif self.forever:
                     chunk = {"choices": [{"index": 0, "delta": {"content": f" more {n}"}}]}
                 else:

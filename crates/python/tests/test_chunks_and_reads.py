@@ -93,3 +93,29 @@ async def test_what_python_wrote_reads_the_same_through_show_and_export(db, kern
     )
     assert 'tool call: get_weather({"city":"Paris"})' in shown.stdout, shown.stdout
     assert "usage: completion_tokens=4 prompt_tokens=9 total_tokens=13" in shown.stdout
+
+
+async def test_g7_a_transcript_gives_each_turn_all_it_was_sent(db, kernel):
+    # The store keeps what each turn added; a read gives back what it was sent.
+    chat = await kernel.register("chat")
+    first = [{"role": "user", "content": "weather in Paris?"}]
+    async with await chat.turn(Stream(OPENAI_DICTS), input=first) as turn:
+        async for _ in turn:
+            pass
+    second = [
+        *first,
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "content": "18°C", "tool_call_id": "call_1"},
+    ]
+    async with await chat.turn(Stream(["18°C."]), input=second) as turn:
+        async for _ in turn:
+            pass
+    third = [*second, {"role": "assistant", "content": "18°C."}, {"role": "user", "content": "and tomorrow?"}]
+    async with await chat.turn(Stream(["Rain."]), input=third) as turn:
+        async for _ in turn:
+            pass
+    await chat.finish()
+    transcript = await chat.transcript()
+    assert [t["input"] for t in transcript] == [first, second, third]
+    shown = settle_json(db, "show", str(chat.id), "--json")
+    assert [t["input"] for t in shown["turns"]] == [first, second, third]

@@ -151,3 +151,75 @@ async def test_g6_a_finished_task_is_not_cancelled_again(kernel):
     assert await task == "done"
     await session.finish()
     assert cancelled == []
+
+
+async def test_g1_cancelling_the_asyncio_task_awaiting_a_settle_task_cancels_it(kernel):
+    # As with an asyncio.Task: the awaiter's cancel goes on to what it awaits.
+    session = await kernel.register("s")
+    started, saw_cancel = asyncio.Event(), asyncio.Event()
+
+    async def tool() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            saw_cancel.set()
+            raise
+
+    async def caller() -> None:
+        await (await session.spawn(tool()))
+
+    awaiting = asyncio.create_task(caller())
+    await asyncio.wait_for(started.wait(), 10)
+    awaiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await awaiting
+    await asyncio.wait_for(saw_cancel.wait(), 10)
+    # Its work ends once the coroutine has unwound: the session has none left.
+    for _ in range(1000):
+        if await session.state() == "registered":
+            break
+        await asyncio.sleep(0.01)
+    assert await session.state() == "registered"
+
+
+async def test_g1_a_shielded_settle_task_goes_on_when_its_awaiter_is_cancelled(kernel):
+    session = await kernel.register("s")
+    gate = asyncio.Event()
+
+    async def tool() -> str:
+        await gate.wait()
+        return "done"
+
+    task = await session.spawn(tool())
+    joined = asyncio.ensure_future(task.join())
+    awaiting = asyncio.create_task(asyncio.wait_for(asyncio.shield(joined), 0.05))
+    with pytest.raises(asyncio.TimeoutError):
+        await awaiting
+    gate.set()
+    assert await joined == "done"
+
+
+async def test_g1_a_spawn_cancelled_before_it_resolves_leaves_no_task_running(kernel):
+    session = await kernel.register("s")
+    started, saw_cancel = asyncio.Event(), asyncio.Event()
+
+    async def tool() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            saw_cancel.set()
+            raise
+
+    spawning = session.spawn(tool())
+    spawning.cancel()  # nobody will get the settle.Task
+    with pytest.raises(asyncio.CancelledError):
+        await spawning
+    await (await session.spawn(asyncio.sleep(0)))  # the first spawn is in by now
+    for _ in range(1000):  # its work ends once the coroutine has unwound
+        if await session.state() == "registered":
+            break
+        await asyncio.sleep(0.01)
+    assert await session.state() == "registered"
+    assert saw_cancel.is_set() or not started.is_set()

@@ -119,3 +119,11 @@ async def test_a_source_that_is_not_an_async_iterable_fails_the_turn_saying_so(k
         assert [c async for c in turn] == []
     assert turn.outcome == "failed"
     assert "not an async iterable" in turn.error[1]
+
+
+async def test_an_exception_in_the_kernels_async_with_block_goes_on_up(db):
+    with pytest.raises(RuntimeError, match="boom"):
+        async with await settle.Kernel.open(db) as kernel:
+            await kernel.register("s")
+            raise RuntimeError("boom")
+    assert kernel.shutting_down

@@ -5,6 +5,8 @@ reply (text, reasoning, tool calls, usage, data)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import settle
@@ -118,3 +120,55 @@ async def test_openai_chunk_objects_give_assembled_tool_calls(kernel):
             pass
     assert [call["name"] for call in turn.tool_calls()] == ["ls", "cat"]
     assert turn.reply()["tool_calls"][1]["arguments"] == '{"file":"a.txt"}'
+
+
+async def test_tool_calls_go_back_as_input_with_the_assistants_content_none(kernel):
+    # The chat-completion spelling of a reply that only calls tools, as the
+    # `openai` package's own types write it: `content: None`.
+    session = await kernel.register("s")
+    async with await session.turn(Stream(INTERLEAVED[2:7]), input="list and read") as turn:
+        async for _ in turn:
+            pass
+    calls = turn.tool_calls()
+    sent = [
+        {"role": "user", "content": "list and read"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls
+        ]},
+        *({"role": "tool", "content": "ok", "tool_call_id": c["id"]} for c in calls),
+    ]
+    async with await session.turn(Stream(["Done."]), input=sent) as turn:
+        async for _ in turn:
+            pass
+    assert turn.outcome == "completed"
+    stored = (await session.transcript())[1]["input"]
+    assert stored[1]["content"] == "" and stored[1]["tool_calls"] == sent[1]["tool_calls"]
+    assert stored[2:] == sent[2:]
+
+
+async def test_a_turn_cancelled_mid_stream_replies_with_what_it_yielded_only(kernel):
+    # The cancel of the reading task lands while a next chunk is on its way:
+    # that chunk is stored, never yielded, and not part of the reply.
+    for attempt in range(40):
+        session = await kernel.register(f"s{attempt}")
+        seen, first = [], asyncio.Event()
+        items = [piece(0, id="call_a", name="ls", arguments="{")] + [f"w{n} " for n in range(10_000)]
+        stream = Stream(items, delay=0.0002)
+
+        async def read(turn):
+            async for chunk in turn:
+                seen.append(chunk)
+                first.set()
+
+        async with await session.turn(stream) as turn:
+            reader = asyncio.create_task(read(turn))
+            await first.wait()
+            for _ in range(attempt % 5):
+                await asyncio.sleep(0)
+            reader.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+        assert turn.outcome == "cancelled"
+        assert turn.reply()["text"] == "".join(c.text or "" for c in seen), attempt
+        assert turn.tool_calls() == [{"id": "call_a", "name": "ls", "arguments": "{"}]
+        await session.close()

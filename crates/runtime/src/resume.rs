@@ -29,7 +29,9 @@ pub struct Resumed {
     pub history: Vec<Message>,
     /// The tool calls of that last reply, which no tool has answered yet:
     /// run them and send their results
-    /// ([`Message::tool_result`]) with the next turn.
+    /// ([`Message::tool_result`]) with the next turn. Empty unless that
+    /// reply completed: the calls of one cut short (cancelled, interrupted
+    /// by a crash) may have lost the end of their arguments.
     pub pending_tool_calls: Vec<ToolCall>,
 }
 
@@ -67,10 +69,12 @@ pub(crate) fn conversation(detail: &SessionDetail) -> (Vec<Message>, Vec<ToolCal
     for turn in &detail.turns[..=last] {
         let _ = conversation.turn(turn);
     }
-    let failed = matches!(
-        detail.turns[last].outcome,
-        Some(Outcome::Failed | Outcome::IdleTimeout)
-    );
+    let outcome = detail.turns[last].outcome;
+    let failed = matches!(outcome, Some(Outcome::Failed | Outcome::IdleTimeout));
+    // Only a reply read to its end asks for tools: one cut short (cancelled,
+    // interrupted by a crash, detached) may stop mid-arguments, and running
+    // its calls would run what the model never asked for (G7).
+    let whole = outcome == Some(Outcome::Completed);
     // The last reply, put together: its tool calls are the conversation's
     // next step, not only its text.
     let mut reply = ReplyBuilder::default();
@@ -82,7 +86,7 @@ pub(crate) fn conversation(detail: &SessionDetail) -> (Vec<Message>, Vec<ToolCal
         reply.push_json(chunk.kind, &payload);
     }
     let reply = reply.finish();
-    let pending = !failed && !reply.tool_calls.is_empty();
+    let pending = whole && !reply.tool_calls.is_empty();
     let mut history: Vec<Message> = conversation
         .into_messages(!failed && !pending)
         .into_iter()

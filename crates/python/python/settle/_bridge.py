@@ -85,6 +85,27 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
             sink.closed()
 
 
+class Next:
+    """A turn's next chunk, as ``Turn.__anext__`` gives it: the bridged
+    future, and ``gather``, which notes the chunk in the turn's reply once
+    the awaiting task has it, in that task's own step. A chunk whose task
+    was cancelled after the future got it but before the task resumed is
+    never seen, and so no part of ``turn.reply()``."""
+
+    __slots__ = ("_future", "_gather")
+
+    def __init__(self, future: "asyncio.Future[Any]", gather: Any) -> None:
+        self._future = future
+        self._gather = gather
+
+    def __await__(self) -> Any:
+        chunk = yield from self._future.__await__()
+        gather, self._gather = self._gather, None
+        if gather is not None:
+            gather(chunk)
+        return chunk
+
+
 def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> None:
     """Closes a turn's source that the kernel never opened (the turn was
     cancelled first), from ``loop``'s thread; ``loop`` is ``None`` when it

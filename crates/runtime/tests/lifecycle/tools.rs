@@ -286,6 +286,54 @@ async fn resume_replays_the_pending_tool_calls_of_the_last_reply() {
     .await;
 }
 
+/// A model whose tool call is cut after its first piece: its stream goes
+/// quiet there until the turn is ended.
+struct CutModel;
+
+#[async_trait]
+impl Provider for CutModel {
+    async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+        let piece = Chunk::json(
+            ChunkKind::ToolCall,
+            &json!({"index": 0, "id": "call_1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":"}}),
+        );
+        let events = futures_util::StreamExt::chain(
+            stream::iter([Ok(StreamEvent::Chunk(piece))]),
+            stream::pending(),
+        );
+        Ok(Box::new(DropClose::new(events)))
+    }
+}
+
+/// G7 and tools: a reply cut before its end (cancelled, interrupted by a
+/// crash) leaves no tool call pending: its arguments may stop mid-JSON, and
+/// running it would run what the model never asked for.
+#[tokio::test(start_paused = true)]
+async fn resume_leaves_the_tool_calls_of_a_cut_reply_unrun() {
+    use futures_util::StreamExt;
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let agent = kernel.register("agent", None).await.unwrap();
+    let mut turn = agent
+        .run_turn(Arc::new(CutModel), TurnRequest::prompt("Weather in Paris?"))
+        .await
+        .unwrap();
+    assert_eq!(
+        turn.next().await.map(|c| c.kind()),
+        Some(ChunkKind::ToolCall)
+    );
+    assert_eq!(turn.tool_calls()[0].arguments, "{\"city\":");
+    turn.cancel();
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    agent.finish().await.unwrap();
+
+    let resumed = kernel.resume(agent.id(), "agent again").await.unwrap();
+    assert!(resumed.pending_tool_calls.is_empty());
+    assert!(resumed.history.iter().all(|m| m.tool_calls.is_none()));
+    assert_eq!(resumed.history[0].content, "Weather in Paris?");
+}
+
 /// G12 and tools: a session handed off between its model's tool calls and
 /// their results is adopted with those calls as the conversation's next
 /// step, as a resumed one is: the history ends with the reply that made
