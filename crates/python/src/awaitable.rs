@@ -99,6 +99,21 @@ fn no_context(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
         .map(|context| context.bind(py))
 }
 
+/// [`awaitable`] for work that nothing cancels from outside and that runs
+/// to its end even when the awaitable is cancelled (its result is then
+/// dropped): most kernel calls.
+pub(crate) fn finishing<'py, F, T>(
+    py: Python<'py>,
+    here: &Here,
+    work: F,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    awaitable(py, here, CancellationToken::new(), OnCancel::Finish, work)
+}
+
 /// An awaitable on the running loop that resolves with what `work` gives
 /// (converted to Python), or raises its error. `token` is cancelled when
 /// the awaitable is cancelled or collected before it is done.

@@ -12,7 +12,7 @@ use settle_runtime::{Kernel, ShutdownReport, WeakKernel};
 use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::awaitable::{awaitable, ready, running_loop, OnCancel};
+use crate::awaitable::{awaitable, finishing, ready, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{here, ForkSafe, Owner};
@@ -185,32 +185,20 @@ impl PyKernel {
     ) -> PyResult<Bound<'py, PyAny>> {
         let budget = budget.map(|b| b.get());
         crate::task::check_write(py)?;
-        let parent = match parent {
-            None => None,
-            Some(p) => match p.cast::<PySession>() {
-                Ok(session) => Some(SessionId(session.get().id_value())),
-                Err(_) => Some(SessionId(p.extract::<u64>()?)),
-            },
-        };
+        let parent = parent.as_ref().map(session_id).transpose()?;
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let session = match budget {
-                    None => kernel.register(name, parent).await,
-                    Some(budget) => kernel.register_with_budget(name, parent, budget).await,
-                };
-                Ok(PySession::new(
-                    session.map_err(errors::runtime)?,
-                    owner,
-                    idle,
-                ))
-            },
-        )
+        finishing(py, here, async move {
+            let session = match budget {
+                None => kernel.register(name, parent).await,
+                Some(budget) => kernel.register_with_budget(name, parent, budget).await,
+            };
+            Ok(PySession::new(
+                session.map_err(errors::runtime)?,
+                owner,
+                idle,
+            ))
+        })
     }
 
     /// A handle on session `id`: an open one, or a finalized one whose
@@ -253,22 +241,13 @@ impl PyKernel {
         name: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         crate::task::check_write(py)?;
-        let from = match id.cast::<PySession>() {
-            Ok(session) => SessionId(session.get().id_value()),
-            Err(_) => SessionId(id.extract::<u64>()?),
-        };
+        let from = session_id(&id)?;
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
-                Ok(Resumption::new(resumed, owner, idle))
-            },
-        )
+        finishing(py, here, async move {
+            let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
+            Ok(Resumption::new(resumed, owner, idle))
+        })
     }
 
     /// Resolves to the sessions of the store (those in `state`, if given),
@@ -310,11 +289,9 @@ impl PyKernel {
         };
         let (kernel, here) = self.kernel.get()?;
         let kernel = kernel.clone();
-        awaitable(
+        finishing(
             py,
             here,
-            CancellationToken::new(),
-            OnCancel::Finish,
             async move { Ok(Report(kernel.shutdown(drain).await)) },
         )
     }
@@ -424,16 +401,10 @@ impl PyKernel {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (kernel, here) = self.kernel.get()?;
         let (kernel, drain) = (kernel.clone(), self.drain);
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                kernel.shutdown(drain).await;
-                Ok(false)
-            },
-        )
+        finishing(py, here, async move {
+            kernel.shutdown(drain).await;
+            Ok(false)
+        })
     }
 }
 
@@ -503,4 +474,12 @@ pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
         here.deliver.close();
     });
     Ok(())
+}
+
+/// The session `obj` names: a `Session`, or its id.
+fn session_id(obj: &Bound<'_, PyAny>) -> PyResult<SessionId> {
+    match obj.cast::<PySession>() {
+        Ok(session) => Ok(SessionId(session.get().id_value())),
+        Err(_) => Ok(SessionId(obj.extract::<u64>()?)),
+    }
 }

@@ -10,7 +10,7 @@ use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::awaitable::{awaitable, running_loop, OnCancel};
+use crate::awaitable::{awaitable, finishing, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
@@ -187,23 +187,17 @@ impl PySession {
         let (handle, here) = self.handle.get()?;
         let (kernel, parent, owner) = (handle.kernel().clone(), handle.id(), self.owner.clone());
         let idle = self.idle;
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let child = match budget {
-                    None => kernel.register(name, Some(parent)).await,
-                    Some(budget) => {
-                        kernel
-                            .register_with_budget(name, Some(parent), budget)
-                            .await
-                    }
-                };
-                Ok(PySession::new(child.map_err(errors::runtime)?, owner, idle))
-            },
-        )
+        finishing(py, here, async move {
+            let child = match budget {
+                None => kernel.register(name, Some(parent)).await,
+                Some(budget) => {
+                    kernel
+                        .register_with_budget(name, Some(parent), budget)
+                        .await
+                }
+            };
+            Ok(PySession::new(child.map_err(errors::runtime)?, owner, idle))
+        })
     }
 
     /// Starts a turn over `source`: a callable returning an async iterable
@@ -255,20 +249,14 @@ impl PySession {
         let (handle, owner) = (handle.clone(), self.owner.clone());
         // The start runs to its end even if the caller's task is cancelled:
         // the `Turn` it then makes is dropped, which cancels the turn.
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let turn = match options {
-                    None => handle.run_turn(provider, request).await,
-                    Some(options) => handle.run_turn_with(provider, request, options).await,
-                };
-                let turn = turn.map_err(errors::runtime)?;
-                Ok(PyTurn::new(turn, owner))
-            },
-        )
+        finishing(py, here, async move {
+            let turn = match options {
+                None => handle.run_turn(provider, request).await,
+                Some(options) => handle.run_turn_with(provider, request, options).await,
+            };
+            let turn = turn.map_err(errors::runtime)?;
+            Ok(PyTurn::new(turn, owner))
+        })
     }
 
     /// Runs `coroutine` as an asyncio task under this session's lifecycle
@@ -283,28 +271,22 @@ impl PySession {
         let (handle, here) = self.handle.get()?;
         let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
         let (handle, owner) = (handle.clone(), self.owner.clone());
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let theirs = shared.clone();
-                let spawned = handle
-                    .spawn(move |context| crate::task::run(context, theirs))
-                    .await;
-                match spawned {
-                    // Cancelled if its awaiter is gone before it gets there.
-                    Ok(task) => Ok(Spawned::new(PyTask::new(task, owner))),
-                    Err(error) => {
-                        // Never started: closed unawaited, so Python does
-                        // not warn that it was never awaited.
-                        shared.discard();
-                        Err(errors::runtime(error))
-                    }
+        finishing(py, here, async move {
+            let theirs = shared.clone();
+            let spawned = handle
+                .spawn(move |context| crate::task::run(context, theirs))
+                .await;
+            match spawned {
+                // Cancelled if its awaiter is gone before it gets there.
+                Ok(task) => Ok(Spawned::new(PyTask::new(task, owner))),
+                Err(error) => {
+                    // Never started: closed unawaited, so Python does
+                    // not warn that it was never awaited.
+                    shared.discard();
+                    Err(errors::runtime(error))
                 }
-            },
-        )
+            }
+        })
     }
 
     /// The agent is done: its live descendants are cancelled, settled and
@@ -358,16 +340,10 @@ impl PySession {
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                handle.hold(hold).await.map_err(errors::runtime)?;
-                Ok(())
-            },
-        )
+        finishing(py, here, async move {
+            handle.hold(hold).await.map_err(errors::runtime)?;
+            Ok(())
+        })
     }
 
     /// Ends a `hold(kind)`.
@@ -376,16 +352,10 @@ impl PySession {
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                handle.release(hold).await.map_err(errors::runtime)?;
-                Ok(())
-            },
-        )
+        finishing(py, here, async move {
+            handle.release(hold).await.map_err(errors::runtime)?;
+            Ok(())
+        })
     }
 
     /// Resolves to the end reason once the session is finalized.

@@ -26,7 +26,7 @@ use settle_runtime::Turn;
 use settle_stream::{Chunk, ReplyBuilder, ToolCalls};
 use tokio_util::sync::CancellationToken;
 
-use crate::awaitable::{awaitable, bridge, ready, OnCancel};
+use crate::awaitable::{awaitable, bridge, finishing, ready, OnCancel};
 use crate::chunk::PyChunk;
 use crate::process::{ForkSafe, Owner};
 
@@ -185,20 +185,14 @@ impl PyTurn {
         let (turn, here) = self.turn.get()?;
         let (turn, ending) = (turn.clone(), self.ending.clone());
         self.cancel.cancel();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Finish,
-            async move {
-                let mut slot = turn.lock().await;
-                if let Some(turn) = slot.take() {
-                    turn.cancel();
-                    settle_turn(turn, &ending).await;
-                }
-                Ok(())
-            },
-        )
+        finishing(py, here, async move {
+            let mut slot = turn.lock().await;
+            if let Some(turn) = slot.take() {
+                turn.cancel();
+                settle_turn(turn, &ending).await;
+            }
+            Ok(())
+        })
     }
 
     /// The tool calls the model made, each put together from its streamed
