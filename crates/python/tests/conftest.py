@@ -125,3 +125,20 @@ def settle_json(db: str, *args: str) -> Any:
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def piece(index, *, id=None, name=None, arguments=None):
+    """An OpenAI-shaped chunk carrying one tool-call piece (``index=None``:
+    a piece without an index)."""
+    function = {}
+    if name is not None:
+        function["name"] = name
+    if arguments is not None:
+        function["arguments"] = arguments
+    call = {"function": function}
+    if index is not None:
+        call["index"] = index
+    if id is not None:
+        call["id"] = id
+        call["type"] = "function"
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}

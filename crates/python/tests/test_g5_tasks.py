@@ -153,9 +153,9 @@ async def test_g6_a_finished_task_is_not_cancelled_again(kernel):
     assert cancelled == []
 
 
-async def test_g1_cancelling_the_asyncio_task_awaiting_a_settle_task_cancels_it(kernel):
-    # As with an asyncio.Task: the awaiter's cancel goes on to what it awaits.
-    session = await kernel.register("s")
+def cancellable_tool():
+    """A tool that sleeps until it is cancelled, with the events that say it
+    started and that it saw its cancel."""
     started, saw_cancel = asyncio.Event(), asyncio.Event()
 
     async def tool() -> None:
@@ -166,6 +166,24 @@ async def test_g1_cancelling_the_asyncio_task_awaiting_a_settle_task_cancels_it(
             saw_cancel.set()
             raise
 
+    return tool, started, saw_cancel
+
+
+async def until_idle(session) -> None:
+    """Waits, bounded, until the session's works have ended (their
+    coroutines unwound): it is registered again."""
+    for _ in range(1000):
+        if await session.state() == "registered":
+            break
+        await asyncio.sleep(0.01)
+    assert await session.state() == "registered"
+
+
+async def test_g1_cancelling_the_asyncio_task_awaiting_a_settle_task_cancels_it(kernel):
+    # As with an asyncio.Task: the awaiter's cancel goes on to what it awaits.
+    session = await kernel.register("s")
+    tool, started, saw_cancel = cancellable_tool()
+
     async def caller() -> None:
         await (await session.spawn(tool()))
 
@@ -175,12 +193,7 @@ async def test_g1_cancelling_the_asyncio_task_awaiting_a_settle_task_cancels_it(
     with pytest.raises(asyncio.CancelledError):
         await awaiting
     await asyncio.wait_for(saw_cancel.wait(), 10)
-    # Its work ends once the coroutine has unwound: the session has none left.
-    for _ in range(1000):
-        if await session.state() == "registered":
-            break
-        await asyncio.sleep(0.01)
-    assert await session.state() == "registered"
+    await until_idle(session)
 
 
 async def test_g1_a_shielded_settle_task_goes_on_when_its_awaiter_is_cancelled(kernel):
@@ -202,24 +215,12 @@ async def test_g1_a_shielded_settle_task_goes_on_when_its_awaiter_is_cancelled(k
 
 async def test_g1_a_spawn_cancelled_before_it_resolves_leaves_no_task_running(kernel):
     session = await kernel.register("s")
-    started, saw_cancel = asyncio.Event(), asyncio.Event()
-
-    async def tool() -> None:
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            saw_cancel.set()
-            raise
+    tool, started, saw_cancel = cancellable_tool()
 
     spawning = session.spawn(tool())
     spawning.cancel()  # nobody will get the settle.Task
     with pytest.raises(asyncio.CancelledError):
         await spawning
     await (await session.spawn(asyncio.sleep(0)))  # the first spawn is in by now
-    for _ in range(1000):  # its work ends once the coroutine has unwound
-        if await session.state() == "registered":
-            break
-        await asyncio.sleep(0.01)
-    assert await session.state() == "registered"
+    await until_idle(session)
     assert saw_cancel.is_set() or not started.is_set()

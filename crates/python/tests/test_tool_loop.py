@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PATIENCE, eventually
+from conftest import PATIENCE, eventually, piece
 from sse_server import SseServer
 
 openai = pytest.importorskip("openai")
@@ -34,22 +34,6 @@ def loop_example(monkeypatch):
 
 def client(server: SseServer) -> "openai.AsyncOpenAI":
     return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
-def piece(index, *, id=None, name=None, arguments=None):
-    """An OpenAI chunk carrying one tool-call piece (``index=None``: none)."""
-    function = {}
-    if name is not None:
-        function["name"] = name
-    if arguments is not None:
-        function["arguments"] = arguments
-    call = {"function": function}
-    if index is not None:
-        call["index"] = index
-    if id is not None:
-        call["id"] = id
-        call["type"] = "function"
-    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
 
 
 def text(words):

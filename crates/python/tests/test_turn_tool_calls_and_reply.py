@@ -10,21 +10,7 @@ import asyncio
 import pytest
 
 import settle
-from conftest import Stream
-
-
-def piece(index, *, id=None, name=None, arguments=None):
-    """An OpenAI-shaped chunk carrying one tool-call piece."""
-    function = {}
-    if name is not None:
-        function["name"] = name
-    if arguments is not None:
-        function["arguments"] = arguments
-    call = {"index": index, "function": function}
-    if id is not None:
-        call["id"] = id
-        call["type"] = "function"
-    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+from conftest import Stream, piece
 
 
 INTERLEAVED = [
