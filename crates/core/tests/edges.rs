@@ -195,19 +195,26 @@ fn a_session_view_reports_tree_work_holds_transports_and_deadline() {
 /// TTL (a gateway) keeps nothing per forgotten session: the idle index and
 /// the timers drop a forgotten session's entries once they could be half of
 /// the table, instead of when they surface an hour later.
+/// Runs a turn of `s` that is cancelled (arming its settle deadline) and
+/// ends, then closes `s`: it is finalized with a timer and an idle entry
+/// left behind for the compaction to drop.
+fn close_after_a_cancelled_turn(h: &mut Harness, s: SessionId) {
+    let work = h.start_turn(s);
+    h.ev(Event::CancelTurn { session: s });
+    h.ev(Event::WorkEnded {
+        work,
+        outcome: Outcome::Cancelled,
+    });
+    h.ev(Event::UserClose { session: s });
+}
+
 #[test]
 fn forgotten_sessions_leave_no_deadline_entries_behind() {
     let mut h = Harness::new();
     let live = h.register(1, None);
     for id in 2..10_002 {
         let s = h.register(id, None);
-        let work = h.start_turn(s);
-        h.ev(Event::CancelTurn { session: s });
-        h.ev(Event::WorkEnded {
-            work,
-            outcome: Outcome::Cancelled,
-        });
-        h.ev(Event::UserClose { session: s });
+        close_after_a_cancelled_turn(&mut h, s);
         assert_eq!(h.state(s), State::Finalized);
         assert!(h.core.forget(s));
     }
@@ -238,13 +245,7 @@ fn g3_g5_the_deadlines_of_kept_sessions_outlive_the_compaction_of_forgotten_ones
     h.ev(Event::CancelTurn { session: busy });
     for id in 3..5_003 {
         let s = h.register(id, None);
-        let w = h.start_turn(s);
-        h.ev(Event::CancelTurn { session: s });
-        h.ev(Event::WorkEnded {
-            work: w,
-            outcome: Outcome::Cancelled,
-        });
-        h.ev(Event::UserClose { session: s });
+        close_after_a_cancelled_turn(&mut h, s);
         assert!(h.core.forget(s));
     }
     assert!(h.core.idle_entries() <= 4 + 64 && h.core.deadline_entries() <= 4 + 64);
@@ -270,13 +271,7 @@ fn forgotten_batches_of_sessions_leave_no_deadline_entries_behind() {
         let batch: Vec<_> = (next..next + 201).map(|id| h.register(id, None)).collect();
         next += 201;
         for &s in &batch {
-            let work = h.start_turn(s);
-            h.ev(Event::CancelTurn { session: s });
-            h.ev(Event::WorkEnded {
-                work,
-                outcome: Outcome::Cancelled,
-            });
-            h.ev(Event::UserClose { session: s });
+            close_after_a_cancelled_turn(&mut h, s);
         }
         for s in batch {
             assert!(h.core.forget(s));
@@ -306,13 +301,7 @@ fn forgotten_sessions_leave_no_timers_behind_a_session_with_many() {
     assert_eq!(h.core.deadline_entries(), 100);
     for id in 2..5_002 {
         let s = h.register(id, None);
-        let work = h.start_turn(s);
-        h.ev(Event::CancelTurn { session: s });
-        h.ev(Event::WorkEnded {
-            work,
-            outcome: Outcome::Cancelled,
-        });
-        h.ev(Event::UserClose { session: s });
+        close_after_a_cancelled_turn(&mut h, s);
         assert!(h.core.forget(s));
     }
     let timers = h.core.deadline_entries();
