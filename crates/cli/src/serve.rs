@@ -189,14 +189,15 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         gateway = gateway.fleet(Fleet::new().sweep_every(every).idle_ttl(idle_ttl));
     }
     let gateway = gateway.build();
-    // The watcher records the first signal before it begins the shutdown,
-    // so once the gateway has stopped, `signals::received` tells a stop by
-    // signal from one by the kernel itself; the future it returns may not
-    // have been polled yet, so it is not what is asked.
-    let _first_signal = match handoff {
-        true => tokio::spawn(signals.drive_handoff(&kernel, args.drain_timeout)),
-        false => tokio::spawn(signals.drive(&kernel, args.drain_timeout)),
-    };
+    // The watcher runs on a task of its own from here on and records the
+    // first signal before it begins the shutdown: once the gateway has
+    // stopped, `signals::received` tells a stop by signal from one by the
+    // kernel itself, so the future that would yield that signal is not kept.
+    if handoff {
+        drop(signals.drive_handoff(&kernel, args.drain_timeout));
+    } else {
+        drop(signals.drive(&kernel, args.drain_timeout));
+    }
     outln!("settle serve: listening on {scheme}://{addr}/ws");
     let report = gateway
         .serve(listener)
