@@ -63,7 +63,8 @@ pub(crate) fn page(
     let mut chunks = Vec::new();
     let mut bytes = 0usize;
     let mut next = Value::Null;
-    'rows: for row in turn.chunks.iter().filter(|c| c.seq >= from.seq) {
+    // The store's page begins at `from.seq`.
+    'rows: for row in &turn.chunks {
         let payload = match (row.kind, &row.data) {
             (ChunkKind::Text, _) | (_, None) => Payload::Text(&row.text),
             (kind, Some(data)) => Payload::Data {
