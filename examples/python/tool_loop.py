@@ -51,8 +51,7 @@ async def agent(session: settle.Session, model: openai.AsyncOpenAI, name: str, m
         reply, pending = turn.reply(), turn.tool_calls()
         if not pending:
             return reply["text"]
-        messages.append({"role": "assistant", "content": reply["text"] or None, "tool_calls": [
-            {"id": t["id"], "type": "function", "function": {"name": t["name"], "arguments": t["arguments"]}} for t in pending]})
+        messages.append(reply["message"])  # the reply and its tool calls, as the model is sent them back
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -109,7 +109,7 @@ pub fn markdown(detail: &SessionDetail) -> String {
                     out,
                     "\n**{}:**\n\n{}",
                     message.role,
-                    message.content.trim_end()
+                    message.shown().trim_end()
                 );
             }
             previous = Some((input, reply.text.clone()));

@@ -29,18 +29,45 @@ use settle_store::{ChunkRow, Conversation, TurnRow};
 /// One message of a turn's input: who wrote it and what it says, and for
 /// a tool call's round trip, the calls an assistant message made or the
 /// call a tool message answers.
+///
+/// As JSON it is spelled as it was sent: `content` the parts, for a content
+/// sent as parts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(into = "SentMessage")]
 pub struct InputMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// What it says.
+    /// What it says (for a content sent as parts, its text parts joined).
     pub content: String,
+    /// The content as the parts it was sent in (text, images, files), when
+    /// it was.
+    pub parts: Option<Value>,
     /// The tool calls of an assistant message, as the provider's JSON.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Value>,
     /// The call a tool message answers.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+}
+
+/// An [`InputMessage`] spelled as it was sent.
+#[derive(Serialize)]
+struct SentMessage {
+    role: String,
+    content: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<String>,
+}
+
+impl From<InputMessage> for SentMessage {
+    fn from(message: InputMessage) -> Self {
+        SentMessage {
+            role: message.role,
+            content: message.parts.unwrap_or(Value::String(message.content)),
+            tool_calls: message.tool_calls,
+            tool_call_id: message.tool_call_id,
+        }
+    }
 }
 
 impl InputMessage {
@@ -49,21 +76,43 @@ impl InputMessage {
         InputMessage {
             role: role.into(),
             content: content.into(),
+            parts: None,
             tool_calls: None,
             tool_call_id: None,
         }
     }
 
+    /// What it says, for people: its text, and a `[type]` line for each
+    /// part it was sent with that has no text (`[image_url]`, `[file]`).
+    pub fn shown(&self) -> String {
+        let others = self
+            .parts
+            .iter()
+            .flat_map(|parts| parts.as_array().into_iter().flatten());
+        let others = others.filter_map(|part| {
+            let kind = part.get("type").and_then(Value::as_str)?;
+            (kind != "text").then(|| format!("[{kind}]"))
+        });
+        let lines: Vec<String> = std::iter::once(self.content.clone())
+            .filter(|text| !text.is_empty())
+            .chain(others)
+            .collect();
+        lines.join("\n")
+    }
+
     /// A message as the store keeps it (`{role, content, ...}`).
     fn from_json(message: &Value) -> Self {
         let text = |key: &str| message.get(key).and_then(Value::as_str);
+        let parts = message.get("content").filter(|c| c.is_array()).cloned();
+        let content = match &parts {
+            Some(parts) => settle_stream::text_of_parts(parts),
+            None => text("content").unwrap_or_default().to_owned(),
+        };
         InputMessage {
+            parts,
             tool_calls: message.get("tool_calls").filter(|v| !v.is_null()).cloned(),
             tool_call_id: text("tool_call_id").map(str::to_owned),
-            ..InputMessage::new(
-                text("role").unwrap_or_default(),
-                text("content").unwrap_or_default(),
-            )
+            ..InputMessage::new(text("role").unwrap_or_default(), content)
         }
     }
 }
@@ -179,6 +228,26 @@ mod tests {
 
     fn user(text: &str) -> InputMessage {
         InputMessage::new("user", text)
+    }
+
+    #[test]
+    fn a_message_sent_as_parts_is_shown_as_its_text_and_spelled_as_it_was_sent() {
+        let parts = serde_json::json!([
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        ]);
+        let stored = serde_json::json!({"role": "user", "content": parts});
+        let message = InputMessage::from_json(&stored);
+        assert_eq!(message.content, "What is this?");
+        assert_eq!(message.shown(), "What is this?\n[image_url]");
+        assert_eq!(serde_json::to_value(&message).unwrap(), stored);
+        let text = InputMessage::from_json(&serde_json::json!({"role": "user", "content": "hi"}));
+        assert_eq!(text, user("hi"));
+        assert_eq!(text.shown(), "hi");
+        assert_eq!(
+            serde_json::to_value(&text).unwrap(),
+            serde_json::json!({"role": "user", "content": "hi"})
+        );
     }
 
     #[test]

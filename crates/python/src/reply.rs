@@ -6,7 +6,9 @@
 //!   `arguments` is the text its streamed pieces made, unparsed (a model can
 //!   write invalid JSON; `json.loads` it where a tool wants it).
 //! - A reply is `{"text", "reasoning", "tool_calls", "usage", "data"}`, as
-//!   [`Reply`] has it.
+//!   [`Reply`] has it, and `message`: the reply as the assistant message to
+//!   send back on the next turn ([`Reply::to_message`]; `content` `None`
+//!   when it only calls tools, as the `openai` package spells it).
 //! - A message is `{"role", "content"}`, with `tool_calls` (the
 //!   chat-completion spelling, `[{"id", "type", "function": {"name",
 //!   "arguments"}}]`) and `tool_call_id` when it has them: the spelling of a
@@ -52,15 +54,33 @@ pub(crate) fn reply<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound<'py, 
     };
     dict.set_item("usage", values(&reply.usage)?)?;
     dict.set_item("data", values(&reply.data)?)?;
+    dict.set_item("message", assistant(py, reply)?)?;
     Ok(dict)
 }
+
+/// The reply as the assistant message of the conversation; one that only
+/// calls tools has `content: None`, as the `openai` package's own types
+/// spell it (and some servers require).
+fn assistant<'py>(py: Python<'py>, reply: &Reply) -> PyResult<Bound<'py, PyAny>> {
+    let message = message(py, &reply.to_message())?;
+    if reply.text.is_empty() && !reply.tool_calls.is_empty() {
+        message.set_item("content", py.None())?;
+    }
+    Ok(message)
+}
+
+/// One message, as a turn's stored input spells it.
+fn message<'py>(py: Python<'py>, message: &Message) -> PyResult<Bound<'py, PyAny>> {
+    let value = serde_json::to_value(message)
+        .map_err(|e| errors::error(format!("a message could not be read: {e}")))?;
+    convert::from_json(py, &value)
+}
+
 /// Messages, oldest first, as a turn's stored input spells them.
 pub(crate) fn messages<'py>(py: Python<'py>, messages: &[Message]) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
-    for message in messages {
-        let value = serde_json::to_value(message)
-            .map_err(|e| errors::error(format!("a message could not be read: {e}")))?;
-        list.append(convert::from_json(py, &value)?)?;
+    for one in messages {
+        list.append(message(py, one)?)?;
     }
     Ok(list)
 }

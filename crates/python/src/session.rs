@@ -55,28 +55,16 @@ fn request(input: Option<&Bound<'_, PyAny>>) -> PyResult<TurnRequest> {
     if let Ok(prompt) = input.cast::<PyString>() {
         return Ok(TurnRequest::prompt(prompt.to_cow()?.into_owned()));
     }
-    let mut value = crate::convert::to_json(input)?;
-    null_content_as_empty(&mut value);
+    let value = crate::convert::to_json(input)?;
+    // A message's `content` may be a string, `None` (an assistant message
+    // that only calls tools, as the `openai` package's types write it) or a
+    // list of parts (text, images), kept as given.
     let messages: Vec<Message> = serde_json::from_value(value).map_err(|e| {
         errors::BadInput::new_err(format!(
             "input= must be a str or a list of {{\"role\", \"content\"}} messages: {e}"
         ))
     })?;
     Ok(TurnRequest::new(messages))
-}
-
-/// Gives `""` to each message whose `content` is `None`: the chat-completion
-/// spelling of an assistant message that only calls tools (the `openai`
-/// package's own types write it so), which a message's text is then.
-fn null_content_as_empty(messages: &mut serde_json::Value) {
-    let Some(messages) = messages.as_array_mut() else {
-        return;
-    };
-    for message in messages {
-        if let Some(content) = message.get_mut("content").filter(|c| c.is_null()) {
-            *content = serde_json::Value::String(String::new());
-        }
-    }
 }
 
 impl PySession {
@@ -207,8 +195,10 @@ impl PySession {
     /// exactly once, on end, error, idle timeout, cancel and drop, and when
     /// the cancel lands while it is being opened (G4). `input` is what the
     /// turn sends (a prompt, or `[{"role", "content"}]` messages, with
-    /// `tool_calls` and `tool_call_id` where they have them; a `None`
-    /// content is stored as `""`), stored as the turn's input. `to_chunk`
+    /// `tool_calls` and `tool_call_id` where they have them; a content may
+    /// be a `str`, a list of parts (`[{"type": "text", "text"}, {"type":
+    /// "image_url", ...}]`, kept as given) or `None`, stored as `""`),
+    /// stored as the turn's input. `to_chunk`
     /// turns each item into a chunk (a `str`, a `settle.Chunk`, an
     /// OpenAI-shaped chunk, a list of those, or `None`) when the items are
     /// none of those.

@@ -214,7 +214,12 @@ impl PyTurn {
     /// The reply its chunks make, put together: a dict of `text` (the text
     /// chunks joined), `reasoning` (the reasoning chunks joined), `tool_calls`
     /// (as `tool_calls()` gives them), `usage` (each usage report, as the
-    /// model sent it) and `data` (every other structured chunk's payload).
+    /// model sent it), `data` (every other structured chunk's payload) and
+    /// `message`: the reply as the assistant message to put in the history
+    /// the next turn sends (`{"role": "assistant", "content"}`, with
+    /// `tool_calls` in the chat-completion spelling when it made some, which
+    /// each tool's `{"role": "tool", "tool_call_id", "content"}` answers;
+    /// `content` is `None` when it only calls tools).
     /// Once the turn has ended, read to its end, it is the whole reply;
     /// before that, the reply of the chunks yielded so far (empty before
     /// the first), as `tool_calls()` says.

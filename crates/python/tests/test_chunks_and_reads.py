@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 import settle
 from conftest import PATIENCE, Stream, settle_bin, settle_json
 
@@ -119,3 +121,31 @@ async def test_g7_a_transcript_gives_each_turn_all_it_was_sent(db, kernel):
     assert [t["input"] for t in transcript] == [first, second, third]
     shown = settle_json(db, "show", str(chat.id), "--json")
     assert [t["input"] for t in shown["turns"]] == [first, second, third]
+
+
+async def test_a_message_given_as_parts_is_stored_and_read_as_given(db, kernel):
+    # The chat-completion spelling of a message with an image: a list of parts.
+    parts = [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]
+    asked = [{"role": "user", "content": parts}]
+    session = await kernel.register("vision")
+    async with await session.turn(Stream(["A cat."]), input=asked) as turn:
+        async for _ in turn:
+            pass
+    await session.finish()
+    assert [t["input"] for t in await session.transcript()] == [asked]
+    shown = settle_json(db, "show", str(session.id), "--json")
+    assert [t["input"] for t in shown["turns"]] == [asked]
+    text = subprocess.run(
+        [settle_bin(), "--db", db, "show", str(session.id)], capture_output=True, text=True, timeout=PATIENCE
+    )
+    assert "What is in this picture?\n    [image_url]" in text.stdout, text.stdout
+
+
+async def test_a_content_that_is_neither_text_nor_parts_is_bad_input(kernel):
+    session = await kernel.register("s")
+    with pytest.raises(settle.BadInput, match="a string or a list of parts"):
+        await session.turn(Stream(["x"]), input=[{"role": "user", "content": 7}])
+

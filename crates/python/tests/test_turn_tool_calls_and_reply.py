@@ -49,7 +49,32 @@ async def test_the_reply_holds_text_reasoning_tool_calls_and_usage(kernel):
         "tool_calls": turn.tool_calls(),
         "usage": [{"completion_tokens": 7, "prompt_tokens": 11, "total_tokens": 18}],
         "data": [],
+        "message": {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "ls", "arguments": '{"path":"/tmp"}'}},
+                {"id": "call_b", "type": "function", "function": {"name": "cat", "arguments": '{"file":"a.txt"}'}},
+            ],
+        },
     }
+
+
+async def test_the_reply_message_goes_back_as_the_next_turns_history(kernel):
+    # What a tool loop does: the reply's message, then each tool's answer,
+    # sent as the next turn's input, stored as sent.
+    session = await kernel.register("s")
+    first = [{"role": "user", "content": "list and read"}]
+    async with await session.turn(Stream(INTERLEAVED), input=first) as turn:
+        async for _ in turn:
+            pass
+    answers = [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in turn.tool_calls()]
+    second = [*first, turn.reply()["message"], *answers]
+    async with await session.turn(Stream(["Done."]), input=second) as turn:
+        async for _ in turn:
+            pass
+    assert turn.reply()["message"] == {"role": "assistant", "content": "Done."}
+    assert [t["input"] for t in await session.transcript()] == [first, second]
 
 
 async def test_a_text_reply_has_no_tool_calls(kernel):

@@ -53,13 +53,37 @@ impl InputLimits {
     }
 }
 
-/// The bytes of `message` that count: its content, its tool calls as JSON
-/// and the id of the call it answers.
+/// The bytes of `message` that count: its content (as the parts it was
+/// given in, as JSON, when it was), its tool calls as JSON and the id of
+/// the call it answers.
 fn bytes(message: &Message) -> usize {
-    let calls = message
-        .tool_calls
-        .as_ref()
-        .map_or(0, |calls| calls.to_string().len());
+    let json =
+        |value: &Option<serde_json::Value>| value.as_ref().map_or(0, |v| v.to_string().len());
+    let content = match &message.parts {
+        Some(_) => json(&message.parts),
+        None => message.content.len(),
+    };
     let answers = message.tool_call_id.as_ref().map_or(0, String::len);
-    message.content.len() + calls + answers
+    content + json(&message.tool_calls) + answers
+}
+
+#[cfg(test)]
+mod tests {
+    use settle_stream::Role;
+
+    use super::*;
+
+    #[test]
+    fn a_message_given_as_parts_counts_its_parts() {
+        // An image's bytes are in its part, not in the message's text.
+        let url = format!("data:image/png;base64,{}", "A".repeat(1000));
+        let parts = serde_json::json!([
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]);
+        let message = Message::new(Role::User, "").parts(parts.clone());
+        assert_eq!(bytes(&message), parts.to_string().len());
+        assert!(bytes(&message) > 1000);
+        assert_eq!(bytes(&Message::new(Role::User, "what is this?")), 13);
+    }
 }

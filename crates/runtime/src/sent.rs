@@ -104,12 +104,20 @@ pub(crate) fn split(before: Option<&Sent>, messages: &[Message]) -> (TurnInput, 
     (input, next)
 }
 
-/// Feeds one message to a fingerprint: its role, content, tool calls and
-/// the call it answers, each delimited.
+/// Feeds one message to a fingerprint: its role, content (its parts, when
+/// it was given as parts), tool calls and the call it answers, each
+/// delimited.
 fn hash_message(hasher: &mut DefaultHasher, message: &Message) {
     hasher.write(message.role.as_str().as_bytes());
     hasher.write_u8(END);
-    hasher.write(message.content.as_bytes());
+    match &message.parts {
+        // 0xff is in no UTF-8 text: parts never hash as some text would.
+        Some(parts) => {
+            hasher.write_u8(0xff);
+            hasher.write(parts.to_string().as_bytes());
+        }
+        None => hasher.write(message.content.as_bytes()),
+    }
     hasher.write_u8(END);
     match &message.tool_calls {
         Some(calls) => {
@@ -167,4 +175,26 @@ mod tests {
         // The same request again, nothing added.
         assert_eq!(split(Some(&sent), &first).0.continues, Some(1));
     }
+
+    #[test]
+    fn a_message_of_parts_is_not_taken_for_one_of_its_text() {
+        let parts = serde_json::json!([
+            {"type": "text", "text": "a"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/1.png"}},
+        ]);
+        let first = vec![Message::new(Role::User, "").parts(parts.clone())];
+        let (_, sent) = split(None, &first);
+        // The same text with another image, or none, is not what was sent.
+        let other = serde_json::json!([
+            {"type": "text", "text": "a"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/2.png"}},
+        ]);
+        for again in [Message::new(Role::User, "").parts(other), user("a")] {
+            assert_eq!(again.content, "a");
+            assert_eq!(split(Some(&sent), &[again, user("b")]).0.continues, None);
+        }
+        let same = vec![Message::new(Role::User, "").parts(parts), user("b")];
+        assert_eq!(split(Some(&sent), &same).0.continues, Some(1));
+    }
 }
+

@@ -95,7 +95,7 @@ pub use openai::{
 };
 pub use provider::{EventStream, Provider, ProviderStream};
 pub use reply::{usage_tokens, Reply, ReplyBuilder};
-pub use request::{Message, ModelOptions, Request, Role};
+pub use request::{text_of_parts, Message, ModelOptions, Request, Role};
 pub use retry::RetryPolicy;
 pub use run::{TurnOptions, DEFAULT_IDLE_TIMEOUT};
 pub use scripted::{

@@ -58,20 +58,109 @@ impl Role {
 ///     json!({"role": "tool", "content": "a.txt b.txt", "tool_call_id": "call_1"})
 /// );
 /// ```
+///
+/// A content given as parts (the chat-completion spelling of a message with
+/// an image or several texts, `[{"type": "text", "text": ...}, {"type":
+/// "image_url", ...}]`) is kept as it was given and sent so; `content` is
+/// then its text parts joined, which is what a transcript shows:
+///
+/// ```
+/// use serde_json::json;
+/// use settle_stream::Message;
+///
+/// let parts = json!([
+///     {"type": "text", "text": "What is in this picture?"},
+///     {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+/// ]);
+/// let message: Message =
+///     serde_json::from_value(json!({"role": "user", "content": parts})).unwrap();
+/// assert_eq!(message.content, "What is in this picture?");
+/// assert_eq!(message.parts.as_ref(), Some(&parts));
+/// assert_eq!(serde_json::to_value(&message).unwrap()["content"], parts);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "WireMessage", into = "WireMessage")]
 #[non_exhaustive]
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
-    /// What it says.
+    /// What it says: its text (for a content given as parts, the text
+    /// parts joined, one per line).
     pub content: String,
+    /// The content as the parts it was given in, when it was (sent in
+    /// place of `content`, as given).
+    pub parts: Option<Value>,
     /// The tool calls the model made in this (assistant) message, as the
     /// provider's JSON array.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Value>,
     /// The call this (tool) message answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+}
+
+/// A [`Message`] as the chat-completion API spells it: `content` a string
+/// or a list of parts (`null` reads as `""`: an assistant message that
+/// only calls tools).
+#[derive(Serialize, Deserialize)]
+struct WireMessage {
+    role: Role,
+    #[serde(default)]
+    content: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<String>,
+}
+
+impl TryFrom<WireMessage> for Message {
+    type Error = String;
+
+    fn try_from(wire: WireMessage) -> Result<Self, Self::Error> {
+        let (content, parts) = match wire.content {
+            Value::String(text) => (text, None),
+            Value::Null => (String::new(), None),
+            Value::Array(parts) => {
+                let parts = Value::Array(parts);
+                (text_of_parts(&parts), Some(parts))
+            }
+            other => {
+                return Err(format!(
+                    "a message's content must be a string or a list of parts, not {other}"
+                ))
+            }
+        };
+        Ok(Message {
+            role: wire.role,
+            content,
+            parts,
+            tool_calls: wire.tool_calls,
+            tool_call_id: wire.tool_call_id,
+        })
+    }
+}
+
+impl From<Message> for WireMessage {
+    fn from(message: Message) -> Self {
+        WireMessage {
+            role: message.role,
+            content: message.parts.unwrap_or(Value::String(message.content)),
+            tool_calls: message.tool_calls,
+            tool_call_id: message.tool_call_id,
+        }
+    }
+}
+
+/// The text of a content given as parts: its `{"type": "text", "text"}`
+/// parts (and bare strings) joined, one per line; other parts (images,
+/// audio, files) have no text.
+pub fn text_of_parts(parts: &Value) -> String {
+    let texts = parts.as_array().into_iter().flatten().filter_map(|part| {
+        part.as_str().or_else(|| {
+            (part.get("type").and_then(Value::as_str) == Some("text"))
+                .then(|| part.get("text").and_then(Value::as_str))
+                .flatten()
+        })
+    });
+    texts.collect::<Vec<_>>().join("\n")
 }
 
 impl Message {
@@ -80,6 +169,7 @@ impl Message {
         Message {
             role,
             content: content.into(),
+            parts: None,
             tool_calls: None,
             tool_call_id: None,
         }
@@ -91,6 +181,14 @@ impl Message {
             tool_call_id: Some(call_id.into()),
             ..Message::new(Role::Tool, content)
         }
+    }
+
+    /// Sets the content as parts (`[{"type": "text", "text"}, {"type":
+    /// "image_url", ...}]`), sent as given; `content` becomes their text.
+    pub fn parts(mut self, parts: Value) -> Self {
+        self.content = text_of_parts(&parts);
+        self.parts = Some(parts);
+        self
     }
 
     /// Sets the tool calls the model made in this message (the provider's
@@ -285,5 +383,52 @@ mod tests {
         assert_eq!(back.messages[1].tool_call_id.as_deref(), Some("c1"));
         let unknown = serde_json::from_value::<Message>(json!({"role": "robot", "content": ""}));
         assert!(unknown.is_err());
+    }
+
+    #[test]
+    fn a_content_given_as_parts_is_sent_as_given_and_read_as_its_text() {
+        let parts = json!([
+            {"type": "text", "text": "Compare these."},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": "Which is larger?"},
+        ]);
+        let message: Message =
+            serde_json::from_value(json!({"role": "user", "content": parts})).unwrap();
+        assert_eq!(message.content, "Compare these.\nWhich is larger?");
+        assert_eq!(message.parts.as_ref(), Some(&parts));
+        let sent = serde_json::to_value(Request::new(vec![message.clone()])).unwrap();
+        assert_eq!(
+            sent["messages"][0],
+            json!({"role": "user", "content": parts})
+        );
+        let back: Request = serde_json::from_value(sent).unwrap();
+        assert_eq!(back.messages[0], message);
+        // Built in Rust, the same.
+        let built = Message::new(Role::User, "ignored").parts(parts.clone());
+        assert_eq!(built, message);
+        // A text message is spelled as it always was.
+        let text = serde_json::to_value(Message::new(Role::User, "hi")).unwrap();
+        assert_eq!(text, json!({"role": "user", "content": "hi"}));
+    }
+
+    #[test]
+    fn a_null_or_missing_content_reads_as_empty_and_any_other_is_refused() {
+        let calls = json!([{"id": "c1", "type": "function",
+                            "function": {"name": "ls", "arguments": "{}"}}]);
+        for message in [
+            json!({"role": "assistant", "content": null, "tool_calls": calls}),
+            json!({"role": "assistant", "tool_calls": calls}),
+        ] {
+            let message: Message = serde_json::from_value(message).unwrap();
+            assert_eq!(message.content, "");
+            assert_eq!(message.parts, None);
+            assert_eq!(message.tool_calls.as_ref(), Some(&calls));
+        }
+        for content in [json!(7), json!({"text": "hi"}), json!(true)] {
+            let refused =
+                serde_json::from_value::<Message>(json!({"role": "user", "content": content}));
+            let error = refused.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains("a string or a list of parts"), "{error}");
+        }
     }
 }

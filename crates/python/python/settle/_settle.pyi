@@ -93,13 +93,14 @@ class _ToolCall(TypedDict):
     arguments: str
 
 class _Reply(TypedDict):
-    """A turn's reply: its text and reasoning joined, its tool calls whole, its usage reports and other data."""
+    """A turn's reply: its text and reasoning joined, its tool calls whole, its usage reports and other data, and itself as the assistant message to send back on the next turn."""
 
     text: str
     reasoning: str
     tool_calls: List[_ToolCall]
     usage: List[Any]
     data: List[Any]
+    message: Dict[str, Any]
 
 _ChunkLike = Union[str, Chunk, None, Dict[str, Any], List[Any], Tuple[Any, ...], Any]
 _Source = Union[Callable[[], Any], Any]
