@@ -44,8 +44,10 @@ pub(crate) enum OnCancel {
 }
 
 /// The done callback of a bridged future: it forwards a cancel, and its
-/// drop cancels too when the future was never done (it was collected).
-#[pyclass(frozen)]
+/// drop cancels too when the future was never done (it was collected). A
+/// future the kernel resolves has it taken off first (see [`resolve`]): a
+/// done callback is a handle of its own on the loop, one per kernel call.
+#[pyclass(frozen, weakref)]
 struct CancelOnDone {
     token: CancellationToken,
     called: AtomicBool,
@@ -142,10 +144,11 @@ where
     options.set_item(intern!(py, "context"), no_context(py)?)?;
     future.call_method(
         intern!(py, "add_done_callback"),
-        (callback,),
+        (&callback,),
         Some(&options),
     )?;
     let weak = PyWeakrefReference::new(&future)?.unbind();
+    let on_done = PyWeakrefReference::new(&callback)?.unbind();
     here.runtime.spawn(async move {
         let result = match on_cancel {
             OnCancel::Finish => work.await,
@@ -156,7 +159,7 @@ where
         };
         mailbox.post(move |py, landing| {
             if let Landing::Loop(_) = landing {
-                resolve(py, &weak, result);
+                resolve(py, &weak, &on_done, result);
             }
         });
     });
@@ -164,9 +167,16 @@ where
 }
 
 /// Hands `result` to the future `weak` names, on its loop's thread; nothing
-/// when the future was collected or is already done (cancelled).
-fn resolve<T>(py: Python<'_>, weak: &Py<PyWeakrefReference>, result: PyResult<T>)
-where
+/// when the future was collected or is already done (cancelled). Its
+/// [`CancelOnDone`] (`on_done`) is taken off it first, marked as called: a
+/// future resolved here was not cancelled, so the callback has nothing to
+/// do, and left on it, it would be scheduled as a handle of its own.
+fn resolve<T>(
+    py: Python<'_>,
+    weak: &Py<PyWeakrefReference>,
+    on_done: &Py<PyWeakrefReference>,
+    result: PyResult<T>,
+) where
     T: for<'a> IntoPyObject<'a>,
 {
     let Some(future) = weak.bind(py).upgrade() else {
@@ -177,6 +187,14 @@ where
         .and_then(|done| done.is_truthy());
     if !matches!(done, Ok(false)) {
         return;
+    }
+    if let Some(callback) = on_done.bind(py).upgrade() {
+        if let Ok(callback) = callback.cast::<CancelOnDone>() {
+            callback.get().called.store(true, Ordering::Release);
+            // Were this to fail, the callback runs, finds the future not
+            // cancelled, and does nothing.
+            let _ = future.call_method1(intern!(py, "remove_done_callback"), (callback,));
+        }
     }
     let set = match result.and_then(|value| value.into_py_any(py)) {
         Ok(value) => future.call_method1(intern!(py, "set_result"), (value,)),

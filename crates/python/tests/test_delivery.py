@@ -58,3 +58,30 @@ async def test_a_subtree_teardown_wakes_the_loop_per_batch_not_per_session(kerne
     # iterations depends on how the kernel's threads interleave with the
     # loop, never on n); one call_soon_threadsafe per delivery made 2 * n.
     assert wakes <= iterations + 1, (wakes, iterations)
+
+
+async def test_a_resolved_kernel_call_schedules_nothing_but_its_awaiter(kernel):
+    # A bridged future's done callback only forwards a cancel; one the
+    # kernel resolves has it taken off first, so that each kernel call costs
+    # the loop one handle (the awaiting task's wake), not two.
+    session = await kernel.register("s")
+    loop = asyncio.get_running_loop()
+    scheduled = []
+    call_soon = loop.call_soon
+
+    def counting(callback, *args, **kwargs):
+        scheduled.append(type(callback).__name__)
+        return call_soon(callback, *args, **kwargs)
+
+    loop.call_soon = counting
+    try:
+        for _ in range(50):
+            assert await session.state() == "registered"
+        await kernel.sessions()
+    finally:
+        del loop.call_soon
+    assert "CancelOnDone" not in scheduled, scheduled
+    # Its awaiter's wake was scheduled each time (the count is not empty
+    # because nothing was counted).
+    assert len(scheduled) >= 51, scheduled
+

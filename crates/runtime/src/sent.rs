@@ -197,4 +197,3 @@ mod tests {
         assert_eq!(split(Some(&sent), &same).0.continues, Some(1));
     }
 }
-
