@@ -48,8 +48,10 @@ is given them; ``session.hold()`` keeps a session they would take.
 A turn that ended gives its reply put together: ``turn.tool_calls()`` the
 model's tool calls, each assembled from its streamed pieces by index
 (``{"id", "name", "arguments"}``), and ``turn.reply()`` the text, reasoning,
-tool calls and usage. ``await kernel.resume(id, name)`` continues a
-finalized session in a new one (its row's ``resumed_from``): the
+tool calls and usage, and ``message``: the reply as the assistant message
+to put in the next turn's ``input=``. A message's ``content`` may be a list
+of parts (text, images), kept and sent as given. ``await kernel.resume(id,
+name)`` continues a finalized session in a new one (its row's ``resumed_from``): the
 ``settle.Resumed`` it gives has the new ``session``, the ``history`` so far
 (message dicts) and the ``pending_tool_calls`` of its last reply; run those
 and send ``history`` with their results as the next turn's ``input=``.
