@@ -190,10 +190,17 @@ fn terminate(seed: u64) -> Result<String, String> {
     if run.stderr.contains("panicked") {
         return Err(format!("settle panicked\n{}", context()));
     }
-    match run.status.code() {
-        Some(143) if signalled => {}
+    match (run.status.code(), run.signal()) {
+        (Some(143), _) if signalled => {}
         // The run had ended, or was ending, when the signal came.
-        Some(0 | 1) => {}
+        (Some(0 | 1), _) => {}
+        // The kernel had stopped and the process was exiting when the
+        // signal came: a signal after the shutdown gets its default action
+        // back (`settle_runtime::signals`), so it ended the process. That
+        // is only right if nothing was left running, which the checks below
+        // make sure of (no session for `settle recover`, every one finalized
+        // as the scenario says).
+        (None, Some(15)) if signalled => {}
         _ => return Err(format!("unexpected end of the run\n{}", context())),
     }
     if signalled && took > budget {
