@@ -40,13 +40,11 @@ import sys
 import tempfile
 import time
 
+from teardown import load_peer  # the row's own script, beside this one
 
-async def provider():
-    i = 0
-    while True:
-        await asyncio.sleep(3600)
-        yield i
-        i += 1
+_peer = load_peer()
+#: The peer's own generator, for every shape: mid-stream in its `sleep`.
+provider = _peer.provider
 
 
 async def instant(loop, step) -> None:
@@ -57,19 +55,15 @@ async def instant(loop, step) -> None:
     await asyncio.sleep(0)
 
 
+def end_all(loop, ends) -> None:
+    """Ends every reader's wait in one callback, as one mailbox drain would."""
+    loop.call_soon(lambda: [end.set_exception(StopAsyncIteration()) for end in ends])
+
+
 async def peer(n: int, sql: bool) -> float:
+    # The peer's own tasks (`agent_work`), cancelled and gathered as it does.
     closed = []
-
-    async def agent_work():
-        gen = provider()
-        try:
-            async for _ in gen:
-                pass
-        finally:
-            await gen.aclose()
-            closed.append(1)
-
-    tasks = [asyncio.create_task(agent_work()) for _ in range(n)]
+    tasks = [asyncio.create_task(_peer.agent_work(closed)) for _ in range(n)]
     await asyncio.sleep(0)
     with tempfile.TemporaryDirectory() as folder:
         con = sqlite3.connect(os.path.join(folder, "peer.db"))
@@ -118,7 +112,7 @@ async def pumps(n: int) -> float:
     await asyncio.sleep(0)
     c0 = time.thread_time()
     await instant(loop, lambda: [t.cancel() for t in tasks])
-    loop.call_soon(lambda: [end.set_exception(StopAsyncIteration()) for end in ends])
+    end_all(loop, ends)
     await asyncio.gather(*readers)
     took = time.thread_time() - c0
     assert len(closed) == n
@@ -184,7 +178,7 @@ async def bridge(n: int) -> float:
     await asyncio.sleep(0)
     c0 = time.thread_time()
     await instant(loop, cancel_all)
-    loop.call_soon(lambda: [end.set_exception(StopAsyncIteration()) for end in ends])
+    end_all(loop, ends)
     await asyncio.gather(*readers)
     return time.thread_time() - c0
 
@@ -215,7 +209,7 @@ async def reader_reads(n: int, known: bool) -> float:
     c0 = time.thread_time()
     await instant(loop, lambda: [r.cancel() for r in readers])
     if not known:
-        loop.call_soon(lambda: [end.set_exception(StopAsyncIteration()) for end in ends])
+        end_all(loop, ends)
     await asyncio.gather(*readers)
     took = time.thread_time() - c0
     assert len(closed) == n
