@@ -483,9 +483,11 @@ async fn g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once() {
     assert_eq!(c.stop(), 143);
 }
 
-/// On one process, attaches race per session: two of one released
-/// session both attach it (adopted once), while released sessions of other
-/// clients are adopted beside them, not one after another behind a lock.
+/// On one process, attaches race per session: four of one released
+/// session all attach it (adopted once; none is told the session is not
+/// found while another's adoption of it is under way), while released
+/// sessions of other clients are adopted beside them, not one after another
+/// behind a lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g12_attaches_racing_on_one_process_adopt_each_session_once() {
     let Some(pg) = fleet_db() else { return };
@@ -501,10 +503,10 @@ async fn g12_attaches_racing_on_one_process_adopt_each_session_once() {
     ];
     assert_eq!(a.stop(), 143);
     let mut clients = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..12 {
         clients.push(connect(&b.addr).await);
     }
-    // Two clients per session, all at once.
+    // Four clients per session, all at once.
     let attaches = clients.iter_mut().enumerate().map(|(i, client)| {
         let id = ids[i % ids.len()];
         async move { client.call("session.attach", json!({ "id": id })).await }

@@ -74,6 +74,15 @@ impl Shared {
         caller: &Principal,
     ) -> Result<Arc<Entry>, RpcError> {
         let not_found = || RpcError::not_found(id.get());
+        // One fleet lookup of a session at a time here: an attach racing
+        // another's adoption of the same session on this process waits for
+        // it and is served its entry, instead of finding the store's row
+        // already ours before the kernel or the table has the session.
+        // Lookups of different sessions go together.
+        let _one = self.adopting.lock(id).await;
+        if let Some(entry) = self.table.get(id) {
+            return Ok(entry);
+        }
         let whereabouts = match self.kernel.locate(id).await {
             Ok(whereabouts) => whereabouts,
             Err(RuntimeError::Store(StoreError::UnknownSession(_))) => return Err(not_found()),
@@ -96,13 +105,6 @@ impl Shared {
                 live: true,
             } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
             Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
-                // One adoption of a session at a time here: two attaches
-                // of one session racing on this process find it adopted by
-                // the first; attaches of different sessions go together.
-                let _one = self.adopting.lock(id).await;
-                if let Some(entry) = self.table.get(id) {
-                    return Ok(entry);
-                }
                 let adoption = self
                     .kernel
                     .adopt(id)
