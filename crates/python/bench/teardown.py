@@ -9,7 +9,11 @@ with aclose() and finalizes every session, children first, timeline
 included, on a SQLite file in WAL mode) until every reading task has ended.
 The peer (`crates/bench/peers/asyncio_teardown.py`, the seeds' own teardown:
 cancel, gather, aclose, one UPDATE per session) runs in the same process,
-its rounds interleaved with ours.
+its rounds interleaved with ours, and as `settle-bench` runs it
+(`crates/bench/peers/peer_options.py --synchronous NORMAL --tree`): its
+SQLite at the store's `synchronous = NORMAL`, and cancelled by tree, the
+root's task cancelling its children's, as the kernel does, not in one flat
+loop.
 
     pip install ./crates/python      # a release build: what a user installs
     python crates/python/bench/teardown.py [N ...] [--fanout F] [--runs R] [--json]
@@ -35,7 +39,8 @@ from pathlib import Path
 
 import settle
 
-PEER = Path(__file__).resolve().parents[2] / "bench" / "peers" / "asyncio_teardown.py"
+PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers"
+PEER = PEERS / "asyncio_teardown.py"
 
 
 class _Clock:
@@ -55,11 +60,24 @@ class _Clock:
 
 
 def load_peer():
+    """The peer's module, unchanged."""
     spec = importlib.util.spec_from_file_location("asyncio_teardown", PEER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_peer_as_benched(clock: _Clock):
+    """The peer's teardown as `settle-bench` runs it: `peer_options.py`'s
+    tree teardown over the peer's own provider and SQLite, every connection
+    at `synchronous = NORMAL`, timed by `clock`."""
+    sys.path.insert(0, str(PEERS))
+    import peer_options  # noqa: E402  (imports asyncio_teardown beside it)
+
+    peer_options.peer.sqlite3 = peer_options._Sqlite("NORMAL")
+    peer_options.time = clock
+    return peer_options.tree_teardown
 
 
 async def provider():
@@ -113,8 +131,8 @@ def main(argv) -> None:
             as_json = True
         else:
             sizes.append(int(a))
-    peer = load_peer()
-    clock = peer.time = _Clock()
+    clock = _Clock()
+    peer_teardown = load_peer_as_benched(clock)
     median = lambda values: sorted(values)[len(values) // 2]
     with tempfile.TemporaryDirectory() as folder:
         for n in sizes or [1000, 10000]:
@@ -123,7 +141,7 @@ def main(argv) -> None:
                 dt, cpu, loop_cpu = asyncio.run(ours(n, max(1, fanout), folder, r))
                 mine.append((dt * 1000, cpu * 1000, loop_cpu * 1000))
                 clock.marks.clear()
-                dt = asyncio.run(peer.teardown(n, max(1, fanout), folder))
+                dt = asyncio.run(peer_teardown(n, max(1, fanout), folder))
                 theirs.append((dt * 1000, (clock.marks[-1] - clock.marks[0]) * 1000))
             row = {"n": n, "fanout": fanout, "runs": runs,
                    "ours_ms": median([m[0] for m in mine]), "peer_ms": median([t[0] for t in theirs])}
