@@ -171,15 +171,16 @@ fn principal_of(name: Option<&str>) -> Principal {
     }
 }
 
-/// The adoptions in flight on this process: one lock per session, held
-/// while it is adopted, gone when nobody waits for it.
+/// The fleet lookups in flight on this process: one lock per session, held
+/// while the session is looked up in the store and, if so, adopted; gone
+/// when nobody waits for it.
 #[derive(Debug, Default)]
 pub(crate) struct Adopting {
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Adopting {
-    /// Waits until nobody else adopts `id` here; held until dropped.
+    /// Waits until nobody else looks `id` up here; held until dropped.
     async fn lock(&self, id: SessionId) -> AdoptingGuard<'_> {
         let lock = self
             .locks
@@ -198,7 +199,7 @@ impl Adopting {
     }
 }
 
-/// One adoption's turn; forgets the session's lock when nobody else holds it.
+/// One lookup's turn; forgets the session's lock when nobody else holds it.
 struct AdoptingGuard<'a> {
     adopting: &'a Adopting,
     id: SessionId,
