@@ -201,6 +201,54 @@ pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
     });
 }
 
+pub(crate) fn g10_a_closed_turn_refuses_its_chunks_and_not_those_batched_with_it(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = db.open_with(StoreOptions::default().with_batch_size(16));
+        let (_, a) = session(&*store, "a").await;
+        let (_, closed) = session(&*store, "closed").await;
+        let (_, c) = session(&*store, "c").await;
+        for id in [a, closed, c] {
+            write::start_turn(&*store, id, 1, None, now())
+                .await
+                .unwrap();
+        }
+        write::end_turn(&*store, closed, 1, Outcome::Completed, None, now())
+            .await
+            .unwrap();
+        // Queued before any is awaited, so that batches mix the three turns.
+        let mut receipts = Vec::new();
+        for i in 0..40 {
+            for id in [a, closed, c] {
+                receipts.push((id, i, store.append_chunk(id, 1, format!("{i}").into())));
+            }
+        }
+        for (id, i, r) in receipts {
+            if id == closed {
+                let err = r.await.unwrap_err();
+                assert!(
+                    matches!(err, StoreError::TurnClosed { turn: 1, .. }),
+                    "{err:?}"
+                );
+            } else {
+                let ack = r.await.unwrap();
+                assert_eq!((ack.session, ack.turn, ack.seq), (id, 1, i));
+            }
+        }
+        let expected: Vec<String> = (0..40).map(|i| format!("{i}")).collect();
+        for id in [a, c] {
+            assert_eq!(
+                texts(&store.session_detail(id).await.unwrap().turns[0]),
+                expected
+            );
+        }
+        assert_eq!(
+            store.session_detail(closed).await.unwrap().session.chunks,
+            0
+        );
+    });
+}
+
 pub(crate) fn g10_turn_closed_after_end_turn(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
