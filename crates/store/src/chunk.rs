@@ -4,11 +4,12 @@
 //! A chunk is text, or a structured event (a tool call, reasoning, usage) with
 //! a JSON payload beside its text: both persist the same way (G7).
 //!
-//! A batch is one transaction. Its chunks are grouped by turn; each group
-//! claims a range of sequence numbers with one conditional UPDATE of its turn
-//! row (the turn must still be open, its session not finalized, and its
-//! owner's lease live), and the
-//! accepted chunks of all groups are inserted with one multi-row INSERT. A
+//! A batch is committed atomically. Its chunks are grouped by turn; each
+//! group claims a range of sequence numbers with a conditional UPDATE of its
+//! turn row (the turn must still be open, its session not finalized, and its
+//! owner's lease live by the store's clock), and the accepted chunks of all
+//! groups are inserted together. On SQLite that is one transaction of two
+//! statements; on PostgreSQL one statement, a round trip per batch. A
 //! refused group is answered with the reason; the rest of the batch still
 //! commits. A chunk is acknowledged only after the commit.
 
