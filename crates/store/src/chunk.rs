@@ -24,15 +24,15 @@ use serde_json::Value;
 use settle_core::{ChunkKind, SessionId, State};
 use tokio::sync::oneshot;
 
-/// Maps keyed by turn: foldhash on the append path.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::lease::store_now;
 use crate::rows::{bind, params, pieces, Rows};
 use crate::session::why_turn_refused;
 use crate::time::{json_text, sid, sql_states};
+
+/// Maps keyed by turn: foldhash on the append path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// One chunk of a turn's output, as [`append_chunk`](crate::SessionStore::append_chunk)
 /// takes it. A `String` converts into a text chunk.
