@@ -12,7 +12,7 @@ use settle_core::{SessionId, State};
 use settle_store::{Applied, FinalizeRequest, LifecycleWrite, NewSession};
 
 use super::bounded::within;
-use super::held::Held;
+use super::held::{Held, Step};
 use super::pending::{Answer, BatchResults, InFlight, Pending};
 use super::retry;
 use super::unwritten::Unwritten;
@@ -22,8 +22,16 @@ use crate::record::Record;
 
 impl Recorder {
     /// Adds one record to the batch, or, for a record that is not a
-    /// lifecycle write, commits the batch so far and then applies it.
-    pub(super) async fn take(&mut self, record: Record, pending: &mut Pending, held: &mut Held) {
+    /// lifecycle write, commits the batch so far and then applies it. `now`
+    /// is when the records of this wake were taken (a held transition's
+    /// hold counts from it).
+    pub(super) async fn take(
+        &mut self,
+        record: Record,
+        pending: &mut Pending,
+        held: &mut Held,
+        now: tokio::time::Instant,
+    ) {
         let write = match record {
             Record::CreateSession { shared, at, reply } => {
                 let mut new = NewSession::new(shared.name.to_string(), self.owner)
@@ -44,16 +52,13 @@ impl Recorder {
                 // the last transition itself (G2): only the ones between go
                 // here, held until the session's next write (see `HOLD`).
                 if let (Some(from), true) = (t.from, t.to != State::Finalized) {
-                    held.hold(
-                        t.session,
-                        LifecycleWrite::Transition {
-                            session: t.session,
-                            from,
-                            to: t.to,
-                            cause: t.cause,
-                            at,
-                        },
-                    );
+                    let step = Step {
+                        from,
+                        to: t.to,
+                        cause: t.cause,
+                        at,
+                    };
+                    held.hold(t.session, step, now);
                 }
                 None
             }

@@ -3,9 +3,9 @@
 //! timeline segment (for [`HOLD`], or [`HOLD_BUSY`] while the store is busy).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use settle_core::SessionId;
+use settle_core::{Cause, SessionId, State};
 use settle_store::LifecycleWrite;
 use smallvec::SmallVec;
 
@@ -42,34 +42,58 @@ pub(super) struct Held {
     since: VecDeque<(tokio::time::Instant, SessionId)>,
 }
 
+/// One held transition: its `LifecycleWrite::Transition` but for the
+/// session, which is the key it is held under. A teardown holds one per
+/// session, so the hold map's entries stay small: a third of what whole
+/// writes took, which the map moves each time it grows and again when an
+/// entry leaves it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Step {
+    /// The state before.
+    pub from: State,
+    /// The state after.
+    pub to: State,
+    /// Why.
+    pub cause: Cause,
+    /// When.
+    pub at: SystemTime,
+}
+
 /// One session's held transitions, and when the first of them came: inline
 /// up to two (a turn's end; a cancel and its settling), the most a session
 /// holds between two of its writes in a teardown, so that holding costs no
 /// allocation per session.
 pub(super) struct HeldWrites {
     since: tokio::time::Instant,
-    writes: SmallVec<[LifecycleWrite; 2]>,
+    steps: SmallVec<[Step; 2]>,
 }
 
 impl Held {
-    pub(super) fn hold(&mut self, session: SessionId, write: LifecycleWrite) {
+    /// Holds `step` of `session`, which came `now` (the time of the
+    /// recorder's wake: one clock read for all it takes).
+    pub(super) fn hold(&mut self, session: SessionId, step: Step, now: tokio::time::Instant) {
         let since = &mut self.since;
         let held = self.writes.entry(session).or_insert_with(|| {
-            let now = tokio::time::Instant::now();
             since.push_back((now, session));
             HeldWrites {
                 since: now,
-                writes: SmallVec::new(),
+                steps: SmallVec::new(),
             }
         });
-        held.writes.push(write);
+        held.steps.push(step);
     }
 
     /// Moves `session`'s held transitions into `pending`, ahead of its next write.
     pub(super) fn release(&mut self, session: SessionId, pending: &mut Pending) {
         if let Some(held) = self.writes.remove(&session) {
-            for write in held.writes {
-                pending.writes.push(write);
+            for step in held.steps {
+                pending.writes.push(LifecycleWrite::Transition {
+                    session,
+                    from: step.from,
+                    to: step.to,
+                    cause: step.cause,
+                    at: step.at,
+                });
                 pending.answers.push(Answer::Transition(session));
             }
         }
@@ -116,20 +140,19 @@ pub(super) fn hold_for(busy: bool) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
-    use settle_core::{Cause, State};
-
     use super::*;
 
-    fn step(session: u64) -> LifecycleWrite {
-        LifecycleWrite::Transition {
-            session: SessionId(session),
+    fn step() -> Step {
+        Step {
             from: State::Running,
             to: State::Registered,
             cause: Cause::TurnEnded(settle_core::Outcome::Completed),
             at: SystemTime::UNIX_EPOCH,
         }
+    }
+
+    fn now() -> tokio::time::Instant {
+        tokio::time::Instant::now()
     }
 
     fn released(pending: &Pending) -> Vec<SessionId> {
@@ -150,10 +173,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn entries_of_released_sessions_do_not_wait_for_their_hold() {
         let mut held = Held::default();
-        held.hold(SessionId(1), step(1));
-        held.hold(SessionId(2), step(2));
+        held.hold(SessionId(1), step(), now());
+        held.hold(SessionId(2), step(), now());
         tokio::time::advance(Duration::from_millis(10)).await;
-        held.hold(SessionId(3), step(3));
+        held.hold(SessionId(3), step(), now());
 
         // Session 1's next write takes its transition along.
         let mut pending = Pending::default();
@@ -183,11 +206,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_session_held_again_keeps_the_time_of_its_new_hold() {
         let mut held = Held::default();
-        held.hold(SessionId(1), step(1));
+        held.hold(SessionId(1), step(), now());
         let first = tokio::time::Instant::now();
         held.release(SessionId(1), &mut Pending::default());
         tokio::time::advance(Duration::from_millis(50)).await;
-        held.hold(SessionId(1), step(1));
+        held.hold(SessionId(1), step(), now());
 
         // The first hold's time has passed, the second's has not.
         let mut pending = Pending::default();
@@ -203,5 +226,41 @@ mod tests {
         held.release_old(Some(first + Duration::from_millis(50)), &mut pending);
         assert_eq!(released(&pending), [SessionId(1)]);
         assert!(held.since.is_empty() && held.writes.is_empty());
+    }
+
+    /// What a session held goes ahead of its next write as the transitions
+    /// it was, in the order they came, each answered as a transition.
+    #[tokio::test(start_paused = true)]
+    async fn released_steps_are_the_transitions_that_were_held_in_order() {
+        let mut held = Held::default();
+        let cancel = Step {
+            from: State::Running,
+            to: State::Cancelling,
+            cause: Cause::AncestorWindingDown,
+            at: SystemTime::UNIX_EPOCH + Duration::from_millis(5),
+        };
+        let settle = Step {
+            from: State::Cancelling,
+            to: State::Settled,
+            cause: Cause::DescendantsSettled,
+            at: SystemTime::UNIX_EPOCH + Duration::from_millis(7),
+        };
+        held.hold(SessionId(4), cancel, now());
+        held.hold(SessionId(9), step(), now());
+        held.hold(SessionId(4), settle, now());
+
+        let mut pending = Pending::default();
+        held.release(SessionId(4), &mut pending);
+        let whole = |s: Step| LifecycleWrite::Transition {
+            session: SessionId(4),
+            from: s.from,
+            to: s.to,
+            cause: s.cause,
+            at: s.at,
+        };
+        assert_eq!(pending.writes, [whole(cancel), whole(settle)]);
+        assert_eq!(released(&pending), [SessionId(4), SessionId(4)]);
+        assert!(held.writes.contains_key(&SessionId(9)));
+        assert!(!held.writes.contains_key(&SessionId(4)));
     }
 }

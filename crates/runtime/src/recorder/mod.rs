@@ -152,8 +152,9 @@ impl Recorder {
                 break;
             }
             let mut pending = Pending::for_records(taken);
+            let now = tokio::time::Instant::now();
             for record in batch.drain(..).flatten() {
-                self.take(record, &mut pending, &mut held).await;
+                self.take(record, &mut pending, &mut held, now).await;
             }
             let closed = received == 0 && records.is_closed() && records.is_empty();
             if closed {
