@@ -119,6 +119,9 @@ pub(crate) struct Driver {
     clock: Clock,
     /// The time of the current wake (see `tick`).
     now: std::time::Instant,
+    /// `now` on the wall clock, mapped once per wake: every record of the
+    /// wake's inputs is stamped with it (five per session in a teardown).
+    wall_now: std::time::SystemTime,
     config: Config,
     commands: mpsc::UnboundedReceiver<Command>,
     reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
@@ -150,9 +153,11 @@ impl Driver {
     pub fn new(config: Config, channels: Channels, parts: Parts) -> Self {
         let (report_tx, reports) = mpsc::unbounded_channel();
         let policy = config.policy.clone().slots(config.slots);
+        let now = parts.clock.now();
         Driver {
             core: Core::new(policy),
-            now: parts.clock.now(),
+            now,
+            wall_now: parts.clock.wall(now),
             clock: parts.clock,
             config,
             commands: channels.commands,
@@ -258,6 +263,16 @@ impl Driver {
     /// same time (the core never sees it go back).
     fn tick(&mut self) {
         self.now = self.clock.now();
+        self.wall_now = self.clock.wall(self.now);
+    }
+
+    /// The wall-clock time of a core instant: the wake's own, mapped once
+    /// in `tick`, or any other.
+    fn wall(&self, at: std::time::Instant) -> std::time::SystemTime {
+        match at == self.now {
+            true => self.wall_now,
+            false => self.clock.wall(at),
+        }
     }
 
     /// Feeds one input to the core and executes what it ordered.
@@ -383,7 +398,7 @@ impl Driver {
                 self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
-                let at = self.clock.wall(self.now);
+                let at = self.wall_now;
                 self.recorder
                     .push(Record::CreateSession { shared, at, reply });
             }
@@ -611,7 +626,7 @@ impl Driver {
                             outcome,
                             error: error.clone(),
                         });
-                    let at = self.clock.wall(self.now);
+                    let at = self.wall_now;
                     self.recorder.push(Record::EndTurn {
                         work,
                         outcome,
@@ -625,7 +640,7 @@ impl Driver {
                 }
                 Effect::Transition(t) => {
                     self.meter.transition(t.from, t.to);
-                    let at = self.clock.wall(t.at);
+                    let at = self.wall(t.at);
                     let shared = self.sessions.get(&t.session);
                     self.events
                         .emit(shared.map(Arc::as_ref), || match (t.from, shared) {
@@ -651,7 +666,7 @@ impl Driver {
                     self.meter.finalized(plan.reason);
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
-                    let at = self.clock.wall(self.now);
+                    let at = self.wall_now;
                     self.recorder.push(Record::Finalize(Box::new(FinalizeJob {
                         plan,
                         at,
@@ -666,7 +681,7 @@ impl Driver {
                     // process's session (the core has let go of it, idle).
                     self.sessions.remove(&handoff.session);
                     self.meter.left(State::Registered);
-                    let at = self.clock.wall(self.now);
+                    let at = self.wall_now;
                     self.recorder.push(Record::Release {
                         session: handoff.session,
                         at,
@@ -702,7 +717,7 @@ impl Driver {
                 // committed.
                 let (started_tx, started) = oneshot::channel();
                 let (announce, announced) = oneshot::channel();
-                let at = self.clock.wall(self.now);
+                let at = self.wall_now;
                 // Only what the turn adds to the conversation is stored.
                 let input = {
                     let mut sent = shared.sent();
