@@ -105,6 +105,10 @@ impl SessionStore for NullStore {
     }
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
+        // The whole batch is applied at one moment: one clock read for its
+        // phase marks, not one per write (the stub costs ours what it must).
+        let at = std::cell::OnceCell::new();
+        let now = || *at.get_or_init(|| self.since_base());
         batch
             .into_iter()
             .map(|write| {
@@ -113,14 +117,12 @@ impl SessionStore for NullStore {
                         self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
                     )),
                     LifecycleWrite::EndTurn { .. } => {
-                        let now = self.since_base();
-                        self.first_end_turn.fetch_min(now, Ordering::Relaxed);
-                        self.last_end_turn.fetch_max(now, Ordering::Relaxed);
+                        self.first_end_turn.fetch_min(now(), Ordering::Relaxed);
+                        self.last_end_turn.fetch_max(now(), Ordering::Relaxed);
                         Applied::Done
                     }
                     LifecycleWrite::Finalize { .. } => {
-                        self.first_finalize
-                            .fetch_min(self.since_base(), Ordering::Relaxed);
+                        self.first_finalize.fetch_min(now(), Ordering::Relaxed);
                         if self.finalized.fetch_add(1, Ordering::SeqCst) + 1 == self.expect {
                             // A permit is stored if nobody waits yet.
                             self.all_finalized.notify_one();

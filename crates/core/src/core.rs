@@ -1115,6 +1115,9 @@ impl Core {
     /// Cancels every open descendant of `id`, deepest first; returns how many.
     fn cancel_subtree(&mut self, now: Instant, id: SessionId, reason: EndReason) -> usize {
         let order = open_descendants_bottom_up(&self.sessions, id);
+        // A running session's cancel is a transition and a work's cancel:
+        // the queue grows once, not by doubling through a big subtree.
+        self.effects.reserve(2 * order.len());
         // A subtree wound down is closed, not handed off on the way: a
         // child's finalize must not release a descendant above it (SPEC §12).
         for d in &order {
