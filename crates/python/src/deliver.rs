@@ -374,6 +374,36 @@ impl Drop for Drain {
 }
 
 fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
+    // One thread state for the thread's whole life. Attaching a thread that
+    // has none makes one and detaching deletes it again, with its frame
+    // stack (an `mmap` and a `munmap`): a teardown of 1,000 agents paid that
+    // about once per session. Attached once here and detached at once, the
+    // thread keeps its state, and every attach in `serve` only takes the GIL.
+    let mut queue = Some(queue);
+    let kept = Python::try_attach(|py| {
+        py.detach(|| -> () {
+            if let Some(queue) = queue.take() {
+                serve(queue, gate);
+            }
+            // Never back into the attach above: the queue closes only once
+            // the kernel's side is gone, which may be during interpreter
+            // exit, when attaching again would end this thread inside
+            // CPython. The thread is never joined; it waits here until the
+            // process ends.
+            loop {
+                std::thread::park();
+            }
+        })
+    });
+    if let (None, Some(queue)) = (kept, queue.take()) {
+        // The interpreter could not be attached at all: as before, per batch.
+        serve(queue, gate);
+    }
+}
+
+/// Runs each job with the GIL held, a batch per attach, until the queue
+/// closes or the interpreter exits.
+fn serve(queue: mpsc::Receiver<Job>, gate: &Gate) {
     while let Ok(first) = queue.recv() {
         let mut first = Some(first);
         let _attached = gate.attached.lock();
