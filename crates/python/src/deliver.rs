@@ -380,7 +380,7 @@ fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
     // about once per session. Attached once here and detached at once, the
     // thread keeps its state, and every attach in `serve` only takes the GIL.
     let mut queue = Some(queue);
-    let kept = Python::try_attach(|py| {
+    let _ = Python::try_attach(|py| {
         py.detach(|| -> () {
             if let Some(queue) = queue.take() {
                 serve(queue, gate);
@@ -395,8 +395,9 @@ fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
             }
         })
     });
-    if let (None, Some(queue)) = (kept, queue.take()) {
-        // The interpreter could not be attached at all: as before, per batch.
+    // Still here only if the interpreter could not be attached at all (the
+    // closure above never returns): serve as before, attaching per batch.
+    if let Some(queue) = queue.take() {
         serve(queue, gate);
     }
 }
