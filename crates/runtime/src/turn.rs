@@ -94,6 +94,22 @@ impl Turn {
         chunk
     }
 
+    /// The next chunk if one is persisted and waiting, without waiting:
+    /// `Ready(Some(chunk))`, `Ready(None)` once the turn has ended, and
+    /// `Pending` while the next one is not persisted yet. A frontend that
+    /// bridges each read to another event loop (the Python package) takes
+    /// a waiting chunk this way instead of a round trip through the runtime.
+    /// Nothing is lost by asking: a `Pending` leaves the turn as it was.
+    pub fn try_next_chunk(&mut self) -> Poll<Option<Chunk>> {
+        let chunk = match self.chunks.try_recv() {
+            Ok(chunk) => Some(chunk),
+            Err(mpsc::error::TryRecvError::Empty) => return Poll::Pending,
+            Err(mpsc::error::TryRecvError::Disconnected) => None,
+        };
+        self.saw(chunk.as_ref());
+        Poll::Ready(chunk)
+    }
+
     /// Notes a chunk on its way to the caller (`None`: the stream ended).
     fn saw(&mut self, chunk: Option<&Chunk>) {
         match chunk {

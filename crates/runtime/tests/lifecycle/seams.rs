@@ -261,6 +261,53 @@ async fn g7_a_cancelled_turn_yields_a_prefix_of_what_it_stored() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A frontend that takes waiting chunks without waiting (the Python
+/// package's reads) gets only persisted ones, in order, and a `Pending`
+/// costs nothing: the chunk not yet there comes with the next ask.
+#[tokio::test(start_paused = true)]
+async fn g7_a_chunk_taken_without_waiting_is_persisted_and_in_order() {
+    use std::task::Poll;
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("reader", None).await.unwrap();
+    let chunks = numbered("c", 6);
+    let p = Arc::new(ScriptedProvider::new([settle_stream::TurnScript::new(
+        chunks.iter().map(String::as_str),
+    )
+    .chunk_delay(10 * MS)]));
+    let mut turn = session
+        .run_turn(p, TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    let (mut taken, mut pending) = (Vec::new(), 0);
+    let ended = loop {
+        match turn.try_next_chunk() {
+            Poll::Ready(Some(chunk)) => {
+                let stored = detail(&store, session.id()).await.turns[0].chunks.len();
+                assert!(
+                    stored > taken.len(),
+                    "a chunk was yielded before it was stored"
+                );
+                taken.push(chunk.into_payload());
+            }
+            Poll::Ready(None) => break true,
+            Poll::Pending => {
+                pending += 1;
+                assert!(pending < 10_000, "the turn never ended");
+                tokio::time::sleep(MS).await;
+            }
+        }
+    };
+    assert!(ended);
+    assert!(
+        pending > 0,
+        "the chunks came one every 10 ms: some asks found none"
+    );
+    assert_eq!(taken, chunks);
+    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
 #[test]
 fn signals_get_their_default_action_once_the_kernel_stopped() {
     use std::io::BufRead;
