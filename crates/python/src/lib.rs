@@ -43,7 +43,8 @@
 //! what the loop's pumps report (a stream closed) is handed to the kernel
 //! once per iteration of the loop, not once per pump (`awaitable.rs`,
 //! `deliver.rs`). A subtree torn down at once costs its loop a handful of
-//! wakes, not one per session.
+//! wakes, not one per session. A turn's read whose chunk is already
+//! persisted and waiting makes no round trip at all (`ready.rs`).
 //!
 //! It is granian's approach, a future of our own whose `cancel()` reaches
 //! Rust, rather than pyo3-async-runtimes' `future_into_py`, for what that
@@ -82,6 +83,7 @@ mod kernel;
 mod process;
 mod provider;
 mod reads;
+mod ready;
 mod reply;
 mod resume;
 mod session;

@@ -17,6 +17,7 @@
 //! them.
 
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
@@ -29,12 +30,14 @@ use tokio_util::sync::CancellationToken;
 use crate::awaitable::{awaitable, bridge, finishing, ready, OnCancel};
 use crate::chunk::PyChunk;
 use crate::process::{ForkSafe, Owner};
+use crate::ready::Ready;
 
-type Ending = Option<(Outcome, Option<TurnError>)>;
+/// How a turn ended, once a read or a close has seen it.
+pub(crate) type Ending = Option<(Outcome, Option<TurnError>)>;
 
 /// What the chunks a `Turn` yielded say, put together as they go by.
 #[derive(Debug, Default)]
-struct Gathered {
+pub(crate) struct Gathered {
     /// The chunks other than tool-call pieces (text, reasoning, usage, data).
     reply: ReplyBuilder,
     /// The tool-call pieces, put together (a piece may grow any call, by
@@ -44,7 +47,7 @@ struct Gathered {
 
 impl Gathered {
     /// Notes `chunk`, which the task awaiting it has just received.
-    fn saw(&mut self, chunk: &Chunk) {
+    pub(crate) fn saw(&mut self, chunk: &Chunk) {
         if chunk.kind() == ChunkKind::ToolCall {
             self.calls.push(&chunk.to_json());
         } else {
@@ -78,10 +81,11 @@ impl Gather {
 pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,
     /// Cancelled to cancel the turn (its next chunk, or its close, sees it).
-    cancel: CancellationToken,
-    ending: Arc<Mutex<Ending>>,
+    pub(crate) cancel: CancellationToken,
+    /// How it ended, once a read or a close has seen it.
+    pub(crate) ending: Arc<Mutex<Ending>>,
     /// What its yielded chunks say (`tool_calls()`, `reply()`).
-    gathered: Arc<Mutex<Gathered>>,
+    pub(crate) gathered: Arc<Mutex<Gathered>>,
     no: u32,
     session: u64,
 }
@@ -100,8 +104,25 @@ impl PyTurn {
     }
 }
 
+impl PyTurn {
+    /// The next chunk if the store has it and it waits in the turn's
+    /// channel; `None` when it has to be waited for, when the turn was
+    /// cancelled, and while another read holds the turn.
+    fn waiting_chunk(&self, turn: &tokio::sync::Mutex<Option<Turn>>) -> Option<Chunk> {
+        if self.cancel.is_cancelled() {
+            return None;
+        }
+        let mut slot = turn.try_lock().ok()?;
+        match slot.as_mut()?.try_next_chunk() {
+            Poll::Ready(Some(chunk)) => Some(chunk),
+            // The end is the waiting read's to settle.
+            Poll::Ready(None) | Poll::Pending => None,
+        }
+    }
+}
+
 /// Waits for `turn`'s end and keeps it in `ending`.
-async fn settle_turn(turn: Turn, ending: &Mutex<Ending>) {
+pub(crate) async fn settle_turn(turn: Turn, ending: &Mutex<Ending>) {
     let end = turn.end().await;
     if let Ok(mut slot) = ending.lock() {
         *slot = Some(end);
@@ -147,9 +168,16 @@ impl PyTurn {
 
     /// The next chunk, once the store has it; `StopAsyncIteration` at the
     /// turn's end (its outcome is then known). Cancelling the awaiting task
-    /// cancels the turn.
+    /// cancels the turn. A chunk the store already has is given without a
+    /// round trip through the kernel's threads; awaiting it still passes
+    /// the event loop once, so a reader that is behind its stream lets
+    /// other tasks run and can be cancelled at every chunk.
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (turn, here) = self.turn.get()?;
+        if let Some(chunk) = self.waiting_chunk(turn) {
+            let ready = Ready::new(chunk, self, turn.clone(), here);
+            return Ok(Bound::new(py, ready)?.into_any());
+        }
         let (turn, cancel, ending) = (turn.clone(), self.cancel.clone(), self.ending.clone());
         let gather = Gather {
             gathered: self.gathered.clone(),

@@ -1,0 +1,119 @@
+//! A turn's next chunk when the kernel already has it: `Turn.__anext__`
+//! gives it back without a round trip through the runtime's threads.
+//!
+//! A read that has to wait goes through the bridge (`awaitable.rs`): a task
+//! on the runtime waits for the chunk, and its result reaches the loop
+//! through the mailbox, so every such read wakes two other threads and the
+//! loop. When the reader is behind its stream (a provider that sends a
+//! burst, a reader that does work per chunk), the next chunk is already
+//! persisted and waiting in the turn's channel; it is then taken at once
+//! (`Turn::try_next_chunk`) and handed back in a [`Ready`].
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use settle_runtime::Turn;
+use settle_stream::Chunk;
+use tokio_util::sync::CancellationToken;
+
+use crate::chunk::PyChunk;
+use crate::process::Here;
+use crate::turn::{settle_turn, Ending, Gathered, PyTurn};
+
+/// The awaitable of a chunk taken without waiting. Awaiting it passes the
+/// event loop once (a bare `yield`, as `asyncio.sleep(0)` does): other tasks
+/// run, and a cancel of the awaiting task lands there as it would at a read
+/// that waits. Then it gives the chunk, noted in the turn's reply in that
+/// task's own step (as `_bridge.Next` does for a read that waited).
+///
+/// Dropped before it gave its chunk (its task was cancelled at that pass,
+/// or it was never awaited and was collected), it cancels the turn, as the
+/// collected or cancelled awaitable of a read that waits does: the chunk is
+/// stored all the same, never seen, and no part of the reply.
+#[pyclass(module = "settle._settle")]
+pub(crate) struct Ready {
+    /// The chunk, until it is given.
+    chunk: Option<Chunk>,
+    /// Whether the loop was passed once.
+    passed: bool,
+    gathered: Arc<Mutex<Gathered>>,
+    /// What a `Ready` dropped before it gave its chunk cancels and settles.
+    cancel: CancellationToken,
+    turn: Arc<tokio::sync::Mutex<Option<Turn>>>,
+    ending: Arc<Mutex<Ending>>,
+    runtime: &'static tokio::runtime::Runtime,
+    /// The process it was made in: a forked child's copy does nothing.
+    pid: u32,
+}
+
+impl Ready {
+    /// The read of `chunk`, taken from `of`'s `turn` without waiting.
+    pub(crate) fn new(
+        chunk: Chunk,
+        of: &PyTurn,
+        turn: Arc<tokio::sync::Mutex<Option<Turn>>>,
+        here: &Here,
+    ) -> Self {
+        Ready {
+            chunk: Some(chunk),
+            passed: false,
+            gathered: of.gathered.clone(),
+            cancel: of.cancel.clone(),
+            turn,
+            ending: of.ending.clone(),
+            runtime: here.runtime,
+            pid: here.pid,
+        }
+    }
+}
+
+#[pymethods]
+impl Ready {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// First a bare `yield` (one pass of the loop), then the chunk as the
+    /// value of `StopIteration`.
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if !self.passed {
+            self.passed = true;
+            return Ok(Some(py.None()));
+        }
+        // Awaited again after it gave its chunk: nothing more.
+        let Some(chunk) = self.chunk.take() else {
+            return Ok(None);
+        };
+        if let Ok(mut gathered) = self.gathered.lock() {
+            gathered.saw(&chunk);
+        }
+        let chunk = Py::new(py, PyChunk { chunk })?;
+        Err(PyStopIteration::new_err((chunk,)))
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        if self.chunk.is_none() || self.pid != std::process::id() {
+            return;
+        }
+        // As a read that waits and is cancelled: the turn is cancelled and
+        // settled (its outcome kept for `turn.outcome`), on the runtime. A
+        // read in flight meanwhile sees the token and does the same; which
+        // of the two takes the turn, the other finds it gone.
+        self.cancel.cancel();
+        let (turn, ending) = (self.turn.clone(), self.ending.clone());
+        self.runtime.spawn(async move {
+            let mut slot = turn.lock().await;
+            if let Some(turn) = slot.take() {
+                turn.cancel();
+                settle_turn(turn, &ending).await;
+            }
+        });
+    }
+}
