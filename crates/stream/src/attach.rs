@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use async_trait::async_trait;
 use futures_util::stream::Stream;
 use futures_util::FutureExt;
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::close::{close_best_effort, close_without_waiting, Close};
@@ -98,8 +99,10 @@ pub struct CloseHandle {
 #[derive(Default)]
 struct HandleShared {
     state: std::sync::Mutex<HandleState>,
-    // Cancelled by `close`, so a work still opening its stream can stop.
-    closed: CancellationToken,
+    // Woken by `close`, so a work still opening its stream can stop: a
+    // `Notify` in the handle's own allocation (a cancellation token would
+    // be one more allocation per work, and a lock on each clone and drop).
+    closed: Notify,
 }
 
 #[derive(Default)]
@@ -149,7 +152,7 @@ impl CloseHandle {
                 ForceClosed::Closed => {}
             }
         }
-        self.shared.closed.cancel();
+        self.shared.closed.notify_waiters();
         result
     }
 
@@ -161,7 +164,14 @@ impl CloseHandle {
     /// Resolves once [`close`](Self::close) has been called: a work that is
     /// still opening its stream stops waiting for it.
     pub async fn closed(&self) {
-        self.shared.closed.cancelled().await;
+        let mut notified = std::pin::pin!(self.shared.closed.notified());
+        // Registered before the flag is read: a `close` after the read
+        // wakes it, one before it is seen by the read.
+        notified.as_mut().enable();
+        if self.is_closed() {
+            return;
+        }
+        notified.await;
     }
 
     /// Why the first stream attached through this handle that ended early

@@ -338,3 +338,34 @@ async fn g4_an_overflowing_timeout_never_fires() {
         assert!(log.entries().is_empty());
     }
 }
+
+/// A work still opening its stream waits on `closed()`: a close before the
+/// wait is seen at once, one during it wakes every waiter, and nothing
+/// else does.
+#[tokio::test(start_paused = true)]
+async fn g4_a_force_close_reaches_a_work_that_is_still_opening_before_or_during_its_wait() {
+    use settle_stream::Scope;
+    let scope = Scope::new();
+    let handle = scope.close_handle().clone();
+    let waiting = {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.closed().await })
+    };
+    let also = {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.closed().await })
+    };
+    tokio::time::sleep(S).await;
+    assert!(
+        !waiting.is_finished() && !also.is_finished(),
+        "nothing closed it yet"
+    );
+    scope.token().cancel();
+    tokio::time::sleep(S).await;
+    assert!(!waiting.is_finished(), "a cancel is not a force close");
+    handle.close();
+    tokio::time::timeout(S, waiting).await.unwrap().unwrap();
+    tokio::time::timeout(S, also).await.unwrap().unwrap();
+    // Closed before the wait: seen at once.
+    tokio::time::timeout(MS, handle.closed()).await.unwrap();
+}
