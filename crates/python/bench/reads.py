@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import settle
+from build import require_release
 
 
 async def source(n: int):
@@ -77,6 +78,7 @@ async def shape(sessions: int, chunks: int, rounds: int, folder: str) -> dict:
 
 
 def main(argv) -> None:
+    require_release()
     shapes, rounds, as_json = [], 3, False
     it = iter(argv)
     for a in it:

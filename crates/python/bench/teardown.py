@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import settle
+from build import require_release
 
 PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers"
 PEER = PEERS / "asyncio_teardown.py"
@@ -120,6 +121,7 @@ async def ours(n: int, fanout: int, folder: str, round_no: int) -> tuple:
 
 
 def main(argv) -> None:
+    require_release()
     sizes, fanout, runs, as_json = [], 10, 5, False
     it = iter(argv)
     for a in it:

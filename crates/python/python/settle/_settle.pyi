@@ -7,6 +7,7 @@ from typing import Any, Awaitable, Callable, Dict, Generator, List, Optional, Tu
 from typing_extensions import TypedDict, final
 
 __all__ = [
+    "BUILD_PROFILE",
     "DEFAULT_IDLE_TIMEOUT",
     "AlreadyFinalized",
     "BadInput",
@@ -27,6 +28,10 @@ __all__ = [
     "shutdown_all",
 ]
 
+#: How the native module was compiled: ``"release"`` (what ``pip install``
+#: builds) or ``"debug"`` (what the workspace's test harness installs). The
+#: benchmark scripts refuse a debug build.
+BUILD_PROFILE: str
 DEFAULT_IDLE_TIMEOUT: float
 """A turn's idle timeout in seconds unless the kernel or the turn sets one (the runtime's: 30)."""
 
