@@ -102,9 +102,7 @@ impl PyTurn {
             session: work.session.get(),
         }
     }
-}
 
-impl PyTurn {
     /// The next chunk if the store has it and it waits in the turn's
     /// channel; `None` when it has to be waited for, when the turn was
     /// cancelled, and while another read holds the turn.
