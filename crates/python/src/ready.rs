@@ -9,17 +9,12 @@
 //! persisted and waiting in the turn's channel; it is then taken at once
 //! (`Turn::try_next_chunk`) and handed back in a [`Ready`].
 
-use std::sync::{Arc, Mutex};
-
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
-use settle_runtime::Turn;
 use settle_stream::Chunk;
-use tokio_util::sync::CancellationToken;
 
 use crate::chunk::PyChunk;
-use crate::process::Here;
-use crate::turn::{settle_turn, Ending, Gathered, PyTurn};
+use crate::turn::PyTurn;
 
 /// The awaitable of a chunk taken without waiting. Awaiting it passes the
 /// event loop once (a bare `yield`, as `asyncio.sleep(0)` does): other tasks
@@ -37,33 +32,17 @@ pub(crate) struct Ready {
     chunk: Option<Chunk>,
     /// Whether the loop was passed once.
     passed: bool,
-    gathered: Arc<Mutex<Gathered>>,
-    /// What a `Ready` dropped before it gave its chunk cancels and settles.
-    cancel: CancellationToken,
-    turn: Arc<tokio::sync::Mutex<Option<Turn>>>,
-    ending: Arc<Mutex<Ending>>,
-    runtime: &'static tokio::runtime::Runtime,
-    /// The process it was made in: a forked child's copy does nothing.
-    pid: u32,
+    /// The turn it was read from.
+    turn: Py<PyTurn>,
 }
 
 impl Ready {
-    /// The read of `chunk`, taken from `of`'s `turn` without waiting.
-    pub(crate) fn new(
-        chunk: Chunk,
-        of: &PyTurn,
-        turn: Arc<tokio::sync::Mutex<Option<Turn>>>,
-        here: &Here,
-    ) -> Self {
+    /// The read of `chunk`, taken from `turn` without waiting.
+    pub(crate) fn new(chunk: Chunk, turn: Py<PyTurn>) -> Self {
         Ready {
             chunk: Some(chunk),
             passed: false,
-            gathered: of.gathered.clone(),
-            cancel: of.cancel.clone(),
             turn,
-            ending: of.ending.clone(),
-            runtime: here.runtime,
-            pid: here.pid,
         }
     }
 }
@@ -89,9 +68,7 @@ impl Ready {
         let Some(chunk) = self.chunk.take() else {
             return Ok(None);
         };
-        if let Ok(mut gathered) = self.gathered.lock() {
-            gathered.saw(&chunk);
-        }
+        self.turn.get().saw(&chunk);
         let chunk = Py::new(py, PyChunk { chunk })?;
         Err(PyStopIteration::new_err((chunk,)))
     }
@@ -99,21 +76,9 @@ impl Ready {
 
 impl Drop for Ready {
     fn drop(&mut self) {
-        if self.chunk.is_none() || self.pid != std::process::id() {
-            return;
+        if self.chunk.is_some() {
+            // As a read that waits and is cancelled.
+            self.turn.get().cancel_soon();
         }
-        // As a read that waits and is cancelled: the turn is cancelled and
-        // settled (its outcome kept for `turn.outcome`), on the runtime. A
-        // read in flight meanwhile sees the token and does the same; which
-        // of the two takes the turn, the other finds it gone.
-        self.cancel.cancel();
-        let (turn, ending) = (self.turn.clone(), self.ending.clone());
-        self.runtime.spawn(async move {
-            let mut slot = turn.lock().await;
-            if let Some(turn) = slot.take() {
-                turn.cancel();
-                settle_turn(turn, &ending).await;
-            }
-        });
     }
 }

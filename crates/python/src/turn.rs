@@ -33,11 +33,11 @@ use crate::process::{ForkSafe, Owner};
 use crate::ready::Ready;
 
 /// How a turn ended, once a read or a close has seen it.
-pub(crate) type Ending = Option<(Outcome, Option<TurnError>)>;
+type Ending = Option<(Outcome, Option<TurnError>)>;
 
 /// What the chunks a `Turn` yielded say, put together as they go by.
 #[derive(Debug, Default)]
-pub(crate) struct Gathered {
+struct Gathered {
     /// The chunks other than tool-call pieces (text, reasoning, usage, data).
     reply: ReplyBuilder,
     /// The tool-call pieces, put together (a piece may grow any call, by
@@ -47,7 +47,7 @@ pub(crate) struct Gathered {
 
 impl Gathered {
     /// Notes `chunk`, which the task awaiting it has just received.
-    pub(crate) fn saw(&mut self, chunk: &Chunk) {
+    fn saw(&mut self, chunk: &Chunk) {
         if chunk.kind() == ChunkKind::ToolCall {
             self.calls.push(&chunk.to_json());
         } else {
@@ -81,11 +81,11 @@ impl Gather {
 pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,
     /// Cancelled to cancel the turn (its next chunk, or its close, sees it).
-    pub(crate) cancel: CancellationToken,
+    cancel: CancellationToken,
     /// How it ended, once a read or a close has seen it.
-    pub(crate) ending: Arc<Mutex<Ending>>,
+    ending: Arc<Mutex<Ending>>,
     /// What its yielded chunks say (`tool_calls()`, `reply()`).
-    pub(crate) gathered: Arc<Mutex<Gathered>>,
+    gathered: Arc<Mutex<Gathered>>,
     no: u32,
     session: u64,
 }
@@ -100,6 +100,24 @@ impl PyTurn {
             gathered: Arc::new(Mutex::new(Gathered::default())),
             no: work.no,
             session: work.session.get(),
+        }
+    }
+
+    /// Notes `chunk` in what the turn's chunks say, as its reader has it.
+    pub(crate) fn saw(&self, chunk: &Chunk) {
+        if let Ok(mut gathered) = self.gathered.lock() {
+            gathered.saw(chunk);
+        }
+    }
+
+    /// Cancels the turn and settles it on the runtime, without waiting:
+    /// what a read dropped before it gave its chunk does. Nothing in a
+    /// forked child, where the runtime is not.
+    pub(crate) fn cancel_soon(&self) {
+        self.cancel.cancel();
+        if let Ok((turn, here)) = self.turn.get() {
+            here.runtime
+                .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
         }
     }
 
@@ -119,8 +137,23 @@ impl PyTurn {
     }
 }
 
+/// Cancels the turn unless it already ended (G6) and waits until it has
+/// settled, its end kept in `ending`; a read in flight holds the turn
+/// meanwhile and sees the cancel token, and whichever takes the turn
+/// settles it.
+async fn cancel_and_settle(
+    turn: Arc<tokio::sync::Mutex<Option<Turn>>>,
+    ending: Arc<Mutex<Ending>>,
+) {
+    let mut slot = turn.lock().await;
+    if let Some(turn) = slot.take() {
+        turn.cancel();
+        settle_turn(turn, &ending).await;
+    }
+}
+
 /// Waits for `turn`'s end and keeps it in `ending`.
-pub(crate) async fn settle_turn(turn: Turn, ending: &Mutex<Ending>) {
+async fn settle_turn(turn: Turn, ending: &Mutex<Ending>) {
     let end = turn.end().await;
     if let Ok(mut slot) = ending.lock() {
         *slot = Some(end);
@@ -170,15 +203,15 @@ impl PyTurn {
     /// round trip through the kernel's threads; awaiting it still passes
     /// the event loop once, so a reader that is behind its stream lets
     /// other tasks run and can be cancelled at every chunk.
-    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (turn, here) = self.turn.get()?;
-        if let Some(chunk) = self.waiting_chunk(turn) {
-            let ready = Ready::new(chunk, self, turn.clone(), here);
-            return Ok(Bound::new(py, ready)?.into_any());
+    fn __anext__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let (py, this) = (slf.py(), slf.get());
+        let (turn, here) = this.turn.get()?;
+        if let Some(chunk) = this.waiting_chunk(turn) {
+            return Ok(Bound::new(py, Ready::new(chunk, slf.clone().unbind()))?.into_any());
         }
-        let (turn, cancel, ending) = (turn.clone(), self.cancel.clone(), self.ending.clone());
+        let (turn, cancel, ending) = (turn.clone(), this.cancel.clone(), this.ending.clone());
         let gather = Gather {
-            gathered: self.gathered.clone(),
+            gathered: this.gathered.clone(),
         };
         // A cancel (or the collection) of this awaitable cancels the turn:
         // the future goes on to settle it, and its result is dropped.
@@ -209,14 +242,10 @@ impl PyTurn {
     /// `outcome` is known. Idempotent.
     fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (turn, here) = self.turn.get()?;
-        let (turn, ending) = (turn.clone(), self.ending.clone());
         self.cancel.cancel();
+        let closing = cancel_and_settle(turn.clone(), self.ending.clone());
         finishing(py, here, async move {
-            let mut slot = turn.lock().await;
-            if let Some(turn) = slot.take() {
-                turn.cancel();
-                settle_turn(turn, &ending).await;
-            }
+            closing.await;
             Ok(())
         })
     }
