@@ -202,13 +202,31 @@ pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
 }
 
 pub(crate) fn g10_a_closed_turn_refuses_its_chunks_and_not_those_batched_with_it(b: Backend) {
+    refused_turns_batched_with_open_ones(b, 2);
+}
+
+/// As above with more turns per batch than the store claims numbers for one
+/// turn at a time (it takes a batch of many in one statement), and a
+/// finalized session among them.
+pub(crate) fn g10_a_batch_of_many_turns_refuses_the_closed_ones_and_not_the_rest(b: Backend) {
+    refused_turns_batched_with_open_ones(b, 12);
+}
+
+/// `open` sessions with an open turn, one whose turn ended and one that is
+/// finalized, their chunks queued round-robin before any is awaited so that
+/// every batch mixes them all: each open turn gets its chunks in order, the
+/// other two get their refusals, and none of theirs is written.
+fn refused_turns_batched_with_open_ones(b: Backend, open: usize) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
-        let store = db.open_with(StoreOptions::default().with_batch_size(16));
-        let (_, a) = session(&*store, "a").await;
+        let store = db.open_with(StoreOptions::default().with_batch_size(64));
+        let mut live = Vec::new();
+        for i in 0..open {
+            live.push(session(&*store, &format!("open {i}")).await.1);
+        }
         let (_, closed) = session(&*store, "closed").await;
-        let (_, c) = session(&*store, "c").await;
-        for id in [a, closed, c] {
+        let (_, finalized) = session(&*store, "finalized").await;
+        for &id in live.iter().chain([&closed, &finalized]) {
             write::start_turn(&*store, id, 1, None, now())
                 .await
                 .unwrap();
@@ -216,10 +234,17 @@ pub(crate) fn g10_a_closed_turn_refuses_its_chunks_and_not_those_batched_with_it
         write::end_turn(&*store, closed, 1, Outcome::Completed, None, now())
             .await
             .unwrap();
-        // Queued before any is awaited, so that batches mix the three turns.
+        let won = write::finalize(
+            &*store,
+            finalized,
+            FinalizeRequest::new(EndReason::UserClose),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(won, Finalized::Won(_)), "{won:?}");
         let mut receipts = Vec::new();
         for i in 0..40 {
-            for id in [a, closed, c] {
+            for &id in live.iter().chain([&closed, &finalized]) {
                 receipts.push((id, i, store.append_chunk(id, 1, format!("{i}").into())));
             }
         }
@@ -230,22 +255,27 @@ pub(crate) fn g10_a_closed_turn_refuses_its_chunks_and_not_those_batched_with_it
                     matches!(err, StoreError::TurnClosed { turn: 1, .. }),
                     "{err:?}"
                 );
+            } else if id == finalized {
+                let err = r.await.unwrap_err();
+                assert!(
+                    matches!(err, StoreError::SessionClosed(s) if s == finalized),
+                    "{err:?}"
+                );
             } else {
                 let ack = r.await.unwrap();
                 assert_eq!((ack.session, ack.turn, ack.seq), (id, 1, i));
             }
         }
         let expected: Vec<String> = (0..40).map(|i| format!("{i}")).collect();
-        for id in [a, c] {
+        for &id in &live {
             assert_eq!(
                 texts(&store.session_detail(id).await.unwrap().turns[0]),
                 expected
             );
         }
-        assert_eq!(
-            store.session_detail(closed).await.unwrap().session.chunks,
-            0
-        );
+        for id in [closed, finalized] {
+            assert_eq!(store.session_detail(id).await.unwrap().session.chunks, 0);
+        }
     });
 }
 

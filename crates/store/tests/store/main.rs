@@ -60,6 +60,7 @@ on_backends! {
         lifecycle::chunks_keep_append_order_per_turn,
         lifecycle::g10_turn_closed_after_end_turn,
         lifecycle::g10_a_closed_turn_refuses_its_chunks_and_not_those_batched_with_it,
+        lifecycle::g10_a_batch_of_many_turns_refuses_the_closed_ones_and_not_the_rest,
         lifecycle::g10_session_closed_after_finalize,
         lifecycle::every_refusal_names_its_reason,
         finalize::g2_finalize_latch_wins_once_across_stores,
