@@ -249,17 +249,18 @@ impl<Conn> RunQueryDsl<Conn> for Reserve<'_> {}
 /// the turn is open, its session not finalized and its owner's lease live by
 /// `now` (the store's clock); no row when the turn is refused. Read in the
 /// writer's write transaction and claimed by [`ClaimSeq`] in the same one,
-/// which SQLite's one writer at a time makes a compare-and-set.
+/// which SQLite's one writer at a time makes a compare-and-set. Its
+/// parameters: `[session, no, now]`.
 ///
 /// Point lookups only, for a batch of a few turns: [`Reserve`]'s `UPDATE …
 /// FROM (VALUES …) RETURNING` makes SQLite build two temporary b-trees on
 /// every execution, which on a one-chunk transaction cost more than the
 /// chunk's own insert (see [`POINT_RESERVATIONS`]).
-struct OpenTurnSeq {
-    session: i64,
-    no: i64,
-    now: i64,
-}
+enum OpenTurnSeq {}
+
+/// SQLite: claim the numbers of a turn [`OpenTurnSeq`] accepted in this
+/// transaction, up to the end given. Its parameters: `[end, session, no]`.
+enum ClaimSeq {}
 
 /// SQLite: a turn takes chunks while it is open, its session is not
 /// finalized and its owner's lease is live by the time bound after this
@@ -276,20 +277,60 @@ static TAKES_CHUNKS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// [`OpenTurnSeq`]'s text up to each of its three parameters, and the rest.
-static OPEN_TURN_SEQ: LazyLock<[String; 4]> = LazyLock::new(|| {
-    [
-        "SELECT turns.next_seq FROM turns WHERE turns.session = ".to_owned(),
-        " AND turns.\"no\" = ".to_owned(),
-        TAKES_CHUNKS.clone(),
-        "))".to_owned(),
-    ]
-});
+/// A fixed statement with three `BIGINT` parameters, its text that of
+/// `S`: kept prepared by its type, with no text built per execution.
+struct Three<S> {
+    params: [i64; 3],
+    statement: std::marker::PhantomData<S>,
+}
 
-// Generic only because the transaction macro names both backends; it runs
-// on SQLite (PostgreSQL appends with `AppendPg`).
-impl<DB> diesel::query_builder::QueryFragment<DB> for OpenTurnSeq
+impl<S> Three<S> {
+    fn new(params: [i64; 3]) -> Self {
+        Three {
+            params,
+            statement: std::marker::PhantomData,
+        }
+    }
+}
+
+/// The text of a [`Three`]: what comes before each parameter, and the rest.
+trait ThreeText: 'static {
+    fn text() -> &'static [String; 4];
+}
+
+impl ThreeText for OpenTurnSeq {
+    fn text() -> &'static [String; 4] {
+        static TEXT: LazyLock<[String; 4]> = LazyLock::new(|| {
+            [
+                "SELECT turns.next_seq FROM turns WHERE turns.session = ".to_owned(),
+                " AND turns.\"no\" = ".to_owned(),
+                TAKES_CHUNKS.clone(),
+                "))".to_owned(),
+            ]
+        });
+        &TEXT
+    }
+}
+
+impl ThreeText for ClaimSeq {
+    fn text() -> &'static [String; 4] {
+        static TEXT: LazyLock<[String; 4]> = LazyLock::new(|| {
+            [
+                "UPDATE turns SET next_seq = ".to_owned(),
+                " WHERE session = ".to_owned(),
+                " AND \"no\" = ".to_owned(),
+                String::new(),
+            ]
+        });
+        &TEXT
+    }
+}
+
+// Generic only because the transaction macro names both backends; these
+// run on SQLite (PostgreSQL appends with `AppendPg`).
+impl<S, DB> diesel::query_builder::QueryFragment<DB> for Three<S>
 where
+    S: ThreeText,
     DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<BigInt>,
     i64: diesel::serialize::ToSql<BigInt, DB>,
 {
@@ -297,63 +338,26 @@ where
         &'b self,
         mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
     ) -> diesel::QueryResult<()> {
-        let text = &*OPEN_TURN_SEQ;
-        out.push_sql(&text[0]);
-        out.push_bind_param::<BigInt, _>(&self.session)?;
-        out.push_sql(&text[1]);
-        out.push_bind_param::<BigInt, _>(&self.no)?;
-        out.push_sql(&text[2]);
-        out.push_bind_param::<BigInt, _>(&self.now)?;
+        let text = S::text();
+        for (before, param) in text.iter().zip(&self.params) {
+            out.push_sql(before);
+            out.push_bind_param::<BigInt, _>(param)?;
+        }
         out.push_sql(&text[3]);
         Ok(())
     }
 }
 
-impl diesel::query_builder::QueryId for OpenTurnSeq {
-    type QueryId = OpenTurnSeq;
+impl<S: ThreeText> diesel::query_builder::QueryId for Three<S> {
+    type QueryId = Three<S>;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
-impl diesel::query_builder::Query for OpenTurnSeq {
+impl<S> diesel::query_builder::Query for Three<S> {
     type SqlType = BigInt;
 }
 
-impl<Conn> RunQueryDsl<Conn> for OpenTurnSeq {}
-
-/// SQLite: claim the numbers up to `end` of a turn [`OpenTurnSeq`] accepted
-/// in this transaction.
-struct ClaimSeq {
-    session: i64,
-    no: i64,
-    end: i64,
-}
-
-// Generic for the same reason as `OpenTurnSeq`'s.
-impl<DB> diesel::query_builder::QueryFragment<DB> for ClaimSeq
-where
-    DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<BigInt>,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-{
-    fn walk_ast<'b>(
-        &'b self,
-        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
-    ) -> diesel::QueryResult<()> {
-        out.push_sql("UPDATE turns SET next_seq = ");
-        out.push_bind_param::<BigInt, _>(&self.end)?;
-        out.push_sql(" WHERE session = ");
-        out.push_bind_param::<BigInt, _>(&self.session)?;
-        out.push_sql(" AND \"no\" = ");
-        out.push_bind_param::<BigInt, _>(&self.no)?;
-        Ok(())
-    }
-}
-
-impl diesel::query_builder::QueryId for ClaimSeq {
-    type QueryId = ClaimSeq;
-    const HAS_STATIC_QUERY_ID: bool = true;
-}
-
-impl<Conn> RunQueryDsl<Conn> for ClaimSeq {}
+impl<S, Conn> RunQueryDsl<Conn> for Three<S> {}
 
 /// The chunks of one batch grouped by turn, in order of first appearance;
 /// within a group, in append order.
@@ -488,13 +492,13 @@ fn commit_in_steps(
             }
         } else {
             for &(session, no, n) in &wanted {
-                let next: Option<i64> = OpenTurnSeq { session, no, now }
+                let next: Option<i64> = Three::<OpenTurnSeq>::new([session, no, now])
                     .get_result(c)
                     .optional()
                     .context("reading a turn's next chunk number")?;
                 let Some(next) = next else { continue };
                 let end = next.saturating_add(n);
-                ClaimSeq { session, no, end }
+                Three::<ClaimSeq>::new([end, session, no])
                     .execute(c)
                     .context("reserving sequence numbers for chunks")?;
                 ends.insert((session, no), end);
