@@ -5,11 +5,13 @@
 //! a JSON payload beside its text: both persist the same way (G7).
 //!
 //! A batch is committed atomically. Its chunks are grouped by turn; each
-//! group claims a range of sequence numbers with a conditional UPDATE of its
-//! turn row (the turn must still be open, its session not finalized, and its
-//! owner's lease live by the store's clock), and the accepted chunks of all
-//! groups are inserted together. On SQLite that is one transaction of two
-//! statements; on PostgreSQL one statement, a round trip per batch. A
+//! group claims a range of sequence numbers from its turn row, only while the
+//! turn is open, its session not finalized and its owner's lease live by the
+//! store's clock, and the accepted chunks of all groups are inserted
+//! together. On SQLite that is one transaction: a read and an update of each
+//! turn's row when the batch names a few turns, one conditional update of
+//! them all when it names many, then the insert. On PostgreSQL it is one
+//! statement, a round trip per batch. A
 //! refused group is answered with the reason; the rest of the batch still
 //! commits. A chunk is acknowledged only after the commit.
 
@@ -454,9 +456,9 @@ fn answers(
     Ok(answers)
 }
 
-/// Up to how many turns a batch's chunks name the reservation takes them one
-/// at a time ([`OpenTurnSeq`], [`ClaimSeq`]) rather than in one statement
-/// ([`Reserve`]). SQLite's own work per transaction, counted with callgrind
+/// A batch whose chunks name at most this many turns claims their numbers
+/// one turn at a time ([`OpenTurnSeq`], [`ClaimSeq`]); a batch of more, in
+/// one statement ([`Reserve`]). SQLite's own work per transaction, counted with callgrind
 /// (thousands of instructions; `BEGIN` and `COMMIT` included):
 ///
 /// | turns | one statement | one at a time |
@@ -470,7 +472,8 @@ fn answers(
 const POINT_RESERVATIONS: usize = 8;
 
 /// One transaction: the clock, the reservation of each turn's numbers
-/// ([`OpenTurnSeq`] and [`ClaimSeq`], or [`Reserve`]), then one multi-row `INSERT` of the accepted chunks.
+/// ([`OpenTurnSeq`] and [`ClaimSeq`], or [`Reserve`]), then one multi-row
+/// `INSERT` of the accepted chunks.
 fn commit_in_steps(
     db: Db<'_>,
     batch: &[PendingChunk],
@@ -578,10 +581,9 @@ fn commit_pg(
 
 /// A batch of chunks in one PostgreSQL statement, its text the same for
 /// every batch (the rows are bound as arrays, so it stays prepared): claim
-/// each turn's range as [`OpenTurnSeq`] and [`ClaimSeq`] do on SQLite, by the
-/// server's clock, insert the
-/// chunks of the turns that got one at `first + k`, and return the end of
-/// each range claimed. PostgreSQL runs a data-modifying `WITH` to completion
+/// each turn's range with the checks [`Reserve`] makes on SQLite, by the
+/// server's clock, insert the chunks of the turns that got one at
+/// `first + k`, and return the end of each range claimed. PostgreSQL runs a data-modifying `WITH` to completion
 /// whether or not the query reads it, and the whole statement in one
 /// snapshot.
 #[derive(Default)]
