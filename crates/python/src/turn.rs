@@ -56,6 +56,14 @@ impl Gathered {
     }
 }
 
+/// Notes `chunk` in `gathered` (a poisoned lock notes nothing: a panic
+/// elsewhere already lost what was put together).
+fn note(gathered: &Mutex<Gathered>, chunk: &Chunk) {
+    if let Ok(mut gathered) = gathered.lock() {
+        gathered.saw(chunk);
+    }
+}
+
 /// What notes a chunk in its turn's `Gathered` once the task that awaited
 /// it has it (`_bridge.Next` calls it in that task's own step): a chunk
 /// whose awaiter was cancelled before it resumed is stored, never seen, and
@@ -68,9 +76,7 @@ struct Gather {
 #[pymethods]
 impl Gather {
     fn __call__(&self, chunk: &Bound<'_, PyChunk>) {
-        if let Ok(mut gathered) = self.gathered.lock() {
-            gathered.saw(&chunk.get().chunk);
-        }
+        note(&self.gathered, &chunk.get().chunk);
     }
 }
 
@@ -105,9 +111,7 @@ impl PyTurn {
 
     /// Notes `chunk` in what the turn's chunks say, as its reader has it.
     pub(crate) fn saw(&self, chunk: &Chunk) {
-        if let Ok(mut gathered) = self.gathered.lock() {
-            gathered.saw(chunk);
-        }
+        note(&self.gathered, chunk);
     }
 
     /// Cancels the turn and settles it on the runtime, without waiting:
