@@ -135,6 +135,44 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// Run SQL directly on the database, outside the store, in a transaction
+    /// that is rolled back: whether every statement was accepted, or the
+    /// database's error.
+    pub fn try_and_roll_back(&self, sql: &str) -> Result<(), String> {
+        let script = format!("BEGIN; {sql}; ROLLBACK;");
+        let run = match self.backend {
+            Backend::Sqlite => diesel::sqlite::SqliteConnection::establish(&self.url)
+                .expect("connect")
+                .batch_execute(&script),
+            Backend::Postgres => PgConnection::establish(&self.url)
+                .expect("connect")
+                .batch_execute(&script),
+            Backend::Memory => panic!("a MemoryStore has no SQL"),
+        };
+        // A refused statement leaves the transaction open on a connection
+        // that is dropped here, which rolls it back.
+        run.map_err(|e| e.to_string())
+    }
+
+    /// The opcodes of the program SQLite compiles for `explain` (an
+    /// `EXPLAIN …` statement), in order.
+    pub fn opcodes(&self, explain: &str) -> Vec<String> {
+        use diesel::RunQueryDsl;
+        assert_eq!(self.backend, Backend::Sqlite, "an SQLite program");
+        let rows: Vec<Opcode> = diesel::sql_query(explain)
+            .load(&mut diesel::sqlite::SqliteConnection::establish(&self.url).expect("connect"))
+            .expect("explain");
+        rows.into_iter().map(|r| r.opcode).collect()
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Opcode {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    opcode: String,
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         if let Some((admin, name)) = &self.pg {

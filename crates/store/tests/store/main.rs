@@ -95,6 +95,7 @@ on_backends! {
         open::schema_is_created_on_first_use_and_kept,
         open::g11_newer_schema_is_refused_and_left_alone,
         open::an_old_database_upgrades_in_place,
+        open::the_state_check_refuses_other_words_without_a_temporary_table,
         inputs::an_old_whole_conversation_row_reads_as_before,
         lifecycle::a_session_marked_closing_admits_no_new_turn,
         finalize::a_failed_finalize_step_is_reported_and_recorded,
