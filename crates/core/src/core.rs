@@ -1503,7 +1503,16 @@ impl Core {
     /// After every input: announce the end of a shutdown once. Stale entries on
     /// top of the deadline table are left for `handle_timeout` to drop: at
     /// worst they cost the driver one spurious wake, which is a no-op.
+    #[inline]
     fn after_input(&mut self) {
+        if self.shutdown.is_some() {
+            self.announce_shutdown_complete();
+        }
+    }
+
+    /// Once a shutdown has finalized or handed off every session: its
+    /// summary, once.
+    fn announce_shutdown_complete(&mut self) {
         if let Some(shutdown) = self.shutdown.as_mut() {
             if self.open == 0 && !shutdown.complete_sent {
                 shutdown.complete_sent = true;
