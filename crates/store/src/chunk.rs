@@ -5,15 +5,16 @@
 //! a JSON payload beside its text: both persist the same way (G7).
 //!
 //! A batch is committed atomically. Its chunks are grouped by turn; each
-//! group claims a range of sequence numbers from its turn row, only while the
-//! turn is open, its session not finalized and its owner's lease live by the
+//! group takes the next sequence numbers of its turn, only while the turn
+//! is open, its session not finalized and its owner's lease live by the
 //! store's clock, and the accepted chunks of all groups are inserted
-//! together. On SQLite that is one transaction: a read and an update of each
-//! turn's row when the batch names a few turns, one conditional update of
-//! them all when it names many, then the insert. On PostgreSQL it is one
-//! statement, a round trip per batch. A
-//! refused group is answered with the reason; the rest of the batch still
-//! commits. A chunk is acknowledged only after the commit.
+//! together. On SQLite that is one transaction: one point read per turn,
+//! which finds the turn open and its highest number in its chunks' own
+//! key, then the insert; the turn's row is not written. On PostgreSQL it is
+//! one statement, a round trip per batch, which claims the numbers from the
+//! turn's `next_seq`. A refused group is answered with the reason; the rest
+//! of the batch still commits. A chunk is acknowledged only after the
+//! commit.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -177,92 +178,27 @@ params!(ChunkInsert<'a>, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.turn_no, BigInt => &r.seq, Text => r.text,
     Text => r.kind, Nullable<Text> => &r.data));
 
-/// Claims sequence numbers for a set of open turns in one statement,
-/// returning the end of each turn's range: `n` numbers of turn `no` of
-/// `session` for every `(session, no, n)` of `turns`, each only while the
-/// turn is open, its session not finalized and its owner's lease live by
-/// `now` (the store's clock). A turn that is refused is missing from what
-/// it returns.
+/// SQLite: the next sequence number of turn `no` of `session` (one past
+/// the highest of its chunks, 0 for none), only while the turn is open, its
+/// session not finalized and its owner's lease live by `now` (the store's
+/// clock); no row when the turn is refused. Its parameters: `[session, no,
+/// now]`.
 ///
-/// One statement for a batch of many turns (SQLite builds a temporary
-/// b-tree for its `FROM (VALUES …)` and one for its `RETURNING`, which a
-/// batch of a few turns does not repay: [`OpenTurnSeq`] serves those). Its
-/// text depends only on the number of turns, cut by [`pieces`] into the few
-/// lengths Diesel keeps prepared.
-struct Reserve<'a> {
-    turns: &'a [(i64, i64, i64)],
-    now: i64,
-}
-
-const RESERVE_HEAD: &str = "UPDATE turns SET next_seq = turns.next_seq + v.column3 FROM (VALUES ";
-/// The session takes chunks in any state but `finalized` (see
-/// [`TAKES_CHUNKS`]).
-static RESERVE_LIVE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        ") AS v WHERE turns.session = v.column1 AND turns.\"no\" = v.column2{}",
-        &*TAKES_CHUNKS
-    )
-});
-const RESERVE_TAIL: &str = ")) RETURNING turns.session, turns.\"no\", turns.next_seq";
-
-impl<DB> diesel::query_builder::QueryFragment<DB> for Reserve<'_>
-where
-    DB: diesel::backend::Backend,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-    DB: diesel::sql_types::HasSqlType<BigInt>,
-{
-    fn walk_ast<'b>(
-        &'b self,
-        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
-    ) -> diesel::QueryResult<()> {
-        if !self.turns.len().is_power_of_two() || self.turns.len() > crate::rows::ROWS_PER_STATEMENT
-        {
-            out.unsafe_to_cache_prepared();
-        }
-        out.push_sql(RESERVE_HEAD);
-        for (k, (session, no, n)) in self.turns.iter().enumerate() {
-            out.push_sql(if k == 0 { "(" } else { ", (" });
-            out.push_bind_param::<BigInt, _>(session)?;
-            out.push_sql(", ");
-            out.push_bind_param::<BigInt, _>(no)?;
-            out.push_sql(", ");
-            out.push_bind_param::<BigInt, _>(n)?;
-            out.push_sql(")");
-        }
-        out.push_sql(&RESERVE_LIVE);
-        out.push_bind_param::<BigInt, _>(&self.now)?;
-        out.push_sql(RESERVE_TAIL);
-        Ok(())
-    }
-}
-
-impl diesel::query_builder::QueryId for Reserve<'_> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl diesel::query_builder::Query for Reserve<'_> {
-    type SqlType = (BigInt, BigInt, BigInt);
-}
-
-impl<Conn> RunQueryDsl<Conn> for Reserve<'_> {}
-
-/// SQLite: the next sequence number of turn `no` of `session`, only while
-/// the turn is open, its session not finalized and its owner's lease live by
-/// `now` (the store's clock); no row when the turn is refused. Read in the
-/// writer's write transaction and claimed by [`ClaimSeq`] in the same one,
-/// which SQLite's one writer at a time makes a compare-and-set. Its
-/// parameters: `[session, no, now]`.
+/// Read in the writer's write transaction, whose chunk insert takes the
+/// numbers: SQLite has one writer at a time, so the read and the insert are
+/// one step, and the number comes from the chunks' own key (its last entry
+/// for the turn, one seek). The turn's row is not written. Claiming the
+/// numbers from `turns.next_seq`, as PostgreSQL does for its concurrent
+/// writers, rewrote that row in every transaction: one more page of the
+/// write-ahead log per commit, half again what the chunk's own insert
+/// writes.
 ///
-/// Point lookups only, for a batch of a few turns: [`Reserve`]'s `UPDATE …
-/// FROM (VALUES …) RETURNING` makes SQLite build two temporary b-trees on
-/// every execution, which on a one-chunk transaction cost more than the
-/// chunk's own insert (see [`POINT_RESERVATIONS`]).
-enum OpenTurnSeq {}
-
-/// SQLite: claim the numbers of a turn [`OpenTurnSeq`] accepted in this
-/// transaction, up to the end given. Its parameters: `[end, session, no]`.
-enum ClaimSeq {}
+/// One point statement per turn at every batch size: with nothing to
+/// update, a set-wise statement (`… FROM (VALUES …)`) saves nothing over it
+/// and makes SQLite build a temporary b-tree on every execution.
+struct NextSeq {
+    params: [i64; 3],
+}
 
 /// SQLite: a turn takes chunks while it is open, its session is not
 /// finalized and its owner's lease is live by the time bound after this
@@ -279,60 +215,23 @@ static TAKES_CHUNKS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A fixed statement with three `BIGINT` parameters, its text that of
-/// `S`: kept prepared by its type, with no text built per execution.
-struct Three<S> {
-    params: [i64; 3],
-    statement: std::marker::PhantomData<S>,
-}
+/// The text of [`NextSeq`]: what comes before each parameter, and the rest.
+static NEXT_SEQ: LazyLock<[String; 4]> = LazyLock::new(|| {
+    [
+        "SELECT COALESCE((SELECT MAX(chunks.seq) FROM chunks \
+         WHERE chunks.session = turns.session AND chunks.turn_no = turns.\"no\"), -1) + 1 \
+         FROM turns WHERE turns.session = "
+            .to_owned(),
+        " AND turns.\"no\" = ".to_owned(),
+        TAKES_CHUNKS.clone(),
+        "))".to_owned(),
+    ]
+});
 
-impl<S> Three<S> {
-    fn new(params: [i64; 3]) -> Self {
-        Three {
-            params,
-            statement: std::marker::PhantomData,
-        }
-    }
-}
-
-/// The text of a [`Three`]: what comes before each parameter, and the rest.
-trait ThreeText: 'static {
-    fn text() -> &'static [String; 4];
-}
-
-impl ThreeText for OpenTurnSeq {
-    fn text() -> &'static [String; 4] {
-        static TEXT: LazyLock<[String; 4]> = LazyLock::new(|| {
-            [
-                "SELECT turns.next_seq FROM turns WHERE turns.session = ".to_owned(),
-                " AND turns.\"no\" = ".to_owned(),
-                TAKES_CHUNKS.clone(),
-                "))".to_owned(),
-            ]
-        });
-        &TEXT
-    }
-}
-
-impl ThreeText for ClaimSeq {
-    fn text() -> &'static [String; 4] {
-        static TEXT: LazyLock<[String; 4]> = LazyLock::new(|| {
-            [
-                "UPDATE turns SET next_seq = ".to_owned(),
-                " WHERE session = ".to_owned(),
-                " AND \"no\" = ".to_owned(),
-                String::new(),
-            ]
-        });
-        &TEXT
-    }
-}
-
-// Generic only because the transaction macro names both backends; these
-// run on SQLite (PostgreSQL appends with `AppendPg`).
-impl<S, DB> diesel::query_builder::QueryFragment<DB> for Three<S>
+// Generic only because the transaction macro names both backends; it runs
+// on SQLite (PostgreSQL appends with `AppendPg`).
+impl<DB> diesel::query_builder::QueryFragment<DB> for NextSeq
 where
-    S: ThreeText,
     DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<BigInt>,
     i64: diesel::serialize::ToSql<BigInt, DB>,
 {
@@ -340,26 +239,26 @@ where
         &'b self,
         mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
     ) -> diesel::QueryResult<()> {
-        let text = S::text();
-        for (before, param) in text.iter().zip(&self.params) {
+        for (before, param) in NEXT_SEQ.iter().zip(&self.params) {
             out.push_sql(before);
             out.push_bind_param::<BigInt, _>(param)?;
         }
-        out.push_sql(&text[3]);
+        out.push_sql(&NEXT_SEQ[3]);
         Ok(())
     }
 }
 
-impl<S: ThreeText> diesel::query_builder::QueryId for Three<S> {
-    type QueryId = Three<S>;
+// One text, so one prepared statement kept by its type.
+impl diesel::query_builder::QueryId for NextSeq {
+    type QueryId = NextSeq;
     const HAS_STATIC_QUERY_ID: bool = true;
 }
 
-impl<S> diesel::query_builder::Query for Three<S> {
+impl diesel::query_builder::Query for NextSeq {
     type SqlType = BigInt;
 }
 
-impl<S, Conn> RunQueryDsl<Conn> for Three<S> {}
+impl<Conn> RunQueryDsl<Conn> for NextSeq {}
 
 /// The chunks of one batch grouped by turn, in order of first appearance;
 /// within a group, in append order.
@@ -456,24 +355,8 @@ fn answers(
     Ok(answers)
 }
 
-/// A batch whose chunks name at most this many turns claims their numbers
-/// one turn at a time ([`OpenTurnSeq`], [`ClaimSeq`]); a batch of more, in
-/// one statement ([`Reserve`]). SQLite's own work per transaction, counted with callgrind
-/// (thousands of instructions; `BEGIN` and `COMMIT` included):
-///
-/// | turns | one statement | one at a time |
-/// |---|---|---|
-/// | 1 | 51 | 18 |
-/// | 8 | 97 | 81 |
-/// | 32 | 295 | 306 |
-/// | 256 | 2,249 | 2,558 |
-///
-/// Each statement also costs Diesel's binding, which favours the one.
-const POINT_RESERVATIONS: usize = 8;
-
-/// One transaction: the clock, the reservation of each turn's numbers
-/// ([`OpenTurnSeq`] and [`ClaimSeq`], or [`Reserve`]), then one multi-row
-/// `INSERT` of the accepted chunks.
+/// One transaction: the clock, each turn's next number ([`NextSeq`]), then
+/// one multi-row `INSERT` of the accepted chunks.
 fn commit_in_steps(
     db: Db<'_>,
     batch: &[PendingChunk],
@@ -481,30 +364,18 @@ fn commit_in_steps(
 ) -> Result<Answers, StoreError> {
     write_tx!(db, |c| {
         let now = store_now(Db::from(&mut *c))?;
-        // Each accepted group claims its range: a few turns with two point
-        // statements each, many in as few statements as the bind limits
-        // allow.
+        // Each accepted group's range ends `n` past its turn's next number.
         let wanted = wanted(groups)?;
         let mut ends: HashMap<(i64, i64), i64> = HashMap::default();
-        if wanted.len() > POINT_RESERVATIONS {
-            for part in pieces(&wanted) {
-                let reserved: Vec<(i64, i64, i64)> = Reserve { turns: part, now }
-                    .load(c)
-                    .context("reserving sequence numbers for chunks")?;
-                ends.extend(reserved.into_iter().map(|(s, no, end)| ((s, no), end)));
+        for &(session, no, n) in &wanted {
+            let next: Option<i64> = NextSeq {
+                params: [session, no, now],
             }
-        } else {
-            for &(session, no, n) in &wanted {
-                let next: Option<i64> = Three::<OpenTurnSeq>::new([session, no, now])
-                    .get_result(c)
-                    .optional()
-                    .context("reading a turn's next chunk number")?;
-                let Some(next) = next else { continue };
-                let end = next.saturating_add(n);
-                Three::<ClaimSeq>::new([end, session, no])
-                    .execute(c)
-                    .context("reserving sequence numbers for chunks")?;
-                ends.insert((session, no), end);
+            .get_result(c)
+            .optional()
+            .context("reading a turn's next chunk number")?;
+            if let Some(next) = next {
+                ends.insert((session, no), next.saturating_add(n));
             }
         }
         let mut rows: Vec<ChunkInsert<'_>> = Vec::with_capacity(batch.len());
@@ -581,7 +452,7 @@ fn commit_pg(
 
 /// A batch of chunks in one PostgreSQL statement, its text the same for
 /// every batch (the rows are bound as arrays, so it stays prepared): claim
-/// each turn's range with the checks [`Reserve`] makes on SQLite, by the
+/// each turn's range with the checks [`NextSeq`] makes on SQLite, by the
 /// server's clock, insert the chunks of the turns that got one at
 /// `first + k`, and return the end of each range claimed. PostgreSQL runs a data-modifying `WITH` to completion
 /// whether or not the query reads it, and the whole statement in one

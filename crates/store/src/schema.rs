@@ -66,6 +66,9 @@ diesel::table! {
         outcome -> Nullable<Text>,
         started_at -> BigInt,
         ended_at -> Nullable<BigInt>,
+        /// PostgreSQL: the next chunk's number, claimed by each append. On
+        /// SQLite (schema version 7 on) the number is read from the turn's
+        /// chunks and this stays as the turn was opened.
         next_seq -> BigInt,
         input -> Nullable<Text>,
         input_from -> Nullable<BigInt>,

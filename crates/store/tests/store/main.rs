@@ -98,6 +98,7 @@ on_backends! {
         open::the_state_check_refuses_other_words_without_a_temporary_table,
         inputs::an_old_whole_conversation_row_reads_as_before,
         lifecycle::a_session_marked_closing_admits_no_new_turn,
+        lifecycle::chunk_numbers_continue_from_a_turns_last_chunk_in_every_store,
         finalize::a_failed_finalize_step_is_reported_and_recorded,
         recovery::g7_acknowledged_chunks_survive_kill_9,
         recovery::g2_g8_two_processes_race_finalize_and_recover,

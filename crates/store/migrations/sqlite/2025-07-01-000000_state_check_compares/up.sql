@@ -12,6 +12,10 @@
 -- schema is rewritten, the file's pages are untouched, and every row already
 -- satisfies the new check because it satisfied the old one. A file whose
 -- text differs (not created by these migrations) keeps its check as it is.
+--
+-- From this version on, SQLite numbers a turn's chunks from its last chunk
+-- (one past the highest `seq`), and `turns.next_seq` is no longer written:
+-- a settle that claims numbers from it refuses this version as newer.
 PRAGMA writable_schema = ON;
 UPDATE sqlite_master
 SET sql = replace(
