@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::lease::store_now;
-use crate::rows::{bind, params, pieces, Rows};
+use crate::rows::{bind, insert_rows, params, pieces, Insert};
 use crate::session::why_turn_refused;
 use crate::time::{json_text, sid, sql_states};
 
@@ -172,6 +172,12 @@ struct ChunkInsert<'a> {
     text: &'a str,
     kind: &'static str,
     data: Option<String>,
+}
+
+impl Insert for ChunkInsert<'_> {
+    const HEAD: &'static str =
+        "INSERT INTO chunks (session, turn_no, seq, \"text\", kind, data) VALUES ";
+    type Id = ChunkInsert<'static>;
 }
 
 params!(ChunkInsert<'a>, |r, out| bind!(out;
@@ -398,12 +404,7 @@ fn commit_in_steps(
         // Every accepted group in one multi-row INSERT (split under the bind
         // limits; a full batch is one prepared statement).
         for part in pieces(&rows) {
-            Rows::insert(
-                "INSERT INTO chunks (session, turn_no, seq, \"text\", kind, data) VALUES ",
-                part,
-            )
-            .execute(c)
-            .context("inserting chunks")?;
+            insert_rows!(c, part).context("inserting chunks")?;
         }
         answers(batch, groups, &ends, |session, turn| {
             why_turn_refused(Db::from(&mut *c), session, turn, now)

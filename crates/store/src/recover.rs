@@ -25,10 +25,10 @@ use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::latch::{spend, Ending, Spent};
 use crate::lease::{store_now, HostIdentity, OwnerColumns, OwnerId, OwnerRow, OWNER_COLUMNS};
-use crate::rows::{group_head, grouped, pieces, InList, Rows};
+use crate::rows::{group_head, grouped, insert_rows, pieces, InList};
 use crate::schema::{owners, sessions};
 use crate::time::{opt_word, session_id, sid, to_millis, turn_no, word};
-use crate::timeline::{segment_text, Segment, Step, SEGMENT_INSERT};
+use crate::timeline::{segment_text, Segment, Step};
 
 /// Where and when recovery runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,8 +361,7 @@ fn recover_piece(
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     for part in pieces(&segments) {
-        let statement = Rows::insert(SEGMENT_INSERT, part);
-        on_db!(db.reborrow(), |c| statement.execute(c))
+        on_db!(db.reborrow(), |c| insert_rows!(c, part))
             .context("recording the recovered timelines")?;
     }
     Ok(spent)

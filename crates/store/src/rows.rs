@@ -19,6 +19,9 @@ use diesel::RunQueryDsl;
 /// bind limits.
 pub(crate) const ROWS_PER_STATEMENT: usize = 256;
 
+// `insert_rows!` names every power of two up to it.
+const _: () = assert!(ROWS_PER_STATEMENT == 256);
+
 /// `rows` cut into statements that stay prepared: full ones of
 /// [`ROWS_PER_STATEMENT`] rows, then the rest as pieces of a power of two
 /// rows each, largest first (100 rows: 64, 32, 4). Diesel keeps a statement
@@ -69,36 +72,107 @@ pub(crate) trait Params<DB: Backend> {
     fn push<'b>(&'b self, out: &mut AstPass<'_, 'b, DB>) -> QueryResult<()>;
 }
 
-/// `head (…), (…), …`, one group per row.
+/// A kind of row and the one statement it is inserted with.
+pub(crate) trait Insert {
+    /// `INSERT INTO table (columns) VALUES `.
+    const HEAD: &'static str;
+    /// Names the kind in Diesel's statement cache: the row's type without
+    /// its lifetimes.
+    type Id: 'static;
+}
+
+/// `HEAD (…), (…), …`, one group per row.
+///
+/// Its text depends on the number of rows, so Diesel builds the text of
+/// every execution to find the statement it keeps prepared for it: at one
+/// row per transaction that lookup was about a sixth of the writer. Insert
+/// with [`insert_rows!`] instead, which names the lengths [`pieces`] cuts
+/// by type ([`Exactly`]); this is what it falls back to for any other.
 pub(crate) struct Rows<'a, P> {
-    head: &'static str,
     rows: &'a [P],
 }
 
 impl<'a, P> Rows<'a, P> {
-    /// `INSERT INTO target VALUES (…), …`; `target` names the table and its
-    /// columns, e.g. `"timeline (session, steps)"`.
-    pub(crate) fn insert(head: &'static str, rows: &'a [P]) -> Self {
-        Rows { head, rows }
+    /// `INSERT … VALUES (…), …` of `rows`.
+    pub(crate) fn of(rows: &'a [P]) -> Self {
+        Rows { rows }
     }
 }
 
-impl<DB: Backend, P: Params<DB>> QueryFragment<DB> for Rows<'_, P> {
+/// Push `HEAD (…), (…), …` for `rows`.
+fn push_rows<'b, DB: Backend, P: Params<DB> + Insert>(
+    rows: &'b [P],
+    out: &mut AstPass<'_, 'b, DB>,
+) -> QueryResult<()> {
+    out.push_sql(P::HEAD);
+    for (k, row) in rows.iter().enumerate() {
+        out.push_sql(if k == 0 { "(" } else { ", (" });
+        row.push(out)?;
+        out.push_sql(")");
+    }
+    Ok(())
+}
+
+impl<DB: Backend, P: Params<DB> + Insert> QueryFragment<DB> for Rows<'_, P> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        // The text depends on the number of rows: only the lengths `pieces`
-        // cuts recur.
+        // Only the lengths `pieces` cuts recur.
         if !self.rows.len().is_power_of_two() || self.rows.len() > ROWS_PER_STATEMENT {
             out.unsafe_to_cache_prepared();
         }
-        out.push_sql(self.head);
-        for (k, row) in self.rows.iter().enumerate() {
-            out.push_sql(if k == 0 { "(" } else { ", (" });
-            row.push(&mut out)?;
-            out.push_sql(")");
-        }
-        Ok(())
+        push_rows(self.rows, &mut out)
     }
 }
+
+/// [`Rows`] of exactly `N` rows: its type names its text, so Diesel finds
+/// the prepared statement by the type and never builds the text again.
+pub(crate) struct Exactly<'a, P, const N: usize> {
+    rows: &'a [P],
+}
+
+impl<'a, P, const N: usize> Exactly<'a, P, N> {
+    /// `rows`, which must be `N` of them (checked by [`insert_rows!`]).
+    pub(crate) fn of(rows: &'a [P]) -> Self {
+        debug_assert_eq!(rows.len(), N);
+        Exactly { rows }
+    }
+}
+
+impl<DB: Backend, P: Params<DB> + Insert, const N: usize> QueryFragment<DB> for Exactly<'_, P, N> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        push_rows(self.rows, &mut out)
+    }
+}
+
+impl<P: Insert, const N: usize> QueryId for Exactly<'_, P, N> {
+    type QueryId = (P::Id, [(); N]);
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<P, Conn, const N: usize> RunQueryDsl<Conn> for Exactly<'_, P, N> {}
+
+/// Execute the insert of `rows` (a piece [`pieces`] cut) on `c`: as an
+/// [`Exactly`] of its length when that is one `pieces` cuts, else as
+/// [`Rows`].
+macro_rules! insert_rows {
+    ($c:expr, $rows:expr) => {{
+        use diesel::RunQueryDsl as _;
+        use $crate::rows::{Exactly, Rows};
+        let rows = $rows;
+        match rows.len() {
+            1 => Exactly::<_, 1>::of(rows).execute($c),
+            2 => Exactly::<_, 2>::of(rows).execute($c),
+            4 => Exactly::<_, 4>::of(rows).execute($c),
+            8 => Exactly::<_, 8>::of(rows).execute($c),
+            16 => Exactly::<_, 16>::of(rows).execute($c),
+            32 => Exactly::<_, 32>::of(rows).execute($c),
+            64 => Exactly::<_, 64>::of(rows).execute($c),
+            128 => Exactly::<_, 128>::of(rows).execute($c),
+            256 => Exactly::<_, 256>::of(rows).execute($c),
+            _ => Rows::of(rows).execute($c),
+        }
+    }};
+}
+pub(crate) use insert_rows;
 
 /// `UPDATE … SET … WHERE … IN (?, ?, …)`: one statement for every row that
 /// is set to the same values, the values bound once and then one key per

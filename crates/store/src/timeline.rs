@@ -27,7 +27,7 @@ pub(crate) struct Step<'a> {
     pub(crate) cause: &'a str,
 }
 
-/// A segment as it is inserted: many per statement ([`SEGMENT_INSERT`]).
+/// A segment as it is inserted: many per statement (its [`Insert`](crate::rows::Insert)).
 pub(crate) struct Segment<'e> {
     pub(crate) session: i64,
     pub(crate) steps: &'e str,
@@ -38,8 +38,10 @@ crate::rows::params!(
     |r, out| crate::rows::bind!(out; diesel::sql_types::BigInt => &r.session, diesel::sql_types::Text => r.steps)
 );
 
-/// The head of a multi-row insert of [`Segment`]s.
-pub(crate) const SEGMENT_INSERT: &str = "INSERT INTO timeline (session, steps) VALUES ";
+impl crate::rows::Insert for Segment<'_> {
+    const HEAD: &'static str = "INSERT INTO timeline (session, steps) VALUES ";
+    type Id = Segment<'static>;
+}
 
 /// Append `steps` to `out` as one segment's JSON.
 pub(crate) fn encode<'a>(

@@ -10,10 +10,18 @@ use settle_core::{Outcome, State};
 use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
-use crate::rows::{bind, group_head, grouped, params, pieces, GroupHead, InList, Rows};
+use crate::rows::{
+    bind, group_head, grouped, insert_rows, params, pieces, GroupHead, InList, Insert,
+};
 use crate::schema::sessions;
 use crate::time::{session_id, sid, to_millis};
-use crate::timeline::{Segment, Step, SEGMENT_INSERT};
+use crate::timeline::{Segment, Step};
+
+impl Insert for TurnStart {
+    const HEAD: &'static str =
+        "INSERT INTO turns (session, \"no\", started_at, next_seq, input, input_from) VALUES ";
+    type Id = TurnStart;
+}
 
 params!(TurnStart, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, BigInt => &0_i64,
@@ -216,11 +224,7 @@ fn changed_under(context: &'static str) -> StoreError {
 
 fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> {
     for part in pieces(starts) {
-        let statement = Rows::insert(
-            "INSERT INTO turns (session, \"no\", started_at, next_seq, input, input_from) VALUES ",
-            part,
-        );
-        on_db!(db.reborrow(), |c| statement.execute(c)).context("opening the turns of a batch")?;
+        on_db!(db.reborrow(), |c| insert_rows!(c, part)).context("opening the turns of a batch")?;
     }
     Ok(())
 }
@@ -287,8 +291,7 @@ fn insert_timeline(mut db: Db<'_>, d: &Decided<'_>, new_ids: &[i64]) -> Result<(
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     for part in pieces(&segments) {
-        let statement = Rows::insert(SEGMENT_INSERT, part);
-        on_db!(db.reborrow(), |c| statement.execute(c))
+        on_db!(db.reborrow(), |c| insert_rows!(c, part))
             .context("recording the timeline of a batch")?;
     }
     Ok(())
