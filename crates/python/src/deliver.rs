@@ -161,6 +161,30 @@ impl Mailbox {
         self.event_loop.bind(py).upgrade().is_some()
     }
 
+    /// Whether its loop is closed or gone, found by asking the loop; a
+    /// mailbox that finds it so closes (its queued jobs run their fallback).
+    /// A work started on a loop that then closed with the work's task still
+    /// pending (a task made while `asyncio.run` was cancelling the ones it
+    /// knew, or a loop closed without cancelling its tasks) never runs
+    /// again and hears nothing more; those who wait for it on another loop
+    /// ask here.
+    pub fn loop_closed(&self, py: Python<'_>) -> bool {
+        if self.mail.lock().map_or(true, |mail| mail.closed) {
+            return true;
+        }
+        let closed = match self.event_loop.bind(py).upgrade() {
+            None => true,
+            Some(event_loop) => event_loop
+                .call_method0(pyo3::intern!(py, "is_closed"))
+                .and_then(|closed| closed.is_truthy())
+                .unwrap_or(false),
+        };
+        if closed {
+            self.close(py);
+        }
+        closed
+    }
+
     /// Queues `job` for the loop; the first job of a batch wakes it (through
     /// the deliverer thread). Never waits for the GIL.
     pub fn post(

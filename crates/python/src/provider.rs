@@ -14,7 +14,7 @@
 //! closes its stream then.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
 use async_trait::async_trait;
@@ -39,6 +39,27 @@ pub(crate) struct Source {
     pub source: Py<PyAny>,
     /// The caller's item-to-chunk function, if any.
     pub to_chunk: Option<Py<PyAny>>,
+    /// The pump of the stream the kernel opened, once it did.
+    pub pump: Mutex<Weak<Shared>>,
+}
+
+impl Source {
+    /// Ends the turn's stream as cancelled when its pump's loop closed with
+    /// the pump still pending: it will never run again, so nothing else
+    /// would end it (see [`Mailbox::loop_closed`]). The Python stream is
+    /// left to the collector; its loop cannot close it any more.
+    pub fn end_if_loop_closed(&self, py: Python<'_>) {
+        let Some(shared) = self.pump.lock().ok().and_then(|p| p.upgrade()) else {
+            return;
+        };
+        if shared.closed.is_cancelled() || !self.mailbox.loop_closed(py) {
+            return;
+        }
+        if !shared.send_opened(Err("the turn's event loop closed".into())) {
+            let _ = shared.items.send(Item::Cancelled);
+        }
+        shared.closed.cancel();
+    }
 }
 
 /// The provider of one Python turn.
@@ -84,7 +105,7 @@ struct Control {
 }
 
 /// What the pump and the Rust stream share.
-struct Shared {
+pub(crate) struct Shared {
     items: mpsc::UnboundedSender<Item>,
     opened: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
     control: Mutex<Control>,
@@ -250,6 +271,9 @@ impl Provider for PyProvider {
             closed: CancellationToken::new(),
             source: self.source.clone(),
         });
+        if let Ok(mut pump) = self.source.pump.lock() {
+            *pump = Arc::downgrade(&shared);
+        }
         let mut guard = CloseUnlessOpened {
             shared: Some(shared.clone()),
         };

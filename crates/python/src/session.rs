@@ -228,12 +228,14 @@ impl PySession {
         let options = self.turn_options(idle_timeout, first_event_timeout)?;
         let (handle, here) = self.handle.get()?;
         let request = request(input.as_ref())?;
+        let source = Arc::new(Source {
+            mailbox: here.deliver.mailbox(&running_loop(py)?)?,
+            source,
+            to_chunk,
+            pump: Default::default(),
+        });
         let provider = Arc::new(PyProvider {
-            source: Arc::new(Source {
-                mailbox: here.deliver.mailbox(&running_loop(py)?)?,
-                source,
-                to_chunk,
-            }),
+            source: source.clone(),
             opened: std::sync::atomic::AtomicBool::new(false),
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
@@ -245,7 +247,7 @@ impl PySession {
                 Some(options) => handle.run_turn_with(provider, request, options).await,
             };
             let turn = turn.map_err(errors::runtime)?;
-            Ok(PyTurn::new(turn, owner))
+            Ok(PyTurn::new(turn, owner, source))
         })
     }
 
@@ -268,7 +270,7 @@ impl PySession {
                 .await;
             match spawned {
                 // Cancelled if its awaiter is gone before it gets there.
-                Ok(task) => Ok(Spawned::new(PyTask::new(task, owner))),
+                Ok(task) => Ok(Spawned::new(PyTask::new(task, owner, shared))),
                 Err(error) => {
                     // Never started: closed unawaited, so Python does
                     // not warn that it was never awaited.

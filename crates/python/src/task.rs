@@ -243,14 +243,29 @@ impl<'py> IntoPyObject<'py> for Spawned {
 pub(crate) struct PyTask {
     handle: ForkSafe<Mutex<Option<TaskHandle<Ended>>>>,
     work: u32,
+    /// What it shares with its asyncio task (for a loop that closed).
+    shared: Arc<Shared>,
 }
 
 impl PyTask {
-    pub fn new(handle: TaskHandle<Ended>, owner: Owner) -> Self {
+    pub fn new(handle: TaskHandle<Ended>, owner: Owner, shared: Arc<Shared>) -> Self {
         let work = handle.work().no;
         PyTask {
             handle: ForkSafe::new(Mutex::new(Some(handle)), owner),
             work,
+            shared,
+        }
+    }
+}
+
+impl Shared {
+    /// Reports the coroutine cancelled when its loop closed with its
+    /// asyncio task still pending: it will never run again, so nothing else
+    /// would report it (see [`Mailbox::loop_closed`]).
+    fn end_if_loop_closed(&self, py: Python<'_>) {
+        let started = self.ended.lock().is_ok_and(|ended| ended.is_some());
+        if started && self.mailbox.loop_closed(py) {
+            self.report(Ended::Cancelled);
         }
     }
 }
@@ -286,6 +301,7 @@ impl PyTask {
     /// awaitable to let the task go on.
     fn join<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, here) = self.handle.get()?;
+        self.shared.end_if_loop_closed(py);
         let handle = handle.lock().ok().and_then(|mut h| h.take());
         let cancel = CancellationToken::new();
         let cancelled = cancel.clone();

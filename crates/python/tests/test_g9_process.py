@@ -242,6 +242,60 @@ asyncio.run(asyncio.wait_for(second(), 25))
 """
 
 
+LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT = """
+import asyncio, gc, sys
+import settle
+
+# Without the collector the abandoned pump and task are never freed: what
+# ends them is the kernel finding their loop closed.
+gc.disable()
+
+async def stream():
+    while True:
+        await asyncio.sleep(3600)
+        yield "never"
+
+async def job():
+    await asyncio.sleep(3600)
+
+async def first(box):
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.2)
+    session = await kernel.register("s")
+    turn = await session.turn(stream)
+    task = await session.spawn(job())
+    # The pump and the coroutine run and wait in their first await.
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    box.extend([kernel, turn, task])
+
+box = []
+loop = asyncio.new_event_loop()
+loop.run_until_complete(first(box))
+# Closed with both still pending, as asyncio.run leaves a task made while it
+# was cancelling the ones it knew of.
+loop.close()
+kernel, turn, task = box
+
+async def second():
+    try:
+        await asyncio.wait_for(task.join(), 10)
+    except settle.Error as error:
+        print("task", type(error).__name__, flush=True)
+    chunks = [c async for c in turn]
+    print("turn", turn.outcome, chunks, flush=True)
+    await kernel.shutdown(0.0)
+    print("shut down", flush=True)
+
+asyncio.run(asyncio.wait_for(second(), 20))
+"""
+
+
+def test_a_pump_or_task_its_closed_loop_left_pending_ends_when_waited_for(db):
+    out = run_script(LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT, db, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == ["task Cancelled", "turn cancelled []", "shut down"], out.stdout
+
+
 def test_a_pump_or_task_whose_loop_closed_ends_instead_of_waiting(db):
     out = run_script(WORK_FOR_A_CLOSED_LOOP_SCRIPT, db, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
