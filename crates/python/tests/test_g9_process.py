@@ -202,8 +202,9 @@ def test_a_completion_after_its_loop_closed_is_dropped_quietly(db):
     assert "Traceback" not in out.stderr, out.stderr
 
 
-WORK_FOR_A_CLOSED_LOOP_SCRIPT = """
-import asyncio, sys
+# A turn that waits forever and a coroutine that does, for a loop that closes.
+WAITING_WORK = """
+import asyncio, gc, sys
 import settle
 
 async def stream():
@@ -214,16 +215,22 @@ async def stream():
 async def job():
     await asyncio.sleep(3600)
 
-async def first(box):
+# Starts both on this loop, waits `wait` seconds, and leaves them in `box`.
+async def first(box, wait=0.0):
     kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.2)
     session = await kernel.register("s")
-    # Their pump and coroutine are for this loop, which closes at once:
-    # whether they started on it (and were cancelled as it closed) or never
-    # reached it, neither waits for a loop that is gone.
     turn = await session.turn(stream)
     task = await session.spawn(job())
+    if wait:
+        await asyncio.sleep(wait)
     box.extend([kernel, turn, task])
+"""
 
+
+WORK_FOR_A_CLOSED_LOOP_SCRIPT = WAITING_WORK + """
+# Their pump and coroutine are for this loop, which closes at once: whether
+# they started on it (and were cancelled as it closed) or never reached it,
+# neither waits for a loop that is gone.
 box = []
 asyncio.run(first(box))
 kernel, turn, task = box
@@ -242,35 +249,15 @@ asyncio.run(asyncio.wait_for(second(), 25))
 """
 
 
-LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT = """
-import asyncio, gc, sys
-import settle
-
+LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT = WAITING_WORK + """
 # Without the collector the abandoned pump and task are never freed: what
 # ends them is the kernel finding their loop closed.
 gc.disable()
 
-async def stream():
-    while True:
-        await asyncio.sleep(3600)
-        yield "never"
-
-async def job():
-    await asyncio.sleep(3600)
-
-async def first(box):
-    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.2)
-    session = await kernel.register("s")
-    turn = await session.turn(stream)
-    task = await session.spawn(job())
-    # The pump and the coroutine run and wait in their first await.
-    for _ in range(20):
-        await asyncio.sleep(0.01)
-    box.extend([kernel, turn, task])
-
 box = []
 loop = asyncio.new_event_loop()
-loop.run_until_complete(first(box))
+# The pump and the coroutine run and wait in their first await.
+loop.run_until_complete(first(box, wait=0.2))
 # Closed with both still pending, as asyncio.run leaves a task made while it
 # was cancelling the ones it knew of.
 loop.close()
