@@ -39,11 +39,27 @@ pub(crate) struct Source {
     pub source: Py<PyAny>,
     /// The caller's item-to-chunk function, if any.
     pub to_chunk: Option<Py<PyAny>>,
-    /// The pump of the stream the kernel opened, once it did.
-    pub pump: Mutex<Weak<Shared>>,
+    /// The turn's watch on its pump.
+    pub watch: Arc<PumpWatch>,
 }
 
-impl Source {
+/// What a turn's reader keeps of its pump: the pump's loop, and the pump
+/// of the stream the kernel opened, once it did. Neither keeps the source
+/// or the pump alive.
+pub(crate) struct PumpWatch {
+    mailbox: Arc<Mailbox>,
+    pump: Mutex<Weak<Shared>>,
+}
+
+impl PumpWatch {
+    /// A watch on the pumps that will run on `mailbox`'s loop.
+    pub fn new(mailbox: Arc<Mailbox>) -> Arc<Self> {
+        Arc::new(PumpWatch {
+            mailbox,
+            pump: Mutex::new(Weak::new()),
+        })
+    }
+
     /// Ends the turn's stream as cancelled when its pump's loop closed with
     /// the pump still pending: it will never run again, so nothing else
     /// would end it (see [`Mailbox::loop_closed`]). The Python stream is
@@ -105,7 +121,7 @@ struct Control {
 }
 
 /// What the pump and the Rust stream share.
-pub(crate) struct Shared {
+struct Shared {
     items: mpsc::UnboundedSender<Item>,
     opened: Mutex<Option<oneshot::Sender<Result<(), String>>>>,
     control: Mutex<Control>,
@@ -271,7 +287,7 @@ impl Provider for PyProvider {
             closed: CancellationToken::new(),
             source: self.source.clone(),
         });
-        if let Ok(mut pump) = self.source.pump.lock() {
+        if let Ok(mut pump) = self.source.watch.pump.lock() {
             *pump = Arc::downgrade(&shared);
         }
         let mut guard = CloseUnlessOpened {

@@ -14,7 +14,7 @@ use crate::awaitable::{awaitable, finishing, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
-use crate::provider::{PyProvider, Source};
+use crate::provider::{PumpWatch, PyProvider, Source};
 use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
 use crate::turn::PyTurn;
 
@@ -228,14 +228,15 @@ impl PySession {
         let options = self.turn_options(idle_timeout, first_event_timeout)?;
         let (handle, here) = self.handle.get()?;
         let request = request(input.as_ref())?;
-        let source = Arc::new(Source {
-            mailbox: here.deliver.mailbox(&running_loop(py)?)?,
-            source,
-            to_chunk,
-            pump: Default::default(),
-        });
+        let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
+        let watch = PumpWatch::new(mailbox.clone());
         let provider = Arc::new(PyProvider {
-            source: source.clone(),
+            source: Arc::new(Source {
+                mailbox,
+                source,
+                to_chunk,
+                watch: watch.clone(),
+            }),
             opened: std::sync::atomic::AtomicBool::new(false),
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
@@ -247,7 +248,7 @@ impl PySession {
                 Some(options) => handle.run_turn_with(provider, request, options).await,
             };
             let turn = turn.map_err(errors::runtime)?;
-            Ok(PyTurn::new(turn, owner, source))
+            Ok(PyTurn::new(turn, owner, watch))
         })
     }
 

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::awaitable::{awaitable, bridge, finishing, ready, OnCancel};
 use crate::chunk::PyChunk;
 use crate::process::{ForkSafe, Owner};
-use crate::provider::Source;
+use crate::provider::PumpWatch;
 use crate::ready::Ready;
 
 /// How a turn ended, once a read or a close has seen it.
@@ -95,12 +95,12 @@ pub(crate) struct PyTurn {
     gathered: Arc<Mutex<Gathered>>,
     no: u32,
     session: u64,
-    /// Where its stream comes from (for a pump whose loop closed).
-    source: Arc<Source>,
+    /// Its pump, for one whose loop closed.
+    pump: Arc<PumpWatch>,
 }
 
 impl PyTurn {
-    pub fn new(turn: Turn, owner: Owner, source: Arc<Source>) -> Self {
+    pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>) -> Self {
         let work = turn.work();
         PyTurn {
             turn: ForkSafe::new(Arc::new(tokio::sync::Mutex::new(Some(turn))), owner),
@@ -109,7 +109,7 @@ impl PyTurn {
             gathered: Arc::new(Mutex::new(Gathered::default())),
             no: work.no,
             session: work.session.get(),
-            source,
+            pump,
         }
     }
 
@@ -217,7 +217,7 @@ impl PyTurn {
         if let Some(chunk) = this.waiting_chunk(turn) {
             return Ok(Bound::new(py, Ready::new(chunk, slf.clone().unbind()))?.into_any());
         }
-        this.source.end_if_loop_closed(py);
+        this.pump.end_if_loop_closed(py);
         let (turn, cancel, ending) = (turn.clone(), this.cancel.clone(), this.ending.clone());
         let gather = Gather {
             gathered: this.gathered.clone(),
@@ -251,7 +251,7 @@ impl PyTurn {
     /// `outcome` is known. Idempotent.
     fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (turn, here) = self.turn.get()?;
-        self.source.end_if_loop_closed(py);
+        self.pump.end_if_loop_closed(py);
         self.cancel.cancel();
         let closing = cancel_and_settle(turn.clone(), self.ending.clone());
         finishing(py, here, async move {
