@@ -73,6 +73,15 @@ impl Shared {
         }
     }
 
+    /// The asyncio task is done: nothing will cancel it any more, and it is
+    /// let go of. It holds this control in its context, so keeping it here
+    /// made a cycle through Rust that the collector cannot see: every
+    /// spawned task stayed alive, its result with it.
+    fn let_go_of_task(&self) {
+        let task = self.control.lock().ok().and_then(|mut c| c.task.take());
+        drop(task);
+    }
+
     fn request_cancel(self: &Arc<Self>) {
         match self.control.lock() {
             Ok(mut control) if !control.cancel_requested => control.cancel_requested = true,
@@ -123,14 +132,17 @@ impl TaskControl {
 
     fn finished(&self, result: Py<PyAny>) {
         self.shared.report(Ended::Returned(result));
+        self.shared.let_go_of_task();
     }
 
     fn failed(&self, error: Bound<'_, PyAny>) {
         self.shared.report(Ended::Raised(PyErr::from_value(error)));
+        self.shared.let_go_of_task();
     }
 
     fn cancelled(&self) {
         self.shared.report(Ended::Cancelled);
+        self.shared.let_go_of_task();
     }
 
     /// Whether the task was detached: its writes are refused.

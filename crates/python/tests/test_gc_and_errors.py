@@ -62,6 +62,26 @@ async def test_g4_a_collected_turn_start_awaitable_leaves_no_turn_running(kernel
         assert [c.text async for c in again] == ["next"]
 
 
+async def test_a_joined_task_is_let_go_of_with_its_result(kernel):
+    # The asyncio task keeps its control in its context; the control kept
+    # the task, a cycle the collector could not see through.
+    session = await kernel.register("s")
+
+    async def job(i):
+        await asyncio.sleep(0)
+        return [i]
+
+    for i in range(50):
+        task = await session.spawn(job(i))
+        assert await task.join() == [i]
+    del task
+    await asyncio.sleep(0.05)
+    gc.collect()
+    current = asyncio.current_task()
+    left = [t for t in gc.get_objects() if isinstance(t, asyncio.Task) and t is not current and t.done()]
+    assert left == [], f"{len(left)} finished asyncio tasks still alive"
+
+
 def test_every_exception_is_a_settle_error():
     for cls in (
         settle.SessionClosed,
