@@ -529,6 +529,17 @@ impl Running {
 
     /// What it printed on stderr (once it has exited).
     pub fn stderr_text(&mut self) -> String {
+        // Exited, its pipe is closed, but the thread reading it may not have
+        // seen that yet: wait for it (bounded, in case a child of the
+        // process still holds the pipe).
+        if let Ok(Some(_)) = self.child.try_wait() {
+            let start = Instant::now();
+            while self.stderr.as_ref().is_some_and(|h| !h.is_finished())
+                && start.elapsed() < PATIENCE
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         match self.stderr.take() {
             Some(handle) if handle.is_finished() => {
                 String::from_utf8_lossy(&handle.join().unwrap_or_default()).into_owned()
