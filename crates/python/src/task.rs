@@ -73,6 +73,16 @@ impl Shared {
         }
     }
 
+    /// Reports the coroutine cancelled when its loop closed with its
+    /// asyncio task still pending: it will never run again, so nothing else
+    /// would report it (see [`Mailbox::loop_closed`]).
+    fn end_if_loop_closed(&self, py: Python<'_>) {
+        let unreported = self.ended.lock().is_ok_and(|ended| ended.is_some());
+        if unreported && self.mailbox.loop_closed(py) {
+            self.report(Ended::Cancelled);
+        }
+    }
+
     /// The asyncio task is done: nothing will cancel it any more, and it is
     /// let go of. It holds this control in its context, so keeping it here
     /// made a cycle through Rust that the collector cannot see: every
@@ -266,18 +276,6 @@ impl PyTask {
             handle: ForkSafe::new(Mutex::new(Some(handle)), owner),
             work,
             shared,
-        }
-    }
-}
-
-impl Shared {
-    /// Reports the coroutine cancelled when its loop closed with its
-    /// asyncio task still pending: it will never run again, so nothing else
-    /// would report it (see [`Mailbox::loop_closed`]).
-    fn end_if_loop_closed(&self, py: Python<'_>) {
-        let started = self.ended.lock().is_ok_and(|ended| ended.is_some());
-        if started && self.mailbox.loop_closed(py) {
-            self.report(Ended::Cancelled);
         }
     }
 }

@@ -81,13 +81,12 @@ pub(crate) trait Insert {
     type Id: 'static;
 }
 
-/// `HEAD (…), (…), …`, one group per row.
-///
-/// Its text depends on the number of rows, so Diesel builds the text of
-/// every execution to find the statement it keeps prepared for it: at one
-/// row per transaction that lookup was about a sixth of the writer. Insert
-/// with [`insert_rows!`] instead, which names the lengths [`pieces`] cuts
-/// by type ([`Exactly`]); this is what it falls back to for any other.
+/// `HEAD (…), (…), …`, one group per row, of a length [`pieces`] does not
+/// cut: what [`insert_rows!`] falls back to. Every length that recurs goes
+/// through [`Exactly`], so this one is parsed afresh each time. (Keyed by
+/// its text, Diesel would build that text on every execution to find the
+/// statement it keeps prepared: at one row per transaction, about a sixth
+/// of the writer.)
 pub(crate) struct Rows<'a, P> {
     rows: &'a [P],
 }
@@ -115,10 +114,7 @@ fn push_rows<'b, DB: Backend, P: Params<DB> + Insert>(
 
 impl<DB: Backend, P: Params<DB> + Insert> QueryFragment<DB> for Rows<'_, P> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        // Only the lengths `pieces` cuts recur.
-        if !self.rows.len().is_power_of_two() || self.rows.len() > ROWS_PER_STATEMENT {
-            out.unsafe_to_cache_prepared();
-        }
+        out.unsafe_to_cache_prepared();
         push_rows(self.rows, &mut out)
     }
 }

@@ -121,15 +121,18 @@ impl TestDb {
 
     /// Run SQL directly on the database, outside the store.
     pub fn execute(&self, sql: &str) {
+        self.script(sql).expect("execute");
+    }
+
+    /// `sql` on a connection of its own, outside the store.
+    fn script(&self, sql: &str) -> diesel::QueryResult<()> {
         match self.backend {
             Backend::Sqlite => diesel::sqlite::SqliteConnection::establish(&self.url)
                 .expect("connect")
-                .batch_execute(sql)
-                .expect("execute"),
+                .batch_execute(sql),
             Backend::Postgres => PgConnection::establish(&self.url)
                 .expect("connect")
-                .batch_execute(sql)
-                .expect("execute"),
+                .batch_execute(sql),
             Backend::Memory => panic!("a MemoryStore has no SQL"),
         }
     }
@@ -140,19 +143,10 @@ impl TestDb {
     /// that is rolled back: whether every statement was accepted, or the
     /// database's error.
     pub fn try_and_roll_back(&self, sql: &str) -> Result<(), String> {
-        let script = format!("BEGIN; {sql}; ROLLBACK;");
-        let run = match self.backend {
-            Backend::Sqlite => diesel::sqlite::SqliteConnection::establish(&self.url)
-                .expect("connect")
-                .batch_execute(&script),
-            Backend::Postgres => PgConnection::establish(&self.url)
-                .expect("connect")
-                .batch_execute(&script),
-            Backend::Memory => panic!("a MemoryStore has no SQL"),
-        };
         // A refused statement leaves the transaction open on a connection
-        // that is dropped here, which rolls it back.
-        run.map_err(|e| e.to_string())
+        // that is dropped at once, which rolls it back.
+        self.script(&format!("BEGIN; {sql}; ROLLBACK;"))
+            .map_err(|e| e.to_string())
     }
 
     /// The opcodes of the program SQLite compiles for `explain` (an
