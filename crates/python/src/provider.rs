@@ -149,7 +149,7 @@ impl Shared {
                 Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
                 Err(_) => None,
             };
-            // No task yet: the pump sees the request first thing.
+            // Not attached yet: the pump sees the request when it does.
             if let Some(task) = task {
                 if task.call_method0(pyo3::intern!(py, "cancel")).is_err() {
                     shared.closed.cancel();
@@ -182,15 +182,22 @@ pub(crate) struct PumpSink {
 
 #[pymethods]
 impl PumpSink {
-    /// The pump's task exists: a close asked for from now on cancels it.
-    fn attach(&self, task: Py<PyAny>) {
-        if let Ok(mut control) = self.shared.control.lock() {
-            control.task = Some(task);
+    /// The pump's task runs its first step: a close asked for from now on
+    /// cancels it. Returns whether one was asked for already (the turn was
+    /// cancelled before the pump ran): the pump then closes the source and
+    /// ends. Only the task itself attaches, once it runs: cancelled before
+    /// its first step, it would run neither its body nor its `finally`.
+    fn attach(&self, task: Py<PyAny>) -> bool {
+        match self.shared.control.lock() {
+            Ok(mut control) => {
+                control.task = Some(task);
+                control.close_requested
+            }
+            Err(_) => true,
         }
     }
 
-    /// Whether the turn asked for the stream's close (it was cancelled,
-    /// possibly before the pump started).
+    /// Whether the turn asked for the stream's close.
     fn close_requested(&self) -> bool {
         self.shared.close_requested()
     }

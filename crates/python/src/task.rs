@@ -108,7 +108,7 @@ impl Shared {
                 Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
                 Err(_) => None,
             };
-            // No task yet: it sees the request first thing.
+            // Not attached yet: the task sees the request when it does.
             if let Some(task) = task {
                 let _ = task.call_method0(pyo3::intern!(py, "cancel"));
             }
@@ -124,20 +124,20 @@ pub(crate) struct TaskControl {
 
 #[pymethods]
 impl TaskControl {
-    /// The asyncio task exists: a cancel asked for from now on reaches it.
-    fn attach(&self, task: Py<PyAny>) {
-        if let Ok(mut control) = self.shared.control.lock() {
-            control.task = Some(task);
+    /// The asyncio task runs its first step: a cancel asked for from now
+    /// on reaches it. Returns whether one was asked for already: the task
+    /// then closes its coroutine unawaited and reports itself cancelled.
+    /// Only the task itself attaches, once it runs: cancelled before its
+    /// first step, it would never report, and its session would wait for
+    /// the settle deadline.
+    fn attach(&self, task: Py<PyAny>) -> bool {
+        match self.shared.control.lock() {
+            Ok(mut control) => {
+                control.task = Some(task);
+                control.cancel_requested
+            }
+            Err(_) => true,
         }
-    }
-
-    /// Whether the kernel asked for the task's cancel (possibly before the
-    /// asyncio task started).
-    fn cancel_requested(&self) -> bool {
-        self.shared
-            .control
-            .lock()
-            .map_or(true, |control| control.cancel_requested)
     }
 
     fn finished(&self, result: Py<PyAny>) {

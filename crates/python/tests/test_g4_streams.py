@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import time
 
 import pytest
 
 import settle
-from conftest import Stream, eventually
+from conftest import PATIENCE, Stream, eventually
 
 
 async def test_g4_stream_closed_once_on_end(kernel):
@@ -162,3 +163,27 @@ async def test_g4_cancels_landing_anywhere_around_the_open_close_each_stream_exa
     await asyncio.sleep(0.1)
     assert made, "no stream was ever made"
     assert {s.closes for s in made} == {1}
+
+
+async def test_g4_a_close_reaching_the_loop_with_the_pumps_start_still_closes_the_stream(db):
+    """The kernel's start of a turn's pump and its close of that turn reach
+    the loop in one batch (the loop was busy meanwhile). A pump cancelled
+    before its first step never runs its body, nor the ``finally`` that
+    closes the stream: the close must be seen by the pump itself."""
+    k = await settle.Kernel.open(db, settle_timeout=2 * PATIENCE)
+    try:
+        session = await k.register("s")
+        stream = Stream(["tick"], delay=0.05, forever=True)
+        starting = session.turn(stream)
+        time.sleep(0.5)  # the loop is busy: the pump's start waits in its mailbox
+        cancelling = session.cancel()
+        time.sleep(0.5)  # and the close the cancel asks for waits behind it
+        try:
+            await starting
+        except settle.Error:
+            pass  # cancelled before the turn was handed over: the same race
+        await asyncio.wait_for(cancelling, PATIENCE)
+        await eventually(lambda: stream.closes, "the stream closed")
+        assert stream.closes == 1
+    finally:
+        await k.shutdown(0.0)

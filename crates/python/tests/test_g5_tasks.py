@@ -5,12 +5,13 @@ cancel, and refused every write after."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 
 import pytest
 
 import settle
-from conftest import Stream, eventually
+from conftest import PATIENCE, Stream, eventually
 
 
 async def test_g1_a_spawned_coroutine_gives_its_result(kernel):
@@ -224,3 +225,29 @@ async def test_g1_a_spawn_cancelled_before_it_resolves_leaves_no_task_running(ke
     await (await session.spawn(asyncio.sleep(0)))  # the first spawn is in by now
     await until_idle(session)
     assert saw_cancel.is_set() or not started.is_set()
+
+
+async def test_g5_a_cancel_reaching_the_loop_with_the_tasks_start_ends_it_at_once(db):
+    """The kernel's start of a spawned coroutine and its cancel reach the
+    loop in one batch. An asyncio task cancelled before its first step
+    never reports: the session would wait for the settle deadline, and the
+    coroutine would never be closed."""
+    k = await settle.Kernel.open(db, settle_timeout=2 * PATIENCE)
+    try:
+        session = await k.register("s")
+
+        async def tool() -> None:
+            await asyncio.sleep(PATIENCE)
+
+        coroutine = tool()
+        spawning = session.spawn(coroutine)
+        time.sleep(0.5)  # the loop is busy: the task's start waits in its mailbox
+        cancelling = session.cancel()
+        time.sleep(0.5)  # and the cancel waits behind it
+        task = await spawning
+        await asyncio.wait_for(cancelling, PATIENCE)
+        with pytest.raises(settle.Cancelled):
+            await asyncio.wait_for(task.join(), PATIENCE)
+        assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED
+    finally:
+        await k.shutdown(0.0)

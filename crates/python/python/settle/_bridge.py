@@ -32,17 +32,18 @@ CURRENT_TASK: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
 
 def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
     """Starts a turn's pump on ``loop``, from its thread."""
-    # Never cancelled before its first step (its body would not run, and
-    # its `finally` would not close anything): a close asked for before the
-    # task existed is seen by the pump itself, first thing.
-    sink.attach(loop.create_task(_pump(source, to_chunk, sink)))
+    # The pump attaches its task itself, in its first step: a task
+    # cancelled before that would run neither its body nor its `finally`
+    # (which closes the stream). A close asked for before the attach is
+    # seen by the pump, first thing.
+    loop.create_task(_pump(source, to_chunk, sink))
 
 
 async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
     stream = None
     iterator = None
     try:
-        if sink.close_requested():
+        if sink.attach(asyncio.current_task()):
             # The turn was cancelled while its stream was being opened.
             await _close_source(source)
             sink.cancelled()
@@ -153,13 +154,13 @@ async def close_stream(stream: Any, iterator: Any = None) -> None:
 
 def start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
     """Starts a settle task's coroutine on ``loop``, from its thread."""
-    # As for a pump: never cancelled before its first step.
-    control.attach(loop.create_task(_run_task(coroutine, control)))
+    # As for a pump: the task attaches itself in its first step.
+    loop.create_task(_run_task(coroutine, control))
 
 
 async def _run_task(coroutine: Any, control: Any) -> None:
     CURRENT_TASK.set(control)
-    if control.cancel_requested():
+    if control.attach(asyncio.current_task()):
         coroutine.close()
         control.cancelled()
         return
