@@ -12,8 +12,15 @@
 //! on after its stream was dropped (an iterator that swallows its cancel,
 //! detached at the settle deadline, G5) is refused at its next item and
 //! closes its stream then.
+//!
+//! Back-pressure: the pump stops pulling its stream once [`PUMP_ROOM`]
+//! chunks wait for the kernel, and goes on once half of them were taken.
+//! The kernel takes them only as fast as the turn's reader reads (its
+//! `chunk_buffer`), so a slow reader slows its source, as for a Rust
+//! provider, and memory never grows with what a fast source could give.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
@@ -114,6 +121,61 @@ enum Item {
     Cancelled,
 }
 
+/// How many chunks may wait for the kernel before the pump stops pulling
+/// its stream; it goes on once half of them were taken.
+pub(crate) const PUMP_ROOM: usize = 64;
+
+/// The pump's wait for room: how many chunks wait for the kernel, and the
+/// asyncio future the pump awaits while too many do.
+#[derive(Default)]
+struct Room {
+    /// Chunks sent to the Rust stream and not yet taken by it.
+    waiting: AtomicUsize,
+    /// Set while the pump waits (or is about to): the stream then hands
+    /// `future` back once enough were taken.
+    wanted: AtomicBool,
+    future: Mutex<Option<Py<PyAny>>>,
+}
+
+impl Room {
+    /// `count` more chunks wait; whether the pump must wait for room.
+    fn add(&self, count: usize) -> bool {
+        self.waiting.fetch_add(count, Ordering::SeqCst) + count >= PUMP_ROOM
+    }
+
+    /// The pump's `future` to await for room, kept unless room was made
+    /// meanwhile (then `false`: go on). The flag is set before the count is
+    /// read, and the stream reads the flag after it took a chunk, so one of
+    /// the two always sees the other.
+    fn wait(&self, future: Py<PyAny>) -> bool {
+        let Ok(mut slot) = self.future.lock() else {
+            return false;
+        };
+        self.wanted.store(true, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) <= PUMP_ROOM / 2 {
+            self.wanted.store(false, Ordering::SeqCst);
+            return false;
+        }
+        *slot = Some(future);
+        true
+    }
+
+    /// The stream took one chunk: the pump's future, when it waits and
+    /// there is room again.
+    fn take(&self) -> Option<Py<PyAny>> {
+        let left = self
+            .waiting
+            .fetch_sub(1, Ordering::SeqCst)
+            .saturating_sub(1);
+        if left > PUMP_ROOM / 2 || !self.wanted.load(Ordering::SeqCst) {
+            return None;
+        }
+        let future = self.future.lock().ok()?.take()?;
+        self.wanted.store(false, Ordering::SeqCst);
+        Some(future)
+    }
+}
+
 #[derive(Default)]
 struct Control {
     task: Option<Py<PyAny>>,
@@ -127,6 +189,7 @@ struct Shared {
     control: Mutex<Control>,
     /// Cancelled once the pump's `finally` ran (the Python stream is closed).
     closed: CancellationToken,
+    room: Room,
     source: Arc<Source>,
 }
 
@@ -160,6 +223,23 @@ impl Shared {
 
     fn close_requested(&self) -> bool {
         self.control.lock().map_or(true, |c| c.close_requested)
+    }
+
+    /// The stream took a chunk: the pump goes on if it waited for room.
+    fn took_chunk(&self) {
+        let Some(future) = self.room.take() else {
+            return;
+        };
+        self.source.mailbox.post(move |py, landing| {
+            if let Landing::Loop(_) = landing {
+                let future = future.bind(py);
+                // Done already when the pump was cancelled meanwhile.
+                let done = future.call_method0(pyo3::intern!(py, "done"));
+                if done.is_ok_and(|done| !done.is_truthy().unwrap_or(true)) {
+                    let _ = future.call_method1(pyo3::intern!(py, "set_result"), (py.None(),));
+                }
+            }
+        });
     }
 
     fn send_opened(&self, result: Result<(), String>) -> bool {
@@ -208,19 +288,35 @@ impl PumpSink {
     }
 
     /// One item of the stream; `False` once the turn no longer takes any
-    /// (it ended, was cancelled or detached): the pump stops.
-    fn push(&self, item: &Bound<'_, PyAny>) -> PyResult<bool> {
+    /// (it ended, was cancelled or detached): the pump stops; `None` when
+    /// enough chunks wait for the kernel: the pump waits for room
+    /// ([`PumpSink::wait_for_room`]) before it pulls the next item.
+    fn push(&self, item: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
         if self.shared.close_requested() {
-            return Ok(false);
+            return Ok(Some(false));
         }
         let mut chunks = Vec::new();
         crate::chunk::chunks_of(item, &mut chunks)?;
+        let count = chunks.len();
         for chunk in chunks {
             if self.shared.items.send(Item::Chunk(chunk)).is_err() {
-                return Ok(false);
+                return Ok(Some(false));
             }
         }
-        Ok(!self.shared.items.is_closed())
+        if self.shared.items.is_closed() {
+            return Ok(Some(false));
+        }
+        if count > 0 && self.shared.room.add(count) {
+            return Ok(None);
+        }
+        Ok(Some(true))
+    }
+
+    /// Keeps `future` (made on the pump's loop) to be resolved once the
+    /// kernel took enough of the waiting chunks; `False` when it already
+    /// did (the pump goes on without waiting).
+    fn wait_for_room(&self, future: Py<PyAny>) -> bool {
+        self.shared.room.wait(future)
     }
 
     /// The stream ended normally.
@@ -292,6 +388,7 @@ impl Provider for PyProvider {
             opened: Mutex::new(Some(opened_tx)),
             control: Mutex::new(Control::default()),
             closed: CancellationToken::new(),
+            room: Room::default(),
             source: self.source.clone(),
         });
         if let Ok(mut pump) = self.source.watch.pump.lock() {
@@ -365,7 +462,10 @@ impl Stream for PyStream {
         let polled = self.items.poll_recv(cx);
         Poll::Ready(match polled {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Item::Chunk(chunk))) => Some(Ok(StreamEvent::Chunk(chunk))),
+            Poll::Ready(Some(Item::Chunk(chunk))) => {
+                self.shared.took_chunk();
+                Some(Ok(StreamEvent::Chunk(chunk)))
+            }
             Poll::Ready(Some(Item::End)) | Poll::Ready(None) => {
                 self.done = true;
                 None

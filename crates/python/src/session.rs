@@ -201,7 +201,9 @@ impl PySession {
     /// stored as the turn's input. `to_chunk`
     /// turns each item into a chunk (a `str`, a `settle.Chunk`, an
     /// OpenAI-shaped chunk, a list of those, or `None`) when the items are
-    /// none of those.
+    /// none of those. The source is pulled only as fast as the turn is
+    /// read: once the kernel's chunk buffer and 64 more chunks wait
+    /// unread, the kernel stops pulling it until the reader catches up.
     ///
     /// This turn's own timeouts, in seconds (`0` disables): `idle_timeout`
     /// (no item for this long ends it `idle_timeout`; default: the

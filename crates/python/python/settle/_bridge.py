@@ -65,9 +65,16 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
                 break
             if to_chunk is not None:
                 item = to_chunk(item)
-            if not sink.push(item):
-                # The turn is over (ended, cancelled, or detached): stop here.
-                return
+            go = sink.push(item)
+            if go is not True:
+                if go is False:
+                    # The turn is over (ended, cancelled, or detached): stop here.
+                    return
+                # Enough chunks wait for the kernel (its reader is slow):
+                # the stream is not pulled until the kernel took half.
+                room = asyncio.get_running_loop().create_future()
+                if sink.wait_for_room(room):
+                    await room
         sink.end()
     except asyncio.CancelledError:
         sink.cancelled()
