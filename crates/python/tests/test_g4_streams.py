@@ -187,3 +187,23 @@ async def test_g4_a_close_reaching_the_loop_with_the_pumps_start_still_closes_th
         assert stream.closes == 1
     finally:
         await k.shutdown(0.0)
+
+
+async def test_g4_a_source_raising_a_base_exception_fails_the_turn_at_once(kernel):
+    """Not an `Exception`, not the pump's cancel (a framework's own
+    `BaseException`, as trio's and gevent's cancels are): the turn ends
+    failed, saying so, instead of waiting for its idle timeout."""
+
+    class Stop(BaseException):
+        pass
+
+    session = await kernel.register("s")
+    stream = Stream(["a"], fail=Stop("the framework stopped it"))
+    turn = await session.turn(stream, idle_timeout=2 * PATIENCE)
+    async with turn:
+        assert [chunk.text async for chunk in turn] == ["a"]
+    assert turn.outcome == "failed"
+    kind, message = turn.error
+    assert kind == "provider"
+    assert "Stop: the framework stopped it" in message
+    assert stream.closes == 1

@@ -85,6 +85,11 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         # it holds) alive on its task until the collector finds them.
     except Exception as error:  # the source's own failure ends the turn, saying why
         sink.fail(f"{type(error).__name__}: {error}")
+    except BaseException as error:
+        # Not an error, nor the kernel's cancel (a framework's own stop,
+        # `KeyboardInterrupt`): the turn fails saying so, and it goes on up.
+        sink.fail(f"{type(error).__name__}: {error}")
+        raise
     finally:
         try:
             if stream is not None:
