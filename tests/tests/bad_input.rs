@@ -549,6 +549,13 @@ fn cases() -> Vec<Case> {
             "no/such/folder",
         ),
         case(
+            "--db empty",
+            ok_scenario,
+            &["--db", "", "run", "ok.toml"],
+            2,
+            "path is empty",
+        ),
+        case(
             "--db a directory",
             |d| fs::create_dir(d.join("dbdir")).unwrap(),
             &["--db", "dbdir", "sessions"],

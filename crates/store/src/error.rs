@@ -104,6 +104,13 @@ pub enum OpenError {
         /// The newest version this build understands.
         supported: i64,
     },
+    /// The SQLite path is empty (an unset variable, an empty `--db`).
+    /// SQLite would take it for a temporary database of its own, one per
+    /// connection and gone on close, so it is refused.
+    #[error(
+        "the database path is empty; pass a file path such as settle.db, or a postgres:// URL"
+    )]
+    EmptyPath,
     /// The path is not valid UTF-8, which SQLite's API needs.
     #[error("the database path {} is not valid UTF-8; choose a path made of UTF-8 characters", path.display())]
     InvalidPath {

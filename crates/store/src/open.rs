@@ -93,6 +93,9 @@ enum Before {
 }
 
 fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError> {
+    if path.as_os_str().is_empty() {
+        return Err(OpenError::EmptyPath);
+    }
     let Some(path_str) = path.to_str() else {
         return Err(OpenError::InvalidPath {
             path: path.to_owned(),

@@ -89,6 +89,18 @@ pub(crate) fn g11_open_refuses_a_missing_folder() {
 }
 
 #[test]
+pub(crate) fn g11_open_refuses_an_empty_path() {
+    // SQLite takes an empty file name for a temporary database of its own,
+    // a different one per connection, gone on close: an empty variable
+    // would have run a whole program into nothing, then failed its reads.
+    let dir = tempfile::tempdir().unwrap();
+    for url in ["", "sqlite://", "sqlite:"] {
+        let err = assert_refused_untouched(dir.path(), url, |e| matches!(e, OpenError::EmptyPath));
+        assert!(err.to_string().contains("path is empty"), "{err}");
+    }
+}
+
+#[test]
 pub(crate) fn g11_open_refuses_a_directory() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("db")).unwrap();
