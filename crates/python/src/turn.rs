@@ -300,9 +300,12 @@ impl PyTurn {
         crate::reply::reply(py, &reply)
     }
 
-    /// Cancels the turn without waiting; the session stays open.
+    /// Cancels the turn now, without waiting (unless it already ended,
+    /// G6): its stream is closed (G4) and `outcome` is known once it has
+    /// settled, whether or not the turn is read again. The session stays
+    /// open.
     fn cancel(&self) {
-        self.cancel.cancel();
+        self.cancel_soon();
     }
 
     fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {

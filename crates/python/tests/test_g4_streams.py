@@ -207,3 +207,19 @@ async def test_g4_a_source_raising_a_base_exception_fails_the_turn_at_once(kerne
     assert kind == "provider"
     assert "Stop: the framework stopped it" in message
     assert stream.closes == 1
+
+
+async def test_g4_turn_cancel_with_no_read_in_flight_ends_the_turn_and_closes_its_stream(kernel):
+    """`Turn.cancel()` cancels the turn then and there, not at its next read:
+    a program that cancels a turn and reads it no more (it moves on to
+    another) sees the turn end and its stream closed."""
+    session = await kernel.register("s")
+    stream = Stream(["tick"], delay=0.01, forever=True)
+    turn = await session.turn(stream)
+    await asyncio.wait_for(stream.first_item.wait(), PATIENCE)
+    turn.cancel()
+    await eventually(lambda: turn.outcome is not None, "the turn's end")
+    assert turn.outcome == "cancelled"
+    await eventually(lambda: stream.closes, "the stream closed")
+    assert stream.closes == 1
+    assert await session.state() == "registered"
