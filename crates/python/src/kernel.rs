@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::awaitable::{awaitable, finishing, ready, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
+use crate::other_sqlite;
 use crate::process::{here, ForkSafe, Owner};
 use crate::resume::Resumption;
 use crate::session::PySession;
@@ -112,6 +113,13 @@ impl PyKernel {
     /// `SessionClosed`: `hold()` it for that time. (The SPEC's defaults for
     /// a gateway, `settle serve`, are 30 minutes and 1,000.)
     ///
+    /// Do not open the same SQLite file with Python's `sqlite3` module in
+    /// this process: the package carries its own SQLite, and two copies in
+    /// one process do not see each other's locks (a write of one can land
+    /// in the other's transaction). A file another copy has open here is
+    /// refused (`BadInput`; Linux); read it through `sessions()` and
+    /// `transcript()`, or from another process.
+    ///
     /// Raises `BadInput` for a database that cannot be opened, `StoreError`
     /// when the store fails.
     #[staticmethod]
@@ -141,11 +149,19 @@ impl PyKernel {
             async move {
                 let store: Arc<dyn SessionStore> = match db {
                     None => Arc::new(MemoryStore::new()),
-                    Some(db) => Arc::new(
-                        Store::open_async(db)
+                    Some(db) => {
+                        let file = Store::sqlite_file(&db);
+                        if let Some(refusal) = file.as_deref().and_then(other_sqlite::refusal) {
+                            return Err(errors::BadInput::new_err(refusal));
+                        }
+                        let store = Store::open_async(db)
                             .await
-                            .map_err(|e| errors::BadInput::new_err(e.to_string()))?,
-                    ),
+                            .map_err(|e| errors::BadInput::new_err(e.to_string()))?;
+                        if let Some(file) = file {
+                            other_sqlite::opened(&file);
+                        }
+                        Arc::new(store)
+                    }
                 };
                 let kernel = Kernel::builder(store)
                     .settle_timeout(settle)

@@ -80,6 +80,7 @@ mod convert;
 mod deliver;
 mod errors;
 mod kernel;
+mod other_sqlite;
 mod process;
 mod provider;
 mod reads;

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sqlite3
+import sys
 
 import pytest
 
@@ -157,3 +159,33 @@ async def test_an_exception_in_the_kernels_async_with_block_goes_on_up(db):
             await kernel.register("s")
             raise RuntimeError("boom")
     assert kernel.shutting_down
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checked through /proc/self/fd")
+async def test_a_database_open_through_pythons_sqlite3_is_refused(tmp_path):
+    """Python's `sqlite3` is another copy of SQLite: in one process the two do
+    not see each other's locks (a kernel's write went through in the middle
+    of an exclusive transaction of the other), so the kernel refuses a file
+    the other has open, and opens it once that is closed."""
+    path = str(tmp_path / "s.db")
+    other = sqlite3.connect(path)  # the program's own connection, first
+    other.execute("PRAGMA user_version").fetchall()
+    try:
+        with pytest.raises(settle.BadInput, match="another copy of SQLite"):
+            await settle.Kernel.open(path)
+    finally:
+        other.close()
+    kernel = await settle.Kernel.open(path)
+    assert await kernel.sessions() == []
+    await kernel.shutdown(0.0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checked through /proc/self/fd")
+async def test_a_database_a_kernel_of_this_process_opened_opens_again(tmp_path):
+    """The kernel's own handles on its file are no other copy's: a second
+    kernel on the same file, while the first is open, is not refused."""
+    path = str(tmp_path / "s.db")
+    first = await settle.Kernel.open(path)
+    second = await settle.Kernel.open(path)
+    await second.shutdown(0.0)
+    await first.shutdown(0.0)

@@ -107,6 +107,16 @@ impl Store {
         let _ = tokio::task::spawn_blocking(move || drop(self)).await;
     }
 
+    /// The SQLite file `url` names (a path, `sqlite://path` or
+    /// `sqlite:path`), as [`Store::open`] reads it; `None` for a
+    /// PostgreSQL URL.
+    pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+        match Target::parse(url) {
+            Target::Sqlite(path) => Some(path),
+            Target::Postgres(_) => None,
+        }
+    }
+
     /// Open the store at `url` with `options`. See [`Store::open`].
     pub fn open_with(url: impl AsRef<str>, options: StoreOptions) -> Result<Store, OpenError> {
         let target = Target::parse(url.as_ref());
