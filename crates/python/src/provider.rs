@@ -163,6 +163,7 @@ impl Room {
     /// The stream took one chunk: the pump's future, when it waits and
     /// there is room again.
     fn take(&self) -> Option<Py<PyAny>> {
+        // Never below zero: a chunk is counted before it is sent.
         let left = self
             .waiting
             .fetch_sub(1, Ordering::SeqCst)
@@ -297,7 +298,9 @@ impl PumpSink {
         }
         let mut chunks = Vec::new();
         crate::chunk::chunks_of(item, &mut chunks)?;
-        let count = chunks.len();
+        // Counted before they are sent: the stream may take them (and
+        // count them off) as soon as they are.
+        let full = !chunks.is_empty() && self.shared.room.add(chunks.len());
         for chunk in chunks {
             if self.shared.items.send(Item::Chunk(chunk)).is_err() {
                 return Ok(Some(false));
@@ -306,10 +309,7 @@ impl PumpSink {
         if self.shared.items.is_closed() {
             return Ok(Some(false));
         }
-        if count > 0 && self.shared.room.add(count) {
-            return Ok(None);
-        }
-        Ok(Some(true))
+        Ok(if full { None } else { Some(true) })
     }
 
     /// Keeps `future` (made on the pump's loop) to be resolved once the
