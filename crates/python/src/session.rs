@@ -261,8 +261,25 @@ impl PySession {
     /// its later writes through a session raise `SessionClosed` (G10). The
     /// session is not finalized while it runs. Resolves to a `settle.Task`;
     /// cancelled before it resolves, the task it started is cancelled too.
+    /// Raises `BadInput` at once for what cannot be awaited (a function
+    /// rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
+        let awaited = coroutine.bind(py);
+        // `inspect.isawaitable` for what has no `__await__`: a generator
+        // made a coroutine by `types.coroutine` is awaited all the same.
+        if !awaited.hasattr(pyo3::intern!(py, "__await__"))?
+            && !py
+                .import(pyo3::intern!(py, "inspect"))?
+                .call_method1(pyo3::intern!(py, "isawaitable"), (awaited,))?
+                .is_truthy()?
+        {
+            return Err(errors::BadInput::new_err(format!(
+                "spawn takes a coroutine or another awaitable, not {}; call the coroutine \
+                 function: spawn(tool(...))",
+                awaited.get_type().name()?
+            )));
+        }
         let (handle, here) = self.handle.get()?;
         let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
         let (handle, owner) = (handle.clone(), self.owner.clone());

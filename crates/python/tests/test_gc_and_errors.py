@@ -119,6 +119,11 @@ async def test_g11_bad_input_is_refused_before_anything_is_written(kernel, tmp_p
         await settle.Kernel.open(str(tmp_path / "no" / "such" / "folder" / "x.db"))
     with pytest.raises(settle.BadInput):
         await settle.Kernel.open(str(tmp_path / "y.db"), settle_timeout=-1.0)
+    async def tool() -> None:
+        pass
+
+    with pytest.raises(settle.BadInput, match="not function"):
+        session.spawn(tool)  # the function, not the coroutine its call makes
     with pytest.raises(settle.BadInput, match="path is empty"):
         await settle.Kernel.open("")  # an unset variable: SQLite's temporary database
     assert await session.transcript() == []
