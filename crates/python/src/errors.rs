@@ -97,6 +97,24 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
     }
 }
 
+/// Why a turn could not start, as an exception: as [`runtime`], and a
+/// session still in a turn says how that turn is ended, since the usual
+/// cause is a reader that left a bare `async for` early (the turn runs on
+/// until it is read to its end, closed or dropped).
+pub(crate) fn turn_refused(error: RuntimeError) -> PyErr {
+    if let RuntimeError::Lifecycle(settle_core::Error::WrongState {
+        state: settle_core::State::Running,
+        ..
+    }) = &error
+    {
+        return Error::new_err(format!(
+            "{error}: its current turn is still running; read it to its end or aclose() it \
+             (leaving `async with turn:` does; a `break` out of a bare `async for` does not)"
+        ));
+    }
+    runtime(error)
+}
+
 /// Why a task gave no result, as an exception.
 pub(crate) fn task(error: TaskError) -> PyErr {
     let message = error.to_string();

@@ -249,7 +249,7 @@ impl PySession {
                 None => handle.run_turn(provider, request).await,
                 Some(options) => handle.run_turn_with(provider, request, options).await,
             };
-            let turn = turn.map_err(errors::runtime)?;
+            let turn = turn.map_err(errors::turn_refused)?;
             Ok(PyTurn::new(turn, owner, watch))
         })
     }

@@ -223,3 +223,18 @@ async def test_g4_turn_cancel_with_no_read_in_flight_ends_the_turn_and_closes_it
     await eventually(lambda: stream.closes, "the stream closed")
     assert stream.closes == 1
     assert await session.state() == "registered"
+
+
+async def test_a_turn_started_while_one_runs_says_how_to_end_the_one_that_runs(kernel):
+    """A `break` out of a bare `async for` leaves its turn running (only
+    `async with`, `aclose()` or the end close it): the next turn's refusal
+    says so, and once the first is closed the next one starts."""
+    session = await kernel.register("s")
+    first = await session.turn(Stream(["a"], delay=0.01, forever=True))
+    async for _ in first:
+        break
+    with pytest.raises(settle.Error, match="aclose"):
+        await session.turn(Stream(["b"]))
+    await first.aclose()
+    async with await session.turn(Stream(["b"])) as second:
+        assert [c.text async for c in second] == ["b"]
