@@ -56,3 +56,45 @@ async def test_g1_the_readme_example_runs_against_a_local_server(db):
     rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
     assert rows["recon"]["end_reason"] == "parent_finished"
     assert rows["root"]["end_reason"] == "completed"
+
+
+STAND_IN = EXAMPLE.parent / "stand_in_model.py"
+TOOL_LOOP = EXAMPLE.parent / "tool_loop.py"
+
+
+async def run(*args: str) -> "tuple[int, str, str]":
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
+    return child.returncode, out.decode(), err.decode()
+
+
+async def test_g1_the_examples_run_against_the_stand_in_model(db):
+    # What the README offers a machine without a model server: the stand-in,
+    # then both examples against it, as a newcomer types them.
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, str(STAND_IN), "--port", "0", "--delay", "0.05", stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        line = (await asyncio.wait_for(server.stdout.readline(), PATIENCE)).decode()
+        assert line.startswith("serving http://127.0.0.1:"), line
+        base_url = line.split()[1]
+
+        code, out, err = await run(str(EXAMPLE), "--base-url", base_url, "--db", db, "--web-time", "0.3")
+        assert code == 0, err
+        lines = out.splitlines()
+        assert "[recon] turn 1: completed" in lines, lines
+        assert "[web] turn 1: cancelled" in lines, lines
+        assert "web: parent_finished" in lines, lines
+
+        code, out, err = await run(str(TOOL_LOOP), "--base-url", base_url, "--db", db, "read it")
+        assert code == 0, err
+        assert "[tool] read_file" in out, out
+        assert "[answer] The tool said:" in out, out
+    finally:
+        server.terminate()
+        await server.wait()
+    rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
+    assert rows["web"]["outcome"] == "cancelled"
+    assert rows["agent"]["state"] == "finalized"
