@@ -109,6 +109,16 @@ def run_script(code: str, *args: str, timeout: float = PATIENCE, env: Optional[d
     )
 
 
+async def run_python(*args: str) -> "tuple[int, str, str]":
+    """Runs a child interpreter with ``args`` to its end (bounded by PATIENCE)
+    without blocking the loop; gives its exit code, stdout and stderr."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
+    return child.returncode, out.decode(), err.decode()
+
+
 def settle_bin() -> str:
     """The `settle` binary (``SETTLE_BIN``, set by the workspace's test runner)."""
     bin = os.environ.get("SETTLE_BIN")

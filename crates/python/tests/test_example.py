@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PATIENCE, settle_json
+from conftest import PATIENCE, run_python, settle_json
 from sse_server import SseServer
 
 pytest.importorskip("openai")
@@ -21,13 +21,9 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "python" / "scan.py
 async def test_g1_the_scan_example_runs_against_a_local_server(db):
     # Three chunks, 0.3 s apart: recon's turn completes; web's is cut short.
     async with SseServer(interval=0.3) as server:
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, str(EXAMPLE), "--base-url", server.base_url, "--db", db, "--web-time", "0.5",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
-    assert child.returncode == 0, err.decode()
-    lines = out.decode().splitlines()
+        code, out, err = await run_python(str(EXAMPLE), "--base-url", server.base_url, "--db", db, "--web-time", "0.5")
+    assert code == 0, err
+    lines = out.splitlines()
     assert "[recon] turn 1: completed" in lines, lines
     assert "[web] turn 1: cancelled" in lines, lines
     assert "root: completed" in lines
@@ -47,12 +43,9 @@ async def test_g1_the_readme_example_runs_against_a_local_server(db):
     code = text[start + len("```python\n"): text.index("```", start + 10)]
     async with SseServer(interval=0.01) as server:
         code = code.replace("http://127.0.0.1:8080/v1", server.base_url).replace('"settle.db"', repr(db))
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
-    assert child.returncode == 0, err.decode()
-    assert out.decode().splitlines() == ["Hello, world", "completed"]
+        status, out, err = await run_python("-c", code)
+    assert status == 0, err
+    assert out.splitlines() == ["Hello, world", "completed"]
     rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
     assert rows["recon"]["end_reason"] == "parent_finished"
     assert rows["root"]["end_reason"] == "completed"
@@ -60,14 +53,6 @@ async def test_g1_the_readme_example_runs_against_a_local_server(db):
 
 STAND_IN = EXAMPLE.parent / "stand_in_model.py"
 TOOL_LOOP = EXAMPLE.parent / "tool_loop.py"
-
-
-async def run(*args: str) -> "tuple[int, str, str]":
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
-    return child.returncode, out.decode(), err.decode()
 
 
 async def test_g1_the_examples_run_against_the_stand_in_model(db):
@@ -81,14 +66,14 @@ async def test_g1_the_examples_run_against_the_stand_in_model(db):
         assert line.startswith("serving http://127.0.0.1:"), line
         base_url = line.split()[1]
 
-        code, out, err = await run(str(EXAMPLE), "--base-url", base_url, "--db", db, "--web-time", "0.3")
+        code, out, err = await run_python(str(EXAMPLE), "--base-url", base_url, "--db", db, "--web-time", "0.3")
         assert code == 0, err
         lines = out.splitlines()
         assert "[recon] turn 1: completed" in lines, lines
         assert "[web] turn 1: cancelled" in lines, lines
         assert "web: parent_finished" in lines, lines
 
-        code, out, err = await run(str(TOOL_LOOP), "--base-url", base_url, "--db", db, "read it")
+        code, out, err = await run_python(str(TOOL_LOOP), "--base-url", base_url, "--db", db, "read it")
         assert code == 0, err
         assert "[tool] read_file" in out, out
         assert "[answer] The tool said:" in out, out

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import PATIENCE, eventually, piece
+from conftest import PATIENCE, piece, run_python
 from sse_server import SseServer
 
 openai = pytest.importorskip("openai")
@@ -184,12 +183,8 @@ async def test_the_example_runs_as_a_program(db, tmp_path):
     note.write_text("hello from a file")
     asks = call(0, "call_1", "read_file", json.dumps({"path": str(note)}))
     async with SseServer(replies=[asks, text(["It says hello."])], interval=0.01) as server:
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, str(EXAMPLE), "--base-url", server.base_url, "--db", db, "what is in the note?",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(child.communicate(), PATIENCE)
-    assert child.returncode == 0, err.decode()
-    lines = out.decode().splitlines()
+        code, out, err = await run_python(str(EXAMPLE), "--base-url", server.base_url, "--db", db, "what is in the note?")
+    assert code == 0, err
+    lines = out.splitlines()
     assert lines[-1] == "[answer] It says hello.", lines
     assert tool_messages(server.bodies[1])[0]["content"] == "hello from a file"
