@@ -529,3 +529,67 @@ async fn a_turn_that_fails_with_a_huge_message_ends_within_a_frame() {
     client.ok("sessions.list", json!({})).await;
     served.shut_down().await;
 }
+
+/// Pings sent by a client that reads nothing: how many pongs it finds
+/// waiting for it when it starts to read, up to the answer of a request
+/// sent after the pings.
+async fn pongs_waiting_after_pings(addr: std::net::SocketAddr, pings: usize) -> usize {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // A small receive window, so that little of what the server sends can
+    // wait in this side's kernel.
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/ws"), stream)
+        .await
+        .unwrap();
+    let payload = vec![7u8; 125];
+    for _ in 0..pings {
+        ws.feed(Message::Ping(payload.clone().into()))
+            .await
+            .unwrap();
+    }
+    let last = json!({"jsonrpc": "2.0", "id": "last", "method": "sessions.list", "params": {}});
+    ws.send(Message::text(last.to_string())).await.unwrap();
+    let mut pongs = 0;
+    let answered = tokio::time::timeout(settle_tests::PATIENCE, async {
+        while let Some(frame) = ws.next().await {
+            match frame.unwrap() {
+                Message::Pong(_) => pongs += 1,
+                Message::Text(text) if text.as_str().contains("\"last\"") => return true,
+                _ => {}
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        answered,
+        Ok(true),
+        "the request after the pings was not answered"
+    );
+    pongs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_pings_and_never_reads_does_not_grow_the_servers_buffers() {
+    let mut served = Served::tcp(book(), |k| k, |g| g).await;
+    let gateway_support::Address::Tcp(addr) = served.address.clone() else {
+        unreachable!("a TCP gateway")
+    };
+    // 200,000 pings of 125 bytes: 25 MB of pongs owed. What the server may
+    // keep for a client is its write buffer (a frame and a little more) and
+    // what the two kernels' socket buffers hold; the rest of a ping flood's
+    // pongs are replaced, not queued.
+    let pings = 200_000;
+    let pongs = pongs_waiting_after_pings(addr, pings).await;
+    assert!(
+        pongs < pings / 2,
+        "{pongs} pongs of {pings} pings were kept for a client that read nothing"
+    );
+    // The gateway still answers.
+    let mut client = served.client().await;
+    assert!(create(&mut client, "after").await > 0);
+    served.shut_down().await;
+}

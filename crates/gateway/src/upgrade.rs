@@ -29,6 +29,16 @@ const READ_BUFFER: usize = 2 * 1024;
 /// How much a connection's WebSocket layer gathers before writing.
 const WRITE_BUFFER: usize = 8 * 1024;
 
+/// The most a connection's WebSocket layer keeps unwritten for a client
+/// that does not read, over the largest frame it sends: room for what it
+/// gathers before writing and the pong it owes. The layer answers a ping by
+/// itself, without the connection's bounded queue, and left unbounded it
+/// kept every pong for a client that pings and never reads (25 MB for
+/// 200,000 pings); at this bound a pong that does not fit replaces the one
+/// waiting, and a frame of the gateway's own waits, as it does on a full
+/// socket, until the queue's bound disconnects the client.
+const WRITE_SLACK: usize = 2 * WRITE_BUFFER;
+
 /// A refusal: its status and its body, a sentence that starts with its kind.
 fn refused(status: StatusCode, kind: &str, message: &str) -> Response {
     (status, format!("{kind}: {message}\n")).into_response()
@@ -83,6 +93,7 @@ pub(crate) async fn upgrade(
     upgrade
         .read_buffer_size(READ_BUFFER)
         .write_buffer_size(WRITE_BUFFER)
+        .max_write_buffer_size(max.saturating_add(WRITE_SLACK))
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| {
