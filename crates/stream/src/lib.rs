@@ -69,6 +69,7 @@ mod request;
 mod retry;
 mod run;
 mod scripted;
+mod secrets;
 mod signal;
 mod sink;
 mod sse;

@@ -14,6 +14,7 @@ use serde_json::Value;
 use settle_core::ChunkKind;
 
 use crate::close::Close;
+use crate::secrets::{shown_url, Secrets};
 use crate::sse::SseDecoder;
 use crate::{
     Chunk, CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
@@ -51,7 +52,10 @@ async fn read_head(mut response: reqwest::Response, head: &mut Vec<u8>) {
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
     /// The API base, e.g. `http://127.0.0.1:8080/v1`; `/chat/completions` is
-    /// appended.
+    /// appended to its path (a query it has stays after it). Errors and
+    /// `Debug` name it without its password and query values, and the start
+    /// of an error body the server sends back is shown with every secret of
+    /// the config masked.
     pub base_url: String,
     /// The model name sent with each request.
     pub model: String,
@@ -70,16 +74,18 @@ pub struct OpenAiConfig {
     pub include_usage: bool,
     /// Extra headers sent with every request (an organization, a project,
     /// a gateway's routing key, `api-key` for Azure). Their values are
-    /// never shown by `Debug`.
+    /// never shown by `Debug` nor in an error.
     pub headers: Vec<(String, String)>,
     /// Extra query parameters of every request (`api-version` for Azure).
+    /// Like the base URL's own query values, their values are never shown by
+    /// `Debug` nor in an error.
     pub query: Vec<(String, String)>,
 }
 
 impl fmt::Debug for OpenAiConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
+            .field("base_url", &shown_url(&self.base_url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("headers_timeout", &self.headers_timeout)
@@ -93,7 +99,10 @@ impl fmt::Debug for OpenAiConfig {
                     .map(|(name, _)| name)
                     .collect::<Vec<_>>(),
             )
-            .field("query", &self.query)
+            .field(
+                "query",
+                &self.query.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -175,7 +184,10 @@ impl OpenAiConfig {
 #[derive(Debug, Clone)]
 pub struct OpenAiProvider {
     config: OpenAiConfig,
-    url: String,
+    url: reqwest::Url,
+    /// `url` as messages name it: no password, no query value.
+    shown: String,
+    secrets: Secrets,
     client: reqwest::Client,
 }
 
@@ -185,15 +197,11 @@ impl OpenAiProvider {
         let url = Self::checked_url(&config)?;
         let client = reqwest::Client::builder().build().map_err(|source| {
             StreamError::from(StreamErrorKind::Connect {
-                url: url.clone(),
-                source,
+                url: shown_url(url.as_str()),
+                source: source.without_url(),
             })
         })?;
-        Ok(OpenAiProvider {
-            config,
-            url,
-            client,
-        })
+        Ok(Self::with_url(config, url, client))
     }
 
     /// A provider for `config` that sends through `client`: one connection
@@ -201,29 +209,42 @@ impl OpenAiProvider {
     /// (a `reqwest::Client` is a handle; cloning it shares the pool).
     pub fn with_client(config: OpenAiConfig, client: reqwest::Client) -> Result<Self, StreamError> {
         let url = Self::checked_url(&config)?;
-        Ok(OpenAiProvider {
+        Ok(Self::with_url(config, url, client))
+    }
+
+    fn with_url(config: OpenAiConfig, url: reqwest::Url, client: reqwest::Client) -> Self {
+        OpenAiProvider {
+            shown: shown_url(url.as_str()),
+            secrets: Secrets::of(&config),
             config,
             url,
             client,
-        })
+        }
     }
 
-    fn checked_url(config: &OpenAiConfig) -> Result<String, StreamError> {
-        let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+    /// The base URL with `chat/completions` appended to its path; its query,
+    /// if it has one, kept after it.
+    fn checked_url(config: &OpenAiConfig) -> Result<reqwest::Url, StreamError> {
         let invalid = |reason: String| {
             StreamError::from(StreamErrorKind::InvalidUrl {
-                url: config.base_url.clone(),
+                url: shown_url(&config.base_url),
                 reason,
             })
         };
-        match reqwest::Url::parse(&url) {
-            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(url),
-            Ok(parsed) => Err(invalid(format!(
+        let mut url = reqwest::Url::parse(&config.base_url).map_err(|e| invalid(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid(format!(
                 "the scheme `{}` is not http or https",
-                parsed.scheme()
-            ))),
-            Err(e) => Err(invalid(e.to_string())),
+                url.scheme()
+            )));
         }
+        match url.path_segments_mut() {
+            Ok(mut path) => {
+                path.pop_if_empty().extend(["chat", "completions"]);
+            }
+            Err(()) => return Err(invalid("it cannot have a path".to_owned())),
+        }
+        Ok(url)
     }
 
     /// The config it sends with.
@@ -233,7 +254,7 @@ impl OpenAiProvider {
 
     /// The URL requests go to.
     pub fn url(&self) -> &str {
-        &self.url
+        self.url.as_str()
     }
 
     async fn send(&self, request: &Request) -> Result<reqwest::Response, StreamError> {
@@ -251,7 +272,7 @@ impl OpenAiProvider {
             temperature: request.options.temperature,
             max_tokens: request.options.max_tokens,
         };
-        let mut builder = self.client.post(&self.url).json(&body);
+        let mut builder = self.client.post(self.url.clone()).json(&body);
         if !self.config.query.is_empty() {
             builder = builder.query(&self.config.query);
         }
@@ -261,10 +282,10 @@ impl OpenAiProvider {
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);
         }
-        let http = |source| {
+        let http = |source: reqwest::Error| {
             StreamError::from(StreamErrorKind::Connect {
-                url: self.url.clone(),
-                source,
+                url: self.shown.clone(),
+                source: source.without_url(),
             })
         };
         let timeout = self.config.headers_timeout;
@@ -274,7 +295,7 @@ impl OpenAiProvider {
         match tokio::time::timeout(timeout, builder.send()).await {
             Ok(response) => response.map_err(http),
             Err(_) => Err(StreamErrorKind::HeadersTimeout {
-                url: self.url.clone(),
+                url: self.shown.clone(),
                 timeout,
             }
             .into()),
@@ -294,9 +315,9 @@ impl Provider for OpenAiProvider {
             let mut head = Vec::new();
             let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
             return Err(StreamErrorKind::Status {
-                url: self.url.clone(),
+                url: self.shown.clone(),
                 status: status.as_u16(),
-                body: String::from_utf8_lossy(&head).into_owned(),
+                body: self.secrets.scrub(&String::from_utf8_lossy(&head)),
                 retry_after,
             }
             .into());
@@ -415,7 +436,8 @@ impl OpenAiStream {
     }
 
     /// The event stream of a body read some other way: its pieces as they
-    /// arrive, and the URL its errors name.
+    /// arrive, and the URL its errors name (without its password and query
+    /// values).
     pub fn from_body<B>(body: B, url: impl Into<String>, max_event_bytes: usize) -> Self
     where
         B: Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send + 'static,
@@ -425,7 +447,7 @@ impl OpenAiStream {
             decoder: SseDecoder::new(max_event_bytes),
             pending: VecDeque::new(),
             keepalives_seen: 0,
-            url: url.into(),
+            url: shown_url(&url.into()),
         }
     }
 
@@ -551,7 +573,7 @@ impl Stream for OpenAiStream {
                 },
                 Poll::Ready(Some(Err(source))) => StreamErrorKind::Transport {
                     url: this.url.clone(),
-                    source,
+                    source: source.without_url(),
                 }
                 .into(),
                 Poll::Ready(None) => StreamErrorKind::Protocol(format!(

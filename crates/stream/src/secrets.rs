@@ -1,0 +1,171 @@
+//! Keeping a provider's secrets out of its errors. A provider's failure
+//! becomes a turn's error, which the gateway sends to its clients and the
+//! store keeps, so what it says of the request names the URL as
+//! [`shown_url`] shows it (no password, no query value), and the start of an
+//! error body a server sent back is [`Secrets::scrub`]bed of the API key, the
+//! extra headers' values and the URL's password and query values, which a
+//! server may echo (a 401 quoting the `Authorization` it refused).
+
+use std::borrow::Cow;
+
+use crate::OpenAiConfig;
+
+/// What a masked secret reads as.
+const MASK: &str = "***";
+
+/// Secrets shorter than this are not scrubbed out of text: a one- or
+/// two-character value would take every such letter out of a message.
+const SHORTEST_SCRUBBED: usize = 4;
+
+/// `http://user:secret@host/v1?api-key=k` → `http://user:***@host/v1?api-key=***`.
+/// A URL that does not parse loses everything between its scheme and its
+/// last `@` (or everything up to it, without a scheme), and its whole
+/// query.
+pub(crate) fn shown_url(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return masked_text(url);
+    };
+    if parsed.password().is_some() && parsed.set_password(Some(MASK)).is_err() {
+        return masked_text(url);
+    }
+    if parsed.query().is_some() {
+        let names: Vec<String> = parsed.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        parsed
+            .query_pairs_mut()
+            .clear()
+            .extend_pairs(names.iter().map(|name| (name.as_str(), MASK)));
+    }
+    parsed.to_string()
+}
+
+/// [`shown_url`] for text that is not a URL.
+fn masked_text(url: &str) -> String {
+    let (head, had_query) = match url.split_once('?') {
+        Some((head, _)) => (head, true),
+        None => (url, false),
+    };
+    let head = match head.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://{MASK}@{host}"),
+            None => head.to_owned(),
+        },
+        None => match head.rsplit_once('@') {
+            Some((_, host)) => format!("{MASK}@{host}"),
+            None => head.to_owned(),
+        },
+    };
+    match had_query {
+        true => format!("{head}?{MASK}"),
+        false => head,
+    }
+}
+
+/// The secret values of a provider's config, longest first.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets(Vec<String>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} values)", self.0.len())
+    }
+}
+
+impl Secrets {
+    /// The API key, the extra headers' and query parameters' values, and the
+    /// base URL's password and query values, as given and percent-decoded.
+    pub fn of(config: &OpenAiConfig) -> Self {
+        let mut found: Vec<String> = Vec::new();
+        found.extend(config.api_key.iter().cloned());
+        found.extend(config.headers.iter().map(|(_, value)| value.clone()));
+        found.extend(config.query.iter().map(|(_, value)| value.clone()));
+        if let Ok(url) = reqwest::Url::parse(&config.base_url) {
+            if let Some(password) = url.password() {
+                found.push(password.to_owned());
+                found.extend(decoded(password));
+            }
+            for (_, value) in url.query_pairs() {
+                found.push(value.into_owned());
+            }
+            if let Some(query) = url.query() {
+                found.extend(
+                    query
+                        .split('&')
+                        .filter_map(|p| p.split_once('='))
+                        .map(|(_, v)| v.to_owned()),
+                );
+            }
+        }
+        found.retain(|s| s.chars().count() >= SHORTEST_SCRUBBED);
+        found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        found.dedup();
+        Secrets(found)
+    }
+
+    /// `text` with every secret masked.
+    pub fn scrub(&self, text: &str) -> String {
+        let mut text = Cow::Borrowed(text);
+        for secret in &self.0 {
+            if text.contains(secret.as_str()) {
+                text = Cow::Owned(text.replace(secret.as_str(), MASK));
+            }
+        }
+        text.into_owned()
+    }
+}
+
+/// A percent-encoded value decoded, when that changes it.
+fn decoded(value: &str) -> Option<String> {
+    let bytes: Vec<u8> = percent_decoded(value.as_bytes());
+    let decoded = String::from_utf8(bytes).ok()?;
+    (decoded != value).then_some(decoded)
+}
+
+fn percent_decoded(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_password_or_query_values() {
+        assert_eq!(
+            shown_url("http://op:pw@h:8/v1/chat/completions?api-key=k&v=2"),
+            "http://op:***@h:8/v1/chat/completions?api-key=***&v=***"
+        );
+        assert_eq!(shown_url("http://h/v1"), "http://h/v1");
+        assert_eq!(shown_url("not a url op:pw@h?k=v"), "***@h?***");
+        assert_eq!(shown_url("ht tp://op:pw@h/v1?k=v"), "ht tp://***@h/v1?***");
+    }
+
+    #[test]
+    fn every_form_of_a_secret_is_scrubbed_and_short_values_are_left() {
+        let mut config = OpenAiConfig::new("http://op:p%40ssword@h/v1?key=abcd1234&v=1", "m");
+        config.api_key = Some("sk-0123".to_owned());
+        let secrets = Secrets::of(&config);
+        assert_eq!(
+            secrets.scrub("sk-0123 p@ssword p%40ssword abcd1234 v=1"),
+            "*** *** *** *** v=1"
+        );
+    }
+}

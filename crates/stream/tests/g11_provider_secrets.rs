@@ -1,0 +1,115 @@
+//! No provider error shows a secret: the base URL's password and query
+//! values, the API key and the extra headers' values are kept out of every
+//! message an OpenAI-compatible provider's failure makes (a client of the
+//! gateway reads these messages, and the store keeps them), even when the
+//! server echoes them back; and a base URL with a query string still sends
+//! to `…/chat/completions` with its query kept.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::error::Error as _;
+
+use settle_stream::{OpenAiConfig, OpenAiProvider, Provider, Request, StreamError};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+#[path = "support/http.rs"]
+#[allow(dead_code)]
+mod http;
+
+const PASSWORD: &str = "hunter2-pass";
+const KEY: &str = "sk-secret-key-0123";
+const QUERY_KEY: &str = "query-key-4567";
+const HEADER: &str = "header-value-89ab";
+
+/// Every line an error gives: its message and its sources'.
+fn told(error: &StreamError) -> String {
+    let mut all = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        all.push_str(" / ");
+        all.push_str(&e.to_string());
+        next = e.source();
+    }
+    all.push_str(&format!(" / {error:?}"));
+    all
+}
+
+fn assert_no_secret(text: &str) {
+    for secret in [PASSWORD, KEY, QUERY_KEY, HEADER] {
+        assert!(!text.contains(secret), "{secret} shown in: {text}");
+    }
+}
+
+fn config(base_url: &str) -> OpenAiConfig {
+    let mut config = OpenAiConfig::new(base_url, "m");
+    config.api_key = Some(KEY.to_owned());
+    config
+        .headers
+        .push(("x-routing".to_owned(), HEADER.to_owned()));
+    config
+}
+
+async fn open_error(provider: &OpenAiProvider) -> StreamError {
+    match provider.open(&Request::prompt("hi")).await {
+        Err(error) => error,
+        Ok(_) => panic!("the request opened a stream"),
+    }
+}
+
+#[tokio::test]
+async fn g11_a_status_error_names_the_url_without_its_password_or_query_values() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // A server that echoes what it was sent, headers included, in its 401.
+    let connection = http::serve_one(listener, |mut wr| async move {
+        let body = format!(
+            "{{\"error\":\"bad credentials: Bearer {KEY}, x-routing {HEADER}, \
+             user operator:{PASSWORD}, api-key={QUERY_KEY}\"}}"
+        );
+        let response = format!(
+            "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        wr.write_all(response.as_bytes()).await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let base = format!("http://operator:{PASSWORD}@{addr}/v1?api-key={QUERY_KEY}");
+    let provider = OpenAiProvider::new(config(&base)).unwrap();
+    let error = open_error(&provider).await;
+    let text = told(&error);
+    assert!(text.contains("401"), "{text}");
+    assert!(text.contains(&addr.to_string()), "the URL is named: {text}");
+    assert_no_secret(&text);
+    // The request went to the path with the query kept after it.
+    let request = connection.request.await.unwrap();
+    let line = request.lines().next().unwrap();
+    assert_eq!(
+        line,
+        format!("POST /v1/chat/completions?api-key={QUERY_KEY} HTTP/1.1")
+    );
+}
+
+#[tokio::test]
+async fn g11_a_connect_error_names_the_url_without_its_password() {
+    // A port nobody listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let base = format!("http://operator:{PASSWORD}@{addr}/v1?api-key={QUERY_KEY}");
+    let provider = OpenAiProvider::new(config(&base)).unwrap();
+    let error = open_error(&provider).await;
+    let text = told(&error);
+    assert!(text.contains(&addr.to_string()), "the URL is named: {text}");
+    assert_no_secret(&text);
+}
+
+#[test]
+fn g11_an_invalid_base_url_is_refused_without_showing_its_password() {
+    let base = format!("ftp://operator:{PASSWORD}@127.0.0.1/v1?api-key={QUERY_KEY}");
+    let error = OpenAiProvider::new(config(&base)).unwrap_err();
+    let text = told(&error);
+    assert!(text.contains("ftp"), "{text}");
+    assert_no_secret(&text);
+}
