@@ -68,16 +68,33 @@ async fn create(client: &mut Client, name: &str) -> u64 {
         .unwrap()
 }
 
+/// The longest run of a message between two quote marks (or before the
+/// first, or after the last): what it quotes of a request at most.
+fn longest_quote(message: &str) -> usize {
+    message
+        .split(['`', '"'])
+        .map(|run| run.chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
 #[tokio::test]
 async fn an_error_quotes_a_bounded_excerpt_of_a_huge_request_and_the_connection_stays_usable() {
     let mut served = Served::tcp(book(), |k| k, |g| g).await;
     let mut client = served.client().await;
+    let id = create(&mut client, "first").await;
     // About 900 KB of quotes: each one escaped twice over in an echo.
     let huge = "\"".repeat(450_000);
+    let long = "Z".repeat(100_000);
     let cases = [
         ("turn.start", json!({ "id": huge, "prompt": "hi" })),
         ("session.create", json!({ "name": "a", huge.clone(): 1 })),
         (huge.as_str(), json!({})),
+        // serde's own messages, each quoting the request once.
+        ("sessions.list", json!({ long.clone(): 1 })),
+        ("session.hold", json!({ "id": id, "hold": long })),
+        ("sessions.list", json!({ "state": long })),
+        (long.as_str(), json!({})),
     ];
     for (method, params) in cases {
         let error = client.call(method, params).await.unwrap_err();
@@ -88,16 +105,40 @@ async fn an_error_quotes_a_bounded_excerpt_of_a_huge_request_and_the_connection_
             &error.to_string()[..200]
         );
         let message = error["message"].as_str().unwrap();
-        assert!(
-            message.chars().count() <= 700,
-            "a message of {} characters",
-            message.chars().count()
-        );
+        let chars = message.chars().count();
+        assert!(chars <= 600, "a message of {chars} characters: {message}");
+        // A quote of 200 characters, and the "…" that says it was cut.
+        let quoted = longest_quote(message);
+        assert!(quoted <= 201, "{quoted} characters quoted: {message}");
         assert!(message.contains("characters in all"), "{message}");
     }
     // Still answered on the same connection.
     let id = create(&mut client, "after").await;
     assert!(id > 0);
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_request_with_a_huge_id_is_answered_to_null_and_the_connection_stays_usable() {
+    let mut served = Served::tcp(book(), |k| k, |g| g).await;
+    let mut client = served.client().await;
+    // A request just under the 1 MiB message bound, nearly all of it its id:
+    // echoed, the answer would not fit in the connection's queue.
+    let id = "I".repeat(1024 * 1024 - 200);
+    for method in ["no.such.method", "sessions.list"] {
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}});
+        client.send_raw(&request.to_string()).await;
+        let error = client.answer_to(&Value::Null).await.unwrap_err();
+        assert_eq!(error["data"]["kind"], "bad_request", "{error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("at most 256"), "{message}");
+    }
+    // A long id within the bound is echoed as it is.
+    let fine = "i".repeat(256);
+    let request = json!({"jsonrpc": "2.0", "id": fine, "method": "sessions.list", "params": {}});
+    client.send_raw(&request.to_string()).await;
+    assert!(client.answer_to(&json!(fine)).await.is_ok());
+    assert!(create(&mut client, "after").await > 0);
     served.shut_down().await;
 }
 
@@ -532,7 +573,8 @@ async fn a_turn_that_fails_with_a_huge_message_ends_within_a_frame() {
 
 /// Pings sent by a client that reads nothing: how many pongs it finds
 /// waiting for it when it starts to read, up to the answer of a request
-/// sent after the pings.
+/// sent after the pings or the end of the connection (the gateway may cut a
+/// client whose write buffer is full).
 async fn pongs_waiting_after_pings(addr: std::net::SocketAddr, pings: usize) -> usize {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
@@ -546,28 +588,30 @@ async fn pongs_waiting_after_pings(addr: std::net::SocketAddr, pings: usize) -> 
         .unwrap();
     let payload = vec![7u8; 125];
     for _ in 0..pings {
-        ws.feed(Message::Ping(payload.clone().into()))
+        if ws
+            .feed(Message::Ping(payload.clone().into()))
             .await
-            .unwrap();
+            .is_err()
+        {
+            break;
+        }
     }
     let last = json!({"jsonrpc": "2.0", "id": "last", "method": "sessions.list", "params": {}});
-    ws.send(Message::text(last.to_string())).await.unwrap();
+    let _ = ws.send(Message::text(last.to_string())).await;
     let mut pongs = 0;
-    let answered = tokio::time::timeout(settle_tests::PATIENCE, async {
-        while let Some(frame) = ws.next().await {
-            match frame.unwrap() {
+    let ended = tokio::time::timeout(settle_tests::PATIENCE, async {
+        while let Some(Ok(frame)) = ws.next().await {
+            match frame {
                 Message::Pong(_) => pongs += 1,
-                Message::Text(text) if text.as_str().contains("\"last\"") => return true,
+                Message::Text(text) if text.as_str().contains("\"last\"") => return,
                 _ => {}
             }
         }
-        false
     })
     .await;
-    assert_eq!(
-        answered,
-        Ok(true),
-        "the request after the pings was not answered"
+    assert!(
+        ended.is_ok(),
+        "neither answered nor ended after {pongs} pongs"
     );
     pongs
 }

@@ -221,20 +221,38 @@ async fn write(mut sink: SplitSink<WebSocket, Message>, mut inbox: Inbox) {
             return;
         }
         let sent = send(&mut sink, &mut batch);
-        let open = tokio::select! {
+        let sent = tokio::select! {
             biased;
             () = cut.cancelled() => return,
-            open = sent => open,
+            sent = sent => sent,
         };
-        if !open {
-            return;
+        match sent {
+            Sent::Open => {}
+            Sent::Closed => return,
+            Sent::Failed => {
+                // The socket takes no more: the client went away, or it reads
+                // nothing and its write buffer is full (of the pongs a ping
+                // flood is owed). The connection ends with its writer.
+                tracing::debug!("a connection's write failed: it ends");
+                cut.cancel();
+                return;
+            }
         }
     }
 }
 
-/// Sends `batch`; `false` once the connection is closed (a closing frame
-/// was sent, or the socket failed).
-async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) -> bool {
+/// What became of a batch.
+enum Sent {
+    /// Sent; the connection goes on.
+    Open,
+    /// A closing frame was sent.
+    Closed,
+    /// The socket failed.
+    Failed,
+}
+
+/// Sends `batch`.
+async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) -> Sent {
     for frame in batch.drain(..) {
         let message = match frame {
             Frame::Text(text) => Message::Text(text),
@@ -242,7 +260,7 @@ async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) 
                 // Flushed part by part: a socket's buffer takes one at a time.
                 for part in parts.iter() {
                     if sink.send(Message::Text(part.clone())).await.is_err() {
-                        return false;
+                        return Sent::Failed;
                     }
                 }
                 continue;
@@ -254,14 +272,17 @@ async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) 
                     reason: "the gateway is shutting down".into(),
                 }));
                 let _ = sink.send(close).await;
-                return false;
+                return Sent::Closed;
             }
         };
         if sink.feed(message).await.is_err() {
-            return false;
+            return Sent::Failed;
         }
     }
-    sink.flush().await.is_ok()
+    match sink.flush().await {
+        Ok(()) => Sent::Open,
+        Err(_) => Sent::Failed,
+    }
 }
 
 /// Waits at most `bound` for every connection to end, then cuts the rest.

@@ -1,7 +1,8 @@
-//! [`bounded`]: what an error message may say of a client's input. A
-//! message that echoes a request (a serde error quoting a huge string, an
-//! unknown method's name) is cut to a bounded excerpt, so that the answer
-//! to any request fits in a frame and the connection stays usable.
+//! [`bounded`] and [`bounded_message`]: what an error message may say of a
+//! client's input. A message that echoes a request (a serde error quoting a
+//! huge string, an unknown method's name) is cut to a bounded excerpt, so
+//! that the answer to any request fits in a frame and the connection stays
+//! usable.
 
 use std::borrow::Cow;
 
@@ -23,9 +24,87 @@ pub(crate) fn bounded(text: &str, max: usize) -> Cow<'_, str> {
     }
 }
 
+/// `message` with every run of it between quote marks (`` ` `` or `"`,
+/// as serde quotes what it read) cut to [`MAX_QUOTED_CHARS`], and the whole
+/// to [`MAX_MESSAGE_CHARS`], the note of its full length included. A run
+/// outside quotes is cut the same way: the message's own words are short,
+/// and a request with quote marks of its own must not quote more.
+pub(crate) fn bounded_message(message: &str) -> Cow<'_, str> {
+    let total = message.chars().count();
+    if total <= MAX_MESSAGE_CHARS && longest_run(message) <= MAX_QUOTED_CHARS {
+        return Cow::Borrowed(message);
+    }
+    let mut cut = String::new();
+    let mut rest = message;
+    while !rest.is_empty() {
+        let end = rest.find(['`', '"']).map_or(rest.len(), |at| at + 1);
+        let (run, after) = rest.split_at(end);
+        cut.push_str(&bounded_run(run));
+        rest = after;
+    }
+    let note = format!(" ({total} characters in all)");
+    let room = MAX_MESSAGE_CHARS.saturating_sub(note.chars().count() + 1);
+    if let Some((at, _)) = cut.char_indices().nth(room) {
+        cut.truncate(at);
+        cut.push('…');
+    }
+    cut.push_str(&note);
+    Cow::Owned(cut)
+}
+
+/// The most characters between two quote marks of `text`.
+fn longest_run(text: &str) -> usize {
+    text.split(['`', '"'])
+        .map(|run| run.chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// A run of a message up to and with its closing quote mark, its text cut
+/// to [`MAX_QUOTED_CHARS`].
+fn bounded_run(run: &str) -> Cow<'_, str> {
+    let (text, mark) = match run.char_indices().last() {
+        Some((at, c @ ('`' | '"'))) => (&run[..at], Some(c)),
+        _ => (run, None),
+    };
+    match text.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => Cow::Borrowed(run),
+        Some((at, _)) => {
+            let mut cut = format!("{}…", &text[..at]);
+            cut.extend(mark);
+            Cow::Owned(cut)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_quotes_at_most_its_bound_and_is_at_most_its_length_note_included() {
+        assert_eq!(bounded_message("no method `x`"), "no method `x`");
+        let long = "Z".repeat(1000);
+        let message = format!("unknown variant `{long}`, expected `turn`");
+        let cut = bounded_message(&message);
+        assert!(
+            cut.starts_with(&format!("unknown variant `{}…`", &long[..200])),
+            "{cut}"
+        );
+        assert!(
+            cut.ends_with("`, expected `turn` (1035 characters in all)"),
+            "{cut}"
+        );
+        // Quote marks of the request's own: every run is cut, and the whole.
+        let marks = format!("a `{}`", "Q`".repeat(150).repeat(3));
+        let cut = bounded_message(&marks);
+        assert!(cut.chars().count() <= MAX_MESSAGE_CHARS, "{cut}");
+        assert!(longest_run(&cut) <= MAX_QUOTED_CHARS + 1, "{cut}");
+        assert!(cut.ends_with(" (904 characters in all)"), "{cut}");
+        let words = "word ".repeat(300);
+        let cut = bounded_message(&words);
+        assert!(cut.chars().count() <= MAX_MESSAGE_CHARS, "{cut}");
+    }
 
     #[test]
     fn a_long_text_is_cut_at_a_character_boundary_with_its_length() {

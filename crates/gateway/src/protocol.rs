@@ -16,7 +16,7 @@ use settle_core::Error as CoreError;
 use settle_runtime::RuntimeError;
 use settle_store::StoreError;
 
-use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
+use crate::excerpt::bounded_message;
 
 /// The stable kind of an error, in its `data.kind` (SPEC §10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,12 +120,11 @@ pub(crate) struct RpcError {
 }
 
 impl RpcError {
-    /// An error answer; a message longer than
-    /// [`MAX_MESSAGE_CHARS`](crate::excerpt::MAX_MESSAGE_CHARS) (one that
-    /// echoes a huge request) is cut, so that the answer fits in a frame.
+    /// An error answer; a message that echoes a huge request is cut (see
+    /// [`bounded_message`]), so that the answer fits in a frame.
     pub fn new(code: i64, kind: ErrorKind, message: impl Into<String>) -> Self {
         let message = message.into();
-        let message = match bounded(&message, MAX_MESSAGE_CHARS) {
+        let message = match bounded_message(&message) {
             Cow::Borrowed(_) => message,
             Cow::Owned(cut) => cut,
         };
@@ -214,6 +213,10 @@ pub(crate) struct Incoming {
     pub params: Value,
 }
 
+/// The most characters of a string `id`: every answer echoes its id, and
+/// must fit in a frame beside what it says.
+pub(crate) const MAX_ID_CHARS: usize = 256;
+
 /// Reads one frame. A frame that is not a request gives the error to answer
 /// with, and the id to answer to (null when it cannot be read).
 pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
@@ -249,6 +252,14 @@ pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
     };
     let id = match object.remove("id") {
         None => None,
+        Some(Value::String(id)) if id.chars().count() > MAX_ID_CHARS => {
+            // Echoed in the answer, a huge id would not fit in a frame.
+            let why = format!(
+                "`id` is a string of {} characters; at most {MAX_ID_CHARS}",
+                id.chars().count()
+            );
+            return Err(invalid(Value::Null, &why));
+        }
         Some(id @ (Value::Null | Value::Number(_) | Value::String(_))) => Some(id),
         Some(_) => return Err(invalid(Value::Null, "`id` must be a number or a string")),
     };
