@@ -26,7 +26,8 @@ pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
 /// A started turn's id, the receiver of its chunks and the receiver of its
 /// end: what the session's handle makes its [`Turn`](crate::Turn) of.
 pub(crate) type TurnStarted = (
-    WorkId,
+    // The turn's id, cancelled if the caller went away before taking it.
+    crate::unclaimed::Unclaimed,
     mpsc::Receiver<Chunk>,
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).

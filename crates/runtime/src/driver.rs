@@ -46,6 +46,7 @@ use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 use crate::task_work::{self, StartTask};
 use crate::tracked::Tracked;
+use crate::unclaimed::Unclaimed;
 use crate::work::{self, WorkHandle};
 
 /// The driver's tables, keyed by ids it was handed: foldhash, not SipHash,
@@ -95,6 +96,9 @@ struct Parked {
 
 pub(crate) struct Channels {
     pub commands: mpsc::UnboundedReceiver<Command>,
+    /// Where the driver's own answers send a command back to it: a started
+    /// turn whose caller went away cancels itself through it.
+    pub loopback: mpsc::WeakUnboundedSender<Command>,
     pub acks: mpsc::UnboundedReceiver<Ack>,
     pub recorder: mpsc::UnboundedSender<Vec<Record>>,
     /// Where the driver publishes the shutdown's deadline: the recorder
@@ -124,6 +128,7 @@ pub(crate) struct Driver {
     wall_now: std::time::SystemTime,
     config: Config,
     commands: mpsc::UnboundedReceiver<Command>,
+    loopback: mpsc::WeakUnboundedSender<Command>,
     reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
     report_tx: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     acks: mpsc::UnboundedReceiver<Ack>,
@@ -161,6 +166,7 @@ impl Driver {
             clock: parts.clock,
             config,
             commands: channels.commands,
+            loopback: channels.loopback,
             reports,
             report_tx,
             acks: channels.acks,
@@ -750,6 +756,9 @@ impl Driver {
                 let retries = handle.retries.clone();
                 self.works.insert(work, handle);
                 let (work, chunks, outcome) = turn;
+                let work = Unclaimed::new(work, self.loopback.clone());
+                // A caller gone already drops the answer here, which cancels
+                // the turn (see `Unclaimed`).
                 let _ = reply.send(Ok((work, chunks, outcome, announced, retries)));
             }
             Start::Task { start, reply } => {

@@ -140,6 +140,7 @@ impl KernelBuilder {
             config,
             Channels {
                 commands,
+                loopback: command_tx.downgrade(),
                 acks,
                 recorder: record_tx,
                 shutdown_deadline: deadline_tx,

@@ -228,6 +228,7 @@ mod task_context;
 mod task_work;
 mod tracked;
 mod turn;
+mod unclaimed;
 mod work;
 
 pub use config::{

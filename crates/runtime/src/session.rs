@@ -146,7 +146,8 @@ impl SessionHandle {
             })
             .await;
         let (work, chunks, outcome, announced, retries) = started?;
-        let turn = Turn::new(work, chunks, outcome, retries).cancel_on_drop(self.kernel.commands());
+        let turn = Turn::new(work.claim(), chunks, outcome, retries)
+            .cancel_on_drop(self.kernel.commands());
         // A turn is announced only once its start is written: one the store
         // did not take is refused here, with the store's own cause (its
         // work fails, and the dropped handle is a no-op).

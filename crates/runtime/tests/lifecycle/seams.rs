@@ -343,3 +343,48 @@ fn signals_get_their_default_action_once_the_kernel_stopped() {
         assert_eq!(status.signal(), Some(signal as i32), "{status:?}");
     }
 }
+
+/// Starts a turn on a stream that never ends and drops the start's future
+/// after one poll, before it gave the turn (what a `timeout` or a
+/// `select!` that gives up does): at once, so that the driver's answer
+/// finds nobody, or once every task ran, so that the answer waits unread
+/// in the start's channel. The turn must end as if its `Turn` had been
+/// dropped: cancelled, its stream closed, the session free for the next.
+async fn a_dropped_start(answered: bool) {
+    use std::future::Future;
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([hang(&[], MS)]);
+    let mut starting = Box::pin(session.run_turn(p.clone(), TurnRequest::prompt("go")));
+    let waker = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(starting.as_mut().poll(&mut cx).is_pending());
+    if answered {
+        settle_tasks().await;
+    }
+    drop(starting);
+    settle_tasks().await;
+    tokio::time::sleep(100 * MS).await;
+    let stats = p.stats();
+    // Cancelled before its stream opened, or closed once it did (G4).
+    assert!(stats.opened <= 1, "{stats:?}");
+    assert_eq!(
+        stats.close_started, stats.opened,
+        "a stream left open: {stats:?}"
+    );
+    assert_eq!(session.state().await.unwrap(), State::Registered);
+    let next = start(&session, &provider([complete(&["next"], MS)])).await;
+    assert_eq!(next.outcome().await, settle_runtime::Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_turn_whose_start_was_dropped_before_its_answer_is_cancelled_and_closed() {
+    a_dropped_start(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g4_a_turn_whose_start_was_dropped_with_its_answer_waiting_is_cancelled_and_closed() {
+    a_dropped_start(true).await;
+}
