@@ -11,7 +11,9 @@ pub struct ShutdownReport {
     pub cancelled: Vec<SessionId>,
     /// Works that ignored cancellation and were detached (write access revoked).
     pub detached: Vec<SessionId>,
-    /// Every session finalized during the shutdown, with its end reason, in order.
+    /// Every session whose finalize the store committed during the
+    /// shutdown, with its end reason, in order (one it did not commit is in
+    /// `left_recoverable` instead).
     pub finalized: Vec<(SessionId, EndReason)>,
     /// Sessions whose finalize was not committed (the store failed, or did not
     /// answer within the shutdown's budget): left for `recover` (G8). Empty

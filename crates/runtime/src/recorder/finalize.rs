@@ -74,7 +74,9 @@ impl Recorder {
                 FinalizeStep::ReleaseSlot | FinalizeStep::InterruptDelegations => {}
             }
         }
-        if plan.in_shutdown {
+        // A finalize the store did not commit is named in `left_recoverable`
+        // only: the report says what the store holds, not what was asked.
+        if plan.in_shutdown && result.is_ok() {
             self.report.finalized.push((session, plan.reason));
         }
         self.events

@@ -257,6 +257,8 @@ async fn g9_a_store_that_never_answers_cannot_hold_the_shutdown_past_its_bound()
         sessions,
         "{report:?}"
     );
+    // What the store did not commit is left, not finalized as well.
+    assert!(report.finalized.is_empty(), "{report:?}");
     assert!(!report.flushed_in_budget, "{report:?}");
     assert!(!report.lease_lost);
     assert!(report.store_failures >= sessions.len(), "{report:?}");
