@@ -5,6 +5,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use settle_core::Budget;
 
+use crate::args::Whole;
 use crate::errors;
 
 /// What a session and its whole subtree may spend: `turns` (the most turns
@@ -30,7 +31,12 @@ impl PyBudget {
 impl PyBudget {
     #[new]
     #[pyo3(signature = (*, turns = None, tokens = None, wall_time = None))]
-    fn new(turns: Option<u32>, tokens: Option<u64>, wall_time: Option<f64>) -> PyResult<Self> {
+    fn new(
+        turns: Option<Whole<u32>>,
+        tokens: Option<Whole<u64>>,
+        wall_time: Option<f64>,
+    ) -> PyResult<Self> {
+        let (turns, tokens) = (turns.map(|t| t.0), tokens.map(|t| t.0));
         let mut budget = Budget::default();
         if let Some(turns) = turns {
             budget = budget.turns(turns);

@@ -81,6 +81,13 @@ impl PyChunk {
 
 /// The chunks `item` stands for (the table of the module's doc).
 pub(crate) fn chunks_of(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>) -> PyResult<()> {
+    chunks_at(item, out, 0)
+}
+
+/// [`chunks_of`] for an item `depth` lists or tuples deep. A list that
+/// holds itself, or lists nested past [`convert::MAX_DEPTH`], fail the turn
+/// instead of recursing until the thread's stack runs out.
+fn chunks_at(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>, depth: usize) -> PyResult<()> {
     if item.is_none() {
         return Ok(());
     }
@@ -95,15 +102,28 @@ pub(crate) fn chunks_of(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>) -> PyResu
         out.push(chunk.get().chunk.clone());
         return Ok(());
     }
+    let nested = || {
+        crate::errors::BadInput::new_err(format!(
+            "a turn's iterator yielded lists or tuples nested deeper than {} levels \
+             (or a list that holds itself); yield each chunk, or a flat list of them",
+            convert::MAX_DEPTH
+        ))
+    };
     if let Ok(list) = item.cast::<PyList>() {
+        if depth >= convert::MAX_DEPTH {
+            return Err(nested());
+        }
         for each in list.iter() {
-            chunks_of(&each, out)?;
+            chunks_at(&each, out, depth + 1)?;
         }
         return Ok(());
     }
     if let Ok(tuple) = item.cast::<PyTuple>() {
+        if depth >= convert::MAX_DEPTH {
+            return Err(nested());
+        }
         for each in tuple.iter() {
-            chunks_of(&each, out)?;
+            chunks_at(&each, out, depth + 1)?;
         }
         return Ok(());
     }

@@ -7,7 +7,7 @@ use serde_json::{Map, Number, Value};
 
 /// How deep a value may nest before it is refused (a cycle, or a value no
 /// model sends).
-const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// `value` as JSON: `None`, booleans, numbers, strings, lists, tuples,
 /// dicts (keys as strings), and objects with `model_dump()` (pydantic);
@@ -41,7 +41,7 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Number::from_f64(n.value()).map_or(Value::Null, Value::Number));
     }
     if let Ok(text) = value.cast::<PyString>() {
-        return Ok(Value::String(text.to_cow()?.into_owned()));
+        return Ok(Value::String(utf8(text)?));
     }
     if let Ok(list) = value.cast::<PyList>() {
         return list.iter().map(|v| to_json_at(&v, depth + 1)).collect();
@@ -53,7 +53,7 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         let mut map = Map::new();
         for (key, item) in dict.iter() {
             let key = match key.cast::<PyString>() {
-                Ok(key) => key.to_cow()?.into_owned(),
+                Ok(key) => utf8(key)?,
                 Err(_) => key.str()?.to_string(),
             };
             map.insert(key, to_json_at(&item, depth + 1)?);
@@ -78,4 +78,11 @@ pub(crate) fn from_json<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'
             .import("json")?
             .call_method1("loads", (other.to_string(),)),
     }
+}
+
+/// A Python string as UTF-8; one with a lone surrogate raises `BadInput`.
+pub(crate) fn utf8(text: &Bound<'_, PyString>) -> PyResult<String> {
+    text.to_cow()
+        .map(|text| text.into_owned())
+        .map_err(|_| crate::args::not_utf8())
 }

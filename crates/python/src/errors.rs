@@ -39,7 +39,7 @@ pyo3::create_exception!(
     settle,
     BadInput,
     Error,
-    "An argument was refused before anything was written: an unknown session, one that cannot be resumed (not finalized), a request over a size limit, a chunk that cannot be read."
+    "An argument was refused before anything was written: an unknown session, one that cannot be resumed (not finalized), a request over a size limit, a number out of its range (a negative id), a string that is not UTF-8 (a lone surrogate), a chunk that cannot be read."
 );
 pyo3::create_exception!(
     settle,

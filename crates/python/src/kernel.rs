@@ -12,6 +12,7 @@ use settle_runtime::{Kernel, ShutdownReport, WeakKernel};
 use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{Text, Whole};
 use crate::awaitable::{awaitable, finishing, ready, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
@@ -73,6 +74,7 @@ impl<'py> IntoPyObject<'py> for Report {
         dict.set_item("detached", ids(&report.detached))?;
         dict.set_item("left_recoverable", ids(&report.left_recoverable))?;
         dict.set_item("store_failures", report.store_failures)?;
+        dict.set_item("lease_lost", report.lease_lost)?;
         Ok(dict)
     }
 }
@@ -123,16 +125,17 @@ impl PyKernel {
     /// Raises `BadInput` for a database that cannot be opened, `StoreError`
     /// when the store fails.
     #[staticmethod]
-    #[pyo3(signature = (db = Some("settle.db".to_owned()), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None))]
+    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None))]
     fn open<'py>(
         py: Python<'py>,
-        db: Option<String>,
+        db: Option<Text>,
         settle_timeout: f64,
         drain_timeout: f64,
         idle_timeout: Option<f64>,
         idle_ttl: Option<f64>,
-        lru_cap: Option<usize>,
+        lru_cap: Option<Whole<usize>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (db, lru_cap) = (db.map(|d| d.0), lru_cap.map(|c| c.0));
         let settle = seconds(settle_timeout, "settle_timeout")?;
         let drain = seconds(drain_timeout, "drain_timeout")?;
         let idle = idle_timeout
@@ -195,10 +198,11 @@ impl PyKernel {
     fn register<'py>(
         &self,
         py: Python<'py>,
-        name: String,
+        name: Text,
         parent: Option<Bound<'py, PyAny>>,
         budget: Option<PyRef<'py, PyBudget>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let Text(name) = name;
         let budget = budget.map(|b| b.get());
         crate::task::check_write(py)?;
         let parent = parent.as_ref().map(session_id).transpose()?;
@@ -219,7 +223,8 @@ impl PyKernel {
 
     /// A handle on session `id`: an open one, or a finalized one whose
     /// methods raise `SessionClosed`. Raises `BadInput` when it is unknown.
-    fn session<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyAny>> {
+    fn session<'py>(&self, py: Python<'py>, id: Whole<u64>) -> PyResult<Bound<'py, PyAny>> {
+        let Whole(id) = id;
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
         awaitable(
@@ -254,8 +259,9 @@ impl PyKernel {
         &self,
         py: Python<'py>,
         id: Bound<'py, PyAny>,
-        name: String,
+        name: Text,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let Text(name) = name;
         crate::task::check_write(py)?;
         let from = session_id(&id)?;
         let (kernel, here) = self.kernel.get()?;
@@ -294,9 +300,12 @@ impl PyKernel {
     /// sessions finalized `shutdown`, running turns drained for `drain`
     /// seconds (default: the kernel's drain timeout), then cancelled,
     /// settled and finalized. Resolves to a report (`finalized`: id to end
-    /// reason; `drained`, `cancelled`, `detached`, `left_recoverable`: ids;
-    /// `store_failures`) once every session is
-    /// finalized, or once the bound ran out on a stalled store.
+    /// reason, each committed by the store; `drained`, `cancelled`,
+    /// `detached`, `left_recoverable`: ids, the last those whose finalize
+    /// the store did not commit, for `settle recover`; `store_failures`;
+    /// `lease_lost`: the kernel had stopped on losing its lease, G8) once
+    /// every session is finalized, or once the bound ran out on a stalled
+    /// store.
     #[pyo3(signature = (drain = None))]
     fn shutdown<'py>(&self, py: Python<'py>, drain: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
         let drain = match drain {
@@ -496,6 +505,6 @@ pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
 fn session_id(obj: &Bound<'_, PyAny>) -> PyResult<SessionId> {
     match obj.cast::<PySession>() {
         Ok(session) => Ok(SessionId(session.get().id_value())),
-        Err(_) => Ok(SessionId(obj.extract::<u64>()?)),
+        Err(_) => Ok(SessionId(obj.extract::<Whole<u64>>()?.0)),
     }
 }

@@ -73,6 +73,7 @@
 //!   (`process.rs`); interpreter exit shuts every kernel down, bounded
 //!   (`kernel.rs`, registered with `atexit` by the package).
 
+mod args;
 mod awaitable;
 mod budget;
 mod chunk;

@@ -10,6 +10,7 @@ use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::Text;
 use crate::awaitable::{awaitable, finishing, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
@@ -53,7 +54,7 @@ fn request(input: Option<&Bound<'_, PyAny>>) -> PyResult<TurnRequest> {
         return Ok(TurnRequest::new(Vec::new()));
     };
     if let Ok(prompt) = input.cast::<PyString>() {
-        return Ok(TurnRequest::prompt(prompt.to_cow()?.into_owned()));
+        return Ok(TurnRequest::prompt(crate::convert::utf8(prompt)?));
     }
     let value = crate::convert::to_json(input)?;
     // A message's `content` may be a string, `None` (an assistant message
@@ -167,9 +168,10 @@ impl PySession {
     fn child<'py>(
         &self,
         py: Python<'py>,
-        name: String,
+        name: Text,
         budget: Option<PyRef<'py, PyBudget>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let Text(name) = name;
         check_write(py)?;
         let budget = budget.map(|b| b.get());
         let (handle, here) = self.handle.get()?;
@@ -347,8 +349,9 @@ impl PySession {
     /// person for; `"delegation"`, work it handed to another session): no
     /// automatic path (idle reap, LRU cap) reclaims it until `release()`.
     /// Raises `SessionClosed` once it is finalized.
-    #[pyo3(signature = (kind = "input"))]
-    fn hold<'py>(&self, py: Python<'py>, kind: &str) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
+    fn hold<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
+        let kind = kind.0.as_str();
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();
@@ -359,8 +362,9 @@ impl PySession {
     }
 
     /// Ends a `hold(kind)`.
-    #[pyo3(signature = (kind = "input"))]
-    fn release<'py>(&self, py: Python<'py>, kind: &str) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
+    fn release<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
+        let kind = kind.0.as_str();
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;
         let handle = handle.clone();

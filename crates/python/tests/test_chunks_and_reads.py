@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import settle
-from conftest import PATIENCE, Stream, settle_bin, settle_json
+from conftest import PATIENCE, Stream, run_python, settle_bin, settle_json
 
 OPENAI_DICTS = [
     {"choices": [{"index": 0, "delta": {"reasoning_content": "The user wants the weather"}}]},
@@ -149,3 +149,47 @@ async def test_a_content_that_is_neither_text_nor_parts_is_bad_input(kernel):
     with pytest.raises(settle.BadInput, match="a string or a list of parts"):
         await session.turn(Stream(["x"]), input=[{"role": "user", "content": 7}])
 
+
+
+NESTED_CHUNKS = r'''
+import asyncio, sys
+import settle
+
+def item(kind):
+    if kind == "itself":
+        x = []
+        x.append(x)
+        return x
+    x = "leaf"
+    for _ in range(100_000):
+        x = [x] if kind == "deep" else (x,)
+    return x
+
+async def main(db, kind):
+    async with await settle.Kernel.open(db) as kernel:
+        session = await kernel.register("s")
+        async def source():
+            yield "before"
+            yield item(kind)
+        async with await session.turn(source, input="x") as turn:
+            async for _ in turn:
+                pass
+        print(turn.outcome, type(turn.error).__name__, turn.error)
+        # The session goes on.
+        async def after():
+            yield "after"
+        async with await session.turn(after, input="y") as turn:
+            print([c.text async for c in turn], turn.outcome)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+'''
+
+
+@pytest.mark.parametrize("kind", ["itself", "deep", "deep_tuple"])
+async def test_g11_a_list_that_holds_itself_or_nests_too_deep_fails_its_turn_not_the_process(tmp_path, kind):
+    code, out, err = await run_python("-c", NESTED_CHUNKS, str(tmp_path / "n.db"), kind)
+    assert code == 0, (code, out, err)
+    first, second = out.strip().splitlines()
+    assert first.startswith("failed"), out
+    assert "deeper than 64" in first, out
+    assert second == "['after'] completed", out

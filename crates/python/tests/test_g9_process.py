@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import settle
+
 from conftest import run_script
 
 
@@ -317,3 +319,15 @@ def test_g9_a_signal_after_the_kernel_stopped_takes_its_default_action(db):
     out = run_script(AFTER_STOP_SCRIPT, db, timeout=30)
     assert out.stdout.splitlines() == ["stopped"], out.stdout + out.stderr
     assert out.returncode == -signal.SIGTERM
+
+
+async def test_g9_the_shutdown_report_says_what_the_store_committed_and_whether_the_lease_was_lost(db):
+    kernel = await settle.Kernel.open(db)
+    root = await kernel.register("root")
+    child = await root.child("child")
+    report = await kernel.shutdown(0.0)
+    assert report["finalized"] == {child.id: "shutdown", root.id: "shutdown"}
+    assert list(report["finalized"]) == [child.id, root.id]
+    assert report["left_recoverable"] == []
+    assert report["lease_lost"] is False
+    assert report["store_failures"] == 0

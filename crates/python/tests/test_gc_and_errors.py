@@ -129,6 +129,34 @@ async def test_g11_bad_input_is_refused_before_anything_is_written(kernel, tmp_p
     assert await session.transcript() == []
 
 
+async def test_g11_a_number_out_of_range_or_a_lone_surrogate_is_bad_input_not_a_builtin_error(kernel, tmp_path):
+    session = await kernel.register("s")
+    surrogate = "bad \udc80 name"
+    for call in (
+        lambda: kernel.session(-1),
+        lambda: kernel.session(2**70),
+        lambda: kernel.register("x", -1),
+        lambda: kernel.resume(-1, "r"),
+        lambda: settle.Budget(turns=-1),
+        lambda: settle.Budget(tokens=2**70),
+        lambda: settle.Kernel.open(str(tmp_path / "z.db"), lru_cap=-1),
+        lambda: kernel.register(surrogate),
+        lambda: session.child(surrogate),
+        lambda: session.hold(surrogate),
+        lambda: session.turn(Stream(["x"]), input=surrogate),
+        lambda: session.turn(Stream(["x"]), input=[{"role": "user", "content": surrogate}]),
+        lambda: settle.Kernel.open(str(tmp_path / surrogate)),
+    ):
+        with pytest.raises(settle.BadInput) as refused:
+            result = call()
+            if hasattr(result, "__await__"):
+                await result
+        message = str(refused.value)
+        assert "out of range" in message or "surrogate" in message, message
+    assert await session.transcript() == []
+    assert [row["name"] for row in await kernel.sessions()] == ["s"]
+
+
 async def test_a_chunk_that_cannot_be_read_fails_the_turn_saying_to_use_to_chunk(kernel):
     session = await kernel.register("s")
     async with await session.turn(Stream([object()])) as turn:

@@ -51,7 +51,10 @@ class StoreError(Error):
     """The session store failed or did not answer in time."""
 
 class BadInput(Error):
-    """An argument was refused before anything was written."""
+    """An argument was refused before anything was written: an unknown
+    session, a request over a size limit, a number out of its range (a
+    negative id), a string that is not UTF-8 (a lone surrogate), a chunk
+    that cannot be read."""
 
 class Detached(Error):
     """G5: the task ignored its cancel past the settle timeout and was detached."""

@@ -1,0 +1,87 @@
+//! Arguments read as the package's errors say: a number out of its range
+//! (`-1` for an id, `2**70`) and a string Python cannot encode as UTF-8 (a
+//! lone surrogate) raise `settle.BadInput`, like every other bad argument,
+//! not the `OverflowError` and `UnicodeEncodeError` PyO3's own conversions
+//! raise. (A value of the wrong type still raises `TypeError`, as Python's
+//! own functions do.)
+
+use pyo3::exceptions::{PyOverflowError, PyUnicodeEncodeError};
+use pyo3::prelude::*;
+use pyo3::Borrowed;
+
+use crate::errors::BadInput;
+
+/// A whole number from 0 to `T`'s largest: an id, a count, a cap.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Whole<T>(pub T);
+
+impl<'a, 'py, T> FromPyObject<'a, 'py> for Whole<T>
+where
+    T: for<'b> FromPyObject<'b, 'py, Error = PyErr> + Bounded,
+{
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<T>() {
+            Ok(value) => Ok(Whole(value)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+                let shown = obj.repr().map(|r| r.to_string()).unwrap_or_default();
+                Err(BadInput::new_err(format!(
+                    "{} is out of range: a whole number from 0 to {} is expected",
+                    excerpt(&shown),
+                    T::LARGEST
+                )))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The largest value of an unsigned integer type, for the message.
+pub(crate) trait Bounded {
+    const LARGEST: u64;
+}
+
+impl Bounded for u32 {
+    const LARGEST: u64 = u32::MAX as u64;
+}
+
+impl Bounded for u64 {
+    const LARGEST: u64 = u64::MAX;
+}
+
+impl Bounded for usize {
+    const LARGEST: u64 = usize::MAX as u64;
+}
+
+/// A string that can be stored: valid UTF-8.
+#[derive(Debug, Clone)]
+pub(crate) struct Text(pub String);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Text {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<String>() {
+            Ok(text) => Ok(Text(text)),
+            Err(e) if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) => Err(not_utf8()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The error of a string with a lone surrogate.
+pub(crate) fn not_utf8() -> PyErr {
+    BadInput::new_err(
+        "a string holds a lone surrogate (such as '\\udc80'), which is not UTF-8 and \
+         cannot be stored; decode bytes with errors='replace' or 'strict' first",
+    )
+}
+
+/// The start of a long repr.
+fn excerpt(text: &str) -> &str {
+    match text.char_indices().nth(40) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
