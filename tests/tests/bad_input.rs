@@ -352,6 +352,37 @@ fn cases() -> Vec<Case> {
             "out",
         ),
         case(
+            "show of an id past what the database holds",
+            |d| database(d, "settle.db"),
+            &["show", "9223372036854775808"],
+            2,
+            "9223372036854775808",
+        ),
+        case(
+            "export -o the database itself",
+            |d| database(d, "settle.db"),
+            &["export", "1", "-o", "settle.db"],
+            2,
+            "database's own file",
+        ),
+        case(
+            "show --trace onto the database itself",
+            |d| database(d, "settle.db"),
+            &["show", "1", "--trace", "./settle.db"],
+            2,
+            "database's own file",
+        ),
+        case(
+            "export -o another SQLite database",
+            |d| {
+                database(d, "settle.db");
+                database(d, "other.db");
+            },
+            &["export", "1", "-o", "other.db"],
+            2,
+            "SQLite database",
+        ),
+        case(
             "show --trace into a missing folder",
             |d| database(d, "settle.db"),
             &["show", "1", "--trace", "no/such/dir/t.json"],

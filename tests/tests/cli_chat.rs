@@ -870,3 +870,26 @@ fn a_reply_with_terminal_control_sequences_is_shown_escaped_and_stored_exactly()
     let shown_json = sandbox.show(sessions[0]["id"].as_u64().unwrap());
     assert_eq!(shown_json["turns"][0]["chunks"], serde_json::json!(hostile));
 }
+
+#[test]
+fn g11_the_chat_banner_names_the_base_url_without_its_password() {
+    let sandbox = Sandbox::new();
+    // No model server behind it: the banner comes first, and stdin is empty.
+    let out = sandbox.run(&[
+        "chat",
+        "--base-url",
+        "http://operator:URLSECRET@127.0.0.1:1/v1?api-key=QUERYSECRET",
+        "--model",
+        "m",
+    ]);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("operator:***@127.0.0.1:1"), "{all}");
+    assert!(
+        !all.contains("URLSECRET") && !all.contains("QUERYSECRET"),
+        "{all}"
+    );
+}

@@ -114,7 +114,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         "settle chat: session {}{resumed} with {} at {}. Ctrl-C cancels a reply, Ctrl-D ends.",
         session.id(),
         args.server.model,
-        args.server.base_url
+        settle_stream::shown_url(&args.server.base_url)
     );
     let end = loop {
         prompt();

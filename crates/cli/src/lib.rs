@@ -123,11 +123,16 @@ impl From<StoreError> for Failure {
 }
 
 /// A session id on the command line (`settle show 3`, `settle chat --resume 3`):
-/// anything but a whole number is bad input, said in one line.
+/// anything but a whole number the database can hold (up to 2^63 − 1) is
+/// bad input, said in one line.
 pub fn parse_id(text: &str) -> Result<SessionId, String> {
-    text.parse().map_err(|_| {
-        format!("`{text}` is not a session id: ids are whole numbers, see `settle sessions`")
-    })
+    let refused =
+        || format!("`{text}` is not a session id: ids are whole numbers, see `settle sessions`");
+    let id: SessionId = text.parse().map_err(|_| refused())?;
+    match i64::try_from(id.get()) {
+        Ok(_) => Ok(id),
+        Err(_) => Err(refused()),
+    }
 }
 
 /// Opens an existing store for a command that only reads it, or recovers it

@@ -368,11 +368,11 @@ async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
     if let Some(path) = &args.trace {
         let rows = store.list_sessions(SessionFilter::all()).await?;
         let mut details = vec![top];
-        for id in descendants(&rows, args.id) {
+        for id in descendants(&rows, args.id)? {
             details.push(detail(&store, db, id).await?);
         }
         let tree = trace::subtree(args.id, details);
-        outfile::write(path, &trace::render(&tree, SystemTime::now()))?;
+        outfile::write(path, &trace::render(&tree, SystemTime::now()), db)?;
         if path != Path::new("-") {
             outln!(
                 "wrote the trace of {} session{} to {}: open it in ui.perfetto.dev or chrome://tracing",
@@ -389,17 +389,25 @@ async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
     Ok(exit::DONE)
 }
 
-/// Every descendant of `top` among `rows`.
-fn descendants(rows: &[SessionRow], top: SessionId) -> Vec<SessionId> {
+/// Every descendant of `top` among `rows`; a store error when a session
+/// is found twice (its parents loop: the store was changed by hand).
+fn descendants(rows: &[SessionRow], top: SessionId) -> Result<Vec<SessionId>, Failure> {
     let mut found = Vec::new();
+    let mut seen = std::collections::HashSet::from([top]);
     let mut frontier = vec![top];
     while let Some(parent) = frontier.pop() {
         for row in rows.iter().filter(|r| r.parent == Some(parent)) {
+            if !seen.insert(row.id) {
+                return Err(Failure::store(format!(
+                    "session {}'s parents loop back to it (its parent is {parent}); the store was changed outside settle",
+                    row.id
+                )));
+            }
             found.push(row.id);
             frontier.push(row.id);
         }
     }
-    found
+    Ok(found)
 }
 
 async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
@@ -407,7 +415,7 @@ async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
     let detail = detail(&store, db, args.id).await?;
     let text = export::render(&detail, args.format);
     match &args.output {
-        Some(path) => outfile::write(path, &text)?,
+        Some(path) => outfile::write(path, &text, db)?,
         None => out!("{text}"),
     }
     Ok(exit::DONE)

@@ -17,11 +17,12 @@ const MASK: &str = "***";
 /// two-character value would take every such letter out of a message.
 const SHORTEST_SCRUBBED: usize = 4;
 
-/// `http://user:secret@host/v1?api-key=k` → `http://user:***@host/v1?api-key=***`.
+/// A URL as messages name it: `http://user:secret@host/v1?api-key=k` →
+/// `http://user:***@host/v1?api-key=***`.
 /// A URL that does not parse loses everything between its scheme and its
 /// last `@` (or everything up to it, without a scheme), and its whole
 /// query.
-pub(crate) fn shown_url(url: &str) -> String {
+pub fn shown_url(url: &str) -> String {
     let Ok(mut parsed) = reqwest::Url::parse(url) else {
         return masked_text(url);
     };
