@@ -14,9 +14,11 @@ use crate::listing::{self, Listed};
 use crate::table::{Align, Column, Table};
 use crate::transcript::{self, InputMessage, TurnFailure};
 
-/// `at` as RFC 3339 UTC, to the millisecond.
+/// `at` as RFC 3339 UTC, to the millisecond, as the store's rows spell it
+/// ([`settle_store::rfc3339`]: a time it cannot spell is written as what it
+/// is, not a panic).
 pub fn rfc3339(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
+    settle_store::rfc3339(at)
 }
 
 /// One session as `settle sessions --json` prints it: the store's one
@@ -563,6 +565,22 @@ mod tests {
 
     use super::*;
     use crate::test_support::at;
+
+    #[test]
+    fn a_time_rfc_3339_cannot_spell_is_written_as_what_it_is_not_a_panic() {
+        use std::time::{Duration, UNIX_EPOCH};
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_millis(1)),
+            "1970-01-01T00:00:00.001Z"
+        );
+        let far = UNIX_EPOCH + Duration::from_millis(i64::MAX as u64);
+        assert_eq!(
+            rfc3339(far),
+            format!("(not a time: {} ms after 1970)", i64::MAX)
+        );
+        let before = UNIX_EPOCH - Duration::from_millis(5);
+        assert_eq!(rfc3339(before), "(not a time: 5 ms before 1970)");
+    }
 
     fn row(id: u64, resumed_from: Option<u64>) -> SessionRow {
         SessionRow {

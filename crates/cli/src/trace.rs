@@ -137,7 +137,8 @@ pub fn render(tree: &Subtree, now: SystemTime) -> String {
             "sessions": tree.sessions.len(),
         }),
     };
-    serde_json::to_string(&trace).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    // No control character raw (C1 ones included), as every JSON output.
+    crate::escape::json(&trace, false).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 fn session_events(
@@ -307,6 +308,19 @@ mod tests {
                 (ts, ts + e["dur"].as_u64().unwrap())
             })
             .collect()
+    }
+
+    #[test]
+    fn no_control_character_is_written_raw_c1_included() {
+        let tree = subtree(SessionId(1), vec![session(1, None, "a\u{9b}31m\u{1b}b")]);
+        let text = render(&tree, at(50));
+        assert!(
+            !text.contains('\u{9b}') && !text.contains('\u{1b}'),
+            "{text}"
+        );
+        assert!(text.contains("\\u009b31m\\u001bb"), "{text}");
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert!(back.to_string().contains("a\u{9b}31m"));
     }
 
     #[test]

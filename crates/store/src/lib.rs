@@ -174,6 +174,7 @@ pub use session::NewSession;
 pub use session_store::SessionStore;
 pub use sqlite_build::{sqlite_threading, SqliteThreading};
 pub use store::Store;
+pub use time::rfc3339;
 
 pub use settle_core::{
     Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind,

@@ -51,7 +51,7 @@ impl SessionRow {
     /// `sessions.list`) spell it, SPEC §7: ids as numbers, words as their
     /// spellings, times in RFC 3339 (or null).
     pub fn to_json(&self) -> Value {
-        let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
+        let time = crate::time::rfc3339;
         serde_json::json!({
             "id": self.id.get(),
             "name": self.name,

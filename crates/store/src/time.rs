@@ -18,6 +18,26 @@ pub(crate) fn to_millis(t: SystemTime) -> i64 {
     }
 }
 
+/// `at` as RFC 3339 UTC, to the millisecond: how every reader of the store
+/// (`settle sessions --json`, `show`, the gateway's `sessions.list`) spells
+/// a time. A time RFC 3339 cannot spell (before 1970, past the year 9999:
+/// only a store changed by hand holds one) is written as what it is, in
+/// milliseconds from the epoch, instead of failing the read.
+pub fn rfc3339(at: SystemTime) -> String {
+    /// 9999-12-31T23:59:59.999Z.
+    const LAST_MS: u128 = 253_402_300_799_999;
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(since) if since.as_millis() <= LAST_MS => {
+            humantime::format_rfc3339_millis(at).to_string()
+        }
+        Ok(since) => format!("(not a time: {} ms after 1970)", since.as_millis()),
+        Err(before) => format!(
+            "(not a time: {} ms before 1970)",
+            before.duration().as_millis()
+        ),
+    }
+}
+
 /// The instant `ms` milliseconds after (or before) the UNIX epoch.
 pub(crate) fn from_millis(ms: i64) -> SystemTime {
     let d = Duration::from_millis(ms.unsigned_abs());
