@@ -322,10 +322,10 @@ impl Provider for OpenAiProvider {
             }
             .into());
         }
-        Ok(Box::new(OpenAiStream::from_response(
-            response,
-            self.config.max_event_bytes,
-        )))
+        Ok(Box::new(
+            OpenAiStream::from_response(response, self.config.max_event_bytes)
+                .scrubbing(self.secrets.clone()),
+        ))
     }
 
     fn name(&self) -> &str {
@@ -413,6 +413,9 @@ pub struct OpenAiStream {
     // The comments (keepalives) of the decoder already reported.
     keepalives_seen: usize,
     url: String,
+    /// What its errors are scrubbed of: a server may echo the request's
+    /// secrets inside the stream (an `error` event, a malformed line).
+    secrets: Secrets,
 }
 
 impl fmt::Debug for OpenAiStream {
@@ -448,7 +451,14 @@ impl OpenAiStream {
             pending: VecDeque::new(),
             keepalives_seen: 0,
             url: shown_url(&url.into()),
+            secrets: Secrets::default(),
         }
+    }
+
+    /// The same stream, its errors scrubbed of `secrets` (the provider's).
+    pub(crate) fn scrubbing(mut self, secrets: Secrets) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// Decodes one SSE event into `pending`: its chunks in order, or one
@@ -465,7 +475,7 @@ impl OpenAiStream {
                     .push_back(Err(StreamErrorKind::Protocol(format!(
                         "an event from {} is not JSON ({e}): {}",
                         self.url,
-                        crate::error::excerpt(data)
+                        crate::error::excerpt(&self.secrets.scrub(data))
                     ))
                     .into()));
                 return true;
@@ -476,6 +486,7 @@ impl OpenAiStream {
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_owned);
+            let message = self.secrets.scrub(&message);
             self.pending
                 .push_back(Err(StreamErrorKind::Provider { message }.into()));
             return true;

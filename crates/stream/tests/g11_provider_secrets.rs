@@ -113,3 +113,43 @@ fn g11_an_invalid_base_url_is_refused_without_showing_its_password() {
     assert!(text.contains("ftp"), "{text}");
     assert_no_secret(&text);
 }
+
+/// The error a reply streaming `event` fails with.
+async fn streamed_error(event: String) -> StreamError {
+    use futures_util::StreamExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _connection = http::serve_one(listener, move |mut wr| async move {
+        wr.write_all(http::SSE_HEAD).await?;
+        wr.write_all(&http::chunked(&format!("data: {event}\n\n")))
+            .await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let base = format!("http://operator:{PASSWORD}@{addr}/v1?api-key={QUERY_KEY}");
+    let provider = OpenAiProvider::new(config(&base)).unwrap();
+    let mut stream = provider.open(&Request::prompt("hi")).await.unwrap();
+    loop {
+        match stream.next().await {
+            Some(Err(error)) => return error,
+            Some(Ok(_)) => continue,
+            None => panic!("the stream ended without its error"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn g11_an_error_inside_the_stream_does_not_show_a_secret_the_server_echoed() {
+    let echoed = format!("Bearer {KEY} {HEADER} operator:{PASSWORD} api-key={QUERY_KEY}");
+    let cases = [
+        format!("{{\"error\":{{\"message\":\"refused: {echoed}\"}}}}"),
+        format!("{{\"error\":{{\"code\":\"{echoed}\"}}}}"),
+        format!("not json {echoed}"),
+    ];
+    for event in cases {
+        let error = streamed_error(event.clone()).await;
+        let text = told(&error);
+        assert!(text.contains("***"), "{event}: {text}");
+        assert_no_secret(&text);
+    }
+}
