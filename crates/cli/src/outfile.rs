@@ -32,15 +32,16 @@ pub fn write(path: &Path, text: &str, db: &str) -> Result<(), Failure> {
         Ok(resolved) => resolved,
         Err(_) => path.to_path_buf(),
     };
-    if let Some(why) = refusal(&target, db) {
+    let meta = fs::metadata(&target).ok();
+    if let Some(why) = refusal(&target, meta.as_ref(), db) {
         return Err(cannot(why));
     }
-    match fs::metadata(&target) {
-        Ok(meta) if meta.is_dir() => {
+    match &meta {
+        Some(meta) if meta.is_dir() => {
             return Err(cannot("it is a directory; name a file in it".to_owned()))
         }
         // A FIFO, a device, a socket: written into, as a shell's `>` does.
-        Ok(meta) if !meta.is_file() => return write_into(&target, text).map_err(cannot),
+        Some(meta) if !meta.is_file() => return write_into(&target, text).map_err(cannot),
         _ => {}
     }
     let folder = match target.parent() {
@@ -57,10 +58,7 @@ pub fn write(path: &Path, text: &str, db: &str) -> Result<(), Failure> {
         .prefix(".settle-")
         .tempfile_in(&folder)
         .map_err(|e| cannot(e.to_string()))?;
-    let mode = match fs::metadata(&target) {
-        Ok(meta) => meta.permissions(),
-        Err(_) => new_file_permissions(),
-    };
+    let mode = meta.map_or_else(new_file_permissions, |meta| meta.permissions());
     file.write_all(text.as_bytes())
         .and_then(|()| file.as_file().sync_all())
         .and_then(|()| fs::set_permissions(file.path(), mode))
@@ -70,9 +68,10 @@ pub fn write(path: &Path, text: &str, db: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Why `target` must not be written over: it is the database `db` (or its
-/// WAL, shared-memory or journal file), or another SQLite database.
-fn refusal(target: &Path, db: &str) -> Option<String> {
+/// Why `target` (whose metadata is `meta`, when it exists) must not be
+/// written over: it is the database `db` (or its WAL, shared-memory or
+/// journal file), or another SQLite database.
+fn refusal(target: &Path, meta: Option<&fs::Metadata>, db: &str) -> Option<String> {
     if let Ok(db) = fs::canonicalize(db) {
         let db = db.as_os_str().to_string_lossy().into_owned();
         let named = target.as_os_str().to_string_lossy().into_owned();
@@ -83,7 +82,7 @@ fn refusal(target: &Path, db: &str) -> Option<String> {
         }
     }
     // Only a regular file is opened to look: opening a FIFO waits for its writer.
-    if !fs::metadata(target).is_ok_and(|meta| meta.is_file()) {
+    if !meta.is_some_and(fs::Metadata::is_file) {
         return None;
     }
     let mut head = [0u8; 16];

@@ -116,32 +116,10 @@ impl Secrets {
 
 /// A percent-encoded value decoded, when that changes it.
 fn decoded(value: &str) -> Option<String> {
-    let bytes: Vec<u8> = percent_decoded(value.as_bytes());
-    let decoded = String::from_utf8(bytes).ok()?;
-    (decoded != value).then_some(decoded)
-}
-
-fn percent_decoded(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(high), Some(low)) => {
-                out.push((high * 16 + low) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
+    let decoded = percent_encoding::percent_decode_str(value)
+        .decode_utf8()
+        .ok()?;
+    (decoded != value).then(|| decoded.into_owned())
 }
 
 #[cfg(test)]
