@@ -637,3 +637,28 @@ async fn a_client_that_pings_and_never_reads_does_not_grow_the_servers_buffers()
     assert!(create(&mut client, "after").await > 0);
     served.shut_down().await;
 }
+
+#[tokio::test]
+async fn a_client_reading_a_turn_of_many_large_chunks_is_not_cut_for_not_keeping_up() {
+    // Forty chunks of 200 KB, 8 MB in all, which the provider has ready at
+    // once: eight times the connection's queue. The pump must let the
+    // connection's writer send between them, however fast the chunks come.
+    let unit = "0123456789abcdé\"\n";
+    let large: String = unit.repeat(200_000 / unit.len());
+    let chunks = vec![large; 40];
+    let book = ScriptBook::new()
+        .otherwise(TurnScript::new(["fine"]))
+        .reply("many", TurnScript::new(chunks.clone()));
+    let mut served = Served::tcp(Arc::new(book), |k| k, |g| g).await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "many").await;
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "many" }))
+        .await;
+    let (got, _, ended) = joined_turn(&mut client, id).await;
+    assert_eq!(ended["outcome"], "completed", "{ended}");
+    assert_eq!(got.len(), chunks.len());
+    assert!(got == chunks, "the chunks did not arrive whole");
+    assert_eq!(served.gateway.connections(), 1, "the reader was cut");
+    served.shut_down().await;
+}

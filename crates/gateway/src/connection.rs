@@ -21,7 +21,7 @@ use std::time::Duration;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
-use settle_runtime::SessionId;
+use settle_runtime::{RuntimeError, SessionId};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::auth::Principal;
@@ -153,8 +153,10 @@ fn refuse_rate(outbox: &Outbox, text: &str, bucket: &Bucket) {
 async fn detach(shared: &Shared, conn: ConnId, id: SessionId) {
     if let Some(entry) = shared.table.get(id) {
         entry.unwatch(conn);
-        if let Err(error) = entry.handle.detach_transport().await {
-            tracing::warn!(session = %id, %error, "could not detach a transport");
+        match entry.handle.detach_transport().await {
+            // The kernel is done with every session: nothing to detach from.
+            Ok(_) | Err(RuntimeError::Stopped) => {}
+            Err(error) => tracing::warn!(session = %id, %error, "could not detach a transport"),
         }
     }
 }

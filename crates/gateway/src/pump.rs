@@ -19,6 +19,10 @@ use crate::parts::{self, Payload};
 use crate::protocol::{notification, ErrorKind};
 use crate::table::Entry;
 
+/// How many bytes of chunks the pump shapes and queues between two yields
+/// to the runtime.
+const YIELD_BYTES: usize = 64 * 1024;
+
 /// A turn the runtime started, to be run by [`pump`].
 pub(crate) struct Started {
     pub entry: Arc<Entry>,
@@ -94,14 +98,14 @@ pub(crate) async fn pump(
     let mut seq = 0u32;
     let mut bytes = 0usize;
     let mut over: Option<String> = None;
+    let mut unyielded = 0usize;
     while let Some(chunk) = turn.next().await {
         if over.is_some() {
             continue; // Cancelled: read to its end, delivered no more.
         }
-        bytes = bytes.saturating_add(match chunk.as_text() {
-            Some(text) => text.len(),
-            None => chunk.to_json().to_string().len(),
-        });
+        // The payload as stored: a text chunk's text, another's JSON text.
+        let size = chunk.payload().len();
+        bytes = bytes.saturating_add(size);
         let count = usize::try_from(seq).unwrap_or(usize::MAX).saturating_add(1);
         if count > bounds.max_chunks || bytes > bounds.max_bytes {
             let why = format!(
@@ -125,6 +129,17 @@ pub(crate) async fn pump(
         }
         if let Some(text) = chunk.as_text() {
             reply.push_str(text);
+        }
+        // Chunks the turn has ready come without a wait, and the runtime's
+        // own budget lets a task run a hundred of them before it yields: of
+        // large chunks, seconds of work on a slow machine, while the
+        // connections' writers this pump just woke wait on the same worker
+        // (their queues fill, and a reading client is cut) and so does a
+        // shutdown. So the pump yields once it has shaped a frame's worth.
+        unyielded = unyielded.saturating_add(size);
+        if unyielded >= YIELD_BYTES {
+            unyielded = 0;
+            tokio::task::yield_now().await;
         }
     }
     let (outcome, error) = turn.end().await;
