@@ -465,3 +465,41 @@ end = "hang"
     }
     assert_eq!(ending(sessions, "root").0, "completed");
 }
+
+#[test]
+fn run_json_and_the_summary_list_only_the_sessions_of_this_run() {
+    let sandbox = Sandbox::new();
+    let path = example("scan");
+    let first = sandbox.run(&["run", "--json", path.to_str().unwrap()]);
+    assert_success(&first, "the first run");
+    let earlier: BTreeSet<u64> = parse_json(&first.stdout)["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(earlier.len(), 5);
+
+    let second = sandbox.run(&["run", "--json", path.to_str().unwrap()]);
+    assert_success(&second, "the second run");
+    let listed: BTreeSet<u64> = parse_json(&second.stdout)["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 5, "the second run lists {listed:?}");
+    assert!(listed.is_disjoint(&earlier), "{listed:?} and {earlier:?}");
+    assert_eq!(sandbox.sessions().len(), 10);
+
+    // The table too.
+    let table = sandbox.run(&["run", path.to_str().unwrap()]);
+    assert_success(&table, "the third run");
+    let text = String::from_utf8_lossy(&table.stdout);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("ID  NAME"))
+        .skip(1)
+        .collect();
+    assert_eq!(table.len(), 5, "{text}");
+}

@@ -13,7 +13,7 @@
 //! assert!(listing::tree(Vec::new()).is_empty());
 //! ```
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use settle_runtime::{SessionId, State};
@@ -66,6 +66,9 @@ pub fn flat(rows: Vec<SessionRow>) -> Vec<Listed> {
 /// `rows` (newest first) arranged as a tree: each top session (one whose
 /// parent is not among `rows`) in the order given, followed by its
 /// descendants, depth first, children in the order they were created.
+/// Sessions whose parents loop (a store edited by hand: no kernel writes
+/// one) have no top: what is left is listed from its newest session on, so
+/// that every row is listed once.
 pub fn tree(rows: Vec<SessionRow>) -> Vec<Listed> {
     let ids: HashSet<SessionId> = rows.iter().map(|r| r.id).collect();
     let mut children: BTreeMap<SessionId, Vec<SessionRow>> = BTreeMap::new();
@@ -80,14 +83,67 @@ pub fn tree(rows: Vec<SessionRow>) -> Vec<Listed> {
         kids.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     }
     let mut listed = Vec::with_capacity(ids.len());
-    let mut stack: Vec<(SessionRow, usize)> = tops.into_iter().rev().map(|r| (r, 0)).collect();
+    let mut seen: HashSet<SessionId> = HashSet::with_capacity(ids.len());
+    for top in tops {
+        walk(top, &mut children, &mut seen, &mut listed);
+    }
+    // What no top reached sits on a loop of parents, or under one.
+    loop {
+        let newest = children
+            .values()
+            .flatten()
+            .filter(|r| !seen.contains(&r.id))
+            .max_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)))
+            .map(|r| r.id);
+        let Some(id) = newest else { break };
+        let Some(top) = children.values_mut().find_map(|kids| {
+            let at = kids.iter().position(|r| r.id == id)?;
+            Some(kids.remove(at))
+        }) else {
+            break;
+        };
+        walk(top, &mut children, &mut seen, &mut listed);
+    }
+    listed
+}
+
+/// Lists `top` and its descendants depth first, each once.
+fn walk(
+    top: SessionRow,
+    children: &mut BTreeMap<SessionId, Vec<SessionRow>>,
+    seen: &mut HashSet<SessionId>,
+    listed: &mut Vec<Listed>,
+) {
+    let mut stack = vec![(top, 0)];
     while let Some((row, depth)) = stack.pop() {
+        if !seen.insert(row.id) {
+            continue;
+        }
         if let Some(kids) = children.remove(&row.id) {
             stack.extend(kids.into_iter().rev().map(|k| (k, depth + 1)));
         }
         listed.push(Listed { row, depth });
     }
-    listed
+}
+
+/// The rows of `rows` in the tree under `root` (`root` included), in the
+/// order given: what one `settle run` registered, whose agents all descend
+/// from its root.
+pub fn subtree(rows: Vec<SessionRow>, root: SessionId) -> Vec<SessionRow> {
+    let mut children: HashMap<SessionId, Vec<SessionId>> = HashMap::new();
+    for row in &rows {
+        if let Some(parent) = row.parent {
+            children.entry(parent).or_default().push(row.id);
+        }
+    }
+    let mut under: HashSet<SessionId> = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(id) = stack.pop() {
+        if under.insert(id) {
+            stack.extend(children.remove(&id).unwrap_or_default());
+        }
+    }
+    rows.into_iter().filter(|r| under.contains(&r.id)).collect()
 }
 
 /// How long ago `at` was, in the largest whole unit: `12s ago`, `5m ago`,
@@ -179,6 +235,50 @@ mod tests {
         let listed = tree(limited);
         let shape: Vec<(u64, usize)> = listed.iter().map(|l| (l.row.id.get(), l.depth)).collect();
         assert_eq!(shape, [(5, 0), (6, 1), (4, 0)]);
+    }
+
+    #[test]
+    fn sessions_whose_parents_loop_are_each_listed_once() {
+        // 7 -> 8 -> 9 -> 7, and 10 under 8; 5 and 6 as in the sample.
+        let mut rows = vec![
+            row(10, Some(8), 140, State::Running),
+            row(9, Some(8), 130, State::Running),
+            row(8, Some(7), 120, State::Running),
+            row(7, Some(9), 115, State::Running),
+        ];
+        rows.extend(sample());
+        let listed = tree(rows);
+        let shape: Vec<(u64, usize)> = listed.iter().map(|l| (l.row.id.get(), l.depth)).collect();
+        assert_eq!(
+            shape,
+            [
+                (5, 0),
+                (6, 1),
+                (1, 0),
+                (2, 1),
+                (3, 2),
+                (4, 1),
+                (10, 0),
+                (9, 0),
+                (7, 1),
+                (8, 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_subtree_is_its_root_and_every_descendant_in_the_order_given() {
+        let ids = |rows: Vec<SessionRow>| -> Vec<u64> { rows.iter().map(|r| r.id.get()).collect() };
+        assert_eq!(ids(subtree(sample(), SessionId(1))), [4, 3, 2, 1]);
+        assert_eq!(ids(subtree(sample(), SessionId(2))), [3, 2]);
+        assert_eq!(ids(subtree(sample(), SessionId(6))), [6]);
+        assert!(subtree(sample(), SessionId(99)).is_empty());
+        // A loop of parents ends the walk.
+        let looped = vec![
+            row(8, Some(7), 1, State::Running),
+            row(7, Some(8), 0, State::Running),
+        ];
+        assert_eq!(ids(subtree(looped, SessionId(7))), [8, 7]);
     }
 
     #[test]

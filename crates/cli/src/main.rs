@@ -125,7 +125,7 @@ struct RunArgs {
     /// How long a provider stream may be silent before its turn times out (default: the scenario's, else 30s).
     #[arg(long, value_parser = duration::parse)]
     idle_timeout: Option<Duration>,
-    /// Print the final summary as JSON (and no progress).
+    /// Print the final summary as JSON (and no progress): the exit code and this run's sessions.
     #[arg(long)]
     json: bool,
     /// How long the store may take to commit a shutdown's writes once the
@@ -533,6 +533,12 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     } else {
         Some(store.list_sessions(SessionFilter::all()).await?)
     };
+    // This run's sessions: its agents all descend from its root (none
+    // registered when the root could not).
+    let rows = rows.map(|rows| match &root {
+        Some(root) => listing::subtree(rows, root.session),
+        None => Vec::new(),
+    });
     let code = if left {
         // What could not be committed is left for `settle recover` (G8).
         exit::STORE
