@@ -14,7 +14,8 @@
 //! closes its stream then.
 //!
 //! Back-pressure: the pump stops pulling its stream once [`PUMP_ROOM`]
-//! chunks wait for the kernel, and goes on once half of them were taken.
+//! chunks, or [`PUMP_ROOM_BYTES`] bytes of them, wait for the kernel, and
+//! goes on once half of them were taken.
 //! The kernel takes them only as fast as the turn's reader reads (its
 //! `chunk_buffer`), so a slow reader slows its source, as for a Rust
 //! provider, and memory never grows with what a fast source could give.
@@ -125,12 +126,19 @@ enum Item {
 /// its stream; it goes on once half of them were taken.
 pub(crate) const PUMP_ROOM: usize = 64;
 
+/// How many bytes of chunks (their payloads) may wait for the kernel before
+/// the pump stops pulling its stream; it goes on once half of them were
+/// taken. A larger chunk still goes, alone.
+pub(crate) const PUMP_ROOM_BYTES: usize = 4 << 20;
+
 /// The pump's wait for room: how many chunks wait for the kernel, and the
 /// asyncio future the pump awaits while too many do.
 #[derive(Default)]
 struct Room {
     /// Chunks sent to the Rust stream and not yet taken by it.
     waiting: AtomicUsize,
+    /// Their payloads' bytes.
+    bytes: AtomicUsize,
     /// Set while the pump waits (or is about to): the stream then hands
     /// `future` back once enough were taken.
     wanted: AtomicBool,
@@ -138,9 +146,22 @@ struct Room {
 }
 
 impl Room {
-    /// `count` more chunks wait; whether the pump must wait for room.
-    fn add(&self, count: usize) -> bool {
-        self.waiting.fetch_add(count, Ordering::SeqCst) + count >= PUMP_ROOM
+    /// `count` more chunks of `bytes` wait; whether the pump must wait for room.
+    fn add(&self, count: usize, bytes: usize) -> bool {
+        let bytes = self
+            .bytes
+            .fetch_add(bytes, Ordering::SeqCst)
+            .saturating_add(bytes);
+        let count = self
+            .waiting
+            .fetch_add(count, Ordering::SeqCst)
+            .saturating_add(count);
+        count >= PUMP_ROOM || bytes >= PUMP_ROOM_BYTES
+    }
+
+    /// Whether few enough chunks wait for the pump to go on.
+    fn roomy(chunks: usize, bytes: usize) -> bool {
+        chunks <= PUMP_ROOM / 2 && bytes <= PUMP_ROOM_BYTES / 2
     }
 
     /// The pump's `future` to await for room, kept unless room was made
@@ -152,7 +173,11 @@ impl Room {
             return false;
         };
         self.wanted.store(true, Ordering::SeqCst);
-        if self.waiting.load(Ordering::SeqCst) <= PUMP_ROOM / 2 {
+        let (chunks, bytes) = (
+            self.waiting.load(Ordering::SeqCst),
+            self.bytes.load(Ordering::SeqCst),
+        );
+        if Room::roomy(chunks, bytes) {
             self.wanted.store(false, Ordering::SeqCst);
             return false;
         }
@@ -160,15 +185,19 @@ impl Room {
         true
     }
 
-    /// The stream took one chunk: the pump's future, when it waits and
-    /// there is room again.
-    fn take(&self) -> Option<Py<PyAny>> {
+    /// The stream took one chunk of `bytes`: the pump's future, when it
+    /// waits and there is room again.
+    fn take(&self, bytes: usize) -> Option<Py<PyAny>> {
         // Never below zero: a chunk is counted before it is sent.
+        let bytes = self
+            .bytes
+            .fetch_sub(bytes, Ordering::SeqCst)
+            .saturating_sub(bytes);
         let left = self
             .waiting
             .fetch_sub(1, Ordering::SeqCst)
             .saturating_sub(1);
-        if left > PUMP_ROOM / 2 || !self.wanted.load(Ordering::SeqCst) {
+        if !Room::roomy(left, bytes) || !self.wanted.load(Ordering::SeqCst) {
             return None;
         }
         let future = self.future.lock().ok()?.take()?;
@@ -226,9 +255,10 @@ impl Shared {
         self.control.lock().map_or(true, |c| c.close_requested)
     }
 
-    /// The stream took a chunk: the pump goes on if it waited for room.
-    fn took_chunk(&self) {
-        let Some(future) = self.room.take() else {
+    /// The stream took a chunk of `bytes`: the pump goes on if it waited
+    /// for room.
+    fn took_chunk(&self, bytes: usize) {
+        let Some(future) = self.room.take(bytes) else {
             return;
         };
         self.source.mailbox.post(move |py, landing| {
@@ -300,7 +330,8 @@ impl PumpSink {
         crate::chunk::chunks_of(item, &mut chunks)?;
         // Counted before they are sent: the stream may take them (and
         // count them off) as soon as they are.
-        let full = !chunks.is_empty() && self.shared.room.add(chunks.len());
+        let bytes = chunks.iter().map(|c| c.payload().len()).sum();
+        let full = !chunks.is_empty() && self.shared.room.add(chunks.len(), bytes);
         for chunk in chunks {
             if self.shared.items.send(Item::Chunk(chunk)).is_err() {
                 return Ok(Some(false));
@@ -463,7 +494,7 @@ impl Stream for PyStream {
         Poll::Ready(match polled {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Item::Chunk(chunk))) => {
-                self.shared.took_chunk();
+                self.shared.took_chunk(chunk.payload().len());
                 Some(Ok(StreamEvent::Chunk(chunk)))
             }
             Poll::Ready(Some(Item::End)) | Poll::Ready(None) => {

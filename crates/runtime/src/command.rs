@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use settle_core::{Event, Handled, Outcome, SessionId, TurnError, WorkId};
 use settle_store::StoreError;
+use settle_stream::Provider;
 use settle_stream::Request as TurnRequest;
-use settle_stream::{Chunk, Provider};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::RuntimeError;
 use crate::report::ShutdownReport;
@@ -28,7 +28,7 @@ pub(crate) type WorkEnd = (Outcome, Option<TurnError>);
 pub(crate) type TurnStarted = (
     // The turn's id, cancelled if the caller went away before taking it.
     crate::unclaimed::Unclaimed,
-    mpsc::Receiver<Chunk>,
+    crate::chunk_queue::ChunkReceiver,
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).
     oneshot::Receiver<Result<(), settle_store::StoreError>>,

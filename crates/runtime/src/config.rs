@@ -44,6 +44,11 @@ pub struct Config {
     /// before the turn waits for it (back-pressure: a slow reader slows its
     /// provider's stream, never grows memory). Default 64.
     pub chunk_buffer: usize,
+    /// How many bytes of persisted chunks (their payloads) may wait,
+    /// unread, for a turn's consumer: the same back-pressure, for a
+    /// provider whose events are large. A chunk larger than this still
+    /// goes, alone. Default 8 MiB.
+    pub chunk_buffer_bytes: usize,
     /// How long the store may take to commit what a shutdown must write
     /// (every transcript, every finalize) once the drain and the settle
     /// timeout are over. Past it the rest is left for recovery (G8, G9).
@@ -83,6 +88,10 @@ pub struct Config {
 /// The default of [`Config::chunk_buffer`].
 pub const DEFAULT_CHUNK_BUFFER: usize = 64;
 
+/// The default of [`Config::chunk_buffer_bytes`]: 8 MiB, two of the largest
+/// events an SSE provider stream takes.
+pub const DEFAULT_CHUNK_BUFFER_BYTES: usize = 8 << 20;
+
 /// The default of [`Config::max_prompt_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_PROMPT_BYTES: usize = 1 << 20;
 
@@ -97,6 +106,7 @@ impl Default for Config {
             idle_timeout: Some(settle_stream::DEFAULT_IDLE_TIMEOUT),
             retry: RetryPolicy::default(),
             chunk_buffer: DEFAULT_CHUNK_BUFFER,
+            chunk_buffer_bytes: DEFAULT_CHUNK_BUFFER_BYTES,
             flush_budget: Duration::from_secs(2),
             store_timeout: Duration::from_secs(10),
             slots: None,
@@ -134,6 +144,8 @@ macro_rules! settings {
             retry: settle_stream::RetryPolicy => retry;
             /// How many persisted chunks may wait for a turn's consumer.
             chunk_buffer: usize => chunk_buffer;
+            /// How many bytes of persisted chunks may wait for a turn's consumer.
+            chunk_buffer_bytes: usize => chunk_buffer_bytes;
             /// The store's budget at shutdown, after the drain and the settle timeout.
             flush_budget: Duration => flush_budget;
             /// The bound of every other store call.

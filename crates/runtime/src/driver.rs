@@ -751,6 +751,7 @@ impl Driver {
                     events: self.events.clone(),
                     options: options.map_or_else(|| self.config.turn_options(), |o| *o),
                     chunk_buffer: self.config.chunk_buffer,
+                    chunk_buffer_bytes: self.config.chunk_buffer_bytes,
                     tracker: &self.works_tracker,
                 });
                 let retries = handle.retries.clone();

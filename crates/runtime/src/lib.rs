@@ -200,6 +200,7 @@
 //! sessions for `settle_store`'s recovery (G8).
 
 mod bus;
+mod chunk_queue;
 mod clock;
 mod command;
 mod config;
@@ -232,7 +233,8 @@ mod unclaimed;
 mod work;
 
 pub use config::{
-    Config, DEFAULT_CHUNK_BUFFER, DEFAULT_MAX_HISTORY_BYTES, DEFAULT_MAX_PROMPT_BYTES,
+    Config, DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_BUFFER_BYTES, DEFAULT_MAX_HISTORY_BYTES,
+    DEFAULT_MAX_PROMPT_BYTES,
 };
 pub use error::{RuntimeError, TaskError};
 pub use event::LifecycleEvent;

@@ -8,6 +8,7 @@ use settle_core::{ChunkKind, Event, Outcome, TurnError, WorkId};
 use settle_stream::{Chunk, Reply, ReplyBuilder, ToolCall, ToolCalls};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::chunk_queue::ChunkReceiver;
 use crate::command::Command;
 
 /// A turn in flight: a [`Stream`] of its chunks (text, or a tool call,
@@ -50,7 +51,7 @@ use crate::command::Command;
 #[derive(Debug)]
 pub struct Turn {
     work: WorkId,
-    chunks: mpsc::Receiver<Chunk>,
+    chunks: ChunkReceiver,
     /// The tool calls of the chunks yielded so far, put together.
     calls: ToolCalls,
     /// How many times its opening was retried (the driver counts).
@@ -63,7 +64,7 @@ pub struct Turn {
 impl Turn {
     pub(crate) fn new(
         work: WorkId,
-        chunks: mpsc::Receiver<Chunk>,
+        chunks: ChunkReceiver,
         outcome: oneshot::Receiver<crate::command::WorkEnd>,
         retries: Arc<AtomicU32>,
     ) -> Self {

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::EventBus;
+use crate::chunk_queue::{chunk_queue, ChunkReceiver, ChunkSender};
 use crate::command::WorkEnd;
 use crate::event::LifecycleEvent;
 use crate::shared::SessionShared;
@@ -148,6 +149,8 @@ pub(crate) struct TurnContext<'a> {
     pub options: TurnOptions,
     /// How many persisted chunks may wait for the consumer of the turn.
     pub chunk_buffer: usize,
+    /// How many bytes of them.
+    pub chunk_buffer_bytes: usize,
     pub tracker: &'a TaskTracker,
 }
 
@@ -157,7 +160,7 @@ pub(crate) fn spawn_turn(
     ctx: TurnContext<'_>,
 ) -> (
     WorkHandle,
-    (WorkId, mpsc::Receiver<Chunk>, oneshot::Receiver<WorkEnd>),
+    (WorkId, ChunkReceiver, oneshot::Receiver<WorkEnd>),
 ) {
     let TurnContext {
         work,
@@ -172,12 +175,12 @@ pub(crate) fn spawn_turn(
         events,
         options,
         chunk_buffer,
+        chunk_buffer_bytes,
         tracker,
     } = ctx;
-    // Bounded: a consumer that reads slowly slows its own turn (the work
-    // waits to hand a chunk on, so it stops reading the provider's stream
-    // and TCP pushes back), and memory stays flat.
-    let (chunk_tx, chunks) = mpsc::channel(chunk_buffer.max(1));
+    // Bounded in chunks and bytes: a consumer that reads slowly slows its
+    // own turn, and memory stays flat.
+    let (chunk_tx, chunks) = chunk_queue(chunk_buffer, chunk_buffer_bytes);
     let (outcome_tx, outcome) = oneshot::channel();
     #[cfg(not(feature = "otel-genai"))]
     let span = tracing::info_span!(parent: &shared.span, "turn", no = work.no);
@@ -235,7 +238,7 @@ struct Persisting {
     store: Arc<dyn SessionStore>,
     store_timeout: Duration,
     failures: Arc<AtomicUsize>,
-    consumer: Option<mpsc::Sender<Chunk>>,
+    consumer: Option<ChunkSender>,
     shared: Arc<SessionShared>,
     events: EventBus,
     seq: u32,

@@ -45,6 +45,25 @@ impl Provider for Firehose {
 
 use futures_util::StreamExt;
 
+/// Makes `count` chunks of `size` bytes each, counting how many it made.
+struct Boulders {
+    count: usize,
+    size: usize,
+    made: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Provider for Boulders {
+    async fn open(&self, _: &Request) -> Result<ProviderStream, StreamError> {
+        let (made, size) = (self.made.clone(), self.size);
+        let events = stream::iter(0..self.count).map(move |_| {
+            made.fetch_add(1, Ordering::Relaxed);
+            Ok(StreamEvent::Chunk(Chunk::text("x".repeat(size))))
+        });
+        Ok(Box::new(DropClose::new(events)))
+    }
+}
+
 /// A store that acknowledges each chunk at once and keeps none of them.
 #[derive(Clone)]
 struct Forgetful {
@@ -185,5 +204,54 @@ async fn a_slow_consumer_slows_its_provider_and_memory_stays_flat() {
     );
     // 1,000,000 chunks of ~48 bytes each, held, would be over 40 MiB.
     assert!(grown < 8 << 20, "resident memory grew by {grown} bytes");
+    kernel.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_consumer_of_large_chunks_holds_at_most_the_buffers_bytes() {
+    // 1 MiB chunks: the default 64 chunks of them would be 64 MiB waiting.
+    const SIZE: usize = 1 << 20;
+    let store = Forgetful {
+        inner: MemoryStore::new(),
+    };
+    let kernel = Kernel::builder(Arc::new(store))
+        .idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    let agent = kernel.register("reader", None).await.unwrap();
+    let made = Arc::new(AtomicUsize::new(0));
+    let mut turn = agent
+        .run_turn(
+            Arc::new(Boulders {
+                count: 200,
+                size: SIZE,
+                made: made.clone(),
+            }),
+            TurnRequest::prompt("go"),
+        )
+        .await
+        .unwrap();
+    // What the default buffer's bytes hold, and the chunk in the work's
+    // hands and the one being made.
+    let most = settle_runtime::DEFAULT_CHUNK_BUFFER_BYTES / SIZE + 2;
+    let mut read = 0;
+    let mut ahead_most = 0;
+    loop {
+        // Nobody reads for a while: the work runs as far as it may.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ahead_most = ahead_most.max(made.load(Ordering::Relaxed) - read);
+        match turn.next_chunk().await {
+            Some(chunk) => assert_eq!(chunk.payload().len(), SIZE),
+            None => break,
+        }
+        read += 1;
+    }
+    assert_eq!(read, 200);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    assert!(
+        ahead_most <= most,
+        "the provider ran {ahead_most} chunks of 1 MiB ahead of the reader (at most {most})"
+    );
     kernel.shutdown(Duration::from_secs(1)).await;
 }

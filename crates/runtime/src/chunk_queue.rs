@@ -1,0 +1,159 @@
+//! The queue of a turn's persisted chunks on their way to its reader,
+//! bounded both in chunks and in bytes: a reader that reads slowly slows
+//! its own turn (the work waits to hand a chunk on, so it stops reading the
+//! provider's stream and TCP pushes back), and what waits for it stays
+//! within [`Config::chunk_buffer`](crate::Config::chunk_buffer) chunks and
+//! [`Config::chunk_buffer_bytes`](crate::Config::chunk_buffer_bytes) bytes
+//! of payload, however large a provider's events are.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use settle_stream::Chunk;
+use tokio::sync::{mpsc, Semaphore};
+
+/// A queue of at most `chunks` chunks and `bytes` bytes of payload. A chunk
+/// larger than `bytes` still goes, alone.
+pub(crate) fn chunk_queue(chunks: usize, bytes: usize) -> (ChunkSender, ChunkReceiver) {
+    let (tx, rx) = mpsc::channel(chunks.max(1));
+    let most = bytes.clamp(1, Semaphore::MAX_PERMITS);
+    let room = Arc::new(Semaphore::new(most));
+    let most = u32::try_from(most).unwrap_or(u32::MAX);
+    (
+        ChunkSender {
+            tx,
+            room: room.clone(),
+            most,
+        },
+        ChunkReceiver { rx, room, most },
+    )
+}
+
+/// What a chunk takes of the room: its payload's bytes, at most all of it.
+fn weight(chunk: &Chunk, most: u32) -> u32 {
+    u32::try_from(chunk.payload().len()).map_or(most, |len| len.min(most))
+}
+
+/// The reader went away (or closed the queue): nobody takes chunks.
+#[derive(Debug)]
+pub(crate) struct Gone;
+
+/// The work's end of the queue.
+#[derive(Debug)]
+pub(crate) struct ChunkSender {
+    tx: mpsc::Sender<Chunk>,
+    room: Arc<Semaphore>,
+    most: u32,
+}
+
+impl ChunkSender {
+    /// Hands `chunk` on once there is room for it. Cancel-safe: dropped
+    /// while it waits, it took nothing.
+    pub async fn send(&self, chunk: Chunk) -> Result<(), Gone> {
+        let weight = weight(&chunk, self.most);
+        match self.room.acquire_many(weight).await {
+            // Given back by the reader as it takes the chunk.
+            Ok(permit) => permit.forget(),
+            Err(_) => return Err(Gone),
+        }
+        self.tx.send(chunk).await.map_err(|_| Gone)
+    }
+}
+
+/// The reader's end of the queue. Dropped, it lets the work's waits end.
+#[derive(Debug)]
+pub(crate) struct ChunkReceiver {
+    rx: mpsc::Receiver<Chunk>,
+    room: Arc<Semaphore>,
+    most: u32,
+}
+
+impl ChunkReceiver {
+    /// The next chunk; `None` once the work dropped its end.
+    pub async fn recv(&mut self) -> Option<Chunk> {
+        let chunk = self.rx.recv().await;
+        self.took(chunk.as_ref());
+        chunk
+    }
+
+    /// The next chunk if one waits.
+    pub fn try_recv(&mut self) -> Result<Chunk, mpsc::error::TryRecvError> {
+        let chunk = self.rx.try_recv();
+        self.took(chunk.as_ref().ok());
+        chunk
+    }
+
+    /// Polls for the next chunk.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Chunk>> {
+        let polled = self.rx.poll_recv(cx);
+        if let Poll::Ready(chunk) = &polled {
+            self.took(chunk.as_ref());
+        }
+        polled
+    }
+
+    /// Takes no more chunks: the work's hand-offs fail from now on, so it
+    /// never waits for this reader. Those already queued can still be read.
+    pub fn close(&mut self) {
+        self.rx.close();
+        self.room.close();
+    }
+
+    fn took(&self, chunk: Option<&Chunk>) {
+        if let Some(chunk) = chunk {
+            self.room.add_permits(weight(chunk, self.most) as usize);
+        }
+    }
+}
+
+impl Drop for ChunkReceiver {
+    fn drop(&mut self) {
+        self.room.close();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_queue_holds_at_most_its_bytes_and_a_larger_chunk_alone() {
+        let (tx, mut rx) = chunk_queue(64, 10);
+        tx.send(Chunk::text("12345")).await.unwrap();
+        tx.send(Chunk::text("678")).await.unwrap();
+        // 8 of 10 bytes wait: a chunk of 3 does not fit, one of 2 does.
+        let three = tx.send(Chunk::text("abc"));
+        tokio::pin!(three);
+        assert!(futures_util::poll!(three.as_mut()).is_pending());
+        assert_eq!(rx.recv().await.unwrap().payload(), "12345");
+        three.await.unwrap();
+        // Larger than the whole room: it waits until the queue is empty.
+        let big = tx.send(Chunk::text("x".repeat(100)));
+        tokio::pin!(big);
+        assert!(futures_util::poll!(big.as_mut()).is_pending());
+        assert_eq!(rx.recv().await.unwrap().payload(), "678");
+        assert!(futures_util::poll!(big.as_mut()).is_pending());
+        assert_eq!(rx.try_recv().unwrap().payload(), "abc");
+        big.await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().payload().len(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_closes_or_goes_ends_the_works_wait() {
+        let (tx, mut rx) = chunk_queue(64, 4);
+        tx.send(Chunk::text("full")).await.unwrap();
+        let waiting = tx.send(Chunk::text("more"));
+        tokio::pin!(waiting);
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+        rx.close();
+        assert!(waiting.await.is_err());
+        // What was queued is still read.
+        assert_eq!(rx.recv().await.unwrap().payload(), "full");
+
+        let (tx, rx) = chunk_queue(64, 4);
+        tx.send(Chunk::text("full")).await.unwrap();
+        drop(rx);
+        assert!(tx.send(Chunk::text("more")).await.is_err());
+    }
+}
