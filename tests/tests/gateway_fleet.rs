@@ -726,3 +726,47 @@ fn g12_the_readme_shows_the_fleet_client_the_test_runs() {
         "README.md's fleet client differs from examples/python/fleet_client.py"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_g12_a_tree_moves_whole_so_no_process_closes_a_parent_whose_child_runs_elsewhere() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut a = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut b = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut c = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut on_a = connect(&a.addr).await;
+    let parent = create(&mut on_a, "parent").await;
+    let child = on_a
+        .ok("session.create", json!({ "name": "child", "parent": parent }))
+        .await["id"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(a.stop(), 143);
+
+    // Attaching the child at B adopts the parent with it.
+    let mut on_b = connect(&b.addr).await;
+    let attached = on_b.ok("session.attach", json!({ "id": child })).await;
+    assert_eq!(attached["state"], "registered");
+    assert_eq!(row(&pg.url, parent)["owner"], b.url());
+    let mut on_c = connect(&c.addr).await;
+    for method in ["session.attach", "session.close"] {
+        let error = refusal(&mut on_c, method, json!({ "id": parent })).await;
+        assert_eq!(error["data"]["kind"], "elsewhere", "{method}: {error}");
+        assert_eq!(error["data"]["owner"], b.url(), "{method}: {error}");
+    }
+    // At B the parent is served, and closing it winds the child down first.
+    on_b.ok("session.attach", json!({ "id": parent })).await;
+    let closed = on_b.ok("session.close", json!({ "id": parent })).await;
+    assert_eq!(closed["end_reason"], "user_close", "{closed}");
+    let (p, k) = (row(&pg.url, parent), row(&pg.url, child));
+    assert_eq!(p["state"], "finalized", "{p}");
+    assert_eq!(k["state"], "finalized", "{k}");
+    assert_eq!(k["end_reason"], "cancelled", "{k}");
+    assert!(
+        settle_tests::time(&k["finalized_at"]) <= settle_tests::time(&p["finalized_at"]),
+        "{k} {p}"
+    );
+    assert_eq!(b.stop(), 143);
+    assert_eq!(c.stop(), 143);
+}

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use settle_runtime::{RuntimeError, SessionId};
+use settle_runtime::{Adoption, RuntimeError, SessionId};
 use settle_store::{StoreError, Whereabouts};
 
 use crate::auth::Principal;
@@ -105,23 +105,33 @@ impl Shared {
                 live: true,
             } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
             Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
-                let adoption = self
+                let mut adoption = self
                     .kernel
                     .adopt(id)
                     .await
                     .map_err(|e| RpcError::from_runtime(&e))?;
-                self.owners
-                    .adopted(principal_of(adoption.principal.as_deref()), id);
-                tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
-                let entry = self.adopt(adoption.session);
-                *entry.conversation.lock().await = adoption.history;
-                Ok(entry)
+                // The rest of its tree came with it: served here from now on.
+                for other in std::mem::take(&mut adoption.with) {
+                    self.serve_adopted(other).await;
+                }
+                Ok(self.serve_adopted(adoption).await)
             }
             Whereabouts::Released | Whereabouts::Owned { live: false, .. } => {
                 Err(RpcError::elsewhere(id.get(), None))
             }
             _ => Err(not_found()),
         }
+    }
+
+    /// Serves `adoption` here: its principal's, with its conversation.
+    async fn serve_adopted(self: &Arc<Self>, adoption: Adoption) -> Arc<Entry> {
+        let id = adoption.session.id();
+        self.owners
+            .adopted(principal_of(adoption.principal.as_deref()), id);
+        tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
+        let entry = self.adopt(adoption.session);
+        *entry.conversation.lock().await = adoption.history;
+        entry
     }
 
     /// Records the principal of a session created here, for the process

@@ -37,6 +37,10 @@ pub struct Adoption {
     pub principal: Option<String>,
     /// Turns it ran elsewhere (its next turn is `turns + 1`).
     pub turns: u32,
+    /// The rest of its tree, adopted with it (parents before children): a
+    /// tree moves whole, so that closing a parent here winds its children
+    /// down here first (G1). Empty in each of them.
+    pub with: Vec<Adoption>,
 }
 
 /// What one sweep of the fleet did.
@@ -80,22 +84,24 @@ impl Kernel {
     }
 
     /// Adopts `session`, released by another process (or left by one whose
-    /// lease expired, its open turn then `interrupted`, G8): one
-    /// conditional update in the store, then the core takes it on with its
-    /// turn count; its conversation comes with it.
+    /// lease expired, its open turn then `interrupted`, G8), with the rest
+    /// of its tree (every live session from its topmost live ancestor
+    /// down): one transaction of conditional updates in the store, then
+    /// the core takes each on, parents first, with its turn count; each
+    /// one's conversation comes with it.
     ///
     /// # Errors
     /// [`StoreError::Elsewhere`] (as [`RuntimeError::Store`]) when another
-    /// live process owns it or won the race, with that process's URL;
-    /// [`RuntimeError::SessionClosed`] once it is finalized; what the core
-    /// answers an adoption (a shutdown began, the cap is full), after which
-    /// it is released again.
+    /// live process owns it (or some of its tree) or won the race, with
+    /// that process's URL; [`RuntimeError::SessionClosed`] once it is
+    /// finalized; what the core answers an adoption (a shutdown began, the
+    /// cap is full), after which it is released again.
     pub async fn adopt(&self, session: SessionId) -> Result<Adoption, RuntimeError> {
         if self.is_shutting_down() {
             return Err(settle_core::Error::ShuttingDown.into());
         }
         let owner = self.owner();
-        let adopted = self
+        let mut adopted = self
             .fleet_call(
                 "adopting a session",
                 self.store().adopt(owner, session, SystemTime::now()),
@@ -107,33 +113,78 @@ impl Kernel {
                 }
                 other => other,
             })?;
-        let (principal, turns) = (adopted.principal.clone(), adopted.turns);
-        let taken = self.ask(|reply| Command::Adopt { adopted, reply }).await;
-        let shared = match taken {
-            Ok(shared) => shared,
-            Err(refused) => {
-                // Not taken on here: nobody else may wait for it.
-                let release = self.store().release(owner, session, SystemTime::now());
-                if let Err(error) = self.fleet_call("releasing a session", release).await {
-                    tracing::warn!(%session, %error, "an adoption the core refused could not be released again");
+        // Parents before children: the asked-for one right after its parent.
+        let mut tree = std::mem::take(&mut adopted.with);
+        let at = adopted
+            .parent
+            .and_then(|p| tree.iter().position(|m| m.session == p))
+            .map_or(0, |p| p + 1);
+        tree.insert(at, adopted);
+        let mut taken = Vec::with_capacity(tree.len());
+        let mut refused: Vec<SessionId> = Vec::new();
+        let mut asked_refused = None;
+        for member in tree {
+            let id = member.session;
+            // Under a parent the core refused, it would be a root here.
+            let orphaned = member.parent.is_some_and(|p| refused.contains(&p));
+            let (principal, turns) = (member.principal.clone(), member.turns);
+            let answer = match orphaned {
+                true => Err(RuntimeError::SessionClosed(id)),
+                false => {
+                    self.ask(|reply| Command::Adopt {
+                        adopted: member,
+                        reply,
+                    })
+                    .await
                 }
-                return Err(refused);
+            };
+            match answer {
+                Ok(shared) => taken.push((shared, principal, turns)),
+                Err(error) => {
+                    refused.push(id);
+                    if id == session {
+                        asked_refused = Some(error);
+                    }
+                }
             }
-        };
-        let detail = self
-            .fleet_call(
-                "reading an adopted session",
-                self.store().session_detail(session),
-            )
-            .await?;
-        let (history, pending_tool_calls) = crate::resume::conversation(&detail);
-        Ok(Adoption {
-            session: SessionHandle::new(shared, self.clone()),
-            history,
-            pending_tool_calls,
-            principal,
-            turns,
-        })
+        }
+        for id in &refused {
+            // Not taken on here: nobody else may wait for it.
+            let release = self.store().release(owner, *id, SystemTime::now());
+            if let Err(error) = self.fleet_call("releasing a session", release).await {
+                tracing::warn!(session = %id, %error, "an adoption the core refused could not be released again");
+            }
+        }
+        if let Some(refused) = asked_refused {
+            return Err(refused);
+        }
+        let mut asked = None;
+        let mut with = Vec::with_capacity(taken.len().saturating_sub(1));
+        for (shared, principal, turns) in taken {
+            let id = shared.id;
+            let detail = self
+                .fleet_call(
+                    "reading an adopted session",
+                    self.store().session_detail(id),
+                )
+                .await?;
+            let (history, pending_tool_calls) = crate::resume::conversation(&detail);
+            let adoption = Adoption {
+                session: SessionHandle::new(shared, self.clone()),
+                history,
+                pending_tool_calls,
+                principal,
+                turns,
+                with: Vec::new(),
+            };
+            match id == session {
+                true => asked = Some(adoption),
+                false => with.push(adoption),
+            }
+        }
+        let mut asked = asked.ok_or(RuntimeError::SessionClosed(session))?;
+        asked.with = with;
+        Ok(asked)
     }
 
     /// Where `session` is in the fleet: this process's or another's (and

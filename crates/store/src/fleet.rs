@@ -62,6 +62,10 @@ pub struct Adopted {
     /// The turn a crashed owner left open, marked `interrupted` by this
     /// adoption (G8), if any.
     pub interrupted_turn: Option<u32>,
+    /// The other live sessions of its tree, adopted with it: parents
+    /// before children (a tree moves whole, so that G1 holds in one
+    /// process). Empty in each of them.
+    pub with: Vec<Adopted>,
 }
 
 /// What releasing the sessions of peers whose lease expired did.
@@ -231,9 +235,14 @@ pub(crate) fn release(
     })
 }
 
-/// Adopt `id` for `me`: released, or left by an owner whose lease expired
-/// (its open turn is then marked `interrupted`, G8). One conditional update;
-/// the loser of a race is told where the winner is (`Elsewhere`).
+/// Adopt `id` for `me` with the rest of its tree: every live session from
+/// its topmost live ancestor down, each released or left by an owner whose
+/// lease expired (its open turn then marked `interrupted`, G8), in one
+/// transaction. A tree is created in one process and released whole, so
+/// it moves whole: no process can adopt a parent and finalize it while
+/// another runs its child (G1). Each session is one conditional update;
+/// the loser of a race is told where the winner is (`Elsewhere`), and
+/// takes none of the tree.
 pub(crate) fn adopt(
     mut db: Db<'_>,
     me: OwnerId,
@@ -245,101 +254,194 @@ pub(crate) fn adopt(
         let mut db = Db::from(c);
         let now = crate::lease::store_now(db.reborrow())?;
         let mine = holds_lease(db.reborrow(), me, now)?;
-        // A compare-and-set: a concurrent move makes it miss; read again.
-        for _ in 0..64 {
-            let Some(r) = row(db.reborrow(), raw)? else {
-                return Err(StoreError::UnknownSession(id));
-            };
-            if r.state == State::Finalized {
-                return Err(StoreError::SessionClosed(id));
-            }
-            let (expires, advertise) = owner(db.reborrow(), r.owner)?.unwrap_or((0, None));
-            let abandoned = r.released_at.is_none() && expires <= now && r.owner != mine;
-            if r.released_at.is_none() && !abandoned {
-                return Err(match r.owner == mine {
-                    true => StoreError::NotReleased {
-                        session: id,
-                        state: r.state,
-                    },
-                    false => StoreError::Elsewhere {
+        let tree = live_tree(db.reborrow(), raw)?;
+        let mut adopted = Vec::with_capacity(tree.len());
+        for member in tree {
+            let one = adopt_one(db.reborrow(), mine, now, member, at);
+            match one {
+                Ok(one) => adopted.push(one),
+                // What stops another of the tree stops this one: said of
+                // the session asked for.
+                Err(StoreError::Elsewhere { advertise, .. }) => {
+                    return Err(StoreError::Elsewhere {
                         session: id,
                         advertise,
-                    },
-                });
+                    })
+                }
+                Err(StoreError::NotReleased { state, .. }) => {
+                    return Err(StoreError::NotReleased { session: id, state })
+                }
+                Err(other) => return Err(other),
             }
-            // Released sessions are idle; an abandoned one is taken over
-            // only from `registered` or `running` (its turn interrupted).
-            if !matches!(r.state, State::Registered | State::Running) {
-                return Err(StoreError::NotReleased {
+        }
+        let asked = adopted
+            .iter()
+            .position(|a| a.session == id)
+            .ok_or(StoreError::UnknownSession(id))?;
+        let mut main = adopted.remove(asked);
+        main.with = adopted;
+        Ok(main)
+    })
+}
+
+/// The live sessions of `raw`'s tree, parents before children: its
+/// topmost ancestor that is not finalized, and every live descendant of
+/// that one. `raw` itself is among them (unknown: an error at its read).
+fn live_tree(mut db: Db<'_>, raw: i64) -> Result<Vec<i64>, StoreError> {
+    let mut seen = std::collections::HashSet::from([raw]);
+    let mut top = raw;
+    loop {
+        let parent: Option<Option<i64>> = on_db!(db.reborrow(), |c| sessions::table
+            .filter(sessions::id.eq(top))
+            .select(sessions::parent)
+            .first(c)
+            .optional())
+        .context("reading a session's parent")?;
+        let Some(parent) = parent.flatten().filter(|p| !seen.contains(p)) else {
+            break;
+        };
+        let state: Option<String> = on_db!(db.reborrow(), |c| sessions::table
+            .filter(sessions::id.eq(parent))
+            .select(sessions::state)
+            .first(c)
+            .optional())
+        .context("reading a session's parent")?;
+        match state {
+            Some(state) if state != State::Finalized.as_str() => {
+                seen.insert(parent);
+                top = parent;
+            }
+            _ => break,
+        }
+    }
+    let mut tree = vec![top];
+    let mut next = 0;
+    while let Some(&at) = tree.get(next) {
+        next += 1;
+        let children: Vec<i64> = on_db!(db.reborrow(), |c| sessions::table
+            .filter(sessions::parent.eq(at))
+            .filter(sessions::state.ne(State::Finalized.as_str()))
+            .select(sessions::id)
+            .order(sessions::id)
+            .load(c))
+        .context("reading a session's children")?;
+        for child in children {
+            if child == raw || seen.insert(child) {
+                tree.push(child);
+            }
+        }
+    }
+    if !tree.contains(&raw) {
+        tree.push(raw);
+    }
+    Ok(tree)
+}
+
+/// Adopts session `raw` for `mine` inside the caller's transaction: one
+/// conditional update, read again when a concurrent move made it miss.
+fn adopt_one(
+    mut db: Db<'_>,
+    mine: i64,
+    now: i64,
+    raw: i64,
+    at: SystemTime,
+) -> Result<Adopted, StoreError> {
+    let id = session_id(raw);
+    // A compare-and-set: a concurrent move makes it miss; read again.
+    for _ in 0..64 {
+        let Some(r) = row(db.reborrow(), raw)? else {
+            return Err(StoreError::UnknownSession(id));
+        };
+        if r.state == State::Finalized {
+            return Err(StoreError::SessionClosed(id));
+        }
+        let (expires, advertise) = owner(db.reborrow(), r.owner)?.unwrap_or((0, None));
+        let abandoned = r.released_at.is_none() && expires <= now && r.owner != mine;
+        if r.released_at.is_none() && !abandoned {
+            return Err(match r.owner == mine {
+                true => StoreError::NotReleased {
                     session: id,
                     state: r.state,
-                });
-            }
-            let outcome = match r.open_turn {
-                Some(_) => Some(Outcome::Interrupted),
-                None => r.outcome,
-            };
-            let won = on_db!(db.reborrow(), |c| diesel::update(
-                sessions::table
-                    .filter(sessions::id.eq(raw))
-                    .filter(sessions::version.eq(r.version)),
-            )
-            .set((
-                sessions::owner.eq(mine),
-                sessions::released_at.eq(None::<i64>),
-                sessions::state.eq(State::Registered.as_str()),
-                sessions::open_turn.eq(None::<i64>),
-                sessions::outcome.eq(outcome.map(Outcome::as_str)),
-                sessions::version.eq(sessions::version + 1),
-            ))
-            .execute(c))
-            .context("adopting a session")?;
-            if won == 0 {
-                continue;
-            }
-            let at = to_millis(at);
-            let interrupted_turn = match r.open_turn {
-                Some(no) => {
-                    interrupt(db.reborrow(), raw, no, at)?;
-                    record(
-                        db.reborrow(),
-                        raw,
-                        Step {
-                            at,
-                            from: Some(r.state),
-                            to: State::Registered,
-                            cause: "turn ended: interrupted",
-                        },
-                    )?;
-                    Some(no)
-                }
-                None => None,
-            };
-            let step = Step {
-                at,
-                from: Some(State::Registered),
-                to: State::Registered,
-                cause: "adopted",
-            };
-            record(db.reborrow(), raw, step)?;
-            let turns: Option<i64> = on_db!(db.reborrow(), |c| turns::table
-                .filter(turns::session.eq(raw))
-                .select(diesel::dsl::max(turns::no))
-                .first(c))
-            .context("counting a session's turns")?;
-            let principal = principal_of(db.reborrow(), raw)?;
-            return Ok(Adopted {
-                session: id,
-                name: r.name,
-                parent: r.parent.map(session_id),
-                turns: turns.map(turn_no).transpose()?.unwrap_or(0),
-                last_outcome: outcome,
-                principal,
-                interrupted_turn,
+                },
+                false => StoreError::Elsewhere {
+                    session: id,
+                    advertise,
+                },
             });
         }
-        Err(StoreError::Unavailable)
-    })
+        // Released sessions are idle; an abandoned one is taken over
+        // only from `registered` or `running` (its turn interrupted).
+        if !matches!(r.state, State::Registered | State::Running) {
+            return Err(StoreError::NotReleased {
+                session: id,
+                state: r.state,
+            });
+        }
+        let outcome = match r.open_turn {
+            Some(_) => Some(Outcome::Interrupted),
+            None => r.outcome,
+        };
+        let won = on_db!(db.reborrow(), |c| diesel::update(
+            sessions::table
+                .filter(sessions::id.eq(raw))
+                .filter(sessions::version.eq(r.version)),
+        )
+        .set((
+            sessions::owner.eq(mine),
+            sessions::released_at.eq(None::<i64>),
+            sessions::state.eq(State::Registered.as_str()),
+            sessions::open_turn.eq(None::<i64>),
+            sessions::outcome.eq(outcome.map(Outcome::as_str)),
+            sessions::version.eq(sessions::version + 1),
+        ))
+        .execute(c))
+        .context("adopting a session")?;
+        if won == 0 {
+            continue;
+        }
+        let at = to_millis(at);
+        let interrupted_turn = match r.open_turn {
+            Some(no) => {
+                interrupt(db.reborrow(), raw, no, at)?;
+                record(
+                    db.reborrow(),
+                    raw,
+                    Step {
+                        at,
+                        from: Some(r.state),
+                        to: State::Registered,
+                        cause: "turn ended: interrupted",
+                    },
+                )?;
+                Some(no)
+            }
+            None => None,
+        };
+        let step = Step {
+            at,
+            from: Some(State::Registered),
+            to: State::Registered,
+            cause: "adopted",
+        };
+        record(db.reborrow(), raw, step)?;
+        let turns: Option<i64> = on_db!(db.reborrow(), |c| turns::table
+            .filter(turns::session.eq(raw))
+            .select(diesel::dsl::max(turns::no))
+            .first(c))
+        .context("counting a session's turns")?;
+        let principal = principal_of(db.reborrow(), raw)?;
+        return Ok(Adopted {
+            session: id,
+            name: r.name,
+            parent: r.parent.map(session_id),
+            turns: turns.map(turn_no).transpose()?.unwrap_or(0),
+            last_outcome: outcome,
+            principal,
+            interrupted_turn,
+            with: Vec::new(),
+        });
+    }
+    Err(StoreError::Unavailable)
 }
 
 /// Ends turn `no` of session `raw` `interrupted`, if it is still open.

@@ -138,3 +138,77 @@ async fn a_second_try(store: &Arc<dyn SessionStore>, id: SessionId) -> Result<()
         .await
         .map(|_| ())
 }
+
+#[tokio::test]
+async fn g1_a_tree_moves_whole_so_closing_an_adopted_parent_winds_its_child_down_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
+    let a = node(&store, "ws://a/ws").await;
+    let b = node(&store, "ws://b/ws").await;
+    let c = node(&store, "ws://c/ws").await;
+
+    let parent = a.register("parent", None).await.unwrap();
+    let child = parent.child("child").await.unwrap();
+    let grandchild = child.child("grandchild").await.unwrap();
+    let report = a.handoff(Duration::from_secs(5)).await;
+    assert_eq!(report.released.len(), 3, "{report:?}");
+
+    // Adopting the child takes its whole tree: the parent and the
+    // grandchild are this process's too, so no other process can take the
+    // parent and finalize it while the child lives here (G1).
+    let adoption = b.adopt(child.id()).await.unwrap();
+    let mut moved: Vec<SessionId> = adoption.with.iter().map(|a| a.session.id()).collect();
+    moved.sort_unstable();
+    assert_eq!(moved, vec![parent.id(), grandchild.id()]);
+    for id in [parent.id(), child.id(), grandchild.id()] {
+        assert!(
+            matches!(store.locate(id).await.unwrap(), Whereabouts::Owned { owner, .. } if owner == b.owner()),
+            "{id} is not b's"
+        );
+    }
+    let taken = c.adopt(parent.id()).await;
+    assert!(
+        matches!(&taken, Err(RuntimeError::Store(StoreError::Elsewhere { advertise: Some(url), .. })) if url == "ws://b/ws"),
+        "{:?}",
+        taken.map(|a| a.session.id())
+    );
+
+    // The child runs a turn; closing the parent here cancels it and
+    // finalizes the child and the grandchild before the parent.
+    let script = provider([hang(&["thinking"], MS)]);
+    let turn = adoption
+        .session
+        .run_turn(script, TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    let adopted_parent = adoption
+        .with
+        .iter()
+        .find(|a| a.session.id() == parent.id())
+        .unwrap();
+    assert_eq!(
+        adopted_parent.session.close().await.unwrap(),
+        EndReason::UserClose
+    );
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    let at = |id: SessionId| {
+        let store = store.clone();
+        async move {
+            let detail = store.session_detail(id).await.unwrap();
+            assert_eq!(detail.session.state, State::Finalized, "{id}");
+            detail.session.finalized_at.unwrap()
+        }
+    };
+    let (p, k, g) = (
+        at(parent.id()).await,
+        at(child.id()).await,
+        at(grandchild.id()).await,
+    );
+    assert!(
+        g <= k && k <= p,
+        "finalized out of order: {g:?} {k:?} {p:?}"
+    );
+    b.shutdown(Duration::ZERO).await;
+    c.shutdown(Duration::ZERO).await;
+}
