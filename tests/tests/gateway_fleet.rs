@@ -738,7 +738,10 @@ async fn g1_g12_a_tree_moves_whole_so_no_process_closes_a_parent_whose_child_run
     let mut on_a = connect(&a.addr).await;
     let parent = create(&mut on_a, "parent").await;
     let child = on_a
-        .ok("session.create", json!({ "name": "child", "parent": parent }))
+        .ok(
+            "session.create",
+            json!({ "name": "child", "parent": parent }),
+        )
         .await["id"]
         .as_u64()
         .unwrap();

@@ -86,6 +86,7 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         }
         RuntimeError::Store(_)
         | RuntimeError::StoreTimeout { .. }
+        | RuntimeError::LeftForRecovery(_)
         | RuntimeError::Registration(_) => StoreError::new_err(message),
         RuntimeError::TooLarge { .. }
         | RuntimeError::NotResumable { .. }

@@ -54,6 +54,11 @@ pub enum RuntimeError {
     /// The runtime's driver has stopped (after shutdown, or it was dropped).
     #[error("the runtime has shut down; no further requests are accepted")]
     Stopped,
+    /// The session's finalize ran here but the store did not commit the
+    /// end of its row (a stalled store at shutdown, a lost lease): its row
+    /// is left live, for `settle recover` or a peer of the fleet (G8).
+    #[error("session {0} was not finalized in the store; it is left for recovery")]
+    LeftForRecovery(SessionId),
 }
 
 impl RuntimeError {

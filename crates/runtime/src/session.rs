@@ -13,7 +13,7 @@ use crate::command::Command;
 use crate::error::RuntimeError;
 use crate::event::LifecycleEvent;
 use crate::kernel::Kernel;
-use crate::shared::SessionShared;
+use crate::shared::{End, SessionShared};
 use crate::task::TaskHandle;
 use crate::task_context::TaskContext;
 use crate::turn::Turn;
@@ -62,11 +62,11 @@ impl SessionHandle {
         self.shared.parent
     }
 
-    /// Whether the session's finalize has run (its end reason is known):
-    /// every method of a closed handle answers as the core answers a
-    /// finalized session.
+    /// Whether the session's finalize has run (its row ended, or left for
+    /// recovery when the store could not end it): every method of a closed
+    /// handle answers as the core answers a finalized session.
     pub fn is_closed(&self) -> bool {
-        self.shared.end_reason().is_some()
+        self.shared.end().is_some()
     }
 
     /// The kernel it belongs to.
@@ -322,14 +322,23 @@ impl SessionHandle {
     /// end reason.
     ///
     /// # Errors
-    /// When the kernel stopped before it was.
+    /// [`RuntimeError::LeftForRecovery`] when the store did not commit the
+    /// end of its row (a stalled store at shutdown, a lost lease): the
+    /// session is done here and its row is left live, for `settle
+    /// recover` or, in a fleet, a peer (G8); [`RuntimeError::Stopped`] when
+    /// the kernel stopped before either.
     pub async fn finalized(&self) -> Result<EndReason, RuntimeError> {
-        if let Some(reason) = self.shared.end_reason() {
-            return Ok(reason);
-        }
-        tokio::select! {
-            reason = self.shared.finalized() => Ok(reason),
-            () = self.kernel.finished() => self.shared.end_reason().ok_or(RuntimeError::Stopped),
+        let end = match self.shared.end() {
+            Some(end) => Some(end),
+            None => tokio::select! {
+                end = self.shared.finalized() => Some(end),
+                () = self.kernel.finished() => self.shared.end(),
+            },
+        };
+        match end {
+            Some(End::Finalized(reason)) => Ok(reason),
+            Some(End::Unwritten) => Err(RuntimeError::LeftForRecovery(self.id())),
+            None => Err(RuntimeError::Stopped),
         }
     }
 

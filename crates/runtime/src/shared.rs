@@ -12,6 +12,16 @@ use crate::sent::Sent;
 /// How many events a session's subscribers may fall behind before they miss some.
 const SESSION_EVENTS: usize = 256;
 
+/// How a session's finalize plan ended here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Its row was ended, with this reason.
+    Finalized(EndReason),
+    /// The store did not commit the end of its row: the session is done
+    /// here, and its row is left live for recovery or a peer (G8).
+    Unwritten,
+}
+
 #[derive(Debug)]
 pub(crate) struct SessionShared {
     pub id: SessionId,
@@ -22,8 +32,9 @@ pub(crate) struct SessionShared {
     /// The `session{id,name,parent}` span every work, write and hook of the
     /// session runs in (a no-op without a subscriber).
     pub span: tracing::Span,
-    /// Set once the finalize plan has run, after the commit of its row.
-    finalized: OnceLock<EndReason>,
+    /// Set once the finalize plan has run: after the commit of its row, or
+    /// once the store could not commit it.
+    finalized: OnceLock<End>,
     /// Wakes whoever waits for `finalized`.
     finalized_waiters: Notify,
     /// The session's own events, created by its first subscriber.
@@ -97,24 +108,34 @@ impl SessionShared {
         self.sent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The end reason, if the finalize plan has run.
-    pub fn end_reason(&self) -> Option<EndReason> {
+    /// How the finalize plan ended, once it has run.
+    pub fn end(&self) -> Option<End> {
         self.finalized.get().copied()
     }
 
-    /// Records the end (once) and wakes every waiter.
+    /// Records that the row was ended (once) and wakes every waiter.
     pub fn set_finalized(&self, reason: EndReason) {
-        if self.finalized.set(reason).is_ok() {
+        self.set_end(End::Finalized(reason));
+    }
+
+    /// Records (once) that the store did not commit the end of the row,
+    /// and wakes every waiter.
+    pub fn set_unwritten(&self) {
+        self.set_end(End::Unwritten);
+    }
+
+    fn set_end(&self, end: End) {
+        if self.finalized.set(end).is_ok() {
             self.finalized_waiters.notify_waiters();
         }
     }
 
-    /// Waits for the end.
-    pub async fn finalized(&self) -> EndReason {
+    /// Waits for the end of the finalize plan.
+    pub async fn finalized(&self) -> End {
         loop {
             let notified = self.finalized_waiters.notified();
-            if let Some(reason) = self.end_reason() {
-                return reason;
+            if let Some(end) = self.end() {
+                return end;
             }
             notified.await;
         }

@@ -79,6 +79,13 @@ impl Recorder {
         if plan.in_shutdown && result.is_ok() {
             self.report.finalized.push((session, plan.reason));
         }
+        // Nobody is told a session was finalized whose row was not ended.
+        if result.is_err() {
+            if let Some(shared) = shared {
+                shared.set_unwritten();
+            }
+            return;
+        }
         self.events
             .emit(shared.as_deref(), || LifecycleEvent::Finalized {
                 session,

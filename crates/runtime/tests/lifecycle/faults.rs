@@ -244,6 +244,11 @@ async fn g9_a_store_that_never_answers_cannot_hold_the_shutdown_past_its_bound()
     let store = Faulty::default();
     let kernel = kernel_on(&store).await;
     let (sessions, _turns) = every_shape(&kernel).await;
+    let mut handles = Vec::new();
+    for id in &sessions {
+        handles.push(kernel.session(*id).await.unwrap());
+    }
+    let mut events = kernel.subscribe();
     store.stall.store(true, Ordering::SeqCst);
 
     let began = Instant::now();
@@ -257,6 +262,17 @@ async fn g9_a_store_that_never_answers_cannot_hold_the_shutdown_past_its_bound()
         sessions,
         "{report:?}"
     );
+    // Nobody is told a session was finalized whose row was not ended: no
+    // `Finalized` event, and its handles answer that it is left.
+    let told = finalized(&drain(&mut events));
+    assert!(told.is_empty(), "told finalized: {told:?}");
+    for handle in &handles {
+        assert!(handle.is_closed());
+        match handle.finalized().await {
+            Err(RuntimeError::LeftForRecovery(id)) => assert_eq!(id, handle.id()),
+            other => panic!("session {}: {other:?}", handle.id()),
+        }
+    }
     // What the store did not commit is left, not finalized as well.
     assert!(report.finalized.is_empty(), "{report:?}");
     assert!(!report.flushed_in_budget, "{report:?}");
@@ -408,19 +424,16 @@ async fn g8_a_lost_lease_stops_the_kernel_and_cancels_its_work() {
 
     let report = kernel.shutdown(Duration::ZERO).await;
     assert!(report.lease_lost, "{report:?}");
-    // Its handles and subscribers are told what the store will hold once
-    // a peer recovers the sessions: `recovered`, not `shutdown`.
+    // Nobody is told they were finalized: their rows are left live, for a
+    // peer to release for adoption (a fleet) or `settle recover` to end.
     let told = finalized(&drain(&mut events));
-    assert_eq!(
-        sorted(told.iter().map(|(id, _)| *id).collect()),
-        vec![idle.id(), busy.id()],
-        "{told:?}"
-    );
-    assert!(
-        told.iter()
-            .all(|(_, reason)| *reason == EndReason::Recovered),
-        "{told:?}"
-    );
+    assert!(told.is_empty(), "told finalized: {told:?}");
+    for handle in [&idle, &busy] {
+        match handle.finalized().await {
+            Err(RuntimeError::LeftForRecovery(id)) => assert_eq!(id, handle.id()),
+            other => panic!("session {}: {other:?}", handle.id()),
+        }
+    }
     assert_eq!(
         sorted(report.left_recoverable.clone()),
         vec![idle.id(), busy.id()],
