@@ -180,6 +180,10 @@ pub enum OpenError {
     },
 }
 
+/// What SQLite says of a database file that is damaged (`SQLITE_CORRUPT`,
+/// `SQLITE_NOTADB`).
+const DAMAGED: [&str; 2] = ["database disk image is malformed", "file is not a database"];
+
 /// A database error kept cheaply cloneable, so that one failed group commit can
 /// be reported to every chunk of the batch.
 #[derive(Clone)]
@@ -194,19 +198,25 @@ impl DbError {
     /// Whether the failure may heal on its own, so that the same write may
     /// succeed later: a lock, a full disk, a lost connection, a server
     /// restarting do; a violated constraint (a unique, foreign key, not
-    /// null or check constraint) does not.
+    /// null or check constraint) does not, and neither does a damaged
+    /// database (SQLite's `SQLITE_CORRUPT` and `SQLITE_NOTADB`), which no
+    /// wait repairs.
     pub fn may_heal(&self) -> bool {
         use diesel::result::{DatabaseErrorKind as K, Error as E};
-        !matches!(
-            self.0.downcast_ref::<E>(),
+        match self.0.downcast_ref::<E>() {
             Some(E::DatabaseError(
                 K::UniqueViolation
-                    | K::ForeignKeyViolation
-                    | K::NotNullViolation
-                    | K::CheckViolation,
-                _
-            ))
-        )
+                | K::ForeignKeyViolation
+                | K::NotNullViolation
+                | K::CheckViolation,
+                _,
+            )) => false,
+            // Diesel gives SQLite's code only as its message.
+            Some(E::DatabaseError(_, info)) => !DAMAGED
+                .iter()
+                .any(|damaged| info.message().contains(damaged)),
+            _ => true,
+        }
     }
 }
 
@@ -457,6 +467,12 @@ mod tests {
         assert!(db(K::SerializationFailure).may_heal());
         assert!(!db(K::UniqueViolation).may_heal());
         assert!(!db(K::ForeignKeyViolation).may_heal());
+        let said = |message: &str| {
+            StoreError::from(E::DatabaseError(K::Unknown, Box::new(message.to_owned())))
+        };
+        assert!(!said("database disk image is malformed").may_heal());
+        assert!(!said("file is not a database").may_heal());
+        assert!(said("database is locked").may_heal());
         assert!(StoreError::Database {
             context: "writing",
             source: DbError::new(std::io::Error::other("database is locked")),
