@@ -43,6 +43,9 @@ const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 pub(crate) struct Opened {
     pub(crate) writer: AnyConn,
     pub(crate) pool: ReadPool,
+    /// For PostgreSQL: the connection leases are renewed on, apart from
+    /// the writer's (see [`Store`](crate::Store)'s `renew_lease`).
+    pub(crate) lease: Option<ReadPool>,
     /// For SQLite: the path the checkpoint thread opens.
     pub(crate) checkpoint: Option<String>,
 }
@@ -268,6 +271,7 @@ fn establish_sqlite(
     Ok(Opened {
         writer: AnyConn::Sqlite(conn),
         pool: ReadPool::Sqlite(pool),
+        lease: None,
         checkpoint: Some(path_str.to_owned()),
     })
 }
@@ -326,9 +330,17 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
         .connection_timeout(options.connection_timeout())
         .thread_pool(pool_threads())
         .build_unchecked(ConnectionManager::<PgConnection>::new(url));
+    // One connection of its own, reopened by the pool when it breaks.
+    let lease = Pool::builder()
+        .max_size(1)
+        .min_idle(Some(0))
+        .connection_timeout(options.connection_timeout())
+        .thread_pool(pool_threads())
+        .build_unchecked(ConnectionManager::<PgConnection>::new(url));
     Ok(Opened {
         writer: AnyConn::Pg(conn),
         pool: ReadPool::Pg(pool),
+        lease: Some(ReadPool::Pg(lease)),
         checkpoint: None,
     })
 }

@@ -38,6 +38,8 @@ pub struct Store {
 struct Inner {
     writer: Writer,
     pool: ReadPool,
+    /// PostgreSQL: the lease's own connection.
+    lease: Option<ReadPool>,
     _checkpointer: Option<Checkpointer>,
     location: String,
     postgres: bool,
@@ -157,6 +159,7 @@ impl Store {
             inner: Arc::new(Inner {
                 writer,
                 pool: opened.pool,
+                lease: opened.lease,
                 _checkpointer: checkpointer,
                 location,
                 postgres: matches!(target, Target::Postgres(_)),
@@ -201,9 +204,25 @@ impl SessionStore for Store {
             .await
     }
 
+    /// On PostgreSQL the renewal goes on a connection of its own: queued
+    /// on the writer's, it waited behind every write, and one write held
+    /// by a lock another session keeps (a `LOCK TABLE`, a peer frozen in a
+    /// transaction) let the lease run out on a healthy database (G8). The
+    /// renewal is one statement on the `owners` row, which no other write
+    /// of this store locks. SQLite has one writer at a time whatever the
+    /// connection, and keeps the writer's.
     async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
-        self.write(move |db| crate::lease::renew_lease(db, owner, ttl))
+        match self.inner.lease.clone() {
+            Some(line) => tokio::task::spawn_blocking(move || {
+                line.with(|db| crate::lease::renew_lease(db, owner, ttl))
+            })
             .await
+            .map_err(|_| StoreError::Unavailable)?,
+            None => {
+                self.write(move |db| crate::lease::renew_lease(db, owner, ttl))
+                    .await
+            }
+        }
     }
 
     async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {

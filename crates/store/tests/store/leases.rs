@@ -234,3 +234,55 @@ pub(crate) fn g8_owners_named_alike_on_different_machines_keep_their_live_sessio
         assert_eq!(report.owners_gone, vec![(a, OwnerGone::ProcessGone)]);
     });
 }
+
+/// PostgreSQL: a write held by a lock another session keeps (`LOCK TABLE`
+/// as `VACUUM FULL` or `ALTER TABLE` take it, a peer frozen inside a
+/// transaction) does not hold the lease's renewal behind it, which would
+/// let a healthy process lose its lease (G8). SQLite has one writer at a
+/// time whatever the connection: not asked of it.
+#[test]
+fn g8_on_postgres_a_write_held_by_a_lock_does_not_starve_the_lease_renewal() {
+    use diesel::{Connection, RunQueryDsl};
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    rt().block_on(async {
+        let store = open(&db);
+        let me = crate::owner(&*store, HOUR).await;
+        let id = write::register(&*store, NewSession::new("busy", me))
+            .await
+            .unwrap();
+        write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
+
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (free_tx, free) = std::sync::mpsc::channel::<()>();
+        let url = db.url.clone();
+        let holder = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                diesel::sql_query("LOCK TABLE chunks IN ACCESS EXCLUSIVE MODE").execute(c)?;
+                locked_tx.send(()).unwrap();
+                let _ = free.recv_timeout(Duration::from_secs(30));
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        });
+        locked.recv().unwrap();
+        // The writer takes the chunk and waits on the lock.
+        let append = store.append_chunk(id, 1, "held".into());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let renewed =
+            tokio::time::timeout(Duration::from_secs(5), store.renew_lease(me, HOUR)).await;
+        free_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(
+            matches!(renewed, Ok(Ok(_))),
+            "the renewal waited behind the held write: {renewed:?}"
+        );
+        // Once the lock is gone, the held write goes through.
+        append.await.unwrap();
+    });
+}
