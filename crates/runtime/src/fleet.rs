@@ -10,7 +10,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use settle_core::SessionId;
-use settle_store::{PeerRelease, StoreError, Whereabouts};
+use settle_store::{Adopted, PeerRelease, StoreError, Whereabouts};
 use settle_stream::{Message, ToolCall};
 use tokio::sync::oneshot;
 
@@ -102,10 +102,7 @@ impl Kernel {
         }
         let owner = self.owner();
         let mut adopted = self
-            .fleet_call(
-                "adopting a session",
-                self.store().adopt(owner, session, SystemTime::now()),
-            )
+            .adopt_in_store(session)
             .await
             .map_err(|error| match error {
                 RuntimeError::Store(StoreError::SessionClosed(_)) => {
@@ -258,6 +255,40 @@ impl Kernel {
             interrupted_turns,
             reaped,
         })
+    }
+
+    /// The store's adoption of `session` and its tree, bounded by the store
+    /// timeout. A write the store did not answer in time may still commit
+    /// later (it is queued, or waits on a lock): then what it took is
+    /// released again at once, so that the sessions are not left owned by
+    /// this process while its kernel never took them on (unreachable
+    /// everywhere for as long as it lives).
+    async fn adopt_in_store(&self, session: SessionId) -> Result<Adopted, RuntimeError> {
+        let (store, owner) = (self.store().clone(), self.owner());
+        let mut call =
+            tokio::spawn(async move { store.adopt(owner, session, SystemTime::now()).await });
+        let after = self.store_timeout();
+        match tokio::time::timeout(after, &mut call).await {
+            Ok(Ok(result)) => result.map_err(RuntimeError::Store),
+            Ok(Err(_)) => Err(RuntimeError::Store(StoreError::Unavailable)),
+            Err(_) => {
+                let store = self.store().clone();
+                tokio::spawn(async move {
+                    let Ok(Ok(late)) = call.await else { return };
+                    let ids =
+                        std::iter::once(late.session).chain(late.with.iter().map(|m| m.session));
+                    for id in ids {
+                        if let Err(error) = store.release(owner, id, SystemTime::now()).await {
+                            tracing::warn!(session = %id, %error, "an adoption that came too late could not be released again");
+                        }
+                    }
+                });
+                Err(RuntimeError::StoreTimeout {
+                    what: "adopting a session",
+                    after,
+                })
+            }
+        }
     }
 
     /// A store call of the fleet, bounded by the store timeout.

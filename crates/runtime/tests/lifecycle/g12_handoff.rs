@@ -212,3 +212,159 @@ async fn g1_a_tree_moves_whole_so_closing_an_adopted_parent_winds_its_child_down
     b.shutdown(Duration::ZERO).await;
     c.shutdown(Duration::ZERO).await;
 }
+
+/// A store whose adoptions commit only after `delay` (a row lock held by
+/// an operator's `SELECT … FOR UPDATE`, a writer queue behind a stall).
+struct SlowAdopt {
+    inner: Store,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl SessionStore for SlowAdopt {
+    async fn register_owner(
+        &self,
+        owner: settle_store::OwnerInfo,
+        ttl: Duration,
+    ) -> Result<settle_store::OwnerId, StoreError> {
+        self.inner.register_owner(owner, ttl).await
+    }
+    async fn renew_lease(
+        &self,
+        owner: settle_store::OwnerId,
+        ttl: Duration,
+    ) -> Result<std::time::SystemTime, StoreError> {
+        self.inner.renew_lease(owner, ttl).await
+    }
+    async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        self.inner.reserve_ids(count).await
+    }
+    fn append_chunk(
+        &self,
+        id: SessionId,
+        turn: u32,
+        chunk: settle_store::NewChunk,
+    ) -> settle_store::ChunkReceipt {
+        self.inner.append_chunk(id, turn, chunk)
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
+    }
+    async fn apply(
+        &self,
+        batch: Vec<settle_store::LifecycleWrite>,
+    ) -> Vec<Result<settle_store::Applied, StoreError>> {
+        self.inner.apply(batch).await
+    }
+    fn applies_in_order(&self) -> bool {
+        self.inner.applies_in_order()
+    }
+    async fn recover(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<settle_store::RecoveryReport, StoreError> {
+        self.inner.recover(options).await
+    }
+    async fn recovery_candidates(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<Vec<settle_store::RecoveryCandidate>, StoreError> {
+        self.inner.recovery_candidates(options).await
+    }
+    async fn list_sessions(
+        &self,
+        filter: settle_store::SessionFilter,
+    ) -> Result<Vec<settle_store::SessionRow>, StoreError> {
+        self.inner.list_sessions(filter).await
+    }
+    async fn last_session(&self, state: Option<State>) -> Result<Option<SessionId>, StoreError> {
+        self.inner.last_session(state).await
+    }
+    async fn session_detail(
+        &self,
+        id: SessionId,
+    ) -> Result<settle_store::SessionDetail, StoreError> {
+        self.inner.session_detail(id).await
+    }
+    async fn memories(&self, id: SessionId) -> Result<Vec<settle_store::MemoryRow>, StoreError> {
+        self.inner.memories(id).await
+    }
+    async fn apply_as(
+        &self,
+        writer: settle_store::OwnerId,
+        batch: Vec<settle_store::LifecycleWrite>,
+    ) -> Vec<Result<settle_store::Applied, StoreError>> {
+        self.inner.apply_as(writer, batch).await
+    }
+    async fn release(
+        &self,
+        owner: settle_store::OwnerId,
+        session: SessionId,
+        at: std::time::SystemTime,
+    ) -> Result<(), StoreError> {
+        self.inner.release(owner, session, at).await
+    }
+    async fn adopt(
+        &self,
+        owner: settle_store::OwnerId,
+        session: SessionId,
+        at: std::time::SystemTime,
+    ) -> Result<settle_store::Adopted, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.adopt(owner, session, at).await
+    }
+    async fn locate(&self, session: SessionId) -> Result<Whereabouts, StoreError> {
+        self.inner.locate(session).await
+    }
+    async fn principal(&self, session: SessionId) -> Result<Option<String>, StoreError> {
+        self.inner.principal(session).await
+    }
+}
+
+#[tokio::test]
+async fn g12_an_adoption_the_store_commits_after_its_timeout_is_released_again_not_left_unreachable(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store = Store::open(path.to_str().unwrap()).unwrap();
+    let plain: Arc<dyn SessionStore> = Arc::new(store.clone());
+    let a = node(&plain, "ws://a/ws").await;
+    let idle = a.register("idle", None).await.unwrap();
+    a.handoff(Duration::from_secs(5)).await;
+
+    let slow: Arc<dyn SessionStore> = Arc::new(SlowAdopt {
+        inner: store,
+        delay: 300 * MS,
+    });
+    let b = Kernel::builder(slow)
+        .idle_timeout(None)
+        .store_timeout(100 * MS)
+        .advertise(Some("ws://b/ws".to_owned()))
+        .start()
+        .await
+        .unwrap();
+    let gave_up = b.adopt(idle.id()).await;
+    assert!(
+        matches!(gave_up, Err(RuntimeError::StoreTimeout { .. })),
+        "{:?}",
+        gave_up.map(|a| a.session.id())
+    );
+    // The store commits the adoption later, and it is given back: another
+    // process can adopt the session, instead of finding it b's for as long
+    // as b lives while b's kernel never took it on.
+    let c = node(&plain, "ws://c/ws").await;
+    // Past the late commit.
+    tokio::time::sleep(500 * MS).await;
+    let mut adopted = None;
+    for _ in 0..50 {
+        tokio::time::sleep(50 * MS).await;
+        if let Ok(a) = c.adopt(idle.id()).await {
+            adopted = Some(a);
+            break;
+        }
+    }
+    let adopted = adopted.expect("the session was left owned by the process that gave up");
+    assert_eq!(adopted.session.id(), idle.id());
+    b.shutdown(Duration::ZERO).await;
+    c.shutdown(Duration::ZERO).await;
+}
