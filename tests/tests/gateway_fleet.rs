@@ -615,6 +615,22 @@ async fn g12_another_principals_session_is_not_found_on_every_process_and_never_
         let error = refusal(&mut mallory, method, params).await;
         assert_eq!(error["data"]["kind"], "not_found", "{method} on B: {error}");
     }
+    // Listed on B to alice, with A's URL, and to nobody else.
+    let listed_ids = |page: &Value| -> Vec<u64> {
+        page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_u64().unwrap())
+            .collect()
+    };
+    let mut alice_on_b = connect_as(&b.addr, ALICE).await;
+    let page = alice_on_b.ok("sessions.list", json!({})).await;
+    assert_eq!(listed_ids(&page), vec![id], "{page}");
+    assert_eq!(page["sessions"][0]["owner"], a.url(), "{page}");
+    let page = mallory.ok("sessions.list", json!({})).await;
+    assert!(listed_ids(&page).is_empty(), "{page}");
+    drop(alice_on_b);
     // A hands its sessions off; mallory's attach on B does not adopt alice's.
     a.running.signal(Signal::SIGTERM);
     alice.until_closed().await;

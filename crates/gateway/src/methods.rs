@@ -372,9 +372,14 @@ async fn list(
     if let Some(after) = params.checked_cursor()? {
         filter = filter.after(after);
     }
-    // A named principal's sessions are asked for by id, in the page's
-    // query: another's never take a place in it.
-    if let Some(ids) = shared.owners.owned_by(caller.principal) {
+    // In a fleet a principal's sessions may be another process's, so they
+    // are asked for by the principal the store recorded for each; on one
+    // process, by the ids this gateway knows to be theirs. Either way in
+    // the page's query: another's never take a place in it.
+    let in_fleet = shared.fleet.is_some();
+    if in_fleet {
+        filter = filter.of_principal(caller.principal.name().map(str::to_owned));
+    } else if let Some(ids) = shared.owners.owned_by(caller.principal) {
         filter = filter.only(ids);
     }
     let mut rows = shared
@@ -383,6 +388,8 @@ async fn list(
         .await
         .map_err(from_runtime)?;
     // The anonymous principal's: every session no named principal owns.
-    rows.retain(|row| shared.owners.may_use(caller.principal, row.id));
+    if !in_fleet {
+        rows.retain(|row| shared.owners.may_use(caller.principal, row.id));
+    }
     Ok(listing::page(&rows, limit, shared.limits.page_bytes()).into())
 }

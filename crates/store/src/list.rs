@@ -11,7 +11,7 @@ use settle_core::{SessionId, State};
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::read::{session_row, SessionColumns, SessionRow, SESSION_COLUMNS};
-use crate::schema::{chunks, owners, sessions, turns};
+use crate::schema::{chunks, owners, session_principals, sessions, turns};
 use crate::time::{session_id, to_millis};
 
 /// Which sessions [`list_sessions`](crate::SessionStore::list_sessions)
@@ -49,6 +49,11 @@ pub struct SessionFilter {
     pub after: Option<ListCursor>,
     /// Only these sessions (`None`: every session).
     pub ids: Option<Arc<[SessionId]>>,
+    /// Only the sessions of this principal, as
+    /// [`set_principal`](crate::SessionStore::set_principal) recorded it
+    /// (`Some(None)`: those with none recorded; `None`: any). A store that
+    /// records no principals has none of a named one.
+    pub principal: Option<Option<String>>,
 }
 
 /// A place in a listing: the registration time and id of its last row. The
@@ -134,6 +139,13 @@ impl SessionFilter {
     /// Only the sessions among `ids`.
     pub fn only(mut self, ids: impl Into<Arc<[SessionId]>>) -> Self {
         self.ids = Some(ids.into());
+        self
+    }
+
+    /// Only the sessions recorded with `principal` (`None`: with none): a
+    /// gateway's listing of one principal's sessions across a fleet.
+    pub fn of_principal(mut self, principal: Option<String>) -> Self {
+        self.principal = Some(principal);
         self
     }
 
@@ -236,6 +248,20 @@ pub(crate) fn list_sessions(
             }
             if let Some(ids) = part {
                 q = q.filter(sessions::id.eq_any(ids.clone()));
+            }
+            let recorded = session_principals::table.select(session_principals::session);
+            match &filter.principal {
+                None => {}
+                Some(Some(principal)) => {
+                    q = q.filter(
+                        sessions::id.eq_any(
+                            session_principals::table
+                                .filter(session_principals::principal.eq(principal.clone()))
+                                .select(session_principals::session),
+                        ),
+                    );
+                }
+                Some(None) => q = q.filter(diesel::dsl::not(sessions::id.eq_any(recorded))),
             }
             // The keyset of the page: strictly after (created_at, id).
             if let Some((at, id)) = after {

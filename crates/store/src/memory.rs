@@ -591,6 +591,8 @@ impl Tables {
             .map(|ids| ids.iter().map(|id| id.get()).collect());
         let admitted = |(id, r): &(&u64, &Row)| {
             only.as_ref().is_none_or(|only| only.contains(*id))
+                // It records no principals: none is any named one's.
+                && !matches!(filter.principal, Some(Some(_)))
                 && filter.admits(SessionId(**id), r.live.state, from_millis(r.created_at))
         };
         let limit = filter.limit.unwrap_or(usize::MAX);

@@ -274,6 +274,19 @@ pub(crate) fn g12_a_sessions_principal_comes_with_its_adoption(b: Backend) {
         store.release(node_a, id, now()).await.unwrap();
         let adopted = store.adopt(node_b, id, now()).await.unwrap();
         assert_eq!(adopted.principal.as_deref(), Some("alice"));
+        // Listed by the principal recorded for it, on any process.
+        let anonymous = conversation(&*store, node_b).await;
+        let listed = |principal: Option<&str>| {
+            let store = store.clone();
+            let filter = SessionFilter::all().of_principal(principal.map(str::to_owned));
+            async move {
+                let rows = store.list_sessions(filter).await.unwrap();
+                rows.iter().map(|r| r.id).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(listed(Some("alice")).await, vec![id]);
+        assert_eq!(listed(Some("mallory")).await, Vec::<SessionId>::new());
+        assert_eq!(listed(None).await, vec![anonymous]);
         assert_eq!(
             store.locate(id).await.unwrap(),
             Whereabouts::Owned {
