@@ -12,7 +12,7 @@ use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State, TurnError, Tu
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::input::TurnInput;
-use crate::schema::{chunks, memories, sessions, timeline, turns};
+use crate::schema::{chunks, memories, owners, sessions, timeline, turns};
 use crate::time::{from_millis, json_value, opt_word, session_id, sid, turn_no, word};
 
 /// One session, with exactly the fields `settle sessions --json` prints.
@@ -280,18 +280,33 @@ pub(crate) fn chunk_row((_, seq, kind, text, data): ChunkColumns) -> Result<Chun
 }
 
 /// One session with its turns, transcript and timeline.
-pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
+pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
     let raw = sid(id)?;
-    let (row, errors, turn_rows, chunk_rows, timeline_rows) = read_tx!(db, |c| {
-        let row: Option<(SessionColumns, Option<String>)> = sessions::table
+    // An owner is shown while its lease is live, by the store's clock, as
+    // in a listing.
+    let now = crate::lease::store_now(db.reborrow())?;
+    let (row, errors, owner, turn_rows, chunk_rows, timeline_rows) = read_tx!(db, |c| {
+        let owner_url = owners::table
+            .filter(owners::id.eq(sessions::owner))
+            .filter(owners::lease_expires_at.gt(now))
+            .select(owners::advertise)
+            .single_value();
+        type Read = (SessionColumns, Option<String>, Option<i64>, Option<String>);
+        let row: Option<Read> = sessions::table
             .find(raw)
-            .select((SESSION_COLUMNS, sessions::finalize_errors))
+            .select((
+                SESSION_COLUMNS,
+                sessions::finalize_errors,
+                sessions::released_at,
+                owner_url,
+            ))
             .first(c)
             .optional()
             .context("reading a session")?;
-        let Some((row, errors)) = row else {
+        let Some((row, errors, released_at, owner)) = row else {
             return Err(StoreError::UnknownSession(id));
         };
+        let owner = owner.filter(|_| released_at.is_none());
         let turn_rows: Vec<TurnColumns> = turns::table
             .filter(turns::session.eq(raw))
             .order(turns::no.asc())
@@ -310,7 +325,7 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
             .select(timeline::steps)
             .load(c)
             .context("reading the timeline")?;
-        Ok::<_, StoreError>((row, errors, turn_rows, chunk_rows, timeline_rows))
+        Ok::<_, StoreError>((row, errors, owner, turn_rows, chunk_rows, timeline_rows))
     })?;
 
     let mut by_turn: HashMap<i64, Vec<ChunkRow>> = HashMap::new();
@@ -330,8 +345,12 @@ pub(crate) fn session_detail(db: Db<'_>, id: SessionId) -> Result<SessionDetail,
     for segment in &timeline_rows {
         crate::timeline::decode(segment, &mut timeline)?;
     }
+    let mut session = session_row(row, turns.len() as u64, chunk_count)?;
+    if session.state != settle_core::State::Finalized {
+        session.owner = owner;
+    }
     Ok(SessionDetail {
-        session: session_row(row, turns.len() as u64, chunk_count)?,
+        session,
         turns,
         timeline,
         finalize_errors: errors,

@@ -274,6 +274,9 @@ pub(crate) fn g12_a_sessions_principal_comes_with_its_adoption(b: Backend) {
         store.release(node_a, id, now()).await.unwrap();
         let adopted = store.adopt(node_b, id, now()).await.unwrap();
         assert_eq!(adopted.principal.as_deref(), Some("alice"));
+        // Its detail names where its owner is, as its listing does.
+        let detail = store.session_detail(id).await.unwrap();
+        assert_eq!(detail.session.owner.as_deref(), Some("ws://b/ws"));
         // Listed by the principal recorded for it, on any process.
         let anonymous = conversation(&*store, node_b).await;
         let listed = |principal: Option<&str>| {
