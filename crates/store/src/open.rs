@@ -238,7 +238,7 @@ fn establish_sqlite(
         .map_err(|e| sqlite_refusal(path, "setting the busy timeout", e.to_string()))?;
     // Reading the schema reads page 1 and the schema table: a damaged file
     // fails here, before anything is written.
-    check_schema(Db::Sqlite(&mut conn), true, options.existing_only())
+    let schema = check_schema(Db::Sqlite(&mut conn), true, options.existing_only())
         .map_err(|r| r.into_open(path, &location))?;
     // Checkpoints run on their own thread (see `checkpoint`), not inside
     // the writer's commits.
@@ -250,13 +250,18 @@ fn establish_sqlite(
         conn.batch_execute(pragma)
             .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;
     }
-    conn.immediate_transaction(|c| {
-        check_schema(Db::Sqlite(&mut *c), true, options.existing_only())?;
-        c.run_pending_migrations(SQLITE_MIGRATIONS)
-            .map_err(|e| Refusal::Migration(e.to_string()))?;
-        Ok::<_, Refusal>(())
-    })
-    .map_err(|r| r.into_open(path, &location))?;
+    // Only a schema to create or bring up to date takes the write lock: a
+    // current one is opened while another process writes (a reading
+    // command beside a running gateway), as a reader of WAL never waits.
+    if schema == Schema::ToBring {
+        conn.immediate_transaction(|c| {
+            let _ = check_schema(Db::Sqlite(&mut *c), true, options.existing_only())?;
+            c.run_pending_migrations(SQLITE_MIGRATIONS)
+                .map_err(|e| Refusal::Migration(e.to_string()))?;
+            Ok::<_, Refusal>(())
+        })
+        .map_err(|r| r.into_open(path, &location))?;
+    }
 
     let pool = Pool::builder()
         .max_size(options.read_connections())
@@ -314,11 +319,12 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     let mut conn = PgConnection::establish(&sent).map_err(|e| pg_refusal(url, &sent, e))?;
     let url = &sent;
     let existing_only = options.existing_only();
-    check_schema(Db::Pg(&mut conn), false, existing_only).map_err(|r| r.into_open_pg(&shown))?;
+    let _ = check_schema(Db::Pg(&mut conn), false, existing_only)
+        .map_err(|r| r.into_open_pg(&shown))?;
     conn.transaction(|c| {
         diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
             .execute(c)?;
-        check_schema(Db::Pg(&mut *c), false, existing_only)?;
+        let _ = check_schema(Db::Pg(&mut *c), false, existing_only)?;
         c.run_pending_migrations(PG_MIGRATIONS)
             .map_err(|e| Refusal::Migration(e.to_string()))?;
         Ok::<_, Refusal>(())
@@ -468,7 +474,7 @@ struct TableName {
 /// where a file is one program's) one that holds another program's tables,
 /// and with `require_settle` one without the store's tables (on PostgreSQL,
 /// where a database may be shared, whatever else it holds).
-fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Result<(), Refusal> {
+fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Result<Schema, Refusal> {
     on_db!(db, |c| {
         let sql = if refuse_foreign {
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
@@ -481,7 +487,7 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
             return if require_settle {
                 Err(Refusal::NoSettle)
             } else {
-                Ok(())
+                Ok(Schema::ToBring)
             };
         }
         if !tables.iter().any(|t| t.name == "settle_meta") {
@@ -490,7 +496,7 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
             } else if require_settle {
                 Err(Refusal::NoSettle)
             } else {
-                Ok(())
+                Ok(Schema::ToBring)
             };
         }
         let version: Option<i64> = settle_meta::table
@@ -500,7 +506,18 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
             .optional()?;
         match version {
             Some(v) if v > SCHEMA_VERSION => Err(Refusal::Newer(v)),
-            _ => Ok(()),
+            Some(SCHEMA_VERSION) => Ok(Schema::Current),
+            _ => Ok(Schema::ToBring),
         }
     })
+}
+
+/// What [`check_schema`] found of a database it did not refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schema {
+    /// This build's schema, every migration applied (each one sets the
+    /// version).
+    Current,
+    /// None yet, or an older one: the migrations bring it up to date.
+    ToBring,
 }

@@ -593,3 +593,33 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
         assert_eq!(candidates[0].owner.host, "old-host");
     });
 }
+
+/// SQLite: opening a database whose schema is current takes no write lock,
+/// so `settle show` and `settle sessions` read while another process holds
+/// the database's write lock (a long transaction, a `sqlite3` shell's
+/// `BEGIN IMMEDIATE`) instead of failing after the busy timeout.
+#[test]
+pub(crate) fn opening_a_current_database_waits_for_no_writer() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locked.db");
+    let url = path.to_str().unwrap().to_owned();
+    rt().block_on(async {
+        let store = Store::open(&url).unwrap();
+        let id = session(&store, "root").await.1;
+        drop(store);
+        let mut writer = diesel::SqliteConnection::establish(&url).unwrap();
+        writer.batch_execute("BEGIN IMMEDIATE").unwrap();
+        let options = StoreOptions::default()
+            .with_existing_only(true)
+            .with_busy_timeout(Duration::from_millis(200));
+        let reader = Store::open_with(&url, options);
+        writer.batch_execute("ROLLBACK").unwrap();
+        let reader = reader.expect("opened while another connection holds the write lock");
+        assert_eq!(
+            reader.session_detail(id).await.unwrap().session.name,
+            "root"
+        );
+    });
+}
