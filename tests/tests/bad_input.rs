@@ -587,6 +587,38 @@ fn cases() -> Vec<Case> {
             "path is empty",
         ),
         case(
+            "--db an in-memory database",
+            ok_scenario,
+            &["--db", ":memory:", "run", "ok.toml"],
+            2,
+            "in-memory",
+        ),
+        case(
+            "--db an SQLite URI",
+            ok_scenario,
+            &["--db", "file:x.db?mode=ro", "run", "ok.toml"],
+            2,
+            "URI",
+        ),
+        case(
+            "--db a symbolic link to nothing (the link is kept)",
+            |d| {
+                ok_scenario(d);
+                std::os::unix::fs::symlink(d.join("gone").join("target.db"), d.join("link.db"))
+                    .unwrap();
+            },
+            &["--db", "link.db", "run", "ok.toml"],
+            2,
+            "symbolic link",
+        ),
+        case(
+            "--idle-timeout of zero (a hang would never end)",
+            ok_scenario,
+            &["run", "ok.toml", "--idle-timeout", "0ms"],
+            2,
+            "--idle-timeout",
+        ),
+        case(
             "--db a directory",
             |d| fs::create_dir(d.join("dbdir")).unwrap(),
             &["--db", "dbdir", "sessions"],

@@ -422,3 +422,81 @@ fn g9_a_parent_finishing_during_the_drain_spares_its_childrens_turns() {
         assert_eq!(session["end_reason"], "shutdown", "{session}");
     }
 }
+
+/// What the kernel of process `pid` waits in (Linux), e.g. `pipe_write`.
+fn waits_in(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+#[test]
+fn g9_a_second_signal_while_run_writes_its_summary_lets_it_finish_and_exit_130() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let sandbox = Sandbox::new();
+    // Enough sessions that `--json` outgrows a pipe's buffer, which this
+    // test does not read: the run is then held writing its summary.
+    let scenario = sandbox.write(
+        "fan.toml",
+        "name = \"fan\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"a\", \"b\"]\nchunk_delay_ms = 60000\n\
+         [[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 600\n[[agent.turn]]\nchunks = [\"x\"]\n",
+    );
+    let mut child = sandbox
+        .command(&[
+            "run",
+            scenario.to_str().unwrap(),
+            "--json",
+            "--drain-timeout",
+            "0ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let signal = |s: Signal| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()), s).unwrap();
+    };
+    // Once the agents run (the root's turn is mid-stream for a minute).
+    let started = Instant::now();
+    let listed = || {
+        let out = sandbox.run(&["sessions", "--json"]);
+        match out.status.success() {
+            true => serde_json::from_slice::<Vec<Value>>(&out.stdout).map_or(0, |rows| rows.len()),
+            false => 0,
+        }
+    };
+    while listed() < 601 {
+        assert!(started.elapsed() < PATIENCE, "the agents never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(Signal::SIGINT);
+    while !waits_in(pid).contains("pipe") {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "the run never got to write its summary ({})",
+            waits_in(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Mid-summary: the drain is over, so there is nothing to skip.
+    let waited = waits_in(pid);
+    signal(Signal::SIGINT);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{status:?}, waiting in {waited}, {} bytes",
+        out.len()
+    );
+    let summary: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("the summary was cut ({} bytes): {e}", out.len()));
+    assert_eq!(summary["exit"], 130);
+    assert_eq!(summary["sessions"].as_array().unwrap().len(), 601);
+}

@@ -37,7 +37,7 @@ pub struct ChatArgs {
     #[command(flatten)]
     limits: InputLimitArgs,
     /// How long the server may be silent mid-reply before the turn times out (default 30s, as everywhere).
-    #[arg(long, value_parser = crate::duration::parse)]
+    #[arg(long, value_parser = crate::duration::parse_nonzero)]
     idle_timeout: Option<Duration>,
     /// How long a running reply may finish after SIGTERM.
     #[arg(long, value_parser = crate::duration::parse, default_value = "5s")]

@@ -123,7 +123,7 @@ struct RunArgs {
     #[arg(long, value_parser = duration::parse, default_value = "5s")]
     drain_timeout: Duration,
     /// How long a provider stream may be silent before its turn times out (default: the scenario's, else 30s).
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, value_parser = duration::parse_nonzero)]
     idle_timeout: Option<Duration>,
     /// Print the final summary as JSON (and no progress): the exit code and this run's sessions.
     #[arg(long)]
@@ -491,7 +491,11 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     let display = tokio::spawn(display::show(kernel.subscribe(), mode, stop));
     // Installed before any agent starts, and kept until the process exits: an
     // early signal is a graceful shutdown too, and none is ever swallowed.
-    let mut signal = tokio::spawn(shutdown::watch(&kernel, args.drain_timeout)?);
+    // The summary is written whole before a later signal may end the process.
+    let (summary_said, said) = tokio::sync::oneshot::channel::<()>();
+    let mut signal = tokio::spawn(shutdown::watch(&kernel, args.drain_timeout, async {
+        let _ = said.await;
+    })?);
     let mut run = tokio::spawn(runner::run(scenario, kernel.clone()));
 
     // Biased: a run that ended because a signal shut the kernel down ended
@@ -573,5 +577,8 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
             eprintln!("settle: {failures} store write(s) failed; run `settle recover` once the store is healthy");
         }
     }
+    // Said whole: a signal from now on ends the process as it would.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let _ = summary_said.send(());
     Ok(code)
 }

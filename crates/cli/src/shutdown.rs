@@ -14,17 +14,21 @@ use settle_runtime::Kernel;
 use crate::Failure;
 
 /// Installs the handlers now and drives `kernel`'s shutdown from them;
-/// resolves with the first signal once the shutdown has begun. The first
+/// resolves with the first signal once the shutdown has begun. A signal
+/// after the kernel stopped is ignored until `until` is done (the summary
+/// is written whole), and then ends the process as it would without
+/// handlers. The first
 /// signal is also recorded ([`settle_runtime::signals::received`]) before the
 /// shutdown begins, so a caller that sees the kernel stop first still learns
 /// that a signal stopped it.
 pub fn watch(
     kernel: &Kernel,
     drain: Duration,
+    until: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = ShutdownSignal> + Send + 'static, Failure> {
     let signals = Signals::install()
         .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
-    Ok(signals.drive(kernel, drain))
+    Ok(signals.drive_until(kernel, drain, until))
 }
 
 /// The one line a shutdown that could not commit everything prints: how

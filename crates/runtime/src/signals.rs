@@ -125,11 +125,36 @@ impl Signals {
         self.drive_as(kernel, drain, true)
     }
 
+    /// As [`drive`](Self::drive), but the signals get their default action
+    /// back only once `until` is done as well as the kernel: a frontend that
+    /// still has to say how the shutdown went (`settle run`'s summary)
+    /// finishes saying it, instead of being killed by a second signal
+    /// halfway through its output. A signal in between is logged and
+    /// otherwise ignored: the drain it would skip is over.
+    pub fn drive_until(
+        self,
+        kernel: &Kernel,
+        drain: Duration,
+        until: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        self.drive_with(kernel, drain, false, until)
+    }
+
     fn drive_as(
+        self,
+        kernel: &Kernel,
+        drain: Duration,
+        handoff: bool,
+    ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        self.drive_with(kernel, drain, handoff, std::future::ready(()))
+    }
+
+    fn drive_with(
         mut self,
         kernel: &Kernel,
         drain: Duration,
         handoff: bool,
+        until: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
         let stopped = kernel.stopped();
         let kernel: WeakKernel = kernel.downgrade();
@@ -156,6 +181,23 @@ impl Signals {
             tokio::select! {
                 () = watched => {}
                 () = stopped => {}
+            }
+            // The kernel has stopped; the frontend may still be saying so.
+            let said = async {
+                loop {
+                    let signal = self.recv().await;
+                    tracing::info!(
+                        ?signal,
+                        "the kernel has stopped: finishing what it says first"
+                    );
+                }
+            };
+            tokio::select! {
+                // A signal that came while the frontend spoke is taken
+                // here first, not left for the default action below.
+                biased;
+                () = said => {}
+                () = until => {}
             }
             // The kernel has stopped: nothing is left to wind down, so a
             // signal does what it would do to a process without handlers.

@@ -19,6 +19,28 @@ use crate::lease::OwnerId;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// The location is not a file path the store can use: an in-memory
+    /// database (`:memory:`, which the store's connections could not
+    /// share and which would keep nothing) or an SQLite `file:` URI.
+    #[error("{}: {reason}; pass the path of a database file", path.display())]
+    NotAPath {
+        /// The location asked for.
+        path: PathBuf,
+        /// Why it is not one.
+        reason: &'static str,
+    },
+    /// The path is a symbolic link to nothing: the store neither creates
+    /// its target nor removes the link.
+    #[error(
+        "the database path {} is a symbolic link to {}, which does not exist; create the target or pass another path",
+        path.display(), target.display()
+    )]
+    DanglingLink {
+        /// The link.
+        path: PathBuf,
+        /// Where it points.
+        target: PathBuf,
+    },
     /// The folder that should hold a new SQLite database does not exist.
     #[error(
         "cannot create the database {}: its folder {} does not exist; create the folder or choose another path",

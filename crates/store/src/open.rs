@@ -104,6 +104,18 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
             path: path.to_owned(),
         });
     };
+    let not_a_path = |reason| OpenError::NotAPath {
+        path: path.to_owned(),
+        reason,
+    };
+    if path_str == ":memory:" {
+        return Err(not_a_path(
+            "an in-memory SQLite database keeps nothing and cannot be shared by the store's connections",
+        ));
+    }
+    if path_str.starts_with("file:") {
+        return Err(not_a_path("an SQLite URI is not taken"));
+    }
     let before = preflight(path, options.existing_only())?;
     let opened = establish_sqlite(path, path_str, options);
     if let (Err(_), Before::Nothing(created)) = (&opened, &before) {
@@ -158,6 +170,14 @@ fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
             Ok(Before::Existing)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // A link to nothing: SQLite would not create its target, and a
+            // failed open must not remove the link as a file it made.
+            if let Ok(target) = fs::read_link(path) {
+                return Err(OpenError::DanglingLink {
+                    path: path.to_owned(),
+                    target,
+                });
+            }
             let folder = folder_of(path);
             match fs::metadata(&folder) {
                 Ok(meta) if meta.is_dir() => {}
@@ -183,7 +203,9 @@ fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
                     p.push(suffix);
                     PathBuf::from(p)
                 })
-                .filter(|p| !p.exists())
+                // Not there, not even as a link: only what this open makes
+                // is removed if it fails.
+                .filter(|p| fs::symlink_metadata(p).is_err())
                 .collect();
             Ok(Before::Nothing(created))
         }
