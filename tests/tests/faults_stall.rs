@@ -143,7 +143,7 @@ fn sigterm_on_a_stalled_store(
         "the line does not say what was left and what to run: {line}"
     );
     let left: usize = line
-        .strip_prefix("settle: ")
+        .strip_prefix("settle: up to ")
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count in {line:?}"));

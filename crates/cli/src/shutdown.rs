@@ -36,13 +36,16 @@ pub fn watch(
 pub fn say_left(report: &settle_runtime::ShutdownReport) {
     let left = report.left_recoverable.len();
     let sessions = if left == 1 { "session" } else { "sessions" };
+    // Counted when the process gave up waiting: a write the store had
+    // queued may still land before the process is gone, and a peer may
+    // take what a lost lease left, so the count is an upper bound.
     if report.lease_lost {
         eprintln!(
-            "settle: this process lost its lease on its sessions, so it stopped; {left} {sessions} left for recovery: run `settle recover`"
+            "settle: this process lost its lease on its sessions, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): run `settle recover`"
         );
     } else {
         eprintln!(
-            "settle: {left} {sessions} left unfinalized (the store did not commit them in time); run `settle recover` once the store is healthy"
+            "settle: up to {left} {sessions} left unfinalized (the store did not commit them in time; some may have landed since); run `settle recover` once the store is healthy"
         );
     }
 }

@@ -72,7 +72,14 @@ impl Recorder {
     /// subscribers (`StoreFailed`).
     pub(super) fn failed(&self, session: Option<SessionId>, what: &str, unwritten: &Unwritten) {
         self.failures.fetch_add(1, Ordering::Relaxed);
-        tracing::error!(?session, error = %unwritten, "failed to {what}");
+        // Once the lease is lost every write is refused, as it must be:
+        // the one line that says so is the kernel's, not one per write.
+        match unwritten {
+            Unwritten::Failed(error) if matches!(**error, StoreError::LeaseLost(_)) => {
+                tracing::debug!(?session, error = %unwritten, "failed to {what}");
+            }
+            _ => tracing::error!(?session, error = %unwritten, "failed to {what}"),
+        }
         self.events.emit(None, || LifecycleEvent::StoreFailed {
             session,
             message: format!("failed to {what}: {unwritten}"),
