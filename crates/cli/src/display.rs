@@ -112,7 +112,8 @@ pub async fn show(
         apply(&mut rows, &event);
         if mode.log {
             if let Some(line) = line(&rows, &event) {
-                outln!("{}  {line}", stamp());
+                // Names and messages are what others chose: shown, not obeyed.
+                outln!("{}  {}", stamp(), crate::escape::one_line(&line));
             }
         }
         if let Some(view) = &view {

@@ -23,8 +23,25 @@ pub fn lines(text: &str) -> Cow<'_, str> {
     escape(text, |c| c != '\n' && c != '\t')
 }
 
+/// Whether `c` would change how a terminal shows the text around it
+/// without being seen itself: a control character, or a bidirectional
+/// override or isolate, a zero-width character, a line or paragraph
+/// separator (a name with U+202E reads backwards from there on).
+pub fn hides(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
+}
+
 fn escape(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
-    let is_escaped = |c: char| c.is_control() && escaped(c);
+    let is_escaped = |c: char| hides(c) && escaped(c);
     if !text.chars().any(is_escaped) {
         return Cow::Borrowed(text);
     }
@@ -128,6 +145,11 @@ mod tests {
             "a\\u{1b}[31mred\\nb\\0c\\rd\\u{9b}"
         );
         assert_eq!(lines("one\n\ttwo\u{7}\r\n"), "one\n\ttwo\\u{7}\\r\n");
+        // What reorders or hides text without being seen is shown too.
+        assert_eq!(
+            one_line("evil\u{202e}gnp.exe\u{200b}\u{2028}"),
+            "evil\\u{202e}gnp.exe\\u{200b}\\u{2028}"
+        );
         let escaped = lines("\u{1b}]0;title\u{7}");
         assert!(!escaped.chars().any(char::is_control), "{escaped}");
     }

@@ -18,6 +18,7 @@
 //! assert_eq!(table.render(Some(12)), ["ID  NAME", " 7  a-rathe…"]);
 //! ```
 
+use crate::escape;
 use console::{measure_text_width, truncate_str};
 
 /// The space between two columns.
@@ -217,12 +218,13 @@ fn pad(text: &str, width: usize, align: Align) -> String {
     }
 }
 
-/// `text` with every control character (newlines, escapes) shown as `?`, so
-/// that a cell is one line and moves no cursor.
+/// `text` with every control character (newlines, escapes) and every
+/// character that reorders or hides text unseen ([`escape::hides`]) shown
+/// as `?`, so that a cell is one line, moves no cursor and reads as it is.
 pub fn clean(text: String) -> String {
-    if text.chars().any(char::is_control) {
+    if text.chars().any(escape::hides) {
         text.chars()
-            .map(|c| if c.is_control() { '?' } else { c })
+            .map(|c| if escape::hides(c) { '?' } else { c })
             .collect()
     } else {
         text
