@@ -452,6 +452,7 @@ async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
 async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     // The scenario is checked whole before the database is touched (G11).
     let scenario = Arc::new(Scenario::load(&args.scenario).map_err(Failure::bad_input)?);
+    let signals = shutdown::install()?;
     let store: Arc<dyn SessionStore> = Arc::new(open_store(db)?);
     let settle_timeout = args
         .settle_timeout
@@ -493,9 +494,14 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
     // early signal is a graceful shutdown too, and none is ever swallowed.
     // The summary is written whole before a later signal may end the process.
     let (summary_said, said) = tokio::sync::oneshot::channel::<()>();
-    let mut signal = tokio::spawn(shutdown::watch(&kernel, args.drain_timeout, async {
-        let _ = said.await;
-    })?);
+    let mut signal = tokio::spawn(shutdown::watch(
+        signals,
+        &kernel,
+        args.drain_timeout,
+        async {
+            let _ = said.await;
+        },
+    ));
     let mut run = tokio::spawn(runner::run(scenario, kernel.clone()));
 
     // Biased: a run that ended because a signal shut the kernel down ended

@@ -13,7 +13,7 @@ use settle_runtime::Kernel;
 
 use crate::Failure;
 
-/// Installs the handlers now and drives `kernel`'s shutdown from them;
+/// Drives `kernel`'s shutdown from the handlers [`install`] installed;
 /// resolves with the first signal once the shutdown has begun. A signal
 /// after the kernel stopped is ignored until `until` is done (the summary
 /// is written whole), and then ends the process as it would without
@@ -22,13 +22,23 @@ use crate::Failure;
 /// shutdown begins, so a caller that sees the kernel stop first still learns
 /// that a signal stopped it.
 pub fn watch(
+    signals: Signals,
     kernel: &Kernel,
     drain: Duration,
     until: impl Future<Output = ()> + Send + 'static,
-) -> Result<impl Future<Output = ShutdownSignal> + Send + 'static, Failure> {
-    let signals = Signals::install()
-        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
-    Ok(signals.drive_until(kernel, drain, until))
+) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+    signals.drive_until(kernel, drain, until)
+}
+
+/// Installs the handlers, before anything is opened: a signal that comes
+/// while the store opens is kept for [`watch`], instead of killing the
+/// process with a file half made.
+///
+/// # Errors
+/// When the handlers cannot be installed.
+pub fn install() -> Result<Signals, Failure> {
+    Signals::install()
+        .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))
 }
 
 /// The one line a shutdown that could not commit everything prints: how
