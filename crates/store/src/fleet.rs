@@ -185,6 +185,7 @@ pub(crate) fn release(
     let raw = sid(id)?;
     write_tx!(db.reborrow(), |c| {
         let mut db = Db::from(c);
+        bound_lock_waits(db.reborrow())?;
         let now = crate::lease::store_now(db.reborrow())?;
         let mine = holds_lease(db.reborrow(), me, now)?;
         let Some(r) = row(db.reborrow(), raw)? else {
@@ -235,6 +236,23 @@ pub(crate) fn release(
     })
 }
 
+/// How long a move of the fleet waits for a row lock another session
+/// holds (an operator's `SELECT … FOR UPDATE`, a peer frozen inside a
+/// transaction) before it gives up: the store has one writer, and a move
+/// waiting on a lock holds every write of this process behind it.
+const FLEET_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '2s'";
+
+/// Bounds the lock waits of the transaction `db` is in (PostgreSQL; SQLite
+/// has one writer and its busy timeout).
+fn bound_lock_waits(db: Db<'_>) -> Result<(), StoreError> {
+    if let Db::Pg(c) = db {
+        diesel::sql_query(FLEET_LOCK_WAIT)
+            .execute(c)
+            .context("bounding the lock waits of a fleet move")?;
+    }
+    Ok(())
+}
+
 /// Adopt `id` for `me` with the rest of its tree: every live session from
 /// its topmost live ancestor down, each released or left by an owner whose
 /// lease expired (its open turn then marked `interrupted`, G8), in one
@@ -252,6 +270,7 @@ pub(crate) fn adopt(
     let raw = sid(id)?;
     write_tx!(db.reborrow(), |c| {
         let mut db = Db::from(c);
+        bound_lock_waits(db.reborrow())?;
         let now = crate::lease::store_now(db.reborrow())?;
         let mine = holds_lease(db.reborrow(), me, now)?;
         let tree = live_tree(db.reborrow(), raw)?;
@@ -489,6 +508,7 @@ pub(crate) fn release_expired(
         let id = session_id(raw);
         let moved = write_tx!(db.reborrow(), |c| {
             let mut db = Db::from(c);
+            bound_lock_waits(db.reborrow())?;
             let Some(r) = row(db.reborrow(), raw)? else {
                 return Ok(None);
             };
@@ -570,6 +590,7 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
         };
         let spent = write_tx!(db.reborrow(), |c| {
             let mut db = Db::from(c);
+            bound_lock_waits(db.reborrow())?;
             // Still released: an adoption clears `released_at` in the same
             // update that takes the row, so it is either adopted or reaped.
             let released = row(db.reborrow(), raw)?.is_some_and(|r| r.released_at.is_some());

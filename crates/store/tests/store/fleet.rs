@@ -300,3 +300,66 @@ pub(crate) fn g12_a_sessions_principal_comes_with_its_adoption(b: Backend) {
         );
     });
 }
+
+/// PostgreSQL: a move of the fleet that meets a row lock another session
+/// holds (an operator's `SELECT … FOR UPDATE`, a peer frozen inside a
+/// transaction) gives up after its bounded lock wait, taking nothing,
+/// instead of holding every write of the store behind it.
+#[test]
+fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go_on() {
+    use diesel::{Connection, RunQueryDsl};
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    rt().block_on(async {
+        let store = open(&db);
+        let node_a = node(&*store, "ws://a/ws").await;
+        let node_b = node(&*store, "ws://b/ws").await;
+        let id = conversation(&*store, node_a).await;
+        store.release(node_a, id, now()).await.unwrap();
+        let busy = conversation(&*store, node_b).await;
+        write::start_turn(&*store, busy, 2, None, now())
+            .await
+            .unwrap();
+
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (free_tx, free) = std::sync::mpsc::channel::<()>();
+        let url = db.url.clone();
+        let raw = i64::try_from(id.get()).unwrap();
+        let holder = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                diesel::sql_query(format!(
+                    "SELECT id FROM sessions WHERE id = {raw} FOR UPDATE"
+                ))
+                .execute(c)?;
+                locked_tx.send(()).unwrap();
+                let _ = free.recv_timeout(Duration::from_secs(60));
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        });
+        locked.recv().unwrap();
+        let tried =
+            tokio::time::timeout(Duration::from_secs(8), store.adopt(node_b, id, now())).await;
+        // Meanwhile-queued writes are not held for the lock's holder.
+        let appended = tokio::time::timeout(
+            Duration::from_secs(8),
+            store.append_chunk(busy, 2, "on".into()),
+        )
+        .await;
+        free_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(
+            matches!(tried, Ok(Err(_))),
+            "the adoption waited on the lock: {tried:?}"
+        );
+        assert!(
+            matches!(appended, Ok(Ok(_))),
+            "a write waited behind it: {appended:?}"
+        );
+        assert_eq!(store.locate(id).await.unwrap(), Whereabouts::Released);
+        // Once the lock is gone, it is adopted.
+        store.adopt(node_b, id, now()).await.unwrap();
+    });
+}
