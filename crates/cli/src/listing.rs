@@ -87,22 +87,25 @@ pub fn tree(rows: Vec<SessionRow>) -> Vec<Listed> {
     for top in tops {
         walk(top, &mut children, &mut seen, &mut listed);
     }
-    // What no top reached sits on a loop of parents, or under one.
-    loop {
-        let newest = children
-            .values()
-            .flatten()
-            .filter(|r| !seen.contains(&r.id))
-            .max_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)))
-            .map(|r| r.id);
-        let Some(id) = newest else { break };
-        let Some(top) = children.values_mut().find_map(|kids| {
+    // What no top reached sits on a loop of parents, or under one: each
+    // part is listed from its newest session not listed yet.
+    let mut rest: Vec<(SystemTime, SessionId)> = children
+        .values()
+        .flatten()
+        .map(|r| (r.created_at, r.id))
+        .collect();
+    rest.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, id) in rest {
+        if seen.contains(&id) {
+            continue;
+        }
+        let top = children.values_mut().find_map(|kids| {
             let at = kids.iter().position(|r| r.id == id)?;
             Some(kids.remove(at))
-        }) else {
-            break;
-        };
-        walk(top, &mut children, &mut seen, &mut listed);
+        });
+        if let Some(top) = top {
+            walk(top, &mut children, &mut seen, &mut listed);
+        }
     }
     listed
 }
@@ -126,23 +129,66 @@ fn walk(
     }
 }
 
-/// The rows of `rows` in the tree under `root` (`root` included), in the
-/// order given: what one `settle run` registered, whose agents all descend
-/// from its root.
-pub fn subtree(rows: Vec<SessionRow>, root: SessionId) -> Vec<SessionRow> {
+/// A session met twice on the way down from a top: its parents loop back
+/// to it (a store edited by hand: no kernel writes one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParentsLoop {
+    /// The session met again.
+    pub session: SessionId,
+    /// The parent it was met under the second time.
+    pub parent: SessionId,
+}
+
+/// Every descendant of `top` among `rows`, each found under its parent
+/// (children in the order of `rows`); a [`ParentsLoop`] when a session is
+/// met twice, with what was found before it.
+fn walk_down(rows: &[SessionRow], top: SessionId) -> (Vec<SessionId>, Option<ParentsLoop>) {
     let mut children: HashMap<SessionId, Vec<SessionId>> = HashMap::new();
-    for row in &rows {
+    for row in rows {
         if let Some(parent) = row.parent {
             children.entry(parent).or_default().push(row.id);
         }
     }
-    let mut under: HashSet<SessionId> = HashSet::new();
-    let mut stack = vec![root];
-    while let Some(id) = stack.pop() {
-        if under.insert(id) {
-            stack.extend(children.remove(&id).unwrap_or_default());
+    let mut found = Vec::new();
+    let mut seen = HashSet::from([top]);
+    let mut frontier = vec![top];
+    while let Some(parent) = frontier.pop() {
+        for &child in children.get(&parent).into_iter().flatten() {
+            if !seen.insert(child) {
+                return (
+                    found,
+                    Some(ParentsLoop {
+                        session: child,
+                        parent,
+                    }),
+                );
+            }
+            found.push(child);
+            frontier.push(child);
         }
     }
+    (found, None)
+}
+
+/// Every descendant of `top` among `rows` (`settle show --trace`); refused
+/// when the parents loop.
+///
+/// # Errors
+/// [`ParentsLoop`] when a session is met twice.
+pub fn descendants(rows: &[SessionRow], top: SessionId) -> Result<Vec<SessionId>, ParentsLoop> {
+    match walk_down(rows, top) {
+        (found, None) => Ok(found),
+        (_, Some(looped)) => Err(looped),
+    }
+}
+
+/// The rows of `rows` in the tree under `root` (`root` included), in the
+/// order given: what one `settle run` registered, whose agents all descend
+/// from its root. A loop of parents ends the walk.
+pub fn subtree(rows: Vec<SessionRow>, root: SessionId) -> Vec<SessionRow> {
+    let (found, _) = walk_down(&rows, root);
+    let mut under: HashSet<SessionId> = found.into_iter().collect();
+    under.insert(root);
     rows.into_iter().filter(|r| under.contains(&r.id)).collect()
 }
 

@@ -15,9 +15,7 @@ use settle_cli::{
     output, parse_id, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
-use settle_store::{
-    RecoverOptions, SessionDetail, SessionFilter, SessionRow, SessionStore, Store, StoreError,
-};
+use settle_store::{RecoverOptions, SessionDetail, SessionFilter, SessionStore, Store, StoreError};
 
 mod serve;
 
@@ -368,7 +366,14 @@ async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
     if let Some(path) = &args.trace {
         let rows = store.list_sessions(SessionFilter::all()).await?;
         let mut details = vec![top];
-        for id in descendants(&rows, args.id)? {
+        // Parents that loop were written outside settle: a store error.
+        let below = listing::descendants(&rows, args.id).map_err(|looped| {
+            Failure::store(format!(
+                "session {}'s parents loop back to it (its parent is {}); the store was changed outside settle",
+                looped.session, looped.parent
+            ))
+        })?;
+        for id in below {
             details.push(detail(&store, db, id).await?);
         }
         let tree = trace::subtree(args.id, details);
@@ -387,27 +392,6 @@ async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
         out!("{}", output::show_text(&top));
     }
     Ok(exit::DONE)
-}
-
-/// Every descendant of `top` among `rows`; a store error when a session
-/// is found twice (its parents loop: the store was changed by hand).
-fn descendants(rows: &[SessionRow], top: SessionId) -> Result<Vec<SessionId>, Failure> {
-    let mut found = Vec::new();
-    let mut seen = std::collections::HashSet::from([top]);
-    let mut frontier = vec![top];
-    while let Some(parent) = frontier.pop() {
-        for row in rows.iter().filter(|r| r.parent == Some(parent)) {
-            if !seen.insert(row.id) {
-                return Err(Failure::store(format!(
-                    "session {}'s parents loop back to it (its parent is {parent}); the store was changed outside settle",
-                    row.id
-                )));
-            }
-            found.push(row.id);
-            frontier.push(row.id);
-        }
-    }
-    Ok(found)
 }
 
 async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {

@@ -7,10 +7,11 @@
 //! wins a race.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use settle_core::SessionId;
-use settle_store::{Adopted, PeerRelease, StoreError, Whereabouts};
+use settle_store::{Adopted, OwnerId, PeerRelease, SessionStore, StoreError, Whereabouts};
 use settle_stream::{Message, ToolCall};
 use tokio::sync::oneshot;
 
@@ -145,13 +146,8 @@ impl Kernel {
                 }
             }
         }
-        for id in &refused {
-            // Not taken on here: nobody else may wait for it.
-            let release = self.store().release(owner, *id, SystemTime::now());
-            if let Err(error) = self.fleet_call("releasing a session", release).await {
-                tracing::warn!(session = %id, %error, "an adoption the core refused could not be released again");
-            }
-        }
+        // Not taken on here: nobody else may wait for them.
+        release_again(self.store(), owner, refused, self.store_timeout()).await;
         if let Some(refused) = asked_refused {
             return Err(refused);
         }
@@ -275,13 +271,10 @@ impl Kernel {
                 let store = self.store().clone();
                 tokio::spawn(async move {
                     let Ok(Ok(late)) = call.await else { return };
-                    let ids =
-                        std::iter::once(late.session).chain(late.with.iter().map(|m| m.session));
-                    for id in ids {
-                        if let Err(error) = store.release(owner, id, SystemTime::now()).await {
-                            tracing::warn!(session = %id, %error, "an adoption that came too late could not be released again");
-                        }
-                    }
+                    let ids = std::iter::once(late.session)
+                        .chain(late.with.iter().map(|m| m.session))
+                        .collect();
+                    release_again(&store, owner, ids, after).await;
                 });
                 Err(RuntimeError::StoreTimeout {
                     what: "adopting a session",
@@ -302,5 +295,25 @@ impl Kernel {
             Ok(result) => result.map_err(RuntimeError::Store),
             Err(_) => Err(RuntimeError::StoreTimeout { what, after }),
         }
+    }
+}
+
+/// Releases again sessions this process adopted in the store but did not
+/// take on (the core refused them, or the adoption came after the caller
+/// gave up), each within `after`; a failure is logged.
+async fn release_again(
+    store: &Arc<dyn SessionStore>,
+    owner: OwnerId,
+    ids: Vec<SessionId>,
+    after: Duration,
+) {
+    for id in ids {
+        let release = store.release(owner, id, SystemTime::now());
+        let error = match tokio::time::timeout(after, release).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("the store did not answer within {after:?}"),
+        };
+        tracing::warn!(session = %id, %error, "an adoption not taken on could not be released again");
     }
 }
