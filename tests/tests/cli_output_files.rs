@@ -12,10 +12,10 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
-use settle_tests::{assert_success, Sandbox};
+use settle_tests::{assert_success, by_name, id_of, Sandbox};
 
 const SCENARIO: &str =
-    "name = \"s\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"hello\"]\n\
+    "name = \"s\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"hello\"]\nchunk_delay_ms = 300\n\
     [[agent]]\nname = \"kid\"\nparent = \"root\"\n[[agent.turn]]\nchunks = [\"hi\"]\n";
 
 fn sandbox() -> Sandbox {
@@ -87,12 +87,17 @@ fn g11_a_symlink_stays_a_link_and_a_replaced_file_keeps_its_permissions() {
 fn g11_a_store_whose_parents_loop_gives_one_line_and_exit_3() {
     let sandbox = sandbox();
     let db = sandbox.db();
-    // root (1) under kid (2), which is under root: a loop no settle writes.
+    let sessions = sandbox.sessions();
+    let (root, kid) = (
+        id_of(by_name(&sessions, "root")),
+        id_of(by_name(&sessions, "kid")),
+    );
+    // root under kid, which is under root: a loop no settle writes.
     common::execute(
         db.to_str().unwrap(),
-        "UPDATE sessions SET parent = 2 WHERE id = 1",
+        &format!("UPDATE sessions SET parent = {kid} WHERE id = {root}"),
     );
-    let out = sandbox.run(&["show", "1", "--trace", "t.json"]);
+    let out = sandbox.run(&["show", &root.to_string(), "--trace", "t.json"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
