@@ -121,7 +121,12 @@ impl SessionStore for NullStore {
                         self.last_end_turn.fetch_max(now(), Ordering::Relaxed);
                         Applied::Done
                     }
-                    LifecycleWrite::Finalize { .. } => {
+                    LifecycleWrite::Finalize { plan, .. } => {
+                        // A session's end carries its turn's end.
+                        if plan.turn_end.is_some() {
+                            self.first_end_turn.fetch_min(now(), Ordering::Relaxed);
+                            self.last_end_turn.fetch_max(now(), Ordering::Relaxed);
+                        }
                         self.first_finalize.fetch_min(now(), Ordering::Relaxed);
                         if self.finalized.fetch_add(1, Ordering::SeqCst) + 1 == self.expect {
                             // A permit is stored if nobody waits yet.

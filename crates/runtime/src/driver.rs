@@ -673,11 +673,8 @@ impl Driver {
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
                     let at = self.wall_now;
-                    self.recorder.push(Record::Finalize(Box::new(FinalizeJob {
-                        plan,
-                        at,
-                        shared,
-                    })));
+                    self.recorder
+                        .push_finalize(FinalizeJob::new(plan, at, shared));
                     // Its record is no use to the core any more (G2 holds in
                     // the store's latch; a long-lived kernel must not grow).
                     self.core.forget(session);

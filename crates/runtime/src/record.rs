@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, TurnError, WorkId};
-use settle_store::StoreError;
+use settle_store::{StoreError, TimelineStep, TurnEnding};
 use tokio::sync::oneshot;
 
 use tokio::sync::mpsc;
 
-use crate::command::Reply;
+use crate::command::{Reply, WorkEnd};
 use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 
@@ -69,6 +69,28 @@ pub(crate) struct FinalizeJob {
     pub at: SystemTime,
     /// `None` for a session the driver no longer knew (it never does today).
     pub shared: Option<Arc<SessionShared>>,
+    /// The session's timeline steps that the same input ordered before its
+    /// finalize, written with it ([`Outbox::push_finalize`]).
+    pub steps: smallvec::SmallVec<[TimelineStep; 2]>,
+    /// Its turn's end that the same input ordered, written with it.
+    pub turn_end: Option<TurnEnding>,
+    /// Who waits for that turn's end, and what to tell them once it is
+    /// committed (before the rest of the plan, as its own answer was).
+    pub turn_notify: Option<(oneshot::Sender<WorkEnd>, WorkEnd)>,
+}
+
+impl FinalizeJob {
+    /// The plan of `plan`'s session, ordered at `at`, carrying nothing yet.
+    pub fn new(plan: Finalize, at: SystemTime, shared: Option<Arc<SessionShared>>) -> Self {
+        FinalizeJob {
+            plan,
+            at,
+            shared,
+            steps: smallvec::SmallVec::new(),
+            turn_end: None,
+            turn_notify: None,
+        }
+    }
 }
 
 /// The driver's end of the recorder's channel. Records queue here as the
@@ -100,6 +122,59 @@ impl Outbox {
         if self.queued.len() >= Self::CHUNK {
             self.flush();
         }
+    }
+
+    /// Queues `job` behind every record queued before it, carrying the
+    /// records just before it that are about its session (its turn's end
+    /// and its transitions, which the core orders right before its
+    /// finalize): its end is then one write, one row update and one
+    /// timeline segment, answered once. Records already handed over, or
+    /// behind a record about another session, go as they are.
+    pub fn push_finalize(&mut self, mut job: FinalizeJob) {
+        let session = job.plan.session;
+        let mut steps: smallvec::SmallVec<[TimelineStep; 2]> = smallvec::SmallVec::new();
+        while let Some(last) = self.queued.last() {
+            match last {
+                Record::Transition { transition, .. } if transition.session == session => {}
+                Record::EndTurn { work, .. }
+                    if work.session == session
+                        && work.turn_no().is_some()
+                        && job.turn_end.is_none() => {}
+                _ => break,
+            }
+            match self.queued.pop() {
+                Some(Record::Transition { transition, at }) => {
+                    if let Some(from) = transition.from {
+                        steps.push(TimelineStep {
+                            from,
+                            to: transition.to,
+                            cause: transition.cause,
+                            at,
+                        });
+                    }
+                }
+                Some(Record::EndTurn {
+                    work,
+                    outcome,
+                    error,
+                    at,
+                    notify,
+                }) => {
+                    let no = work.turn_no().unwrap_or(work.no);
+                    job.turn_notify = notify.map(|notify| (notify, (outcome, error.clone())));
+                    job.turn_end = Some(TurnEnding {
+                        no,
+                        outcome,
+                        error,
+                        at,
+                    });
+                }
+                _ => {}
+            }
+        }
+        steps.reverse();
+        job.steps = steps;
+        self.push(Record::Finalize(Box::new(job)));
     }
 
     /// Hands everything queued to the recorder. The driver calls it after

@@ -12,7 +12,7 @@
 use std::time::SystemTime;
 
 use diesel::prelude::*;
-use settle_core::{ChunkKind, EndReason, Outcome, SessionId, State};
+use settle_core::{Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
@@ -34,6 +34,45 @@ pub struct FinalizeRequest {
     pub outcome: Option<Outcome>,
     /// When it is finalized.
     pub at: SystemTime,
+    /// Transitions of the session to record first, in order (see
+    /// [`after_steps`](Self::after_steps)); inline, as a teardown builds
+    /// one request per session.
+    steps: Steps,
+    /// The session's turn to end first, as a
+    /// [`LifecycleWrite::EndTurn`](crate::LifecycleWrite::EndTurn) would.
+    pub turn_end: Option<TurnEnding>,
+}
+
+/// The steps a finalize carries: the two of a teardown (a cancel and its
+/// settling) and one more stay inline.
+type Steps = smallvec::SmallVec<[TimelineStep; 3]>;
+
+/// A transition a finalize records before it spends the latch
+/// ([`FinalizeRequest::steps`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimelineStep {
+    /// The state it must be in.
+    pub from: State,
+    /// The state it moves to (never `finalized`: the latch records that).
+    pub to: State,
+    /// Why, as the timeline shows it.
+    pub cause: Cause,
+    /// When.
+    pub at: SystemTime,
+}
+
+/// The end of a turn a finalize records before it spends the latch
+/// ([`FinalizeRequest::turn_end`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnEnding {
+    /// The turn number.
+    pub no: u32,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Why it failed.
+    pub error: Option<TurnError>,
+    /// When.
+    pub at: SystemTime,
 }
 
 impl FinalizeRequest {
@@ -44,7 +83,33 @@ impl FinalizeRequest {
             commit_memory: false,
             outcome: None,
             at: SystemTime::now(),
+            steps: Steps::new(),
+            turn_end: None,
         }
+    }
+
+    /// The transitions it records first, in order.
+    pub fn steps(&self) -> &[TimelineStep] {
+        &self.steps
+    }
+
+    /// Record `steps` on the session's timeline first, in order, each as a
+    /// [`LifecycleWrite::Transition`](crate::LifecycleWrite::Transition)
+    /// would be: its steps since its last write, so that a session's end is
+    /// one write (one row update and one timeline segment). A step the
+    /// lifecycle refuses (the session is not in its `from` state) is
+    /// reported in [`FinalizeReport::refused`]; the rest still run and the
+    /// session is finalized all the same.
+    pub fn after_steps(mut self, steps: impl IntoIterator<Item = TimelineStep>) -> Self {
+        self.steps.extend(steps);
+        self
+    }
+
+    /// End the session's turn first, as `end` says. Refused (reported in
+    /// [`FinalizeReport::refused`]) when that turn is not open.
+    pub fn ending_turn(mut self, end: TurnEnding) -> Self {
+        self.turn_end = Some(end);
+        self
     }
 
     /// Commit memory from the completed turns.
@@ -92,6 +157,11 @@ pub struct FinalizeReport {
     pub memories: usize,
     /// Steps that failed; the session was finalized all the same.
     pub failed_steps: Vec<StepFailure>,
+    /// The transitions and the turn's end the finalize carried
+    /// ([`FinalizeRequest::steps`], [`FinalizeRequest::turn_end`]) that the
+    /// lifecycle refused, each with its refusal, as the separate write would
+    /// have been answered; the session was finalized all the same.
+    pub refused: Vec<StoreError>,
 }
 
 /// A durable step of the finalize plan.

@@ -162,7 +162,9 @@ pub use durability::Durability;
 pub use error::{DbError, OpenError, StoreError};
 pub use fleet::{Adopted, PeerRelease, Whereabouts};
 pub use input::{Conversation, TurnInput};
-pub use latch::{FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure};
+pub use latch::{
+    FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure, TimelineStep, TurnEnding,
+};
 pub use lease::{local_host_name, HostIdentity, OwnerId, OwnerInfo, OwnerRow};
 pub use list::{ListCursor, ListOrder, SessionFilter};
 pub use memory::MemoryStore;

@@ -455,11 +455,25 @@ impl Tables {
     fn finalize(&mut self, id: SessionId, plan: &FinalizeRequest) -> Result<Finalized, StoreError> {
         let at = to_millis(plan.at);
         let cause = Cause::Finalized(plan.reason).to_string();
+        if self.owned_row(id)?.live.state == State::Finalized {
+            return Ok(Finalized::AlreadyFinalized);
+        }
+        // What it carries first, each as its own write would be.
+        let mut refused = Vec::new();
+        for step in plan.steps() {
+            let moved = self.transition(id, step.from, step.to, step.cause, step.at);
+            refused.extend(moved.err());
+        }
+        if let Some(end) = &plan.turn_end {
+            let ended = self.end_turn(id, end.no, end.outcome, end.error.clone(), end.at);
+            refused.extend(ended.err());
+        }
         let Some(interrupted) = self.spend(id, plan.reason, plan.outcome, at, None, &cause)? else {
             return Ok(Finalized::AlreadyFinalized);
         };
         let mut report = FinalizeReport {
             interrupted_turn: interrupted,
+            refused,
             ..FinalizeReport::default()
         };
         if plan.commit_memory {

@@ -9,10 +9,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use settle_core::{SessionId, State};
-use settle_store::{Applied, FinalizeRequest, LifecycleWrite, NewSession};
+use settle_store::{Applied, FinalizeRequest, LifecycleWrite, NewSession, TimelineStep};
 
 use super::bounded::within;
-use super::held::{Held, Step};
+use super::held::Held;
 use super::pending::{Answer, BatchResults, InFlight, Pending};
 use super::retry;
 use super::unwritten::Unwritten;
@@ -52,7 +52,7 @@ impl Recorder {
                 // the last transition itself (G2): only the ones between go
                 // here, held until the session's next write (see `HOLD`).
                 if let (Some(from), true) = (t.from, t.to != State::Finalized) {
-                    let step = Step {
+                    let step = TimelineStep {
                         from,
                         to: t.to,
                         cause: t.cause,
@@ -110,17 +110,24 @@ impl Recorder {
                     }
                 }
             }
-            Record::Finalize(job) => {
+            Record::Finalize(mut job) => {
+                let session = job.plan.session;
+                self.split_after(pending, &[Some(session)]).await;
+                // Its end is one write: the transitions held for it and
+                // those the job carries, its turn's end, then the latch.
+                let steps = held.take(session).into_iter().chain(job.steps.drain(..));
                 let plan = &job.plan;
                 let mut request = FinalizeRequest::new(plan.reason)
                     .commit_memory(plan.commit_memory)
-                    .at(job.at);
+                    .at(job.at)
+                    .after_steps(steps);
+                request.turn_end = job.turn_end.take();
                 if let Some(outcome) = plan.last_outcome {
                     request = request.with_outcome(outcome);
                 }
                 Some((
                     LifecycleWrite::Finalize {
-                        session: plan.session,
+                        session,
                         plan: request,
                     },
                     Answer::Finalized(job),
@@ -384,7 +391,26 @@ impl Recorder {
                     let _ = notify.send(end);
                 }
             }
-            Answer::Finalized(job) => self.finalized(*job, result),
+            Answer::Finalized(mut job) => {
+                // What it carried, as the writes' own answers would say.
+                if let Ok(Applied::Finalized(settle_store::Finalized::Won(report))) = &result {
+                    for refused in &report.refused {
+                        let what = "record what a finalize carried";
+                        self.failed(
+                            Some(job.plan.session),
+                            what,
+                            &Unwritten::from_store(refused.clone()),
+                        );
+                    }
+                }
+                if let Some((notify, end)) = job.turn_notify.take() {
+                    if let Err(unwritten) = &result {
+                        self.failed(Some(job.plan.session), "end a turn", unwritten);
+                    }
+                    let _ = notify.send(end);
+                }
+                self.finalized(*job, result)
+            }
         }
     }
 }

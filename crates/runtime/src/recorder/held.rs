@@ -3,10 +3,10 @@
 //! timeline segment (for [`HOLD`], or [`HOLD_BUSY`] while the store is busy).
 
 use std::collections::VecDeque;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use settle_core::{Cause, SessionId, State};
-use settle_store::LifecycleWrite;
+use settle_core::SessionId;
+use settle_store::{LifecycleWrite, TimelineStep as Step};
 use smallvec::SmallVec;
 
 use super::pending::{Answer, Pending};
@@ -42,23 +42,6 @@ pub(super) struct Held {
     since: VecDeque<(tokio::time::Instant, SessionId)>,
 }
 
-/// One held transition: its `LifecycleWrite::Transition` but for the
-/// session, which is the key it is held under. A teardown holds one per
-/// session, so the hold map's entries stay small: a third of what whole
-/// writes took, which the map moves each time it grows and again when an
-/// entry leaves it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Step {
-    /// The state before.
-    pub from: State,
-    /// The state after.
-    pub to: State,
-    /// Why.
-    pub cause: Cause,
-    /// When.
-    pub at: SystemTime,
-}
-
 /// One session's held transitions, and when the first of them came: inline
 /// up to two (a turn's end; a cancel and its settling), the most a session
 /// holds between two of its writes in a teardown, so that holding costs no
@@ -81,6 +64,15 @@ impl Held {
             }
         });
         held.steps.push(step);
+    }
+
+    /// Takes `session`'s held transitions, in the order they came, for its
+    /// next write to carry.
+    pub(super) fn take(&mut self, session: SessionId) -> SmallVec<[Step; 2]> {
+        match self.writes.remove(&session) {
+            Some(held) => held.steps,
+            None => SmallVec::new(),
+        }
     }
 
     /// Moves `session`'s held transitions into `pending`, ahead of its next write.
@@ -140,6 +132,10 @@ pub(super) fn hold_for(busy: bool) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
+    use settle_core::{Cause, State};
+
     use super::*;
 
     fn step() -> Step {

@@ -13,6 +13,12 @@
 //! over while one is still being committed, and the answers of the one
 //! before go out meanwhile: the database never waits for the recorder.
 //!
+//! A session's end is one write: the finalize carries the session's turn
+//! end and transitions that the driver's same input ordered right before
+//! it (`Outbox::push_finalize`), and those held for it here, so that its
+//! row, its turn and its timeline segment are written by one lifecycle
+//! write, answered once.
+//!
 //! A transition nobody waits for (a turn's end moving its session back to
 //! `registered`, a cancel moving it to `cancelling`) is held for its
 //! session's next write, so that both are one row update and one timeline

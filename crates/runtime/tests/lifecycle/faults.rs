@@ -54,6 +54,8 @@ struct Faulty {
     /// is slow, not stopped.
     slow_ms: Arc<std::sync::atomic::AtomicU64>,
     in_order: Arc<tokio::sync::Mutex<()>>,
+    /// Every lifecycle write handed to it, in order.
+    log: Arc<std::sync::Mutex<Vec<LifecycleWrite>>>,
 }
 
 impl Default for Faulty {
@@ -67,6 +69,7 @@ impl Default for Faulty {
             fail_turn_writes: Arc::default(),
             slow_ms: Arc::default(),
             in_order: Arc::default(),
+            log: Arc::default(),
         }
     }
 }
@@ -116,14 +119,17 @@ impl SessionStore for Faulty {
     }
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
         self.stall_point().await;
+        if let Ok(mut log) = self.log.lock() {
+            log.extend(batch.iter().cloned());
+        }
         if let Err(lost) = self.fenced(OWNER) {
             return batch.iter().map(|_| Err(lost.clone())).collect();
         }
-        let turn_write = batch.iter().any(|w| {
-            matches!(
-                w,
-                LifecycleWrite::EndTurn { .. } | LifecycleWrite::StartTurn { .. }
-            )
+        // A session's end carries its turn's end (`FinalizeRequest::turn_end`).
+        let turn_write = batch.iter().any(|w| match w {
+            LifecycleWrite::EndTurn { .. } | LifecycleWrite::StartTurn { .. } => true,
+            LifecycleWrite::Finalize { plan, .. } => plan.turn_end.is_some(),
+            _ => false,
         });
         let fail = turn_write
             && self
@@ -199,6 +205,76 @@ async fn kernel_on(store: &Faulty) -> Kernel {
         .start()
         .await
         .expect("the runtime starts")
+}
+
+/// A session's end is one write: when a cancel winds down a tree whose
+/// sessions are mid-turn, each session's turn end, its transitions (its
+/// cancel, its settling) and its finalize reach the store as one finalize
+/// carrying them, answered once, and the turn's outcome is answered from it;
+/// the store holds what the writes one by one would have left.
+#[tokio::test(start_paused = true)]
+async fn a_sessions_end_in_a_teardown_is_one_write_carrying_its_turns_end_and_steps() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    let child = kernel.register("child", Some(root.id())).await.unwrap();
+    let (p, q) = (
+        provider([hang(&["a"], 10 * MS)]),
+        provider([hang(&["b"], 10 * MS)]),
+    );
+    let (mut root_turn, mut child_turn) = (start(&root, &p).await, start(&child, &q).await);
+    read_chunks(&mut root_turn, 1).await;
+    read_chunks(&mut child_turn, 1).await;
+    let before = store.log.lock().unwrap().len();
+
+    root.cancel(settle_runtime::CancelMode::Immediate)
+        .await
+        .unwrap();
+    root.finalized().await.unwrap();
+    assert_eq!(child_turn.outcome().await, Outcome::Cancelled);
+    assert_eq!(root_turn.outcome().await, Outcome::Cancelled);
+
+    let log = store.log.lock().unwrap()[before..].to_vec();
+    for id in [child.id(), root.id()] {
+        let about: Vec<&LifecycleWrite> = log
+            .iter()
+            .filter(|w| match w {
+                LifecycleWrite::Register(_) => false,
+                LifecycleWrite::Transition { session, .. }
+                | LifecycleWrite::StartTurn { session, .. }
+                | LifecycleWrite::EndTurn { session, .. }
+                | LifecycleWrite::Finalize { session, .. } => *session == id,
+            })
+            .collect();
+        let [LifecycleWrite::Finalize { plan, .. }] = about[..] else {
+            panic!("session {id}: {about:?}");
+        };
+        let end = plan.turn_end.as_ref().expect("it carries its turn's end");
+        assert_eq!((end.no, end.outcome), (1, Outcome::Cancelled));
+        let moves: Vec<(State, State)> = plan.steps().iter().map(|s| (s.from, s.to)).collect();
+        assert_eq!(
+            moves,
+            [
+                (State::Running, State::Cancelling),
+                (State::Cancelling, State::Settled)
+            ],
+            "session {id}"
+        );
+        let d = detail(&store.inner, id).await;
+        assert_eq!(d.session.end_reason, Some(EndReason::Cancelled));
+        assert_eq!(d.turns[0].outcome, Some(Outcome::Cancelled));
+        let timeline: Vec<State> = d.timeline.iter().map(|t| t.to).collect();
+        assert_eq!(
+            timeline,
+            [
+                State::Registered,
+                State::Running,
+                State::Cancelling,
+                State::Settled,
+                State::Finalized
+            ]
+        );
+    }
 }
 
 /// Sessions in every shape a shutdown meets: idle, a turn that outlives the

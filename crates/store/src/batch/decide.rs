@@ -2,15 +2,16 @@
 //! does, by the lifecycle's rules.
 
 use std::fmt::Write as _;
+use std::time::SystemTime;
 
-use settle_core::{Cause, Outcome, SessionId, State};
+use settle_core::{Cause, Outcome, SessionId, State, TurnError};
 
 use super::{
     Applied, Decided, HashMap, LifecycleWrite, Registration, Sim, TimelineEntry, TurnEnd,
     TurnStart, Whose,
 };
 use crate::error::StoreError;
-use crate::latch::{FinalizeReport, Finalized};
+use crate::latch::{FinalizeReport, FinalizeRequest, Finalized, TimelineStep};
 use crate::lease::OwnerId;
 use crate::rules::{allowed, TurnSeen};
 use crate::session::NewSession;
@@ -36,31 +37,23 @@ pub(super) fn decide<'b>(
                 to,
                 cause,
                 at,
-            } => {
-                Some(if allowed(*from, *to) {
-                    lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
-                        sim.live.transition(*session, *from, *to)?;
-                        sim.changed = true;
-                        let start = d.causes.len();
-                        // Writing to a String cannot fail.
-                        let _ = write!(d.causes, "{cause}");
-                        d.timeline.push(TimelineEntry {
-                            whose: Whose::Existing(raw),
-                            at: to_millis(*at),
-                            from: Some(*from),
-                            to: *to,
-                            cause: start..d.causes.len(),
-                        });
-                        Ok(Applied::Done)
-                    })
-                } else {
-                    Err(StoreError::InvalidTransition {
-                        session: *session,
+            } => Some(if allowed(*from, *to) {
+                lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
+                    let step = TimelineStep {
                         from: *from,
                         to: *to,
-                    })
+                        cause: *cause,
+                        at: *at,
+                    };
+                    transition(&mut d, *session, raw, sim, &step).map(|()| Applied::Done)
                 })
-            }
+            } else {
+                Err(StoreError::InvalidTransition {
+                    session: *session,
+                    from: *from,
+                    to: *to,
+                })
+            }),
             LifecycleWrite::StartTurn {
                 session,
                 no,
@@ -90,25 +83,19 @@ pub(super) fn decide<'b>(
                 at,
             } => Some(
                 lookup(sessions, owners, writer, *session).and_then(|(raw, sim)| {
-                    let seen = seen(turns, sim, raw, *no);
-                    sim.live.end_turn(*session, *no, *outcome, seen)?;
-                    sim.changed = true;
-                    turns.insert((raw, *no), TurnSeen::Ended);
-                    d.turn_ends.push(TurnEnd {
-                        session: raw,
-                        no: i64::from(*no),
-                        at: to_millis(*at),
-                        outcome: outcome.as_str(),
-                        error_kind: error.as_ref().map(|e| e.kind.as_str()),
-                        error_message: error.as_ref().map(|e| e.message.as_str()),
-                    });
-                    Ok(Applied::Done)
+                    let end = (*no, *outcome, error.as_ref(), *at);
+                    end_turn(&mut d, turns, *session, raw, sim, end).map(|()| Applied::Done)
                 }),
             ),
             LifecycleWrite::Finalize { session, plan } => {
                 let at = to_millis(plan.at);
                 Some(
                     lookup(sessions, owners, writer, *session).map(|(raw, sim)| {
+                        if sim.live.state == State::Finalized {
+                            return Applied::Finalized(Finalized::AlreadyFinalized);
+                        }
+                        // What it carries first, each as its own write would be.
+                        let refused = carried(&mut d, turns, *session, raw, sim, plan);
                         let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
                             return Applied::Finalized(Finalized::AlreadyFinalized);
                         };
@@ -137,6 +124,7 @@ pub(super) fn decide<'b>(
                         d.finalized.push((item, *session, plan.commit_memory, at));
                         Applied::Finalized(Finalized::Won(FinalizeReport {
                             interrupted_turn: spent.interrupted,
+                            refused,
                             ..FinalizeReport::default()
                         }))
                     }),
@@ -146,6 +134,88 @@ pub(super) fn decide<'b>(
         d.results.push(result);
     }
     Ok(d)
+}
+
+/// Moves the session (`id`, database id `raw`) as `step` says, on its
+/// timeline too: what a transition write does.
+fn transition(
+    d: &mut Decided<'_>,
+    id: SessionId,
+    raw: i64,
+    sim: &mut Sim,
+    step: &TimelineStep,
+) -> Result<(), StoreError> {
+    sim.live.transition(id, step.from, step.to)?;
+    sim.changed = true;
+    let start = d.causes.len();
+    // Writing to a String cannot fail.
+    let _ = write!(d.causes, "{}", step.cause);
+    d.timeline.push(TimelineEntry {
+        whose: Whose::Existing(raw),
+        at: to_millis(step.at),
+        from: Some(step.from),
+        to: step.to,
+        cause: start..d.causes.len(),
+    });
+    Ok(())
+}
+
+/// A turn's end as a write gives it: its number, outcome, error and time.
+type Ending<'b> = (u32, Outcome, Option<&'b TurnError>, SystemTime);
+
+/// Ends a turn of the session (`id`, database id `raw`): what a turn's end
+/// write does.
+fn end_turn<'b>(
+    d: &mut Decided<'b>,
+    turns: &mut HashMap<(i64, u32), TurnSeen>,
+    id: SessionId,
+    raw: i64,
+    sim: &mut Sim,
+    (no, outcome, error, at): Ending<'b>,
+) -> Result<(), StoreError> {
+    let seen = seen(turns, sim, raw, no);
+    sim.live.end_turn(id, no, outcome, seen)?;
+    sim.changed = true;
+    turns.insert((raw, no), TurnSeen::Ended);
+    d.turn_ends.push(TurnEnd {
+        session: raw,
+        no: i64::from(no),
+        at: to_millis(at),
+        outcome: outcome.as_str(),
+        error_kind: error.map(|e| e.kind.as_str()),
+        error_message: error.map(|e| e.message.as_str()),
+    });
+    Ok(())
+}
+
+/// The transitions and the turn's end a finalize carries, applied in order
+/// before its latch as their own writes would be; returns what the
+/// lifecycle refused.
+fn carried<'b>(
+    d: &mut Decided<'b>,
+    turns: &mut HashMap<(i64, u32), TurnSeen>,
+    id: SessionId,
+    raw: i64,
+    sim: &mut Sim,
+    plan: &'b FinalizeRequest,
+) -> Vec<StoreError> {
+    let mut refused = Vec::new();
+    for step in plan.steps() {
+        let moved = match allowed(step.from, step.to) {
+            true => transition(d, id, raw, sim, step),
+            false => Err(StoreError::InvalidTransition {
+                session: id,
+                from: step.from,
+                to: step.to,
+            }),
+        };
+        refused.extend(moved.err());
+    }
+    if let Some(end) = &plan.turn_end {
+        let end = (end.no, end.outcome, end.error.as_ref(), end.at);
+        refused.extend(end_turn(d, turns, id, raw, sim, end).err());
+    }
+    refused
 }
 
 /// What the batch knows of turn `no`: what it read or wrote, else the turn

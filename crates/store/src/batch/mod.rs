@@ -123,6 +123,13 @@ pub enum LifecycleWrite {
     /// [`Finalized::Won`], the others [`Finalized::AlreadyFinalized`]; the
     /// winner ends the row, interrupts the turn still open and commits
     /// memory if asked (G7). Answered with [`Applied::Finalized`].
+    ///
+    /// It may carry the session's transitions and its turn's end since its
+    /// last write ([`FinalizeRequest::after_steps`],
+    /// [`FinalizeRequest::ending_turn`]), applied first, each as its own
+    /// write would be ([`FinalizeReport::refused`](crate::FinalizeReport::refused)
+    /// says what the lifecycle refused of them): a session's end is then one
+    /// write, answered once.
     Finalize {
         /// The session.
         session: SessionId,

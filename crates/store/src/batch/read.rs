@@ -222,6 +222,10 @@ pub(super) fn turns(
         let (session, no, ending) = match write {
             LifecycleWrite::StartTurn { session, no, .. } => (session, no, false),
             LifecycleWrite::EndTurn { session, no, .. } => (session, no, true),
+            LifecycleWrite::Finalize { session, plan } => match &plan.turn_end {
+                Some(end) => (session, &end.no, true),
+                None => continue,
+            },
             _ => continue,
         };
         let Ok(raw) = sid(*session) else { continue };

@@ -9,8 +9,8 @@ use serde_json::json;
 use settle_core::CancelMode;
 use settle_store::{
     Applied, Cause, EndReason, FinalizeRequest, Finalized, LifecycleWrite, NewSession, Outcome,
-    OwnerId, SessionFilter, SessionId, SessionStore, State, StoreError, TurnError, TurnErrorKind,
-    TurnInput,
+    OwnerId, SessionFilter, SessionId, SessionStore, State, StoreError, TimelineStep, TurnEnding,
+    TurnError, TurnErrorKind, TurnInput,
 };
 
 use crate::common::{rt, Backend, TestDb};
@@ -670,4 +670,198 @@ pub(crate) fn a_batch_larger_than_a_statement_is_applied_whole(b: Backend) {
             assert_eq!(d.timeline.len(), 5, "{:?}", d.timeline);
         }
     });
+}
+
+/// A session's end as one write: a finalize carrying the transitions and
+/// the turn's end since the session's last write leaves the rows, the turn
+/// and the timeline exactly as those writes one by one do, answered once;
+/// what the lifecycle refuses of what it carries is reported with the
+/// refusal the separate write would get, and the session is finalized all
+/// the same (G2, G10).
+pub(crate) fn a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_one_by_one_do(
+    b: Backend,
+) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let o = owner(&*store, HOUR).await;
+        let (apart, together) = (
+            running(&*store, o, "apart").await,
+            running(&*store, o, "together").await,
+        );
+        let results = store.apply(teardown(apart)).await;
+        assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
+        assert!(won(&results[3]), "{results:?}");
+
+        // The same four writes, carried by the finalize.
+        let at = now();
+        let step = |from, to, cause| TimelineStep {
+            from,
+            to,
+            cause,
+            at,
+        };
+        let plan = FinalizeRequest::new(EndReason::Cancelled)
+            .commit_memory(true)
+            .at(at)
+            .after_steps([
+                step(
+                    State::Running,
+                    State::Cancelling,
+                    Cause::CancelRequested(CancelMode::Immediate),
+                ),
+                step(
+                    State::Cancelling,
+                    State::Settled,
+                    Cause::TurnEnded(Outcome::Cancelled),
+                ),
+            ])
+            .ending_turn(TurnEnding {
+                no: 1,
+                outcome: Outcome::Cancelled,
+                error: None,
+                at,
+            });
+        let finalize = LifecycleWrite::Finalize {
+            session: together,
+            plan,
+        };
+        let results = store.apply(vec![finalize]).await;
+        match &results[..] {
+            [Ok(Applied::Finalized(Finalized::Won(report)))] => {
+                assert!(report.refused.is_empty(), "{report:?}");
+                assert_eq!(report.interrupted_turn, None, "its turn was ended first");
+            }
+            other => panic!("one answer, won: {other:?}"),
+        }
+        let (a, t) = (
+            store.session_detail(apart).await.unwrap(),
+            store.session_detail(together).await.unwrap(),
+        );
+        let shape = |d: &settle_store::SessionDetail| {
+            (
+                d.session.state,
+                d.session.outcome,
+                d.session.end_reason,
+                d.turns
+                    .iter()
+                    .map(|t| (t.no, t.outcome, t.ended_at.is_some(), t.error.clone()))
+                    .collect::<Vec<_>>(),
+                d.timeline
+                    .iter()
+                    .map(|s| (s.from, s.to, s.cause.clone()))
+                    .collect::<Vec<_>>(),
+                d.finalize_errors.clone(),
+            )
+        };
+        assert_eq!(shape(&t), shape(&a));
+        assert_eq!(t.turns[0].ended_at, Some(round_to_millis(at)));
+
+        // What it carries and the lifecycle refuses is reported, each as its
+        // own write would be answered; the finalize still wins.
+        let third = running(&*store, o, "refused").await;
+        let plan = FinalizeRequest::new(EndReason::UserClose)
+            .after_steps([step(
+                State::Cancelling,
+                State::Settled,
+                Cause::DescendantsSettled,
+            )])
+            .ending_turn(TurnEnding {
+                no: 7,
+                outcome: Outcome::Completed,
+                error: None,
+                at,
+            });
+        let results = store
+            .apply(vec![LifecycleWrite::Finalize {
+                session: third,
+                plan,
+            }])
+            .await;
+        match &results[..] {
+            [Ok(Applied::Finalized(Finalized::Won(report)))] => {
+                assert!(
+                    matches!(
+                        &report.refused[..],
+                        [
+                            StoreError::StateMismatch {
+                                expected: State::Cancelling,
+                                found: State::Running,
+                                ..
+                            },
+                            StoreError::UnknownTurn { turn: 7, .. },
+                        ]
+                    ),
+                    "{:?}",
+                    report.refused
+                );
+                assert_eq!(report.interrupted_turn, Some(1), "turn 1 was still open");
+            }
+            other => panic!("one answer, won: {other:?}"),
+        }
+        let d = store.session_detail(third).await.unwrap();
+        assert_eq!(d.session.end_reason, Some(EndReason::UserClose));
+        assert_eq!(d.turns[0].outcome, Some(Outcome::Interrupted));
+
+        // A turn that ended already is refused as closed, as its own end
+        // written twice would be.
+        let fourth = running(&*store, o, "ended").await;
+        let results = store.apply(vec![end(fourth, 1, Outcome::Completed)]).await;
+        assert!(results[0].is_ok(), "{results:?}");
+        let plan = FinalizeRequest::new(EndReason::Completed).ending_turn(TurnEnding {
+            no: 1,
+            outcome: Outcome::Cancelled,
+            error: None,
+            at,
+        });
+        let results = store
+            .apply(vec![LifecycleWrite::Finalize {
+                session: fourth,
+                plan,
+            }])
+            .await;
+        match &results[..] {
+            [Ok(Applied::Finalized(Finalized::Won(report)))] => assert!(
+                matches!(
+                    &report.refused[..],
+                    [StoreError::TurnClosed { turn: 1, .. }]
+                ),
+                "{:?}",
+                report.refused
+            ),
+            other => panic!("one answer, won: {other:?}"),
+        }
+        let d4 = store.session_detail(fourth).await.unwrap();
+        assert_eq!(d4.turns[0].outcome, Some(Outcome::Completed));
+
+        // A finalize that finds the latch spent writes nothing it carries.
+        let again = FinalizeRequest::new(EndReason::Cancelled).after_steps([step(
+            State::Finalized,
+            State::Settled,
+            Cause::DescendantsSettled,
+        )]);
+        let results = store
+            .apply(vec![LifecycleWrite::Finalize {
+                session: third,
+                plan: again,
+            }])
+            .await;
+        assert!(
+            matches!(
+                results[..],
+                [Ok(Applied::Finalized(Finalized::AlreadyFinalized))]
+            ),
+            "{results:?}"
+        );
+        assert_eq!(
+            store.session_detail(third).await.unwrap().timeline,
+            d.timeline
+        );
+    });
+}
+
+/// `at` as the store keeps it: whole milliseconds.
+fn round_to_millis(at: std::time::SystemTime) -> std::time::SystemTime {
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap();
+    std::time::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64)
 }

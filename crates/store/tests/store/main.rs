@@ -85,6 +85,7 @@ on_backends! {
         batch::batch_registrations_answer_ids_and_refuse_alone,
         batch::a_batch_larger_than_a_statement_is_applied_whole,
         batch::batches_are_applied_in_the_order_first_polled,
+        batch::a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_one_by_one_do,
         leases::g8_an_owner_whose_lease_expired_gets_lease_lost_on_renew_and_writes,
         leases::g8_a_recoverer_whose_clock_runs_ahead_does_not_recover_a_live_owner,
         leases::g8_owners_named_alike_on_different_machines_keep_their_live_sessions,
