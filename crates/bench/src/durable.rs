@@ -228,6 +228,9 @@ mod db {
             id -> BigInt,
             state -> Text,
             finalized_at -> Nullable<BigInt>,
+            /// The session's last segment, which its finalize writes into
+            /// its row (schema version 8).
+            last_steps -> Nullable<Text>,
         }
     }
 
@@ -275,12 +278,21 @@ fn check(path: &Path, tree: Tree, n: usize, provider: &ScriptedProvider) -> Resu
         .filter(turns::ended_at.is_not_null())
         .count()
         .get_result(&mut conn)?;
-    let segments: Vec<(i64, String)> = timeline::table
-        .order((timeline::session, timeline::id))
-        .select((timeline::session, timeline::steps))
+    let mut segments: Vec<(i64, i64, String)> = timeline::table
+        .select((timeline::session, timeline::id, timeline::steps))
         .load(&mut conn)?;
+    let last: Vec<(i64, Option<String>)> = sessions::table
+        .filter(sessions::last_steps.is_not_null())
+        .select((sessions::id, sessions::last_steps))
+        .load(&mut conn)?;
+    // Each session's segments in order, its row's last.
+    segments.extend(
+        last.into_iter()
+            .filter_map(|(session, steps)| Some((session, i64::MAX, steps?))),
+    );
+    segments.sort_unstable_by_key(|(session, id, _)| (*session, *id));
     let mut steps: Vec<(i64, Option<String>, String)> = Vec::new();
-    for (session, segment) in segments {
+    for (session, _, segment) in segments {
         let parsed: Vec<serde_json::Value> = serde_json::from_str(&segment)?;
         for step in parsed {
             let from = step.get(1).and_then(|v| v.as_str()).map(str::to_owned);

@@ -42,9 +42,9 @@
 //!
 //! Lifecycle writes are group-committed too: [`SessionStore::apply`] applies
 //! its batch in one transaction with multi-row statements. The timeline
-//! keeps the transitions one session gets from one batch in one row (a
-//! segment), so a teardown writes three rows per session: its own, its
-//! turn's, and one timeline segment.
+//! keeps the transitions one session gets from one batch in one segment,
+//! and a session's last segment (the one its finalize writes) in its own
+//! row, so a teardown writes two rows per session: its own and its turn's.
 //!
 //! [`MemoryStore`] keeps the same rules in memory and answers at once, for
 //! tests under tokio's paused clock and for benchmarks that stub the store out.

@@ -291,7 +291,13 @@ pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDet
             .filter(owners::lease_expires_at.gt(now))
             .select(owners::advertise)
             .single_value();
-        type Read = (SessionColumns, Option<String>, Option<i64>, Option<String>);
+        type Read = (
+            SessionColumns,
+            Option<String>,
+            Option<i64>,
+            Option<String>,
+            Option<String>,
+        );
         let row: Option<Read> = sessions::table
             .find(raw)
             .select((
@@ -299,11 +305,14 @@ pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDet
                 sessions::finalize_errors,
                 sessions::released_at,
                 owner_url,
+                diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
+                    "sessions.last_steps",
+                ),
             ))
             .first(c)
             .optional()
             .context("reading a session")?;
-        let Some((row, errors, released_at, owner)) = row else {
+        let Some((row, errors, released_at, owner, last_steps)) = row else {
             return Err(StoreError::UnknownSession(id));
         };
         let owner = owner.filter(|_| released_at.is_none());
@@ -319,12 +328,14 @@ pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDet
             .select(CHUNK_COLUMNS)
             .load(c)
             .context("reading the transcript")?;
-        let timeline_rows: Vec<String> = timeline::table
+        // Its segments in order, then the last one, kept in its row.
+        let mut timeline_rows: Vec<String> = timeline::table
             .filter(timeline::session.eq(raw))
             .order(timeline::id.asc())
             .select(timeline::steps)
             .load(c)
             .context("reading the timeline")?;
+        timeline_rows.extend(last_steps);
         Ok::<_, StoreError>((row, errors, owner, turn_rows, chunk_rows, timeline_rows))
     })?;
 

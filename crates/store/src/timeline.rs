@@ -5,9 +5,11 @@
 //! session written together — by one batch of writes, or by recovery's
 //! finalize — in order, as a JSON array of `[at, from, to, cause]` steps (`at` in
 //! milliseconds since the UNIX epoch, `from` null for the registration). A
-//! teardown batch thus writes one row per session rather than one per
-//! transition; reading the segments of a session in id order gives back every
-//! transition in order.
+//! teardown batch thus writes one segment per session rather than one row
+//! per transition. The segment a session's finalize writes is its last, and
+//! is kept in the session's own row (`sessions.last_steps`, schema version
+//! 8) rather than as a `timeline` row: reading the segments of a session in
+//! id order, then that one, gives back every transition in order.
 
 use diesel::prelude::*;
 use settle_core::State;

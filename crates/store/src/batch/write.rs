@@ -33,10 +33,11 @@ pub(super) fn write_back(
     d: &mut Decided<'_>,
 ) -> Result<(), StoreError> {
     let new_ids = insert_sessions(db.reborrow(), d)?;
-    update_sessions(db.reborrow(), sessions)?;
+    let segments = Segments::of(d, &new_ids)?;
+    update_sessions(db.reborrow(), sessions, &segments)?;
     insert_turns(db.reborrow(), &d.turn_starts)?;
     end_turns(db.reborrow(), &d.turn_ends)?;
-    insert_timeline(db, d, &new_ids)
+    insert_timeline(db, &segments)
 }
 
 /// Insert the batch's registrations with ids reserved up front (a root's tree
@@ -112,18 +113,22 @@ fn reserve_session_ids(db: Db<'_>, n: usize) -> Result<std::ops::Range<u64>, Sto
 }
 
 /// What a set of sessions is written to, and the version each of them must
-/// still have: one statement for all of them.
+/// still have: one statement for all of them. A session this batch
+/// finalized takes its last timeline segment along (`last_steps`); in a
+/// teardown the sessions a batch finalizes at one moment share it, so they
+/// stay one set.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct SessionSet {
+struct SessionSet<'e> {
     version: i64,
     state: &'static str,
     outcome: Option<&'static str>,
     end_reason: Option<&'static str>,
     open_turn: Option<i64>,
     finalized_at: Option<i64>,
+    last_steps: Option<&'e str>,
 }
 
-group_head!(SessionSet, |set, out| {
+group_head!(SessionSet<'e>, |set, out| {
     out.push_sql("UPDATE sessions SET state = ");
     out.push_bind_param::<Text, _>(set.state)?;
     out.push_sql(", outcome = ");
@@ -134,6 +139,8 @@ group_head!(SessionSet, |set, out| {
     out.push_bind_param::<Nullable<BigInt>, _>(&set.open_turn)?;
     out.push_sql(", finalized_at = ");
     out.push_bind_param::<Nullable<BigInt>, _>(&set.finalized_at)?;
+    out.push_sql(", last_steps = ");
+    out.push_bind_param::<Nullable<Text>, _>(&set.last_steps)?;
     out.push_sql(", version = version + 1 WHERE version = ");
     out.push_bind_param::<BigInt, _>(&set.version)?;
     out.push_sql(" AND id IN (");
@@ -168,7 +175,11 @@ group_head!(TurnSet<'b>, |set, out| {
 /// Write every changed session back, each only if its version is still the
 /// one read: a compare-and-set per row, one statement per set of rows
 /// written to the same values (in a teardown, nearly all of them).
-fn update_sessions(db: Db<'_>, sessions: &HashMap<i64, Sim>) -> Result<(), StoreError> {
+fn update_sessions(
+    db: Db<'_>,
+    sessions: &HashMap<i64, Sim>,
+    segments: &Segments,
+) -> Result<(), StoreError> {
     let sets = grouped(sessions.iter().filter(|(_, s)| s.changed).map(|(id, sim)| {
         (
             SessionSet {
@@ -178,6 +189,7 @@ fn update_sessions(db: Db<'_>, sessions: &HashMap<i64, Sim>) -> Result<(), Store
                 end_reason: sim.live.end_reason.map(|r| r.as_str()),
                 open_turn: sim.live.open_turn.map(i64::from),
                 finalized_at: sim.live.finalized_at,
+                last_steps: segments.folded(*id),
             },
             *id,
         )
@@ -246,51 +258,94 @@ fn end_turns(db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
 }
 
 /// The batch's timeline: one segment per session, its steps in batch order,
-/// many segments per statement.
-fn insert_timeline(mut db: Db<'_>, d: &Decided<'_>, new_ids: &[i64]) -> Result<(), StoreError> {
-    // Each session's steps, in the order the sessions first appear.
-    let mut order: Vec<i64> = Vec::new();
-    let mut steps: HashMap<i64, Vec<&TimelineEntry>> = HashMap::default();
-    for entry in &d.timeline {
-        let session = match entry.whose {
-            Whose::Existing(id) => id,
-            // Every registration with a timeline entry was written.
-            Whose::New(n) => new_ids.get(n).copied().unwrap_or_default(),
-        };
-        steps
-            .entry(session)
-            .or_insert_with(|| {
-                order.push(session);
-                Vec::new()
-            })
-            .push(entry);
-    }
-    let mut encoded: Vec<u8> = Vec::with_capacity(d.timeline.len() * 80);
-    let mut ranges: Vec<(i64, Range<usize>)> = Vec::with_capacity(order.len());
-    for session in order {
-        let start = encoded.len();
-        let entries = steps.get(&session).map(Vec::as_slice).unwrap_or_default();
-        crate::timeline::encode(
-            &mut encoded,
-            entries.iter().map(|t| Step {
-                at: t.at,
-                from: t.from,
-                to: t.to,
-                cause: &d.causes[t.cause.clone()],
-            }),
-        )?;
-        ranges.push((session, start..encoded.len()));
-    }
-    let segments = ranges
-        .into_iter()
-        .map(|(session, range)| {
-            Ok(Segment {
-                session,
-                steps: crate::timeline::segment_text(&encoded[range])?,
-            })
+/// encoded once; the segment of a session the batch finalized goes into its
+/// row (see [`SessionSet`]), the others into `timeline`.
+struct Segments {
+    encoded: String,
+    /// Each session's segment, in the order the sessions first appear, and
+    /// whether it goes into the session's row.
+    ranges: Vec<(i64, Range<usize>, bool)>,
+    /// Where each session's segment is in `ranges`.
+    at: HashMap<i64, usize>,
+}
+
+impl Segments {
+    fn of(d: &Decided<'_>, new_ids: &[i64]) -> Result<Segments, StoreError> {
+        // Each session's steps, in the order the sessions first appear.
+        let mut order: Vec<i64> = Vec::new();
+        let mut steps: HashMap<i64, Vec<&TimelineEntry>> = HashMap::default();
+        for entry in &d.timeline {
+            let session = match entry.whose {
+                Whose::Existing(id) => id,
+                // Every registration with a timeline entry was written.
+                Whose::New(n) => new_ids.get(n).copied().unwrap_or_default(),
+            };
+            steps
+                .entry(session)
+                .or_insert_with(|| {
+                    order.push(session);
+                    Vec::new()
+                })
+                .push(entry);
+        }
+        // A finalize that won is its session's last write: its segment is
+        // the session's last one.
+        let finalized: HashMap<i64, ()> = d
+            .finalized
+            .iter()
+            .filter_map(|(_, id, _, _)| crate::time::sid(*id).ok())
+            .map(|raw| (raw, ()))
+            .collect();
+        let mut encoded: Vec<u8> = Vec::with_capacity(d.timeline.len() * 80);
+        let mut ranges = Vec::with_capacity(order.len());
+        let mut at = HashMap::with_capacity_and_hasher(order.len(), Default::default());
+        for session in order {
+            let start = encoded.len();
+            let entries = steps.get(&session).map(Vec::as_slice).unwrap_or_default();
+            crate::timeline::encode(
+                &mut encoded,
+                entries.iter().map(|t| Step {
+                    at: t.at,
+                    from: t.from,
+                    to: t.to,
+                    cause: &d.causes[t.cause.clone()],
+                }),
+            )?;
+            at.insert(session, ranges.len());
+            let folded = finalized.contains_key(&session);
+            ranges.push((session, start..encoded.len(), folded));
+        }
+        let encoded = String::from_utf8(encoded).map_err(|e| StoreError::Database {
+            context: "encoding a timeline segment",
+            source: DbError::new(e),
+        })?;
+        Ok(Segments {
+            encoded,
+            ranges,
+            at,
         })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    for part in pieces(&segments) {
+    }
+
+    /// The segment that goes into session `id`'s row, if it is one the batch
+    /// finalized.
+    fn folded(&self, id: i64) -> Option<&str> {
+        let (_, range, folded) = self.ranges.get(*self.at.get(&id)?)?;
+        folded.then(|| &self.encoded[range.clone()])
+    }
+}
+
+/// The segments that go into `timeline`, many per statement.
+fn insert_timeline(mut db: Db<'_>, segments: &Segments) -> Result<(), StoreError> {
+    let rows: Vec<Segment<'_>> = segments
+        .ranges
+        .iter()
+        .filter(|(_, _, folded)| !folded)
+        .map(|(session, range, _)| Segment {
+            session: *session,
+            steps: &segments.encoded[range.clone()],
+        })
+        .collect();
+    for part in pieces(&rows) {
         on_db!(db.reborrow(), |c| insert_rows!(c, part))
             .context("recording the timeline of a batch")?;
     }

@@ -4,9 +4,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::json;
 use settle_store::{
-    ChunkKind, EndReason, HostIdentity, NewChunk, NewSession, OpenError, Outcome, RecoverOptions,
-    SessionFilter, SessionId, SessionStore, State, Store, StoreError, StoreOptions, TurnError,
-    TurnErrorKind, TurnInput,
+    ChunkKind, EndReason, FinalizeRequest, HostIdentity, NewChunk, NewSession, OpenError, Outcome,
+    RecoverOptions, SessionFilter, SessionId, SessionStore, State, Store, StoreError, StoreOptions,
+    TurnError, TurnErrorKind, TurnInput,
 };
 
 use crate::common::{self, rt, Backend, TestDb};
@@ -495,9 +495,14 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     let store = Store::open(&db.url).expect("the old database opens and upgrades");
     assert_eq!(
         db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
-        7
+        8
     );
     state_check_holds(&db, b);
+    // Rows written before keep every segment in `timeline`.
+    assert_eq!(
+        db.query_i64("SELECT COUNT(*) AS value FROM sessions WHERE last_steps IS NOT NULL"),
+        0
+    );
     let (root, kid) = (SessionId(1), SessionId(2));
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
     rt().block_on(async {
@@ -577,6 +582,26 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
         assert!(resumed.get() > 2, "ids continue after the old ones");
         let row = store.session_detail(resumed).await.unwrap().session;
         assert_eq!(row.resumed_from, Some(root));
+        // A finalize now keeps its session's last segment in its row; the
+        // old segments read first, then that one.
+        let won = write::finalize(&store, resumed, FinalizeRequest::new(EndReason::Completed))
+            .await
+            .unwrap();
+        assert!(won.won());
+        let timeline = store.session_detail(resumed).await.unwrap().timeline;
+        let steps: Vec<_> = timeline.iter().map(|t| (t.from, t.to)).collect();
+        assert_eq!(
+            steps,
+            [
+                (None, State::Registered),
+                (Some(State::Registered), State::Finalized)
+            ]
+        );
+        assert_eq!(
+            db.query_i64("SELECT COUNT(*) AS value FROM sessions WHERE last_steps IS NOT NULL"),
+            1
+        );
+
         // The old owner has no identity recorded: only its lease speaks for
         // it. Once that runs out, its live sessions are candidates.
         store
