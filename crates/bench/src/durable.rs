@@ -227,6 +227,7 @@ mod db {
         sessions (id) {
             id -> BigInt,
             state -> Text,
+            outcome -> Nullable<Text>,
             finalized_at -> Nullable<BigInt>,
             /// The session's last segment, which its finalize writes into
             /// its row (schema version 8).
@@ -242,6 +243,8 @@ mod db {
             ended_at -> Nullable<BigInt>,
         }
     }
+
+    diesel::allow_tables_to_appear_in_same_query!(sessions, turns);
 
     diesel::table! {
         timeline (id) {
@@ -273,11 +276,23 @@ fn check(path: &Path, tree: Tree, n: usize, provider: &ScriptedProvider) -> Resu
         .filter(sessions::finalized_at.is_not_null())
         .count()
         .get_result(&mut conn)?;
-    let ended: i64 = turns::table
+    // A turn's end is in its row, or, for a turn whose end its session's
+    // finalize carried, in the finalized session's row (schema version 8:
+    // it ended at `finalized_at` with the session's outcome).
+    let in_row: i64 = turns::table
         .filter(turns::outcome.is_not_null())
         .filter(turns::ended_at.is_not_null())
         .count()
         .get_result(&mut conn)?;
+    let with_session: i64 = turns::table
+        .inner_join(sessions::table.on(sessions::id.eq(turns::session)))
+        .filter(turns::ended_at.is_null())
+        .filter(sessions::state.eq("finalized"))
+        .filter(sessions::outcome.is_not_null())
+        .filter(sessions::finalized_at.is_not_null())
+        .count()
+        .get_result(&mut conn)?;
+    let ended = in_row + with_session;
     let mut segments: Vec<(i64, i64, String)> = timeline::table
         .select((timeline::session, timeline::id, timeline::steps))
         .load(&mut conn)?;

@@ -9,8 +9,8 @@ use settle_core::SessionId;
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::read::{
-    chunk_row, turn_row, ChunkColumns, SessionDetail, TurnColumns, TurnRow, CHUNK_COLUMNS,
-    TURN_COLUMNS,
+    chunk_row, turn_row, ChunkColumns, EndedWith, SessionDetail, TurnColumns, TurnRow,
+    CHUNK_COLUMNS, TURN_COLUMNS,
 };
 use crate::schema::{chunks, sessions, turns};
 use crate::time::sid;
@@ -67,16 +67,17 @@ pub(crate) fn turn_page(
     let raw = sid(id)?;
     // One more than asked says whether there are more.
     let limit = i64::try_from(max_chunks.saturating_add(1)).unwrap_or(i64::MAX);
-    let (count, row, chunk_rows) = read_tx!(db, |c| {
-        let known: Option<i64> = sessions::table
+    let (known, count, row, chunk_rows) = read_tx!(db, |c| {
+        // How it ended, for a turn that ended with it (`EndedWith`).
+        let known: Option<(String, Option<String>, Option<i64>)> = sessions::table
             .find(raw)
-            .select(sessions::id)
+            .select((sessions::state, sessions::outcome, sessions::finalized_at))
             .first(c)
             .optional()
             .context("reading a session")?;
-        if known.is_none() {
+        let Some(known) = known else {
             return Err(StoreError::UnknownSession(id));
-        }
+        };
         let count: i64 = turns::table
             .filter(turns::session.eq(raw))
             .count()
@@ -108,8 +109,9 @@ pub(crate) fn turn_page(
                 .load(c)
                 .context("reading a turn's chunks")?,
         };
-        Ok::<_, StoreError>((count, row, chunk_rows))
+        Ok::<_, StoreError>((known, count, row, chunk_rows))
     })?;
+    let ended_with = EndedWith::columns(known)?;
     let more = chunk_rows.len() > max_chunks;
     let chunks = chunk_rows
         .into_iter()
@@ -118,7 +120,9 @@ pub(crate) fn turn_page(
         .collect::<Result<Vec<_>, _>>()?;
     Ok(TurnPage {
         turns: usize::try_from(count).unwrap_or(usize::MAX),
-        turn: row.map(|cols| turn_row(cols, chunks)).transpose()?,
+        turn: row
+            .map(|cols| turn_row(cols, chunks, ended_with))
+            .transpose()?,
         more,
     })
 }

@@ -255,14 +255,64 @@ pub(crate) const CHUNK_COLUMNS: ChunkSelect = (
     chunks::data,
 );
 
-/// A turn from its row's [`TURN_COLUMNS`], with `chunks`.
-pub(crate) fn turn_row(cols: TurnColumns, chunks: Vec<ChunkRow>) -> Result<TurnRow, StoreError> {
+/// How a finalized session ended the turn its finalize carried the end of
+/// (schema version 8): a finalized session's turn whose row has no end
+/// ended at the session's finalize, with the session's outcome. (A finalize
+/// closes every turn still open, so before that version every turn of a
+/// finalized session had an end in its row.)
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EndedWith {
+    outcome: Option<Outcome>,
+    at: SystemTime,
+}
+
+impl EndedWith {
+    /// How a session ended its turns, from its `state`, `outcome` and
+    /// `finalized_at` columns, if it is finalized.
+    pub(crate) fn columns(
+        (state, outcome, finalized_at): (String, Option<String>, Option<i64>),
+    ) -> Result<Option<EndedWith>, StoreError> {
+        let finalized =
+            word::<settle_core::State>("sessions.state", &state)? == settle_core::State::Finalized;
+        Ok(match (finalized, finalized_at) {
+            (true, Some(at)) => Some(EndedWith {
+                outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+                at: from_millis(at),
+            }),
+            _ => None,
+        })
+    }
+
+    /// How `session` ended its turns, if it is finalized.
+    pub(crate) fn session(session: &SessionRow) -> Option<EndedWith> {
+        let at = session.finalized_at?;
+        (session.state == settle_core::State::Finalized).then_some(EndedWith {
+            outcome: session.outcome,
+            at,
+        })
+    }
+}
+
+/// A turn from its row's [`TURN_COLUMNS`], with `chunks`; `ended_with` says
+/// how its session ended, if it is finalized (see [`EndedWith`]).
+pub(crate) fn turn_row(
+    cols: TurnColumns,
+    chunks: Vec<ChunkRow>,
+    ended_with: Option<EndedWith>,
+) -> Result<TurnRow, StoreError> {
     let (no, outcome, started_at, ended_at, input, error_kind, error_message) = cols;
+    let (outcome, ended_at) = match (ended_at, ended_with) {
+        (None, Some(with)) => (with.outcome, Some(with.at)),
+        (ended_at, _) => (
+            opt_word("turns.outcome", outcome.as_deref())?,
+            ended_at.map(from_millis),
+        ),
+    };
     Ok(TurnRow {
         no: turn_no(no)?,
-        outcome: opt_word("turns.outcome", outcome.as_deref())?,
+        outcome,
         started_at: from_millis(started_at),
-        ended_at: ended_at.map(from_millis),
+        ended_at,
         input: turn_input(input)?,
         error: turn_error(error_kind, error_message)?,
         chunks,
@@ -345,18 +395,19 @@ pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDet
         let turn = cols.0;
         by_turn.entry(turn).or_default().push(chunk_row(cols)?);
     }
+    let mut session = session_row(row, turn_rows.len() as u64, chunk_count)?;
+    let ended_with = EndedWith::session(&session);
     let turns = turn_rows
         .into_iter()
         .map(|cols| {
             let chunks = by_turn.remove(&cols.0).unwrap_or_default();
-            turn_row(cols, chunks)
+            turn_row(cols, chunks, ended_with)
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     let mut timeline = Vec::with_capacity(timeline_rows.len());
     for segment in &timeline_rows {
         crate::timeline::decode(segment, &mut timeline)?;
     }
-    let mut session = session_row(row, turns.len() as u64, chunk_count)?;
     if session.state != settle_core::State::Finalized {
         session.owner = owner;
     }

@@ -95,11 +95,14 @@ pub(super) fn decide<'b>(
                             return Applied::Finalized(Finalized::AlreadyFinalized);
                         }
                         // What it carries first, each as its own write would be.
-                        let refused = carried(&mut d, turns, *session, raw, sim, plan);
+                        let (refused, ended) = carried(&mut d, turns, *session, raw, sim, plan);
                         let Some(spent) = sim.live.spend(plan.reason, plan.outcome, at) else {
                             return Applied::Finalized(Finalized::AlreadyFinalized);
                         };
                         sim.changed = true;
+                        if ended {
+                            ends_with_its_session(&mut d, raw, sim, at);
+                        }
                         if let Some(no) = spent.interrupted {
                             // Close the turn still open, so its work can write no more.
                             turns.insert((raw, no), TurnSeen::Ended);
@@ -190,7 +193,8 @@ fn end_turn<'b>(
 
 /// The transitions and the turn's end a finalize carries, applied in order
 /// before its latch as their own writes would be; returns what the
-/// lifecycle refused.
+/// lifecycle refused, and whether the turn's end was applied (it is then
+/// the last of `d.turn_ends`).
 fn carried<'b>(
     d: &mut Decided<'b>,
     turns: &mut HashMap<(i64, u32), TurnSeen>,
@@ -198,8 +202,9 @@ fn carried<'b>(
     raw: i64,
     sim: &mut Sim,
     plan: &'b FinalizeRequest,
-) -> Vec<StoreError> {
+) -> (Vec<StoreError>, bool) {
     let mut refused = Vec::new();
+    let mut ended = false;
     for step in plan.steps() {
         let moved = match allowed(step.from, step.to) {
             true => transition(d, id, raw, sim, step),
@@ -213,9 +218,34 @@ fn carried<'b>(
     }
     if let Some(end) = &plan.turn_end {
         let end = (end.no, end.outcome, end.error.as_ref(), end.at);
-        refused.extend(end_turn(d, turns, id, raw, sim, end).err());
+        match end_turn(d, turns, id, raw, sim, end) {
+            Ok(()) => ended = true,
+            Err(error) => refused.push(error),
+        }
     }
-    refused
+    (refused, ended)
+}
+
+/// A turn ended by the finalize that carried its end (the last of
+/// `d.turn_ends`) is left without an end of its own when the session's row
+/// says it all: it ended at the finalize's moment `at`, with the session's
+/// outcome, and failed with no error. Its row is then not written: a
+/// finalized session's turn that has no end ended with its session (see
+/// [`turn_row`](crate::read::turn_row)), and the session's end is one row
+/// write. A completed turn keeps its own end: memory is committed from the
+/// turns whose rows say completed (G7).
+fn ends_with_its_session(d: &mut Decided<'_>, raw: i64, sim: &Sim, at: i64) {
+    let folds = d.turn_ends.last().is_some_and(|end| {
+        end.session == raw
+            && end.at == at
+            && end.error_kind.is_none()
+            && end.error_message.is_none()
+            && end.outcome != Outcome::Completed.as_str()
+            && sim.live.outcome.map(Outcome::as_str) == Some(end.outcome)
+    });
+    if folds {
+        d.turn_ends.pop();
+    }
 }
 
 /// What the batch knows of turn `no`: what it read or wrote, else the turn

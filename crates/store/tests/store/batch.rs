@@ -865,3 +865,75 @@ fn round_to_millis(at: std::time::SystemTime) -> std::time::SystemTime {
     let since = at.duration_since(std::time::UNIX_EPOCH).unwrap();
     std::time::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64)
 }
+
+/// A session's end is its own row's write: a turn whose end its finalize
+/// carried, ended at the finalize with the session's outcome and no error,
+/// keeps no end in its row, and reads as ended, in the session's detail and
+/// in a page of it, exactly as its own write would have left it. A turn
+/// that failed with an error, or completed (memory is committed from the
+/// turns whose rows say so, G7), has its row written as before.
+pub(crate) fn a_turn_ended_by_its_finalize_reads_ended_without_its_own_row_write(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let o = owner(&*store, HOUR).await;
+        let at = now();
+        let carried = |outcome, error: Option<TurnError>, reason| {
+            FinalizeRequest::new(reason)
+                .commit_memory(outcome == Outcome::Completed)
+                .with_outcome(outcome)
+                .at(at)
+                .ending_turn(TurnEnding {
+                    no: 1,
+                    outcome,
+                    error,
+                    at,
+                })
+        };
+        let error = TurnError::new(TurnErrorKind::Timeout, "no event for 30s");
+        let mut ids = Vec::new();
+        for (name, outcome, error, reason) in [
+            ("cancelled", Outcome::Cancelled, None, EndReason::Cancelled),
+            ("failed", Outcome::Failed, Some(error), EndReason::Failed),
+            ("completed", Outcome::Completed, None, EndReason::Completed),
+        ] {
+            let id = running(&*store, o, name).await;
+            let plan = carried(outcome, error.clone(), reason);
+            let results = store
+                .apply(vec![LifecycleWrite::Finalize { session: id, plan }])
+                .await;
+            assert!(won(&results[0]), "{results:?}");
+            ids.push((id, outcome, error));
+        }
+        // Only the cancelled turn's row went unwritten.
+        assert_eq!(
+            db.query_i64("SELECT COUNT(*) AS value FROM turns WHERE ended_at IS NULL"),
+            1
+        );
+        for (id, outcome, error) in ids {
+            let d = store.session_detail(id).await.unwrap();
+            let turn = &d.turns[0];
+            assert_eq!(turn.outcome, Some(outcome), "session {id}");
+            assert_eq!(turn.error, error, "session {id}");
+            // G7: the completed turn's reply is committed to memory.
+            let memories = store.memories(id).await.unwrap().len();
+            assert_eq!(memories, usize::from(outcome == Outcome::Completed));
+            assert_eq!(turn.ended_at, Some(round_to_millis(at)), "session {id}");
+            assert_eq!(turn.text(), "partial");
+            let page = store.turn_page(id, None, 0, 10).await.unwrap();
+            let paged = page.turn.expect("its turn");
+            assert_eq!(
+                (paged.outcome, paged.ended_at),
+                (turn.outcome, turn.ended_at)
+            );
+            // A closed session refuses its turn's chunks as before (G10).
+            let refused = store
+                .append_chunk(id, 1, settle_store::NewChunk::text("late"))
+                .await;
+            assert!(
+                matches!(refused, Err(StoreError::SessionClosed(s)) if s == id),
+                "{refused:?}"
+            );
+        }
+    });
+}
