@@ -229,9 +229,9 @@ mod db {
             state -> Text,
             outcome -> Nullable<Text>,
             finalized_at -> Nullable<BigInt>,
-            /// The session's last segment, which its finalize writes into
-            /// its row (schema version 8).
-            last_steps -> Nullable<Text>,
+            /// The `last_segments` row of the session's last segment,
+            /// which its finalize writes (schema version 8).
+            last_segment -> Nullable<BigInt>,
         }
     }
 
@@ -244,7 +244,14 @@ mod db {
         }
     }
 
-    diesel::allow_tables_to_appear_in_same_query!(sessions, turns);
+    diesel::table! {
+        last_segments (id) {
+            id -> BigInt,
+            steps -> Text,
+        }
+    }
+
+    diesel::allow_tables_to_appear_in_same_query!(sessions, turns, last_segments);
 
     diesel::table! {
         timeline (id) {
@@ -268,7 +275,7 @@ pub(crate) fn read_back(path: &Path) -> Result<SqliteConnection> {
 
 /// Reads the database file back: did the round do all of its work?
 fn check(path: &Path, tree: Tree, n: usize, provider: &ScriptedProvider) -> Result<()> {
-    use db::{sessions, timeline, turns};
+    use db::{last_segments, sessions, timeline, turns};
     let mut conn = read_back(path)?;
     let rows: i64 = sessions::table.count().get_result(&mut conn)?;
     let finalized: i64 = sessions::table
@@ -296,14 +303,16 @@ fn check(path: &Path, tree: Tree, n: usize, provider: &ScriptedProvider) -> Resu
     let mut segments: Vec<(i64, i64, String)> = timeline::table
         .select((timeline::session, timeline::id, timeline::steps))
         .load(&mut conn)?;
-    let last: Vec<(i64, Option<String>)> = sessions::table
-        .filter(sessions::last_steps.is_not_null())
-        .select((sessions::id, sessions::last_steps))
+    let last: Vec<(i64, String)> = sessions::table
+        .inner_join(
+            last_segments::table.on(last_segments::id.nullable().eq(sessions::last_segment)),
+        )
+        .select((sessions::id, last_segments::steps))
         .load(&mut conn)?;
-    // Each session's segments in order, its row's last.
+    // Each session's segments in order, its last one last.
     segments.extend(
         last.into_iter()
-            .filter_map(|(session, steps)| Some((session, i64::MAX, steps?))),
+            .map(|(session, steps)| (session, i64::MAX, steps)),
     );
     segments.sort_unstable_by_key(|(session, id, _)| (*session, *id));
     let mut steps: Vec<(i64, Option<String>, String)> = Vec::new();

@@ -355,14 +355,16 @@ pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDet
                 sessions::finalize_errors,
                 sessions::released_at,
                 owner_url,
+                // Its last segment (schema version 8).
                 diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
-                    "sessions.last_steps",
+                    "(SELECT last_segments.steps FROM last_segments \
+                     WHERE last_segments.id = sessions.last_segment)",
                 ),
             ))
             .first(c)
             .optional()
             .context("reading a session")?;
-        let Some((row, errors, released_at, owner, last_steps)) = row else {
+        let Some((row, errors, released_at, owner, last_segment)) = row else {
             return Err(StoreError::UnknownSession(id));
         };
         let owner = owner.filter(|_| released_at.is_none());
@@ -385,7 +387,7 @@ pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDet
             .select(timeline::steps)
             .load(c)
             .context("reading the timeline")?;
-        timeline_rows.extend(last_steps);
+        timeline_rows.extend(last_segment);
         Ok::<_, StoreError>((row, errors, owner, turn_rows, chunk_rows, timeline_rows))
     })?;
 

@@ -48,9 +48,19 @@ diesel::table! {
         owner -> BigInt,
         resumed_from -> Nullable<BigInt>,
         released_at -> Nullable<BigInt>,
-        // `last_steps` (schema version 8) is written and read in SQL of its
-        // own: Diesel's tables stop at sixteen columns unless every table is
-        // built for thirty-two, which costs every build.
+        // `last_segment` (schema version 8, a `last_segments` id) is written
+        // and read in SQL of its own: Diesel's tables stop at sixteen
+        // columns unless every table is built for thirty-two, which costs
+        // every build.
+    }
+}
+
+diesel::table! {
+    /// Sessions' last timeline segments (schema version 8), each named by
+    /// the sessions whose finalize wrote it (`sessions.last_segment`).
+    last_segments (id) {
+        id -> BigInt,
+        steps -> Text,
     }
 }
 

@@ -1,7 +1,6 @@
 //! Step 2 of a batch: decide, in memory and in batch order, what each write
 //! does, by the lifecycle's rules.
 
-use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use settle_core::{Cause, Outcome, SessionId, State, TurnError};
@@ -115,14 +114,13 @@ pub(super) fn decide<'b>(
                                 error_message: None,
                             });
                         }
-                        let start = d.causes.len();
-                        let _ = write!(d.causes, "{}", Cause::Finalized(plan.reason));
+                        let cause = d.cause(Cause::Finalized(plan.reason));
                         d.timeline.push(TimelineEntry {
                             whose: Whose::Existing(raw),
                             at,
                             from: Some(spent.from),
                             to: State::Finalized,
-                            cause: start..d.causes.len(),
+                            cause,
                         });
                         d.finalized.push((item, *session, plan.commit_memory, at));
                         Applied::Finalized(Finalized::Won(FinalizeReport {
@@ -150,15 +148,13 @@ fn transition(
 ) -> Result<(), StoreError> {
     sim.live.transition(id, step.from, step.to)?;
     sim.changed = true;
-    let start = d.causes.len();
-    // Writing to a String cannot fail.
-    let _ = write!(d.causes, "{}", step.cause);
+    let cause = d.cause(step.cause);
     d.timeline.push(TimelineEntry {
         whose: Whose::Existing(raw),
         at: to_millis(step.at),
         from: Some(step.from),
         to: step.to,
-        cause: start..d.causes.len(),
+        cause,
     });
     Ok(())
 }
@@ -332,14 +328,13 @@ fn register<'b>(
     }
     let n = d.registrations.len();
     d.registrations.push(Registration { item, new, tree });
-    let start = d.causes.len();
-    let _ = write!(d.causes, "{}", Cause::Registered);
+    let cause = d.cause(Cause::Registered);
     d.timeline.push(TimelineEntry {
         whose: Whose::New(n),
         at: to_millis(new.created_at),
         from: None,
         to: State::Registered,
-        cause: start..d.causes.len(),
+        cause,
     });
     // Answered once the id is known.
     None

@@ -33,6 +33,7 @@ mod decide;
 mod read;
 mod write;
 
+use std::fmt::Write as _;
 use std::ops::Range;
 use std::time::SystemTime;
 
@@ -220,8 +221,35 @@ struct Decided<'b> {
     /// Every cause of the batch, one after another, so that a transition's
     /// cause is formatted without an allocation of its own.
     causes: String,
+    /// Where each cause already formatted stands in `causes`: a teardown's
+    /// thousands of transitions have a handful of causes, each formatted
+    /// once.
+    formatted: Vec<(Cause, Range<usize>)>,
     /// Finalizes that won: (item, session, whether to commit memory, at).
     finalized: Vec<(usize, SessionId, bool, i64)>,
+}
+
+impl Decided<'_> {
+    /// The words of the cause formatted at `start` (see [`cause`](Self::cause)).
+    fn cause_text(&self, start: usize) -> &str {
+        self.formatted
+            .iter()
+            .find(|(_, at)| at.start == start)
+            .map_or("", |(_, at)| &self.causes[at.clone()])
+    }
+
+    /// Where `cause`'s words stand in `causes`, formatted the first time.
+    fn cause(&mut self, cause: Cause) -> Range<usize> {
+        if let Some((_, at)) = self.formatted.iter().find(|(c, _)| *c == cause) {
+            return at.clone();
+        }
+        let start = self.causes.len();
+        // Writing to a String cannot fail.
+        let _ = write!(self.causes, "{cause}");
+        let at = start..self.causes.len();
+        self.formatted.push((cause, at.clone()));
+        at
+    }
 }
 
 /// Apply `batch` in one transaction, as `writer` when it is given (each

@@ -7,13 +7,13 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use settle_core::{Outcome, State};
 
-use super::{Applied, Decided, HashMap, Sim, TimelineEntry, TurnEnd, TurnStart, Whose};
+use super::{Applied, Decided, HashMap, Sim, TurnEnd, TurnStart, Whose};
 use crate::conn::Db;
 use crate::error::{Context, DbError, StoreError};
 use crate::rows::{
     bind, group_head, grouped, insert_rows, params, pieces, GroupHead, InList, Insert,
 };
-use crate::schema::sessions;
+use crate::schema::{last_segments, sessions};
 use crate::time::{session_id, sid, to_millis};
 use crate::timeline::{Segment, Step};
 
@@ -33,7 +33,8 @@ pub(super) fn write_back(
     d: &mut Decided<'_>,
 ) -> Result<(), StoreError> {
     let new_ids = insert_sessions(db.reborrow(), d)?;
-    let segments = Segments::of(d, &new_ids)?;
+    let mut segments = Segments::of(d, &new_ids)?;
+    segments.insert_last(db.reborrow())?;
     update_sessions(db.reborrow(), sessions, &segments)?;
     insert_turns(db.reborrow(), &d.turn_starts)?;
     end_turns(db.reborrow(), &d.turn_ends)?;
@@ -114,21 +115,21 @@ fn reserve_session_ids(db: Db<'_>, n: usize) -> Result<std::ops::Range<u64>, Sto
 
 /// What a set of sessions is written to, and the version each of them must
 /// still have: one statement for all of them. A session this batch
-/// finalized takes its last timeline segment along (`last_steps`); in a
+/// finalized names its last timeline segment (`last_segment`); in a
 /// teardown the sessions a batch finalizes at one moment share it, so they
 /// stay one set.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct SessionSet<'e> {
+struct SessionSet {
     version: i64,
     state: &'static str,
     outcome: Option<&'static str>,
     end_reason: Option<&'static str>,
     open_turn: Option<i64>,
     finalized_at: Option<i64>,
-    last_steps: Option<&'e str>,
+    last_segment: Option<i64>,
 }
 
-group_head!(SessionSet<'e>, |set, out| {
+group_head!(SessionSet, |set, out| {
     out.push_sql("UPDATE sessions SET state = ");
     out.push_bind_param::<Text, _>(set.state)?;
     out.push_sql(", outcome = ");
@@ -139,8 +140,8 @@ group_head!(SessionSet<'e>, |set, out| {
     out.push_bind_param::<Nullable<BigInt>, _>(&set.open_turn)?;
     out.push_sql(", finalized_at = ");
     out.push_bind_param::<Nullable<BigInt>, _>(&set.finalized_at)?;
-    out.push_sql(", last_steps = ");
-    out.push_bind_param::<Nullable<Text>, _>(&set.last_steps)?;
+    out.push_sql(", last_segment = ");
+    out.push_bind_param::<Nullable<BigInt>, _>(&set.last_segment)?;
     out.push_sql(", version = version + 1 WHERE version = ");
     out.push_bind_param::<BigInt, _>(&set.version)?;
     out.push_sql(" AND id IN (");
@@ -189,7 +190,7 @@ fn update_sessions(
                 end_reason: sim.live.end_reason.map(|r| r.as_str()),
                 open_turn: sim.live.open_turn.map(i64::from),
                 finalized_at: sim.live.finalized_at,
-                last_steps: segments.folded(*id),
+                last_segment: segments.last(*id),
             },
             *id,
         )
@@ -257,23 +258,33 @@ fn end_turns(db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
     update_sets(db, &sets, "ending the turns of a batch")
 }
 
-/// The batch's timeline: one segment per session, its steps in batch order,
-/// encoded once; the segment of a session the batch finalized goes into its
-/// row (see [`SessionSet`]), the others into `timeline`.
+/// The batch's timeline: one segment per session, its steps in batch order.
+/// The segment of a session the batch finalized is its last: it goes into
+/// `last_segments`, named from the session's row (see [`SessionSet`]); the
+/// others go into `timeline`. Sessions whose segments are the same (a
+/// teardown's sessions, finalized at one moment for one reason) share one
+/// encoding, and one `last_segments` row.
 struct Segments {
     encoded: String,
+    /// Each distinct segment's place in `encoded`, and its `last_segments`
+    /// id once it is written there.
+    distinct: Vec<(Range<usize>, Option<i64>)>,
     /// Each session's segment, in the order the sessions first appear, and
-    /// whether it goes into the session's row.
-    ranges: Vec<(i64, Range<usize>, bool)>,
-    /// Where each session's segment is in `ranges`.
+    /// whether it is its last.
+    sessions: Vec<(i64, usize, bool)>,
+    /// Where each session is in `sessions`.
     at: HashMap<i64, usize>,
 }
+
+/// A segment by what it holds: each step's time, states and cause (a
+/// range of the batch's causes, each formatted once).
+type SegmentKey = smallvec::SmallVec<[(i64, Option<State>, State, usize); 3]>;
 
 impl Segments {
     fn of(d: &Decided<'_>, new_ids: &[i64]) -> Result<Segments, StoreError> {
         // Each session's steps, in the order the sessions first appear.
         let mut order: Vec<i64> = Vec::new();
-        let mut steps: HashMap<i64, Vec<&TimelineEntry>> = HashMap::default();
+        let mut steps: HashMap<i64, SegmentKey> = HashMap::default();
         for entry in &d.timeline {
             let session = match entry.whose {
                 Whose::Existing(id) => id,
@@ -284,9 +295,9 @@ impl Segments {
                 .entry(session)
                 .or_insert_with(|| {
                     order.push(session);
-                    Vec::new()
+                    SegmentKey::new()
                 })
-                .push(entry);
+                .push((entry.at, entry.from, entry.to, entry.cause.start));
         }
         // A finalize that won is its session's last write: its segment is
         // the session's last one.
@@ -296,24 +307,35 @@ impl Segments {
             .filter_map(|(_, id, _, _)| crate::time::sid(*id).ok())
             .map(|raw| (raw, ()))
             .collect();
-        let mut encoded: Vec<u8> = Vec::with_capacity(d.timeline.len() * 80);
-        let mut ranges = Vec::with_capacity(order.len());
+        let mut encoded: Vec<u8> = Vec::new();
+        let mut distinct = Vec::new();
+        let mut known: HashMap<&SegmentKey, usize> = HashMap::default();
+        let mut sessions = Vec::with_capacity(order.len());
         let mut at = HashMap::with_capacity_and_hasher(order.len(), Default::default());
         for session in order {
-            let start = encoded.len();
-            let entries = steps.get(&session).map(Vec::as_slice).unwrap_or_default();
-            crate::timeline::encode(
-                &mut encoded,
-                entries.iter().map(|t| Step {
-                    at: t.at,
-                    from: t.from,
-                    to: t.to,
-                    cause: &d.causes[t.cause.clone()],
-                }),
-            )?;
-            at.insert(session, ranges.len());
-            let folded = finalized.contains_key(&session);
-            ranges.push((session, start..encoded.len(), folded));
+            let Some(key) = steps.get(&session) else {
+                continue;
+            };
+            let segment = match known.get(key) {
+                Some(&k) => k,
+                None => {
+                    let start = encoded.len();
+                    crate::timeline::encode(
+                        &mut encoded,
+                        key.iter().map(|&(at, from, to, cause)| Step {
+                            at,
+                            from,
+                            to,
+                            cause: d.cause_text(cause),
+                        }),
+                    )?;
+                    distinct.push((start..encoded.len(), None));
+                    known.insert(key, distinct.len() - 1);
+                    distinct.len() - 1
+                }
+            };
+            at.insert(session, sessions.len());
+            sessions.push((session, segment, finalized.contains_key(&session)));
         }
         let encoded = String::from_utf8(encoded).map_err(|e| StoreError::Database {
             context: "encoding a timeline segment",
@@ -321,28 +343,63 @@ impl Segments {
         })?;
         Ok(Segments {
             encoded,
-            ranges,
+            distinct,
+            sessions,
             at,
         })
     }
 
-    /// The segment that goes into session `id`'s row, if it is one the batch
-    /// finalized.
-    fn folded(&self, id: i64) -> Option<&str> {
-        let (_, range, folded) = self.ranges.get(*self.at.get(&id)?)?;
-        folded.then(|| &self.encoded[range.clone()])
+    fn text(&self, segment: usize) -> &str {
+        self.distinct
+            .get(segment)
+            .map_or("[]", |(range, _)| &self.encoded[range.clone()])
+    }
+
+    /// Writes each distinct last segment once into `last_segments`.
+    fn insert_last(&mut self, mut db: Db<'_>) -> Result<(), StoreError> {
+        let mut wanted = vec![false; self.distinct.len()];
+        for &(_, segment, last) in &self.sessions {
+            if let (true, Some(w)) = (last, wanted.get_mut(segment)) {
+                *w = true;
+            }
+        }
+        for (k, wanted) in wanted.into_iter().enumerate() {
+            if !wanted {
+                continue;
+            }
+            let steps = self.text(k);
+            let id: i64 = on_db!(db.reborrow(), |c| diesel::insert_into(last_segments::table)
+                .values(last_segments::steps.eq(steps))
+                .returning(last_segments::id)
+                .get_result(c))
+            .context("recording the last timeline segments of a batch")?;
+            if let Some((_, slot)) = self.distinct.get_mut(k) {
+                *slot = Some(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The `last_segments` row session `id`'s row names, if the batch
+    /// finalized it.
+    fn last(&self, id: i64) -> Option<i64> {
+        let &(_, segment, last) = self.sessions.get(*self.at.get(&id)?)?;
+        self.distinct
+            .get(segment)
+            .and_then(|(_, row)| *row)
+            .filter(|_| last)
     }
 }
 
 /// The segments that go into `timeline`, many per statement.
 fn insert_timeline(mut db: Db<'_>, segments: &Segments) -> Result<(), StoreError> {
     let rows: Vec<Segment<'_>> = segments
-        .ranges
+        .sessions
         .iter()
-        .filter(|(_, _, folded)| !folded)
-        .map(|(session, range, _)| Segment {
-            session: *session,
-            steps: &segments.encoded[range.clone()],
+        .filter(|(_, _, last)| !last)
+        .map(|&(session, segment, _)| Segment {
+            session,
+            steps: segments.text(segment),
         })
         .collect();
     for part in pieces(&rows) {

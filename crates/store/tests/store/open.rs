@@ -500,7 +500,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     state_check_holds(&db, b);
     // Rows written before keep every segment in `timeline`.
     assert_eq!(
-        db.query_i64("SELECT COUNT(*) AS value FROM sessions WHERE last_steps IS NOT NULL"),
+        db.query_i64("SELECT COUNT(*) AS value FROM sessions WHERE last_segment IS NOT NULL"),
         0
     );
     let (root, kid) = (SessionId(1), SessionId(2));
@@ -598,7 +598,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
             ]
         );
         assert_eq!(
-            db.query_i64("SELECT COUNT(*) AS value FROM sessions WHERE last_steps IS NOT NULL"),
+            db.query_i64("SELECT COUNT(*) AS value FROM sessions WHERE last_segment IS NOT NULL"),
             1
         );
 

@@ -7,5 +7,8 @@ WHERE ended_at IS NULL
   AND session IN (SELECT id FROM sessions WHERE state = 'finalized');
 -- Every last segment back at the end of its session's timeline.
 INSERT INTO timeline (session, steps)
-    SELECT id, last_steps FROM sessions WHERE last_steps IS NOT NULL ORDER BY id;
-ALTER TABLE sessions DROP COLUMN last_steps;
+    SELECT sessions.id, last_segments.steps
+    FROM sessions JOIN last_segments ON last_segments.id = sessions.last_segment
+    ORDER BY sessions.id;
+ALTER TABLE sessions DROP COLUMN last_segment;
+DROP TABLE last_segments;
