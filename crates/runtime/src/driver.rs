@@ -132,7 +132,7 @@ pub(crate) struct Driver {
     reports: mpsc::UnboundedReceiver<(WorkId, WorkSignal)>,
     report_tx: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     acks: mpsc::UnboundedReceiver<Ack>,
-    /// The recorder's records, sent once per input (in chunks for a big one).
+    /// The recorder's records, sent once per wake (in chunks for a big one).
     recorder: Outbox,
     shutdown_deadline: watch::Sender<Option<tokio::time::Instant>>,
     store: Arc<dyn SessionStore>,
@@ -698,8 +698,6 @@ impl Driver {
                 }
             }
         }
-        // One message per input (see `Outbox`).
-        self.recorder.flush();
     }
 
     /// Starts the work the core admitted, with what its command brought.

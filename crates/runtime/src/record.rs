@@ -1,5 +1,5 @@
 //! What the driver hands the recorder: the durable side of the effects it
-//! executed, in the order the core decided them, one message per input.
+//! executed, in the order the core decided them, one message per wake.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -94,12 +94,12 @@ impl FinalizeJob {
 }
 
 /// The driver's end of the recorder's channel. Records queue here as the
-/// driver executes an input's effects and cross over as one message per
-/// input, in order (a session's turn end, its settling and its finalize are
-/// one send, not three); an input that orders more than [`Outbox::CHUNK`]
-/// (a subtree's cancel) sends them in chunks as it goes, so the recorder
-/// takes the first ones on the other core while the driver still executes
-/// the rest.
+/// driver executes its inputs' effects and cross over as one message per
+/// wake of the driver, in order (a wake's hundreds of work reports are one
+/// send, not one each); a wake that orders more than [`Outbox::CHUNK`] (a
+/// subtree's cancel) sends them in chunks as it goes, so the recorder takes
+/// the first ones on the other core while the driver still executes the
+/// rest.
 pub(crate) struct Outbox {
     tx: mpsc::UnboundedSender<Vec<Record>>,
     queued: Vec<Record>,
@@ -177,9 +177,9 @@ impl Outbox {
         self.push(Record::Finalize(Box::new(job)));
     }
 
-    /// Hands everything queued to the recorder. The driver calls it after
-    /// each input's effects and before it waits again, so nothing it
-    /// ordered waits for a later input.
+    /// Hands everything queued to the recorder. The driver calls it at the
+    /// end of each wake, before it waits again, so nothing it ordered waits
+    /// for a later wake.
     pub fn flush(&mut self) {
         if !self.queued.is_empty() {
             // Room for as many as last time, up to a chunk: not grown one

@@ -76,7 +76,7 @@ use crate::record::Record;
 use crate::report::ShutdownReport;
 
 /// How many queued records the recorder takes per wake (give or take the
-/// last message: the driver sends one per input, at most a chunk each).
+/// last message: the driver sends one per wake, at most a chunk each).
 const RECORD_BATCH: usize = 4096;
 
 /// Waits until `at` (never called without one).
