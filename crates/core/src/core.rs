@@ -1404,6 +1404,13 @@ impl Core {
     /// session they delegated to is cancelled, which may finalize more.
     #[inline]
     fn interrupt_delegations(&mut self, now: Instant) {
+        // During a shutdown's drain the shutdown owns every session (G9): a
+        // delegate's running work keeps the drain and is cut at its end,
+        // and every session ends `shutdown` whatever else would end it.
+        if self.shutdown.as_ref().is_some_and(|s| !s.drained) {
+            self.interrupts.clear();
+            return;
+        }
         while !self.interrupts.is_empty() {
             for id in std::mem::take(&mut self.interrupts) {
                 let mode = CancelMode::Immediate;

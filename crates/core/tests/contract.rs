@@ -190,6 +190,50 @@ fn g9_a_parent_finishing_during_the_drain_waits_for_the_drain_end_cut() {
 }
 
 #[test]
+fn g9_an_agent_finishing_during_the_drain_spares_the_running_work_it_delegated_to() {
+    // Found by the property suite at 100,000 cases: session 1 (held, waiting
+    // for a person) delegated to session 2, whose task runs. Session 1
+    // finishes during the drain and is finalized: its delegation would be
+    // interrupted (SPEC §4 step 6), which cancelled session 2's task in the
+    // middle of the drain. The shutdown owns every session (G9): running
+    // work keeps the drain, and is cut at its end like any other.
+    let mut h = Harness::quiet();
+    let delegator = h.register(1, None);
+    let delegate = h.register(2, None);
+    h.ev(Event::Hold {
+        session: delegator,
+        hold: settle_core::Hold::PendingInput,
+    });
+    let task = h.start_task(delegate);
+    h.ev(Event::Delegate {
+        from: delegator,
+        to: delegate,
+    });
+    h.ev(Event::BeginShutdown { drain: SEC });
+    let finish = h.effects_of(Event::AgentFinished { session: delegator });
+    assert!(
+        !finish
+            .iter()
+            .any(|e| matches!(e, Effect::CancelWork { .. })),
+        "G9: the delegate's task keeps the drain: {finish:?}"
+    );
+    assert_eq!(h.finalized(), vec![(delegator, EndReason::Shutdown)]);
+    assert_eq!(h.cancels_of(delegate), 0);
+
+    // Cut at the drain's end, and finalized `shutdown` like every session.
+    h.tick(SEC);
+    assert_eq!(h.cancels_of(delegate), 1, "cut at the end of the drain");
+    h.ev(Event::WorkExited { work: task });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (delegator, EndReason::Shutdown),
+            (delegate, EndReason::Shutdown)
+        ]
+    );
+}
+
+#[test]
 fn g9_a_child_finishing_during_the_drain_lets_its_finished_parent_settle() {
     // The parent finished during the drain and its own turn is over: it
     // waits only for its child to settle. The child finishes in turn but is

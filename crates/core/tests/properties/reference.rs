@@ -686,6 +686,12 @@ impl Model {
 
     /// SPEC §4 step 6 for the sessions finalized by the current input.
     fn interrupt_delegations(&mut self) {
+        // G9: during the drain the shutdown owns every session; running
+        // work keeps the drain.
+        if self.shutdown.is_some() && !self.drained() {
+            self.interrupts.clear();
+            return;
+        }
         while !self.interrupts.is_empty() {
             for to in std::mem::take(&mut self.interrupts) {
                 let _ = self.cancel(to, CancelMode::Immediate, EndReason::Cancelled);

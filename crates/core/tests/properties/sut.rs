@@ -155,10 +155,13 @@ impl Observed {
                 self.parents.insert(session, parent);
             }
             Step::BeginHandoff { .. } => self.handoff = true,
-            // Withdrawn: as if it had never been registered.
+            // Withdrawn: as if it had never been registered; an id adopted
+            // again starts with no hold and no transport.
             Step::Withdraw(id) => {
                 self.parents.remove(&id);
                 self.timeline.remove(&id);
+                self.holds.retain(|(session, _), _| *session != id);
+                self.transports.remove(&id);
             }
             Step::Hold(id, hold) => count(&mut self.holds, (id, hold), true),
             Step::Release(id, hold) => count(&mut self.holds, (id, hold), false),
