@@ -19,7 +19,8 @@ use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::view::SessionView;
 use crate::{
     Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, Transition, WorkId, WorkKind,
+    Hold, Move, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, Transition, Transitions,
+    WorkId, WorkKind,
 };
 
 /// The sans-IO lifecycle kernel for one tree (or forest) of agent sessions.
@@ -56,6 +57,19 @@ pub struct Core {
     now: Option<Instant>,
     /// Sessions handed off to another process (SPEC §12).
     handed_off: SessionMap<()>,
+    /// While a subtree's cancel gathers its orders into set effects (see
+    /// [`Core::cancel_subtree`]): its transitions and its works' cancels.
+    gathering: Option<Box<Gathered>>,
+}
+
+/// The orders of a subtree's cancel, gathered into its two set effects.
+#[derive(Debug)]
+struct Gathered {
+    at: Instant,
+    cause: Cause,
+    mode: CancelMode,
+    moves: Vec<Move>,
+    works: Vec<WorkId>,
 }
 
 #[derive(Debug)]
@@ -82,6 +96,7 @@ impl Core {
             lease_lost: false,
             now: None,
             handed_off: SessionMap::default(),
+            gathering: None,
         }
     }
 
@@ -1113,11 +1128,16 @@ impl Core {
     }
 
     /// Cancels every open descendant of `id`, deepest first; returns how many.
+    ///
+    /// A subtree's cancel is two orders, not two per session: every
+    /// session's move to `cancelling` (or `settled`) is gathered into one
+    /// [`Effect::Transitions`] and every work's cancel into one
+    /// [`Effect::CancelWorks`], descendants first. Only then does each
+    /// cancelled session settle and finalize as far as it may (children
+    /// before parents, G1): what those cascades order comes after the two
+    /// sets, so a session's cancel is still ordered before its end.
     fn cancel_subtree(&mut self, now: Instant, id: SessionId, reason: EndReason) -> usize {
         let order = open_descendants_bottom_up(&self.sessions, id);
-        // A running session's cancel is a transition and a work's cancel:
-        // the queue grows once, not by doubling through a big subtree.
-        self.effects.reserve(2 * order.len());
         // A subtree wound down is closed, not handed off on the way: a
         // child's finalize must not release a descendant above it (SPEC §12).
         for d in &order {
@@ -1127,16 +1147,46 @@ impl Core {
                 }
             }
         }
-        let mut cancelled = 0;
+        let (mode, cause) = (CancelMode::Immediate, Cause::AncestorWindingDown);
+        self.gathering = Some(Box::new(Gathered {
+            at: now,
+            cause,
+            mode,
+            moves: Vec::with_capacity(order.len()),
+            works: Vec::with_capacity(order.len()),
+        }));
+        let mut cancelled = Vec::with_capacity(order.len());
         for &d in &order {
             if self.state(d).is_some_and(State::is_active) {
-                let mode = CancelMode::Immediate;
-                self.cancel_one(now, d, mode, reason, Cause::AncestorWindingDown);
-                self.cascade(now, d, Cause::AncestorWindingDown);
-                cancelled += 1;
+                self.cancel_one(now, d, mode, reason, cause);
+                cancelled.push(d);
             }
         }
-        cancelled
+        if let Some(gathered) = self.gathering.take() {
+            let Gathered {
+                at,
+                cause,
+                mode,
+                moves,
+                works,
+            } = *gathered;
+            if !moves.is_empty() {
+                let set = Transitions { at, cause, moves };
+                self.effects.push_back(Effect::Transitions(Box::new(set)));
+            }
+            if !works.is_empty() {
+                self.effects.push_back(Effect::CancelWorks { works, mode });
+            }
+        }
+        for &d in &cancelled {
+            // A session whose works still run cannot move yet, nor can a
+            // parent because of it (it is as open as it was).
+            if self.sessions.get(&d).is_some_and(|s| !s.works.is_empty()) {
+                continue;
+            }
+            self.cascade(now, d, cause);
+        }
+        cancelled.len()
     }
 
     /// Cancels one registered or running session (its descendants are the
@@ -1192,7 +1242,10 @@ impl Core {
             }
             let work = w.id(id);
             w.cancel = Some(mode);
-            self.effects.push_back(Effect::CancelWork { work, mode });
+            match self.gathering.as_mut().filter(|g| g.mode == mode) {
+                Some(gathered) => gathered.works.push(work),
+                None => self.effects.push_back(Effect::CancelWork { work, mode }),
+            }
             // A settle timeout too long to represent never detaches.
             if let Some(at) = settle_at {
                 w.settle_at = Some(at);
@@ -1461,6 +1514,14 @@ impl Core {
         to: State,
         cause: Cause,
     ) {
+        let gathered = self
+            .gathering
+            .as_mut()
+            .filter(|g| g.at == at && g.cause == cause);
+        if let (Some(gathered), Some(from)) = (gathered, from) {
+            gathered.moves.push(Move { session, from, to });
+            return;
+        }
         self.effects.push_back(Effect::Transition(Transition {
             session,
             at,

@@ -3,7 +3,7 @@
 //! [`Core::poll_timeout`](crate::Core::poll_timeout) from here.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::{SessionId, WorkKind};
@@ -79,6 +79,13 @@ pub(crate) struct Deadlines {
     /// session no longer carries that deadline is stale and skipped when it
     /// surfaces, so re-arming is O(log n) and cancelling is free.
     timers: BinaryHeap<Reverse<(Instant, SessionId, Timer)>>,
+    /// Settle deadlines, in the order they were armed, stale ones skipped
+    /// as in `timers`. Each is its cancel's time plus the one settle
+    /// timeout and the core's clock never runs back, so they come in
+    /// order: a queue keeps them sorted for nothing, where a subtree's
+    /// cancel pushed thousands into the heap one sift at a time. (One that
+    /// would break the order goes into `timers` instead.)
+    settles: VecDeque<(Instant, SessionId, Timer)>,
     /// Reclaimable idle sessions by when they became idle, oldest first: the
     /// idle reap takes from the top once `since + ttl` has passed, the LRU cap
     /// evicts from the top. A session has at most one entry, whose key is a
@@ -95,13 +102,37 @@ pub(crate) struct Deadlines {
 
 impl Deadlines {
     pub fn arm(&mut self, at: Instant, session: SessionId, timer: Timer) {
-        self.timers.push(Reverse((at, session, timer)));
+        let in_order = self.settles.back().is_none_or(|(last, _, _)| *last <= at);
+        match timer {
+            Timer::Settle(..) if in_order => self.settles.push_back((at, session, timer)),
+            _ => self.timers.push(Reverse((at, session, timer))),
+        }
+    }
+
+    /// The earliest timer: the heap's top or the settle queue's front.
+    fn first(&self) -> Option<(Instant, SessionId, Timer)> {
+        let heap = self.timers.peek().map(|Reverse(t)| *t);
+        let queue = self.settles.front().copied();
+        match (heap, queue) {
+            (Some(h), Some(q)) => Some(h.min(q)),
+            (h, q) => h.or(q),
+        }
+    }
+
+    /// Removes the earliest timer (the one [`first`](Self::first) names).
+    fn pop_first(&mut self) -> Option<(Instant, SessionId, Timer)> {
+        let heap = self.timers.peek().map(|Reverse(t)| *t);
+        match (heap, self.settles.front()) {
+            (Some(h), Some(q)) if *q < h => self.settles.pop_front(),
+            (Some(_), _) => self.timers.pop().map(|Reverse(t)| t),
+            (None, _) => self.settles.pop_front(),
+        }
     }
 
     /// Removes and returns the earliest timer due at `now`, stale or not.
     pub fn pop_due(&mut self, now: Instant) -> Option<(Instant, SessionId, Timer)> {
-        match self.timers.peek() {
-            Some(Reverse((at, _, _))) if *at <= now => self.timers.pop().map(|Reverse(t)| t),
+        match self.first() {
+            Some((at, _, _)) if at <= now => self.pop_first(),
             _ => None,
         }
     }
@@ -210,9 +241,10 @@ impl Deadlines {
             // heap has doubled again, so rebuilds stay linear overall.
             self.compact_idle_at = self.idle.len().saturating_mul(2);
         }
-        if self.timers.len() > bound.max(self.compact_timers_at) {
+        if self.len() > bound.max(self.compact_timers_at) {
             self.timers.retain(|Reverse((_, id, _))| keep(*id));
-            self.compact_timers_at = self.timers.len().saturating_mul(2);
+            self.settles.retain(|(_, id, _)| keep(*id));
+            self.compact_timers_at = self.len().saturating_mul(2);
         }
     }
 
@@ -220,19 +252,19 @@ impl Deadlines {
     /// [`next`](Self::next) does not report a deadline nobody waits for
     /// (the idle heap is pruned by [`next_idle`](Self::next_idle)).
     pub fn prune(&mut self, mut is_live: impl FnMut(Instant, SessionId, Timer) -> bool) {
-        while let Some(Reverse((at, id, timer))) = self.timers.peek() {
-            if is_live(*at, *id, *timer) {
+        while let Some((at, id, timer)) = self.first() {
+            if is_live(at, id, timer) {
                 break;
             }
-            self.timers.pop();
+            self.pop_first();
         }
     }
 
     /// The earliest deadline at which [`Core::handle_timeout`](crate::Core::handle_timeout)
     /// has something to do.
     pub fn next(&self, idle_ttl: Option<Duration>) -> Option<Deadline> {
-        let timer = self.timers.peek().map(|Reverse((at, _, timer))| Deadline {
-            at: *at,
+        let timer = self.first().map(|(at, _, timer)| Deadline {
+            at,
             kind: timer.kind(),
         });
         let idle = idle_ttl.and_then(|ttl| {
@@ -251,7 +283,7 @@ impl Deadlines {
     }
 
     pub fn len(&self) -> usize {
-        self.timers.len()
+        self.timers.len() + self.settles.len()
     }
 
     pub fn idle_len(&self) -> usize {
@@ -293,5 +325,42 @@ mod tests {
         assert_eq!((live.idle_len(), live.len()), (84, 84));
         live.compact(9, |_| false);
         assert_eq!((live.idle_len(), live.len()), (0, 0));
+    }
+
+    /// Settle deadlines wait in the order they were armed, the other timers
+    /// in the heap, and every timer comes out earliest first from both; a
+    /// settle deadline earlier than the last one queued (which the core's
+    /// clock never makes) still comes out in its place.
+    #[test]
+    fn timers_come_out_earliest_first_from_the_settle_queue_and_the_heap() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let settle = Timer::Settle(WorkKind::Turn, 1);
+        let mut d = Deadlines::default();
+        d.arm(ms(10), SessionId(1), settle);
+        d.arm(ms(30), SessionId(2), settle);
+        d.arm(ms(20), SessionId(3), Timer::Orphan);
+        d.arm(ms(5), SessionId(4), settle); // out of order: into the heap
+        d.arm(ms(30), SessionId(5), settle);
+        assert_eq!((d.settles.len(), d.len()), (3, 5));
+        assert_eq!(
+            d.next(None),
+            Some(Deadline {
+                at: ms(5),
+                kind: DeadlineKind::Settle
+            })
+        );
+        assert!(d.pop_due(ms(4)).is_none(), "nothing due yet");
+        let due: Vec<u64> = std::iter::from_fn(|| d.pop_due(ms(30)))
+            .map(|(_, id, _)| id.get())
+            .collect();
+        assert_eq!(due, [4, 1, 3, 2, 5]);
+        assert_eq!(d.len(), 0);
+
+        // Stale entries at the front of either are pruned.
+        d.arm(ms(40), SessionId(6), settle);
+        d.arm(ms(50), SessionId(7), Timer::Orphan);
+        d.prune(|_, id, _| id.get() != 6);
+        assert_eq!(d.next(None).map(|n| n.at), Some(ms(50)));
     }
 }

@@ -30,6 +30,17 @@ pub enum Effect {
         /// Graceful: let the turn finish; immediate: stop now.
         mode: CancelMode,
     },
+    /// Ask each of these works to stop, in this order: a subtree's cancel
+    /// (a finishing agent's, a cancelled session's descendants), as one
+    /// order, descendants first. The same as one
+    /// [`CancelWork`](Self::CancelWork) for each, all in `mode`: each work
+    /// is in at most one cancel (G6).
+    CancelWorks {
+        /// The works, descendants first.
+        works: Vec<WorkId>,
+        /// Graceful: let the turn finish; immediate: stop now.
+        mode: CancelMode,
+    },
     /// Close the work's provider stream now, from outside, whatever the work
     /// is doing (G4). Emitted at most once per work, where the work itself may
     /// not close it: when a stream attaches after an immediate cancel (the
@@ -64,6 +75,10 @@ pub enum Effect {
     Finalize(Finalize),
     /// A state transition to record on the session's timeline.
     Transition(Transition),
+    /// The transitions of many sessions at one moment for one cause (a
+    /// subtree's cancel), to record on each one's timeline: the same as one
+    /// [`Transition`](Self::Transition) for each, in order.
+    Transitions(Box<Transitions>),
     /// Release this session for another process to adopt (SPEC §12): in a
     /// handoff ([`Event::BeginHandoff`](crate::Event::BeginHandoff)) it is
     /// open and idle, no work of it can write any more and its children
@@ -76,6 +91,60 @@ pub enum Effect {
     /// Shutdown has begun and every session is finalized or handed off: the
     /// driver may exit. Says what the shutdown did.
     ShutdownComplete(Box<ShutdownSummary>),
+}
+
+impl Effect {
+    /// The effect as single orders: each member of a set effect
+    /// ([`CancelWorks`](Self::CancelWorks), [`Transitions`](Self::Transitions))
+    /// in order, any other effect as itself. For a driver, or a test, that
+    /// executes one order at a time; a driver that executes a set as a set
+    /// does the same, cheaper.
+    pub fn singles(self) -> Vec<Effect> {
+        match self {
+            Effect::CancelWorks { works, mode } => works
+                .into_iter()
+                .map(|work| Effect::CancelWork { work, mode })
+                .collect(),
+            Effect::Transitions(set) => set.iter().map(Effect::Transition).collect(),
+            other => vec![other],
+        }
+    }
+}
+
+/// The transitions of many sessions at one moment for one cause
+/// ([`Effect::Transitions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transitions {
+    /// When, as given by the driver.
+    pub at: Instant,
+    /// Why.
+    pub cause: Cause,
+    /// Each session's move, in order.
+    pub moves: Vec<Move>,
+}
+
+/// One session's move in [`Transitions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    /// The session.
+    pub session: SessionId,
+    /// The state before.
+    pub from: State,
+    /// The state after.
+    pub to: State,
+}
+
+impl Transitions {
+    /// Each move as its [`Transition`], in order.
+    pub fn iter(&self) -> impl Iterator<Item = Transition> + '_ {
+        self.moves.iter().map(|m| Transition {
+            session: m.session,
+            at: self.at,
+            from: Some(m.from),
+            to: m.to,
+            cause: self.cause,
+        })
+    }
 }
 
 /// What a shutdown did to the works it found (G9), as decided by the core.

@@ -56,9 +56,11 @@
 //!
 //! fn drain(core: &mut Core, log: &mut Vec<Effect>) {
 //!     while let Some(effect) = core.poll_effect() {
-//!         // A real driver executes it: spawn the work, cancel its token,
-//!         // close its stream, run the finalize plan.
-//!         log.push(effect);
+//!         // A real driver executes it: cancel a work's token, close its
+//!         // stream, run the finalize plan. A subtree's cancel comes as set
+//!         // effects (all its works' cancels in one), which `singles`
+//!         // spells out one order at a time.
+//!         log.extend(effect.singles());
 //!     }
 //! }
 //! let mut log = Vec::new();
@@ -112,7 +114,9 @@ pub mod vocabulary;
 pub use crate::core::Core;
 pub use budget::{Budget, BudgetLimit};
 pub use deadlines::{Deadline, DeadlineKind};
-pub use effect::{Cause, Effect, Finalize, FinalizeStep, HandOff, ShutdownSummary, Transition};
+pub use effect::{
+    Cause, Effect, Finalize, FinalizeStep, HandOff, Move, ShutdownSummary, Transition, Transitions,
+};
 pub use error::{Error, Handled};
 pub use event::{Event, Hold, Sweep};
 pub use id::{SessionId, WorkId, WorkKind};

@@ -139,53 +139,60 @@ impl Fleet {
     /// Executes node `n`'s effects as a driver does, against the store.
     fn drain(&mut self, n: usize) {
         let me = self.me(n);
-        while let Some(effect) = self.nodes[n].core.poll_effect() {
-            match effect {
-                Effect::Transition(t) => {
-                    if let Some(from) = t.from {
-                        assert!(from.can_move_to(t.to), "{t:?} moves backwards");
-                    }
-                }
-                Effect::EndWork { work, outcome } => {
-                    self.nodes[n].works.retain(|w| *w != work);
-                    let row = self.rows.get_mut(&work.session.get()).unwrap();
-                    assert_eq!(
-                        row.owner,
-                        Some(me),
-                        "G8: {work} ended by a process that does not own it"
-                    );
-                    if work.turn_no().is_some() {
-                        row.last_outcome = Some(outcome);
-                    }
-                }
-                Effect::Finalize(f) => {
-                    let row = self.rows.get_mut(&f.session.get()).unwrap();
-                    assert_eq!(
-                        (row.owner, row.finalized),
-                        (Some(me), None),
-                        "G2, G12: node {n} finalizes session {} it does not own",
-                        f.session
-                    );
-                    row.finalized = Some(f.reason);
-                    self.nodes[n].core.forget(f.session);
-                }
-                Effect::HandOff(h) => {
-                    let now = self.now;
-                    let row = self.rows.get_mut(&h.session.get()).unwrap();
-                    assert_eq!(
-                        (row.owner, row.finalized),
-                        (Some(me), None),
-                        "G12: node {n} releases session {} it does not own",
-                        h.session
-                    );
-                    assert_eq!(h.turns, row.turns, "G12: released with its turn count");
-                    assert_eq!(h.last_outcome, row.last_outcome);
-                    row.owner = None;
-                    row.released_at = Some(now);
-                }
-                Effect::ShutdownComplete(_) => self.nodes[n].done = true,
-                _ => {}
+        while let Some(set) = self.nodes[n].core.poll_effect() {
+            for effect in set.singles() {
+                self.execute(n, me, effect);
             }
+        }
+    }
+
+    /// Executes one order of node `n` (whose owner id is `me`).
+    fn execute(&mut self, n: usize, me: (usize, u32), effect: Effect) {
+        match effect {
+            Effect::Transition(t) => {
+                if let Some(from) = t.from {
+                    assert!(from.can_move_to(t.to), "{t:?} moves backwards");
+                }
+            }
+            Effect::EndWork { work, outcome } => {
+                self.nodes[n].works.retain(|w| *w != work);
+                let row = self.rows.get_mut(&work.session.get()).unwrap();
+                assert_eq!(
+                    row.owner,
+                    Some(me),
+                    "G8: {work} ended by a process that does not own it"
+                );
+                if work.turn_no().is_some() {
+                    row.last_outcome = Some(outcome);
+                }
+            }
+            Effect::Finalize(f) => {
+                let row = self.rows.get_mut(&f.session.get()).unwrap();
+                assert_eq!(
+                    (row.owner, row.finalized),
+                    (Some(me), None),
+                    "G2, G12: node {n} finalizes session {} it does not own",
+                    f.session
+                );
+                row.finalized = Some(f.reason);
+                self.nodes[n].core.forget(f.session);
+            }
+            Effect::HandOff(h) => {
+                let now = self.now;
+                let row = self.rows.get_mut(&h.session.get()).unwrap();
+                assert_eq!(
+                    (row.owner, row.finalized),
+                    (Some(me), None),
+                    "G12: node {n} releases session {} it does not own",
+                    h.session
+                );
+                assert_eq!(h.turns, row.turns, "G12: released with its turn count");
+                assert_eq!(h.last_outcome, row.last_outcome);
+                row.owner = None;
+                row.released_at = Some(now);
+            }
+            Effect::ShutdownComplete(_) => self.nodes[n].done = true,
+            _ => {}
         }
     }
 

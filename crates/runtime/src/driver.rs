@@ -585,14 +585,10 @@ impl Driver {
     fn execute(&mut self) {
         while let Some(effect) = self.core.poll_effect() {
             match effect {
-                Effect::CancelWork { work, mode } => {
-                    let now = self.now;
-                    if let Some(handle) = self.works.get_mut(&work) {
-                        handle.cancelled_at.get_or_insert(now);
-                        // Graceful: the turn may finish; the settle deadline bounds it.
-                        if mode == CancelMode::Immediate {
-                            handle.cancel();
-                        }
+                Effect::CancelWork { work, mode } => self.cancel_work(work, mode),
+                Effect::CancelWorks { works, mode } => {
+                    for work in works {
+                        self.cancel_work(work, mode);
                     }
                 }
                 Effect::CloseStream { work } => {
@@ -647,26 +643,21 @@ impl Driver {
                 Effect::Transition(t) => {
                     self.meter.transition(t.from, t.to);
                     let at = self.wall(t.at);
-                    let shared = self.sessions.get(&t.session);
-                    self.events
-                        .emit(shared.map(Arc::as_ref), || match (t.from, shared) {
-                            (None, Some(shared)) => LifecycleEvent::Registered {
-                                session: t.session,
-                                name: shared.name.to_string(),
-                                parent: shared.parent,
-                                at,
-                            },
-                            _ => LifecycleEvent::Transition {
-                                session: t.session,
-                                from: t.from,
-                                to: t.to,
-                                cause: t.cause.to_string(),
-                                at,
-                            },
-                        });
+                    self.announce(&t, at);
                     if t.timeline() {
                         self.recorder.push(Record::Transition { transition: t, at });
                     }
+                }
+                Effect::Transitions(set) => {
+                    for m in &set.moves {
+                        self.meter.transition(Some(m.from), m.to);
+                    }
+                    let at = self.wall(set.at);
+                    for t in set.iter() {
+                        self.announce(&t, at);
+                    }
+                    // Each move is a step of its session's timeline.
+                    self.recorder.push(Record::Transitions { set, at });
                 }
                 Effect::Finalize(plan) => {
                     self.meter.finalized(plan.reason);
@@ -698,6 +689,40 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Asks a work to stop, as [`Effect::CancelWork`] orders.
+    fn cancel_work(&mut self, work: WorkId, mode: CancelMode) {
+        let now = self.now;
+        if let Some(handle) = self.works.get_mut(&work) {
+            handle.cancelled_at.get_or_insert(now);
+            // Graceful: the turn may finish; the settle deadline bounds it.
+            if mode == CancelMode::Immediate {
+                handle.cancel();
+            }
+        }
+    }
+
+    /// Tells whoever listens that a session moved, as `t` says (at `at` on
+    /// the wall clock).
+    fn announce(&self, t: &settle_core::Transition, at: std::time::SystemTime) {
+        let shared = self.sessions.get(&t.session);
+        self.events
+            .emit(shared.map(Arc::as_ref), || match (t.from, shared) {
+                (None, Some(shared)) => LifecycleEvent::Registered {
+                    session: t.session,
+                    name: shared.name.to_string(),
+                    parent: shared.parent,
+                    at,
+                },
+                _ => LifecycleEvent::Transition {
+                    session: t.session,
+                    from: t.from,
+                    to: t.to,
+                    cause: t.cause.to_string(),
+                    at,
+                },
+            });
     }
 
     /// Starts the work the core admitted, with what its command brought.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, TurnError, WorkId};
+use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, Transitions, TurnError, WorkId};
 use settle_store::{StoreError, TimelineStep, TurnEnding};
 use tokio::sync::oneshot;
 
@@ -26,6 +26,11 @@ pub(crate) enum Record {
     /// A timeline row.
     Transition {
         transition: Transition,
+        at: SystemTime,
+    },
+    /// A step on the timeline of each session of a subtree's cancel.
+    Transitions {
+        set: Box<Transitions>,
         at: SystemTime,
     },
     /// Open a turn's row, after the end of the session's previous turn

@@ -470,6 +470,13 @@ impl Model {
     /// Cancels one open, not yet cancelled session (its subtree is the
     /// caller's business).
     fn cancel_one(&mut self, id: u64, mode: CancelMode, reason: EndReason) {
+        self.mark_cancelled(id, mode, reason);
+        self.fixpoint();
+    }
+
+    /// A session's cancel, before anything settles: closing with `reason`
+    /// (unless it was closing already), its works asked to stop.
+    fn mark_cancelled(&mut self, id: u64, mode: CancelMode, reason: EndReason) {
         let s = self.s(id);
         if !matches!(s.state, State::Registered | State::Running) {
             return;
@@ -477,10 +484,13 @@ impl Model {
         s.intent.get_or_insert(Intent::End(reason));
         s.state = State::Cancelling;
         self.cancel_works(id, mode, false);
-        self.fixpoint();
     }
 
-    /// G1: every open descendant, deepest first; returns how many.
+    /// G1: every open descendant, deepest first; returns how many. The
+    /// whole subtree is marked closing with `reason` first, and only then
+    /// does anything in it settle or finalize: a session waiting for its
+    /// children to be reclaimed (a dropped transport's close) ends with the
+    /// subtree's reason, whatever order its children finalize in.
     fn cancel_subtree(&mut self, id: u64, reason: EndReason) -> usize {
         let mut n = 0;
         let order = self.descendants_bottom_up(id);
@@ -493,10 +503,11 @@ impl Model {
         }
         for d in order {
             if matches!(self.sessions[&d].state, State::Registered | State::Running) {
-                self.cancel_one(d, CancelMode::Immediate, reason);
+                self.mark_cancelled(d, CancelMode::Immediate, reason);
                 n += 1;
             }
         }
+        self.fixpoint();
         n
     }
 

@@ -43,8 +43,9 @@ impl Harness {
     /// The drain rule: every effect is taken before the next input.
     pub fn drain(&mut self) -> Vec<Effect> {
         let mut out = Vec::new();
+        // A set effect is checked as the single orders it stands for.
         while let Some(e) = self.core.poll_effect() {
-            out.push(e);
+            out.extend(e.singles());
         }
         self.log.extend(out.iter().cloned());
         out

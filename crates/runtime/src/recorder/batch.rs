@@ -62,6 +62,20 @@ impl Recorder {
                 }
                 None
             }
+            Record::Transitions { set, at } => {
+                // Each held until its session's next write, as one
+                // transition record is.
+                for m in &set.moves {
+                    let step = TimelineStep {
+                        from: m.from,
+                        to: m.to,
+                        cause: set.cause,
+                        at,
+                    };
+                    held.hold(m.session, step, now);
+                }
+                None
+            }
             Record::StartTurn {
                 work,
                 at,

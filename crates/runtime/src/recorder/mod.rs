@@ -208,6 +208,7 @@ impl Recorder {
             // Lifecycle writes never reach here.
             Record::CreateSession { .. }
             | Record::Transition { .. }
+            | Record::Transitions { .. }
             | Record::StartTurn { .. }
             | Record::EndTurn { .. }
             | Record::Finalize(_) => {}
