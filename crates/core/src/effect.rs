@@ -267,7 +267,7 @@ impl Transition {
 }
 
 /// Why a transition happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Cause {
     /// The session was registered.
     Registered,

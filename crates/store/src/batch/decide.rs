@@ -18,6 +18,7 @@ use crate::time::{json_text, sid, to_millis};
 
 pub(super) fn decide<'b>(
     batch: &'b [LifecycleWrite],
+    skip: &[bool],
     sessions: &mut HashMap<i64, Sim>,
     owners: &HashMap<i64, bool>,
     turns: &mut HashMap<(i64, u32), TurnSeen>,
@@ -28,6 +29,11 @@ pub(super) fn decide<'b>(
         ..Decided::default()
     };
     for (item, write) in batch.iter().enumerate() {
+        // Answered already, by the set-wise latch.
+        if skip.get(item) == Some(&true) {
+            d.results.push(None);
+            continue;
+        }
         let result = match write {
             LifecycleWrite::Register(new) => register(&mut d, item, new, sessions, owners),
             LifecycleWrite::Transition {

@@ -2,8 +2,17 @@
 //! turn starts and ends and finalizes, applied in one transaction, each with
 //! its own result.
 //!
-//! A batch is applied in four moves, inside one write transaction:
+//! A batch is applied in five moves, inside one write transaction:
 //!
+//! 0. **Spend the latch as a set** for the finalizes of a batch of its
+//!    writer (`SessionStore::apply_as`) that it can decide from the write
+//!    alone: each the only write naming its session, carrying steps that
+//!    say which state the row must be in (a teardown's finalizes are). One
+//!    conditional `UPDATE … WHERE +owner = ? AND state = ? AND open_turn = ?
+//!    AND id IN (…)` per set of them spends the latch of every row that is
+//!    as expected (G2), which is the rules' verdict for such a row; the rest
+//!    take the four moves below against their rows as they are
+//!    ([`latch_set`]).
 //! 1. **Read** every session it touches in bulk (on PostgreSQL with `FOR
 //!    UPDATE`, in id order so that two batches never deadlock; a dense run of
 //!    ids is read as a range, which may also lock the few sessions between
@@ -19,9 +28,10 @@
 //!    compare-and-set per row, so a finalize spends the latch once across
 //!    processes, G2), in one `UPDATE … WHERE version = ? AND id IN (…)` per
 //!    set of sessions written to the same values, whose row count must be the
-//!    set's size (a teardown's sessions are nearly one set); the new turns
-//!    and turn ends likewise, and one timeline segment per session
-//!    holding all its transitions of the batch ([`timeline`](crate::timeline)).
+//!    set's size; the new turns and turn ends likewise, and one timeline
+//!    segment per session holding all its transitions of the batch
+//!    ([`timeline`](crate::timeline)), the last one of a finalized session
+//!    named from its row.
 //! 4. **Commit memory** for finalizes that ask for it, from completed turns
 //!    only (G7), each in a savepoint of the same transaction.
 //!
@@ -30,6 +40,7 @@
 //! written) and every write gets that error.
 
 mod decide;
+mod latch_set;
 mod read;
 mod write;
 
@@ -267,14 +278,21 @@ pub(crate) fn apply(
     write_tx!(db, |c| {
         let mut db = Db::from(&mut *c);
         let now = store_now(db.reborrow())?;
-        let mut sessions = read::sessions(db.reborrow(), batch)?;
-        let owners = read::owners(db.reborrow(), batch, &sessions, now)?;
-        let mut turns = read::turns(db.reborrow(), batch, &sessions)?;
         let writer = writer
             .map(|w| Ok::<_, StoreError>((w, w.raw()?)))
             .transpose()?;
-        let mut decided = decide::decide(batch, &mut sessions, &owners, &mut turns, writer)?;
+        // Step 0: the finalizes decided by their own conditional update.
+        let latched = match writer {
+            Some((_, raw)) => latch_set::spend(db.reborrow(), batch, raw, now)?,
+            None => latch_set::Latched::none(batch.len()),
+        };
+        let skip = &latched.done;
+        let mut sessions = read::sessions(db.reborrow(), batch, skip)?;
+        let owners = read::owners(db.reborrow(), batch, &sessions, now)?;
+        let mut turns = read::turns(db.reborrow(), batch, &sessions, skip)?;
+        let mut decided = decide::decide(batch, skip, &mut sessions, &owners, &mut turns, writer)?;
         write::write_back(db.reborrow(), &sessions, &mut decided)?;
+        write::end_turns(db.reborrow(), &latched.turn_ends)?;
         for &(item, id, commit, at) in &decided.finalized {
             if let (true, Some(Ok(Applied::Finalized(Finalized::Won(report))))) =
                 (commit, decided.results[item].as_mut())
@@ -282,9 +300,12 @@ pub(crate) fn apply(
                 memory_step(db.reborrow(), id, commit, at, report)?;
             }
         }
+        let mut done = latched.results;
         Ok(decided
             .results
             .into_iter()
+            .zip(done.iter_mut())
+            .map(|(r, set)| r.or_else(|| set.take()))
             .map(|r| r.unwrap_or(Err(StoreError::Unavailable)))
             .collect())
     })

@@ -34,9 +34,10 @@ type SessionCols = (
 pub(super) fn sessions(
     mut db: Db<'_>,
     batch: &[LifecycleWrite],
+    skip: &[bool],
 ) -> Result<HashMap<i64, Sim>, StoreError> {
     let mut ids = BTreeSet::new();
-    for write in batch {
+    for write in deciding(batch, skip) {
         match write {
             // An id out of the database's range names no session; its write
             // is refused on its own when it is decided.
@@ -132,6 +133,19 @@ pub(super) fn sessions(
     Ok(found)
 }
 
+/// The writes of `batch` still to decide: not those `skip` marks (the
+/// set-wise latch answered them).
+fn deciding<'b>(
+    batch: &'b [LifecycleWrite],
+    skip: &'b [bool],
+) -> impl Iterator<Item = &'b LifecycleWrite> + 'b {
+    batch
+        .iter()
+        .zip(skip.iter().copied().chain(std::iter::repeat(false)))
+        .filter(|(_, skip)| !skip)
+        .map(|(write, _)| write)
+}
+
 /// A set of ids to read in one statement.
 enum Ids<'a> {
     /// Every id from the first to the last: dense enough to read as a range.
@@ -215,10 +229,11 @@ pub(super) fn turns(
     mut db: Db<'_>,
     batch: &[LifecycleWrite],
     read: &HashMap<i64, Sim>,
+    skip: &[bool],
 ) -> Result<HashMap<(i64, u32), TurnSeen>, StoreError> {
     let mut sessions = BTreeSet::new();
     let mut nos = BTreeSet::new();
-    for write in batch {
+    for write in deciding(batch, skip) {
         let (session, no, ending) = match write {
             LifecycleWrite::StartTurn { session, no, .. } => (session, no, false),
             LifecycleWrite::EndTurn { session, no, .. } => (session, no, true),

@@ -242,7 +242,7 @@ fn insert_turns(mut db: Db<'_>, starts: &[TurnStart]) -> Result<(), StoreError> 
     Ok(())
 }
 
-fn end_turns(db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
+pub(super) fn end_turns(db: Db<'_>, ends: &[TurnEnd<'_>]) -> Result<(), StoreError> {
     let sets = grouped(ends.iter().map(|e| {
         (
             TurnSet {

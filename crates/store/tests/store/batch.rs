@@ -937,3 +937,185 @@ pub(crate) fn a_turn_ended_by_its_finalize_reads_ended_without_its_own_row_write
         }
     });
 }
+
+/// The set-wise latch answers as the rules do. The same sessions, in every
+/// shape a teardown's finalize may meet (running as its steps expect,
+/// finalized already, in another state, another turn open, released to
+/// another process, named by a second write of the batch, a failed turn
+/// with its error), get the same batch of finalizes carrying their steps
+/// and turn ends, once through `apply` (each row read and decided by the
+/// rules) and once through `apply_as` (the finalizes whose rows are as they
+/// expect spend the latch by their own conditional update, the rest are
+/// read and decided): the answers and the rows left are the same (G2, G10).
+pub(crate) fn g2_the_set_latch_answers_as_the_rules_do(b: Backend) {
+    let mut seen = Vec::new();
+    for through_the_set in [false, true] {
+        let Some(db) = TestDb::new(b) else { return };
+        seen.push(rt().block_on(async {
+            let (store, theirs) = (open(&db), open(&db));
+            let o = owner(&*store, HOUR).await;
+            let at = now();
+            let step = |from, to, cause| TimelineStep {
+                from,
+                to,
+                cause,
+                at,
+            };
+            let cancel = [
+                step(
+                    State::Running,
+                    State::Cancelling,
+                    Cause::AncestorWindingDown,
+                ),
+                step(
+                    State::Cancelling,
+                    State::Settled,
+                    Cause::TurnEnded(Outcome::Cancelled),
+                ),
+            ];
+            let ended = |no, outcome, error| TurnEnding {
+                no,
+                outcome,
+                error,
+                at,
+            };
+            let finalize = |id, steps: &[TimelineStep], end: Option<TurnEnding>| {
+                let mut plan = FinalizeRequest::new(EndReason::ParentFinished)
+                    .at(at)
+                    .after_steps(steps.iter().copied());
+                plan.turn_end = end;
+                LifecycleWrite::Finalize { session: id, plan }
+            };
+            let mut batch = Vec::new();
+            let mut ids = Vec::new();
+            // As expected: the set decides it.
+            let plain = running(&*store, o, "plain").await;
+            batch.push(finalize(
+                plain,
+                &cancel,
+                Some(ended(1, Outcome::Cancelled, None)),
+            ));
+            // Finalized already by another process.
+            let gone = running(&*store, o, "gone").await;
+            let lost = FinalizeRequest::new(EndReason::Recovered);
+            assert!(write::finalize(&*theirs, gone, lost).await.unwrap().won());
+            batch.push(finalize(
+                gone,
+                &cancel,
+                Some(ended(1, Outcome::Cancelled, None)),
+            ));
+            // Its steps expect another state.
+            let idle = write::register(&*store, NewSession::new("idle", o))
+                .await
+                .unwrap();
+            batch.push(finalize(
+                idle,
+                &cancel,
+                Some(ended(1, Outcome::Cancelled, None)),
+            ));
+            // Another turn open than the one its end names.
+            let second = running(&*store, o, "second").await;
+            let results = store
+                .apply(vec![
+                    end(second, 1, Outcome::Completed),
+                    transition(
+                        second,
+                        State::Running,
+                        State::Registered,
+                        Cause::TurnEnded(Outcome::Completed),
+                    ),
+                    start(second, 2),
+                    transition(
+                        second,
+                        State::Registered,
+                        State::Running,
+                        Cause::TurnStarted,
+                    ),
+                ])
+                .await;
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+            batch.push(finalize(
+                second,
+                &cancel,
+                Some(ended(1, Outcome::Cancelled, None)),
+            ));
+            // A failed turn, whose error its row keeps.
+            let failed = running(&*store, o, "failed").await;
+            let error = TurnError::new(TurnErrorKind::Connect, "connection refused");
+            let failing = [
+                cancel[0],
+                step(
+                    State::Cancelling,
+                    State::Settled,
+                    Cause::TurnEnded(Outcome::Failed),
+                ),
+            ];
+            batch.push(finalize(
+                failed,
+                &failing,
+                Some(ended(1, Outcome::Failed, Some(error))),
+            ));
+            // Named by a second write of the batch: decided by the rules.
+            let twice = running(&*store, o, "twice").await;
+            batch.push(transition(
+                twice,
+                State::Running,
+                State::Cancelling,
+                Cause::UserClose,
+            ));
+            batch.push(finalize(
+                twice,
+                &[step(
+                    State::Cancelling,
+                    State::Settled,
+                    Cause::DescendantsSettled,
+                )],
+                Some(ended(1, Outcome::Cancelled, None)),
+            ));
+            // Nothing carried: decided by the rules.
+            let bare = running(&*store, o, "bare").await;
+            batch.push(finalize(bare, &[], None));
+            ids.extend([plain, gone, idle, second, failed, twice, bare]);
+
+            let answers = if through_the_set {
+                store.apply_as(o, batch).await
+            } else {
+                store.apply(batch).await
+            };
+            let answers: Vec<String> = answers
+                .iter()
+                .map(|a| match a {
+                    Ok(Applied::Finalized(Finalized::Won(r))) => {
+                        format!("won {:?} {:?}", r.interrupted_turn, r.refused)
+                    }
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            let mut rows = Vec::new();
+            for id in ids {
+                let d = store.session_detail(id).await.unwrap();
+                rows.push(format!(
+                    "{:?} {:?} {:?} {:?} {:?}",
+                    (d.session.state, d.session.outcome, d.session.end_reason),
+                    d.turns
+                        .iter()
+                        .map(|t| (t.no, t.outcome, t.ended_at.is_some(), t.error.clone()))
+                        .collect::<Vec<_>>(),
+                    d.timeline
+                        .iter()
+                        .map(|t| (t.from, t.to, t.cause.clone()))
+                        .collect::<Vec<_>>(),
+                    d.finalize_errors,
+                    d.session.finalized_at.is_some(),
+                ));
+            }
+            (answers, rows)
+        }));
+    }
+    assert_eq!(seen[0].0, seen[1].0, "the answers");
+    for (rules, set) in seen[0].1.iter().zip(&seen[1].1) {
+        assert_eq!(rules, set);
+    }
+    // The case the set decides did win, whichever way.
+    assert!(seen[1].0[0].starts_with("won None []"), "{:?}", seen[1].0);
+}

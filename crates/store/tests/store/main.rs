@@ -105,6 +105,7 @@ on_backends! {
         recovery::g2_g8_two_processes_race_finalize_and_recover,
         batch::a_failed_batch_writes_nothing,
         batch::a_turn_ended_by_its_finalize_reads_ended_without_its_own_row_write,
+        batch::g2_the_set_latch_answers_as_the_rules_do,
         fleet::g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once,
         fleet::g12_g8_the_former_owner_never_writes_a_released_or_adopted_session,
         fleet::g12_g2_a_released_session_nobody_adopts_is_reaped_once,
