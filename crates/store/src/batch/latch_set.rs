@@ -239,6 +239,11 @@ pub(super) fn spend<'b>(
 /// batch that names its session, committing no memory, carrying steps that
 /// chain from one state to the next by the lifecycle's moves.
 fn eligible(batch: &[LifecycleWrite]) -> Vec<Eligible<'_>> {
+    // Most batches that are not a teardown's have no finalize to decide.
+    let carrying = |w: &LifecycleWrite| matches!(w, LifecycleWrite::Finalize { plan, .. } if !plan.steps().is_empty());
+    if !batch.iter().any(carrying) {
+        return Vec::new();
+    }
     let mut named: HashMap<i64, u32> = HashMap::default();
     let mut name = |id: Option<settle_core::SessionId>| {
         if let Some(raw) = id.and_then(|id| sid(id).ok()) {

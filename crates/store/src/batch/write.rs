@@ -13,7 +13,7 @@ use crate::error::{Context, DbError, StoreError};
 use crate::rows::{
     bind, group_head, grouped, insert_rows, params, pieces, GroupHead, InList, Insert,
 };
-use crate::schema::{last_segments, sessions};
+use crate::schema::last_segments;
 use crate::time::{session_id, sid, to_millis};
 use crate::timeline::{Segment, Step};
 
@@ -26,6 +26,30 @@ impl Insert for TurnStart {
 params!(TurnStart, |r, out| bind!(out;
     BigInt => &r.session, BigInt => &r.no, BigInt => &r.at, BigInt => &0_i64,
     Nullable<Text> => &r.input, Nullable<BigInt> => &r.input_from));
+
+/// A registered session's row, as it is inserted: many per statement, with
+/// one text per row count that stays prepared (Diesel's own slice insert
+/// was parsed again in every batch).
+struct NewRow<'b> {
+    id: i64,
+    name: &'b str,
+    parent: Option<i64>,
+    tree: i64,
+    created_at: i64,
+    owner: i64,
+    resumed_from: Option<i64>,
+}
+
+impl Insert for NewRow<'_> {
+    const HEAD: &'static str = "INSERT INTO sessions \
+        (id, name, parent, tree, state, created_at, version, owner, resumed_from) VALUES ";
+    type Id = NewRow<'static>;
+}
+
+params!(NewRow<'b>, |r, out| bind!(out;
+    BigInt => &r.id, Text => r.name, Nullable<BigInt> => &r.parent, BigInt => &r.tree,
+    Text => State::Registered.as_str(), BigInt => &r.created_at, BigInt => &0_i64,
+    BigInt => &r.owner, Nullable<BigInt> => &r.resumed_from));
 
 pub(super) fn write_back(
     mut db: Db<'_>,
@@ -70,29 +94,24 @@ fn insert_sessions(mut db: Db<'_>, d: &mut Decided<'_>) -> Result<Vec<i64>, Stor
                 })),
         })
         .collect::<Result<Vec<i64>, StoreError>>()?;
-    let rows: Vec<_> = d
+    let rows: Vec<NewRow<'_>> = d
         .registrations
         .iter()
         .zip(&ids)
         .map(|(r, &id)| {
-            Ok((
-                sessions::id.eq(id),
-                sessions::name.eq(r.new.name.as_str()),
-                sessions::parent.eq(r.new.parent.map(sid).transpose()?),
-                sessions::tree.eq(r.tree.unwrap_or(id)),
-                sessions::state.eq(State::Registered.as_str()),
-                sessions::created_at.eq(to_millis(r.new.created_at)),
-                sessions::version.eq(0_i64),
-                sessions::owner.eq(r.new.owner.raw()?),
-                sessions::resumed_from.eq(r.new.resumed_from.map(sid).transpose()?),
-            ))
+            Ok(NewRow {
+                id,
+                name: r.new.name.as_str(),
+                parent: r.new.parent.map(sid).transpose()?,
+                tree: r.tree.unwrap_or(id),
+                created_at: to_millis(r.new.created_at),
+                owner: r.new.owner.raw()?,
+                resumed_from: r.new.resumed_from.map(sid).transpose()?,
+            })
         })
         .collect::<Result<_, StoreError>>()?;
     for part in pieces(&rows) {
-        on_db!(db.reborrow(), |c| diesel::insert_into(sessions::table)
-            .values(part)
-            .execute(c))
-        .context("registering sessions")?;
+        on_db!(db.reborrow(), |c| insert_rows!(c, part)).context("registering sessions")?;
     }
     for (r, &id) in d.registrations.iter().zip(&ids) {
         d.results[r.item] = Some(Ok(Applied::Registered(session_id(id))));
