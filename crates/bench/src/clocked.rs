@@ -127,6 +127,40 @@ impl<S> Clocked<S> {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(NEVER - 1)
     }
 
+    /// Counts `batch`'s writes and marks when its finalizes are handed to
+    /// the store and come back, around `apply` (the inner store's call).
+    async fn counted<F>(
+        &self,
+        batch: Vec<LifecycleWrite>,
+        apply: impl FnOnce(Vec<LifecycleWrite>) -> F,
+    ) -> Vec<Result<Applied, StoreError>>
+    where
+        F: std::future::Future<Output = Vec<Result<Applied, StoreError>>>,
+    {
+        self.count(Write::Batch);
+        let mut finalizes = false;
+        for write in &batch {
+            self.count(match write {
+                LifecycleWrite::Register(_) => Write::Register,
+                LifecycleWrite::Transition { .. } => Write::Transition,
+                LifecycleWrite::StartTurn { .. } => Write::StartTurn,
+                LifecycleWrite::EndTurn { .. } => Write::EndTurn,
+                LifecycleWrite::Finalize { .. } => {
+                    finalizes = true;
+                    Write::Finalize
+                }
+            });
+        }
+        if finalizes {
+            self.mark_handed();
+        }
+        let results = apply(batch).await;
+        if finalizes {
+            self.mark_committed();
+        }
+        results
+    }
+
     /// The marks, as offsets from `from`.
     pub fn marks(&self, from: Instant) -> FinalizeMarks {
         let offset = from.saturating_duration_since(self.base);
@@ -167,28 +201,18 @@ impl<S: SessionStore> SessionStore for Clocked<S> {
     }
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
-        self.count(Write::Batch);
-        let mut finalizes = false;
-        for write in &batch {
-            self.count(match write {
-                LifecycleWrite::Register(_) => Write::Register,
-                LifecycleWrite::Transition { .. } => Write::Transition,
-                LifecycleWrite::StartTurn { .. } => Write::StartTurn,
-                LifecycleWrite::EndTurn { .. } => Write::EndTurn,
-                LifecycleWrite::Finalize { .. } => {
-                    finalizes = true;
-                    Write::Finalize
-                }
-            });
-        }
-        if finalizes {
-            self.mark_handed();
-        }
-        let results = self.inner.apply(batch).await;
-        if finalizes {
-            self.mark_committed();
-        }
-        results
+        self.counted(batch, |batch| self.inner.apply(batch)).await
+    }
+
+    /// The kernel writes as its owner: the same path as the timed rounds
+    /// (the store's set-wise latch is taken only for a writer's batch).
+    async fn apply_as(
+        &self,
+        writer: OwnerId,
+        batch: Vec<LifecycleWrite>,
+    ) -> Vec<Result<Applied, StoreError>> {
+        self.counted(batch, |batch| self.inner.apply_as(writer, batch))
+            .await
     }
 
     fn applies_in_order(&self) -> bool {
