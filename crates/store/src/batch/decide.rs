@@ -105,8 +105,13 @@ pub(super) fn decide<'b>(
                             return Applied::Finalized(Finalized::AlreadyFinalized);
                         };
                         sim.changed = true;
-                        if ended {
-                            ends_with_its_session(&mut d, raw, sim, at);
+                        // Its turn's end, said by the row alone, is not written
+                        // on its own (it was the last turn end pushed).
+                        let said = plan.turn_end.as_ref().is_some_and(|end| {
+                            super::ends_with_its_session(end, plan, sim.live.outcome)
+                        });
+                        if ended && said {
+                            d.turn_ends.pop();
                         }
                         if let Some(no) = spent.interrupted {
                             // Close the turn still open, so its work can write no more.
@@ -226,28 +231,6 @@ fn carried<'b>(
         }
     }
     (refused, ended)
-}
-
-/// A turn ended by the finalize that carried its end (the last of
-/// `d.turn_ends`) is left without an end of its own when the session's row
-/// says it all: it ended at the finalize's moment `at`, with the session's
-/// outcome, and failed with no error. Its row is then not written: a
-/// finalized session's turn that has no end ended with its session (see
-/// [`turn_row`](crate::read::turn_row)), and the session's end is one row
-/// write. A completed turn keeps its own end: memory is committed from the
-/// turns whose rows say completed (G7).
-fn ends_with_its_session(d: &mut Decided<'_>, raw: i64, sim: &Sim, at: i64) {
-    let folds = d.turn_ends.last().is_some_and(|end| {
-        end.session == raw
-            && end.at == at
-            && end.error_kind.is_none()
-            && end.error_message.is_none()
-            && end.outcome != Outcome::Completed.as_str()
-            && sim.live.outcome.map(Outcome::as_str) == Some(end.outcome)
-    });
-    if folds {
-        d.turn_ends.pop();
-    }
 }
 
 /// What the batch knows of turn `no`: what it read or wrote, else the turn

@@ -213,14 +213,9 @@ pub(super) fn spend<'b>(
         ))));
         let plan = e.plan;
         if let Some(end) = &plan.turn_end {
+            // The session's row says it all, or the turn's row is written.
             let outcome = plan.outcome.unwrap_or(end.outcome);
-            // The session's row says it all (`ends_with_its_session`), or
-            // the turn's row is written.
-            let folds = end.error.is_none()
-                && end.outcome != Outcome::Completed
-                && outcome == end.outcome
-                && to_millis(end.at) == to_millis(plan.at);
-            if !folds {
+            if !super::ends_with_its_session(end, plan, Some(outcome)) {
                 latched.turn_ends.push(super::TurnEnd {
                     session: e.id,
                     no: i64::from(end.no),

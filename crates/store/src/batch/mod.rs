@@ -54,10 +54,11 @@ use settle_core::{Cause, Outcome, SessionId, State, TurnError};
 use crate::conn::Db;
 use crate::error::StoreError;
 use crate::input::TurnInput;
-use crate::latch::{memory_step, FinalizeRequest, Finalized};
+use crate::latch::{memory_step, FinalizeRequest, Finalized, TurnEnding};
 use crate::lease::{store_now, OwnerId};
 use crate::rules::Live;
 use crate::session::NewSession;
+use crate::time::to_millis;
 
 /// Maps keyed by database ids: foldhash, not SipHash, on this hot path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -261,6 +262,24 @@ impl Decided<'_> {
         self.formatted.push((cause, at.clone()));
         at
     }
+}
+
+/// Whether the end of a turn that `plan` carries says no more than the
+/// finalized session's row will, whose outcome is `session_outcome`: it
+/// ended at the finalize's moment, with that outcome, and no error. Its
+/// turn's row is then not written: a finalized session's turn that has no
+/// end ended with its session (see [`turn_row`](crate::read::turn_row)),
+/// and the session's end is one row write. A completed turn keeps its own
+/// end: memory is committed from the turns whose rows say completed (G7).
+fn ends_with_its_session(
+    end: &TurnEnding,
+    plan: &FinalizeRequest,
+    session_outcome: Option<Outcome>,
+) -> bool {
+    end.error.is_none()
+        && end.outcome != Outcome::Completed
+        && session_outcome == Some(end.outcome)
+        && to_millis(end.at) == to_millis(plan.at)
 }
 
 /// Apply `batch` in one transaction, as `writer` when it is given (each

@@ -722,18 +722,9 @@ pub(crate) fn a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_
                 error: None,
                 at,
             });
-        let finalize = LifecycleWrite::Finalize {
-            session: together,
-            plan,
-        };
-        let results = store.apply(vec![finalize]).await;
-        match &results[..] {
-            [Ok(Applied::Finalized(Finalized::Won(report)))] => {
-                assert!(report.refused.is_empty(), "{report:?}");
-                assert_eq!(report.interrupted_turn, None, "its turn was ended first");
-            }
-            other => panic!("one answer, won: {other:?}"),
-        }
+        let report = won_alone(&*store, together, plan).await;
+        assert!(report.refused.is_empty(), "{report:?}");
+        assert_eq!(report.interrupted_turn, None, "its turn was ended first");
         let (a, t) = (
             store.session_detail(apart).await.unwrap(),
             store.session_detail(together).await.unwrap(),
@@ -772,33 +763,23 @@ pub(crate) fn a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_
                 error: None,
                 at,
             });
-        let results = store
-            .apply(vec![LifecycleWrite::Finalize {
-                session: third,
-                plan,
-            }])
-            .await;
-        match &results[..] {
-            [Ok(Applied::Finalized(Finalized::Won(report)))] => {
-                assert!(
-                    matches!(
-                        &report.refused[..],
-                        [
-                            StoreError::StateMismatch {
-                                expected: State::Cancelling,
-                                found: State::Running,
-                                ..
-                            },
-                            StoreError::UnknownTurn { turn: 7, .. },
-                        ]
-                    ),
-                    "{:?}",
-                    report.refused
-                );
-                assert_eq!(report.interrupted_turn, Some(1), "turn 1 was still open");
-            }
-            other => panic!("one answer, won: {other:?}"),
-        }
+        let report = won_alone(&*store, third, plan).await;
+        assert!(
+            matches!(
+                &report.refused[..],
+                [
+                    StoreError::StateMismatch {
+                        expected: State::Cancelling,
+                        found: State::Running,
+                        ..
+                    },
+                    StoreError::UnknownTurn { turn: 7, .. },
+                ]
+            ),
+            "{:?}",
+            report.refused
+        );
+        assert_eq!(report.interrupted_turn, Some(1), "turn 1 was still open");
         let d = store.session_detail(third).await.unwrap();
         assert_eq!(d.session.end_reason, Some(EndReason::UserClose));
         assert_eq!(d.turns[0].outcome, Some(Outcome::Interrupted));
@@ -814,23 +795,15 @@ pub(crate) fn a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_
             error: None,
             at,
         });
-        let results = store
-            .apply(vec![LifecycleWrite::Finalize {
-                session: fourth,
-                plan,
-            }])
-            .await;
-        match &results[..] {
-            [Ok(Applied::Finalized(Finalized::Won(report)))] => assert!(
-                matches!(
-                    &report.refused[..],
-                    [StoreError::TurnClosed { turn: 1, .. }]
-                ),
-                "{:?}",
-                report.refused
+        let report = won_alone(&*store, fourth, plan).await;
+        assert!(
+            matches!(
+                &report.refused[..],
+                [StoreError::TurnClosed { turn: 1, .. }]
             ),
-            other => panic!("one answer, won: {other:?}"),
-        }
+            "{:?}",
+            report.refused
+        );
         let d4 = store.session_detail(fourth).await.unwrap();
         assert_eq!(d4.turns[0].outcome, Some(Outcome::Completed));
 
@@ -858,6 +831,21 @@ pub(crate) fn a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_
             d.timeline
         );
     });
+}
+
+/// Applies `plan` as `session`'s finalize alone; its report, once it won.
+async fn won_alone(
+    store: &dyn SessionStore,
+    session: SessionId,
+    plan: FinalizeRequest,
+) -> settle_store::FinalizeReport {
+    let results = store
+        .apply(vec![LifecycleWrite::Finalize { session, plan }])
+        .await;
+    match &results[..] {
+        [Ok(Applied::Finalized(Finalized::Won(report)))] => report.clone(),
+        other => panic!("one answer, won: {other:?}"),
+    }
 }
 
 /// `at` as the store keeps it: whole milliseconds.
