@@ -42,9 +42,12 @@
 //!
 //! Lifecycle writes are group-committed too: [`SessionStore::apply`] applies
 //! its batch in one transaction with multi-row statements. The timeline
-//! keeps the transitions one session gets from one batch in one segment,
-//! and a session's last segment (the one its finalize writes) in its own
-//! row, so a teardown writes two rows per session: its own and its turn's.
+//! keeps the transitions one session gets from one batch in one segment;
+//! a session's last segment (the one its finalize writes) is named from its
+//! row, shared by the sessions a batch ended alike, and a turn whose end
+//! the finalize carried ends with the session's row. So a teardown writes
+//! one row per session, its own, in a conditional update per set of
+//! sessions that reads nothing first (G2 still holds row by row).
 //!
 //! [`MemoryStore`] keeps the same rules in memory and answers at once, for
 //! tests under tokio's paused clock and for benchmarks that stub the store out.
