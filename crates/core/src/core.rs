@@ -167,7 +167,8 @@ impl Core {
                 parent,
                 turns,
                 last_outcome,
-            } => self.adopt(now, session, parent, turns, last_outcome),
+                holds,
+            } => self.adopt(now, session, parent, turns, last_outcome, holds),
         };
         if !self.interrupts.is_empty() {
             self.interrupt_delegations(now);

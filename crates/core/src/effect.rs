@@ -1,7 +1,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::{BudgetLimit, CancelMode, EndReason, Outcome, SessionId, State, WorkId};
+use crate::{BudgetLimit, CancelMode, EndReason, Holds, Outcome, SessionId, State, WorkId};
 
 /// An output of the core: an order for the driver, to execute as it says.
 ///
@@ -176,6 +176,8 @@ pub struct HandOff {
     pub turns: u32,
     /// How its last turn ended, if it ran any.
     pub last_outcome: Option<Outcome>,
+    /// Its holds (SPEC §5), for the adopter to keep.
+    pub holds: Holds,
 }
 
 /// The finalize plan for one session (SPEC §4).

@@ -265,6 +265,9 @@ pub enum Event {
         turns: u32,
         /// How its last turn ended.
         last_outcome: Option<Outcome>,
+        /// The holds it had when it was released (SPEC §5): held, it is
+        /// reclaimable by no automatic path here either.
+        holds: Holds,
     },
 }
 
@@ -280,6 +283,33 @@ pub enum Hold {
     PendingInput,
     /// A delegation to another session that is still outstanding.
     Delegation,
+}
+
+/// How many holds of each kind a session has (SPEC §5): none makes it
+/// reclaimable by no automatic path. A handoff carries them to the process
+/// that adopts the session ([`HandOff`](crate::HandOff),
+/// [`Event::Adopt`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Holds {
+    /// Input it asked a person for ([`Hold::PendingInput`]).
+    pub pending_input: u16,
+    /// Delegations still outstanding ([`Hold::Delegation`]).
+    pub delegation: u16,
+}
+
+impl Holds {
+    /// Whether it has no hold.
+    pub fn is_empty(&self) -> bool {
+        self.pending_input == 0 && self.delegation == 0
+    }
+
+    /// The count of `hold`'s kind.
+    pub(crate) fn slot(&mut self, hold: Hold) -> &mut u16 {
+        match hold {
+            Hold::PendingInput => &mut self.pending_input,
+            Hold::Delegation => &mut self.delegation,
+        }
+    }
 }
 
 /// The automatic reclaim paths that can be run on demand.

@@ -118,7 +118,7 @@ pub use effect::{
     Cause, Effect, Finalize, FinalizeStep, HandOff, Move, ShutdownSummary, Transition, Transitions,
 };
 pub use error::{Error, Handled};
-pub use event::{Event, Hold, Sweep};
+pub use event::{Event, Hold, Holds, Sweep};
 pub use id::{SessionId, WorkId, WorkKind};
 pub use policy::Policy;
 pub use view::SessionView;

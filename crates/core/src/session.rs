@@ -2,7 +2,7 @@ use std::time::Instant;
 
 use crate::budget::Spent;
 use crate::deadlines::IdleMark;
-use crate::{CancelMode, EndReason, Hold, Outcome, SessionId, State, WorkId, WorkKind};
+use crate::{CancelMode, EndReason, Holds, Outcome, SessionId, State, WorkId, WorkKind};
 
 /// The core's record of one session. Kept small: an idle session costs a few
 /// hundred bytes (SPEC §9).
@@ -228,25 +228,6 @@ impl Work {
     /// The stream is attached and nobody closed it or asked for it to be closed.
     pub fn stream_needs_close(&self) -> bool {
         self.stream_attached && !self.stream_closed && !self.close_sent
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Holds {
-    pub pending_input: u16,
-    pub delegation: u16,
-}
-
-impl Holds {
-    pub fn is_empty(&self) -> bool {
-        self.pending_input == 0 && self.delegation == 0
-    }
-
-    pub fn slot(&mut self, hold: Hold) -> &mut u16 {
-        match hold {
-            Hold::PendingInput => &mut self.pending_input,
-            Hold::Delegation => &mut self.delegation,
-        }
     }
 }
 

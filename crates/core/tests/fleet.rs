@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use settle_core::{Core, Effect, EndReason, Event, Outcome, Policy, SessionId, State, WorkId};
+use settle_core::{
+    Core, Effect, EndReason, Event, Holds, Outcome, Policy, SessionId, State, WorkId,
+};
 
 const NODES: usize = 2;
 const TTL_MS: u64 = 300;
@@ -61,6 +63,8 @@ struct Row {
     finalized: Option<EndReason>,
     turns: u32,
     last_outcome: Option<Outcome>,
+    /// What a released row holds it open for (carried to its adopter).
+    holds: Holds,
 }
 
 struct Node {
@@ -190,6 +194,7 @@ impl Fleet {
                 assert_eq!(h.last_outcome, row.last_outcome);
                 row.owner = None;
                 row.released_at = Some(now);
+                row.holds = h.holds;
             }
             Effect::ShutdownComplete(_) => self.nodes[n].done = true,
             _ => {}
@@ -229,6 +234,7 @@ impl Fleet {
                             finalized: None,
                             turns: 0,
                             last_outcome: None,
+                            holds: Holds::default(),
                         },
                     );
                 }
@@ -301,6 +307,7 @@ impl Fleet {
                     parent: None,
                     turns: row.turns,
                     last_outcome: row.last_outcome,
+                    holds: row.holds,
                 };
                 if self.input(n, event).is_err() {
                     // Refused (a shutdown began): released again at once.
@@ -315,7 +322,9 @@ impl Fleet {
                 for row in self.rows.values_mut() {
                     // Reaped only while released, in the same step (G3).
                     let due = row.released_at.is_some_and(|at| at + TTL_MS <= now);
-                    if row.owner.is_none() && row.finalized.is_none() && due {
+                    // A held row is not idle: its adopter ends it (G3).
+                    let idle = row.holds.is_empty();
+                    if row.owner.is_none() && row.finalized.is_none() && due && idle {
                         row.finalized = Some(EndReason::IdleReap);
                     }
                 }

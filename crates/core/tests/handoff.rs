@@ -7,7 +7,8 @@
 mod support;
 
 use settle_core::{
-    Effect, EndReason, Error, Event, HandOff, Handled, Outcome, Policy, SessionId, State, WorkId,
+    Effect, EndReason, Error, Event, HandOff, Handled, Hold, Holds, Outcome, Policy, SessionId,
+    State, Sweep, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -49,7 +50,8 @@ fn g12_a_handoff_releases_idle_sessions_and_drains_running_turns_first() {
         vec![HandOff {
             session: idle,
             turns: 1,
-            last_outcome: Some(Outcome::Completed)
+            last_outcome: Some(Outcome::Completed),
+            holds: Holds::default(),
         }]
     );
     assert!(h.finalized().is_empty());
@@ -98,7 +100,8 @@ fn g12_a_turn_that_cannot_finish_in_the_drain_is_cancelled_settled_then_released
         vec![HandOff {
             session: s,
             turns: 1,
-            last_outcome: Some(Outcome::Cancelled)
+            last_outcome: Some(Outcome::Cancelled),
+            holds: Holds::default(),
         }]
     );
     assert!(h.finalized().is_empty());
@@ -183,6 +186,7 @@ fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
         parent: Some(SessionId(3)),
         turns: 2,
         last_outcome: Some(Outcome::Completed),
+        holds: Holds::default(),
     });
     assert_eq!(h.state(s), State::Registered);
     // Its parent lives elsewhere: a root here.
@@ -199,7 +203,8 @@ fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
             session: s,
             parent: None,
             turns: 2,
-            last_outcome: None
+            last_outcome: None,
+            holds: Holds::default(),
         }),
         Err(Error::DuplicateSession(s))
     );
@@ -216,6 +221,7 @@ fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
         parent: None,
         turns: 4,
         last_outcome: None,
+        holds: Holds::default(),
     });
     assert_eq!(
         h.try_ev(Event::Withdraw { session: s }),
@@ -229,8 +235,79 @@ fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
             session: SessionId(10),
             parent: None,
             turns: 0,
-            last_outcome: None
+            last_outcome: None,
+            holds: Holds::default(),
         }),
         Err(Error::ShuttingDown)
     );
+}
+
+/// G3, G12: a held session keeps its holds across a handoff. Released at
+/// the end of the drain (a held one waits for it), its holds go with it;
+/// adopted with them, no automatic path takes it (no idle reap, no orphan
+/// reap while no transport is attached) until the last hold is released.
+#[test]
+fn g3_g12_a_held_session_is_released_with_its_holds_and_adopted_held() {
+    let mut h = Harness::quiet();
+    let held = h.register(1, None);
+    let kinds = [Hold::PendingInput, Hold::Delegation];
+    for hold in kinds {
+        h.ev(Event::Hold {
+            session: held,
+            hold,
+        });
+    }
+    h.ev(Event::BeginHandoff { drain: SEC });
+    assert!(
+        handed_off(&h).is_empty(),
+        "a held session waits for the drain"
+    );
+    h.tick(SEC);
+    let holds = Holds {
+        pending_input: 1,
+        delegation: 1,
+    };
+    assert_eq!(
+        handed_off(&h),
+        vec![HandOff {
+            session: held,
+            turns: 0,
+            last_outcome: None,
+            holds,
+        }]
+    );
+
+    // Another process adopts it, held, with every reclaim path armed.
+    let mut there = Harness::with(
+        Policy::default()
+            .idle_ttl(Some(10 * SEC))
+            .orphan_grace(SEC)
+            .lru_cap(None),
+    );
+    there.ev(Event::Adopt {
+        session: held,
+        parent: None,
+        turns: 0,
+        last_outcome: None,
+        holds,
+    });
+    there.ev(Event::TransportAttached {
+        session: held,
+        close_on_disconnect: false,
+    });
+    there.ev(Event::TransportDetached { session: held });
+    there.advance(60 * SEC);
+    there.ev(Event::Sweep(Sweep::Idle));
+    there.ev(Event::Sweep(Sweep::Orphan));
+    assert!(there.finalized().is_empty(), "G3: held, never reaped");
+    assert_eq!(there.state(held), State::Registered);
+    // Its holds end there: then it is reclaimable as any idle session.
+    for hold in kinds {
+        there.ev(Event::Release {
+            session: held,
+            hold,
+        });
+    }
+    there.advance(60 * SEC);
+    assert_eq!(there.finalized().len(), 1, "reclaimed once no hold is left");
 }

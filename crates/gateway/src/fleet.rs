@@ -126,8 +126,10 @@ impl Shared {
     /// Serves `adoption` here: its principal's, with its conversation.
     async fn serve_adopted(self: &Arc<Self>, adoption: Adoption) -> Arc<Entry> {
         let id = adoption.session.id();
+        let holds = adoption.holds;
+        let held = usize::from(holds.pending_input) + usize::from(holds.delegation);
         self.owners
-            .adopted(principal_of(adoption.principal.as_deref()), id);
+            .adopted(principal_of(adoption.principal.as_deref()), id, held);
         tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
         let entry = self.adopt(adoption.session);
         *entry.conversation.lock().await = adoption.history;

@@ -145,12 +145,16 @@ impl Owners {
 
     /// Session `id`, adopted from another process of the fleet, belongs to
     /// `principal`, as the store recorded where it was created (SPEC §12).
-    /// Counted as one of its live sessions, past its limit if need be: the
-    /// session exists already.
-    pub fn adopted(&self, principal: Principal, id: SessionId) {
+    /// Counted as one of its live sessions, and the `holds` it came with as
+    /// its holds, past its limits if need be: they exist already.
+    pub fn adopted(&self, principal: Principal, id: SessionId, holds: usize) {
         let mut inner = self.inner();
         if inner.sessions.contains_key(&id) {
             return;
+        }
+        if holds > 0 {
+            *inner.held.entry(principal.clone()).or_default() += holds;
+            inner.holds.insert(id, (principal.clone(), holds));
         }
         *inner.live.entry(principal.clone()).or_default() += 1;
         inner.sessions.insert(
@@ -304,5 +308,21 @@ mod tests {
         assert!(owners.reserve(&a, Some(2)).is_ok());
         assert!(!owners.may_use(&b, SessionId(1)));
         assert!(owners.may_use(&a, SessionId(1)));
+    }
+
+    #[test]
+    fn an_adopted_sessions_holds_count_as_its_principals_until_released() {
+        let tokens = Tokens::parse("a aaaaaaaaaaaaaaaa\n").unwrap();
+        let a = principal(&tokens, "aaaaaaaaaaaaaaaa");
+        let owners = Owners::default();
+        owners.adopted(a.clone(), SessionId(7), 2);
+        assert!(owners.may_use(&a, SessionId(7)));
+        assert_eq!(owners.reserve_hold(&a, Some(2)).err(), Some(2));
+        owners.released_hold(SessionId(7));
+        owners.reserve_hold(&a, Some(2)).unwrap().keep(SessionId(8));
+        assert_eq!(owners.reserve_hold(&a, Some(2)).err(), Some(2));
+        // Finalized: its hold's place is back.
+        owners.finished(SessionId(7));
+        assert!(owners.reserve_hold(&a, Some(2)).is_ok());
     }
 }

@@ -423,6 +423,7 @@ impl Driver {
             parent: adopted.parent,
             turns: adopted.turns,
             last_outcome: adopted.last_outcome,
+            holds: adopted.holds,
         };
         match self.core.handle(self.now, event) {
             Err(refused) => {
@@ -678,6 +679,7 @@ impl Driver {
                     let at = self.wall_now;
                     self.recorder.push(Record::Release {
                         session: handoff.session,
+                        holds: handoff.holds,
                         at,
                     });
                 }

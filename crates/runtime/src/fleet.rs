@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use settle_core::SessionId;
+use settle_core::{Holds, SessionId};
 use settle_store::{Adopted, OwnerId, PeerRelease, SessionStore, StoreError, Whereabouts};
 use settle_stream::{Message, ToolCall};
 use tokio::sync::oneshot;
@@ -38,6 +38,10 @@ pub struct Adoption {
     pub principal: Option<String>,
     /// Turns it ran elsewhere (its next turn is `turns + 1`).
     pub turns: u32,
+    /// The holds it was released with, kept here (SPEC §5: no automatic
+    /// path takes it until they are released through
+    /// [`SessionHandle::release`]); none when its owner crashed.
+    pub holds: Holds,
     /// The rest of its tree, adopted with it (parents before children): a
     /// tree moves whole, so that closing a parent here winds its children
     /// down here first (G1). Empty in each of them.
@@ -120,9 +124,10 @@ impl Kernel {
         tree.insert(at, adopted);
         let mut taken = Vec::with_capacity(tree.len());
         let mut refused: Vec<SessionId> = Vec::new();
+        let mut again = Vec::new();
         let mut asked_refused = None;
         for member in tree {
-            let id = member.session;
+            let (id, holds) = (member.session, member.holds);
             // Under a parent the core refused, it would be a root here.
             let orphaned = member.parent.is_some_and(|p| refused.contains(&p));
             let (principal, turns) = (member.principal.clone(), member.turns);
@@ -137,9 +142,10 @@ impl Kernel {
                 }
             };
             match answer {
-                Ok(shared) => taken.push((shared, principal, turns)),
+                Ok(shared) => taken.push((shared, principal, turns, holds)),
                 Err(error) => {
                     refused.push(id);
+                    again.push((id, holds));
                     if id == session {
                         asked_refused = Some(error);
                     }
@@ -147,13 +153,13 @@ impl Kernel {
             }
         }
         // Not taken on here: nobody else may wait for them.
-        release_again(self.store(), owner, refused, self.store_timeout()).await;
+        release_again(self.store(), owner, again, self.store_timeout()).await;
         if let Some(refused) = asked_refused {
             return Err(refused);
         }
         let mut asked = None;
         let mut with = Vec::with_capacity(taken.len().saturating_sub(1));
-        for (shared, principal, turns) in taken {
+        for (shared, principal, turns, holds) in taken {
             let id = shared.id;
             let detail = self
                 .fleet_call(
@@ -168,6 +174,7 @@ impl Kernel {
                 pending_tool_calls,
                 principal,
                 turns,
+                holds,
                 with: Vec::new(),
             };
             match id == session {
@@ -271,8 +278,8 @@ impl Kernel {
                 let store = self.store().clone();
                 tokio::spawn(async move {
                     let Ok(Ok(late)) = call.await else { return };
-                    let ids = std::iter::once(late.session)
-                        .chain(late.with.iter().map(|m| m.session))
+                    let ids = std::iter::once((late.session, late.holds))
+                        .chain(late.with.iter().map(|m| (m.session, m.holds)))
                         .collect();
                     release_again(&store, owner, ids, after).await;
                 });
@@ -298,17 +305,18 @@ impl Kernel {
     }
 }
 
-/// Releases again sessions this process adopted in the store but did not
-/// take on (the core refused them, or the adoption came after the caller
-/// gave up), each within `after`; a failure is logged.
+/// Releases again, with the holds they came with, sessions this process
+/// adopted in the store but did not take on (the core refused them, or the
+/// adoption came after the caller gave up), each within `after`; a failure
+/// is logged.
 async fn release_again(
     store: &Arc<dyn SessionStore>,
     owner: OwnerId,
-    ids: Vec<SessionId>,
+    ids: Vec<(SessionId, Holds)>,
     after: Duration,
 ) {
-    for id in ids {
-        let release = store.release(owner, id, SystemTime::now());
+    for (id, holds) in ids {
+        let release = store.release(owner, id, holds, SystemTime::now());
         let error = match tokio::time::timeout(after, release).await {
             Ok(Ok(())) => continue,
             Ok(Err(error)) => error.to_string(),

@@ -59,6 +59,7 @@ pub(crate) enum Record {
     /// every record before this one is applied.
     Release {
         session: settle_core::SessionId,
+        holds: settle_core::Holds,
         at: SystemTime,
     },
     /// Every session is finalized: answer the shutdown's waiters once every

@@ -12,13 +12,13 @@
 use std::time::{Duration, SystemTime};
 
 use diesel::prelude::*;
-use settle_core::{EndReason, Outcome, SessionId, State};
+use settle_core::{EndReason, Holds, Outcome, SessionId, State};
 
 use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::latch::{spend, Ending};
 use crate::lease::OwnerId;
-use crate::schema::{owners, session_principals, sessions, turns};
+use crate::schema::{owners, released_holds, session_principals, sessions, turns};
 use crate::time::{duration_millis, opt_word, session_id, sid, to_millis, turn_no, word};
 use crate::timeline::{record, Step};
 
@@ -56,6 +56,9 @@ pub struct Adopted {
     pub turns: u32,
     /// How its last turn ended.
     pub last_outcome: Option<Outcome>,
+    /// The holds it was released with (SPEC §5), for this process's core
+    /// to keep: none when its owner crashed (a crash loses its holds).
+    pub holds: Holds,
     /// Who may use it through a gateway, as recorded with
     /// [`SessionStore::set_principal`](crate::SessionStore::set_principal).
     pub principal: Option<String>,
@@ -175,11 +178,13 @@ pub(crate) fn locate(mut db: Db<'_>, id: SessionId) -> Result<Whereabouts, Store
     })
 }
 
-/// Release `id`, idle and owned by `me`, for another process to adopt.
+/// Release `id`, idle and owned by `me`, for another process to adopt,
+/// with its `holds` (kept for the adopter; held, it is not reaped).
 pub(crate) fn release(
     mut db: Db<'_>,
     me: OwnerId,
     id: SessionId,
+    holds: Holds,
     at: SystemTime,
 ) -> Result<(), StoreError> {
     let raw = sid(id)?;
@@ -225,6 +230,18 @@ pub(crate) fn release(
                 session: id,
                 owner: me,
             });
+        }
+        if !holds.is_empty() {
+            on_db!(db.reborrow(), |c| diesel::insert_into(
+                released_holds::table
+            )
+            .values((
+                released_holds::session.eq(raw),
+                released_holds::pending_input.eq(i64::from(holds.pending_input)),
+                released_holds::delegation.eq(i64::from(holds.delegation)),
+            ))
+            .execute(c))
+            .context("keeping a released session's holds")?;
         }
         let step = Step {
             at: to_millis(at),
@@ -449,18 +466,48 @@ fn adopt_one(
             .first(c))
         .context("counting a session's turns")?;
         let principal = principal_of(db.reborrow(), raw)?;
+        let holds = take_holds(db.reborrow(), raw)?;
         return Ok(Adopted {
             session: id,
             name: r.name,
             parent: r.parent.map(session_id),
             turns: turns.map(turn_no).transpose()?.unwrap_or(0),
             last_outcome: outcome,
+            holds,
             principal,
             interrupted_turn,
             with: Vec::new(),
         });
     }
     Err(StoreError::Unavailable)
+}
+
+/// The holds session `raw` was released with, taken off the store by its
+/// adopter (none: it was released with none, or its owner crashed).
+fn take_holds(mut db: Db<'_>, raw: i64) -> Result<Holds, StoreError> {
+    let kept: Option<(i64, i64)> = on_db!(db.reborrow(), |c| released_holds::table
+        .find(raw)
+        .select((released_holds::pending_input, released_holds::delegation))
+        .first(c)
+        .optional())
+    .context("reading a released session's holds")?;
+    let Some((pending_input, delegation)) = kept else {
+        return Ok(Holds::default());
+    };
+    on_db!(db, |c| diesel::delete(released_holds::table.find(raw))
+        .execute(c))
+    .context("taking a released session's holds")?;
+    // Written from `u16`s: a count out of range is the row's fault.
+    let count = |n: i64, column: &'static str| {
+        u16::try_from(n).map_err(|_| StoreError::Corrupt {
+            column,
+            value: n.to_string(),
+        })
+    };
+    Ok(Holds {
+        pending_input: count(pending_input, "released_holds.pending_input")?,
+        delegation: count(delegation, "released_holds.delegation")?,
+    })
 }
 
 /// Ends turn `no` of session `raw` `interrupted`, if it is still open.
@@ -565,14 +612,18 @@ pub(crate) fn release_expired(
 }
 
 /// Finalize `idle_reap`, once, every session released at least `ttl` ago
-/// (by the store's clock) that nobody adopted (G2: the latch is a
-/// compare-and-set on a row an adoption changes).
+/// (by the store's clock) that nobody adopted and nothing holds (G3: held,
+/// it waits for its adopter; G2: the latch is a compare-and-set on a row
+/// an adoption changes).
 pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<SessionId>, StoreError> {
     let now = crate::lease::store_now(db.reborrow())?;
     let before = now.saturating_sub(duration_millis(ttl));
     let due: Vec<(i64, i64)> = on_db!(db.reborrow(), |c| sessions::table
         .filter(sessions::released_at.le(before))
         .filter(sessions::state.eq(State::Registered.as_str()))
+        .filter(diesel::dsl::not(diesel::dsl::exists(
+            released_holds::table.filter(released_holds::session.eq(sessions::id))
+        )))
         .order(sessions::id.asc())
         .select((sessions::id, sessions::owner))
         .load(c))

@@ -182,5 +182,5 @@ pub use store::Store;
 pub use time::rfc3339;
 
 pub use settle_core::{
-    Cause, ChunkKind, EndReason, Outcome, SessionId, State, TurnError, TurnErrorKind,
+    Cause, ChunkKind, EndReason, Holds, Outcome, SessionId, State, TurnError, TurnErrorKind,
 };

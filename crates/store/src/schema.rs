@@ -5,7 +5,7 @@
 
 /// The schema version this build writes. A database that records a higher one
 /// was written by a newer settle and is refused on open.
-pub(crate) const SCHEMA_VERSION: i64 = 8;
+pub(crate) const SCHEMA_VERSION: i64 = 9;
 
 /// The `settle_meta` key that holds [`SCHEMA_VERSION`].
 pub(crate) const SCHEMA_VERSION_KEY: &str = "schema_version";
@@ -61,6 +61,16 @@ diesel::table! {
     last_segments (id) {
         id -> BigInt,
         steps -> Text,
+    }
+}
+
+diesel::table! {
+    /// The holds of a session released while held (schema version 9,
+    /// SPEC §12), until a process adopts it.
+    released_holds (session) {
+        session -> BigInt,
+        pending_input -> BigInt,
+        delegation -> BigInt,
     }
 }
 
@@ -124,6 +134,7 @@ diesel::joinable!(sessions -> owners (owner));
 diesel::joinable!(timeline -> sessions (session));
 diesel::joinable!(memories -> sessions (session));
 diesel::joinable!(session_principals -> sessions (session));
+diesel::joinable!(released_holds -> sessions (session));
 
 diesel::allow_tables_to_appear_in_same_query!(
     settle_meta,
@@ -134,4 +145,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     timeline,
     memories,
     session_principals,
+    released_holds,
 );

@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{SessionId, State};
+use settle_core::{Holds, SessionId, State};
 
 use crate::batch::{Applied, LifecycleWrite};
 use crate::chunk::{ChunkReceipt, NewChunk};
@@ -155,16 +155,18 @@ pub trait SessionStore: Send + Sync {
 
     /// Release `session`, idle (`registered`, no open turn) and owned by
     /// `owner`, for another process to adopt: no owner, timeline cause
-    /// `handoff`. Refused with [`StoreError::HandedOff`] when `owner` does
+    /// `handoff`. Its `holds` are kept for its adopter
+    /// ([`Adopted::holds`]); held, it is not reaped as idle. Refused with [`StoreError::HandedOff`] when `owner` does
     /// not own it, [`StoreError::StateMismatch`] when it is not idle,
     /// [`StoreError::LeaseLost`] once `owner`'s lease expired.
     async fn release(
         &self,
         owner: OwnerId,
         session: SessionId,
+        holds: Holds,
         at: SystemTime,
     ) -> Result<(), StoreError> {
-        let _ = (owner, session, at);
+        let _ = (owner, session, holds, at);
         Err(StoreError::Unsupported("handing sessions off"))
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_core::{SessionId, State};
+use settle_core::{Holds, SessionId, State};
 
 use crate::batch::{Applied, LifecycleWrite};
 use crate::checkpoint::Checkpointer;
@@ -316,9 +316,10 @@ impl SessionStore for Store {
         &self,
         owner: OwnerId,
         session: SessionId,
+        holds: Holds,
         at: SystemTime,
     ) -> Result<(), StoreError> {
-        self.write(move |db| crate::fleet::release(db, owner, session, at))
+        self.write(move |db| crate::fleet::release(db, owner, session, holds, at))
             .await
     }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::Core;
 use crate::answer::Asks;
 use crate::session::{Intent, Session};
-use crate::{Cause, Effect, Error, HandOff, Handled, Outcome, SessionId};
+use crate::{Cause, Effect, Error, HandOff, Handled, Holds, Outcome, SessionId};
 
 impl Core {
     /// Whether `id` is to be released, not finalized, once it is idle: a
@@ -49,6 +49,7 @@ impl Core {
             session: id,
             turns: s.turns,
             last_outcome: s.last_outcome,
+            holds: s.holds,
         }));
     }
 
@@ -60,6 +61,7 @@ impl Core {
         parent: Option<SessionId>,
         turns: u32,
         last_outcome: Option<Outcome>,
+        holds: Holds,
     ) -> Result<Handled, Error> {
         if self.sessions.contains_key(&id) || self.forgotten.contains(id) {
             return Err(Error::DuplicateSession(id));
@@ -74,6 +76,8 @@ impl Core {
         s.turns = turns;
         s.entry_turns = turns;
         s.last_outcome = last_outcome;
+        // Held where it was, held here: no automatic path takes it (G3).
+        s.holds = holds;
         self.enter(now, id, s, victims, Cause::Adopted)?;
         self.handed_off.remove(&id);
         Ok(Handled::Applied)

@@ -384,10 +384,15 @@ impl Model {
         if let Some(shutdown) = self.shutdown.as_mut() {
             shutdown.summary.released.push(SessionId(id));
         }
+        let count = |n: u32| u16::try_from(n).unwrap_or(u16::MAX);
         self.orders.push(Effect::HandOff(HandOff {
             session: SessionId(id),
             turns: s.turns,
             last_outcome: s.last_outcome,
+            holds: settle_core::Holds {
+                pending_input: count(s.holds[slot(Hold::PendingInput)]),
+                delegation: count(s.holds[slot(Hold::Delegation)]),
+            },
         }));
     }
 
@@ -829,6 +834,7 @@ impl Model {
                 parent,
                 turns,
                 last_outcome,
+                holds: (pending_input, delegation),
             } => {
                 if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
                     return Err(Error::DuplicateSession(SessionId(session)));
@@ -858,6 +864,8 @@ impl Model {
                         entry_turns: turns,
                         last_outcome,
                         budgeted,
+                        // Held where it was, held here (G3).
+                        holds: [u32::from(pending_input), u32::from(delegation)],
                         ..RefSession::new(parent, now)
                     },
                 );

@@ -85,6 +85,8 @@ pub enum Step {
         parent: Option<u64>,
         turns: u32,
         last_outcome: Option<Outcome>,
+        /// The holds it was released with: input, delegation.
+        holds: (u16, u16),
     },
     /// The fake clock moves on; the driver wakes the core if it is due.
     Tick {
@@ -205,11 +207,16 @@ impl Step {
                 parent,
                 turns,
                 last_outcome,
+                holds: (pending_input, delegation),
             } => Event::Adopt {
                 session: sid(session),
                 parent: parent.map(sid),
                 turns,
                 last_outcome,
+                holds: settle_core::Holds {
+                    pending_input,
+                    delegation,
+                },
             },
             Step::Tick { .. } | Step::Forget(_) => return None,
         })
@@ -405,18 +412,26 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     ];
     let mut adopt_parents = vec![None, Some(next + 1000)];
     adopt_parents.extend(startable.iter().copied().map(Some));
+    let holds = prop_oneof![
+        3 => Just((0u16, 0u16)),
+        1 => (0u16..2, 0u16..2),
+    ];
     let adopt = (
         prop_oneof![4 => Just(next), 1 => select(adoptable)],
         select(adopt_parents),
         0u32..4,
         last,
+        holds,
     )
-        .prop_map(|(session, parent, turns, last_outcome)| Step::Adopt {
-            session,
-            parent,
-            turns,
-            last_outcome,
-        });
+        .prop_map(
+            |(session, parent, turns, last_outcome, holds)| Step::Adopt {
+                session,
+                parent,
+                turns,
+                last_outcome,
+                holds,
+            },
+        );
     choices.push((if shutting_down { 1 } else { 4 }, adopt.boxed()));
     if !model.handed_off.is_empty() {
         // Whatever a late caller still asks of a session handed off.

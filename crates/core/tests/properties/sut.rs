@@ -280,10 +280,18 @@ impl StateMachineTest for CoreUnderTest {
                 session,
                 turns,
                 last_outcome,
+                holds: (pending_input, delegation),
                 ..
             },
         ) = (&answer, &step)
         {
+            // It comes with the holds it was released with (G3).
+            for (hold, n) in [
+                (Hold::PendingInput, *pending_input),
+                (Hold::Delegation, *delegation),
+            ] {
+                sut.seen.holds.insert((*session, hold), u32::from(n));
+            }
             // Its record starts again here (a withdrawn id may come back).
             match last_outcome {
                 Some(outcome) => sut.seen.last_turn.insert(*session, *outcome),

@@ -4,23 +4,23 @@
 
 use std::time::SystemTime;
 
-use settle_core::SessionId;
+use settle_core::{Holds, SessionId};
 
 use super::Recorder;
 use crate::event::LifecycleEvent;
 
 impl Recorder {
-    /// Releases `session`. A release the store did not commit leaves the
+    /// Releases `session` with its `holds`. A release the store did not commit leaves the
     /// session owned by this process: once its lease expires, a live peer
     /// releases it (or `settle recover` finalizes it).
-    pub(super) async fn release(&mut self, session: SessionId, at: SystemTime) {
+    pub(super) async fn release(&mut self, session: SessionId, holds: Holds, at: SystemTime) {
         // Its row must be as the core left it (idle) before it is released:
         // the writes a store blip left waiting land first, within the
         // shutdown's budget.
         if !self.retries.is_empty() {
             self.settle_retries().await;
         }
-        let call = self.store.release(self.owner, session, at);
+        let call = self.store.release(self.owner, session, holds, at);
         let released = match self.bounded(call).await {
             Ok(()) => {
                 self.report.released.push(session);

@@ -200,7 +200,7 @@ impl Recorder {
                 }
                 self.flush().await;
             }
-            Record::Release { session, at } => self.release(session, at).await,
+            Record::Release { session, holds, at } => self.release(session, holds, at).await,
             Record::ShutdownComplete { summary, waiters } => {
                 self.settle_retries().await;
                 self.complete_shutdown(summary, waiters).await;

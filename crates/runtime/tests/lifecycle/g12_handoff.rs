@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_runtime::{EndReason, Kernel, Outcome, RuntimeError, SessionId, State, TurnRequest};
+use settle_runtime::{
+    EndReason, Handled, Hold, Kernel, Outcome, RuntimeError, SessionId, State, TurnRequest,
+};
 use settle_store::{SessionStore, Store, StoreError, Whereabouts};
 use settle_stream::{Message, Role};
 
@@ -300,9 +302,10 @@ impl SessionStore for SlowAdopt {
         &self,
         owner: settle_store::OwnerId,
         session: SessionId,
+        holds: settle_core::Holds,
         at: std::time::SystemTime,
     ) -> Result<(), StoreError> {
-        self.inner.release(owner, session, at).await
+        self.inner.release(owner, session, holds, at).await
     }
     async fn adopt(
         &self,
@@ -367,4 +370,70 @@ async fn g12_an_adoption_the_store_commits_after_its_timeout_is_released_again_n
     assert_eq!(adopted.session.id(), idle.id());
     b.shutdown(Duration::ZERO).await;
     c.shutdown(Duration::ZERO).await;
+}
+
+/// G3 across a handoff: a session that waits on a person is released with
+/// its hold, and no automatic path takes it, neither the fleet's reap of
+/// released sessions nor the adopter's own reclaims (here its LRU cap),
+/// until its new owner ends the hold.
+#[tokio::test]
+async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
+    let a = node(&store, "ws://a/ws").await;
+    let held = a.register("asks a person", None).await.unwrap();
+    let idle = a.register("idle", None).await.unwrap();
+    assert_eq!(
+        held.hold(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    // Held, it waits for the end of the drain, then goes with its hold.
+    let report = a.handoff(200 * MS).await;
+    assert!(report.finalized.is_empty(), "{report:?}");
+    assert!(report.released.contains(&held.id()), "{report:?}");
+
+    let b = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .lru_cap(Some(1))
+        .advertise(Some("ws://b/ws".to_owned()))
+        .start()
+        .await
+        .unwrap();
+    // Released and due, but held: the fleet reaps only the idle one.
+    let sweep = b.sweep_fleet(Some(Duration::ZERO)).await.unwrap();
+    assert_eq!(sweep.reaped, vec![idle.id()]);
+    assert_eq!(
+        store.locate(held.id()).await.unwrap(),
+        Whereabouts::Released
+    );
+
+    // Adopted held: b's cap of one is full and nothing may be evicted.
+    let adoption = b.adopt(held.id()).await.unwrap();
+    assert_eq!(adoption.holds.pending_input, 1);
+    let refused = b.register("newcomer", None).await.map(|s| s.id());
+    assert!(
+        matches!(
+            refused,
+            Err(RuntimeError::Lifecycle(settle_core::Error::OverCapacity {
+                cap: 1
+            }))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.session_detail(held.id()).await.unwrap().session.state,
+        State::Registered
+    );
+    // Its new owner ends the hold: it is an idle session like any other.
+    assert_eq!(
+        adoption.session.release(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    let _next = b.register("next", None).await.unwrap();
+    assert_eq!(
+        adoption.session.finalized().await.unwrap(),
+        EndReason::LruEvict
+    );
+    b.shutdown(Duration::ZERO).await;
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_store::{
-    Cause, EndReason, FinalizeRequest, LifecycleWrite, NewSession, Outcome, OwnerId, OwnerInfo,
-    RecoverOptions, SessionFilter, SessionId, SessionStore, State, StoreError, Whereabouts,
+    Cause, EndReason, FinalizeRequest, Holds, LifecycleWrite, NewSession, Outcome, OwnerId,
+    OwnerInfo, RecoverOptions, SessionFilter, SessionId, SessionStore, State, StoreError,
+    Whereabouts,
 };
 
 use crate::common::{rt, Backend, TestDb};
@@ -66,7 +67,9 @@ pub(crate) fn g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once
         let node_b = node(&*b1, "ws://b/ws").await;
         let node_c = node(&*b2, "ws://c/ws").await;
         let id = conversation(&*a, node_a).await;
-        a.release(node_a, id, now()).await.unwrap();
+        a.release(node_a, id, Holds::default(), now())
+            .await
+            .unwrap();
         assert_eq!(a.locate(id).await.unwrap(), Whereabouts::Released);
         let (one, two) = tokio::join!(b1.adopt(node_b, id, now()), b2.adopt(node_c, id, now()));
         let (won, lost, winner) = match (&one, &two) {
@@ -105,7 +108,10 @@ pub(crate) fn g12_g8_the_former_owner_never_writes_a_released_or_adopted_session
         let node_a = node(&*store, "ws://a/ws").await;
         let node_b = node(&*store, "ws://b/ws").await;
         let id = conversation(&*store, node_a).await;
-        store.release(node_a, id, now()).await.unwrap();
+        store
+            .release(node_a, id, Holds::default(), now())
+            .await
+            .unwrap();
         let late = |owner: OwnerId| {
             let store = store.clone();
             async move {
@@ -152,7 +158,7 @@ pub(crate) fn g12_g8_the_former_owner_never_writes_a_released_or_adopted_session
             );
         }
         assert!(matches!(
-            store.release(node_a, id, now()).await,
+            store.release(node_a, id, Holds::default(), now()).await,
             Err(StoreError::HandedOff { .. })
         ));
         let start = LifecycleWrite::Transition {
@@ -182,8 +188,12 @@ pub(crate) fn g12_g2_a_released_session_nobody_adopts_is_reaped_once(b: Backend)
         let node_b = node(&*two, "ws://b/ws").await;
         let left = conversation(&*one, node_a).await;
         let taken = conversation(&*one, node_a).await;
-        one.release(node_a, left, now()).await.unwrap();
-        one.release(node_a, taken, now()).await.unwrap();
+        one.release(node_a, left, Holds::default(), now())
+            .await
+            .unwrap();
+        one.release(node_a, taken, Holds::default(), now())
+            .await
+            .unwrap();
         two.adopt(node_b, taken, now()).await.unwrap();
         // Not yet due.
         assert!(one.reap_released(HOUR).await.unwrap().is_empty());
@@ -208,6 +218,39 @@ pub(crate) fn g12_g2_a_released_session_nobody_adopts_is_reaped_once(b: Backend)
             one.session_detail(taken).await.unwrap().session.state,
             State::Registered
         );
+    });
+}
+
+/// A session released while held (input asked of a person, a delegation
+/// outstanding) is no idle session: the fleet's reap leaves it, and its
+/// adopter takes its holds on, once; released again without them, it is
+/// reaped as any other (G3, G12).
+pub(crate) fn g3_g12_a_held_release_is_not_reaped_and_its_holds_go_to_its_adopter(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (one, two) = (open(&db), open(&db));
+        let node_a = node(&*one, "ws://a/ws").await;
+        let node_b = node(&*two, "ws://b/ws").await;
+        let held = conversation(&*one, node_a).await;
+        let holds = Holds {
+            pending_input: 1,
+            delegation: 2,
+        };
+        one.release(node_a, held, holds, now()).await.unwrap();
+        assert!(two.reap_released(Duration::ZERO).await.unwrap().is_empty());
+        let adopted = two.adopt(node_b, held, now()).await.unwrap();
+        assert_eq!(adopted.holds, holds);
+        // Its holds went with it: released again by one that ended them,
+        // it is idle, and reaped once due.
+        two.release(node_b, held, Holds::default(), now())
+            .await
+            .unwrap();
+        let again = one.adopt(node_a, held, now()).await.unwrap();
+        assert_eq!(again.holds, Holds::default());
+        one.release(node_a, held, Holds::default(), now())
+            .await
+            .unwrap();
+        assert_eq!(two.reap_released(Duration::ZERO).await.unwrap(), vec![held]);
     });
 }
 
@@ -271,7 +314,10 @@ pub(crate) fn g12_a_sessions_principal_comes_with_its_adoption(b: Backend) {
         let node_b = node(&*store, "ws://b/ws").await;
         let id = conversation(&*store, node_a).await;
         store.set_principal(id, Some("alice".into())).await.unwrap();
-        store.release(node_a, id, now()).await.unwrap();
+        store
+            .release(node_a, id, Holds::default(), now())
+            .await
+            .unwrap();
         let adopted = store.adopt(node_b, id, now()).await.unwrap();
         assert_eq!(adopted.principal.as_deref(), Some("alice"));
         // Its detail names where its owner is, as its listing does.
@@ -316,7 +362,10 @@ fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go
         let node_a = node(&*store, "ws://a/ws").await;
         let node_b = node(&*store, "ws://b/ws").await;
         let id = conversation(&*store, node_a).await;
-        store.release(node_a, id, now()).await.unwrap();
+        store
+            .release(node_a, id, Holds::default(), now())
+            .await
+            .unwrap();
         let busy = conversation(&*store, node_b).await;
         write::start_turn(&*store, busy, 2, None, now())
             .await

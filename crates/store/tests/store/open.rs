@@ -495,7 +495,7 @@ pub(crate) fn an_old_database_upgrades_in_place(b: Backend) {
     let store = Store::open(&db.url).expect("the old database opens and upgrades");
     assert_eq!(
         db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'"),
-        8
+        9
     );
     state_check_holds(&db, b);
     // Rows written before keep every segment in `timeline`.
