@@ -200,6 +200,7 @@
 //! sessions for `settle_store`'s recovery (G8).
 
 mod bus;
+mod chunk_append;
 mod chunk_queue;
 mod clock;
 mod command;

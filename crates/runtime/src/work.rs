@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::EventBus;
+use crate::chunk_append::{append_until_taken, NotAppended, Place};
 use crate::chunk_queue::{chunk_queue, ChunkReceiver, ChunkSender};
 use crate::command::WorkEnd;
 use crate::event::LifecycleEvent;
@@ -273,25 +274,38 @@ impl ChunkSink for Persisting {
     }
 
     async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
-        let stored = match chunk.as_text() {
+        let place = Place {
+            session: self.work.session,
+            turn: self.work.no,
+            seq: self.seq,
+        };
+        let make = || match chunk.as_text() {
             Some(text) => NewChunk::text(text),
             None => NewChunk::structured(chunk.kind(), chunk.to_json()),
         };
-        let receipt = self
-            .store
-            .append_chunk(self.work.session, self.work.no, stored);
+        let retrying = |error: &StoreError| {
+            tracing::warn!(
+                session = %place.session,
+                %error,
+                "failed to persist a chunk; trying again until the store takes it"
+            );
+            self.events
+                .emit(Some(&self.shared), || LifecycleEvent::StoreRetrying {
+                    session: Some(place.session),
+                    message: format!("failed to persist a chunk: {error}; trying again"),
+                });
+        };
         let appended = tokio::time::Instant::now();
-        match tokio::time::timeout(self.store_timeout, receipt).await {
-            Ok(Ok(_)) => crate::meter::chunk_acked(appended.elapsed()),
+        let taken =
+            append_until_taken(&*self.store, place, make, self.store_timeout, retrying).await;
+        match taken {
+            Ok(()) => crate::meter::chunk_acked(appended.elapsed()),
             // A closed session or turn is revoked write access (G10), not a fault.
-            Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
-                return Err(SinkError::Closed)
-            }
-            Ok(Err(error)) => {
+            Err(NotAppended::Closed) => return Err(SinkError::Closed),
+            Err(NotAppended::Failed(error)) => {
                 return Err(self.failed(format!("could not persist a chunk: {error}")))
             }
-            Err(_) => {
-                let after = self.store_timeout;
+            Err(NotAppended::Unanswered(after)) => {
                 return Err(self.failed(format!(
                     "could not persist a chunk: the store did not answer within {after:?}"
                 )));

@@ -102,6 +102,17 @@ pub fn store_failed(events: &[LifecycleEvent]) -> Vec<String> {
         .collect()
 }
 
+/// What the event stream said of store writes tried again.
+pub fn store_retrying(events: &[LifecycleEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            LifecycleEvent::StoreRetrying { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Where `session` comes in `order`.
 pub fn position(order: &[(SessionId, EndReason)], session: SessionId) -> usize {
     order

@@ -49,6 +49,11 @@ struct Faulty {
     /// How many more batches holding a turn's end or a turn's start fail
     /// as a whole, as a transaction does on a locked database.
     fail_turn_writes: Arc<AtomicUsize>,
+    /// How many more chunk appends fail, as on a locked database; with
+    /// `land_failed_appends`, each is written first and then said to have
+    /// failed, as a commit whose answer a lost connection cut.
+    fail_appends: Arc<AtomicUsize>,
+    land_failed_appends: Arc<AtomicBool>,
     /// How long each batch takes to apply, in milliseconds (batches apply
     /// one after another, as on the database's one writer): a server that
     /// is slow, not stopped.
@@ -67,6 +72,8 @@ impl Default for Faulty {
             hold_answers: Arc::default(),
             answers: Arc::new(tokio::sync::Semaphore::new(0)),
             fail_turn_writes: Arc::default(),
+            fail_appends: Arc::default(),
+            land_failed_appends: Arc::default(),
             slow_ms: Arc::default(),
             in_order: Arc::default(),
             log: Arc::default(),
@@ -81,12 +88,27 @@ impl Faulty {
         }
     }
 
+    /// Whether this append is one of the `fail_appends`.
+    fn fail_this_append(&self) -> bool {
+        self.fail_appends
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
     fn fenced(&self, owner: OwnerId) -> Result<(), StoreError> {
         if self.lose_lease.load(Ordering::SeqCst) {
             Err(StoreError::LeaseLost(owner))
         } else {
             Ok(())
         }
+    }
+}
+
+/// What a transaction on a locked database fails with.
+fn locked() -> StoreError {
+    StoreError::Database {
+        context: "running a transaction",
+        source: DbError::new(std::io::Error::other("database is locked")),
     }
 }
 
@@ -108,10 +130,18 @@ impl SessionStore for Faulty {
         self.inner.reserve_ids(count).await
     }
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
-        match self.fenced(OWNER) {
-            Ok(()) => self.inner.append_chunk(id, turn, chunk),
-            Err(lost) => ChunkReceipt::ready(Err(lost)),
+        if let Err(lost) = self.fenced(OWNER) {
+            return ChunkReceipt::ready(Err(lost));
         }
+        if self.fail_this_append() {
+            if self.land_failed_appends.load(Ordering::SeqCst) {
+                // Written at once (the memory store is synchronous); only
+                // its answer is lost.
+                drop(self.inner.append_chunk(id, turn, chunk));
+            }
+            return ChunkReceipt::ready(Err(locked()));
+        }
+        self.inner.append_chunk(id, turn, chunk)
     }
     async fn flush(&self) -> Result<(), StoreError> {
         self.stall_point().await;
@@ -137,11 +167,7 @@ impl SessionStore for Faulty {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok();
         if fail {
-            let locked = StoreError::Database {
-                context: "running a transaction",
-                source: DbError::new(std::io::Error::other("database is locked")),
-            };
-            return batch.iter().map(|_| Err(locked.clone())).collect();
+            return batch.iter().map(|_| Err(locked())).collect();
         }
         // Applied on a task of its own, as on the database's writer thread:
         // a caller that stops waiting does not stop the write.
@@ -696,13 +722,7 @@ async fn g7_a_turn_end_the_store_failed_to_write_is_written_once_it_heals() {
     assert_eq!(turn.outcome().await, Outcome::Completed);
     let d = detail(&store.inner, session.id()).await;
     assert_eq!(d.turns[0].outcome, Some(Outcome::Completed), "{d:?}");
-    let said: Vec<String> = drain(&mut events)
-        .into_iter()
-        .filter_map(|e| match e {
-            LifecycleEvent::StoreRetrying { message, .. } => Some(message),
-            _ => None,
-        })
-        .collect();
+    let said = store_retrying(&drain(&mut events));
     assert!(
         said.iter().any(|m| m.contains("database is locked")),
         "the failure was not said with its cause: {said:?}"
@@ -734,19 +754,8 @@ async fn g7_a_turn_is_announced_only_once_its_start_is_written() {
         panic!("a turn whose start was not written was announced");
     };
     assert!(error.to_string().contains("database is locked"), "{error}");
-    let mut turn = loop {
-        // The refused turn's end may still be settling.
-        match session
-            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
-            .await
-        {
-            Ok(turn) => break turn,
-            Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { .. })) => {
-                tokio::time::sleep(MS).await;
-            }
-            Err(other) => panic!("{other}"),
-        }
-    };
+    // The refused turn's end may still be settling.
+    let mut turn = start_once_settled(&session, &p).await;
     assert_eq!(read_chunks(&mut turn, 1).await.len(), 1);
     assert_eq!(turn.outcome().await, Outcome::Completed);
     let d = detail(&store.inner, session.id()).await;
@@ -789,4 +798,121 @@ async fn g8_a_registration_refused_after_a_timeout_but_written_later_is_not_left
     assert_eq!(rows[0].state, State::Finalized, "{rows:?}");
     let report = kernel.shutdown(Duration::ZERO).await;
     assert!(report.left_recoverable.is_empty(), "{report:?}");
+}
+
+/// The texts of a turn's stored chunks, in order.
+async fn stored_chunks(store: &Faulty, id: SessionId, turn: usize) -> Vec<String> {
+    detail(&store.inner, id).await.turns[turn]
+        .chunks
+        .iter()
+        .map(|c| c.text.clone())
+        .collect()
+}
+
+/// Starts a turn of `session` on `p` once its last turn's end has
+/// settled (a failed turn's end may still be on its way).
+async fn start_once_settled(
+    session: &settle_runtime::SessionHandle,
+    p: &Arc<settle_stream::ScriptedProvider>,
+) -> settle_runtime::Turn {
+    loop {
+        match session
+            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("again"))
+            .await
+        {
+            Ok(turn) => return turn,
+            Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { .. })) => {
+                tokio::time::sleep(MS).await;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+}
+
+/// G7 through a store blip mid-stream: chunks the store failed to take (a
+/// locked database, for less than the store timeout) are appended again
+/// until it takes them; the turn goes on and completes with every chunk
+/// stored once, in order, and the blip is said with its cause.
+#[tokio::test(start_paused = true)]
+async fn g7_a_chunk_the_store_failed_to_take_in_a_blip_is_appended_again_and_the_turn_goes_on() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let mut events = kernel.subscribe();
+    let chunks = numbered("c", 6);
+    let script = TurnScript::new(chunks.clone()).chunk_delay(10 * MS);
+    let p = provider([script]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, chunks[..1]);
+    // The next five appends fail: several tries of one chunk, well within
+    // the store timeout.
+    store.fail_appends.store(5, Ordering::SeqCst);
+    assert_eq!(read_chunks(&mut turn, 5).await, chunks[1..]);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    assert_eq!(stored_chunks(&store, session.id(), 0).await, chunks);
+    let seen = drain(&mut events);
+    assert!(store_failed(&seen).is_empty(), "{seen:?}");
+    let said = store_retrying(&seen);
+    assert!(
+        said.iter().any(|m| m.contains("database is locked")),
+        "the blip was not said with its cause: {said:?}"
+    );
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0, "{report:?}");
+}
+
+/// A chunk the store wrote though it answered with a failure (a commit
+/// whose answer a lost connection cut) is not appended a second time: the
+/// store is asked whether it landed before it is appended again.
+#[tokio::test(start_paused = true)]
+async fn g7_a_chunk_that_landed_though_its_append_failed_is_stored_once() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let chunks = numbered("c", 4);
+    let p = provider([TurnScript::new(chunks.clone()).chunk_delay(10 * MS)]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, chunks[..1]);
+    store.land_failed_appends.store(true, Ordering::SeqCst);
+    store.fail_appends.store(2, Ordering::SeqCst);
+    assert_eq!(read_chunks(&mut turn, 3).await, chunks[1..]);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    assert_eq!(stored_chunks(&store, session.id(), 0).await, chunks);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A blip that outlasts the store timeout fails the turn within that bound,
+/// with the store's own cause; what was stored before it is kept, and the
+/// session takes turns again once the store heals.
+#[tokio::test(start_paused = true)]
+async fn g7_a_store_failing_past_the_store_timeout_fails_the_turn_within_that_bound() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let p = provider([
+        TurnScript::new(numbered("c", 3)).chunk_delay(10 * MS),
+        complete(&["after"], MS),
+    ]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+    store.fail_appends.store(usize::MAX, Ordering::SeqCst);
+    let failing = Instant::now();
+    let (outcome, error) = turn.end().await;
+    assert_eq!(outcome, Outcome::Failed);
+    let error = error.expect("the turn says why it failed");
+    let took = failing.elapsed();
+    // Tried again until the next try would start past the 10 s store
+    // timeout (the waits grow to 1 s).
+    assert!(
+        took > Duration::from_secs(9) && took <= Duration::from_secs(10),
+        "failed after {took:?}, not within a try of the 10 s store timeout"
+    );
+    assert!(error.to_string().contains("database is locked"), "{error}");
+    assert_eq!(stored_chunks(&store, session.id(), 0).await, ["c-0"]);
+
+    store.fail_appends.store(0, Ordering::SeqCst);
+    let mut next = start_once_settled(&session, &p).await;
+    assert_eq!(read_chunks(&mut next, 1).await, ["after"]);
+    assert_eq!(next.outcome().await, Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
 }

@@ -1,0 +1,105 @@
+//! A chunk appended until the store takes it, within the store timeout.
+//!
+//! A store blip (a database locked by another process for longer than its
+//! busy timeout, a full disk freed again, a PostgreSQL server restarting)
+//! fails the append that meets it. The chunk is the provider's output, paid
+//! for and not to be asked for again, so the turn does not end on the first
+//! failure: the append is tried again, waiting 50 ms and then twice as long
+//! each time up to 1 s, until the store takes it or the store timeout
+//! (counted from the first try) is spent; then the turn fails with the
+//! store's own cause. The provider's stream is not read meanwhile (its idle
+//! timeout counts only the time spent waiting for its events), and a cancel
+//! ends the wait as it ends any other.
+//!
+//! A failed append may have been written all the same: a commit whose
+//! answer was lost with its connection. Before appending again the store is
+//! asked whether the turn holds a chunk at this one's place, so no chunk is
+//! stored twice. A refusal (a closed session or turn, a lost lease, a
+//! violated constraint) is final and is not tried again.
+
+use std::time::Duration;
+
+use settle_core::SessionId;
+use settle_store::{NewChunk, SessionStore, StoreError};
+use tokio::time::Instant;
+
+/// The first wait before an append is tried again; it doubles up to [`LAST`].
+const FIRST: Duration = Duration::from_millis(50);
+/// The longest wait between two tries.
+const LAST: Duration = Duration::from_secs(1);
+
+/// Why a chunk was not appended.
+#[derive(Debug)]
+pub(crate) enum NotAppended {
+    /// The session or the turn is closed: write access is revoked (G10).
+    Closed,
+    /// The store refused it, or failed until the store timeout was spent;
+    /// what it said last.
+    Failed(StoreError),
+    /// The store did not answer within the store timeout.
+    Unanswered(Duration),
+}
+
+/// Where a chunk goes: its session, its turn and its place in the turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place {
+    pub session: SessionId,
+    pub turn: u32,
+    pub seq: u32,
+}
+
+/// Appends the chunk `make` builds at `place`, trying again while the store
+/// fails in a way that may heal, for at most `timeout` in all. `retrying` is
+/// called at the first failure that will be tried again.
+pub(crate) async fn append_until_taken(
+    store: &dyn SessionStore,
+    place: Place,
+    make: impl Fn() -> NewChunk,
+    timeout: Duration,
+    mut retrying: impl FnMut(&StoreError),
+) -> Result<(), NotAppended> {
+    let deadline = Instant::now() + timeout;
+    let mut wait = FIRST;
+    let mut said = false;
+    loop {
+        let receipt = store.append_chunk(place.session, place.turn, make());
+        let mut last = match tokio::time::timeout_at(deadline, receipt).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
+                return Err(NotAppended::Closed)
+            }
+            Ok(Err(error)) if error.may_heal() => error,
+            Ok(Err(error)) => return Err(NotAppended::Failed(error)),
+            Err(_) => return Err(NotAppended::Unanswered(timeout)),
+        };
+        if !said {
+            said = true;
+            retrying(&last);
+        }
+        // Wait, then learn whether the failed append landed after all; a
+        // store that cannot say is asked again after the next wait.
+        loop {
+            let at = Instant::now() + wait;
+            if at >= deadline {
+                return Err(NotAppended::Failed(last));
+            }
+            tokio::time::sleep_until(at).await;
+            wait = (wait * 2).min(LAST);
+            let page = store.turn_page(place.session, Some(place.turn), place.seq, 1);
+            match tokio::time::timeout_at(deadline, page).await {
+                Ok(Ok(page)) => {
+                    let landed = page.turn.is_some_and(|turn| {
+                        turn.chunks.first().is_some_and(|c| c.seq == place.seq)
+                    });
+                    if landed {
+                        return Ok(());
+                    }
+                    break;
+                }
+                Ok(Err(error)) if error.may_heal() => last = error,
+                Ok(Err(error)) => return Err(NotAppended::Failed(error)),
+                Err(_) => return Err(NotAppended::Failed(last)),
+            }
+        }
+    }
+}
