@@ -564,7 +564,9 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         }
         // One line on stderr: `say_left` already said what to run.
         if failures > 0 && !left {
-            eprintln!("settle: {failures} store write(s) failed; run `settle recover` once the store is healthy");
+            // The shutdown left nothing for recovery by its own count; a
+            // write that failed for good may still have, so say how to look.
+            eprintln!("settle: {failures} store write(s) failed (see the STORE ERROR lines); `settle recover --dry-run` lists any session they left live");
         }
     }
     // Said whole: a signal from now on ends the process as it would.
