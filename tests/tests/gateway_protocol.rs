@@ -75,6 +75,13 @@ async fn g11_bad_input_gets_its_kind_the_connection_stays_usable_and_nothing_is_
             -32600,
         ),
         ("\"session.create\"", -32600),
+        // A key twice: a proxy reading the first value and a reader keeping
+        // the last would act on different requests; refused whole.
+        (
+            "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"sessions.list\", \
+             \"method\": \"session.create\", \"params\": {\"name\": \"twice\"}}",
+            -32700,
+        ),
     ] {
         client.send_raw(frame).await;
         let error = client.answer_to(&Value::Null).await.unwrap_err();

@@ -125,6 +125,7 @@ mod reading;
 mod scripted;
 mod shared;
 mod slots;
+mod strict_json;
 mod table;
 mod tls;
 mod upgrade;

@@ -220,14 +220,17 @@ pub(crate) const MAX_ID_CHARS: usize = 256;
 /// Reads one frame. A frame that is not a request gives the error to answer
 /// with, and the id to answer to (null when it cannot be read).
 pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
-    let value: Value = serde_json::from_str(text).map_err(|e| {
+    // A key twice is refused: read one way only (see `strict_json`).
+    let value: Value = crate::strict_json::from_str(text).map_err(|e| {
+        let message = match e.classify() {
+            serde_json::error::Category::Data => {
+                format!("JSON read one way only (each key once per object): {e}")
+            }
+            _ => format!("not JSON: {e}"),
+        };
         (
             Value::Null,
-            RpcError::new(
-                code::PARSE_ERROR,
-                ErrorKind::BadRequest,
-                format!("not JSON: {e}"),
-            ),
+            RpcError::new(code::PARSE_ERROR, ErrorKind::BadRequest, message),
         )
     })?;
     let invalid = |id: Value, why: &str| {
@@ -355,6 +358,23 @@ mod tests {
                 r#"{"jsonrpc":"2.0","id":2,"method":"x","params":[1]}"#,
                 json!(2),
                 code::INVALID_PARAMS,
+            ),
+            // A key twice: a proxy reading the first and the gateway the
+            // last would disagree on what was asked, so it is refused whole.
+            (
+                r#"{"jsonrpc":"2.0","id":3,"method":"session.close","method":"x"}"#,
+                Value::Null,
+                code::PARSE_ERROR,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":4,"id":5,"method":"x"}"#,
+                Value::Null,
+                code::PARSE_ERROR,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"x","params":{"a":[{"id":1,"id":2}]}}"#,
+                Value::Null,
+                code::PARSE_ERROR,
             ),
         ];
         for (text, id, code) in cases {
