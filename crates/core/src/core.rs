@@ -746,6 +746,9 @@ impl Core {
         };
         let slot = s.holds.slot(hold);
         *slot = slot.saturating_add(1);
+        let holds = s.holds;
+        self.effects
+            .push_back(Effect::RecordHolds { session: id, holds });
         self.refresh_index(id);
         Ok(Handled::Applied)
     }
@@ -762,6 +765,9 @@ impl Core {
         if s.holds.is_empty() && s.works.is_empty() {
             s.idle_since = now;
         }
+        let holds = s.holds;
+        self.effects
+            .push_back(Effect::RecordHolds { session: id, holds });
         self.after_idle(now, id);
         // No transition may have happened: the hold count changed alone.
         self.refresh_index(id);

@@ -88,6 +88,18 @@ pub enum Effect {
     /// input about it [`Error::HandedOff`](crate::Error::HandedOff).
     /// Emitted at most once per session, never for a finalized one.
     HandOff(HandOff),
+    /// Record `session`'s holds where a process that adopts it finds them
+    /// (SPEC §5: a held session is reclaimable by no automatic path, in
+    /// this process or in the one that adopts it after this one crashed).
+    /// Emitted each time a hold is taken or given back, with the counts
+    /// after it; the driver keeps them in order, and a store that cannot
+    /// keep them loses only what a crash would take.
+    RecordHolds {
+        /// The session.
+        session: SessionId,
+        /// Its holds now.
+        holds: Holds,
+    },
     /// Shutdown has begun and every session is finalized or handed off: the
     /// driver may exit. Says what the shutdown did.
     ShutdownComplete(Box<ShutdownSummary>),

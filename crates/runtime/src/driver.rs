@@ -683,6 +683,9 @@ impl Driver {
                         at,
                     });
                 }
+                Effect::RecordHolds { session, holds } => {
+                    self.recorder.push(Record::Holds { session, holds });
+                }
                 Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);
                     self.recorder

@@ -62,6 +62,12 @@ pub(crate) enum Record {
         holds: settle_core::Holds,
         at: SystemTime,
     },
+    /// Record a session's holds for whoever adopts it (SPEC §5), in order
+    /// with the records before it.
+    Holds {
+        session: settle_core::SessionId,
+        holds: settle_core::Holds,
+    },
     /// Every session is finalized: answer the shutdown's waiters once every
     /// record before this one is applied.
     ShutdownComplete {

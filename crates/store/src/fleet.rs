@@ -190,12 +190,7 @@ pub(crate) fn release(
     let raw = sid(id)?;
     write_tx!(db.reborrow(), |c| {
         let mut db = Db::from(c);
-        bound_lock_waits(db.reborrow())?;
-        let now = crate::lease::store_now(db.reborrow())?;
-        let mine = holds_lease(db.reborrow(), me, now)?;
-        let Some(r) = row(db.reborrow(), raw)? else {
-            return Err(StoreError::UnknownSession(id));
-        };
+        let (mine, now, r) = my_move(db.reborrow(), me, id, raw)?;
         if r.state == State::Finalized {
             return Err(StoreError::SessionClosed(id));
         }
@@ -231,18 +226,7 @@ pub(crate) fn release(
                 owner: me,
             });
         }
-        if !holds.is_empty() {
-            on_db!(db.reborrow(), |c| diesel::insert_into(
-                released_holds::table
-            )
-            .values((
-                released_holds::session.eq(raw),
-                released_holds::pending_input.eq(i64::from(holds.pending_input)),
-                released_holds::delegation.eq(i64::from(holds.delegation)),
-            ))
-            .execute(c))
-            .context("keeping a released session's holds")?;
-        }
+        keep_holds(db.reborrow(), raw, holds)?;
         let step = Step {
             at: to_millis(at),
             from: Some(State::Registered),
@@ -250,6 +234,68 @@ pub(crate) fn release(
             cause: "handoff",
         };
         record(db, raw, step)
+    })
+}
+
+/// The first steps of a move of `me`'s on session `id` (`raw`): the lock
+/// wait bounded, `me`'s lease checked by the store's clock, the row read.
+/// Gives `me`'s raw id, the store's time and the row.
+fn my_move(
+    mut db: Db<'_>,
+    me: OwnerId,
+    id: SessionId,
+    raw: i64,
+) -> Result<(i64, i64, Row), StoreError> {
+    bound_lock_waits(db.reborrow())?;
+    let now = crate::lease::store_now(db.reborrow())?;
+    let mine = holds_lease(db.reborrow(), me, now)?;
+    match row(db, raw)? {
+        Some(r) => Ok((mine, now, r)),
+        None => Err(StoreError::UnknownSession(id)),
+    }
+}
+
+/// Keeps `holds` as session `raw`'s, in place of what was kept: none
+/// keeps nothing.
+fn keep_holds(mut db: Db<'_>, raw: i64, holds: Holds) -> Result<(), StoreError> {
+    on_db!(db.reborrow(), |c| diesel::delete(
+        released_holds::table.find(raw)
+    )
+    .execute(c))
+    .context("replacing a session's holds")?;
+    if holds.is_empty() {
+        return Ok(());
+    }
+    on_db!(db, |c| diesel::insert_into(released_holds::table)
+        .values((
+            released_holds::session.eq(raw),
+            released_holds::pending_input.eq(i64::from(holds.pending_input)),
+            released_holds::delegation.eq(i64::from(holds.delegation)),
+        ))
+        .execute(c))
+    .context("keeping a session's holds")?;
+    Ok(())
+}
+
+/// Records `holds` as session `id`'s while `me` owns it, live and not
+/// released, so that whoever adopts it (after a handoff, or after `me`
+/// crashed and its lease expired) keeps them ([`Adopted::holds`]). A
+/// session finalized, released or owned elsewhere since is left as it is:
+/// its holds are no longer `me`'s to say.
+pub(crate) fn record_holds(
+    mut db: Db<'_>,
+    me: OwnerId,
+    id: SessionId,
+    holds: Holds,
+) -> Result<(), StoreError> {
+    let raw = sid(id)?;
+    write_tx!(db.reborrow(), |c| {
+        let mut db = Db::from(c);
+        let (mine, _, r) = my_move(db.reborrow(), me, id, raw)?;
+        if r.state == State::Finalized || r.owner != mine || r.released_at.is_some() {
+            return Ok(());
+        }
+        keep_holds(db, raw, holds)
     })
 }
 

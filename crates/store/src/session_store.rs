@@ -170,6 +170,24 @@ pub trait SessionStore: Send + Sync {
         Err(StoreError::Unsupported("handing sessions off"))
     }
 
+    /// Record `session`'s `holds` (its counts now) while `owner` owns it,
+    /// live and not released, so that a process adopting it keeps them
+    /// ([`Adopted::holds`]), after a handoff or after `owner` crashed and
+    /// its lease expired (SPEC §5: a held session is reclaimable by no
+    /// automatic path); none drops what was kept. A session finalized,
+    /// released or owned by another process since is left as it is.
+    /// Refused with [`StoreError::LeaseLost`] once `owner`'s lease expired.
+    /// The default keeps nothing: a store with no fleet has no adopter.
+    async fn record_holds(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        holds: Holds,
+    ) -> Result<(), StoreError> {
+        let _ = (owner, session, holds);
+        Ok(())
+    }
+
     /// Adopt `session` for `owner`: one conditional update that takes a
     /// released session (or one whose owner's lease expired, its open turn
     /// marked `interrupted`, G8), so that of two processes racing, one wins

@@ -323,6 +323,16 @@ impl SessionStore for Store {
             .await
     }
 
+    async fn record_holds(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        holds: Holds,
+    ) -> Result<(), StoreError> {
+        self.write(move |db| crate::fleet::record_holds(db, owner, session, holds))
+            .await
+    }
+
     async fn adopt(
         &self,
         owner: OwnerId,

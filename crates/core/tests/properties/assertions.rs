@@ -173,7 +173,53 @@ pub fn after_each_step(seen: &Observed, sut: &Sut, ctx: &Ctx) {
     g10_closed_handles_fail_loudly(ctx);
     budgets_end_only_spent_subtrees(&sut.core, ctx);
     g12_handoff_and_adoption(seen, &sut.core, ctx);
+    holds_are_recorded_as_they_change(seen, ctx);
     effects_are_orders(seen, &sut.core, ctx);
+}
+
+/// SPEC §5 across a crash: a hold taken or given back is recorded at once
+/// with the session's counts after it (a process adopting the session after
+/// this one crashed keeps them), and nothing else records holds.
+fn holds_are_recorded_as_they_change(seen: &Observed, ctx: &Ctx) {
+    let recorded: Vec<(SessionId, settle_core::Holds)> = ctx
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::RecordHolds { session, holds } => Some((*session, *holds)),
+            _ => None,
+        })
+        .collect();
+    let changed = match *ctx.step {
+        Step::Hold(id, hold) | Step::Release(id, hold) if ctx.applied() => Some((id, hold)),
+        _ => None,
+    };
+    let Some((id, changed_kind)) = changed else {
+        assert!(
+            recorded.is_empty(),
+            "holds recorded by {:?}, which changes none: {recorded:?}",
+            ctx.step
+        );
+        return;
+    };
+    let count = |kind: settle_core::Hold| {
+        let before = seen.holds.get(&(id, kind)).copied().unwrap_or(0);
+        let after = match (ctx.step, kind == changed_kind) {
+            (Step::Hold(..), true) => before + 1,
+            (Step::Release(..), true) => before.saturating_sub(1),
+            _ => before,
+        };
+        u16::try_from(after).unwrap_or(u16::MAX)
+    };
+    let expected = settle_core::Holds {
+        pending_input: count(settle_core::Hold::PendingInput),
+        delegation: count(settle_core::Hold::Delegation),
+    };
+    assert_eq!(
+        recorded,
+        [(SessionId(id), expected)],
+        "the holds recorded by {:?}",
+        ctx.step
+    );
 }
 
 /// A session is finalized `budget_exhausted` only when a budget over it
@@ -335,6 +381,7 @@ fn effect_session(e: &Effect) -> Option<u64> {
         Effect::Finalize(f) => Some(f.session.get()),
         Effect::Transition(t) => Some(t.session.get()),
         Effect::HandOff(h) => Some(h.session.get()),
+        Effect::RecordHolds { session, .. } => Some(session.get()),
         Effect::FlushTranscripts | Effect::ShutdownComplete(_) => None,
         // The harness checks a set effect as the single orders it stands for.
         Effect::CancelWorks { .. } | Effect::Transitions(_) => {

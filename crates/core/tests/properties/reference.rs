@@ -209,6 +209,15 @@ pub struct Model {
     pub orders: Vec<Effect>,
 }
 
+/// A session's hold counts as the core gives them (saturating at its width).
+fn holds_of(s: &RefSession) -> settle_core::Holds {
+    let count = |n: u32| u16::try_from(n).unwrap_or(u16::MAX);
+    settle_core::Holds {
+        pending_input: count(s.holds[slot(Hold::PendingInput)]),
+        delegation: count(s.holds[slot(Hold::Delegation)]),
+    }
+}
+
 fn slot(hold: Hold) -> usize {
     match hold {
         Hold::PendingInput => 0,
@@ -384,16 +393,22 @@ impl Model {
         if let Some(shutdown) = self.shutdown.as_mut() {
             shutdown.summary.released.push(SessionId(id));
         }
-        let count = |n: u32| u16::try_from(n).unwrap_or(u16::MAX);
         self.orders.push(Effect::HandOff(HandOff {
             session: SessionId(id),
             turns: s.turns,
             last_outcome: s.last_outcome,
-            holds: settle_core::Holds {
-                pending_input: count(s.holds[slot(Hold::PendingInput)]),
-                delegation: count(s.holds[slot(Hold::Delegation)]),
-            },
+            holds: holds_of(&s),
         }));
+    }
+
+    /// A hold was taken or given back: its counts are recorded for whoever
+    /// adopts the session (SPEC §5).
+    fn record_holds(&mut self, id: u64) {
+        let holds = holds_of(self.s(id));
+        self.orders.push(Effect::RecordHolds {
+            session: SessionId(id),
+            holds,
+        });
     }
 
     fn finalize(&mut self, id: u64) {
@@ -1243,6 +1258,7 @@ impl Model {
             Step::Hold(id, hold) => {
                 self.to_use(id)?;
                 self.s(id).holds[slot(hold)] += 1;
+                self.record_holds(id);
                 Ok(Applied)
             }
             Step::Release(id, hold) => {
@@ -1257,6 +1273,7 @@ impl Model {
                 if !s.held() && s.works.is_empty() {
                     s.idle_since = now;
                 }
+                self.record_holds(id);
                 self.fixpoint();
                 Ok(Applied)
             }

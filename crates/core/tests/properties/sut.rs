@@ -141,6 +141,8 @@ impl Observed {
             Effect::HandOff(h) => {
                 self.handed_off.insert(h.session.get(), *h);
             }
+            // Checked step by step by `holds_are_recorded_as_they_change`.
+            Effect::RecordHolds { .. } => {}
             // The harness records a set effect as the single orders it
             // stands for.
             Effect::CancelWorks { .. } | Effect::Transitions(_) => {

@@ -46,6 +46,7 @@
 //! - `retry.rs`: the writes a store blip left unwritten, tried again;
 //! - `finalize.rs`: the finalize plan, once its row's latch is committed;
 //! - `handoff.rs`: a session released for another process (SPEC §12);
+//! - `holds.rs`: a session's holds, recorded for whoever adopts it;
 //! - `shutdown.rs`: the shutdown report and its waiters.
 
 mod batch;
@@ -53,6 +54,7 @@ mod bounded;
 mod finalize;
 mod handoff;
 mod held;
+mod holds;
 mod pending;
 mod retry;
 mod shutdown;
@@ -201,6 +203,7 @@ impl Recorder {
                 self.flush().await;
             }
             Record::Release { session, holds, at } => self.release(session, holds, at).await,
+            Record::Holds { session, holds } => self.record_holds(session, holds).await,
             Record::ShutdownComplete { summary, waiters } => {
                 self.settle_retries().await;
                 self.complete_shutdown(summary, waiters).await;

@@ -408,8 +408,15 @@ async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
         Whereabouts::Released
     );
 
-    // Adopted held: b's cap of one is full and nothing may be evicted.
-    let adoption = b.adopt(held.id()).await.unwrap();
+    assert_adopted_held(&b, &store, held.id()).await;
+    b.shutdown(Duration::ZERO).await;
+}
+
+/// `b` (an LRU cap of one) adopts `held`, released with one input hold:
+/// held, it fills the cap and nothing may be evicted; once its new owner
+/// ends the hold, it is an idle session like any other.
+async fn assert_adopted_held(b: &Kernel, store: &Arc<dyn SessionStore>, held: SessionId) {
+    let adoption = b.adopt(held).await.unwrap();
     assert_eq!(adoption.holds.pending_input, 1);
     let refused = b.register("newcomer", None).await.map(|s| s.id());
     assert!(
@@ -422,10 +429,9 @@ async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
         "{refused:?}"
     );
     assert_eq!(
-        store.session_detail(held.id()).await.unwrap().session.state,
+        store.session_detail(held).await.unwrap().session.state,
         State::Registered
     );
-    // Its new owner ends the hold: it is an idle session like any other.
     assert_eq!(
         adoption.session.release(Hold::PendingInput).await.unwrap(),
         Handled::Applied
@@ -435,5 +441,53 @@ async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
         adoption.session.finalized().await.unwrap(),
         EndReason::LruEvict
     );
+}
+
+/// G3 across a crash (SPEC §5): a held session's holds are recorded as they
+/// change, so when its owner dies (here: its lease expires in the store and
+/// it renews no more) the live process that releases its sessions leaves
+/// the held one to no reap, and adopts it held.
+#[tokio::test]
+async fn g3_g12_a_crashed_owners_held_session_is_adopted_held_and_no_reclaim_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
+    // An hour's lease: it renews no more within the test once expired below.
+    let a = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .lease_ttl(Duration::from_secs(3600))
+        .advertise(Some("ws://a/ws".to_owned()))
+        .start()
+        .await
+        .unwrap();
+    let held = a.register("asks a person", None).await.unwrap();
+    let idle = a.register("idle", None).await.unwrap();
+    assert_eq!(
+        held.hold(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    // Records reach the store in order: once this registration is
+    // written, so is the hold.
+    let _after = a.register("after", None).await.unwrap();
+    // The owner dies: its lease runs out, and it writes nothing more.
+    store.renew_lease(a.owner(), Duration::ZERO).await.unwrap();
+
+    let b = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .lru_cap(Some(1))
+        .advertise(Some("ws://b/ws".to_owned()))
+        .start()
+        .await
+        .unwrap();
+    let sweep = b.sweep_fleet(Some(Duration::ZERO)).await.unwrap();
+    assert!(sweep.released.contains(&held.id()), "{sweep:?}");
+    assert!(sweep.reaped.contains(&idle.id()), "{sweep:?}");
+    assert!(!sweep.reaped.contains(&held.id()), "reaped held: {sweep:?}");
+    assert_eq!(
+        store.locate(held.id()).await.unwrap(),
+        Whereabouts::Released
+    );
+    // Held in b too, as after a handoff.
+    assert_adopted_held(&b, &store, held.id()).await;
     b.shutdown(Duration::ZERO).await;
 }

@@ -254,6 +254,56 @@ pub(crate) fn g3_g12_a_held_release_is_not_reaped_and_its_holds_go_to_its_adopte
     });
 }
 
+/// A held session whose owner crashed keeps its holds (SPEC §5, G3, G12):
+/// they were recorded as they changed, so the live process that releases
+/// the crashed owner's sessions leaves it to no reap, and its adopter takes
+/// the holds on. Holds given back are dropped; a record by a process that
+/// no longer owns the session, or after its finalize, changes nothing.
+pub(crate) fn g3_g12_a_crashed_owners_held_session_is_adopted_held(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (one, two) = (open(&db), open(&db));
+        let crashed = node(&*one, "ws://a/ws").await;
+        let live = node(&*two, "ws://b/ws").await;
+        let held = conversation(&*one, crashed).await;
+        let unheld = conversation(&*one, crashed).await;
+        let holds = Holds {
+            pending_input: 1,
+            delegation: 0,
+        };
+        one.record_holds(crashed, held, holds).await.unwrap();
+        // Taken and given back: nothing is kept.
+        one.record_holds(crashed, unheld, holds).await.unwrap();
+        one.record_holds(crashed, unheld, Holds::default())
+            .await
+            .unwrap();
+        // A process that does not own it says nothing of its holds.
+        two.record_holds(live, unheld, holds).await.unwrap();
+
+        expire(&*two, crashed).await;
+        let report = two.release_expired(live, now()).await.unwrap();
+        assert_eq!(report.released, vec![held, unheld]);
+        // Held, it is no idle session to the fleet's reap.
+        assert_eq!(
+            two.reap_released(Duration::ZERO).await.unwrap(),
+            vec![unheld]
+        );
+        let adopted = two.adopt(live, held, now()).await.unwrap();
+        assert_eq!(adopted.holds, holds);
+
+        // Once finalized, a late record keeps nothing for anyone.
+        let ended = write::finalize(&*two, held, FinalizeRequest::new(EndReason::UserClose))
+            .await
+            .unwrap();
+        assert!(
+            matches!(ended, settle_store::Finalized::Won(_)),
+            "{ended:?}"
+        );
+        two.record_holds(live, held, holds).await.unwrap();
+        assert!(two.adopt(live, held, now()).await.is_err());
+    });
+}
+
 /// A peer that crashed: once its lease expired, a live process releases its
 /// sessions for adoption, the turn it left open marked `interrupted` with
 /// its acknowledged chunks kept (G7, G8); `settle recover` finalizes only

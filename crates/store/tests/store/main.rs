@@ -110,6 +110,7 @@ on_backends! {
         fleet::g12_g8_the_former_owner_never_writes_a_released_or_adopted_session,
         fleet::g12_g2_a_released_session_nobody_adopts_is_reaped_once,
         fleet::g3_g12_a_held_release_is_not_reaped_and_its_holds_go_to_its_adopter,
+        fleet::g3_g12_a_crashed_owners_held_session_is_adopted_held,
         fleet::g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_interrupted,
         fleet::g12_a_sessions_principal_comes_with_its_adoption,
     ],
