@@ -1364,6 +1364,7 @@ impl Core {
     ) -> (bool, Option<SessionId>) {
         let drained = self.is_drained();
         let shutting_down = self.shutdown.is_some();
+        let lease_lost = self.lease_lost;
         let Some(s) = self.sessions.get_mut(&id) else {
             return (false, None);
         };
@@ -1387,8 +1388,13 @@ impl Core {
             _ if !idle || s.unfinalized_children > 0 => None,
             (State::Settled, Some(intent)) => Some(intent),
             // A claimed idle session, or one closed by shutdown; a held one
-            // waits for the end of the drain.
-            (State::Registered, Some(intent)) if s.holds.is_empty() || drained => Some(intent),
+            // waits for the end of the drain, unless it is handed off: its
+            // holds go with it.
+            (State::Registered, Some(intent))
+                if s.holds.is_empty() || drained || (intent == Intent::HandOff && !lease_lost) =>
+            {
+                Some(intent)
+            }
             _ => None,
         };
         let last_outcome = s.last_outcome;

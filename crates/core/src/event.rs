@@ -229,8 +229,8 @@ pub enum Event {
     /// `now + drain`; but a session with no close decided of its own is
     /// released ([`Effect::HandOff`](crate::Effect::HandOff)) instead of
     /// finalized `shutdown`, as soon as it is idle: at once for an idle
-    /// one, when its turn ends for a running one, and at the end of the
-    /// drain for a held one. A turn still running when the drain ends is
+    /// one, held or not (its holds go with it), and when its turn ends for
+    /// a running one. A turn still running when the drain ends is
     /// cancelled immediately and settled (G5), its session kept open, then
     /// released the same way. Children are released before their parents.
     /// A session closing for a reason of its own (a user close, a finished

@@ -347,6 +347,7 @@ impl Model {
         let reclaimable = self.reclaimable(id);
         let shutting_down = self.shutdown.is_some();
         let drained = self.drained();
+        let lease_lost = self.lease_lost;
         let s = self.s(id);
         if s.state == State::Finalized {
             return false;
@@ -370,8 +371,11 @@ impl Model {
             && match s.state {
                 State::Settled => true,
                 // Claimed, or idle at shutdown: a held one waits for the
-                // end of the drain.
-                State::Registered => !s.held() || drained,
+                // end of the drain, unless it is handed off (its holds go
+                // with it).
+                State::Registered => {
+                    !s.held() || drained || (s.intent == Some(Intent::HandOff) && !lease_lost)
+                }
                 _ => false,
             };
         let hand_off = s.intent == Some(Intent::HandOff) && s.state == State::Registered;

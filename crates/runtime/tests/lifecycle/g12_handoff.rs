@@ -388,7 +388,7 @@ async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
         held.hold(Hold::PendingInput).await.unwrap(),
         Handled::Applied
     );
-    // Held, it waits for the end of the drain, then goes with its hold.
+    // Held and idle, it goes at once, with its hold.
     let report = a.handoff(200 * MS).await;
     assert!(report.finalized.is_empty(), "{report:?}");
     assert!(report.released.contains(&held.id()), "{report:?}");
