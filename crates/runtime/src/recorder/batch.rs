@@ -233,7 +233,7 @@ impl Recorder {
         let copies = pending
             .writes
             .iter()
-            .map(|w| retry::kept_until_written(w).then(|| (w.clone(), now)))
+            .map(|w| retry::tried_again(w).then(|| (w.clone(), now)))
             .collect();
         self.hand_with(pending, copies, false)
     }

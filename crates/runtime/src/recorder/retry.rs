@@ -6,10 +6,12 @@
 //! end, a transition or a finalize that is lost leaves the session open in
 //! the store, and every later write about it refused. So such a write is
 //! queued here with its answer, and every later write about its session
-//! waits behind it, in order, until the store takes them. The waiters of a
-//! write nobody may wait for long (a registration, a turn's start) are told
-//! it failed after the store timeout, with what the store last said, and
-//! the write is dropped: they were refused, so nothing is left live behind.
+//! waits behind it, in order, until the store takes them. A turn's start is
+//! tried again the same way, for its caller who waits for it, but only
+//! until the store timeout: then it is told the start failed, with what the
+//! store last said, and the write is dropped (the turn was refused, so
+//! nothing is left live behind). So are the waiters of a registration
+//! queued behind its session's writes.
 //!
 //! Once a shutdown's budget is spent, what is still queued is given up:
 //! each waiter is told, and the session is left for recovery (G8).
@@ -78,11 +80,21 @@ pub(super) fn kept_until_written(write: &LifecycleWrite) -> bool {
     )
 }
 
+/// Whether a write the store failed to take is tried again: what is kept
+/// until written, and a turn's start (within the store timeout, see
+/// [`Retries::expired`]). A registration is not: its caller is refused at
+/// once, and the session withdrawn if it may have been written.
+pub(super) fn tried_again(write: &LifecycleWrite) -> bool {
+    kept_until_written(write) || matches!(write, LifecycleWrite::StartTurn { .. })
+}
+
 /// Whether a write tried again was refused only because an earlier try of
 /// it was committed after all (its answer was lost with the connection):
-/// the turn is ended already, the state is already moved.
+/// the turn is started or ended already, the state is already moved.
 pub(super) fn landed_before(write: &LifecycleWrite, error: &StoreError) -> bool {
     match (write, error) {
+        (LifecycleWrite::StartTurn { no, .. }, StoreError::TurnInFlight { open, .. }) => open == no,
+        (LifecycleWrite::StartTurn { no, .. }, StoreError::TurnExists { turn, .. }) => turn == no,
         (LifecycleWrite::EndTurn { .. }, StoreError::TurnClosed { .. }) => true,
         // Its start was never written: there is nothing to end.
         (LifecycleWrite::EndTurn { .. }, StoreError::UnknownTurn { .. }) => true,
@@ -312,5 +324,52 @@ impl super::Recorder {
             tokio::time::sleep_until(at).await;
             self.retry().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use settle_core::{Outcome, SessionId};
+    use settle_store::{LifecycleWrite, StoreError};
+
+    use super::{landed_before, tried_again};
+
+    const S: SessionId = SessionId(7);
+
+    fn start(no: u32) -> LifecycleWrite {
+        LifecycleWrite::StartTurn {
+            session: S,
+            no,
+            input: None,
+            at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_start_tried_again_landed_before_only_if_its_own_turn_is_there() {
+        let open = |open| StoreError::TurnInFlight { session: S, open };
+        let exists = |turn| StoreError::TurnExists { session: S, turn };
+        assert!(landed_before(&start(3), &open(3)));
+        assert!(landed_before(&start(3), &exists(3)));
+        assert!(!landed_before(&start(3), &open(2)), "another turn is open");
+        assert!(!landed_before(&start(3), &exists(2)));
+        assert!(!landed_before(&start(3), &StoreError::SessionClosed(S)));
+    }
+
+    #[test]
+    fn starts_and_what_must_be_written_are_tried_again_registrations_not() {
+        assert!(tried_again(&start(1)));
+        assert!(tried_again(&LifecycleWrite::EndTurn {
+            session: S,
+            no: 1,
+            outcome: Outcome::Completed,
+            error: None,
+            at: SystemTime::UNIX_EPOCH,
+        }));
+        let register =
+            LifecycleWrite::Register(settle_store::NewSession::new("s", settle_store::OwnerId(1)));
+        assert!(!tried_again(&register));
     }
 }

@@ -737,23 +737,61 @@ async fn g7_a_turn_end_the_store_failed_to_write_is_written_once_it_heals() {
     assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
 
+/// A turn's start the store failed to take in a blip (a locked database,
+/// for less than the store timeout) is tried again: the caller waits for
+/// it, the blip is said with its cause, and the turn runs and is stored
+/// once.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_start_the_store_failed_to_take_in_a_blip_is_tried_again_and_the_turn_runs() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let mut events = kernel.subscribe();
+    let p = provider([complete(&["a"], MS)]);
+    store.fail_turn_writes.store(2, Ordering::SeqCst);
+    let mut turn = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+        .await
+        .expect("the start is written once the store takes it");
+    assert_eq!(read_chunks(&mut turn, 1).await, ["a"]);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    let d = detail(&store.inner, session.id()).await;
+    assert_eq!(d.turns.len(), 1, "{d:?}");
+    assert_eq!(d.turns[0].outcome, Some(Outcome::Completed), "{d:?}");
+    let said = store_retrying(&drain(&mut events));
+    assert!(
+        said.iter().any(|m| m.contains("start a turn")),
+        "the blip was not said: {said:?}"
+    );
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0, "{report:?}");
+}
+
 /// A turn is announced only once its start is durable: a start the store
-/// failed to write is refused to the caller with the store's own cause, and
-/// leaves no open turn behind; the next start, once the store answers, runs.
+/// failed to write until the store timeout is refused to the caller at that
+/// bound with the store's own cause, and leaves no open turn behind; the
+/// next start, once the store answers, runs.
 #[tokio::test(start_paused = true)]
 async fn g7_a_turn_is_announced_only_once_its_start_is_written() {
     let store = Faulty::default();
     let kernel = kernel_on(&store).await;
     let session = kernel.register("blip", None).await.unwrap();
     let p = provider([complete(&["a"], MS), complete(&["b"], MS)]);
-    store.fail_turn_writes.store(1, Ordering::SeqCst);
+    store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
+    let asked = Instant::now();
     let refused = session
         .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
         .await;
     let Err(error) = refused else {
         panic!("a turn whose start was not written was announced");
     };
+    let waited = asked.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited <= Duration::from_secs(12),
+        "refused after {waited:?}, not at the 10 s store timeout"
+    );
     assert!(error.to_string().contains("database is locked"), "{error}");
+    store.fail_turn_writes.store(0, Ordering::SeqCst);
     // The refused turn's end may still be settling.
     let mut turn = start_once_settled(&session, &p).await;
     assert_eq!(read_chunks(&mut turn, 1).await.len(), 1);
