@@ -6,12 +6,12 @@
 //! end, a transition or a finalize that is lost leaves the session open in
 //! the store, and every later write about it refused. So such a write is
 //! queued here with its answer, and every later write about its session
-//! waits behind it, in order, until the store takes them. A turn's start is
-//! tried again the same way, for its caller who waits for it, but only
-//! until the store timeout: then it is told the start failed, with what the
-//! store last said, and the write is dropped (the turn was refused, so
-//! nothing is left live behind). So are the waiters of a registration
-//! queued behind its session's writes.
+//! waits behind it, in order, until the store takes them. A registration
+//! and a turn's start are tried again the same way, for their callers who
+//! wait for them, but only until the store timeout: then the caller is told
+//! it failed, with what the store last said, and the write is dropped (the
+//! session or turn was refused; a registration that may have been written
+//! is withdrawn, so nothing is left live behind).
 //!
 //! Once a shutdown's budget is spent, what is still queued is given up:
 //! each waiter is told, and the session is left for recovery (G8).
@@ -81,11 +81,14 @@ pub(super) fn kept_until_written(write: &LifecycleWrite) -> bool {
 }
 
 /// Whether a write the store failed to take is tried again: what is kept
-/// until written, and a turn's start (within the store timeout, see
-/// [`Retries::expired`]). A registration is not: its caller is refused at
-/// once, and the session withdrawn if it may have been written.
+/// until written, and a registration or a turn's start (within the store
+/// timeout, see [`Retries::expired`]). Every write is tried again.
 pub(super) fn tried_again(write: &LifecycleWrite) -> bool {
-    kept_until_written(write) || matches!(write, LifecycleWrite::StartTurn { .. })
+    kept_until_written(write)
+        || matches!(
+            write,
+            LifecycleWrite::Register(_) | LifecycleWrite::StartTurn { .. }
+        )
 }
 
 /// Whether a write tried again was refused only because an earlier try of
@@ -93,6 +96,8 @@ pub(super) fn tried_again(write: &LifecycleWrite) -> bool {
 /// the turn is started or ended already, the state is already moved.
 pub(super) fn landed_before(write: &LifecycleWrite, error: &StoreError) -> bool {
     match (write, error) {
+        // Its id was reserved for it: taken, it is this registration's.
+        (LifecycleWrite::Register(_), StoreError::DuplicateSession(_)) => true,
         (LifecycleWrite::StartTurn { no, .. }, StoreError::TurnInFlight { open, .. }) => open == no,
         (LifecycleWrite::StartTurn { no, .. }, StoreError::TurnExists { turn, .. }) => turn == no,
         (LifecycleWrite::EndTurn { .. }, StoreError::TurnClosed { .. }) => true,
@@ -359,7 +364,7 @@ mod tests {
     }
 
     #[test]
-    fn starts_and_what_must_be_written_are_tried_again_registrations_not() {
+    fn registrations_starts_and_what_must_be_written_are_tried_again() {
         assert!(tried_again(&start(1)));
         assert!(tried_again(&LifecycleWrite::EndTurn {
             session: S,
@@ -368,8 +373,11 @@ mod tests {
             error: None,
             at: SystemTime::UNIX_EPOCH,
         }));
-        let register =
-            LifecycleWrite::Register(settle_store::NewSession::new("s", settle_store::OwnerId(1)));
-        assert!(!tried_again(&register));
+        let register = LifecycleWrite::Register(
+            settle_store::NewSession::new("s", settle_store::OwnerId(1)).with_id(S),
+        );
+        assert!(tried_again(&register));
+        assert!(landed_before(&register, &StoreError::DuplicateSession(S)));
+        assert!(!landed_before(&register, &StoreError::SessionClosed(S)));
     }
 }

@@ -54,6 +54,11 @@ struct Faulty {
     /// failed, as a commit whose answer a lost connection cut.
     fail_appends: Arc<AtomicUsize>,
     land_failed_appends: Arc<AtomicBool>,
+    /// How many more batches holding a registration fail as a whole; with
+    /// `land_failed_registrations`, each is applied first and then said to
+    /// have failed.
+    fail_registrations: Arc<AtomicUsize>,
+    land_failed_registrations: Arc<AtomicBool>,
     /// How long each batch takes to apply, in milliseconds (batches apply
     /// one after another, as on the database's one writer): a server that
     /// is slow, not stopped.
@@ -74,6 +79,8 @@ impl Default for Faulty {
             fail_turn_writes: Arc::default(),
             fail_appends: Arc::default(),
             land_failed_appends: Arc::default(),
+            fail_registrations: Arc::default(),
+            land_failed_registrations: Arc::default(),
             slow_ms: Arc::default(),
             in_order: Arc::default(),
             log: Arc::default(),
@@ -167,6 +174,20 @@ impl SessionStore for Faulty {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok();
         if fail {
+            return batch.iter().map(|_| Err(locked())).collect();
+        }
+        let registering = batch
+            .iter()
+            .any(|w| matches!(w, LifecycleWrite::Register(_)));
+        if registering
+            && self
+                .fail_registrations
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            if self.land_failed_registrations.load(Ordering::SeqCst) {
+                let _ = self.inner.apply(batch.clone()).await;
+            }
             return batch.iter().map(|_| Err(locked())).collect();
         }
         // Applied on a task of its own, as on the database's writer thread:
@@ -952,5 +973,74 @@ async fn g7_a_store_failing_past_the_store_timeout_fails_the_turn_within_that_bo
     let mut next = start_once_settled(&session, &p).await;
     assert_eq!(read_chunks(&mut next, 1).await, ["after"]);
     assert_eq!(next.outcome().await, Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A registration the store failed to take in a blip (a locked database,
+/// for less than the store timeout) is tried again: the caller waits for
+/// it, the blip is said, and the session is stored once; one that landed
+/// though its batch failed is not written twice.
+#[tokio::test(start_paused = true)]
+async fn g7_a_registration_the_store_failed_to_take_in_a_blip_is_tried_again() {
+    for landed in [false, true] {
+        let store = Faulty::default();
+        let kernel = kernel_on(&store).await;
+        let mut events = kernel.subscribe();
+        store
+            .land_failed_registrations
+            .store(landed, Ordering::SeqCst);
+        store.fail_registrations.store(2, Ordering::SeqCst);
+        let session = kernel
+            .register("blip", None)
+            .await
+            .expect("registered once the store takes it");
+        let d = detail(&store.inner, session.id()).await;
+        assert_eq!(d.session.state, State::Registered, "landed {landed}");
+        let all = store.inner.list_sessions(SessionFilter::all()).await;
+        assert_eq!(all.unwrap().len(), 1, "landed {landed}");
+        let said = store_retrying(&drain(&mut events));
+        assert!(
+            said.iter().any(|m| m.contains("register a session")),
+            "landed {landed}: {said:?}"
+        );
+        // It is usable: it takes a turn.
+        let p = provider([complete(&["a"], MS)]);
+        assert_eq!(
+            start(&session, &p).await.outcome().await,
+            Outcome::Completed
+        );
+        let report = kernel.shutdown(Duration::ZERO).await;
+        assert_eq!(report.store_failures, 0, "{report:?}");
+    }
+}
+
+/// A registration the store fails to take until the store timeout is
+/// refused at that bound with the store's cause, and leaves nothing live.
+#[tokio::test(start_paused = true)]
+async fn g7_a_registration_the_store_fails_past_the_store_timeout_is_refused_at_that_bound() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    store.fail_registrations.store(usize::MAX, Ordering::SeqCst);
+    let asked = Instant::now();
+    let refused = kernel.register("never", None).await.map(|s| s.id());
+    let waited = asked.elapsed();
+    let Err(error) = refused else {
+        panic!("registered on a store that took nothing: {refused:?}");
+    };
+    assert!(error.to_string().contains("database is locked"), "{error}");
+    assert!(
+        waited >= Duration::from_secs(10) && waited <= Duration::from_secs(12),
+        "refused after {waited:?}, not at the 10 s store timeout"
+    );
+    store.fail_registrations.store(0, Ordering::SeqCst);
+    let live = store
+        .inner
+        .list_sessions(SessionFilter::all())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.state != State::Finalized)
+        .count();
+    assert_eq!(live, 0);
     kernel.shutdown(Duration::ZERO).await;
 }
