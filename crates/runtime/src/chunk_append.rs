@@ -23,10 +23,7 @@ use settle_core::SessionId;
 use settle_store::{NewChunk, SessionStore, StoreError};
 use tokio::time::Instant;
 
-/// The first wait before an append is tried again; it doubles up to [`LAST`].
-const FIRST: Duration = Duration::from_millis(50);
-/// The longest wait between two tries.
-const LAST: Duration = Duration::from_secs(1);
+use crate::backoff::Backoff;
 
 /// Why a chunk was not appended.
 #[derive(Debug)]
@@ -59,7 +56,7 @@ pub(crate) async fn append_until_taken(
     mut retrying: impl FnMut(&StoreError),
 ) -> Result<(), NotAppended> {
     let deadline = Instant::now() + timeout;
-    let mut wait = FIRST;
+    let mut backoff = Backoff::new();
     let mut said = false;
     loop {
         let receipt = store.append_chunk(place.session, place.turn, make());
@@ -79,12 +76,11 @@ pub(crate) async fn append_until_taken(
         // Wait, then learn whether the failed append landed after all; a
         // store that cannot say is asked again after the next wait.
         loop {
-            let at = Instant::now() + wait;
+            let at = Instant::now() + backoff.next_wait();
             if at >= deadline {
                 return Err(NotAppended::Failed(last));
             }
             tokio::time::sleep_until(at).await;
-            wait = (wait * 2).min(LAST);
             let page = store.turn_page(place.session, Some(place.turn), place.seq, 1);
             match tokio::time::timeout_at(deadline, page).await {
                 Ok(Ok(page)) => {

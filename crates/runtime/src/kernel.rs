@@ -8,6 +8,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
+use crate::at_start::at_start;
 use crate::bus::EventBus;
 use crate::clock::Clock;
 use crate::command::{Command, Reply};
@@ -58,6 +59,10 @@ impl KernelBuilder {
     /// as an owner in the store, reserves a first block of session ids, and
     /// recovers dead owners' sessions first if configured to.
     ///
+    /// Each of these store calls is tried again while the store fails in a
+    /// way that may heal (a lock held by another process, a server
+    /// restarting), within the store timeout from its first try.
+    ///
     /// # Errors
     /// When the store cannot register the owner, reserve ids or recover,
     /// within the store timeout.
@@ -68,31 +73,21 @@ impl KernelBuilder {
             hook,
         } = self;
         let bound = config.store_timeout;
-        let within =
-            |what: &'static str| move |_| RuntimeError::StoreTimeout { what, after: bound };
-        let owner = tokio::time::timeout(
-            bound,
-            store.register_owner(
-                OwnerInfo {
-                    advertise: config.advertise.clone(),
-                    ..OwnerInfo::this_process()
-                },
-                config.lease_ttl,
-            ),
-        )
-        .await
-        .map_err(within("registering this process"))??;
+        let me = OwnerInfo {
+            advertise: config.advertise.clone(),
+            ..OwnerInfo::this_process()
+        };
+        let owner = at_start(bound, "registering this process", || {
+            store.register_owner(me.clone(), config.lease_ttl)
+        })
+        .await?;
         if config.recover_on_start {
-            tokio::time::timeout(
-                bound,
-                store.recover(settle_store::RecoverOptions::now_on_this_host()),
-            )
-            .await
-            .map_err(within("recovering sessions"))??;
+            at_start(bound, "recovering sessions", || {
+                store.recover(settle_store::RecoverOptions::now_on_this_host())
+            })
+            .await?;
         }
-        let first = tokio::time::timeout(bound, store.reserve_ids(BLOCK))
-            .await
-            .map_err(within("reserving session ids"))??;
+        let first = at_start(bound, "reserving session ids", || store.reserve_ids(BLOCK)).await?;
 
         let (command_tx, commands) = mpsc::unbounded_channel();
         let (record_tx, records) = mpsc::unbounded_channel();

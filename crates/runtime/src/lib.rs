@@ -199,6 +199,8 @@
 //! handle shuts down with no drain. A process killed before that leaves its
 //! sessions for `settle_store`'s recovery (G8).
 
+mod at_start;
+mod backoff;
 mod bus;
 mod chunk_append;
 mod chunk_queue;

@@ -59,6 +59,8 @@ struct Faulty {
     /// have failed.
     fail_registrations: Arc<AtomicUsize>,
     land_failed_registrations: Arc<AtomicBool>,
+    /// How many more registrations of an owner (a kernel's start) fail.
+    fail_owner_registrations: Arc<AtomicUsize>,
     /// How long each batch takes to apply, in milliseconds (batches apply
     /// one after another, as on the database's one writer): a server that
     /// is slow, not stopped.
@@ -81,6 +83,7 @@ impl Default for Faulty {
             land_failed_appends: Arc::default(),
             fail_registrations: Arc::default(),
             land_failed_registrations: Arc::default(),
+            fail_owner_registrations: Arc::default(),
             slow_ms: Arc::default(),
             in_order: Arc::default(),
             log: Arc::default(),
@@ -125,6 +128,13 @@ const OWNER: OwnerId = OwnerId(1);
 #[async_trait]
 impl SessionStore for Faulty {
     async fn register_owner(&self, owner: OwnerInfo, ttl: Duration) -> Result<OwnerId, StoreError> {
+        if self
+            .fail_owner_registrations
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(locked());
+        }
         let id = self.inner.register_owner(owner, ttl).await?;
         assert_eq!(id, OWNER, "one owner per store in these tests");
         Ok(id)
@@ -1043,4 +1053,41 @@ async fn g7_a_registration_the_store_fails_past_the_store_timeout_is_refused_at_
         .count();
     assert_eq!(live, 0);
     kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A kernel started while the store blips (a database locked by another
+/// process for a few seconds) waits for it, within the store timeout,
+/// instead of failing its start; past that bound its start fails with the
+/// store's own cause.
+#[tokio::test(start_paused = true)]
+async fn a_kernel_started_in_a_store_blip_waits_for_it_within_the_store_timeout() {
+    let store = Faulty::default();
+    store.fail_owner_registrations.store(3, Ordering::SeqCst);
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("after the blip", None).await.unwrap();
+    assert_eq!(
+        detail(&store.inner, session.id()).await.session.state,
+        State::Registered
+    );
+    kernel.shutdown(Duration::ZERO).await;
+
+    let store = Faulty::default();
+    store
+        .fail_owner_registrations
+        .store(usize::MAX, Ordering::SeqCst);
+    let began = Instant::now();
+    let refused = Kernel::builder(Arc::new(store.clone()))
+        .store_timeout(Duration::from_secs(10))
+        .start()
+        .await
+        .map(|_| ());
+    let took = began.elapsed();
+    let Err(error) = refused else {
+        panic!("started on a store that took nothing");
+    };
+    assert!(error.to_string().contains("database is locked"), "{error}");
+    assert!(
+        took > Duration::from_secs(8) && took <= Duration::from_secs(10),
+        "gave up after {took:?}, not within a try of the 10 s store timeout"
+    );
 }
