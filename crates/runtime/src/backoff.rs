@@ -1,6 +1,7 @@
 //! The waits between tries of a store call that failed in a way that may
 //! heal (a lock, a full disk, a server restarting): 50 ms, then twice as
-//! long each time, up to 1 s.
+//! long each time, up to 1 s. The recorder's retries of lifecycle writes,
+//! a chunk's appends and a kernel's start all wait so.
 
 use std::time::Duration;
 
@@ -21,10 +22,20 @@ impl Backoff {
         Backoff { next: FIRST }
     }
 
-    /// The wait before the next try.
+    /// The wait before the next try, without moving on.
+    pub(crate) fn current(&self) -> Duration {
+        self.next
+    }
+
+    /// Moves on: the next wait is twice this one, up to the longest.
+    pub(crate) fn advance(&mut self) {
+        self.next = (self.next * 2).min(LAST);
+    }
+
+    /// The wait before the next try, then moves on.
     pub(crate) fn next_wait(&mut self) -> Duration {
-        let wait = self.next;
-        self.next = (wait * 2).min(LAST);
+        let wait = self.current();
+        self.advance();
         wait
     }
 }

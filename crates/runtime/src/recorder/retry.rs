@@ -26,14 +26,10 @@ use tokio::time::Instant;
 
 use super::pending::{Answer, Pending};
 use super::unwritten::Unwritten;
+use crate::backoff::Backoff;
 
 /// Maps keyed by session: foldhash, as everywhere on the recorder's path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
-/// The first wait before a write is tried again; it doubles up to [`LAST`].
-const FIRST: Duration = Duration::from_millis(50);
-/// The longest wait between two tries.
-const LAST: Duration = Duration::from_secs(1);
 
 /// One write waiting for its session's turn, and its answer.
 pub(super) struct Queued {
@@ -52,8 +48,9 @@ pub(crate) struct Retries {
     /// The sessions in the order they were first queued, so a retry batch
     /// keeps the order the writes were decided in.
     order: VecDeque<SessionId>,
-    /// The wait before the next try, doubled after each failed one.
-    wait: Option<Duration>,
+    /// The wait before the next try, doubled after each failed one
+    /// (see `backoff.rs`).
+    wait: Option<Backoff>,
     next: Option<Instant>,
 }
 
@@ -129,7 +126,7 @@ impl Retries {
         }
         entry.push_back(queued);
         if self.next.is_none() {
-            let wait = *self.wait.get_or_insert(FIRST);
+            let wait = self.wait.get_or_insert_with(Backoff::new).current();
             self.next = Some(Instant::now() + wait);
         }
     }
@@ -186,7 +183,10 @@ impl Retries {
             }
         }
         self.next = None;
-        self.wait = Some(self.wait.map_or(FIRST, |w| (w * 2).min(LAST)));
+        match &mut self.wait {
+            Some(wait) => wait.advance(),
+            None => self.wait = Some(Backoff::new()),
+        }
         taken
     }
 
