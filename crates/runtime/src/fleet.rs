@@ -38,9 +38,9 @@ pub struct Adoption {
     pub principal: Option<String>,
     /// Turns it ran elsewhere (its next turn is `turns + 1`).
     pub turns: u32,
-    /// The holds it was released with, kept here (SPEC §5: no automatic
-    /// path takes it until they are released through
-    /// [`SessionHandle::release`]); none when its owner crashed.
+    /// The holds it had, kept here (SPEC §5: no automatic path takes it
+    /// until they are released through [`SessionHandle::release`]): those
+    /// it was released with, or the last its crashed owner recorded.
     pub holds: Holds,
     /// The rest of its tree, adopted with it (parents before children): a
     /// tree moves whole, so that closing a parent here winds its children

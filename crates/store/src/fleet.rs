@@ -56,8 +56,9 @@ pub struct Adopted {
     pub turns: u32,
     /// How its last turn ended.
     pub last_outcome: Option<Outcome>,
-    /// The holds it was released with (SPEC §5), for this process's core
-    /// to keep: none when its owner crashed (a crash loses its holds).
+    /// The holds it had (SPEC §5), for this process's core to keep: those
+    /// it was released with, or, when its owner crashed, the last its
+    /// owner recorded ([`SessionStore::record_holds`](crate::SessionStore::record_holds)).
     pub holds: Holds,
     /// Who may use it through a gateway, as recorded with
     /// [`SessionStore::set_principal`](crate::SessionStore::set_principal).
@@ -529,7 +530,7 @@ fn adopt_one(
 }
 
 /// The holds session `raw` was released with, taken off the store by its
-/// adopter (none: it was released with none, or its owner crashed).
+/// adopter (none: it was released, or its owner crashed, with none).
 fn take_holds(mut db: Db<'_>, raw: i64) -> Result<Holds, StoreError> {
     let kept: Option<(i64, i64)> = on_db!(db.reborrow(), |c| released_holds::table
         .find(raw)
