@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_runtime::{
-    EndReason, Handled, Hold, Kernel, Outcome, RuntimeError, SessionId, State, TurnRequest,
+    EndReason, Handled, Hold, Kernel, KernelBuilder, Outcome, RuntimeError, SessionId, State,
+    TurnRequest,
 };
 use settle_store::{SessionStore, Store, StoreError, Whereabouts};
 use settle_stream::{Message, Role};
@@ -16,8 +17,16 @@ use crate::common::*;
 const MS: Duration = Duration::from_millis(1);
 
 async fn node(store: &Arc<dyn SessionStore>, url: &str) -> Kernel {
-    Kernel::builder(store.clone())
-        .idle_timeout(None)
+    tuned_node(store, url, |b| b).await
+}
+
+/// A kernel on `store` reached at `url`, tuned by `tune`.
+async fn tuned_node(
+    store: &Arc<dyn SessionStore>,
+    url: &str,
+    tune: impl FnOnce(KernelBuilder) -> KernelBuilder,
+) -> Kernel {
+    tune(Kernel::builder(store.clone()).idle_timeout(None))
         .advertise(Some(url.to_owned()))
         .start()
         .await
@@ -339,13 +348,7 @@ async fn g12_an_adoption_the_store_commits_after_its_timeout_is_released_again_n
         inner: store,
         delay: 300 * MS,
     });
-    let b = Kernel::builder(slow)
-        .idle_timeout(None)
-        .store_timeout(100 * MS)
-        .advertise(Some("ws://b/ws".to_owned()))
-        .start()
-        .await
-        .unwrap();
+    let b = tuned_node(&slow, "ws://b/ws", |b| b.store_timeout(100 * MS)).await;
     let gave_up = b.adopt(idle.id()).await;
     assert!(
         matches!(gave_up, Err(RuntimeError::StoreTimeout { .. })),
@@ -393,13 +396,7 @@ async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
     assert!(report.finalized.is_empty(), "{report:?}");
     assert!(report.released.contains(&held.id()), "{report:?}");
 
-    let b = Kernel::builder(store.clone())
-        .idle_timeout(None)
-        .lru_cap(Some(1))
-        .advertise(Some("ws://b/ws".to_owned()))
-        .start()
-        .await
-        .unwrap();
+    let b = tuned_node(&store, "ws://b/ws", |b| b.lru_cap(Some(1))).await;
     // Released and due, but held: the fleet reaps only the idle one.
     let sweep = b.sweep_fleet(Some(Duration::ZERO)).await.unwrap();
     assert_eq!(sweep.reaped, vec![idle.id()]);
@@ -453,13 +450,10 @@ async fn g3_g12_a_crashed_owners_held_session_is_adopted_held_and_no_reclaim_tak
     let path = dir.path().join("fleet.db");
     let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
     // An hour's lease: it renews no more within the test once expired below.
-    let a = Kernel::builder(store.clone())
-        .idle_timeout(None)
-        .lease_ttl(Duration::from_secs(3600))
-        .advertise(Some("ws://a/ws".to_owned()))
-        .start()
-        .await
-        .unwrap();
+    let a = tuned_node(&store, "ws://a/ws", |b| {
+        b.lease_ttl(Duration::from_secs(3600))
+    })
+    .await;
     let held = a.register("asks a person", None).await.unwrap();
     let idle = a.register("idle", None).await.unwrap();
     assert_eq!(
@@ -472,13 +466,7 @@ async fn g3_g12_a_crashed_owners_held_session_is_adopted_held_and_no_reclaim_tak
     // The owner dies: its lease runs out, and it writes nothing more.
     store.renew_lease(a.owner(), Duration::ZERO).await.unwrap();
 
-    let b = Kernel::builder(store.clone())
-        .idle_timeout(None)
-        .lru_cap(Some(1))
-        .advertise(Some("ws://b/ws".to_owned()))
-        .start()
-        .await
-        .unwrap();
+    let b = tuned_node(&store, "ws://b/ws", |b| b.lru_cap(Some(1))).await;
     let sweep = b.sweep_fleet(Some(Duration::ZERO)).await.unwrap();
     assert!(sweep.released.contains(&held.id()), "{sweep:?}");
     assert!(sweep.reaped.contains(&idle.id()), "{sweep:?}");

@@ -729,22 +729,6 @@ pub(crate) fn a_finalize_carrying_its_steps_and_turn_end_writes_what_the_writes_
             store.session_detail(apart).await.unwrap(),
             store.session_detail(together).await.unwrap(),
         );
-        let shape = |d: &settle_store::SessionDetail| {
-            (
-                d.session.state,
-                d.session.outcome,
-                d.session.end_reason,
-                d.turns
-                    .iter()
-                    .map(|t| (t.no, t.outcome, t.ended_at.is_some(), t.error.clone()))
-                    .collect::<Vec<_>>(),
-                d.timeline
-                    .iter()
-                    .map(|s| (s.from, s.to, s.cause.clone()))
-                    .collect::<Vec<_>>(),
-                d.finalize_errors.clone(),
-            )
-        };
         assert_eq!(shape(&t), shape(&a));
         assert_eq!(t.turns[0].ended_at, Some(round_to_millis(at)));
 
@@ -1083,18 +1067,9 @@ pub(crate) fn g2_the_set_latch_answers_as_the_rules_do(b: Backend) {
             for id in ids {
                 let d = store.session_detail(id).await.unwrap();
                 rows.push(format!(
-                    "{:?} {:?} {:?} {:?} {:?}",
-                    (d.session.state, d.session.outcome, d.session.end_reason),
-                    d.turns
-                        .iter()
-                        .map(|t| (t.no, t.outcome, t.ended_at.is_some(), t.error.clone()))
-                        .collect::<Vec<_>>(),
-                    d.timeline
-                        .iter()
-                        .map(|t| (t.from, t.to, t.cause.clone()))
-                        .collect::<Vec<_>>(),
-                    d.finalize_errors,
-                    d.session.finalized_at.is_some(),
+                    "{} {:?}",
+                    shape(&d),
+                    d.session.finalized_at.is_some()
                 ));
             }
             (answers, rows)
@@ -1106,4 +1081,23 @@ pub(crate) fn g2_the_set_latch_answers_as_the_rules_do(b: Backend) {
     }
     // The case the set decides did win, whichever way.
     assert!(seen[1].0[0].starts_with("won None []"), "{:?}", seen[1].0);
+}
+
+/// What a session's row, turns, timeline and finalize errors say, times
+/// left out but whether each turn ended: two ways of writing the same
+/// lifecycle compare equal by it.
+fn shape(d: &settle_store::SessionDetail) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?}",
+        (d.session.state, d.session.outcome, d.session.end_reason),
+        d.turns
+            .iter()
+            .map(|t| (t.no, t.outcome, t.ended_at.is_some(), t.error.clone()))
+            .collect::<Vec<_>>(),
+        d.timeline
+            .iter()
+            .map(|s| (s.from, s.to, s.cause.clone()))
+            .collect::<Vec<_>>(),
+        d.finalize_errors,
+    )
 }
