@@ -109,9 +109,14 @@ pub async fn show(
             }
             Err(RecvError::Closed) => break,
         };
+        // A withdrawn session is named while its row is still there.
+        let withdrawn = match &event {
+            LifecycleEvent::Withdrawn { .. } if mode.log => line(&rows, &event),
+            _ => None,
+        };
         apply(&mut rows, &event);
         if mode.log {
-            if let Some(line) = line(&rows, &event) {
+            if let Some(line) = withdrawn.or_else(|| line(&rows, &event)) {
                 // Names and messages are what others chose: shown, not obeyed.
                 outln!("{}  {}", stamp(), crate::escape::one_line(&line));
             }
@@ -195,6 +200,10 @@ fn apply(rows: &mut BTreeMap<SessionId, Row>, event: &LifecycleEvent) {
                 },
             );
         }
+        // It never came to be: no row of it is shown.
+        LifecycleEvent::Withdrawn { session, .. } => {
+            rows.remove(session);
+        }
         LifecycleEvent::Transition { session, to, .. } => {
             if let Some(row) = rows.get_mut(session) {
                 row.state = *to;
@@ -258,6 +267,10 @@ fn line(rows: &BTreeMap<SessionId, Row>, event: &LifecycleEvent) -> Option<Strin
             ),
             None => format!("{:<24} registered (root)", who(rows, *session)),
         },
+        LifecycleEvent::Withdrawn { session, error } => format!(
+            "{:<24} registration withdrawn, the store did not take it: {error}",
+            who(rows, *session)
+        ),
         LifecycleEvent::Transition {
             session,
             from: Some(from),

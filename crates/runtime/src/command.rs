@@ -104,6 +104,7 @@ pub(crate) enum Ack {
     Ids(Range<u64>),
     /// No ids could be reserved.
     IdsFailed(StoreError),
-    /// A session's row could not be written: withdraw its registration.
-    RegisterFailed(SessionId),
+    /// A session's row could not be written: withdraw its registration
+    /// (the store's cause, as its caller was told it).
+    RegisterFailed(SessionId, String),
 }

@@ -572,11 +572,17 @@ impl Driver {
                         .send(Err(RuntimeError::Registration(error.clone())));
                 }
             }
-            Ack::RegisterFailed(session) => {
-                self.sessions.remove(&session);
+            Ack::RegisterFailed(session, error) => {
+                let shared = self.sessions.remove(&session);
                 if let Ok(Handled::Applied) = self.input(Event::Withdraw { session }) {
-                    // As if never registered: no transition says it went.
+                    // As if never registered: no transition says it went,
+                    // but whoever was told it came is told it did not.
                     self.meter.left(State::Registered);
+                    self.events
+                        .emit(shared.as_deref(), || LifecycleEvent::Withdrawn {
+                            session,
+                            error,
+                        });
                 }
             }
         }

@@ -26,6 +26,16 @@ pub enum LifecycleEvent {
         /// When.
         at: SystemTime,
     },
+    /// A registration announced by [`Registered`](Self::Registered) was
+    /// withdrawn: the store did not take the session's row within the store
+    /// timeout, so its caller was refused, and the session never came to be
+    /// (no row of it is left live, and no other event of it follows).
+    Withdrawn {
+        /// The session that was announced.
+        session: SessionId,
+        /// The store's cause, as the caller was told it.
+        error: String,
+    },
     /// A session changed state.
     Transition {
         /// The session.
@@ -129,6 +139,26 @@ pub enum LifecycleEvent {
         /// What failed, and why.
         message: String,
     },
+}
+
+impl LifecycleEvent {
+    /// The session the event is about, if it is about one.
+    #[must_use]
+    pub fn session(&self) -> Option<SessionId> {
+        match self {
+            Self::Registered { session, .. }
+            | Self::Withdrawn { session, .. }
+            | Self::Transition { session, .. }
+            | Self::Chunk { session, .. }
+            | Self::WorkEnded { session, .. }
+            | Self::TurnRetried { session, .. }
+            | Self::Detached { session, .. }
+            | Self::Finalized { session, .. }
+            | Self::HandedOff { session, .. } => Some(*session),
+            Self::StoreFailed { session, .. } | Self::StoreRetrying { session, .. } => *session,
+            Self::LeaseLost { .. } => None,
+        }
+    }
 }
 
 #[cfg(all(test, feature = "serde"))]

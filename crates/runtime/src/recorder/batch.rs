@@ -355,8 +355,10 @@ impl Recorder {
                         // failed is left live.
                         self.retries.withdraw(shared.id, unwritten.clone());
                     }
-                    let _ = reply.send(Err(unwritten.into_error("registering a session")));
-                    let _ = self.acks.send(Ack::RegisterFailed(shared.id));
+                    let error = unwritten.into_error("registering a session");
+                    let cause = error.to_string();
+                    let _ = reply.send(Err(error));
+                    let _ = self.acks.send(Ack::RegisterFailed(shared.id, cause));
                 }
             },
             Answer::Withdrawn(session) => match &result {

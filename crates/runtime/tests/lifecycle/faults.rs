@@ -1055,6 +1055,60 @@ async fn g7_a_registration_the_store_fails_past_the_store_timeout_is_refused_at_
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A registration announced on the event stream and then refused, because
+/// the store never took its row, is withdrawn there too: a subscriber that
+/// saw `Registered` is told the session never came to be, with the store's
+/// cause, and hears nothing more of it.
+#[tokio::test(start_paused = true)]
+async fn g7_a_registration_the_store_never_took_is_withdrawn_on_the_event_stream() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let mut events = kernel.subscribe();
+    store.fail_registrations.store(usize::MAX, Ordering::SeqCst);
+    let refused = kernel.register("never", None).await.map(|s| s.id());
+    assert!(refused.is_err(), "registered on a store that took nothing");
+    store.fail_registrations.store(0, Ordering::SeqCst);
+    let kept = kernel.register("kept", None).await.unwrap();
+    kernel.shutdown(Duration::ZERO).await;
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        seen.push(event);
+    }
+    let never = seen
+        .iter()
+        .find_map(|e| match e {
+            LifecycleEvent::Registered { session, name, .. } if name == "never" => Some(*session),
+            _ => None,
+        })
+        .expect("the registration was announced");
+    // What the stream says of its lifecycle (the store's own retries and
+    // failure are said as `StoreRetrying` and `StoreFailed` beside).
+    let about_never: Vec<_> = seen
+        .iter()
+        .filter(|e| e.session() == Some(never))
+        .filter(|e| {
+            !matches!(
+                e,
+                LifecycleEvent::StoreRetrying { .. } | LifecycleEvent::StoreFailed { .. }
+            )
+        })
+        .collect();
+    assert_eq!(about_never.len(), 2, "{about_never:?}");
+    match about_never[1] {
+        LifecycleEvent::Withdrawn { session, error } => {
+            assert_eq!(*session, never);
+            assert!(error.contains("database is locked"), "{error}");
+        }
+        other => panic!("not withdrawn: {other:?}"),
+    }
+    assert!(
+        seen.iter().any(
+            |e| matches!(e, LifecycleEvent::Finalized { session, .. } if *session == kept.id())
+        ),
+        "the next registration went on as usual"
+    );
+}
+
 /// A kernel started while the store blips (a database locked by another
 /// process for a few seconds) waits for it, within the store timeout,
 /// instead of failing its start; past that bound its start fails with the
