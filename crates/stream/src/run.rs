@@ -9,8 +9,8 @@ use settle_core::TurnError;
 use crate::signal::{CancelledBy, WorkEnd};
 use crate::sink::{ChunkSink, SinkError};
 use crate::{
-    Cut, IdleTimeout, Provider, ProviderStream, Request, RetryPolicy, Scope, StreamError,
-    StreamEvent,
+    Cut, FirstEventTimedOut, IdleTimeout, Provider, ProviderStream, Request, RetryPolicy, Scope,
+    StreamError, StreamEvent,
 };
 
 /// The default idle timeout of a turn's stream: the one default of the
@@ -31,8 +31,10 @@ pub struct TurnOptions {
     /// No event for this long ends the turn with `idle_timeout`; zero
     /// disables, and so does a duration too long for the clock.
     pub idle_timeout: Duration,
-    /// No first event within this ends the turn with `idle_timeout`; `None`
-    /// means the idle timeout, zero disables.
+    /// No first event within this of the stream's open ends the turn with
+    /// `idle_timeout`: the open (a server that takes the connection and never
+    /// answers), its retries and the wait for the first event count alike.
+    /// `None` means the idle timeout, zero disables.
     pub first_event_timeout: Option<Duration>,
     /// How opening the stream is retried before its first chunk.
     pub retry: RetryPolicy,
@@ -114,19 +116,30 @@ where
     if let Err(error) = begun {
         return sink_end(error);
     }
+    // The first event is due within the first-event timeout of the open:
+    // the open (a server that takes the connection and never answers), its
+    // retries and the wait for the first event share that one deadline.
+    let first = options.first_event_timeout.unwrap_or(options.idle_timeout);
+    let due = (!first.is_zero())
+        .then(|| tokio::time::Instant::now().checked_add(first))
+        .flatten();
     let opened = tokio::select! {
         biased;
         () = token.cancelled() => return WorkEnd::Cancelled(CancelledBy::Request),
         () = close.closed() => return WorkEnd::Cancelled(CancelledBy::ForceClose),
         opened = open(provider, request, &options.retry, progress) => opened,
+        () = until(due) => Err(FirstEventTimedOut { first }.into()),
     };
     let stream = match opened {
         Ok(stream) => stream,
         Err(error) => return WorkEnd::from_error(&error),
     };
-    let first = options.first_event_timeout.unwrap_or(options.idle_timeout);
-    let mut stream =
-        scope.attach(IdleTimeout::new(stream, options.idle_timeout).first_event(first));
+    // What is left of it for the first event (never zero, which disables).
+    let left = due.map_or(first, |due| {
+        due.saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_nanos(1))
+    });
+    let mut stream = scope.attach(IdleTimeout::new(stream, options.idle_timeout).first_event(left));
     progress.attached();
     let end = loop {
         match stream.next().await {
@@ -199,6 +212,14 @@ where
                 return fallback.open(request).await;
             }
         }
+    }
+}
+
+/// Waits until `due`, or forever without one.
+async fn until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
     }
 }
 

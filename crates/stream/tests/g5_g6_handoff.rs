@@ -179,6 +179,49 @@ async fn g4_a_cancel_during_the_open_cancels_the_work_and_closes_the_stream() {
     assert_eq!(log.entries(), ["open", "close", "closed"]);
 }
 
+/// A provider whose open never returns (a server that accepts the
+/// connection and never answers) is bounded by the first-event timeout,
+/// counted from the open: the work ends `idle_timeout` and the stream the
+/// open made is closed, instead of waiting forever.
+#[tokio::test(start_paused = true)]
+async fn g5_an_open_that_never_returns_ends_at_the_first_event_timeout() {
+    let log = Log::default();
+    let provider = SlowOpen {
+        log: log.clone(),
+        steps: vec![Step::Chunk("never")],
+        open_delay: Duration::from_secs(3600),
+    };
+    let started = Instant::now();
+    let mut work = spawn(Arc::new(provider), log_sink(&log), 2 * S);
+    let (before, end) = work.until_end().await;
+    assert_eq!(started.elapsed(), 2 * S, "ended at the first-event timeout");
+    assert_eq!(end.outcome(), Outcome::IdleTimeout, "{end:?}");
+    assert!(before.is_empty(), "no stream was attached: {before:?}");
+    assert_eq!(log.entries(), ["open", "close", "closed"]);
+}
+
+/// The open and the wait for the first event share the first-event
+/// timeout: an open that takes most of it leaves the first event the rest.
+#[tokio::test(start_paused = true)]
+async fn g5_the_first_event_is_due_within_the_first_event_timeout_of_the_open() {
+    let log = Log::default();
+    let provider = SlowOpen {
+        log: log.clone(),
+        steps: vec![Step::Wait(S), Step::Chunk("late")],
+        open_delay: 3 * S / 2,
+    };
+    let started = Instant::now();
+    let mut work = spawn(Arc::new(provider), log_sink(&log), 2 * S);
+    let (_, end) = work.until_end().await;
+    assert_eq!(
+        started.elapsed(),
+        2 * S,
+        "the first event was due 2 s after the open"
+    );
+    assert_eq!(end.outcome(), Outcome::IdleTimeout, "{end:?}");
+    assert!(!log.entries().contains(&"chunk late".to_owned()));
+}
+
 #[tokio::test(start_paused = true)]
 async fn g4_a_stream_closed_while_it_opens_ends_the_work_and_is_closed() {
     // The core's CloseStream for a cancel that raced the attach: the open
