@@ -202,6 +202,19 @@ pub enum OpenError {
     },
 }
 
+impl OpenError {
+    /// Whether the open failed because another connection held the lock
+    /// it needed past the busy timeout (the database is in use, not bad).
+    pub(crate) fn is_busy(&self) -> bool {
+        match self {
+            OpenError::Database { message, .. } | OpenError::Migration { message, .. } => {
+                crate::open::is_busy_message(message)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// What SQLite says of a database file that is damaged (`SQLITE_CORRUPT`,
 /// `SQLITE_NOTADB`).
 const DAMAGED: [&str; 2] = ["database disk image is malformed", "file is not a database"];

@@ -7,8 +7,11 @@
 //! may touch it; open one connection; set the busy timeout; read the schema
 //! (which finds a corrupt file) and refuse a newer or foreign one; only then
 //! switch to WAL and migrate, inside an IMMEDIATE transaction so two processes
-//! opening a new file at once migrate it once. A file this call created is
-//! removed again if any later step fails.
+//! opening a new file at once migrate it once (the switch to WAL, which
+//! SQLite refuses at once while another connection holds the file, is tried
+//! again within the busy timeout). A file this call created is removed again
+//! if a later step fails, unless it failed on another connection's lock:
+//! then the file is in use by whoever holds it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
@@ -118,7 +121,13 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
     }
     let before = preflight(path, options.existing_only())?;
     let opened = establish_sqlite(path, path_str, options);
-    if let (Err(_), Before::Nothing(created)) = (&opened, &before) {
+    // A file this open made is removed again when it failed, unless it
+    // failed on a lock: then another process has the file open (two
+    // opening one new file at once), and it is that process's file too.
+    if let (Err(e), Before::Nothing(created)) = (&opened, &before) {
+        if e.is_busy() {
+            return opened;
+        }
         for file in created {
             if let Err(e) = fs::remove_file(file) {
                 if e.kind() != io::ErrorKind::NotFound {
@@ -213,6 +222,38 @@ fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
     }
 }
 
+/// Runs `step` again while SQLite answers that another connection holds
+/// the lock it needs, for up to `busy` in all (a short wait, doubling to
+/// 100 ms). Switching a file to WAL needs the file to itself, and SQLite
+/// answers that switch at once instead of calling its busy handler: a new
+/// file another process is creating, or one a `sqlite3` shell holds in a
+/// transaction, would be refused although the lock goes a moment later.
+fn while_busy<T>(
+    busy: std::time::Duration,
+    mut step: impl FnMut() -> QueryResult<T>,
+) -> QueryResult<T> {
+    let until = std::time::Instant::now() + busy;
+    let mut wait = std::time::Duration::from_millis(5);
+    loop {
+        match step() {
+            Err(e) if is_busy_message(&e.to_string()) => {
+                if std::time::Instant::now() + wait > until {
+                    return Err(e);
+                }
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether SQLite's `message` says another connection holds a lock.
+pub(crate) fn is_busy_message(message: &str) -> bool {
+    let lower = message.to_lowercase();
+    lower.contains("database is locked") || lower.contains("database is busy")
+}
+
 fn folder_of(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -269,7 +310,7 @@ fn establish_sqlite(
         .map(String::as_str)
         .chain(["PRAGMA wal_autocheckpoint = 0"])
     {
-        conn.batch_execute(pragma)
+        while_busy(options.busy_timeout(), || conn.batch_execute(pragma))
             .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;
     }
     // Only a schema to create or bring up to date takes the write lock: a

@@ -648,3 +648,62 @@ pub(crate) fn opening_a_current_database_waits_for_no_writer() {
         );
     });
 }
+
+/// SQLite: two processes (here threads, each with its own connections)
+/// opening the same new file at once both get the store, and the file is
+/// there after: the one that meets the other's lock while it switches the
+/// file to WAL waits for it within the busy timeout, and neither removes a
+/// file the other is using.
+#[test]
+pub(crate) fn g7_two_opens_of_one_new_file_at_once_both_succeed_and_keep_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for trial in 0..12 {
+        let path = dir.path().join(format!("race-{trial}.db"));
+        let url = path.to_str().unwrap().to_owned();
+        let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let opens: Vec<_> = (0..2)
+            .map(|_| {
+                let (url, start) = (url.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    Store::open(&url).map(drop)
+                })
+            })
+            .collect();
+        for open in opens {
+            let opened = open.join().unwrap();
+            assert!(opened.is_ok(), "trial {trial}: {opened:?}");
+        }
+        assert!(path.exists(), "trial {trial}: the file was removed");
+        rt().block_on(async {
+            let store = Store::open(&url).unwrap();
+            session(&store, "after").await;
+        });
+    }
+}
+
+/// SQLite: a new (empty) file whose write lock another connection holds
+/// for a moment (a `sqlite3` shell's `BEGIN IMMEDIATE`) is waited for
+/// within the busy timeout, as an existing database is, instead of
+/// refused at once while the store switches it to WAL.
+#[test]
+pub(crate) fn g7_a_new_file_locked_for_a_moment_is_waited_for() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new-locked.db");
+    let url = path.to_str().unwrap().to_owned();
+    let mut shell = diesel::SqliteConnection::establish(&url).unwrap();
+    shell.batch_execute("BEGIN IMMEDIATE").unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        shell.batch_execute("ROLLBACK").unwrap();
+    });
+    let options = StoreOptions::default().with_busy_timeout(Duration::from_secs(5));
+    let opened = Store::open_with(&url, options);
+    release.join().unwrap();
+    let store = opened.expect("waited for the lock, within the busy timeout");
+    rt().block_on(async {
+        session(&store, "after the lock").await;
+    });
+}
