@@ -90,6 +90,7 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         | RuntimeError::Registration(_) => StoreError::new_err(message),
         RuntimeError::TooLarge { .. }
         | RuntimeError::NotResumable { .. }
+        | RuntimeError::LiveElsewhere { .. }
         | RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)) => {
             BadInput::new_err(message)
         }

@@ -30,6 +30,16 @@ pub enum RuntimeError {
         /// Its state in the store.
         state: settle_core::State,
     },
+    /// The session is live in the store but not in this kernel: another
+    /// process owns it (a live one, or one that crashed and left it for
+    /// recovery), so this kernel cannot drive it.
+    #[error("session {session} is {state} in the store, owned by another process, not this one; if that process crashed, `settle recover` finalizes it once its lease has run out, and a finalized session can be resumed")]
+    LiveElsewhere {
+        /// The session.
+        session: SessionId,
+        /// Its state in the store.
+        state: settle_core::State,
+    },
     /// No session id could be reserved for a registration.
     #[error("no session id could be reserved: {0}")]
     Registration(std::sync::Arc<settle_store::StoreError>),

@@ -416,8 +416,10 @@ impl Kernel {
     /// # Errors
     /// `Lifecycle(UnknownSession)` when neither the kernel nor the store
     /// has it (or the store did not answer within the store timeout for an
-    /// id the kernel does not know); `SessionClosed` when the kernel
-    /// finalized it but the store's row cannot be read in time.
+    /// id the kernel does not know); `LiveElsewhere` when the store has it
+    /// live and another process owns it (a crashed one's is recovered with
+    /// `settle recover`); `SessionClosed` when the kernel finalized it but
+    /// the store's row cannot be read in time.
     pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
         let found = self
             .ask(|reply| Command::Lookup { session: id, reply })
@@ -436,6 +438,13 @@ impl Kernel {
                 detail.session
             }
             _ if known => return Err(RuntimeError::SessionClosed(id)),
+            // Live in the store, and not here: another process's.
+            Ok(Ok(detail)) => {
+                return Err(RuntimeError::LiveElsewhere {
+                    session: id,
+                    state: detail.session.state,
+                })
+            }
             _ => return Err(unknown()),
         };
         let Some(reason) = row.end_reason else {

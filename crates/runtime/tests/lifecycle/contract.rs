@@ -455,6 +455,36 @@ async fn g2_a_kernel_holds_nothing_for_finalized_sessions() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A handle asked for a session that is live in the store but another
+/// process's (a live one, or one that crashed and left it for recovery)
+/// says so, never "not known; register it": the row is there, and what
+/// the caller can do about it is recover it, or reach its owner.
+#[tokio::test(start_paused = true)]
+async fn g10_a_session_live_in_another_process_is_named_so_not_unknown() {
+    let store = MemoryStore::new();
+    let owner = runtime_on(&store, |b| b).await;
+    let theirs = owner.register("theirs", None).await.unwrap();
+    let other = runtime_on(&store, |b| b).await;
+    let asked = other.session(theirs.id()).await.map(|h| h.id());
+    match asked {
+        Err(RuntimeError::LiveElsewhere { session, state }) => {
+            assert_eq!(session, theirs.id());
+            assert_eq!(state, settle_runtime::State::Registered);
+        }
+        other => panic!("not named as another process's: {other:?}"),
+    }
+    let never = settle_store::SessionId(theirs.id().0 + 1_000_000);
+    assert!(
+        matches!(
+            other.session(never).await.map(|h| h.id()),
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(id))) if id == never
+        ),
+        "a session the store has not is still unknown"
+    );
+    other.shutdown(Duration::ZERO).await;
+    owner.shutdown(Duration::ZERO).await;
+}
+
 /// Item 11: durations too long to represent mean "never" and panic nothing.
 #[tokio::test(start_paused = true)]
 async fn g5_durations_too_long_to_represent_mean_never() {
