@@ -6,22 +6,36 @@
 
 use std::borrow::Cow;
 
-/// The most characters an error message has, besides its note of the cut.
+/// The most characters an error message has, its note of the cut included.
 pub(crate) const MAX_MESSAGE_CHARS: usize = 600;
 
 /// The most characters of a client's input quoted in a message.
 pub(crate) const MAX_QUOTED_CHARS: usize = 200;
 
-/// `text` if it has at most `max` characters; else its first `max`,
-/// cut at a character boundary, with a note of its full length.
+/// `text` if it has at most `max` characters; else as much of its start
+/// as fits in `max` characters with `…` and a note of its full length
+/// (`… (2000000 characters in all)`), cut at a character boundary. The
+/// whole is at most `max` characters, its note included; a bound too small
+/// for the note keeps the `…` alone.
 pub(crate) fn bounded(text: &str, max: usize) -> Cow<'_, str> {
-    match text.char_indices().nth(max) {
-        None => Cow::Borrowed(text),
-        Some((cut, _)) => {
-            let total = text.chars().count();
-            Cow::Owned(format!("{}… ({total} characters in all)", &text[..cut]))
-        }
+    if text.char_indices().nth(max).is_none() {
+        return Cow::Borrowed(text);
     }
+    let total = text.chars().count();
+    let mut note = format!("… ({total} characters in all)");
+    let mut room = max.checked_sub(note.chars().count());
+    if room.is_none() {
+        note = "…".to_owned();
+        room = max.checked_sub(1);
+    }
+    let Some(room) = room else {
+        return Cow::Borrowed("");
+    };
+    let cut = text
+        .char_indices()
+        .nth(room)
+        .map_or(text.len(), |(at, _)| at);
+    Cow::Owned(format!("{}{note}", &text[..cut]))
 }
 
 /// `message` with every run of it between quote marks (`` ` `` or `"`,
@@ -109,7 +123,34 @@ mod tests {
     #[test]
     fn a_long_text_is_cut_at_a_character_boundary_with_its_length() {
         assert_eq!(bounded("short", 10), "short");
-        assert_eq!(bounded("ééééé", 2), "éé… (5 characters in all)");
         assert_eq!(bounded("abc", 3), "abc");
+        let long = "é".repeat(100);
+        assert_eq!(
+            bounded(&long, 30),
+            format!("{}… (100 characters in all)", "é".repeat(5))
+        );
+    }
+
+    /// The whole of what `bounded` gives, its note included, is within its
+    /// bound, however long the text and however short the bound.
+    #[test]
+    fn a_bounded_text_is_at_most_its_bound_note_included() {
+        for total in [0, 1, 5, 29, 30, 31, 599, 600, 601, 2_000_000] {
+            let text = "E".repeat(total);
+            for max in [0, 1, 2, 10, 30, 40, 200, MAX_MESSAGE_CHARS] {
+                let cut = bounded(&text, max);
+                let chars = cut.chars().count();
+                assert!(chars <= max, "{total} in {max}: {chars} characters: {cut}");
+                if total <= max {
+                    assert_eq!(cut, text);
+                } else if max > 0 {
+                    assert!(cut.contains('…'), "{total} in {max}: {cut}");
+                }
+            }
+        }
+        let huge = "E".repeat(2_000_000);
+        let cut = bounded(&huge, MAX_MESSAGE_CHARS);
+        assert_eq!(cut.chars().count(), MAX_MESSAGE_CHARS, "{cut}");
+        assert!(cut.ends_with("E… (2000000 characters in all)"), "{cut}");
     }
 }

@@ -16,9 +16,11 @@ use serde_json::{json, Value};
 use settle_store::{ListCursor, SessionFilter, SessionRow};
 
 use crate::params;
+use crate::protocol::MAX_RESULT_ENVELOPE_BYTES;
 
-/// What a page's frame has besides its rows: the envelope, the cursor.
-const ENVELOPE_BYTES: usize = 256;
+/// What a page's frame has besides its rows: the frame's envelope with the
+/// longest id, the answer's keys, the cursor.
+const ENVELOPE_BYTES: usize = MAX_RESULT_ENVELOPE_BYTES + 128;
 
 /// The filter of a page of at most `limit` rows: one more is asked for,
 /// to know whether a page follows.

@@ -146,14 +146,15 @@ impl List {
             .map_err(RpcError::bad_params)
     }
 
-    /// The time asked for, read as RFC 3339.
+    /// The time asked for, read as RFC 3339 (see [`rfc3339`]).
     pub fn checked_since(&self) -> Result<Option<SystemTime>, RpcError> {
         self.since
             .as_deref()
             .map(|since| {
-                humantime::parse_rfc3339_weak(since).map_err(|e| {
+                rfc3339(since).map_err(|e| {
                     RpcError::bad_params(format!(
-                        "`since` must be an RFC 3339 time such as 2025-01-31T12:00:00Z: {e}"
+                        "`since` must be an RFC 3339 time such as 2025-01-31T12:00:00Z \
+                         or 2025-01-31T13:00:00+01:00: {e}"
                     ))
                 })
             })
@@ -177,6 +178,88 @@ impl List {
     }
 }
 
+/// Days in 400 years of the Gregorian calendar, after which its years
+/// repeat, leap days included.
+const DAYS_IN_400_YEARS: u64 = 146_097;
+
+/// `text` read as an RFC 3339 time (RFC 3339 §5.6), the instant it names:
+/// `YYYY-MM-DDTHH:MM:SS`, an optional fraction of a second, and the offset
+/// `Z` or `+HH:MM`/`-HH:MM` (`T` and `Z` in either case), any year from
+/// 0000. As before, a space for the `T` and a time without an offset (read
+/// as UTC) are taken too.
+///
+/// `humantime` checks and reads the date and the time of day, in UTC and
+/// from 1970 only: the offset is read here and applied after, and a year
+/// before 1970 is read 400 years (or a multiple) later and moved back, the
+/// Gregorian calendar being the same then.
+fn rfc3339(text: &str) -> Result<SystemTime, String> {
+    let shape = || {
+        format!(
+            "{} is not of the form YYYY-MM-DDTHH:MM:SS[.fraction] followed by Z or ±HH:MM",
+            crate::excerpt::bounded(text, 64)
+        )
+    };
+    let (local, east) = split_offset(text).ok_or_else(shape)?;
+    let Some((head, rest)) = local.as_bytes().split_first_chunk::<19>() else {
+        return Err(shape());
+    };
+    let [y1, y2, y3, y4, b'-', m1, m2, b'-', d1, d2, t, h1, h2, b':', n1, n2, b':', s1, s2] = *head
+    else {
+        return Err(shape());
+    };
+    let fraction = match rest {
+        [] => true,
+        [b'.', digits @ ..] => !digits.is_empty() && digits.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    let numbers = [y1, y2, y3, y4, m1, m2, d1, d2, h1, h2, n1, n2, s1, s2];
+    let between = matches!(t, b'T' | b't' | b' ');
+    if !between || !fraction || !numbers.iter().all(u8::is_ascii_digit) {
+        return Err(shape());
+    }
+    let year = [y1, y2, y3, y4]
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    let (Some(date), Some(time)) = (local.get(4..10), local.get(11..)) else {
+        return Err(shape());
+    };
+    let shift = 1970u64.saturating_sub(year).div_ceil(400);
+    let utc = format!("{:04}{date}T{time}Z", year + 400 * shift);
+    let at = humantime::parse_rfc3339(&utc).map_err(|e| e.to_string())?;
+    let back = Duration::from_secs(shift * DAYS_IN_400_YEARS * 24 * 60 * 60);
+    let offset = Duration::from_secs(east.unsigned_abs());
+    at.checked_sub(back)
+        .and_then(|at| match east {
+            0.. => at.checked_sub(offset),
+            _ => at.checked_add(offset),
+        })
+        .ok_or_else(|| format!("{} is out of range", crate::excerpt::bounded(text, 64)))
+}
+
+/// `text` without its offset, and the offset in seconds east of UTC:
+/// `Z` (or `z`) and `±HH:MM` (hours to 23, minutes to 59); no offset reads
+/// as UTC. `None` for an offset out of range.
+fn split_offset(text: &str) -> Option<(&str, i64)> {
+    if let Some(local) = text.strip_suffix(['Z', 'z']) {
+        return Some((local, 0));
+    }
+    let at = text.len().checked_sub(6);
+    let tail = at.and_then(|at| text.as_bytes().get(at..));
+    let Some(&[sign @ (b'+' | b'-'), h1, h2, b':', m1, m2]) = tail else {
+        return Some((text, 0));
+    };
+    let two = |a: u8, b: u8| {
+        (a.is_ascii_digit() && b.is_ascii_digit()).then(|| i64::from((a - b'0') * 10 + (b - b'0')))
+    };
+    let (hours, minutes) = (two(h1, h2)?, two(m1, m2)?);
+    if hours > 23 || minutes > 59 {
+        return None;
+    }
+    let east = (hours * 60 + minutes) * 60;
+    let local = text.get(..at?)?;
+    Some((local, if sign == b'-' { -east } else { east }))
+}
+
 /// A cursor as `sessions.list` gives it out: the registration time of the
 /// page's last row in milliseconds since the epoch, a dot, its id. Opaque
 /// to clients; spelled plainly so a person can read it in a log.
@@ -192,7 +275,7 @@ fn parse_cursor(text: &str) -> Result<ListCursor, RpcError> {
     let refused = || {
         RpcError::bad_params(format!(
             "`cursor` {} is not one sessions.list gave; pass its `next_cursor` as it is",
-            crate::excerpt::bounded(text, 40)
+            crate::excerpt::bounded(text, 64)
         ))
     };
     let (ms, id) = text.split_once('.').ok_or_else(refused)?;
@@ -261,5 +344,76 @@ mod tests {
         assert!(list.checked_since().is_err());
         let list: List = read(json!({ "since": "2025-01-31T12:00:00Z" })).unwrap();
         assert!(list.checked_since().unwrap().is_some());
+    }
+
+    fn since(text: &str) -> Result<Option<SystemTime>, RpcError> {
+        read::<List>(json!({ "since": text }))
+            .unwrap()
+            .checked_since()
+    }
+
+    /// Every RFC 3339 time is taken, and read as the instant it names: an
+    /// offset east of UTC is that much earlier, `t` and `z` may be lower
+    /// case, a fraction of a second is kept.
+    #[test]
+    fn since_takes_every_rfc_3339_time_as_the_instant_it_names() {
+        let at = |s: u64, ms: u64| Some(UNIX_EPOCH + Duration::from_millis(s * 1000 + ms));
+        // 2020-01-01T00:00:00Z
+        let new_year = 1_577_836_800;
+        for (text, expected) in [
+            ("2020-01-01T00:00:00Z", at(new_year, 0)),
+            ("2020-01-01t00:00:00z", at(new_year, 0)),
+            ("2020-01-01T00:00:00+00:00", at(new_year, 0)),
+            ("2020-01-01T00:00:00-00:00", at(new_year, 0)),
+            ("2020-01-01T00:00:00+01:00", at(new_year - 3600, 0)),
+            ("2020-01-01T00:00:00-05:00", at(new_year + 5 * 3600, 0)),
+            ("2020-01-01T05:30:00.250+05:30", at(new_year, 250)),
+            ("2019-12-31T23:59:59.5-00:01", at(new_year + 59, 500)),
+            ("2020-01-01 00:00:00Z", at(new_year, 0)),
+            // Without an offset, as before: UTC.
+            ("2020-01-01T00:00:00", at(new_year, 0)),
+            ("1970-01-01T00:00:00Z", at(0, 0)),
+            (
+                "1970-01-01T00:30:00+01:00",
+                Some(UNIX_EPOCH - Duration::from_secs(1800)),
+            ),
+            ("1969-12-31T23:00:00-01:00", at(0, 0)),
+            (
+                "1969-12-31T23:59:59Z",
+                Some(UNIX_EPOCH - Duration::from_secs(1)),
+            ),
+            (
+                "1600-02-29T00:00:00Z",
+                Some(UNIX_EPOCH - Duration::from_secs(11_670_998_400)),
+            ),
+            (
+                "0000-01-01T00:00:00Z",
+                Some(UNIX_EPOCH - Duration::from_secs(62_167_219_200)),
+            ),
+        ] {
+            match since(text) {
+                Ok(time) => assert_eq!(time, expected, "{text}"),
+                Err(e) => panic!("{text}: {}", e.message),
+            }
+        }
+        for text in [
+            "yesterday",
+            "2020-01-01T00:00:00+1:00",
+            "2020-01-01T00:00:00+24:00",
+            "2020-01-01T00:00:00+01:60",
+            "2020-01-01T00:00:00+0100",
+            "2020-01-01T00:00:00Z+01:00",
+            "2020-01-01T00:00:00+01:00Z",
+            "2020-01-01T00:00:00.+01:00",
+            "2020-01-01X00:00:00Z",
+            "2020-13-01T00:00:00Z",
+            "2019-02-29T00:00:00Z",
+            "+020-01-01T00:00:00Z",
+            "2020-01-01T00:00:00é",
+            "é020-01-01T00:00:00Z",
+            "",
+        ] {
+            assert!(since(text).is_err(), "{text}");
+        }
     }
 }

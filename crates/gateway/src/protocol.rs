@@ -2,9 +2,11 @@
 //!
 //! A request is an object `{"jsonrpc": "2.0", "id": ..., "method": ...,
 //! "params": {...}}`; one without an `id` is a notification, carried out
-//! with no answer. Params go by name, as an object (or are left out when a
-//! method needs none). A batch (an array) is refused: the protocol is one
-//! message per frame, so that a reply is never held back behind others.
+//! with no answer. An `id` is a string or an integer within 64 bits, and
+//! its answer echoes it exactly; any other is refused. Params go by name,
+//! as an object (or are left out when a method needs none). A batch (an
+//! array) is refused: the protocol is one message per frame, so that a
+//! reply is never held back behind others.
 //!
 //! Every error carries a stable `data.kind` (see [`ErrorKind`]) besides the
 //! JSON-RPC code: a client decides on the kind, a person reads the message.
@@ -191,7 +193,7 @@ impl RpcError {
                 tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
                 (code::OVER_CAPACITY, ErrorKind::OverCapacity)
             }
-            R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } => {
+            R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } | R::LiveElsewhere { .. } => {
                 (code::WRONG_STATE, ErrorKind::WrongState)
             }
             R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
@@ -216,6 +218,10 @@ pub(crate) struct Incoming {
 /// The most characters of a string `id`: every answer echoes its id, and
 /// must fit in a frame beside what it says.
 pub(crate) const MAX_ID_CHARS: usize = 256;
+
+/// The most bytes a result's frame has besides its result: the JSON-RPC
+/// members and the longest id, each of its characters escaped (`\u001f`).
+pub(crate) const MAX_RESULT_ENVELOPE_BYTES: usize = 64 + 6 * MAX_ID_CHARS;
 
 /// Reads one frame. A frame that is not a request gives the error to answer
 /// with, and the id to answer to (null when it cannot be read).
@@ -262,6 +268,17 @@ pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
                 id.chars().count()
             );
             return Err(invalid(Value::Null, &why));
+        }
+        // Read as a float, a number outside the 64-bit integers or with a
+        // fraction or an exponent (or -0) would be echoed as another
+        // number: refused, as JSON-RPC advises against fractional ids.
+        Some(Value::Number(n)) if !(n.is_i64() || n.is_u64()) => {
+            return Err(invalid(
+                Value::Null,
+                "a number `id` must be an integer from -9223372036854775808 to \
+                 18446744073709551615 written without a fraction or an exponent (nor -0), \
+                 so that the answer echoes it exactly; send other ids as strings",
+            ));
         }
         Some(id @ (Value::Null | Value::Number(_) | Value::String(_))) => Some(id),
         Some(_) => return Err(invalid(Value::Null, "`id` must be a number or a string")),
@@ -382,6 +399,41 @@ mod tests {
             assert_eq!(answer_to, id, "{text}");
             assert_eq!(error.code, code, "{text}");
             assert_eq!(error.kind, ErrorKind::BadRequest, "{text}");
+        }
+    }
+
+    /// An id is echoed exactly or refused: a number outside the 64-bit
+    /// integers, or with a fraction or an exponent, would come back as
+    /// another number.
+    #[test]
+    fn g11_a_number_id_that_cannot_be_echoed_exactly_is_refused_to_null() {
+        for id in [
+            "18446744073709551616",
+            "-9223372036854775809",
+            "1e2",
+            "1.5",
+            "1.0",
+            "-0.0",
+            "-0",
+        ] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"sessions.list"}}"#);
+            let (answer_to, error) = refused(&text);
+            assert_eq!(answer_to, Value::Null, "{id}");
+            assert_eq!(error.code, code::INVALID_REQUEST, "{id}");
+            assert_eq!(error.kind, ErrorKind::BadRequest, "{id}");
+            assert!(error.message.contains("`id`"), "{id}: {}", error.message);
+        }
+        for id in [
+            "18446744073709551615",
+            "-9223372036854775808",
+            "0",
+            "-1",
+            r#""1.5""#,
+        ] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"sessions.list"}}"#);
+            let request = parse(&text).unwrap();
+            let answer = result(request.id.as_ref().unwrap(), json!({}));
+            assert!(answer.contains(&format!(r#""id":{id},"#)), "{answer}");
         }
     }
 

@@ -8,8 +8,9 @@ use serde_json::{json, Value};
 use settle_runtime::SessionId;
 use settle_store::{ChunkKind, TurnPage};
 
+use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 use crate::parts::{self, Payload};
-use crate::protocol::RpcError;
+use crate::protocol::{RpcError, MAX_RESULT_ENVELOPE_BYTES};
 
 /// Where a read starts: a turn (its number; the last when `None`), a
 /// chunk's `seq` in it and a part of that chunk.
@@ -20,16 +21,13 @@ pub(crate) struct From {
     pub part: u32,
 }
 
-/// What the answer has besides its chunks.
-const ENVELOPE_BYTES: usize = 512;
-
 /// The most chunks a page of `page_bytes` can hold: each gives at least one
 /// part, and no part is smaller than an empty one of the first chunk.
 pub(crate) fn most_chunks(id: SessionId, page_bytes: usize, part_bytes: usize) -> usize {
     let smallest = parts::params(id, 1, 0, Payload::Text(""), part_bytes)
         .first()
         .map_or(1, |p| p.to_string().len() + 1);
-    page_bytes.saturating_sub(ENVELOPE_BYTES) / smallest.max(1) + 1
+    page_bytes / smallest.max(1) + 1
 }
 
 /// The answer to `session.read` of `id` from `from`, on the store's `page`
@@ -37,6 +35,13 @@ pub(crate) fn most_chunks(id: SessionId, page_bytes: usize, part_bytes: usize) -
 /// turns the session has, its chunks from `from` within `page_bytes`, each
 /// part within `part_bytes`, and where the next page starts (null once the
 /// read reached the turn's last chunk).
+///
+/// The turn's error is stored whole (a provider's message may quote a
+/// response body of megabytes): its message is bounded as a `turn.ended`
+/// error's is. The page's bytes count all the answer has besides its
+/// chunks, the frame's envelope with the longest id included, so that the
+/// whole frame is within `page_bytes` (but for one part that alone is
+/// larger, which a page always shows).
 pub(crate) fn page(
     id: SessionId,
     page: &TurnPage,
@@ -59,7 +64,24 @@ pub(crate) fn page(
             "chunks": [], "next": null,
         }));
     };
-    let budget = page_bytes.saturating_sub(ENVELOPE_BYTES);
+    let error = turn.error.as_ref().map_or(Value::Null, |e| {
+        json!({
+            "kind": e.kind.as_str(),
+            "message": bounded(&e.message, MAX_MESSAGE_CHARS),
+        })
+    });
+    let mut answer = json!({
+        "id": id.get(),
+        "turns": count,
+        "turn": turn.no,
+        "outcome": turn.outcome.map(|o| o.as_str()),
+        "error": error,
+        "chunks": [],
+        // The longest `next` there is, for the count.
+        "next": { "turn": u32::MAX, "seq": u32::MAX, "part": u32::MAX },
+    });
+    let envelope = answer.to_string().len() + MAX_RESULT_ENVELOPE_BYTES;
+    let budget = page_bytes.saturating_sub(envelope);
     let mut chunks = Vec::new();
     let mut bytes = 0usize;
     let mut next = Value::Null;
@@ -91,19 +113,9 @@ pub(crate) fn page(
             next = json!({ "turn": turn.no, "seq": last.seq.saturating_add(1), "part": 0 });
         }
     }
-    let error = turn.error.as_ref().map_or(
-        Value::Null,
-        |e| json!({ "kind": e.kind.as_str(), "message": e.message }),
-    );
-    Ok(json!({
-        "id": id.get(),
-        "turns": count,
-        "turn": turn.no,
-        "outcome": turn.outcome.map(|o| o.as_str()),
-        "error": error,
-        "chunks": chunks,
-        "next": next,
-    }))
+    answer["chunks"] = Value::Array(chunks);
+    answer["next"] = next;
+    Ok(answer)
 }
 
 #[cfg(test)]
@@ -176,6 +188,44 @@ mod tests {
         let answer = page_of(id, &page, from, 4096, 1024);
         assert_eq!(answer["chunks"].as_array().map(Vec::len), Some(1));
         assert_eq!(answer["next"], json!({ "turn": 1, "seq": 2, "part": 0 }));
+    }
+
+    /// A turn's stored error, however long, is bounded as an error's
+    /// message is elsewhere, and the page's bytes count it: the answer is
+    /// within its page, chunks included.
+    #[test]
+    fn a_huge_turn_error_is_bounded_and_counted_in_the_page() {
+        let id = SessionId(1);
+        let (page_bytes, part_bytes) = (16 * 1024, 4 * 1024);
+        for message in ["E".repeat(2_000_000), "\u{1}".repeat(600)] {
+            let mut turn = turn_of((0..1000).map(|_| "x".repeat(100)));
+            turn.outcome = Some(settle_runtime::Outcome::Failed);
+            turn.error = Some(settle_runtime::TurnError::new(
+                settle_runtime::TurnErrorKind::Provider,
+                message.clone(),
+            ));
+            let page = TurnPage {
+                turns: 1,
+                turn: Some(turn),
+                more: true,
+            };
+            let from = From {
+                turn: None,
+                seq: 0,
+                part: 0,
+            };
+            let answer = page_of(id, &page, from, page_bytes, part_bytes);
+            let said = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(said.chars().count() <= crate::excerpt::MAX_MESSAGE_CHARS);
+            assert!(answer["chunks"].as_array().is_some_and(|c| !c.is_empty()));
+            assert!(!answer["next"].is_null());
+            // The frame, with the longest id a request may have.
+            let frame = crate::protocol::result(
+                &json!("\u{1f}".repeat(crate::protocol::MAX_ID_CHARS)),
+                answer,
+            );
+            assert!(frame.len() <= page_bytes, "{} bytes", frame.len());
+        }
     }
 
     fn page_of(id: SessionId, page: &TurnPage, from: From, bytes: usize, part: usize) -> Value {
