@@ -461,7 +461,7 @@ async fn a_prompt_or_a_history_past_its_bound_is_refused_too_large_and_nothing_i
 }
 
 #[tokio::test]
-async fn a_turn_past_its_chunks_or_bytes_is_cancelled_and_ends_too_large() {
+async fn a_turn_past_its_chunks_or_bytes_ends_too_large_and_the_store_has_what_was_sent() {
     // At a model's pace, so that the cancel lands before the reply ends.
     let pace = std::time::Duration::from_millis(20);
     let book = ScriptBook::new()
@@ -482,8 +482,8 @@ async fn a_turn_past_its_chunks_or_bytes_is_cancelled_and_ends_too_large() {
         );
     let mut served = Served::tcp(
         Arc::new(book),
-        |k| k,
-        |g| g.max_turn_chunks(3).max_turn_bytes(100),
+        |k| k.max_turn_chunks(Some(3)).max_turn_bytes(Some(100)),
+        |g| g,
     )
     .await;
     let mut client = served.client().await;
@@ -495,7 +495,13 @@ async fn a_turn_past_its_chunks_or_bytes_is_cancelled_and_ends_too_large() {
         let (chunks, ended) = client.turn(id).await;
         assert_eq!(chunks.len(), delivered, "{prompt}: {chunks:?}");
         assert_eq!(ended["error"]["kind"], "too_large", "{prompt}: {ended}");
-        assert_eq!(ended["outcome"], "cancelled", "{prompt}: {ended}");
+        assert_eq!(ended["outcome"], "failed", "{prompt}: {ended}");
+        // The chunk past the limit was neither sent nor stored, and the
+        // turn's end is stored as it was told.
+        let (stored, _, last) = read_all(&mut client, json!({ "id": id, "turn": 1 })).await;
+        assert_eq!(stored.len(), delivered, "{prompt}: stored {stored:?}");
+        assert_eq!(last["outcome"], "failed", "{prompt}: {last}");
+        assert_eq!(last["error"]["kind"], "too_large", "{prompt}: {last}");
         // The session takes the next turn.
         client
             .ok("turn.start", json!({ "id": id, "prompt": "again" }))

@@ -82,10 +82,11 @@ pub struct ServeArgs {
     /// How many holds each principal may have placed at once (default: no bound).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_holds_per_principal: Option<u64>,
-    /// How many chunks one turn may stream before it is cancelled.
+    /// How many chunks one turn may stream: the chunk past it is neither
+    /// stored nor sent, and the turn ends `failed` (`too_large`).
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     max_turn_chunks: u64,
-    /// How many bytes of chunks one turn may stream before it is cancelled.
+    /// How many bytes of chunks one turn may stream, bounded as the chunks are.
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_turn_bytes: u64,
     /// Where clients reach this process, for the other processes of a fleet
@@ -147,9 +148,12 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let handoff = store.is_postgres() && !args.no_handoff;
     let store: Arc<dyn settle_store::SessionStore> = Arc::new(store);
     let idle_ttl = Some(args.idle_ttl).filter(|ttl| !ttl.is_zero());
+    let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let kernel = args
         .limits
         .apply(Kernel::builder(store))
+        .max_turn_chunks(Some(as_usize(args.max_turn_chunks)))
+        .max_turn_bytes(Some(as_usize(args.max_turn_bytes)))
         .advertise(Some(advertise))
         .lease_ttl(args.lease_ttl)
         .orphan_grace(args.orphan_grace)
@@ -161,7 +165,6 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .start()
         .await
         .map_err(Failure::store)?;
-    let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let mut gateway = Gateway::builder(kernel.clone(), provider)
         .drain_timeout(args.drain_timeout)
         .header_timeout(args.header_timeout)
@@ -170,9 +173,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .max_connections_per_principal(as_usize(args.max_connections_per_principal))
         .max_sessions_per_principal(args.max_sessions_per_principal.map(as_usize))
         .requests_per_second(Some(args.requests_per_second))
-        .max_holds_per_principal(args.max_holds_per_principal.map(as_usize))
-        .max_turn_chunks(as_usize(args.max_turn_chunks))
-        .max_turn_bytes(as_usize(args.max_turn_bytes));
+        .max_holds_per_principal(args.max_holds_per_principal.map(as_usize));
     for origin in &args.allow_origins {
         gateway = gateway.allow_origin(origin);
     }

@@ -256,6 +256,10 @@ vocabulary! {
         Truncated => "truncated",
         /// The store refused or failed a write the turn needed.
         Store => "store",
+        /// The turn streamed more chunks or bytes than a turn may (the
+        /// caller's limit): it ended at the chunk past it, which was not
+        /// stored.
+        TooLarge => "too_large",
     }
 }
 

@@ -187,23 +187,6 @@ impl GatewayBuilder {
         self
     }
 
-    /// How many chunks one turn may stream; the turn is cancelled at the
-    /// next one (its `turn.ended` error kind `too_large`). Default 100,000.
-    #[must_use]
-    pub fn max_turn_chunks(mut self, chunks: usize) -> Self {
-        self.limits.max_turn_chunks = chunks.max(1);
-        self
-    }
-
-    /// How many bytes of chunks one turn may stream; the turn is cancelled
-    /// at the chunk that passes it (its `turn.ended` error kind
-    /// `too_large`). Default 64 MiB.
-    #[must_use]
-    pub fn max_turn_bytes(mut self, bytes: usize) -> Self {
-        self.limits.max_turn_bytes = bytes.max(1);
-        self
-    }
-
     /// Makes the gateway one of a fleet of gateways on one PostgreSQL
     /// (SPEC §12): a method on a session another live process owns answers
     /// `elsewhere` with its URL, `session.attach` of a released session

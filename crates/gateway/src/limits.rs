@@ -30,10 +30,6 @@ pub(crate) struct Limits {
     pub requests_per_second: Option<u32>,
     /// Holds placed at once per principal; `None`: no bound.
     pub max_holds_per_principal: Option<usize>,
-    /// The most chunks one turn may stream before it is cancelled.
-    pub max_turn_chunks: usize,
-    /// The most bytes of chunks one turn may stream before it is cancelled.
-    pub max_turn_bytes: usize,
 }
 
 impl Limits {
@@ -73,8 +69,6 @@ impl Default for Limits {
             max_sessions_per_principal: None,
             requests_per_second: Some(100),
             max_holds_per_principal: None,
-            max_turn_chunks: 100_000,
-            max_turn_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 use crate::parts::{self, Payload};
-use crate::protocol::{notification, ErrorKind};
+use crate::protocol::notification;
 use crate::table::Entry;
 
 /// How many bytes of chunks the pump shapes and queues between two yields
@@ -66,29 +66,19 @@ fn ended_frame(id: SessionId, turn: u32, outcome: Outcome, error: Value) -> Utf8
     .into()
 }
 
-/// The bounds a turn is delivered within.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Bounds {
-    /// The largest `turn.chunk`; a larger chunk goes in parts.
-    pub part_bytes: usize,
-    /// The most chunks a turn may stream before it is cancelled.
-    pub max_chunks: usize,
-    /// The most bytes of chunks a turn may stream before it is cancelled.
-    pub max_bytes: usize,
-}
-
 /// Runs `turn` to its end. The turn goes on whoever watches: it is read to
 /// its end even with no connection attached (dropping it would cancel it).
 /// `conversation` is held until the end is delivered, and gets the reply
-/// unless the turn failed (the prompt stays, as in `settle chat`). A turn
-/// that streams more chunks or bytes than `bounds` allow is cancelled at
-/// the chunk past them, which is not delivered; its `turn.ended` says
-/// `too_large`, and its reply does not join the conversation.
+/// unless the turn failed (the prompt stays, as in `settle chat`). A chunk
+/// larger than `part_bytes` goes in parts. A turn past the kernel's limits
+/// of a turn (`max_turn_chunks`, `max_turn_bytes`) ends `failed` with a
+/// `too_large` error at the chunk past them, which the kernel neither
+/// stores nor yields: what clients were sent is what the store has.
 pub(crate) async fn pump(
     entry: Arc<Entry>,
     mut turn: Turn,
     mut conversation: OwnedMutexGuard<Vec<Message>>,
-    bounds: Bounds,
+    part_bytes: usize,
 ) {
     let id = entry.handle.id();
     let no = turn.work().no;
@@ -96,28 +86,11 @@ pub(crate) async fn pump(
     // The chunks yielded are a prefix of the stored ones, in order: the
     // count so far is the store's `seq` of the next.
     let mut seq = 0u32;
-    let mut bytes = 0usize;
-    let mut over: Option<String> = None;
     let mut unyielded = 0usize;
     while let Some(chunk) = turn.next().await {
-        if over.is_some() {
-            continue; // Cancelled: read to its end, delivered no more.
-        }
         // The payload as stored: a text chunk's text, another's JSON text.
         let size = chunk.payload().len();
-        bytes = bytes.saturating_add(size);
-        let count = usize::try_from(seq).unwrap_or(usize::MAX).saturating_add(1);
-        if count > bounds.max_chunks || bytes > bounds.max_bytes {
-            let why = format!(
-                "turn {no} streamed more than a turn may ({} chunks or {} bytes); it was cancelled",
-                bounds.max_chunks, bounds.max_bytes
-            );
-            tracing::warn!(session = %id, turn = no, "cancelled a turn: over the chunks or bytes a turn may stream");
-            turn.cancel();
-            over = Some(why);
-            continue;
-        }
-        let mut frames = chunk_frames(id, no, seq, &chunk, bounds.part_bytes);
+        let mut frames = chunk_frames(id, no, seq, &chunk, part_bytes);
         seq = seq.saturating_add(1);
         match frames.len() {
             1 => {
@@ -143,15 +116,14 @@ pub(crate) async fn pump(
         }
     }
     let (outcome, error) = turn.end().await;
-    let error = match (&over, error) {
-        (Some(why), _) => json!({ "kind": ErrorKind::TooLarge.as_str(), "message": why }),
+    let error = match error {
         // A provider's message may quote a whole response body: bounded,
         // so that the turn's end fits in a frame.
-        (None, Some(e)) => json!({
+        Some(e) => json!({
             "kind": e.kind.as_str(),
             "message": bounded(&e.message, MAX_MESSAGE_CHARS),
         }),
-        (None, None) => {
+        None => {
             if !reply.is_empty() {
                 conversation.push(Message::new(Role::Assistant, reply));
             }

@@ -127,13 +127,9 @@ impl Shared {
             turn,
             conversation,
         } = started;
-        let bounds = pump::Bounds {
-            part_bytes: self.limits.part_bytes(),
-            max_chunks: self.limits.max_turn_chunks,
-            max_bytes: self.limits.max_turn_bytes,
-        };
+        let part_bytes = self.limits.part_bytes();
         self.tasks
-            .spawn(pump::pump(entry, turn, conversation, bounds));
+            .spawn(pump::pump(entry, turn, conversation, part_bytes));
     }
 
     /// Tells every connection `server.shutdown`, with the drain it has,

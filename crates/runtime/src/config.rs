@@ -87,6 +87,14 @@ pub struct Config {
     /// is refused the same way, before anything is sent or written. `None`
     /// for no limit. Default 16 MiB, far above any model's context window.
     pub max_history_bytes: Option<usize>,
+    /// The most chunks one turn may stream: the chunk past it is neither
+    /// stored nor yielded, and the turn ends `failed` with a `too_large`
+    /// error (stored with the turn). `None` (the default) for no limit.
+    pub max_turn_chunks: Option<usize>,
+    /// The most bytes of chunk payloads one turn may stream (a text
+    /// chunk's text, another's JSON), bounded as `max_turn_chunks` is.
+    /// `None` (the default) for no limit.
+    pub max_turn_bytes: Option<usize>,
 }
 
 /// The default of [`Config::chunk_buffer`].
@@ -121,6 +129,8 @@ impl Default for Config {
             advertise: None,
             max_prompt_bytes: Some(DEFAULT_MAX_PROMPT_BYTES),
             max_history_bytes: Some(DEFAULT_MAX_HISTORY_BYTES),
+            max_turn_chunks: None,
+            max_turn_bytes: None,
         }
     }
 }
@@ -170,6 +180,10 @@ macro_rules! settings {
             max_prompt_bytes: Option<usize> => max_prompt_bytes;
             /// The largest a turn's whole request may be, in bytes; `None` for no limit.
             max_history_bytes: Option<usize> => max_history_bytes;
+            /// The most chunks one turn may stream; `None` for no limit.
+            max_turn_chunks: Option<usize> => max_turn_chunks;
+            /// The most bytes of chunks one turn may stream; `None` for no limit.
+            max_turn_bytes: Option<usize> => max_turn_bytes;
         }
     };
 }
@@ -205,6 +219,8 @@ impl Config {
             idle_timeout: self.idle_timeout.unwrap_or(Duration::ZERO),
             first_event_timeout: None,
             retry: self.retry.clone(),
+            max_chunks: self.max_turn_chunks,
+            max_bytes: self.max_turn_bytes,
         }
     }
 

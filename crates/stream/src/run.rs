@@ -9,8 +9,8 @@ use settle_core::TurnError;
 use crate::signal::{CancelledBy, WorkEnd};
 use crate::sink::{ChunkSink, SinkError};
 use crate::{
-    Cut, FirstEventTimedOut, IdleTimeout, Provider, ProviderStream, Request, RetryPolicy, Scope,
-    StreamError, StreamEvent,
+    Chunk, Cut, FirstEventTimedOut, IdleTimeout, Provider, ProviderStream, Request, RetryPolicy,
+    Scope, StreamError, StreamEvent,
 };
 
 /// The default idle timeout of a turn's stream: the one default of the
@@ -38,6 +38,13 @@ pub struct TurnOptions {
     pub first_event_timeout: Option<Duration>,
     /// How opening the stream is retried before its first chunk.
     pub retry: RetryPolicy,
+    /// The most chunks the turn may stream; the chunk past it is not
+    /// delivered (not stored, in a runtime) and ends the turn `failed`
+    /// with a `too_large` error. `None`: no limit.
+    pub max_chunks: Option<usize>,
+    /// The most bytes of chunk payloads (a text chunk's text, another's
+    /// JSON) the turn may stream, bounded as `max_chunks` is.
+    pub max_bytes: Option<usize>,
 }
 
 impl Default for TurnOptions {
@@ -46,6 +53,8 @@ impl Default for TurnOptions {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             first_event_timeout: None,
             retry: RetryPolicy::default(),
+            max_chunks: None,
+            max_bytes: None,
         }
     }
 }
@@ -66,6 +75,18 @@ impl TurnOptions {
     /// Sets how opening the stream is retried.
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Sets the most chunks the turn may stream (`None`: no limit).
+    pub fn max_chunks(mut self, chunks: Option<usize>) -> Self {
+        self.max_chunks = chunks;
+        self
+    }
+
+    /// Sets the most bytes of chunks the turn may stream (`None`: no limit).
+    pub fn max_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.max_bytes = bytes;
         self
     }
 }
@@ -141,9 +162,13 @@ where
     });
     let mut stream = scope.attach(IdleTimeout::new(stream, options.idle_timeout).first_event(left));
     progress.attached();
+    let mut taken = Taken::default();
     let end = loop {
         match stream.next().await {
             Some(Ok(StreamEvent::Chunk(chunk))) => {
+                if let Some(over) = taken.take(&chunk, &options) {
+                    break WorkEnd::Failed(over);
+                }
                 let usage = (chunk.kind() == settle_core::ChunkKind::Usage)
                     .then(|| crate::usage_tokens(&chunk.to_json()));
                 let delivered = tokio::select! {
@@ -212,6 +237,36 @@ where
                 return fallback.open(request).await;
             }
         }
+    }
+}
+
+/// How much of its limits a turn has streamed.
+#[derive(Default)]
+struct Taken {
+    chunks: usize,
+    bytes: usize,
+}
+
+impl Taken {
+    /// Counts `chunk`; the error that ends the turn when it is past the
+    /// limits of `options` (it is then neither counted nor delivered).
+    fn take(&mut self, chunk: &Chunk, options: &TurnOptions) -> Option<TurnError> {
+        let chunks = self.chunks.saturating_add(1);
+        let bytes = self.bytes.saturating_add(chunk.payload().len());
+        let over = |limit: Option<usize>, n: usize| limit.is_some_and(|most| n > most);
+        if over(options.max_chunks, chunks) || over(options.max_bytes, bytes) {
+            let most = |limit: Option<usize>| limit.map_or("no".to_owned(), |n| n.to_string());
+            return Some(TurnError::new(
+                settle_core::TurnErrorKind::TooLarge,
+                format!(
+                    "the turn streamed more than a turn may ({} chunks or {} bytes); it was ended at the chunk past that, which was not kept",
+                    most(options.max_chunks),
+                    most(options.max_bytes)
+                ),
+            ));
+        }
+        (self.chunks, self.bytes) = (chunks, bytes);
+        None
     }
 }
 

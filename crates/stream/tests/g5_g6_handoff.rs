@@ -179,6 +179,41 @@ async fn g4_a_cancel_during_the_open_cancels_the_work_and_closes_the_stream() {
     assert_eq!(log.entries(), ["open", "close", "closed"]);
 }
 
+/// A turn past its limits (chunks, or bytes of payload) ends `failed`
+/// with a `too_large` error at the chunk past them, which its sink never
+/// gets (a runtime's sink stores what it gets): what was delivered is
+/// what was kept. Its stream is closed.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_past_its_limits_ends_too_large_before_the_chunk_past_them() {
+    for (options, kept) in [
+        (
+            TurnOptions::default().max_chunks(Some(2)),
+            vec!["chunk a", "chunk bb"],
+        ),
+        (
+            TurnOptions::default().max_bytes(Some(3)),
+            vec!["chunk a", "chunk bb"],
+        ),
+        (TurnOptions::default().max_bytes(Some(2)), vec!["chunk a"]),
+    ] {
+        let provider = ScriptedProvider::new([TurnScript::new(["a", "bb", "ccc", "dddd"])]);
+        let log = Log::default();
+        let mut sink = log_sink(&log);
+        let end = Work::new(Arc::new(provider.clone()), Request::prompt("hi"))
+            .options(options)
+            .run(&Scope::new(), &mut sink)
+            .await;
+        match &end {
+            WorkEnd::Failed(error) => {
+                assert_eq!(error.kind, TurnErrorKind::TooLarge, "{error:?}");
+            }
+            other => panic!("not ended too large: {other:?}"),
+        }
+        assert_eq!(log.entries(), kept);
+        assert_eq!(provider.stats().close_finished, 1, "its stream was closed");
+    }
+}
+
 /// A provider whose open never returns (a server that accepts the
 /// connection and never answers) is bounded by the first-event timeout,
 /// counted from the open: the work ends `idle_timeout` and the stream the
