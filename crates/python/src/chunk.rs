@@ -13,7 +13,8 @@
 //! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one: `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk |
 //!
 //! Anything else is refused with `settle.BadInput` (and fails the turn,
-//! saying why): pass `to_chunk=` to read it.
+//! saying why): pass `to_chunk=` to read it. So is a string anywhere in an
+//! item that is not UTF-8 (a lone surrogate).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
@@ -21,6 +22,7 @@ use serde_json::Value;
 use settle_core::ChunkKind;
 use settle_stream::Chunk;
 
+use crate::args::Text;
 use crate::convert;
 
 /// One piece of a turn's output, as the store acknowledged it: text, or a
@@ -34,9 +36,12 @@ pub(crate) struct PyChunk {
 impl PyChunk {
     /// A chunk of `kind` (`"text"`, `"reasoning"`, `"tool_call"`, `"usage"`,
     /// `"data"`...) carrying `data`: a string for text, any JSON-like value
-    /// for the others. What a `to_chunk` callable may return.
+    /// for the others. What a `to_chunk` callable may return. Raises
+    /// `BadInput` for a kind that is not one, or a string in either that
+    /// is not UTF-8 (a lone surrogate).
     #[new]
-    fn new(kind: &str, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(kind: Text, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let Text(kind) = kind;
         let kind: ChunkKind = kind
             .parse()
             .map_err(|e| crate::errors::BadInput::new_err(format!("{e}")))?;
@@ -92,7 +97,9 @@ fn chunks_at(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>, depth: usize) -> PyR
         return Ok(());
     }
     if let Ok(text) = item.cast::<PyString>() {
-        let text = text.to_cow()?;
+        // A lone surrogate fails the turn with `BadInput`, as the same
+        // string inside an OpenAI-shaped chunk does.
+        let text = convert::utf8(text)?;
         if !text.is_empty() {
             out.push(Chunk::text(text));
         }

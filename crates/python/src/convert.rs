@@ -11,7 +11,9 @@ pub(crate) const MAX_DEPTH: usize = 64;
 
 /// `value` as JSON: `None`, booleans, numbers, strings, lists, tuples,
 /// dicts (keys as strings), and objects with `model_dump()` (pydantic);
-/// anything else as its `str()`.
+/// anything else as its `str()`. A string that is not UTF-8 (a lone
+/// surrogate), wherever it is and whether it is given or made by `str()`,
+/// raises `BadInput`.
 pub(crate) fn to_json(value: &Bound<'_, PyAny>) -> PyResult<Value> {
     to_json_at(value, 0)
 }
@@ -35,7 +37,7 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         if let Ok(n) = value.extract::<u64>() {
             return Ok(Value::from(n));
         }
-        return Ok(Value::String(value.str()?.to_string()));
+        return Ok(Value::String(utf8(&value.str()?)?));
     }
     if let Ok(n) = value.cast::<PyFloat>() {
         return Ok(Number::from_f64(n.value()).map_or(Value::Null, Value::Number));
@@ -54,7 +56,7 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         for (key, item) in dict.iter() {
             let key = match key.cast::<PyString>() {
                 Ok(key) => utf8(key)?,
-                Err(_) => key.str()?.to_string(),
+                Err(_) => utf8(&key.str()?)?,
             };
             map.insert(key, to_json_at(&item, depth + 1)?);
         }
@@ -66,7 +68,7 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         let dumped = value.call_method("model_dump", (), Some(&kwargs))?;
         return to_json_at(&dumped, depth + 1);
     }
-    Ok(Value::String(value.str()?.to_string()))
+    Ok(Value::String(utf8(&value.str()?)?))
 }
 
 /// `value` as a Python object (through `json.loads`).
@@ -78,6 +80,22 @@ pub(crate) fn from_json<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'
             .import("json")?
             .call_method1("loads", (other.to_string(),)),
     }
+}
+
+/// A Python string as UTF-8 for a message, never refused: a lone surrogate
+/// is written as its escape (`\udc80`), as Python's `backslashreplace`
+/// writes it.
+pub(crate) fn utf8_escaped(text: &Bound<'_, PyString>) -> String {
+    if let Ok(text) = text.to_cow() {
+        return text.into_owned();
+    }
+    text.call_method1(
+        pyo3::intern!(text.py(), "encode"),
+        ("utf-8", "backslashreplace"),
+    )
+    .and_then(|bytes| bytes.extract::<Vec<u8>>())
+    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+    .unwrap_or_else(|_| text.to_string_lossy().into_owned())
 }
 
 /// A Python string as UTF-8; one with a lone surrogate raises `BadInput`.

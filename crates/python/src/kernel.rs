@@ -1,6 +1,7 @@
 //! `settle.Kernel`: a running kernel over a store, and the process-wide
 //! list of kernels that interpreter exit shuts down.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use settle_core::{SessionId, State};
-use settle_runtime::{Kernel, ShutdownReport, WeakKernel};
+use settle_runtime::{Config, Kernel, ShutdownReport, WeakKernel};
 use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +27,27 @@ use crate::session::PySession;
 pub(crate) const DEFAULT_IDLE_SECONDS: f64 = settle_stream::DEFAULT_IDLE_TIMEOUT.as_secs_f64();
 
 /// The kernels opened in this process, for the shutdown at interpreter exit.
-static OPEN: Mutex<Vec<(u32, WeakKernel, Duration)>> = Mutex::new(Vec::new());
+static OPEN: Mutex<Vec<Opened>> = Mutex::new(Vec::new());
+
+/// How long the shutdown at interpreter exit waits for a kernel past its
+/// own bound (drain + settle timeout + flush budget), within which the
+/// kernel gives its report whatever the store does (G9): only a kernel
+/// that does not keep its bound is cut there.
+const EXIT_MARGIN: Duration = Duration::from_secs(1);
+
+/// A kernel opened in this process, as interpreter exit shuts it down.
+struct Opened {
+    /// The process that opened it (a forked child does not shut it down).
+    pid: u32,
+    kernel: WeakKernel,
+    /// Its drain timeout.
+    drain: Duration,
+    /// The longest its shutdown takes with that drain, whatever the store
+    /// does ([`Config::shutdown_bound`]).
+    bound: Duration,
+    /// Its SQLite file, for the `settle recover` it may leave to run.
+    file: Option<PathBuf>,
+}
 
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
     Duration::try_from_secs_f64(value).map_err(|_| {
@@ -150,8 +171,8 @@ impl PyKernel {
             CancellationToken::new(),
             OnCancel::Finish,
             async move {
-                let store: Arc<dyn SessionStore> = match db {
-                    None => Arc::new(MemoryStore::new()),
+                let (store, file): (Arc<dyn SessionStore>, _) = match db {
+                    None => (Arc::new(MemoryStore::new()), None),
                     Some(db) => {
                         let file = Store::sqlite_file(&db);
                         if let Some(refusal) = file.as_deref().and_then(other_sqlite::refusal) {
@@ -160,24 +181,35 @@ impl PyKernel {
                         let store = Store::open_async(db)
                             .await
                             .map_err(|e| errors::BadInput::new_err(e.to_string()))?;
-                        if let Some(file) = file {
-                            other_sqlite::opened(&file);
+                        if let Some(file) = &file {
+                            other_sqlite::opened(file);
                         }
-                        Arc::new(store)
+                        (Arc::new(store), file)
                     }
                 };
-                let kernel = Kernel::builder(store)
+                let config = Config::default()
                     .settle_timeout(settle)
                     .drain_timeout(drain)
                     .idle_timeout(idle)
                     .idle_ttl(idle_ttl)
-                    .lru_cap(lru_cap)
+                    .lru_cap(lru_cap);
+                let bound = config.shutdown_bound(drain);
+                let kernel = Kernel::builder(store)
+                    .with_config(config)
                     .start()
                     .await
                     .map_err(errors::runtime)?;
                 if let Ok(mut open) = OPEN.lock() {
-                    open.retain(|(_, weak, _)| weak.upgrade().is_some());
-                    open.push((std::process::id(), kernel.downgrade(), drain));
+                    open.retain(|opened| opened.kernel.upgrade().is_some());
+                    open.push(Opened {
+                        pid: std::process::id(),
+                        kernel: kernel.downgrade(),
+                        drain,
+                        bound,
+                        // Named whole: the process may have changed its
+                        // directory by the time it exits.
+                        file: file.map(|f| std::path::absolute(&f).unwrap_or(f)),
+                    });
                 }
                 Ok(PyKernel {
                     kernel: ForkSafe::new(kernel, owner.clone()),
@@ -222,7 +254,10 @@ impl PyKernel {
     }
 
     /// A handle on session `id`: an open one, or a finalized one whose
-    /// methods raise `SessionClosed`. Raises `BadInput` when it is unknown.
+    /// methods raise `SessionClosed`. Raises `BadInput` when it is unknown,
+    /// and when the store has it live but another process owns it (the
+    /// message says so: one a crashed process left is recovered with
+    /// `settle recover`, then resumed).
     fn session<'py>(&self, py: Python<'py>, id: Whole<u64>) -> PyResult<Bound<'py, PyAny>> {
         let Whole(id) = id;
         let (kernel, here) = self.kernel.get()?;
@@ -275,11 +310,13 @@ impl PyKernel {
     /// Resolves to the sessions of the store (those in `state`, if given),
     /// oldest first, as dicts with the fields of `settle sessions --json`
     /// (`id`, `name`, `parent`, `state`, `outcome`, `end_reason`, `turns`,
-    /// `chunks`, `created_at`, `finalized_at`, `resumed_from`).
+    /// `chunks`, `created_at`, `finalized_at`, `resumed_from`). Raises
+    /// `BadInput` for a state that is not one (a string that is not
+    /// UTF-8 among them).
     #[pyo3(signature = (state = None))]
-    fn sessions<'py>(&self, py: Python<'py>, state: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+    fn sessions<'py>(&self, py: Python<'py>, state: Option<Text>) -> PyResult<Bound<'py, PyAny>> {
         let state = state
-            .map(|s| s.parse::<State>())
+            .map(|Text(s)| s.parse::<State>())
             .transpose()
             .map_err(|e| errors::BadInput::new_err(e.to_string()))?;
         let (kernel, here) = self.kernel.get()?;
@@ -472,33 +509,126 @@ impl SignalHandler {
     }
 }
 
-/// Shuts down every kernel this process opened and still holds, each
-/// within `timeout` seconds, with the GIL released, then stops handing
-/// results to Python: what `atexit` runs, at interpreter exit only.
+/// Shuts down every kernel this process opened and still holds, all at
+/// once, with the GIL released, then stops handing results to Python: what
+/// `atexit` runs, at interpreter exit only. Each kernel is waited for
+/// within its own bound (its drain + settle timeout + flush budget, G9, and
+/// a margin of a second), or within `timeout` seconds if that is given.
+/// One that left sessions unfinalized (the store did not commit them in
+/// time, or the kernel had lost its lease) says so in one line on
+/// `sys.stderr`: how many, and the `settle recover` that finishes them.
 #[pyfunction]
-#[pyo3(signature = (timeout = 30.0))]
-pub(crate) fn shutdown_all(py: Python<'_>, timeout: f64) -> PyResult<()> {
-    let bound = seconds(timeout, "timeout")?;
+#[pyo3(signature = (timeout = None))]
+pub(crate) fn shutdown_all(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+    let cap = timeout.map(|t| seconds(t, "timeout")).transpose()?;
     let pid = std::process::id();
-    let kernels: Vec<(Kernel, Duration)> = match OPEN.lock() {
+    let kernels: Vec<(Kernel, Opened)> = match OPEN.lock() {
         Ok(mut open) => open
             .drain(..)
-            .filter(|(owner, _, _)| *owner == pid)
-            .filter_map(|(_, weak, drain)| weak.upgrade().map(|k| (k, drain)))
+            .filter(|opened| opened.pid == pid)
+            .filter_map(|opened| opened.kernel.upgrade().map(|k| (k, opened)))
             .collect(),
         Err(_) => Vec::new(),
     };
     let here = here()?;
-    py.detach(|| {
-        here.runtime.block_on(async move {
-            for (kernel, drain) in kernels {
-                let _ = tokio::time::timeout(bound, kernel.shutdown(drain)).await;
+    let said = py.detach(|| {
+        let said = here.runtime.block_on(async move {
+            let shutdowns: Vec<_> = kernels
+                .into_iter()
+                .map(|(kernel, opened)| {
+                    let limit = cap.unwrap_or_else(|| opened.bound.saturating_add(EXIT_MARGIN));
+                    tokio::spawn(async move {
+                        let report =
+                            tokio::time::timeout(limit, kernel.shutdown(opened.drain)).await;
+                        left_at_exit(report.ok().as_ref(), limit, opened.file.as_deref())
+                    })
+                })
+                .collect();
+            let mut said = Vec::new();
+            for shutdown in shutdowns {
+                if let Ok(Some(line)) = shutdown.await {
+                    said.push(line);
+                }
             }
+            said
         });
         // Nothing reaches Python from here on: the interpreter is exiting.
         here.deliver.close();
+        said
     });
+    for line in said {
+        say(py, &line);
+    }
     Ok(())
+}
+
+/// The line a kernel's shutdown at exit says when it left sessions for
+/// recovery, as the command line's (`report` is `None` when it did not end
+/// within `limit`); `None` when it left none.
+fn left_at_exit(
+    report: Option<&ShutdownReport>,
+    limit: Duration,
+    file: Option<&std::path::Path>,
+) -> Option<String> {
+    let recover = match file {
+        Some(file) => format!(
+            "settle --db {} recover",
+            shell_word(&file.to_string_lossy())
+        ),
+        None => "settle recover".to_owned(),
+    };
+    let Some(report) = report else {
+        return Some(format!(
+            "settle: the shutdown at exit did not end within {:.1} s; its sessions may be left \
+             unfinalized: run `{recover}` once the store is healthy",
+            limit.as_secs_f64()
+        ));
+    };
+    let left = report.left_recoverable.len();
+    let sessions = if left == 1 { "session" } else { "sessions" };
+    // Counted when the kernel gave up waiting: a write the store had
+    // queued may still land, so the count is an upper bound.
+    if report.lease_lost {
+        Some(format!(
+            "settle: this process lost its lease on its sessions, so its kernel stopped; up to \
+             {left} {sessions} left for recovery (another process may have taken them already): \
+             run `{recover}`"
+        ))
+    } else if left > 0 {
+        Some(format!(
+            "settle: up to {left} {sessions} left unfinalized at exit (the store did not commit \
+             them in time; some may have landed since); run `{recover}` once the store is healthy"
+        ))
+    } else {
+        None
+    }
+}
+
+/// `word` as one word of a shell command: as is when it is plain, else
+/// single-quoted.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:,@%=".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Writes `line` to `sys.stderr` (where the program's own errors go), or
+/// to the process's stderr when Python's is gone.
+fn say(py: Python<'_>, line: &str) {
+    let written = py.import("sys").and_then(|sys| {
+        let stderr = sys.getattr("stderr")?;
+        stderr.call_method1("write", (format!("{line}\n"),))?;
+        stderr.call_method0("flush")
+    });
+    if written.is_err() {
+        eprintln!("{line}");
+    }
 }
 
 /// The session `obj` names: a `Session`, or its id.

@@ -70,7 +70,9 @@
 //!   it at the settle deadline (G5), and its later writes raise
 //!   `SessionClosed` (G10).
 //! - A forked child that touches its parent's objects gets `settle.Error`
-//!   (`process.rs`); interpreter exit shuts every kernel down, bounded
+//!   (`process.rs`); interpreter exit shuts every kernel down, each within
+//!   its own bound (drain + settle timeout + flush budget), and says on
+//!   stderr how many sessions a stalled store left for `settle recover`
 //!   (`kernel.rs`, registered with `atexit` by the package).
 
 mod args;

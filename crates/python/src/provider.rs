@@ -28,6 +28,7 @@ use std::task::{Context, Poll};
 use async_trait::async_trait;
 use futures_util::Stream;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use settle_stream::{
     Chunk, Close, CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
     StreamEvent,
@@ -355,8 +356,12 @@ impl PumpSink {
         let _ = self.shared.items.send(Item::End);
     }
 
-    /// The source or the stream raised `message`.
-    fn fail(&self, message: String) {
+    /// The source or the stream raised `message` (the exception's type and
+    /// text). An exception's text is the source's own, not the caller's
+    /// input: one that is not UTF-8 (a lone surrogate) still fails the
+    /// turn, the character written as its escape (`\udc80`).
+    fn fail(&self, message: &Bound<'_, PyString>) {
+        let message = crate::convert::utf8_escaped(message);
         if !self.shared.send_opened(Err(message.clone())) {
             let _ = self.shared.items.send(Item::Failed(message));
         }

@@ -77,8 +77,10 @@ impl Ready {
 impl Drop for Ready {
     fn drop(&mut self) {
         if self.chunk.is_some() {
-            // As a read that waits and is cancelled.
-            self.turn.get().cancel_soon();
+            // As a read that waits and is cancelled. A drop has no caller
+            // to tell: in a forked child (the turn is its parent's) there
+            // is no runtime to cancel it on, and nothing to do.
+            let _ = self.turn.get().cancel_soon();
         }
     }
 }

@@ -119,14 +119,15 @@ impl PyTurn {
     }
 
     /// Cancels the turn and settles it on the runtime, without waiting:
-    /// what a read dropped before it gave its chunk does. Nothing in a
-    /// forked child, where the runtime is not.
-    pub(crate) fn cancel_soon(&self) {
+    /// what `cancel()` and a read dropped before it gave its chunk do. In
+    /// a forked child, where the runtime is not, it does nothing and says
+    /// so: the `settle.Error` of every other call on the parent's objects.
+    pub(crate) fn cancel_soon(&self) -> PyResult<()> {
+        let (turn, here) = self.turn.get()?;
         self.cancel.cancel();
-        if let Ok((turn, here)) = self.turn.get() {
-            here.runtime
-                .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
-        }
+        here.runtime
+            .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
+        Ok(())
     }
 
     /// The next chunk if the store has it and it waits in the turn's
@@ -303,9 +304,10 @@ impl PyTurn {
     /// Cancels the turn now, without waiting (unless it already ended,
     /// G6): its stream is closed (G4) and `outcome` is known once it has
     /// settled, whether or not the turn is read again. The session stays
-    /// open.
-    fn cancel(&self) {
-        self.cancel_soon();
+    /// open. Raises `settle.Error` in a forked child (the turn is its
+    /// parent's), as every call on the parent's objects does.
+    fn cancel(&self) -> PyResult<()> {
+        self.cancel_soon()
     }
 
     fn __aenter__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {

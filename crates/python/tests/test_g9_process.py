@@ -5,6 +5,7 @@ interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -169,6 +170,50 @@ def test_fork_a_child_touching_its_parents_kernel_gets_a_clear_error(db):
     assert "parent completed" in lines
 
 
+FORK_TURN_SCRIPT = """
+import asyncio, os, sys
+import settle
+
+async def stream():
+    while True:
+        await asyncio.sleep(0.05)
+        yield "c"
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1])
+    session = await kernel.register("busy")
+    turn = await session.turn(stream)
+    await turn.__anext__()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            turn.cancel()
+            sys.stdout.write("child: cancel returned\\n")
+        except settle.Error as error:
+            sys.stdout.write(f"child: {type(error).__name__}: {error}\\n")
+        sys.stdout.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    # The child's refused cancel did not reach the parent's turn.
+    await turn.__anext__()
+    print("parent", turn.outcome, flush=True)
+    await turn.aclose()
+    print("parent", turn.outcome, flush=True)
+    await kernel.shutdown()
+
+asyncio.run(main())
+"""
+
+
+def test_fork_a_child_cancelling_its_parents_turn_gets_the_same_clear_error(db):
+    out = run_script(FORK_TURN_SCRIPT, db, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(l.startswith("child: Error: ") and "fork" in l for l in lines), out.stdout
+    assert "parent None" in lines, out.stdout  # still running after the child's call
+    assert "parent cancelled" in lines, out.stdout
+
+
 CLOSED_LOOP_SCRIPT = """
 import asyncio, gc, sys
 import settle
@@ -331,3 +376,61 @@ async def test_g9_the_shutdown_report_says_what_the_store_committed_and_whether_
     assert report["left_recoverable"] == []
     assert report["lease_lost"] is False
     assert report["store_failures"] == 0
+
+
+LOCKED_AT_EXIT_SCRIPT = """
+import asyncio, subprocess, sys, time
+import settle
+
+LOCKER = '''
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+c.execute("BEGIN EXCLUSIVE")
+c.execute("CREATE TABLE IF NOT EXISTS held_lock(x)")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+'''
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.5, drain_timeout=1.0)
+    root = await kernel.register("root")
+    await root.child("a")
+    await root.child("b")
+    # Another process takes the store's write lock, and holds it past this
+    # one's exit: every write of the shutdown at exit stalls.
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, sys.argv[1], sys.argv[2]],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert locker.stdout.readline().strip() == "locked"
+    print("locker", locker.pid, flush=True)
+    sys.modules["__main__"].kept = kernel  # held until interpreter exit
+
+asyncio.run(main())
+print("exiting", time.monotonic(), flush=True)
+"""
+
+
+def test_g9_interpreter_exit_on_a_stalled_store_keeps_the_kernels_bound_and_says_what_it_left(db):
+    out = None
+    try:
+        out = run_script(LOCKED_AT_EXIT_SCRIPT, db, "60", timeout=90)
+        ended = time.monotonic()  # the system's clock: the child's is the same
+        assert out.returncode == 0, out.stderr
+        last = out.stdout.splitlines()[-1].split()
+        assert last[0] == "exiting", out.stdout
+        # From the interpreter's exit on: drain 1 + settle timeout 0.5 +
+        # flush budget 2, and a margin; the lock is held for 60 s.
+        took = ended - float(last[1])
+        assert took < 3.5 + 3, f"the exit took {took:.1f} s"
+        lines = [l for l in out.stderr.splitlines() if l.startswith("settle: ")]
+        assert len(lines) == 1, out.stderr
+        assert "3 sessions" in lines[0] and "settle --db" in lines[0] and "recover" in lines[0], lines
+    finally:
+        if out is not None:
+            for line in out.stdout.splitlines():
+                if line.startswith("locker "):
+                    try:
+                        os.kill(int(line.split()[1]), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass

@@ -157,6 +157,50 @@ async def test_g11_a_number_out_of_range_or_a_lone_surrogate_is_bad_input_not_a_
     assert [row["name"] for row in await kernel.sessions()] == ["s"]
 
 
+async def test_g11_a_lone_surrogate_in_a_state_filter_a_chunk_kind_or_a_values_str_is_bad_input(kernel):
+    class Odd:
+        def __str__(self) -> str:
+            return "odd \udc80"
+
+    for call in (
+        lambda: kernel.sessions("\ud800"),
+        lambda: settle.Chunk("\ud800", "x"),
+        lambda: settle.Chunk("data", Odd()),
+        lambda: settle.Chunk("data", {Odd(): 1}),
+    ):
+        with pytest.raises(settle.BadInput, match="surrogate"):
+            result = call()
+            if hasattr(result, "__await__"):
+                await result
+
+
+async def test_g11_a_turn_whose_source_yields_a_lone_surrogate_fails_as_for_an_openai_shaped_chunk(kernel):
+    session = await kernel.register("s")
+    errors = []
+    for items, to_chunk in (
+        ([{"choices": [{"index": 0, "delta": {"content": "\ud800"}}]}], None),
+        (["\ud800"], None),
+        ([("ok", "\ud800")], None),
+        ([1], lambda _: "\ud800"),
+    ):
+        async with await session.turn(Stream(items), to_chunk=to_chunk) as turn:
+            assert [c async for c in turn] == []
+        assert turn.outcome == "failed", (items, turn.error)
+        errors.append(turn.error)
+    assert "BadInput" in errors[0][1] and "surrogate" in errors[0][1], errors[0]
+    assert errors == [errors[0]] * len(errors), errors
+
+
+async def test_a_source_failing_with_a_lone_surrogate_in_its_message_fails_the_turn_at_once(kernel):
+    session = await kernel.register("s")
+    failing = Stream(["a"], fail=ValueError("bad \udc80 news"))
+    async with await session.turn(failing, idle_timeout=10.0) as turn:
+        assert [c.text async for c in turn] == ["a"]
+    assert turn.outcome == "failed", turn.error
+    assert turn.error[1] == "the provider reported an error: ValueError: bad \\udc80 news", turn.error
+    assert failing.closes == 1
+
+
 async def test_a_chunk_that_cannot_be_read_fails_the_turn_saying_to_use_to_chunk(kernel):
     session = await kernel.register("s")
     async with await session.turn(Stream([object()])) as turn:

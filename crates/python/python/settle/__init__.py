@@ -34,7 +34,9 @@ What it guarantees (the numbers are the project's, see its README):
 - G9: shutdown (``kernel.shutdown()``, a signal, interpreter exit) starts no
   new work, finalizes idle sessions at once, lets running turns drain, then
   cancels and settles them, and finalizes every session, within
-  drain + settle timeout + a flush budget.
+  drain + settle timeout + a flush budget. What a stalled store did not
+  commit in time is left for ``settle recover``: ``shutdown()``'s report
+  names it, and at interpreter exit one line on stderr says how many.
 - G10: a write to a finalized session, or by a task detached at the settle
   deadline, raises ``settle.SessionClosed``.
 
@@ -105,5 +107,7 @@ __all__ = [
     "Turn",
 ]
 
-# Interpreter exit shuts down every kernel still open (G9), each bounded.
+# Interpreter exit shuts down every kernel still open (G9), each within its
+# own bound (drain + settle timeout + flush budget), and says on stderr how
+# many sessions any of them left for `settle recover`.
 _atexit.register(_shutdown_all)
