@@ -183,7 +183,11 @@ impl RpcError {
         use settle_runtime::RuntimeError as R;
         let (code, kind) = match error {
             e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
-            R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
+            // A session live in another process is served to no one here
+            // (in a fleet, `elsewhere` says where): as one that is not.
+            R::Lifecycle(CoreError::UnknownSession(id)) | R::LiveElsewhere { session: id, .. } => {
+                return RpcError::not_found(id.get())
+            }
             R::Lifecycle(CoreError::HandedOff(id)) => return RpcError::elsewhere(id.get(), None),
             R::Store(StoreError::Elsewhere { session, advertise }) => {
                 return RpcError::elsewhere(session.get(), advertise.clone())
@@ -193,7 +197,7 @@ impl RpcError {
                 tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
                 (code::OVER_CAPACITY, ErrorKind::OverCapacity)
             }
-            R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } | R::LiveElsewhere { .. } => {
+            R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } => {
                 (code::WRONG_STATE, ErrorKind::WrongState)
             }
             R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),

@@ -70,11 +70,11 @@ impl Shared {
         match self.kernel.session(id).await {
             Ok(handle) if handle.is_closed() => Ok(Arc::new(Entry::new(handle))),
             Ok(handle) => Ok(self.adopt(handle)),
-            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)))
-                if self.fleet.is_some() =>
-            {
-                self.from_fleet(id, adopt, caller).await
-            }
+            // Not this process's: in a fleet, another's or released.
+            Err(
+                RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))
+                | RuntimeError::LiveElsewhere { .. },
+            ) if self.fleet.is_some() => self.from_fleet(id, adopt, caller).await,
             Err(error) => Err(RpcError::from_runtime(&error)),
         }
     }
