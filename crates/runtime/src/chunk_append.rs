@@ -8,8 +8,9 @@
 //! each time up to 1 s, until the store takes it or the store timeout
 //! (counted from the first try) is spent; then the turn fails with the
 //! store's own cause. The provider's stream is not read meanwhile (its idle
-//! timeout counts only the time spent waiting for its events), and a cancel
-//! ends the wait as it ends any other.
+//! timeout counts only the time spent waiting for its events). A cancelled
+//! turn tries no more: the attempt in flight is awaited (its chunk may be
+//! written already, and is then handed on), a failed one is let go.
 //!
 //! A failed append may have been written all the same: a commit whose
 //! answer was lost with its connection. Before appending again the store is
@@ -22,6 +23,7 @@ use std::time::Duration;
 use settle_core::SessionId;
 use settle_store::{NewChunk, SessionStore, StoreError};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 
@@ -46,13 +48,15 @@ pub(crate) struct Place {
 }
 
 /// Appends the chunk `make` builds at `place`, trying again while the store
-/// fails in a way that may heal, for at most `timeout` in all. `retrying` is
-/// called at the first failure that will be tried again.
+/// fails in a way that may heal, for at most `timeout` in all, and not once
+/// `cut` is cancelled. `retrying` is called at the first failure that will
+/// be tried again.
 pub(crate) async fn append_until_taken(
     store: &dyn SessionStore,
     place: Place,
     make: impl Fn() -> NewChunk,
     timeout: Duration,
+    cut: &CancellationToken,
     mut retrying: impl FnMut(&StoreError),
 ) -> Result<(), NotAppended> {
     let deadline = Instant::now() + timeout;
@@ -69,6 +73,9 @@ pub(crate) async fn append_until_taken(
             Ok(Err(error)) => return Err(NotAppended::Failed(error)),
             Err(_) => return Err(NotAppended::Unanswered(timeout)),
         };
+        if cut.is_cancelled() {
+            return Err(NotAppended::Failed(last));
+        }
         if !said {
             said = true;
             retrying(&last);
@@ -77,10 +84,14 @@ pub(crate) async fn append_until_taken(
         // store that cannot say is asked again after the next wait.
         loop {
             let at = Instant::now() + backoff.next_wait();
-            if at >= deadline {
+            if at >= deadline || cut.is_cancelled() {
                 return Err(NotAppended::Failed(last));
             }
-            tokio::time::sleep_until(at).await;
+            tokio::select! {
+                biased;
+                () = cut.cancelled() => return Err(NotAppended::Failed(last)),
+                () = tokio::time::sleep_until(at) => {}
+            }
             let page = store.turn_page(place.session, Some(place.turn), place.seq, 1);
             match tokio::time::timeout_at(deadline, page).await {
                 Ok(Ok(page)) => {

@@ -39,15 +39,15 @@ use crate::command::Command;
 /// # What the chunks promise (G7)
 ///
 /// Every chunk a `Turn` yields is persisted: it is yielded only once the
-/// store acknowledged it, and it survives a crash. The converse holds for a
-/// turn that ends on its own (completed, failed, timed out): every persisted
-/// chunk is yielded, in order, before the stream ends. It does not hold for
-/// a turn cut short from outside (cancelled, dropped, detached): a chunk the
-/// provider sent just before the cancel landed may be persisted and never
-/// yielded, because the cancel can win the race with its delivery. The
-/// yielded chunks are then a prefix of the stored ones; read the store
-/// (`settle show`, [`Kernel::session_detail`](crate::Kernel::session_detail))
-/// for the rest.
+/// store acknowledged it, and it survives a crash. The converse holds too:
+/// every persisted chunk is yielded, in order, before the stream ends,
+/// whether the turn ended on its own or was cancelled (the chunk on its way
+/// to the store when the cancel landed is let land, and yielded if it was
+/// stored). It does not hold for a detached turn (its work did not end
+/// within the settle timeout, and its writes were cut off wherever they
+/// were): the yielded chunks are then a prefix of the stored ones; read
+/// the store (`settle show`,
+/// [`Kernel::session_detail`](crate::Kernel::session_detail)) for the rest.
 #[derive(Debug)]
 pub struct Turn {
     work: WorkId,

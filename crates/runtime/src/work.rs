@@ -40,6 +40,9 @@ pub(crate) struct WorkHandle {
     pub span: Option<tracing::Span>,
     /// How many times a turn's opening was retried; its `Turn` reads it.
     pub retries: Arc<std::sync::atomic::AtomicU32>,
+    /// Cancelled with the work (or at its detach): a turn's sink then ends
+    /// the chunk in flight promptly (no wait for room, no second try).
+    cut: CancellationToken,
 }
 
 enum Grip {
@@ -72,6 +75,7 @@ impl WorkHandle {
             cancelled_at: None,
             span: None,
             retries: Arc::default(),
+            cut: CancellationToken::new(),
         }
     }
 
@@ -93,6 +97,7 @@ impl WorkHandle {
     /// An immediate cancel: the work's own token (which ends a turn's
     /// attached stream). Never sent twice (G6): the core says when.
     pub fn cancel(&mut self) {
+        self.cut.cancel();
         match &mut self.grip {
             Grip::Turn(Some(control)) => {
                 let _ = control.cancel(CancelMode::Immediate);
@@ -112,6 +117,7 @@ impl WorkHandle {
     /// Abandons the work (G5): its write access is revoked first, then its
     /// stream is force-closed and its task aborted.
     pub fn detach(&mut self) {
+        self.cut.cancel();
         match &mut self.grip {
             Grip::Turn(control) => {
                 if let Some(control) = control.take() {
@@ -202,7 +208,9 @@ pub(crate) fn spawn_turn(
         gen_ai.usage.output_tokens = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
+    let cut = CancellationToken::new();
     let sink = Persisting {
+        cut: cut.clone(),
         work,
         started: Some(started),
         store,
@@ -225,6 +233,7 @@ pub(crate) fn spawn_turn(
         cancelled_at: None,
         span: Some(span),
         retries: Arc::default(),
+        cut,
     };
     (handle, (work, chunks, outcome))
 }
@@ -243,6 +252,8 @@ struct Persisting {
     shared: Arc<SessionShared>,
     events: EventBus,
     seq: u32,
+    /// Cancelled when the work is: the chunk in flight ends promptly.
+    cut: CancellationToken,
 }
 
 impl Persisting {
@@ -296,8 +307,15 @@ impl ChunkSink for Persisting {
                 });
         };
         let appended = tokio::time::Instant::now();
-        let taken =
-            append_until_taken(&*self.store, place, make, self.store_timeout, retrying).await;
+        let taken = append_until_taken(
+            &*self.store,
+            place,
+            make,
+            self.store_timeout,
+            &self.cut,
+            retrying,
+        )
+        .await;
         match taken {
             Ok(()) => crate::meter::chunk_acked(appended.elapsed()),
             // A closed session or turn is revoked write access (G10), not a fault.
@@ -341,10 +359,11 @@ impl ChunkSink for Persisting {
             });
         // A consumer that went away does not stop the turn: the
         // transcript is what matters, and it is persisted. One that is
-        // there but slow is waited for (back-pressure); a cancel still
-        // lands, the work selects on it around this call.
+        // there but slow is waited for (back-pressure), until the turn is
+        // cancelled: then the chunk goes at once, so that the reader gets
+        // every chunk that was stored.
         if let Some(consumer) = &self.consumer {
-            if consumer.send(chunk).await.is_err() {
+            if consumer.send(chunk, &self.cut).await.is_err() {
                 self.consumer = None;
             }
         }

@@ -136,7 +136,10 @@ impl ChunkReceipt {
         }
     }
 
-    pub(crate) fn pending(rx: oneshot::Receiver<Result<ChunkAck, StoreError>>) -> Self {
+    /// A receipt answered through `rx`, for a store that commits on a
+    /// thread of its own (a receipt whose sender is dropped unanswered
+    /// resolves to [`StoreError::Unavailable`]).
+    pub fn pending(rx: oneshot::Receiver<Result<ChunkAck, StoreError>>) -> Self {
         ChunkReceipt {
             state: Receipt::Pending(rx),
         }

@@ -31,6 +31,13 @@ pub trait ChunkSink: Send + 'static {
     }
 
     /// Delivers one chunk; may wait for room.
+    ///
+    /// A chunk on its way when the work is cancelled is not dropped: the
+    /// work closes its stream and awaits this call to its end, since the
+    /// chunk may be written already, and what the sink hands on should be
+    /// what it kept. So once its work is cancelled a sink should end
+    /// promptly: not wait for room, not try a failed write again. The work
+    /// is detached at its settle deadline otherwise (G5).
     async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError>;
 }
 

@@ -61,6 +61,9 @@ struct Faulty {
     land_failed_registrations: Arc<AtomicBool>,
     /// How many more registrations of an owner (a kernel's start) fail.
     fail_owner_registrations: Arc<AtomicUsize>,
+    /// How long each chunk append's answer takes, in milliseconds, the
+    /// chunk written at once: a commit whose answer is on its way.
+    slow_append_answers_ms: Arc<std::sync::atomic::AtomicU64>,
     /// How long each batch takes to apply, in milliseconds (batches apply
     /// one after another, as on the database's one writer): a server that
     /// is slow, not stopped.
@@ -84,6 +87,7 @@ impl Default for Faulty {
             fail_registrations: Arc::default(),
             land_failed_registrations: Arc::default(),
             fail_owner_registrations: Arc::default(),
+            slow_append_answers_ms: Arc::default(),
             slow_ms: Arc::default(),
             in_order: Arc::default(),
             log: Arc::default(),
@@ -157,6 +161,17 @@ impl SessionStore for Faulty {
                 drop(self.inner.append_chunk(id, turn, chunk));
             }
             return ChunkReceipt::ready(Err(locked()));
+        }
+        let slow = self.slow_append_answers_ms.load(Ordering::SeqCst);
+        if slow > 0 {
+            // Written now (the memory store is synchronous), answered later.
+            let written = self.inner.append_chunk(id, turn, chunk);
+            let (answer, receipt) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(slow)).await;
+                let _ = answer.send(written.await);
+            });
+            return ChunkReceipt::pending(receipt);
         }
         self.inner.append_chunk(id, turn, chunk)
     }
@@ -947,6 +962,35 @@ async fn g7_a_chunk_that_landed_though_its_append_failed_is_stored_once() {
     assert_eq!(read_chunks(&mut turn, 3).await, chunks[1..]);
     assert_eq!(turn.outcome().await, Outcome::Completed);
     assert_eq!(stored_chunks(&store, session.id(), 0).await, chunks);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A chunk written as its turn is cancelled (its commit done, its answer
+/// on its way) is yielded too: the cancel lets the chunk in flight land,
+/// so the turn's reader gets every chunk the store has, and the turn
+/// still ends `cancelled` (G7; the gateway's live chunks and its
+/// `session.read` agree).
+#[tokio::test(start_paused = true)]
+async fn g7_a_chunk_stored_as_its_turn_is_cancelled_is_yielded_too() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("cut", None).await.unwrap();
+    let p = provider([TurnScript::new(numbered("c", 50)).end(ScriptedEnd::Hang)]);
+    store.slow_append_answers_ms.store(10, Ordering::SeqCst);
+    let mut turn = start(&session, &p).await;
+    // Each chunk is answered 10 ms after it is written, and the next one
+    // is written then: at 25 ms the third is written and not answered.
+    tokio::time::sleep(25 * MS).await;
+    let stored_before = stored_chunks(&store, session.id(), 0).await.len();
+    turn.cancel();
+    let mut yielded = Vec::new();
+    while let Some(chunk) = turn.next_chunk().await {
+        yielded.push(chunk.payload().to_owned());
+    }
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    let stored = stored_chunks(&store, session.id(), 0).await;
+    assert!(stored_before >= 3, "a chunk was in flight: {stored_before}");
+    assert_eq!(yielded, stored, "every stored chunk was yielded");
     kernel.shutdown(Duration::ZERO).await;
 }
 
