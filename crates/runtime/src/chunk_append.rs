@@ -8,9 +8,11 @@
 //! each time up to 1 s, until the store takes it or the store timeout
 //! (counted from the first try) is spent; then the turn fails with the
 //! store's own cause. The provider's stream is not read meanwhile (its idle
-//! timeout counts only the time spent waiting for its events). A cancelled
-//! turn tries no more: the attempt in flight is awaited (its chunk may be
-//! written already, and is then handed on), a failed one is let go.
+//! timeout counts only the time spent waiting for its events). A cancel
+//! ends the wait as it ends any other, and a cancelled turn tries no more;
+//! an append whose answer is still on its way when the wait is dropped is
+//! handed to `abandoned` (its chunk may be written already: the caller
+//! hands it on once the store says so).
 //!
 //! A failed append may have been written all the same: a commit whose
 //! answer was lost with its connection. Before appending again the store is
@@ -21,11 +23,26 @@
 use std::time::Duration;
 
 use settle_core::SessionId;
-use settle_store::{NewChunk, SessionStore, StoreError};
+use settle_store::{ChunkReceipt, NewChunk, SessionStore, StoreError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+
+/// An append whose answer is on its way: dropped before it came, its
+/// receipt goes to `abandoned`.
+struct Flight<'a, F: Fn(ChunkReceipt)> {
+    receipt: Option<ChunkReceipt>,
+    abandoned: &'a F,
+}
+
+impl<F: Fn(ChunkReceipt)> Drop for Flight<'_, F> {
+    fn drop(&mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            (self.abandoned)(receipt);
+        }
+    }
+}
 
 /// Why a chunk was not appended.
 #[derive(Debug)]
@@ -50,21 +67,31 @@ pub(crate) struct Place {
 /// Appends the chunk `make` builds at `place`, trying again while the store
 /// fails in a way that may heal, for at most `timeout` in all, and not once
 /// `cut` is cancelled. `retrying` is called at the first failure that will
-/// be tried again.
+/// be tried again. Dropped while an append's answer is on its way (the
+/// turn was cancelled), that append's receipt goes to `abandoned`.
 pub(crate) async fn append_until_taken(
     store: &dyn SessionStore,
     place: Place,
     make: impl Fn() -> NewChunk,
     timeout: Duration,
     cut: &CancellationToken,
+    abandoned: impl Fn(ChunkReceipt),
     mut retrying: impl FnMut(&StoreError),
 ) -> Result<(), NotAppended> {
     let deadline = Instant::now() + timeout;
     let mut backoff = Backoff::new();
     let mut said = false;
     loop {
-        let receipt = store.append_chunk(place.session, place.turn, make());
-        let mut last = match tokio::time::timeout_at(deadline, receipt).await {
+        let mut flight = Flight {
+            receipt: Some(store.append_chunk(place.session, place.turn, make())),
+            abandoned: &abandoned,
+        };
+        let answer = match flight.receipt.as_mut() {
+            Some(receipt) => tokio::time::timeout_at(deadline, receipt).await,
+            None => Ok(Err(StoreError::Unavailable)),
+        };
+        flight.receipt = None;
+        let mut last = match answer {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
                 return Err(NotAppended::Closed)

@@ -46,8 +46,10 @@ fn weight(chunk: &Chunk, most: u32) -> u32 {
 #[derive(Debug)]
 pub(crate) struct Gone;
 
-/// The work's end of the queue.
-#[derive(Debug)]
+/// The work's end of the queue (a clone hands on a chunk whose write was
+/// still on its way when the turn was cancelled; the reader's stream ends
+/// once every one is gone).
+#[derive(Debug, Clone)]
 pub(crate) struct ChunkSender {
     tx: mpsc::UnboundedSender<Chunk>,
     slots: Arc<Semaphore>,
@@ -76,6 +78,12 @@ impl ChunkSender {
             taken = room => taken.map_err(|_| Gone)?,
             () = cut.cancelled() => {}
         }
+        self.send_now(chunk)
+    }
+
+    /// Hands `chunk` on at once, past the bounds: the last chunk of a
+    /// cancelled turn, which no more follow.
+    pub fn send_now(&self, chunk: Chunk) -> Result<(), Gone> {
         self.tx.send(chunk).map_err(|_| Gone)
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use settle_core::{CancelMode, TurnError, TurnErrorKind, WorkId};
-use settle_store::{NewChunk, SessionStore, StoreError};
+use settle_store::{ChunkReceipt, NewChunk, SessionStore, StoreError};
 use settle_stream::{
     Chunk, ChunkSink, Keyed, Provider, Request, SinkError, TurnOptions, Work, WorkControl,
     WorkSignal,
@@ -306,6 +306,25 @@ impl ChunkSink for Persisting {
                     message: format!("failed to persist a chunk: {error}; trying again"),
                 });
         };
+        // A cancel drops this call wherever it is. An append already on its
+        // way may be committed: its chunk goes to the reader once the store
+        // says it is, after the chunks before it and before the turn's end
+        // (the reader's stream ends only when every sender is gone), so the
+        // reader of a cancelled turn gets every chunk the store has.
+        let consumer = &self.consumer;
+        let abandoned = |receipt: ChunkReceipt| {
+            let (Some(consumer), Ok(runtime)) =
+                (consumer.clone(), tokio::runtime::Handle::try_current())
+            else {
+                return;
+            };
+            let chunk = chunk.clone();
+            runtime.spawn(async move {
+                if receipt.await.is_ok() {
+                    let _ = consumer.send_now(chunk);
+                }
+            });
+        };
         let appended = tokio::time::Instant::now();
         let taken = append_until_taken(
             &*self.store,
@@ -313,6 +332,7 @@ impl ChunkSink for Persisting {
             make,
             self.store_timeout,
             &self.cut,
+            abandoned,
             retrying,
         )
         .await;

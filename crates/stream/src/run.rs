@@ -171,31 +171,10 @@ where
                 }
                 let usage = (chunk.kind() == settle_core::ChunkKind::Usage)
                     .then(|| crate::usage_tokens(&chunk.to_json()));
-                let sending = sink.chunk(chunk);
-                tokio::pin!(sending);
                 let delivered = tokio::select! {
                     biased;
-                    () = token.cancelled() => None,
-                    sent = &mut sending => Some(sent.map_err(sink_end)),
-                };
-                let delivered = match delivered {
-                    Some(delivered) => delivered,
-                    None => {
-                        // Cancelled with the chunk on its way: the stream is
-                        // closed now (G4), and the chunk is let land, as
-                        // its write may be committed already; what the sink
-                        // hands on is then what it kept. The sink ends
-                        // promptly once its work is cancelled (see
-                        // `ChunkSink::chunk`); the settle deadline bounds it.
-                        let close = std::future::poll_fn(|cx| {
-                            std::pin::Pin::new(&mut stream).poll_close(cx)
-                        });
-                        let ((), sent) = tokio::join!(close, sending);
-                        if let (Ok(()), Some(tokens)) = (sent, usage) {
-                            progress.usage(tokens);
-                        }
-                        break WorkEnd::Cancelled(CancelledBy::Request);
-                    }
+                    () = token.cancelled() => Err(WorkEnd::Cancelled(CancelledBy::Request)),
+                    sent = sink.chunk(chunk) => sent.map_err(sink_end),
                 };
                 if let Err(end) = delivered {
                     break end;

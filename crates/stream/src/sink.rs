@@ -30,14 +30,11 @@ pub trait ChunkSink: Send + 'static {
         Ok(())
     }
 
-    /// Delivers one chunk; may wait for room.
-    ///
-    /// A chunk on its way when the work is cancelled is not dropped: the
-    /// work closes its stream and awaits this call to its end, since the
-    /// chunk may be written already, and what the sink hands on should be
-    /// what it kept. So once its work is cancelled a sink should end
-    /// promptly: not wait for room, not try a failed write again. The work
-    /// is detached at its settle deadline otherwise (G5).
+    /// Delivers one chunk; may wait for room. A cancel of the work drops
+    /// this call wherever it is: a sink whose write may already be on its
+    /// way (a store's commit) hands the chunk on from its drop once the
+    /// write is answered, if it wants its consumer to have every chunk it
+    /// kept (the runtime's does).
     async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError>;
 }
 

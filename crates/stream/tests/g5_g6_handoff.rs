@@ -674,47 +674,6 @@ async fn g7_a_sink_that_fails_ends_the_work_failed_with_its_error() {
     assert_eq!(provider.stats().close_finished, 1);
 }
 
-/// A sink whose every chunk takes a while to be kept (a store's commit).
-struct Slow {
-    log: Log,
-    takes: Duration,
-}
-
-#[async_trait]
-impl ChunkSink for Slow {
-    async fn chunk(&mut self, chunk: Chunk) -> Result<(), SinkError> {
-        self.log.push(format!("keeping {}", chunk.payload()));
-        tokio::time::sleep(self.takes).await;
-        self.log.push(format!("kept {}", chunk.payload()));
-        Ok(())
-    }
-}
-
-/// A cancel that lands while the sink is keeping a chunk does not drop it
-/// half-kept: the stream is closed at once (G4) and the chunk's delivery
-/// is awaited to its end, so what the sink kept is what it was handed
-/// (G7). The work ends cancelled.
-#[tokio::test(start_paused = true)]
-async fn g4_g7_a_cancel_lands_with_the_chunk_in_flight_let_land_and_the_stream_closed() {
-    let provider = ScriptedProvider::new([TurnScript::new(["a", "b"]).end(ScriptedEnd::Hang)]);
-    let log = Log::default();
-    let sink = Slow {
-        log: log.clone(),
-        takes: 10 * MS,
-    };
-    let mut work = spawn(Arc::new(provider.clone()), sink, 60 * S);
-    tokio::time::sleep(15 * MS).await;
-    assert_eq!(log.entries(), ["keeping a", "kept a", "keeping b"]);
-    work.control.cancel(CancelMode::Immediate);
-    let (_, end) = work.until_end().await;
-    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
-    assert_eq!(
-        log.entries(),
-        ["keeping a", "kept a", "keeping b", "kept b"]
-    );
-    assert_eq!(provider.stats().close_finished, 1, "its stream was closed");
-}
-
 /// A sink that is not ready until its gate opens (a turn row being written).
 struct Gated {
     gate: Option<oneshot::Receiver<Result<(), SinkError>>>,

@@ -966,10 +966,11 @@ async fn g7_a_chunk_that_landed_though_its_append_failed_is_stored_once() {
 }
 
 /// A chunk written as its turn is cancelled (its commit done, its answer
-/// on its way) is yielded too: the cancel lets the chunk in flight land,
-/// so the turn's reader gets every chunk the store has, and the turn
-/// still ends `cancelled` (G7; the gateway's live chunks and its
-/// `session.read` agree).
+/// on its way) is yielded too: the cancel ends the work at once, and the
+/// chunk goes to the reader once the store answers, before the end of its
+/// stream, so the reader gets every chunk the store has and the turn still
+/// ends `cancelled` (G7; the gateway's live chunks and its `session.read`
+/// agree).
 #[tokio::test(start_paused = true)]
 async fn g7_a_chunk_stored_as_its_turn_is_cancelled_is_yielded_too() {
     let store = Faulty::default();
