@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 mod gateway_support;
 
 use gateway_support::{connect, Client};
@@ -108,6 +109,43 @@ async fn g9_seed_004_sigterm_mid_turn_drains_it_finalizes_the_idle_one_and_exits
         .filter(|t| t["to"] == "finalized")
         .count();
     assert_eq!(finalizes, 1, "{timeline:#}");
+}
+
+/// G8: a process that cannot commit (another process holds the database's
+/// write lock past its lease) stops and exits 3, and the signals that come
+/// meanwhile do not end it by the signal instead: not while it shuts down,
+/// not after its kernel stopped while it says what it left and lets its
+/// store go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_g9_a_store_locked_past_the_lease_exits_3_whatever_signals_come_meanwhile() {
+    let sandbox = Sandbox::new();
+    let (mut serving, addr) = serve(&sandbox, &["--drain-timeout", "1s", "--lease-ttl", "2s"]);
+    let mut client = connect(&addr).await;
+    create(&mut client, "idle").await;
+    let db = sandbox.db();
+    let Some(lock) = common::SqliteLock::take(db.to_str().unwrap()) else {
+        return;
+    };
+    // SIGTERM every 50 ms until it exits: one lands in every phase of the
+    // stop, the window between the kernel's stop and the exit included.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = serving.exited_within(std::time::Duration::from_millis(50)) {
+            break status;
+        }
+        assert!(started.elapsed() < PATIENCE, "it did not exit");
+        serving.signal(Signal::SIGTERM);
+    };
+    lock.release();
+    assert_eq!(
+        (
+            status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&status)
+        ),
+        (Some(3), None),
+        "{}",
+        serving.stderr_text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

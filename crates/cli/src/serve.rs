@@ -108,6 +108,16 @@ pub struct ServeArgs {
 
 /// Serves until a signal (or a lost lease) has shut it down; returns the exit code.
 pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
+    // The kernel stops before the process has said how it went (a lost
+    // lease's lines, the exit code 3) and before its store is let go (whose
+    // writer may still wait on a locked database): a signal until then is
+    // taken and ignored, not given the default action that would end the
+    // process by the signal instead. `_said` is made first so that it is
+    // dropped last, as this function returns.
+    let (_said, said) = tokio::sync::oneshot::channel::<()>();
+    let said = async move {
+        let _ = said.await;
+    };
     // Before anything can block: no signal is swallowed, ever.
     let signals = Signals::install()
         .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
@@ -195,9 +205,9 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     // stopped, `signals::received` tells a stop by signal from one by the
     // kernel itself, so the future that would yield that signal is not kept.
     if handoff {
-        drop(signals.drive_handoff(&kernel, args.drain_timeout));
+        drop(signals.drive_handoff_until(&kernel, args.drain_timeout, said));
     } else {
-        drop(signals.drive(&kernel, args.drain_timeout));
+        drop(signals.drive_until(&kernel, args.drain_timeout, said));
     }
     outln!("settle serve: listening on {scheme}://{addr}/ws");
     let report = gateway

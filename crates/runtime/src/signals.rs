@@ -140,6 +140,18 @@ impl Signals {
         self.drive_with(kernel, drain, false, until)
     }
 
+    /// As [`drive_handoff`](Self::drive_handoff), with the signals given
+    /// their default action back only once `until` is done too, as
+    /// [`drive_until`](Self::drive_until) says.
+    pub fn drive_handoff_until(
+        self,
+        kernel: &Kernel,
+        drain: Duration,
+        until: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ShutdownSignal> + Send + 'static {
+        self.drive_with(kernel, drain, true, until)
+    }
+
     fn drive_as(
         self,
         kernel: &Kernel,
