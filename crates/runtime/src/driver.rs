@@ -778,6 +778,7 @@ impl Driver {
                     reports: self.report_tx.clone(),
                     store: self.store.clone(),
                     store_timeout: self.config.store_timeout,
+                    settle_timeout: self.config.policy.settle_timeout,
                     failures: self.failures.clone(),
                     events: self.events.clone(),
                     options: options.map_or_else(|| self.config.turn_options(), |o| *o),

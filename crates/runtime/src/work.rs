@@ -151,6 +151,9 @@ pub(crate) struct TurnContext<'a> {
     pub reports: mpsc::UnboundedSender<(WorkId, WorkSignal)>,
     pub store: Arc<dyn SessionStore>,
     pub store_timeout: Duration,
+    /// How long a cancelled turn's last chunk may keep its reader waiting
+    /// for the store's answer (G5's bound).
+    pub settle_timeout: Duration,
     pub failures: Arc<AtomicUsize>,
     pub events: EventBus,
     pub options: TurnOptions,
@@ -178,6 +181,7 @@ pub(crate) fn spawn_turn(
         reports,
         store,
         store_timeout,
+        settle_timeout,
         failures,
         events,
         options,
@@ -211,6 +215,7 @@ pub(crate) fn spawn_turn(
     let cut = CancellationToken::new();
     let sink = Persisting {
         cut: cut.clone(),
+        settle_timeout,
         work,
         started: Some(started),
         store,
@@ -254,6 +259,9 @@ struct Persisting {
     seq: u32,
     /// Cancelled when the work is: the chunk in flight ends promptly.
     cut: CancellationToken,
+    /// How long the chunk of an append in flight at a cancel may keep the
+    /// reader's stream open, waiting for the store's answer.
+    settle_timeout: Duration,
 }
 
 impl Persisting {
@@ -310,8 +318,11 @@ impl ChunkSink for Persisting {
         // way may be committed: its chunk goes to the reader once the store
         // says it is, after the chunks before it and before the turn's end
         // (the reader's stream ends only when every sender is gone), so the
-        // reader of a cancelled turn gets every chunk the store has.
+        // reader of a cancelled turn gets every chunk the store has. A store
+        // that does not answer within the settle timeout holds the reader
+        // no longer (the exit bound of G9 counts it once).
         let consumer = &self.consumer;
+        let settle = self.settle_timeout;
         let abandoned = |receipt: ChunkReceipt| {
             let (Some(consumer), Ok(runtime)) =
                 (consumer.clone(), tokio::runtime::Handle::try_current())
@@ -320,7 +331,7 @@ impl ChunkSink for Persisting {
             };
             let chunk = chunk.clone();
             runtime.spawn(async move {
-                if receipt.await.is_ok() {
+                if let Ok(Ok(_)) = tokio::time::timeout(settle, receipt).await {
                     let _ = consumer.send_now(chunk);
                 }
             });
