@@ -200,7 +200,11 @@ impl PyKernel {
                     .await
                     .map_err(errors::runtime)?;
                 if let Ok(mut open) = OPEN.lock() {
-                    open.retain(|opened| opened.kernel.upgrade().is_some());
+                    // A kernel let go is kept until it has stopped: exit
+                    // waits for its shutdown too.
+                    open.retain(|opened| {
+                        opened.kernel.upgrade().is_some() || !opened.kernel.is_stopped()
+                    });
                     open.push(Opened {
                         pid: std::process::id(),
                         kernel: kernel.downgrade(),
@@ -509,8 +513,10 @@ impl SignalHandler {
     }
 }
 
-/// Shuts down every kernel this process opened and still holds, all at
-/// once, with the GIL released, then stops handing results to Python: what
+/// Shuts down every kernel this process opened and still holds, and waits
+/// for those it let go (a kernel whose every handle is dropped shuts itself
+/// down, with no drain), all at once, with the GIL released, then stops
+/// handing results to Python: what
 /// `atexit` runs, at interpreter exit only. Each kernel is waited for
 /// within its own bound (its drain + settle timeout + flush budget, G9, and
 /// a margin of a second), or within `timeout` seconds if that is given.
@@ -522,11 +528,11 @@ impl SignalHandler {
 pub(crate) fn shutdown_all(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
     let cap = timeout.map(|t| seconds(t, "timeout")).transpose()?;
     let pid = std::process::id();
-    let kernels: Vec<(Kernel, Opened)> = match OPEN.lock() {
+    let kernels: Vec<(Option<Kernel>, Opened)> = match OPEN.lock() {
         Ok(mut open) => open
             .drain(..)
             .filter(|opened| opened.pid == pid)
-            .filter_map(|opened| opened.kernel.upgrade().map(|k| (k, opened)))
+            .map(|opened| (opened.kernel.upgrade(), opened))
             .collect(),
         Err(_) => Vec::new(),
     };
@@ -538,9 +544,25 @@ pub(crate) fn shutdown_all(py: Python<'_>, timeout: Option<f64>) -> PyResult<()>
                 .map(|(kernel, opened)| {
                     let limit = cap.unwrap_or_else(|| opened.bound.saturating_add(EXIT_MARGIN));
                     tokio::spawn(async move {
-                        let report =
-                            tokio::time::timeout(limit, kernel.shutdown(opened.drain)).await;
-                        left_at_exit(report.ok().as_ref(), limit, opened.file.as_deref())
+                        let report = match kernel {
+                            Some(kernel) => {
+                                tokio::time::timeout(limit, kernel.shutdown(opened.drain))
+                                    .await
+                                    .ok()
+                            }
+                            // Let go by the program: it shuts itself down
+                            // (with no drain); its end is waited for too.
+                            None => {
+                                match tokio::time::timeout(limit, opened.kernel.stopped()).await {
+                                    Ok(()) => match opened.kernel.last_report() {
+                                        Some(report) => Some(report),
+                                        None => return None,
+                                    },
+                                    Err(_) => None,
+                                }
+                            }
+                        };
+                        left_at_exit(report.as_ref(), limit, opened.file.as_deref())
                     })
                 })
                 .collect();

@@ -404,17 +404,20 @@ async def main():
     )
     assert locker.stdout.readline().strip() == "locked"
     print("locker", locker.pid, flush=True)
-    sys.modules["__main__"].kept = kernel  # held until interpreter exit
+    if sys.argv[3] == "keep":
+        sys.modules["__main__"].kept = kernel  # held until interpreter exit
+    # "drop": every handle goes with main(); the kernel shuts itself down.
 
 asyncio.run(main())
 print("exiting", time.monotonic(), flush=True)
 """
 
 
-def test_g9_interpreter_exit_on_a_stalled_store_keeps_the_kernels_bound_and_says_what_it_left(db):
+@pytest.mark.parametrize("held", ["keep", "drop"])
+def test_g9_interpreter_exit_on_a_stalled_store_keeps_the_kernels_bound_and_says_what_it_left(db, held):
     out = None
     try:
-        out = run_script(LOCKED_AT_EXIT_SCRIPT, db, "60", timeout=90)
+        out = run_script(LOCKED_AT_EXIT_SCRIPT, db, "60", held, timeout=90)
         ended = time.monotonic()  # the system's clock: the child's is the same
         assert out.returncode == 0, out.stderr
         last = out.stdout.splitlines()[-1].split()

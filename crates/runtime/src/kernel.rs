@@ -213,16 +213,36 @@ pub struct Kernel {
 }
 
 /// A [`Kernel`] that does not keep it running (for watchers such as the
-/// signal handler).
+/// signal handler, and a host that waits at its exit for a kernel its
+/// program let go: one whose every handle is dropped shuts itself down).
 #[derive(Clone)]
 pub struct WeakKernel {
     inner: std::sync::Weak<Inner>,
+    stopped: tokio_util::sync::CancellationToken,
+    last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
 }
 
 impl WeakKernel {
     /// The kernel, if it is still held somewhere.
     pub fn upgrade(&self) -> Option<Kernel> {
         self.inner.upgrade().map(|inner| Kernel { inner })
+    }
+
+    /// Waits until the kernel has stopped, held or not (see
+    /// [`Kernel::stopped`]).
+    pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.stopped.clone().cancelled_owned()
+    }
+
+    /// Whether the kernel has stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.is_cancelled()
+    }
+
+    /// The report of the kernel's shutdown once it completed, whoever began
+    /// it (the kernel itself, when its last handle was dropped).
+    pub fn last_report(&self) -> Option<ShutdownReport> {
+        self.last_report.get().cloned()
     }
 }
 
@@ -254,6 +274,8 @@ impl Kernel {
     pub fn downgrade(&self) -> WeakKernel {
         WeakKernel {
             inner: Arc::downgrade(&self.inner),
+            stopped: self.inner.stopped.clone(),
+            last_report: self.inner.last_report.clone(),
         }
     }
 
