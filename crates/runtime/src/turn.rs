@@ -42,11 +42,12 @@ use crate::command::Command;
 /// store acknowledged it, and it survives a crash. The converse holds too:
 /// every persisted chunk is yielded, in order, before the stream ends,
 /// whether the turn ended on its own or was cancelled (the chunk on its way
-/// to the store when the cancel landed is let land, and yielded if it was
-/// stored). It does not hold for a detached turn (its work did not end
+/// to the store when the cancel landed is yielded once the store says it
+/// kept it). It does not hold for a detached turn (its work did not end
 /// within the settle timeout, and its writes were cut off wherever they
-/// were): the yielded chunks are then a prefix of the stored ones; read
-/// the store (`settle show`,
+/// were), nor for that last chunk of a cancelled turn when the store does
+/// not answer within the settle timeout: the yielded chunks are then a
+/// prefix of the stored ones; read the store (`settle show`,
 /// [`Kernel::session_detail`](crate::Kernel::session_detail)) for the rest.
 #[derive(Debug)]
 pub struct Turn {
