@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use settle_core::{CancelMode, TurnError, TurnErrorKind, WorkId};
 use settle_store::{ChunkReceipt, NewChunk, SessionStore, StoreError};
 use settle_stream::{
-    Chunk, ChunkSink, Keyed, Provider, Request, SinkError, TurnOptions, Work, WorkControl,
+    Chunk, ChunkSink, Keyed, Provider, Request, Scope, SinkError, TurnOptions, Work, WorkControl,
     WorkSignal,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -40,9 +40,6 @@ pub(crate) struct WorkHandle {
     pub span: Option<tracing::Span>,
     /// How many times a turn's opening was retried; its `Turn` reads it.
     pub retries: Arc<std::sync::atomic::AtomicU32>,
-    /// Cancelled with the work (or at its detach): a turn's sink then ends
-    /// the chunk in flight promptly (no wait for room, no second try).
-    cut: CancellationToken,
 }
 
 enum Grip {
@@ -75,7 +72,6 @@ impl WorkHandle {
             cancelled_at: None,
             span: None,
             retries: Arc::default(),
-            cut: CancellationToken::new(),
         }
     }
 
@@ -97,7 +93,6 @@ impl WorkHandle {
     /// An immediate cancel: the work's own token (which ends a turn's
     /// attached stream). Never sent twice (G6): the core says when.
     pub fn cancel(&mut self) {
-        self.cut.cancel();
         match &mut self.grip {
             Grip::Turn(Some(control)) => {
                 let _ = control.cancel(CancelMode::Immediate);
@@ -117,7 +112,6 @@ impl WorkHandle {
     /// Abandons the work (G5): its write access is revoked first, then its
     /// stream is force-closed and its task aborted.
     pub fn detach(&mut self) {
-        self.cut.cancel();
         match &mut self.grip {
             Grip::Turn(control) => {
                 if let Some(control) = control.take() {
@@ -212,9 +206,11 @@ pub(crate) fn spawn_turn(
         gen_ai.usage.output_tokens = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
-    let cut = CancellationToken::new();
+    // The work's own scope: its token is the sink's cut, cancelled with the
+    // work (no token of the runtime's own per turn).
+    let scope = Scope::new();
     let sink = Persisting {
-        cut: cut.clone(),
+        cut: scope.token().clone(),
         settle_timeout,
         work,
         started: Some(started),
@@ -229,6 +225,7 @@ pub(crate) fn spawn_turn(
     // The provider learns which session and turn it opens for.
     let control = Work::new(provider, request.for_turn(work))
         .options(options)
+        .scope(scope)
         .span(span.clone())
         .spawn(tracker, sink, Keyed::new(work, reports));
     let handle = WorkHandle {
@@ -238,7 +235,6 @@ pub(crate) fn spawn_turn(
         cancelled_at: None,
         span: Some(span),
         retries: Arc::default(),
-        cut,
     };
     (handle, (work, chunks, outcome))
 }
@@ -257,7 +253,8 @@ struct Persisting {
     shared: Arc<SessionShared>,
     events: EventBus,
     seq: u32,
-    /// Cancelled when the work is: the chunk in flight ends promptly.
+    /// The work's scope token, cancelled with the work: the chunk in flight
+    /// then ends promptly.
     cut: CancellationToken,
     /// How long the chunk of an append in flight at a cancel may keep the
     /// reader's stream open, waiting for the store's answer.

@@ -70,6 +70,7 @@ pub struct Work {
     request: Request,
     options: TurnOptions,
     span: Option<tracing::Span>,
+    scope: Option<Scope>,
 }
 
 impl fmt::Debug for Work {
@@ -90,7 +91,17 @@ impl Work {
             request,
             options: TurnOptions::default(),
             span: None,
+            scope: None,
         }
+    }
+
+    /// Spawns the work in `scope` (by default a scope of its own), made by
+    /// the caller so that its sink can watch the work's cancel: a sink that
+    /// must end promptly once its work is cancelled holds a clone of the
+    /// scope's token.
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = Some(scope);
+        self
     }
 
     /// Sets the stream's timeouts.
@@ -157,8 +168,9 @@ impl Work {
             request,
             options,
             span,
+            scope,
         } = self;
-        let scope = Scope::new();
+        let scope = scope.unwrap_or_default();
         let shared = Arc::new(Shared::default());
         let mut sink = Revocable {
             sink,
