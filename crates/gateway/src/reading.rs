@@ -154,17 +154,8 @@ mod tests {
         let id = SessionId(1);
         let (page_bytes, part_bytes) = (4096, 1024);
         let most = most_chunks(id, page_bytes, part_bytes);
-        let page = TurnPage {
-            turns: 1,
-            turn: Some(turn_of((0..most).map(|_| String::new()))),
-            more: true,
-        };
-        let from = From {
-            turn: None,
-            seq: 0,
-            part: 0,
-        };
-        let answer = page_of(id, &page, from, page_bytes, part_bytes);
+        let turn = turn_of((0..most).map(|_| String::new()));
+        let answer = first_page(id, turn, page_bytes, part_bytes);
         let shown = answer["chunks"].as_array().map_or(0, Vec::len);
         assert!(shown < most, "{shown} of {most} shown");
         assert_eq!(answer["next"]["seq"], shown);
@@ -204,17 +195,7 @@ mod tests {
                 settle_runtime::TurnErrorKind::Provider,
                 message.clone(),
             ));
-            let page = TurnPage {
-                turns: 1,
-                turn: Some(turn),
-                more: true,
-            };
-            let from = From {
-                turn: None,
-                seq: 0,
-                part: 0,
-            };
-            let answer = page_of(id, &page, from, page_bytes, part_bytes);
+            let answer = first_page(id, turn, page_bytes, part_bytes);
             let said = answer["error"]["message"].as_str().unwrap_or_default();
             assert!(said.chars().count() <= crate::excerpt::MAX_MESSAGE_CHARS);
             assert!(answer["chunks"].as_array().is_some_and(|c| !c.is_empty()));
@@ -226,6 +207,21 @@ mod tests {
             );
             assert!(frame.len() <= page_bytes, "{} bytes", frame.len());
         }
+    }
+
+    /// The answer that reads `turn`, the session's only one, from its start.
+    fn first_page(id: SessionId, turn: TurnRow, bytes: usize, part: usize) -> Value {
+        let page = TurnPage {
+            turns: 1,
+            turn: Some(turn),
+            more: true,
+        };
+        let from = From {
+            turn: None,
+            seq: 0,
+            part: 0,
+        };
+        page_of(id, &page, from, bytes, part)
     }
 
     fn page_of(id: SessionId, page: &TurnPage, from: From, bytes: usize, part: usize) -> Value {
