@@ -18,13 +18,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket};
+use axum::extract::ws::{Message, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use settle_runtime::{RuntimeError, SessionId};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::auth::Principal;
+use crate::closing::Closing;
 use crate::connections::Connections;
 use crate::methods::{self, Caller};
 use crate::outbox::{self, Frame, Inbox, Outbox};
@@ -36,11 +37,15 @@ use crate::table::ConnId;
 /// How many queued frames the writer sends before it flushes.
 const WRITE_BATCH: usize = 64;
 
+/// How long a connection the gateway ends waits for its closing frame to be
+/// sent before its socket is cut anyway.
+const CLOSING_BOUND: Duration = Duration::from_secs(1);
+
 /// Serves one upgraded connection, speaking for `principal`, until it ends.
 pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Principal) {
     let (outbox, inbox) = outbox::channel(shared.limits.queue());
     let (sink, mut stream) = socket.split();
-    let writer = tokio::spawn(write(sink, inbox));
+    let mut writer = tokio::spawn(write(sink, inbox));
     let conn = shared.connections.join(&outbox);
     tracing::debug!(conn = conn.0, %principal, "connected");
     let mut attached = HashSet::new();
@@ -63,6 +68,8 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
         .map(|rate| Bucket::new(rate, Instant::now()));
     // Whether the last request was refused: one log line per run of them.
     let mut limited = false;
+    // Whether a closing frame saying why the gateway ends it was queued.
+    let mut closing_sent = false;
     loop {
         let frame = tokio::select! {
             biased;
@@ -119,7 +126,15 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
                 outbox.text(protocol::error(&serde_json::Value::Null, &error));
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-            Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+            Some(Err(error)) => {
+                let limit = shared.limits.max_message_bytes;
+                if let Some(closing) = Closing::for_unreadable(error, limit) {
+                    tracing::warn!(conn = conn.0, %principal, code = closing.code(), limit, "closed a connection: its message could not be read");
+                    closing_sent = outbox.push(Frame::Close(closing));
+                }
+                break;
+            }
+            Some(Ok(Message::Close(_))) | None => break,
         }
     }
     shared.connections.leave(conn);
@@ -127,8 +142,15 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
     for id in attached {
         detach(&shared, conn, id).await;
     }
+    // A closing frame owed is sent, within a bound, before the socket goes.
+    let written = closing_sent
+        && tokio::time::timeout(CLOSING_BOUND, &mut writer)
+            .await
+            .is_ok();
     outbox.cut();
-    let _ = writer.await;
+    if !written {
+        let _ = writer.await;
+    }
     tracing::debug!(conn = conn.0, "disconnected");
 }
 
@@ -268,12 +290,8 @@ async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) 
                 continue;
             }
             Frame::Ping => Message::Ping(Default::default()),
-            Frame::Close => {
-                let close = Message::Close(Some(CloseFrame {
-                    code: close_code::AWAY,
-                    reason: "the gateway is shutting down".into(),
-                }));
-                let _ = sink.send(close).await;
+            Frame::Close(closing) => {
+                let _ = sink.send(Message::Close(Some(closing.frame()))).await;
                 return Sent::Closed;
             }
         };

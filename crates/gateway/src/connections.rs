@@ -8,6 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use axum::extract::ws::Utf8Bytes;
 use tokio_util::task::TaskTracker;
 
+use crate::closing::Closing;
 use crate::outbox::{Frame, Outbox};
 use crate::table::ConnId;
 
@@ -43,7 +44,7 @@ impl Connections {
             outbox.text(frame.clone());
         }
         if registry.closing {
-            outbox.push(Frame::Close);
+            outbox.push(Frame::Close(Closing::going_away()));
         }
         registry.live.insert(conn, outbox.clone());
         conn
@@ -72,7 +73,7 @@ impl Connections {
         let mut registry = self.registry();
         registry.closing = true;
         for outbox in registry.live.values() {
-            outbox.push(Frame::Close);
+            outbox.push(Frame::Close(Closing::going_away()));
         }
     }
 

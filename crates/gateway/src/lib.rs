@@ -104,6 +104,7 @@
 
 mod accept;
 mod auth;
+mod closing;
 mod connection;
 mod connections;
 mod error;

@@ -15,6 +15,8 @@ use axum::extract::ws::Utf8Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::closing::Closing;
+
 /// One frame to send.
 #[derive(Debug)]
 pub(crate) enum Frame {
@@ -25,8 +27,8 @@ pub(crate) enum Frame {
     Parts(Arc<[Utf8Bytes]>),
     /// A keepalive ping.
     Ping,
-    /// The closing frame: the gateway is going away.
-    Close,
+    /// The closing frame, saying why the gateway ends the connection.
+    Close(Closing),
 }
 
 impl Frame {
@@ -37,7 +39,7 @@ impl Frame {
             // chunk anyway: a connection's queue is charged its largest
             // part, the most it holds of them in a socket's buffer at once.
             Frame::Parts(parts) => parts.iter().map(|part| part.len()).max().unwrap_or(0),
-            Frame::Ping | Frame::Close => 0,
+            Frame::Ping | Frame::Close(_) => 0,
         }
     }
 }

@@ -273,3 +273,65 @@ async fn sessions_list_since_takes_every_rfc_3339_time_offsets_and_lower_case_in
         .await;
     assert_eq!(page["sessions"], json!([]));
 }
+
+impl Client {
+    /// Reads past any other frame to the closing frame; its code and reason,
+    /// or `None` if the connection ended without one.
+    async fn close_frame(&mut self) -> Option<(u16, String)> {
+        loop {
+            let next = tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("a frame within the patience");
+            match next {
+                Some(Ok(Message::Close(Some(close)))) => {
+                    return Some((u16::from(close.code), close.reason.as_str().to_owned()))
+                }
+                Some(Ok(Message::Close(None))) | Some(Err(_)) | None => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_limit_ends_the_connection_with_close_1009_naming_the_limit() {
+    let served = Served::start(huge_error()).await;
+    let mut client = served.client().await;
+    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "sessions.list",
+        "params": {"pad": "x".repeat(1024 * 1024)}});
+    client.send_raw(&request.to_string()).await;
+    let (code, reason) = client
+        .close_frame()
+        .await
+        .expect("a closing frame, not a dropped connection");
+    assert_eq!(code, 1009, "{reason}");
+    assert!(reason.contains("1048576"), "the limit is named: {reason}");
+    assert!(reason.len() <= 123, "a close reason fits its frame");
+    // Nothing else was affected: a new connection is served.
+    let mut other = served.client().await;
+    other.ok("sessions.list", json!({})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_frame_that_is_not_utf8_ends_the_connection_with_close_1007() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    let served = Served::start(huge_error()).await;
+    let mut client = served.client().await;
+    let bytes: &[u8] = b"{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"\xff\xfe\"}";
+    client
+        .ws
+        .send(Message::Frame(Frame::message(
+            bytes.to_vec(),
+            OpCode::Data(Data::Text),
+            true,
+        )))
+        .await
+        .unwrap();
+    let (code, reason) = client
+        .close_frame()
+        .await
+        .expect("a closing frame, not a dropped connection");
+    assert_eq!(code, 1007, "{reason}");
+    assert!(reason.contains("UTF-8"), "{reason}");
+}

@@ -1,0 +1,87 @@
+//! Why the gateway ends a connection: the closing frame it sends first.
+//!
+//! A client whose connection the gateway ends is told why in the closing
+//! frame's code and reason (RFC 6455 §7.4), not left with a dropped socket:
+//! `1001` when the gateway shuts down, `1009` for a message over the
+//! gateway's limit (the limit named), `1007` for a text frame that is not
+//! UTF-8. A read that failed for any other reason (the socket reset, a
+//! protocol error the WebSocket layer already answered) gets no frame: there
+//! is no one left to tell, or they have been told.
+
+use axum::extract::ws::{close_code, CloseFrame};
+use tungstenite::error::{CapacityError, Error as WsError};
+
+/// A closing frame the gateway sends: its code and reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Closing {
+    code: u16,
+    reason: String,
+}
+
+impl Closing {
+    /// The gateway is shutting down (`1001`, going away).
+    pub(crate) fn going_away() -> Closing {
+        Closing {
+            code: close_code::AWAY,
+            reason: "the gateway is shutting down".into(),
+        }
+    }
+
+    /// What to tell a client whose message could not be read, if anything:
+    /// `error` is the reader's, `max_message_bytes` the gateway's limit.
+    pub(crate) fn for_unreadable(error: axum::Error, max_message_bytes: usize) -> Option<Closing> {
+        let error = error.into_inner().downcast::<WsError>().ok()?;
+        match *error {
+            WsError::Capacity(CapacityError::MessageTooLong { .. }) => Some(Closing {
+                code: close_code::SIZE,
+                reason: format!("a message over the gateway's limit of {max_message_bytes} bytes"),
+            }),
+            WsError::Utf8(_) => Some(Closing {
+                code: close_code::INVALID,
+                reason: "a text frame that is not UTF-8".into(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The closing code.
+    pub(crate) fn code(&self) -> u16 {
+        self.code
+    }
+
+    /// The closing frame to send.
+    pub(crate) fn frame(&self) -> CloseFrame {
+        CloseFrame {
+            code: self.code,
+            reason: self.reason.as_str().into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_too_long_is_1009_with_the_limit_and_fits_a_close_frame() {
+        let error = axum::Error::new(WsError::Capacity(CapacityError::MessageTooLong {
+            size: usize::MAX,
+            max_size: usize::MAX,
+        }));
+        let closing =
+            Closing::for_unreadable(error, usize::MAX).unwrap_or_else(Closing::going_away);
+        assert_eq!(closing.code(), 1009);
+        assert!(closing.reason.contains(&usize::MAX.to_string()));
+        // RFC 6455 §5.5: a control frame's payload, the code's two bytes
+        // included, is at most 125 bytes.
+        assert!(closing.reason.len() <= 123);
+    }
+
+    #[test]
+    fn a_reset_socket_gets_no_frame() {
+        let error = axum::Error::new(WsError::ConnectionClosed);
+        assert_eq!(Closing::for_unreadable(error, 1), None);
+        let error = axum::Error::new(std::io::Error::other("reset"));
+        assert_eq!(Closing::for_unreadable(error, 1), None);
+    }
+}
