@@ -124,12 +124,21 @@ impl TestDb {
         self.script(sql).expect("execute");
     }
 
+    /// A connection of its own to the SQLite file, outside the store. It
+    /// waits out a lock as the store's own connections do: the store's
+    /// checkpointer may hold one for a moment at any time, and a machine
+    /// under load makes that moment long.
+    fn sqlite(&self) -> diesel::sqlite::SqliteConnection {
+        let mut conn = diesel::sqlite::SqliteConnection::establish(&self.url).expect("connect");
+        conn.batch_execute("PRAGMA busy_timeout = 10000;")
+            .expect("busy timeout");
+        conn
+    }
+
     /// `sql` on a connection of its own, outside the store.
     fn script(&self, sql: &str) -> diesel::QueryResult<()> {
         match self.backend {
-            Backend::Sqlite => diesel::sqlite::SqliteConnection::establish(&self.url)
-                .expect("connect")
-                .batch_execute(sql),
+            Backend::Sqlite => self.sqlite().batch_execute(sql),
             Backend::Postgres => PgConnection::establish(&self.url)
                 .expect("connect")
                 .batch_execute(sql),
@@ -155,7 +164,7 @@ impl TestDb {
         use diesel::RunQueryDsl;
         assert_eq!(self.backend, Backend::Sqlite, "an SQLite program");
         let rows: Vec<Opcode> = diesel::sql_query(explain)
-            .load(&mut diesel::sqlite::SqliteConnection::establish(&self.url).expect("connect"))
+            .load(&mut self.sqlite())
             .expect("explain");
         rows.into_iter().map(|r| r.opcode).collect()
     }
@@ -276,9 +285,7 @@ impl TestDb {
         use diesel::RunQueryDsl;
         let row: One = match self.backend {
             Backend::Sqlite => diesel::sql_query(sql)
-                .get_result(
-                    &mut diesel::sqlite::SqliteConnection::establish(&self.url).expect("connect"),
-                )
+                .get_result(&mut self.sqlite())
                 .expect("query"),
             Backend::Postgres => diesel::sql_query(sql)
                 .get_result(&mut PgConnection::establish(&self.url).expect("connect"))
