@@ -59,7 +59,10 @@ pub struct Config {
     /// take in a way that may heal (a lock, a full disk, a server
     /// restarting) is appended again until it is taken, within this bound
     /// counted from its first try; past it the turn fails with the store's
-    /// cause.
+    /// cause. A turn's end the store has not taken within this bound is told
+    /// to the turn's reader all the same (an agent loop is not held for a
+    /// whole outage); it is written once the store takes it, and a crash
+    /// before that leaves the turn to recovery (`interrupted`, G8).
     pub store_timeout: Duration,
     /// How many sessions may hold an active-session slot (run turns) at once;
     /// `None` for no limit.

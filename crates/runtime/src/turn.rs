@@ -184,7 +184,9 @@ impl Turn {
 
     /// How the turn ended, once it has: the chunks not yet read are dropped
     /// unread (they are persisted all the same). `Interrupted` if the kernel
-    /// stopped before it could say.
+    /// stopped before it could say. It is told once the store has the
+    /// turn's end, or at the store timeout if the store has not taken it by
+    /// then (a lock, a full disk): the end is written once the store heals.
     pub async fn outcome(self) -> Outcome {
         self.finish().await.0
     }

@@ -294,6 +294,18 @@ impl Recorder {
                 .collect(),
             Err(unwritten) => answers.iter().map(|_| Err(unwritten.clone())).collect(),
         };
+        // The sessions this kernel's own finalize of is tried again here.
+        let finalizing: Vec<SessionId> = match retry {
+            false => Vec::new(),
+            true => copies
+                .iter()
+                .flatten()
+                .filter_map(|(write, _)| match write {
+                    LifecycleWrite::Finalize { session, .. } => Some(*session),
+                    _ => None,
+                })
+                .collect(),
+        };
         let mut requeued = false;
         for ((answer, result), copy) in answers.into_iter().zip(results).zip(copies) {
             let result = match (result, copy) {
@@ -316,7 +328,11 @@ impl Recorder {
                     Err(unwritten)
                 }
                 (Err(Unwritten::Failed(error)), Some((write, _)))
-                    if retry && retry::landed_before(&write, &error) =>
+                    if retry && {
+                        let follows =
+                            write_session(&write).is_some_and(|s| finalizing.contains(&s));
+                        retry::landed_before(&write, &error, follows)
+                    } =>
                 {
                     Ok(Applied::Done)
                 }
@@ -326,6 +342,9 @@ impl Recorder {
         }
         if retry && !requeued {
             self.retries.healed();
+        }
+        if requeued {
+            self.retries.tell_turn_ends(self.store_timeout);
         }
         for answer in after {
             self.answer(answer, Ok(Applied::Done)).await;

@@ -6,7 +6,9 @@
 //! end, a transition or a finalize that is lost leaves the session open in
 //! the store, and every later write about it refused. So such a write is
 //! queued here with its answer, and every later write about its session
-//! waits behind it, in order, until the store takes them. A registration
+//! waits behind it, in order, until the store takes them (a turn's reader
+//! is told how it ended at the store timeout all the same, see
+//! [`Retries::tell_turn_ends`]). A registration
 //! and a turn's start are tried again the same way, for their callers who
 //! wait for them, but only until the store timeout: then the caller is told
 //! it failed, with what the store last said, and the write is dropped (the
@@ -89,10 +91,24 @@ pub(super) fn tried_again(write: &LifecycleWrite) -> bool {
 }
 
 /// Whether a write tried again was refused only because an earlier try of
-/// it was committed after all (its answer was lost with the connection):
-/// the turn is started or ended already, the state is already moved.
-pub(super) fn landed_before(write: &LifecycleWrite, error: &StoreError) -> bool {
+/// it was committed after all (its answer was lost with the connection, or
+/// the store finished it after the store timeout): the turn is started or
+/// ended already, the state is already moved. Or the session is finalized
+/// already while this kernel's own finalize of it is among the writes tried
+/// again (`finalize_follows`): a session's writes are applied in order, so
+/// its finalize landing means every write before it landed too. (Were it
+/// another process's finalize, recovering the session after this one's
+/// lease lapsed, that finalize's own answer says so.)
+pub(super) fn landed_before(
+    write: &LifecycleWrite,
+    error: &StoreError,
+    finalize_follows: bool,
+) -> bool {
     match (write, error) {
+        (
+            LifecycleWrite::Transition { .. } | LifecycleWrite::EndTurn { .. },
+            StoreError::SessionClosed(_),
+        ) => finalize_follows,
         // Its id was reserved for it: taken, it is this registration's.
         (LifecycleWrite::Register(_), StoreError::DuplicateSession(_)) => true,
         (LifecycleWrite::StartTurn { no, .. }, StoreError::TurnInFlight { open, .. }) => open == no,
@@ -197,6 +213,24 @@ impl Retries {
         }
     }
 
+    /// Tells the readers of turns whose end has waited `patience` (the store
+    /// timeout) for the store how their turn ended: an agent loop awaiting
+    /// its turn is not held for a whole outage. The end itself stays queued
+    /// and is written once the store takes it.
+    pub(super) fn tell_turn_ends(&mut self, patience: Duration) {
+        let now = Instant::now();
+        for q in self.queued.values_mut().flatten() {
+            if now.duration_since(q.since) < patience {
+                continue;
+            }
+            if let Answer::TurnEnded { notify, end, .. } = &mut q.answer {
+                if let Some(notify) = notify.take() {
+                    let _ = notify.send(end.clone());
+                }
+            }
+        }
+    }
+
     /// Takes the writes whose waiters may not wait longer than `patience`
     /// (a registration, a turn's start), to be told they failed.
     pub(super) fn expired(&mut self, patience: Duration) -> Vec<Queued> {
@@ -286,6 +320,7 @@ impl super::Recorder {
         for q in self.retries.expired(self.store_timeout) {
             self.answer(q.answer, Err(q.last)).await;
         }
+        self.retries.tell_turn_ends(self.store_timeout);
         if self.budget_spent() {
             for q in self.retries.give_up() {
                 self.answer(q.answer, Err(q.last)).await;
@@ -356,11 +391,18 @@ mod tests {
     fn a_start_tried_again_landed_before_only_if_its_own_turn_is_there() {
         let open = |open| StoreError::TurnInFlight { session: S, open };
         let exists = |turn| StoreError::TurnExists { session: S, turn };
-        assert!(landed_before(&start(3), &open(3)));
-        assert!(landed_before(&start(3), &exists(3)));
-        assert!(!landed_before(&start(3), &open(2)), "another turn is open");
-        assert!(!landed_before(&start(3), &exists(2)));
-        assert!(!landed_before(&start(3), &StoreError::SessionClosed(S)));
+        assert!(landed_before(&start(3), &open(3), false));
+        assert!(landed_before(&start(3), &exists(3), false));
+        assert!(
+            !landed_before(&start(3), &open(2), false),
+            "another turn is open"
+        );
+        assert!(!landed_before(&start(3), &exists(2), false));
+        assert!(!landed_before(
+            &start(3),
+            &StoreError::SessionClosed(S),
+            false
+        ));
     }
 
     #[test]
@@ -377,7 +419,31 @@ mod tests {
             settle_store::NewSession::new("s", settle_store::OwnerId(1)).with_id(S),
         );
         assert!(tried_again(&register));
-        assert!(landed_before(&register, &StoreError::DuplicateSession(S)));
-        assert!(!landed_before(&register, &StoreError::SessionClosed(S)));
+        assert!(landed_before(
+            &register,
+            &StoreError::DuplicateSession(S),
+            false
+        ));
+        assert!(!landed_before(
+            &register,
+            &StoreError::SessionClosed(S),
+            false
+        ));
+    }
+
+    #[test]
+    fn a_step_or_turn_end_refused_as_finalized_landed_only_if_its_own_finalize_follows() {
+        let closed = StoreError::SessionClosed(S);
+        let end = LifecycleWrite::EndTurn {
+            session: S,
+            no: 1,
+            outcome: Outcome::Cancelled,
+            error: None,
+            at: SystemTime::UNIX_EPOCH,
+        };
+        assert!(landed_before(&end, &closed, true));
+        assert!(!landed_before(&end, &closed, false));
+        // A start is never before a finalize of the kernel's own: refused.
+        assert!(!landed_before(&start(2), &closed, true));
     }
 }

@@ -783,6 +783,45 @@ async fn g7_a_turn_end_the_store_failed_to_write_is_written_once_it_heals() {
     assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
 
+/// A turn's end the store does not take within the store timeout (a locked
+/// database, a full disk, for longer than that) is told to the turn's
+/// reader at that bound, not when the store heals: an agent loop awaiting
+/// its turn is not held for the whole outage. The end is kept and written
+/// once the store takes it, and nothing is counted failed.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_end_the_store_cannot_take_is_told_at_the_store_timeout_and_written_later() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("outage", None).await.unwrap();
+    let p = provider([complete(&["a", "b"], 10 * MS)]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["a"]);
+    // Every batch holding the turn's end fails until the test heals it.
+    store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
+    let asked = Instant::now();
+    let ending = tokio::spawn(async move { turn.end().await });
+    // The outage lasts a minute; the reader hears within a try of the
+    // 10 s store timeout.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        ending.is_finished(),
+        "the turn's end was not told within a try of the store timeout"
+    );
+    let (outcome, error) = ending.await.unwrap();
+    assert_eq!(outcome, Outcome::Completed, "{error:?}");
+    assert!(asked.elapsed() >= Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(48)).await;
+    let d = detail(&store.inner, session.id()).await;
+    assert_eq!(d.turns[0].outcome, None, "written while the store failed?");
+    store.fail_turn_writes.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let d = detail(&store.inner, session.id()).await;
+    assert_eq!(d.turns[0].outcome, Some(Outcome::Completed), "{d:?}");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0, "{report:?}");
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+}
+
 /// A turn's start the store failed to take in a blip (a locked database,
 /// for less than the store timeout) is tried again: the caller waits for
 /// it, the blip is said with its cause, and the turn runs and is stored

@@ -14,6 +14,7 @@ mod g2_g10_handles_and_hooks;
 mod g3_sweepers;
 mod g4_g5_attach_and_settle;
 mod g9_shutdown;
+mod locked_file;
 mod loopback;
 mod seams;
 mod tools;

@@ -1,0 +1,122 @@
+//! A real SQLite file locked by another process (the `sqlite3` shell holding
+//! `BEGIN EXCLUSIVE`) for longer than the store timeout, while a coordinator
+//! winds its children down mid-turn. The store's writer waits for the lock
+//! (its busy timeout is longer than the lock) while the kernel stops
+//! waiting for it at the store timeout: the writes it was not answered in
+//! time land once the lock goes, and are then tried again. Those that
+//! landed are not failures.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_runtime::{Kernel, Outcome};
+use settle_store::{SessionFilter, SessionStore, State, Store};
+use settle_stream::TurnScript;
+
+use crate::common::*;
+
+/// The `sqlite3` shell holding an exclusive lock on `path` until released.
+struct Lock(Child);
+
+impl Lock {
+    /// Takes the lock; returns once the shell holds it.
+    fn take(path: &str) -> Lock {
+        let mut shell = Command::new("sqlite3")
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the sqlite3 shell runs (CI installs it)");
+        let stdin = shell.stdin.as_mut().expect("its stdin");
+        stdin
+            .write_all(b"BEGIN EXCLUSIVE;\nSELECT 'held';\n")
+            .expect("the lock asked for");
+        let mut said = String::new();
+        BufReader::new(shell.stdout.as_mut().expect("its stdout"))
+            .read_line(&mut said)
+            .expect("the shell answers");
+        assert_eq!(said.trim(), "held", "the lock was not taken");
+        Lock(shell)
+    }
+
+    fn release(mut self) {
+        if let Some(mut stdin) = self.0.stdin.take() {
+            let _ = stdin.write_all(b"COMMIT;\n");
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// A coordinator finished while the file is locked past the store timeout:
+/// its children's transitions and turn ends, handed while the lock was
+/// held, land when it goes and are tried again after; the store answers
+/// the second tries that their session is finalized (the first ones and
+/// its finalize landed). That is not a failure: none is counted or
+/// announced, and the store holds every session finalized, children
+/// before their parent, every turn ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_g7_writes_that_landed_after_the_store_timeout_are_not_counted_failed_when_tried_again()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locked.db");
+    let path = path.to_str().unwrap().to_owned();
+    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
+    let kernel = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .settle_timeout(Duration::from_millis(300))
+        .store_timeout(Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    let mut events = kernel.subscribe();
+    let root = kernel.register("root", None).await.unwrap();
+    let long = TurnScript::new(numbered("c", 100_000)).chunk_delay(Duration::from_millis(5));
+    let mut turns = Vec::new();
+    for i in 0..3 {
+        let child = root.child(format!("child-{i}")).await.unwrap();
+        let mut turn = start(&child, &provider([long.clone()])).await;
+        // A tool beside the turn, as a coordinator's children run them.
+        let tool = child
+            .spawn(|ctx| async move { ctx.cancelled().await })
+            .await
+            .unwrap();
+        assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+        turns.push(tokio::spawn(async move {
+            while turn.next_chunk().await.is_some() {}
+            let _ = tool.await;
+            turn.end().await
+        }));
+    }
+    let lock = Lock::take(&path);
+    let finishing = tokio::spawn({
+        let root = root.clone();
+        async move { root.finish().await }
+    });
+    // Past the store timeout, within the store's busy timeout (5 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    lock.release();
+    finishing
+        .await
+        .unwrap()
+        .expect("the root is finished once the store takes it");
+    for turn in turns {
+        let (outcome, _) = turn.await.unwrap();
+        assert!(
+            matches!(outcome, Outcome::Cancelled | Outcome::Failed),
+            "{outcome:?}"
+        );
+    }
+    let report = kernel.shutdown(Duration::from_millis(100)).await;
+    let failed = store_failed(&drain(&mut events));
+    assert!(failed.is_empty(), "announced as failed: {failed:?}");
+    assert_eq!(report.store_failures, 0, "{report:?}");
+    let rows = store.list_sessions(SessionFilter::default()).await.unwrap();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row.state, State::Finalized, "{row:?}");
+        let d = store.session_detail(row.id).await.unwrap();
+        assert!(d.turns.iter().all(|t| t.outcome.is_some()), "{d:?}");
+    }
+}
