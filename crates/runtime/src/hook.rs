@@ -7,6 +7,7 @@ use settle_core::{EndReason, SessionId};
 
 /// What the `on_session_end` hook is told (SPEC §4 step 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SessionEnd {
     /// The session that ended.
@@ -19,6 +20,12 @@ pub struct SessionEnd {
     pub completed: bool,
     /// Its last turn was cut short (cancelled, detached, crashed).
     pub interrupted: bool,
+    /// Whether its row was ended in the store. `false` when the store did
+    /// not take the end (a stalled store at shutdown, a lost lease): the
+    /// session is done in this process, but its row is left live for
+    /// `settle recover` (or a fleet's peer), which ends it `recovered` (G8).
+    /// The hook fires all the same (SPEC §4: each step best-effort).
+    pub row_ended: bool,
 }
 
 /// A frontend's hook, fired exactly once per session when it is finalized.

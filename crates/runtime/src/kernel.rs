@@ -48,7 +48,8 @@ impl KernelBuilder {
     }
 
     /// The `on_session_end` hook, fired once per finalized session, after its
-    /// row is ended (SPEC §4 step 4).
+    /// row is ended (SPEC §4 step 4), or could not be: the hook still fires
+    /// then, told so by [`SessionEnd::row_ended`](crate::SessionEnd::row_ended).
     #[must_use]
     pub fn on_session_end(mut self, hook: impl SessionEndHook) -> Self {
         self.hook = Some(Arc::new(hook));

@@ -64,6 +64,7 @@ impl Recorder {
                             reason: plan.reason,
                             completed: plan.completed(),
                             interrupted: plan.interrupted(),
+                            row_ended: result.is_ok(),
                         },
                     );
                 }

@@ -518,6 +518,56 @@ async fn g9_the_report_names_exactly_the_sessions_a_stalled_store_left() {
     }
 }
 
+/// The end hook still fires for a session whose row a stalled store did not
+/// end (SPEC §4: each step best-effort, the rest still run), and says so:
+/// `row_ended` is false exactly for the sessions the report leaves for
+/// recovery, so a hook does not take "finalized here" for "ended in the
+/// store".
+#[tokio::test(start_paused = true)]
+async fn g9_the_end_hook_says_which_rows_a_stalled_store_left_unended() {
+    let store = Faulty::default();
+    let ends = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .drain_timeout(DRAIN)
+        .settle_timeout(SETTLE)
+        .flush_budget(FLUSH_BUDGET)
+        .on_session_end({
+            let ends = ends.clone();
+            move |end: settle_runtime::SessionEnd| ends.lock().unwrap().push(end)
+        })
+        .start()
+        .await
+        .unwrap();
+    let (sessions, _turns) = every_shape(&kernel).await;
+    let idle = sessions[0];
+    let mut events = kernel.subscribe();
+    let shutdown = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { kernel.shutdown(DRAIN).await })
+    };
+    loop {
+        match events.recv().await.unwrap() {
+            LifecycleEvent::Finalized { session, .. } if session == idle => break,
+            _ => continue,
+        }
+    }
+    store.stall.store(true, Ordering::SeqCst);
+    let report = shutdown.await.unwrap();
+    // Hooks run on tasks of their own, bounded by the hook timeout.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let ends = ends.lock().unwrap().clone();
+    assert_eq!(ends.len(), sessions.len(), "{ends:?}");
+    let unended: Vec<SessionId> = sorted(
+        ends.iter()
+            .filter(|end| !end.row_ended)
+            .map(|end| end.session)
+            .collect(),
+    );
+    assert_eq!(unended, sorted(report.left_recoverable.clone()), "{ends:?}");
+    assert!(ends.iter().any(|end| end.session == idle && end.row_ended));
+}
+
 /// G8: a renewal the store answers with `LeaseLost` stops the kernel at once:
 /// a `LeaseLost` event, no new session or turn, the running turn cancelled
 /// without waiting for a drain, and a report that says so and names what
