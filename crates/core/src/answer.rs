@@ -174,6 +174,14 @@ pub(crate) fn answer(
 }
 
 /// The one answer a finalized session gets, by what the input asks of it.
+/// What the table answers `event` about a session that is finalized, with
+/// no core to ask: the answer a finalized session's handle gives once its
+/// driver has stopped, the same it gave before (G2, G10). `None` for an
+/// input about no one session.
+pub fn answer_finalized(event: &Event) -> Option<Result<Handled, Error>> {
+    subject(event).map(|(id, asks)| finalized(id, asks))
+}
+
 fn finalized(id: SessionId, asks: Asks) -> Result<Handled, Error> {
     match asks {
         // G2: a no-op that says so.

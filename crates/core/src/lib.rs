@@ -111,6 +111,7 @@ mod tree;
 mod view;
 pub mod vocabulary;
 
+pub use crate::answer::answer_finalized;
 pub use crate::core::Core;
 pub use budget::{Budget, BudgetLimit};
 pub use deadlines::{Deadline, DeadlineKind};

@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use settle_core::{
-    CancelMode, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Handled, Hold, Outcome,
-    Policy, SessionId, ShutdownSummary, State, Sweep, WorkId,
+    answer_finalized, CancelMode, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Handled,
+    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, WorkId,
 };
 use support::Harness;
 
@@ -618,6 +618,8 @@ fn g10_g2_every_input_for_a_finalized_session_gets_its_one_answer() {
         for event in ends {
             let answer = h.try_ev(event.clone());
             assert_eq!(answer, Ok(Handled::AlreadyFinalized), "{event:?}");
+            // The same answer a handle gets once no core is left to ask.
+            assert_eq!(answer_finalized(&event), Some(answer), "{event:?}");
         }
         let uses = [
             Event::StartTurn { session: s },
@@ -634,6 +636,7 @@ fn g10_g2_every_input_for_a_finalized_session_gets_its_one_answer() {
         for event in uses {
             let answer = h.try_ev(event.clone());
             assert_eq!(answer, Err(Error::SessionClosed(s)), "{event:?}");
+            assert_eq!(answer_finalized(&event), Some(answer), "{event:?}");
         }
         if finalize_by != 3 {
             // During a shutdown a registration is refused for that first.
@@ -658,6 +661,7 @@ fn g10_g2_every_input_for_a_finalized_session_gets_its_one_answer() {
         for event in reports {
             let answer = h.try_ev(event.clone());
             assert_eq!(answer, Ok(Handled::NoOp), "{event:?}");
+            assert_eq!(answer_finalized(&event), Some(answer), "{event:?}");
         }
         let finalizes = h.count(|e| matches!(e, Effect::Finalize(_)));
         assert_eq!(finalizes, 1, "G2: finalized once (case {finalize_by})");

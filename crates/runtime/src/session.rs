@@ -20,8 +20,9 @@ use crate::turn::Turn;
 
 /// One session of a [`Kernel`]. Cheap to clone; every method is safe to
 /// call at any time: after the session is finalized they return a
-/// `SessionClosed` error (G10), or say it was already finalized (G2), and
-/// never panic.
+/// `SessionClosed` error (G10), or say it was already finalized (G2), also
+/// once the kernel has stopped, and never panic. (`Stopped` is for a
+/// session the kernel stopped before it could end: left for recovery.)
 #[derive(Clone)]
 pub struct SessionHandle {
     shared: Arc<SessionShared>,
@@ -145,6 +146,7 @@ impl SessionHandle {
                 reply,
             })
             .await;
+        let started = self.unless_stopped(started, Event::StartTurn { session });
         let (work, chunks, outcome, announced, retries) = started?;
         let turn = Turn::new(work.claim(), chunks, outcome, retries)
             .cancel_on_drop(self.kernel.commands());
@@ -183,6 +185,7 @@ impl SessionHandle {
                 reply,
             })
             .await;
+        let started = self.unless_stopped(started, Event::StartTask { session });
         let (work, outcome) = started?;
         Ok(crate::task::handle(
             work,
@@ -347,7 +350,38 @@ impl SessionHandle {
     /// to a request to end it or let go of it, `SessionClosed` to a request
     /// to use it, whether or not the core still keeps its record.
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
-        self.kernel.core(event).await
+        match self.kernel.core(event.clone()).await {
+            Err(RuntimeError::Stopped) => self.answer_stopped(&event),
+            answered => answered,
+        }
+    }
+
+    /// What `event` gets once the kernel has stopped: if the session was
+    /// finalized, the answer the core's table gives a finalized session
+    /// (the same as before the stop, G2, G10); else (left for recovery, or
+    /// stopped before its end) `Stopped`.
+    fn answer_stopped(&self, event: &Event) -> Result<Handled, RuntimeError> {
+        match (self.shared.end(), settle_core::answer_finalized(event)) {
+            (Some(End::Finalized(_)), Some(answer)) => answer.map_err(RuntimeError::from),
+            _ => Err(RuntimeError::Stopped),
+        }
+    }
+
+    /// `result`, unless it is `Stopped`: then what `event` gets from a
+    /// stopped kernel ([`answer_stopped`](Self::answer_stopped)).
+    fn unless_stopped<T>(
+        &self,
+        result: Result<T, RuntimeError>,
+        event: Event,
+    ) -> Result<T, RuntimeError> {
+        match result {
+            Err(RuntimeError::Stopped) => match self.answer_stopped(&event) {
+                Err(error) => Err(error),
+                // The table lets nothing start in a finalized session.
+                Ok(_) => Err(RuntimeError::Stopped),
+            },
+            other => other,
+        }
     }
 }
 

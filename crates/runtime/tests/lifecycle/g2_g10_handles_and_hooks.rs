@@ -174,11 +174,24 @@ async fn g10_a_handle_used_after_its_finalize_returns_session_closed() {
     assert_eq!(runtime.store_failures(), 0);
 
     runtime.shutdown(Duration::ZERO).await;
-    // After the runtime stopped: an error, never a panic or a hang.
-    assert!(matches!(
-        session.hold(Hold::PendingInput).await,
-        Err(RuntimeError::Stopped)
-    ));
+    // After the runtime stopped, never a panic or a hang, and the same
+    // answers as before (G10): the session is finalized all the same. So is
+    // `other`, by the shutdown.
+    closed(session.hold(Hold::PendingInput).await);
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::AlreadyFinalized
+    );
+    assert_eq!(session.close().await.unwrap(), EndReason::Completed);
+    for handle in [&session, &other] {
+        let turn = handle
+            .run_turn(p.clone(), TurnRequest::prompt("late"))
+            .await;
+        assert!(matches!(&turn, Err(e) if e.is_session_closed()), "{turn:?}");
+        let task = handle.spawn(|_| async {}).await;
+        assert!(matches!(&task, Err(e) if e.is_session_closed()), "{task:?}");
+    }
+    assert_eq!(other.close().await.unwrap(), EndReason::Shutdown);
 }
 
 #[tokio::test(start_paused = true)]
