@@ -116,6 +116,9 @@ pub(crate) struct Parts {
     pub ids: IdBlock,
     pub failures: Arc<AtomicUsize>,
     pub shutting_down: CancellationToken,
+    /// Where the last shutdown's report is kept (the recorder writes it;
+    /// the driver does when the recorder is gone).
+    pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
 }
 
 pub(crate) struct Driver {
@@ -151,6 +154,10 @@ pub(crate) struct Driver {
     shutting_down: CancellationToken,
     /// The metrics moved by the effects it executes.
     meter: crate::meter::Meter,
+    /// Set once the recorder's task ended before the driver (it panicked):
+    /// the report a shutdown gets then, nothing more being written.
+    recorder_lost: Option<ShutdownReport>,
+    last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
     done: bool,
 }
 
@@ -183,6 +190,8 @@ impl Driver {
             failures: parts.failures,
             shutting_down: parts.shutting_down,
             meter: crate::meter::Meter::default(),
+            recorder_lost: None,
+            last_report: parts.last_report,
             done: false,
         }
     }
@@ -227,8 +236,13 @@ impl Driver {
                         self.on_report(report);
                     }
                 }
-                n = self.acks.recv_many(&mut acks, BATCH) => {
+                n = self.acks.recv_many(&mut acks, BATCH), if self.recorder_lost.is_none() => {
                     self.tick();
+                    if n == 0 {
+                        // Closed: the recorder is gone. A closed channel is
+                        // always ready; polling it again would spin.
+                        self.lose_recorder();
+                    }
                     for ack in acks.drain(..n) {
                         self.on_ack(ack);
                     }
@@ -263,6 +277,28 @@ impl Driver {
         for parked in self.parked.drain(..) {
             let _ = parked.reply.send(Err(RuntimeError::Stopped));
         }
+    }
+
+    /// The recorder's task ended before the driver: it panicked (a store
+    /// whose call panics, a log writer that panics when its disk is full),
+    /// and nothing more can be written. Said once; the kernel shuts down at
+    /// once, and its report leaves every session still open for recovery
+    /// (G8), as a stalled store's does.
+    fn lose_recorder(&mut self) {
+        tracing::error!(
+            live = self.sessions.len(),
+            "the store's recorder stopped (it panicked): nothing more can be written; \
+             shutting down, every live session left for `settle recover`"
+        );
+        self.failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.recorder_lost = Some(ShutdownReport {
+            left_recoverable: self.sessions.keys().copied().collect(),
+            store_failures: self.failures.load(std::sync::atomic::Ordering::Relaxed),
+            ..ShutdownReport::default()
+        });
+        let zero = Duration::ZERO;
+        self.begin_shutdown(zero, None, Event::BeginShutdown { drain: zero });
     }
 
     /// Reads the clock once per wake: every input of the wake carries the
@@ -671,8 +707,15 @@ impl Driver {
                     let session = plan.session;
                     let shared = self.sessions.remove(&session);
                     let at = self.wall_now;
-                    self.recorder
-                        .push_finalize(FinalizeJob::new(plan, at, shared));
+                    match (&self.recorder_lost, shared) {
+                        // Nothing writes its end: its handles are told it
+                        // was left for recovery.
+                        (Some(_), Some(shared)) => shared.set_unwritten(),
+                        (Some(_), None) => {}
+                        (None, shared) => self
+                            .recorder
+                            .push_finalize(FinalizeJob::new(plan, at, shared)),
+                    }
                     // Its record is no use to the core any more (G2 holds in
                     // the store's latch; a long-lived kernel must not grow).
                     self.core.forget(session);
@@ -694,8 +737,18 @@ impl Driver {
                 }
                 Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);
-                    self.recorder
-                        .push(Record::ShutdownComplete { summary, waiters });
+                    match &self.recorder_lost {
+                        // No recorder to write the report: it is this one.
+                        Some(report) => {
+                            let _ = self.last_report.set(report.clone());
+                            for waiter in waiters {
+                                let _ = waiter.send(report.clone());
+                            }
+                        }
+                        None => self
+                            .recorder
+                            .push(Record::ShutdownComplete { summary, waiters }),
+                    }
                     self.done = true;
                 }
             }

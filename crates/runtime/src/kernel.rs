@@ -149,6 +149,7 @@ impl KernelBuilder {
                 ids: IdBlock::new(first),
                 failures: failures.clone(),
                 shutting_down: shutting_down.clone(),
+                last_report: last_report.clone(),
             },
         );
         let driver = tokio::spawn(driver.run());

@@ -439,6 +439,13 @@ pub enum StoreError {
     /// The writer thread has stopped, so nothing more can be written.
     #[error("the store's writer has stopped; open the store again")]
     Unavailable,
+    /// The store's call panicked (a store of the caller's own with a bug):
+    /// what it was asked is not known to be written, and is not tried again.
+    #[error("the store panicked while {call}; what was asked may not be written")]
+    Panicked {
+        /// What the store was asked.
+        call: &'static str,
+    },
     /// The store did not answer within the bound asked of it. What was
     /// asked may still be committed once it answers: a caller told this
     /// must not take it as not written.

@@ -1,12 +1,15 @@
 //! The bounded store calls: every store call of the recorder is bounded by
 //! the store timeout and, once a shutdown has begun, by what is left of its
 //! budget, so that a store that stops answering cannot hold the process
-//! (G9); and what a call that gave no answer leaves behind.
+//! (G9); a call that panics fails alone; and what a call that gave no
+//! answer leaves behind.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use settle_core::SessionId;
 use settle_store::StoreError;
 use tokio::sync::watch;
@@ -33,11 +36,15 @@ pub(super) async fn within<T>(
             _ => std::future::pending().await,
         }
     };
+    // A store of the embedder's own may panic: that fails this call, and
+    // must not take the recorder (every later write) down with it.
+    let call = AssertUnwindSafe(call).catch_unwind();
     tokio::select! {
         biased;
         ended = tokio::time::timeout(bound, call) => match ended {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(Unwritten::from_store(error)),
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(error))) => Err(Unwritten::from_store(error)),
+            Ok(Err(_)) => Err(Unwritten::from_store(StoreError::Panicked { call: "writing" })),
             Err(_) => Err(Unwritten::TimedOut(bound)),
         },
         at = shutdown_ends => Err(Unwritten::TimedOut(at.saturating_duration_since(started))),

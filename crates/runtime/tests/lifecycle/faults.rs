@@ -69,6 +69,9 @@ struct Faulty {
     /// is slow, not stopped.
     slow_ms: Arc<std::sync::atomic::AtomicU64>,
     in_order: Arc<tokio::sync::Mutex<()>>,
+    /// Whether `apply` panics, as a store with a bug (or a log writer that
+    /// panics under it) does.
+    panic_on_apply: Arc<AtomicBool>,
     /// Every lifecycle write handed to it, in order.
     log: Arc<std::sync::Mutex<Vec<LifecycleWrite>>>,
 }
@@ -90,6 +93,7 @@ impl Default for Faulty {
             slow_append_answers_ms: Arc::default(),
             slow_ms: Arc::default(),
             in_order: Arc::default(),
+            panic_on_apply: Arc::default(),
             log: Arc::default(),
         }
     }
@@ -181,6 +185,9 @@ impl SessionStore for Faulty {
     }
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
         self.stall_point().await;
+        if self.panic_on_apply.load(Ordering::SeqCst) {
+            panic!("the store's apply panicked");
+        }
         if let Ok(mut log) = self.log.lock() {
             log.extend(batch.iter().cloned());
         }
@@ -566,6 +573,40 @@ async fn g9_the_end_hook_says_which_rows_a_stalled_store_left_unended() {
     );
     assert_eq!(unended, sorted(report.left_recoverable.clone()), "{ends:?}");
     assert!(ends.iter().any(|end| end.session == idle && end.row_ended));
+}
+
+/// A store call that panics (a store with a bug, a log writer under it
+/// that panics when its disk is full) fails that call alone: the write is
+/// refused with the cause, the kernel still answers, and its shutdown ends
+/// within its bound and leaves the sessions it could not end for recovery.
+/// It used to take the recorder's task down, and the driver then spun at
+/// full CPU on the recorder's closed channel, deaf to every command (a
+/// SIGTERM included). Real time: a spinning driver never lets a paused
+/// clock advance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_store_call_that_panics_fails_alone_and_cannot_hang_the_kernel() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let live = kernel.register("live", None).await.unwrap();
+    store.panic_on_apply.store(true, Ordering::SeqCst);
+    let patience = Duration::from_secs(20);
+    let refused = tokio::time::timeout(patience, kernel.register("late", None))
+        .await
+        .expect("a registration whose write panicked is answered");
+    let Err(error) = refused else {
+        panic!("a registration the store panicked on was taken");
+    };
+    assert!(error.to_string().contains("panicked"), "{error}");
+    // The kernel still hears commands, and shuts down within its bound.
+    let state = tokio::time::timeout(patience, live.state())
+        .await
+        .expect("the kernel still answers");
+    assert!(state.is_ok(), "{state:?}");
+    let report = tokio::time::timeout(patience, kernel.shutdown(DRAIN))
+        .await
+        .expect("the shutdown ends within its bound");
+    assert_eq!(report.left_recoverable, [live.id()], "{report:?}");
+    assert!(report.store_failures >= 2, "{report:?}");
 }
 
 /// G8: a renewal the store answers with `LeaseLost` stops the kernel at once:
