@@ -93,3 +93,26 @@ fn log_lines_on_a_terminal_are_coloured_unless_no_color_is_set() {
         String::from_utf8_lossy(&plain)
     );
 }
+
+/// A standard error that cannot be written (its file on a full disk, here
+/// `/dev/full`) loses the log lines, not the run: `settle run` logging at
+/// debug level finishes its scenario and exits 0. It used to panic on the
+/// first line it could not write (the log library reports a failed write
+/// with `eprintln!`, which panics), failing turns with "failed printing to
+/// stderr", exiting 101, and, once the recorder's task was hit, spinning
+/// deaf to SIGTERM.
+#[test]
+fn a_log_that_cannot_be_written_loses_its_lines_not_the_run() {
+    let sandbox = Sandbox::new();
+    let full = File::options()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut cmd = sandbox.command(&["run", "--json", scan().to_str().unwrap()]);
+    cmd.env("SETTLE_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(full));
+    let mut child = cmd.spawn().expect("start settle");
+    let status = wait_within(&mut child, PATIENCE).expect("settle run ended");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}

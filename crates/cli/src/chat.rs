@@ -110,7 +110,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         ),
         None => String::new(),
     };
-    eprintln!(
+    crate::errln!(
         "settle chat: session {}{resumed} with {} at {}. Ctrl-C cancels a reply, Ctrl-D ends.",
         session.id(),
         args.server.model,
@@ -140,7 +140,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         {
             Ok(turn) => turn,
             Err(error) => {
-                eprintln!("settle: {error}");
+                crate::errln!("settle: {error}");
                 history.pop();
                 continue;
             }
@@ -178,11 +178,11 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         match result {
             Ok(Outcome::Completed) => history.push(Message::new(Role::Assistant, reply)),
             Ok(outcome) => {
-                eprintln!("settle: reply {outcome}");
+                crate::errln!("settle: reply {outcome}");
                 history.push(Message::new(Role::Assistant, reply));
             }
             Err(error) => {
-                eprintln!("settle: reply failed: {error}");
+                crate::errln!("settle: reply failed: {error}");
                 // The prompt stays in the history; the failed reply does not.
             }
         }

@@ -21,6 +21,14 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::say(&format!($($arg)*)) };
 }
 
+/// `eprintln!` that never panics: a standard error that cannot be written
+/// (a full disk under the log file, a closed pipe) loses the line, not the
+/// process (see [`complain`]).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::complain(&format!("{}\n", format_args!($($arg)*))) };
+}
+
 /// `println!` that ignores a closed pipe (see [`say`]).
 #[macro_export]
 macro_rules! outln {
@@ -75,6 +83,16 @@ pub fn say(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
+}
+
+/// Writes `text` to standard error, ignoring a failure: `eprintln!` panics
+/// when standard error cannot be written, and a process whose log sits on
+/// the disk its store just filled must still say what it can and exit with
+/// its own code.
+pub fn complain(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.flush();
 }
 
 /// Exit codes (the specification, §7).

@@ -228,7 +228,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(error) => {
-            eprintln!("settle: cannot start the async runtime: {error}");
+            settle_cli::errln!("settle: cannot start the async runtime: {error}");
             return ExitCode::from(exit::STORE);
         }
     };
@@ -236,7 +236,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             // One line (G11), even when a driver's message spans several.
-            eprintln!("settle: {}", one_line(&failure.message));
+            settle_cli::errln!("settle: {}", one_line(&failure.message));
             ExitCode::from(failure.code)
         }
     };
@@ -260,7 +260,7 @@ fn usage_error(error: clap::Error) -> ExitCode {
     if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         // No command at all: one line that says what to type (G11), not the
         // whole help on stderr.
-        eprintln!(
+        settle_cli::errln!(
             "settle: a command is required: run, sessions, show, export, recover, chat or serve (see `settle --help`)"
         );
         return ExitCode::from(exit::BAD_INPUT);
@@ -281,7 +281,7 @@ fn usage_error(error: clap::Error) -> ExitCode {
         line.push(' ');
         line.push_str(more.trim());
     }
-    eprintln!("settle: {} (see `settle --help`)", one_line(&line));
+    settle_cli::errln!("settle: {} (see `settle --help`)", one_line(&line));
     ExitCode::from(exit::BAD_INPUT)
 }
 
@@ -305,10 +305,14 @@ fn init_tracing(serving: bool) {
     // (no-color.org): a log in a file or a pipe holds no escape sequences.
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    // A log line that cannot be written is lost, never reported with
+    // `eprintln!` (the default), which panics on the same failing stderr:
+    // a work, the recorder or the driver panicked on a full disk.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .try_init();
 }
 
@@ -566,7 +570,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         if failures > 0 && !left {
             // The shutdown left nothing for recovery by its own count; a
             // write that failed for good may still have, so say how to look.
-            eprintln!("settle: {failures} store write(s) failed (see the STORE ERROR lines); `settle recover --dry-run` lists any session they left live");
+            settle_cli::errln!("settle: {failures} store write(s) failed (see the STORE ERROR lines); `settle recover --dry-run` lists any session they left live");
         }
     }
     // Said whole: a signal from now on ends the process as it would.

@@ -50,11 +50,11 @@ pub fn say_left(report: &settle_runtime::ShutdownReport) {
     // queued may still land before the process is gone, and a peer may
     // take what a lost lease left, so the count is an upper bound.
     if report.lease_lost {
-        eprintln!(
+        crate::errln!(
             "settle: this process lost its lease on its sessions, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): run `settle recover`"
         );
     } else {
-        eprintln!(
+        crate::errln!(
             "settle: up to {left} {sessions} left unfinalized (the store did not commit them in time; some may have landed since); run `settle recover` once the store is healthy"
         );
     }

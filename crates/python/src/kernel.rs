@@ -649,7 +649,9 @@ fn say(py: Python<'_>, line: &str) {
         stderr.call_method0("flush")
     });
     if written.is_err() {
-        eprintln!("{line}");
+        // Not `eprintln!`: it panics when standard error cannot be written.
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
     }
 }
 
