@@ -431,6 +431,41 @@ fn restart_mid_run(come_back: bool) {
     );
 }
 
+/// A PostgreSQL server down for 6 s, within the 10 s store timeout, is
+/// absorbed: every write it failed is tried again until the server is back,
+/// and the run exits 0 with every chunk. It used to fail every streaming
+/// turn: the check of whether a failed chunk had landed waits on the read
+/// pool, whose own tries to reconnect came at growing intervals (up to 15
+/// s apart), the last before the store timeout 67 ms before the server was
+/// ready.
+#[test]
+fn postgres_down_for_six_seconds_is_absorbed_within_the_store_timeout() {
+    let _turn = ONE_PG_FAULT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let Some(cluster) = common::own_cluster() else {
+        return;
+    };
+    let pg = common::PgDb::new(&cluster.admin_url);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("steady.toml");
+    // Three agents streaming all along, 5 s a turn: their writes meet the
+    // outage, and each waits on the read pool to learn whether its failed
+    // chunk landed.
+    let (toml, scripted) = steady(200, 25, 24);
+    std::fs::write(&file, toml).unwrap();
+    let run = Running::start(&pg.url, &file, &[]);
+    assert!(run.wait_for_line("persisted turn 1 chunk 20", Duration::from_secs(10)));
+    assert!(
+        cluster.down_for(Duration::from_secs(6)),
+        "pg_ctl stop/start failed"
+    );
+    let run = run.finish(Duration::from_secs(60));
+    let fault = "PostgreSQL stopped for 6 s mid-run (store timeout 10 s)";
+    let summary = after_the_fault(fault, &run, &pg.url, &scripted);
+    assert_absorbed(fault, &run, &summary);
+}
+
 #[test]
 fn postgres_server_restarted_mid_run() {
     restart_mid_run(false);

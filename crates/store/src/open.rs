@@ -29,7 +29,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use crate::conn::{AnyConn, Db};
 use crate::error::OpenError;
 use crate::options::StoreOptions;
-use crate::pool::{sqlite_pragmas, ReadPool, SqliteSettings};
+use crate::pool::{sqlite_pragmas, ReadPool, SqliteSettings, POOL_CONNECTION_TIMEOUT};
 use crate::redact::{redact, scrub};
 use crate::schema::{settle_meta, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
 
@@ -329,7 +329,7 @@ fn establish_sqlite(
     let pool = Pool::builder()
         .max_size(options.read_connections())
         .min_idle(Some(0))
-        .connection_timeout(options.connection_timeout())
+        .connection_timeout(POOL_CONNECTION_TIMEOUT)
         .thread_pool(pool_threads())
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: options.busy_timeout(),
@@ -338,7 +338,7 @@ fn establish_sqlite(
         .build_unchecked(ConnectionManager::<SqliteConnection>::new(path_str));
     Ok(Opened {
         writer: AnyConn::Sqlite(conn),
-        pool: ReadPool::Sqlite(pool),
+        pool: ReadPool::sqlite(pool, options.connection_timeout()),
         lease: None,
         checkpoint: Some(path_str.to_owned()),
     })
@@ -396,20 +396,20 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     let pool = Pool::builder()
         .max_size(options.read_connections())
         .min_idle(Some(0))
-        .connection_timeout(options.connection_timeout())
+        .connection_timeout(POOL_CONNECTION_TIMEOUT)
         .thread_pool(pool_threads())
         .build_unchecked(ConnectionManager::<PgConnection>::new(url));
     // One connection of its own, reopened by the pool when it breaks.
     let lease = Pool::builder()
         .max_size(1)
         .min_idle(Some(0))
-        .connection_timeout(options.connection_timeout())
+        .connection_timeout(POOL_CONNECTION_TIMEOUT)
         .thread_pool(pool_threads())
         .build_unchecked(ConnectionManager::<PgConnection>::new(url));
     Ok(Opened {
         writer: AnyConn::Pg(conn),
-        pool: ReadPool::Pg(pool),
-        lease: Some(ReadPool::Pg(lease)),
+        pool: ReadPool::pg(pool, options.connection_timeout()),
+        lease: Some(ReadPool::pg(lease, options.connection_timeout())),
         checkpoint: None,
     })
 }

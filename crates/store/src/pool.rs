@@ -40,14 +40,47 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqliteSettin
     }
 }
 
-/// A pool of read connections of either backend.
+/// The connection timeout a pool is built with. r2d2 uses it for two
+/// things: how long `get` waits (the store asks for its own wait, the
+/// `connection_timeout` option, with `get_timeout`), and the cap of the
+/// growing wait between its tries to open a connection again once the
+/// server is gone: half of it. With the default 30 s, a PostgreSQL
+/// restarted for 6 s was tried again only 12 s after it went, past the
+/// store timeout, so every turn waiting on a read failed; with this the
+/// pool tries at least once a second, as the store's other retries do.
+pub(crate) const POOL_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A pool of read connections of either backend, and how long a read waits
+/// for one.
 #[derive(Clone)]
-pub(crate) enum ReadPool {
+pub(crate) struct ReadPool {
+    conns: Conns,
+    wait: Duration,
+}
+
+#[derive(Clone)]
+enum Conns {
     Sqlite(Pool<ConnectionManager<SqliteConnection>>),
     Pg(Pool<ConnectionManager<PgConnection>>),
 }
 
 impl ReadPool {
+    /// SQLite's read connections; a read waits up to `wait` for one.
+    pub(crate) fn sqlite(pool: Pool<ConnectionManager<SqliteConnection>>, wait: Duration) -> Self {
+        ReadPool {
+            conns: Conns::Sqlite(pool),
+            wait,
+        }
+    }
+
+    /// PostgreSQL's read connections; a read waits up to `wait` for one.
+    pub(crate) fn pg(pool: Pool<ConnectionManager<PgConnection>>, wait: Duration) -> Self {
+        ReadPool {
+            conns: Conns::Pg(pool),
+            wait,
+        }
+    }
+
     /// Run `f` on a pooled connection (blocking).
     pub(crate) fn with<T>(
         &self,
@@ -56,13 +89,13 @@ impl ReadPool {
         let refused = |e| StoreError::Connection {
             source: DbError::new(e),
         };
-        match self {
-            ReadPool::Sqlite(p) => {
-                let mut c = p.get().map_err(refused)?;
+        match &self.conns {
+            Conns::Sqlite(p) => {
+                let mut c = p.get_timeout(self.wait).map_err(refused)?;
                 f(Db::Sqlite(&mut c))
             }
-            ReadPool::Pg(p) => {
-                let mut c = p.get().map_err(refused)?;
+            Conns::Pg(p) => {
+                let mut c = p.get_timeout(self.wait).map_err(refused)?;
                 f(Db::Pg(&mut c))
             }
         }

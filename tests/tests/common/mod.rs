@@ -742,6 +742,27 @@ impl Cluster {
             .status()
             .is_ok_and(|s| s.success())
     }
+
+    /// Stops the server (fast: every connection is dropped), keeps it down
+    /// for `down`, and starts it again: a restart that takes its time, as
+    /// a failover or an upgrade does. Whether both steps succeeded.
+    pub fn down_for(&self, down: Duration) -> bool {
+        let pg_ctl = |args: &[&str]| {
+            as_owner(&self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(&self.data)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let stopped = pg_ctl(&["-w", "-m", "fast", "stop"]);
+        thread::sleep(down);
+        let started = pg_ctl(&["-w", "-o", &self.options, "start"]);
+        stopped && started
+    }
 }
 
 /// The admin URL of a PostgreSQL server: `SETTLE_TEST_PG_URL`, else a cluster

@@ -17,6 +17,8 @@ pub struct Cluster {
     pub bin: PathBuf,
     /// Its data folder.
     pub data: PathBuf,
+    /// The server's options (`pg_ctl -o`): its port, its socket folder.
+    pub options: String,
 }
 
 pub fn pg_bin_dir() -> Option<PathBuf> {
@@ -137,5 +139,6 @@ pub fn start_cluster(prefix: &str) -> Result<Cluster, String> {
         admin_url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
         bin,
         data,
+        options,
     })
 }
