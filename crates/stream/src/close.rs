@@ -2,7 +2,6 @@
 //! closer every path goes through (G4).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::FutureExt;
@@ -55,15 +54,8 @@ impl<C: Close + ?Sized> Close for Box<C> {
     }
 }
 
-/// How long [`close_best_effort`] waits for a stream's async close before it
-/// gives it up: a provider whose goodbye hangs must not keep the stream (and
-/// the connection it holds) alive for good, on a work's task or on a
-/// detached one.
-pub const ASYNC_CLOSE_BOUND: Duration = Duration::from_secs(5);
-
 /// Close `stream` and never fail: try the async close, fall back to the sync
-/// close if it errors, panics or has not returned within
-/// [`ASYNC_CLOSE_BOUND`], and log what went wrong.
+/// close if it errors or panics, and log what went wrong.
 ///
 /// This is the only closer the wrappers use, so every path logs the same way.
 pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
@@ -71,15 +63,11 @@ pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
         close_now_logged(stream);
         return;
     }
-    let closing = AssertUnwindSafe(stream.close()).catch_unwind();
-    let error = match tokio::time::timeout(ASYNC_CLOSE_BOUND, closing).await {
-        Ok(Ok(Ok(()))) => return,
-        Ok(Ok(Err(CloseError::AsyncOnly))) => {
-            "it reported that only an async close works".to_owned()
-        }
-        Ok(Ok(Err(e))) => e.to_string(),
-        Ok(Err(_)) => "its close panicked".to_owned(),
-        Err(_) => format!("it had not returned after {ASYNC_CLOSE_BOUND:?}"),
+    let error = match AssertUnwindSafe(stream.close()).catch_unwind().await {
+        Ok(Ok(())) => return,
+        Ok(Err(CloseError::AsyncOnly)) => "it reported that only an async close works".to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "its close panicked".to_owned(),
     };
     tracing::warn!(%error, "async close of a provider stream failed; trying the sync close");
     close_now_logged(stream);

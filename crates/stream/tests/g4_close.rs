@@ -369,18 +369,3 @@ async fn g4_a_force_close_reaches_a_work_that_is_still_opening_before_or_during_
     // Closed before the wait: seen at once.
     tokio::time::timeout(MS, handle.closed()).await.unwrap();
 }
-
-/// A close that never returns (a provider whose goodbye hangs) cannot hold
-/// its closer: the async close is given up at its bound, the sync close is
-/// tried, and the stream can be dropped; the connection it held goes with it.
-#[tokio::test(start_paused = true)]
-async fn g4_an_async_close_that_never_returns_is_given_up_at_its_bound() {
-    let log = Log::default();
-    let mut stream =
-        Recording::new(&log, [Step::Chunk("a")]).close_kind(CloseKind::AsyncOnly(3_600 * S));
-    let started = Instant::now();
-    close_best_effort(&mut stream).await;
-    assert_eq!(started.elapsed(), settle_stream::ASYNC_CLOSE_BOUND);
-    assert_eq!(log.entries(), ["close"], "the close never finished");
-    drop(stream);
-}
