@@ -402,9 +402,16 @@ fn sqlite_disk_full_mid_run() {
 /// The PostgreSQL faults take turns: a restart would also hit the other test.
 static ONE_PG_FAULT_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Restarts the server under a [`comeback`] run; with `come_back`, also
-/// asks that the root's write after the restart succeed.
-fn restart_mid_run(come_back: bool) {
+/// Runs `scenario` on a database of this suite's own PostgreSQL server
+/// (one PostgreSQL fault at a time), brings `fault` about once the run
+/// printed `started`, and hands the run's end to `check` with the
+/// database's URL and what was scripted.
+fn pg_fault_mid_run(
+    scenario: (String, Scripted),
+    started: &str,
+    fault: impl FnOnce(),
+    check: impl FnOnce(&str, &Finished, &Scripted),
+) {
     let _turn = ONE_PG_FAULT_AT_A_TIME
         .lock()
         .unwrap_or_else(|e| e.into_inner());
@@ -413,21 +420,36 @@ fn restart_mid_run(come_back: bool) {
     };
     let pg = common::PgDb::new(&cluster.admin_url);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("comeback.toml");
-    let (toml, scripted) = comeback(4000);
+    let file = dir.path().join("scenario.toml");
+    let (toml, scripted) = scenario;
     std::fs::write(&file, toml).unwrap();
     let run = Running::start(&pg.url, &file, &[]);
-    assert!(run.wait_for_line("persisted turn 1 chunk 2", Duration::from_secs(10)));
-    assert!(cluster.restart(), "pg_ctl restart failed");
+    assert!(run.wait_for_line(started, Duration::from_secs(10)));
+    fault();
     let run = run.finish(Duration::from_secs(60));
-    if come_back {
-        assert_came_back("PostgreSQL server restarted", &pg.url, &run);
-    }
-    after_the_fault(
-        "PostgreSQL server restarted (pg_ctl restart -m fast) mid-run",
-        &run,
-        &pg.url,
-        &scripted,
+    check(&pg.url, &run, &scripted);
+}
+
+/// This suite's own PostgreSQL server (started by [`pg_fault_mid_run`]).
+fn own_cluster() -> &'static common::Cluster {
+    common::own_cluster().expect("started by pg_fault_mid_run")
+}
+
+/// Restarts the server under a [`comeback`] run; with `come_back`, also
+/// asks that the root's write after the restart succeed.
+fn restart_mid_run(come_back: bool) {
+    let restart = || assert!(own_cluster().restart(), "pg_ctl restart failed");
+    pg_fault_mid_run(
+        comeback(4000),
+        "persisted turn 1 chunk 2",
+        restart,
+        |db, run, scripted| {
+            if come_back {
+                assert_came_back("PostgreSQL server restarted", db, run);
+            }
+            let fault = "PostgreSQL server restarted (pg_ctl restart -m fast) mid-run";
+            after_the_fault(fault, run, db, scripted);
+        },
     );
 }
 
@@ -440,30 +462,23 @@ fn restart_mid_run(come_back: bool) {
 /// ready.
 #[test]
 fn postgres_down_for_six_seconds_is_absorbed_within_the_store_timeout() {
-    let _turn = ONE_PG_FAULT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let Some(cluster) = common::own_cluster() else {
-        return;
+    let down = || {
+        let down = own_cluster().down_for(Duration::from_secs(6));
+        assert!(down, "pg_ctl stop/start failed");
     };
-    let pg = common::PgDb::new(&cluster.admin_url);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("steady.toml");
     // Three agents streaming all along, 5 s a turn: their writes meet the
     // outage, and each waits on the read pool to learn whether its failed
     // chunk landed.
-    let (toml, scripted) = steady(200, 25, 24);
-    std::fs::write(&file, toml).unwrap();
-    let run = Running::start(&pg.url, &file, &[]);
-    assert!(run.wait_for_line("persisted turn 1 chunk 20", Duration::from_secs(10)));
-    assert!(
-        cluster.down_for(Duration::from_secs(6)),
-        "pg_ctl stop/start failed"
+    pg_fault_mid_run(
+        steady(200, 25, 24),
+        "persisted turn 1 chunk 20",
+        down,
+        |db, run, scripted| {
+            let fault = "PostgreSQL stopped for 6 s mid-run (store timeout 10 s)";
+            let summary = after_the_fault(fault, run, db, scripted);
+            assert_absorbed(fault, run, &summary);
+        },
     );
-    let run = run.finish(Duration::from_secs(60));
-    let fault = "PostgreSQL stopped for 6 s mid-run (store timeout 10 s)";
-    let summary = after_the_fault(fault, &run, &pg.url, &scripted);
-    assert_absorbed(fault, &run, &summary);
 }
 
 #[test]

@@ -385,6 +385,28 @@ async fn every_shape(kernel: &Kernel) -> (Vec<SessionId>, Vec<settle_runtime::Tu
     (ids, turns)
 }
 
+/// Shuts `kernel` down; once `idle` is finalized (at once: it runs
+/// nothing), the store stops answering. The shutdown's report.
+async fn shutdown_stalling_after(
+    kernel: &Kernel,
+    store: &Faulty,
+    idle: SessionId,
+) -> settle_runtime::ShutdownReport {
+    let mut events = kernel.subscribe();
+    let shutdown = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { kernel.shutdown(DRAIN).await })
+    };
+    loop {
+        match events.recv().await.unwrap() {
+            LifecycleEvent::Finalized { session, .. } if session == idle => break,
+            _ => continue,
+        }
+    }
+    store.stall.store(true, Ordering::SeqCst);
+    shutdown.await.unwrap()
+}
+
 fn sorted(mut ids: Vec<SessionId>) -> Vec<SessionId> {
     ids.sort_unstable();
     ids
@@ -488,22 +510,8 @@ async fn g9_the_report_names_exactly_the_sessions_a_stalled_store_left() {
     let kernel = kernel_on(&store).await;
     let (sessions, _turns) = every_shape(&kernel).await;
     let idle = sessions[0];
-    let mut events = kernel.subscribe();
-
     let began = Instant::now();
-    let shutdown = {
-        let kernel = kernel.clone();
-        tokio::spawn(async move { kernel.shutdown(DRAIN).await })
-    };
-    // The idle session is finalized at once; then the store stops answering.
-    loop {
-        match events.recv().await.unwrap() {
-            LifecycleEvent::Finalized { session, .. } if session == idle => break,
-            _ => continue,
-        }
-    }
-    store.stall.store(true, Ordering::SeqCst);
-    let report = shutdown.await.unwrap();
+    let report = shutdown_stalling_after(&kernel, &store, idle).await;
     let took = began.elapsed();
 
     let bound = DRAIN + SETTLE + FLUSH_BUDGET;
@@ -548,19 +556,7 @@ async fn g9_the_end_hook_says_which_rows_a_stalled_store_left_unended() {
         .unwrap();
     let (sessions, _turns) = every_shape(&kernel).await;
     let idle = sessions[0];
-    let mut events = kernel.subscribe();
-    let shutdown = {
-        let kernel = kernel.clone();
-        tokio::spawn(async move { kernel.shutdown(DRAIN).await })
-    };
-    loop {
-        match events.recv().await.unwrap() {
-            LifecycleEvent::Finalized { session, .. } if session == idle => break,
-            _ => continue,
-        }
-    }
-    store.stall.store(true, Ordering::SeqCst);
-    let report = shutdown.await.unwrap();
+    let report = shutdown_stalling_after(&kernel, &store, idle).await;
     // Hooks run on tasks of their own, bounded by the hook timeout.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let ends = ends.lock().unwrap().clone();
