@@ -14,6 +14,11 @@
 //! handed to `abandoned` (its chunk may be written already: the caller
 //! hands it on once the store says so).
 //!
+//! An append given up on (not answered by the deadline, or failing until
+//! it) may still be committed by a store that was waiting on a lock with
+//! it: it is withdrawn (`SessionStore::withdraw_chunks`), so the store keeps
+//! only what the reader was given.
+//!
 //! A failed append may have been written all the same: a commit whose
 //! answer was lost with its connection. Before appending again the store is
 //! asked whether the turn holds a chunk at this one's place, so no chunk is
@@ -70,6 +75,25 @@ pub(crate) struct Place {
 /// be tried again. Dropped while an append's answer is on its way (the
 /// turn was cancelled), that append's receipt goes to `abandoned`.
 pub(crate) async fn append_until_taken(
+    store: &dyn SessionStore,
+    place: Place,
+    make: impl Fn() -> NewChunk,
+    timeout: Duration,
+    cut: &CancellationToken,
+    abandoned: impl Fn(ChunkReceipt),
+    retrying: impl FnMut(&StoreError),
+) -> Result<(), NotAppended> {
+    let appended = tries(store, place, make, timeout, cut, abandoned, retrying).await;
+    if let Err(NotAppended::Failed(_) | NotAppended::Unanswered(_)) = &appended {
+        // Given up on: a try the store is still committing (it waits on a
+        // lock with it) must not land now that the turn fails without it.
+        store.withdraw_chunks(place.session, place.turn, place.seq);
+    }
+    appended
+}
+
+/// The tries of [`append_until_taken`].
+async fn tries(
     store: &dyn SessionStore,
     place: Place,
     make: impl Fn() -> NewChunk,

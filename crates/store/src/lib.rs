@@ -157,6 +157,7 @@ mod sys;
 mod thread;
 mod time;
 mod timeline;
+mod withdraw;
 mod writer;
 
 pub use batch::{Applied, LifecycleWrite};

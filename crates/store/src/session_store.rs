@@ -66,6 +66,19 @@ pub trait SessionStore: Send + Sync {
     /// [`StoreError::LeaseLost`] once its owner's lease expired.
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt;
 
+    /// Withdraws the chunks of turn `turn` of `id` numbered `from` and later
+    /// that its writer gave up on: an append not answered within the
+    /// caller's bound (its turn failed, its reader was never given the
+    /// chunk) that a store still committing may write after all. Queued now,
+    /// behind every append before it, it removes what they wrote from `from`
+    /// on once they have; none of it was acknowledged. A finalized session
+    /// is never touched. Nobody waits for it. The default does nothing: a
+    /// store that answers every append at once (or not at all) has nothing
+    /// to withdraw.
+    fn withdraw_chunks(&self, id: SessionId, turn: u32, from: u32) {
+        let _ = (id, turn, from);
+    }
+
     /// Wait until every chunk appended so far is committed.
     async fn flush(&self) -> Result<(), StoreError>;
 

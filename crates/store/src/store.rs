@@ -233,6 +233,13 @@ impl SessionStore for Store {
         self.inner.writer.append(id, turn, chunk)
     }
 
+    fn withdraw_chunks(&self, id: SessionId, turn: u32, from: u32) {
+        let withdraw = move |db: Db<'_>| crate::withdraw::withdraw(db, id, turn, from).map(drop);
+        self.inner
+            .writer
+            .queue("withdraw the chunks given up on", withdraw);
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         self.write(|_| Ok(())).await
     }

@@ -81,6 +81,27 @@ impl Writer {
         }
     }
 
+    /// Queue `f` to run on the writer's connection after everything queued
+    /// before it, nobody waiting for it: what it fails with is logged.
+    pub(crate) fn queue<F>(&self, what: &'static str, f: F)
+    where
+        F: FnOnce(Db<'_>) -> Result<(), StoreError> + Send + 'static,
+    {
+        let op: Op = Box::new(move |db| match f(db) {
+            Ok(()) => false,
+            Err(error) => {
+                tracing::warn!(%error, "could not {what}");
+                matches!(
+                    error,
+                    StoreError::Database { .. } | StoreError::Connection { .. }
+                )
+            }
+        });
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Command::Op(op));
+        }
+    }
+
     /// Run `f` on the writer's connection after everything queued before it.
     pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where

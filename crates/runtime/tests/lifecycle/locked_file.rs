@@ -120,3 +120,46 @@ async fn g2_g7_writes_that_landed_after_the_store_timeout_are_not_counted_failed
         assert!(d.turns.iter().all(|t| t.outcome.is_some()), "{d:?}");
     }
 }
+
+/// A chunk whose append the store did not answer within the store timeout
+/// (the file locked past it) fails its turn; the writer, still waiting on
+/// the lock with it, commits it once the lock goes. It is withdrawn then:
+/// the store keeps exactly the chunks the reader was given, in a turn that
+/// ended `failed` (G7: what is kept is what was told).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_chunk_given_up_on_at_the_store_timeout_is_not_kept_when_it_lands_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.db");
+    let path = path.to_str().unwrap().to_owned();
+    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
+    let kernel = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .store_timeout(Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    let session = kernel.register("s", None).await.unwrap();
+    let long = TurnScript::new(numbered("c", 100_000)).chunk_delay(Duration::from_millis(5));
+    let mut turn = start(&session, &provider([long])).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+    let lock = Lock::take(&path);
+    let mut given = vec!["c-0".to_owned()];
+    while let Some(chunk) = turn.next_chunk().await {
+        given.push(chunk.into_payload());
+    }
+    let (outcome, error) = turn.end().await;
+    assert_eq!(outcome, Outcome::Failed, "{error:?}");
+    // Within the store's busy timeout (5 s): the writer takes the lock
+    // with the chunk it was given up on.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    lock.release();
+    store.flush().await.unwrap();
+    let detail = store.session_detail(session.id()).await.unwrap();
+    let stored: Vec<String> = detail.turns[0]
+        .chunks
+        .iter()
+        .map(|c| c.text.clone())
+        .collect();
+    assert_eq!(stored, given, "the store keeps what the reader was given");
+    kernel.shutdown(Duration::ZERO).await;
+}
