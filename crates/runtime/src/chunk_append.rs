@@ -81,83 +81,73 @@ pub(crate) async fn append_until_taken(
     timeout: Duration,
     cut: &CancellationToken,
     abandoned: impl Fn(ChunkReceipt),
-    retrying: impl FnMut(&StoreError),
+    mut retrying: impl FnMut(&StoreError),
 ) -> Result<(), NotAppended> {
-    let appended = tries(store, place, make, timeout, cut, abandoned, retrying).await;
+    let appended = async {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::new();
+        let mut said = false;
+        loop {
+            let mut flight = Flight {
+                receipt: Some(store.append_chunk(place.session, place.turn, make())),
+                abandoned: &abandoned,
+            };
+            let answer = match flight.receipt.as_mut() {
+                Some(receipt) => tokio::time::timeout_at(deadline, receipt).await,
+                None => Ok(Err(StoreError::Unavailable)),
+            };
+            flight.receipt = None;
+            let mut last = match answer {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
+                    return Err(NotAppended::Closed)
+                }
+                Ok(Err(error)) if error.may_heal() => error,
+                Ok(Err(error)) => return Err(NotAppended::Failed(error)),
+                Err(_) => return Err(NotAppended::Unanswered(timeout)),
+            };
+            if cut.is_cancelled() {
+                return Err(NotAppended::Failed(last));
+            }
+            if !said {
+                said = true;
+                retrying(&last);
+            }
+            // Wait, then learn whether the failed append landed after all; a
+            // store that cannot say is asked again after the next wait.
+            loop {
+                let at = Instant::now() + backoff.next_wait();
+                if at >= deadline || cut.is_cancelled() {
+                    return Err(NotAppended::Failed(last));
+                }
+                tokio::select! {
+                    biased;
+                    () = cut.cancelled() => return Err(NotAppended::Failed(last)),
+                    () = tokio::time::sleep_until(at) => {}
+                }
+                let page = store.turn_page(place.session, Some(place.turn), place.seq, 1);
+                match tokio::time::timeout_at(deadline, page).await {
+                    Ok(Ok(page)) => {
+                        let landed = page.turn.is_some_and(|turn| {
+                            turn.chunks.first().is_some_and(|c| c.seq == place.seq)
+                        });
+                        if landed {
+                            return Ok(());
+                        }
+                        break;
+                    }
+                    Ok(Err(error)) if error.may_heal() => last = error,
+                    Ok(Err(error)) => return Err(NotAppended::Failed(error)),
+                    Err(_) => return Err(NotAppended::Failed(last)),
+                }
+            }
+        }
+    }
+    .await;
     if let Err(NotAppended::Failed(_) | NotAppended::Unanswered(_)) = &appended {
         // Given up on: a try the store is still committing (it waits on a
         // lock with it) must not land now that the turn fails without it.
         store.withdraw_chunks(place.session, place.turn, place.seq);
     }
     appended
-}
-
-/// The tries of [`append_until_taken`].
-async fn tries(
-    store: &dyn SessionStore,
-    place: Place,
-    make: impl Fn() -> NewChunk,
-    timeout: Duration,
-    cut: &CancellationToken,
-    abandoned: impl Fn(ChunkReceipt),
-    mut retrying: impl FnMut(&StoreError),
-) -> Result<(), NotAppended> {
-    let deadline = Instant::now() + timeout;
-    let mut backoff = Backoff::new();
-    let mut said = false;
-    loop {
-        let mut flight = Flight {
-            receipt: Some(store.append_chunk(place.session, place.turn, make())),
-            abandoned: &abandoned,
-        };
-        let answer = match flight.receipt.as_mut() {
-            Some(receipt) => tokio::time::timeout_at(deadline, receipt).await,
-            None => Ok(Err(StoreError::Unavailable)),
-        };
-        flight.receipt = None;
-        let mut last = match answer {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(StoreError::SessionClosed(_) | StoreError::TurnClosed { .. })) => {
-                return Err(NotAppended::Closed)
-            }
-            Ok(Err(error)) if error.may_heal() => error,
-            Ok(Err(error)) => return Err(NotAppended::Failed(error)),
-            Err(_) => return Err(NotAppended::Unanswered(timeout)),
-        };
-        if cut.is_cancelled() {
-            return Err(NotAppended::Failed(last));
-        }
-        if !said {
-            said = true;
-            retrying(&last);
-        }
-        // Wait, then learn whether the failed append landed after all; a
-        // store that cannot say is asked again after the next wait.
-        loop {
-            let at = Instant::now() + backoff.next_wait();
-            if at >= deadline || cut.is_cancelled() {
-                return Err(NotAppended::Failed(last));
-            }
-            tokio::select! {
-                biased;
-                () = cut.cancelled() => return Err(NotAppended::Failed(last)),
-                () = tokio::time::sleep_until(at) => {}
-            }
-            let page = store.turn_page(place.session, Some(place.turn), place.seq, 1);
-            match tokio::time::timeout_at(deadline, page).await {
-                Ok(Ok(page)) => {
-                    let landed = page.turn.is_some_and(|turn| {
-                        turn.chunks.first().is_some_and(|c| c.seq == place.seq)
-                    });
-                    if landed {
-                        return Ok(());
-                    }
-                    break;
-                }
-                Ok(Err(error)) if error.may_heal() => last = error,
-                Ok(Err(error)) => return Err(NotAppended::Failed(error)),
-                Err(_) => return Err(NotAppended::Failed(last)),
-            }
-        }
-    }
 }
