@@ -9,7 +9,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use settle_core::{SessionId, State};
-use settle_store::{Applied, FinalizeRequest, LifecycleWrite, NewSession, TimelineStep};
+use settle_store::{
+    Applied, FinalizeRequest, LifecycleWrite, NewSession, StoreError, TimelineStep,
+};
 
 use super::bounded::within;
 use super::held::Held;
@@ -19,6 +21,9 @@ use super::unwritten::Unwritten;
 use super::Recorder;
 use crate::command::{Ack, Command};
 use crate::record::Record;
+
+/// Sets keyed by session: foldhash, as everywhere on the recorder's path.
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 impl Recorder {
     /// Adds one record to the batch, or, for a record that is not a
@@ -294,9 +299,11 @@ impl Recorder {
                 .collect(),
             Err(unwritten) => answers.iter().map(|_| Err(unwritten.clone())).collect(),
         };
-        // The sessions this kernel's own finalize of is tried again here.
-        let finalizing: Vec<SessionId> = match retry {
-            false => Vec::new(),
+        // The sessions this kernel's own finalize of is tried again here:
+        // looked up only in a retry batch with a write refused as finalized.
+        let closed = |r: &Result<Applied, Unwritten>| matches!(r, Err(Unwritten::Failed(e)) if matches!(**e, StoreError::SessionClosed(_)));
+        let finalizing: HashSet<SessionId> = match retry && results.iter().any(closed) {
+            false => HashSet::default(),
             true => copies
                 .iter()
                 .flatten()
@@ -306,6 +313,7 @@ impl Recorder {
                 })
                 .collect(),
         };
+        let now = tokio::time::Instant::now();
         let mut requeued = false;
         for ((answer, result), copy) in answers.into_iter().zip(results).zip(copies) {
             let result = match (result, copy) {
@@ -315,12 +323,13 @@ impl Recorder {
                             self.retrying(session, &write, &unwritten);
                         }
                         let last = unwritten;
-                        let queued = retry::Queued {
+                        let mut queued = retry::Queued {
                             write,
                             answer,
                             since,
                             last,
                         };
+                        queued.tell_turn_end(self.store_timeout, now);
                         self.retries.push(session, queued);
                         requeued = true;
                         continue;
@@ -342,9 +351,6 @@ impl Recorder {
         }
         if retry && !requeued {
             self.retries.healed();
-        }
-        if requeued {
-            self.retries.tell_turn_ends(self.store_timeout);
         }
         for answer in after {
             self.answer(answer, Ok(Applied::Done)).await;

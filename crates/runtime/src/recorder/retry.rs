@@ -43,6 +43,22 @@ pub(super) struct Queued {
     pub last: Unwritten,
 }
 
+impl Queued {
+    /// If this is a turn's end that has waited `patience` (the store
+    /// timeout) by `now`, tells the turn's reader how it ended (once); the
+    /// write itself stays queued.
+    pub(super) fn tell_turn_end(&mut self, patience: Duration, now: Instant) {
+        if now.duration_since(self.since) < patience {
+            return;
+        }
+        if let Answer::TurnEnded { notify, end, .. } = &mut self.answer {
+            if let Some(notify) = notify.take() {
+                let _ = notify.send(end.clone());
+            }
+        }
+    }
+}
+
 /// The writes waiting to be tried again, per session, in order.
 #[derive(Default)]
 pub(crate) struct Retries {
@@ -220,14 +236,7 @@ impl Retries {
     pub(super) fn tell_turn_ends(&mut self, patience: Duration) {
         let now = Instant::now();
         for q in self.queued.values_mut().flatten() {
-            if now.duration_since(q.since) < patience {
-                continue;
-            }
-            if let Answer::TurnEnded { notify, end, .. } = &mut q.answer {
-                if let Some(notify) = notify.take() {
-                    let _ = notify.send(end.clone());
-                }
-            }
+            q.tell_turn_end(patience, now);
         }
     }
 
