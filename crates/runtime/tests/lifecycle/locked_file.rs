@@ -49,6 +49,24 @@ impl Lock {
     }
 }
 
+/// A kernel on a new SQLite file in `dir` (its path and its store), with
+/// a 1 s store timeout (the store's busy timeout stays 5 s: a lock of a
+/// few seconds outlasts the one and not the other) and a 300 ms settle
+/// timeout.
+async fn on_a_file(dir: &tempfile::TempDir) -> (String, Arc<Store>, Kernel) {
+    let path = dir.path().join("locked.db");
+    let path = path.to_str().unwrap().to_owned();
+    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
+    let kernel = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .settle_timeout(Duration::from_millis(300))
+        .store_timeout(Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    (path, store, kernel)
+}
+
 /// A coordinator finished while the file is locked past the store timeout:
 /// its children's transitions and turn ends, handed while the lock was
 /// held, land when it goes and are tried again after; the store answers
@@ -60,16 +78,7 @@ impl Lock {
 async fn g2_g7_writes_that_landed_after_the_store_timeout_are_not_counted_failed_when_tried_again()
 {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locked.db");
-    let path = path.to_str().unwrap().to_owned();
-    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
-    let kernel = Kernel::builder(store.clone())
-        .idle_timeout(None)
-        .settle_timeout(Duration::from_millis(300))
-        .store_timeout(Duration::from_secs(1))
-        .start()
-        .await
-        .unwrap();
+    let (path, store, kernel) = on_a_file(&dir).await;
     let mut events = kernel.subscribe();
     let root = kernel.register("root", None).await.unwrap();
     let long = TurnScript::new(numbered("c", 100_000)).chunk_delay(Duration::from_millis(5));
@@ -129,15 +138,7 @@ async fn g2_g7_writes_that_landed_after_the_store_timeout_are_not_counted_failed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_a_chunk_given_up_on_at_the_store_timeout_is_not_kept_when_it_lands_later() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("late.db");
-    let path = path.to_str().unwrap().to_owned();
-    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
-    let kernel = Kernel::builder(store.clone())
-        .idle_timeout(None)
-        .store_timeout(Duration::from_secs(1))
-        .start()
-        .await
-        .unwrap();
+    let (path, store, kernel) = on_a_file(&dir).await;
     let session = kernel.register("s", None).await.unwrap();
     let long = TurnScript::new(numbered("c", 100_000)).chunk_delay(Duration::from_millis(5));
     let mut turn = start(&session, &provider([long])).await;
