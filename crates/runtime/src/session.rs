@@ -101,7 +101,11 @@ impl SessionHandle {
     /// over [`max_history_bytes`](crate::Config::max_history_bytes), before
     /// anything is sent or written; and when the session is closing,
     /// finalized, a turn is already in flight, the kernel is shutting down,
-    /// or no slot is free.
+    /// or no slot is free. [`RuntimeError::Store`] when the store did not
+    /// take the turn's start within the store timeout: the turn is refused
+    /// and never streams, yet it had its number; once the store heals it
+    /// is written ended `failed` with the store's cause, so the stored
+    /// turns are numbered without a gap.
     pub async fn run_turn(
         &self,
         provider: Arc<dyn Provider>,
@@ -152,10 +156,15 @@ impl SessionHandle {
             .cancel_on_drop(self.kernel.commands());
         // A turn is announced only once its start is written: one the store
         // did not take is refused here, with the store's own cause (its
-        // work fails, and the dropped handle is a no-op).
+        // work fails on its own, and the handle is dropped without a
+        // cancel). A caller gone while it waits drops the handle, which
+        // cancels the turn.
         match announced.await {
             Ok(Ok(())) => Ok(turn),
-            Ok(Err(error)) => Err(error.into()),
+            Ok(Err(error)) => {
+                turn.refused();
+                Err(error.into())
+            }
             Err(_) => Err(RuntimeError::Stopped),
         }
     }

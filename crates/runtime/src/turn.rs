@@ -84,6 +84,14 @@ impl Turn {
         self
     }
 
+    /// A turn whose start the store did not take, refused to its caller:
+    /// its work fails on its own with the store's cause, so dropping the
+    /// handle must not cancel it (a cancel racing that failure would store
+    /// the turn `cancelled`, without the cause).
+    pub(crate) fn refused(mut self) {
+        self.cancel_on_drop = None;
+    }
+
     /// Which work this is: the session and the turn's number.
     pub fn work(&self) -> WorkId {
         self.work

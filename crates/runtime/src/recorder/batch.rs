@@ -15,7 +15,7 @@ use settle_store::{
 
 use super::bounded::within;
 use super::held::Held;
-use super::pending::{Answer, BatchResults, InFlight, Pending};
+use super::pending::{Answer, BatchResults, InFlight, Pending, StartWaiting};
 use super::retry;
 use super::unwritten::Unwritten;
 use super::Recorder;
@@ -96,8 +96,7 @@ impl Recorder {
                 },
                 Answer::TurnStarted {
                     session: work.session,
-                    done,
-                    announce,
+                    waiting: Some(StartWaiting { done, announce }),
                 },
             )),
             Record::EndTurn {
@@ -405,11 +404,13 @@ impl Recorder {
                     self.failed(Some(session), "record a transition", &unwritten);
                 }
             }
-            Answer::TurnStarted {
-                session,
-                done,
-                announce,
-            } => {
+            Answer::TurnStarted { session, waiting } => {
+                // No one waits for a start refused to its caller at the
+                // store timeout and written later: its failure was said
+                // when they were told, and the turn's failed end follows it.
+                let Some(waiting) = waiting else {
+                    return;
+                };
                 let answer = match result {
                     Ok(_) => Ok(()),
                     Err(unwritten) => {
@@ -417,8 +418,7 @@ impl Recorder {
                         Err(unwritten.store_error())
                     }
                 };
-                let _ = announce.send(answer.clone());
-                let _ = done.send(answer);
+                waiting.tell(answer);
             }
             Answer::TurnEnded {
                 session,

@@ -25,10 +25,9 @@ pub(super) enum Answer {
     Transition(SessionId),
     TurnStarted {
         session: SessionId,
-        /// The work, which streams once the start is written.
-        done: oneshot::Sender<Result<(), StoreError>>,
-        /// The caller, who is given the turn once its start is written.
-        announce: oneshot::Sender<Result<(), StoreError>>,
+        /// Who waits for the start; `None` once told that it failed at the
+        /// store timeout, while the write itself is kept (see `retry.rs`).
+        waiting: Option<StartWaiting>,
     },
     TurnEnded {
         session: SessionId,
@@ -39,6 +38,40 @@ pub(super) enum Answer {
     /// The finalize of a session whose registration was refused to its
     /// caller but may have been written after all (see `retry.rs`).
     Withdrawn(SessionId),
+}
+
+/// Who waits for a turn's start to be written.
+pub(super) struct StartWaiting {
+    /// The work, which streams once the start is written.
+    pub(super) done: oneshot::Sender<Result<(), StoreError>>,
+    /// The caller, who is given the turn once its start is written.
+    pub(super) announce: oneshot::Sender<Result<(), StoreError>>,
+}
+
+impl StartWaiting {
+    /// Tells the work and the caller how the start went.
+    pub(super) fn tell(self, answer: Result<(), StoreError>) {
+        let _ = self.announce.send(answer.clone());
+        let _ = self.done.send(answer);
+    }
+}
+
+impl Answer {
+    /// The waiters of a turn's start, taken out to be told now (the write
+    /// stays queued with an answer that tells no one); `None` for any other
+    /// write, or a start whose waiters were told already.
+    pub(super) fn take_start_waiting(&mut self) -> Option<Answer> {
+        match self {
+            Answer::TurnStarted { session, waiting } => {
+                let waiting = waiting.take()?;
+                Some(Answer::TurnStarted {
+                    session: *session,
+                    waiting: Some(waiting),
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The writes of one batch and what to answer for each.

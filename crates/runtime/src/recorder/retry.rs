@@ -11,9 +11,12 @@
 //! [`Retries::tell_turn_ends`]). A registration
 //! and a turn's start are tried again the same way, for their callers who
 //! wait for them, but only until the store timeout: then the caller is told
-//! it failed, with what the store last said, and the write is dropped (the
-//! session or turn was refused; a registration that may have been written
-//! is withdrawn, so nothing is left live behind).
+//! it failed, with what the store last said. A registration's write is
+//! dropped then (the session was refused; one that may have been written
+//! is withdrawn, so nothing is left live behind). A turn's start is kept
+//! and written once the store takes it: the core numbered the turn and
+//! ended it `failed`, and that end, queued behind its start, is written
+//! too, so the stored turns keep the kernel's numbers with no gap.
 //!
 //! Once a shutdown's budget is spent, what is still queued is given up:
 //! each waiter is told, and the session is left for recovery (G8).
@@ -240,18 +243,25 @@ impl Retries {
         }
     }
 
-    /// Takes the writes whose waiters may not wait longer than `patience`
-    /// (a registration, a turn's start), to be told they failed.
-    pub(super) fn expired(&mut self, patience: Duration) -> Vec<Queued> {
+    /// Takes the answers of the writes whose waiters may not wait longer
+    /// than `patience` (a registration, a turn's start), to be told they
+    /// failed with what the store said last. A registration's write goes
+    /// with its answer; a turn's start stays queued, answering no one.
+    pub(super) fn expired(&mut self, patience: Duration) -> Vec<(Answer, Unwritten)> {
         let now = Instant::now();
         let mut expired = Vec::new();
         self.queued.retain(|_, queue| {
             let mut kept = VecDeque::with_capacity(queue.len());
-            for q in queue.drain(..) {
-                if !kept_until_written(&q.write) && now.duration_since(q.since) >= patience {
-                    expired.push(q);
-                } else {
+            for mut q in queue.drain(..) {
+                if kept_until_written(&q.write) || now.duration_since(q.since) < patience {
                     kept.push_back(q);
+                } else if matches!(q.write, LifecycleWrite::StartTurn { .. }) {
+                    if let Some(told) = q.answer.take_start_waiting() {
+                        expired.push((told, q.last.clone()));
+                    }
+                    kept.push_back(q);
+                } else {
+                    expired.push((q.answer, q.last));
                 }
             }
             *queue = kept;
@@ -326,8 +336,8 @@ impl super::Recorder {
     /// One more try of every waiting write, as one batch, after telling
     /// the waiters who may not wait any longer that their write failed.
     pub(super) async fn retry(&mut self) {
-        for q in self.retries.expired(self.store_timeout) {
-            self.answer(q.answer, Err(q.last)).await;
+        for (answer, last) in self.retries.expired(self.store_timeout) {
+            self.answer(answer, Err(last)).await;
         }
         self.retries.tell_turn_ends(self.store_timeout);
         if self.budget_spent() {

@@ -979,6 +979,50 @@ async fn g7_a_turn_is_announced_only_once_its_start_is_written() {
     );
 }
 
+/// A turn's start refused to its caller because the store failed it until
+/// the store timeout (a lock held past it) still used its number: the
+/// kernel had started the turn and ended it failed. Once the store heals,
+/// the store holds that turn as the kernel numbered it, ended `failed` with
+/// the store's cause, so the stored turns run 1, 2, … with no gap and a
+/// reader walking them from 1 finds each (the gateway's `session.read`
+/// said `turns: 1` and had no turn 1).
+#[tokio::test(start_paused = true)]
+async fn g7_a_refused_turn_start_is_stored_failed_so_the_stored_turns_have_no_gap() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("gap", None).await.unwrap();
+    // The refused turn never opens its stream: the one script is the next's.
+    let p = provider([complete(&["b"], MS)]);
+    store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
+    let refused = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+        .await;
+    assert!(refused.is_err(), "a start the store failed was announced");
+    // The lock goes a little later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    store.fail_turn_writes.store(0, Ordering::SeqCst);
+    let mut turn = start_once_settled(&session, &p).await;
+    let second = turn.work().no;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["b"]);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    let d = detail(&store.inner, session.id()).await;
+    let numbers: Vec<u32> = d.turns.iter().map(|t| t.no).collect();
+    assert_eq!(numbers, [1, second], "{d:?}");
+    assert_eq!(second, 2, "{d:?}");
+    assert_eq!(d.turns[0].outcome, Some(Outcome::Failed), "{d:?}");
+    let cause = d.turns[0].error.as_ref().map(|e| e.message.clone());
+    assert!(
+        cause
+            .as_deref()
+            .is_some_and(|m| m.contains("could not record the turn's start")
+                && m.contains("database is locked")),
+        "{cause:?}"
+    );
+    assert!(d.turns[0].chunks.is_empty(), "{d:?}");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+}
+
 /// A registration refused to its caller because the store did not answer in
 /// time, yet written once the store caught up, is finalized by the kernel:
 /// nothing the caller was told failed is left live (and the refusal says the
