@@ -2,6 +2,7 @@
 //! closer every path goes through (G4).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::FutureExt;
@@ -54,8 +55,19 @@ impl<C: Close + ?Sized> Close for Box<C> {
     }
 }
 
+/// How long [`close_best_effort`] waits for a stream's async close before
+/// giving up on it. A provider whose close never returns (a server that
+/// never acknowledges, a subprocess that never exits) would otherwise keep
+/// its stream, and the task closing it, for good. Past this bound the close
+/// is dropped where it stands and logged; it is not tried again (G4: one
+/// close), and the stream's owner drops the stream as after any close,
+/// which releases what it holds (a connection is dropped, not shut down
+/// politely). A close that acknowledges takes milliseconds.
+pub const ASYNC_CLOSE_BOUND: Duration = Duration::from_secs(10);
+
 /// Close `stream` and never fail: try the async close, fall back to the sync
-/// close if it errors or panics, and log what went wrong.
+/// close if it errors or panics, give it up if it has not returned within
+/// [`ASYNC_CLOSE_BOUND`], and log what went wrong.
 ///
 /// This is the only closer the wrappers use, so every path logs the same way.
 pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
@@ -63,11 +75,27 @@ pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
         close_now_logged(stream);
         return;
     }
-    let error = match AssertUnwindSafe(stream.close()).catch_unwind().await {
-        Ok(Ok(())) => return,
-        Ok(Err(CloseError::AsyncOnly)) => "it reported that only an async close works".to_owned(),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => "its close panicked".to_owned(),
+    let close = AssertUnwindSafe(stream.close()).catch_unwind();
+    // The bound needs tokio's timer; a close polled elsewhere is awaited.
+    let closed = match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::time::timeout(ASYNC_CLOSE_BOUND, close).await,
+        Err(_) => Ok(close.await),
+    };
+    let error = match closed {
+        Ok(Ok(Ok(()))) => return,
+        Ok(Ok(Err(CloseError::AsyncOnly))) => {
+            "it reported that only an async close works".to_owned()
+        }
+        Ok(Ok(Err(e))) => e.to_string(),
+        Ok(Err(_)) => "its close panicked".to_owned(),
+        Err(_) => {
+            tracing::warn!(
+                bound = ?ASYNC_CLOSE_BOUND,
+                "async close of a provider stream did not return within its bound; \
+                 it is given up and the stream dropped"
+            );
+            return;
+        }
     };
     tracing::warn!(%error, "async close of a provider stream failed; trying the sync close");
     close_now_logged(stream);

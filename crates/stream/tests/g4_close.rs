@@ -10,7 +10,7 @@ use common::{chunk, CloseKind, Log, Recording, Step};
 use futures_util::StreamExt;
 use settle_stream::{
     close_best_effort, Close, FirstEventTimedOut, Guarded, IdleTimedOut, IdleTimeout,
-    StreamErrorKind, StreamEvent,
+    StreamErrorKind, StreamEvent, ASYNC_CLOSE_BOUND,
 };
 use tokio::time::Instant;
 
@@ -265,6 +265,33 @@ async fn g4_a_close_mid_flight_finishes_after_drop() {
     drop(stream);
     tokio::time::sleep(2 * S).await;
     assert_eq!(log.entries(), ["close", "closed"]);
+}
+
+/// A provider whose async close never returns (a server that never
+/// acknowledges): the close is given up at its bound, not tried again,
+/// and the stream is dropped rather than kept, with the task closing it, for good. The same when the wrapper is
+/// dropped with its close handed to the runtime.
+#[tokio::test(start_paused = true)]
+async fn g4_an_async_close_that_never_returns_is_given_up_at_its_bound_and_the_stream_dropped() {
+    let log = Log::default();
+    let day = Duration::from_secs(24 * 3600);
+    let mut stream =
+        Guarded::new(Recording::new(&log, [Step::Hang]).close_kind(CloseKind::AsyncOnly(day)));
+    let asked = Instant::now();
+    stream.close().await.unwrap();
+    let took = asked.elapsed();
+    assert!(
+        took >= ASYNC_CLOSE_BOUND && took < ASYNC_CLOSE_BOUND + S,
+        "the close returned after {took:?}"
+    );
+    assert_eq!(log.entries(), ["close"]);
+    assert_eq!(log.holders(), 1, "the stream is still held");
+    drop(Guarded::new(
+        Recording::new(&log, [Step::Hang]).close_kind(CloseKind::AsyncOnly(day)),
+    ));
+    tokio::time::sleep(ASYNC_CLOSE_BOUND + S).await;
+    assert_eq!(log.count("close"), 2);
+    assert_eq!(log.holders(), 1, "the dropped stream is still held");
 }
 
 #[tokio::test(start_paused = true)]

@@ -29,6 +29,12 @@ impl Log {
         self.entries().iter().filter(|e| *e == entry).count()
     }
 
+    /// How many hold this log: the test and each recorded stream not yet
+    /// dropped.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
     /// Index of the first occurrence of `entry`; panics if missing.
     pub fn pos(&self, entry: &str) -> usize {
         let entries = self.entries();
