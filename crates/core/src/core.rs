@@ -1422,10 +1422,19 @@ impl Core {
             move_state(s, id, State::Finalized, cause, shutting_down, deadlines)
         });
         let had_slot = finalized.is_some() && std::mem::take(&mut s.has_slot);
+        let held = !s.holds.is_empty();
         if let Some(m) = settled {
             self.moved(now, id, m);
         }
         if let (Some(m), Some(reason)) = (finalized, reason) {
+            // What was kept for an adopter goes with the session: a
+            // finalized one has none (SPEC §5), so the store keeps nothing.
+            if held {
+                self.effects.push_back(Effect::RecordHolds {
+                    session: id,
+                    holds: crate::Holds::default(),
+                });
+            }
             self.moved(now, id, m);
             // The latch is spent (G2): emitted once, the state is terminal.
             self.effects.push_back(Effect::Finalize(Finalize {

@@ -92,8 +92,10 @@ pub enum Effect {
     /// (SPEC §5: a held session is reclaimable by no automatic path, in
     /// this process or in the one that adopts it after this one crashed).
     /// Emitted each time a hold is taken or given back, with the counts
-    /// after it; the driver keeps them in order, and a store that cannot
-    /// keep them loses only what a crash would take.
+    /// after it, and with none just before the transition to `finalized`
+    /// of a session finalized while held (it has no adopter); the driver
+    /// keeps them in order, and a store that cannot keep them loses only
+    /// what a crash would take.
     RecordHolds {
         /// The session.
         session: SessionId,

@@ -179,21 +179,70 @@ pub fn after_each_step(seen: &Observed, sut: &Sut, ctx: &Ctx) {
 
 /// SPEC §5 across a crash: a hold taken or given back is recorded at once
 /// with the session's counts after it (a process adopting the session after
-/// this one crashed keeps them), and nothing else records holds.
+/// this one crashed keeps them); a session finalized while held has none
+/// recorded just before its transition to `finalized` (it has no adopter,
+/// so nothing is kept for it); and nothing else records holds.
 fn holds_are_recorded_as_they_change(seen: &Observed, ctx: &Ctx) {
-    let recorded: Vec<(SessionId, settle_core::Holds)> = ctx
-        .effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::RecordHolds { session, holds } => Some((*session, *holds)),
-            _ => None,
-        })
-        .collect();
     let changed = match *ctx.step {
         Step::Hold(id, hold) | Step::Release(id, hold) if ctx.applied() => Some((id, hold)),
         _ => None,
     };
-    let Some((id, changed_kind)) = changed else {
+    // A session's count of `kind` once the step's own change is applied.
+    let count = |id: u64, kind: settle_core::Hold| {
+        let before = seen.holds.get(&(id, kind)).copied().unwrap_or(0);
+        let after = match (ctx.step, changed) {
+            (Step::Hold(..), Some((c, k))) if c == id && k == kind => before + 1,
+            (Step::Release(..), Some((c, k))) if c == id && k == kind => before.saturating_sub(1),
+            _ => before,
+        };
+        u16::try_from(after).unwrap_or(u16::MAX)
+    };
+    let holds_of = |id: u64| settle_core::Holds {
+        pending_input: count(id, settle_core::Hold::PendingInput),
+        delegation: count(id, settle_core::Hold::Delegation),
+    };
+    let none = settle_core::Holds::default();
+    let mut recorded: Vec<(SessionId, settle_core::Holds)> = Vec::new();
+    let mut dropped_for = Vec::new();
+    let mut effects = ctx.effects.iter().peekable();
+    while let Some(e) = effects.next() {
+        let Effect::RecordHolds { session, holds } = e else {
+            if let Effect::Finalize(f) = e {
+                assert!(
+                    holds_of(f.session.get()) == none || dropped_for.contains(&f.session),
+                    "session {} finalized while held by {:?} without its holds dropped first",
+                    f.session,
+                    ctx.step
+                );
+            }
+            continue;
+        };
+        // The step's own change is recorded first; any other record is a
+        // held session's finalize dropping what was kept for it.
+        let own = changed.is_some_and(|(id, _)| id == session.get())
+            && !recorded.iter().any(|(s, _)| s == session);
+        if own {
+            recorded.push((*session, *holds));
+            continue;
+        }
+        assert!(
+            matches!(
+                effects.peek(),
+                Some(Effect::Transition(t)) if t.session == *session && t.to == State::Finalized
+            ),
+            "holds recorded by {:?} for session {session}, neither changed nor finalized",
+            ctx.step
+        );
+        assert_eq!(*holds, none, "a finalized session's holds recorded as kept");
+        assert_ne!(
+            holds_of(session.get()),
+            none,
+            "holds dropped for session {session}, which held none, by {:?}",
+            ctx.step
+        );
+        dropped_for.push(*session);
+    }
+    let Some((id, _)) = changed else {
         assert!(
             recorded.is_empty(),
             "holds recorded by {:?}, which changes none: {recorded:?}",
@@ -201,22 +250,9 @@ fn holds_are_recorded_as_they_change(seen: &Observed, ctx: &Ctx) {
         );
         return;
     };
-    let count = |kind: settle_core::Hold| {
-        let before = seen.holds.get(&(id, kind)).copied().unwrap_or(0);
-        let after = match (ctx.step, kind == changed_kind) {
-            (Step::Hold(..), true) => before + 1,
-            (Step::Release(..), true) => before.saturating_sub(1),
-            _ => before,
-        };
-        u16::try_from(after).unwrap_or(u16::MAX)
-    };
-    let expected = settle_core::Holds {
-        pending_input: count(settle_core::Hold::PendingInput),
-        delegation: count(settle_core::Hold::Delegation),
-    };
     assert_eq!(
         recorded,
-        [(SessionId(id), expected)],
+        [(SessionId(id), holds_of(id))],
         "the holds recorded by {:?}",
         ctx.step
     );

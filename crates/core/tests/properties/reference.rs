@@ -446,6 +446,14 @@ impl Model {
             self.interrupts
                 .extend(to.into_iter().filter(|d| !ancestors.contains(d)));
         }
+        // SPEC §5: a held session's kept holds go with it.
+        let holds = holds_of(&self.sessions[&id]);
+        if holds != settle_core::Holds::default() {
+            self.orders.push(Effect::RecordHolds {
+                session: SessionId(id),
+                holds: settle_core::Holds::default(),
+            });
+        }
         self.orders.push(Effect::Finalize(Finalize {
             session: SessionId(id),
             reason,

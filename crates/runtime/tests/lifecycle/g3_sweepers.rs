@@ -169,3 +169,47 @@ async fn g3_transport_closed_reclaims_at_once_but_never_a_live_turn() {
     assert_eq!(runtime.store_failures(), 0);
     runtime.shutdown(Duration::ZERO).await;
 }
+
+/// SPEC §5: a session's holds are kept in the store for a process that
+/// adopts it. A held session that is finalized (closed by its user, or by
+/// a shutdown) has no adopter, so what was kept for it goes with it: the
+/// store keeps no holds of a finalized session, and nothing grows with
+/// the held sessions a long-lived process ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_a_session_finalized_while_held_leaves_no_holds_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.db");
+    let path = path.to_str().unwrap().to_owned();
+    let store = std::sync::Arc::new(settle_store::Store::open_async(path.clone()).await.unwrap());
+    let kernel = settle_runtime::Kernel::builder(store)
+        .idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    let closed = kernel.register("closed", None).await.unwrap();
+    let left = kernel.register("left", None).await.unwrap();
+    let released = kernel.register("released", None).await.unwrap();
+    for s in [&closed, &left, &released] {
+        assert_eq!(s.hold(Hold::PendingInput).await.unwrap(), Handled::Applied);
+    }
+    assert_eq!(held_rows(&path), 3, "the holds were not kept");
+    assert_eq!(
+        released.release(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(closed.close().await.unwrap(), EndReason::UserClose);
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+    assert_eq!(held_rows(&path), 0, "holds of finalized sessions were kept");
+}
+
+/// The rows of kept holds in the SQLite file at `path`.
+fn held_rows(path: &str) -> usize {
+    let out = std::process::Command::new("sqlite3")
+        .arg(path)
+        .arg("SELECT count(*) FROM released_holds;")
+        .output()
+        .expect("the sqlite3 shell runs (CI installs it)");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
