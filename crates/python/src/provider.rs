@@ -211,6 +211,9 @@ impl Room {
 struct Control {
     task: Option<Py<PyAny>>,
     close_requested: bool,
+    /// The pump is in its `finally`, closing the source: a close asked for
+    /// now waits for it instead of cancelling it half way (G4).
+    closing: bool,
 }
 
 /// What the pump and the Rust stream share.
@@ -239,9 +242,14 @@ impl Shared {
                 shared.closed.cancel();
                 return;
             }
+            // A pump closing its source already (its stream ended or
+            // failed on its own) is left to finish that close: cancelling
+            // it would cut the source's `aclose()` short.
             let task = match shared.control.lock() {
-                Ok(control) => control.task.as_ref().map(|t| t.bind(py).clone()),
-                Err(_) => None,
+                Ok(control) if !control.closing => {
+                    control.task.as_ref().map(|t| t.bind(py).clone())
+                }
+                _ => None,
             };
             // Not attached yet: the pump sees the request when it does.
             if let Some(task) = task {
@@ -379,6 +387,14 @@ impl PumpSink {
             return;
         }
         let _ = self.shared.items.send(Item::Cancelled);
+    }
+
+    /// The pump's `finally` begins closing the Python stream: from now on
+    /// the kernel's close waits for it rather than cancelling the pump.
+    fn closing(&self) {
+        if let Ok(mut control) = self.shared.control.lock() {
+            control.closing = true;
+        }
     }
 
     /// The pump's `finally` ran: the Python stream is closed. The kernel

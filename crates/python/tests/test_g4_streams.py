@@ -40,6 +40,49 @@ async def test_g4_stream_closed_once_on_error_and_the_turn_says_why(kernel):
     assert stored["error"]["message"] == message
 
 
+class ClosesSlowly:
+    """A source whose ``aclose()`` awaits, as a generator holding an HTTP
+    response in ``async with`` does while it releases the connection."""
+
+    def __init__(self, items, fail=None) -> None:
+        self.items = list(items)
+        self.fail = fail
+        self.entered = 0
+        self.finished = 0
+
+    def __aiter__(self) -> "ClosesSlowly":
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0)
+        if self.items:
+            return self.items.pop(0)
+        if self.fail is not None:
+            raise self.fail
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.entered += 1
+        await asyncio.sleep(0.05)
+        self.finished += 1
+
+
+@pytest.mark.parametrize("fail", [None, ValueError("the model fell over")])
+async def test_g4_a_source_whose_close_awaits_is_closed_to_its_end_when_the_turn_ends_or_fails(kernel, fail):
+    """The kernel closing the stream of a turn that ended (or failed) on
+    its own does not cancel the source's close half way: the pump is
+    already closing it, once, and the turn's end waits for that close."""
+    session = await kernel.register("s")
+    for _ in range(3):
+        source = ClosesSlowly(["a", "b"], fail)
+        async with await session.turn(source, input="go") as turn:
+            assert [chunk.text async for chunk in turn] == ["a", "b"]
+        assert turn.outcome == ("failed" if fail else "completed")
+        await eventually(lambda: source.entered, "the source's close began")
+        await asyncio.sleep(0.2)
+        assert (source.entered, source.finished) == (1, 1), "the source's close was cut short"
+
+
 async def test_g4_stream_closed_once_on_idle_timeout(db):
     kernel = await settle.Kernel.open(db, settle_timeout=0.3, idle_timeout=0.2)
     try:

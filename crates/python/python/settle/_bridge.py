@@ -93,6 +93,10 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
     finally:
         try:
             if stream is not None:
+                # The kernel's close, from now on, waits for this one
+                # instead of cancelling it half way (G4: closed once, to
+                # its end).
+                sink.closing()
                 await close_stream(stream, iterator)
         finally:
             sink.closed()
