@@ -308,6 +308,7 @@ impl PySession {
     /// (`"completed"`, `"failed"`, `"cancelled"`; `"shutdown"` during a
     /// shutdown). Raises `SessionClosed` when it was already finalized.
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
         self.call(py, OnCancel::Finish, |handle| async move {
             let reason = handle.finish().await.map_err(errors::runtime)?;
             Ok(reason.as_str())
@@ -319,6 +320,7 @@ impl PySession {
     /// starts no more. Raises `AlreadyFinalized` when it was (G2).
     #[pyo3(signature = (*, immediate = true))]
     fn cancel<'py>(&self, py: Python<'py>, immediate: bool) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
         let mode = if immediate {
             CancelMode::Immediate
         } else {
@@ -339,6 +341,7 @@ impl PySession {
     /// (`user_close`). Resolves to its end reason; closing a closed session
     /// resolves to the reason it ended with (G2).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
         self.call(py, OnCancel::Finish, |handle| async move {
             let reason = handle.close().await.map_err(errors::runtime)?;
             Ok(reason.as_str())
@@ -351,6 +354,7 @@ impl PySession {
     /// Raises `SessionClosed` once it is finalized.
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn hold<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
         let kind = kind.0.as_str();
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;
@@ -364,6 +368,7 @@ impl PySession {
     /// Ends a `hold(kind)`.
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn release<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
         let kind = kind.0.as_str();
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;

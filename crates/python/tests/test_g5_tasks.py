@@ -71,8 +71,18 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
                     await asyncio.sleep(0.02)
                 except asyncio.CancelledError:
                     cancels.append(time.monotonic())  # swallowed
-            # Its writes after the detach are refused (G10).
-            for write in (lambda: session.child("late"), lambda: root.child("late")):
+            # Its writes after the detach are refused (G10): it may not
+            # start work, nor end, cancel or hold a session either.
+            for write in (
+                lambda: session.child("late"),
+                lambda: root.child("late"),
+                lambda: root.hold("input"),
+                lambda: root.release("input"),
+                lambda: root.cancel(),
+                lambda: root.finish(),
+                lambda: root.close(),
+                lambda: session.finish(),
+            ):
                 try:
                     await write()
                     later.append("accepted")
@@ -90,8 +100,9 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
         assert detached_after >= settle_timeout * 0.9
         assert await session.state() in ("settled", "finalized")
         stop.set()
-        await eventually(lambda: len(later) == 2, "the detached coroutine's writes")
-        assert later == ["SessionClosed", "SessionClosed"]
+        await eventually(lambda: len(later) == 8, "the detached coroutine's writes")
+        assert later == ["SessionClosed"] * 8
+        assert await root.state() == "registered", "a detached coroutine ended its parent"
     finally:
         await kernel.shutdown(0.0)
 

@@ -38,7 +38,9 @@ What it guarantees (the numbers are the project's, see its README):
   commit in time is left for ``settle recover``: ``shutdown()``'s report
   names it, and at interpreter exit one line on stderr says how many.
 - G10: a write to a finalized session, or by a task detached at the settle
-  deadline, raises ``settle.SessionClosed``.
+  deadline, raises ``settle.SessionClosed``. For a detached task every
+  call that changes a session is a write: starting a turn, a task or a
+  child, and ``finish``, ``cancel``, ``close``, ``hold`` and ``release``.
 
 Per turn, ``session.turn(..., idle_timeout=, first_event_timeout=)`` sets
 its own timeouts; ``kernel.register(..., budget=settle.Budget(turns=,
