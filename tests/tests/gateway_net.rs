@@ -581,3 +581,74 @@ async fn a_request_head_not_finished_within_the_header_timeout_is_dropped() {
     let mut client = served.client().await;
     client.ok("sessions.list", json!({})).await;
 }
+
+/// Under a low open-file limit (the 1,024 most hosts start a process with,
+/// here 200), `--max-connections` is lowered to what fits, with one line
+/// saying so: each connection may hold a turn's model connection too, and
+/// past the limit every client would fail at once. The connections over
+/// it are refused one by one, each with its log line, and a client of
+/// the connections that fit still runs a turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_low_open_file_limit_only_the_connections_that_fit_are_served_and_it_is_said() {
+    let sandbox = Sandbox::new();
+    let book = sandbox
+        .write("book.toml", "[default]\nchunks = [\"ok\"]\n")
+        .to_string_lossy()
+        .into_owned();
+    let settle = sandbox.command(&["serve", "--scripted", &book, "--listen", "127.0.0.1:0"]);
+    // The shell's `ulimit -n` lowers the hard limit too: nothing can raise it.
+    let mut limited = std::process::Command::new("sh");
+    limited
+        .arg("-c")
+        .arg("ulimit -n 200 && exec \"$@\"")
+        .arg("sh")
+        .arg(settle.get_program())
+        .args(settle.get_args());
+    for (key, value) in settle.get_envs() {
+        match value {
+            Some(value) => limited.env(key, value),
+            None => limited.env_remove(key),
+        };
+    }
+    let mut serving = sandbox.spawn_command(limited);
+    let addr = serving.listening_address();
+    // (200 - 64 kept for the store and the log) / 2 per connection.
+    let fit = 68;
+    let mut client = connect(&addr).await;
+    let id = client.ok("session.create", json!({ "name": "s" })).await["id"]
+        .as_u64()
+        .unwrap();
+    // The client holds one place; twelve more than the rest are refused,
+    // closed at once (the others wait for the 10 s header timeout).
+    let mut idle: Vec<TcpStream> = (0..fit - 1 + 12)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let closed = idle
+        .iter_mut()
+        .map(|s| closed_within(s, Duration::from_millis(20)))
+        .filter(|&closed| closed)
+        .count();
+    assert_eq!(closed, 12);
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+        .await;
+    let (chunks, end) = client.turn(id).await;
+    assert_eq!(chunks, ["ok"], "{end}");
+    drop(idle);
+    serving.signal(Signal::SIGTERM);
+    assert_eq!(
+        serving.exited_within(PATIENCE).and_then(|s| s.code()),
+        Some(143)
+    );
+    let stderr = serving.stderr_text();
+    assert!(
+        stderr.contains(&format!("serving at most {fit} connections")),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("refused a connection").count(),
+        12,
+        "{stderr}"
+    );
+}

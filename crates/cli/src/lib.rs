@@ -44,6 +44,7 @@ pub mod export;
 pub mod input_limits;
 pub mod listing;
 pub mod live;
+pub mod open_files;
 pub mod model_server;
 pub mod outfile;
 pub mod output;

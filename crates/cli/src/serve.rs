@@ -21,7 +21,7 @@ use std::time::Duration;
 use clap::Args;
 use settle_cli::input_limits::InputLimitArgs;
 use settle_cli::model_server::ModelServerArgs;
-use settle_cli::{duration, exit, open_store, outln, shutdown, Failure};
+use settle_cli::{duration, exit, open_files, open_store, outln, shutdown, Failure};
 use settle_gateway::{Fleet, Gateway, ScriptBook, Tls, Tokens};
 use settle_runtime::signals::Signals;
 use settle_runtime::Kernel;
@@ -107,6 +107,27 @@ pub struct ServeArgs {
 }
 
 /// Serves until a signal (or a lost lease) has shut it down; returns the exit code.
+/// `--max-connections`, lowered to what the open-file limit leaves room
+/// for once raised as far as it goes (see [`open_files`]), with one line
+/// saying so: past the limit every client would fail at once, the model's
+/// and the store's connections with them.
+fn fitting_connections(asked: u64) -> u64 {
+    let Some(fit) = open_files::raise() else {
+        return asked;
+    };
+    if asked <= fit.connections {
+        return asked;
+    }
+    settle_cli::errln!(
+        "settle serve: --max-connections {asked} is more than the open-file limit ({}) leaves \
+         room for (a connection may hold a turn's model connection too); serving at most {} \
+         connections: raise `ulimit -n` (LimitNOFILE= under systemd) to allow more",
+        fit.limit,
+        fit.connections
+    );
+    fit.connections
+}
+
 pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     // The kernel stops before the process has said how it went (a lost
     // lease's lines, the exit code 3) and before its store is let go (whose
@@ -159,6 +180,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let store: Arc<dyn settle_store::SessionStore> = Arc::new(store);
     let idle_ttl = Some(args.idle_ttl).filter(|ttl| !ttl.is_zero());
     let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let max_connections = fitting_connections(args.max_connections);
     let kernel = args
         .limits
         .apply(Kernel::builder(store))
@@ -179,7 +201,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .drain_timeout(args.drain_timeout)
         .header_timeout(args.header_timeout)
         .connection_idle_timeout(Some(args.connection_idle_timeout))
-        .max_connections(as_usize(args.max_connections))
+        .max_connections(as_usize(max_connections))
         .max_connections_per_principal(as_usize(args.max_connections_per_principal))
         .max_sessions_per_principal(args.max_sessions_per_principal.map(as_usize))
         .requests_per_second(Some(args.requests_per_second))
