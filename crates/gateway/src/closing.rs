@@ -4,9 +4,13 @@
 //! frame's code and reason (RFC 6455 §7.4), not left with a dropped socket:
 //! `1001` when the gateway shuts down, `1009` for a message over the
 //! gateway's limit (the limit named), `1007` for a text frame that is not
-//! UTF-8. A read that failed for any other reason (the socket reset, a
-//! protocol error the WebSocket layer already answered) gets no frame: there
-//! is no one left to tell, or they have been told.
+//! UTF-8, `1000` for the connection idle timeout and `1011` for a client
+//! silent for two keepalive intervals (each timeout named). A read that
+//! failed for any other reason (the socket reset, a protocol error the
+//! WebSocket layer already answered) gets no frame: there is no one left to
+//! tell, or they have been told.
+
+use std::time::Duration;
 
 use axum::extract::ws::{close_code, CloseFrame};
 use tungstenite::error::{CapacityError, Error as WsError};
@@ -24,6 +28,41 @@ impl Closing {
         Closing {
             code: close_code::AWAY,
             reason: "the gateway is shutting down".into(),
+        }
+    }
+
+    /// The connection was attached to no session and sent no request for
+    /// the connection idle timeout, `after` (`1000`, normal closure).
+    pub(crate) fn idle(after: Duration) -> Closing {
+        // 1000: nothing went wrong, and nothing is left for the connection
+        // to do (it watches no session and asks nothing), which is what
+        // RFC 6455 §7.4.1 says of a normal closure. Not 1001, which here
+        // says the gateway shuts down, upon which a fleet's client moves
+        // to another process.
+        Closing {
+            code: close_code::NORMAL,
+            reason: format!(
+                "idle: no request for {} and attached to no session",
+                humantime::format_duration(after)
+            ),
+        }
+    }
+
+    /// The client sent nothing, not even a pong, for two keepalive
+    /// intervals of `every` (`1011`): it is taken for gone.
+    pub(crate) fn silent(every: Duration) -> Closing {
+        // RFC 6455 §7.4.1 names no code for a peer gone silent. 1011 (an
+        // unexpected condition that keeps the server from going on) fits,
+        // and is what WebSocket libraries send when their keepalive ping
+        // goes unanswered (Python's websockets, for one). Not 1001, the
+        // gateway's shutdown; not 1000, which says all went well; not 1002,
+        // a protocol error, which a lost network cannot be told from.
+        Closing {
+            code: close_code::ERROR,
+            reason: format!(
+                "keepalive: no pong to the pings, nor any frame, for {}",
+                humantime::format_duration(every.saturating_mul(2))
+            ),
         }
     }
 
@@ -75,6 +114,20 @@ mod tests {
         // RFC 6455 §5.5: a control frame's payload, the code's two bytes
         // included, is at most 125 bytes.
         assert!(closing.reason.len() <= 123);
+    }
+
+    #[test]
+    fn a_timeout_closes_with_its_code_and_a_reason_naming_it_that_fits_a_close_frame() {
+        let idle = Closing::idle(Duration::from_secs(5 * 60));
+        assert_eq!(idle.code(), 1000);
+        assert!(idle.reason.contains("5m"), "{}", idle.reason);
+        let silent = Closing::silent(Duration::from_secs(30));
+        assert_eq!(silent.code(), 1011);
+        assert!(silent.reason.contains("1m"), "{}", silent.reason);
+        // The longest a duration is written still fits (RFC 6455 §5.5).
+        for closing in [Closing::idle(Duration::MAX), Closing::silent(Duration::MAX)] {
+            assert!(closing.reason.len() <= 123, "{}", closing.reason);
+        }
     }
 
     #[test]

@@ -10,9 +10,11 @@
 //! A keepalive ping goes out every interval; a client that has sent nothing
 //! (not even the pong its WebSocket library answers with) for two intervals
 //! is taken for gone: a half-open connection detaches like a closed one. A
-//! connection attached to no session that sends no request for the
-//! connection idle timeout is closed, and one that sends requests faster
-//! than its rate is answered `rate_limited` for the excess.
+//! connection attached to no session (a finalized session leaves it) that
+//! sends no request for the connection idle timeout is closed; either way
+//! the client is told why in a closing frame, if it still reads. One that
+//! sends requests faster than its rate is answered `rate_limited` for the
+//! excess, and its notifications over the rate are dropped.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -57,7 +59,9 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
     });
     let mut heard = Instant::now();
     let idle_after = shared.limits.connection_idle;
-    let mut asked = Instant::now();
+    // What the idle timeout counts from: the last request, or the end of
+    // the last session the connection was attached to, whichever is later.
+    let mut idle_since = Instant::now();
     // Re-armed only when it fires early (a request came meanwhile, or a
     // session is attached), never per request.
     let idle = tokio::time::sleep(idle_after.unwrap_or_default());
@@ -75,8 +79,11 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
             biased;
             () = outbox.is_cut() => break,
             () = tick(&mut ticks) => {
-                if keepalive.is_some_and(|every| heard.elapsed() > every * 2) {
-                    tracing::warn!(conn = conn.0, %principal, "dropped a connection: no word from the client for two keepalive intervals");
+                if let Some(every) = keepalive.filter(|every| heard.elapsed() > every.saturating_mul(2)) {
+                    tracing::warn!(conn = conn.0, %principal, "closed a connection: no word from the client for two keepalive intervals");
+                    // Told why, if it still reads; a half-open socket is
+                    // cut at the closing bound like any other.
+                    closing_sent = outbox.push(Frame::Close(Closing::silent(every)));
                     break;
                 }
                 outbox.push(Frame::Ping);
@@ -84,12 +91,26 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
             }
             () = idle.as_mut(), if idle_after.is_some() => {
                 let after = idle_after.unwrap_or_default();
-                if attached.is_empty() && asked.elapsed() >= after {
-                    tracing::warn!(conn = conn.0, %principal, ?after, "dropped a connection: attached to no session and no request for the connection idle timeout");
+                if attached.is_empty() && idle_since.elapsed() >= after {
+                    tracing::warn!(conn = conn.0, %principal, ?after, "closed a connection: attached to no session and no request for the connection idle timeout");
+                    closing_sent = outbox.push(Frame::Close(Closing::idle(after)));
                     break;
                 }
-                let from = if attached.is_empty() { asked } else { Instant::now() };
+                let from = if attached.is_empty() { idle_since } else { Instant::now() };
                 idle.as_mut().reset(from + after);
+                continue;
+            }
+            ended = outbox.finalized_since() => {
+                let was_attached = !attached.is_empty();
+                for id in ended {
+                    attached.remove(&id);
+                }
+                // A finalized session keeps nobody attached: from its end,
+                // a connection left with none is idle (the timer, armed
+                // while it was attached, fires by then and re-arms).
+                if was_attached && attached.is_empty() {
+                    idle_since = Instant::now();
+                }
                 continue;
             }
             frame = stream.next() => frame,
@@ -97,14 +118,14 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
         heard = Instant::now();
         match frame {
             Some(Ok(Message::Text(text))) => {
-                asked = heard;
+                idle_since = heard;
                 if let Some(bucket) = bucket.as_mut() {
                     if !bucket.take(heard) {
                         if !limited {
                             tracing::warn!(conn = conn.0, %principal, "refused requests: over the connection's rate");
                         }
                         limited = true;
-                        refuse_rate(&outbox, text.as_str(), bucket);
+                        refuse_rate(&outbox, text.as_str(), bucket, conn);
                         continue;
                     }
                 }
@@ -155,11 +176,21 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
 }
 
 /// Answers a request over the connection's rate `rate_limited`, without
-/// carrying it out.
-fn refuse_rate(outbox: &Outbox, text: &str, bucket: &Bucket) {
-    let id = protocol::parse(text).map_or(serde_json::Value::Null, |i| {
-        i.id.unwrap_or(serde_json::Value::Null)
-    });
+/// carrying it out. A notification over the rate is dropped unanswered: a
+/// notification is never answered, and an error to a null id would reach
+/// a client that matches answers by id as an answer to nothing.
+fn refuse_rate(outbox: &Outbox, text: &str, bucket: &Bucket, conn: ConnId) {
+    let id = match protocol::parse(text) {
+        Ok(protocol::Incoming { id: Some(id), .. }) => id,
+        Ok(protocol::Incoming {
+            id: None, method, ..
+        }) => {
+            tracing::debug!(conn = conn.0, %method, "dropped a notification over the connection's rate");
+            return;
+        }
+        // Unreadable, yet its id may have been read: the answer goes to it.
+        Err((answer_to, _)) => answer_to,
+    };
     let retry = bucket.retry_after();
     let error = RpcError::new(
         code::RATE_LIMITED,

@@ -93,7 +93,8 @@ impl GatewayBuilder {
     }
 
     /// How often each connection is pinged; one silent for two intervals is
-    /// dropped (and so detached). `None` sends no pings. Default 30 s.
+    /// closed (code 1011, and so detached). `None` sends no pings. Default
+    /// 30 s.
     #[must_use]
     pub fn keepalive(mut self, every: Option<Duration>) -> Self {
         self.limits.keepalive = every.filter(|d| !d.is_zero());
@@ -136,7 +137,9 @@ impl GatewayBuilder {
     }
 
     /// How long a WebSocket connection attached to no session may send no
-    /// request before it is closed; `None` never closes one. Default 5 min.
+    /// request before it is closed (code 1000); a finalized session no
+    /// longer counts, and the time runs from its end. `None` never closes
+    /// one. Default 5 min.
     #[must_use]
     pub fn connection_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.limits.connection_idle = timeout.filter(|d| !d.is_zero());
@@ -170,7 +173,8 @@ impl GatewayBuilder {
     }
 
     /// How many requests per second each connection may send, in bursts
-    /// of up to a second's worth; one more is answered `rate_limited`.
+    /// of up to a second's worth; one more is answered `rate_limited`, or
+    /// dropped unanswered if it is a notification.
     /// `None`: unlimited. Default 100.
     #[must_use]
     pub fn requests_per_second(mut self, rate: Option<u32>) -> Self {

@@ -161,9 +161,12 @@ async fn attach_caller(
         .await
         .map_err(from_runtime)?;
     caller.attached.insert(id);
-    entry
-        .watch(caller.conn, caller.outbox)
-        .map_err(|_| session_closed(id))
+    entry.watch(caller.conn, caller.outbox).map_err(|_| {
+        // Finalized meanwhile: never watched, this connection would not hear
+        // of its end, and would count it as attached for good.
+        caller.attached.remove(&id);
+        session_closed(id)
+    })
 }
 
 async fn create(

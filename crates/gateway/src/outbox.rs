@@ -7,12 +7,17 @@
 //! (in frames or in bytes), the push fails and the connection is cut: its
 //! socket is closed and its transports detached, as for any dropped
 //! connection. So a slow client costs at most its queue's bounds.
+//!
+//! The outbox is also how a session's end reaches the connection's task: a
+//! session it watched that is finalized is no longer one it is attached to
+//! (see [`Outbox::finalized`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::ws::Utf8Bytes;
-use tokio::sync::mpsc;
+use settle_runtime::SessionId;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::closing::Closing;
@@ -65,6 +70,11 @@ struct Shared {
     /// Cancelled when the connection must end: its queue overflowed, or the
     /// gateway closes it.
     cut: CancellationToken,
+    /// The sessions the connection watched that were finalized since its
+    /// task last took them: at most the sessions it attached to.
+    finalized: Mutex<Vec<SessionId>>,
+    /// Wakes the connection's task when one is added.
+    finalized_added: Notify,
 }
 
 /// The writer's side of the queue.
@@ -81,6 +91,8 @@ pub(crate) fn channel(bounds: Bounds) -> (Outbox, Inbox) {
         queued: AtomicUsize::new(0),
         max_bytes: bounds.bytes,
         cut: CancellationToken::new(),
+        finalized: Mutex::default(),
+        finalized_added: Notify::new(),
     });
     (
         Outbox {
@@ -134,6 +146,33 @@ impl Outbox {
     /// Resolves once the connection must end.
     pub fn is_cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.shared.cut.cancelled()
+    }
+
+    /// Tells the connection's task that session `id`, which it watched, is
+    /// finalized: the connection is attached to it no more.
+    pub fn finalized(&self, id: SessionId) {
+        self.finalized_sessions().push(id);
+        // A permit is kept when the task is not waiting: it is not missed.
+        self.shared.finalized_added.notify_one();
+    }
+
+    /// Resolves with the sessions the connection watched that were
+    /// finalized since the last call, once there is one.
+    pub async fn finalized_since(&self) -> Vec<SessionId> {
+        loop {
+            let taken = std::mem::take(&mut *self.finalized_sessions());
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.shared.finalized_added.notified().await;
+        }
+    }
+
+    fn finalized_sessions(&self) -> std::sync::MutexGuard<'_, Vec<SessionId>> {
+        self.shared
+            .finalized
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether the connection must end.

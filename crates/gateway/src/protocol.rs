@@ -3,10 +3,10 @@
 //! A request is an object `{"jsonrpc": "2.0", "id": ..., "method": ...,
 //! "params": {...}}`; one without an `id` is a notification, carried out
 //! with no answer. An `id` is a string or an integer within 64 bits, and
-//! its answer echoes it exactly; any other is refused. Params go by name,
-//! as an object (or are left out when a method needs none). A batch (an
-//! array) is refused: the protocol is one message per frame, so that a
-//! reply is never held back behind others.
+//! its answer echoes it exactly; any other, null included, is refused.
+//! Params go by name, as an object (or are left out when a method needs
+//! none). A batch (an array) is refused: the protocol is one message per
+//! frame, so that a reply is never held back behind others.
 //!
 //! Every error carries a stable `data.kind` (see [`ErrorKind`]) besides the
 //! JSON-RPC code: a client decides on the kind, a person reads the message.
@@ -212,7 +212,8 @@ impl RpcError {
 /// A request as read from a frame.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Incoming {
-    /// `None` for a notification (no answer).
+    /// `None` for a notification (no `id`: no answer); otherwise a string
+    /// or an integer, never null.
     pub id: Option<Value>,
     pub method: String,
     /// The params object; an empty one when left out.
@@ -284,7 +285,17 @@ pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
                  so that the answer echoes it exactly; send other ids as strings",
             ));
         }
-        Some(id @ (Value::Null | Value::Number(_) | Value::String(_))) => Some(id),
+        // A null `id` is neither an id an answer could be matched by nor
+        // the notification a missing one makes: refused, so that a
+        // request that writes is never carried out unanswerable.
+        Some(Value::Null) => {
+            return Err(invalid(
+                Value::Null,
+                "`id` must be a string or an integer, not null; \
+                 leave `id` out to send a notification",
+            ))
+        }
+        Some(id @ (Value::Number(_) | Value::String(_))) => Some(id),
         Some(_) => return Err(invalid(Value::Null, "`id` must be a number or a string")),
     };
     let answer_to = id.clone().unwrap_or(Value::Null);
@@ -439,6 +450,20 @@ mod tests {
             let answer = result(request.id.as_ref().unwrap(), json!({}));
             assert!(answer.contains(&format!(r#""id":{id},"#)), "{answer}");
         }
+    }
+
+    /// A request without `id` is a notification; one whose `id` is null
+    /// is neither a request that can be answered nor a notification.
+    #[test]
+    fn a_null_id_is_refused_to_null_while_a_missing_id_makes_a_notification() {
+        let (answer_to, error) =
+            refused(r#"{"jsonrpc":"2.0","id":null,"method":"session.create"}"#);
+        assert_eq!(answer_to, Value::Null);
+        assert_eq!(error.code, code::INVALID_REQUEST);
+        assert_eq!(error.kind, ErrorKind::BadRequest);
+        assert!(error.message.contains("`id`"), "{}", error.message);
+        let notification = parse(r#"{"jsonrpc":"2.0","method":"session.create"}"#).unwrap();
+        assert_eq!(notification.id, None);
     }
 
     #[test]

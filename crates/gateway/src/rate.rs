@@ -1,7 +1,7 @@
 //! [`Bucket`]: the requests per second one connection may send, as a
 //! token bucket: it holds up to a second's worth of requests, and refills
 //! at the rate. A request that finds it empty is answered `rate_limited`
-//! and not carried out.
+//! (a notification is dropped, unanswered) and not carried out.
 
 use std::time::Duration;
 

@@ -86,7 +86,8 @@ impl Entry {
     }
 
     /// Marks the session finalized and sends `frame` (its
-    /// `session.finalized`) to every attached connection, for the last time.
+    /// `session.finalized`) to every attached connection, for the last time;
+    /// each is attached to it no more (so its idle timeout applies again).
     pub fn finalized(&self, reason: EndReason, frame: &Utf8Bytes) {
         let attached = {
             let mut watchers = self.watchers();
@@ -95,6 +96,7 @@ impl Entry {
         };
         for (_, outbox) in attached {
             outbox.text(frame.clone());
+            outbox.finalized(self.handle.id());
         }
     }
 }

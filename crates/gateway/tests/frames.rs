@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use settle_gateway::{Gateway, ScriptBook};
+use settle_gateway::{Gateway, GatewayBuilder, ScriptBook};
 use settle_runtime::Kernel;
 use settle_store::MemoryStore;
 use settle_stream::{
@@ -51,13 +51,21 @@ struct Served {
 
 impl Served {
     async fn start(provider: Arc<dyn Provider>) -> Served {
+        Served::start_with(provider, |g| g).await
+    }
+
+    /// A gateway whose builder `options` set its limits.
+    async fn start_with(
+        provider: Arc<dyn Provider>,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served {
         let kernel = Kernel::builder(Arc::new(MemoryStore::new()))
             .start()
             .await
             .unwrap();
-        let gateway = Gateway::builder(kernel, provider)
-            .drain_timeout(Duration::from_secs(1))
-            .build();
+        let gateway =
+            options(Gateway::builder(kernel, provider).drain_timeout(Duration::from_secs(1)))
+                .build();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}/ws", listener.local_addr().unwrap());
         tokio::spawn({
@@ -334,4 +342,53 @@ async fn a_text_frame_that_is_not_utf8_ends_the_connection_with_close_1007() {
         .expect("a closing frame, not a dropped connection");
     assert_eq!(code, 1007, "{reason}");
     assert!(reason.contains("UTF-8"), "{reason}");
+}
+
+/// A provider whose every turn replies "ok".
+fn replying_ok() -> Arc<dyn Provider> {
+    Arc::new(ScriptBook::new().otherwise(TurnScript::new(["ok"])))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_null_id_is_refused_to_null_and_writes_nothing() {
+    let served = Served::start(replying_ok()).await;
+    let mut client = served.client().await;
+    client
+        .send_raw(r#"{"jsonrpc":"2.0","id":null,"method":"session.create","params":{"name":"x"}}"#)
+        .await;
+    let frame = client.frame().await.unwrap();
+    let answer: Value = serde_json::from_str(&frame).unwrap();
+    assert_eq!(answer["id"], Value::Null, "{frame}");
+    assert_eq!(answer["error"]["code"], -32600, "{frame}");
+    assert_eq!(answer["error"]["data"]["kind"], "bad_request", "{frame}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`id`"), "{message}");
+    let page = client.ok("sessions.list", json!({})).await;
+    assert_eq!(page["sessions"], json!([]), "nothing was written");
+    // Without an `id` it is a notification: carried out, not answered.
+    client
+        .send_raw(r#"{"jsonrpc":"2.0","method":"session.create","params":{"name":"x"}}"#)
+        .await;
+    let page = client.ok("sessions.list", json!({})).await;
+    assert_eq!(page["sessions"].as_array().map(Vec::len), Some(1), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_over_the_rate_limit_is_not_answered() {
+    let served = Served::start_with(replying_ok(), |g| g.requests_per_second(Some(2))).await;
+    let mut client = served.client().await;
+    // Two are carried out, four are over the rate: none is answered.
+    for _ in 0..6 {
+        client
+            .send_raw(r#"{"jsonrpc":"2.0","method":"sessions.list"}"#)
+            .await;
+    }
+    // A request over the rate is answered, to its id: the first frame sent.
+    client
+        .send_raw(r#"{"jsonrpc":"2.0","id":"over","method":"sessions.list"}"#)
+        .await;
+    let frame = client.frame().await.unwrap();
+    let answer: Value = serde_json::from_str(&frame).unwrap();
+    assert_eq!(answer["id"], "over", "{frame}");
+    assert_eq!(answer["error"]["data"]["kind"], "rate_limited", "{frame}");
 }
