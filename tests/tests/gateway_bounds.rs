@@ -194,6 +194,73 @@ async fn g3_a_create_over_a_cap_of_held_sessions_is_refused_over_capacity_and_wr
     served.shut_down().await;
 }
 
+/// Clients creating sessions at once under a full `--max-sessions` cap
+/// evict each other's new sessions (least recently active first), some
+/// before their creator could attach: such a create is not refused (its
+/// session was made), it is answered with its id and then, at once, the
+/// session's `session.finalized` (`lru_evict`), as any attached session
+/// the cap evicts. No create is answered `session_closed` for an id it
+/// was never given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_creates_racing_under_a_full_cap_are_answered_their_id_and_then_their_eviction() {
+    let mut served = Served::tcp(
+        book(),
+        |k| k.lru_cap(Some(2)),
+        |g| g.drain_timeout(std::time::Duration::from_millis(50)),
+    )
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(served.client().await);
+    }
+    let runs: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..15 {
+                    match client.call("session.create", json!({ "name": "r" })).await {
+                        Ok(answer) => ids.push(answer["id"].as_u64().unwrap()),
+                        Err(error) => panic!("a create was refused: {error}"),
+                    }
+                }
+                (client, ids)
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for run in runs {
+        done.push(run.await.unwrap());
+    }
+    // Every id a client was given is either live or said to be evicted.
+    let mut given = 0;
+    let mut told = 0;
+    for (mut client, ids) in done {
+        while let Some(note) = tokio::time::timeout(
+            std::time::Duration::from_millis(300),
+            client.next_notification(),
+        )
+        .await
+        .ok()
+        .flatten()
+        {
+            assert_eq!(note["method"], "session.finalized", "{note}");
+            assert_eq!(note["params"]["end_reason"], "lru_evict", "{note}");
+            let id = note["params"]["id"].as_u64().unwrap();
+            assert!(
+                ids.contains(&id),
+                "told the end of {id}, never given: {note}"
+            );
+            told += 1;
+        }
+        given += ids.len();
+    }
+    assert_eq!(given, 8 * 15);
+    // All but the two the cap keeps were evicted, and each creator heard it.
+    assert_eq!(told, given - 2);
+    served.shut_down().await;
+}
+
 /// Every page of `sessions.list` with `params`, following `next_cursor`:
 /// the ids, and the size of the largest answer.
 async fn all_pages(client: &mut Client, params: Value) -> (Vec<Vec<u64>>, usize) {

@@ -244,11 +244,17 @@ async fn handle(shared: &Arc<Shared>, caller: &mut Caller<'_>, text: &str) {
     match (incoming.id, answer) {
         (Some(id), Ok(answer)) => {
             caller.outbox.text(protocol::result(&id, answer.result));
+            if let Some(then) = answer.then {
+                caller.outbox.text(then);
+            }
             if let Some(started) = answer.started {
                 shared.run(started);
             }
         }
         (None, Ok(answer)) => {
+            if let Some(then) = answer.then {
+                caller.outbox.text(then);
+            }
             if let Some(started) = answer.started {
                 shared.run(started);
             }

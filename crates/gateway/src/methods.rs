@@ -17,7 +17,7 @@ use crate::params::{self, read};
 use crate::protocol::{code, ErrorKind, RpcError};
 use crate::pump::Started;
 use crate::reading;
-use crate::shared::Shared;
+use crate::shared::{finalized_notification, Shared};
 use crate::table::{ConnId, Entry};
 
 /// Who is asking: the connection, the principal it speaks for, its queue,
@@ -30,10 +30,12 @@ pub(crate) struct Caller<'a> {
 }
 
 /// A method's result, and a turn to run once it is queued (so that the
-/// answer to `turn.start` reaches its caller before the turn's first chunk).
+/// answer to `turn.start` reaches its caller before the turn's first chunk),
+/// or a notification to queue right after it.
 pub(crate) struct Answer {
     pub result: Value,
     pub started: Option<Started>,
+    pub then: Option<String>,
 }
 
 impl From<Value> for Answer {
@@ -41,6 +43,7 @@ impl From<Value> for Answer {
         Answer {
             result,
             started: None,
+            then: None,
         }
     }
 }
@@ -197,8 +200,25 @@ async fn create(
     place.own(id);
     shared.record_principal(id, caller.principal).await;
     let entry = shared.adopt(handle);
-    attach_caller(caller, &entry, params.close_on_disconnect).await?;
-    Ok(json!({ "id": id.get() }).into())
+    let created = json!({ "id": id.get() });
+    match attach_caller(caller, &entry, params.close_on_disconnect).await {
+        Ok(()) => Ok(created.into()),
+        // Evicted under the `--max-sessions` cap by other clients' creates
+        // before its creator could attach (the cap takes the least recently
+        // active idle sessions, and a new one is idle): the session was
+        // made, and has ended. Said as it happened, its id and then its
+        // end, as for any session the cap evicts; not as a refusal naming
+        // an id its caller was never given.
+        Err(refused) if refused.kind == ErrorKind::SessionClosed => {
+            let reason = entry.handle.finalized().await.map_err(|_| refused)?;
+            Ok(Answer {
+                result: created,
+                started: None,
+                then: Some(finalized_notification(id, reason)),
+            })
+        }
+        Err(refused) => Err(refused),
+    }
 }
 
 async fn state_of(entry: &Entry) -> Result<Answer, RpcError> {
@@ -279,6 +299,7 @@ async fn turn_start(
             turn,
             conversation,
         }),
+        then: None,
     })
 }
 

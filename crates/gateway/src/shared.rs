@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use settle_runtime::{Kernel, RuntimeError, SessionHandle, SessionId};
+use settle_runtime::{EndReason, Kernel, RuntimeError, SessionHandle, SessionId};
 use settle_stream::Provider;
 use tokio_util::task::TaskTracker;
 
@@ -111,11 +111,7 @@ impl Shared {
             if self.kernel.is_shutting_down() {
                 self.announce_shutdown();
             }
-            let id = entry.handle.id().get();
-            let frame = notification(
-                "session.finalized",
-                json!({ "id": id, "end_reason": reason.as_str() }),
-            );
+            let frame = finalized_notification(entry.handle.id(), reason);
             entry.finalized(reason, &frame.into());
         }
     }
@@ -144,4 +140,12 @@ impl Shared {
         self.connections
             .announce_shutdown(|| notification("server.shutdown", params.clone()).into());
     }
+}
+
+/// The `session.finalized` notification of session `id`, ended `reason`.
+pub(crate) fn finalized_notification(id: SessionId, reason: EndReason) -> String {
+    notification(
+        "session.finalized",
+        json!({ "id": id.get(), "end_reason": reason.as_str() }),
+    )
 }
