@@ -31,11 +31,16 @@ pub(crate) struct PySession {
     id: u64,
     name: String,
     parent: Option<u64>,
+    /// Turn starts through this object, one at a time: a start whose
+    /// caller was cancelled keeps its place until the turn it made has
+    /// ended (see `turn`).
+    starts: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PySession {
     pub fn new(handle: SessionHandle, owner: Owner, idle: Option<Duration>) -> Self {
         PySession {
+            starts: Arc::default(),
             idle,
             id: handle.id().get(),
             name: handle.name().to_owned(),
@@ -217,6 +222,9 @@ impl PySession {
     /// source it was given.)
     ///
     /// Resolves to a `settle.Turn` once the turn's start is stored.
+    /// Cancelling the task awaiting it cancels the turn it makes (its
+    /// source closed once); the next `turn(...)` through this object
+    /// waits for that turn's end rather than being refused.
     #[pyo3(signature = (source, *, input = None, to_chunk = None, idle_timeout = None, first_event_timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn turn<'py>(
@@ -244,14 +252,26 @@ impl PySession {
             opened: std::sync::atomic::AtomicBool::new(false),
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
-        // The start runs to its end even if the caller's task is cancelled:
-        // the `Turn` it then makes is dropped, which cancels the turn.
-        finishing(py, here, async move {
+        let starts = self.starts.clone();
+        let token = CancellationToken::new();
+        let abandoned = token.clone();
+        // The start runs to its end even if the caller's task is cancelled.
+        // The turn it made is then cancelled here, and the next start
+        // through this session waits until that turn has ended (at most
+        // the settle timeout, G5): its caller has no handle to wait on, and
+        // would otherwise be refused "a turn is still running".
+        awaitable(py, here, token, OnCancel::Finish, async move {
+            let _place = starts.lock().await;
             let turn = match options {
                 None => handle.run_turn(provider, request).await,
                 Some(options) => handle.run_turn_with(provider, request, options).await,
             };
             let turn = turn.map_err(errors::turn_refused)?;
+            if abandoned.is_cancelled() {
+                turn.cancel();
+                let _ended = turn.outcome().await;
+                return Err(errors::Error::new_err("the turn's caller was cancelled"));
+            }
             Ok(PyTurn::new(turn, owner, watch))
         })
     }

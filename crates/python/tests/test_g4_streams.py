@@ -281,3 +281,27 @@ async def test_a_turn_started_while_one_runs_says_how_to_end_the_one_that_runs(k
     await first.aclose()
     async with await session.turn(Stream(["b"])) as second:
         assert [c.text async for c in second] == ["b"]
+
+
+@pytest.mark.parametrize("ticks", [0, 1, 2, 5])
+async def test_g4_a_turn_whose_start_was_cancelled_leaves_the_session_ready_for_the_next(kernel, ticks):
+    """Cancelling the task that awaits ``session.turn(...)`` while the start
+    is on its way cancels the turn it made (its source closed once); the
+    caller has no handle to wait on, so the next ``session.turn(...)`` on
+    the session waits for that turn's end instead of being refused with
+    "a turn is still running"."""
+    session = await kernel.register("s")
+    for _ in range(10):
+        abandoned = Stream(["x"], delay=0.02, forever=True)
+        starting = asyncio.ensure_future(session.turn(abandoned, input="go"))
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        fresh = Stream(["a", "b"])
+        async with await session.turn(fresh, input="again") as turn:
+            assert [chunk.text async for chunk in turn] == ["a", "b"]
+        assert turn.outcome == "completed"
+        await eventually(lambda: abandoned.closes or not abandoned.sent, "the abandoned source closed")
+        assert abandoned.closes <= 1
