@@ -2,7 +2,7 @@
 //! list of kernels that interpreter exit shuts down.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Text, Whole};
-use crate::awaitable::{awaitable, finishing, ready, running_loop, OnCancel};
+use crate::awaitable::{awaitable, finishing, ready, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::other_sqlite;
@@ -402,37 +402,14 @@ impl PyKernel {
     }
 
     /// Installs handlers of SIGINT, SIGTERM and SIGHUP on the running loop
-    /// (`loop.add_signal_handler`, so call it from the main thread): the
-    /// first signal starts the graceful shutdown (G9), every later one skips
-    /// the rest of the drain. `received_signal` then says which came first.
+    /// (`loop.add_signal_handler`, so call it from the main thread; from
+    /// another, `settle.Error`): the first signal starts the graceful
+    /// shutdown (G9), every later one skips the rest of the drain.
+    /// `received_signal` then says which came first. Several kernels may
+    /// install them on one loop: a signal reaches each.
     fn install_signal_handlers(&self, py: Python<'_>) -> PyResult<()> {
         let (kernel, here) = self.kernel.get()?;
-        let event_loop = running_loop(py)?;
-        let stopped = Arc::new(AtomicBool::new(false));
-        let (watched, flag) = (kernel.stopped(), stopped.clone());
-        here.runtime.spawn(async move {
-            watched.await;
-            flag.store(true, Ordering::Release);
-        });
-        let handler = Py::new(
-            py,
-            SignalHandler {
-                kernel: kernel.downgrade(),
-                drain: self.drain,
-                first: self.signal.clone(),
-                stopped,
-                event_loop: event_loop.clone().unbind(),
-            },
-        )?;
-        let signal = py.import("signal")?;
-        for name in ["SIGINT", "SIGTERM", "SIGHUP"] {
-            let number = signal.getattr(name)?;
-            event_loop.call_method1(
-                "add_signal_handler",
-                (number.clone(), handler.clone_ref(py), number),
-            )?;
-        }
-        Ok(())
+        crate::signals::install(py, kernel, here, self.drain, self.signal.clone())
     }
 
     /// The first signal the handlers received, as its number; `None` if none.
@@ -471,45 +448,6 @@ impl PyKernel {
             kernel.shutdown(drain).await;
             Ok(false)
         })
-    }
-}
-
-/// The handler of the shutdown signals (see `install_signal_handlers`).
-///
-/// Once the kernel has stopped (or is gone), a signal gets its default
-/// action back: a program that hangs after its shutdown is still ended by
-/// SIGTERM or SIGINT, as the runtime's own signal handling does.
-#[pyclass(module = "settle._settle", frozen)]
-struct SignalHandler {
-    kernel: WeakKernel,
-    drain: Duration,
-    first: Arc<AtomicU32>,
-    stopped: Arc<AtomicBool>,
-    event_loop: Py<PyAny>,
-}
-
-#[pymethods]
-impl SignalHandler {
-    fn __call__(&self, py: Python<'_>, number: u32) -> PyResult<()> {
-        let kernel = self
-            .kernel
-            .upgrade()
-            .filter(|_| !self.stopped.load(Ordering::Acquire));
-        let Some(kernel) = kernel else {
-            crate::awaitable::bridge(py)?
-                .call_method1("default_action", (self.event_loop.bind(py), number))?;
-            return Ok(());
-        };
-        if self
-            .first
-            .compare_exchange(0, number, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            kernel.begin_shutdown(self.drain);
-        } else {
-            kernel.skip_drain();
-        }
-        Ok(())
     }
 }
 

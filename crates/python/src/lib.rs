@@ -91,6 +91,7 @@ mod ready;
 mod reply;
 mod resume;
 mod session;
+mod signals;
 mod task;
 mod turn;
 

@@ -366,6 +366,53 @@ def test_g9_a_signal_after_the_kernel_stopped_takes_its_default_action(db):
     assert out.returncode == -signal.SIGTERM
 
 
+TWO_KERNELS_SCRIPT = """
+import asyncio, os, signal, sys, threading
+import settle
+
+async def main():
+    first = await settle.Kernel.open(sys.argv[1] + ".a")
+    second = await settle.Kernel.open(sys.argv[1] + ".b")
+    first.install_signal_handlers()
+    second.install_signal_handlers()
+    await first.register("a")
+    await second.register("b")
+    # From another thread's loop: a settle.Error saying why.
+    said = []
+    def elsewhere():
+        async def install():
+            try:
+                first.install_signal_handlers()
+            except settle.Error as error:
+                said.append("settle.Error: " + str(error))
+            except BaseException as error:
+                said.append(type(error).__name__)
+        asyncio.run(install())
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    print(said[0].split(":")[0], flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(asyncio.gather(first.stopped(), second.stopped()), 10)
+    print("stopped", first.received_signal, second.received_signal, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_g9_a_signal_reaches_every_kernel_that_installed_handlers_on_the_loop(db):
+    """Two kernels on one loop: the second's ``install_signal_handlers``
+    joins the first's instead of taking the signals from it, so SIGTERM
+    shuts both down; from a thread that is not the main one it raises a
+    ``settle.Error`` saying why, not asyncio's ``RuntimeError``."""
+    out = run_script(TWO_KERNELS_SCRIPT, db, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        "settle.Error",
+        f"stopped {int(signal.SIGTERM)} {int(signal.SIGTERM)}",
+    ], out.stdout + out.stderr
+
+
 async def test_g9_the_shutdown_report_says_what_the_store_committed_and_whether_the_lease_was_lost(db):
     kernel = await settle.Kernel.open(db)
     root = await kernel.register("root")

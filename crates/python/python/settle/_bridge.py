@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import types
+import weakref
 from typing import Any, Optional
 
 _log = logging.getLogger("settle")
@@ -191,6 +192,13 @@ async def _run_task(coroutine: Any, control: Any) -> None:
             raise
     else:
         control.finished(result)
+
+
+# The shutdown signals' handler of each loop that has one (see the Rust
+# module `signals`): a second kernel installing them joins it.
+SIGNAL_HANDLERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def default_action(loop: asyncio.AbstractEventLoop, number: int) -> None:
