@@ -201,6 +201,9 @@ pub(crate) enum Unauthorized {
     Missing,
     /// A token no principal has.
     Unknown,
+    /// More than one `Authorization` header: which one speaks is not the
+    /// gateway's to guess (a proxy and a client may each have set one).
+    Several,
 }
 
 impl Unauthorized {
@@ -211,6 +214,9 @@ impl Unauthorized {
                 "a bearer token is required: send `Authorization: Bearer TOKEN` with the upgrade"
             }
             Unauthorized::Unknown => "this bearer token is not known to the gateway",
+            Unauthorized::Several => {
+                "send one `Authorization` header with the upgrade, not several"
+            }
         }
     }
 }
@@ -224,10 +230,13 @@ pub(crate) fn authenticate(
     let Some(tokens) = tokens else {
         return Ok(Principal::ANONYMOUS);
     };
-    let value = headers
-        .get(AUTHORIZATION)
-        .ok_or(Unauthorized::Missing)?
-        .as_bytes();
+    // As the JSON of a request refuses a key given twice: two headers
+    // would leave the principal to whichever one a reader takes.
+    let mut given = headers.get_all(AUTHORIZATION).iter();
+    let value = given.next().ok_or(Unauthorized::Missing)?.as_bytes();
+    if given.next().is_some() {
+        return Err(Unauthorized::Several);
+    }
     let token = match value.iter().position(|b| *b == b' ') {
         Some(space) if value[..space].eq_ignore_ascii_case(b"bearer") => {
             value[space + 1..].trim_ascii()
@@ -281,6 +290,22 @@ mod tests {
             authenticate(None, &HeaderMap::new()),
             Ok(Principal::ANONYMOUS)
         );
+    }
+
+    #[test]
+    fn two_authorization_headers_are_refused_whichever_comes_first() {
+        let tokens = tokens();
+        for (first, second) in [(A, B), (B, A), (A, A)] {
+            let mut headers = with(&format!("Bearer {first}"));
+            headers.append(
+                AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {second}")).unwrap(),
+            );
+            assert_eq!(
+                authenticate(Some(&tokens), &headers),
+                Err(Unauthorized::Several)
+            );
+        }
     }
 
     #[test]
