@@ -3,8 +3,9 @@
 //! A client whose connection the gateway ends is told why in the closing
 //! frame's code and reason (RFC 6455 §7.4), not left with a dropped socket:
 //! `1001` when the gateway shuts down, `1009` for a message over the
-//! gateway's limit (the limit named), `1007` for a text frame that is not
-//! UTF-8, `1000` for the connection idle timeout and `1011` for a client
+//! gateway's limit (the limit named), `1007` for text that is not UTF-8
+//! (a message or a closing reason), `1000` for the connection idle timeout
+//! and `1011` for a client
 //! silent for two keepalive intervals (each timeout named). A read that
 //! failed for any other reason (the socket reset, a protocol error the
 //! WebSocket layer already answered) gets no frame: there is no one left to
@@ -77,7 +78,9 @@ impl Closing {
             }),
             WsError::Utf8(_) => Some(Closing {
                 code: close_code::INVALID,
-                reason: "a text frame that is not UTF-8".into(),
+                // A text message, or a closing frame's reason: RFC 6455 asks both
+                // to be UTF-8, and tungstenite says which in neither case.
+                reason: "text that is not UTF-8 (a text message or a closing reason)".into(),
             }),
             _ => None,
         }
