@@ -261,6 +261,58 @@ async fn g3_creates_racing_under_a_full_cap_are_answered_their_id_and_then_their
     served.shut_down().await;
 }
 
+/// The bytes of conversation all sessions keep in memory are bounded
+/// (`--max-history-memory`): each session's history is (`max_history_bytes`)
+/// and so is the number of sessions, but not their product, and a client
+/// filling a thousand sessions with megabyte prompts made the gateway hold
+/// about 19 GiB. A `turn.start` past the bound is refused `over_capacity`,
+/// writing nothing; a finalized session gives its bytes back.
+#[tokio::test]
+async fn a_turn_start_past_the_conversation_memory_bound_is_refused_and_a_closed_session_gives_it_back(
+) {
+    let mut served = Served::tcp(
+        book(),
+        |k| k,
+        |g| {
+            g.max_history_memory(Some(1000))
+                .drain_timeout(std::time::Duration::from_millis(50))
+        },
+    )
+    .await;
+    let mut client = served.client().await;
+    let first = create(&mut client, "first").await;
+    let second = create(&mut client, "second").await;
+    let prompt = "p".repeat(600);
+    client
+        .ok("turn.start", json!({ "id": first, "prompt": prompt }))
+        .await;
+    let (_, ended) = client.turn(first).await;
+    assert_eq!(ended["outcome"], "completed", "{ended}");
+    let error = client
+        .call("turn.start", json!({ "id": second, "prompt": prompt }))
+        .await
+        .unwrap_err();
+    assert_eq!(error["data"]["kind"], "over_capacity", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-history-memory 1000"),
+        "{error}"
+    );
+    let rows = served.kernel.list_sessions(None).await.unwrap();
+    let row = rows.iter().find(|r| r.id.get() == second).unwrap();
+    assert_eq!(row.turns, 0, "the refused turn wrote something: {row:?}");
+    client.ok("session.close", json!({ "id": first })).await;
+    assert_eq!(client.expect("session.finalized").await["id"], first);
+    client
+        .ok("turn.start", json!({ "id": second, "prompt": prompt }))
+        .await;
+    let (_, ended) = client.turn(second).await;
+    assert_eq!(ended["outcome"], "completed", "{ended}");
+    served.shut_down().await;
+}
+
 /// Every page of `sessions.list` with `params`, following `next_cursor`:
 /// the ids, and the size of the largest answer.
 async fn all_pages(client: &mut Client, params: Value) -> (Vec<Vec<u64>>, usize) {

@@ -89,6 +89,12 @@ pub struct ServeArgs {
     /// How many bytes of chunks one turn may stream, bounded as the chunks are.
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_turn_bytes: u64,
+    /// How many bytes of conversation (the prompts and replies sent again
+    /// with each turn) all sessions may keep in memory at once: a
+    /// `turn.start` past it is refused `over_capacity`, writing nothing.
+    /// 0: no bound.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    max_history_memory: u64,
     /// Where clients reach this process, for the other processes of a fleet
     /// on one PostgreSQL (default: ws://LISTEN-ADDRESS/ws).
     #[arg(long, value_name = "URL", value_parser = parse_advertise)]
@@ -205,7 +211,8 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .max_connections_per_principal(as_usize(args.max_connections_per_principal))
         .max_sessions_per_principal(args.max_sessions_per_principal.map(as_usize))
         .requests_per_second(Some(args.requests_per_second))
-        .max_holds_per_principal(args.max_holds_per_principal.map(as_usize));
+        .max_holds_per_principal(args.max_holds_per_principal.map(as_usize))
+        .max_history_memory(Some(as_usize(args.max_history_memory)).filter(|n| *n > 0));
     for origin in &args.allow_origins {
         gateway = gateway.allow_origin(origin);
     }

@@ -132,7 +132,7 @@ impl Shared {
             .adopted(principal_of(adoption.principal.as_deref()), id, held);
         tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
         let entry = self.adopt(adoption.session);
-        *entry.conversation.lock().await = adoption.history;
+        entry.conversation.lock().await.replace(adoption.history);
         entry
     }
 

@@ -19,6 +19,7 @@ use crate::accept;
 use crate::auth::Tokens;
 use crate::connection;
 use crate::connections::Connections;
+use crate::conversation::HeldHistory;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
 use crate::limits::Limits;
@@ -191,6 +192,16 @@ impl GatewayBuilder {
         self
     }
 
+    /// How many bytes of conversation (the prompts and replies sent again
+    /// with each turn) all sessions may keep in memory at once; a
+    /// `turn.start` whose prompt would take them past it is refused
+    /// `over_capacity`, writing nothing. `None`: no bound. Default 1 GiB.
+    #[must_use]
+    pub fn max_history_memory(mut self, max: Option<usize>) -> Self {
+        self.limits.max_history_memory = max;
+        self
+    }
+
     /// Makes the gateway one of a fleet of gateways on one PostgreSQL
     /// (SPEC §12): a method on a session another live process owns answers
     /// `elsewhere` with its URL, `session.attach` of a released session
@@ -215,7 +226,7 @@ impl GatewayBuilder {
             shared: Arc::new(Shared {
                 kernel: self.kernel,
                 provider: self.provider,
-                table: Table::default(),
+                table: Table::new(HeldHistory::new(self.limits.max_history_memory)),
                 connections: Connections::default(),
                 tasks: TaskTracker::new(),
                 limits: self.limits,

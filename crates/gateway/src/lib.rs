@@ -107,6 +107,7 @@ mod auth;
 mod closing;
 mod connection;
 mod connections;
+mod conversation;
 mod error;
 mod excerpt;
 mod fleet;

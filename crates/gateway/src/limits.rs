@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use crate::outbox::Bounds;
 
+/// The default bound of the bytes of conversation held in memory: 1 GiB,
+/// sixty-four sessions at the kernel's default `max_history_bytes`, and far
+/// above what a thousand sessions of ordinary chat hold.
+pub const DEFAULT_HISTORY_MEMORY: usize = 1024 * 1024 * 1024;
+
 /// The bounds of the gateway and of each connection.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
@@ -30,6 +35,9 @@ pub(crate) struct Limits {
     pub requests_per_second: Option<u32>,
     /// Holds placed at once per principal; `None`: no bound.
     pub max_holds_per_principal: Option<usize>,
+    /// Bytes of conversation every session's keeps in memory at once;
+    /// `None`: no bound (see `conversation.rs`).
+    pub max_history_memory: Option<usize>,
 }
 
 impl Limits {
@@ -69,6 +77,7 @@ impl Default for Limits {
             max_sessions_per_principal: None,
             requests_per_second: Some(100),
             max_holds_per_principal: None,
+            max_history_memory: Some(DEFAULT_HISTORY_MEMORY),
         }
     }
 }

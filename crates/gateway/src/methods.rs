@@ -282,7 +282,23 @@ async fn turn_start(
     // (`max_prompt_bytes`, `max_history_bytes`), which refuses a turn over
     // either before anything is written: `too_large`.
     let prompt = Message::new(Role::User, params.prompt);
-    let mut messages = conversation.clone();
+    if let Err(limit) = shared
+        .table
+        .held()
+        .room_for(crate::conversation::size_of(&prompt))
+    {
+        tracing::warn!(session = %id, limit, "refused a turn: the gateway holds its maximum of conversation bytes");
+        return Err(RpcError::new(
+            code::OVER_CAPACITY,
+            ErrorKind::OverCapacity,
+            format!(
+                "the gateway holds its maximum of conversation bytes in memory \
+                 (--max-history-memory {limit}); nothing was written: close sessions, \
+                 or try again once some are finalized"
+            ),
+        ));
+    }
+    let mut messages = conversation.messages().to_vec();
     messages.push(prompt.clone());
     let turn = entry
         .handle

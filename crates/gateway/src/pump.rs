@@ -14,6 +14,7 @@ use settle_runtime::{Chunk, Outcome, SessionId, Turn};
 use settle_stream::{Message, Role};
 use tokio::sync::OwnedMutexGuard;
 
+use crate::conversation::Conversation;
 use crate::excerpt::{bounded, MAX_MESSAGE_CHARS};
 use crate::parts::{self, Payload};
 use crate::protocol::notification;
@@ -27,7 +28,7 @@ const YIELD_BYTES: usize = 64 * 1024;
 pub(crate) struct Started {
     pub entry: Arc<Entry>,
     pub turn: Turn,
-    pub conversation: OwnedMutexGuard<Vec<Message>>,
+    pub conversation: OwnedMutexGuard<Conversation>,
 }
 
 /// The `turn.chunk` notifications of chunk `seq`: one, or its parts when
@@ -77,7 +78,7 @@ fn ended_frame(id: SessionId, turn: u32, outcome: Outcome, error: Value) -> Utf8
 pub(crate) async fn pump(
     entry: Arc<Entry>,
     mut turn: Turn,
-    mut conversation: OwnedMutexGuard<Vec<Message>>,
+    mut conversation: OwnedMutexGuard<Conversation>,
     part_bytes: usize,
 ) {
     let id = entry.handle.id();

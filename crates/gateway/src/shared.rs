@@ -68,7 +68,9 @@ impl Shared {
             return Ok(entry);
         }
         match self.kernel.session(id).await {
-            Ok(handle) if handle.is_closed() => Ok(Arc::new(Entry::new(handle))),
+            Ok(handle) if handle.is_closed() => {
+                Ok(Arc::new(Entry::new(handle, self.table.held().clone())))
+            }
             Ok(handle) => Ok(self.adopt(handle)),
             // Not this process's: in a fleet, another's or released.
             Err(

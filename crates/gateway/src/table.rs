@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::ws::Utf8Bytes;
 use settle_runtime::{EndReason, SessionHandle, SessionId};
-use settle_stream::Message;
 
+use crate::conversation::{Conversation, HeldHistory};
 use crate::outbox::{Frame, Outbox};
 
 /// Which connection: numbered from 1 in the order they arrive.
@@ -27,7 +27,7 @@ pub(crate) struct Entry {
     /// The messages sent so far and the replies, oldest first. Held by the
     /// turn in flight until its end is delivered, so the next turn is sent
     /// the whole exchange.
-    pub conversation: Arc<tokio::sync::Mutex<Vec<Message>>>,
+    pub conversation: Arc<tokio::sync::Mutex<Conversation>>,
     watchers: Mutex<Watchers>,
 }
 
@@ -39,10 +39,10 @@ struct Watchers {
 }
 
 impl Entry {
-    pub fn new(handle: SessionHandle) -> Self {
+    pub fn new(handle: SessionHandle, held: Arc<HeldHistory>) -> Self {
         Entry {
             handle,
-            conversation: Arc::default(),
+            conversation: Arc::new(tokio::sync::Mutex::new(Conversation::new(held))),
             watchers: Mutex::default(),
         }
     }
@@ -102,12 +102,27 @@ impl Entry {
 }
 
 /// The sessions the gateway serves, by id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Table {
     entries: Mutex<HashMap<SessionId, Arc<Entry>>>,
+    /// The bytes their conversations hold.
+    held: Arc<HeldHistory>,
 }
 
 impl Table {
+    /// An empty table whose conversations may hold `held`'s bound.
+    pub fn new(held: Arc<HeldHistory>) -> Self {
+        Table {
+            entries: Mutex::default(),
+            held,
+        }
+    }
+
+    /// The bytes the conversations hold, and their bound.
+    pub fn held(&self) -> &Arc<HeldHistory> {
+        &self.held
+    }
+
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Entry>>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -124,7 +139,7 @@ impl Table {
         if let Some(entry) = entries.get(&handle.id()) {
             return (entry.clone(), false);
         }
-        let entry = Arc::new(Entry::new(handle));
+        let entry = Arc::new(Entry::new(handle, self.held.clone()));
         entries.insert(entry.handle.id(), entry.clone());
         (entry, true)
     }
