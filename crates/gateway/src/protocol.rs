@@ -296,7 +296,7 @@ pub(crate) fn parse(text: &str) -> Result<Incoming, (Value, RpcError)> {
             ))
         }
         Some(id @ (Value::Number(_) | Value::String(_))) => Some(id),
-        Some(_) => return Err(invalid(Value::Null, "`id` must be a number or a string")),
+        Some(_) => return Err(invalid(Value::Null, "`id` must be a string or an integer")),
     };
     let answer_to = id.clone().unwrap_or(Value::Null);
     if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
