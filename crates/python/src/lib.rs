@@ -82,6 +82,7 @@ mod chunk;
 mod convert;
 mod deliver;
 mod errors;
+mod handover;
 mod kernel;
 mod other_sqlite;
 mod process;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use settle_core::{CancelMode, Handled, Hold, SessionId};
-use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
+use settle_runtime::{RuntimeError, SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -14,10 +14,10 @@ use crate::args::Text;
 use crate::awaitable::{awaitable, finishing, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
+use crate::handover::Handover;
 use crate::process::{ForkSafe, Owner};
 use crate::provider::{PumpWatch, PyProvider, Source};
 use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
-use crate::turn::PyTurn;
 
 /// One session of a kernel. Every method is safe at any time: once the
 /// session is finalized, those that use it raise `settle.SessionClosed`
@@ -50,6 +50,11 @@ impl PySession {
         }
     }
 }
+
+/// How long a turn start waits for the turn before it to settle (see
+/// `turn`): past the default settle timeout many times over; a kernel with
+/// a longer one refuses the start as before.
+const SETTLING_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A turn's request from `input=`: a prompt string, a list of
 /// `{"role", "content"}` messages (what the caller sends its model), or
@@ -253,26 +258,40 @@ impl PySession {
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
         let starts = self.starts.clone();
-        let token = CancellationToken::new();
-        let abandoned = token.clone();
+        let runtime = here.runtime;
         // The start runs to its end even if the caller's task is cancelled.
-        // The turn it made is then cancelled here, and the next start
-        // through this session waits until that turn has ended (at most
-        // the settle timeout, G5): its caller has no handle to wait on, and
-        // would otherwise be refused "a turn is still running".
-        awaitable(py, here, token, OnCancel::Finish, async move {
-            let _place = starts.lock().await;
-            let turn = match options {
-                None => handle.run_turn(provider, request).await,
-                Some(options) => handle.run_turn_with(provider, request, options).await,
+        // The turn it made is then never handed over: it is cancelled, and
+        // the next start through this session waits until it has ended (see
+        // `handover.rs`).
+        finishing(py, here, async move {
+            let place = starts.lock_owned().await;
+            // A turn cancelled just before (one never handed over, or one
+            // its caller cancelled) may still be settling: the core refuses
+            // the start until its work has exited, which the settle timeout
+            // bounds (G5). The start is asked again until then, rather than
+            // failing for a turn its caller can do nothing about.
+            let until = tokio::time::Instant::now() + SETTLING_PATIENCE;
+            let turn = loop {
+                let turn = match &options {
+                    None => handle.run_turn(provider.clone(), request.clone()).await,
+                    Some(options) => {
+                        let (provider, request) = (provider.clone(), request.clone());
+                        handle
+                            .run_turn_with(provider, request, options.clone())
+                            .await
+                    }
+                };
+                match turn {
+                    Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { .. }))
+                        if tokio::time::Instant::now() < until =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    other => break other,
+                }
             };
             let turn = turn.map_err(errors::turn_refused)?;
-            if abandoned.is_cancelled() {
-                turn.cancel();
-                let _ended = turn.outcome().await;
-                return Err(errors::Error::new_err("the turn's caller was cancelled"));
-            }
-            Ok(PyTurn::new(turn, owner, watch))
+            Ok(Handover::new(turn, owner, watch, place, runtime))
         })
     }
 

@@ -1,0 +1,75 @@
+//! [`Handover`]: a started turn on its way to the caller of
+//! `Session.turn(...)`, and its place among the session's starts.
+//!
+//! Turn starts through a `Session` take their place one at a time (see
+//! `session.rs`). A turn handed over to its caller frees the place at once:
+//! the caller may read it, cancel it, or start the next. A turn whose caller
+//! was cancelled while it started is never handed over (its awaitable is
+//! done): it is cancelled, and the place is kept until it has ended, so the
+//! caller's next start is not refused "a turn is still running" for a turn
+//! it has no handle to wait on.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use settle_runtime::Turn;
+use tokio::sync::OwnedMutexGuard;
+
+use crate::process::Owner;
+use crate::provider::PumpWatch;
+use crate::turn::PyTurn;
+
+/// A started turn and its place, until the caller has it.
+pub(crate) struct Handover {
+    turn: Option<(Turn, Owner, Arc<PumpWatch>)>,
+    place: Option<OwnedMutexGuard<()>>,
+    runtime: &'static tokio::runtime::Runtime,
+}
+
+impl Handover {
+    /// `turn`, holding `place` until it is handed over or has ended.
+    pub fn new(
+        turn: Turn,
+        owner: Owner,
+        pump: Arc<PumpWatch>,
+        place: OwnedMutexGuard<()>,
+        runtime: &'static tokio::runtime::Runtime,
+    ) -> Self {
+        Handover {
+            turn: Some((turn, owner, pump)),
+            place: Some(place),
+            runtime,
+        }
+    }
+}
+
+impl<'py> IntoPyObject<'py> for Handover {
+    type Target = PyTurn;
+    type Output = Bound<'py, PyTurn>;
+    type Error = PyErr;
+
+    /// Handed over: the place is free.
+    fn into_pyobject(mut self, py: Python<'py>) -> PyResult<Self::Output> {
+        self.place.take();
+        let Some((turn, owner, pump)) = self.turn.take() else {
+            return Err(crate::errors::error("the turn was handed over already"));
+        };
+        Bound::new(py, PyTurn::new(turn, owner, pump))
+    }
+}
+
+impl Drop for Handover {
+    /// Never handed over: the turn is cancelled, and its place kept until
+    /// it has ended (within the settle timeout, G5).
+    fn drop(&mut self) {
+        let Some((turn, _, _)) = self.turn.take() else {
+            return;
+        };
+        let place = self.place.take();
+        turn.cancel();
+        self.runtime.spawn(async move {
+            let _ended = turn.outcome().await;
+            drop(place);
+        });
+    }
+}
