@@ -31,12 +31,17 @@ fn token_file(sandbox: &Sandbox) -> String {
         .into_owned()
 }
 
-/// Starts `settle serve` on a free port with a one-reply script book; its address.
-fn serve(sandbox: &Sandbox, extra: &[&str]) -> (Running, String) {
-    let book = sandbox
+/// A script book replying "ok" to everything, written into `sandbox`; its path.
+fn ok_book(sandbox: &Sandbox) -> String {
+    sandbox
         .write("book.toml", "[default]\nchunks = [\"ok\"]\n")
         .to_string_lossy()
-        .into_owned();
+        .into_owned()
+}
+
+/// Starts `settle serve` on a free port with a one-reply script book; its address.
+fn serve(sandbox: &Sandbox, extra: &[&str]) -> (Running, String) {
+    let book = ok_book(sandbox);
     let mut args = vec!["serve", "--scripted", &book];
     if !extra.contains(&"--listen") {
         args.extend_from_slice(&["--listen", "127.0.0.1:0"]);
@@ -591,10 +596,7 @@ async fn a_request_head_not_finished_within_the_header_timeout_is_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_low_open_file_limit_only_the_connections_that_fit_are_served_and_it_is_said() {
     let sandbox = Sandbox::new();
-    let book = sandbox
-        .write("book.toml", "[default]\nchunks = [\"ok\"]\n")
-        .to_string_lossy()
-        .into_owned();
+    let book = ok_book(&sandbox);
     let settle = sandbox.command(&["serve", "--scripted", &book, "--listen", "127.0.0.1:0"]);
     // The shell's `ulimit -n` lowers the hard limit too: nothing can raise it.
     let mut limited = std::process::Command::new("sh");

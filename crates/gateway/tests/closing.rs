@@ -172,6 +172,17 @@ impl Raw {
         }
     }
 
+    /// Waits for the closing frame, which must come: how long it took from
+    /// now, its code and its reason.
+    async fn timed_close(&mut self) -> (Duration, u16, String) {
+        let start = Instant::now();
+        let (code, reason) = self
+            .close_frame()
+            .await
+            .expect("a closing frame, not a dropped connection");
+        (start.elapsed(), code, reason)
+    }
+
     /// Reads past any other frame to the closing frame; its code and
     /// reason, or `None` if the connection ended without one.
     async fn close_frame(&mut self) -> Option<(u16, String)> {
@@ -191,12 +202,7 @@ async fn a_connection_closed_for_the_idle_timeout_is_told_so_in_a_closing_frame(
     let idle = Duration::from_secs(10);
     let served = Served::start(|g| g.keepalive(None).connection_idle_timeout(Some(idle))).await;
     let mut client = served.client().await;
-    let start = Instant::now();
-    let (code, reason) = client
-        .close_frame()
-        .await
-        .expect("a closing frame, not a dropped connection");
-    let closed = start.elapsed();
+    let (closed, code, reason) = client.timed_close().await;
     assert!(closed >= idle && closed < idle * 2, "{closed:?}");
     assert_eq!(code, 1000, "{reason}");
     assert!(reason.contains("idle"), "{reason}");
@@ -215,12 +221,7 @@ async fn a_client_that_stops_answering_pings_is_told_so_in_a_closing_frame() {
     client
         .ok("session.create", json!({"name": "watched"}))
         .await;
-    let start = Instant::now();
-    let (code, reason) = client
-        .close_frame()
-        .await
-        .expect("a closing frame, not a dropped connection");
-    let closed = start.elapsed();
+    let (closed, code, reason) = client.timed_close().await;
     assert!(closed > every * 2 && closed <= every * 3, "{closed:?}");
     assert_eq!(code, 1011, "{reason}");
     assert!(reason.contains("ping"), "{reason}");
@@ -245,12 +246,7 @@ async fn a_connection_whose_sessions_were_all_finalized_is_closed_after_the_idle
     let finalized = watcher.message().await;
     assert_eq!(finalized["method"], "session.finalized", "{finalized}");
     // From its session's end it is attached to none: the timeout applies.
-    let start = Instant::now();
-    let (code, reason) = watcher
-        .close_frame()
-        .await
-        .expect("a closing frame, not a dropped connection");
-    let closed = start.elapsed();
+    let (closed, code, reason) = watcher.timed_close().await;
     assert!(closed >= idle && closed < idle * 2, "{closed:?}");
     assert_eq!(code, 1000, "{reason}");
 }
