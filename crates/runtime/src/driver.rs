@@ -72,6 +72,14 @@ enum Start {
 }
 
 impl Start {
+    /// Whether its caller stopped waiting for the answer.
+    fn is_abandoned(&self) -> bool {
+        match self {
+            Start::Turn { reply, .. } => reply.is_closed(),
+            Start::Task { reply, .. } => reply.is_closed(),
+        }
+    }
+
     /// Answers the caller that the start was refused.
     fn refuse(self, refused: RuntimeError) {
         match self {
@@ -143,6 +151,13 @@ pub(crate) struct Driver {
     works_tracker: TaskTracker,
     ids: IdBlock,
     parked: VecDeque<Parked>,
+    /// Turn starts the core answered `TurnSettling`, by session: each is
+    /// asked again once that session's turn has ended (its `EndWork`),
+    /// which the settle deadline bounds (G5).
+    settling: HashMap<SessionId, Vec<Start>>,
+    /// Starts whose turn before has ended, to ask the core again at the
+    /// end of the wake (not from inside the effects that freed them).
+    unsettled: VecDeque<(SessionId, Start)>,
     /// What the handles of each open session share (nothing the core
     /// decides with); dropped when its finalize is executed.
     sessions: HashMap<SessionId, Arc<SessionShared>>,
@@ -184,6 +199,8 @@ impl Driver {
             works_tracker: parts.works,
             ids: parts.ids,
             parked: VecDeque::new(),
+            settling: HashMap::default(),
+            unsettled: VecDeque::new(),
             sessions: HashMap::default(),
             works: HashMap::default(),
             shutdown_waiters: Vec::new(),
@@ -266,6 +283,7 @@ impl Driver {
                 self.core.handle_timeout(self.now);
                 self.execute();
             }
+            self.ask_again();
             self.recorder.flush();
         }
         self.recorder.flush();
@@ -276,6 +294,20 @@ impl Driver {
         }
         for parked in self.parked.drain(..) {
             let _ = parked.reply.send(Err(RuntimeError::Stopped));
+        }
+        let waiting = self.settling.drain().flat_map(|(_, starts)| starts);
+        for start in waiting.chain(self.unsettled.drain(..).map(|(_, start)| start)) {
+            start.refuse(RuntimeError::Stopped);
+        }
+    }
+
+    /// Asks the core again for each start whose turn before has ended, in
+    /// the order they came; the core answers each as it would a new one.
+    fn ask_again(&mut self) {
+        while let Some((session, start)) = self.unsettled.pop_front() {
+            if !start.is_abandoned() {
+                self.start(Event::StartTurn { session }, start);
+            }
         }
     }
 
@@ -507,6 +539,13 @@ impl Driver {
                 tracing::error!(?other, "the core answered a start without a work");
                 start.refuse(RuntimeError::Stopped);
             }
+            // Its turn before was cancelled and is still unwinding: the
+            // start waits for that turn's end instead of being refused.
+            Err(settle_core::Error::TurnSettling { session, .. })
+                if matches!(start, Start::Turn { .. }) =>
+            {
+                self.settling.entry(session).or_default().push(start);
+            }
             Err(refused) => start.refuse(refused.into()),
         }
     }
@@ -653,6 +692,13 @@ impl Driver {
                         });
                 }
                 Effect::EndWork { work, outcome } => {
+                    if work.kind == settle_core::WorkKind::Turn {
+                        if let Some(starts) = self.settling.remove(&work.session) {
+                            let session = work.session;
+                            self.unsettled
+                                .extend(starts.into_iter().map(|start| (session, start)));
+                        }
+                    }
                     let handle = self.works.remove(&work);
                     let (error, notify, cancelled_at) = match handle {
                         Some(mut h) => {

@@ -95,6 +95,10 @@ impl SessionHandle {
     /// begins with them (see [`TurnInput`](settle_store::TurnInput)); show,
     /// export and [`Kernel::resume`] rebuild the rest.
     ///
+    /// While the session's previous turn was cancelled (its `Turn` dropped)
+    /// and is still unwinding, the start waits for that turn's end, at most
+    /// the settle timeout (G5), then is answered as any start.
+    ///
     /// # Errors
     /// [`RuntimeError::TooLarge`] when a message is over
     /// [`max_prompt_bytes`](crate::Config::max_prompt_bytes) or the request

@@ -24,16 +24,16 @@ use crate::command::Command;
 /// # The next turn after a cancelled one
 ///
 /// A cancelled turn settles on its own task: its work unwinds and closes
-/// its stream, for at most the settle timeout (G5). Until then the session
-/// refuses a new turn with `TurnSettling` ("turn N was cancelled and is
-/// still settling"). To start the next turn right after cutting one short,
-/// call [`cancel`](Self::cancel) and then await [`outcome`](Self::outcome)
-/// instead of dropping the `Turn`:
+/// its stream, for at most the settle timeout (G5). A turn started on the
+/// session meanwhile (say, right after dropping the `Turn` of the answer a
+/// user stopped) waits until the cancelled one has ended, then starts; a
+/// work that ignores its cancel is detached at the settle deadline, so the
+/// wait is bounded by it. Awaiting [`outcome`](Self::outcome) after
+/// [`cancel`](Self::cancel) waits for the same end, with how it went:
 ///
 /// ```ignore
-/// turn.cancel();
-/// let _ = turn.outcome().await; // settled: cancelled, or detached at the deadline
-/// let next = session.run_turn(provider, request).await?;
+/// drop(turn); // or: turn.cancel(); let _ = turn.outcome().await;
+/// let next = session.run_turn(provider, request).await?; // after its end
 /// ```
 ///
 /// # What the chunks promise (G7)

@@ -964,8 +964,8 @@ async fn g7_a_turn_is_announced_only_once_its_start_is_written() {
     );
     assert!(error.to_string().contains("database is locked"), "{error}");
     store.fail_turn_writes.store(0, Ordering::SeqCst);
-    // The refused turn's end may still be settling.
-    let mut turn = start_once_settled(&session, &p).await;
+    // The refused turn's end may still be settling: the start waits for it.
+    let mut turn = start(&session, &p).await;
     assert_eq!(read_chunks(&mut turn, 1).await.len(), 1);
     assert_eq!(turn.outcome().await, Outcome::Completed);
     let d = detail(&store.inner, session.id()).await;
@@ -1001,7 +1001,7 @@ async fn g7_a_refused_turn_start_is_stored_failed_so_the_stored_turns_have_no_ga
     // The lock goes a little later.
     tokio::time::sleep(Duration::from_secs(2)).await;
     store.fail_turn_writes.store(0, Ordering::SeqCst);
-    let mut turn = start_once_settled(&session, &p).await;
+    let mut turn = start(&session, &p).await;
     let second = turn.work().no;
     assert_eq!(read_chunks(&mut turn, 1).await, ["b"]);
     assert_eq!(turn.outcome().await, Outcome::Completed);
@@ -1061,26 +1061,6 @@ async fn stored_chunks(store: &Faulty, id: SessionId, turn: usize) -> Vec<String
         .iter()
         .map(|c| c.text.clone())
         .collect()
-}
-
-/// Starts a turn of `session` on `p` once its last turn's end has
-/// settled (a failed turn's end may still be on its way).
-async fn start_once_settled(
-    session: &settle_runtime::SessionHandle,
-    p: &Arc<settle_stream::ScriptedProvider>,
-) -> settle_runtime::Turn {
-    loop {
-        match session
-            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("again"))
-            .await
-        {
-            Ok(turn) => return turn,
-            Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { .. })) => {
-                tokio::time::sleep(MS).await;
-            }
-            Err(other) => panic!("{other}"),
-        }
-    }
 }
 
 /// G7 through a store blip mid-stream: chunks the store failed to take (a
@@ -1195,7 +1175,7 @@ async fn g7_a_store_failing_past_the_store_timeout_fails_the_turn_within_that_bo
     assert_eq!(stored_chunks(&store, session.id(), 0).await, ["c-0"]);
 
     store.fail_appends.store(0, Ordering::SeqCst);
-    let mut next = start_once_settled(&session, &p).await;
+    let mut next = start(&session, &p).await;
     assert_eq!(read_chunks(&mut next, 1).await, ["after"]);
     assert_eq!(next.outcome().await, Outcome::Completed);
     kernel.shutdown(Duration::ZERO).await;

@@ -12,7 +12,7 @@ use settle_runtime::{
     WorkKind,
 };
 use settle_store::{MemoryStore, Store};
-use settle_stream::ScriptedProvider;
+use settle_stream::{ScriptedProvider, TurnScript};
 
 use crate::common::*;
 
@@ -168,34 +168,122 @@ async fn a_panicking_task_says_it_panicked_once() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A chat's "stop, then the next message": the `Turn` of the answer being
+/// streamed is dropped (which cancels it) and the next turn started at
+/// once. The start waits until the cancelled turn has ended, then starts;
+/// it is not refused because the turn before is still unwinding.
 #[tokio::test(start_paused = true)]
-async fn g5_the_next_turn_after_a_dropped_one_is_told_to_wait_for_its_settle() {
+async fn g5_the_next_turn_after_a_dropped_one_waits_for_its_settle_and_starts() {
     let store = MemoryStore::new();
     let kernel = runtime_on(&store, |b| b).await;
     let session = kernel.register("chat", None).await.unwrap();
     let p = provider([
         hang(&["a"], 5 * MS),
-        hang(&["b"], 5 * MS),
+        // Its work unwinds slowly: closing its stream takes 300 ms.
+        hang(&["b"], 5 * MS).close_delay(300 * MS),
         complete(&["c"], 5 * MS),
     ]);
     let mut turn = start(&session, &p).await;
     read_chunks(&mut turn, 1).await;
     drop(turn);
-    match session
-        .run_turn(p.clone(), TurnRequest::prompt("next"))
-        .await
-    {
-        Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { turn: 1, .. })) => {}
-        other => panic!("expected TurnSettling for turn 1, got {other:?}"),
-    }
-    // The documented way: cancel, await the outcome, start the next turn.
-    settle_tasks().await;
+    let mut second = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut second, 1).await, ["b"]);
+    drop(second);
+    let asked = tokio::time::Instant::now();
+    let third = start(&session, &p).await;
+    let waited = asked.elapsed();
+    assert!(waited >= 300 * MS && waited < 400 * MS, "{waited:?}");
+    assert_eq!(third.outcome().await, settle_runtime::Outcome::Completed);
+    let d = detail(&store, session.id()).await;
+    let outcomes: Vec<_> = d.turns.iter().map(|t| t.outcome).collect();
+    use settle_runtime::Outcome::{Cancelled, Completed};
+    assert_eq!(
+        outcomes,
+        [Some(Cancelled), Some(Cancelled), Some(Completed)]
+    );
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// The wait for a cancelled turn's end is bounded by the settle timeout
+/// (G5): a work that ignores its cancel is detached at the deadline, and
+/// the next turn starts then.
+#[tokio::test(start_paused = true)]
+async fn g5_a_start_waiting_behind_a_work_that_ignores_its_cancel_starts_at_the_settle_deadline() {
+    let store = MemoryStore::new();
+    let settle = Duration::from_millis(500);
+    let kernel = runtime_on(&store, |b| b.settle_timeout(settle)).await;
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([
+        TurnScript::new(numbered("c", 100))
+            .chunk_delay(100 * MS)
+            .end(settle_stream::ScriptedEnd::IgnoreCancel),
+        complete(&["next"], 5 * MS),
+    ]);
     let mut turn = start(&session, &p).await;
     read_chunks(&mut turn, 1).await;
-    turn.cancel();
-    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Cancelled);
+    drop(turn);
+    let asked = tokio::time::Instant::now();
     let next = start(&session, &p).await;
+    let waited = asked.elapsed();
+    assert!(
+        waited >= settle - 100 * MS && waited <= settle + 50 * MS,
+        "{waited:?}"
+    );
     assert_eq!(next.outcome().await, settle_runtime::Outcome::Completed);
+    let d = detail(&store, session.id()).await;
+    assert_eq!(d.turns[0].outcome, Some(settle_runtime::Outcome::Detached));
+    assert_eq!(d.turns.len(), 2);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A start waiting for a cancelled turn's end is answered as a new one
+/// would be once that turn has ended: refused when the session was closed
+/// meanwhile, and not started at all when its caller went away.
+#[tokio::test(start_paused = true)]
+async fn g10_a_start_waiting_for_a_settle_is_refused_when_its_session_closes_and_dropped_when_its_caller_goes(
+) {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let p = provider([
+        hang(&["a"], 5 * MS).close_delay(200 * MS),
+        hang(&["b"], 5 * MS).close_delay(200 * MS),
+        complete(&["never"], 5 * MS),
+    ]);
+    // Closed meanwhile: the waiting start hears that the session is closed.
+    let closed = kernel.register("closed", None).await.unwrap();
+    let mut turn = start(&closed, &p).await;
+    read_chunks(&mut turn, 1).await;
+    drop(turn);
+    let waiting = tokio::spawn({
+        let closed = closed.clone();
+        let p = p.clone();
+        async move { closed.run_turn(p, TurnRequest::prompt("next")).await }
+    });
+    settle_tasks().await;
+    let finishing = tokio::spawn({
+        let closed = closed.clone();
+        async move { closed.finish().await }
+    });
+    match waiting.await.unwrap() {
+        Err(e) => assert!(e.is_session_closed(), "{e}"),
+        Ok(_) => panic!("a turn started on a session being closed"),
+    }
+    finishing.await.unwrap().unwrap();
+    // Its caller went away: nothing starts once the turn before has ended.
+    let gone = kernel.register("gone", None).await.unwrap();
+    let mut turn = start(&gone, &p).await;
+    read_chunks(&mut turn, 1).await;
+    drop(turn);
+    let gave_up = tokio::time::timeout(
+        50 * MS,
+        gone.run_turn(p.clone(), TurnRequest::prompt("next")),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the start did not wait");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(detail(&store, gone.id()).await.turns.len(), 1);
+    assert_eq!(gone.state().await.unwrap(), State::Registered);
+    assert_eq!(p.stats().opened, 2);
     kernel.shutdown(Duration::ZERO).await;
 }
 
