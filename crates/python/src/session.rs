@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use settle_core::{CancelMode, Handled, Hold, SessionId};
-use settle_runtime::{RuntimeError, SessionHandle, TurnOptions, TurnRequest};
+use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -50,11 +50,6 @@ impl PySession {
         }
     }
 }
-
-/// How long a turn start waits for the turn before it to settle (see
-/// `turn`): past the default settle timeout many times over; a kernel with
-/// a longer one refuses the start as before.
-const SETTLING_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A turn's request from `input=`: a prompt string, a list of
 /// `{"role", "content"}` messages (what the caller sends its model), or
@@ -266,29 +261,11 @@ impl PySession {
         finishing(py, here, async move {
             let place = starts.lock_owned().await;
             // A turn cancelled just before (one never handed over, or one
-            // its caller cancelled) may still be settling: the core refuses
-            // the start until its work has exited, which the settle timeout
-            // bounds (G5). The start is asked again until then, rather than
-            // failing for a turn its caller can do nothing about.
-            let until = tokio::time::Instant::now() + SETTLING_PATIENCE;
-            let turn = loop {
-                let turn = match &options {
-                    None => handle.run_turn(provider.clone(), request.clone()).await,
-                    Some(options) => {
-                        let (provider, request) = (provider.clone(), request.clone());
-                        handle
-                            .run_turn_with(provider, request, options.clone())
-                            .await
-                    }
-                };
-                match turn {
-                    Err(RuntimeError::Lifecycle(settle_core::Error::TurnSettling { .. }))
-                        if tokio::time::Instant::now() < until =>
-                    {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    other => break other,
-                }
+            // its caller cancelled) may still be settling: the kernel's
+            // start waits for its end, which the settle timeout bounds (G5).
+            let turn = match options {
+                None => handle.run_turn(provider, request).await,
+                Some(options) => handle.run_turn_with(provider, request, options).await,
             };
             let turn = turn.map_err(errors::turn_refused)?;
             Ok(Handover::new(turn, owner, watch, place, runtime))
