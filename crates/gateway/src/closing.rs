@@ -4,17 +4,19 @@
 //! frame's code and reason (RFC 6455 §7.4), not left with a dropped socket:
 //! `1001` when the gateway shuts down, `1009` for a message over the
 //! gateway's limit (the limit named), `1007` for text that is not UTF-8
-//! (a message or a closing reason), `1000` for the connection idle timeout
-//! and `1011` for a client
-//! silent for two keepalive intervals (each timeout named). A read that
-//! failed for any other reason (the socket reset, a protocol error the
-//! WebSocket layer already answered) gets no frame: there is no one left to
-//! tell, or they have been told.
+//! (a message or a closing reason), `1002` for a frame that breaks the
+//! WebSocket protocol (reserved bits or opcodes, a fragmented or oversized
+//! control frame, a continuation out of place: RFC 6455 §7.1.7 asks the
+//! endpoint that fails a connection to say so), `1000` for the connection
+//! idle timeout and `1011` for a client silent for two keepalive intervals
+//! (each timeout named). A read that failed for any other reason (the
+//! socket reset or closed without a handshake, a frame after the closing
+//! one) gets no frame: there is no one left to tell.
 
 use std::time::Duration;
 
 use axum::extract::ws::{close_code, CloseFrame};
-use tungstenite::error::{CapacityError, Error as WsError};
+use tungstenite::error::{CapacityError, Error as WsError, ProtocolError};
 
 /// A closing frame the gateway sends: its code and reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +84,16 @@ impl Closing {
                 // to be UTF-8, and tungstenite says which in neither case.
                 reason: "text that is not UTF-8 (a text message or a closing reason)".into(),
             }),
+            // The connection is gone or closing: nobody reads a frame now.
+            WsError::Protocol(
+                ProtocolError::ResetWithoutClosingHandshake
+                | ProtocolError::ReceivedAfterClosing
+                | ProtocolError::SendAfterClosing,
+            ) => None,
+            WsError::Protocol(broken) => Some(Closing {
+                code: close_code::PROTOCOL,
+                reason: fit(format!("a WebSocket protocol error: {broken}")),
+            }),
             _ => None,
         }
     }
@@ -98,6 +110,20 @@ impl Closing {
             reason: self.reason.as_str().into(),
         }
     }
+}
+
+/// `reason` cut to what a closing frame carries (123 bytes, RFC 6455
+/// §5.5: a control frame's 125 less the code), at a character boundary.
+fn fit(mut reason: String) -> String {
+    const MAX: usize = 123;
+    if reason.len() > MAX {
+        let mut end = MAX;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
 }
 
 #[cfg(test)]
@@ -117,6 +143,24 @@ mod tests {
         // RFC 6455 §5.5: a control frame's payload, the code's two bytes
         // included, is at most 125 bytes.
         assert!(closing.reason.len() <= 123);
+    }
+
+    #[test]
+    fn a_protocol_error_is_1002_cut_to_a_close_frame_and_a_reset_is_told_nothing() {
+        // The longest a protocol error says: the bytes of a data frame
+        // where a continuation was due, multi-byte characters at the cut.
+        let long =
+            ProtocolError::ExpectedFragment(tungstenite::protocol::frame::coding::Data::Text);
+        let closing = Closing::for_unreadable(axum::Error::new(WsError::Protocol(long)), 1)
+            .unwrap_or_else(Closing::going_away);
+        assert_eq!(closing.code(), 1002);
+        assert_eq!(fit("é".repeat(100)).len(), 122);
+        assert!(fit("x".repeat(500)).len() == 123);
+        let reset = ProtocolError::ResetWithoutClosingHandshake;
+        assert_eq!(
+            Closing::for_unreadable(axum::Error::new(WsError::Protocol(reset)), 1),
+            None
+        );
     }
 
     #[test]

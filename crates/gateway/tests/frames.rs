@@ -344,6 +344,35 @@ async fn a_text_frame_that_is_not_utf8_ends_the_connection_with_close_1007() {
     assert!(reason.contains("UTF-8"), "{reason}");
 }
 
+/// RFC 6455 §7.1.7: a connection failed for a protocol error is told so
+/// with `1002` before it is closed, not dropped without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_breaks_the_websocket_protocol_ends_the_connection_with_close_1002() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    let served = Served::start(replying_ok()).await;
+    let reserved_bit = || {
+        let mut frame = Frame::message(b"{}".to_vec(), OpCode::Data(Data::Text), true);
+        frame.header_mut().rsv1 = true;
+        frame
+    };
+    let reserved_opcode = || Frame::message(b"{}".to_vec(), OpCode::Data(Data::Reserved(3)), true);
+    for (what, frame) in [("rsv1", reserved_bit()), ("opcode 3", reserved_opcode())] {
+        let mut client = served.client().await;
+        client.ws.send(Message::Frame(frame)).await.unwrap();
+        let (code, reason) = client
+            .close_frame()
+            .await
+            .unwrap_or_else(|| panic!("{what}: a closing frame, not a dropped connection"));
+        assert_eq!(code, 1002, "{what}: {reason}");
+        assert!(reason.contains("protocol"), "{what}: {reason}");
+        assert!(reason.len() <= 123, "a close reason fits its frame");
+    }
+    // Nothing else was affected: a new connection is served.
+    let mut other = served.client().await;
+    other.ok("sessions.list", json!({})).await;
+}
+
 /// A provider whose every turn replies "ok".
 fn replying_ok() -> Arc<dyn Provider> {
     Arc::new(ScriptBook::new().otherwise(TurnScript::new(["ok"])))
