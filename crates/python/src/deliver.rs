@@ -21,11 +21,13 @@
 //! pump that cannot be cancelled counts as closed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, Weak};
 
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
 use tokio_util::sync::CancellationToken;
+
+use crate::stranded::{Stranded, PROBE_EVERY};
 
 /// What runs on the deliverer with the GIL held.
 pub(crate) type Job = Box<dyn for<'py> FnOnce(Python<'py>) + Send>;
@@ -47,8 +49,12 @@ pub(crate) struct Deliverer {
     jobs: mpsc::Sender<Job>,
     gate: Arc<Gate>,
     /// The mailboxes of the loops this process's kernels deliver to.
-    mailboxes: Mutex<Vec<Arc<Mailbox>>>,
+    mailboxes: Mailboxes,
 }
+
+/// The mailboxes, shared with the deliverer's thread, which probes them for
+/// loops closed under pending work (see `stranded.rs`).
+type Mailboxes = Arc<Mutex<Vec<Arc<Mailbox>>>>;
 
 /// Keeps the deliverer away from an interpreter that is exiting: a thread
 /// that asks for the GIL once finalization has begun is ended inside
@@ -72,14 +78,15 @@ impl Deliverer {
     pub fn start() -> std::io::Result<Arc<Deliverer>> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let gate = Arc::new(Gate::default());
-        let theirs = gate.clone();
+        let mailboxes = Mailboxes::default();
+        let (theirs, probed) = (gate.clone(), mailboxes.clone());
         std::thread::Builder::new()
             .name("settle-deliver".into())
-            .spawn(move || run(queue, &theirs))?;
+            .spawn(move || run(queue, &theirs, &probed))?;
         Ok(Arc::new(Deliverer {
             jobs,
             gate,
-            mailboxes: Mutex::new(Vec::new()),
+            mailboxes,
         }))
     }
 
@@ -111,6 +118,7 @@ impl Deliverer {
         mailboxes.retain(|m| m.loop_alive(py));
         let mailbox = Arc::new(Mailbox {
             event_loop: PyWeakrefReference::new(event_loop)?.unbind(),
+            stranded: Mutex::new(Vec::new()),
             mail: Mutex::new(Mail::default()),
             outbox: Mutex::new(Outbox::default()),
             deliver: Arc::downgrade(self),
@@ -124,6 +132,8 @@ impl Deliverer {
 /// loop: a mailbox never keeps a loop alive.
 pub(crate) struct Mailbox {
     event_loop: Py<PyWeakrefReference>,
+    /// The works pending on its loop, for the probe (see `stranded.rs`).
+    stranded: Mutex<Vec<Weak<dyn Stranded>>>,
     mail: Mutex<Mail>,
     /// The other way: what the loop's thread has for the kernel (a pump's
     /// stream closed), handed over once per iteration of the loop.
@@ -150,6 +160,35 @@ struct Mail {
 }
 
 impl Mailbox {
+    /// Registers a work whose Python side runs on this loop: if the loop
+    /// closes under it, the deliverer's probe ends it.
+    pub fn watch(&self, work: Weak<dyn Stranded>) {
+        if let Ok(mut stranded) = self.stranded.lock() {
+            // Those gone are let go of as the list doubles, so it stays
+            // about as long as the works alive.
+            if stranded.len() == stranded.capacity() {
+                stranded.retain(|w| w.strong_count() > 0);
+            }
+            stranded.push(work);
+        }
+    }
+
+    /// The works registered and alive (the dead ones let go of).
+    fn watched(&self) -> Vec<Arc<dyn Stranded>> {
+        let Ok(mut stranded) = self.stranded.lock() else {
+            return Vec::new();
+        };
+        stranded.retain(|w| w.strong_count() > 0);
+        stranded.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Whether any registered work is alive.
+    fn watches_any(&self) -> bool {
+        self.stranded
+            .lock()
+            .is_ok_and(|s| s.iter().any(|w| w.strong_count() > 0))
+    }
+
     fn is_for(&self, py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> bool {
         self.event_loop
             .bind(py)
@@ -397,7 +436,7 @@ impl Drop for Drain {
     }
 }
 
-fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
+fn run(queue: mpsc::Receiver<Job>, gate: &Gate, mailboxes: &Mailboxes) {
     // One thread state for the thread's whole life. Attaching a thread that
     // has none makes one and detaching deletes it again, with its frame
     // stack (an `mmap` and a `munmap`): a teardown of 1,000 agents paid that
@@ -407,7 +446,7 @@ fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
     let _ = Python::try_attach(|py| {
         py.detach(|| -> () {
             if let Some(queue) = queue.take() {
-                serve(queue, gate);
+                serve(queue, gate, mailboxes);
             }
             // Never back into the attach above: the queue closes only once
             // the kernel's side is gone, which may be during interpreter
@@ -422,14 +461,57 @@ fn run(queue: mpsc::Receiver<Job>, gate: &Gate) {
     // Still here only if the interpreter could not be attached at all (the
     // closure above never returns): serve as before, attaching per batch.
     if let Some(queue) = queue.take() {
-        serve(queue, gate);
+        serve(queue, gate, mailboxes);
     }
 }
 
+/// The probe for loops closed under pending work, as a job, if any mailbox
+/// has a work alive: each such mailbox asks its loop whether it is closed,
+/// and a closed one ends its works.
+fn probe(mailboxes: &Mailboxes) -> Option<Job> {
+    let watching: Vec<Arc<Mailbox>> = mailboxes
+        .lock()
+        .ok()?
+        .iter()
+        .filter(|m| m.watches_any())
+        .cloned()
+        .collect();
+    if watching.is_empty() {
+        return None;
+    }
+    Some(Box::new(move |py| {
+        for mailbox in watching {
+            if mailbox.loop_closed(py) {
+                for work in mailbox.watched() {
+                    work.end_if_loop_closed(py);
+                }
+            }
+        }
+    }))
+}
+
 /// Runs each job with the GIL held, a batch per attach, until the queue
-/// closes or the interpreter exits.
-fn serve(queue: mpsc::Receiver<Job>, gate: &Gate) {
-    while let Ok(first) = queue.recv() {
+/// closes or the interpreter exits; probes for loops closed under pending
+/// work when it has been idle for a while.
+fn serve(queue: mpsc::Receiver<Job>, gate: &Gate, mailboxes: &Mailboxes) {
+    let mut probed_at = std::time::Instant::now();
+    loop {
+        let wait = PROBE_EVERY.saturating_sub(probed_at.elapsed());
+        // About once a second, busy or not: a look for loops closed under
+        // pending work, only where there is any (no GIL otherwise).
+        let probed = wait.is_zero().then(|| {
+            probed_at = std::time::Instant::now();
+            probe(mailboxes)
+        });
+        let first = match probed {
+            Some(Some(job)) => job,
+            Some(None) => continue,
+            None => match queue.recv_timeout(wait) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            },
+        };
         let mut first = Some(first);
         let _attached = gate.attached.lock();
         if gate.closed.load(Ordering::Acquire) {

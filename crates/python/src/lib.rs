@@ -69,6 +69,10 @@
 //!   (`task.rs`); the kernel cancels it with `Task.cancel()` there, detaches
 //!   it at the settle deadline (G5), and its later writes raise
 //!   `SessionClosed` (G10).
+//! - A loop closed without cancelling its tasks leaves their pumps and
+//!   coroutines pending for good; the deliverer finds such a loop closed
+//!   within about a second and ends what it left as cancelled, so the
+//!   sessions go idle (`stranded.rs`).
 //! - A forked child that touches its parent's objects gets `settle.Error`
 //!   (`process.rs`); interpreter exit shuts every kernel down, each within
 //!   its own bound (drain + settle timeout + flush budget), and says on
@@ -93,6 +97,7 @@ mod reply;
 mod resume;
 mod session;
 mod signals;
+mod stranded;
 mod task;
 mod turn;
 

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::bridge;
 use crate::deliver::{Landing, Mailbox};
+use crate::stranded::Stranded;
 
 /// What the caller gave for one turn.
 pub(crate) struct Source {
@@ -63,17 +64,22 @@ pub(crate) struct PumpWatch {
 impl PumpWatch {
     /// A watch on the pumps that will run on `mailbox`'s loop.
     pub fn new(mailbox: Arc<Mailbox>) -> Arc<Self> {
-        Arc::new(PumpWatch {
+        let watch = Arc::new(PumpWatch {
             mailbox,
             pump: Mutex::new(Weak::new()),
-        })
+        });
+        let stranded: Weak<dyn Stranded> = Arc::downgrade(&watch) as Weak<PumpWatch>;
+        watch.mailbox.watch(stranded);
+        watch
     }
+}
 
+impl Stranded for PumpWatch {
     /// Ends the turn's stream as cancelled when its pump's loop closed with
     /// the pump still pending: it will never run again, so nothing else
     /// would end it (see [`Mailbox::loop_closed`]). The Python stream is
     /// left to the collector; its loop cannot close it any more.
-    pub fn end_if_loop_closed(&self, py: Python<'_>) {
+    fn end_if_loop_closed(&self, py: Python<'_>) {
         let Some(shared) = self.pump.lock().ok().and_then(|p| p.upgrade()) else {
             return;
         };

@@ -9,7 +9,7 @@
 //! session raises `settle.SessionClosed` (G10): the asyncio task carries its
 //! control in a context variable, and each writing call checks it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use pyo3::prelude::*;
 use settle_runtime::{TaskContext, TaskHandle};
@@ -20,6 +20,7 @@ use crate::awaitable::{awaitable, bridge, OnCancel};
 use crate::deliver::{Landing, Mailbox};
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
+use crate::stranded::Stranded;
 
 /// How the coroutine ended.
 pub(crate) enum Ended {
@@ -47,13 +48,16 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(mailbox: Arc<Mailbox>, coroutine: Py<PyAny>) -> Arc<Self> {
-        Arc::new(Shared {
+        let shared = Arc::new(Shared {
             mailbox,
             coroutine: Mutex::new(Some(coroutine)),
             ended: Mutex::new(None),
             control: Mutex::new(Control::default()),
             context: Mutex::new(None),
-        })
+        });
+        let stranded: Weak<dyn Stranded> = Arc::downgrade(&shared) as Weak<Shared>;
+        shared.mailbox.watch(stranded);
+        shared
     }
 
     /// Closes the coroutine unawaited when it never started (the spawn was
@@ -70,16 +74,6 @@ impl Shared {
     fn report(&self, ended: Ended) {
         if let Some(sender) = self.ended.lock().ok().and_then(|mut e| e.take()) {
             let _ = sender.send(ended);
-        }
-    }
-
-    /// Reports the coroutine cancelled when its loop closed with its
-    /// asyncio task still pending: it will never run again, so nothing else
-    /// would report it (see [`Mailbox::loop_closed`]).
-    fn end_if_loop_closed(&self, py: Python<'_>) {
-        let unreported = self.ended.lock().is_ok_and(|ended| ended.is_some());
-        if unreported && self.mailbox.loop_closed(py) {
-            self.report(Ended::Cancelled);
         }
     }
 
@@ -113,6 +107,18 @@ impl Shared {
                 let _ = task.call_method0(pyo3::intern!(py, "cancel"));
             }
         });
+    }
+}
+
+impl Stranded for Shared {
+    /// Reports the coroutine cancelled when its loop closed with its
+    /// asyncio task still pending: it will never run again, so nothing else
+    /// would report it (see [`Mailbox::loop_closed`]).
+    fn end_if_loop_closed(&self, py: Python<'_>) {
+        let unreported = self.ended.lock().is_ok_and(|ended| ended.is_some());
+        if unreported && self.mailbox.loop_closed(py) {
+            self.report(Ended::Cancelled);
+        }
     }
 }
 

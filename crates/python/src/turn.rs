@@ -32,6 +32,7 @@ use crate::chunk::PyChunk;
 use crate::process::{ForkSafe, Owner};
 use crate::provider::PumpWatch;
 use crate::ready::Ready;
+use crate::stranded::Stranded;
 
 /// How a turn ended, once a read or a close has seen it.
 type Ending = Option<(Outcome, Option<TurnError>)>;

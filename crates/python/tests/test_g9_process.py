@@ -324,6 +324,44 @@ asyncio.run(asyncio.wait_for(second(), 20))
 """
 
 
+UNWATCHED_AFTER_ITS_LOOP_CLOSED_SCRIPT = WAITING_WORK + """
+# Nobody reads the turn or joins the task after their loop closed: the
+# kernel finds the loop closed on its own, and the session goes idle
+# (no idle timeout here would end the turn).
+gc.disable()
+
+box = []
+loop = asyncio.new_event_loop()
+loop.run_until_complete(first(box, wait=0.2))
+loop.close()
+kernel, turn, task = box
+
+async def second():
+    [row] = await kernel.sessions()
+    began = time.monotonic()
+    while True:
+        [row] = await kernel.sessions()
+        if row["state"] != "running" or time.monotonic() - began > 10:
+            break
+        await asyncio.sleep(0.05)
+    print(row["state"], round(time.monotonic() - began), flush=True)
+    await kernel.shutdown(0.0)
+    print("shut down", flush=True)
+
+import time
+asyncio.run(asyncio.wait_for(second(), 20))
+"""
+
+
+def test_a_turn_and_task_left_pending_by_a_closed_loop_end_unwatched(db):
+    out = run_script(UNWATCHED_AFTER_ITS_LOOP_CLOSED_SCRIPT, db, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    state, waited = out.stdout.splitlines()[0].split()
+    assert state == "registered", out.stdout
+    assert int(waited) <= 3, out.stdout
+    assert out.stdout.splitlines()[1] == "shut down", out.stdout
+
+
 def test_a_pump_or_task_its_closed_loop_left_pending_ends_when_waited_for(db):
     out = run_script(LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT, db, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
