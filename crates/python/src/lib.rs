@@ -99,6 +99,7 @@ mod session;
 mod signals;
 mod stranded;
 mod task;
+mod task_end;
 mod turn;
 
 use pyo3::prelude::*;

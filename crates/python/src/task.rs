@@ -21,13 +21,7 @@ use crate::deliver::{Landing, Mailbox};
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
 use crate::stranded::Stranded;
-
-/// How the coroutine ended.
-pub(crate) enum Ended {
-    Returned(Py<PyAny>),
-    Raised(PyErr),
-    Cancelled,
-}
+use crate::task_end::{Ended, TaskEnd};
 
 #[derive(Default)]
 struct Control {
@@ -269,7 +263,7 @@ impl<'py> IntoPyObject<'py> for Spawned {
 /// result.
 #[pyclass(name = "Task", module = "settle", frozen)]
 pub(crate) struct PyTask {
-    handle: ForkSafe<Mutex<Option<TaskHandle<Ended>>>>,
+    end: ForkSafe<Arc<TaskEnd>>,
     work: u32,
     /// What it shares with its asyncio task (for a loop that closed).
     shared: Arc<Shared>,
@@ -279,7 +273,7 @@ impl PyTask {
     pub fn new(handle: TaskHandle<Ended>, owner: Owner, shared: Arc<Shared>) -> Self {
         let work = handle.work().no;
         PyTask {
-            handle: ForkSafe::new(Mutex::new(Some(handle)), owner),
+            end: ForkSafe::new(Arc::new(TaskEnd::new(handle)), owner),
             work,
             shared,
         }
@@ -297,18 +291,18 @@ impl PyTask {
     /// Cancels the task: its coroutine gets `CancelledError` on its loop and
     /// the settle timeout to unwind, then it is detached (G5).
     fn cancel(&self) -> PyResult<()> {
-        let (handle, _) = self.handle.get()?;
-        if let Some(handle) = handle.lock().ok().as_ref().and_then(|h| h.as_ref()) {
-            handle.cancel();
-        }
+        let (end, _) = self.end.get()?;
+        end.cancel();
         Ok(())
     }
 
     /// Waits for the coroutine's result: what it returned, or what it
     /// raised. Raises `settle.Cancelled` when it was cancelled,
     /// `settle.Detached` when it was detached at the settle deadline,
-    /// `settle.ShuttingDown` when the kernel stopped first. Awaiting it a
-    /// second time raises `settle.Error`.
+    /// `settle.ShuttingDown` when the kernel stopped first. As an
+    /// `asyncio.Task`, it may be awaited by several callers at once and
+    /// again after it ended: each gets the same value, or the same
+    /// exception.
     ///
     /// As with an `asyncio.Task`, cancelling the asyncio task that awaits
     /// it cancels the settle task too (its coroutine gets `CancelledError`
@@ -316,29 +310,20 @@ impl PyTask {
     /// leaves nothing it was waiting for running. `asyncio.shield()` the
     /// awaitable to let the task go on.
     fn join<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (handle, here) = self.handle.get()?;
+        let (end, here) = self.end.get()?;
         self.shared.end_if_loop_closed(py);
-        let handle = handle.lock().ok().and_then(|mut h| h.take());
+        let end = end.clone();
         let cancel = CancellationToken::new();
         let cancelled = cancel.clone();
         awaitable(py, here, cancel, OnCancel::Finish, async move {
-            let mut handle = handle.ok_or_else(|| errors::error("this task was already joined"))?;
-            let ended = tokio::select! {
-                ended = &mut handle => ended,
+            tokio::select! {
+                told = end.told() => Ok(told),
                 () = cancelled.cancelled() => {
-                    // Nobody waits for it any more: it is cancelled, and
-                    // what it gives is dropped with this future.
-                    handle.cancel();
-                    return Err(errors::Cancelled::new_err("the task's awaiter was cancelled"));
+                    // Its awaiter was cancelled: so is the task; another
+                    // awaiter is told how it ended.
+                    end.cancel();
+                    Err(errors::Cancelled::new_err("the task's awaiter was cancelled"))
                 }
-            };
-            match ended {
-                Ok(Ended::Returned(value)) => Ok(value),
-                Ok(Ended::Raised(error)) => Err(error),
-                Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
-                    "the task was cancelled and gave no result",
-                )),
-                Err(error) => Err(errors::task(error)),
             }
         })
     }

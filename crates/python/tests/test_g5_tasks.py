@@ -262,3 +262,49 @@ async def test_g5_a_cancel_reaching_the_loop_with_the_tasks_start_ends_it_at_onc
         assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED
     finally:
         await k.shutdown(0.0)
+
+
+async def test_a_settle_task_awaited_again_gives_the_same_end_as_an_asyncio_task_does(kernel):
+    session = await kernel.register("s")
+
+    async def value() -> int:
+        await asyncio.sleep(0.01)
+        return 7
+
+    async def fails() -> None:
+        await asyncio.sleep(0.01)
+        raise KeyError("missing")
+
+    async def waits() -> None:
+        await asyncio.sleep(3600)
+
+    task = await session.spawn(value())
+    # Two awaiters at once, then a third after its end: all told the same.
+    assert await asyncio.gather(task, task.join()) == [7, 7]
+    assert await task == 7
+    raising = await session.spawn(fails())
+    for _ in range(2):
+        with pytest.raises(KeyError):
+            await raising
+    cancelled = await session.spawn(waits())
+    cancelled.cancel()
+    for _ in range(2):
+        with pytest.raises(settle.Cancelled):
+            await asyncio.wait_for(cancelled.join(), PATIENCE)
+
+
+async def test_g1_cancel_reaches_a_settle_task_while_another_task_awaits_it(kernel):
+    session = await kernel.register("s")
+    started = asyncio.Event()
+
+    async def waits() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    task = await session.spawn(waits())
+    awaiter = asyncio.ensure_future(task.join())
+    await started.wait()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(settle.Cancelled):
+        await asyncio.wait_for(awaiter, PATIENCE)

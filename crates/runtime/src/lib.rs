@@ -262,7 +262,7 @@ pub use settle_stream::{
     Chunk, ChunkKind, Message, ModelOptions, Reply, Request as TurnRequest, RetryPolicy, Role,
     ToolCall, TurnOptions,
 };
-pub use task::TaskHandle;
+pub use task::{TaskCanceller, TaskHandle};
 pub use task_context::TaskContext;
 #[doc(hidden)]
 pub use tracked::Tracked;

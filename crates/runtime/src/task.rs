@@ -39,9 +39,15 @@ impl<T> TaskHandle<T> {
 
     /// Cancels the task (its token); it gets the settle timeout to unwind.
     pub fn cancel(&self) {
-        if let Some(commands) = self.commands.upgrade() {
-            let event = Event::CancelWork { work: self.work };
-            let _ = commands.send(Command::Core { event, reply: None });
+        cancel(self.work, &self.commands);
+    }
+
+    /// What cancels the task apart from this handle: for whoever holds the
+    /// task while another awaits it (the awaiter holds the handle).
+    pub fn canceller(&self) -> TaskCanceller {
+        TaskCanceller {
+            work: self.work,
+            commands: self.commands.clone(),
         }
     }
 
@@ -51,6 +57,30 @@ impl<T> TaskHandle<T> {
     /// When it was detached, panicked, or the kernel stopped first.
     pub async fn join(self) -> Result<T, TaskError> {
         self.await
+    }
+}
+
+/// Cancels one spawned task, as [`TaskHandle::cancel`] does; cloned freely,
+/// kept apart from the handle ([`TaskHandle::canceller`]). A task that has
+/// ended is not cancelled again (G6).
+#[derive(Debug, Clone)]
+pub struct TaskCanceller {
+    work: WorkId,
+    commands: mpsc::WeakUnboundedSender<Command>,
+}
+
+impl TaskCanceller {
+    /// Cancels the task (its token); it gets the settle timeout to unwind.
+    pub fn cancel(&self) {
+        cancel(self.work, &self.commands);
+    }
+}
+
+/// Asks the core to cancel `work`, if the kernel is still there.
+fn cancel(work: WorkId, commands: &mpsc::WeakUnboundedSender<Command>) {
+    if let Some(commands) = commands.upgrade() {
+        let event = Event::CancelWork { work };
+        let _ = commands.send(Command::Core { event, reply: None });
     }
 }
 
