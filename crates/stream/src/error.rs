@@ -174,6 +174,9 @@ pub enum StreamErrorKind {
         /// The HTTP status code.
         status: u16,
         /// The start of the response body, for the provider's explanation.
+        /// An OpenAI-compatible provider keeps it with its secrets masked;
+        /// when the server wrote one that only decoding the body shows (a
+        /// JSON escape), what the body says instead, decoded and masked.
         body: String,
         /// How long the server asked to wait before trying again
         /// (`Retry-After`, in seconds), when it said.
@@ -280,17 +283,83 @@ impl fmt::Display for Excerpt<'_> {
 /// (`{"error": {"message": …}}` and the usual variants), the title of an
 /// HTML page, or the start of the text with its whitespace collapsed.
 pub(crate) fn excerpt(body: &str) -> String {
+    shorten(&said(body))
+}
+
+/// What an error response's body says, decoded, before it is shortened:
+/// the message of a JSON error, the title of an HTML page, or the text
+/// itself, its JSON escapes decoded when it looks like JSON that did not
+/// parse (a body cut where it was read).
+pub(crate) fn said(body: &str) -> String {
     let body = body.trim();
-    let text = json_message(body)
+    json_message(body)
         .or_else(|| html_title(body))
-        .unwrap_or_else(|| body.to_owned());
+        .unwrap_or_else(|| unescaped(body))
+}
+
+/// `text` with its whitespace collapsed, cut to [`EXCERPT_CHARS`]
+/// characters (an ellipsis last) when longer; shortening it again changes
+/// nothing.
+pub(crate) fn shorten(text: &str) -> String {
     let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if collapsed.chars().count() <= EXCERPT_CHARS {
         return collapsed;
     }
-    let mut short: String = collapsed.chars().take(EXCERPT_CHARS).collect();
+    let mut short: String = collapsed.chars().take(EXCERPT_CHARS - 1).collect();
     short.push('…');
     short
+}
+
+/// `text` with the escapes of JSON strings decoded (`\u0042`, `\"`,
+/// `\n`, …), leniently: an escape it cannot read is kept as it is, a lone
+/// surrogate becomes U+FFFD. Only for text that looks like JSON or has
+/// `\u` escapes; any other text is kept as it is.
+fn unescaped(text: &str) -> String {
+    let looks_like_json = text.starts_with('{') || text.starts_with('[') || text.contains("\\u");
+    if !looks_like_json || !text.contains('\\') {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let escape = &rest[at..];
+        let (decoded, used) = match escape.as_bytes().get(1) {
+            Some(b'"') => ('"', 2),
+            Some(b'\\') => ('\\', 2),
+            Some(b'/') => ('/', 2),
+            Some(b'b') => ('\u{8}', 2),
+            Some(b'f') => ('\u{c}', 2),
+            Some(b'n') => ('\n', 2),
+            Some(b'r') => ('\r', 2),
+            Some(b't') => ('\t', 2),
+            Some(b'u') => unicode_escape(escape).unwrap_or(('\\', 1)),
+            _ => ('\\', 1),
+        };
+        out.push(decoded);
+        rest = &escape[used..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The character a `\uXXXX` escape at the start of `escape` names (a
+/// surrogate pair's two escapes together), and how many bytes it took.
+fn unicode_escape(escape: &str) -> Option<(char, usize)> {
+    let unit = |at: usize| -> Option<u32> {
+        let hex = escape.get(at + 2..at + 6)?;
+        (escape.get(at..at + 2)? == "\\u")
+            .then(|| u32::from_str_radix(hex, 16).ok())
+            .flatten()
+    };
+    let first = unit(0)?;
+    if (0xD800..0xDC00).contains(&first) {
+        if let Some(second) = unit(6).filter(|s| (0xDC00..0xE000).contains(s)) {
+            let code = 0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00);
+            return Some((char::from_u32(code).unwrap_or('\u{fffd}'), 12));
+        }
+    }
+    Some((char::from_u32(first).unwrap_or('\u{fffd}'), 6))
 }
 
 fn json_message(body: &str) -> Option<String> {
@@ -346,7 +415,19 @@ mod tests {
         assert_eq!(excerpt("  no\n  such\tmodel \n"), "no such model");
         assert_eq!(excerpt(""), "");
         let long = "x".repeat(1000);
-        assert_eq!(excerpt(&long).chars().count(), EXCERPT_CHARS + 1);
+        assert_eq!(excerpt(&long).chars().count(), EXCERPT_CHARS);
+        assert_eq!(excerpt(&excerpt(&long)), excerpt(&long));
+    }
+
+    #[test]
+    fn a_body_that_looks_like_json_but_does_not_parse_is_quoted_with_its_escapes_decoded() {
+        assert_eq!(
+            excerpt(r#"{"error":{"message":"bad key: \u0042e\"q\\ \ud83d\ude00 \uZZ \"#),
+            "{\"error\":{\"message\":\"bad key: Be\"q\\ \u{1f600} \\uZZ \\"
+        );
+        // Escapes decoded throughout once the text has a `\u` one.
+        assert_eq!(excerpt(r"C:\new \u0041"), "C: ew A");
+        assert_eq!(excerpt(r"C:\new"), r"C:\new");
     }
 
     #[test]

@@ -314,10 +314,12 @@ impl Provider for OpenAiProvider {
             let retry_after = retry_after(response.headers());
             let mut head = Vec::new();
             let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
+            // Read to the limit: there may be more, a secret cut in two.
+            let cut = head.len() >= ERROR_BODY_LIMIT;
             return Err(StreamErrorKind::Status {
                 url: self.shown.clone(),
                 status: status.as_u16(),
-                body: self.secrets.scrub(&String::from_utf8_lossy(&head)),
+                body: self.secrets.kept(&String::from_utf8_lossy(&head), cut),
                 retry_after,
             }
             .into());
@@ -475,7 +477,7 @@ impl OpenAiStream {
                     .push_back(Err(StreamErrorKind::Protocol(format!(
                         "an event from {} is not JSON ({e}): {}",
                         self.url,
-                        crate::error::excerpt(&self.secrets.scrub(data))
+                        self.secrets.shown(data, false)
                     ))
                     .into()));
                 return true;

@@ -102,6 +102,65 @@ impl Secrets {
         Secrets(found)
     }
 
+    /// The start of an error body as a status error keeps it: the body
+    /// itself, its secrets masked, when what it says once decoded shows
+    /// none either (so a caller can still read its JSON); else what it says
+    /// ([`shown`](Self::shown)). `cut`: the body was read only in part.
+    pub fn kept(&self, body: &str, cut: bool) -> String {
+        let raw = self.masked(self.scrub(body), cut);
+        let said = crate::error::said(&raw);
+        match self.masked(self.scrub(&said), cut) == said {
+            true => raw,
+            false => self.shown(body, cut),
+        }
+    }
+
+    /// `text`, and when `cut`, without the start of a secret at its end.
+    fn masked(&self, text: String, cut: bool) -> String {
+        match cut {
+            true => self.mask_cut(text),
+            false => text,
+        }
+    }
+
+    /// What an error body says, as messages quote it (decoded, then
+    /// shortened: [`excerpt`](crate::error::excerpt)), with no secret in
+    /// it: scrubbed once decoded, since a server's JSON may write the key
+    /// in escapes; and, when `cut` (the body was read only in part), with
+    /// no start of a secret at its end either. A status error quotes its
+    /// body through `excerpt` again, so only text that reads the same
+    /// through it is kept.
+    pub fn shown(&self, body: &str, cut: bool) -> String {
+        let said = self.masked(self.scrub(&crate::error::said(body)), cut);
+        let mut shown = crate::error::shorten(&said);
+        for _ in 0..4 {
+            let again = self.scrub(&crate::error::excerpt(&shown));
+            if again == shown {
+                return shown;
+            }
+            shown = again;
+        }
+        "(not quoted: it could not be told apart from the provider's secrets)".to_owned()
+    }
+
+    /// `text` cut where a body's read stopped, without the start of a
+    /// secret it may end with (the rest of it was never read).
+    fn mask_cut(&self, mut text: String) -> String {
+        for secret in &self.0 {
+            let starts: Vec<usize> = secret.char_indices().map(|(at, _)| at).skip(1).collect();
+            let longest = starts
+                .into_iter()
+                .rev()
+                .find(|&at| text.ends_with(&secret[..at]));
+            if let Some(at) = longest {
+                text.truncate(text.len() - at);
+                text.push_str(MASK);
+                return text;
+            }
+        }
+        text
+    }
+
     /// `text` with every secret masked.
     pub fn scrub(&self, text: &str) -> String {
         let mut text = Cow::Borrowed(text);

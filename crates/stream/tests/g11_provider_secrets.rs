@@ -153,3 +153,77 @@ async fn g11_an_error_inside_the_stream_does_not_show_a_secret_the_server_echoed
         assert_no_secret(&text);
     }
 }
+
+/// `text` with every character written as a JSON `\u` escape.
+fn escaped(text: &str) -> String {
+    text.chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect()
+}
+
+/// The error of a turn whose server answers 401 with `body`.
+async fn status_error(body: String) -> StreamError {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _connection = http::serve_one(listener, |mut wr| async move {
+        let response = format!(
+            "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        wr.write_all(response.as_bytes()).await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let provider = OpenAiProvider::new(config(&format!("http://{addr}/v1"))).unwrap();
+    open_error(&provider).await
+}
+
+/// What the server echoes is shown once decoded (a JSON body's escapes,
+/// a body too long to read whole), so it is scrubbed once decoded; and a
+/// secret the read of the body cut in two shows no part of itself.
+#[tokio::test]
+async fn g11_a_secret_a_status_body_escapes_or_cuts_in_two_is_not_shown() {
+    let key = escaped(&format!("Bearer {KEY}"));
+    let long = "x".repeat(4000);
+    let cases = [
+        // The whole body JSON, the key written in escapes.
+        format!("{{\"error\":{{\"message\":\"invalid key: {key}\"}}}}"),
+        // Too long to be read whole: not JSON once cut, escapes and all.
+        format!("{{\"error\":{{\"message\":\"invalid key: {key} {long}\"}}}}"),
+    ];
+    for body in cases {
+        let text = told(&status_error(body.clone()).await);
+        assert!(text.contains("401"), "{text}");
+        assert!(text.contains("***"), "{text}");
+        assert_no_secret(&text);
+        assert!(
+            !text.contains("\\u0073\\u006b"),
+            "escaped and shown: {text}"
+        );
+    }
+    // A key where the read of the body stops: none of it is shown.
+    for pad in [2030, 2033, 2036, 2040, 2046] {
+        let body = format!("{}Bearer {KEY}", " ".repeat(pad));
+        let text = told(&status_error(body).await);
+        for cut in 4..KEY.len() {
+            assert!(
+                !text.contains(&KEY[..cut]),
+                "{pad}: {} shown in: {text}",
+                &KEY[..cut]
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn g11_a_secret_escaped_in_an_event_that_is_not_json_is_not_shown() {
+    let key = escaped(KEY);
+    let error = streamed_error(format!("{{\"broken\": \"{key}\"")).await;
+    let text = told(&error);
+    assert_no_secret(&text);
+    assert!(
+        !text.contains("\\u0073\\u006b"),
+        "escaped and shown: {text}"
+    );
+}
