@@ -579,6 +579,48 @@ async fn a_prompt_or_a_history_past_its_bound_is_refused_too_large_and_nothing_i
     served.shut_down().await;
 }
 
+/// The per-message limit is the caller's (a prompt, a tool's result): a
+/// reply the model streamed and the kernel took goes back with the
+/// history, however long, and only the whole history's limit bounds it.
+#[tokio::test]
+async fn a_reply_longer_than_a_prompt_may_be_does_not_refuse_the_turns_after_it() {
+    let (book, chunks) = big_reply(64 * 1024);
+    let mut served = Served::tcp(
+        book,
+        |k| {
+            k.max_prompt_bytes(Some(1024))
+                .max_history_bytes(Some(1024 * 1024))
+        },
+        |g| g,
+    )
+    .await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "long reply").await;
+    client
+        .ok("turn.start", json!({ "id": id, "prompt": "big" }))
+        .await;
+    let (got, _, ended) = joined_turn(&mut client, id).await;
+    assert_eq!(ended["outcome"], "completed");
+    assert!(got == chunks, "the reply did not join back");
+    for _ in 0..2 {
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "and then?" }))
+            .await;
+        assert_eq!(client.turn(id).await.0, ["fine"]);
+    }
+    // A prompt is still held to its limit.
+    assert_eq!(
+        client
+            .refused(
+                "turn.start",
+                json!({ "id": id, "prompt": "y".repeat(1025) })
+            )
+            .await,
+        "too_large"
+    );
+    served.shut_down().await;
+}
+
 #[tokio::test]
 async fn a_turn_past_its_chunks_or_bytes_ends_too_large_and_the_store_has_what_was_sent() {
     // At a model's pace, so that the cancel lands before the reply ends.

@@ -82,8 +82,11 @@ pub struct Config {
     /// The largest one message of a turn's request may be, in bytes (its
     /// content, and its tool calls as JSON); a turn with a larger one is
     /// refused with [`RuntimeError::TooLarge`](crate::RuntimeError::TooLarge)
-    /// before anything is sent or written. `None` for no limit. Default
-    /// 1 MiB, the gateway's frame limit.
+    /// before anything is sent or written. The model's replies sent back
+    /// with the history (`assistant` messages) are not held to it: they are
+    /// bounded as they stream (`max_turn_bytes`) and counted in
+    /// `max_history_bytes`. `None` for no limit. Default 1 MiB, the
+    /// gateway's frame limit.
     pub max_prompt_bytes: Option<usize>,
     /// The largest a turn's whole request may be, in bytes (every message,
     /// counted as for `max_prompt_bytes`): a conversation that outgrows it

@@ -3,7 +3,7 @@
 //! before the core admits it: a refused turn sends nothing to the provider
 //! and writes nothing (no turn row, no transition).
 
-use settle_stream::{Message, Request};
+use settle_stream::{Message, Request, Role};
 
 use crate::config::Config;
 use crate::error::RuntimeError;
@@ -26,12 +26,17 @@ impl InputLimits {
         }
     }
 
-    /// Refuses `request` if a message or the whole is over its limit.
+    /// Refuses `request` if a message the caller wrote, or the whole, is
+    /// over its limit. The model's replies sent back with the history are
+    /// not held to the per-message limit (one that streamed longer than a
+    /// prompt may be would refuse every turn after it); `max_turn_bytes`
+    /// bounds them as they stream, and the whole request's limit counts them.
     pub fn check(&self, request: &Request) -> Result<(), RuntimeError> {
         let mut total = 0_usize;
         for message in &request.messages {
             let size = bytes(message);
-            if let Some(limit) = self.prompt.filter(|&limit| size > limit) {
+            let written = message.role != Role::Assistant;
+            if let Some(limit) = self.prompt.filter(|&limit| written && size > limit) {
                 return Err(RuntimeError::TooLarge {
                     what: "a message of the turn",
                     setting: "max_prompt_bytes",
@@ -69,9 +74,27 @@ fn bytes(message: &Message) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use settle_stream::Role;
-
     use super::*;
+
+    #[test]
+    fn a_reply_sent_back_is_held_to_the_whole_requests_limit_only() {
+        let limits = InputLimits {
+            prompt: Some(10),
+            history: Some(100),
+        };
+        let with = |role: Role, size: usize| {
+            Request::new(vec![
+                Message::new(Role::User, "hi"),
+                Message::new(role, "x".repeat(size)),
+                Message::new(Role::User, "and?"),
+            ])
+        };
+        assert!(limits.check(&with(Role::Assistant, 90)).is_ok());
+        assert!(limits.check(&with(Role::Assistant, 95)).is_err());
+        for role in [Role::User, Role::System, Role::Tool] {
+            assert!(limits.check(&with(role, 11)).is_err(), "{role:?}");
+        }
+    }
 
     #[test]
     fn a_message_given_as_parts_counts_its_parts() {
