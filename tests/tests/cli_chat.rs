@@ -835,6 +835,57 @@ fn g11_a_prompt_over_the_size_limit_is_refused_and_the_chat_goes_on() {
     );
 }
 
+/// A reply is bounded as the gateway's are: past `--max-turn-chunks` it
+/// ends `too_large` and does not join the conversation; and a reply longer
+/// than a prompt may be goes back with the history (the per-message limit
+/// is the prompt's), so the chat goes on after either.
+#[test]
+fn a_reply_past_its_bound_ends_too_large_and_a_long_reply_does_not_refuse_the_next_prompt() {
+    let many: Vec<String> = (0..50).map(|i| format!("piece {i} ")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let server = Server::start(vec![
+        Answer::Events(texts(&many)),
+        Answer::Events(texts(&["a reply far longer than sixteen bytes"])),
+        Answer::Events(texts(&["fine"])),
+    ]);
+    let sandbox = Sandbox::new();
+    let url = server.base_url();
+    let limits = ["--max-turn-chunks", "10", "--max-prompt-bytes", "16"];
+    let mut chat = start_chat(&sandbox, &url, &limits);
+    say(&mut chat, "go on forever");
+    say(&mut chat, "say more");
+    say(&mut chat, "and then?");
+    let stderr = end_chat(chat);
+    assert!(
+        stderr.contains("streamed more than a turn may (10 chunks"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("max_prompt_bytes"), "{stderr}");
+    let _ = server.request(0);
+    assert_eq!(
+        messages(&server.request(1)),
+        conversation(&[("user", "go on forever"), ("user", "say more")])
+    );
+    assert_eq!(
+        messages(&server.request(2)),
+        conversation(&[
+            ("user", "go on forever"),
+            ("user", "say more"),
+            ("assistant", "a reply far longer than sixteen bytes"),
+            ("user", "and then?"),
+        ])
+    );
+    let shown = sandbox.show(session_ids(&sandbox)[0]);
+    let turns = shown["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 3, "{shown}");
+    assert_eq!(turns[0]["outcome"], "failed", "{shown}");
+    assert_eq!(
+        turns[0]["chunks"].as_array().map(Vec::len),
+        Some(10),
+        "{shown}"
+    );
+}
+
 /// A reply is shown, never obeyed: control sequences a model sends (a
 /// terminal title, a clipboard write, a screen clear) reach the terminal as
 /// their escapes, while the stored reply keeps them exactly.

@@ -27,6 +27,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use crate::escape;
 use crate::input_limits::InputLimitArgs;
 use crate::model_server::ModelServerArgs;
+use crate::reply_limits::ReplyLimitArgs;
 use crate::{exit, open_existing_store, open_store, Failure};
 
 /// Options of `settle chat`.
@@ -36,6 +37,8 @@ pub struct ChatArgs {
     server: ModelServerArgs,
     #[command(flatten)]
     limits: InputLimitArgs,
+    #[command(flatten)]
+    replies: ReplyLimitArgs,
     /// How long the server may be silent mid-reply before the turn times out (default 30s, as everywhere).
     #[arg(long, value_parser = crate::duration::parse_nonzero)]
     idle_timeout: Option<Duration>,
@@ -85,7 +88,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     let store: Arc<dyn SessionStore> = Arc::new(store);
     let kernel = args
         .limits
-        .apply(Kernel::builder(store))
+        .apply(args.replies.apply(Kernel::builder(store)))
         .idle_timeout(Some(
             args.idle_timeout
                 .unwrap_or(settle_stream::DEFAULT_IDLE_TIMEOUT),

@@ -21,6 +21,7 @@ use std::time::Duration;
 use clap::Args;
 use settle_cli::input_limits::InputLimitArgs;
 use settle_cli::model_server::ModelServerArgs;
+use settle_cli::reply_limits::ReplyLimitArgs;
 use settle_cli::{duration, exit, open_files, open_store, outln, shutdown, Failure};
 use settle_gateway::{Fleet, Gateway, ScriptBook, Tls, Tokens};
 use settle_runtime::signals::Signals;
@@ -82,13 +83,8 @@ pub struct ServeArgs {
     /// How many holds each principal may have placed at once (default: no bound).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_holds_per_principal: Option<u64>,
-    /// How many chunks one turn may stream: the chunk past it is neither
-    /// stored nor sent, and the turn ends `failed` (`too_large`).
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
-    max_turn_chunks: u64,
-    /// How many bytes of chunks one turn may stream, bounded as the chunks are.
-    #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
-    max_turn_bytes: u64,
+    #[command(flatten)]
+    replies: ReplyLimitArgs,
     /// How many bytes of conversation (the prompts and replies sent again
     /// with each turn) all sessions may keep in memory at once: a
     /// `turn.start` past it is refused `over_capacity`, writing nothing.
@@ -189,9 +185,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let max_connections = fitting_connections(args.max_connections);
     let kernel = args
         .limits
-        .apply(Kernel::builder(store))
-        .max_turn_chunks(Some(as_usize(args.max_turn_chunks)))
-        .max_turn_bytes(Some(as_usize(args.max_turn_bytes)))
+        .apply(args.replies.apply(Kernel::builder(store)))
         .advertise(Some(advertise))
         .lease_ttl(args.lease_ttl)
         .orphan_grace(args.orphan_grace)
