@@ -106,8 +106,9 @@ fn text(value: Option<&Value>) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct ToolCalls {
     calls: Vec<ToolCall>,
-    // The position in `calls` of the last call of each stream index.
-    open: Vec<(u64, usize)>,
+    // The position in `calls` of the last call of each stream index: a
+    // map, so that a reply of many calls costs each piece one lookup.
+    open: std::collections::HashMap<u64, usize>,
 }
 
 impl ToolCalls {
@@ -115,13 +116,7 @@ impl ToolCalls {
     pub fn push(&mut self, piece: &Value) {
         let index = piece.get("index").and_then(Value::as_u64);
         let part = ToolCall::from_json(piece);
-        let open = index.and_then(|index| {
-            self.open
-                .iter()
-                .rev()
-                .find(|(i, _)| *i == index)
-                .map(|(_, at)| *at)
-        });
+        let open = index.and_then(|index| self.open.get(&index).copied());
         let joins = open.filter(|&at| part.id.is_empty() || self.calls[at].id == part.id);
         match joins {
             Some(at) => {
@@ -133,7 +128,7 @@ impl ToolCalls {
             }
             None => {
                 if let Some(index) = index {
-                    self.open.push((index, self.calls.len()));
+                    self.open.insert(index, self.calls.len());
                 }
                 self.calls.push(part);
             }
@@ -190,6 +185,27 @@ mod tests {
         assert_eq!(calls.len(), 3);
         assert_eq!(calls[1], ToolCall::new("b", "y", "2"));
         assert_eq!(calls[2].arguments, r#"{"k":1}"#);
+    }
+
+    #[test]
+    fn a_piece_joins_the_last_call_of_its_index_among_many() {
+        // Found by index, not by a walk of every call opened so far.
+        let mut calls = ToolCalls::default();
+        let n = 10_000_u64;
+        for i in 0..n {
+            calls.push(&json!({"index": i, "id": format!("c{i}"), "function": {"name": "f", "arguments": "["}}));
+        }
+        calls
+            .push(&json!({"index": 7, "id": "again", "function": {"name": "g", "arguments": "("}}));
+        for i in (0..n).rev() {
+            calls.push(&json!({"index": i, "function": {"arguments": "]"}}));
+        }
+        let calls = calls.finish();
+        assert_eq!(calls.len(), n as usize + 1);
+        assert!(calls[..n as usize].iter().enumerate().all(
+            |(i, c)| c.id == format!("c{i}") && c.arguments == if i == 7 { "[" } else { "[]" }
+        ));
+        assert_eq!(calls[n as usize], ToolCall::new("again", "g", "(]"));
     }
 
     #[test]
