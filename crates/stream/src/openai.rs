@@ -48,6 +48,21 @@ async fn read_head(mut response: reqwest::Response, head: &mut Vec<u8>) {
     head.truncate(ERROR_BODY_LIMIT);
 }
 
+/// What a redirect's error says: where it pointed (its password and query
+/// values masked), and that it is not followed.
+fn redirected(headers: &reqwest::header::HeaderMap) -> String {
+    let location = headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|l| l.to_str().ok());
+    match location {
+        Some(to) => format!(
+            "redirected to {} (not followed: set the base URL to where the server is)",
+            shown_url(to)
+        ),
+        None => "a redirect without a location (not followed)".to_owned(),
+    }
+}
+
 /// Where and how to reach an OpenAI-compatible server.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
@@ -195,18 +210,27 @@ impl OpenAiProvider {
     /// A provider for `config`, with a client of its own.
     pub fn new(config: OpenAiConfig) -> Result<Self, StreamError> {
         let url = Self::checked_url(&config)?;
-        let client = reqwest::Client::builder().build().map_err(|source| {
-            StreamError::from(StreamErrorKind::Connect {
-                url: shown_url(url.as_str()),
-                source: source.without_url(),
-            })
-        })?;
+        // A redirect is not followed: a streaming POST re-sent elsewhere
+        // carries the conversation to another host, and one turned into a
+        // GET streams whatever that URL says. It fails with its status.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|source| {
+                StreamError::from(StreamErrorKind::Connect {
+                    url: shown_url(url.as_str()),
+                    source: source.without_url(),
+                })
+            })?;
         Ok(Self::with_url(config, url, client))
     }
 
     /// A provider for `config` that sends through `client`: one connection
     /// pool, proxy, TLS and timeout setup shared with the rest of a program
-    /// (a `reqwest::Client` is a handle; cloning it shares the pool).
+    /// (a `reqwest::Client` is a handle; cloning it shares the pool). Its
+    /// redirect policy is the client's own: [`new`](Self::new) follows
+    /// none, and a redirect the client does not follow fails the turn with
+    /// its status and where it pointed.
     pub fn with_client(config: OpenAiConfig, client: reqwest::Client) -> Result<Self, StreamError> {
         let url = Self::checked_url(&config)?;
         Ok(Self::with_url(config, url, client))
@@ -312,6 +336,15 @@ impl Provider for OpenAiProvider {
             // The body explains the status, but a stalled server must not
             // hold the turn: read its start, within a short while.
             let retry_after = retry_after(response.headers());
+            if status.is_redirection() {
+                return Err(StreamErrorKind::Status {
+                    url: self.shown.clone(),
+                    status: status.as_u16(),
+                    body: redirected(response.headers()),
+                    retry_after,
+                }
+                .into());
+            }
             let mut head = Vec::new();
             let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
             // Read to the limit: there may be more, a secret cut in two.

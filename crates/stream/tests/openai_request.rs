@@ -361,3 +361,53 @@ async fn a_local_server_answering_429_and_503_is_retried_until_it_streams() {
     assert_eq!(retried[1].0, Duration::from_millis(10));
     assert!(retried[1].1.contains("503"), "{}", retried[1].1);
 }
+
+/// A redirect is not followed: a streaming POST re-sent elsewhere (307,
+/// 308) would carry the whole conversation to another host, and one turned
+/// into a GET (301, 302, 303) would stream whatever that URL says as the
+/// reply. The turn fails with the status, naming where it was sent.
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_the_error_names_where_it_pointed() {
+    for status in [
+        "301 Moved Permanently",
+        "303 See Other",
+        "307 Temporary Redirect",
+        "308 Permanent Redirect",
+    ] {
+        let elsewhere = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = format!(
+            "http://{}/v1/chat/completions?key=s3cr3t-value",
+            elsewhere.local_addr().unwrap()
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let location = target.clone();
+        let _connection = http::serve_one(listener, move |mut wr| async move {
+            let response =
+                format!("HTTP/1.1 {status}\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n");
+            wr.write_all(response.as_bytes()).await?;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+        let error = match provider.open(&Request::prompt("hi")).await {
+            Err(error) => error,
+            Ok(_) => panic!("{status}: the redirect was followed to a stream"),
+        };
+        let code: u16 = status[..3].parse().unwrap();
+        assert!(
+            matches!(error.kind(), StreamErrorKind::Status { status, .. } if *status == code),
+            "{error:?}"
+        );
+        let told = error.to_string();
+        assert!(told.contains("redirect"), "{told}");
+        assert!(
+            told.contains(&elsewhere.local_addr().unwrap().to_string()),
+            "{told}"
+        );
+        assert!(!told.contains("s3cr3t-value"), "{told}");
+        // Nothing reached the other host.
+        let reached = tokio::time::timeout(Duration::from_millis(200), elsewhere.accept()).await;
+        assert!(reached.is_err(), "{status}: the request was sent on");
+    }
+}
