@@ -144,12 +144,15 @@ where
     let due = (!first.is_zero())
         .then(|| tokio::time::Instant::now().checked_add(first))
         .flatten();
+    // The deadline before the open: an open that gives up at its own
+    // timeout in the same tick (a headers timeout equal to it, both 30 s by
+    // default) ends the turn as the first-event timeout says.
     let opened = tokio::select! {
         biased;
         () = token.cancelled() => return WorkEnd::Cancelled(CancelledBy::Request),
         () = close.closed() => return WorkEnd::Cancelled(CancelledBy::ForceClose),
-        opened = open(provider, request, &options.retry, progress) => opened,
         () = until(due) => Err(FirstEventTimedOut { first }.into()),
+        opened = open(provider, request, &options.retry, progress) => opened,
     };
     let stream = match opened {
         Ok(stream) => stream,

@@ -235,6 +235,30 @@ async fn g5_an_open_that_never_returns_ends_at_the_first_event_timeout() {
     assert_eq!(log.entries(), ["open", "close", "closed"]);
 }
 
+/// An open that gives up at its own headers timeout, when that is the
+/// first-event timeout too (both 30 s by default): the first-event timeout
+/// is what ends the turn, `idle_timeout`, as the option's doc says of a
+/// server that takes the connection and never answers.
+#[tokio::test(start_paused = true)]
+async fn g5_an_open_timing_out_with_the_first_event_ends_idle_timeout() {
+    struct HeadersNever;
+    #[async_trait]
+    impl Provider for HeadersNever {
+        async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+            tokio::time::sleep(2 * S).await;
+            Err(settle_stream::StreamErrorKind::HeadersTimeout {
+                url: "http://h/v1/chat/completions".into(),
+                timeout: 2 * S,
+            }
+            .into())
+        }
+    }
+    let log = Log::default();
+    let mut work = spawn(Arc::new(HeadersNever), log_sink(&log), 2 * S);
+    let (_, end) = work.until_end().await;
+    assert_eq!(end.outcome(), Outcome::IdleTimeout, "{end:?}");
+}
+
 /// The open and the wait for the first event share the first-event
 /// timeout: an open that takes most of it leaves the first event the rest.
 #[tokio::test(start_paused = true)]
