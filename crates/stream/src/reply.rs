@@ -106,7 +106,10 @@ impl Reply {
     /// The tokens the usage reports count, summed (`total_tokens`, or
     /// prompt plus completion tokens when a report has no total).
     pub fn total_tokens(&self) -> u64 {
-        self.usage.iter().map(usage_tokens).sum()
+        self.usage
+            .iter()
+            .map(usage_tokens)
+            .fold(0, u64::saturating_add)
     }
 
     /// The reply as the assistant message of the conversation: its text,
@@ -127,6 +130,33 @@ impl Reply {
 pub fn usage_tokens(usage: &Value) -> u64 {
     let field = |name: &str| usage.get(name).and_then(Value::as_u64);
     field("total_tokens").unwrap_or_else(|| {
-        field("prompt_tokens").unwrap_or(0) + field("completion_tokens").unwrap_or(0)
+        // A server's numbers, however large: saturated, never wrapped (a
+        // budget's count must not come back under its limit).
+        field("prompt_tokens")
+            .unwrap_or(0)
+            .saturating_add(field("completion_tokens").unwrap_or(0))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tokens_past_what_a_u64_holds_saturate_and_never_wrap() {
+        let max = u64::MAX;
+        let usage = json!({"prompt_tokens": max, "completion_tokens": max});
+        assert_eq!(usage_tokens(&usage), max);
+        assert_eq!(
+            usage_tokens(&json!({"prompt_tokens": 3, "completion_tokens": 4})),
+            7
+        );
+        let mut reply = ReplyBuilder::default();
+        for _ in 0..2 {
+            reply.push_json(ChunkKind::Usage, &json!({"total_tokens": max}));
+        }
+        assert_eq!(reply.finish().total_tokens(), max);
+    }
 }
