@@ -451,6 +451,11 @@ pub struct OpenAiStream {
     /// What its errors are scrubbed of: a server may echo the request's
     /// secrets inside the stream (an `error` event, a malformed line).
     secrets: Secrets,
+    /// The response's `Content-Type` when it is not an event stream, for
+    /// the error of a body that holds no event.
+    not_events: Option<String>,
+    /// Whether any `data:` event was decoded.
+    had_event: bool,
 }
 
 impl fmt::Debug for OpenAiStream {
@@ -470,7 +475,18 @@ impl OpenAiStream {
     /// The response's status is not checked here.
     pub fn from_response(response: reqwest::Response, max_event_bytes: usize) -> Self {
         let url = response.url().to_string();
-        Self::from_body(response.bytes_stream(), url, max_event_bytes)
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|t| t.to_str().ok())
+            .map(str::to_owned);
+        let mut stream = Self::from_body(response.bytes_stream(), url, max_event_bytes);
+        stream.not_events = content_type.filter(|t| {
+            !t.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
+        stream
     }
 
     /// The event stream of a body read some other way: its pieces as they
@@ -487,6 +503,8 @@ impl OpenAiStream {
             keepalives_seen: 0,
             url: shown_url(&url.into()),
             secrets: Secrets::default(),
+            not_events: None,
+            had_event: false,
         }
     }
 
@@ -602,6 +620,7 @@ impl Stream for OpenAiStream {
                 return Poll::Ready(None);
             };
             if let Some(data) = this.decoder.next_event() {
+                this.had_event = true;
                 if !this.decode(&data) {
                     this.body = None;
                     return Poll::Ready(None);
@@ -622,10 +641,20 @@ impl Stream for OpenAiStream {
                     source: source.without_url(),
                 }
                 .into(),
-                Poll::Ready(None) => StreamErrorKind::Protocol(format!(
-                    "the stream from {} ended before `data: [DONE]`; the reply may be cut short",
-                    this.url
-                ))
+                Poll::Ready(None) => match this.not_events.as_deref().filter(|_| !this.had_event) {
+                    // A whole answer that is not a stream (a chat completion
+                    // without `stream: true`, an HTML page): said as such.
+                    Some(content_type) => StreamErrorKind::Protocol(format!(
+                        "the server at {} answered with `{}`, not an event stream, \
+                         and no event: is it an OpenAI-compatible streaming endpoint?",
+                        this.url,
+                        crate::error::shorten(content_type)
+                    )),
+                    None => StreamErrorKind::Protocol(format!(
+                        "the stream from {} ended before `data: [DONE]`; the reply may be cut short",
+                        this.url
+                    )),
+                }
                 .into(),
                 Poll::Pending => {
                     // Comments are activity: one keepalive for those decoded

@@ -411,3 +411,48 @@ async fn a_redirect_is_not_followed_and_the_error_names_where_it_pointed() {
         assert!(reached.is_err(), "{status}: the request was sent on");
     }
 }
+
+/// A 200 that is not an event stream (a whole chat completion, as a
+/// server answers without `stream: true`; an HTML page) is said to be one,
+/// not taken for a reply cut short.
+#[tokio::test]
+async fn a_whole_answer_that_is_not_an_event_stream_is_said_to_be_one() {
+    let bodies = [
+        (
+            "application/json",
+            r#"{"object":"chat.completion","choices":[{"message":{"content":"hi"}}]}"#,
+        ),
+        (
+            "text/html; charset=utf-8",
+            "<html><title>Welcome</title></html>",
+        ),
+    ];
+    for (content_type, body) in bodies {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let _connection = http::serve_one(listener, move |mut wr| async move {
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            wr.write_all(response.as_bytes()).await?;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+        let mut stream = provider.open(&Request::prompt("hi")).await.unwrap();
+        let error = loop {
+            match tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .unwrap()
+            {
+                Some(Err(error)) => break error,
+                Some(Ok(_)) => continue,
+                None => panic!("{content_type}: ended without an error"),
+            }
+        };
+        let told = error.to_string();
+        assert!(told.contains("not an event stream"), "{told}");
+        assert!(told.contains(content_type), "{told}");
+    }
+}
