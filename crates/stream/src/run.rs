@@ -10,7 +10,7 @@ use crate::signal::{CancelledBy, WorkEnd};
 use crate::sink::{ChunkSink, SinkError};
 use crate::{
     Chunk, Cut, FirstEventTimedOut, IdleTimeout, Provider, ProviderStream, Request, RetryPolicy,
-    Scope, StreamError, StreamEvent,
+    Scope, StreamError, StreamErrorKind, StreamEvent,
 };
 
 /// The default idle timeout of a turn's stream: the one default of the
@@ -188,6 +188,10 @@ where
                 }
             }
             Some(Ok(StreamEvent::KeepAlive)) => {}
+            // Timed against what the open left of it, said as configured.
+            Some(Err(error)) if matches!(error.kind(), StreamErrorKind::FirstEventTimeout(_)) => {
+                break WorkEnd::from_error(&FirstEventTimedOut { first }.into())
+            }
             Some(Err(error)) => break WorkEnd::from_error(&error),
             None => {
                 break match close.cut() {

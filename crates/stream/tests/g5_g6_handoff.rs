@@ -279,6 +279,9 @@ async fn g5_the_first_event_is_due_within_the_first_event_timeout_of_the_open() 
     );
     assert_eq!(end.outcome(), Outcome::IdleTimeout, "{end:?}");
     assert!(!log.entries().contains(&"chunk late".to_owned()));
+    // Said as configured, not as what the open left of it (0.5 s).
+    let said = format!("{end:?}");
+    assert!(said.contains("within 2s"), "{said}");
 }
 
 #[tokio::test(start_paused = true)]
