@@ -692,7 +692,9 @@ impl Driver {
                         });
                 }
                 Effect::EndWork { work, outcome } => {
-                    if work.kind == settle_core::WorkKind::Turn {
+                    // Empty but for a start behind a cancelled turn: no
+                    // lookup per work on a teardown's path.
+                    if work.kind == settle_core::WorkKind::Turn && !self.settling.is_empty() {
                         if let Some(starts) = self.settling.remove(&work.session) {
                             let session = work.session;
                             self.unsettled
