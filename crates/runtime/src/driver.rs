@@ -384,7 +384,11 @@ impl Driver {
                 reply,
             } => self.start(Event::StartTask { session }, Start::Task { start, reply }),
             Command::Core { event, reply } => {
+                let skipping = matches!(event, Event::SkipDrain);
                 let result = self.input(event);
+                if skipping {
+                    self.skip_drain_budget();
+                }
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
                 }
@@ -578,6 +582,24 @@ impl Driver {
             let _ = parked
                 .reply
                 .send(Err(settle_core::Error::ShuttingDown.into()));
+        }
+    }
+
+    /// A second signal skips the rest of the drain: the shutdown's budget
+    /// for the store's writes loses the drain's part too (what is left is
+    /// the settle timeout and the flush budget, from now), so that a
+    /// stalled store does not hold the process for a drain nobody waits
+    /// for. Only ever brought closer.
+    fn skip_drain_budget(&mut self) {
+        let Some(current) = *self.shutdown_deadline.borrow() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let sooner = now
+            .checked_add(self.config.shutdown_bound(Duration::ZERO))
+            .filter(|&at| at < current);
+        if let Some(at) = sooner {
+            self.shutdown_deadline.send_replace(Some(at));
         }
     }
 

@@ -27,13 +27,21 @@ pub(super) async fn within<T>(
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, Unwritten> {
     let started = tokio::time::Instant::now();
+    // The deadline as it stands: a second signal skipping the drain
+    // brings it closer while the call is in flight.
     let shutdown_ends = async move {
-        match deadline.wait_for(Option::is_some).await.map(|at| *at) {
-            Ok(Some(at)) => {
-                tokio::time::sleep_until(at).await;
-                at
+        loop {
+            let at = match deadline.wait_for(Option::is_some).await.map(|at| *at) {
+                Ok(Some(at)) => at,
+                _ => return std::future::pending().await,
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => return at,
+                changed = deadline.changed() => if changed.is_err() {
+                    tokio::time::sleep_until(at).await;
+                    return at;
+                },
             }
-            _ => std::future::pending().await,
         }
     };
     // A store of the embedder's own may panic: that fails this call, and

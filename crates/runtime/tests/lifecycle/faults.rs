@@ -501,6 +501,37 @@ async fn g9_a_registration_in_flight_on_a_stalled_store_cannot_hold_the_shutdown
     assert!(report.left_recoverable.contains(&root.id()), "{report:?}");
 }
 
+/// G9 and SPEC §4: a second signal skips the rest of the drain, and on a
+/// stalled store it also ends the wait the drain's part of the budget
+/// would have held: the shutdown ends within the settle timeout and the
+/// flush budget of the skip, not of the drain's end.
+#[tokio::test(start_paused = true)]
+async fn g9_a_second_signal_on_a_stalled_store_ends_the_shutdown_without_the_drains_budget() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("running", None).await.unwrap();
+    let p = provider([hang(&["a"], MS)]);
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 1).await;
+    store.stall.store(true, Ordering::SeqCst);
+    let drain = Duration::from_secs(30);
+    let began = Instant::now();
+    let shutting = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { kernel.shutdown(drain).await }
+    });
+    tokio::time::sleep(300 * MS).await;
+    kernel.skip_drain();
+    let report = shutting.await.unwrap();
+    let took = began.elapsed();
+    let bound = 300 * MS + SETTLE + FLUSH_BUDGET;
+    assert!(took <= bound, "the shutdown took {took:?}, over {bound:?}");
+    assert!(
+        report.left_recoverable.contains(&session.id()),
+        "{report:?}"
+    );
+}
+
 /// G9: a store that stops answering in the middle of a shutdown: the
 /// sessions finalized before the stall are not named as left, every session
 /// whose finalize was not committed is, and the bound holds.
