@@ -30,6 +30,7 @@ pub struct StoreOptions {
     pg_keepalive_idle: Duration,
     existing_only: bool,
     durability: Durability,
+    wal_limit: u64,
 }
 
 impl Default for StoreOptions {
@@ -47,6 +48,7 @@ impl Default for StoreOptions {
             pg_keepalive_idle: Duration::from_secs(15),
             existing_only: false,
             durability: Durability::Normal,
+            wal_limit: 64 * 1024 * 1024,
         }
     }
 }
@@ -189,6 +191,23 @@ impl StoreOptions {
     /// every commit to the disk before answering it.
     pub fn with_durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// How large an SQLite store's write-ahead log may grow before it is
+    /// folded back and emptied (default 64 MiB). The log is checkpointed
+    /// every 100 ms without blocking the writer, but under a steady stream
+    /// of commits SQLite never gets to start it over, and it grows by every
+    /// page each commit writes (a hundred times the database, outside);
+    /// past this size the checkpoint waits for the writer's commit in
+    /// flight and truncates it. No effect on PostgreSQL.
+    pub fn wal_limit(&self) -> u64 {
+        self.wal_limit
+    }
+
+    /// Set [`wal_limit`](Self::wal_limit).
+    pub fn with_wal_limit(mut self, bytes: u64) -> Self {
+        self.wal_limit = bytes;
         self
     }
 

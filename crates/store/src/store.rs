@@ -147,6 +147,7 @@ impl Store {
                     options.busy_timeout(),
                     options.durability(),
                     options.close_timeout(),
+                    options.wal_limit(),
                 )
             })
             .transpose()

@@ -127,3 +127,40 @@ fn open_async_waits_off_the_async_workers() {
         store.close().await;
     });
 }
+
+/// Under a steady stream of commits (one chunk at a time, each awaited,
+/// a reader beside them, no pause), SQLite's write-ahead log is
+/// checkpointed but never started over (a commit must begin right after a
+/// checkpoint caught up): it grows by every page each commit writes. Past
+/// its limit it is truncated, so the disk it takes stays bounded.
+#[test]
+fn the_write_ahead_log_stays_near_its_limit_under_steady_commits() {
+    let db = TestDb::new(Backend::Sqlite).unwrap();
+    let limit = 1024 * 1024;
+    let store = db.open_with(StoreOptions::default().with_wal_limit(limit));
+    let wal = format!("{}-wal", db.path().display());
+    let (largest, commits) = rt().block_on(async {
+        let (_, id) = session(&*store, "steady").await;
+        crate::write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
+        let (mut largest, mut commits) = (0, 0_u64);
+        let began = std::time::Instant::now();
+        while began.elapsed() < Duration::from_secs(3) {
+            store
+                .append_chunk(id, 1, format!("chunk {commits}").into())
+                .await
+                .unwrap();
+            commits += 1;
+            if commits % 25 == 0 {
+                let _ = store.session_detail(id).await.unwrap();
+            }
+            largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+        }
+        (largest, commits)
+    });
+    assert!(
+        largest < 4 * limit,
+        "the WAL reached {largest} bytes over {commits} commits, with a limit of {limit}"
+    );
+}
