@@ -29,7 +29,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use crate::conn::{AnyConn, Db};
 use crate::error::OpenError;
 use crate::options::StoreOptions;
-use crate::pool::{sqlite_pragmas, ReadPool, SqliteSettings, POOL_CONNECTION_TIMEOUT};
+use crate::pool::{sqlite_pragmas, QuietErrors, ReadPool, SqliteSettings, POOL_CONNECTION_TIMEOUT};
 use crate::redact::{redact, scrub};
 use crate::schema::{settle_meta, SCHEMA_VERSION, SCHEMA_VERSION_KEY};
 
@@ -331,6 +331,7 @@ fn establish_sqlite(
         .min_idle(Some(0))
         .connection_timeout(POOL_CONNECTION_TIMEOUT)
         .thread_pool(pool_threads())
+        .error_handler(Box::new(QuietErrors))
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: options.busy_timeout(),
             durability: options.durability(),
@@ -398,6 +399,7 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
         .min_idle(Some(0))
         .connection_timeout(POOL_CONNECTION_TIMEOUT)
         .thread_pool(pool_threads())
+        .error_handler(Box::new(QuietErrors))
         .build_unchecked(ConnectionManager::<PgConnection>::new(url));
     // One connection of its own, reopened by the pool when it breaks.
     let lease = Pool::builder()
@@ -405,6 +407,7 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
         .min_idle(Some(0))
         .connection_timeout(POOL_CONNECTION_TIMEOUT)
         .thread_pool(pool_threads())
+        .error_handler(Box::new(QuietErrors))
         .build_unchecked(ConnectionManager::<PgConnection>::new(url));
     Ok(Opened {
         writer: AnyConn::Pg(conn),

@@ -102,6 +102,25 @@ impl ReadPool {
     }
 }
 
+/// How a pool says it could not open a connection: on one line, at debug
+/// level. r2d2's own handler logs each failed attempt as an error, with
+/// libpq's message over several lines, dozens of times through one
+/// PostgreSQL restart the store rides out; a call that needed the
+/// connection and did not get it is told, and says so itself.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuietErrors;
+
+impl<E: std::fmt::Display> diesel::r2d2::HandleError<E> for QuietErrors {
+    fn handle_error(&self, error: E) {
+        let line = error
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        tracing::debug!(error = %line, "a store connection could not be opened; the pool tries again");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use diesel::prelude::*;
