@@ -121,6 +121,7 @@ impl KernelBuilder {
             last_report: last_report.clone(),
             in_flight: None,
             retries: Default::default(),
+            spent_said: Default::default(),
         };
         let recorder = tokio::spawn(recorder.run(records));
         let lease = tokio::spawn(crate::lease::renew(

@@ -88,11 +88,28 @@ impl Recorder {
     pub(super) fn failed(&self, session: Option<SessionId>, what: &str, unwritten: &Unwritten) {
         self.failures.fetch_add(1, Ordering::Relaxed);
         // Once the lease is lost every write is refused, as it must be:
-        // the one line that says so is the kernel's, not one per write.
+        // the one line that says so is the kernel's, not one per write. So
+        // once a shutdown's time for the store is spent: every write left
+        // fails at once, one line says so, and the shutdown's report names
+        // the sessions they leave.
+        let spent = self
+            .deadline
+            .borrow()
+            .is_some_and(|at| at <= tokio::time::Instant::now());
         match unwritten {
             Unwritten::Failed(error) if matches!(**error, StoreError::LeaseLost(_)) => {
                 tracing::debug!(?session, error = %unwritten, "failed to {what}");
             }
+            _ if spent && self.spent_said.replace(true) => {
+                tracing::debug!(?session, error = %unwritten, "failed to {what}");
+            }
+            _ if spent => tracing::error!(
+                ?session,
+                error = %unwritten,
+                "failed to {what}; the shutdown's time for the store's writes ran out, \
+                 so the writes left are not waited for (the shutdown's report names \
+                 the sessions they leave)"
+            ),
             _ => tracing::error!(?session, error = %unwritten, "failed to {what}"),
         }
         self.events.emit(None, || LifecycleEvent::StoreFailed {

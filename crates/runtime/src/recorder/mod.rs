@@ -111,6 +111,9 @@ pub(crate) struct Recorder {
     pub in_flight: Option<InFlight>,
     /// The writes a store blip left unwritten, to try again.
     pub retries: Retries,
+    /// Whether the shutdown's time for the store's writes was said to have
+    /// run out (once: every write left fails then).
+    pub spent_said: std::cell::Cell<bool>,
 }
 
 impl Recorder {
