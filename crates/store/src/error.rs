@@ -262,8 +262,28 @@ impl fmt::Debug for DbError {
 }
 
 impl fmt::Display for DbError {
+    /// The database's message on one line (libpq ends its messages with a
+    /// line break); Diesel's "the transaction manager is broken", which is
+    /// what a connection lost in the middle of a transaction leaves, said
+    /// as what it means.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.0, f)
+        if let Some(diesel::result::Error::BrokenTransactionManager) =
+            self.0.downcast_ref::<diesel::result::Error>()
+        {
+            return f.write_str(
+                "the connection to the database was lost in the middle of a transaction \
+                 (a server restart, a dropped connection); it is opened again for the next write",
+            );
+        }
+        let text = self.0.to_string();
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+        if let Some(first) = lines.next() {
+            f.write_str(first)?;
+        }
+        for line in lines {
+            write!(f, " {line}")?;
+        }
+        Ok(())
     }
 }
 
@@ -499,6 +519,24 @@ impl<T> Context<T> for Result<T, diesel::result::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_database_error_reads_on_one_line_and_a_broken_transaction_as_a_lost_connection() {
+        use diesel::result::{DatabaseErrorKind as K, Error as E};
+        let lost = E::DatabaseError(
+            K::ClosedConnection,
+            Box::new("server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally\n".to_owned()),
+        );
+        assert_eq!(
+            DbError::new(lost).to_string(),
+            "server closed the connection unexpectedly This probably means the server terminated abnormally"
+        );
+        let broken = DbError::new(E::BrokenTransactionManager).to_string();
+        assert!(
+            broken.contains("connection to the database was lost"),
+            "{broken}"
+        );
+    }
 
     #[test]
     fn a_lock_or_a_lost_connection_may_heal_and_a_violated_constraint_does_not() {
