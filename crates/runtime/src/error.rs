@@ -15,7 +15,7 @@ pub enum RuntimeError {
     Store(#[from] settle_store::StoreError),
     /// The store did not answer in time: the request was given up (what it
     /// wrote, if anything, is decided by the store; nothing was acknowledged).
-    #[error("the store did not answer within {after:?} while {what}, so it may still be written (the kernel ends whatever it later finds written); check that the database is up and reachable")]
+    #[error("{} while {what}, so it may still be written (the kernel ends whatever it later finds written); check that the database is up and reachable", waited(.after))]
     StoreTimeout {
         /// What the kernel was doing.
         what: &'static str,
@@ -129,4 +129,13 @@ pub enum TaskError {
     /// The kernel stopped before the task said how it ended.
     #[error("the kernel stopped before the task ended")]
     Stopped,
+}
+
+/// How long the store was waited for, or that it was not waited for at
+/// all (no time was left: a shutdown's time for the store spent).
+fn waited(after: &std::time::Duration) -> String {
+    match after.is_zero() {
+        true => "the store was not waited for (no time was left for it)".to_owned(),
+        false => format!("the store did not answer within {after:?}"),
+    }
 }

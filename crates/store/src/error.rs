@@ -469,7 +469,7 @@ pub enum StoreError {
     /// The store did not answer within the bound asked of it. What was
     /// asked may still be committed once it answers: a caller told this
     /// must not take it as not written.
-    #[error("the store did not answer within {after:?}; what was asked may still be written")]
+    #[error("{}", timed_out(.after))]
     TimedOut {
         /// The bound.
         after: std::time::Duration,
@@ -490,6 +490,20 @@ impl StoreError {
             StoreError::Unavailable | StoreError::TimedOut { .. } => true,
             _ => false,
         }
+    }
+}
+
+/// What [`StoreError::TimedOut`] says: how long the store was waited for,
+/// or, with no time left to wait (a shutdown's time for the store's writes
+/// spent), that it was not waited for at all.
+fn timed_out(after: &std::time::Duration) -> String {
+    match after.is_zero() {
+        true => "the store was not waited for: the time allowed for its writes had run out; \
+                 what was asked may still be written"
+            .to_owned(),
+        false => format!(
+            "the store did not answer within {after:?}; what was asked may still be written"
+        ),
     }
 }
 
