@@ -30,7 +30,7 @@ pub enum ErrorKind {
     /// The session cannot do that now (a turn is already in flight, it is
     /// closing, its parent cannot take children).
     WrongState,
-    /// The gateway is shutting down: no new session or turn starts.
+    /// The gateway is shutting down: it starts no session or turn, and ends every session itself.
     ShuttingDown,
     /// The message is not a request the gateway understands: malformed JSON,
     /// not JSON-RPC 2.0, an unknown method, missing or wrong params.
@@ -173,7 +173,7 @@ impl RpcError {
         RpcError::new(
             code::SHUTTING_DOWN,
             ErrorKind::ShuttingDown,
-            "the gateway is shutting down: no new session or turn starts",
+            "the gateway is shutting down: it starts no session or turn, and ends every session itself",
         )
     }
 
