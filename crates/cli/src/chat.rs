@@ -211,7 +211,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
                 }
             };
             if report.lease_lost || !report.left_recoverable.is_empty() {
-                crate::shutdown::say_left(&report);
+                crate::shutdown::say_left(&report, false);
                 return Ok(exit::STORE);
             }
             Ok(u8::try_from(signal.exit_code()).unwrap_or(exit::DONE))

@@ -551,7 +551,7 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         exit::DONE
     };
     if left {
-        shutdown::say_left(&report);
+        shutdown::say_left(&report, false);
     }
     if args.json {
         outln!(

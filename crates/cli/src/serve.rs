@@ -238,7 +238,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .await
         .map_err(|e| Failure::store(e.to_string()))?;
     if report.lease_lost || !report.left_recoverable.is_empty() {
-        shutdown::say_left(&report);
+        shutdown::say_left(&report, handoff);
         return Ok(exit::STORE);
     }
     let plural = |n: usize| if n == 1 { "" } else { "s" };

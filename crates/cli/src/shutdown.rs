@@ -42,20 +42,28 @@ pub fn install() -> Result<Signals, Failure> {
 }
 
 /// The one line a shutdown that could not commit everything prints: how
-/// many sessions were left, why, and what finishes them (G8, G9).
-pub fn say_left(report: &settle_runtime::ShutdownReport) {
+/// many sessions were left, why, and what finishes them (G8, G9). In a
+/// fleet (`fleet`: `serve` on PostgreSQL with handoff), the other processes
+/// adopt what it left once its lease has run out, so `settle recover` is
+/// what finishes them only when no other process serves the database: run
+/// earlier, it would finalize sessions a peer is about to adopt.
+pub fn say_left(report: &settle_runtime::ShutdownReport, fleet: bool) {
     let left = report.left_recoverable.len();
     let sessions = if left == 1 { "session" } else { "sessions" };
+    let finish = match fleet {
+        true => "the other processes of the fleet adopt them once this process's lease has run out; run `settle recover` only if none is left",
+        false => "run `settle recover` once the store is healthy",
+    };
     // Counted when the process gave up waiting: a write the store had
     // queued may still land before the process is gone, and a peer may
     // take what a lost lease left, so the count is an upper bound.
     if report.lease_lost {
         crate::errln!(
-            "settle: this process lost its lease on its sessions, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): run `settle recover`"
+            "settle: this process lost its lease on its sessions, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): {finish}"
         );
     } else {
         crate::errln!(
-            "settle: up to {left} {sessions} left unfinalized (the store did not commit them in time; some may have landed since); run `settle recover` once the store is healthy"
+            "settle: up to {left} {sessions} left unfinalized (the store did not commit them in time; some may have landed since); {finish}"
         );
     }
 }
