@@ -173,6 +173,7 @@ impl Outbox {
                     notify,
                 }) => {
                     let no = work.turn_no().unwrap_or(work.no);
+                    let notify = told_if_store_failed(notify, outcome, &error);
                     job.turn_notify = notify.map(|notify| (notify, (outcome, error.clone())));
                     job.turn_end = Some(TurnEnding {
                         no,
@@ -199,5 +200,27 @@ impl Outbox {
             let room = Vec::with_capacity(self.queued.len().min(Self::CHUNK));
             let _ = self.tx.send(std::mem::replace(&mut self.queued, room));
         }
+    }
+}
+
+/// A turn the store failed (its chunk was not taken) is told how it ended
+/// at once, and `None` is left to tell later: its end's write waits on the
+/// same store, behind the other turns' ends, and gives its reader nothing
+/// to wait for (the write goes on as any other). Any other turn's `notify`
+/// is given back, to be told once its end is written.
+pub(crate) fn told_if_store_failed(
+    notify: Option<oneshot::Sender<WorkEnd>>,
+    outcome: Outcome,
+    error: &Option<TurnError>,
+) -> Option<oneshot::Sender<WorkEnd>> {
+    let store_failed = error
+        .as_ref()
+        .is_some_and(|e| e.kind == settle_core::TurnErrorKind::Store);
+    match notify {
+        Some(told) if store_failed => {
+            let _ = told.send((outcome, error.clone()));
+            None
+        }
+        notify => notify,
     }
 }

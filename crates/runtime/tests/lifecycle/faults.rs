@@ -1094,6 +1094,46 @@ async fn stored_chunks(store: &Faulty, id: SessionId, turn: usize) -> Vec<String
         .collect()
 }
 
+/// A store that stops answering under many streaming turns (a locked
+/// file, a stalled server): each turn fails at the store timeout, because
+/// its chunk was not taken, and each reader is told so then. Not once the
+/// turn's end is written: that waits on the same store, behind the other
+/// turns' ends, a store timeout each (2 to 3 times the store timeout for
+/// a gateway's clients, outside).
+#[tokio::test(start_paused = true)]
+async fn g7_turns_the_store_failed_are_told_failed_at_the_store_timeout() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let mut turns = Vec::new();
+    for i in 0..8 {
+        let session = kernel.register(format!("s{i}"), None).await.unwrap();
+        let script = TurnScript::new(numbered("c", 1000)).chunk_delay(20 * MS);
+        let mut turn = start(&session, &provider([script])).await;
+        read_chunks(&mut turn, 1).await;
+        turns.push(turn);
+    }
+    let stalled = Instant::now();
+    store.stall.store(true, Ordering::SeqCst);
+    store
+        .slow_append_answers_ms
+        .store(3_600_000, Ordering::SeqCst);
+    let told: Vec<_> = turns
+        .into_iter()
+        .map(|turn| tokio::spawn(async move { (turn.end().await, Instant::now()) }))
+        .collect();
+    for told in told {
+        let ((outcome, error), at) = told.await.unwrap();
+        assert_eq!(outcome, Outcome::Failed, "{error:?}");
+        let error = error.expect("why it failed");
+        assert_eq!(error.kind, settle_core::TurnErrorKind::Store, "{error:?}");
+        let after = at - stalled;
+        assert!(
+            after < Duration::from_secs(11),
+            "told {after:?} after the store stalled, past its 10 s timeout"
+        );
+    }
+}
+
 /// G7 through a store blip mid-stream: chunks the store failed to take (a
 /// locked database, for less than the store timeout) are appended again
 /// until it takes them; the turn goes on and completes with every chunk
