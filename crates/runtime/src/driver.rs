@@ -742,6 +742,7 @@ impl Driver {
                             error: error.clone(),
                         });
                     let at = self.wall_now;
+                    let notify = crate::record::told_if_store_failed(notify, outcome, &error);
                     self.recorder.push(Record::EndTurn {
                         work,
                         outcome,

@@ -173,7 +173,6 @@ impl Outbox {
                     notify,
                 }) => {
                     let no = work.turn_no().unwrap_or(work.no);
-                    let notify = told_if_store_failed(notify, outcome, &error);
                     job.turn_notify = notify.map(|notify| (notify, (outcome, error.clone())));
                     job.turn_end = Some(TurnEnding {
                         no,

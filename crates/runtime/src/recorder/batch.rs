@@ -106,7 +106,6 @@ impl Recorder {
                 at,
                 notify,
             } => {
-                let notify = crate::record::told_if_store_failed(notify, outcome, &error);
                 let answer = Answer::TurnEnded {
                     session: work.session,
                     notify,
