@@ -165,16 +165,8 @@ fn escaped(text: &str) -> String {
 async fn status_error(body: String) -> StreamError {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let _connection = http::serve_one(listener, |mut wr| async move {
-        let response = format!(
-            "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        wr.write_all(response.as_bytes()).await?;
-        std::future::pending::<()>().await;
-        Ok(())
-    });
+    let json = "content-type: application/json\r\n";
+    let _connection = http::answer_once(listener, "401 Unauthorized", json, &body);
     let provider = OpenAiProvider::new(config(&format!("http://{addr}/v1"))).unwrap();
     open_error(&provider).await
 }

@@ -229,17 +229,9 @@ async fn a_custom_provider_reuses_the_event_stream_decoding() {
 async fn a_429_reports_the_servers_retry_after() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let _connection = http::serve_one(listener, |mut wr| async move {
-        let body = r#"{"error":{"message":"slow down"}}"#;
-        let response = format!(
-            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 7\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        wr.write_all(response.as_bytes()).await?;
-        std::future::pending::<()>().await;
-        Ok(())
-    });
+    let body = r#"{"error":{"message":"slow down"}}"#;
+    let headers = "retry-after: 7\r\ncontent-type: application/json\r\n";
+    let _connection = http::answer_once(listener, "429 Too Many Requests", headers, body);
     let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
     let error = match provider.open(&Request::prompt("hi")).await {
         Err(error) => error,
@@ -381,14 +373,8 @@ async fn a_redirect_is_not_followed_and_the_error_names_where_it_pointed() {
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
-        let location = target.clone();
-        let _connection = http::serve_one(listener, move |mut wr| async move {
-            let response =
-                format!("HTTP/1.1 {status}\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n");
-            wr.write_all(response.as_bytes()).await?;
-            std::future::pending::<()>().await;
-            Ok(())
-        });
+        let location = format!("location: {target}\r\n");
+        let _connection = http::answer_once(listener, status, &location, "");
         let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
         let error = match provider.open(&Request::prompt("hi")).await {
             Err(error) => error,
@@ -430,15 +416,8 @@ async fn a_whole_answer_that_is_not_an_event_stream_is_said_to_be_one() {
     for (content_type, body) in bodies {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
-        let _connection = http::serve_one(listener, move |mut wr| async move {
-            let response = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            wr.write_all(response.as_bytes()).await?;
-            std::future::pending::<()>().await;
-            Ok(())
-        });
+        let header = format!("content-type: {content_type}\r\n");
+        let _connection = http::answer_once(listener, "200 OK", &header, body);
         let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
         let mut stream = provider.open(&Request::prompt("hi")).await.unwrap();
         let error = loop {

@@ -52,6 +52,28 @@ where
     OneConnection { request, closed }
 }
 
+/// Accepts one connection on `listener` and answers it with `status` (a
+/// status line's code and reason), the `headers` lines and `body` (its
+/// `content-length` added), then keeps the connection open.
+#[allow(dead_code)] // Not every test binary that shares this file answers so.
+pub fn answer_once(
+    listener: TcpListener,
+    status: &str,
+    headers: &str,
+    body: &str,
+) -> OneConnection {
+    let response = format!(
+        "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    serve_one(listener, move |mut wr| async move {
+        use tokio::io::AsyncWriteExt;
+        wr.write_all(response.as_bytes()).await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}
+
 /// Reads one request: its head, then its body by `Content-Length`.
 async fn read_request(rd: &mut OwnedReadHalf) -> String {
     let mut buf = Vec::new();
