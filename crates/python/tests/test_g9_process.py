@@ -296,9 +296,10 @@ asyncio.run(asyncio.wait_for(second(), 25))
 """
 
 
-LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT = WAITING_WORK + """
-# Without the collector the abandoned pump and task are never freed: what
-# ends them is the kernel finding their loop closed.
+# A turn and a task left pending by a loop closed under them. Without the
+# collector the abandoned pump and task are never freed: what ends them is
+# the kernel finding their loop closed.
+CLOSED_UNDER_PENDING_WORK = WAITING_WORK + """
 gc.disable()
 
 box = []
@@ -309,7 +310,10 @@ loop.run_until_complete(first(box, wait=0.2))
 # was cancelling the ones it knew of.
 loop.close()
 kernel, turn, task = box
+"""
 
+
+LEFT_PENDING_BY_A_CLOSED_LOOP_SCRIPT = CLOSED_UNDER_PENDING_WORK + """
 async def second():
     try:
         await asyncio.wait_for(task.join(), 10)
@@ -324,18 +328,10 @@ asyncio.run(asyncio.wait_for(second(), 20))
 """
 
 
-UNWATCHED_AFTER_ITS_LOOP_CLOSED_SCRIPT = WAITING_WORK + """
+UNWATCHED_AFTER_ITS_LOOP_CLOSED_SCRIPT = CLOSED_UNDER_PENDING_WORK + """
 # Nobody reads the turn or joins the task after their loop closed: the
 # kernel finds the loop closed on its own, and the session goes idle
 # (no idle timeout here would end the turn).
-gc.disable()
-
-box = []
-loop = asyncio.new_event_loop()
-loop.run_until_complete(first(box, wait=0.2))
-loop.close()
-kernel, turn, task = box
-
 async def second():
     [row] = await kernel.sessions()
     began = time.monotonic()
