@@ -137,7 +137,12 @@ class Turn:
 
 @final
 class Task:
-    """A coroutine running under a session; await it for its result."""
+    """A coroutine running under a session; await it for its result.
+
+    As an ``asyncio.Task``, it may be awaited by several callers at once
+    and again after it ended: each gets the same value, or the same
+    exception. ``cancel()`` reaches it while another task awaits it.
+    """
 
     @property
     def no(self) -> int: ...
