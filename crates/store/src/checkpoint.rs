@@ -45,6 +45,14 @@ const LOOK: Duration = Duration::from_millis(10);
 /// Every how many looks it is folded back into the database (100 ms).
 const FOLD_EVERY: u32 = 10;
 
+/// How long a truncation waits for the writer's commit or a reader (and
+/// holds up the writer meanwhile) before it gives up, to be tried again.
+const TRUNCATE_PATIENCE: Duration = Duration::from_millis(10);
+
+/// The most looks between two tries of a truncation that keeps failing
+/// (5 s).
+const MAX_BACKOFF: u32 = 500;
+
 /// The checkpoint thread; dropping it stops the thread and waits for it up to
 /// the close timeout.
 pub(crate) struct Checkpointer {
@@ -77,10 +85,26 @@ impl Checkpointer {
                     tracing::warn!(error = %e, "configuring the checkpoint connection failed");
                 }
             }
+            // Then it hardly waits: a truncation that waits (for a reader
+            // holding the log, for the writer's commit) holds the writer's
+            // lock meanwhile, and every commit with it. It waits for about
+            // one commit, and gives up past that, to be tried again later.
+            if let Err(e) = conn.batch_execute(&format!(
+                "PRAGMA busy_timeout = {}",
+                TRUNCATE_PATIENCE.as_millis()
+            )) {
+                tracing::warn!(error = %e, "configuring the checkpoint connection failed");
+            }
             // The log's size is looked at ten times as often as it is
             // folded back (a file's size is one system call), so that it
             // passes its limit by at most what 10 ms of commits write.
             let mut tick = 0_u32;
+            // A truncation that could not be made is tried again later, the
+            // wait doubling while it keeps failing (a reader that holds the
+            // log for long costs the writer a few short waits, not one per
+            // look), back to every look once one is made.
+            let mut truncate_from = 0_u32;
+            let mut backoff = 1_u32;
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(LOOK) {
                 tick = tick.wrapping_add(1);
                 if tick % FOLD_EVERY == 0 {
@@ -89,20 +113,26 @@ impl Checkpointer {
                     }
                 }
                 let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
-                if size <= wal_limit {
+                if size <= wal_limit || tick < truncate_from {
                     continue;
                 }
                 match diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)")
                     .get_result::<Checkpointed>(&mut conn)
                 {
-                    Ok(c) if c.busy == 0 => {}
-                    Ok(c) => tracing::debug!(
-                        size,
-                        frames = c.log,
-                        folded = c.checkpointed,
-                        "the WAL is over its limit and could not be truncated yet; retrying"
-                    ),
+                    Ok(c) if c.busy == 0 => backoff = 1,
+                    Ok(c) => {
+                        truncate_from = tick.wrapping_add(backoff);
+                        backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
+                        tracing::debug!(
+                            size,
+                            frames = c.log,
+                            folded = c.checkpointed,
+                            "the WAL is over its limit and could not be truncated yet (a reader holds it); retrying"
+                        )
+                    }
                     Err(e) => {
+                        truncate_from = tick.wrapping_add(backoff);
+                        backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
                         tracing::debug!(error = %e, size, "truncating the WAL failed; retrying")
                     }
                 }

@@ -164,3 +164,40 @@ fn the_write_ahead_log_stays_near_its_limit_under_steady_commits() {
         "the WAL reached {largest} bytes over {commits} commits, with a limit of {limit}"
     );
 }
+
+/// A reader outside the store holding a snapshot (an `sqlite3` shell in a
+/// transaction) keeps the write-ahead log from being truncated, and must
+/// not keep the store from committing meanwhile: the truncation is tried
+/// without waiting, and again later.
+#[test]
+fn an_outside_reader_holding_the_log_does_not_stall_the_commits() {
+    let db = TestDb::new(Backend::Sqlite).unwrap();
+    let store = db.open_with(StoreOptions::default().with_wal_limit(256 * 1024));
+    let mut reader = diesel::sqlite::SqliteConnection::establish(&db.url).unwrap();
+    let (slowest, commits) = rt().block_on(async {
+        let (_, id) = session(&*store, "read").await;
+        crate::write::start_turn(&*store, id, 1, None, now())
+            .await
+            .unwrap();
+        reader
+            .batch_execute("BEGIN; SELECT count(*) FROM sessions;")
+            .unwrap();
+        let (mut slowest, mut commits) = (Duration::ZERO, 0_u64);
+        let began = std::time::Instant::now();
+        while began.elapsed() < Duration::from_secs(2) {
+            let asked = std::time::Instant::now();
+            store
+                .append_chunk(id, 1, format!("chunk {commits}").into())
+                .await
+                .unwrap();
+            slowest = slowest.max(asked.elapsed());
+            commits += 1;
+        }
+        (slowest, commits)
+    });
+    reader.batch_execute("COMMIT").unwrap();
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a commit waited {slowest:?} ({commits} commits)"
+    );
+}
