@@ -49,15 +49,16 @@ async fn read_head(mut response: reqwest::Response, head: &mut Vec<u8>) {
 }
 
 /// What a redirect's error says: where it pointed (its password and query
-/// values masked), and that it is not followed.
-fn redirected(headers: &reqwest::header::HeaderMap) -> String {
+/// values masked, and whatever else of it is a secret of `secrets`), and
+/// that it is not followed.
+fn redirected(headers: &reqwest::header::HeaderMap, secrets: &Secrets) -> String {
     let location = headers
         .get(reqwest::header::LOCATION)
         .and_then(|l| l.to_str().ok());
     match location {
         Some(to) => format!(
             "redirected to {} (not followed: set the base URL to where the server is)",
-            shown_url(to)
+            secrets.scrub(&shown_url(to))
         ),
         None => "a redirect without a location (not followed)".to_owned(),
     }
@@ -340,7 +341,7 @@ impl Provider for OpenAiProvider {
                 return Err(StreamErrorKind::Status {
                     url: self.shown.clone(),
                     status: status.as_u16(),
-                    body: redirected(response.headers()),
+                    body: redirected(response.headers(), &self.secrets),
                     retry_after,
                 }
                 .into());

@@ -96,6 +96,10 @@ impl Secrets {
                 );
             }
         }
+        // As a URL or a form would carry them: percent-encoded, with
+        // upper- or lower-case hex.
+        let encoded: Vec<String> = found.iter().flat_map(|s| encoded(s)).collect();
+        found.extend(encoded);
         found.retain(|s| s.chars().count() >= SHORTEST_SCRUBBED);
         found.sort_by_key(|s| std::cmp::Reverse(s.len()));
         found.dedup();
@@ -170,6 +174,36 @@ impl Secrets {
             }
         }
         text.into_owned()
+    }
+}
+
+/// `value` percent-encoded (every byte but letters and digits), in upper-
+/// and lower-case hex, when that changes it.
+fn encoded(value: &str) -> Vec<String> {
+    let upper = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC)
+        .to_string();
+    if upper == value {
+        return Vec::new();
+    }
+    // Only the hex digits after a `%` change case.
+    let mut lower = String::with_capacity(upper.len());
+    let mut left = 0;
+    for c in upper.chars() {
+        match c {
+            '%' => {
+                left = 2;
+                lower.push(c);
+            }
+            _ if left > 0 => {
+                left -= 1;
+                lower.push(c.to_ascii_lowercase());
+            }
+            _ => lower.push(c),
+        }
+    }
+    match lower == upper {
+        true => vec![upper],
+        false => vec![upper, lower],
     }
 }
 

@@ -219,3 +219,35 @@ async fn g11_a_secret_escaped_in_an_event_that_is_not_json_is_not_shown() {
         "escaped and shown: {text}"
     );
 }
+
+/// A redirect's `Location` is quoted in the turn's error: what it carries
+/// of a secret (in its path, its fragment, percent-encoded) is masked as
+/// in a body.
+#[tokio::test]
+async fn g11_a_redirect_that_carries_a_secret_in_its_location_does_not_show_it() {
+    let encoded = KEY.replace('-', "%2D");
+    for location in [
+        format!("http://h/k/{KEY}/chat"),
+        format!("http://h/v1#frag={KEY}"),
+        format!("http://h/k/{encoded}/chat"),
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let header = format!("location: {location}\r\n");
+        let _connection = http::answer_once(listener, "307 Temporary Redirect", &header, "");
+        let provider = OpenAiProvider::new(config(&format!("http://{addr}/v1"))).unwrap();
+        let text = told(&open_error(&provider).await);
+        assert!(text.contains("redirected"), "{text}");
+        assert_no_secret(&text);
+        assert!(!text.contains(&encoded), "{location}: {text}");
+    }
+}
+
+/// A body that echoes the key percent-encoded shows it masked too.
+#[tokio::test]
+async fn g11_a_secret_a_status_body_percent_encodes_is_not_shown() {
+    let encoded = KEY.replace('-', "%2D");
+    let text = told(&status_error(format!("{{\"error\":\"bad key {encoded}\"}}")).await);
+    assert!(!text.contains(&encoded), "{text}");
+    assert!(text.contains("***"), "{text}");
+}
