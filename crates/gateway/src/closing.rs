@@ -34,6 +34,16 @@ impl Closing {
         }
     }
 
+    /// The answer to a client's closing frame. The WebSocket layer sends
+    /// its own (the client's code echoed) in its place: this only has it
+    /// written before the connection goes.
+    pub(crate) fn answer() -> Closing {
+        Closing {
+            code: close_code::NORMAL,
+            reason: String::new(),
+        }
+    }
+
     /// The connection was attached to no session and sent no request for
     /// the connection idle timeout, `after` (`1000`, normal closure).
     pub(crate) fn idle(after: Duration) -> Closing {
@@ -101,6 +111,11 @@ impl Closing {
     /// The closing code.
     pub(crate) fn code(&self) -> u16 {
         self.code
+    }
+
+    /// The closing reason.
+    pub(crate) fn reason(&self) -> &str {
+        &self.reason
     }
 
     /// The closing frame to send.

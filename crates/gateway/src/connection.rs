@@ -150,12 +150,20 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
             Some(Err(error)) => {
                 let limit = shared.limits.max_message_bytes;
                 if let Some(closing) = Closing::for_unreadable(error, limit) {
-                    tracing::warn!(conn = conn.0, %principal, code = closing.code(), limit, "closed a connection: its message could not be read");
+                    tracing::warn!(conn = conn.0, %principal, code = closing.code(), why = closing.reason(), "closed a connection: its message could not be read");
                     closing_sent = outbox.push(Frame::Close(closing));
                 }
                 break;
             }
-            Some(Ok(Message::Close(_))) | None => break,
+            // A closing frame is answered with one (RFC 6455 §5.5.1): the
+            // WebSocket layer has queued the answer (the code echoed, 1002
+            // for one a client may not send), and the writer's close writes
+            // it out before the connection goes.
+            Some(Ok(Message::Close(_))) => {
+                closing_sent = outbox.push(Frame::Close(Closing::answer()));
+                break;
+            }
+            None => break,
         }
     }
     shared.connections.leave(conn);
@@ -328,7 +336,10 @@ async fn send(sink: &mut SplitSink<WebSocket, Message>, batch: &mut Vec<Frame>) 
             }
             Frame::Ping => Message::Ping(Default::default()),
             Frame::Close(closing) => {
+                // After the client's closing frame the send is refused (the
+                // handshake's answer is queued already): the flush writes it.
                 let _ = sink.send(Message::Close(Some(closing.frame()))).await;
+                let _ = sink.flush().await;
                 return Sent::Closed;
             }
         };

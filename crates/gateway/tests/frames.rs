@@ -373,6 +373,31 @@ async fn a_frame_that_breaks_the_websocket_protocol_ends_the_connection_with_clo
     other.ok("sessions.list", json!({})).await;
 }
 
+/// RFC 6455 §5.5.1: a closing frame is answered with one before the
+/// connection ends (the code echoed; one a client may not send is answered
+/// 1002), so the client's close is a normal closure, not a dropped socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_closing_frame_is_answered_with_one() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    let served = Served::start(replying_ok()).await;
+    for (sent, answered) in [(1000, 1000), (4000, 4000), (1004, 1002)] {
+        let mut client = served.client().await;
+        let frame = CloseFrame {
+            code: CloseCode::from(sent),
+            reason: "bye".into(),
+        };
+        client.ws.send(Message::Close(Some(frame))).await.unwrap();
+        let (code, reason) = client
+            .close_frame()
+            .await
+            .unwrap_or_else(|| panic!("{sent}: no closing frame in answer"));
+        assert_eq!(code, answered, "{sent}: {reason}");
+    }
+    let mut other = served.client().await;
+    other.ok("sessions.list", json!({})).await;
+}
+
 /// A provider whose every turn replies "ok".
 fn replying_ok() -> Arc<dyn Provider> {
     Arc::new(ScriptBook::new().otherwise(TurnScript::new(["ok"])))
