@@ -245,6 +245,41 @@ async fn a_second_turn_is_refused_while_one_is_in_flight_and_the_history_goes_wi
     served.shut_down().await;
 }
 
+/// A user's "stop, then the next message": `turn.cancel` answers once the
+/// turn has ended, so a `turn.start` sent as soon as it answers is taken,
+/// even when the cancelled stream takes a while to close.
+#[tokio::test]
+async fn a_turn_start_right_after_turn_cancel_answers_is_taken() {
+    let book = ScriptBook::new()
+        .reply(
+            "slow to stop",
+            TurnScript::new(["..."])
+                .end(ScriptedEnd::Hang)
+                .close_delay(std::time::Duration::from_millis(300)),
+        )
+        .reply("next", TurnScript::new(["fine"]));
+    let mut served = Served::tcp(Arc::new(book), |k| k, |g| g).await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "chat").await;
+    for round in 0..3 {
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "slow to stop" }))
+            .await;
+        assert_eq!(client.expect("turn.chunk").await["text"], "...", "{round}");
+        assert_eq!(
+            client.ok("turn.cancel", json!({ "id": id })).await,
+            json!({})
+        );
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "next" }))
+            .await;
+        let ended = client.expect("turn.ended").await;
+        assert_eq!(ended["outcome"], "cancelled", "{round}: {ended}");
+        assert_eq!(client.turn(id).await.0, ["fine"], "{round}");
+    }
+    served.shut_down().await;
+}
+
 #[tokio::test]
 async fn two_clients_on_one_session_each_receive_every_chunk_in_order() {
     let chunks = numbered("c", 200);

@@ -319,6 +319,10 @@ async fn turn_start(
     })
 }
 
+/// How long past the settle timeout `turn.cancel` waits for the turn's end
+/// before it answers all the same (the end's write may wait on the store).
+const CANCEL_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn turn_cancel(
     shared: &Arc<Shared>,
     caller: &Caller<'_>,
@@ -326,6 +330,12 @@ async fn turn_cancel(
 ) -> Result<Answer, RpcError> {
     let entry = owned(shared, caller, params.session()).await?;
     let _ = entry.handle.cancel_turn().await.map_err(from_runtime)?;
+    // Answered once the turn has ended (its pump lets the conversation go
+    // then), within the settle timeout and a margin: a client that sends
+    // its next turn.start as soon as this answers (a user's "stop, then
+    // the next message") finds the session ready for it.
+    let bound = shared.kernel.settle_timeout().saturating_add(CANCEL_MARGIN);
+    let _ = tokio::time::timeout(bound, entry.conversation.lock()).await;
     Ok(json!({}).into())
 }
 

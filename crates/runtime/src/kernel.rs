@@ -132,6 +132,7 @@ impl KernelBuilder {
             events.clone(),
         ));
         let drain = config.drain_timeout;
+        let settle = config.policy.settle_timeout;
         let limits = InputLimits::of(&config);
         let driver = Driver::new(
             config,
@@ -168,6 +169,7 @@ impl KernelBuilder {
                 events,
                 failures,
                 drain,
+                settle,
                 store_timeout: bound,
                 limits,
                 store,
@@ -188,6 +190,8 @@ struct Inner {
     events: EventBus,
     failures: Arc<AtomicUsize>,
     drain: Duration,
+    /// How long a cancelled work is given to unwind (G5).
+    settle: Duration,
     store_timeout: Duration,
     /// The size limits of a turn's request.
     limits: InputLimits,
@@ -310,6 +314,12 @@ impl Kernel {
     /// The size limits of a turn's request.
     pub(crate) fn limits(&self) -> InputLimits {
         self.inner.limits
+    }
+
+    /// How long a cancelled work is given to unwind before it is detached
+    /// (G5): the longest a cancelled turn takes to end.
+    pub fn settle_timeout(&self) -> Duration {
+        self.inner.settle
     }
 
     /// The bound of a call to the store.
