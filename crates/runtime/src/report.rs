@@ -16,8 +16,8 @@ pub struct ShutdownReport {
     /// `left_recoverable` instead).
     pub finalized: Vec<(SessionId, EndReason)>,
     /// Sessions whose finalize was not committed (the store failed, or did not
-    /// answer within the shutdown's budget): left for `recover` (G8). Empty
-    /// unless the store failed.
+    /// answer within the shutdown's budget), during the shutdown or before
+    /// it: left for `recover` (G8). Empty unless the store failed.
     pub left_recoverable: Vec<SessionId>,
     /// Store writes that failed during the shutdown.
     pub store_failures: usize,

@@ -45,9 +45,10 @@ impl Recorder {
                     }
                     Err(unwritten) => {
                         self.failed(Some(session), "end the durable row", unwritten);
-                        if plan.in_shutdown {
-                            self.report.left_recoverable.push(session);
-                        }
+                        // Left live in the store, whenever it was decided:
+                        // before the shutdown too (its end waiting for a
+                        // store that came back too late, or never).
+                        self.report.left_recoverable.push(session);
                     }
                 },
                 FinalizeStep::EndHook if self.hooks.is_set() => {
