@@ -8,6 +8,8 @@
 use clap::Args;
 use settle_runtime::KernelBuilder;
 
+use crate::input_limits::{parse_size, Limit};
+
 /// How much one turn's reply may stream.
 #[derive(Debug, Clone, Args)]
 pub struct ReplyLimitArgs {
@@ -15,9 +17,20 @@ pub struct ReplyLimitArgs {
     /// stored nor sent, and the turn ends `failed` (`too_large`).
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     max_turn_chunks: u64,
-    /// How many bytes of chunks one turn may stream, bounded as the chunks are.
-    #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
-    max_turn_bytes: u64,
+    /// How many bytes of chunks one turn may stream, bounded as the chunks are (bytes, or with KiB/MiB/GiB; `none`: no limit).
+    #[arg(long, value_name = "SIZE", value_parser = parse_turn_bytes, default_value = "64MiB")]
+    max_turn_bytes: Limit,
+}
+
+/// A turn's byte limit: a size as `--max-prompt-bytes` takes one, but not
+/// zero (every turn would end at its first chunk).
+fn parse_turn_bytes(text: &str) -> Result<Limit, String> {
+    match parse_size(text)? {
+        Limit(Some(0)) => {
+            Err("a turn of no bytes ends at its first chunk: give at least 1, or none".to_owned())
+        }
+        limit => Ok(limit),
+    }
 }
 
 impl ReplyLimitArgs {
@@ -26,6 +39,6 @@ impl ReplyLimitArgs {
         let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         builder
             .max_turn_chunks(Some(as_usize(self.max_turn_chunks)))
-            .max_turn_bytes(Some(as_usize(self.max_turn_bytes)))
+            .max_turn_bytes(self.max_turn_bytes.0)
     }
 }
