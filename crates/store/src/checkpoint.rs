@@ -12,9 +12,11 @@
 //! under a steady stream of commits that moment never comes: the log grew to
 //! a hundred times the database (118 MiB for 1 MiB in 12 s outside) and kept
 //! that size, filling a small disk again as soon as space was freed. Past
-//! its limit the log is truncated: a `TRUNCATE` checkpoint, which waits for
-//! the writer's commit in flight (the passive ones have already folded most
-//! of the log back, so it has little left to copy).
+//! its limit the log is truncated: a `TRUNCATE` checkpoint (the passive
+//! ones have already folded most of the log back, so it has little left to
+//! copy). It waits for about one commit at most, since the writer waits
+//! while it does, and a truncation a reader keeps from being made is tried
+//! again after a wait that doubles.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -116,24 +118,29 @@ impl Checkpointer {
                 if size <= wal_limit || tick < truncate_from {
                     continue;
                 }
-                match diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)")
+                let truncated = match diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)")
                     .get_result::<Checkpointed>(&mut conn)
                 {
-                    Ok(c) if c.busy == 0 => backoff = 1,
+                    Ok(c) if c.busy == 0 => true,
                     Ok(c) => {
-                        truncate_from = tick.wrapping_add(backoff);
-                        backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
                         tracing::debug!(
                             size,
                             frames = c.log,
                             folded = c.checkpointed,
                             "the WAL is over its limit and could not be truncated yet (a reader holds it); retrying"
-                        )
+                        );
+                        false
                     }
                     Err(e) => {
+                        tracing::debug!(error = %e, size, "truncating the WAL failed; retrying");
+                        false
+                    }
+                };
+                match truncated {
+                    true => backoff = 1,
+                    false => {
                         truncate_from = tick.wrapping_add(backoff);
                         backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
-                        tracing::debug!(error = %e, size, "truncating the WAL failed; retrying")
                     }
                 }
             }
