@@ -5,9 +5,10 @@
 //! `session.rs`). A turn handed over to its caller frees the place at once:
 //! the caller may read it, cancel it, or start the next. A turn whose caller
 //! was cancelled while it started is never handed over (its awaitable is
-//! done): it is cancelled, and the place is kept until it has ended, so the
-//! caller's next start is not refused "a turn is still running" for a turn
-//! it has no handle to wait on.
+//! done): it is cancelled before its place is let go, so the caller's next
+//! start reaches the kernel after that cancel, and waits there for the
+//! cancelled turn's end (as any start after a cancel does) instead of being
+//! refused "a turn is still running" for a turn it has no handle to wait on.
 
 use std::sync::Arc;
 
@@ -23,22 +24,14 @@ use crate::turn::PyTurn;
 pub(crate) struct Handover {
     turn: Option<(Turn, Owner, Arc<PumpWatch>)>,
     place: Option<OwnedMutexGuard<()>>,
-    runtime: &'static tokio::runtime::Runtime,
 }
 
 impl Handover {
-    /// `turn`, holding `place` until it is handed over or has ended.
-    pub fn new(
-        turn: Turn,
-        owner: Owner,
-        pump: Arc<PumpWatch>,
-        place: OwnedMutexGuard<()>,
-        runtime: &'static tokio::runtime::Runtime,
-    ) -> Self {
+    /// `turn`, holding `place` until it is handed over or cancelled.
+    pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>, place: OwnedMutexGuard<()>) -> Self {
         Handover {
             turn: Some((turn, owner, pump)),
             place: Some(place),
-            runtime,
         }
     }
 }
@@ -59,17 +52,10 @@ impl<'py> IntoPyObject<'py> for Handover {
 }
 
 impl Drop for Handover {
-    /// Never handed over: the turn is cancelled, and its place kept until
-    /// it has ended (within the settle timeout, G5).
+    /// Never handed over: the turn is cancelled (dropping it cancels it),
+    /// then its place is let go.
     fn drop(&mut self) {
-        let Some((turn, _, _)) = self.turn.take() else {
-            return;
-        };
-        let place = self.place.take();
-        turn.cancel();
-        self.runtime.spawn(async move {
-            let _ended = turn.outcome().await;
-            drop(place);
-        });
+        drop(self.turn.take());
+        drop(self.place.take());
     }
 }

@@ -253,11 +253,10 @@ impl PySession {
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
         let starts = self.starts.clone();
-        let runtime = here.runtime;
         // The start runs to its end even if the caller's task is cancelled.
-        // The turn it made is then never handed over: it is cancelled, and
-        // the next start through this session waits until it has ended (see
-        // `handover.rs`).
+        // The turn it made is then never handed over: it is cancelled before
+        // its place is let go, and the next start through this session
+        // waits in the kernel until it has ended (see `handover.rs`).
         finishing(py, here, async move {
             let place = starts.lock_owned().await;
             // A turn cancelled just before (one never handed over, or one
@@ -268,7 +267,7 @@ impl PySession {
                 Some(options) => handle.run_turn_with(provider, request, options).await,
             };
             let turn = turn.map_err(errors::turn_refused)?;
-            Ok(Handover::new(turn, owner, watch, place, runtime))
+            Ok(Handover::new(turn, owner, watch, place))
         })
     }
 
