@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use settle_runtime::{TaskCanceller, TaskHandle};
+use settle_runtime::{TaskHandle, WorkCanceller};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::errors;
@@ -25,7 +25,7 @@ pub(crate) enum Ended {
 /// an awaiter holds the handle, and its end once known.
 pub(crate) struct TaskEnd {
     handle: Mutex<TaskHandle<Ended>>,
-    canceller: TaskCanceller,
+    canceller: WorkCanceller,
     end: OnceCell<Told>,
 }
 

@@ -202,6 +202,7 @@
 mod at_start;
 mod backoff;
 mod bus;
+mod canceller;
 mod chunk_append;
 mod chunk_queue;
 mod clock;
@@ -235,6 +236,7 @@ mod turn;
 mod unclaimed;
 mod work;
 
+pub use canceller::WorkCanceller;
 pub use config::{
     Config, DEFAULT_CHUNK_BUFFER, DEFAULT_CHUNK_BUFFER_BYTES, DEFAULT_MAX_HISTORY_BYTES,
     DEFAULT_MAX_PROMPT_BYTES,
@@ -262,7 +264,7 @@ pub use settle_stream::{
     Chunk, ChunkKind, Message, ModelOptions, Reply, Request as TurnRequest, RetryPolicy, Role,
     ToolCall, TurnOptions,
 };
-pub use task::{TaskCanceller, TaskHandle};
+pub use task::TaskHandle;
 pub use task_context::TaskContext;
 #[doc(hidden)]
 pub use tracked::Tracked;

@@ -11,9 +11,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use settle_core::{Event, Outcome, WorkId};
+use settle_core::{Outcome, WorkId};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::canceller::{cancel_work, WorkCanceller};
 use crate::command::{Command, WorkEnd};
 use crate::error::TaskError;
 
@@ -39,16 +40,13 @@ impl<T> TaskHandle<T> {
 
     /// Cancels the task (its token); it gets the settle timeout to unwind.
     pub fn cancel(&self) {
-        cancel(self.work, &self.commands);
+        cancel_work(self.work, &self.commands);
     }
 
     /// What cancels the task apart from this handle: for whoever holds the
     /// task while another awaits it (the awaiter holds the handle).
-    pub fn canceller(&self) -> TaskCanceller {
-        TaskCanceller {
-            work: self.work,
-            commands: self.commands.clone(),
-        }
+    pub fn canceller(&self) -> WorkCanceller {
+        WorkCanceller::new(self.work, self.commands.clone())
     }
 
     /// Waits for the task's result (the same as awaiting the handle).
@@ -57,30 +55,6 @@ impl<T> TaskHandle<T> {
     /// When it was detached, panicked, or the kernel stopped first.
     pub async fn join(self) -> Result<T, TaskError> {
         self.await
-    }
-}
-
-/// Cancels one spawned task, as [`TaskHandle::cancel`] does; cloned freely,
-/// kept apart from the handle ([`TaskHandle::canceller`]). A task that has
-/// ended is not cancelled again (G6).
-#[derive(Debug, Clone)]
-pub struct TaskCanceller {
-    work: WorkId,
-    commands: mpsc::WeakUnboundedSender<Command>,
-}
-
-impl TaskCanceller {
-    /// Cancels the task (its token); it gets the settle timeout to unwind.
-    pub fn cancel(&self) {
-        cancel(self.work, &self.commands);
-    }
-}
-
-/// Asks the core to cancel `work`, if the kernel is still there.
-fn cancel(work: WorkId, commands: &mpsc::WeakUnboundedSender<Command>) {
-    if let Some(commands) = commands.upgrade() {
-        let event = Event::CancelWork { work };
-        let _ = commands.send(Command::Core { event, reply: None });
     }
 }
 

@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use settle_core::{ChunkKind, Event, Outcome, TurnError, WorkId};
+use settle_core::{ChunkKind, Outcome, TurnError, WorkId};
 use settle_stream::{Chunk, Reply, ReplyBuilder, ToolCall, ToolCalls};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::canceller::{cancel_work, WorkCanceller};
 use crate::chunk_queue::ChunkReceiver;
 use crate::command::Command;
 
@@ -184,10 +185,18 @@ impl Turn {
     /// Cancels this turn now (its stream is closed); the session stays open.
     /// A turn that already ended is not cancelled again (G6).
     pub fn cancel(&self) {
-        if let Some(commands) = self.cancel_on_drop.as_ref().and_then(|c| c.upgrade()) {
-            let event = Event::CancelWork { work: self.work };
-            let _ = commands.send(Command::Core { event, reply: None });
+        if let Some(commands) = self.cancel_on_drop.as_ref() {
+            cancel_work(self.work, commands);
         }
+    }
+
+    /// What cancels this turn apart from its handle, at once: for a
+    /// frontend whose reader and closer are different objects (a Python
+    /// future cancelled by its task). `None` once the handle knows the turn
+    /// is over (nothing left to cancel).
+    pub fn canceller(&self) -> Option<WorkCanceller> {
+        let commands = self.cancel_on_drop.as_ref()?;
+        Some(WorkCanceller::new(self.work, commands.clone()))
     }
 
     /// How the turn ended, once it has: the chunks not yet read are dropped
