@@ -12,7 +12,11 @@
 //! - **Cancel reaches Rust.** A done callback sees the asyncio future
 //!   cancelled and cancels a token the Rust side selects on (or, for a call
 //!   that must finish to be safe, such as a turn's start, that the Rust side
-//!   checks once it is done: the turn it then drops is cancelled).
+//!   checks once it is done: the turn it then drops is cancelled). A done
+//!   callback runs at the loop's next pass; a read of a turn's next chunk
+//!   cannot wait that long, since its caller may start the session's next
+//!   turn in the same step, so its future's own `cancel()` cancels the turn
+//!   before it returns ([`awaitable_with`], `_bridge.CancelsAtOnce`).
 //! - **A garbage-collected awaitable does not leave work running.** The Rust
 //!   side holds only a weak reference to the future; the future holds the
 //!   callback, and the callback's drop cancels the token when it never ran.
@@ -130,9 +134,32 @@ where
     F: Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
+    awaitable_with(py, here, None, token, on_cancel, work)
+}
+
+/// [`awaitable`], with `at_once` (when given) called by the future's own
+/// `cancel()` before it returns, on the loop's thread: for a cancel that
+/// must reach the kernel before its caller's next line does (a turn's next
+/// chunk, whose cancel cancels the turn). Without it, a cancel is seen by
+/// the done callback, at the loop's next pass.
+pub(crate) fn awaitable_with<'py, F, T>(
+    py: Python<'py>,
+    here: &Here,
+    at_once: Option<Bound<'py, PyAny>>,
+    token: CancellationToken,
+    on_cancel: OnCancel,
+    work: F,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
     let event_loop = running_loop(py)?;
     let mailbox = here.deliver.mailbox(&event_loop)?;
-    let future = event_loop.call_method0(intern!(py, "create_future"))?;
+    let future = match at_once {
+        None => event_loop.call_method0(intern!(py, "create_future"))?,
+        Some(at_once) => cancels_at_once(py, &event_loop, at_once)?,
+    };
     let callback = Bound::new(
         py,
         CancelOnDone {
@@ -163,6 +190,37 @@ where
             }
         });
     });
+    Ok(future)
+}
+
+/// A future on `event_loop` whose own `cancel()` calls `at_once` before it
+/// returns, done or not (`_bridge.CancelsAtOnce`).
+fn cancels_at_once<'py>(
+    py: Python<'py>,
+    event_loop: &Bound<'py, PyAny>,
+    at_once: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let options = PyDict::new(py);
+    options.set_item(intern!(py, "loop"), event_loop)?;
+    let future = bridge(py)?
+        .getattr(intern!(py, "CancelsAtOnce"))?
+        .call((), Some(&options))?;
+    future.setattr(intern!(py, "_on_cancel"), at_once)?;
+    Ok(future)
+}
+
+/// What a read that needs no wait yields to its task to pass the loop
+/// once: a future that is done already (the task resumes at the loop's
+/// next pass, as after a bare `yield`), and whose `cancel()`, which is what
+/// cancelling the task meanwhile calls, calls `at_once` before it returns.
+pub(crate) fn pass_once<'py>(
+    py: Python<'py>,
+    at_once: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let future = cancels_at_once(py, &running_loop(py)?, at_once)?;
+    future.call_method1(intern!(py, "set_result"), (py.None(),))?;
+    // What `Future.__await__` sets before it yields: the task waits on it.
+    future.setattr(intern!(py, "_asyncio_future_blocking"), true)?;
     Ok(future)
 }
 

@@ -13,13 +13,16 @@ use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use settle_stream::Chunk;
 
+use crate::awaitable::pass_once;
 use crate::chunk::PyChunk;
-use crate::turn::PyTurn;
+use crate::turn::{cancel_at_once, PyTurn};
 
 /// The awaitable of a chunk taken without waiting. Awaiting it passes the
-/// event loop once (a bare `yield`, as `asyncio.sleep(0)` does): other tasks
-/// run, and a cancel of the awaiting task lands there as it would at a read
-/// that waits. Then it gives the chunk, noted in the turn's reply in that
+/// event loop once (its task waits on a future that is done already, and
+/// resumes at the loop's next pass, as after `asyncio.sleep(0)`): other
+/// tasks run, and a cancel of the awaiting task lands there as it would at
+/// a read that waits, cancelling the turn before the canceller's next line
+/// (the future's own `cancel()` does, `_bridge.CancelsAtOnce`). Then it gives the chunk, noted in the turn's reply in that
 /// task's own step (as `_bridge.Next` does for a read that waited).
 ///
 /// Dropped before it gave its chunk (its task was cancelled at that pass,
@@ -57,12 +60,13 @@ impl Ready {
         slf
     }
 
-    /// First a bare `yield` (one pass of the loop), then the chunk as the
-    /// value of `StopIteration`.
+    /// First a future that is done (one pass of the loop), then the chunk
+    /// as the value of `StopIteration`.
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         if !self.passed {
             self.passed = true;
-            return Ok(Some(py.None()));
+            let at_once = cancel_at_once(self.turn.bind(py))?;
+            return Ok(Some(pass_once(py, at_once)?.unbind()));
         }
         // Awaited again after it gave its chunk: nothing more.
         let Some(chunk) = self.chunk.take() else {

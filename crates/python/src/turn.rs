@@ -23,11 +23,11 @@ use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use settle_core::{ChunkKind, Outcome, TurnError};
-use settle_runtime::Turn;
+use settle_runtime::{Turn, WorkCanceller};
 use settle_stream::{Chunk, ReplyBuilder, ToolCalls};
 use tokio_util::sync::CancellationToken;
 
-use crate::awaitable::{awaitable, bridge, finishing, ready, OnCancel};
+use crate::awaitable::{awaitable_with, bridge, finishing, ready, OnCancel};
 use crate::chunk::PyChunk;
 use crate::process::{ForkSafe, Owner};
 use crate::provider::PumpWatch;
@@ -82,6 +82,30 @@ impl Gather {
     }
 }
 
+/// What the future of a waiting read calls from its own `cancel()`: the
+/// turn's cancel, queued to the kernel before the cancelling task's next
+/// line (the session's next turn) runs.
+#[pyclass(module = "settle._settle", frozen)]
+struct CancelAtOnce {
+    turn: Py<PyTurn>,
+}
+
+/// What cancels `turn` from the `cancel()` of a future its reader's task
+/// waits on (`_bridge.CancelsAtOnce`).
+pub(crate) fn cancel_at_once<'py>(turn: &Bound<'py, PyTurn>) -> PyResult<Bound<'py, PyAny>> {
+    let at_once = CancelAtOnce {
+        turn: turn.clone().unbind(),
+    };
+    Ok(Bound::new(turn.py(), at_once)?.into_any())
+}
+
+#[pymethods]
+impl CancelAtOnce {
+    fn __call__(&self) {
+        self.turn.get().cancel_now();
+    }
+}
+
 /// A turn in flight: `async for chunk in turn` yields each chunk once the
 /// store has it; then `turn.outcome` says how it ended, and
 /// `turn.tool_calls()` and `turn.reply()` what its chunks made.
@@ -90,6 +114,8 @@ pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,
     /// Cancelled to cancel the turn (its next chunk, or its close, sees it).
     cancel: CancellationToken,
+    /// Cancels the turn at once, apart from the read that may hold it.
+    canceller: Option<WorkCanceller>,
     /// How it ended, once a read or a close has seen it.
     ending: Arc<Mutex<Ending>>,
     /// What its yielded chunks say (`tool_calls()`, `reply()`).
@@ -103,7 +129,9 @@ pub(crate) struct PyTurn {
 impl PyTurn {
     pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>) -> Self {
         let work = turn.work();
+        let canceller = turn.canceller();
         PyTurn {
+            canceller,
             turn: ForkSafe::new(Arc::new(tokio::sync::Mutex::new(Some(turn))), owner),
             cancel: CancellationToken::new(),
             ending: Arc::new(Mutex::new(None)),
@@ -125,10 +153,22 @@ impl PyTurn {
     /// so: the `settle.Error` of every other call on the parent's objects.
     pub(crate) fn cancel_soon(&self) -> PyResult<()> {
         let (turn, here) = self.turn.get()?;
-        self.cancel.cancel();
+        self.cancel_now();
         here.runtime
             .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
         Ok(())
+    }
+
+    /// Cancels the turn now: its token, and the kernel's work, queued before
+    /// this returns (G6: the core ignores it for a turn that ended). Nothing
+    /// in a forked child, where the kernel's threads are not.
+    fn cancel_now(&self) {
+        self.cancel.cancel();
+        if self.turn.get().is_ok() {
+            if let Some(canceller) = &self.canceller {
+                canceller.cancel();
+            }
+        }
     }
 
     /// The next chunk if the store has it and it waits in the turn's
@@ -225,24 +265,33 @@ impl PyTurn {
             gathered: this.gathered.clone(),
         };
         // A cancel (or the collection) of this awaitable cancels the turn:
-        // the future goes on to settle it, and its result is dropped.
-        let next = awaitable(py, here, cancel.clone(), OnCancel::Finish, async move {
-            let mut slot = turn.lock().await;
-            let next = match slot.as_mut() {
-                None => None,
-                Some(turn) => tokio::select! {
-                    chunk = turn.next_chunk() => chunk,
-                    () = cancel.cancelled() => { turn.cancel(); None }
-                },
-            };
-            if let Some(chunk) = next {
-                return Ok(PyChunk { chunk });
-            }
-            if let Some(turn) = slot.take() {
-                settle_turn(turn, &ending).await;
-            }
-            Err(PyStopAsyncIteration::new_err(()))
-        })?;
+        // the future goes on to settle it, and its result is dropped. The
+        // cancel reaches the kernel from the future's `cancel()` itself.
+        let at_once = cancel_at_once(slf)?;
+        let next = awaitable_with(
+            py,
+            here,
+            Some(at_once),
+            cancel.clone(),
+            OnCancel::Finish,
+            async move {
+                let mut slot = turn.lock().await;
+                let next = match slot.as_mut() {
+                    None => None,
+                    Some(turn) => tokio::select! {
+                        chunk = turn.next_chunk() => chunk,
+                        () = cancel.cancelled() => { turn.cancel(); None }
+                    },
+                };
+                if let Some(chunk) = next {
+                    return Ok(PyChunk { chunk });
+                }
+                if let Some(turn) = slot.take() {
+                    settle_turn(turn, &ending).await;
+                }
+                Err(PyStopAsyncIteration::new_err(()))
+            },
+        )?;
         bridge(py)?
             .getattr(pyo3::intern!(py, "Next"))?
             .call1((next, Bound::new(py, gather)?))

@@ -5,6 +5,7 @@ leaving an ``async with`` (or ``aclose()``) closes the turn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import random
 import time
@@ -310,3 +311,43 @@ async def test_g4_a_turn_whose_start_was_cancelled_leaves_the_session_ready_for_
         assert turn.outcome == "completed"
         await eventually(lambda: abandoned.closes or not abandoned.sent, "the abandoned source closed")
         assert abandoned.closes <= 1
+
+
+async def _read(turn) -> int:
+    count = 0
+    async for _ in turn:
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("how", ["reader_task_cancelled", "reader_behind_cancelled", "turn_cancel"])
+async def test_g5_the_next_turn_in_the_same_step_as_a_cancel_waits_for_its_settle(kernel, how):
+    """A turn started in the same step of the loop as the cancel of the one
+    before (``reader.cancel()`` of the task awaiting its next chunk, whether
+    it waits for it or it was there already, or ``turn.cancel()``) is taken
+    once that turn has settled: the cancel reaches the kernel before
+    ``cancel()`` returns, so the kernel never sees the next start while it
+    still thinks the turn before runs."""
+    session = await kernel.register("s")
+    # Behind: the stream sends as fast as it can, so many reads find their
+    # chunk waiting and only pass the loop (rounds are short, and more).
+    behind = how == "reader_behind_cancelled"
+    for _ in range(40 if behind else 10):
+        running = Stream(["x"], delay=0.0 if behind else 0.05, forever=True)
+        turn = await session.turn(running, input="go")
+        reader = asyncio.ensure_future(_read(turn))
+        await asyncio.sleep(0.01 if behind else 0.06)
+        if how != "turn_cancel":
+            reader.cancel()
+        else:
+            turn.cancel()
+        fresh = Stream(["a", "b"])
+        async with await session.turn(fresh, input="again") as second:
+            assert [chunk.text async for chunk in second] == ["a", "b"]
+        assert second.outcome == "completed"
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await turn.aclose()
+        assert turn.outcome == "cancelled"
+        await eventually(lambda: running.closes, "the cancelled turn's stream closed")
+        assert running.closes == 1
