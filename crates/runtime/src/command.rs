@@ -31,7 +31,7 @@ pub(crate) type TurnStarted = (
     crate::chunk_queue::ChunkReceiver,
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).
-    oneshot::Receiver<Result<(), settle_store::StoreError>>,
+    crate::start_told::Announced,
     // How many times its opening was retried, counted by the driver.
     std::sync::Arc<std::sync::atomic::AtomicU32>,
 );

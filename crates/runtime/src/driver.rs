@@ -877,7 +877,7 @@ impl Driver {
                 // the end of the previous turn; the work streams once it is
                 // committed.
                 let (started_tx, started) = oneshot::channel();
-                let (announce, announced) = oneshot::channel();
+                let (told, announced) = crate::start_told::StartTold::new(started_tx);
                 let at = self.wall_now;
                 // Only what the turn adds to the conversation is stored.
                 let input = {
@@ -890,8 +890,7 @@ impl Driver {
                     work,
                     at,
                     input: Some(input),
-                    done: started_tx,
-                    announce,
+                    told,
                 });
                 let (handle, turn) = work::spawn_turn(work::TurnContext {
                     work,

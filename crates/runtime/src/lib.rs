@@ -228,6 +228,7 @@ mod sent;
 mod session;
 mod shared;
 pub mod signals;
+mod start_told;
 mod task;
 mod task_context;
 mod task_work;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use settle_core::{Finalize, Outcome, ShutdownSummary, Transition, Transitions, TurnError, WorkId};
-use settle_store::{StoreError, TimelineStep, TurnEnding};
+use settle_store::{TimelineStep, TurnEnding};
 use tokio::sync::oneshot;
 
 use tokio::sync::mpsc;
@@ -34,14 +34,14 @@ pub(crate) enum Record {
         at: SystemTime,
     },
     /// Open a turn's row, after the end of the session's previous turn
-    /// (queued before it); `done` tells the work whether it may stream,
-    /// `announce` the caller whether it has a turn.
+    /// (queued before it); `told` tells the work whether it may stream and
+    /// the caller whether it has a turn, unless the caller's patience told
+    /// them first.
     StartTurn {
         work: WorkId,
         at: SystemTime,
         input: Option<settle_store::TurnInput>,
-        done: oneshot::Sender<Result<(), StoreError>>,
-        announce: oneshot::Sender<Result<(), StoreError>>,
+        told: crate::start_told::StartTold,
     },
     /// A work is over: end a turn's row, then tell whoever waits for it.
     EndTurn {

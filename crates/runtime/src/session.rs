@@ -143,6 +143,9 @@ impl SessionHandle {
         options: Option<Box<TurnOptions>>,
     ) -> Result<Turn, RuntimeError> {
         self.kernel.limits().check(&request)?;
+        // The caller is told within the store timeout of its ask.
+        let patience = self.kernel.store_timeout();
+        let deadline = tokio::time::Instant::now() + patience;
         let session = self.id();
         let started = self
             .kernel
@@ -163,13 +166,13 @@ impl SessionHandle {
         // work fails on its own, and the handle is dropped without a
         // cancel). A caller gone while it waits drops the handle, which
         // cancels the turn.
-        match announced.await {
-            Ok(Ok(())) => Ok(turn),
-            Ok(Err(error)) => {
+        match announced.wait(deadline, patience).await {
+            Some(Ok(())) => Ok(turn),
+            Some(Err(error)) => {
                 turn.refused();
                 Err(error.into())
             }
-            Err(_) => Err(RuntimeError::Stopped),
+            None => Err(RuntimeError::Stopped),
         }
     }
 

@@ -15,7 +15,7 @@ use settle_store::{
 
 use super::bounded::within;
 use super::held::Held;
-use super::pending::{Answer, BatchResults, InFlight, Pending, StartWaiting};
+use super::pending::{Answer, BatchResults, InFlight, Pending};
 use super::retry;
 use super::unwritten::Unwritten;
 use super::Recorder;
@@ -85,8 +85,7 @@ impl Recorder {
                 work,
                 at,
                 input,
-                done,
-                announce,
+                told,
             } => Some((
                 LifecycleWrite::StartTurn {
                     session: work.session,
@@ -96,7 +95,7 @@ impl Recorder {
                 },
                 Answer::TurnStarted {
                     session: work.session,
-                    waiting: Some(StartWaiting { done, announce }),
+                    told,
                 },
             )),
             Record::EndTurn {
@@ -321,6 +320,7 @@ impl Recorder {
                         if !retry {
                             self.retrying(session, &write, &unwritten);
                         }
+                        answer.note_failure(&unwritten);
                         let last = unwritten;
                         let mut queued = retry::Queued {
                             write,
@@ -404,11 +404,11 @@ impl Recorder {
                     self.failed(Some(session), "record a transition", &unwritten);
                 }
             }
-            Answer::TurnStarted { session, waiting } => {
+            Answer::TurnStarted { session, told } => {
                 // No one waits for a start refused to its caller at the
                 // store timeout and written later: its failure was said
                 // when they were told, and the turn's failed end follows it.
-                let Some(waiting) = waiting else {
+                let Some(waiting) = told.take() else {
                     return;
                 };
                 let answer = match result {

@@ -15,6 +15,7 @@ use super::unwritten::Unwritten;
 use crate::command::{Reply, WorkEnd};
 use crate::record::FinalizeJob;
 use crate::shared::SessionShared;
+use crate::start_told::StartTold;
 
 /// What to do with one write's result, once its batch is committed.
 pub(super) enum Answer {
@@ -25,9 +26,9 @@ pub(super) enum Answer {
     Transition(SessionId),
     TurnStarted {
         session: SessionId,
-        /// Who waits for the start; `None` once told that it failed at the
-        /// store timeout, while the write itself is kept (see `retry.rs`).
-        waiting: Option<StartWaiting>,
+        /// Who waits for the start, until told (here, or by the caller's
+        /// own patience: see `start_told.rs`).
+        told: StartTold,
     },
     TurnEnded {
         session: SessionId,
@@ -40,36 +41,28 @@ pub(super) enum Answer {
     Withdrawn(SessionId),
 }
 
-/// Who waits for a turn's start to be written.
-pub(super) struct StartWaiting {
-    /// The work, which streams once the start is written.
-    pub(super) done: oneshot::Sender<Result<(), StoreError>>,
-    /// The caller, who is given the turn once its start is written.
-    pub(super) announce: oneshot::Sender<Result<(), StoreError>>,
-}
-
-impl StartWaiting {
-    /// Tells the work and the caller how the start went.
-    pub(super) fn tell(self, answer: Result<(), StoreError>) {
-        let _ = self.announce.send(answer.clone());
-        let _ = self.done.send(answer);
-    }
-}
-
 impl Answer {
     /// The waiters of a turn's start, taken out to be told now (the write
     /// stays queued with an answer that tells no one); `None` for any other
     /// write, or a start whose waiters were told already.
     pub(super) fn take_start_waiting(&mut self) -> Option<Answer> {
         match self {
-            Answer::TurnStarted { session, waiting } => {
-                let waiting = waiting.take()?;
+            Answer::TurnStarted { session, told } => {
+                let waiters = told.take()?;
                 Some(Answer::TurnStarted {
                     session: *session,
-                    waiting: Some(waiting),
+                    told: StartTold::holding(waiters),
                 })
             }
             _ => None,
+        }
+    }
+
+    /// Notes what the store said of a turn's start that is to be tried
+    /// again, for its caller if told at its own bound meanwhile.
+    pub(super) fn note_failure(&self, unwritten: &Unwritten) {
+        if let Answer::TurnStarted { told, .. } = self {
+            told.failed_with(unwritten.store_error());
         }
     }
 }

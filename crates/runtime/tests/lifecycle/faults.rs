@@ -1436,3 +1436,56 @@ async fn a_kernel_started_in_a_store_blip_waits_for_it_within_the_store_timeout(
         "gave up after {took:?}, not within a try of the 10 s store timeout"
     );
 }
+
+/// A turn's start asked for while the store is stalled behind another write
+/// (a lock held past the store timeout) is refused at the store timeout
+/// counted from its ask: not from when the recorder, itself waiting on the
+/// write ahead of it, got round to handing it over (the caller waited up to
+/// two store timeouts). Its work fails with it, and once the store heals the
+/// stored turns have no gap and the session takes its next turn.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_start_behind_a_stalled_write_is_refused_at_the_store_timeout_from_its_ask() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("stalled", None).await.unwrap();
+    let p = provider([complete(&["a"], MS), complete(&["b"], MS)]);
+    store.stall.store(true, Ordering::SeqCst);
+    // A write ahead of the start: a registration, stuck in the store.
+    let ahead = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { kernel.register("ahead", None).await })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = Instant::now();
+    let refused = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+        .await;
+    let waited = asked.elapsed();
+    let Err(error) = refused else {
+        panic!("a turn whose start was not written was announced");
+    };
+    assert!(
+        waited >= Duration::from_secs(10) && waited <= Duration::from_millis(10_100),
+        "refused after {waited:?}, not at the 10 s store timeout from its ask"
+    );
+    assert!(matches!(error, RuntimeError::Store(_)), "{error:?}");
+
+    // Once the store heals, the refused start and its failed end are
+    // written; the next turn waits for them and runs.
+    store.stall.store(false, Ordering::SeqCst);
+    assert!(
+        ahead.await.unwrap().is_err(),
+        "the stalled registration was refused"
+    );
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await.len(), 1);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    let d = detail(&store.inner, session.id()).await;
+    let outcomes: Vec<_> = d.turns.iter().map(|t| t.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [Some(Outcome::Failed), Some(Outcome::Completed)],
+        "{d:?}"
+    );
+    kernel.shutdown(Duration::ZERO).await;
+}
