@@ -31,7 +31,7 @@ pub(crate) type TurnStarted = (
     crate::chunk_queue::ChunkReceiver,
     oneshot::Receiver<WorkEnd>,
     // Answered once the turn's start is written (or could not be).
-    crate::start_told::Announced,
+    crate::told::Announced,
     // How many times its opening was retried, counted by the driver.
     std::sync::Arc<std::sync::atomic::AtomicU32>,
 );
@@ -46,8 +46,13 @@ pub(crate) enum Command {
         resumed_from: Option<SessionId>,
         /// Set in the same step as the registration.
         budget: Option<settle_core::Budget>,
-        reply: Reply<Arc<SessionShared>>,
+        /// The caller, until told (by the recorder, or its own patience).
+        reply: crate::told::RegisterTold,
     },
+    /// A registration whose caller was told it failed at the store timeout
+    /// of its ask (see `told.rs`): withdrawn, as the recorder's
+    /// `RegisterFailed` does.
+    Withdraw { session: SessionId, error: String },
     StartTurn {
         session: SessionId,
         provider: Arc<dyn Provider>,

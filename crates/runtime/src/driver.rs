@@ -99,7 +99,7 @@ struct Parked {
     parent: Option<SessionId>,
     resumed_from: Option<SessionId>,
     budget: Option<settle_core::Budget>,
-    reply: Reply<Arc<SessionShared>>,
+    reply: crate::told::RegisterTold,
 }
 
 pub(crate) struct Channels {
@@ -293,7 +293,7 @@ impl Driver {
             handle.detach();
         }
         for parked in self.parked.drain(..) {
-            let _ = parked.reply.send(Err(RuntimeError::Stopped));
+            parked.reply.tell(Err(RuntimeError::Stopped));
         }
         let waiting = self.settling.drain().flat_map(|(_, starts)| starts);
         for start in waiting.chain(self.unsettled.drain(..).map(|(_, start)| start)) {
@@ -428,6 +428,7 @@ impl Driver {
                 self.core.remember_finalized(session);
             }
             Command::LeaseLost => self.begin_shutdown(Duration::ZERO, None, Event::LeaseLost),
+            Command::Withdraw { session, error } => self.withdraw(session, error),
         }
     }
 
@@ -454,12 +455,17 @@ impl Driver {
             reply,
         } = parked;
         let session = SessionId(id);
+        if !reply.registering(session) {
+            // Its caller was told it failed at the store timeout while it
+            // waited here for its ids: it is not registered.
+            return None;
+        }
         let registered = self
             .core
             .handle(self.now, Event::Register { session, parent });
         match registered {
             Err(refused) => {
-                let _ = reply.send(Err(refused.into()));
+                reply.tell(Err(refused.into()));
             }
             Ok(_) => {
                 if let Some(budget) = budget {
@@ -579,9 +585,9 @@ impl Driver {
         let _ = self.input(event);
         self.shutting_down.cancel();
         for parked in self.parked.drain(..) {
-            let _ = parked
+            parked
                 .reply
-                .send(Err(settle_core::Error::ShuttingDown.into()));
+                .tell(Err(settle_core::Error::ShuttingDown.into()));
         }
     }
 
@@ -664,24 +670,27 @@ impl Driver {
                 tracing::error!(%error, "no session ids could be reserved");
                 let error = Arc::new(error);
                 for parked in self.parked.drain(..) {
-                    let _ = parked
+                    parked
                         .reply
-                        .send(Err(RuntimeError::Registration(error.clone())));
+                        .tell(Err(RuntimeError::Registration(error.clone())));
                 }
             }
-            Ack::RegisterFailed(session, error) => {
-                let shared = self.sessions.remove(&session);
-                if let Ok(Handled::Applied) = self.input(Event::Withdraw { session }) {
-                    // As if never registered: no transition says it went,
-                    // but whoever was told it came is told it did not.
-                    self.meter.left(State::Registered);
-                    self.events
-                        .emit(shared.as_deref(), || LifecycleEvent::Withdrawn {
-                            session,
-                            error,
-                        });
-                }
-            }
+            Ack::RegisterFailed(session, error) => self.withdraw(session, error),
+        }
+    }
+
+    /// A registration its caller was told failed: gone from the kernel, as
+    /// if never registered (no transition says it went), and whoever was
+    /// told it came is told it did not. Nothing when it is gone already.
+    fn withdraw(&mut self, session: SessionId, error: String) {
+        if let Ok(Handled::Applied) = self.input(Event::Withdraw { session }) {
+            let shared = self.sessions.remove(&session);
+            self.meter.left(State::Registered);
+            self.events
+                .emit(shared.as_deref(), || LifecycleEvent::Withdrawn {
+                    session,
+                    error,
+                });
         }
     }
 
@@ -877,7 +886,7 @@ impl Driver {
                 // the end of the previous turn; the work streams once it is
                 // committed.
                 let (started_tx, started) = oneshot::channel();
-                let (told, announced) = crate::start_told::StartTold::new(started_tx);
+                let (told, announced) = crate::told::StartTold::start(started_tx);
                 let at = self.wall_now;
                 // Only what the turn adds to the conversation is stored.
                 let input = {

@@ -302,6 +302,21 @@ impl Kernel {
         rx.await.map_err(|_| RuntimeError::Stopped)?
     }
 
+    /// Sends a registration and waits for it, within the store timeout of
+    /// this ask (see `told.rs`).
+    pub(crate) async fn register_command(
+        &self,
+        make: impl FnOnce(crate::told::RegisterTold) -> Command,
+    ) -> Result<Arc<crate::shared::SessionShared>, RuntimeError> {
+        let patience = self.store_timeout();
+        let deadline = tokio::time::Instant::now() + patience;
+        let send = |reply| self.send(make(reply));
+        let withdraw = |session, error| {
+            let _ = self.send(Command::Withdraw { session, error });
+        };
+        crate::told::RegisterTold::registered(send, withdraw, deadline, patience).await
+    }
+
     pub(crate) fn commands(&self) -> mpsc::WeakUnboundedSender<Command> {
         self.inner.commands.downgrade()
     }

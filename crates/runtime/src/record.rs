@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use tokio::sync::mpsc;
 
-use crate::command::{Reply, WorkEnd};
+use crate::command::WorkEnd;
 use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 
@@ -21,7 +21,7 @@ pub(crate) enum Record {
     CreateSession {
         shared: Arc<SessionShared>,
         at: SystemTime,
-        reply: Reply<Arc<SessionShared>>,
+        reply: crate::told::RegisterTold,
     },
     /// A timeline row.
     Transition {
@@ -41,7 +41,7 @@ pub(crate) enum Record {
         work: WorkId,
         at: SystemTime,
         input: Option<settle_store::TurnInput>,
-        told: crate::start_told::StartTold,
+        told: crate::told::StartTold,
     },
     /// A work is over: end a turn's row, then tell whoever waits for it.
     EndTurn {

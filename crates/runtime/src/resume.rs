@@ -124,7 +124,7 @@ impl Kernel {
         let (history, pending_tool_calls) = history(&detail)?;
         let name: Arc<str> = name.into().into();
         let shared = self
-            .ask(|reply| Command::Register {
+            .register_command(|reply| Command::Register {
                 name,
                 parent: None,
                 resumed_from: Some(from),

@@ -445,7 +445,7 @@ impl Kernel {
     ) -> Result<SessionHandle, RuntimeError> {
         let name: Arc<str> = name.into();
         let shared = self
-            .ask(|reply| Command::Register {
+            .register_command(|reply| Command::Register {
                 name,
                 parent,
                 resumed_from: None,

@@ -367,11 +367,21 @@ impl Recorder {
             }
         }
         match answer {
-            Answer::Registered { shared, reply } => match result {
-                Ok(_) => {
-                    let _ = reply.send(Ok(shared));
+            Answer::Registered { shared, reply } => match (result, reply.take()) {
+                (Ok(_), Some(caller)) => {
+                    caller.tell(Ok(shared));
                 }
-                Err(unwritten) => {
+                (Ok(_), None) => {
+                    // Its caller was told it failed at the store timeout of
+                    // its ask (and had it withdrawn), and it was written
+                    // after all: ended, as one refused that may have been
+                    // written is.
+                    let unwritten = Unwritten::TimedOut(self.store_timeout);
+                    self.retries.withdraw(shared.id, unwritten.clone());
+                    let cause = unwritten.into_error("registering a session").to_string();
+                    let _ = self.acks.send(Ack::RegisterFailed(shared.id, cause));
+                }
+                (Err(unwritten), caller) => {
                     self.failed(Some(shared.id), "register a session", &unwritten);
                     if retry::may_heal(&unwritten) {
                         // Its row may still be written: end it, once the
@@ -381,7 +391,9 @@ impl Recorder {
                     }
                     let error = unwritten.into_error("registering a session");
                     let cause = error.to_string();
-                    let _ = reply.send(Err(error));
+                    if let Some(caller) = caller {
+                        caller.tell(Err(error));
+                    }
                     let _ = self.acks.send(Ack::RegisterFailed(shared.id, cause));
                 }
             },

@@ -12,16 +12,18 @@ use settle_store::{Applied, LifecycleWrite, StoreError};
 use tokio::sync::oneshot;
 
 use super::unwritten::Unwritten;
-use crate::command::{Reply, WorkEnd};
+use crate::command::WorkEnd;
 use crate::record::FinalizeJob;
 use crate::shared::SessionShared;
-use crate::start_told::StartTold;
+use crate::told::{RegisterTold, StartTold};
 
 /// What to do with one write's result, once its batch is committed.
 pub(super) enum Answer {
     Registered {
         shared: Arc<SessionShared>,
-        reply: Reply<Arc<SessionShared>>,
+        /// The caller, until told (here, or by its own patience: see
+        /// `told.rs`).
+        reply: RegisterTold,
     },
     Transition(SessionId),
     TurnStarted {
@@ -51,18 +53,21 @@ impl Answer {
                 let waiters = told.take()?;
                 Some(Answer::TurnStarted {
                     session: *session,
-                    told: StartTold::holding(waiters),
+                    told: StartTold::new(waiters),
                 })
             }
             _ => None,
         }
     }
 
-    /// Notes what the store said of a turn's start that is to be tried
-    /// again, for its caller if told at its own bound meanwhile.
+    /// Notes what the store said of a registration or a turn's start that
+    /// is to be tried again, for its caller if told at its own bound
+    /// meanwhile.
     pub(super) fn note_failure(&self, unwritten: &Unwritten) {
-        if let Answer::TurnStarted { told, .. } = self {
-            told.failed_with(unwritten.store_error());
+        match self {
+            Answer::TurnStarted { told, .. } => told.failed_with(unwritten.store_error()),
+            Answer::Registered { reply, .. } => reply.failed_with(unwritten.store_error()),
+            _ => {}
         }
     }
 }

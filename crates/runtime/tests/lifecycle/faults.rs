@@ -1489,3 +1489,64 @@ async fn g7_a_turn_start_behind_a_stalled_write_is_refused_at_the_store_timeout_
     );
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// A registration asked for while the store is stalled behind another write
+/// is refused at the store timeout counted from its ask, as a turn's start
+/// is (it was refused two store timeouts after, behind the write ahead and
+/// its try again). Neither it nor the one ahead is left live once the
+/// store heals: one written after its caller was told it failed is ended.
+#[tokio::test(start_paused = true)]
+async fn g7_a_registration_behind_a_stalled_write_is_refused_at_the_store_timeout_from_its_ask() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let mut events = kernel.subscribe();
+    store.stall.store(true, Ordering::SeqCst);
+    let first = Instant::now();
+    let ahead = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move { (kernel.register("ahead", None).await, first.elapsed()) })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = Instant::now();
+    let refused = kernel.register("behind", None).await;
+    let waited = asked.elapsed();
+    let Err(error) = refused else {
+        panic!("registered on a stalled store");
+    };
+    assert!(
+        waited >= Duration::from_secs(10) && waited <= Duration::from_millis(10_100),
+        "refused after {waited:?}, not at the 10 s store timeout from its ask"
+    );
+    assert!(
+        error.to_string().contains("may still be written"),
+        "{error}"
+    );
+    let (ahead, ahead_waited) = ahead.await.unwrap();
+    assert!(ahead.is_err(), "the stalled registration ahead was refused");
+    assert!(
+        ahead_waited <= Duration::from_millis(10_100),
+        "the registration ahead was refused after {ahead_waited:?}"
+    );
+
+    store.stall.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let live: Vec<_> = store
+        .inner
+        .list_sessions(SessionFilter::all())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.state != State::Finalized)
+        .collect();
+    assert!(live.is_empty(), "left live: {live:?}");
+    // Each refused registration announced is withdrawn on the event stream.
+    let withdrawn = drain(&mut events)
+        .into_iter()
+        .filter(|e| matches!(e, LifecycleEvent::Withdrawn { .. }))
+        .count();
+    assert_eq!(withdrawn, 2);
+    let after = kernel.register("after", None).await;
+    assert!(after.is_ok(), "{after:?}");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+}

@@ -1,0 +1,235 @@
+//! Who waits for a write a caller asked for (a registration, a turn's
+//! start): told once, either by the recorder when the store answers, or by
+//! the caller's own patience.
+//!
+//! The recorder hands writes to the store one batch after another, and
+//! waits in its own loop for a batch ahead (and for a try again of writes a
+//! blip left): a write asked for while the store is stalled behind another
+//! would be answered only once those gave up, up to two store timeouts
+//! after it was asked. So the caller keeps the store timeout itself,
+//! counted from its ask: at that bound it takes its waiters out of the slot
+//! it shares with the recorder, unless the recorder has, and tells them the
+//! write failed, with what the store last said of it (or that it did not
+//! answer). The write itself is the recorder's to finish:
+//!
+//! - a turn's start stays queued; once the store takes it, the turn's
+//!   failed end, queued behind it, is written too, so the stored turns keep
+//!   the kernel's numbers (see `recorder/retry.rs`);
+//! - a registration is withdrawn from the kernel by its caller before the
+//!   caller is told (its next ask finds it gone), and its row, if the store
+//!   writes it after all, is ended, as one refused at the store timeout
+//!   that may have been written is; one still waiting in the driver for
+//!   its ids is dropped there, never registered.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use settle_core::SessionId;
+use settle_store::StoreError;
+use tokio::sync::oneshot;
+
+use crate::command::Reply;
+use crate::error::RuntimeError;
+use crate::shared::SessionShared;
+
+struct Slot<W> {
+    /// The waiters, until one side tells them.
+    waiters: Option<W>,
+    /// What the store said last of the write (a failure it may heal from).
+    last: Option<StoreError>,
+}
+
+/// The waiters of one write, shared by the recorder and the caller.
+pub(crate) struct Told<W>(Arc<Mutex<Slot<W>>>);
+
+impl<W> Clone for Told<W> {
+    fn clone(&self) -> Self {
+        Told(self.0.clone())
+    }
+}
+
+impl<W> Told<W> {
+    /// A slot holding `waiters`.
+    pub(crate) fn new(waiters: W) -> Told<W> {
+        let slot = Slot {
+            waiters: Some(waiters),
+            last: None,
+        };
+        Told(Arc::new(Mutex::new(slot)))
+    }
+
+    /// The waiters, to be told now; `None` once they were.
+    pub(crate) fn take(&self) -> Option<W> {
+        self.0.lock().ok()?.waiters.take()
+    }
+
+    /// Runs `note` on the waiters while they wait, under the slot's lock
+    /// (so the caller giving up sees it, or it does not run); `false` once
+    /// they were told.
+    pub(crate) fn while_waiting(&self, note: impl FnOnce(&mut W)) -> bool {
+        let Ok(mut slot) = self.0.lock() else {
+            return false;
+        };
+        match slot.waiters.as_mut() {
+            Some(waiters) => {
+                note(waiters);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Notes what the store said of the write, for a caller told at its
+    /// bound before the write is tried again.
+    pub(crate) fn failed_with(&self, error: StoreError) {
+        if let Ok(mut slot) = self.0.lock() {
+            slot.last = Some(error);
+        }
+    }
+
+    /// At the caller's bound: the waiters, unless the recorder took them,
+    /// and what the store last said of the write (`None`: nothing yet, it
+    /// did not answer).
+    fn give_up(&self) -> Option<(W, Option<StoreError>)> {
+        let mut slot = self.0.lock().ok()?;
+        let waiters = slot.waiters.take()?;
+        Some((waiters, slot.last.take()))
+    }
+}
+
+/// Who waits for a turn's start to be written.
+pub(crate) struct StartWaiters {
+    /// The work, which streams once the start is written.
+    done: oneshot::Sender<Result<(), StoreError>>,
+    /// The caller, who is given the turn once its start is written.
+    announce: oneshot::Sender<Result<(), StoreError>>,
+}
+
+impl StartWaiters {
+    /// Tells the work and the caller how the start went.
+    pub(crate) fn tell(self, answer: Result<(), StoreError>) {
+        let _ = self.announce.send(answer.clone());
+        let _ = self.done.send(answer);
+    }
+}
+
+/// The waiters of a turn's start.
+pub(crate) type StartTold = Told<StartWaiters>;
+
+impl StartTold {
+    /// The waiters of a start, the work's (`done`) and the caller's: the
+    /// caller waits on the [`Announced`].
+    pub(crate) fn start(done: oneshot::Sender<Result<(), StoreError>>) -> (StartTold, Announced) {
+        let (announce, told) = oneshot::channel();
+        let slot = Told::new(StartWaiters { done, announce });
+        let announced = Announced {
+            told,
+            slot: slot.clone(),
+        };
+        (slot, announced)
+    }
+}
+
+/// The caller's side of a turn's start: answered once the start is written,
+/// or could not be.
+pub(crate) struct Announced {
+    told: oneshot::Receiver<Result<(), StoreError>>,
+    slot: StartTold,
+}
+
+impl Announced {
+    /// How the start went, at the latest at `deadline` (the store timeout,
+    /// `patience`, from the ask); `None` when the kernel stopped without
+    /// saying.
+    pub(crate) async fn wait(
+        mut self,
+        deadline: tokio::time::Instant,
+        patience: Duration,
+    ) -> Option<Result<(), StoreError>> {
+        if let Ok(told) = tokio::time::timeout_at(deadline, &mut self.told).await {
+            return told.ok();
+        }
+        // At the bound: tell both sides unless the recorder is telling them
+        // (then its answer is on its way).
+        if let Some((waiters, last)) = self.slot.give_up() {
+            waiters.tell(Err(last.unwrap_or(StoreError::TimedOut { after: patience })));
+        }
+        self.told.await.ok()
+    }
+}
+
+/// The caller of a registration, until told, and the session it was
+/// registered as once the driver has (so that a caller giving up has the
+/// kernel withdraw it).
+pub(crate) struct RegisterWaiter {
+    reply: Reply<Arc<SessionShared>>,
+    session: Option<SessionId>,
+}
+
+/// The caller of a registration, until told.
+pub(crate) type RegisterTold = Told<RegisterWaiter>;
+
+impl RegisterWaiter {
+    /// Tells the caller `answer`.
+    pub(crate) fn tell(self, answer: Result<Arc<SessionShared>, RuntimeError>) {
+        let _ = self.reply.send(answer);
+    }
+}
+
+impl RegisterTold {
+    /// Waits for the registration `send` hands to the kernel, at the latest
+    /// until `deadline` (the store timeout, `patience`, from the ask). At
+    /// the bound, a registration the driver made is withdrawn (`withdraw`,
+    /// with the error the caller is given) before this returns, so that
+    /// the caller's next ask finds it gone; one it has not made yet never
+    /// will be.
+    ///
+    /// # Errors
+    /// As the kernel refuses it; the store's last error or
+    /// [`RuntimeError::StoreTimeout`] at the bound; `Stopped` when the kernel
+    /// stopped without saying.
+    pub(crate) async fn registered(
+        send: impl FnOnce(RegisterTold) -> Result<(), RuntimeError>,
+        withdraw: impl FnOnce(SessionId, String),
+        deadline: tokio::time::Instant,
+        patience: Duration,
+    ) -> Result<Arc<SessionShared>, RuntimeError> {
+        let (reply, mut answer) = oneshot::channel();
+        let slot = Told::new(RegisterWaiter {
+            reply,
+            session: None,
+        });
+        send(slot.clone())?;
+        if let Ok(answer) = tokio::time::timeout_at(deadline, &mut answer).await {
+            return answer.map_err(|_| RuntimeError::Stopped)?;
+        }
+        let Some((waiter, last)) = slot.give_up() else {
+            // The recorder is telling it: its answer is on its way.
+            return answer.await.map_err(|_| RuntimeError::Stopped)?;
+        };
+        let error = match last {
+            Some(last) => RuntimeError::Store(last),
+            None => RuntimeError::StoreTimeout {
+                what: "registering a session",
+                after: patience,
+            },
+        };
+        if let Some(session) = waiter.session {
+            withdraw(session, error.to_string());
+        }
+        Err(error)
+    }
+
+    /// Notes that the driver registered it as `session`; `false` when its
+    /// caller gave up first (it is then not registered).
+    pub(crate) fn registering(&self, session: SessionId) -> bool {
+        self.while_waiting(|waiter| waiter.session = Some(session))
+    }
+
+    /// Tells the caller `answer`, unless it was told already.
+    pub(crate) fn tell(&self, answer: Result<Arc<SessionShared>, RuntimeError>) {
+        if let Some(waiter) = self.take() {
+            waiter.tell(answer);
+        }
+    }
+}
