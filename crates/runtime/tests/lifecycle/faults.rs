@@ -1110,6 +1110,15 @@ async fn g8_a_registration_refused_after_a_timeout_but_written_later_is_not_left
     assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
 
+/// The store's rows of sessions not finalized.
+async fn live_rows(store: &Faulty) -> Vec<SessionRow> {
+    let rows = store.inner.list_sessions(SessionFilter::all()).await;
+    let rows = rows.expect("the memory store lists its sessions");
+    rows.into_iter()
+        .filter(|s| s.state != State::Finalized)
+        .collect()
+}
+
 /// The texts of a turn's stored chunks, in order.
 async fn stored_chunks(store: &Faulty, id: SessionId, turn: usize) -> Vec<String> {
     detail(&store.inner, id).await.turns[turn]
@@ -1334,15 +1343,8 @@ async fn g7_a_registration_the_store_fails_past_the_store_timeout_is_refused_at_
         "refused after {waited:?}, not at the 10 s store timeout"
     );
     store.fail_registrations.store(0, Ordering::SeqCst);
-    let live = store
-        .inner
-        .list_sessions(SessionFilter::all())
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|s| s.state != State::Finalized)
-        .count();
-    assert_eq!(live, 0);
+    let live = live_rows(&store).await;
+    assert!(live.is_empty(), "left live: {live:?}");
     kernel.shutdown(Duration::ZERO).await;
 }
 
@@ -1530,14 +1532,7 @@ async fn g7_a_registration_behind_a_stalled_write_is_refused_at_the_store_timeou
 
     store.stall.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let live: Vec<_> = store
-        .inner
-        .list_sessions(SessionFilter::all())
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|s| s.state != State::Finalized)
-        .collect();
+    let live = live_rows(&store).await;
     assert!(live.is_empty(), "left live: {live:?}");
     // Each refused registration announced is withdrawn on the event stream.
     let withdrawn = drain(&mut events)
