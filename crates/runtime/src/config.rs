@@ -55,7 +55,8 @@ pub struct Config {
     pub flush_budget: Duration,
     /// How long any other store call may take before it is given up as
     /// failed: a registration or turn start that cannot commit in time fails
-    /// with a clear error instead of hanging. A chunk the store fails to
+    /// with a clear error instead of hanging, at this bound counted from
+    /// the call (also while the store is stalled behind other writes). A chunk the store fails to
     /// take in a way that may heal (a lock, a full disk, a server
     /// restarting) is appended again until it is taken, within this bound
     /// counted from its first try; past it the turn fails with the store's
