@@ -521,6 +521,50 @@ async fn g12_attaches_racing_on_one_process_adopt_each_session_once() {
     assert_eq!(b.stop(), 143);
 }
 
+/// Members of one released tree attached at once on one process (a
+/// parent's client and its child's reconnecting together after a
+/// redeploy): whichever attach adopts the tree first, the other is served
+/// the same adoption. It was answered `internal` ("not released by any
+/// process") or `not_found`, found owned by its own process in the store
+/// before its kernel had it, in every tree tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g12_members_of_one_tree_attached_at_once_on_one_process_are_each_served() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut a = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut b = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut on_a = connect(&a.addr).await;
+    let mut trees = Vec::new();
+    for i in 0..6 {
+        let parent = create(&mut on_a, &format!("parent-{i}")).await;
+        let child = on_a
+            .ok(
+                "session.create",
+                json!({ "name": format!("child-{i}"), "parent": parent }),
+            )
+            .await["id"]
+            .as_u64()
+            .unwrap();
+        trees.push((parent, child));
+    }
+    assert_eq!(a.stop(), 143);
+    let (mut x, mut y) = (connect(&b.addr).await, connect(&b.addr).await);
+    for (parent, child) in trees.iter().copied() {
+        let (p, c) = tokio::join!(
+            x.call("session.attach", json!({ "id": parent })),
+            y.call("session.attach", json!({ "id": child })),
+        );
+        assert!(p.is_ok(), "the parent {parent}: {p:?}");
+        assert!(c.is_ok(), "the child {child}: {c:?}");
+        for id in [parent, child] {
+            assert_eq!(row(&pg.url, id)["owner"], b.url());
+            assert_adopted_once(&pg.url, id);
+        }
+    }
+    assert_eq!(b.stop(), 143);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g12_g8_after_a_sigkill_mid_turn_a_live_peer_releases_the_sessions_for_adoption() {
     let Some(pg) = fleet_db() else { return };

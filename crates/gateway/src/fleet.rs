@@ -7,11 +7,13 @@
 //! only asks and answers.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use settle_runtime::{Adoption, RuntimeError, SessionId};
 use settle_store::{StoreError, Whereabouts};
+use tokio::sync::watch;
 
 use crate::auth::Principal;
 use crate::protocol::RpcError;
@@ -80,46 +82,73 @@ impl Shared {
         // already ours before the kernel or the table has the session.
         // Lookups of different sessions go together.
         let _one = self.adopting.lock(id).await;
-        if let Some(entry) = self.table.get(id) {
-            return Ok(entry);
-        }
-        let whereabouts = match self.kernel.locate(id).await {
-            Ok(whereabouts) => whereabouts,
-            Err(RuntimeError::Store(StoreError::UnknownSession(_))) => return Err(not_found()),
-            Err(error) => return Err(RpcError::from_runtime(&error)),
-        };
-        if !matches!(whereabouts, Whereabouts::Finalized) {
-            let principal = self
-                .kernel
-                .principal(id)
-                .await
-                .map_err(|e| RpcError::from_runtime(&e))?;
-            if principal_of(principal.as_deref()) != *caller {
-                return Err(not_found());
+        // How many times the store was found to say this process owns the
+        // session before its kernel had it: each time, one adoption here
+        // (of another member of its tree) is waited for.
+        let mut waited = 0;
+        loop {
+            if let Some(entry) = self.table.get(id) {
+                return Ok(entry);
             }
-        }
-        match whereabouts {
-            Whereabouts::Owned {
-                owner,
-                advertise,
-                live: true,
-            } if owner != self.kernel.owner() => Err(RpcError::elsewhere(id.get(), advertise)),
-            Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
-                let mut adoption = self
+            let ended = self.adopting.ended();
+            let whereabouts = match self.kernel.locate(id).await {
+                Ok(whereabouts) => whereabouts,
+                Err(RuntimeError::Store(StoreError::UnknownSession(_))) => return Err(not_found()),
+                Err(error) => return Err(RpcError::from_runtime(&error)),
+            };
+            if !matches!(whereabouts, Whereabouts::Finalized) {
+                let principal = self
                     .kernel
-                    .adopt(id)
+                    .principal(id)
                     .await
                     .map_err(|e| RpcError::from_runtime(&e))?;
-                // The rest of its tree came with it: served here from now on.
-                for other in std::mem::take(&mut adoption.with) {
-                    self.serve_adopted(other).await;
+                if principal_of(principal.as_deref()) != *caller {
+                    return Err(not_found());
                 }
-                Ok(self.serve_adopted(adoption).await)
             }
-            Whereabouts::Released | Whereabouts::Owned { live: false, .. } => {
-                Err(RpcError::elsewhere(id.get(), None))
+            let mine = self.kernel.owner();
+            match whereabouts {
+                // Adopted here with its tree by another attach, which has
+                // not served it yet: served once that adoption ends.
+                Whereabouts::Owned {
+                    owner, live: true, ..
+                } if owner == mine && waited < MAX_WAITS => {
+                    waited += 1;
+                    if !self.adopting.one_ends(ended).await {
+                        return Err(not_found());
+                    }
+                }
+                Whereabouts::Owned {
+                    owner,
+                    advertise,
+                    live: true,
+                } if owner != mine => return Err(RpcError::elsewhere(id.get(), advertise)),
+                Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
+                    let adopting = self.adopting.begin();
+                    let mut adoption = match self.kernel.adopt(id).await {
+                        Ok(adoption) => adoption,
+                        // Taken by an adoption of its tree here meanwhile:
+                        // looked up again.
+                        Err(RuntimeError::Store(StoreError::NotReleased { .. }))
+                            if waited < MAX_WAITS =>
+                        {
+                            waited += 1;
+                            drop(adopting);
+                            continue;
+                        }
+                        Err(error) => return Err(RpcError::from_runtime(&error)),
+                    };
+                    // The rest of its tree came with it: served here from now on.
+                    for other in std::mem::take(&mut adoption.with) {
+                        self.serve_adopted(other).await;
+                    }
+                    return Ok(self.serve_adopted(adoption).await);
+                }
+                Whereabouts::Released | Whereabouts::Owned { live: false, .. } => {
+                    return Err(RpcError::elsewhere(id.get(), None))
+                }
+                _ => return Err(not_found()),
             }
-            _ => Err(not_found()),
         }
     }
 
@@ -183,12 +212,31 @@ fn principal_of(name: Option<&str>) -> Principal {
     }
 }
 
+/// How many times one lookup waits for another adoption here before it
+/// answers with what the store says.
+const MAX_WAITS: u32 = 3;
+
 /// The fleet lookups in flight on this process: one lock per session, held
 /// while the session is looked up in the store and, if so, adopted; gone
-/// when nobody waits for it.
-#[derive(Debug, Default)]
+/// when nobody waits for it. And the adoptions in flight, with how many
+/// ended: one attach adopts a whole tree, so a lookup of another member of
+/// it can find the store saying this process owns it before the kernel
+/// and the table have it, and waits for that adoption to end.
+#[derive(Debug)]
 pub(crate) struct Adopting {
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+    in_flight: AtomicUsize,
+    ended: watch::Sender<u64>,
+}
+
+impl Default for Adopting {
+    fn default() -> Self {
+        Adopting {
+            locks: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            ended: watch::channel(0).0,
+        }
+    }
 }
 
 impl Adopting {
@@ -208,6 +256,42 @@ impl Adopting {
             lock,
             _guard: guard,
         }
+    }
+
+    /// An adoption here begins; it ends when the returned guard drops.
+    fn begin(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self)
+    }
+
+    /// What [`one_ends`](Self::one_ends) counts from: the adoptions that
+    /// ended by now.
+    fn ended(&self) -> watch::Receiver<u64> {
+        self.ended.subscribe()
+    }
+
+    /// Waits until an adoption here ends after `since` was taken: at once
+    /// if one did meanwhile; `false` when none is in flight (nothing here
+    /// will serve the session).
+    async fn one_ends(&self, mut since: watch::Receiver<u64>) -> bool {
+        if since.has_changed().unwrap_or(false) {
+            return true;
+        }
+        if self.in_flight.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        since.changed().await.is_ok()
+    }
+}
+
+/// One adoption in flight; its drop counts it ended, after its sessions are
+/// served.
+struct InFlight<'a>(&'a Adopting);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.send_modify(|ended| *ended += 1);
     }
 }
 
