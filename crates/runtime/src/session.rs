@@ -465,8 +465,10 @@ impl Kernel {
     ///
     /// # Errors
     /// `Lifecycle(UnknownSession)` when neither the kernel nor the store
-    /// has it (or the store did not answer within the store timeout for an
-    /// id the kernel does not know); `LiveElsewhere` when the store has it
+    /// has it; for an id the kernel does not know, `StoreTimeout` when the
+    /// store did not answer within the store timeout and `Store` when it
+    /// failed (whether the session exists is not known then);
+    /// `LiveElsewhere` when the store has it
     /// live and another process owns it (a crashed one's is recovered with
     /// `settle recover`); `SessionClosed` when the kernel finalized it but
     /// the store's row cannot be read in time.
@@ -495,7 +497,16 @@ impl Kernel {
                     state: detail.session.state,
                 })
             }
-            _ => return Err(unknown()),
+            Ok(Err(settle_store::StoreError::UnknownSession(_))) => return Err(unknown()),
+            // Whether it exists is not known: said as the store's failure,
+            // not as "no such session".
+            Ok(Err(error)) => return Err(RuntimeError::Store(error)),
+            Err(_) => {
+                return Err(RuntimeError::StoreTimeout {
+                    what: "looking a session up",
+                    after: bound,
+                })
+            }
         };
         let Some(reason) = row.end_reason else {
             return Err(if known {

@@ -43,6 +43,9 @@ const MS: Duration = Duration::from_millis(1);
 struct Faulty {
     inner: MemoryStore,
     stall: Arc<AtomicBool>,
+    /// Makes `session_detail` never return, as a read of a database whose
+    /// server was stopped.
+    stall_reads: Arc<AtomicBool>,
     lose_lease: Arc<AtomicBool>,
     hold_answers: Arc<AtomicBool>,
     answers: Arc<tokio::sync::Semaphore>,
@@ -81,6 +84,7 @@ impl Default for Faulty {
         Faulty {
             inner: MemoryStore::default(),
             stall: Arc::default(),
+            stall_reads: Arc::default(),
             lose_lease: Arc::default(),
             hold_answers: Arc::default(),
             answers: Arc::new(tokio::sync::Semaphore::new(0)),
@@ -263,6 +267,9 @@ impl SessionStore for Faulty {
         self.inner.last_session(state).await
     }
     async fn session_detail(&self, id: SessionId) -> Result<SessionDetail, StoreError> {
+        if self.stall_reads.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.inner.session_detail(id).await
     }
     async fn memories(&self, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
@@ -1544,4 +1551,38 @@ async fn g7_a_registration_behind_a_stalled_write_is_refused_at_the_store_timeou
     assert!(after.is_ok(), "{after:?}");
     let report = kernel.shutdown(Duration::ZERO).await;
     assert!(report.left_recoverable.is_empty(), "{report:?}");
+}
+
+/// A lookup of a session the kernel does not know, while the store does not
+/// answer, says so at the store timeout: not that there is no such session.
+/// A gateway told its client `not_found`, or in a fleet went on to ask the
+/// store where the session is, and answered after two store timeouts.
+#[tokio::test(start_paused = true)]
+async fn g7_a_lookup_the_store_does_not_answer_says_so_at_the_store_timeout() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let unknown = SessionId(4242);
+    store.stall_reads.store(true, Ordering::SeqCst);
+    let asked = Instant::now();
+    let looked_up = kernel.session(unknown).await;
+    let waited = asked.elapsed();
+    assert!(
+        matches!(looked_up, Err(RuntimeError::StoreTimeout { .. })),
+        "{:?}",
+        looked_up.map(|s| s.id())
+    );
+    assert_eq!(waited, Duration::from_secs(10));
+    store.stall_reads.store(false, Ordering::SeqCst);
+    let looked_up = kernel.session(unknown).await;
+    assert!(
+        matches!(
+            looked_up,
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(
+                _
+            )))
+        ),
+        "{:?}",
+        looked_up.map(|s| s.id())
+    );
+    kernel.shutdown(Duration::ZERO).await;
 }
