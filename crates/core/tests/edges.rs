@@ -1074,3 +1074,102 @@ fn g9_shutdown_flushes_once_then_finalizes_idle_sessions_children_first() {
     assert_eq!(h.core.open_sessions(), 0);
     assert!(h.finalize_of(SessionId(1)).is_some());
 }
+
+// ----- delegations and adoption under the cap (found by the property suite) --
+
+/// Adopting a held session under the LRU cap evicts the least recently
+/// active idle session; when that one had delegated to the adopted one's
+/// ancestor, the delegate is cancelled (the finalize plan's last step) and
+/// its subtree wound down, the adopted session with it, in the same input.
+/// Its holds, which it came with, are recorded dropped just before its
+/// finalize, as for any held session finalized.
+#[test]
+fn an_adopted_held_session_wound_down_by_its_own_eviction_drops_its_holds_first() {
+    let policy = Policy::default()
+        .idle_ttl(None)
+        .lru_cap(Some(6))
+        .settle_timeout(Duration::ZERO);
+    let mut h = Harness::with(policy);
+    let s = SessionId;
+    for (id, parent) in [(1, None), (2, None)] {
+        h.register(id, parent);
+    }
+    h.ev(Event::Delegate {
+        from: s(2),
+        to: s(1),
+    });
+    for (id, parent) in [(3, Some(1)), (4, None), (5, Some(1))] {
+        h.register(id, parent);
+    }
+    let adopt = |session, parent, holds| Event::Adopt {
+        session: s(session),
+        parent: Some(s(parent)),
+        turns: 0,
+        last_outcome: None,
+        holds,
+    };
+    h.ev(adopt(6, 3, settle_core::Holds::default()));
+    let held = settle_core::Holds {
+        pending_input: 0,
+        delegation: 1,
+    };
+    let effects = h.effects_of(adopt(7, 5, held));
+    let dropped = effects.iter().position(|e| {
+        matches!(e, Effect::RecordHolds { session, holds }
+            if *session == s(7) && *holds == settle_core::Holds::default())
+    });
+    let finalized = effects.iter().position(
+        |e| matches!(e, Effect::Transition(t) if t.session == s(7) && t.to == State::Finalized),
+    );
+    let (Some(dropped), Some(finalized)) = (dropped, finalized) else {
+        panic!("the adopted session's holds dropped, then it finalized: {effects:?}");
+    };
+    assert!(dropped < finalized, "{effects:?}");
+    assert_eq!(
+        h.finalize_of(s(2)).map(|f| f.reason),
+        Some(EndReason::LruEvict)
+    );
+    assert_eq!(h.state(s(1)), State::Finalized);
+}
+
+/// A cancel of a session's descendants that comes back to it through a
+/// delegation cycle (a child delegated to a session that delegated to it)
+/// cancels it for that delegation, after its descendants (G1), and says
+/// why: not for the cancel of its descendants.
+#[test]
+fn cancel_descendants_that_comes_back_through_a_delegation_cycle_says_why() {
+    let mut h = Harness::quiet();
+    let s = SessionId;
+    let caller = h.register(4, None);
+    h.start_task(caller);
+    let child = h.register(5, Some(4));
+    let other = h.register(6, None);
+    h.ev(Event::Delegate {
+        from: other,
+        to: caller,
+    });
+    h.ev(Event::Delegate {
+        from: child,
+        to: other,
+    });
+    let effects = h.effects_of(Event::CancelDescendants { session: caller });
+    let moved = |id: SessionId| {
+        effects.iter().position(|e| {
+            matches!(e, Effect::Transition(t)
+                if t.session == id && matches!(t.to, State::Cancelling | State::Settled))
+        })
+    };
+    let caller_moved = moved(caller).expect("the caller is cancelled by the cycle");
+    let Effect::Transition(t) = &effects[caller_moved] else {
+        unreachable!()
+    };
+    assert_eq!(t.cause, Cause::DelegationInterrupted, "{effects:?}");
+    let child_finalized = effects.iter().position(
+        |e| matches!(e, Effect::Transition(t) if t.session == child && t.to == State::Finalized),
+    );
+    assert!(
+        child_finalized.is_some_and(|c| c < caller_moved),
+        "its descendant ended first (G1): {effects:?}"
+    );
+    assert_eq!(h.state(s(5)), State::Finalized);
+}

@@ -188,8 +188,25 @@ fn holds_are_recorded_as_they_change(seen: &Observed, ctx: &Ctx) {
         _ => None,
     };
     // A session's count of `kind` once the step's own change is applied.
+    // One adopted by this step comes with the holds it was released with
+    // (and may be finalized in the same step, its holds dropped: adopted
+    // under an ancestor that the adoption's own eviction winds down).
+    let adopted = match *ctx.step {
+        Step::Adopt {
+            session,
+            holds: (input, delegation),
+            ..
+        } if ctx.applied() => Some((session, input, delegation)),
+        _ => None,
+    };
     let count = |id: u64, kind: settle_core::Hold| {
-        let before = seen.holds.get(&(id, kind)).copied().unwrap_or(0);
+        let before = match adopted {
+            Some((session, input, delegation)) if session == id => u32::from(match kind {
+                settle_core::Hold::PendingInput => input,
+                settle_core::Hold::Delegation => delegation,
+            }),
+            _ => seen.holds.get(&(id, kind)).copied().unwrap_or(0),
+        };
         let after = match (ctx.step, changed) {
             (Step::Hold(..), Some((c, k))) if c == id && k == kind => before + 1,
             (Step::Release(..), Some((c, k))) if c == id && k == kind => before.saturating_sub(1),
@@ -528,7 +545,16 @@ fn g1_settle_before_close(seen: &Observed, core: &Core, ctx: &Ctx) {
             "G1: a descendant of {id} was cancelled after {id} itself: {cancels:?}"
         );
     }
-    if let Step::CancelDescendants(_) = ctx.step {
+    // A delegation cycle may bring the cancel back to the caller: one of
+    // its descendants delegated to a session that delegated to the caller,
+    // and each delegate is cancelled when its delegator ends (the finalize
+    // plan's last step). Then the caller is cancelled for that, not by
+    // CancelDescendants.
+    let interrupted = ctx.effects.iter().any(|e| {
+        matches!(e, Effect::Transition(t)
+            if t.session.get() == id && t.cause == Cause::DelegationInterrupted)
+    });
+    if let (Step::CancelDescendants(_), false) = (ctx.step, interrupted) {
         assert!(
             !cancels.contains(&id),
             "G1: CancelDescendants cancelled the caller {id}"
