@@ -51,6 +51,7 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         Event::StartTask { session } => (session, Asks::Start(WorkKind::Task)),
         Event::StreamAttached { work }
         | Event::StreamClosed { work }
+        | Event::StartRefused { work }
         | Event::WorkEnded { work, .. }
         | Event::WorkExited { work }
         | Event::Usage { work, .. } => (work.session, Asks::Report),

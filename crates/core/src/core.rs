@@ -130,6 +130,7 @@ impl Core {
             Event::StartTask { session } => self.start_work(now, session, WorkKind::Task),
             Event::StreamAttached { work } => self.stream_attached(work),
             Event::StreamClosed { work } => self.stream_closed(work),
+            Event::StartRefused { work } => self.start_refused(work),
             Event::WorkEnded { work, outcome } => self.work_reported(now, work, Some(outcome)),
             Event::WorkExited { work } => self.work_reported(now, work, None),
             Event::AgentFinished { session } => self.agent_finished(now, session),
@@ -468,12 +469,14 @@ impl Core {
         };
         if kind == WorkKind::Turn {
             if let Some(turn) = s.works.turn {
-                return Err(match turn.cancel {
-                    Some(_) => Error::TurnSettling {
+                // Ending: cancelled, or its start refused to its caller.
+                let ending = turn.cancel.is_some() || turn.start_refused;
+                return Err(match ending {
+                    true => Error::TurnSettling {
                         session: id,
                         turn: turn.no,
                     },
-                    None => wrong_state(id, s.state, "start a turn"),
+                    false => wrong_state(id, s.state, "start a turn"),
                 });
             }
         }
@@ -556,6 +559,17 @@ impl Core {
         match self.work_mut(work) {
             Some(w) if !w.stream_closed => {
                 w.stream_closed = true;
+                Ok(Handled::Applied)
+            }
+            _ => Ok(Handled::NoOp),
+        }
+    }
+
+    /// A turn's start was refused to its caller: it is ending.
+    fn start_refused(&mut self, work: WorkId) -> Result<Handled, Error> {
+        match self.work_mut(work) {
+            Some(w) if w.kind == WorkKind::Turn && !w.start_refused => {
+                w.start_refused = true;
                 Ok(Handled::Applied)
             }
             _ => Ok(Handled::NoOp),

@@ -67,10 +67,10 @@ pub enum Error {
         /// The cap.
         cap: usize,
     },
-    /// The session's previous turn was cancelled (or its `Turn` dropped) and
-    /// has not settled yet: its work is still unwinding, for at most the
-    /// settle timeout (G5).
-    #[error("session {session}: turn {turn} was cancelled and is still settling; await its outcome (`Turn::outcome`) before starting the next turn")]
+    /// The session's previous turn was cancelled (or its `Turn` dropped), or
+    /// its start refused to its caller, and it has not ended yet: its work
+    /// is still unwinding, for at most the settle timeout (G5).
+    #[error("session {session}: turn {turn} was cancelled (or its start refused) and is still settling; await its outcome (`Turn::outcome`) before starting the next turn")]
     TurnSettling {
         /// The session.
         session: SessionId,

@@ -51,8 +51,9 @@ pub enum Event {
     /// [`Policy::slots`](crate::Policy::slots)), and no shutdown has begun;
     /// the answer is [`Handled::Started`](crate::Handled::Started) with the
     /// turn's [`WorkId`], which the driver starts at once. While the previous
-    /// turn was cancelled and has not settled yet, the answer is
-    /// [`Error::TurnSettling`](crate::Error::TurnSettling).
+    /// turn was cancelled, or its start refused to its caller
+    /// ([`StartRefused`](Self::StartRefused)), and it has not ended yet, the
+    /// answer is [`Error::TurnSettling`](crate::Error::TurnSettling).
     StartTurn {
         /// The session whose turn starts.
         session: SessionId,
@@ -75,6 +76,17 @@ pub enum Event {
     /// The work's provider stream reported itself closed.
     StreamClosed {
         /// The work whose stream closed.
+        work: WorkId,
+    },
+    /// The turn's start was refused to its caller (the store did not take
+    /// it in time): the work fails on its own with the store's cause, and
+    /// reports it. Until it has, a start of the session's next turn is
+    /// answered [`Error::TurnSettling`](crate::Error::TurnSettling), as after
+    /// a cancel, and not refused as if the turn still ran: its caller was
+    /// told it has no turn. Nothing else changes: no cancel is sent (G6), and
+    /// the turn ends as its work says.
+    StartRefused {
+        /// The turn whose start was refused.
         work: WorkId,
     },
     /// The work ended and says how (completed, failed, idle timeout, cancelled).

@@ -200,6 +200,8 @@ pub(crate) struct Work {
     pub cancel: Option<CancelMode>,
     /// Whether a `CloseStream` was already emitted for it (G4).
     pub close_sent: bool,
+    /// Whether its start was refused to its caller: it is ending.
+    pub start_refused: bool,
     /// Its settle deadline, once it was cancelled (G5).
     pub settle_at: Option<Instant>,
 }
@@ -213,6 +215,7 @@ impl Work {
             stream_closed: false,
             cancel: None,
             close_sent: false,
+            start_refused: false,
             settle_at: None,
         }
     }

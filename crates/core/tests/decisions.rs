@@ -147,6 +147,44 @@ fn g5_a_turn_started_while_the_cancelled_one_settles_is_told_so() {
     assert_eq!(h.start_turn(s), WorkId::turn(s, 3));
 }
 
+/// A turn whose start was refused to its caller (the store did not take
+/// it) is ending: the next start is told to wait for it, as after a cancel,
+/// and not refused as if the turn still ran; nothing is cancelled (G6), and
+/// the turn ends as its work says.
+#[test]
+fn g5_a_turn_started_while_the_one_whose_start_was_refused_ends_is_told_so() {
+    let mut h = Harness::quiet();
+    let s = h.register(1, None);
+    let turn = h.start_turn(s);
+    let before = h.log.len();
+    assert_eq!(
+        h.try_ev(Event::StartRefused { work: turn }),
+        Ok(Handled::Applied)
+    );
+    assert_eq!(h.log.len(), before, "no effect: {:?}", &h.log[before..]);
+    assert_eq!(
+        h.try_ev(Event::StartTurn { session: s }),
+        Err(Error::TurnSettling {
+            session: s,
+            turn: 1
+        })
+    );
+    // Said twice, or of a work that ended: nothing more.
+    assert_eq!(
+        h.try_ev(Event::StartRefused { work: turn }),
+        Ok(Handled::NoOp)
+    );
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: Outcome::Failed,
+    });
+    assert_eq!(
+        h.try_ev(Event::StartRefused { work: turn }),
+        Ok(Handled::NoOp)
+    );
+    assert_eq!(h.start_turn(s), WorkId::turn(s, 2));
+}
+
 #[test]
 fn a_turn_over_the_slots_is_refused_and_a_finalize_frees_its_slot() {
     let policy = Policy::default()

@@ -53,6 +53,8 @@ pub struct RefWork {
     pub closed: bool,
     /// The core ordered its stream closed.
     pub close_ordered: bool,
+    /// Its start was refused to its caller: it is ending.
+    pub start_refused: bool,
     /// When it is detached if it has not ended by then (G5).
     pub settle_at: Option<u64>,
 }
@@ -962,12 +964,14 @@ impl Model {
                 let s = self.to_use(id)?;
                 if kind == WorkKind::Turn {
                     if let Some(turn) = s.turn() {
-                        return Err(match turn.cancel {
-                            Some(_) => Error::TurnSettling {
+                        // Ending: cancelled, or its start refused.
+                        let ending = turn.cancel.is_some() || turn.start_refused;
+                        return Err(match ending {
+                            true => Error::TurnSettling {
                                 session: SessionId(id),
                                 turn: turn.id.no,
                             },
-                            None => wrong_state(id, s.state, action),
+                            false => wrong_state(id, s.state, action),
                         });
                     }
                     if s.budgeted {
@@ -1024,6 +1028,7 @@ impl Model {
                     attached: false,
                     closed: false,
                     close_ordered: false,
+                    start_refused: false,
                     settle_at: None,
                 });
                 s.state = State::Running;
@@ -1055,6 +1060,18 @@ impl Model {
                 let s = self.s(work.session.get());
                 if let Some(w) = s.works.iter_mut().find(|w| w.id == work) {
                     w.closed = true;
+                }
+                Ok(Applied)
+            }
+            Step::StartRefused(work) => {
+                let s = self.lookup(work.session.get())?;
+                let refusable = |w: &RefWork| w.id == work && w.id.kind == WorkKind::Turn;
+                if !s.works.iter().any(|w| refusable(w) && !w.start_refused) {
+                    return Ok(NoOp);
+                }
+                let s = self.s(work.session.get());
+                if let Some(w) = s.works.iter_mut().find(|w| w.id == work) {
+                    w.start_refused = true;
                 }
                 Ok(Applied)
             }

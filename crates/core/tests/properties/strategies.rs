@@ -52,6 +52,8 @@ pub enum Step {
     StartTask(u64),
     StreamAttached(WorkId),
     StreamClosed(WorkId),
+    /// A turn's start refused to its caller (the store did not take it).
+    StartRefused(WorkId),
     WorkEnded(WorkId, Outcome),
     WorkExited(WorkId),
     AgentFinished(u64),
@@ -128,6 +130,7 @@ impl Step {
             | Step::Usage(w, _)
             | Step::CancelWork(w)
             | Step::StreamClosed(w)
+            | Step::StartRefused(w)
             | Step::WorkEnded(w, _)
             | Step::WorkExited(w) => Some(w.session.get()),
             Step::Register { .. }
@@ -152,6 +155,7 @@ impl Step {
             Step::StartTask(id) => Event::StartTask { session: sid(id) },
             Step::StreamAttached(work) => Event::StreamAttached { work },
             Step::StreamClosed(work) => Event::StreamClosed { work },
+            Step::StartRefused(work) => Event::StartRefused { work },
             Step::WorkEnded(work, outcome) => Event::WorkEnded { work, outcome },
             Step::WorkExited(work) => Event::WorkExited { work },
             Step::AgentFinished(id) => Event::AgentFinished { session: sid(id) },
@@ -258,6 +262,7 @@ impl Step {
             self,
             Step::StreamAttached(_)
                 | Step::StreamClosed(_)
+                | Step::StartRefused(_)
                 | Step::WorkEnded(..)
                 | Step::WorkExited(_)
         )
@@ -468,6 +473,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
         let w = || select(live_works.clone());
         choices.push((4, w().prop_map(Step::StreamAttached).boxed()));
         choices.push((2, w().prop_map(Step::StreamClosed).boxed()));
+        choices.push((2, w().prop_map(Step::StartRefused).boxed()));
         choices.push((
             5,
             (w(), outcome())
@@ -479,11 +485,12 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     }
     if !old_works.is_empty() {
         // Late reports from works that were detached or ended long ago.
-        let late = (select(old_works), outcome(), 0u8..5).prop_map(|(w, o, which)| match which {
+        let late = (select(old_works), outcome(), 0u8..6).prop_map(|(w, o, which)| match which {
             0 => Step::WorkEnded(w, o),
             1 => Step::WorkExited(w),
             2 => Step::StreamAttached(w),
             3 => Step::CancelWork(w),
+            4 => Step::StartRefused(w),
             _ => Step::StreamClosed(w),
         });
         choices.push((3, late.boxed()));
@@ -547,7 +554,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     if !known.is_empty() {
         // Any input at any session, finalized and forgotten ones included:
         // each must get its one answer and change nothing else.
-        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..23).prop_map(
+        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..24).prop_map(
             move |(id, outcome, hold, flag, which)| {
                 let turn = WorkId::turn(SessionId(id), 1);
                 match which {
@@ -573,6 +580,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     19 => Step::Delegate(id, id.saturating_sub(1).max(1)),
                     20 => Step::Usage(turn, 30),
                     21 => Step::SetBudget(id, Some(1), None, None),
+                    22 => Step::StartRefused(turn),
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),
