@@ -886,7 +886,8 @@ impl Driver {
                 // the end of the previous turn; the work streams once it is
                 // committed.
                 let (started_tx, started) = oneshot::channel();
-                let (told, announced) = crate::told::StartTold::start(started_tx);
+                let (told, announced) =
+                    crate::told::StartTold::start(work, self.loopback.clone(), started_tx);
                 let at = self.wall_now;
                 // Only what the turn adds to the conversation is stored.
                 let input = {

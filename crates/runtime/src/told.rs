@@ -24,11 +24,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use settle_core::SessionId;
+use settle_core::{Event, SessionId, WorkId};
 use settle_store::StoreError;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::command::Reply;
+use crate::command::{Command, Reply};
 use crate::error::RuntimeError;
 use crate::shared::SessionShared;
 
@@ -99,6 +99,10 @@ impl<W> Told<W> {
 
 /// Who waits for a turn's start to be written.
 pub(crate) struct StartWaiters {
+    /// The turn.
+    work: WorkId,
+    /// Where the core hears that its start was refused.
+    commands: mpsc::WeakUnboundedSender<Command>,
     /// The work, which streams once the start is written.
     done: oneshot::Sender<Result<(), StoreError>>,
     /// The caller, who is given the turn once its start is written.
@@ -106,8 +110,18 @@ pub(crate) struct StartWaiters {
 }
 
 impl StartWaiters {
-    /// Tells the work and the caller how the start went.
+    /// Tells the work and the caller how the start went. A refusal is told
+    /// to the core first ([`Event::StartRefused`]): the caller's next start,
+    /// asked as soon as it hears, then waits for the refused turn's end
+    /// (its work fails on its own) instead of being refused as if that turn
+    /// still ran.
     pub(crate) fn tell(self, answer: Result<(), StoreError>) {
+        if answer.is_err() {
+            if let Some(commands) = self.commands.upgrade() {
+                let event = Event::StartRefused { work: self.work };
+                let _ = commands.send(Command::Core { event, reply: None });
+            }
+        }
         let _ = self.announce.send(answer.clone());
         let _ = self.done.send(answer);
     }
@@ -117,11 +131,21 @@ impl StartWaiters {
 pub(crate) type StartTold = Told<StartWaiters>;
 
 impl StartTold {
-    /// The waiters of a start, the work's (`done`) and the caller's: the
-    /// caller waits on the [`Announced`].
-    pub(crate) fn start(done: oneshot::Sender<Result<(), StoreError>>) -> (StartTold, Announced) {
+    /// The waiters of `work`'s start, the work's (`done`) and the caller's:
+    /// the caller waits on the [`Announced`]; a refusal is told to the core
+    /// through `commands` first.
+    pub(crate) fn start(
+        work: WorkId,
+        commands: mpsc::WeakUnboundedSender<Command>,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    ) -> (StartTold, Announced) {
         let (announce, told) = oneshot::channel();
-        let slot = Told::new(StartWaiters { done, announce });
+        let slot = Told::new(StartWaiters {
+            work,
+            commands,
+            done,
+            announce,
+        });
         let announced = Announced {
             told,
             slot: slot.clone(),

@@ -185,6 +185,8 @@ impl Retries {
                         .back()
                         .map(|q| q.last.clone())
                         .unwrap_or(Unwritten::TimedOut(Duration::ZERO));
+                    // What keeps it waiting, for a caller told at its bound.
+                    answer.note_failure(&last);
                     self.push(
                         session,
                         Queued {

@@ -1586,3 +1586,69 @@ async fn g7_a_lookup_the_store_does_not_answer_says_so_at_the_store_timeout() {
     );
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// The next turn asked for as soon as a start was refused at the store
+/// timeout is not refused "a turn is still running": the refused turn
+/// ends `failed` on its own, and the next start waits for that end (as
+/// one after a cancelled turn does), then is answered as the store allows:
+/// refused with the store's cause while it is still stalled, started once
+/// it heals.
+#[tokio::test(start_paused = true)]
+async fn g7_the_next_turn_right_after_a_refused_start_waits_for_its_end() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("refused", None).await.unwrap();
+    let p = provider([complete(&["a"], MS), complete(&["b"], MS)]);
+    store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
+    for _ in 0..2 {
+        let refused = session
+            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+            .await;
+        let Err(error) = refused else {
+            panic!("a turn whose start was not written was announced");
+        };
+        assert!(
+            error.to_string().contains("database is locked"),
+            "refused for another reason: {error}"
+        );
+    }
+    store.fail_turn_writes.store(0, Ordering::SeqCst);
+    let mut turn = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+        .await
+        .expect("the turn after the refused ones starts");
+    assert_eq!(read_chunks(&mut turn, 1).await.len(), 1);
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// As [`g7_the_next_turn_right_after_a_refused_start_waits_for_its_end`],
+/// on threads, where the refused turn's end and the next start race to
+/// the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_the_next_turn_right_after_a_refused_start_waits_for_its_end_on_threads() {
+    let store = Faulty::default();
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .settle_timeout(SETTLE)
+        .store_timeout(Duration::from_millis(50))
+        .start()
+        .await
+        .expect("the runtime starts");
+    let session = kernel.register("refused", None).await.unwrap();
+    let p = provider((0..100).map(|_| complete(&["a"], MS)));
+    store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
+    for round in 0..40 {
+        let refused = session
+            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+            .await;
+        let Err(error) = refused else {
+            panic!("a turn whose start was not written was announced");
+        };
+        assert!(
+            error.to_string().contains("database is locked"),
+            "round {round}: refused for another reason: {error}"
+        );
+    }
+    kernel.shutdown(Duration::ZERO).await;
+}
