@@ -101,7 +101,7 @@ pub(crate) fn cancel_at_once<'py>(turn: &Bound<'py, PyTurn>) -> PyResult<Bound<'
 
 #[pymethods]
 impl CancelAtOnce {
-    fn __call__(&self) {
+    fn __call__(&self, _future: &Bound<'_, PyAny>) {
         self.turn.get().cancel_now();
     }
 }
@@ -162,7 +162,7 @@ impl PyTurn {
     /// Cancels the turn now: its token, and the kernel's work, queued before
     /// this returns (G6: the core ignores it for a turn that ended). Nothing
     /// in a forked child, where the kernel's threads are not.
-    fn cancel_now(&self) {
+    pub(crate) fn cancel_now(&self) {
         self.cancel.cancel();
         if self.turn.get().is_ok() {
             if let Some(canceller) = &self.canceller {

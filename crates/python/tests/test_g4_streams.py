@@ -351,3 +351,39 @@ async def test_g5_the_next_turn_in_the_same_step_as_a_cancel_waits_for_its_settl
         assert turn.outcome == "cancelled"
         await eventually(lambda: running.closes, "the cancelled turn's stream closed")
         assert running.closes == 1
+
+
+async def test_g5_a_turn_handed_to_a_task_cancelled_before_it_resumed_is_cancelled_at_once(kernel):
+    """A task awaiting ``session.turn(...)`` cancelled after the start was
+    done (the turn handed over to its future) but before the task resumed
+    never gets the turn: it is cancelled there and then, so the session's
+    next turn, asked in the same step, waits for its settle instead of
+    being refused 'a turn is still running' for a turn nobody holds."""
+    session = await kernel.register("s")
+    for _ in range(5):
+        running = Stream(["x"], delay=0.05, forever=True)
+        starting = session.turn(running, input="go")
+        following = {}
+
+        def on_done(_future) -> None:
+            # Runs before the task's own wake-up (registered first): the
+            # turn is on the future, and the task has not resumed yet.
+            reader.cancel()
+            following["start"] = asyncio.ensure_future(session.turn(Stream(["a", "b"]), input="again"))
+
+        starting.add_done_callback(on_done)
+
+        async def start():
+            return await starting
+
+        reader = asyncio.ensure_future(start())
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        assert reader.cancelled()
+        async with await following["start"] as second:
+            assert [chunk.text async for chunk in second] == ["a", "b"]
+        assert second.outcome == "completed"
+        await eventually(lambda: running.closes, "the lost turn's stream closed")
+        assert running.closes == 1
+    stored = [turn["outcome"] for turn in await session.transcript()]
+    assert stored == ["cancelled", "completed"] * 5, stored

@@ -104,25 +104,26 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
 
 
 class CancelsAtOnce(asyncio.Future):  # type: ignore[type-arg]
-    """The future a read of a turn's next chunk makes its task wait on: its
-    ``cancel()``, which is what cancelling that task calls, cancels the turn
-    before it returns (``_on_cancel``, set by the Rust half as it makes the
-    future). A plain future runs its done callbacks at the loop's next pass,
-    so a caller that cancels its reader and starts the session's next turn
-    in the same step would have the kernel see that start first, while the
-    turn before still runs, and be refused.
+    """The future a read of a turn's next chunk, or a turn's start, makes its
+    task wait on: its ``cancel()``, which is what cancelling that task
+    calls, cancels the turn before it returns (``_on_cancel(future)``, set by
+    the Rust half as it makes the future). A plain future runs its done
+    callbacks at the loop's next pass, so a caller that cancels its reader
+    and starts the session's next turn in the same step would have the
+    kernel see that start first, while the turn before still runs, and be
+    refused.
 
     The turn is cancelled also when the future is already done: its task
-    has not resumed yet, so the chunk is never seen (a read of a waiting
-    chunk waits on a future that is done from the start: it passes the loop
-    once)."""
+    has not resumed yet, so it never has the chunk, or the turn the start
+    made (a read of a waiting chunk waits on a future that is done from the
+    start: it passes the loop once)."""
 
     __slots__ = ("_on_cancel",)
 
     def cancel(self, msg: Any = None) -> bool:
         on_cancel, self._on_cancel = self._on_cancel, None
         if on_cancel is not None:
-            on_cancel()
+            on_cancel(self)
         return super().cancel(msg)
 
 
