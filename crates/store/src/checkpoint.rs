@@ -153,6 +153,14 @@ impl Checkpointer {
     }
 }
 
+impl Checkpointer {
+    /// Closing does not wait for the thread (see
+    /// [`SessionStore::shutdown_gave_up`](crate::SessionStore::shutdown_gave_up)).
+    pub(crate) fn leave_behind(&mut self) {
+        self.close_timeout = Duration::ZERO;
+    }
+}
+
 impl Drop for Checkpointer {
     fn drop(&mut self) {
         drop(self.stop.take());

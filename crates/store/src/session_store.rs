@@ -108,6 +108,15 @@ pub trait SessionStore: Send + Sync {
         false
     }
 
+    /// The kernel's shutdown gave up on this store's writes (they were not
+    /// committed within its budget: a lock, a server down): closing the
+    /// store, when its last handle is dropped, does not wait for its
+    /// threads again, which the shutdown already waited for. They are left
+    /// behind, and what they had not committed is left to recovery (G8), as
+    /// at a close that timed out. The default does nothing (a store with no
+    /// threads to wait for).
+    fn shutdown_gave_up(&self) {}
+
     /// Finalize the sessions left live by crashed processes (G8).
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError>;
 

@@ -1,6 +1,7 @@
 //! [`Store`]: the Diesel implementation of [`SessionStore`].
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -43,6 +44,19 @@ struct Inner {
     _checkpointer: Option<Checkpointer>,
     location: String,
     postgres: bool,
+    /// A shutdown gave up on its writes: closing does not wait for them.
+    given_up: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.given_up.load(Ordering::Acquire) {
+            self.writer.leave_behind();
+            if let Some(checkpointer) = self._checkpointer.as_mut() {
+                checkpointer.leave_behind();
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Store {
@@ -164,6 +178,7 @@ impl Store {
                 _checkpointer: checkpointer,
                 location,
                 postgres: matches!(target, Target::Postgres(_)),
+                given_up: AtomicBool::new(false),
             }),
         })
     }
@@ -275,6 +290,10 @@ impl SessionStore for Store {
     /// polled, and the writer runs them in that order.
     fn applies_in_order(&self) -> bool {
         true
+    }
+
+    fn shutdown_gave_up(&self) {
+        self.inner.given_up.store(true, Ordering::Release);
     }
 
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {

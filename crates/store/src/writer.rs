@@ -126,6 +126,14 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// Closing does not wait for the thread (see
+    /// [`SessionStore::shutdown_gave_up`](crate::SessionStore::shutdown_gave_up)).
+    pub(crate) fn leave_behind(&mut self) {
+        self.close_timeout = Duration::ZERO;
+    }
+}
+
 impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.tx.take());

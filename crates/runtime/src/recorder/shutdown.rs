@@ -43,6 +43,10 @@ impl Recorder {
         report.store_failures = self.failures.load(Ordering::Relaxed);
         report.lease_lost = summary.lease_lost;
         report.handoff = summary.handoff;
+        if !report.flushed_in_budget || !report.left_recoverable.is_empty() {
+            // Waited for once: closing the store does not wait again.
+            self.store.shutdown_gave_up();
+        }
         let _ = self.last_report.set(report.clone());
         for waiter in waiters {
             let _ = waiter.send(report.clone());

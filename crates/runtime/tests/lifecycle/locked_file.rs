@@ -164,3 +164,52 @@ async fn g7_a_chunk_given_up_on_at_the_store_timeout_is_not_kept_when_it_lands_l
     assert_eq!(stored, given, "the store keeps what the reader was given");
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// A shutdown whose store is locked past its budget leaves what it could
+/// not write to recovery (G8, G9); dropping the kernel's last handle after
+/// it then returns at once, instead of waiting the store's close timeout
+/// again for a writer the shutdown already gave up on (a Python program's
+/// event loop stood still for that second, the GIL held, when it let its
+/// handles go, and its exit came a second late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_the_last_handle_of_a_store_the_shutdown_gave_up_on_is_dropped_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locked.db");
+    let path = path.to_str().unwrap().to_owned();
+    // The default close timeout: one second.
+    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
+    let kernel = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .settle_timeout(Duration::from_millis(100))
+        .flush_budget(Duration::from_millis(300))
+        .store_timeout(Duration::from_millis(500))
+        .start()
+        .await
+        .unwrap();
+    let session = kernel.register("held up", None).await.unwrap();
+    let lock = Lock::take(&path);
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(
+        report.left_recoverable.contains(&session.id()) || !report.flushed_in_budget,
+        "the shutdown could not write through the lock: {report:?}"
+    );
+    drop((session, kernel));
+    // The kernel's tasks let go of it as they end: the test's is the last.
+    let waiting = std::time::Instant::now();
+    while Arc::strong_count(&store) > 1 && waiting.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "the kernel let go of its store"
+    );
+    let dropping = std::time::Instant::now();
+    drop(store);
+    let took = dropping.elapsed();
+    lock.release();
+    assert!(
+        took < Duration::from_millis(500),
+        "dropping the last handle took {took:?}"
+    );
+}
