@@ -24,3 +24,10 @@ def test_the_stubs_match_the_native_module():
         [sys.executable, "-m", "mypy.stubtest", "settle._settle"], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_package_says_how_it_was_built():
+    """``settle.BUILD_PROFILE``, not only ``settle._settle``'s: what a
+    program checks before it measures (a debug build is slower)."""
+    assert settle.BUILD_PROFILE in ("release", "debug")
+    assert "BUILD_PROFILE" in settle.__all__

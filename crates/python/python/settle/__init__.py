@@ -69,6 +69,7 @@ from __future__ import annotations
 import atexit as _atexit
 
 from settle._settle import (
+    BUILD_PROFILE,
     DEFAULT_IDLE_TIMEOUT,
     AlreadyFinalized,
     BadInput,
@@ -90,6 +91,7 @@ from settle._settle import (
 )
 
 __all__ = [
+    "BUILD_PROFILE",
     "DEFAULT_IDLE_TIMEOUT",
     "AlreadyFinalized",
     "BadInput",
