@@ -1117,6 +1117,20 @@ async fn g8_a_registration_refused_after_a_timeout_but_written_later_is_not_left
     assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
 
+/// A turn start the store does not take, refused to its caller: the error.
+async fn refused_start(
+    session: &settle_runtime::SessionHandle,
+    p: &Arc<settle_stream::ScriptedProvider>,
+) -> RuntimeError {
+    let refused = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
+        .await;
+    match refused {
+        Err(error) => error,
+        Ok(_) => panic!("a turn whose start was not written was announced"),
+    }
+}
+
 /// The store's rows of sessions not finalized.
 async fn live_rows(store: &Faulty) -> Vec<SessionRow> {
     let rows = store.inner.list_sessions(SessionFilter::all()).await;
@@ -1601,12 +1615,7 @@ async fn g7_the_next_turn_right_after_a_refused_start_waits_for_its_end() {
     let p = provider([complete(&["a"], MS), complete(&["b"], MS)]);
     store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
     for _ in 0..2 {
-        let refused = session
-            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
-            .await;
-        let Err(error) = refused else {
-            panic!("a turn whose start was not written was announced");
-        };
+        let error = refused_start(&session, &p).await;
         assert!(
             error.to_string().contains("database is locked"),
             "refused for another reason: {error}"
@@ -1639,12 +1648,7 @@ async fn g7_the_next_turn_right_after_a_refused_start_waits_for_its_end_on_threa
     let p = provider((0..100).map(|_| complete(&["a"], MS)));
     store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
     for round in 0..40 {
-        let refused = session
-            .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("hi"))
-            .await;
-        let Err(error) = refused else {
-            panic!("a turn whose start was not written was announced");
-        };
+        let error = refused_start(&session, &p).await;
         assert!(
             error.to_string().contains("database is locked"),
             "round {round}: refused for another reason: {error}"
