@@ -95,6 +95,24 @@ impl<W> Told<W> {
         let waiters = slot.waiters.take()?;
         Some((waiters, slot.last.take()))
     }
+
+    /// The caller's wait for `answer`, until `deadline`: the answer
+    /// (`None`: the kernel stopped without one), or, at the bound, the
+    /// waiters given up with what the store said last. When the recorder
+    /// took the waiters first, its answer is on its way and is waited for.
+    async fn wait<T>(
+        &self,
+        mut answer: oneshot::Receiver<T>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<T>, (W, Option<StoreError>)> {
+        if let Ok(told) = tokio::time::timeout_at(deadline, &mut answer).await {
+            return Ok(told.ok());
+        }
+        match self.give_up() {
+            Some(given_up) => Err(given_up),
+            None => Ok(answer.await.ok()),
+        }
+    }
 }
 
 /// Who waits for a turn's start to be written.
@@ -166,19 +184,19 @@ impl Announced {
     /// `patience`, from the ask); `None` when the kernel stopped without
     /// saying.
     pub(crate) async fn wait(
-        mut self,
+        self,
         deadline: tokio::time::Instant,
         patience: Duration,
     ) -> Option<Result<(), StoreError>> {
-        if let Ok(told) = tokio::time::timeout_at(deadline, &mut self.told).await {
-            return told.ok();
+        match self.slot.wait(self.told, deadline).await {
+            Ok(told) => told,
+            // At the bound: both sides are told, the work and this caller.
+            Err((waiters, last)) => {
+                let refused = last.unwrap_or(StoreError::TimedOut { after: patience });
+                waiters.tell(Err(refused.clone()));
+                Some(Err(refused))
+            }
         }
-        // At the bound: tell both sides unless the recorder is telling them
-        // (then its answer is on its way).
-        if let Some((waiters, last)) = self.slot.give_up() {
-            waiters.tell(Err(last.unwrap_or(StoreError::TimedOut { after: patience })));
-        }
-        self.told.await.ok()
     }
 }
 
@@ -218,18 +236,15 @@ impl RegisterTold {
         deadline: tokio::time::Instant,
         patience: Duration,
     ) -> Result<Arc<SessionShared>, RuntimeError> {
-        let (reply, mut answer) = oneshot::channel();
+        let (reply, answer) = oneshot::channel();
         let slot = Told::new(RegisterWaiter {
             reply,
             session: None,
         });
         send(slot.clone())?;
-        if let Ok(answer) = tokio::time::timeout_at(deadline, &mut answer).await {
-            return answer.map_err(|_| RuntimeError::Stopped)?;
-        }
-        let Some((waiter, last)) = slot.give_up() else {
-            // The recorder is telling it: its answer is on its way.
-            return answer.await.map_err(|_| RuntimeError::Stopped)?;
+        let (waiter, last) = match slot.wait(answer, deadline).await {
+            Ok(answer) => return answer.ok_or(RuntimeError::Stopped)?,
+            Err(given_up) => given_up,
         };
         let error = match last {
             Some(last) => RuntimeError::Store(last),
