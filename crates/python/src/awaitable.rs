@@ -120,6 +120,22 @@ where
     awaitable(py, here, CancellationToken::new(), OnCancel::Finish, work)
 }
 
+/// [`finishing`], with `at_once` called by the future's own `cancel()`
+/// (see [`awaitable_with`]).
+pub(crate) fn finishing_with<'py, F, T>(
+    py: Python<'py>,
+    here: &Here,
+    at_once: Bound<'py, PyAny>,
+    work: F,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let token = CancellationToken::new();
+    awaitable_with(py, here, Some(at_once), token, OnCancel::Finish, work)
+}
+
 /// An awaitable on the running loop that resolves with what `work` gives
 /// (converted to Python), or raises its error. `token` is cancelled when
 /// the awaitable is cancelled or collected before it is done.

@@ -11,7 +11,7 @@ use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Text;
-use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, OnCancel};
+use crate::awaitable::{awaitable, finishing, finishing_with, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::handover::{CancelHandedOver, Handover};
@@ -260,26 +260,18 @@ impl PySession {
         // A cancel of its task after the turn was handed over, before the
         // task resumed, cancels that turn at once (`CancelHandedOver`).
         let at_once = Bound::new(py, CancelHandedOver)?.into_any();
-        let token = CancellationToken::new();
-        awaitable_with(
-            py,
-            here,
-            Some(at_once),
-            token,
-            OnCancel::Finish,
-            async move {
-                let place = starts.lock_owned().await;
-                // A turn cancelled just before (one never handed over, or one
-                // its caller cancelled) may still be settling: the kernel's
-                // start waits for its end, which the settle timeout bounds (G5).
-                let turn = match options {
-                    None => handle.run_turn(provider, request).await,
-                    Some(options) => handle.run_turn_with(provider, request, options).await,
-                };
-                let turn = turn.map_err(errors::turn_refused)?;
-                Ok(Handover::new(turn, owner, watch, place))
-            },
-        )
+        finishing_with(py, here, at_once, async move {
+            let place = starts.lock_owned().await;
+            // A turn cancelled just before (one never handed over, or one
+            // its caller cancelled) may still be settling: the kernel's
+            // start waits for its end, which the settle timeout bounds (G5).
+            let turn = match options {
+                None => handle.run_turn(provider, request).await,
+                Some(options) => handle.run_turn_with(provider, request, options).await,
+            };
+            let turn = turn.map_err(errors::turn_refused)?;
+            Ok(Handover::new(turn, owner, watch, place))
+        })
     }
 
     /// Runs `coroutine` as an asyncio task under this session's lifecycle
