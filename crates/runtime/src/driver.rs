@@ -923,9 +923,18 @@ impl Driver {
                 self.works.insert(work, handle);
                 let (work, chunks, outcome) = turn;
                 let work = Unclaimed::new(work, self.loopback.clone());
-                // A caller gone already drops the answer here, which cancels
-                // the turn (see `Unclaimed`).
-                let _ = reply.send(Ok((work, chunks, outcome, announced, retries)));
+                // A caller gone already (its start dropped before this
+                // answer) gets the turn cancelled here, before the next
+                // command is taken: its next start, maybe right behind in
+                // the channel, then waits for this turn's end, as after any
+                // cancel, instead of being refused for a turn it never had.
+                // (An answer dropped unread cancels through `Unclaimed`.)
+                if let Err(Ok((work, ..))) =
+                    reply.send(Ok((work, chunks, outcome, announced, retries)))
+                {
+                    let work = work.claim();
+                    let _ = self.input(Event::CancelWork { work });
+                }
             }
             Start::Task { start, reply } => {
                 let (ctx, token, revoked) = task_work::context(work);

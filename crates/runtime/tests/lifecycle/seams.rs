@@ -476,3 +476,51 @@ async fn g4_a_turn_whose_start_was_dropped_before_its_answer_is_cancelled_and_cl
 async fn g4_a_turn_whose_start_was_dropped_with_its_answer_waiting_is_cancelled_and_closed() {
     a_dropped_start(true).await;
 }
+
+/// A caller that gives up on a turn's start (a `timeout`, a `select!`, a
+/// cancelled task) and asks for the next turn at once, before the kernel
+/// has even taken the first start: the first turn is cancelled before the
+/// next start is looked at, so the next one waits for its end, as after
+/// any cancel, instead of being refused "a turn is still running" for a
+/// turn its caller never had. `answered`: the kernel had answered the
+/// first start, unread, before it was dropped.
+async fn the_next_turn_right_after_a_dropped_start(answered: bool) {
+    use std::future::Future;
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([hang(&[], MS)]);
+    let mut starting = Box::pin(session.run_turn(p.clone(), TurnRequest::prompt("go")));
+    let waker = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(starting.as_mut().poll(&mut cx).is_pending());
+    if answered {
+        settle_tasks().await;
+    }
+    drop(starting);
+    let mut next = session
+        .run_turn(
+            provider([complete(&["next"], MS)]),
+            TurnRequest::prompt("next"),
+        )
+        .await
+        .expect("the next turn waits for the dropped one's end, then starts");
+    assert_eq!(read_chunks(&mut next, 1).await.len(), 1);
+    assert_eq!(next.outcome().await, settle_runtime::Outcome::Completed);
+    let stats = p.stats();
+    assert_eq!(
+        stats.close_started, stats.opened,
+        "a stream left open: {stats:?}"
+    );
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_the_next_turn_right_after_a_start_dropped_before_its_answer_waits_for_its_end() {
+    the_next_turn_right_after_a_dropped_start(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn g5_the_next_turn_right_after_a_start_dropped_with_its_answer_waiting_waits_for_its_end() {
+    the_next_turn_right_after_a_dropped_start(true).await;
+}
