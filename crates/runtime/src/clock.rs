@@ -29,3 +29,11 @@ impl Clock {
         }
     }
 }
+
+/// The instant `bound` from now on tokio's clock; a bound too long to
+/// represent is as good as none (about a century).
+pub(crate) fn after(bound: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(bound)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600))
+}

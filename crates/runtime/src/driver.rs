@@ -576,11 +576,7 @@ impl Driver {
         }
         // The recorder's budget for the shutdown's writes starts now.
         let bound = self.config.shutdown_bound(drain);
-        let now = tokio::time::Instant::now();
-        // A bound too long to represent is as good as none.
-        let deadline = now
-            .checked_add(bound)
-            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let deadline = crate::clock::after(bound);
         self.shutdown_deadline.send_replace(Some(deadline));
         let _ = self.input(event);
         self.shutting_down.cancel();
@@ -886,8 +882,13 @@ impl Driver {
                 // the end of the previous turn; the work streams once it is
                 // committed.
                 let (started_tx, started) = oneshot::channel();
-                let (told, announced) =
-                    crate::told::StartTold::start(work, self.loopback.clone(), started_tx);
+                let deadline = crate::clock::after(self.config.store_timeout);
+                let (told, announced) = crate::told::StartTold::start(
+                    work,
+                    self.loopback.clone(),
+                    started_tx,
+                    deadline,
+                );
                 let at = self.wall_now;
                 // Only what the turn adds to the conversation is stored.
                 let input = {

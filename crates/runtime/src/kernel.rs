@@ -309,7 +309,7 @@ impl Kernel {
         make: impl FnOnce(crate::told::RegisterTold) -> Command,
     ) -> Result<Arc<crate::shared::SessionShared>, RuntimeError> {
         let patience = self.store_timeout();
-        let deadline = tokio::time::Instant::now() + patience;
+        let deadline = crate::clock::after(patience);
         let send = |reply| self.send(make(reply));
         let withdraw = |session, error| {
             let _ = self.send(Command::Withdraw { session, error });

@@ -143,9 +143,10 @@ impl SessionHandle {
         options: Option<Box<TurnOptions>>,
     ) -> Result<Turn, RuntimeError> {
         self.kernel.limits().check(&request)?;
-        // The caller is told within the store timeout of its ask.
+        // The caller is told within the store timeout of its start's write
+        // handed on: at once for most starts, after the turn before has
+        // ended for one that waited for that (see `told.rs`).
         let patience = self.kernel.store_timeout();
-        let deadline = tokio::time::Instant::now() + patience;
         let session = self.id();
         let started = self
             .kernel
@@ -166,7 +167,7 @@ impl SessionHandle {
         // work fails on its own, and the handle is dropped without a
         // cancel). A caller gone while it waits drops the handle, which
         // cancels the turn.
-        match announced.wait(deadline, patience).await {
+        match announced.wait(patience).await {
             Some(Ok(())) => Ok(turn),
             Some(Err(error)) => {
                 turn.refused();

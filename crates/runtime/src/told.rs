@@ -150,12 +150,13 @@ pub(crate) type StartTold = Told<StartWaiters>;
 
 impl StartTold {
     /// The waiters of `work`'s start, the work's (`done`) and the caller's:
-    /// the caller waits on the [`Announced`]; a refusal is told to the core
-    /// through `commands` first.
+    /// the caller waits on the [`Announced`], at the latest until
+    /// `deadline`; a refusal is told to the core through `commands` first.
     pub(crate) fn start(
         work: WorkId,
         commands: mpsc::WeakUnboundedSender<Command>,
         done: oneshot::Sender<Result<(), StoreError>>,
+        deadline: tokio::time::Instant,
     ) -> (StartTold, Announced) {
         let (announce, told) = oneshot::channel();
         let slot = Told::new(StartWaiters {
@@ -167,6 +168,7 @@ impl StartTold {
         let announced = Announced {
             told,
             slot: slot.clone(),
+            deadline,
         };
         (slot, announced)
     }
@@ -177,18 +179,20 @@ impl StartTold {
 pub(crate) struct Announced {
     told: oneshot::Receiver<Result<(), StoreError>>,
     slot: StartTold,
+    /// The store timeout from the start's write handed on: a start that
+    /// first waited for a cancelled turn's end (the settle timeout bounds
+    /// that, G5) is not refused for that wait as if the store had not
+    /// answered.
+    deadline: tokio::time::Instant,
 }
 
 impl Announced {
-    /// How the start went, at the latest at `deadline` (the store timeout,
-    /// `patience`, from the ask); `None` when the kernel stopped without
-    /// saying.
-    pub(crate) async fn wait(
-        self,
-        deadline: tokio::time::Instant,
-        patience: Duration,
-    ) -> Option<Result<(), StoreError>> {
-        match self.slot.wait(self.told, deadline).await {
+    /// How the start went, at the latest at its deadline (the store
+    /// timeout, `patience`, from its write handed on, which for a start
+    /// nothing held back is its ask); `None` when the kernel stopped
+    /// without saying.
+    pub(crate) async fn wait(self, patience: Duration) -> Option<Result<(), StoreError>> {
+        match self.slot.wait(self.told, self.deadline).await {
             Ok(told) => told,
             // At the bound: both sides are told, the work and this caller.
             Err((waiters, last)) => {

@@ -1656,3 +1656,45 @@ async fn g7_the_next_turn_right_after_a_refused_start_waits_for_its_end_on_threa
     }
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// A start's store timeout counts the store's part only: a start that
+/// waited for a cancelled turn's end longer than the store timeout (a
+/// settle timeout longer than it) is written and started once that turn
+/// ended, on a store that answers within its timeout, not refused as if
+/// the store had not answered.
+#[tokio::test(start_paused = true)]
+async fn g7_a_start_that_waited_for_a_settle_past_the_store_timeout_is_not_refused_for_it() {
+    let store = Faulty::default();
+    let settle = Duration::from_secs(3);
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .settle_timeout(settle)
+        .store_timeout(Duration::from_secs(1))
+        .start()
+        .await
+        .expect("the runtime starts");
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([
+        TurnScript::new(numbered("c", 100))
+            .chunk_delay(100 * MS)
+            .end(settle_stream::ScriptedEnd::IgnoreCancel),
+        complete(&["next"], 5 * MS),
+    ]);
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 1).await;
+    // Each write takes 100 ms from now on: well within the store timeout.
+    store.slow_ms.store(100, Ordering::SeqCst);
+    drop(turn);
+    let asked = tokio::time::Instant::now();
+    let next = session
+        .run_turn(p.clone(), settle_runtime::TurnRequest::prompt("next"))
+        .await
+        .expect("started once the turn before was detached");
+    assert!(
+        asked.elapsed() >= settle - 100 * MS,
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(next.outcome().await, Outcome::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
