@@ -10,9 +10,11 @@
 //! `future_into_py` is not:
 //!
 //! - **Cancel reaches Rust.** A done callback sees the asyncio future
-//!   cancelled and cancels a token the Rust side selects on (or, for a call
-//!   that must finish to be safe, such as a turn's start, that the Rust side
-//!   checks once it is done: the turn it then drops is cancelled). A done
+//!   cancelled and cancels a token the Rust side selects on (a turn's
+//!   start gives up where it is and lets go of its place among the
+//!   session's starts only once the turn it made is cancelled; other calls
+//!   that must finish to be safe run to their end and drop what they made,
+//!   which a result nobody reads cancels). A done
 //!   callback runs at the loop's next pass; a read of a turn's next chunk
 //!   cannot wait that long, since its caller may start the session's next
 //!   turn in the same step, so its future's own `cancel()` cancels the turn
@@ -118,22 +120,6 @@ where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     awaitable(py, here, CancellationToken::new(), OnCancel::Finish, work)
-}
-
-/// [`finishing`], with `at_once` called by the future's own `cancel()`
-/// (see [`awaitable_with`]).
-pub(crate) fn finishing_with<'py, F, T>(
-    py: Python<'py>,
-    here: &Here,
-    at_once: Bound<'py, PyAny>,
-    work: F,
-) -> PyResult<Bound<'py, PyAny>>
-where
-    F: Future<Output = PyResult<T>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    let token = CancellationToken::new();
-    awaitable_with(py, here, Some(at_once), token, OnCancel::Finish, work)
 }
 
 /// An awaitable on the running loop that resolves with what `work` gives

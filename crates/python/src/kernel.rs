@@ -136,6 +136,11 @@ impl PyKernel {
     /// `SessionClosed`: `hold()` it for that time. (The SPEC's defaults for
     /// a gateway, `settle serve`, are 30 minutes and 1,000.)
     ///
+    /// `store_timeout` (seconds) bounds each call that waits for the store
+    /// to write (a registration, a turn's start): past it the call raises
+    /// `StoreError` with what the store last said (a locked file, a full
+    /// disk), and the write is still made once the store heals.
+    ///
     /// Do not open the same SQLite file with Python's `sqlite3` module in
     /// this process: the package carries its own SQLite, and two copies in
     /// one process do not see each other's locks (a write of one can land
@@ -146,7 +151,8 @@ impl PyKernel {
     /// Raises `BadInput` for a database that cannot be opened, `StoreError`
     /// when the store fails.
     #[staticmethod]
-    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<Text>,
@@ -155,9 +161,11 @@ impl PyKernel {
         idle_timeout: Option<f64>,
         idle_ttl: Option<f64>,
         lru_cap: Option<Whole<usize>>,
+        store_timeout: f64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (db, lru_cap) = (db.map(|d| d.0), lru_cap.map(|c| c.0));
         let settle = seconds(settle_timeout, "settle_timeout")?;
+        let store_timeout = seconds(store_timeout, "store_timeout")?;
         let drain = seconds(drain_timeout, "drain_timeout")?;
         let idle = idle_timeout
             .map(|t| seconds(t, "idle_timeout"))
@@ -192,7 +200,8 @@ impl PyKernel {
                     .drain_timeout(drain)
                     .idle_timeout(idle)
                     .idle_ttl(idle_ttl)
-                    .lru_cap(lru_cap);
+                    .lru_cap(lru_cap)
+                    .store_timeout(store_timeout);
                 let bound = config.shutdown_bound(drain);
                 let kernel = Kernel::builder(store)
                     .with_config(config)

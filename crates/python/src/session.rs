@@ -11,7 +11,7 @@ use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Text;
-use crate::awaitable::{awaitable, finishing, finishing_with, running_loop, OnCancel};
+use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::handover::{CancelHandedOver, Handover};
@@ -32,8 +32,8 @@ pub(crate) struct PySession {
     name: String,
     parent: Option<u64>,
     /// Turn starts through this object, one at a time: a start whose
-    /// caller was cancelled keeps its place until the turn it made has
-    /// ended (see `turn`).
+    /// caller was cancelled keeps its place until the turn it made is
+    /// cancelled (see `turn`).
     starts: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -253,25 +253,53 @@ impl PySession {
         });
         let (handle, owner) = (handle.clone(), self.owner.clone());
         let starts = self.starts.clone();
-        // The start runs to its end even if the caller's task is cancelled.
-        // The turn it made is then never handed over: it is cancelled before
-        // its place is let go, and the next start through this session
-        // waits in the kernel until it has ended (see `handover.rs`).
-        // A cancel of its task after the turn was handed over, before the
-        // task resumed, cancels that turn at once (`CancelHandedOver`).
+        // A cancel of the caller's task (or the awaitable collected) cancels
+        // `gone`, at the loop's next pass. The start then gives up wherever
+        // it is: dropping the kernel's start cancels the turn it made (G4:
+        // its source closed once), before its place is let go, so the next
+        // start through this session reaches the kernel after that cancel
+        // and waits there for the turn's end, as after any cancel, instead
+        // of being refused "a turn is still running", or waiting for the
+        // store to answer a start nobody wants (during a stall, a whole
+        // store timeout before its own began). A start done just before
+        // the cancel hands a turn nobody will read: `Handover` cancels it,
+        // and a cancel after the turn was handed over, before the task
+        // resumed, cancels it at once (`CancelHandedOver`).
+        let gone = CancellationToken::new();
         let at_once = Bound::new(py, CancelHandedOver)?.into_any();
-        finishing_with(py, here, at_once, async move {
-            let place = starts.lock_owned().await;
-            // A turn cancelled just before (one never handed over, or one
-            // its caller cancelled) may still be settling: the kernel's
-            // start waits for its end, which the settle timeout bounds (G5).
-            let turn = match options {
-                None => handle.run_turn(provider, request).await,
-                Some(options) => handle.run_turn_with(provider, request, options).await,
-            };
-            let turn = turn.map_err(errors::turn_refused)?;
-            Ok(Handover::new(turn, owner, watch, place))
-        })
+        let cancelled = || errors::error("the turn's start was cancelled");
+        awaitable_with(
+            py,
+            here,
+            Some(at_once),
+            gone.clone(),
+            OnCancel::Finish,
+            async move {
+                let place = tokio::select! {
+                    biased;
+                    () = gone.cancelled() => return Err(cancelled()),
+                    place = starts.lock_owned() => place,
+                };
+                // A turn cancelled just before (one never handed over, or one
+                // its caller cancelled) may still be settling: the kernel's
+                // start waits for its end, which the settle timeout bounds (G5).
+                let starting = async {
+                    match options {
+                        None => handle.run_turn(provider, request).await,
+                        Some(options) => handle.run_turn_with(provider, request, options).await,
+                    }
+                };
+                // The select's futures are gone before its arms run: the start
+                // is dropped (its turn cancelled) before `place` is.
+                let turn = tokio::select! {
+                    biased;
+                    () = gone.cancelled() => return Err(cancelled()),
+                    turn = starting => turn,
+                };
+                let turn = turn.map_err(errors::turn_refused)?;
+                Ok(Handover::new(turn, owner, watch, place))
+            },
+        )
     }
 
     /// Runs `coroutine` as an asyncio task under this session's lifecycle

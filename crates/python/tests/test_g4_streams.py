@@ -387,3 +387,54 @@ async def test_g5_a_turn_handed_to_a_task_cancelled_before_it_resumed_is_cancell
         assert running.closes == 1
     stored = [turn["outcome"] for turn in await session.transcript()]
     assert stored == ["cancelled", "completed"] * 5, stored
+
+
+LOCKER = """
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+c.execute("BEGIN EXCLUSIVE")
+c.execute("CREATE TABLE IF NOT EXISTS held_lock(x)")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+async def test_g7_a_start_right_after_one_cancelled_during_a_stall_is_answered_at_its_own_store_timeout(db):
+    """A turn's start cancelled while the store is stalled (another process
+    holds SQLite's write lock), then the next turn asked at once: the next
+    start is answered within the store timeout of its own ask (refused
+    with the store's cause), not after the cancelled start's store timeout
+    and then its own; once the store heals, the session's next turn runs,
+    and the stored turns keep their numbers."""
+    import subprocess
+    import sys
+
+    async with await settle.Kernel.open(db, settle_timeout=0.5, store_timeout=2.0) as kernel:
+        session = await kernel.register("s")
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, db, "5"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            assert locker.stdout.readline().strip() == "locked"
+            first = Stream(["x"])
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(session.turn(first, input="first"), 0.2)
+            asked = time.monotonic()
+            with pytest.raises(settle.StoreError):
+                await session.turn(Stream(["y"]), input="second")
+            waited = time.monotonic() - asked
+            # Its own store timeout (2 s) and a margin; before, the cancelled
+            # start's place came first: about 1.8 s more.
+            assert waited < 3.0, f"answered {waited:.1f} s after its ask"
+        finally:
+            locker.kill()
+            locker.wait()
+        fresh = Stream(["a", "b"])
+        async with await session.turn(fresh, input="third") as turn:
+            assert [chunk.text async for chunk in turn] == ["a", "b"]
+        assert turn.outcome == "completed"
+        assert first.closes <= 1
+        stored = [(t["no"], t["outcome"]) for t in await session.transcript()]
+        assert stored[-1] == (len(stored), "completed"), stored
+        assert [no for no, _ in stored] == list(range(1, len(stored) + 1)), stored

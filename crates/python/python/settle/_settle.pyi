@@ -208,6 +208,7 @@ class Kernel:
         idle_timeout: Optional[float] = ...,
         idle_ttl: Optional[float] = None,
         lru_cap: Optional[int] = None,
+        store_timeout: float = 10.0,
     ) -> Awaitable[Kernel]: ...
     def register(
         self, name: str, parent: Union[Session, int, None] = None, *, budget: Optional[Budget] = None
