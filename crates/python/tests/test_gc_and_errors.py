@@ -49,15 +49,18 @@ async def test_g4_a_collected_turn_start_awaitable_leaves_no_turn_running(kernel
     pending = session.turn(source)
     del pending
     gc.collect()
-    [turn] = await ended_turns(session)
-    assert turn["outcome"] == "cancelled"
-    await eventually(lambda: all(s.closes for s in made), "what was opened closed")
-    assert [s.closes for s in made] in ([], [1])
     # The session takes its next turn (its start waits for the cancelled
     # turn to have ended, if it has not yet).
     again = await session.turn(Stream(["next"]))
     async with again:
         assert [c.text async for c in again] == ["next"]
+    # The collected start gave up where it was: before the kernel made its
+    # turn (no turn), or after (that turn cancelled, its source closed once
+    # if it was opened).
+    outcomes = [turn["outcome"] for turn in await ended_turns(session)]
+    assert outcomes in (["completed"], ["cancelled", "completed"]), outcomes
+    await eventually(lambda: all(s.closes for s in made), "what was opened closed")
+    assert [s.closes for s in made] in ([], [1])
 
 
 async def test_a_joined_task_is_let_go_of_with_its_result(kernel):
