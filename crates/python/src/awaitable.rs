@@ -159,7 +159,7 @@ where
     let event_loop = running_loop(py)?;
     let mailbox = here.deliver.mailbox(&event_loop)?;
     let future = match at_once {
-        None => event_loop.call_method0(intern!(py, "create_future"))?,
+        None => call(py, &event_loop)?,
         Some(at_once) => cancels_at_once(py, &event_loop, at_once)?,
     };
     let callback = Bound::new(
@@ -193,6 +193,19 @@ where
         });
     });
     Ok(future)
+}
+
+static CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// A plain kernel call's future on `event_loop`: `_bridge.Call`, which
+/// `asyncio.create_task` takes as it takes a coroutine.
+fn call<'py>(py: Python<'py>, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let class = CALL.get_or_try_init(py, || {
+        bridge(py)?.getattr(intern!(py, "Call")).map(Bound::unbind)
+    })?;
+    let options = PyDict::new(py);
+    options.set_item(intern!(py, "loop"), event_loop)?;
+    class.bind(py).call((), Some(&options))
 }
 
 /// A future on `event_loop` whose own `cancel()` calls `at_once` before it
@@ -267,7 +280,7 @@ fn resolve<T>(
 
 /// An awaitable already resolved with `value` (for `__aenter__`).
 pub(crate) fn ready<'py>(py: Python<'py>, value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let future = running_loop(py)?.call_method0("create_future")?;
+    let future = call(py, &running_loop(py)?)?;
     future.call_method1("set_result", (value,))?;
     Ok(future)
 }

@@ -103,7 +103,40 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
             sink.closed()
 
 
-class CancelsAtOnce(asyncio.Future):  # type: ignore[type-arg]
+class Call(asyncio.Future):  # type: ignore[type-arg]
+    """What every kernel call returns: an ``asyncio.Future`` that is also a
+    coroutine in the sense ``asyncio`` checks (``send``, ``throw`` and
+    ``close``, as ``collections.abc.Coroutine`` asks), so that
+    ``asyncio.create_task(session.finish())`` and ``TaskGroup.create_task``
+    take it as they take the coroutines of other libraries. Awaited by a
+    task made that way, it is that task's future: cancelling the task
+    cancels the call, as cancelling a task awaiting it does."""
+
+    __slots__ = ("_awaiting",)
+
+    def _steps(self) -> Any:
+        try:
+            return self._awaiting
+        except AttributeError:
+            self._awaiting = self.__await__()
+            return self._awaiting
+
+    def send(self, value: Any) -> Any:
+        """A step of a task that runs this as its coroutine."""
+        return self._steps().send(value)
+
+    def throw(self, *error: Any) -> Any:
+        """A task's cancel (or another exception) thrown into its step. A
+        task cancelled before its first step throws its cancel here rather
+        than cancelling this future: the call is cancelled all the same."""
+        self.cancel()
+        return self._steps().throw(*error)
+
+    def close(self) -> None:
+        """Nothing to close: the call is the kernel's, cancelled by ``cancel()``."""
+
+
+class CancelsAtOnce(Call):
     """The future a read of a turn's next chunk, or a turn's start, makes its
     task wait on: its ``cancel()``, which is what cancelling that task
     calls, cancels the turn before it returns (``_on_cancel(future)``, set by

@@ -1,0 +1,79 @@
+"""Kernel calls as tasks of their own: what a framework does with the
+awaitables of any asyncio library (``asyncio.create_task(child.finish())``
+to end its children together, ``TaskGroup.create_task``), with the same
+guarantees as awaiting them in place."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+import settle
+from conftest import Stream, eventually
+
+
+async def test_g1_children_finished_as_tasks_of_their_own_are_finalized_and_their_streams_closed(kernel):
+    root = await kernel.register("root")
+    children = [await root.child(f"c{i}") for i in range(3)]
+    running = [Stream(["x"], delay=0.05, forever=True) for _ in children]
+    turns = [await child.turn(stream, input="go") for child, stream in zip(children, running)]
+    await eventually(lambda: all(stream.sent for stream in running), "every child streaming")
+    finishing = [asyncio.create_task(child.finish()) for child in children]
+    await asyncio.gather(*finishing)
+    for child in children:
+        assert [t["outcome"] for t in await child.transcript()] == ["cancelled"]
+    await asyncio.create_task(root.finish())
+    assert [await child.state() for child in children] == ["finalized"] * 3
+    assert await root.state() == "finalized"
+    for stream in running:
+        await eventually(lambda: stream.closes, "a child's stream closed")
+        assert stream.closes == 1
+    with pytest.raises(settle.SessionClosed):
+        await asyncio.create_task(children[0].turn(Stream(["y"])))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup is Python 3.11's")
+async def test_g1_a_task_group_takes_kernel_calls(kernel):
+    root = await kernel.register("root")
+    async with asyncio.TaskGroup() as group:
+        made = [group.create_task(root.child(f"c{i}")) for i in range(3)]
+    children = [task.result() for task in made]
+    assert [await child.state() for child in children] == ["registered"] * 3
+    async with asyncio.TaskGroup() as group:
+        for child in children:
+            group.create_task(child.finish())
+    assert [await child.state() for child in children] == ["finalized"] * 3
+
+
+async def test_g5_cancelling_the_task_of_a_turn_start_cancels_the_turn_and_the_next_start_waits(kernel):
+    """The task ``create_task`` made of a turn's start is that start's
+    caller: cancelled, the turn it made is cancelled (its stream closed
+    once), and the session's next turn, asked in the same step, waits for
+    that turn's end instead of being refused."""
+    session = await kernel.register("s")
+    cancelled = 0
+    for passes in (0, 1, 2) * 3:
+        running = Stream(["x"], delay=0.05, forever=True)
+        starting = asyncio.create_task(session.turn(running, input="go"))
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        if starting.done():
+            # Started and handed over already: nothing left to cancel.
+            await starting.result().aclose()
+            continue
+        starting.cancel()
+        cancelled += 1
+        async with await session.turn(Stream(["a", "b"]), input="again") as turn:
+            assert [chunk.text async for chunk in turn] == ["a", "b"]
+        assert turn.outcome == "completed"
+        try:
+            started = await starting
+        except asyncio.CancelledError:
+            pass
+        else:
+            await started.aclose()
+        await eventually(lambda: running.closes or not running.sent, "the cancelled start's stream closed")
+        assert running.closes <= 1
+    assert cancelled >= 6, cancelled
