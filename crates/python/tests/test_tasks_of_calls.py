@@ -77,3 +77,19 @@ async def test_g5_cancelling_the_task_of_a_turn_start_cancels_the_turn_and_the_n
         await eventually(lambda: running.closes or not running.sent, "the cancelled start's stream closed")
         assert running.closes <= 1
     assert cancelled >= 6, cancelled
+
+
+async def test_one_call_run_by_several_tasks_gives_each_its_result(kernel):
+    """A call is a future: several tasks made of it, at once or one after
+    another, each get its result (or its error), as several awaiting it do."""
+    session = await kernel.register("s")
+    call = session.state()
+    together = await asyncio.gather(asyncio.create_task(call), asyncio.create_task(call))
+    assert together == ["registered", "registered"]
+    assert await asyncio.create_task(call) == "registered"
+    assert await call == "registered"
+    await session.finish()
+    failing = session.finish()
+    for _ in range(2):
+        with pytest.raises(settle.SessionClosed):
+            await asyncio.create_task(failing)

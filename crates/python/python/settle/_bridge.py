@@ -112,25 +112,29 @@ class Call(asyncio.Future):  # type: ignore[type-arg]
     task made that way, it is that task's future: cancelling the task
     cancels the call, as cancelling a task awaiting it does."""
 
-    __slots__ = ("_awaiting",)
+    __slots__ = ()
 
-    def _steps(self) -> Any:
-        try:
-            return self._awaiting
-        except AttributeError:
-            self._awaiting = self.__await__()
-            return self._awaiting
-
+    # The steps are those of ``Future.__await__``, kept in no iterator of
+    # their own: one call may be the coroutine of several tasks, or of a
+    # second one after the first has ended, as a future may be awaited by
+    # several.
     def send(self, value: Any) -> Any:
-        """A step of a task that runs this as its coroutine."""
-        return self._steps().send(value)
+        """A step of a task that runs this as its coroutine: this future,
+        for the task to wait on, until it is done; then its result."""
+        if not self.done():
+            self._asyncio_future_blocking = True
+            return self
+        raise StopIteration(self.result())
 
-    def throw(self, *error: Any) -> Any:
+    def throw(self, error: Any, *rest: Any) -> Any:
         """A task's cancel (or another exception) thrown into its step. A
         task cancelled before its first step throws its cancel here rather
         than cancelling this future: the call is cancelled all the same."""
         self.cancel()
-        return self._steps().throw(*error)
+        if isinstance(error, type):
+            value = rest[0] if rest else None
+            error = value if isinstance(value, error) else error() if value is None else error(value)
+        raise error
 
     def close(self) -> None:
         """Nothing to close: the call is the kernel's, cancelled by ``cancel()``."""
