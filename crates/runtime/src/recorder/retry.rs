@@ -18,6 +18,15 @@
 //! ended it `failed`, and that end, queued behind its start, is written
 //! too, so the stored turns keep the kernel's numbers with no gap.
 //!
+//! A finalize waits behind every write queued here, of any session, while
+//! any is (G1 in the store): the recorder does not know the tree, and a
+//! parent's finalize handed on while a child's writes wait here would be
+//! committed first, leaving the store with a finalized parent over a live
+//! child for the outage, and for good if a shutdown gives the child's up.
+//! The queue is one, in the order the writes were decided, so a retry
+//! batch writes children's finalizes before their parents', as the core
+//! decided them.
+//!
 //! Once a shutdown's budget is spent, what is still queued is given up:
 //! each waiter is told, and the session is left for recovery (G8).
 
@@ -62,13 +71,15 @@ impl Queued {
     }
 }
 
-/// The writes waiting to be tried again, per session, in order.
+/// The writes waiting to be tried again, in the order they were decided.
 #[derive(Default)]
 pub(crate) struct Retries {
-    queued: HashMap<SessionId, VecDeque<Queued>>,
-    /// The sessions in the order they were first queued, so a retry batch
-    /// keeps the order the writes were decided in.
-    order: VecDeque<SessionId>,
+    /// Every waiting write with its session, in order: a retry batch keeps
+    /// the order the writes were decided in.
+    queue: VecDeque<(SessionId, Queued)>,
+    /// The sessions with writes waiting: how many, and what the store said
+    /// last of the latest (what keeps a write diverted behind them waiting).
+    held: HashMap<SessionId, (usize, Unwritten)>,
     /// The wait before the next try, doubled after each failed one
     /// (see `backoff.rs`).
     wait: Option<Backoff>,
@@ -145,46 +156,56 @@ pub(super) fn landed_before(
 impl Retries {
     /// Whether nothing waits.
     pub(super) fn is_empty(&self) -> bool {
-        self.queued.is_empty()
+        self.queue.is_empty()
     }
 
     /// Whether writes about `session` wait here (so its next ones must too).
     pub(super) fn holds(&self, session: SessionId) -> bool {
-        self.queued.contains_key(&session)
+        self.held.contains_key(&session)
     }
 
-    /// Queues a write the store did not take, behind its session's others.
+    /// Queues a write the store did not take, behind every other.
     pub(super) fn push(&mut self, session: SessionId, queued: Queued) {
-        let entry = self.queued.entry(session).or_default();
-        if entry.is_empty() {
-            self.order.push_back(session);
-        }
-        entry.push_back(queued);
+        let last = queued.last.clone();
+        self.held
+            .entry(session)
+            .and_modify(|(count, latest)| {
+                *count += 1;
+                *latest = last.clone();
+            })
+            .or_insert((1, last));
+        self.queue.push_back((session, queued));
         if self.next.is_none() {
             let wait = self.wait.get_or_insert_with(Backoff::new).current();
             self.next = Some(Instant::now() + wait);
         }
     }
 
-    /// Moves the writes of `pending` about sessions that have writes
-    /// waiting here behind those, keeping the rest (and their order).
+    /// Moves the writes of `pending` that must wait behind those waiting
+    /// here (any about a session with writes waiting, and any finalize
+    /// while anything waits), keeping the rest (and their order).
     pub(super) fn divert(
         &mut self,
         pending: &mut Pending,
         session_of: impl Fn(&LifecycleWrite) -> Option<SessionId>,
     ) {
-        if self.queued.is_empty() {
+        if self.queue.is_empty() {
             return;
         }
         let writes = std::mem::take(&mut pending.writes);
         let answers = std::mem::take(&mut pending.answers);
         for (write, answer) in writes.into_iter().zip(answers) {
+            let finalize = matches!(write, LifecycleWrite::Finalize { .. });
             match session_of(&write) {
-                Some(session) if self.holds(session) => {
-                    let last = self.queued[&session]
-                        .back()
-                        .map(|q| q.last.clone())
-                        .unwrap_or(Unwritten::TimedOut(Duration::ZERO));
+                Some(session) if finalize || self.holds(session) => {
+                    let last = match self.held.get(&session) {
+                        Some((_, latest)) => latest.clone(),
+                        None => self
+                            .queue
+                            .back()
+                            .map(|(_, q)| q.last.clone())
+                            .unwrap_or(Unwritten::TimedOut(Duration::ZERO)),
+                    };
                     // What keeps it waiting, for a caller told at its bound.
                     answer.note_failure(&last);
                     self.push(
@@ -210,26 +231,21 @@ impl Retries {
         self.next
     }
 
-    /// Takes every waiting write, session by session in the order they
-    /// were queued, for one more try; the next wait doubles.
+    /// Takes every waiting write, in the order they were decided, for one
+    /// more try; the next wait doubles.
     pub(super) fn take(&mut self) -> Vec<(SessionId, Queued)> {
-        let mut taken = Vec::new();
-        for session in std::mem::take(&mut self.order) {
-            if let Some(queued) = self.queued.remove(&session) {
-                taken.extend(queued.into_iter().map(|q| (session, q)));
-            }
-        }
+        self.held.clear();
         self.next = None;
         match &mut self.wait {
             Some(wait) => wait.advance(),
             None => self.wait = Some(Backoff::new()),
         }
-        taken
+        std::mem::take(&mut self.queue).into()
     }
 
     /// The store took a try: the next failure starts from the first wait.
     pub(super) fn healed(&mut self) {
-        if self.queued.is_empty() {
+        if self.queue.is_empty() {
             self.wait = None;
         }
     }
@@ -240,7 +256,7 @@ impl Retries {
     /// and is written once the store takes it.
     pub(super) fn tell_turn_ends(&mut self, patience: Duration) {
         let now = Instant::now();
-        for q in self.queued.values_mut().flatten() {
+        for (_, q) in &mut self.queue {
             q.tell_turn_end(patience, now);
         }
     }
@@ -252,26 +268,27 @@ impl Retries {
     pub(super) fn expired(&mut self, patience: Duration) -> Vec<(Answer, Unwritten)> {
         let now = Instant::now();
         let mut expired = Vec::new();
-        self.queued.retain(|_, queue| {
-            let mut kept = VecDeque::with_capacity(queue.len());
-            for mut q in queue.drain(..) {
-                if kept_until_written(&q.write) || now.duration_since(q.since) < patience {
-                    kept.push_back(q);
-                } else if matches!(q.write, LifecycleWrite::StartTurn { .. }) {
-                    if let Some(told) = q.answer.take_start_waiting() {
-                        expired.push((told, q.last.clone()));
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for (session, mut q) in self.queue.drain(..) {
+            if kept_until_written(&q.write) || now.duration_since(q.since) < patience {
+                kept.push_back((session, q));
+            } else if matches!(q.write, LifecycleWrite::StartTurn { .. }) {
+                if let Some(told) = q.answer.take_start_waiting() {
+                    expired.push((told, q.last.clone()));
+                }
+                kept.push_back((session, q));
+            } else {
+                expired.push((q.answer, q.last));
+                if let Some((count, _)) = self.held.get_mut(&session) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.held.remove(&session);
                     }
-                    kept.push_back(q);
-                } else {
-                    expired.push((q.answer, q.last));
                 }
             }
-            *queue = kept;
-            !queue.is_empty()
-        });
-        let queued = &self.queued;
-        self.order.retain(|s| queued.contains_key(s));
-        if self.queued.is_empty() {
+        }
+        self.queue = kept;
+        if self.queue.is_empty() {
             self.next = None;
         }
         expired

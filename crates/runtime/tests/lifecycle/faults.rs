@@ -1698,3 +1698,46 @@ async fn g7_a_start_that_waited_for_a_settle_past_the_store_timeout_is_not_refus
     assert_eq!(next.outcome().await, Outcome::Completed);
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// G1 in the store through a blip: a child whose writes wait to be tried
+/// again (its turn's end failed, as on a locked database) is finalized in
+/// the store before its parent, never after. The parent's finalize, which
+/// the store would take at once (it writes no turn), waits behind the
+/// child's, so that no moment, and no shutdown that gives the child up,
+/// leaves the store with a finalized parent over a live child.
+#[tokio::test(start_paused = true)]
+async fn g1_a_parent_is_not_finalized_in_the_store_before_a_child_whose_writes_wait_to_be_tried_again(
+) {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    let child = kernel.register("child", Some(root.id())).await.unwrap();
+    let mut events = kernel.subscribe();
+    let p = provider([complete(&["a"], MS)]);
+    let mut turn = start(&child, &p).await;
+    // Every batch holding a turn's end fails until the store heals.
+    store.fail_turn_writes.store(usize::MAX, Ordering::SeqCst);
+    assert_eq!(read_chunks(&mut turn, 1).await, ["a"]);
+    tokio::time::sleep(20 * MS).await;
+    let finishing = tokio::spawn({
+        let root = root.clone();
+        async move { root.finish().await }
+    });
+    tokio::time::sleep(500 * MS).await;
+    let parent = detail(&store.inner, root.id()).await.session;
+    let kid = detail(&store.inner, child.id()).await.session;
+    assert!(
+        parent.state != State::Finalized || kid.state == State::Finalized,
+        "the parent is finalized in the store over a live child: {parent:?} {kid:?}"
+    );
+    store.fail_turn_writes.store(0, Ordering::SeqCst);
+    assert_eq!(finishing.await.unwrap().unwrap(), EndReason::Completed);
+    let kid = detail(&store.inner, child.id()).await.session;
+    assert_eq!(kid.state, State::Finalized, "{kid:?}");
+    let order = finalized(&drain(&mut events));
+    assert!(
+        position(&order, child.id()) < position(&order, root.id()),
+        "{order:?}"
+    );
+    kernel.shutdown(Duration::ZERO).await;
+}
