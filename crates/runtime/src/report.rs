@@ -18,6 +18,13 @@ pub struct ShutdownReport {
     /// Sessions whose finalize was not committed (the store failed, or did not
     /// answer within the shutdown's budget), during the shutdown or before
     /// it: left for `recover` (G8). Empty unless the store failed.
+    ///
+    /// A write the store was still working on at the budget's end (a
+    /// transaction waiting for SQLite's lock, a server that has not
+    /// answered) may be committed after the shutdown returned: a session
+    /// named here may then be found finalized, its children with it, as the
+    /// kernel decided (a finalize is written only with or after its
+    /// children's, G1). Recovering such a session changes nothing (G2).
     pub left_recoverable: Vec<SessionId>,
     /// Store writes that failed during the shutdown.
     pub store_failures: usize,
