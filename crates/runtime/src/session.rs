@@ -158,7 +158,9 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        let started = self.unless_stopped(started, Event::StartTurn { session });
+        let started = self
+            .unless_stopped(started, Event::StartTurn { session })
+            .await;
         let (work, chunks, outcome, announced, retries) = started?;
         let turn = Turn::new(work.claim(), chunks, outcome, retries)
             .cancel_on_drop(self.kernel.commands());
@@ -202,7 +204,9 @@ impl SessionHandle {
                 reply,
             })
             .await;
-        let started = self.unless_stopped(started, Event::StartTask { session });
+        let started = self
+            .unless_stopped(started, Event::StartTask { session })
+            .await;
         let (work, outcome) = started?;
         Ok(crate::task::handle(
             work,
@@ -368,7 +372,7 @@ impl SessionHandle {
     /// to use it, whether or not the core still keeps its record.
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
         match self.kernel.core(event.clone()).await {
-            Err(RuntimeError::Stopped) => self.answer_stopped(&event),
+            Err(RuntimeError::Stopped) => self.answer_stopped(&event).await,
             answered => answered,
         }
     }
@@ -376,8 +380,14 @@ impl SessionHandle {
     /// What `event` gets once the kernel has stopped: if the session was
     /// finalized, the answer the core's table gives a finalized session
     /// (the same as before the stop, G2, G10); else (left for recovery, or
-    /// stopped before its end) `Stopped`.
-    fn answer_stopped(&self, event: &Event) -> Result<Handled, RuntimeError> {
+    /// stopped before its end) `Stopped`. Its driver ends before its
+    /// recorder has committed the last finalizes, so the answer waits for
+    /// the whole stop, which says how the session ended, at most the store
+    /// timeout (a finalize the store has not taken by then is one a stalled
+    /// store leaves for recovery; and a kernel whose runtime is gone never
+    /// says it stopped).
+    async fn answer_stopped(&self, event: &Event) -> Result<Handled, RuntimeError> {
+        let _ = tokio::time::timeout(self.kernel.store_timeout(), self.kernel.stopped()).await;
         match (self.shared.end(), settle_core::answer_finalized(event)) {
             (Some(End::Finalized(_)), Some(answer)) => answer.map_err(RuntimeError::from),
             _ => Err(RuntimeError::Stopped),
@@ -386,13 +396,13 @@ impl SessionHandle {
 
     /// `result`, unless it is `Stopped`: then what `event` gets from a
     /// stopped kernel ([`answer_stopped`](Self::answer_stopped)).
-    fn unless_stopped<T>(
+    async fn unless_stopped<T>(
         &self,
         result: Result<T, RuntimeError>,
         event: Event,
     ) -> Result<T, RuntimeError> {
         match result {
-            Err(RuntimeError::Stopped) => match self.answer_stopped(&event) {
+            Err(RuntimeError::Stopped) => match self.answer_stopped(&event).await {
                 Err(error) => Err(error),
                 // The table lets nothing start in a finalized session.
                 Ok(_) => Err(RuntimeError::Stopped),

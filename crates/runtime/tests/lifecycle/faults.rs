@@ -1741,3 +1741,39 @@ async fn g1_a_parent_is_not_finalized_in_the_store_before_a_child_whose_writes_w
     );
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// A handle used while the kernel stops, after its driver has ended but
+/// before its recorder has committed the last finalizes, is answered as a
+/// finalized session's handle is (G2, G10), once the stop has said how the
+/// session ended: not `Stopped`, which is for a session left for recovery.
+#[tokio::test(start_paused = true)]
+async fn g10_a_handle_used_while_the_kernel_stops_is_answered_by_how_its_session_ended() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    let child = kernel.register("child", Some(root.id())).await.unwrap();
+    // Each batch takes 200 ms from now on: the finalizes are committed well
+    // after the driver has handed them on and ended.
+    store.slow_ms.store(200, Ordering::SeqCst);
+    let stopping = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { kernel.shutdown(Duration::ZERO).await }
+    });
+    tokio::time::sleep(50 * MS).await;
+    assert!(
+        !stopping.is_finished(),
+        "the store's writes are still on their way"
+    );
+    let hold = child.hold(settle_core::Hold::PendingInput).await;
+    assert!(
+        matches!(hold, Err(RuntimeError::SessionClosed(id)) if id == child.id()),
+        "{hold:?}"
+    );
+    let finish = root.finish().await;
+    assert!(
+        matches!(finish, Err(RuntimeError::SessionClosed(id)) if id == root.id()),
+        "{finish:?}"
+    );
+    let report = stopping.await.unwrap();
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+}
