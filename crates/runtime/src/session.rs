@@ -325,15 +325,22 @@ impl SessionHandle {
 
     /// The session's state now, as the lifecycle core has it (the store's
     /// row may lag behind it): `Finalized` from the moment its finalize is
-    /// ordered.
+    /// ordered. Once the kernel has stopped, `Finalized` for a session the
+    /// stop finalized, as a finalized session's other calls answer.
     ///
     /// # Errors
-    /// When the kernel stopped.
+    /// `Stopped` when the kernel stopped without finalizing it (left for
+    /// recovery).
     pub async fn state(&self) -> Result<State, RuntimeError> {
         let session = self.id();
-        self.kernel
+        let state = self
+            .kernel
             .ask(|reply| Command::State { session, reply })
-            .await
+            .await;
+        match state {
+            Err(RuntimeError::Stopped) if self.stopped_finalized().await => Ok(State::Finalized),
+            other => other,
+        }
     }
 
     /// This session's own lifecycle events from now on: its transitions,
@@ -387,11 +394,20 @@ impl SessionHandle {
     /// store leaves for recovery; and a kernel whose runtime is gone never
     /// says it stopped).
     async fn answer_stopped(&self, event: &Event) -> Result<Handled, RuntimeError> {
-        let _ = tokio::time::timeout(self.kernel.store_timeout(), self.kernel.stopped()).await;
-        match (self.shared.end(), settle_core::answer_finalized(event)) {
-            (Some(End::Finalized(_)), Some(answer)) => answer.map_err(RuntimeError::from),
+        match (
+            self.stopped_finalized().await,
+            settle_core::answer_finalized(event),
+        ) {
+            (true, Some(answer)) => answer.map_err(RuntimeError::from),
             _ => Err(RuntimeError::Stopped),
         }
+    }
+
+    /// Whether the kernel's stop finalized this session, once it says (see
+    /// [`answer_stopped`](Self::answer_stopped)).
+    async fn stopped_finalized(&self) -> bool {
+        let _ = tokio::time::timeout(self.kernel.store_timeout(), self.kernel.stopped()).await;
+        matches!(self.shared.end(), Some(End::Finalized(_)))
     }
 
     /// `result`, unless it is `Stopped`: then what `event` gets from a

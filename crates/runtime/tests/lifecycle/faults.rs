@@ -1776,4 +1776,6 @@ async fn g10_a_handle_used_while_the_kernel_stops_is_answered_by_how_its_session
     );
     let report = stopping.await.unwrap();
     assert!(report.left_recoverable.is_empty(), "{report:?}");
+    // After the stop, as every call of a finalized session says.
+    assert_eq!(child.state().await.unwrap(), State::Finalized);
 }
