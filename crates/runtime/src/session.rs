@@ -245,12 +245,37 @@ impl SessionHandle {
         .await
     }
 
-    /// Cancels only the turn in flight; the session stays open.
+    /// Cancels only the turn in flight (a chat's "stop"), without its
+    /// [`Turn`]; the session stays open. The cancel is queued to the kernel
+    /// when this is called, before the returned future is polled, so a
+    /// turn started after this call, awaited or not, waits for the
+    /// cancelled turn's end instead of being refused because it still runs.
+    /// Answers `Applied` when a turn was cancelled, `NoOp` when none ran
+    /// (or it was cancelled already), `AlreadyFinalized` for a finalized
+    /// session.
     ///
     /// # Errors
     /// When the kernel stopped.
-    pub async fn cancel_turn(&self) -> Result<Handled, RuntimeError> {
-        self.event(Event::CancelTurn { session: self.id() }).await
+    pub fn cancel_turn(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Handled, RuntimeError>> + Send + 'static {
+        let event = Event::CancelTurn { session: self.id() };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let sent = self.kernel.send(Command::Core {
+            event: event.clone(),
+            reply: Some(reply),
+        });
+        let this = self.clone();
+        async move {
+            let answered = match sent {
+                Ok(()) => answer.await.unwrap_or(Err(RuntimeError::Stopped)),
+                Err(stopped) => Err(stopped),
+            };
+            match answered {
+                Err(RuntimeError::Stopped) => this.answer_stopped(&event).await,
+                answered => answered,
+            }
+        }
     }
 
     /// Closes the session on a user's request: cancel first, then finalize

@@ -524,3 +524,28 @@ async fn g5_the_next_turn_right_after_a_start_dropped_before_its_answer_waits_fo
 async fn g5_the_next_turn_right_after_a_start_dropped_with_its_answer_waiting_waits_for_its_end() {
     the_next_turn_right_after_a_dropped_start(true).await;
 }
+
+/// A chat's "stop" without the turn's handle (a frontend that holds only
+/// the session): `cancel_turn()` is queued to the kernel when it is
+/// called, so the next turn, asked before that call's future is even
+/// polled, waits for the cancelled turn's end instead of being refused
+/// because it still runs.
+#[tokio::test(start_paused = true)]
+async fn g5_a_turn_asked_right_after_cancel_turn_is_called_waits_for_the_cancelled_ones_end() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([hang(&["a"], 5 * MS), complete(&["b"], MS)]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["a"]);
+    let stopping = session.cancel_turn();
+    let mut next = session
+        .run_turn(p.clone(), TurnRequest::prompt("next"))
+        .await
+        .expect("the next turn waits for the stopped one's end");
+    applied(stopping.await);
+    assert_eq!(read_chunks(&mut next, 1).await, ["b"]);
+    assert_eq!(next.outcome().await, settle_runtime::Outcome::Completed);
+    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Cancelled);
+    kernel.shutdown(Duration::ZERO).await;
+}
