@@ -61,6 +61,13 @@ pyo3::create_exception!(
     "The session's budget (its own or an ancestor's `settle.Budget`) is spent: the turn was refused, and the subtree is wound down `budget_exhausted`."
 );
 
+pyo3::create_exception!(
+    settle,
+    TurnRunning,
+    Error,
+    "A turn was refused because the session's turn before still runs (until it is read to its end, `aclose()`d, cancelled or dropped): stop it with `session.cancel_turn()`, and the next `turn(...)` waits for its end."
+);
+
 /// A plain `settle.Error`.
 pub(crate) fn error(message: impl Into<String>) -> PyErr {
     Error::new_err(message.into())
@@ -109,9 +116,10 @@ pub(crate) fn turn_refused(error: RuntimeError) -> PyErr {
         ..
     }) = &error
     {
-        return Error::new_err(format!(
+        return TurnRunning::new_err(format!(
             "{error}: its current turn is still running; read it to its end or aclose() it \
-             (leaving `async with turn:` does; a `break` out of a bare `async for` does not)"
+             (leaving `async with turn:` does; a `break` out of a bare `async for` does not), \
+             or stop it with session.cancel_turn()"
         ));
     }
     runtime(error)
@@ -138,6 +146,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("BadInput", py.get_type::<BadInput>())?;
     module.add("Detached", py.get_type::<Detached>())?;
     module.add("Cancelled", py.get_type::<Cancelled>())?;
+    module.add("TurnRunning", py.get_type::<TurnRunning>())?;
     module.add("BudgetExhausted", py.get_type::<BudgetExhausted>())?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use settle_runtime::Turn;
 use tokio::sync::OwnedMutexGuard;
+use tokio_util::sync::CancellationToken;
 
 use crate::process::Owner;
 use crate::provider::PumpWatch;
@@ -25,14 +26,24 @@ use crate::turn::PyTurn;
 pub(crate) struct Handover {
     turn: Option<(Turn, Owner, Arc<PumpWatch>)>,
     place: Option<OwnedMutexGuard<()>>,
+    /// Cancelled by the session's `cancel_turn()`: then never handed over.
+    stopped: CancellationToken,
 }
 
 impl Handover {
-    /// `turn`, holding `place` until it is handed over or cancelled.
-    pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>, place: OwnedMutexGuard<()>) -> Self {
+    /// `turn`, holding `place` until it is handed over or cancelled, unless
+    /// `stopped` first.
+    pub fn new(
+        turn: Turn,
+        owner: Owner,
+        pump: Arc<PumpWatch>,
+        place: OwnedMutexGuard<()>,
+        stopped: CancellationToken,
+    ) -> Self {
         Handover {
             turn: Some((turn, owner, pump)),
             place: Some(place),
+            stopped,
         }
     }
 }
@@ -44,6 +55,13 @@ impl<'py> IntoPyObject<'py> for Handover {
 
     /// Handed over: the place is free.
     fn into_pyobject(mut self, py: Python<'py>) -> PyResult<Self::Output> {
+        // Stopped on the loop's thread before this ran: the turn is
+        // cancelled with this handover's drop, before its place is let go.
+        if self.stopped.is_cancelled() {
+            return Err(crate::errors::Cancelled::new_err(
+                "the turn's start was stopped by cancel_turn()",
+            ));
+        }
         self.place.take();
         let Some((turn, owner, pump)) = self.turn.take() else {
             return Err(crate::errors::error("the turn was handed over already"));

@@ -35,12 +35,16 @@ pub(crate) struct PySession {
     /// caller was cancelled keeps its place until the turn it made is
     /// cancelled (see `turn`).
     starts: Arc<tokio::sync::Mutex<()>>,
+    /// Cancelled by `cancel_turn()` (and then replaced): every start
+    /// through this object not handed over yet gives up.
+    stop: std::sync::Mutex<CancellationToken>,
 }
 
 impl PySession {
     pub fn new(handle: SessionHandle, owner: Owner, idle: Option<Duration>) -> Self {
         PySession {
             starts: Arc::default(),
+            stop: std::sync::Mutex::default(),
             idle,
             id: handle.id().get(),
             name: handle.name().to_owned(),
@@ -265,9 +269,15 @@ impl PySession {
         // the cancel hands a turn nobody will read: `Handover` cancels it,
         // and a cancel after the turn was handed over, before the task
         // resumed, cancels it at once (`CancelHandedOver`).
-        let gone = CancellationToken::new();
+        // `cancel_turn()` stops it too, handed over or not yet.
+        let gone = self
+            .stop
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .child_token();
         let at_once = Bound::new(py, CancelHandedOver)?.into_any();
-        let cancelled = || errors::error("the turn's start was cancelled");
+        let cancelled = || errors::Cancelled::new_err("the turn's start was stopped");
+        let stopped = gone.clone();
         awaitable_with(
             py,
             here,
@@ -297,7 +307,7 @@ impl PySession {
                     turn = starting => turn,
                 };
                 let turn = turn.map_err(errors::turn_refused)?;
-                Ok(Handover::new(turn, owner, watch, place))
+                Ok(Handover::new(turn, owner, watch, place, stopped))
             },
         )
     }
@@ -379,6 +389,40 @@ impl PySession {
                     handle.id()
                 ))),
                 _ => Ok(()),
+            }
+        })
+    }
+
+    /// Stops the session's turn (a chat's "stop") without its `Turn`: the
+    /// turn running is cancelled (its source closed once, G4), and every
+    /// start through this `Session` not yet handed to its caller gives up
+    /// and raises `settle.Cancelled`. The cancel reaches the kernel when
+    /// this is called, so the next `turn(...)`, awaited right after or
+    /// not, waits for the stopped turn's end instead of raising
+    /// `settle.TurnRunning`, whatever holds the stopped turn (a task, a
+    /// `TaskGroup`, `wait_for`). Resolves to `True` when a running turn was
+    /// cancelled, `False` when none ran. Raises `AlreadyFinalized` when the
+    /// session was (G2).
+    fn cancel_turn<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        check_write(py)?;
+        let stopping = std::mem::take(
+            &mut *self
+                .stop
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        stopping.cancel();
+        self.call(py, OnCancel::Finish, |handle| {
+            let answer = handle.cancel_turn();
+            async move {
+                match answer.await.map_err(errors::runtime)? {
+                    Handled::Applied => Ok(true),
+                    Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
+                        "session {} was already finalized",
+                        handle.id()
+                    ))),
+                    _ => Ok(false),
+                }
             }
         })
     }

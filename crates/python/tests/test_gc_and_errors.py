@@ -100,6 +100,7 @@ def test_every_exception_is_a_settle_error():
         settle.BadInput,
         settle.Detached,
         settle.Cancelled,
+        settle.TurnRunning,
     ):
         assert issubclass(cls, settle.Error)
         assert cls.__doc__

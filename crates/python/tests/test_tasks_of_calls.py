@@ -6,6 +6,7 @@ guarantees as awaiting them in place."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
 import pytest
@@ -93,3 +94,69 @@ async def test_one_call_run_by_several_tasks_gives_each_its_result(kernel):
     for _ in range(2):
         with pytest.raises(settle.SessionClosed):
             await asyncio.create_task(failing)
+
+
+async def _read_through(session, mode, stream):
+    """A reader that awaits its turn's start through `mode`, as frameworks do."""
+    if mode == "wait_for":
+        turn = await asyncio.wait_for(session.turn(stream, input="go"), 10)
+    elif mode == "create_task":
+        turn = await asyncio.create_task(session.turn(stream, input="go"))
+    elif mode == "task_group":
+        async with asyncio.TaskGroup() as group:
+            started = group.create_task(session.turn(stream, input="go"))
+        turn = started.result()
+    else:
+        turn = await session.turn(stream, input="go")
+    async with turn:
+        async for _ in turn:
+            pass
+
+
+@pytest.mark.parametrize("mode", ["direct", "wait_for", "create_task", "task_group"])
+async def test_g5_stop_then_next_through_cancel_turn_whatever_holds_the_turn(kernel, mode):
+    """A chat's "stop" then the next message, where the stopped turn is held
+    by a wrapper the session's owner does not reach (a task, a TaskGroup,
+    wait_for): ``cancel_turn()``, called (not even awaited) before the next
+    ``turn(...)``, stops the running turn and any start in flight, so the
+    next turn waits for its end and is never refused ``TurnRunning``."""
+    if mode == "task_group" and sys.version_info < (3, 11):
+        pytest.skip("asyncio.TaskGroup is Python 3.11's")
+    session = await kernel.register("chat")
+    streams = []
+    for passes in (0, 1, 2, 3, 5, 8) * 4:
+        running = Stream(["x"], delay=0.005, forever=True)
+        streams.append(running)
+        reader = asyncio.create_task(_read_through(session, mode, running))
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        reader.cancel()
+        stopping = session.cancel_turn()
+        async with await session.turn(Stream(["a", "b"]), input="next") as turn:
+            assert [chunk.text async for chunk in turn] == ["a", "b"]
+        assert turn.outcome == "completed"
+        assert await stopping in (True, False)
+        with contextlib.suppress(asyncio.CancelledError, settle.Cancelled):
+            await reader
+    for stream in streams:
+        await eventually(lambda: stream.closes or not stream.sent, "a stopped turn's stream closed")
+        assert stream.closes <= 1
+    outcomes = [t["outcome"] for t in await session.transcript()]
+    assert outcomes.count("completed") == 24, outcomes
+    assert set(outcomes) <= {"completed", "cancelled"}, outcomes
+
+
+async def test_a_turn_asked_while_the_one_before_runs_raises_turn_running(kernel):
+    session = await kernel.register("s")
+    running = await session.turn(Stream(["x"], delay=0.01, forever=True), input="go")
+    with pytest.raises(settle.TurnRunning, match="cancel_turn"):
+        await session.turn(Stream(["y"]), input="again")
+    assert await session.cancel_turn() is True
+    assert await session.cancel_turn() is False
+    async with await session.turn(Stream(["y"]), input="again") as turn:
+        assert [chunk.text async for chunk in turn] == ["y"]
+    await running.aclose()
+    assert running.outcome == "cancelled"
+    await session.finish()
+    with pytest.raises(settle.AlreadyFinalized):
+        await session.cancel_turn()

@@ -87,6 +87,7 @@ from settle._settle import (
     StoreError,
     Task,
     Turn,
+    TurnRunning,
     shutdown_all as _shutdown_all,
 )
 
@@ -109,6 +110,7 @@ __all__ = [
     "StoreError",
     "Task",
     "Turn",
+    "TurnRunning",
 ]
 
 # Interpreter exit shuts down every kernel still open (G9), each within its

@@ -26,6 +26,7 @@ __all__ = [
     "StoreError",
     "Task",
     "Turn",
+    "TurnRunning",
     "shutdown_all",
 ]
 
@@ -72,7 +73,13 @@ class Detached(Error):
     """G5: the task ignored its cancel past the settle timeout and was detached."""
 
 class Cancelled(Error):
-    """The task was cancelled and gave no result."""
+    """The task was cancelled and gave no result, or a turn's start was
+    stopped by ``Session.cancel_turn()``."""
+
+class TurnRunning(Error):
+    """A turn was refused because the session's turn before still runs:
+    stop it with ``Session.cancel_turn()``; the next turn then waits for
+    its end."""
 
 class BudgetExhausted(Error):
     """The session's budget (its own or an ancestor's) is spent."""
@@ -187,6 +194,10 @@ class Session:
     def spawn(self, coroutine: Awaitable[Any]) -> _Call[Task]: ...
     def finish(self) -> _Call[str]: ...
     def cancel(self, *, immediate: bool = True) -> _Call[None]: ...
+    def cancel_turn(self) -> _Call[bool]:
+        """Stops the session's turn (and its starts in flight) without its
+        ``Turn``; queued to the kernel at the call, so the next turn waits
+        for the stopped one's end. ``True`` when a running turn was cancelled."""
     def close(self) -> _Call[str]: ...
     def hold(self, kind: str = "input") -> _Call[None]: ...
     def release(self, kind: str = "input") -> _Call[None]: ...
