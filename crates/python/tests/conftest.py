@@ -20,6 +20,18 @@ import settle
 #: Far above what any wait needs on an idle machine: only a hang trips it.
 PATIENCE = 30.0
 
+#: A child interpreter's code that takes SQLite's write lock on ``argv[1]``
+#: (another process, as a program's own tool would), says "locked", and
+#: holds it for ``argv[2]`` seconds: the store stalls meanwhile.
+LOCKER = """
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+c.execute("BEGIN EXCLUSIVE")
+c.execute("CREATE TABLE IF NOT EXISTS held_lock(x)")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
 
 @pytest.fixture
 def db(tmp_path: Path) -> str:

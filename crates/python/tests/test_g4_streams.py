@@ -13,7 +13,7 @@ import time
 import pytest
 
 import settle
-from conftest import PATIENCE, Stream, eventually
+from conftest import LOCKER, PATIENCE, Stream, eventually
 
 
 async def test_g4_stream_closed_once_on_end(kernel):
@@ -389,14 +389,6 @@ async def test_g5_a_turn_handed_to_a_task_cancelled_before_it_resumed_is_cancell
     assert stored == ["cancelled", "completed"] * 5, stored
 
 
-LOCKER = """
-import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
-c.execute("BEGIN EXCLUSIVE")
-c.execute("CREATE TABLE IF NOT EXISTS held_lock(x)")
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-"""
 
 
 async def test_g7_a_start_right_after_one_cancelled_during_a_stall_is_answered_at_its_own_store_timeout(db):

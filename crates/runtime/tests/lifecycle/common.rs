@@ -27,6 +27,14 @@ pub fn provider(turns: impl IntoIterator<Item = TurnScript>) -> Arc<ScriptedProv
     Arc::new(ScriptedProvider::new(turns))
 }
 
+/// A turn that streams a chunk every 100 ms and ignores its cancel: its
+/// work unwinds only when detached at the settle deadline (G5).
+pub fn ignores_cancel() -> TurnScript {
+    TurnScript::new(numbered("c", 100))
+        .chunk_delay(Duration::from_millis(100))
+        .end(ScriptedEnd::IgnoreCancel)
+}
+
 /// A turn that streams `chunks` (one every `delay`) and then hangs open.
 pub fn hang(chunks: &[&str], delay: Duration) -> TurnScript {
     TurnScript::new(chunks.iter().copied())

@@ -1674,12 +1674,7 @@ async fn g7_a_start_that_waited_for_a_settle_past_the_store_timeout_is_not_refus
         .await
         .expect("the runtime starts");
     let session = kernel.register("chat", None).await.unwrap();
-    let p = provider([
-        TurnScript::new(numbered("c", 100))
-            .chunk_delay(100 * MS)
-            .end(settle_stream::ScriptedEnd::IgnoreCancel),
-        complete(&["next"], 5 * MS),
-    ]);
+    let p = provider([ignores_cancel(), complete(&["next"], 5 * MS)]);
     let mut turn = start(&session, &p).await;
     read_chunks(&mut turn, 1).await;
     // Each write takes 100 ms from now on: well within the store timeout.

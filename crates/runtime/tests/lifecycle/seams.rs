@@ -12,7 +12,7 @@ use settle_runtime::{
     WorkKind,
 };
 use settle_store::{MemoryStore, Store};
-use settle_stream::{ScriptedProvider, TurnScript};
+use settle_stream::ScriptedProvider;
 
 use crate::common::*;
 
@@ -213,12 +213,7 @@ async fn g5_a_start_waiting_behind_a_work_that_ignores_its_cancel_starts_at_the_
     let settle = Duration::from_millis(500);
     let kernel = runtime_on(&store, |b| b.settle_timeout(settle)).await;
     let session = kernel.register("chat", None).await.unwrap();
-    let p = provider([
-        TurnScript::new(numbered("c", 100))
-            .chunk_delay(100 * MS)
-            .end(settle_stream::ScriptedEnd::IgnoreCancel),
-        complete(&["next"], 5 * MS),
-    ]);
+    let p = provider([ignores_cancel(), complete(&["next"], 5 * MS)]);
     let mut turn = start(&session, &p).await;
     read_chunks(&mut turn, 1).await;
     drop(turn);
@@ -432,18 +427,16 @@ fn signals_get_their_default_action_once_the_kernel_stopped() {
     }
 }
 
-/// Starts a turn on a stream that never ends and drops the start's future
-/// after one poll, before it gave the turn (what a `timeout` or a
-/// `select!` that gives up does): at once, so that the driver's answer
-/// finds nobody, or once every task ran, so that the answer waits unread
-/// in the start's channel. The turn must end as if its `Turn` had been
-/// dropped: cancelled, its stream closed, the session free for the next.
-async fn a_dropped_start(answered: bool) {
+/// Starts a turn on `p` and drops the start's future after one poll (its
+/// command sent), before it gave the turn: at once, so that the driver's
+/// answer finds nobody, or, `answered`, once every task ran, so that the
+/// answer waits unread in the start's channel.
+async fn drop_a_start_after_one_poll(
+    session: &SessionHandle,
+    p: &Arc<ScriptedProvider>,
+    answered: bool,
+) {
     use std::future::Future;
-    let store = MemoryStore::new();
-    let kernel = runtime_on(&store, |b| b).await;
-    let session = kernel.register("chat", None).await.unwrap();
-    let p = provider([hang(&[], MS)]);
     let mut starting = Box::pin(session.run_turn(p.clone(), TurnRequest::prompt("go")));
     let waker = futures_util::task::noop_waker();
     let mut cx = std::task::Context::from_waker(&waker);
@@ -452,6 +445,20 @@ async fn a_dropped_start(answered: bool) {
         settle_tasks().await;
     }
     drop(starting);
+}
+
+/// Starts a turn on a stream that never ends and drops the start's future
+/// after one poll, before it gave the turn (what a `timeout` or a
+/// `select!` that gives up does): at once, so that the driver's answer
+/// finds nobody, or once every task ran, so that the answer waits unread
+/// in the start's channel. The turn must end as if its `Turn` had been
+/// dropped: cancelled, its stream closed, the session free for the next.
+async fn a_dropped_start(answered: bool) {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("chat", None).await.unwrap();
+    let p = provider([hang(&[], MS)]);
+    drop_a_start_after_one_poll(&session, &p, answered).await;
     settle_tasks().await;
     tokio::time::sleep(100 * MS).await;
     let stats = p.stats();
@@ -485,19 +492,11 @@ async fn g4_a_turn_whose_start_was_dropped_with_its_answer_waiting_is_cancelled_
 /// turn its caller never had. `answered`: the kernel had answered the
 /// first start, unread, before it was dropped.
 async fn the_next_turn_right_after_a_dropped_start(answered: bool) {
-    use std::future::Future;
     let store = MemoryStore::new();
     let kernel = runtime_on(&store, |b| b).await;
     let session = kernel.register("chat", None).await.unwrap();
     let p = provider([hang(&[], MS)]);
-    let mut starting = Box::pin(session.run_turn(p.clone(), TurnRequest::prompt("go")));
-    let waker = futures_util::task::noop_waker();
-    let mut cx = std::task::Context::from_waker(&waker);
-    assert!(starting.as_mut().poll(&mut cx).is_pending());
-    if answered {
-        settle_tasks().await;
-    }
-    drop(starting);
+    drop_a_start_after_one_poll(&session, &p, answered).await;
     let mut next = session
         .run_turn(
             provider([complete(&["next"], MS)]),
