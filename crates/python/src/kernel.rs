@@ -139,7 +139,9 @@ impl PyKernel {
     /// `store_timeout` (seconds) bounds each call that waits for the store
     /// to write (a registration, a turn's start): past it the call raises
     /// `StoreError` with what the store last said (a locked file, a full
-    /// disk), and the write is still made once the store heals.
+    /// disk), and the write is still made once the store heals (a
+    /// registration refused so is withdrawn). `0` refuses whatever the
+    /// store does not take at once.
     ///
     /// Do not open the same SQLite file with Python's `sqlite3` module in
     /// this process: the package carries its own SQLite, and two copies in

@@ -50,6 +50,13 @@ impl KernelBuilder {
     /// The `on_session_end` hook, fired once per finalized session, after its
     /// row is ended (SPEC §4 step 4), or could not be: the hook still fires
     /// then, told so by [`SessionEnd::row_ended`](crate::SessionEnd::row_ended).
+    ///
+    /// Hooks run on tasks of their own, up to
+    /// [`hook_concurrency`](crate::Config::hook_concurrency) at once (64):
+    /// a tree's hooks start in the order its sessions were finalized
+    /// (children first), but may end in any order, so a parent's hook may
+    /// run before its children's have finished. A hook that needs its
+    /// children's results waits for them itself.
     #[must_use]
     pub fn on_session_end(mut self, hook: impl SessionEndHook) -> Self {
         self.hook = Some(Arc::new(hook));
