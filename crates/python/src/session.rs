@@ -228,7 +228,11 @@ impl PySession {
     /// Resolves to a `settle.Turn` once the turn's start is stored.
     /// Cancelling the task awaiting it cancels the turn it makes (its
     /// source closed once); the next `turn(...)` through this object
-    /// waits for that turn's end rather than being refused.
+    /// waits for that turn's end rather than being refused. Raises
+    /// `settle.TurnRunning` while the session's turn before still runs
+    /// (`cancel_turn()` stops it), `settle.StoreError` when the store does
+    /// not take the start within the store timeout, and `settle.Cancelled`
+    /// when `cancel_turn()` stopped this start.
     #[pyo3(signature = (source, *, input = None, to_chunk = None, idle_timeout = None, first_event_timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn turn<'py>(
