@@ -19,7 +19,9 @@ use crate::error::{Context, StoreError};
 use crate::latch::{spend, Ending};
 use crate::lease::OwnerId;
 use crate::schema::{owners, released_holds, session_principals, sessions, turns};
-use crate::time::{duration_millis, opt_word, session_id, sid, to_millis, turn_no, word};
+use crate::time::{
+    duration_millis, known_sid, opt_word, session_id, sid, to_millis, turn_no, word,
+};
 use crate::timeline::{record, Step};
 
 /// Where a session is, as a process that may not own it asks (SPEC §12).
@@ -162,7 +164,7 @@ fn holds_lease(db: Db<'_>, me: OwnerId, now: i64) -> Result<i64, StoreError> {
 /// Where `id` is.
 pub(crate) fn locate(mut db: Db<'_>, id: SessionId) -> Result<Whereabouts, StoreError> {
     let now = crate::lease::store_now(db.reborrow())?;
-    let Some(r) = row(db.reborrow(), sid(id)?)? else {
+    let Some(r) = row(db.reborrow(), known_sid(id)?)? else {
         return Err(StoreError::UnknownSession(id));
     };
     if r.state == State::Finalized {
@@ -331,7 +333,7 @@ pub(crate) fn adopt(
     id: SessionId,
     at: SystemTime,
 ) -> Result<Adopted, StoreError> {
-    let raw = sid(id)?;
+    let raw = known_sid(id)?;
     write_tx!(db.reborrow(), |c| {
         let mut db = Db::from(c);
         bound_lock_waits(db.reborrow())?;
@@ -718,7 +720,7 @@ fn principal_of(mut db: Db<'_>, raw: i64) -> Result<Option<String>, StoreError> 
 
 /// [`SessionStore::principal`](crate::SessionStore::principal).
 pub(crate) fn principal(mut db: Db<'_>, id: SessionId) -> Result<Option<String>, StoreError> {
-    principal_of(db.reborrow(), sid(id)?)
+    principal_of(db.reborrow(), known_sid(id)?)
 }
 
 /// Record `principal` as who may use `id` through a gateway.

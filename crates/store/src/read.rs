@@ -13,7 +13,7 @@ use crate::conn::Db;
 use crate::error::{Context, StoreError};
 use crate::input::TurnInput;
 use crate::schema::{chunks, memories, owners, sessions, timeline, turns};
-use crate::time::{from_millis, json_value, opt_word, session_id, sid, turn_no, word};
+use crate::time::{from_millis, json_value, known_sid, opt_word, session_id, turn_no, word};
 
 /// One session, with exactly the fields `settle sessions --json` prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,7 +331,7 @@ pub(crate) fn chunk_row((_, seq, kind, text, data): ChunkColumns) -> Result<Chun
 
 /// One session with its turns, transcript and timeline.
 pub(crate) fn session_detail(mut db: Db<'_>, id: SessionId) -> Result<SessionDetail, StoreError> {
-    let raw = sid(id)?;
+    let raw = known_sid(id)?;
     // An owner is shown while its lease is live, by the store's clock, as
     // in a listing.
     let now = crate::lease::store_now(db.reborrow())?;
@@ -455,7 +455,7 @@ fn turn_error(
 
 /// The memory committed for session `id`, in commit order.
 pub(crate) fn memories(db: Db<'_>, id: SessionId) -> Result<Vec<MemoryRow>, StoreError> {
-    let raw = sid(id)?;
+    let raw = known_sid(id)?;
     let rows: Vec<(i64, String)> = on_db!(db, |c| memories::table
         .filter(memories::session.eq(raw))
         .order(memories::id.asc())

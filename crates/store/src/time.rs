@@ -61,6 +61,12 @@ pub(crate) fn sid(id: SessionId) -> Result<i64, StoreError> {
     })
 }
 
+/// A session id to look up: one past the database's range names no
+/// session (none can have it), and is answered as an unknown one.
+pub(crate) fn known_sid(id: SessionId) -> Result<i64, StoreError> {
+    i64::try_from(id.get()).map_err(|_| StoreError::UnknownSession(id))
+}
+
 /// A session id read from the database (ids are allocated positive).
 pub(crate) fn session_id(raw: i64) -> SessionId {
     SessionId(raw.unsigned_abs())

@@ -140,6 +140,14 @@ pub(crate) fn lists_and_details_carry_the_cli_fields(b: Backend) {
 
         let err = store.session_detail(SessionId(31_337)).await.unwrap_err();
         assert!(matches!(err, StoreError::UnknownSession(_)), "{err:?}");
+        // Past the database's integers no session can be: unknown too, not
+        // a failure of the store (a client's guess at an id).
+        let past = SessionId(1 << 63);
+        let err = store.session_detail(past).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::UnknownSession(id) if id == past),
+            "{err:?}"
+        );
     });
 }
 
