@@ -304,9 +304,18 @@ impl Kernel {
         &self,
         make: impl FnOnce(Reply<T>) -> Command,
     ) -> Result<T, RuntimeError> {
+        self.ask_now(make).answer().await
+    }
+
+    /// [`ask`](Self::ask), with the command queued to the kernel when this
+    /// is called, before the answer is awaited: whatever the caller asks
+    /// next is decided after it.
+    pub(crate) fn ask_now<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Asked<T> {
         let (tx, rx) = oneshot::channel();
-        self.send(make(tx))?;
-        rx.await.map_err(|_| RuntimeError::Stopped)?
+        Asked {
+            sent: self.send(make(tx)),
+            answer: rx,
+        }
     }
 
     /// Sends a registration and waits for it, within the store timeout of
@@ -551,5 +560,19 @@ impl Kernel {
     /// How many store writes have failed so far (the CLI exits 3 when any did).
     pub fn store_failures(&self) -> usize {
         self.inner.failures.load(Ordering::Relaxed)
+    }
+}
+
+/// A command queued to the kernel ([`Kernel::ask_now`]), its answer to come.
+pub(crate) struct Asked<T> {
+    sent: Result<(), RuntimeError>,
+    answer: oneshot::Receiver<Result<T, RuntimeError>>,
+}
+
+impl<T> Asked<T> {
+    /// The kernel's answer; `Stopped` when it stopped without one.
+    pub(crate) async fn answer(self) -> Result<T, RuntimeError> {
+        self.sent?;
+        self.answer.await.map_err(|_| RuntimeError::Stopped)?
     }
 }

@@ -260,22 +260,12 @@ impl SessionHandle {
         &self,
     ) -> impl std::future::Future<Output = Result<Handled, RuntimeError>> + Send + 'static {
         let event = Event::CancelTurn { session: self.id() };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let sent = self.kernel.send(Command::Core {
+        let asked = self.kernel.ask_now(|reply| Command::Core {
             event: event.clone(),
             reply: Some(reply),
         });
         let this = self.clone();
-        async move {
-            let answered = match sent {
-                Ok(()) => answer.await.unwrap_or(Err(RuntimeError::Stopped)),
-                Err(stopped) => Err(stopped),
-            };
-            match answered {
-                Err(RuntimeError::Stopped) => this.answer_stopped(&event).await,
-                answered => answered,
-            }
-        }
+        async move { this.answered(asked.answer().await, &event).await }
     }
 
     /// Closes the session on a user's request: cancel first, then finalize
@@ -403,8 +393,19 @@ impl SessionHandle {
     /// to a request to end it or let go of it, `SessionClosed` to a request
     /// to use it, whether or not the core still keeps its record.
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
-        match self.kernel.core(event.clone()).await {
-            Err(RuntimeError::Stopped) => self.answer_stopped(&event).await,
+        let answered = self.kernel.core(event.clone()).await;
+        self.answered(answered, &event).await
+    }
+
+    /// The core's answer to `event`, unless the kernel had stopped: then
+    /// what `event` gets from a stopped kernel ([`answer_stopped`](Self::answer_stopped)).
+    async fn answered(
+        &self,
+        answered: Result<Handled, RuntimeError>,
+        event: &Event,
+    ) -> Result<Handled, RuntimeError> {
+        match answered {
+            Err(RuntimeError::Stopped) => self.answer_stopped(event).await,
             answered => answered,
         }
     }
