@@ -68,6 +68,11 @@ pyo3::create_exception!(
     "A turn was refused because the session's turn before still runs (until it is read to its end, `aclose()`d, cancelled or dropped): stop it with `session.cancel_turn()`, and the next `turn(...)` waits for its end."
 );
 
+/// G2: `session` was already finalized; the request changed nothing.
+pub(crate) fn already_finalized(session: settle_core::SessionId) -> PyErr {
+    AlreadyFinalized::new_err(format!("session {session} was already finalized"))
+}
+
 /// A plain `settle.Error`.
 pub(crate) fn error(message: impl Into<String>) -> PyErr {
     Error::new_err(message.into())

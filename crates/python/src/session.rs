@@ -388,10 +388,7 @@ impl PySession {
         };
         self.call(py, OnCancel::Finish, move |handle| async move {
             match handle.cancel(mode).await.map_err(errors::runtime)? {
-                Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
-                    "session {} was already finalized",
-                    handle.id()
-                ))),
+                Handled::AlreadyFinalized => Err(errors::already_finalized(handle.id())),
                 _ => Ok(()),
             }
         })
@@ -421,10 +418,7 @@ impl PySession {
             async move {
                 match answer.await.map_err(errors::runtime)? {
                     Handled::Applied => Ok(true),
-                    Handled::AlreadyFinalized => Err(errors::AlreadyFinalized::new_err(format!(
-                        "session {} was already finalized",
-                        handle.id()
-                    ))),
+                    Handled::AlreadyFinalized => Err(errors::already_finalized(handle.id())),
                     _ => Ok(false),
                 }
             }

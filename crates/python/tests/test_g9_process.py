@@ -13,7 +13,7 @@ import pytest
 
 import settle
 
-from conftest import run_script
+from conftest import LOCKER, run_script
 
 
 SIGNALS_SCRIPT = """
@@ -459,18 +459,11 @@ async def test_g9_the_shutdown_report_says_what_the_store_committed_and_whether_
     assert report["store_failures"] == 0
 
 
-LOCKED_AT_EXIT_SCRIPT = """
+LOCKED_AT_EXIT_SCRIPT = f"""
 import asyncio, subprocess, sys, time
 import settle
 
-LOCKER = '''
-import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
-c.execute("BEGIN EXCLUSIVE")
-c.execute("CREATE TABLE IF NOT EXISTS held_lock(x)")
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-'''
+LOCKER = {LOCKER!r}
 
 async def main():
     kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.5, drain_timeout=1.0)
