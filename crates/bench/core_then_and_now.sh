@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The core row, today's core against an older commit's, on one op sequence.
 #
-#   crates/bench/core_then_and_now.sh COMMIT [--old-contract] [ROUNDS]
+#   crates/bench/core_then_and_now.sh COMMIT [--old-contract | --unscoped] [ROUNDS]
 #
 # Builds `then/harness.rs` (with the workload generator of today's
 # crates/core/benches/support/workload.rs copied in) against the settle-core
@@ -9,12 +9,14 @@
 # release with mimalloc, then prints each side's instructions (callgrind,
 # when valgrind is there) and user CPU seconds over five interleaved runs.
 # `--old-contract` feeds COMMIT the ops as the contract before WorkIds spelled
-# them (for commits before that change, e.g. 1997241).
+# them (for commits before that change, e.g. 1997241); `--unscoped` feeds it
+# registrations without a scope (for commits before scopes).
 set -euo pipefail
-commit=${1:?usage: core_then_and_now.sh COMMIT [--old-contract] [ROUNDS]}
+commit=${1:?usage: core_then_and_now.sh COMMIT [--old-contract | --unscoped] [ROUNDS]}
 shift
 old_features=""
 if [[ "${1:-}" == "--old-contract" ]]; then old_features="old_contract"; shift; fi
+if [[ "${1:-}" == "--unscoped" ]]; then old_features="unscoped"; shift; fi
 rounds=${1:-40}
 root=$(git rev-parse --show-toplevel)
 work=$(mktemp -d)
@@ -41,6 +43,7 @@ settle-core = { path = "$core" }
 mimalloc = { version = "0.1", default-features = false }
 [features]
 old_contract = []
+unscoped = []
 [profile.release]
 debug = 1
 [workspace]

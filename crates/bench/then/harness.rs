@@ -18,7 +18,7 @@ use std::hint::black_box; use std::time::Instant;
 fn event(op: Op) -> Option<Event> {
     let session = SessionId;
     Some(match op {
-        Op::Register(id) => Event::Register { session: session(id), parent: None },
+        Op::Register(id) => register(session(id)),
         Op::Start(id) => Event::StartTurn { session: session(id) },
         Op::End(id, _) => Event::TurnEnded { session: session(id), outcome: Outcome::Completed },
         Op::Finish(id) => Event::AgentFinished { session: session(id) },
@@ -27,6 +27,14 @@ fn event(op: Op) -> Option<Event> {
         Op::Forget(_) => return None,
     })
 }
+/// A root registration as the core of either side spells it (cores before
+/// scopes, and the old contract's, with the `unscoped` feature).
+#[cfg(not(any(feature = "unscoped", feature = "old_contract")))]
+fn register(session: SessionId) -> Event {
+    Event::Register { session, parent: None, scope: settle_core::Scope::SHARED }
+}
+#[cfg(any(feature = "unscoped", feature = "old_contract"))]
+fn register(session: SessionId) -> Event { Event::Register { session, parent: None } }
 #[cfg(feature = "old_contract")]
 fn policy() -> Policy { Policy { lru_cap: None, ..Policy::default() } }
 #[cfg(not(feature = "old_contract"))]
@@ -34,7 +42,7 @@ fn event(op: Op) -> Option<Event> {
     use settle_core::WorkId;
     let session = SessionId;
     Some(match op {
-        Op::Register(id) => Event::Register { session: session(id), parent: None },
+        Op::Register(id) => register(session(id)),
         Op::Start(id) => Event::StartTurn { session: session(id) },
         Op::End(id, no) => Event::WorkEnded { work: WorkId::turn(session(id), no), outcome: Outcome::Completed },
         Op::Finish(id) => Event::AgentFinished { session: session(id) },

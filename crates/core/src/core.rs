@@ -19,8 +19,8 @@ use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::view::SessionView;
 use crate::{
     Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Move, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, Transition, Transitions,
-    WorkId, WorkKind,
+    Hold, Move, Outcome, Policy, Scope, SessionId, ShutdownSummary, State, Sweep, Transition,
+    Transitions, WorkId, WorkKind,
 };
 
 /// The sans-IO lifecycle kernel for one tree (or forest) of agent sessions.
@@ -125,7 +125,11 @@ impl Core {
             }
         }
         let handled = match event {
-            Event::Register { session, parent } => self.register(now, session, parent),
+            Event::Register {
+                session,
+                parent,
+                scope,
+            } => self.register(now, session, parent, scope),
             Event::StartTurn { session } => self.start_work(now, session, WorkKind::Turn),
             Event::StartTask { session } => self.start_work(now, session, WorkKind::Task),
             Event::StreamAttached { work } => self.stream_attached(work),
@@ -169,7 +173,15 @@ impl Core {
                 turns,
                 last_outcome,
                 holds,
-            } => self.adopt(now, session, parent, turns, last_outcome, holds),
+                scope,
+            } => {
+                let carried = handoff::Carried {
+                    turns,
+                    last_outcome,
+                    holds,
+                };
+                self.adopt(now, session, parent, scope, carried)
+            }
         };
         if !self.interrupts.is_empty() {
             self.interrupt_delegations(now);
@@ -366,6 +378,7 @@ impl Core {
         now: Instant,
         id: SessionId,
         parent: Option<SessionId>,
+        scope: Scope,
     ) -> Result<Handled, Error> {
         if self.forgotten.contains(id) {
             return Err(Error::DuplicateSession(id));
@@ -374,13 +387,14 @@ impl Core {
         // asks: the id is looked up once, where its record is kept.
         let admitted = self
             .check_register(parent)
-            .and_then(|()| self.room_for(parent));
+            .and_then(|()| self.room_for(parent, scope));
         let victims = match admitted {
             Ok(victims) => victims,
             Err(_) if self.sessions.contains_key(&id) => return Err(Error::DuplicateSession(id)),
             Err(refused) => return Err(refused),
         };
-        let s = Session::new(parent, now);
+        let mut s = Session::new(parent, now);
+        s.scope = scope;
         self.enter(now, id, s, victims, Cause::Registered)?;
         Ok(Handled::Applied)
     }
@@ -431,10 +445,15 @@ impl Core {
     }
 
     /// The sessions to evict to make room under the LRU cap for one more
-    /// (under `parent`): the least recently active idle ones, the parent
-    /// spared (its child makes it busy), so that the new session is never
-    /// the one evicted. Refused, changing nothing, when too few can be.
-    fn room_for(&mut self, parent: Option<SessionId>) -> Result<Vec<SessionId>, Error> {
+    /// of `scope` (under `parent`): the least recently active idle ones of
+    /// that scope, the parent spared (its child makes it busy), so that
+    /// the new session is never the one evicted, nor a session of another
+    /// scope. Refused, changing nothing, when too few can be.
+    fn room_for(
+        &mut self,
+        parent: Option<SessionId>,
+        scope: Scope,
+    ) -> Result<Vec<SessionId>, Error> {
         let Some(cap) = self.policy.lru_cap else {
             return Ok(Vec::new());
         };
@@ -444,7 +463,7 @@ impl Core {
         }
         let victims = self
             .deadlines
-            .oldest_idle(&mut self.sessions, needed, parent);
+            .oldest_idle(&mut self.sessions, needed, parent, scope);
         if victims.len() < needed {
             return Err(Error::OverCapacity { cap });
         }

@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::{SessionId, WorkKind};
+use crate::{Scope, SessionId, WorkKind};
 
 /// When the core next wants [`Core::handle_timeout`](crate::Core::handle_timeout),
 /// and why (the model of str0m's timeout reason and firezone's
@@ -71,6 +71,9 @@ pub(crate) struct IdleMark {
 pub(crate) trait IdleMarks {
     /// The mark of `id`, if the session is still kept.
     fn mark_mut(&mut self, id: SessionId) -> Option<&mut IdleMark>;
+
+    /// The scope of `id`, if the session is still kept.
+    fn scope(&self, id: SessionId) -> Option<Scope>;
 }
 
 #[derive(Debug, Default)]
@@ -179,13 +182,19 @@ impl Deadlines {
         None
     }
 
-    /// The `n` oldest idle sessions but `spare`, oldest first (fewer when
-    /// there are not as many), leaving them in the index.
+    /// The `n` oldest idle sessions of `scope` but `spare`, oldest first
+    /// (fewer when there are not as many), leaving them in the index.
+    ///
+    /// Sessions of other scopes are looked past: with one scope that costs
+    /// nothing; with several, a registration at the cap looks at most at
+    /// every idle session once (O(k log k) for the k it looks past), and
+    /// only at the cap.
     pub fn oldest_idle(
         &mut self,
         marks: &mut impl IdleMarks,
         n: usize,
         spare: Option<SessionId>,
+        scope: Scope,
     ) -> Vec<SessionId> {
         let mut taken = Vec::with_capacity(n + 1);
         let mut oldest = Vec::with_capacity(n);
@@ -196,7 +205,7 @@ impl Deadlines {
             // Off the top for the next look, back in below as it was.
             self.idle.pop();
             taken.push(Reverse((since, id)));
-            if Some(id) != spare {
+            if Some(id) != spare && marks.scope(id) == Some(scope) {
                 oldest.push(id);
             }
         }

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::{Budget, CancelMode, Outcome, SessionId, WorkId};
+use crate::{Budget, CancelMode, Outcome, Scope, SessionId, WorkId};
 
 /// An input to the core: something that happened, or something asked of it.
 ///
@@ -37,14 +37,17 @@ use crate::{Budget, CancelMode, Outcome, SessionId, WorkId};
 pub enum Event {
     /// A new session, optionally under a parent that is registered or running
     /// and not closing. Refused while shutting down. At the LRU cap the least
-    /// recently active idle session is evicted first, so the new one never
-    /// is; with none to evict it is refused with
+    /// recently active idle session of its [`Scope`] is evicted first, so
+    /// the new one never is, nor a session of another scope; with none to
+    /// evict it is refused with
     /// [`Error::OverCapacity`](crate::Error::OverCapacity), changing nothing.
     Register {
         /// The caller-chosen identity (usually the store's row id).
         session: SessionId,
         /// The session that spawned this one.
         parent: Option<SessionId>,
+        /// Whose it is, for the LRU cap ([`Scope::SHARED`] with one tenant).
+        scope: Scope,
     },
     /// Start a turn. Accepted while the session is open, not closing, has no
     /// turn in flight, an active-session slot is free (or it holds one, see
@@ -280,6 +283,9 @@ pub enum Event {
         /// The holds it had when it was released (SPEC §5): held, it is
         /// reclaimable by no automatic path here either.
         holds: Holds,
+        /// Whose it is, for the LRU cap, as for [`Register`](Self::Register):
+        /// room is made for it only among sessions of this scope.
+        scope: Scope,
     },
 }
 

@@ -48,7 +48,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use settle_core::{Core, Effect, EndReason, Event, Outcome, Policy, SessionId, WorkId};
+//! use settle_core::{Core, Effect, EndReason, Event, Outcome, Policy, Scope, SessionId, WorkId};
 //!
 //! let mut core = Core::new(Policy::default());
 //! let start = Instant::now(); // the driver's clock, never the core's
@@ -65,8 +65,9 @@
 //! }
 //! let mut log = Vec::new();
 //!
-//! core.handle(start, Event::Register { session: root, parent: None })?;
-//! core.handle(start, Event::Register { session: child, parent: Some(root) })?;
+//! let scope = Scope::SHARED; // one tenant: the LRU cap weighs every session alike
+//! core.handle(start, Event::Register { session: root, parent: None, scope })?;
+//! core.handle(start, Event::Register { session: child, parent: Some(root), scope })?;
 //! // A start answers the work it admitted; the driver starts it at once.
 //! let work = core.handle(start, Event::StartTurn { session: child })?.started().unwrap();
 //! assert_eq!(work, WorkId::turn(child, 1));
@@ -105,6 +106,7 @@ mod forgotten;
 mod hash;
 mod id;
 mod policy;
+mod scope;
 mod session;
 mod sessions;
 mod tree;
@@ -122,6 +124,7 @@ pub use error::{Error, Handled};
 pub use event::{Event, Hold, Holds, Sweep};
 pub use id::{SessionId, WorkId, WorkKind};
 pub use policy::Policy;
+pub use scope::Scope;
 pub use view::SessionView;
 pub use vocabulary::{
     CancelMode, ChunkKind, EndReason, Outcome, State, TurnError, TurnErrorKind, UnknownWord,

@@ -2,7 +2,7 @@ use std::time::Instant;
 
 use crate::budget::Spent;
 use crate::deadlines::IdleMark;
-use crate::{CancelMode, EndReason, Holds, Outcome, SessionId, State, WorkId, WorkKind};
+use crate::{CancelMode, EndReason, Holds, Outcome, Scope, SessionId, State, WorkId, WorkKind};
 
 /// The core's record of one session. Kept small: an idle session costs a few
 /// hundred bytes (SPEC §9).
@@ -48,6 +48,9 @@ pub(crate) struct Session {
     pub budget: Option<Box<Spent>>,
     /// It or an ancestor has a budget: its turns and usage are counted.
     pub budgeted: bool,
+    /// Whose it is, for the LRU cap: only a registration of the same scope
+    /// evicts it.
+    pub scope: Scope,
 }
 
 /// Where a session stands once one of its works ended.
@@ -116,6 +119,7 @@ impl Session {
             orphan_deadline: None,
             budget: None,
             budgeted: false,
+            scope: Scope::SHARED,
         }
     }
 

@@ -13,7 +13,7 @@ use std::collections::hash_map::Entry;
 use crate::deadlines::{IdleMark, IdleMarks};
 use crate::hash::SessionMap;
 use crate::session::Session;
-use crate::SessionId;
+use crate::{Scope, SessionId};
 
 /// The core's kept session records, by id.
 #[derive(Debug, Default)]
@@ -81,6 +81,10 @@ impl Sessions {
 impl IdleMarks for Sessions {
     fn mark_mut(&mut self, id: SessionId) -> Option<&mut IdleMark> {
         self.get_mut(&id).map(|s| &mut s.idle)
+    }
+
+    fn scope(&self, id: SessionId) -> Option<Scope> {
+        self.get(&id).map(|s| s.scope)
     }
 }
 

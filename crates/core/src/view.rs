@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use crate::session::Session;
 use crate::sessions::Sessions;
-use crate::{Budget, CancelMode, EndReason, Outcome, SessionId, State, WorkId};
+use crate::{Budget, CancelMode, EndReason, Outcome, Scope, SessionId, State, WorkId};
 
 /// A read-only view of one session, for drivers and tests.
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +26,10 @@ impl<'a> SessionView<'a> {
     /// The session that spawned it.
     pub fn parent(&self) -> Option<SessionId> {
         self.inner.parent
+    }
+    /// Whose it is, for the LRU cap (see [`Scope`]).
+    pub fn scope(&self) -> Scope {
+        self.inner.scope
     }
     /// The sessions it spawned and the core still knows (not forgotten).
     pub fn children(&self) -> impl Iterator<Item = SessionId> + 'a {

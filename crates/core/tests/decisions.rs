@@ -7,8 +7,8 @@
 mod support;
 
 use settle_core::{
-    CancelMode, Cause, Effect, EndReason, Error, Event, Handled, Hold, Outcome, Policy, SessionId,
-    State, WorkId,
+    CancelMode, Cause, Effect, EndReason, Error, Event, Handled, Hold, Outcome, Policy, Scope,
+    SessionId, State, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -65,6 +65,7 @@ fn g10_a_forgotten_session_answers_as_finalized_to_every_input() {
         Event::Register {
             session: SessionId(3),
             parent: Some(child),
+            scope: Scope::SHARED,
         },
         Event::Delegate {
             from: child,
@@ -330,7 +331,8 @@ fn g8_a_lost_lease_cancels_everything_now_and_says_so() {
     assert_eq!(
         h.try_ev(Event::Register {
             session: SessionId(3),
-            parent: None
+            parent: None,
+            scope: Scope::SHARED,
         }),
         Err(Error::ShuttingDown)
     );
@@ -488,7 +490,8 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
         assert_eq!(
             h.try_ev(Event::Register {
                 session: SessionId(id),
-                parent: None
+                parent: None,
+                scope: Scope::SHARED,
             }),
             Err(Error::OverCapacity { cap: 2 })
         );
@@ -507,7 +510,8 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
     assert_eq!(
         h.try_ev(Event::Register {
             session: SessionId(5),
-            parent: Some(a)
+            parent: Some(a),
+            scope: Scope::SHARED,
         }),
         Err(Error::OverCapacity { cap: 2 })
     );
@@ -518,6 +522,57 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
     assert_eq!(h.finalized(), vec![(a, EndReason::LruEvict)]);
     assert_eq!(h.state(c), State::Registered);
     assert_eq!(h.core.open_sessions(), 2);
+}
+
+/// Found from outside: with `settle serve --max-sessions` and tokens, one
+/// principal's creates evicted another principal's idle sessions. A
+/// registration at the cap evicts only sessions of its own scope; with none
+/// of its own to evict it is refused, whoever else is idle.
+#[test]
+fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(3)));
+    let (a, b) = (Scope(1), Scope(2));
+    let register = |h: &mut Harness, id: u64, scope: Scope| {
+        h.try_ev(Event::Register {
+            session: SessionId(id),
+            parent: None,
+            scope,
+        })
+    };
+    // A's two idle sessions are the oldest; B's one is the newest.
+    for (id, scope) in [(1, a), (2, a), (3, b)] {
+        assert_eq!(register(&mut h, id, scope), Ok(Handled::Applied));
+        h.advance(SEC);
+    }
+    // B at the cap: its own idle session goes, though A's are older.
+    assert_eq!(register(&mut h, 4, b), Ok(Handled::Applied));
+    assert_eq!(h.finalized(), vec![(SessionId(3), EndReason::LruEvict)]);
+    assert_eq!(h.core.session(SessionId(4)).map(|s| s.scope()), Some(b));
+    // B again: its only session is the one it is making room beside, busy.
+    h.start_turn(SessionId(4));
+    let before = h.log.len();
+    assert_eq!(register(&mut h, 5, b), Err(Error::OverCapacity { cap: 3 }));
+    assert_eq!(h.log.len(), before, "nothing of A's was evicted for B");
+    assert_eq!(h.state(SessionId(1)), State::Registered);
+    assert_eq!(h.state(SessionId(2)), State::Registered);
+    // A evicts its own oldest.
+    assert_eq!(register(&mut h, 6, a), Ok(Handled::Applied));
+    let evicted = |ids: &[u64]| -> Vec<_> {
+        ids.iter()
+            .map(|&id| (SessionId(id), EndReason::LruEvict))
+            .collect()
+    };
+    assert_eq!(h.finalized(), evicted(&[3, 1]));
+    // A child is in the scope it is registered in, under any parent.
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(7),
+            parent: Some(SessionId(6)),
+            scope: a,
+        }),
+        Ok(Handled::Applied)
+    );
+    assert_eq!(h.finalized(), evicted(&[3, 1, 2]));
 }
 
 /// Found by the property suite: a registration at the cap evicted the new
@@ -559,6 +614,7 @@ fn a_kept_id_is_refused_as_taken_before_anything_else_is_asked() {
         let refused = h.try_ev(Event::Register {
             session: SessionId(id),
             parent: parent.map(SessionId),
+            scope: Scope::SHARED,
         });
         assert_eq!(refused, Err(Error::DuplicateSession(SessionId(id))));
         assert!(h.drain().is_empty(), "nothing changed");

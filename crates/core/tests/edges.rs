@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use settle_core::{
     CancelMode, Cause, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Outcome, Policy, SessionId, State, Sweep, TurnError, TurnErrorKind, WorkId,
+    Hold, Outcome, Policy, Scope, SessionId, State, Sweep, TurnError, TurnErrorKind, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -380,7 +380,8 @@ fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
     assert_eq!(
         h.try_ev(Event::Register {
             session: gone,
-            parent: None
+            parent: None,
+            scope: Scope::SHARED,
         }),
         Err(Error::DuplicateSession(gone)),
         "a forgotten id is never registered again"
@@ -1107,6 +1108,7 @@ fn an_adopted_held_session_wound_down_by_its_own_eviction_drops_its_holds_first(
         turns: 0,
         last_outcome: None,
         holds,
+        scope: Scope::SHARED,
     };
     h.ev(adopt(6, 3, settle_core::Holds::default()));
     let held = settle_core::Holds {

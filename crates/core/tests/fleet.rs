@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use settle_core::{
-    Core, Effect, EndReason, Event, Holds, Outcome, Policy, SessionId, State, WorkId,
+    Core, Effect, EndReason, Event, Holds, Outcome, Policy, Scope, SessionId, State, WorkId,
 };
 
 const NODES: usize = 2;
@@ -222,6 +222,7 @@ impl Fleet {
                     Event::Register {
                         session: SessionId(id),
                         parent: None,
+                        scope: Scope::SHARED,
                     },
                 );
                 if registered.is_ok() {
@@ -308,6 +309,7 @@ impl Fleet {
                     turns: row.turns,
                     last_outcome: row.last_outcome,
                     holds: row.holds,
+                    scope: Scope::SHARED,
                 };
                 if self.input(n, event).is_err() {
                     // Refused (a shutdown began): released again at once.

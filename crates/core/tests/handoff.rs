@@ -7,8 +7,8 @@
 mod support;
 
 use settle_core::{
-    Effect, EndReason, Error, Event, HandOff, Handled, Hold, Holds, Outcome, Policy, SessionId,
-    State, Sweep, WorkId,
+    Effect, EndReason, Error, Event, HandOff, Handled, Hold, Holds, Outcome, Policy, Scope,
+    SessionId, State, Sweep, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -187,6 +187,7 @@ fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
         turns: 2,
         last_outcome: Some(Outcome::Completed),
         holds: Holds::default(),
+        scope: Scope::SHARED,
     });
     assert_eq!(h.state(s), State::Registered);
     // Its parent lives elsewhere: a root here.
@@ -205,6 +206,7 @@ fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
             turns: 2,
             last_outcome: None,
             holds: Holds::default(),
+            scope: Scope::SHARED,
         }),
         Err(Error::DuplicateSession(s))
     );
@@ -222,6 +224,7 @@ fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
         turns: 4,
         last_outcome: None,
         holds: Holds::default(),
+        scope: Scope::SHARED,
     });
     assert_eq!(
         h.try_ev(Event::Withdraw { session: s }),
@@ -237,6 +240,7 @@ fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
             turns: 0,
             last_outcome: None,
             holds: Holds::default(),
+            scope: Scope::SHARED,
         }),
         Err(Error::ShuttingDown)
     );
@@ -286,6 +290,7 @@ fn g3_g12_a_held_session_is_released_with_its_holds_and_adopted_held() {
         turns: 0,
         last_outcome: None,
         holds,
+        scope: Scope::SHARED,
     });
     there.ev(Event::TransportAttached {
         session: held,

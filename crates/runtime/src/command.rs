@@ -46,6 +46,8 @@ pub(crate) enum Command {
         resumed_from: Option<SessionId>,
         /// Set in the same step as the registration.
         budget: Option<settle_core::Budget>,
+        /// Whose it is, for the LRU cap.
+        scope: settle_core::Scope,
         /// The caller, until told (by the recorder, or its own patience).
         reply: crate::told::RegisterTold,
     },
@@ -92,6 +94,8 @@ pub(crate) enum Command {
     /// The store gave this process a released session: the core takes it on.
     Adopt {
         adopted: settle_store::Adopted,
+        /// Its recorded principal's scope, for the LRU cap.
+        scope: settle_core::Scope,
         reply: Reply<Arc<SessionShared>>,
     },
     /// The store says this session, unknown to the core, is finalized.

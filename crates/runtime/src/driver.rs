@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_core::{CancelMode, Core, Effect, Event, Handled, SessionId, State, WorkId};
+use settle_core::{CancelMode, Core, Effect, Event, Handled, Scope, SessionId, State, WorkId};
 use settle_store::SessionStore;
 use settle_stream::Request as TurnRequest;
 use settle_stream::{Provider, TurnOptions, WorkSignal};
@@ -99,6 +99,7 @@ struct Parked {
     parent: Option<SessionId>,
     resumed_from: Option<SessionId>,
     budget: Option<settle_core::Budget>,
+    scope: Scope,
     reply: crate::told::RegisterTold,
 }
 
@@ -363,12 +364,14 @@ impl Driver {
                 parent,
                 resumed_from,
                 budget,
+                scope,
                 reply,
             } => self.register(Parked {
                 name,
                 parent,
                 resumed_from,
                 budget,
+                scope,
                 reply,
             }),
             Command::StartTurn {
@@ -423,7 +426,11 @@ impl Driver {
             Command::Handoff { drain, reply } => {
                 self.begin_shutdown(drain, reply, Event::BeginHandoff { drain });
             }
-            Command::Adopt { adopted, reply } => self.adopt(adopted, reply),
+            Command::Adopt {
+                adopted,
+                scope,
+                reply,
+            } => self.adopt(adopted, scope, reply),
             Command::Finalized { session } => {
                 self.core.remember_finalized(session);
             }
@@ -452,6 +459,7 @@ impl Driver {
             parent,
             resumed_from,
             budget,
+            scope,
             reply,
         } = parked;
         let session = SessionId(id);
@@ -460,9 +468,14 @@ impl Driver {
             // waited here for its ids: it is not registered.
             return None;
         }
-        let registered = self
-            .core
-            .handle(self.now, Event::Register { session, parent });
+        let registered = self.core.handle(
+            self.now,
+            Event::Register {
+                session,
+                parent,
+                scope,
+            },
+        );
         match registered {
             Err(refused) => {
                 reply.tell(Err(refused.into()));
@@ -478,7 +491,8 @@ impl Driver {
                     }
                 }
                 let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
-                let shared = SessionShared::new(session, name, parent, resumed_from, parent_span);
+                let shared =
+                    SessionShared::new(session, name, parent, scope, resumed_from, parent_span);
                 self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
@@ -494,7 +508,12 @@ impl Driver {
     /// The store gave this process `adopted` (SPEC §12): the core takes it
     /// on, or refuses (a shutdown began, the cap is full) and the caller
     /// releases it again.
-    fn adopt(&mut self, adopted: settle_store::Adopted, reply: Reply<Arc<SessionShared>>) {
+    fn adopt(
+        &mut self,
+        adopted: settle_store::Adopted,
+        scope: Scope,
+        reply: Reply<Arc<SessionShared>>,
+    ) {
         let session = adopted.session;
         let event = Event::Adopt {
             session,
@@ -502,6 +521,7 @@ impl Driver {
             turns: adopted.turns,
             last_outcome: adopted.last_outcome,
             holds: adopted.holds,
+            scope,
         };
         match self.core.handle(self.now, event) {
             Err(refused) => {
@@ -510,8 +530,14 @@ impl Driver {
             Ok(_) => {
                 let parent = self.core.session(session).and_then(|s| s.parent());
                 let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
-                let shared =
-                    SessionShared::new(session, adopted.name.into(), parent, None, parent_span);
+                let shared = SessionShared::new(
+                    session,
+                    adopted.name.into(),
+                    parent,
+                    scope,
+                    None,
+                    parent_span,
+                );
                 self.sessions.insert(session, shared.clone());
                 let _ = reply.send(Ok(shared));
             }

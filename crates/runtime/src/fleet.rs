@@ -134,8 +134,10 @@ impl Kernel {
             let answer = match orphaned {
                 true => Err(RuntimeError::SessionClosed(id)),
                 false => {
+                    let scope = self.scope_of(member.principal.as_deref());
                     self.ask(|reply| Command::Adopt {
                         adopted: member,
+                        scope,
                         reply,
                     })
                     .await

@@ -178,6 +178,7 @@ impl KernelBuilder {
                 drain,
                 settle,
                 store_timeout: bound,
+                scopes: crate::scopes::Scopes::default(),
                 limits,
                 store,
                 owner,
@@ -200,6 +201,8 @@ struct Inner {
     /// How long a cancelled work is given to unwind (G5).
     settle: Duration,
     store_timeout: Duration,
+    /// The LRU cap's scope of each principal.
+    scopes: crate::scopes::Scopes,
     /// The size limits of a turn's request.
     limits: InputLimits,
     store: Arc<dyn SessionStore>,
@@ -361,6 +364,15 @@ impl Kernel {
     /// This process's identity in the store: the owner of its sessions.
     pub fn owner(&self) -> OwnerId {
         self.inner.owner
+    }
+
+    /// The [`Scope`](settle_core::Scope) of `principal`'s sessions, for
+    /// [`register_in`](Self::register_in): one of its own for each name,
+    /// the same for the kernel's life, and
+    /// [`Scope::SHARED`](settle_core::Scope::SHARED) for none. A session
+    /// adopted from the fleet is put in its recorded principal's.
+    pub fn scope_of(&self, principal: Option<&str>) -> settle_core::Scope {
+        self.inner.scopes.of(principal)
     }
 
     /// The most recent finalized session of the store, if any (what

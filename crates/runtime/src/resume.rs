@@ -129,6 +129,7 @@ impl Kernel {
                 parent: None,
                 resumed_from: Some(from),
                 budget: None,
+                scope: settle_core::Scope::SHARED,
                 reply,
             })
             .await?;

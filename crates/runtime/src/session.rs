@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use settle_core::{Budget, CancelMode, EndReason, Event, Handled, Hold, SessionId, State};
+use settle_core::{Budget, CancelMode, EndReason, Event, Handled, Hold, Scope, SessionId, State};
 use settle_stream::Request as TurnRequest;
 use settle_stream::{Provider, TurnOptions};
 use tokio::sync::broadcast;
@@ -75,13 +75,16 @@ impl SessionHandle {
         &self.kernel
     }
 
-    /// Registers a child of this session named `name`:
-    /// `kernel.register(name, Some(self.id()))`.
+    /// Registers a child of this session named `name`, in this session's
+    /// scope: `kernel.register_in(scope, name, Some(self.id()))`.
     ///
     /// # Errors
     /// As [`Kernel::register`].
     pub async fn child(&self, name: impl Into<String>) -> Result<SessionHandle, RuntimeError> {
-        self.kernel.register(name, Some(self.id())).await
+        let (parent, scope) = (Some(self.id()), self.shared.scope);
+        self.kernel
+            .register_as(name.into(), parent, None, scope)
+            .await
     }
 
     /// Starts a turn against `provider`. The returned [`Turn`] yields each
@@ -457,7 +460,9 @@ impl SessionHandle {
 impl Kernel {
     /// Registers a session named `name` under `parent` (G1: the parent must be
     /// open and not winding down), and returns its handle once its row is
-    /// committed. Refused while shutting down.
+    /// committed. Refused while shutting down. It is in the
+    /// [`Scope::SHARED`](settle_core::Scope::SHARED) scope: at the LRU cap
+    /// it may evict, and be evicted for, any other session of that scope.
     ///
     /// # Errors
     /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
@@ -467,7 +472,26 @@ impl Kernel {
         name: impl Into<String>,
         parent: Option<SessionId>,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, None).await
+        self.register_as(name.into(), parent, None, Scope::SHARED)
+            .await
+    }
+
+    /// Registers a session as [`register`](Self::register) does, in
+    /// `scope` (for a principal, [`scope_of`](Self::scope_of)): at the LRU
+    /// cap it evicts only idle sessions of that scope, the least recently
+    /// active first, and is refused with `Lifecycle(OverCapacity)` when it
+    /// has none to evict, however many of other scopes are idle. Its
+    /// [`child`](SessionHandle::child)ren are in the same scope.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_in(
+        &self,
+        scope: Scope,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        self.register_as(name.into(), parent, None, scope).await
     }
 
     /// Registers a session as [`register`](Self::register) does, with a
@@ -487,7 +511,8 @@ impl Kernel {
         parent: Option<SessionId>,
         budget: Budget,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, Some(budget)).await
+        self.register_as(name.into(), parent, Some(budget), Scope::SHARED)
+            .await
     }
 
     async fn register_as(
@@ -495,6 +520,7 @@ impl Kernel {
         name: String,
         parent: Option<SessionId>,
         budget: Option<Budget>,
+        scope: Scope,
     ) -> Result<SessionHandle, RuntimeError> {
         let name: Arc<str> = name.into();
         let shared = self
@@ -503,6 +529,7 @@ impl Kernel {
                 parent,
                 resumed_from: None,
                 budget,
+                scope,
                 reply,
             })
             .await?;

@@ -7,7 +7,17 @@ use std::time::Instant;
 use super::Core;
 use crate::answer::Asks;
 use crate::session::{Intent, Session};
-use crate::{Cause, Effect, Error, HandOff, Handled, Holds, Outcome, SessionId};
+use crate::{Cause, Effect, Error, HandOff, Handled, Holds, Outcome, Scope, SessionId};
+
+/// What an adopted session brings from the process that released it.
+pub(super) struct Carried {
+    /// Turns it ran there.
+    pub turns: u32,
+    /// How its last turn ended.
+    pub last_outcome: Option<Outcome>,
+    /// The holds it was released with.
+    pub holds: Holds,
+}
 
 impl Core {
     /// Whether `id` is to be released, not finalized, once it is idle: a
@@ -59,10 +69,14 @@ impl Core {
         now: Instant,
         id: SessionId,
         parent: Option<SessionId>,
-        turns: u32,
-        last_outcome: Option<Outcome>,
-        holds: Holds,
+        scope: Scope,
+        carried: Carried,
     ) -> Result<Handled, Error> {
+        let Carried {
+            turns,
+            last_outcome,
+            holds,
+        } = carried;
         if self.sessions.contains_key(&id) || self.forgotten.contains(id) {
             return Err(Error::DuplicateSession(id));
         }
@@ -71,8 +85,9 @@ impl Core {
         }
         // Under its parent only when this core may give it one.
         let parent = parent.filter(|p| self.answer(*p, Asks::Parent).is_none());
-        let victims = self.room_for(parent)?;
+        let victims = self.room_for(parent, scope)?;
         let mut s = Session::new(parent, now);
+        s.scope = scope;
         s.turns = turns;
         s.entry_turns = turns;
         s.last_outcome = last_outcome;

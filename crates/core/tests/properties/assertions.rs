@@ -11,8 +11,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use settle_core::{
-    CancelMode, Cause, Core, Deadline, Effect, EndReason, Error, Handled, Outcome, SessionId,
-    State, WorkId, WorkKind,
+    CancelMode, Cause, Core, Deadline, Effect, EndReason, Error, Handled, Outcome, Scope,
+    SessionId, State, WorkId, WorkKind,
 };
 
 use crate::reference::{Answer, Model, RefPolicy};
@@ -673,6 +673,17 @@ fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
             assert_ne!(
                 id, session,
                 "G3: session {id} evicted by its own registration"
+            );
+        }
+        // Room is made only among the sessions of the new one's scope.
+        if let (EndReason::LruEvict, Step::Register { scope, .. } | Step::Adopt { scope, .. }) =
+            (f.reason, ctx.step)
+        {
+            let evicted = core.session(f.session).expect("known").scope();
+            assert_eq!(
+                evicted,
+                Scope(*scope),
+                "G3: session {id} of scope {evicted} evicted for a session of scope {scope}"
             );
         }
         if let (EndReason::IdleReap, Some(Span::Ms(ttl))) = (f.reason, ctx.policy.idle_ttl) {

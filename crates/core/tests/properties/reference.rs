@@ -118,6 +118,8 @@ pub struct RefSession {
     pub budget: Option<RefBudget>,
     /// It or an ancestor has a budget.
     pub budgeted: bool,
+    /// Whose it is, for the LRU cap.
+    pub scope: u64,
 }
 
 /// A session's budget and what its subtree spent.
@@ -155,6 +157,7 @@ impl RefSession {
             has_slot: false,
             budget: None,
             budgeted: false,
+            scope: 0,
         }
     }
 
@@ -864,6 +867,7 @@ impl Model {
                 turns,
                 last_outcome,
                 holds: (pending_input, delegation),
+                scope,
             } => {
                 if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
                     return Err(Error::DuplicateSession(SessionId(session)));
@@ -878,7 +882,7 @@ impl Model {
                             && ps.intent.is_none()
                     })
                 });
-                let evict = self.room_for(parent)?;
+                let evict = self.room_for(parent, scope)?;
                 self.handed_off.remove(&session);
                 // A withdrawn id may come back, as a registration's never does.
                 self.forgotten.remove(&session);
@@ -895,6 +899,7 @@ impl Model {
                         budgeted,
                         // Held where it was, held here (G3).
                         holds: [u32::from(pending_input), u32::from(delegation)],
+                        scope,
                         ..RefSession::new(parent, now)
                     },
                 );
@@ -904,7 +909,11 @@ impl Model {
                 Ok(Applied)
             }
             Step::BeginHandoff { drain } => self.begin_shutdown(drain, true),
-            Step::Register { session, parent } => {
+            Step::Register {
+                session,
+                parent,
+                scope,
+            } => {
                 if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
                     return Err(Error::DuplicateSession(SessionId(session)));
                 }
@@ -926,8 +935,9 @@ impl Model {
                 // Room under the cap is found before the new session exists,
                 // sparing its parent; refused, changing nothing, without it;
                 // and made once the new session is its parent's child (G1).
-                let evict = self.room_for(parent)?;
+                let evict = self.room_for(parent, scope)?;
                 let mut s = RefSession::new(parent, now);
+                s.scope = scope;
                 // A budget over the parent counts this session too.
                 s.budgeted = parent
                     .and_then(|p| self.sessions.get(&p))
@@ -1402,9 +1412,10 @@ impl Model {
     }
 
     /// The sessions to evict to make room under the LRU cap for one more
-    /// under `parent` (spared): found before the new session exists; refused,
-    /// changing nothing, without them; evicted once it is its parent's child (G1).
-    fn room_for(&self, parent: Option<u64>) -> Result<Vec<u64>, Error> {
+    /// of `scope` under `parent` (spared): only idle sessions of that scope;
+    /// found before the new session exists; refused, changing nothing,
+    /// without them; evicted once it is its parent's child (G1).
+    fn room_for(&self, parent: Option<u64>, scope: u64) -> Result<Vec<u64>, Error> {
         let mut evict = Vec::new();
         if let Some(cap) = self.policy.lru_cap {
             let needed = (self.open_count() + 1).saturating_sub(cap);
@@ -1412,7 +1423,9 @@ impl Model {
                 let mut victims: Vec<_> = self
                     .sessions
                     .iter()
-                    .filter(|(id, _)| Some(**id) != parent && self.reclaimable(**id))
+                    .filter(|(id, s)| {
+                        Some(**id) != parent && s.scope == scope && self.reclaimable(**id)
+                    })
                     .map(|(id, s)| (s.idle_since, *id))
                     .collect();
                 if victims.len() < needed {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::strategy::Union;
-use settle_core::{Budget, CancelMode, Event, Hold, Outcome, SessionId, State, Sweep, WorkId};
+use settle_core::{
+    Budget, CancelMode, Event, Hold, Outcome, Scope, SessionId, State, Sweep, WorkId,
+};
 
 use crate::reference::{Model, RefPolicy};
 
@@ -47,6 +49,8 @@ pub enum Step {
     Register {
         session: u64,
         parent: Option<u64>,
+        /// Whose it is, for the LRU cap: one of a few scopes.
+        scope: u64,
     },
     StartTurn(u64),
     StartTask(u64),
@@ -89,6 +93,8 @@ pub enum Step {
         last_outcome: Option<Outcome>,
         /// The holds it was released with: input, delegation.
         holds: (u16, u16),
+        /// Whose it is, for the LRU cap.
+        scope: u64,
     },
     /// The fake clock moves on; the driver wakes the core if it is due.
     Tick {
@@ -147,9 +153,14 @@ impl Step {
     pub fn event(&self) -> Option<Event> {
         let sid = SessionId;
         Some(match *self {
-            Step::Register { session, parent } => Event::Register {
+            Step::Register {
+                session,
+                parent,
+                scope,
+            } => Event::Register {
                 session: sid(session),
                 parent: parent.map(sid),
+                scope: Scope(scope),
             },
             Step::StartTurn(id) => Event::StartTurn { session: sid(id) },
             Step::StartTask(id) => Event::StartTask { session: sid(id) },
@@ -212,6 +223,7 @@ impl Step {
                 turns,
                 last_outcome,
                 holds: (pending_input, delegation),
+                scope,
             } => Event::Adopt {
                 session: sid(session),
                 parent: parent.map(sid),
@@ -221,6 +233,7 @@ impl Step {
                     pending_input,
                     delegation,
                 },
+                scope: Scope(scope),
             },
             Step::Tick { .. } | Step::Forget(_) => return None,
         })
@@ -397,10 +410,14 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     if !known.is_empty() {
         parents.push((1, select(known.clone()).prop_map(Some).boxed()));
     }
-    let register = Union::new_weighted(parents).prop_map(move |parent| Step::Register {
-        session: next,
-        parent,
-    });
+    // Two scopes, so that a registration at the cap meets idle sessions
+    // of its own and of another's.
+    let register =
+        (Union::new_weighted(parents), 0u64..2).prop_map(move |(parent, scope)| Step::Register {
+            session: next,
+            parent,
+            scope,
+        });
     // After shutdown one refusal is telling; a run of them is not.
     choices.push((if shutting_down { 1 } else { 14 }, register.boxed()));
     // A released session adopted here: a fresh id (under a parent that may
@@ -427,14 +444,16 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
         0u32..4,
         last,
         holds,
+        0u64..2,
     )
         .prop_map(
-            |(session, parent, turns, last_outcome, holds)| Step::Adopt {
+            |(session, parent, turns, last_outcome, holds, scope)| Step::Adopt {
                 session,
                 parent,
                 turns,
                 last_outcome,
                 holds,
+                scope,
             },
         );
     choices.push((if shutting_down { 1 } else { 4 }, adopt.boxed()));
@@ -584,6 +603,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),
+                        scope: id % 2,
                     },
                 }
             },

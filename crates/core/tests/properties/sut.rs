@@ -158,7 +158,9 @@ impl Observed {
             *n = if up { *n + 1 } else { n.saturating_sub(1) };
         }
         match *step {
-            Step::Register { session, parent } => {
+            Step::Register {
+                session, parent, ..
+            } => {
                 self.parents.insert(session, parent);
             }
             Step::BeginHandoff { .. } => self.handoff = true,

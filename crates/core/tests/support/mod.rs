@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use settle_core::{
-    Core, Effect, EndReason, Error, Event, Finalize, Handled, Policy, SessionId, State, WorkId,
+    Core, Effect, EndReason, Error, Event, Finalize, Handled, Policy, Scope, SessionId, State,
+    WorkId,
 };
 
 pub const SEC: Duration = Duration::from_secs(1);
@@ -105,6 +106,7 @@ impl Harness {
             self.ev_h(Event::Register {
                 session,
                 parent: parent.map(SessionId),
+                scope: Scope::SHARED,
             }),
             Handled::Applied
         );

@@ -409,6 +409,55 @@ async fn g3_g12_a_held_session_is_handed_off_held_and_no_reclaim_takes_it() {
     b.shutdown(Duration::ZERO).await;
 }
 
+/// An adopted session is in its recorded principal's scope: at the cap, a
+/// registration of another principal does not evict it, one of its own
+/// principal's does.
+#[tokio::test]
+async fn g3_g12_an_adopted_session_is_evicted_only_for_its_own_principal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
+    let a = node(&store, "ws://a/ws").await;
+    let hers = a
+        .register_in(a.scope_of(Some("alice")), "hers", None)
+        .await
+        .unwrap();
+    store
+        .set_principal(hers.id(), Some("alice".to_owned()))
+        .await
+        .unwrap();
+    let report = a.handoff(200 * MS).await;
+    assert!(report.released.contains(&hers.id()), "{report:?}");
+
+    let b = tuned_node(&store, "ws://b/ws", |b| b.lru_cap(Some(1))).await;
+    let adoption = b.adopt(hers.id()).await.unwrap();
+    assert_eq!(adoption.principal.as_deref(), Some("alice"));
+    for refused in [
+        b.register_in(b.scope_of(Some("bob")), "his", None).await,
+        b.register("nobody's", None).await,
+    ] {
+        assert!(
+            matches!(
+                refused,
+                Err(RuntimeError::Lifecycle(settle_core::Error::OverCapacity {
+                    cap: 1
+                }))
+            ),
+            "{:?}",
+            refused.map(|s| s.id())
+        );
+    }
+    let _next = b
+        .register_in(b.scope_of(Some("alice")), "hers too", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        adoption.session.finalized().await.unwrap(),
+        EndReason::LruEvict
+    );
+    b.shutdown(Duration::ZERO).await;
+}
+
 /// `b` (an LRU cap of one) adopts `held`, released with one input hold:
 /// held, it fills the cap and nothing may be evicted; once its new owner
 /// ends the hold, it is an idle session like any other.

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use settle_runtime::{EndReason, Handled, Hold, Outcome, SessionHandle, State};
+use settle_runtime::{
+    EndReason, Handled, Hold, LifecycleError, Outcome, RuntimeError, SessionHandle, State,
+};
 use settle_store::MemoryStore;
 use tokio::time::{sleep, Instant};
 
@@ -90,6 +92,46 @@ async fn g3_lru_cap_evicts_the_least_recent_idle_session_only() {
     settle_tasks().await;
     assert_open(&store, &[&late, &running, &held, &newcomer]).await;
     assert_eq!(runtime.store_failures(), 0);
+    runtime.shutdown(Duration::ZERO).await;
+}
+
+/// The LRU cap per scope: a registration at the cap evicts only idle
+/// sessions of its own scope, its children are in its scope, and with
+/// none of its own to evict it is refused, however many others are idle.
+#[tokio::test(start_paused = true)]
+async fn g3_the_lru_cap_evicts_only_within_the_registering_scope() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b.lru_cap(Some(3)).idle_ttl(None)).await;
+    let (a, b) = (runtime.scope_of(Some("a")), runtime.scope_of(Some("b")));
+    assert_ne!(a, b);
+    let a1 = runtime.register_in(a, "a1", None).await.unwrap();
+    sleep(SEC).await;
+    let a2 = a1.child("a2").await.unwrap();
+    sleep(SEC).await;
+    let b1 = runtime.register_in(b, "b1", None).await.unwrap();
+    sleep(SEC).await;
+    // B at the cap: its own idle one goes, though A's child is older.
+    let b2 = runtime.register_in(b, "b2", None).await.unwrap();
+    assert_eq!(b1.finalized().await.unwrap(), EndReason::LruEvict);
+    applied(b2.hold(Hold::PendingInput).await);
+    let over = |r: Result<SessionHandle, RuntimeError>| {
+        matches!(
+            r,
+            Err(RuntimeError::Lifecycle(LifecycleError::OverCapacity {
+                cap: 3
+            }))
+        )
+    };
+    assert!(over(runtime.register_in(b, "b3", None).await));
+    // Nor may a session of no scope end A's.
+    assert!(over(runtime.register("shared", None).await));
+    settle_tasks().await;
+    assert_open(&store, &[&a1, &a2, &b2]).await;
+    // A's child is in A's scope: a new one evicts it, not its parent.
+    let a3 = a1.child("a3").await.unwrap();
+    assert_eq!(a2.finalized().await.unwrap(), EndReason::LruEvict);
+    settle_tasks().await;
+    assert_open(&store, &[&a1, &a3, &b2]).await;
     runtime.shutdown(Duration::ZERO).await;
 }
 
