@@ -447,6 +447,73 @@ async fn a_principals_pages_are_full_of_its_own_sessions_only() {
     served.shut_down().await;
 }
 
+/// Found from outside: under `--max-sessions` with tokens, one principal's
+/// creates evicted another principal's idle sessions. A create at the cap
+/// evicts only its own principal's least recently active idle session;
+/// with none of its own it is refused `over_capacity`, and the other
+/// principal's sessions stay, attached and usable.
+#[tokio::test]
+async fn g3_a_create_at_the_cap_evicts_only_its_own_principals_idle_sessions() {
+    let tokens = settle_gateway::Tokens::parse(&format!("alice {ALICE}\nbob {BOB}\n")).unwrap();
+    let mut served = Served::tcp(
+        book(),
+        |k| k.lru_cap(Some(3)).idle_ttl(None),
+        |g| g.tokens(tokens),
+    )
+    .await;
+    let mut alice = connect_as(&served, ALICE).await;
+    let mut bob = connect_as(&served, BOB).await;
+    let hers = [
+        create(&mut alice, "a1").await,
+        create(&mut alice, "a2").await,
+    ];
+    let his = create(&mut bob, "b1").await;
+    // Bob at the cap: his own idle session goes, though Alice's are older.
+    let next = create(&mut bob, "b2").await;
+    assert_eq!(
+        bob.expect("session.finalized").await,
+        json!({ "id": his, "end_reason": "lru_evict" })
+    );
+    // Bob again, his session held: Alice's idle ones are not his to end.
+    bob.ok("session.hold", json!({ "id": next, "hold": "input" }))
+        .await;
+    for _ in 0..3 {
+        let error = bob
+            .call("session.create", json!({ "name": "b3" }))
+            .await
+            .unwrap_err();
+        assert_eq!(error["data"]["kind"], "over_capacity", "{error}");
+    }
+    for id in hers {
+        alice
+            .ok("turn.start", json!({ "id": id, "prompt": "hi" }))
+            .await;
+        let (_, ended) = alice.turn(id).await;
+        assert_eq!(ended["outcome"], "completed", "alice's session {id}");
+    }
+    // Alice at the cap evicts her own least recently active one.
+    let third = create(&mut alice, "a3").await;
+    assert_eq!(
+        alice.expect("session.finalized").await,
+        json!({ "id": hers[0], "end_reason": "lru_evict" })
+    );
+    let live: Vec<u64> = served
+        .kernel
+        .list_sessions(None)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.end_reason.is_none())
+        .map(|r| r.id.get())
+        .collect();
+    let mut want = vec![hers[1], next, third];
+    want.sort_unstable();
+    let mut live = live;
+    live.sort_unstable();
+    assert_eq!(live, want);
+    served.shut_down().await;
+}
+
 #[tokio::test]
 async fn a_chunk_larger_than_a_frame_reaches_every_watcher_in_parts_that_join_back() {
     let (book, chunks) = big_reply(3 * 1024 * 1024);

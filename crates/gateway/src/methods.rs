@@ -191,9 +191,12 @@ async fn create(
         .owners
         .reserve(caller.principal, shared.limits.max_sessions_per_principal)
         .map_err(|live| over_capacity(caller.principal, live))?;
+    // At the `--max-sessions` cap it evicts only its own principal's idle
+    // sessions, never another's.
+    let scope = shared.kernel.scope_of(caller.principal.name());
     let handle = shared
         .kernel
-        .register(name, parent)
+        .register_in(scope, name, parent)
         .await
         .map_err(from_runtime)?;
     let id = handle.id();
@@ -203,9 +206,9 @@ async fn create(
     let created = json!({ "id": id.get() });
     match attach_caller(caller, &entry, params.close_on_disconnect).await {
         Ok(()) => Ok(created.into()),
-        // Evicted under the `--max-sessions` cap by other clients' creates
-        // before its creator could attach (the cap takes the least recently
-        // active idle sessions, and a new one is idle): the session was
+        // Evicted under the `--max-sessions` cap by its principal's other
+        // creates before its creator could attach (the cap takes the least
+        // recently active idle sessions, and a new one is idle): the session was
         // made, and has ended. Said as it happened, its id and then its
         // end, as for any session the cap evicts; not as a refusal naming
         // an id its caller was never given.
