@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use settle_core::{Core, Event, Scope, SessionId};
+use settle_core::{Core, Event, SessionId};
 
 use crate::Result;
 #[path = "../../core/benches/support/workload.rs"]
@@ -65,7 +65,7 @@ pub fn bytes_per_idle_session(sessions: u64) -> Result<f64> {
                 Event::Register {
                     session: SessionId(id),
                     parent: None,
-                    scope: Scope::SHARED,
+                    scope: None,
                 },
             )?;
             while let Some(effect) = core.poll_effect() {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
-use settle_core::{Core, Event, Handled, Scope, SessionId};
+use settle_core::{Core, Event, Handled, SessionId};
 
 struct Counting;
 
@@ -162,7 +162,7 @@ fn memory_per_idle_session() {
             Event::Register {
                 session: SessionId(id),
                 parent: None,
-                scope: Scope::SHARED,
+                scope: None,
             },
         );
         assert!(handled.is_ok(), "registered: {handled:?}");

@@ -378,11 +378,15 @@ impl Core {
         now: Instant,
         id: SessionId,
         parent: Option<SessionId>,
-        scope: Scope,
+        scope: Option<Scope>,
     ) -> Result<Handled, Error> {
         if self.forgotten.contains(id) {
             return Err(Error::DuplicateSession(id));
         }
+        // Unnamed, its parent's (a parent that passes the check is kept).
+        let scope = scope
+            .or_else(|| parent.and_then(|p| self.sessions.get(&p)).map(|p| p.scope))
+            .unwrap_or(Scope::SHARED);
         // A kept id is refused before anything else, but only a refusal
         // asks: the id is looked up once, where its record is kept.
         let admitted = self

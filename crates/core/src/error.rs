@@ -60,9 +60,10 @@ pub enum Error {
     },
     /// The LRU cap (see [`Policy::lru_cap`](crate::Policy::lru_cap)) is
     /// reached and no session can be evicted for a new one: every open
-    /// session is running, held, has children, or is the parent asked for.
-    /// Nothing was registered and nothing evicted.
-    #[error("all {cap} places of the session cap are taken by sessions that are running, held or have children, and none can be evicted; close or release one, or raise the cap")]
+    /// session of its [`Scope`](crate::Scope) is running, held, has
+    /// children, or is the parent asked for (sessions of other scopes are
+    /// never evicted for it). Nothing was registered and nothing evicted.
+    #[error("all {cap} places of the session cap are taken and none of this scope's sessions can be evicted (they are running, held or have children; other scopes' are not evicted for it); close or release one, or raise the cap")]
     OverCapacity {
         /// The cap.
         cap: usize,

@@ -46,8 +46,10 @@ pub enum Event {
         session: SessionId,
         /// The session that spawned this one.
         parent: Option<SessionId>,
-        /// Whose it is, for the LRU cap ([`Scope::SHARED`] with one tenant).
-        scope: Scope,
+        /// Whose it is, for the LRU cap; `None`: its parent's, and
+        /// [`Scope::SHARED`] for a root (a program with one tenant never
+        /// names one).
+        scope: Option<Scope>,
     },
     /// Start a turn. Accepted while the session is open, not closing, has no
     /// turn in flight, an active-session slot is free (or it holds one, see

@@ -65,9 +65,9 @@
 //! }
 //! let mut log = Vec::new();
 //!
-//! let scope = Scope::SHARED; // one tenant: the LRU cap weighs every session alike
-//! core.handle(start, Event::Register { session: root, parent: None, scope })?;
-//! core.handle(start, Event::Register { session: child, parent: Some(root), scope })?;
+//! // One tenant: no scope named, the LRU cap weighs every session alike.
+//! core.handle(start, Event::Register { session: root, parent: None, scope: None })?;
+//! core.handle(start, Event::Register { session: child, parent: Some(root), scope: None })?;
 //! // A start answers the work it admitted; the driver starts it at once.
 //! let work = core.handle(start, Event::StartTurn { session: child })?.started().unwrap();
 //! assert_eq!(work, WorkId::turn(child, 1));

@@ -16,13 +16,13 @@ use std::fmt;
 /// # let now = std::time::Instant::now();
 /// let mut core = Core::new(Policy::default().lru_cap(Some(1)));
 /// let (a, b) = (Scope(1), Scope(2));
-/// core.handle(now, Event::Register { session: SessionId(1), parent: None, scope: a })?;
+/// core.handle(now, Event::Register { session: SessionId(1), parent: None, scope: Some(a) })?;
 /// // B's registration may not end A's idle session.
-/// let refused = core.handle(now, Event::Register { session: SessionId(2), parent: None, scope: b });
+/// let refused = core.handle(now, Event::Register { session: SessionId(2), parent: None, scope: Some(b) });
 /// assert_eq!(refused, Err(Error::OverCapacity { cap: 1 }));
 /// // A's may: its own least recently active one goes.
 /// assert_eq!(
-///     core.handle(now, Event::Register { session: SessionId(3), parent: None, scope: a }),
+///     core.handle(now, Event::Register { session: SessionId(3), parent: None, scope: Some(a) }),
 ///     Ok(Handled::Applied),
 /// );
 /// # Ok::<(), Error>(())

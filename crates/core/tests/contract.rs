@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use settle_core::{
     CancelMode, Cause, DeadlineKind, Effect, EndReason, Error, Event, Handled, Hold, Outcome,
-    Policy, Scope, SessionId, ShutdownSummary, State, Sweep, WorkId,
+    Policy, SessionId, ShutdownSummary, State, Sweep, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -512,7 +512,7 @@ fn g3_a_session_with_a_live_task_is_never_reclaimed() {
         h.try_ev(Event::Register {
             session: SessionId(2),
             parent: None,
-            scope: Scope::SHARED,
+            scope: None,
         }),
         Err(Error::OverCapacity { cap: 1 })
     );

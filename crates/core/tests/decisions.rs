@@ -65,7 +65,7 @@ fn g10_a_forgotten_session_answers_as_finalized_to_every_input() {
         Event::Register {
             session: SessionId(3),
             parent: Some(child),
-            scope: Scope::SHARED,
+            scope: None,
         },
         Event::Delegate {
             from: child,
@@ -332,7 +332,7 @@ fn g8_a_lost_lease_cancels_everything_now_and_says_so() {
         h.try_ev(Event::Register {
             session: SessionId(3),
             parent: None,
-            scope: Scope::SHARED,
+            scope: None,
         }),
         Err(Error::ShuttingDown)
     );
@@ -491,7 +491,7 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
             h.try_ev(Event::Register {
                 session: SessionId(id),
                 parent: None,
-                scope: Scope::SHARED,
+                scope: None,
             }),
             Err(Error::OverCapacity { cap: 2 })
         );
@@ -511,7 +511,7 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
         h.try_ev(Event::Register {
             session: SessionId(5),
             parent: Some(a),
-            scope: Scope::SHARED,
+            scope: None,
         }),
         Err(Error::OverCapacity { cap: 2 })
     );
@@ -536,7 +536,7 @@ fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
         h.try_ev(Event::Register {
             session: SessionId(id),
             parent: None,
-            scope,
+            scope: Some(scope),
         })
     };
     // A's two idle sessions are the oldest; B's one is the newest.
@@ -563,14 +563,35 @@ fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
             .collect()
     };
     assert_eq!(h.finalized(), evicted(&[3, 1]));
-    // A child is in the scope it is registered in, under any parent.
+    // A child named no scope is in its parent's: room is made among A's.
     assert_eq!(
         h.try_ev(Event::Register {
             session: SessionId(7),
             parent: Some(SessionId(6)),
-            scope: a,
+            scope: None,
         }),
         Ok(Handled::Applied)
+    );
+    assert_eq!(h.finalized(), evicted(&[3, 1, 2]));
+    assert_eq!(h.core.session(SessionId(7)).map(|s| s.scope()), Some(a));
+    // A child named a scope is in that one, whatever its parent's: B has
+    // nothing idle, so it is refused though A's child is.
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(8),
+            parent: Some(SessionId(6)),
+            scope: Some(b),
+        }),
+        Err(Error::OverCapacity { cap: 3 })
+    );
+    // A root named none is in the shared scope, which has nothing idle.
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: SessionId(9),
+            parent: None,
+            scope: None,
+        }),
+        Err(Error::OverCapacity { cap: 3 })
     );
     assert_eq!(h.finalized(), evicted(&[3, 1, 2]));
 }
@@ -614,7 +635,7 @@ fn a_kept_id_is_refused_as_taken_before_anything_else_is_asked() {
         let refused = h.try_ev(Event::Register {
             session: SessionId(id),
             parent: parent.map(SessionId),
-            scope: Scope::SHARED,
+            scope: None,
         });
         assert_eq!(refused, Err(Error::DuplicateSession(SessionId(id))));
         assert!(h.drain().is_empty(), "nothing changed");

@@ -381,7 +381,7 @@ fn forget_drops_only_finalized_sessions_and_unlinks_them_from_their_parent() {
         h.try_ev(Event::Register {
             session: gone,
             parent: None,
-            scope: Scope::SHARED,
+            scope: None,
         }),
         Err(Error::DuplicateSession(gone)),
         "a forgotten id is never registered again"

@@ -222,7 +222,7 @@ impl Fleet {
                     Event::Register {
                         session: SessionId(id),
                         parent: None,
-                        scope: Scope::SHARED,
+                        scope: None,
                     },
                 );
                 if registered.is_ok() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use settle_core::{
     answer_finalized, CancelMode, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Handled,
-    Hold, Outcome, Policy, Scope, SessionId, ShutdownSummary, State, Sweep, WorkId,
+    Hold, Outcome, Policy, SessionId, ShutdownSummary, State, Sweep, WorkId,
 };
 use support::Harness;
 
@@ -246,7 +246,7 @@ fn g3_shutdown_sweep_spares_running_and_finalized_sessions() {
             Event::Register {
                 session: SessionId(9),
                 parent: None,
-                scope: Scope::SHARED,
+                scope: None,
             }
         ),
         Err(Error::ShuttingDown)
@@ -563,7 +563,7 @@ fn g3_a_held_session_survives_every_automatic_path_until_the_drain_ends() {
         h.try_ev(Event::Register {
             session: SessionId(2),
             parent: None,
-            scope: Scope::SHARED,
+            scope: None,
         }),
         Err(settle_core::Error::OverCapacity { cap: 1 })
     );
@@ -645,7 +645,7 @@ fn g10_g2_every_input_for_a_finalized_session_gets_its_one_answer() {
             let child = Event::Register {
                 session: SessionId(2),
                 parent: Some(s),
-                scope: Scope::SHARED,
+                scope: None,
             };
             assert_eq!(h.try_ev(child), Err(Error::SessionClosed(s)));
         }
@@ -705,7 +705,7 @@ fn registration_errors_name_what_is_wrong() {
             Event::Register {
                 session: root,
                 parent: None,
-                scope: Scope::SHARED,
+                scope: None,
             },
         )
         .unwrap_err();
@@ -717,7 +717,7 @@ fn registration_errors_name_what_is_wrong() {
             Event::Register {
                 session: SessionId(5),
                 parent: Some(SessionId(42)),
-                scope: Scope::SHARED,
+                scope: None,
             },
         )
         .unwrap_err();
@@ -730,7 +730,7 @@ fn registration_errors_name_what_is_wrong() {
             Event::Register {
                 session: SessionId(6),
                 parent: Some(root),
-                scope: Scope::SHARED,
+                scope: None,
             },
         )
         .unwrap_err();

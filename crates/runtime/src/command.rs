@@ -46,8 +46,8 @@ pub(crate) enum Command {
         resumed_from: Option<SessionId>,
         /// Set in the same step as the registration.
         budget: Option<settle_core::Budget>,
-        /// Whose it is, for the LRU cap.
-        scope: settle_core::Scope,
+        /// Whose it is, for the LRU cap; `None`: its parent's (the core's rule).
+        scope: Option<settle_core::Scope>,
         /// The caller, until told (by the recorder, or its own patience).
         reply: crate::told::RegisterTold,
     },

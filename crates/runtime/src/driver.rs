@@ -99,7 +99,7 @@ struct Parked {
     parent: Option<SessionId>,
     resumed_from: Option<SessionId>,
     budget: Option<settle_core::Budget>,
-    scope: Scope,
+    scope: Option<Scope>,
     reply: crate::told::RegisterTold,
 }
 
@@ -491,8 +491,7 @@ impl Driver {
                     }
                 }
                 let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
-                let shared =
-                    SessionShared::new(session, name, parent, scope, resumed_from, parent_span);
+                let shared = SessionShared::new(session, name, parent, resumed_from, parent_span);
                 self.sessions.insert(session, shared.clone());
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
@@ -530,14 +529,8 @@ impl Driver {
             Ok(_) => {
                 let parent = self.core.session(session).and_then(|s| s.parent());
                 let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
-                let shared = SessionShared::new(
-                    session,
-                    adopted.name.into(),
-                    parent,
-                    scope,
-                    None,
-                    parent_span,
-                );
+                let shared =
+                    SessionShared::new(session, adopted.name.into(), parent, None, parent_span);
                 self.sessions.insert(session, shared.clone());
                 let _ = reply.send(Ok(shared));
             }

@@ -129,7 +129,8 @@ impl Kernel {
                 parent: None,
                 resumed_from: Some(from),
                 budget: None,
-                scope: settle_core::Scope::SHARED,
+                // A root: the shared scope.
+                scope: None,
                 reply,
             })
             .await?;

@@ -76,15 +76,12 @@ impl SessionHandle {
     }
 
     /// Registers a child of this session named `name`, in this session's
-    /// scope: `kernel.register_in(scope, name, Some(self.id()))`.
+    /// scope: `kernel.register(name, Some(self.id()))`.
     ///
     /// # Errors
     /// As [`Kernel::register`].
     pub async fn child(&self, name: impl Into<String>) -> Result<SessionHandle, RuntimeError> {
-        let (parent, scope) = (Some(self.id()), self.shared.scope);
-        self.kernel
-            .register_as(name.into(), parent, None, scope)
-            .await
+        self.kernel.register(name, Some(self.id())).await
     }
 
     /// Starts a turn against `provider`. The returned [`Turn`] yields each
@@ -460,9 +457,10 @@ impl SessionHandle {
 impl Kernel {
     /// Registers a session named `name` under `parent` (G1: the parent must be
     /// open and not winding down), and returns its handle once its row is
-    /// committed. Refused while shutting down. It is in the
-    /// [`Scope::SHARED`](settle_core::Scope::SHARED) scope: at the LRU cap
-    /// it may evict, and be evicted for, any other session of that scope.
+    /// committed. Refused while shutting down. It is in its parent's
+    /// [`Scope`], a root in [`Scope::SHARED`](settle_core::Scope::SHARED):
+    /// at the LRU cap it may evict, and be evicted for, any other session
+    /// of that scope (see [`register_in`](Self::register_in)).
     ///
     /// # Errors
     /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
@@ -472,8 +470,7 @@ impl Kernel {
         name: impl Into<String>,
         parent: Option<SessionId>,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, None, Scope::SHARED)
-            .await
+        self.register_as(name.into(), parent, None, None).await
     }
 
     /// Registers a session as [`register`](Self::register) does, in
@@ -481,7 +478,8 @@ impl Kernel {
     /// cap it evicts only idle sessions of that scope, the least recently
     /// active first, and is refused with `Lifecycle(OverCapacity)` when it
     /// has none to evict, however many of other scopes are idle. Its
-    /// [`child`](SessionHandle::child)ren are in the same scope.
+    /// [`child`](SessionHandle::child)ren are in the same scope; under a
+    /// `parent` of another scope it is in `scope` all the same.
     ///
     /// # Errors
     /// As [`register`](Self::register).
@@ -491,7 +489,25 @@ impl Kernel {
         name: impl Into<String>,
         parent: Option<SessionId>,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, None, scope).await
+        self.register_as(name.into(), parent, None, Some(scope))
+            .await
+    }
+
+    /// Registers a session in `scope` as [`register_in`](Self::register_in)
+    /// does, with a [`Budget`] as [`register_with_budget`](Self::register_with_budget)
+    /// sets one, in the same step.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_in_with_budget(
+        &self,
+        scope: Scope,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+        budget: Budget,
+    ) -> Result<SessionHandle, RuntimeError> {
+        self.register_as(name.into(), parent, Some(budget), Some(scope))
+            .await
     }
 
     /// Registers a session as [`register`](Self::register) does, with a
@@ -511,7 +527,7 @@ impl Kernel {
         parent: Option<SessionId>,
         budget: Budget,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, Some(budget), Scope::SHARED)
+        self.register_as(name.into(), parent, Some(budget), None)
             .await
     }
 
@@ -520,7 +536,7 @@ impl Kernel {
         name: String,
         parent: Option<SessionId>,
         budget: Option<Budget>,
-        scope: Scope,
+        scope: Option<Scope>,
     ) -> Result<SessionHandle, RuntimeError> {
         let name: Arc<str> = name.into();
         let shared = self

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use settle_core::{EndReason, Scope, SessionId};
+use settle_core::{EndReason, SessionId};
 use tokio::sync::{broadcast, Notify};
 
 use crate::event::LifecycleEvent;
@@ -27,8 +27,6 @@ pub(crate) struct SessionShared {
     pub id: SessionId,
     pub name: Arc<str>,
     pub parent: Option<SessionId>,
-    /// Whose it is, for the LRU cap: its children are registered in it.
-    pub scope: Scope,
     /// The session this one continues (`settle chat --resume`), if any.
     pub resumed_from: Option<SessionId>,
     /// The `session{id,name,parent}` span every work, write and hook of the
@@ -52,7 +50,6 @@ impl SessionShared {
         id: SessionId,
         name: Arc<str>,
         parent: Option<SessionId>,
-        scope: Scope,
         resumed_from: Option<SessionId>,
         parent_span: Option<&tracing::Span>,
     ) -> Arc<Self> {
@@ -82,7 +79,6 @@ impl SessionShared {
             id,
             name,
             parent,
-            scope,
             resumed_from,
             span,
             finalized: OnceLock::new(),
@@ -99,8 +95,6 @@ impl SessionShared {
             row.id,
             row.name.as_str().into(),
             row.parent,
-            // A finalized session takes no child: its scope is nobody's.
-            Scope::SHARED,
             row.resumed_from,
             None,
         );

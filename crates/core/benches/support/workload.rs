@@ -9,7 +9,7 @@ use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::time::Instant;
 
-use settle_core::{CancelMode, Core, Event, Outcome, Policy, Scope, SessionId, WorkId};
+use settle_core::{CancelMode, Core, Event, Outcome, Policy, SessionId, WorkId};
 
 /// splitmix64: a seeded, dependency-free source of reproducible workloads.
 struct Rng(u64);
@@ -107,7 +107,7 @@ pub fn event(op: Op) -> Option<Event> {
         Op::Register(id) => Event::Register {
             session: session(id),
             parent: None,
-            scope: Scope::SHARED,
+            scope: None,
         },
         Op::Start(id) => Event::StartTurn {
             session: session(id),

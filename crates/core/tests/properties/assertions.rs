@@ -676,15 +676,32 @@ fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
             );
         }
         // Room is made only among the sessions of the new one's scope.
-        if let (EndReason::LruEvict, Step::Register { scope, .. } | Step::Adopt { scope, .. }) =
+        if let (EndReason::LruEvict, Step::Register { session, .. } | Step::Adopt { session, .. }) =
             (f.reason, ctx.step)
         {
             let evicted = core.session(f.session).expect("known").scope();
+            let new = core.session(SessionId(*session)).expect("kept").scope();
             assert_eq!(
-                evicted,
-                Scope(*scope),
-                "G3: session {id} of scope {evicted} evicted for a session of scope {scope}"
+                evicted, new,
+                "G3: session {id} of scope {evicted} evicted for session {session} of scope {new}"
             );
+        }
+        // The new session's scope is the one named, else its parent's.
+        if let (
+            Step::Register {
+                session,
+                parent,
+                scope,
+            },
+            true,
+        ) = (ctx.step, ctx.applied())
+        {
+            let parents = parent
+                .and_then(|p| core.session(SessionId(p)))
+                .map(|p| p.scope());
+            let want = scope.map(Scope).or(parents).unwrap_or(Scope::SHARED);
+            let got = core.session(SessionId(*session)).expect("kept").scope();
+            assert_eq!(got, want, "session {session} registered in the wrong scope");
         }
         if let (EndReason::IdleReap, Some(Span::Ms(ttl))) = (f.reason, ctx.policy.idle_ttl) {
             let since = core.session(f.session).expect("known").idle_since();

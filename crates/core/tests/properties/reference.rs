@@ -935,6 +935,10 @@ impl Model {
                 // Room under the cap is found before the new session exists,
                 // sparing its parent; refused, changing nothing, without it;
                 // and made once the new session is its parent's child (G1).
+                // None named: its parent's (0, the shared one, for a root).
+                let scope = scope
+                    .or_else(|| parent.and_then(|p| self.sessions.get(&p)).map(|p| p.scope))
+                    .unwrap_or(0);
                 let evict = self.room_for(parent, scope)?;
                 let mut s = RefSession::new(parent, now);
                 s.scope = scope;

@@ -49,8 +49,9 @@ pub enum Step {
     Register {
         session: u64,
         parent: Option<u64>,
-        /// Whose it is, for the LRU cap: one of a few scopes.
-        scope: u64,
+        /// Whose it is, for the LRU cap: one of a few scopes, or none
+        /// named (its parent's).
+        scope: Option<u64>,
     },
     StartTurn(u64),
     StartTask(u64),
@@ -160,7 +161,7 @@ impl Step {
             } => Event::Register {
                 session: sid(session),
                 parent: parent.map(sid),
-                scope: Scope(scope),
+                scope: scope.map(Scope),
             },
             Step::StartTurn(id) => Event::StartTurn { session: sid(id) },
             Step::StartTask(id) => Event::StartTask { session: sid(id) },
@@ -410,14 +411,16 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     if !known.is_empty() {
         parents.push((1, select(known.clone()).prop_map(Some).boxed()));
     }
+    let scope_named = prop_oneof![Just(None), (0u64..2).prop_map(Some)];
     // Two scopes, so that a registration at the cap meets idle sessions
     // of its own and of another's.
-    let register =
-        (Union::new_weighted(parents), 0u64..2).prop_map(move |(parent, scope)| Step::Register {
+    let register = (Union::new_weighted(parents), scope_named).prop_map(move |(parent, scope)| {
+        Step::Register {
             session: next,
             parent,
             scope,
-        });
+        }
+    });
     // After shutdown one refusal is telling; a run of them is not.
     choices.push((if shutting_down { 1 } else { 14 }, register.boxed()));
     // A released session adopted here: a fresh id (under a parent that may
@@ -603,7 +606,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),
-                        scope: id % 2,
+                        scope: (id % 3 != 0).then_some(id % 2),
                     },
                 }
             },

@@ -6,8 +6,7 @@
 use std::time::{Duration, Instant};
 
 use settle_core::{
-    Core, Effect, EndReason, Error, Event, Finalize, Handled, Policy, Scope, SessionId, State,
-    WorkId,
+    Core, Effect, EndReason, Error, Event, Finalize, Handled, Policy, SessionId, State, WorkId,
 };
 
 pub const SEC: Duration = Duration::from_secs(1);
@@ -106,7 +105,7 @@ impl Harness {
             self.ev_h(Event::Register {
                 session,
                 parent: parent.map(SessionId),
-                scope: Scope::SHARED,
+                scope: None,
             }),
             Handled::Applied
         );
