@@ -241,24 +241,38 @@ impl PyKernel {
     /// id), with a `settle.Budget` for it and its subtree if given. Raises
     /// `ShuttingDown` during a shutdown, `SessionClosed` when the parent is
     /// finalized, `BadInput` when it is unknown.
-    #[pyo3(signature = (name, parent = None, *, budget = None))]
+    ///
+    /// `scope` names whose it is for `lru_cap` (a tenant, a user): at the
+    /// cap a new session evicts only idle sessions of its own scope, and
+    /// raises `Error` rather than end another scope's. Without one it is
+    /// in its parent's scope (`Session.child` too), a root in the shared
+    /// one.
+    #[pyo3(signature = (name, parent = None, *, budget = None, scope = None))]
     fn register<'py>(
         &self,
         py: Python<'py>,
         name: Text,
         parent: Option<Bound<'py, PyAny>>,
         budget: Option<PyRef<'py, PyBudget>>,
+        scope: Option<Text>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let Text(name) = name;
         let budget = budget.map(|b| b.get());
         crate::task::check_write(py)?;
         let parent = parent.as_ref().map(session_id).transpose()?;
         let (kernel, here) = self.kernel.get()?;
+        let scope = scope.map(|Text(s)| kernel.scope_of(Some(&s)));
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
         finishing(py, here, async move {
-            let session = match budget {
-                None => kernel.register(name, parent).await,
-                Some(budget) => kernel.register_with_budget(name, parent, budget).await,
+            let session = match (budget, scope) {
+                (None, None) => kernel.register(name, parent).await,
+                (Some(budget), None) => kernel.register_with_budget(name, parent, budget).await,
+                (None, Some(scope)) => kernel.register_in(scope, name, parent).await,
+                (Some(budget), Some(scope)) => {
+                    kernel
+                        .register_in_with_budget(scope, name, parent, budget)
+                        .await
+                }
             };
             Ok(PySession::new(
                 session.map_err(errors::runtime)?,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import settle
 from conftest import Stream
 
@@ -22,6 +24,33 @@ async def test_g3_the_lru_cap_evicts_an_idle_session_never_a_running_one(db):
         assert not busy.closed
         assert await busy.state() == "running"
         await turn.aclose()
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_g3_the_lru_cap_evicts_only_within_a_scope(db):
+    """A program serving several tenants names each session's scope: at
+    the cap a tenant's new session evicts only that tenant's idle ones
+    (children are in their parent's scope), and raises rather than end
+    another tenant's."""
+    kernel = await settle.Kernel.open(db, lru_cap=3)
+    try:
+        hers = await kernel.register("hers", scope="alice")
+        her_child = await hers.child("her child")
+        his = await kernel.register("his", scope="bob")
+        # Bob at the cap: his own idle session goes, though Alice's are older.
+        again = await kernel.register("his again", scope="bob")
+        assert await asyncio.wait_for(his.finalized(), 10) == "lru_evict"
+        await again.hold("input")
+        with pytest.raises(settle.Error, match="cap"):
+            await kernel.register("his third", scope="bob")
+        with pytest.raises(settle.Error, match="cap"):
+            await kernel.register("nobody's")
+        assert not hers.closed and not her_child.closed
+        # Alice's child is in her scope: her next session evicts it.
+        await kernel.register("hers too", parent=hers)
+        assert await asyncio.wait_for(her_child.finalized(), 10) == "lru_evict"
+        assert not hers.closed
     finally:
         await kernel.shutdown(0.0)
 

@@ -234,8 +234,18 @@ class Kernel:
         store_timeout: float = 10.0,
     ) -> _Call[Kernel]: ...
     def register(
-        self, name: str, parent: Union[Session, int, None] = None, *, budget: Optional[Budget] = None
-    ) -> _Call[Session]: ...
+        self,
+        name: str,
+        parent: Union[Session, int, None] = None,
+        *,
+        budget: Optional[Budget] = None,
+        scope: Optional[str] = None,
+    ) -> _Call[Session]:
+        """Registers a session (a child of ``parent`` if given). ``scope``
+        names whose it is for ``lru_cap`` (a tenant, a user): at the cap a
+        new session evicts only idle sessions of its scope and raises
+        ``Error`` rather than end another's; without one it is in its
+        parent's scope, a root in the shared one."""
     def session(self, id: int) -> _Call[Session]: ...
     def resume(self, id: Union[Session, int], name: str) -> _Call[Resumed]: ...
     def sessions(self, state: Optional[str] = None) -> _Call[List[Dict[str, Any]]]:
