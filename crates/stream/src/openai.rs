@@ -457,6 +457,9 @@ pub struct OpenAiStream {
     not_events: Option<String>,
     /// Whether any `data:` event was decoded.
     had_event: bool,
+    /// The body's failure (not SSE), told once the events it completed
+    /// before the failing line are yielded.
+    failed: Option<StreamError>,
 }
 
 impl fmt::Debug for OpenAiStream {
@@ -506,6 +509,7 @@ impl OpenAiStream {
             secrets: Secrets::default(),
             not_events: None,
             had_event: false,
+            failed: None,
         }
     }
 
@@ -535,12 +539,17 @@ impl OpenAiStream {
                 return true;
             }
         };
-        if let Some(error) = value.get("error") {
+        // Some servers send `"error": null` (or `false`) on every event.
+        let error = value
+            .get("error")
+            .filter(|e| !is_empty(e) && **e != Value::Bool(false));
+        if let Some(error) = error {
             let message = error
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_owned);
-            let message = self.secrets.scrub(&message);
+            // Told on one line, its control characters escaped, no secret.
+            let message = self.secrets.shown(&message, false);
             self.pending
                 .push_back(Err(StreamErrorKind::Provider { message }.into()));
             return true;
@@ -628,14 +637,25 @@ impl Stream for OpenAiStream {
                 }
                 continue;
             }
+            if let Some(error) = this.failed.take() {
+                this.pending.push_back(Err(error));
+                continue;
+            }
             let error: StreamError = match body.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(bytes))) => match this.decoder.feed(&bytes) {
                     Ok(()) => continue,
-                    Err(e) => StreamErrorKind::Protocol(format!(
-                        "the stream from {} is not valid SSE: {e}",
-                        this.url
-                    ))
-                    .into(),
+                    // The events of this read before the failing line
+                    // come first, however the server's writes were split.
+                    Err(e) => {
+                        this.failed = Some(
+                            StreamErrorKind::Protocol(format!(
+                                "the stream from {} is not valid SSE: {e}",
+                                this.url
+                            ))
+                            .into(),
+                        );
+                        continue;
+                    }
                 },
                 Poll::Ready(Some(Err(source))) => StreamErrorKind::Transport {
                     url: this.url.clone(),
@@ -649,7 +669,8 @@ impl Stream for OpenAiStream {
                         "the server at {} answered with `{}`, not an event stream, \
                          and no event: is it an OpenAI-compatible streaming endpoint?",
                         this.url,
-                        crate::error::shorten(content_type)
+                        // A server may echo a secret in any header.
+                        this.secrets.shown(content_type, false)
                     )),
                     None => StreamErrorKind::Protocol(format!(
                         "the stream from {} ended before `data: [DONE]`; the reply may be cut short",

@@ -251,3 +251,28 @@ async fn g11_a_secret_a_status_body_percent_encodes_is_not_shown() {
     assert!(!text.contains(&encoded), "{text}");
     assert!(text.contains("***"), "{text}");
 }
+
+/// Found from outside: a 200 whose `Content-Type` is not an event stream
+/// is named in the turn's error, and a server that echoed the key into
+/// that header showed it there.
+#[tokio::test]
+async fn g11_a_content_type_that_echoes_a_secret_does_not_show_it() {
+    use futures_util::StreamExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let header = format!("content-type: text/html; charset={KEY}\r\n");
+    let _connection = http::answer_once(listener, "200 OK", &header, "<html></html>");
+    let provider = OpenAiProvider::new(config(&format!("http://{addr}/v1"))).unwrap();
+    let mut stream = provider.open(&Request::prompt("hi")).await.unwrap();
+    let error = loop {
+        match stream.next().await {
+            Some(Err(error)) => break error,
+            Some(Ok(_)) => continue,
+            None => panic!("the stream ended without its error"),
+        }
+    };
+    let text = told(&error);
+    assert!(text.contains("not an event stream"), "{text}");
+    assert!(text.contains("text/html; charset=***"), "{text}");
+    assert_no_secret(&text);
+}

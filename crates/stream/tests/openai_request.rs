@@ -435,3 +435,80 @@ async fn a_whole_answer_that_is_not_an_event_stream_is_said_to_be_one() {
         assert!(told.contains(content_type), "{told}");
     }
 }
+
+/// The events of one body written in the pieces given, each piece a TCP
+/// write of its own; what the stream yields until it ends: the chunks' texts
+/// and the error it ended with, if any.
+async fn read_pieces(pieces: Vec<Vec<u8>>) -> (Vec<String>, Option<settle_stream::StreamError>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let _connection = http::serve_one(listener, move |mut wr| async move {
+        wr.write_all(http::SSE_HEAD).await?;
+        for piece in pieces {
+            let mut framed = format!("{:x}\r\n", piece.len()).into_bytes();
+            framed.extend_from_slice(&piece);
+            framed.extend_from_slice(b"\r\n");
+            wr.write_all(&framed).await?;
+            wr.flush().await?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        wr.write_all(b"0\r\n\r\n").await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+    let mut stream = provider.open(&Request::prompt("hi")).await.unwrap();
+    let mut texts = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap()
+        {
+            Some(Ok(StreamEvent::Chunk(chunk))) => texts.push(chunk.payload().to_owned()),
+            Some(Ok(_)) => {}
+            Some(Err(error)) => return (texts, Some(error)),
+            None => return (texts, None),
+        }
+    }
+}
+
+fn event(data: &str) -> Vec<u8> {
+    format!("data: {data}\n\n").into_bytes()
+}
+
+/// Found from outside: a chunk with `"error": null` (or `false`, or an
+/// empty string), as some servers send on every event, failed the turn
+/// with "the provider reported an error: null".
+#[tokio::test]
+async fn an_error_field_that_is_null_false_or_empty_is_no_error() {
+    for error in ["null", "false", "\"\""] {
+        let data =
+            format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"hi"}}}}],"error":{error}}}"#);
+        let (texts, failed) = read_pieces(vec![event(&data), event("[DONE]")]).await;
+        assert!(failed.is_none(), "{error}: {failed:?}");
+        assert_eq!(texts, ["hi"], "{error}");
+    }
+}
+
+/// Found from outside: events that arrived in the same read as a line
+/// that is not UTF-8 were dropped, so how much of a reply was kept
+/// depended on how the server's writes were split. Every event before the
+/// bad line is yielded, then the error.
+#[tokio::test]
+async fn the_events_before_a_bad_line_are_yielded_however_the_reads_split() {
+    let good: Vec<u8> = ["a", "b", "c"]
+        .iter()
+        .flat_map(|t| event(&http::chunk_json(t)))
+        .collect();
+    let bad = b"data: \xff\xfe\n\n".to_vec();
+    let together = [good.clone(), bad.clone()].concat();
+    for pieces in [vec![together], vec![good, bad]] {
+        let (texts, failed) = read_pieces(pieces).await;
+        assert_eq!(texts, ["a", "b", "c"]);
+        let failed = failed.expect("the bad line fails the stream");
+        assert!(
+            matches!(failed.kind(), StreamErrorKind::Protocol(_)),
+            "{failed:?}"
+        );
+    }
+}
