@@ -944,3 +944,31 @@ fn g11_the_chat_banner_names_the_base_url_without_its_password() {
         "{all}"
     );
 }
+
+/// Found from outside: a provider's error text with terminal escapes, NUL
+/// and line breaks reached the terminal raw, over several lines. It is
+/// told on one line, every control character escaped.
+#[test]
+fn a_providers_error_with_control_characters_is_told_on_one_line_escaped() {
+    let sandbox = Sandbox::new();
+    let server = Server::start(vec![Answer::Status(
+        "500 Internal Server Error",
+        json!({"error": {"message": "over\u{1b}[31mloaded\u{0}\nnow"}}),
+    )]);
+    let mut chat = start_chat(&sandbox, &server.base_url(), &[]);
+    say(&mut chat, "hi");
+    let stderr = end_chat(chat);
+    let failed: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("settle: reply failed: "))
+        .collect();
+    assert_eq!(failed.len(), 1, "{stderr:?}");
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\0'),
+        "{stderr:?}"
+    );
+    assert!(
+        failed[0].contains("over\\u{1b}[31mloaded\\u{0} now"),
+        "{stderr:?}"
+    );
+}

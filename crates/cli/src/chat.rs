@@ -143,7 +143,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         {
             Ok(turn) => turn,
             Err(error) => {
-                crate::errln!("settle: {error}");
+                crate::errln!("settle: {}", escape::one_line(&error.to_string()));
                 history.pop();
                 continue;
             }
@@ -185,7 +185,9 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
                 history.push(Message::new(Role::Assistant, reply));
             }
             Err(error) => {
-                crate::errln!("settle: reply failed: {error}");
+                // What a provider sent is told on one line, never obeyed.
+                let error = error.to_string();
+                crate::errln!("settle: reply failed: {}", escape::one_line(&error));
                 // The prompt stays in the history; the failed reply does not.
             }
         }

@@ -297,11 +297,21 @@ pub(crate) fn said(body: &str) -> String {
         .unwrap_or_else(|| unescaped(body))
 }
 
-/// `text` with its whitespace collapsed, cut to [`EXCERPT_CHARS`]
-/// characters (an ellipsis last) when longer; shortening it again changes
-/// nothing.
+/// `text` with its whitespace collapsed and its other control characters
+/// escaped (`\u{1b}`: what a server sent is told on one line, never
+/// obeyed by a terminal), cut to [`EXCERPT_CHARS`] characters (an
+/// ellipsis last) when longer; shortening it again changes nothing.
 pub(crate) fn shorten(text: &str) -> String {
-    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let collapsed = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_unicode().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect::<String>();
     if collapsed.chars().count() <= EXCERPT_CHARS {
         return collapsed;
     }

@@ -512,3 +512,19 @@ async fn the_events_before_a_bad_line_are_yielded_however_the_reads_split() {
         );
     }
 }
+
+/// Found from outside: a provider's `error` event whose message held line
+/// breaks and terminal escapes was told as given, over several lines. A
+/// provider's message is told on one line, its control characters
+/// escaped.
+#[tokio::test]
+async fn a_providers_error_message_is_told_on_one_line_without_control_characters() {
+    let data = r#"{"error":{"message":"first line\nsecond \u001b[31mred\u001b[0m\u0000 end"}}"#;
+    let (_, failed) = read_pieces(vec![event(data)]).await;
+    let told = failed
+        .expect("the error event fails the stream")
+        .to_string();
+    assert!(!told.chars().any(char::is_control), "{told:?}");
+    assert!(told.contains("first line second"), "{told}");
+    assert!(told.contains("red"), "{told}");
+}
