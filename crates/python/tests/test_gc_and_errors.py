@@ -201,6 +201,30 @@ async def test_a_source_failing_with_a_lone_surrogate_in_its_message_fails_the_t
     assert failing.closes == 1
 
 
+async def test_a_source_failing_with_an_exception_whose_str_raises_fails_the_turn_at_once(kernel):
+    """Found from outside: a library exception whose ``__str__`` raises
+    (it reads an attribute never set) killed the pump before it told the
+    kernel, and the turn ran on until its idle timeout, or forever
+    without one."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise AttributeError("never set")
+
+    session = await kernel.register("s")
+    failing = Stream(["a"], fail=Unprintable())
+    async with await session.turn(failing, idle_timeout=0) as turn:
+        texts = await asyncio.wait_for(_texts(turn), 10)
+    assert texts == ["a"]
+    assert turn.outcome == "failed", turn.error
+    assert "Unprintable" in turn.error[1], turn.error
+    assert failing.closes == 1
+
+
+async def _texts(turn) -> list:
+    return [c.text async for c in turn]
+
+
 async def test_a_chunk_that_cannot_be_read_fails_the_turn_saying_to_use_to_chunk(kernel):
     session = await kernel.register("s")
     async with await session.turn(Stream([object()])) as turn:

@@ -85,11 +85,11 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         # without keeping the CancelledError (and the traceback and frames
         # it holds) alive on its task until the collector finds them.
     except Exception as error:  # the source's own failure ends the turn, saying why
-        sink.fail(f"{type(error).__name__}: {error}")
+        sink.fail(_said(error))
     except BaseException as error:
         # Not an error, nor the kernel's cancel (a framework's own stop,
         # `KeyboardInterrupt`): the turn fails saying so, and it goes on up.
-        sink.fail(f"{type(error).__name__}: {error}")
+        sink.fail(_said(error))
         raise
     finally:
         try:
@@ -101,6 +101,18 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
                 await close_stream(stream, iterator)
         finally:
             sink.closed()
+
+
+def _said(error: BaseException) -> str:
+    """What a source's failure says: its type and its message; its type
+    alone when its ``__str__`` fails (a library's exception reading an
+    attribute it never set), so that the turn still ends saying why."""
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:
+        return f"{name} (its message could not be read: its __str__ raised)"
+    return f"{name}: {text}"
 
 
 class Call(asyncio.Future):  # type: ignore[type-arg]
