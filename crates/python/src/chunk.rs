@@ -10,7 +10,7 @@
 //! | `settle.Chunk` | itself |
 //! | `None` | none (a keepalive) |
 //! | a list or tuple | each element, in order |
-//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one: `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk |
+//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::openai_chunk_events`): `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn, and a `finish_reason` of `length` or `content_filter` fails it `truncated` after its content |
 //!
 //! Anything else is refused with `settle.BadInput` (and fails the turn,
 //! saying why): pass `to_chunk=` to read it. So is a string anywhere in an
@@ -18,9 +18,8 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
-use serde_json::Value;
 use settle_core::ChunkKind;
-use settle_stream::Chunk;
+use settle_stream::{Chunk, StreamError, StreamEvent};
 
 use crate::args::Text;
 use crate::convert;
@@ -84,17 +83,26 @@ impl PyChunk {
     }
 }
 
-/// The chunks `item` stands for (the table of the module's doc).
-pub(crate) fn chunks_of(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>) -> PyResult<()> {
+/// The chunks `item` stands for (the table of the module's doc), and the
+/// error the turn's stream ends with after them, if the item says one (an
+/// OpenAI-shaped chunk's `error`, or its `finish_reason` cut the reply).
+pub(crate) fn chunks_of(
+    item: &Bound<'_, PyAny>,
+    out: &mut Vec<Chunk>,
+) -> PyResult<Option<StreamError>> {
     chunks_at(item, out, 0)
 }
 
 /// [`chunks_of`] for an item `depth` lists or tuples deep. A list that
 /// holds itself, or lists nested past [`convert::MAX_DEPTH`], fail the turn
 /// instead of recursing until the thread's stack runs out.
-fn chunks_at(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>, depth: usize) -> PyResult<()> {
+fn chunks_at(
+    item: &Bound<'_, PyAny>,
+    out: &mut Vec<Chunk>,
+    depth: usize,
+) -> PyResult<Option<StreamError>> {
     if item.is_none() {
-        return Ok(());
+        return Ok(None);
     }
     if let Ok(text) = item.cast::<PyString>() {
         // A lone surrogate fails the turn with `BadInput`, as the same
@@ -103,11 +111,11 @@ fn chunks_at(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>, depth: usize) -> PyR
         if !text.is_empty() {
             out.push(Chunk::text(text));
         }
-        return Ok(());
+        return Ok(None);
     }
     if let Ok(chunk) = item.cast::<PyChunk>() {
         out.push(chunk.get().chunk.clone());
-        return Ok(());
+        return Ok(None);
     }
     let nested = || {
         crate::errors::BadInput::new_err(format!(
@@ -121,24 +129,38 @@ fn chunks_at(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>, depth: usize) -> PyR
             return Err(nested());
         }
         for each in list.iter() {
-            chunks_at(&each, out, depth + 1)?;
+            if let Some(end) = chunks_at(&each, out, depth + 1)? {
+                return Ok(Some(end));
+            }
         }
-        return Ok(());
+        return Ok(None);
     }
     if let Ok(tuple) = item.cast::<PyTuple>() {
         if depth >= convert::MAX_DEPTH {
             return Err(nested());
         }
         for each in tuple.iter() {
-            chunks_at(&each, out, depth + 1)?;
+            if let Some(end) = chunks_at(&each, out, depth + 1)? {
+                return Ok(Some(end));
+            }
         }
-        return Ok(());
+        return Ok(None);
     }
     if item.is_instance_of::<pyo3::types::PyDict>() || item.hasattr("model_dump")? {
         let value = convert::to_json(item)?;
-        if value.get("choices").is_some() || value.get("usage").is_some() {
-            openai_chunks(&value, out);
-            return Ok(());
+        if value.get("choices").is_some()
+            || value.get("usage").is_some()
+            || value.get("error").is_some()
+        {
+            // Read as the Rust provider reads the same chunk in an SSE event.
+            for event in settle_stream::openai_chunk_events(&value, &str::to_owned) {
+                match event {
+                    Ok(StreamEvent::Chunk(chunk)) => out.push(chunk),
+                    Ok(_) => {}
+                    Err(end) => return Ok(Some(end)),
+                }
+            }
+            return Ok(None);
         }
     }
     let shown = item.repr().map(|r| r.to_string()).unwrap_or_default();
@@ -148,41 +170,6 @@ fn chunks_at(item: &Bound<'_, PyAny>, out: &mut Vec<Chunk>, depth: usize) -> PyR
         item.get_type().name()?,
         excerpt(&shown)
     )))
-}
-
-/// The chunks of one OpenAI streaming chunk, as the Rust provider reads an
-/// SSE event.
-fn openai_chunks(value: &Value, out: &mut Vec<Chunk>) {
-    let delta = value.pointer("/choices/0/delta");
-    if let Some(delta) = delta {
-        let reasoning = ["reasoning_content", "reasoning"]
-            .iter()
-            .find_map(|key| delta.get(*key).filter(|v| !is_empty(v)));
-        if let Some(reasoning) = reasoning {
-            out.push(Chunk::json(ChunkKind::Reasoning, reasoning));
-        }
-        if let Some(text) = delta.get("content").and_then(Value::as_str) {
-            if !text.is_empty() {
-                out.push(Chunk::text(text));
-            }
-        }
-        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-            for call in calls {
-                out.push(Chunk::json(ChunkKind::ToolCall, call));
-            }
-        }
-    }
-    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
-        out.push(Chunk::json(ChunkKind::Usage, usage));
-    }
-}
-
-fn is_empty(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::String(text) => text.is_empty(),
-        _ => false,
-    }
 }
 
 fn excerpt(text: &str) -> String {

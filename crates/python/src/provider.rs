@@ -125,6 +125,9 @@ enum Item {
     Chunk(Chunk),
     End,
     Failed(String),
+    /// An OpenAI-shaped chunk ended the stream (its `error`, a reply cut
+    /// short), after its own chunks.
+    Ended(StreamError),
     /// The pump was cancelled by someone else (its loop is shutting down).
     Cancelled,
 }
@@ -342,7 +345,7 @@ impl PumpSink {
             return Ok(Some(false));
         }
         let mut chunks = Vec::new();
-        crate::chunk::chunks_of(item, &mut chunks)?;
+        let ends = crate::chunk::chunks_of(item, &mut chunks)?;
         // Counted before they are sent: the stream may take them (and
         // count them off) as soon as they are.
         let bytes = chunks.iter().map(|c| c.payload().len()).sum();
@@ -351,6 +354,11 @@ impl PumpSink {
             if self.shared.items.send(Item::Chunk(chunk)).is_err() {
                 return Ok(Some(false));
             }
+        }
+        if let Some(end) = ends {
+            // The turn is over: the pump stops pulling, and closes its source.
+            let _ = self.shared.items.send(Item::Ended(end));
+            return Ok(Some(false));
         }
         if self.shared.items.is_closed() {
             return Ok(Some(false));
@@ -531,6 +539,10 @@ impl Stream for PyStream {
             Poll::Ready(Some(Item::Failed(message))) => {
                 self.done = true;
                 Some(Err(StreamErrorKind::Provider { message }.into()))
+            }
+            Poll::Ready(Some(Item::Ended(error))) => {
+                self.done = true;
+                Some(Err(error))
             }
             Poll::Ready(Some(Item::Cancelled)) => {
                 self.done = true;

@@ -34,6 +34,48 @@ async def test_g7_openai_shaped_dicts_give_reasoning_text_tool_calls_and_usage(k
     assert [c.text for c in got] == [None, "Checking.", None, None, None]
 
 
+async def test_an_openai_chunk_reads_as_the_rust_provider_reads_its_event(kernel):
+    """Found from outside: a reply the model cut at its length limit
+    (``finish_reason: "length"``) ended ``completed`` from Python and
+    ``failed`` (truncated) through the gateway, and a chunk's ``error`` was
+    not read at all. Both paths now read a chunk one way."""
+    cases = [
+        # Cut at the length limit: what was streamed is kept, the turn failed.
+        (
+            [
+                {"choices": [{"index": 0, "delta": {"content": "pre "}}]},
+                {"choices": [{"index": 0, "delta": {"content": "cut"}, "finish_reason": "length"}]},
+                {"choices": [{"index": 0, "delta": {"content": " post"}}]},
+            ],
+            ["pre ", "cut"],
+            ("failed", "truncated"),
+        ),
+        # An error in the stream fails the turn with its message.
+        (
+            [
+                {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+                {"error": {"message": "the model is overloaded"}},
+            ],
+            ["a"],
+            ("failed", "the model is overloaded"),
+        ),
+        # `"error": null` on every chunk, as some servers send, is no error.
+        (
+            [{"choices": [{"index": 0, "delta": {"content": "fine"}}], "error": None}],
+            ["fine"],
+            ("completed", None),
+        ),
+    ]
+    for items, texts, (outcome, says) in cases:
+        session = await kernel.register("s")
+        async with await session.turn(Stream(items)) as turn:
+            got = [c.text async for c in turn]
+        assert got == texts, items
+        assert turn.outcome == outcome, (items, turn.error)
+        if says is not None:
+            assert says in " ".join(turn.error), turn.error
+
+
 async def test_g7_to_chunk_and_settle_chunks(kernel):
     session = await kernel.register("s")
 

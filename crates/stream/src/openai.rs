@@ -11,14 +11,13 @@ use async_trait::async_trait;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 use serde_json::Value;
-use settle_core::ChunkKind;
 
 use crate::close::Close;
 use crate::secrets::{shown_url, Secrets};
 use crate::sse::SseDecoder;
 use crate::{
-    Chunk, CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
-    StreamEvent, Truncation,
+    CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
+    StreamEvent,
 };
 
 /// The default time to wait for a server's response headers.
@@ -539,76 +538,12 @@ impl OpenAiStream {
                 return true;
             }
         };
-        // Some servers send `"error": null` (or `false`) on every event.
-        let error = value
-            .get("error")
-            .filter(|e| !is_empty(e) && **e != Value::Bool(false));
-        if let Some(error) = error {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| error.to_string(), str::to_owned);
-            // Told on one line, its control characters escaped, no secret.
-            let message = self.secrets.shown(&message, false);
-            self.pending
-                .push_back(Err(StreamErrorKind::Provider { message }.into()));
-            return true;
-        }
-        let before = self.pending.len();
-        let choice = value.pointer("/choices/0");
-        if let Some(delta) = choice.and_then(|c| c.get("delta")) {
-            let reasoning = ["reasoning_content", "reasoning"]
-                .iter()
-                .find_map(|key| delta.get(*key).filter(|v| !is_empty(v)));
-            if let Some(reasoning) = reasoning {
-                self.push(Chunk::json(ChunkKind::Reasoning, reasoning));
-            }
-            if let Some(text) = delta.get("content").and_then(Value::as_str) {
-                if !text.is_empty() {
-                    self.push(Chunk::text(text));
-                }
-            }
-            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-                for call in calls {
-                    self.push(Chunk::json(ChunkKind::ToolCall, call));
-                }
-            }
-        }
-        if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
-            self.push(Chunk::json(ChunkKind::Usage, usage));
-        }
-        let truncation = match choice
-            .and_then(|c| c.get("finish_reason"))
-            .and_then(Value::as_str)
-        {
-            Some("length") => Some(Truncation::Length),
-            Some("content_filter") => Some(Truncation::ContentFilter),
-            // `stop`, `tool_calls`: a whole reply; `[DONE]` follows.
-            _ => None,
-        };
-        if let Some(truncation) = truncation {
-            // After this event's own content: what was streamed is kept.
-            self.pending
-                .push_back(Err(StreamErrorKind::Truncated(truncation).into()));
-        } else if self.pending.len() == before {
-            // A role announcement or a bare finish reason: activity, not
-            // content.
-            self.pending.push_back(Ok(StreamEvent::KeepAlive));
-        }
+        let secrets = &self.secrets;
+        // Told on one line, its control characters escaped, no secret.
+        let quote = |message: &str| secrets.shown(message, false);
+        self.pending
+            .extend(crate::openai_chunk_events(&value, &quote));
         true
-    }
-
-    fn push(&mut self, chunk: Chunk) {
-        self.pending.push_back(Ok(StreamEvent::Chunk(chunk)));
-    }
-}
-
-/// A field a server sent empty: `null`, `""`.
-fn is_empty(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::String(s) => s.is_empty(),
-        _ => false,
     }
 }
 
