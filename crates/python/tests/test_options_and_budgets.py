@@ -67,6 +67,18 @@ async def test_a_spent_turn_budget_refuses_the_next_turn_and_winds_the_subtree_d
     assert await asyncio.wait_for(root.finalized(), PATIENCE) == "budget_exhausted"
 
 
+async def test_a_token_count_past_64_bits_or_a_float_spends_a_token_budget(kernel):
+    """Found from outside: a usage report of ``2**64 + 1`` tokens, or of
+    ``100.0``, counted none, and a budget of 10 tokens let the next turn
+    go. Every count is counted, saturated."""
+    for total in [2**64 + 1, 100.0, 1.5e300]:
+        session = await kernel.register("s", budget=settle.Budget(tokens=10))
+        usage = {"choices": [], "usage": {"total_tokens": total}}
+        async with await session.turn(Stream(["hi", usage])) as turn:
+            await _read(turn)
+        assert await asyncio.wait_for(session.finalized(), PATIENCE) == "budget_exhausted", total
+
+
 async def test_a_child_has_a_budget_of_its_own(kernel):
     root = await kernel.register("root")
     child = await root.child("child", budget=settle.Budget(turns=0))

@@ -128,7 +128,19 @@ impl Reply {
 
 /// The tokens one usage report counts.
 pub fn usage_tokens(usage: &Value) -> u64 {
-    let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+    // A count past what a `u64` holds arrives as a float (JSON has one kind
+    // of number), as may one a server writes `100.0`: counted, saturated,
+    // never dropped (a budget must not miss a report it was sent).
+    // A count written as its digits (a Python int past 64 bits is kept so)
+    // is read the same way.
+    let field = |name: &str| {
+        usage.get(name).and_then(|n| match (n.as_u64(), n) {
+            (Some(n), _) => Some(n),
+            (None, Value::String(digits)) => count_of_digits(digits),
+            // `as` saturates (and a negative or NaN count is none).
+            (None, _) => n.as_f64().map(|f| f as u64),
+        })
+    };
     field("total_tokens").unwrap_or_else(|| {
         // A server's numbers, however large: saturated, never wrapped (a
         // budget's count must not come back under its limit).
@@ -136,6 +148,22 @@ pub fn usage_tokens(usage: &Value) -> u64 {
             .unwrap_or(0)
             .saturating_add(field("completion_tokens").unwrap_or(0))
     })
+}
+
+/// A count written as decimal digits (a leading `-`: none), saturated.
+fn count_of_digits(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match negative {
+        true => Some(0),
+        false => Some(digits.parse().unwrap_or(u64::MAX)),
+    }
 }
 
 #[cfg(test)]
@@ -158,5 +186,18 @@ mod tests {
             reply.push_json(ChunkKind::Usage, &json!({"total_tokens": max}));
         }
         assert_eq!(reply.finish().total_tokens(), max);
+        // Found from outside: a count past 2^64 (a float once read), or a
+        // float, counted none, and a budget of tokens let the next turn go.
+        for (total, tokens) in [
+            (json!(18_446_744_073_709_551_617_f64), max),
+            (json!(1.5e300), max),
+            (json!(100.0), 100),
+            (json!(-5), 0),
+            (json!("18446744073709551617"), max),
+            (json!("-18446744073709551617"), 0),
+            (json!("12"), 12),
+        ] {
+            assert_eq!(usage_tokens(&json!({ "total_tokens": total })), tokens);
+        }
     }
 }
