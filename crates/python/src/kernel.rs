@@ -143,6 +143,14 @@ impl PyKernel {
     /// registration refused so is withdrawn). `0` refuses whatever the
     /// store does not take at once.
     ///
+    /// `max_turn_chunks` and `max_turn_bytes` bound what one turn may
+    /// stream (its chunks, the bytes of their payloads): the chunk past
+    /// either is neither stored nor read, and the turn ends `failed`
+    /// (`too_large`). `None` (the default) for no bound: a source that
+    /// never stops then grows the process's memory and the database
+    /// without bound, so bound the turns of sources you do not trust
+    /// (`settle serve` and `settle chat` use 100,000 chunks and 64 MiB).
+    ///
     /// Do not open the same SQLite file with Python's `sqlite3` module in
     /// this process: the package carries its own SQLite, and two copies in
     /// one process do not see each other's locks (a write of one can land
@@ -154,7 +162,7 @@ impl PyKernel {
     /// when the store fails.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0))]
+    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<Text>,
@@ -164,8 +172,12 @@ impl PyKernel {
         idle_ttl: Option<f64>,
         lru_cap: Option<Whole<usize>>,
         store_timeout: f64,
+        max_turn_chunks: Option<Whole<usize>>,
+        max_turn_bytes: Option<Whole<usize>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (db, lru_cap) = (db.map(|d| d.0), lru_cap.map(|c| c.0));
+        let max_turn_chunks = at_least_one(max_turn_chunks, "max_turn_chunks")?;
+        let max_turn_bytes = at_least_one(max_turn_bytes, "max_turn_bytes")?;
         let settle = seconds(settle_timeout, "settle_timeout")?;
         let store_timeout = seconds(store_timeout, "store_timeout")?;
         let drain = seconds(drain_timeout, "drain_timeout")?;
@@ -203,7 +215,9 @@ impl PyKernel {
                     .idle_timeout(idle)
                     .idle_ttl(idle_ttl)
                     .lru_cap(lru_cap)
-                    .store_timeout(store_timeout);
+                    .store_timeout(store_timeout)
+                    .max_turn_chunks(max_turn_chunks)
+                    .max_turn_bytes(max_turn_bytes);
                 let bound = config.shutdown_bound(drain);
                 let kernel = Kernel::builder(store)
                     .with_config(config)
@@ -623,5 +637,16 @@ fn session_id(obj: &Bound<'_, PyAny>) -> PyResult<SessionId> {
     match obj.cast::<PySession>() {
         Ok(session) => Ok(SessionId(session.get().id_value())),
         Err(_) => Ok(SessionId(obj.extract::<Whole<u64>>()?.0)),
+    }
+}
+
+/// A turn's bound given as a whole number: at least 1 (a bound of 0 ends
+/// every turn at its first chunk), or `None` for none.
+fn at_least_one(bound: Option<Whole<usize>>, name: &str) -> PyResult<Option<usize>> {
+    match bound.map(|b| b.0) {
+        Some(0) => Err(errors::BadInput::new_err(format!(
+            "{name}=0 ends every turn at its first chunk: give at least 1, or None for no bound"
+        ))),
+        bound => Ok(bound),
     }
 }

@@ -116,3 +116,20 @@ async def _read(turn):
 def test_the_idle_timeout_has_the_runtimes_default():
     # Kernel.open's default is the runtime's (30 s), not a second number.
     assert settle.DEFAULT_IDLE_TIMEOUT == 30.0
+
+
+async def test_a_turn_past_max_turn_chunks_or_bytes_ends_too_large_and_keeps_what_it_read(db):
+    """Found from outside: nothing bounded a Python turn, and a source that
+    never stops grew the process past a gigabyte. ``Kernel.open`` takes
+    the bounds ``settle serve`` sets: the chunk past either is neither
+    stored nor read, and the turn ends ``failed`` (``too_large``)."""
+    for bound, forever in [({"max_turn_chunks": 3}, "x"), ({"max_turn_bytes": 10}, "abcd")]:
+        async with await settle.Kernel.open(db, **bound) as kernel:
+            session = await kernel.register("s")
+            async with await session.turn(Stream([forever], forever=True)) as turn:
+                got = await asyncio.wait_for(_read(turn), PATIENCE)
+            assert turn.outcome == "failed", (bound, turn.error)
+            assert turn.error[0] == "too_large", turn.error
+            assert got == [forever] * (3 if "max_turn_chunks" in bound else 2), bound
+    with pytest.raises(settle.BadInput, match="max_turn_bytes=0"):
+        await settle.Kernel.open(db, max_turn_bytes=0)

@@ -232,6 +232,8 @@ class Kernel:
         idle_ttl: Optional[float] = None,
         lru_cap: Optional[int] = None,
         store_timeout: float = 10.0,
+        max_turn_chunks: Optional[int] = None,
+        max_turn_bytes: Optional[int] = None,
     ) -> _Call[Kernel]: ...
     def register(
         self,
