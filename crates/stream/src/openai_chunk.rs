@@ -15,8 +15,10 @@ use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 ///   [`StreamErrorKind::Provider`] error, its `message` (or the whole
 ///   error) as `quote` tells it, and nothing else;
 /// - `choices[0].delta`: its `reasoning_content` (or `reasoning`) a
-///   reasoning chunk, its `content` text, each of its `tool_calls` a
-///   tool-call chunk;
+///   reasoning chunk, its `content` text (a list of parts: each text part),
+///   each of its `tool_calls` a tool-call chunk; a `content` that is
+///   neither (a number, an object) is a [`StreamErrorKind::Protocol`]
+///   error after what came before it;
 /// - `usage` (an object): a usage chunk;
 /// - `choices[0].finish_reason` `length` or `content_filter`: after the
 ///   chunk's own content, a [`StreamErrorKind::Truncated`] error (what was
@@ -61,9 +63,35 @@ pub fn openai_chunk_events(
         if let Some(reasoning) = reasoning {
             push(Chunk::json(ChunkKind::Reasoning, reasoning));
         }
-        if let Some(text) = delta.get("content").and_then(Value::as_str) {
-            if !text.is_empty() {
-                push(Chunk::text(text));
+        match delta.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(text)) => {
+                if !text.is_empty() {
+                    push(Chunk::text(text));
+                }
+            }
+            // Content as parts (as some servers stream it): its text parts.
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    let text = part
+                        .get("text")
+                        .filter(|_| part.get("type").is_none_or(|t| t == "text"))
+                        .and_then(Value::as_str)
+                        .filter(|t| !t.is_empty());
+                    if let Some(text) = text {
+                        push(Chunk::text(text));
+                    }
+                }
+            }
+            // A number, an object: not text, and not to be dropped silently
+            // (the turn would end `completed` with a reply it never had).
+            Some(other) => {
+                let what = quote(&other.to_string());
+                out.push(Err(StreamErrorKind::Protocol(format!(
+                    "a chunk's delta.content is neither text nor a list of parts: {what}"
+                ))
+                .into()));
+                return out;
             }
         }
         if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {

@@ -528,3 +528,26 @@ async fn a_providers_error_message_is_told_on_one_line_without_control_character
     assert!(told.contains("first line second"), "{told}");
     assert!(told.contains("red"), "{told}");
 }
+
+/// Found from outside: a `delta.content` that was a number or an object
+/// was dropped, and the turn ended `completed` with a reply it never had.
+/// Content as a list of parts gives its text parts; anything else that is
+/// not text fails the stream, after what came before it.
+#[tokio::test]
+async fn a_content_that_is_not_text_fails_the_stream_and_parts_give_their_text() {
+    let parts = r#"{"choices":[{"index":0,"delta":{"content":[{"type":"text","text":"in "},{"type":"image_url","image_url":{}},{"text":"parts"}]}}]}"#;
+    let (texts, failed) = read_pieces(vec![event(parts), event("[DONE]")]).await;
+    assert!(failed.is_none(), "{failed:?}");
+    assert_eq!(texts, ["in ", "parts"]);
+    for content in ["42", r#"{"text":"hidden"}"#, "true"] {
+        let first = http::chunk_json("before");
+        let data = format!(r#"{{"choices":[{{"index":0,"delta":{{"content":{content}}}}}]}}"#);
+        let (texts, failed) = read_pieces(vec![event(&first), event(&data), event("[DONE]")]).await;
+        assert_eq!(texts, ["before"], "{content}");
+        let failed = failed.expect("content that is not text fails the stream");
+        assert!(
+            matches!(failed.kind(), StreamErrorKind::Protocol(m) if m.contains("delta.content")),
+            "{content}: {failed:?}"
+        );
+    }
+}
