@@ -10,7 +10,7 @@
 //! | `settle.Chunk` | itself |
 //! | `None` | none (a keepalive) |
 //! | a list or tuple | each element, in order |
-//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::openai_chunk_events`): `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn, and a `finish_reason` of `length` or `content_filter` fails it `truncated` after its content |
+//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::OpenAiChunks`): `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn; a `finish_reason` of `length` or `content_filter` fails it `truncated` at the stream's end (the usage after it still counts), and `stop` says the reply is whole (a cancel after it, a budget its usage exhausts, cuts nothing: `completed`) |
 //!
 //! Anything else is refused with `settle.BadInput` (and fails the turn,
 //! saying why): pass `to_chunk=` to read it. So is a string anywhere in an
@@ -19,7 +19,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 use settle_core::ChunkKind;
-use settle_stream::{Chunk, StreamError, StreamEvent};
+use settle_stream::{Chunk, OpenAiChunks, StreamError, StreamEvent};
 
 use crate::args::Text;
 use crate::convert;
@@ -83,14 +83,18 @@ impl PyChunk {
     }
 }
 
-/// The chunks `item` stands for (the table of the module's doc), and the
-/// error the turn's stream ends with after them, if the item says one (an
-/// OpenAI-shaped chunk's `error`, or its `finish_reason` cut the reply).
+/// What `item` stands for (the table of the module's doc), read into
+/// `out` (its chunks, and [`StreamEvent::Finished`] when an OpenAI-shaped
+/// chunk says the reply is whole), and the error the turn's stream ends
+/// with after them, if the item says one (an OpenAI-shaped chunk's
+/// `error`). `reply` reads the turn's OpenAI-shaped chunks as the Rust
+/// provider reads them, a cut included (told at the stream's end).
 pub(crate) fn chunks_of(
     item: &Bound<'_, PyAny>,
-    out: &mut Vec<Chunk>,
+    out: &mut Vec<StreamEvent>,
+    reply: &mut OpenAiChunks,
 ) -> PyResult<Option<StreamError>> {
-    chunks_at(item, out, 0)
+    chunks_at(item, out, reply, 0)
 }
 
 /// [`chunks_of`] for an item `depth` lists or tuples deep. A list that
@@ -98,7 +102,8 @@ pub(crate) fn chunks_of(
 /// instead of recursing until the thread's stack runs out.
 fn chunks_at(
     item: &Bound<'_, PyAny>,
-    out: &mut Vec<Chunk>,
+    out: &mut Vec<StreamEvent>,
+    reply: &mut OpenAiChunks,
     depth: usize,
 ) -> PyResult<Option<StreamError>> {
     if item.is_none() {
@@ -109,12 +114,12 @@ fn chunks_at(
         // string inside an OpenAI-shaped chunk does.
         let text = convert::utf8(text)?;
         if !text.is_empty() {
-            out.push(Chunk::text(text));
+            out.push(StreamEvent::Chunk(Chunk::text(text)));
         }
         return Ok(None);
     }
     if let Ok(chunk) = item.cast::<PyChunk>() {
-        out.push(chunk.get().chunk.clone());
+        out.push(StreamEvent::Chunk(chunk.get().chunk.clone()));
         return Ok(None);
     }
     let nested = || {
@@ -129,7 +134,7 @@ fn chunks_at(
             return Err(nested());
         }
         for each in list.iter() {
-            if let Some(end) = chunks_at(&each, out, depth + 1)? {
+            if let Some(end) = chunks_at(&each, out, reply, depth + 1)? {
                 return Ok(Some(end));
             }
         }
@@ -140,7 +145,7 @@ fn chunks_at(
             return Err(nested());
         }
         for each in tuple.iter() {
-            if let Some(end) = chunks_at(&each, out, depth + 1)? {
+            if let Some(end) = chunks_at(&each, out, reply, depth + 1)? {
                 return Ok(Some(end));
             }
         }
@@ -153,10 +158,10 @@ fn chunks_at(
             || value.get("error").is_some()
         {
             // Read as the Rust provider reads the same chunk in an SSE event.
-            for event in settle_stream::openai_chunk_events(&value, &str::to_owned) {
+            for event in reply.read(&value, &str::to_owned) {
                 match event {
-                    Ok(StreamEvent::Chunk(chunk)) => out.push(chunk),
-                    Ok(_) => {}
+                    Ok(StreamEvent::KeepAlive) => {}
+                    Ok(event) => out.push(event),
                     Err(end) => return Ok(Some(end)),
                 }
             }

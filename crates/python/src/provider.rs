@@ -30,8 +30,8 @@ use futures_util::Stream;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use settle_stream::{
-    Chunk, Close, CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
-    StreamEvent,
+    Chunk, Close, CloseError, OpenAiChunks, Provider, ProviderStream, Request, StreamError,
+    StreamErrorKind, StreamEvent,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -128,6 +128,8 @@ enum Item {
     /// An OpenAI-shaped chunk ended the stream (its `error`, a reply cut
     /// short), after its own chunks.
     Ended(StreamError),
+    /// An OpenAI-shaped chunk said the reply is done (whole, or cut).
+    Finished(Option<settle_stream::Truncation>),
     /// The pump was cancelled by someone else (its loop is shutting down).
     Cancelled,
 }
@@ -234,6 +236,8 @@ struct Shared {
     closed: CancellationToken,
     room: Room,
     source: Arc<Source>,
+    /// The turn's OpenAI-shaped chunks, read as the Rust provider reads them.
+    reply: Mutex<OpenAiChunks>,
 }
 
 impl Shared {
@@ -344,14 +348,26 @@ impl PumpSink {
         if self.shared.close_requested() {
             return Ok(Some(false));
         }
-        let mut chunks = Vec::new();
-        let ends = crate::chunk::chunks_of(item, &mut chunks)?;
+        let mut events = Vec::new();
+        let ends = match self.shared.reply.lock() {
+            Ok(mut reply) => crate::chunk::chunks_of(item, &mut events, &mut reply)?,
+            Err(_) => return Ok(Some(false)),
+        };
         // Counted before they are sent: the stream may take them (and
         // count them off) as soon as they are.
-        let bytes = chunks.iter().map(|c| c.payload().len()).sum();
-        let full = !chunks.is_empty() && self.shared.room.add(chunks.len(), bytes);
-        for chunk in chunks {
-            if self.shared.items.send(Item::Chunk(chunk)).is_err() {
+        let chunks = events.iter().filter_map(|e| match e {
+            StreamEvent::Chunk(chunk) => Some(chunk.payload().len()),
+            _ => None,
+        });
+        let (count, bytes) = chunks.fold((0, 0), |(n, b), len| (n + 1, b + len));
+        let full = count > 0 && self.shared.room.add(count, bytes);
+        for event in events {
+            let item = match event {
+                StreamEvent::Chunk(chunk) => Item::Chunk(chunk),
+                StreamEvent::Finished(cut) => Item::Finished(cut),
+                StreamEvent::KeepAlive => continue,
+            };
+            if self.shared.items.send(item).is_err() {
                 return Ok(Some(false));
             }
         }
@@ -373,9 +389,14 @@ impl PumpSink {
         self.shared.room.wait(future)
     }
 
-    /// The stream ended normally.
+    /// The stream ended normally: as its OpenAI-shaped chunks said, a cut
+    /// reply with its truncation.
     fn end(&self) {
-        let _ = self.shared.items.send(Item::End);
+        let cut = self.shared.reply.lock().ok().and_then(|mut r| r.end());
+        let _ = self.shared.items.send(match cut {
+            Some(cut) => Item::Ended(cut),
+            None => Item::End,
+        });
     }
 
     /// The source or the stream raised `message` (the exception's type and
@@ -456,6 +477,7 @@ impl Provider for PyProvider {
             closed: CancellationToken::new(),
             room: Room::default(),
             source: self.source.clone(),
+            reply: Mutex::new(OpenAiChunks::default()),
         });
         if let Ok(mut pump) = self.source.watch.pump.lock() {
             *pump = Arc::downgrade(&shared);
@@ -544,6 +566,7 @@ impl Stream for PyStream {
                 self.done = true;
                 Some(Err(error))
             }
+            Poll::Ready(Some(Item::Finished(cut))) => Some(Ok(StreamEvent::Finished(cut))),
             Poll::Ready(Some(Item::Cancelled)) => {
                 self.done = true;
                 Some(Err(StreamErrorKind::SelfCancelled.into()))

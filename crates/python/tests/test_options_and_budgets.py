@@ -133,3 +133,26 @@ async def test_a_turn_past_max_turn_chunks_or_bytes_ends_too_large_and_keeps_wha
             assert got == [forever] * (3 if "max_turn_chunks" in bound else 2), bound
     with pytest.raises(settle.BadInput, match="max_turn_bytes=0"):
         await settle.Kernel.open(db, max_turn_bytes=0)
+
+
+async def test_the_usage_after_a_finish_counts_and_a_whole_reply_is_not_cut_by_it(kernel):
+    """Found from outside: servers send a reply's usage after its finish
+    reason. After a ``length`` cut the usage was never read, so the turn
+    spent nothing against its budget; and a whole reply (``stop``) whose
+    usage exhausted the budget was cut while its stream waited for its end,
+    and recorded ``cancelled``."""
+
+    async def reply(finish):
+        yield {"choices": [{"index": 0, "delta": {"content": "answer"}, "finish_reason": finish}]}
+        yield {"choices": [], "usage": {"total_tokens": 500}}
+        await asyncio.sleep(0.5)  # the wait for the stream's end
+
+    for finish, outcome in [("length", "failed"), ("stop", "completed")]:
+        session = await kernel.register("s", budget=settle.Budget(tokens=10))
+        async with await session.turn(reply(finish)) as turn:
+            got = await _read(turn)
+        assert got == ["answer", None], (finish, got)
+        assert turn.outcome == outcome, (finish, turn.error)
+        if finish == "length":
+            assert turn.error[0] == "truncated", turn.error
+        assert await asyncio.wait_for(session.finalized(), PATIENCE) == "budget_exhausted", finish

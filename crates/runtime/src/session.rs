@@ -517,7 +517,11 @@ impl Kernel {
     /// budgets of their own). Exceeding it cancels the subtree, children
     /// first (G1), and finalizes every session of it with
     /// [`EndReason::BudgetExhausted`]; the turn that would go past the turn
-    /// limit is refused with `Lifecycle(BudgetExhausted)`.
+    /// limit is refused with `Lifecycle(BudgetExhausted)`. A reply its
+    /// provider said is done ([`StreamEvent::Finished`](settle_stream::StreamEvent::Finished),
+    /// an OpenAI finish reason) is not cut by its own usage report, which
+    /// servers send after it: it ends as it did (`completed`, or `failed`
+    /// truncated), and the rest of the subtree is cancelled at once.
     ///
     /// # Errors
     /// As [`register`](Self::register).

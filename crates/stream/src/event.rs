@@ -1,6 +1,6 @@
 //! What a provider stream yields, and what counts as activity for timeouts.
 
-use crate::Chunk;
+use crate::{Chunk, Truncation};
 
 /// Whether an item is a real event or only a protocol keepalive.
 ///
@@ -18,6 +18,14 @@ pub enum StreamEvent {
     Chunk(Chunk),
     /// Protocol activity without content; does not count as an event.
     KeepAlive,
+    /// The provider said the reply is done (an OpenAI finish reason):
+    /// whole (`None`: `stop`, `tool_calls`), or cut (`Some`: `length`,
+    /// `content_filter`, and the stream then ends with that truncation).
+    /// What may follow is what it spent (usage) and the stream's end. A
+    /// turn cancelled after it ends as the reply did, `completed` or
+    /// `failed` (truncated), not `cancelled`: a budget its usage report
+    /// exhausts does not cut the reply that report closes.
+    Finished(Option<Truncation>),
 }
 
 impl StreamItem for StreamEvent {

@@ -95,7 +95,7 @@ pub use idle_timeout::IdleTimeout;
 pub use openai::{
     OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
 };
-pub use openai_chunk::openai_chunk_events;
+pub use openai_chunk::OpenAiChunks;
 pub use provider::{EventStream, Provider, ProviderStream};
 pub use reply::{usage_tokens, Reply, ReplyBuilder};
 pub use request::{text_of_parts, Message, ModelOptions, Request, Role};

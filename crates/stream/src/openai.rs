@@ -16,8 +16,8 @@ use crate::close::Close;
 use crate::secrets::{shown_url, Secrets};
 use crate::sse::SseDecoder;
 use crate::{
-    CloseError, Message, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
-    StreamEvent,
+    CloseError, Message, OpenAiChunks, Provider, ProviderStream, Request, StreamError,
+    StreamErrorKind, StreamEvent,
 };
 
 /// The default time to wait for a server's response headers.
@@ -84,7 +84,7 @@ pub struct OpenAiConfig {
     pub max_event_bytes: usize,
     /// Asks the server to end the stream with a usage report
     /// (`stream_options.include_usage`), which becomes a
-    /// [`ChunkKind::Usage`] chunk: what token budgets and metrics count.
+    /// [`ChunkKind::Usage`](crate::ChunkKind::Usage) chunk: what token budgets and metrics count.
     /// Default `true`; turn it off for a server that refuses the field.
     pub include_usage: bool,
     /// Extra headers sent with every request (an organization, a project,
@@ -177,21 +177,23 @@ impl OpenAiConfig {
 /// Streams chat completions from an OpenAI-compatible server:
 /// `POST {base_url}/chat/completions` with `stream: true`.
 ///
-/// What the server sends becomes [`Chunk`]s:
+/// What the server sends becomes [`Chunk`](crate::Chunk)s:
 ///
 /// | server sends (`choices[0]`, or top level) | chunk |
 /// |---|---|
-/// | `delta.content` | [`ChunkKind::Text`] |
-/// | `delta.reasoning_content` or `delta.reasoning` | [`ChunkKind::Reasoning`] (the JSON value, usually a string) |
-/// | each element of `delta.tool_calls` | [`ChunkKind::ToolCall`] (the element as sent: index, id, function name, a piece of the arguments) |
-/// | a `usage` object | [`ChunkKind::Usage`] |
+/// | `delta.content` | [`ChunkKind::Text`](crate::ChunkKind::Text) |
+/// | `delta.reasoning_content` or `delta.reasoning` | [`ChunkKind::Reasoning`](crate::ChunkKind::Reasoning) (the JSON value, usually a string) |
+/// | each element of `delta.tool_calls` | [`ChunkKind::ToolCall`](crate::ChunkKind::ToolCall) (the element as sent: index, id, function name, a piece of the arguments) |
+/// | a `usage` object | [`ChunkKind::Usage`](crate::ChunkKind::Usage) |
 ///
-/// A `finish_reason` of `length` or `content_filter` ends the stream with
-/// [`StreamErrorKind::Truncated`] after the event's own content: the turn
-/// ends `failed` (kind `truncated`), never `completed`, so no memory is
-/// committed from a reply the provider cut short (G7).
+/// A `finish_reason` is [`StreamEvent::Finished`] after the event's own
+/// content. One of `length` or `content_filter` ends the stream with
+/// [`StreamErrorKind::Truncated`] once the usage the server sends after it
+/// is read: the turn ends `failed` (kind `truncated`), never `completed`,
+/// so no memory is committed from a reply the provider cut short (G7).
+/// The reading is [`OpenAiChunks`]'s, which a custom path reuses.
 ///
-/// `data: [DONE]` ends the stream; an `error` object is a provider error; SSE
+/// `data: [DONE]` ends the stream; an `error` object (not `null`) is a provider error; SSE
 /// comments (`: keepalive`) and events without content (a role announcement)
 /// become [`StreamEvent::KeepAlive`]; a stream the server ends without
 /// `[DONE]` is a protocol error, since the reply may be cut short. Closing
@@ -456,6 +458,8 @@ pub struct OpenAiStream {
     not_events: Option<String>,
     /// Whether any `data:` event was decoded.
     had_event: bool,
+    /// What the reply's chunks said so far (a cut, told at the end).
+    chunks: OpenAiChunks,
     /// The body's failure (not SSE), told once the events it completed
     /// before the failing line are yielded.
     failed: Option<StreamError>,
@@ -508,6 +512,7 @@ impl OpenAiStream {
             secrets: Secrets::default(),
             not_events: None,
             had_event: false,
+            chunks: OpenAiChunks::default(),
             failed: None,
         }
     }
@@ -541,8 +546,7 @@ impl OpenAiStream {
         let secrets = &self.secrets;
         // Told on one line, its control characters escaped, no secret.
         let quote = |message: &str| secrets.shown(message, false);
-        self.pending
-            .extend(crate::openai_chunk_events(&value, &quote));
+        self.pending.extend(self.chunks.read(&value, &quote));
         true
     }
 }
@@ -568,7 +572,11 @@ impl Stream for OpenAiStream {
                 this.had_event = true;
                 if !this.decode(&data) {
                     this.body = None;
-                    return Poll::Ready(None);
+                    // A reply a finish reason said was cut ends so.
+                    match this.chunks.end() {
+                        Some(cut) => return Poll::Ready(Some(Err(cut))),
+                        None => return Poll::Ready(None),
+                    }
                 }
                 continue;
             }
@@ -597,6 +605,11 @@ impl Stream for OpenAiStream {
                     source: source.without_url(),
                 }
                 .into(),
+                // Cut, and said so by a finish reason: that is the end.
+                Poll::Ready(None) if this.chunks.is_cut() => match this.chunks.end() {
+                    Some(cut) => cut,
+                    None => continue,
+                },
                 Poll::Ready(None) => match this.not_events.as_deref().filter(|_| !this.had_event) {
                     // A whole answer that is not a stream (a chat completion
                     // without `stream: true`, an HTML page): said as such.

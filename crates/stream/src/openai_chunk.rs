@@ -1,5 +1,5 @@
-//! [`openai_chunk_events`]: what one chunk of an OpenAI-compatible stream
-//! says, read one way for every path that carries such chunks (the SSE
+//! [`OpenAiChunks`]: what the chunks of an OpenAI-compatible stream say,
+//! read one way for every path that carries such chunks (the SSE
 //! provider's events, and the chunks a Python program's `openai` stream
 //! yields).
 
@@ -8,8 +8,9 @@ use settle_core::ChunkKind;
 
 use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 
-/// The items of one OpenAI streaming chunk (the JSON of one `data:` event,
-/// or the `openai` package's `ChatCompletionChunk` as JSON), in order:
+/// The reader of one reply's OpenAI streaming chunks (the JSON of each
+/// `data:` event, or the `openai` package's `ChatCompletionChunk` as JSON).
+/// Each chunk gives, in order:
 ///
 /// - an `error` that is not `null`, `false` or `""`: one
 ///   [`StreamErrorKind::Provider`] error, its `message` (or the whole
@@ -20,26 +21,68 @@ use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 ///   neither (a number, an object) is a [`StreamErrorKind::Protocol`]
 ///   error after what came before it;
 /// - `usage` (an object): a usage chunk;
-/// - `choices[0].finish_reason` `length` or `content_filter`: after the
-///   chunk's own content, a [`StreamErrorKind::Truncated`] error (what was
-///   streamed is kept; the reply is not whole);
-/// - nothing of these (a role announcement, a bare `stop`): one
+/// - `choices[0].finish_reason`: [`StreamEvent::Finished`] after the
+///   chunk's content, whole (`stop`, `tool_calls`, any but the two below)
+///   or cut (`length`, `content_filter`): from a cut on only usage is read
+///   (servers send it after the finish), and [`end`](Self::end) says the
+///   cut ([`StreamErrorKind::Truncated`]: what was streamed is kept);
+/// - nothing of these (a role announcement): one
 ///   [`StreamEvent::KeepAlive`], activity without content.
 ///
 /// An error ends the stream: nothing after it is read.
 ///
 /// ```
 /// use serde_json::json;
-/// use settle_stream::{openai_chunk_events, StreamErrorKind, StreamEvent};
+/// use settle_stream::{OpenAiChunks, StreamErrorKind, StreamEvent};
 ///
-/// let chunk = json!({"choices": [{"delta": {"content": "hi"}, "finish_reason": "length"}]});
-/// let events = openai_chunk_events(&chunk, &str::to_owned);
+/// let mut reply = OpenAiChunks::default();
+/// let cut = json!({"choices": [{"delta": {"content": "hi"}, "finish_reason": "length"}]});
+/// let usage = json!({"choices": [], "usage": {"total_tokens": 9}});
+/// let events = reply.read(&cut, &str::to_owned);
 /// assert!(matches!(&events[0], Ok(StreamEvent::Chunk(c)) if c.payload() == "hi"));
-/// assert!(matches!(&events[1], Err(e) if matches!(e.kind(), StreamErrorKind::Truncated(_))));
+/// assert!(matches!(&events[1], Ok(StreamEvent::Finished(Some(_)))));
+/// assert!(matches!(&reply.read(&usage, &str::to_owned)[0], Ok(StreamEvent::Chunk(_))));
+/// let end = reply.end().expect("the reply was cut");
+/// assert!(matches!(end.kind(), StreamErrorKind::Truncated(_)));
 /// ```
-pub fn openai_chunk_events(
+#[derive(Debug, Default)]
+pub struct OpenAiChunks {
+    /// The cut a finish reason said, told at the stream's end.
+    cut: Option<Truncation>,
+}
+
+impl OpenAiChunks {
+    /// What `value`, the reply's next chunk, gives (see the type's doc).
+    pub fn read(
+        &mut self,
+        value: &Value,
+        quote: &dyn Fn(&str) -> String,
+    ) -> Vec<Result<StreamEvent, StreamError>> {
+        let mut out = decode(value, quote, &mut self.cut);
+        if out.is_empty() {
+            out.push(Ok(StreamEvent::KeepAlive));
+        }
+        out
+    }
+
+    /// Whether a finish reason said the reply was cut.
+    pub fn is_cut(&self) -> bool {
+        self.cut.is_some()
+    }
+
+    /// At the stream's end: the error it ends with when a finish reason
+    /// said the reply was cut.
+    pub fn end(&mut self) -> Option<StreamError> {
+        self.cut
+            .take()
+            .map(|cut| StreamErrorKind::Truncated(cut).into())
+    }
+}
+
+fn decode(
     value: &Value,
     quote: &dyn Fn(&str) -> String,
+    cut: &mut Option<Truncation>,
 ) -> Vec<Result<StreamEvent, StreamError>> {
     // Some servers send `"error": null` (or `false`) on every event.
     let error = value
@@ -53,71 +96,86 @@ pub fn openai_chunk_events(
         let message = quote(&message);
         return vec![Err(StreamErrorKind::Provider { message }.into())];
     }
+    let usage = value
+        .get("usage")
+        .filter(|u| u.is_object())
+        .map(|usage| Ok(StreamEvent::Chunk(Chunk::json(ChunkKind::Usage, usage))));
+    if cut.is_some() {
+        // Past the cut: what the reply spent still counts; nothing else.
+        return usage.into_iter().collect();
+    }
     let mut out = Vec::new();
-    let mut push = |chunk: Chunk| out.push(Ok(StreamEvent::Chunk(chunk)));
     let choice = value.pointer("/choices/0");
     if let Some(delta) = choice.and_then(|c| c.get("delta")) {
-        let reasoning = ["reasoning_content", "reasoning"]
-            .iter()
-            .find_map(|key| delta.get(*key).filter(|v| !is_empty(v)));
-        if let Some(reasoning) = reasoning {
-            push(Chunk::json(ChunkKind::Reasoning, reasoning));
-        }
-        match delta.get("content") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(text)) => {
-                if !text.is_empty() {
-                    push(Chunk::text(text));
-                }
-            }
-            // Content as parts (as some servers stream it): its text parts.
-            Some(Value::Array(parts)) => {
-                for part in parts {
-                    let text = part
-                        .get("text")
-                        .filter(|_| part.get("type").is_none_or(|t| t == "text"))
-                        .and_then(Value::as_str)
-                        .filter(|t| !t.is_empty());
-                    if let Some(text) = text {
-                        push(Chunk::text(text));
-                    }
-                }
-            }
-            // A number, an object: not text, and not to be dropped silently
-            // (the turn would end `completed` with a reply it never had).
-            Some(other) => {
-                let what = quote(&other.to_string());
-                out.push(Err(StreamErrorKind::Protocol(format!(
-                    "a chunk's delta.content is neither text nor a list of parts: {what}"
-                ))
-                .into()));
-                return out;
-            }
-        }
-        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-            for call in calls {
-                push(Chunk::json(ChunkKind::ToolCall, call));
-            }
+        if let Err(error) = read_delta(delta, quote, &mut out) {
+            out.push(Err(error));
+            return out;
         }
     }
-    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
-        push(Chunk::json(ChunkKind::Usage, usage));
-    }
-    let truncation = match choice
+    out.extend(usage);
+    match choice
         .and_then(|c| c.get("finish_reason"))
         .and_then(Value::as_str)
     {
-        Some("length") => Some(Truncation::Length),
-        Some("content_filter") => Some(Truncation::ContentFilter),
-        // `stop`, `tool_calls`: a whole reply; the stream's end follows.
-        _ => None,
-    };
-    if let Some(truncation) = truncation {
-        out.push(Err(StreamErrorKind::Truncated(truncation).into()));
-    } else if out.is_empty() {
-        out.push(Ok(StreamEvent::KeepAlive));
+        Some("length") => *cut = Some(Truncation::Length),
+        Some("content_filter") => *cut = Some(Truncation::ContentFilter),
+        // `stop`, `tool_calls`: a whole reply; usage and the end follow.
+        Some(_) => {}
+        None => return out,
     }
+    out.push(Ok(StreamEvent::Finished(*cut)));
     out
+}
+
+/// The chunks of one `delta`; the error of a `content` that is not text.
+fn read_delta(
+    delta: &Value,
+    quote: &dyn Fn(&str) -> String,
+    out: &mut Vec<Result<StreamEvent, StreamError>>,
+) -> Result<(), StreamError> {
+    let mut push = |chunk: Chunk| out.push(Ok(StreamEvent::Chunk(chunk)));
+    let reasoning = ["reasoning_content", "reasoning"]
+        .iter()
+        .find_map(|key| delta.get(*key).filter(|v| !is_empty(v)));
+    if let Some(reasoning) = reasoning {
+        push(Chunk::json(ChunkKind::Reasoning, reasoning));
+    }
+    match delta.get("content") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => {
+            if !text.is_empty() {
+                push(Chunk::text(text));
+            }
+        }
+        // Content as parts (as some servers stream it): its text parts.
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                let text = part
+                    .get("text")
+                    .filter(|_| part.get("type").is_none_or(|t| t == "text"))
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty());
+                if let Some(text) = text {
+                    push(Chunk::text(text));
+                }
+            }
+        }
+        // A number, an object: not text, and not to be dropped silently
+        // (the turn would end `completed` with a reply it never had).
+        Some(other) => {
+            let what = quote(&other.to_string());
+            return Err(StreamErrorKind::Protocol(format!(
+                "a chunk's delta.content is neither text nor a list of parts: {what}"
+            ))
+            .into());
+        }
+    }
+    if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+        for call in calls {
+            push(Chunk::json(ChunkKind::ToolCall, call));
+        }
+    }
+    Ok(())
 }
 
 /// A field a server sent empty: `null`, `""`.

@@ -166,6 +166,9 @@ where
     let mut stream = scope.attach(IdleTimeout::new(stream, options.idle_timeout).first_event(left));
     progress.attached();
     let mut taken = Taken::default();
+    // The provider said the reply is done, whole or cut: a cancel from now
+    // on (a budget its usage report exhausted) cuts nothing of it.
+    let mut finished: Option<Option<crate::Truncation>> = None;
     let end = loop {
         match stream.next().await {
             Some(Ok(StreamEvent::Chunk(chunk))) => {
@@ -188,6 +191,7 @@ where
                 }
             }
             Some(Ok(StreamEvent::KeepAlive)) => {}
+            Some(Ok(StreamEvent::Finished(cut))) => finished = Some(cut),
             // Timed against what the open left of it, said as configured.
             Some(Err(error)) if matches!(error.kind(), StreamErrorKind::FirstEventTimeout(_)) => {
                 break WorkEnd::from_error(&FirstEventTimedOut { first }.into())
@@ -201,6 +205,13 @@ where
                 }
             }
         }
+    };
+    let end = match (end, finished) {
+        (WorkEnd::Cancelled(_), Some(None)) => WorkEnd::Completed,
+        (WorkEnd::Cancelled(_), Some(Some(cut))) => {
+            WorkEnd::from_error(&StreamErrorKind::Truncated(cut).into())
+        }
+        (end, _) => end,
     };
     // Already closed at an end or an error; not when the sink stopped us.
     // Driven in place: no boxed future for a close with nothing to wait for.

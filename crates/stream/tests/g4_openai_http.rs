@@ -317,7 +317,7 @@ async fn drain(provider: &OpenAiProvider, request: &Request) -> (Vec<Chunk>, Opt
     while let Some(event) = timeout(CLOSE_BOUND, stream.next()).await.unwrap() {
         match event {
             Ok(StreamEvent::Chunk(chunk)) => chunks.push(chunk),
-            Ok(StreamEvent::KeepAlive) => {}
+            Ok(StreamEvent::KeepAlive | StreamEvent::Finished(_)) => {}
             Err(error) => return (chunks, Some(error)),
         }
     }

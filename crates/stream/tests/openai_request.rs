@@ -551,3 +551,67 @@ async fn a_content_that_is_not_text_fails_the_stream_and_parts_give_their_text()
         );
     }
 }
+
+/// Found from outside: servers send the usage after the chunk with the
+/// finish reason, and a reply cut at its length limit ended at that
+/// chunk, so its usage was never read (nor counted against a budget). The
+/// usage after a cut is read, then the cut is told; a whole reply's
+/// finish says so (`Finished`) before its usage.
+#[tokio::test]
+async fn the_usage_after_a_finish_is_read_and_a_cut_is_told_at_the_end() {
+    let usage = r#"{"choices":[],"usage":{"total_tokens":501}}"#;
+    for (finish, cut) in [("length", true), ("content_filter", true), ("stop", false)] {
+        let data = format!(
+            r#"{{"choices":[{{"index":0,"delta":{{"content":"two"}},"finish_reason":"{finish}"}}]}}"#
+        );
+        let pieces = vec![
+            event(&http::chunk_json("one ")),
+            event(&data),
+            event(usage),
+            event("[DONE]"),
+        ];
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let _connection = http::serve_one(listener, move |mut wr| async move {
+            wr.write_all(http::SSE_HEAD).await?;
+            for piece in pieces {
+                wr.write_all(&http::chunked(std::str::from_utf8(&piece).unwrap()))
+                    .await?;
+            }
+            wr.write_all(b"0\r\n\r\n").await?;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
+        let mut stream = provider.open(&Request::prompt("hi")).await.unwrap();
+        let mut seen = Vec::new();
+        let end = loop {
+            match tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .unwrap()
+            {
+                Some(Ok(StreamEvent::Chunk(chunk))) => seen.push(format!("{:?}", chunk.kind())),
+                Some(Ok(StreamEvent::Finished(cut))) => seen.push(format!("finished {cut:?}")),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => break Some(error),
+                None => break None,
+            }
+        };
+        match cut {
+            true => {
+                assert_eq!(seen[..2], ["Text", "Text"], "{finish}");
+                assert!(seen[2].starts_with("finished Some"), "{seen:?}");
+                assert_eq!(seen[3], "Usage", "{finish}");
+                let end = end.expect("a cut reply ends with its truncation");
+                assert!(
+                    matches!(end.kind(), StreamErrorKind::Truncated(_)),
+                    "{end:?}"
+                );
+            }
+            false => {
+                assert_eq!(seen, ["Text", "Text", "finished None", "Usage"], "{finish}");
+                assert!(end.is_none(), "{end:?}");
+            }
+        }
+    }
+}

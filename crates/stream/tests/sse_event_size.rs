@@ -56,7 +56,7 @@ async fn drain(config: OpenAiConfig) -> (Vec<Chunk>, Option<StreamError>) {
     while let Some(event) = timeout(BOUND, stream.next()).await.expect("stalled") {
         match event {
             Ok(StreamEvent::Chunk(chunk)) => chunks.push(chunk),
-            Ok(StreamEvent::KeepAlive) => {}
+            Ok(StreamEvent::KeepAlive | StreamEvent::Finished(_)) => {}
             Err(error) => return (chunks, Some(error)),
         }
     }

@@ -36,6 +36,63 @@ impl Provider for Spender {
     }
 }
 
+/// A whole reply (its provider said so, a finish reason), then its usage,
+/// then a wait for the stream's end (`data: [DONE]`).
+struct Finisher {
+    tokens: u64,
+}
+
+#[async_trait]
+impl Provider for Finisher {
+    async fn open(&self, _: &Request) -> Result<ProviderStream, StreamError> {
+        let usage = Chunk::json(ChunkKind::Usage, &json!({"total_tokens": self.tokens}));
+        let events = stream::iter([
+            Ok(StreamEvent::Chunk(Chunk::text("the whole answer"))),
+            Ok(StreamEvent::Finished(None)),
+            Ok(StreamEvent::Chunk(usage)),
+        ])
+        .chain(stream::pending());
+        Ok(Box::new(DropClose::new(events)))
+    }
+}
+
+/// Found from outside: a provider sends a reply's usage after its last
+/// content and before the stream's end, so a usage report that exhausted
+/// a budget cancelled the very reply it closed: the whole answer was
+/// recorded `cancelled` and its memory not committed. A reply its
+/// provider said is whole ends `completed`; the subtree is wound down
+/// `budget_exhausted` all the same, and a sibling mid-turn is cancelled.
+#[tokio::test(start_paused = true)]
+async fn g1_a_whole_reply_whose_own_usage_exhausts_the_budget_ends_completed() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let root = kernel
+        .register_with_budget("root", None, Budget::default().tokens(100))
+        .await
+        .unwrap();
+    let sibling = root.child("sibling").await.unwrap();
+    let mut running = sibling
+        .run_turn(Arc::new(Spender { tokens: 0 }), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    let child = root.child("worker").await.unwrap();
+    let mut turn = child
+        .run_turn(
+            Arc::new(Finisher { tokens: 150 }),
+            TurnRequest::prompt("go"),
+        )
+        .await
+        .unwrap();
+    while turn.next_chunk().await.is_some() {}
+    assert_eq!(turn.outcome().await, settle_runtime::Outcome::Completed);
+    while running.next_chunk().await.is_some() {}
+    assert_eq!(running.outcome().await, settle_runtime::Outcome::Cancelled);
+    assert_eq!(child.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    assert_eq!(root.finalized().await.unwrap(), EndReason::BudgetExhausted);
+    let d = detail(&store, child.id()).await;
+    assert_eq!(d.turns[0].outcome, Some(settle_runtime::Outcome::Completed));
+}
+
 #[tokio::test(start_paused = true)]
 async fn g1_tokens_past_a_budget_cancel_the_subtree_and_finalize_it_budget_exhausted() {
     let store = MemoryStore::new();
