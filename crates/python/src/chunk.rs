@@ -158,7 +158,7 @@ fn chunks_at(
             || value.get("error").is_some()
         {
             // Read as the Rust provider reads the same chunk in an SSE event.
-            for event in reply.read(&value, &str::to_owned) {
+            for event in reply.read(&value, &settle_stream::quote) {
                 match event {
                     Ok(StreamEvent::KeepAlive) => {}
                     Ok(event) => out.push(event),

@@ -404,7 +404,8 @@ impl PumpSink {
     /// input: one that is not UTF-8 (a lone surrogate) still fails the
     /// turn, the character written as its escape (`\udc80`).
     fn fail(&self, message: &Bound<'_, PyString>) {
-        let message = crate::convert::utf8_escaped(message);
+        // Quoted as the provider's server is: one line, bounded.
+        let message = settle_stream::quote(&crate::convert::utf8_escaped(message));
         if !self.shared.send_opened(Err(message.clone())) {
             let _ = self.shared.items.send(Item::Failed(message));
         }

@@ -221,6 +221,27 @@ async def test_a_source_failing_with_an_exception_whose_str_raises_fails_the_tur
     assert failing.closes == 1
 
 
+async def test_a_failures_message_is_told_on_one_line_and_bounded(kernel):
+    """Found from outside: a source's exception message (or a chunk's
+    ``error``) with line breaks and terminal escapes, or of 50 MB, was kept
+    and stored whole and raw; the gateway quotes its server's on one
+    line, bounded. So does Python now."""
+    raw = "first\r\nsecond \x1b[31mred " + "x" * 5_000_000
+    cases = [
+        Stream(["a"], fail=ValueError(raw)),
+        Stream(["a", {"error": {"message": raw}}]),
+    ]
+    for source in cases:
+        session = await kernel.register("s")
+        async with await session.turn(source) as turn:
+            assert await _texts(turn) == ["a"]
+        assert turn.outcome == "failed", turn.error
+        message = turn.error[1]
+        assert "first second \\u{1b}[31mred" in message, message[:300]
+        assert len(message) < 400, len(message)
+        assert not any(ord(c) < 32 for c in message), message
+
+
 async def _texts(turn) -> list:
     return [c.text async for c in turn]
 

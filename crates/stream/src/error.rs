@@ -297,6 +297,20 @@ pub(crate) fn said(body: &str) -> String {
         .unwrap_or_else(|| unescaped(body))
 }
 
+/// What a program or a server sent (an error's message, a body), as an
+/// error quotes it: on one line, its control characters escaped
+/// (`\u{1b}`), at most 200 characters (an ellipsis last). For text from
+/// elsewhere that a turn's error carries, as the OpenAI provider quotes
+/// its server's.
+///
+/// ```
+/// assert_eq!(settle_stream::quote("bad\n\u{1b}[31mnews"), "bad \\u{1b}[31mnews");
+/// assert_eq!(settle_stream::quote(&"x".repeat(500)).chars().count(), 200);
+/// ```
+pub fn quote(text: &str) -> String {
+    shorten(text)
+}
+
 /// `text` with its whitespace collapsed and its other control characters
 /// escaped (`\u{1b}`: what a server sent is told on one line, never
 /// obeyed by a terminal), cut to [`EXCERPT_CHARS`] characters (an

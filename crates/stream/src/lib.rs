@@ -87,7 +87,7 @@ pub use chunk::{Chunk, InvalidChunk};
 pub use close::{close_best_effort, close_without_waiting, Close, ASYNC_CLOSE_BOUND};
 pub use drop_close::DropClose;
 pub use error::{
-    CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,
+    quote, CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,
 };
 pub use event::{StreamEvent, StreamItem};
 pub use guarded::Guarded;
