@@ -271,20 +271,30 @@ impl Taken {
     fn take(&mut self, chunk: &Chunk, options: &TurnOptions) -> Option<TurnError> {
         let chunks = self.chunks.saturating_add(1);
         let bytes = self.bytes.saturating_add(chunk.payload().len());
-        let over = |limit: Option<usize>, n: usize| limit.is_some_and(|most| n > most);
-        if over(options.max_chunks, chunks) || over(options.max_bytes, bytes) {
-            let most = |limit: Option<usize>| limit.map_or("no".to_owned(), |n| n.to_string());
+        // Named by the bound it went past, as the limit is given.
+        let past = match (options.max_chunks, options.max_bytes) {
+            (Some(most), _) if chunks > most => Some(plural(most, "chunk")),
+            (_, Some(most)) if bytes > most => Some(plural(most, "byte")),
+            _ => None,
+        };
+        if let Some(past) = past {
             return Some(TurnError::new(
                 settle_core::TurnErrorKind::TooLarge,
                 format!(
-                    "the turn streamed more than a turn may ({} chunks or {} bytes); it was ended at the chunk past that, which was not kept",
-                    most(options.max_chunks),
-                    most(options.max_bytes)
+                    "the turn streamed more than a turn may ({past}); it was ended at the chunk past that, which was not kept"
                 ),
             ));
         }
         (self.chunks, self.bytes) = (chunks, bytes);
         None
+    }
+}
+
+/// `n` and `what`, in the plural but for one.
+fn plural(n: usize, what: &str) -> String {
+    match n {
+        1 => format!("1 {what}"),
+        n => format!("{n} {what}s"),
     }
 }
 

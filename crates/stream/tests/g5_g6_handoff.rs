@@ -185,16 +185,25 @@ async fn g4_a_cancel_during_the_open_cancels_the_work_and_closes_the_stream() {
 /// what was kept. Its stream is closed.
 #[tokio::test(start_paused = true)]
 async fn g7_a_turn_past_its_limits_ends_too_large_before_the_chunk_past_them() {
-    for (options, kept) in [
+    // The message names the bound the turn went past, as it was given.
+    for (options, kept, says) in [
         (
             TurnOptions::default().max_chunks(Some(2)),
             vec!["chunk a", "chunk bb"],
+            "(2 chunks)",
         ),
         (
             TurnOptions::default().max_bytes(Some(3)),
             vec!["chunk a", "chunk bb"],
+            "(3 bytes)",
         ),
-        (TurnOptions::default().max_bytes(Some(2)), vec!["chunk a"]),
+        (
+            TurnOptions::default()
+                .max_bytes(Some(2))
+                .max_chunks(Some(1)),
+            vec!["chunk a"],
+            "(1 chunk)",
+        ),
     ] {
         let provider = ScriptedProvider::new([TurnScript::new(["a", "bb", "ccc", "dddd"])]);
         let log = Log::default();
@@ -206,6 +215,7 @@ async fn g7_a_turn_past_its_limits_ends_too_large_before_the_chunk_past_them() {
         match &end {
             WorkEnd::Failed(error) => {
                 assert_eq!(error.kind, TurnErrorKind::TooLarge, "{error:?}");
+                assert!(error.message.contains(says), "{error:?}");
             }
             other => panic!("not ended too large: {other:?}"),
         }
