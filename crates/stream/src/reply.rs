@@ -137,8 +137,9 @@ pub fn usage_tokens(usage: &Value) -> u64 {
         usage.get(name).and_then(|n| match (n.as_u64(), n) {
             (Some(n), _) => Some(n),
             (None, Value::String(digits)) => count_of_digits(digits),
-            // `as` saturates (and a negative or NaN count is none).
-            (None, _) => n.as_f64().map(|f| f as u64),
+            // Up, never under (a budget must not count 10.5 as 10); `as`
+            // saturates, and a negative or NaN count is none.
+            (None, _) => n.as_f64().map(|f| f.ceil() as u64),
         })
     };
     field("total_tokens").unwrap_or_else(|| {
@@ -192,6 +193,7 @@ mod tests {
             (json!(18_446_744_073_709_551_617_f64), max),
             (json!(1.5e300), max),
             (json!(100.0), 100),
+            (json!(10.5), 11),
             (json!(-5), 0),
             (json!("18446744073709551617"), max),
             (json!("-18446744073709551617"), 0),
