@@ -2,7 +2,9 @@
 //! `openai` package's types) becomes in the store, and back.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+};
 use serde_json::{Map, Number, Value};
 
 /// How deep a value may nest before it is refused (a cycle, or a value no
@@ -11,9 +13,10 @@ pub(crate) const MAX_DEPTH: usize = 64;
 
 /// `value` as JSON: `None`, booleans, numbers, strings, lists, tuples,
 /// dicts (keys as strings), and objects with `model_dump()` (pydantic);
-/// anything else as its `str()`. A string that is not UTF-8 (a lone
-/// surrogate), wherever it is and whether it is given or made by `str()`,
-/// raises `BadInput`.
+/// anything else as its `str()` but `bytes` and `bytearray`, whose `str()`
+/// is their repr (`b'...'`), not their text: those raise `BadInput`, as
+/// does a string that is not UTF-8 (a lone surrogate), wherever it is and
+/// whether it is given or made by `str()`.
 pub(crate) fn to_json(value: &Bound<'_, PyAny>) -> PyResult<Value> {
     to_json_at(value, 0)
 }
@@ -61,6 +64,11 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
             map.insert(key, to_json_at(&item, depth + 1)?);
         }
         return Ok(Value::Object(map));
+    }
+    if value.is_instance_of::<PyBytes>() || value.is_instance_of::<PyByteArray>() {
+        return Err(crate::errors::BadInput::new_err(
+            "a value holds bytes, which are not text: decode them (bytes.decode()) first",
+        ));
     }
     if value.hasattr("model_dump")? {
         let kwargs = PyDict::new(value.py());

@@ -242,6 +242,18 @@ async def test_a_failures_message_is_told_on_one_line_and_bounded(kernel):
         assert not any(ord(c) < 32 for c in message), message
 
 
+async def test_bytes_inside_a_chunk_are_bad_input_not_their_repr(kernel):
+    """Found from outside: bytes inside an OpenAI-shaped dict were stored
+    as their repr (``"b'bytes'"``) and the turn completed."""
+    for value in [b"bytes", bytearray(b"\xff")]:
+        session = await kernel.register("s")
+        chunk = {"choices": [{"index": 0, "delta": {"content": value}}]}
+        async with await session.turn(Stream([chunk])) as turn:
+            assert await _texts(turn) == []
+        assert turn.outcome == "failed", turn.error
+        assert "BadInput" in turn.error[1] and "bytes" in turn.error[1], turn.error
+
+
 async def _texts(turn) -> list:
     return [c.text async for c in turn]
 
