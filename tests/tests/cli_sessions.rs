@@ -249,3 +249,45 @@ fn recover_dry_run_lists_the_live_sessions_and_writes_nothing_then_recover_json_
         "would recover 0 sessions (0 interrupted turns); nothing was written\n"
     );
 }
+
+/// Found from outside: `recover --json` listed every session of the store
+/// after it recovered, to name parents; one unreadable row anywhere (an
+/// outcome word another version wrote) then failed it with exit 3 and no
+/// report, after it had written. It reads only its candidates' rows, and
+/// before it writes.
+#[test]
+fn recover_json_reports_what_it_recovered_whatever_other_rows_hold() {
+    let sandbox = scanned();
+    let db = sandbox.db();
+    let scenario = sandbox.write(
+        "long.toml",
+        "name = \"long\"\n\
+         [[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\"]\nchunk_delay_ms = 1000\n",
+    );
+    let mut run = sandbox.spawn(&["run", scenario.to_str().unwrap()]);
+    run.wait_for("the agent to stream", |out| {
+        out.lines()
+            .any(|l| l.contains("root#") && l.contains(" persisted turn "))
+    });
+    run.signal(Signal::SIGKILL);
+    let _ = run.wait();
+    let done = id_of(by_name(
+        &sessions_json(&sandbox, &["--state", "finalized"]),
+        "recon",
+    ));
+    common::execute(
+        db.to_str().unwrap(),
+        &format!("UPDATE sessions SET outcome = 'weird' WHERE id = {done}"),
+    );
+    for args in [
+        &["recover", "--dry-run", "--json"][..],
+        &["recover", "--json"],
+    ] {
+        let out = sandbox.run(args);
+        assert_success(&out, &args.join(" "));
+        let report = parse_json(&out.stdout);
+        let listed = report["recovered"].as_array().unwrap();
+        assert_eq!(names(listed), ["root"], "{report:#}");
+        assert!(listed[0]["parent"].is_null(), "{report:#}");
+    }
+}

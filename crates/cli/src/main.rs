@@ -415,9 +415,19 @@ async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
     // What recovery takes over, with owners and leases: read first (it
     // writes nothing), so that a real recovery can say whose sessions it took.
     let found = store.recovery_candidates(options.clone()).await?;
+    // The rows the JSON names parents from: the candidates' alone (not
+    // the whole store, which one unreadable row elsewhere would fail), and
+    // read before anything is written, so that a failure to read them
+    // cannot follow a recovery that wrote.
+    let rows = match args.json {
+        true => {
+            let ids: Vec<SessionId> = found.iter().map(|c| c.session).collect();
+            store.list_sessions(SessionFilter::all().only(ids)).await?
+        }
+        false => Vec::new(),
+    };
     if args.dry_run {
         if args.json {
-            let rows = store.list_sessions(SessionFilter::all()).await?;
             outln!("{}", output::recover_dry_run_json(&found, &rows));
         } else {
             out!(
@@ -429,7 +439,6 @@ async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
     }
     let report = store.recover(options).await?;
     if args.json {
-        let rows = store.list_sessions(SessionFilter::all()).await?;
         outln!("{}", output::recover_json(&report, &found, &rows));
     } else {
         outln!("{}", output::recover_line(&report));
