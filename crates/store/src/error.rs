@@ -427,7 +427,7 @@ pub enum StoreError {
     )]
     DuplicateSession(SessionId),
     /// A row holds a value this build does not understand.
-    #[error("the database holds an unexpected value {value:?} in {column}; it may have been written by a newer settle")]
+    #[error("the database holds an unexpected value {} in {column}; it may have been written by a newer settle", quoted(.value))]
     Corrupt {
         /// Which column.
         column: &'static str,
@@ -530,8 +530,37 @@ impl<T> Context<T> for Result<T, diesel::result::Error> {
     }
 }
 
+/// The most characters of a stored value an error quotes.
+const QUOTED_CHARS: usize = 80;
+
+/// A stored value as an error quotes it: escaped (`{:?}`), and cut to
+/// [`QUOTED_CHARS`] with its size said, so that one value of megabytes
+/// does not make a line of megabytes.
+fn quoted(value: &str) -> String {
+    match value.char_indices().nth(QUOTED_CHARS) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &value[..end], value.len()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_unexpected_value_of_megabytes_is_quoted_short() {
+        let huge = StoreError::Corrupt {
+            column: "turns.input",
+            value: "x".repeat(10 << 20),
+        }
+        .to_string();
+        assert!(huge.len() < 300, "{} bytes", huge.len());
+        assert!(huge.contains("(10485760 bytes)"), "{huge}");
+        let short = StoreError::Corrupt {
+            column: "sessions.state",
+            value: "weird".to_owned(),
+        };
+        assert!(short.to_string().contains("\"weird\" in sessions.state"));
+    }
+
     use super::*;
 
     #[test]
