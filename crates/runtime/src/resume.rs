@@ -103,7 +103,9 @@ impl Kernel {
     /// Registers a new session named `name` that continues the stored
     /// session `from` (finished, or finalized by recovery after a crash), and
     /// returns it with the conversation to send with its next turn. The new
-    /// session's row names `from` (`resumed_from`).
+    /// session's row names `from` (`resumed_from`). When `from` ran no turn
+    /// (a chat resumed and left at once), the conversation is the one it
+    /// resumed, followed back as far as sessions ran nothing.
     ///
     /// # Errors
     /// [`RuntimeError::NotResumable`] when `from` is not finalized (recover
@@ -115,13 +117,31 @@ impl Kernel {
         name: impl Into<String>,
     ) -> Result<Resumed, RuntimeError> {
         let bound = self.store_timeout();
-        let detail = tokio::time::timeout(bound, self.store().session_detail(from))
-            .await
-            .map_err(|_| RuntimeError::StoreTimeout {
-                what: "reading the session to resume",
-                after: bound,
-            })??;
-        let (history, pending_tool_calls) = history(&detail)?;
+        let read = |id: SessionId| async move {
+            tokio::time::timeout(bound, self.store().session_detail(id))
+                .await
+                .map_err(|_| RuntimeError::StoreTimeout {
+                    what: "reading the session to resume",
+                    after: bound,
+                })?
+                .map_err(RuntimeError::from)
+        };
+        let detail = read(from).await?;
+        let (mut history, mut pending_tool_calls) = history(&detail)?;
+        // A session that ran no turn (a chat resumed and left at once)
+        // continues the one it resumed: its conversation is that one's, not
+        // none. Followed back as far as sessions ran nothing, a loop (a
+        // store changed outside settle) stopping the walk.
+        let mut seen = vec![from];
+        let mut back = detail.session.resumed_from;
+        while let Some(earlier) =
+            back.filter(|id| history.is_empty() && !seen.contains(id) && seen.len() < 1024)
+        {
+            seen.push(earlier);
+            let detail = read(earlier).await?;
+            (history, pending_tool_calls) = conversation(&detail);
+            back = detail.session.resumed_from;
+        }
         let name: Arc<str> = name.into().into();
         let shared = self
             .register_command(|reply| Command::Register {

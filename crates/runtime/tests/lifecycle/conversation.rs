@@ -245,3 +245,38 @@ async fn g11_a_turn_over_the_size_limits_is_refused_and_writes_nothing() {
     assert_eq!(turn.outcome().await, Outcome::Completed);
     kernel.shutdown(Duration::ZERO).await;
 }
+
+/// Found from outside: `settle chat --resume 1` left at once (stdin
+/// closed) made a session that ran no turn, and the next `chat --last`
+/// resumed that one with no history: one Ctrl-D lost the conversation. A
+/// session that ran nothing continues the one it resumed, as far back as
+/// sessions ran nothing.
+#[tokio::test(start_paused = true)]
+async fn resuming_a_session_that_ran_no_turn_continues_the_one_it_resumed() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let chat = kernel.register("chat", None).await.unwrap();
+    let provider = Arc::new(ScriptedProvider::new([TurnScript::new(["hello back"])]));
+    let asked = vec![Message::new(Role::User, "hello")];
+    let turn = chat
+        .run_turn(provider, TurnRequest::new(asked.clone()))
+        .await
+        .unwrap();
+    assert_eq!(turn.outcome().await, Outcome::Completed);
+    chat.close().await.unwrap();
+    let mut from = chat.id();
+    // Resumed and left twice without a turn.
+    for _ in 0..2 {
+        let empty = kernel.resume(from, "again").await.unwrap();
+        assert_eq!(empty.history.len(), 2, "{:?}", empty.history);
+        empty.session.close().await.unwrap();
+        from = empty.session.id();
+    }
+    let resumed = kernel.resume(from, "at last").await.unwrap();
+    let expected = [
+        Message::new(Role::User, "hello"),
+        Message::new(Role::Assistant, "hello back"),
+    ];
+    assert_eq!(resumed.history, expected);
+    kernel.shutdown(Duration::ZERO).await;
+}
