@@ -558,7 +558,13 @@ impl Tables {
                 reason,
             });
         }
-        found
+        let live = self
+            .sessions
+            .iter()
+            .filter(|(_, row)| row.live.state != State::Finalized)
+            .map(|(id, row)| (SessionId(*id), row.parent))
+            .collect();
+        crate::recover::sparing_parents_of_the_left(found, &live)
     }
 
     fn recover(&mut self, options: &RecoverOptions) -> Result<RecoveryReport, StoreError> {

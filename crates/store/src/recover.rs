@@ -101,20 +101,29 @@ pub(crate) fn candidates(
     opts: &RecoverOptions,
 ) -> Result<Vec<RecoveryCandidate>, StoreError> {
     let now = store_now(db.reborrow())?;
-    let live: Vec<LiveColumns> = read_tx!(db, |c| sessions::table
-        .inner_join(owners::table)
-        .filter(sessions::state.ne(State::Finalized.as_str()))
-        // A released session was left for adoption, not by a crash.
-        .filter(sessions::released_at.is_null())
-        .order(sessions::id.desc())
-        .select((
-            sessions::id,
-            sessions::name,
-            sessions::state,
-            sessions::open_turn,
-            OWNER_COLUMNS,
-        ))
-        .load(c))
+    let (live, tree): (Vec<LiveColumns>, Vec<(i64, Option<i64>)>) = read_tx!(db, |c| {
+        let live = sessions::table
+            .inner_join(owners::table)
+            .filter(sessions::state.ne(State::Finalized.as_str()))
+            // A released session was left for adoption, not by a crash.
+            .filter(sessions::released_at.is_null())
+            .order(sessions::id.desc())
+            .select((
+                sessions::id,
+                sessions::name,
+                sessions::state,
+                sessions::open_turn,
+                OWNER_COLUMNS,
+            ))
+            .load(c)?;
+        // Every session not finalized, and its parent: what recovery must
+        // not finalize a parent over (G1).
+        let tree = sessions::table
+            .filter(sessions::state.ne(State::Finalized.as_str()))
+            .select((sessions::id, sessions::parent))
+            .load(c)?;
+        Ok::<_, diesel::result::Error>((live, tree))
+    })
     .context("looking for sessions left live")?;
 
     let mut verdicts: BTreeMap<i64, Option<OwnerGone>> = BTreeMap::new();
@@ -134,7 +143,47 @@ pub(crate) fn candidates(
             reason,
         });
     }
-    Ok(found)
+    let tree = tree
+        .into_iter()
+        .map(|(id, parent)| (session_id(id), parent.map(session_id)))
+        .collect();
+    Ok(sparing_parents_of_the_left(found, &tree))
+}
+
+/// `found` without every candidate that has a descendant recovery leaves
+/// live (another owner's, one with no owner row, a released one): G1, a
+/// parent is finalized only after its children, holds in recovery too.
+/// `live` maps every session not finalized to its parent.
+pub(crate) fn sparing_parents_of_the_left(
+    found: Vec<RecoveryCandidate>,
+    live: &HashMap<SessionId, Option<SessionId>>,
+) -> Vec<RecoveryCandidate> {
+    let taken: HashSet<SessionId> = found.iter().map(|c| c.session).collect();
+    let mut spared = HashSet::default();
+    // Each ancestor is walked once, whichever left session reaches it first.
+    let mut walked = HashSet::default();
+    for (&id, &parent) in live {
+        if taken.contains(&id) {
+            continue;
+        }
+        let mut up = parent;
+        while let Some(ancestor) = up.filter(|a| walked.insert(*a)) {
+            if taken.contains(&ancestor) {
+                spared.insert(ancestor);
+            }
+            up = live.get(&ancestor).copied().flatten();
+        }
+    }
+    if !spared.is_empty() {
+        tracing::warn!(
+            spared = spared.len(),
+            "recovery leaves sessions whose children stay live (another owner's, or with no owner): a parent is not finalized over a live child (G1)"
+        );
+    }
+    found
+        .into_iter()
+        .filter(|c| !spared.contains(&c.session))
+        .collect()
 }
 
 /// Whether `owner` is gone at `now` (milliseconds, the store's clock), seen

@@ -67,6 +67,7 @@ on_backends! {
         finalize::g7_memory_only_from_completed_turns,
         recovery::g8_recover_expired_lease,
         recovery::g8_recover_gone_process_on_this_host,
+        recovery::g1_g8_recovery_never_finalizes_a_parent_over_a_child_it_leaves_live,
         recovery::g8_two_stores_recovering_at_once_finalize_once,
         recovery::leases_renew_until_they_lapse,
         reads::flush_waits_for_every_appended_chunk,

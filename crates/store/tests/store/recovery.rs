@@ -197,6 +197,63 @@ pub(crate) fn g8_recover_expired_lease(b: Backend) {
     });
 }
 
+/// Found from outside: a crashed owner's session whose child another,
+/// live owner holds (or whose child has no owner row) was finalized
+/// `recovered` over that live child (G1). Recovery spares every session
+/// with a descendant it leaves live, and takes the rest: here the crashed
+/// owner's other tree.
+pub(crate) fn g1_g8_recovery_never_finalizes_a_parent_over_a_child_it_leaves_live(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let crashed = owner_elsewhere(&*store, 4_000_001).await;
+        let alive = owner(&*store, HOUR).await;
+        let top = write::register(&*store, NewSession::new("top", crashed))
+            .await
+            .unwrap();
+        let middle = write::register(&*store, NewSession::new("middle", crashed).with_parent(top))
+            .await
+            .unwrap();
+        // Another owner's child under the crashed owner's session.
+        let theirs = write::register(
+            &*store,
+            NewSession::new("theirs", alive).with_parent(middle),
+        )
+        .await
+        .unwrap();
+        let alone = write::register(&*store, NewSession::new("alone", crashed))
+            .await
+            .unwrap();
+        let leaf = write::register(&*store, NewSession::new("leaf", crashed).with_parent(alone))
+            .await
+            .unwrap();
+        expire(&*store, crashed).await;
+        let opts = RecoverOptions {
+            here: HostIdentity::unknown(),
+            now: now() + Duration::from_secs(1),
+        };
+        let listed: Vec<SessionId> = store
+            .recovery_candidates(opts.clone())
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.session)
+            .collect();
+        assert_eq!(listed, vec![leaf, alone], "the dry run says the same");
+        let report = store.recover(opts).await.unwrap();
+        assert_eq!(report.recovered, vec![leaf, alone]);
+        for (id, state) in [
+            (top, State::Registered),
+            (middle, State::Registered),
+            (theirs, State::Registered),
+            (alone, State::Finalized),
+        ] {
+            let row = store.session_detail(id).await.unwrap().session;
+            assert_eq!(row.state, state, "session {id}");
+        }
+    });
+}
+
 /// An owner whose process is gone is recovered at once by a recoverer in the
 /// same place (machine identity and PID namespace). Owners elsewhere — even
 /// with the same host name and pid — and live processes here are left to
