@@ -291,3 +291,26 @@ fn recover_json_reports_what_it_recovered_whatever_other_rows_hold() {
         assert!(listed[0]["parent"].is_null(), "{report:#}");
     }
 }
+
+/// Found from outside: a negative id (which settle never writes) was read
+/// as its absolute value, so `sessions` listed two sessions with one id and
+/// `recover` named an id nobody typed. It is a value the store does not
+/// understand, said as such, with its value.
+#[test]
+fn a_negative_session_id_is_an_unexpected_value_not_another_sessions_id() {
+    let sandbox = scanned();
+    let db = sandbox.db();
+    let recon = id_of(by_name(&sessions_json(&sandbox, &[]), "recon"));
+    common::execute(
+        db.to_str().unwrap(),
+        &format!("PRAGMA foreign_keys = OFF; UPDATE sessions SET id = -{recon} WHERE id = {recon}"),
+    );
+    let out = sandbox.run(&["sessions"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let told = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        told.contains(&format!("\"-{recon}\" in sessions.id")),
+        "{told}"
+    );
+    assert_eq!(told.lines().count(), 1, "{told}");
+}

@@ -431,7 +431,7 @@ fn adopt_one(
     raw: i64,
     at: SystemTime,
 ) -> Result<Adopted, StoreError> {
-    let id = session_id(raw);
+    let id = session_id(raw)?;
     // A compare-and-set: a concurrent move makes it miss; read again.
     for _ in 0..64 {
         let Some(r) = row(db.reborrow(), raw)? else {
@@ -519,7 +519,7 @@ fn adopt_one(
         return Ok(Adopted {
             session: id,
             name: r.name,
-            parent: r.parent.map(session_id),
+            parent: r.parent.map(session_id).transpose()?,
             turns: turns.map(turn_no).transpose()?.unwrap_or(0),
             last_outcome: outcome,
             holds,
@@ -601,7 +601,7 @@ pub(crate) fn release_expired(
     let mut report = PeerRelease::default();
     let at = to_millis(at);
     for (raw, left_by) in left {
-        let id = session_id(raw);
+        let id = session_id(raw)?;
         let moved = write_tx!(db.reborrow(), |c| {
             let mut db = Db::from(c);
             bound_lock_waits(db.reborrow())?;
@@ -680,7 +680,7 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
     let mut reaped = Vec::new();
     let cause = settle_core::Cause::Finalized(EndReason::IdleReap).to_string();
     for (raw, owner) in due {
-        let id = session_id(raw);
+        let id = session_id(raw)?;
         let ending = Ending {
             reason: EndReason::IdleReap,
             outcome: None,

@@ -330,5 +330,5 @@ pub(crate) fn last_session(
             .optional()
     })
     .context("finding the most recent session")?;
-    Ok(id.map(session_id))
+    id.map(session_id).transpose()
 }

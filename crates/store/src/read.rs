@@ -195,9 +195,9 @@ pub(crate) fn session_row(
     let (id, name, parent, state, outcome, end_reason, created_at, finalized_at, resumed_from) =
         cols;
     Ok(SessionRow {
-        id: session_id(id),
+        id: session_id(id)?,
         name,
-        parent: parent.map(session_id),
+        parent: parent.map(session_id).transpose()?,
         state: word("sessions.state", &state)?,
         outcome: opt_word("sessions.outcome", outcome.as_deref())?,
         end_reason: opt_word("sessions.end_reason", end_reason.as_deref())?,
@@ -205,7 +205,7 @@ pub(crate) fn session_row(
         chunks,
         created_at: from_millis(created_at),
         finalized_at: finalized_at.map(from_millis),
-        resumed_from: resumed_from.map(session_id),
+        resumed_from: resumed_from.map(session_id).transpose()?,
         owner: None,
     })
 }

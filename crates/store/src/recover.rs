@@ -135,7 +135,7 @@ pub(crate) fn candidates(
             .or_insert_with(|| verdict(&owner, now, &opts.here));
         let Some(reason) = verdict else { continue };
         found.push(RecoveryCandidate {
-            session: session_id(id),
+            session: session_id(id)?,
             name,
             state: word("sessions.state", &state)?,
             open_turn: open_turn.map(turn_no).transpose()?,
@@ -145,8 +145,8 @@ pub(crate) fn candidates(
     }
     let tree = tree
         .into_iter()
-        .map(|(id, parent)| (session_id(id), parent.map(session_id)))
-        .collect();
+        .map(|(id, parent)| Ok((session_id(id)?, parent.map(session_id).transpose()?)))
+        .collect::<Result<_, StoreError>>()?;
     Ok(sparing_parents_of_the_left(found, &tree))
 }
 

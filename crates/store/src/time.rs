@@ -67,9 +67,16 @@ pub(crate) fn known_sid(id: SessionId) -> Result<i64, StoreError> {
     i64::try_from(id.get()).map_err(|_| StoreError::UnknownSession(id))
 }
 
-/// A session id read from the database (ids are allocated positive).
-pub(crate) fn session_id(raw: i64) -> SessionId {
-    SessionId(raw.unsigned_abs())
+/// A session id read from the database (ids are allocated positive): a
+/// negative one, which settle never writes, is a value it does not
+/// understand, not another session's id read as positive.
+pub(crate) fn session_id(raw: i64) -> Result<SessionId, StoreError> {
+    u64::try_from(raw)
+        .map(SessionId)
+        .map_err(|_| StoreError::Corrupt {
+            column: "sessions.id",
+            value: raw.to_string(),
+        })
 }
 
 /// A turn number read from the database, which only ever holds `u32`s.

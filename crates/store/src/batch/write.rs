@@ -114,7 +114,7 @@ fn insert_sessions(mut db: Db<'_>, d: &mut Decided<'_>) -> Result<Vec<i64>, Stor
         on_db!(db.reborrow(), |c| insert_rows!(c, part)).context("registering sessions")?;
     }
     for (r, &id) in d.registrations.iter().zip(&ids) {
-        d.results[r.item] = Some(Ok(Applied::Registered(session_id(id))));
+        d.results[r.item] = Some(Ok(Applied::Registered(session_id(id)?)));
     }
     Ok(ids)
 }
