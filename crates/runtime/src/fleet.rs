@@ -6,7 +6,6 @@
 //! an adoption is admitted; the store's conditional updates decide who
 //! wins a race.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -164,7 +163,7 @@ impl Kernel {
         for (shared, principal, turns, holds) in taken {
             let id = shared.id;
             let detail = self
-                .fleet_call(
+                .store_call(
                     "reading an adopted session",
                     self.store().session_detail(id),
                 )
@@ -195,7 +194,7 @@ impl Kernel {
     /// # Errors
     /// When the store cannot be read within the store timeout.
     pub async fn locate(&self, session: SessionId) -> Result<Whereabouts, RuntimeError> {
-        self.fleet_call("locating a session", self.store().locate(session))
+        self.store_call("locating a session", self.store().locate(session))
             .await
     }
 
@@ -205,7 +204,7 @@ impl Kernel {
     /// # Errors
     /// When the store fails or does not answer within the store timeout.
     pub async fn principal(&self, session: SessionId) -> Result<Option<String>, RuntimeError> {
-        self.fleet_call("reading a principal", self.store().principal(session))
+        self.store_call("reading a principal", self.store().principal(session))
             .await
     }
 
@@ -219,7 +218,7 @@ impl Kernel {
         session: SessionId,
         principal: Option<String>,
     ) -> Result<(), RuntimeError> {
-        self.fleet_call(
+        self.store_call(
             "recording a principal",
             self.store().set_principal(session, principal),
         )
@@ -243,14 +242,14 @@ impl Kernel {
             interrupted_turns,
             ..
         } = self
-            .fleet_call(
+            .store_call(
                 "releasing the sessions of expired peers",
                 self.store().release_expired(owner, SystemTime::now()),
             )
             .await?;
         let reaped = match idle_ttl {
             Some(ttl) => {
-                self.fleet_call("reaping released sessions", self.store().reap_released(ttl))
+                self.store_call("reaping released sessions", self.store().reap_released(ttl))
                     .await?
             }
             None => Vec::new(),
@@ -290,19 +289,6 @@ impl Kernel {
                     after,
                 })
             }
-        }
-    }
-
-    /// A store call of the fleet, bounded by the store timeout.
-    async fn fleet_call<T>(
-        &self,
-        what: &'static str,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, RuntimeError> {
-        let after = self.store_timeout();
-        match tokio::time::timeout(after, call).await {
-            Ok(result) => result.map_err(RuntimeError::Store),
-            Err(_) => Err(RuntimeError::StoreTimeout { what, after }),
         }
     }
 }

@@ -381,19 +381,26 @@ impl Kernel {
     /// # Errors
     /// When the store cannot be read within the store timeout.
     pub async fn last_finalized(&self) -> Result<Option<SessionId>, RuntimeError> {
-        let bound = self.inner.store_timeout;
-        tokio::time::timeout(
-            bound,
-            self.inner
-                .store
-                .last_session(Some(settle_core::State::Finalized)),
-        )
-        .await
-        .map_err(|_| RuntimeError::StoreTimeout {
-            what: "finding the last session",
-            after: bound,
-        })?
-        .map_err(RuntimeError::from)
+        let last = self
+            .inner
+            .store
+            .last_session(Some(settle_core::State::Finalized));
+        self.store_call("finding the last session", last).await
+    }
+
+    /// A call to the store, bounded by the store timeout: its error as a
+    /// [`RuntimeError::Store`], or [`RuntimeError::StoreTimeout`] saying
+    /// `what` did not answer in time.
+    pub(crate) async fn store_call<T>(
+        &self,
+        what: &'static str,
+        call: impl std::future::Future<Output = Result<T, settle_store::StoreError>>,
+    ) -> Result<T, RuntimeError> {
+        let after = self.store_timeout();
+        match tokio::time::timeout(after, call).await {
+            Ok(result) => result.map_err(RuntimeError::Store),
+            Err(_) => Err(RuntimeError::StoreTimeout { what, after }),
+        }
     }
 
     /// Every session of the store, or those in `state`, by id: the rows

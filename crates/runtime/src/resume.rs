@@ -116,16 +116,8 @@ impl Kernel {
         from: SessionId,
         name: impl Into<String>,
     ) -> Result<Resumed, RuntimeError> {
-        let bound = self.store_timeout();
-        let read = |id: SessionId| async move {
-            tokio::time::timeout(bound, self.store().session_detail(id))
-                .await
-                .map_err(|_| RuntimeError::StoreTimeout {
-                    what: "reading the session to resume",
-                    after: bound,
-                })?
-                .map_err(RuntimeError::from)
-        };
+        let what = "reading the session to resume";
+        let read = |id: SessionId| self.store_call(what, self.store().session_detail(id));
         let detail = read(from).await?;
         let (mut history, mut pending_tool_calls) = history(&detail)?;
         // A session that ran no turn (a chat resumed and left at once)
