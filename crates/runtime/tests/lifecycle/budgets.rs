@@ -18,39 +18,26 @@ use crate::common::*;
 
 const S: Duration = Duration::from_secs(1);
 
-/// Reports `tokens` of usage, then stays open (a long reply).
+/// Reports `tokens` of usage, then stays open: a long reply reporting as
+/// it streams, or (`finished`) a whole reply, said whole by its provider (a
+/// finish reason), its usage after it, waiting for the stream's end
+/// (`data: [DONE]`).
 struct Spender {
     tokens: u64,
+    finished: bool,
 }
 
 #[async_trait]
 impl Provider for Spender {
     async fn open(&self, _: &Request) -> Result<ProviderStream, StreamError> {
         let usage = Chunk::json(ChunkKind::Usage, &json!({"total_tokens": self.tokens}));
-        let events = stream::iter([
-            Ok(StreamEvent::Chunk(Chunk::text("thinking"))),
-            Ok(StreamEvent::Chunk(usage)),
-        ])
-        .chain(stream::pending());
-        Ok(Box::new(DropClose::new(events)))
-    }
-}
-
-/// A whole reply (its provider said so, a finish reason), then its usage,
-/// then a wait for the stream's end (`data: [DONE]`).
-struct Finisher {
-    tokens: u64,
-}
-
-#[async_trait]
-impl Provider for Finisher {
-    async fn open(&self, _: &Request) -> Result<ProviderStream, StreamError> {
-        let usage = Chunk::json(ChunkKind::Usage, &json!({"total_tokens": self.tokens}));
-        let events = stream::iter([
-            Ok(StreamEvent::Chunk(Chunk::text("the whole answer"))),
-            Ok(StreamEvent::Finished(None)),
-            Ok(StreamEvent::Chunk(usage)),
-        ])
+        let finished = self.finished.then_some(Ok(StreamEvent::Finished(None)));
+        let events = stream::iter(
+            [Ok(StreamEvent::Chunk(Chunk::text("the answer")))]
+                .into_iter()
+                .chain(finished)
+                .chain([Ok(StreamEvent::Chunk(usage))]),
+        )
         .chain(stream::pending());
         Ok(Box::new(DropClose::new(events)))
     }
@@ -72,13 +59,22 @@ async fn g1_a_whole_reply_whose_own_usage_exhausts_the_budget_ends_completed() {
         .unwrap();
     let sibling = root.child("sibling").await.unwrap();
     let mut running = sibling
-        .run_turn(Arc::new(Spender { tokens: 0 }), TurnRequest::prompt("go"))
+        .run_turn(
+            Arc::new(Spender {
+                tokens: 0,
+                finished: false,
+            }),
+            TurnRequest::prompt("go"),
+        )
         .await
         .unwrap();
     let child = root.child("worker").await.unwrap();
     let mut turn = child
         .run_turn(
-            Arc::new(Finisher { tokens: 150 }),
+            Arc::new(Spender {
+                tokens: 150,
+                finished: true,
+            }),
             TurnRequest::prompt("go"),
         )
         .await
@@ -105,7 +101,13 @@ async fn g1_tokens_past_a_budget_cancel_the_subtree_and_finalize_it_budget_exhau
     let mut events = kernel.subscribe();
     // The child's usage counts against the root's budget.
     let mut turn = child
-        .run_turn(Arc::new(Spender { tokens: 150 }), TurnRequest::prompt("go"))
+        .run_turn(
+            Arc::new(Spender {
+                tokens: 150,
+                finished: false,
+            }),
+            TurnRequest::prompt("go"),
+        )
         .await
         .unwrap();
     while turn.next_chunk().await.is_some() {}
