@@ -192,6 +192,24 @@ pub fn subtree(rows: Vec<SessionRow>, root: SessionId) -> Vec<SessionRow> {
     rows.into_iter().filter(|r| under.contains(&r.id)).collect()
 }
 
+/// How many levels a name in a tree is indented (two spaces each) before
+/// its depth is written as a number instead.
+pub const INDENT_LEVELS: usize = 16;
+
+/// `name` as a tree lists it `depth` levels down: indented two spaces a
+/// level, and past [`INDENT_LEVELS`] levels, indented that far and led by
+/// its depth (`[depth 40] name`). A table is as wide as its widest name, so
+/// an indentation that grew without end would make a chain of thousands of
+/// sessions print every line thousands of spaces wide.
+pub fn indented(name: &str, depth: usize) -> String {
+    let pad = "  ".repeat(depth.min(INDENT_LEVELS));
+    if depth > INDENT_LEVELS {
+        format!("{pad}[depth {depth}] {name}")
+    } else {
+        format!("{pad}{name}")
+    }
+}
+
 /// How long ago `at` was, in the largest whole unit: `12s ago`, `5m ago`,
 /// `3h ago`, `4d ago` (a time ahead of `now` reads `0s ago`).
 pub fn age(at: SystemTime, now: SystemTime) -> String {
@@ -309,6 +327,21 @@ mod tests {
                 (7, 1),
                 (8, 2),
             ]
+        );
+    }
+
+    #[test]
+    fn a_name_deep_in_a_tree_is_indented_at_most_so_far_and_told_its_depth() {
+        assert_eq!(indented("a", 0), "a");
+        assert_eq!(indented("a", 2), "    a");
+        assert_eq!(
+            indented("a", INDENT_LEVELS),
+            format!("{}a", " ".repeat(2 * INDENT_LEVELS))
+        );
+        let deep = indented("a", 10_000);
+        assert_eq!(
+            deep,
+            format!("{}[depth 10000] a", " ".repeat(2 * INDENT_LEVELS))
         );
     }
 

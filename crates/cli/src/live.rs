@@ -132,7 +132,7 @@ fn table(rows: &[&LiveRow]) -> Table {
     for row in rows {
         table.push(vec![
             row.id.to_string(),
-            format!("{}{}", "  ".repeat(row.depth), row.name),
+            crate::listing::indented(&row.name, row.depth),
             row.state.as_str().to_owned(),
             row.turns.to_string(),
             row.chunks.to_string(),

@@ -405,7 +405,7 @@ pub fn sessions_table(listed: &[Listed], now: SystemTime, width: Option<usize>) 
     for Listed { row, depth } in listed {
         let mut cells = vec![
             row.id.to_string(),
-            format!("{}{}", "  ".repeat(*depth), row.name),
+            listing::indented(&row.name, *depth),
             id_or_dash(row.parent),
         ];
         if resumed {

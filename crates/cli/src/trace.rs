@@ -60,9 +60,9 @@ pub fn subtree(top: SessionId, details: Vec<SessionDetail>) -> Subtree {
         kids.sort_by_key(|d| d.session.id);
     }
     let mut sessions = Vec::new();
-    let mut stack: Vec<(SessionDetail, String)> = root
+    let mut stack: Vec<(SessionDetail, Path)> = root
         .map(|d| {
-            let path = format!("{}#{}", d.session.name, d.session.id);
+            let path = Path::top(&d);
             (d, path)
         })
         .into_iter()
@@ -70,13 +70,67 @@ pub fn subtree(top: SessionId, details: Vec<SessionDetail>) -> Subtree {
     while let Some((detail, path)) = stack.pop() {
         if let Some(kids) = by_parent.remove(&Some(detail.session.id)) {
             for kid in kids.into_iter().rev() {
-                let kid_path = format!("{path}/{}#{}", kid.session.name, kid.session.id);
+                let kid_path = path.down(&kid);
                 stack.push((kid, kid_path));
             }
         }
-        sessions.push((detail, path));
+        sessions.push((detail, path.to_string()));
     }
     Subtree { top, sessions }
+}
+
+/// How many names below the top a track's path keeps: deeper, the names
+/// between are left out and counted (`root#1/…998 more…/a#1000/…`), so
+/// that a chain thousands deep does not name each of its tracks by
+/// thousands of names (the trace would grow with the square of the depth).
+const PATH_NAMES: usize = 8;
+
+/// A session's path from the top of the subtree: the top's name, then at
+/// most [`PATH_NAMES`] of the last names down to it.
+#[derive(Debug, Clone)]
+struct Path {
+    top: String,
+    /// The last names down to the session, at most [`PATH_NAMES`].
+    last: Vec<String>,
+    /// How many names down from the top, the session's own included.
+    depth: usize,
+}
+
+impl Path {
+    fn top(detail: &SessionDetail) -> Self {
+        Path {
+            top: format!("{}#{}", detail.session.name, detail.session.id),
+            last: Vec::new(),
+            depth: 0,
+        }
+    }
+
+    /// The path of `kid`, a child of the session at this path.
+    fn down(&self, kid: &SessionDetail) -> Self {
+        let mut last = Vec::with_capacity(PATH_NAMES);
+        let keep = self.last.len().min(PATH_NAMES - 1);
+        last.extend_from_slice(&self.last[self.last.len() - keep..]);
+        last.push(format!("{}#{}", kid.session.name, kid.session.id));
+        Path {
+            top: self.top.clone(),
+            last,
+            depth: self.depth + 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.top)?;
+        let left_out = self.depth - self.last.len();
+        if left_out > 0 {
+            write!(f, "/…{left_out} more…")?;
+        }
+        for name in &self.last {
+            write!(f, "/{name}")?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -377,6 +431,23 @@ mod tests {
                 "top#2/early#3/deep#4",
                 "top#2/late#5"
             ]
+        );
+    }
+
+    #[test]
+    fn a_deep_track_is_named_by_its_top_and_last_names_with_the_rest_counted() {
+        // A chain of 21: session i + 1 a child of session i.
+        let chain: Vec<SessionDetail> = (1..=21u64)
+            .map(|i| session(i, (i > 1).then(|| i - 1), "s"))
+            .collect();
+        let tree = subtree(SessionId(1), chain);
+        let paths: Vec<&str> = tree.sessions.iter().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(paths.len(), 21);
+        assert_eq!(paths[8], "s#1/s#2/s#3/s#4/s#5/s#6/s#7/s#8/s#9");
+        assert_eq!(paths[9], "s#1/…1 more…/s#3/s#4/s#5/s#6/s#7/s#8/s#9/s#10");
+        assert_eq!(
+            paths[20],
+            "s#1/…12 more…/s#14/s#15/s#16/s#17/s#18/s#19/s#20/s#21"
         );
     }
 }
