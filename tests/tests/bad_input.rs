@@ -697,13 +697,14 @@ fn cases() -> Vec<Case> {
         Case {
             as_nobody: true,
             ..case(
-                "--db a read-only database file",
+                // `sessions` reads it (cli_sessions); `recover` would write.
+                "--db a read-only database file, to a command that writes",
                 |d| {
                     database(d, "locked.db");
                     fs::set_permissions(d.join("locked.db"), fs::Permissions::from_mode(0o444))
                         .unwrap();
                 },
-                &["--db", "locked.db", "sessions"],
+                &["--db", "locked.db", "recover"],
                 2,
                 "locked.db",
             )

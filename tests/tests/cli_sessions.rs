@@ -314,3 +314,80 @@ fn a_negative_session_id_is_an_unexpected_value_not_another_sessions_id() {
     );
     assert_eq!(told.lines().count(), 1, "{told}");
 }
+
+/// `settle ARGS...` on the sandbox's database as a user who may read the
+/// file and its folder but write neither: `nobody` when the tests run as
+/// root (root may write anything), else this user, with the write bits of
+/// the file and the folder taken away.
+fn as_reader(sandbox: &Sandbox, args: &[&str]) -> std::process::Output {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    set(&sandbox.db(), 0o444);
+    set(sandbox.path(), 0o555);
+    let mut command = if common::is_root() {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "nobody", "--"])
+            .arg(settle_tests::settle_bin());
+        c
+    } else {
+        std::process::Command::new(settle_tests::settle_bin())
+    };
+    let out = command
+        .arg("--db")
+        .arg(sandbox.db())
+        .args(args)
+        .env_remove("SETTLE_DB")
+        .env_remove("SETTLE_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    // Given back, so that the sandbox can be removed.
+    set(sandbox.path(), 0o755);
+    set(&sandbox.db(), 0o644);
+    out
+}
+
+/// An operator reading a service's database, or a copy on a read-only
+/// mount: the reading commands read a file this user may not write (SQLite
+/// opened read-only), and nothing is written, not even beside it; the one
+/// that writes, `recover`, is refused in one line.
+#[test]
+fn reading_commands_read_a_database_this_user_may_not_write_and_write_nothing() {
+    let sandbox = scanned();
+    let files_before: Vec<_> = std::fs::read_dir(sandbox.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let bytes_before = std::fs::read(sandbox.db()).unwrap();
+
+    let out = as_reader(&sandbox, &["sessions", "--json"]);
+    assert_success(&out, "settle sessions --json as a reader");
+    let rows = parse_json(&out.stdout).as_array().unwrap().clone();
+    assert_eq!(rows.len(), 5, "every session of the scan is listed");
+    let root = id_of(by_name(&rows, "root"));
+    let out = as_reader(&sandbox, &["show", &root.to_string(), "--json"]);
+    assert_success(&out, "settle show as a reader");
+    assert_eq!(parse_json(&out.stdout)["session"]["name"], "root");
+    let out = as_reader(&sandbox, &["export", &root.to_string()]);
+    assert_success(&out, "settle export as a reader");
+    let out = as_reader(&sandbox, &["recover", "--dry-run"]);
+    assert_success(&out, "settle recover --dry-run as a reader");
+
+    let out = as_reader(&sandbox, &["recover"]);
+    assert_eq!(out.status.code(), Some(2), "recover writes: refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("for writing"), "{err}");
+
+    let files_after: Vec<_> = std::fs::read_dir(sandbox.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files_after, files_before, "nothing made beside the file");
+    assert!(
+        std::fs::read(sandbox.db()).unwrap() == bytes_before,
+        "the file is as it was"
+    );
+}

@@ -168,6 +168,26 @@ pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
     Store::open_with(db, options().with_existing_only(true)).map_err(sort_open_error)
 }
 
+/// Opens an existing store for a command that only reads it (`sessions`,
+/// `show`, `export`, `recover --dry-run`), as [`open_existing_store`]
+/// does; a SQLite file this user may not write (a service's database, a
+/// copy on a read-only mount) is then opened to read it only
+/// ([`StoreOptions::read_only`](settle_store::StoreOptions::read_only)),
+/// and nothing is written.
+pub fn open_store_to_read(db: &str) -> Result<Store, Failure> {
+    if let Some(path) = missing_sqlite_file(db) {
+        return Err(Failure::bad_input(format!(
+            "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
+        )));
+    }
+    match Store::open_with(db, options().with_existing_only(true)) {
+        Err(OpenError::ReadOnly { .. }) => {
+            Store::open_with(db, options().with_read_only(true)).map_err(sort_open_error)
+        }
+        opened => opened.map_err(sort_open_error),
+    }
+}
+
 /// The SQLite file named by `db` when nothing is at that path (a dangling
 /// link counts as nothing: SQLite would create its target).
 fn missing_sqlite_file(db: &str) -> Option<&str> {

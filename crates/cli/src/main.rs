@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand};
 use settle_cli::listing::{self, Filter};
 use settle_cli::scenario::Scenario;
 use settle_cli::{
-    chat, display, duration, exit, export, open_existing_store, open_store, out, outfile, outln,
-    output, parse_id, runner, shutdown, terminal, trace, Failure,
+    chat, display, duration, exit, export, open_existing_store, open_store, open_store_to_read,
+    out, outfile, outln, output, parse_id, runner, shutdown, terminal, trace, Failure,
 };
 use settle_runtime::{Kernel, SessionId, State};
 use settle_store::{RecoverOptions, SessionDetail, SessionFilter, SessionStore, Store, StoreError};
@@ -329,7 +329,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
 }
 
 async fn sessions(db: &str, args: SessionsArgs) -> Result<u8, Failure> {
-    let store = open_existing_store(db)?;
+    let store = open_store_to_read(db)?;
     let filter = Filter {
         state: args.state,
         since: args.since,
@@ -365,7 +365,7 @@ async fn detail(store: &Store, db: &str, id: SessionId) -> Result<SessionDetail,
 }
 
 async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
-    let store = open_existing_store(db)?;
+    let store = open_store_to_read(db)?;
     let top = detail(&store, db, args.id).await?;
     if let Some(path) = &args.trace {
         let rows = store.list_sessions(SessionFilter::all()).await?;
@@ -399,7 +399,7 @@ async fn show(db: &str, args: ShowArgs) -> Result<u8, Failure> {
 }
 
 async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
-    let store = open_existing_store(db)?;
+    let store = open_store_to_read(db)?;
     let detail = detail(&store, db, args.id).await?;
     let text = export::render(&detail, args.format);
     match &args.output {
@@ -410,7 +410,12 @@ async fn export(db: &str, args: ExportArgs) -> Result<u8, Failure> {
 }
 
 async fn recover(db: &str, args: RecoverArgs) -> Result<u8, Failure> {
-    let store = open_existing_store(db)?;
+    // A dry run writes nothing: a file this user may only read will do.
+    let store = if args.dry_run {
+        open_store_to_read(db)?
+    } else {
+        open_existing_store(db)?
+    };
     let options = RecoverOptions::now_on_this_host();
     // What recovery takes over, with owners and leases: read first (it
     // writes nothing), so that a real recovery can say whose sessions it took.

@@ -126,6 +126,19 @@ pub enum OpenError {
         /// The newest version this build understands.
         supported: i64,
     },
+    /// The database has an older schema and was opened to read it only:
+    /// bringing it up to date would write it.
+    #[error(
+        "the database {location} has schema version {found}, older than the {supported} of this settle, and is opened only to read it: open it once with a command that writes it (as a user who may) to bring it up to date"
+    )]
+    OlderSchema {
+        /// The path or (password-redacted) URL.
+        location: String,
+        /// The version recorded in the database (0 for none).
+        found: i64,
+        /// The version this build reads.
+        supported: i64,
+    },
     /// The SQLite path is empty (an unset variable, an empty `--db`).
     /// SQLite would take it for a temporary database of its own, one per
     /// connection and gone on close, so it is refused.

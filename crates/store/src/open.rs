@@ -119,7 +119,7 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
     if path_str.starts_with("file:") {
         return Err(not_a_path("an SQLite URI is not taken"));
     }
-    let before = preflight(path, options.existing_only())?;
+    let before = preflight(path, options.existing_only(), options.read_only())?;
     let opened = establish_sqlite(path, path_str, options);
     // A file this open made is removed again when it failed, unless it
     // failed on a lock: then another process has the file open (two
@@ -139,8 +139,9 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
     opened
 }
 
-/// Refuse a bad location before SQLite sees it.
-fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
+/// Refuse a bad location before SQLite sees it; one opened `to_read` only
+/// must be a file this process may read.
+fn preflight(path: &Path, existing_only: bool, to_read: bool) -> Result<Before, OpenError> {
     let read_only = |e: io::Error| OpenError::ReadOnly {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -169,6 +170,9 @@ fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
                     path: path.to_owned(),
                 });
             }
+            if to_read {
+                return Ok(Before::Existing);
+            }
             // Opening for writing (without truncating) writes nothing.
             OpenOptions::new()
                 .write(true)
@@ -177,6 +181,11 @@ fn preflight(path: &Path, existing_only: bool) -> Result<Before, OpenError> {
             // WAL keeps two files beside the database.
             crate::sys::writable(&folder_of(path)).map_err(read_only)?;
             Ok(Before::Existing)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound && to_read => {
+            Err(OpenError::NoSettleDatabase {
+                path: path.to_owned(),
+            })
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             // A link to nothing: SQLite would not create its target, and a
@@ -292,6 +301,9 @@ fn establish_sqlite(
     path_str: &str,
     options: &StoreOptions,
 ) -> Result<Opened, OpenError> {
+    if options.read_only() {
+        return establish_sqlite_read_only(path, options);
+    }
     let location = path.display().to_string();
     log_sqlite_build();
     let mut conn = SqliteConnection::establish(path_str)
@@ -316,7 +328,7 @@ fn establish_sqlite(
     // Only a schema to create or bring up to date takes the write lock: a
     // current one is opened while another process writes (a reading
     // command beside a running gateway), as a reader of WAL never waits.
-    if schema == Schema::ToBring {
+    if matches!(schema, Schema::ToBring(_)) {
         conn.immediate_transaction(|c| {
             let _ = check_schema(Db::Sqlite(&mut *c), true, options.existing_only())?;
             c.run_pending_migrations(SQLITE_MIGRATIONS)
@@ -335,6 +347,7 @@ fn establish_sqlite(
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: options.busy_timeout(),
             durability: options.durability(),
+            read_only: false,
         }))
         .build_unchecked(ConnectionManager::<SqliteConnection>::new(path_str));
     Ok(Opened {
@@ -343,6 +356,85 @@ fn establish_sqlite(
         lease: None,
         checkpoint: Some(path_str.to_owned()),
     })
+}
+
+/// Opens an existing SQLite store to read it only
+/// ([`StoreOptions::read_only`]): the file through an SQLite URI with
+/// `mode=ro`, so that a file and a folder this process may only read are
+/// read, and nothing is migrated, switched to WAL or checkpointed. A reader
+/// of a WAL file shares its `-shm` index with the file's writers: where one
+/// has the file open the index is there and is read as it is. Where nobody
+/// has it open, no log is left beside it (the last writer folded it back
+/// and removed it) and this process may not make the index (SQLite answers
+/// that it would write a read-only database), the file holds every commit:
+/// it is read as a file nobody changes (`immutable=1`).
+fn establish_sqlite_read_only(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError> {
+    let location = path.display().to_string();
+    log_sqlite_build();
+    let attempt = |immutable: bool| -> Result<(SqliteConnection, String), OpenError> {
+        let uri = read_only_uri(path, immutable);
+        let mut conn = SqliteConnection::establish(&uri)
+            .map_err(|e| sqlite_refusal(path, "connecting", e.to_string()))?;
+        let [busy, ..] = sqlite_pragmas(options.busy_timeout(), options.durability());
+        conn.batch_execute(&busy)
+            .map_err(|e| sqlite_refusal(path, "setting the busy timeout", e.to_string()))?;
+        match check_schema(Db::Sqlite(&mut conn), true, true)
+            .map_err(|r| r.into_open(path, &location))?
+        {
+            Schema::Current => Ok((conn, uri)),
+            Schema::ToBring(found) => Err(OpenError::OlderSchema {
+                location: location.clone(),
+                found,
+                supported: SCHEMA_VERSION,
+            }),
+        }
+    };
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    let (conn, uri) = match attempt(false) {
+        Err(OpenError::ReadOnly { .. }) if fs::symlink_metadata(&log).is_err() => attempt(true)?,
+        other => other?,
+    };
+    let pool = Pool::builder()
+        .max_size(options.read_connections())
+        .min_idle(Some(0))
+        .connection_timeout(POOL_CONNECTION_TIMEOUT)
+        .thread_pool(pool_threads())
+        .error_handler(Box::new(QuietErrors))
+        .connection_customizer(Box::new(SqliteSettings {
+            busy_timeout: options.busy_timeout(),
+            durability: options.durability(),
+            read_only: true,
+        }))
+        .build_unchecked(ConnectionManager::<SqliteConnection>::new(uri));
+    Ok(Opened {
+        writer: AnyConn::Sqlite(conn),
+        pool: ReadPool::sqlite(pool, options.connection_timeout()),
+        lease: None,
+        checkpoint: None,
+    })
+}
+
+/// The SQLite URI that opens `path` read-only (`immutable` too, when
+/// asked): `file:` and the path, every byte but letters, digits, `-._~/`
+/// escaped, so that a `?`, `#` or `%` in a file name stays in it.
+fn read_only_uri(path: &Path, immutable: bool) -> String {
+    use std::fmt::Write as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut uri = String::from("file:");
+    for &byte in path.as_os_str().as_bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            let _ = write!(uri, "%{byte:02X}");
+        }
+    }
+    uri.push_str(if immutable {
+        "?mode=ro&immutable=1"
+    } else {
+        "?mode=ro"
+    });
+    uri
 }
 
 /// The threads of a read pool (they open its connections and reap idle
@@ -383,17 +475,21 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
     let mut conn = PgConnection::establish(&sent).map_err(|e| pg_refusal(url, &sent, e))?;
     let url = &sent;
     let existing_only = options.existing_only();
-    let _ = check_schema(Db::Pg(&mut conn), false, existing_only)
+    let schema = check_schema(Db::Pg(&mut conn), false, existing_only)
         .map_err(|r| r.into_open_pg(&shown))?;
-    conn.transaction(|c| {
-        diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
-            .execute(c)?;
-        let _ = check_schema(Db::Pg(&mut *c), false, existing_only)?;
-        c.run_pending_migrations(PG_MIGRATIONS)
-            .map_err(|e| Refusal::Migration(e.to_string()))?;
-        Ok::<_, Refusal>(())
-    })
-    .map_err(|r| r.into_open_pg(&shown))?;
+    match schema {
+        Schema::ToBring(found) if options.read_only() => {
+            return Err(OpenError::OlderSchema {
+                location: shown,
+                found,
+                supported: SCHEMA_VERSION,
+            })
+        }
+        // A current schema takes no lock and writes nothing (a reader's
+        // role may not write), as on SQLite.
+        Schema::Current => {}
+        Schema::ToBring(_) => migrate_postgres(&mut conn, existing_only, &shown)?,
+    }
     let pool = Pool::builder()
         .max_size(options.read_connections())
         .min_idle(Some(0))
@@ -415,6 +511,25 @@ fn open_postgres(url: &str, options: &StoreOptions) -> Result<Opened, OpenError>
         lease: Some(ReadPool::pg(lease, options.connection_timeout())),
         checkpoint: None,
     })
+}
+
+/// Brings a PostgreSQL store's schema up to date, once across processes
+/// (under an advisory lock).
+fn migrate_postgres(
+    conn: &mut PgConnection,
+    existing_only: bool,
+    shown: &str,
+) -> Result<(), OpenError> {
+    conn.transaction(|c| {
+        diesel::sql_query(format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"))
+            .execute(c)?;
+        let _ = check_schema(Db::Pg(&mut *c), false, existing_only)?;
+        c.run_pending_migrations(PG_MIGRATIONS)
+            .map_err(|e| Refusal::Migration(e.to_string()))?;
+        Ok::<_, Refusal>(())
+    })
+    .map_err(|r| r.into_open_pg(shown))?;
+    Ok(())
 }
 
 /// Why libpq refused `url` (sent as `sent`), its message cleaned of the
@@ -553,7 +668,7 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
             return if require_settle {
                 Err(Refusal::NoSettle)
             } else {
-                Ok(Schema::ToBring)
+                Ok(Schema::ToBring(0))
             };
         }
         if !tables.iter().any(|t| t.name == "settle_meta") {
@@ -562,7 +677,7 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
             } else if require_settle {
                 Err(Refusal::NoSettle)
             } else {
-                Ok(Schema::ToBring)
+                Ok(Schema::ToBring(0))
             };
         }
         let version: Option<i64> = settle_meta::table
@@ -573,7 +688,7 @@ fn check_schema(db: Db<'_>, refuse_foreign: bool, require_settle: bool) -> Resul
         match version {
             Some(v) if v > SCHEMA_VERSION => Err(Refusal::Newer(v)),
             Some(SCHEMA_VERSION) => Ok(Schema::Current),
-            _ => Ok(Schema::ToBring),
+            found => Ok(Schema::ToBring(found.unwrap_or(0))),
         }
     })
 }
@@ -584,6 +699,6 @@ enum Schema {
     /// This build's schema, every migration applied (each one sets the
     /// version).
     Current,
-    /// None yet, or an older one: the migrations bring it up to date.
-    ToBring,
+    /// None yet (0), or an older one: the migrations bring it up to date.
+    ToBring(i64),
 }

@@ -29,6 +29,7 @@ pub struct StoreOptions {
     pg_idle_in_transaction_timeout: Duration,
     pg_keepalive_idle: Duration,
     existing_only: bool,
+    read_only: bool,
     durability: Durability,
     wal_limit: u64,
 }
@@ -47,6 +48,7 @@ impl Default for StoreOptions {
             pg_idle_in_transaction_timeout: Duration::from_secs(10),
             pg_keepalive_idle: Duration::from_secs(15),
             existing_only: false,
+            read_only: false,
             durability: Durability::Normal,
             wal_limit: 64 * 1024 * 1024,
         }
@@ -180,6 +182,29 @@ impl StoreOptions {
         self
     }
 
+    /// Whether `open` opens an existing store to read it only (default
+    /// false): nothing is created, migrated or written, so that a file and
+    /// a folder this process may only read (a service's database read by an
+    /// operator, a copy on a read-only mount) can be read. SQLite opens the
+    /// file read-only, beside a writer that has it open or, when nobody
+    /// has it open and no write-ahead log is left beside it, as a file
+    /// nobody changes; PostgreSQL needs only the right to read. A store of
+    /// an older schema is refused (bringing it up to date writes), and
+    /// every write fails with the database's refusal. Implies
+    /// [`existing_only`](Self::existing_only).
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Set [`read_only`](Self::read_only).
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        if read_only {
+            self.existing_only = true;
+        }
+        self
+    }
+
     /// What a commit to an SQLite store survives once it is answered
     /// (default [`Durability::Normal`]: a killed process loses nothing, a
     /// power loss may lose the last commits). No effect on PostgreSQL.
@@ -270,9 +295,16 @@ impl StoreOptions {
             (
                 "options",
                 format!(
-                    "-c%20statement_timeout%3D{}%20-c%20idle_in_transaction_session_timeout%3D{}",
+                    "-c%20statement_timeout%3D{}%20-c%20idle_in_transaction_session_timeout%3D{}{}",
                     self.pg_statement_timeout.as_millis().max(1),
-                    self.pg_idle_in_transaction_timeout.as_millis().max(1)
+                    self.pg_idle_in_transaction_timeout.as_millis().max(1),
+                    // A reader's every transaction is read-only: the
+                    // server refuses its writes.
+                    if self.read_only {
+                        "%20-c%20default_transaction_read_only%3Don"
+                    } else {
+                        ""
+                    }
                 ),
             ),
         ];

@@ -28,12 +28,17 @@ pub(crate) fn sqlite_pragmas(busy_timeout: Duration, durability: Durability) -> 
 pub(crate) struct SqliteSettings {
     pub(crate) busy_timeout: Duration,
     pub(crate) durability: Durability,
+    /// A store opened to read only: the busy timeout alone (the others
+    /// would switch or write the file).
+    pub(crate) read_only: bool,
 }
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqliteSettings {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
-        for statement in sqlite_pragmas(self.busy_timeout, self.durability) {
-            conn.batch_execute(&statement)
+        let pragmas = sqlite_pragmas(self.busy_timeout, self.durability);
+        let take = if self.read_only { 1 } else { pragmas.len() };
+        for statement in pragmas.iter().take(take) {
+            conn.batch_execute(statement)
                 .map_err(diesel::r2d2::Error::QueryError)?;
         }
         Ok(())

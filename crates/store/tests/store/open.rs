@@ -59,6 +59,84 @@ pub(crate) fn g11_newer_schema_is_refused_and_left_alone(b: Backend) {
     }
 }
 
+/// A store opened to read only ([`StoreOptions::read_only`]) beside a
+/// writer that has it open: it reads what the writer committed, and after;
+/// a write through it fails as a store error and changes nothing; a store
+/// of an older schema is refused rather than brought up to date.
+pub(crate) fn a_store_opened_to_read_reads_beside_its_writer_and_writes_nothing(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let writer = open(&db);
+        let (_, first) = session(&*writer, "first").await;
+        let reader = Store::open_with(&db.url, StoreOptions::default().with_read_only(true))
+            .expect("open to read");
+        let rows = reader.list_sessions(SessionFilter::all()).await.unwrap();
+        assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), [first]);
+        // What the writer commits later is read too.
+        let (_, second) = session(&*writer, "second").await;
+        let rows = reader
+            .list_sessions(SessionFilter::all().oldest_first())
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+            [first, second]
+        );
+        let (owner, _) = session(&*writer, "owner's").await;
+        let refused = write::register(&reader, NewSession::new("never", owner)).await;
+        assert!(refused.is_err(), "a write through a reader: {refused:?}");
+        let rows = writer.list_sessions(SessionFilter::all()).await.unwrap();
+        assert_eq!(rows.len(), 3, "nothing written through the reader");
+    });
+    db.execute("UPDATE settle_meta SET value = 1 WHERE key = 'schema_version'");
+    let err = Store::open_with(&db.url, StoreOptions::default().with_read_only(true)).unwrap_err();
+    assert!(
+        matches!(err, OpenError::OlderSchema { found: 1, .. }),
+        "{err:?}"
+    );
+    let version: i64 = db.query_i64("SELECT value FROM settle_meta WHERE key = 'schema_version'");
+    assert_eq!(version, 1, "not brought up to date by a reader");
+}
+
+/// A role that may only read a PostgreSQL store opens it, to read or
+/// not: a schema already current takes no migration lock and writes
+/// nothing (the migration's `CREATE TABLE IF NOT EXISTS` alone needs the
+/// right to create).
+#[test]
+fn a_postgres_role_that_may_only_read_opens_a_current_store() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    let id = rt().block_on(async { session(&*open(&db), "kept").await.1 });
+    let role = format!("settle_reader_{}", std::process::id());
+    db.execute(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'reader'; \
+         GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"
+    ));
+    let (scheme, rest) = db.url.split_once("://").unwrap();
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let url = format!("{scheme}://{role}:reader@{host}");
+    for options in [
+        StoreOptions::default().with_existing_only(true),
+        StoreOptions::default().with_read_only(true),
+    ] {
+        let store = Store::open_with(&url, options).expect("a reader opens a current store");
+        let rows = rt()
+            .block_on(store.list_sessions(SessionFilter::all()))
+            .unwrap();
+        assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), [id]);
+    }
+    // The role outlives the database: dropped once the database is gone.
+    drop(db);
+    if let Some(admin) = common::pg_admin_url() {
+        use diesel::connection::SimpleConnection as _;
+        use diesel::Connection as _;
+        let mut conn = diesel::PgConnection::establish(&admin).unwrap();
+        conn.batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+            .unwrap();
+    }
+}
+
 // --- open: SQLite locations (G11) ------------------------------------------------------
 
 pub(crate) fn assert_refused_untouched(
