@@ -315,6 +315,27 @@ fn a_negative_session_id_is_an_unexpected_value_not_another_sessions_id() {
     assert_eq!(told.lines().count(), 1, "{told}");
 }
 
+/// A store with one row another program changed: the listing that fails on
+/// it names the one session whose row to look at, among thousands.
+#[test]
+fn an_unexpected_value_in_a_listing_names_the_session_whose_row_holds_it() {
+    let sandbox = scanned();
+    let db = sandbox.db();
+    let web = id_of(by_name(&sessions_json(&sandbox, &[]), "web"));
+    common::execute(
+        db.to_str().unwrap(),
+        &format!("UPDATE sessions SET outcome = 'bogus' WHERE id = {web}"),
+    );
+    let out = sandbox.run(&["sessions"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let told = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        told.contains(&format!("\"bogus\" in sessions.outcome of session {web};")),
+        "{told}"
+    );
+    assert_eq!(told.lines().count(), 1, "{told}");
+}
+
 /// `settle ARGS...` on the sandbox's database as a user who may read the
 /// file and its folder but write neither: `nobody` when the tests run as
 /// root (root may write anything), else this user, with the write bits of

@@ -440,8 +440,11 @@ pub enum StoreError {
     )]
     DuplicateSession(SessionId),
     /// A row holds a value this build does not understand.
-    #[error("the database holds an unexpected value {} in {column}; it may have been written by a newer settle", quoted(.value))]
+    #[error("the database holds an unexpected value {} in {column}{}; it may have been written by a newer settle", quoted(.value), .session.map(|id| format!(" of session {id}")).unwrap_or_default())]
     Corrupt {
+        /// The session whose row holds it, where known: the one row to
+        /// look at among many.
+        session: Option<i64>,
         /// Which column.
         column: &'static str,
         /// The value found.
@@ -546,6 +549,21 @@ impl<T> Context<T> for Result<T, diesel::result::Error> {
 /// The most characters of a stored value an error quotes.
 const QUOTED_CHARS: usize = 80;
 
+impl StoreError {
+    /// This error, said of session `id`'s row when it is an unexpected
+    /// value read from it.
+    pub(crate) fn of_session(self, id: i64) -> StoreError {
+        match self {
+            StoreError::Corrupt { column, value, .. } => StoreError::Corrupt {
+                session: Some(id),
+                column,
+                value,
+            },
+            other => other,
+        }
+    }
+}
+
 /// A stored value as an error quotes it: escaped (`{:?}`), and cut to
 /// [`QUOTED_CHARS`] with its size said, so that one value of megabytes
 /// does not make a line of megabytes.
@@ -561,6 +579,7 @@ mod tests {
     #[test]
     fn an_unexpected_value_of_megabytes_is_quoted_short() {
         let huge = StoreError::Corrupt {
+            session: None,
             column: "turns.input",
             value: "x".repeat(10 << 20),
         }
@@ -568,6 +587,7 @@ mod tests {
         assert!(huge.len() < 300, "{} bytes", huge.len());
         assert!(huge.contains("(10485760 bytes)"), "{huge}");
         let short = StoreError::Corrupt {
+            session: None,
             column: "sessions.state",
             value: "weird".to_owned(),
         };

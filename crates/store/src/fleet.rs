@@ -549,6 +549,7 @@ fn take_holds(mut db: Db<'_>, raw: i64) -> Result<Holds, StoreError> {
     // Written from `u16`s: a count out of range is the row's fault.
     let count = |n: i64, column: &'static str| {
         u16::try_from(n).map_err(|_| StoreError::Corrupt {
+            session: None,
             column,
             value: n.to_string(),
         })

@@ -49,6 +49,7 @@ macro_rules! reserve_ids_on {
 /// The ids `[end - count, end)`, checked.
 pub(crate) fn range(end: i64, count: u32) -> Result<Range<u64>, StoreError> {
     let end = u64::try_from(end).map_err(|_| StoreError::Corrupt {
+        session: None,
         column: "settle_meta.value",
         value: end.to_string(),
     })?;

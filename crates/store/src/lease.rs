@@ -168,6 +168,7 @@ impl OwnerRow {
                 pid_namespace: pid_namespace.map(i64::unsigned_abs),
             },
             pid: u32::try_from(pid).map_err(|_| StoreError::Corrupt {
+                session: None,
                 column: "owners.pid",
                 value: pid.to_string(),
             })?,

@@ -194,20 +194,23 @@ pub(crate) fn session_row(
 ) -> Result<SessionRow, StoreError> {
     let (id, name, parent, state, outcome, end_reason, created_at, finalized_at, resumed_from) =
         cols;
-    Ok(SessionRow {
-        id: session_id(id)?,
-        name,
-        parent: parent.map(session_id).transpose()?,
-        state: word("sessions.state", &state)?,
-        outcome: opt_word("sessions.outcome", outcome.as_deref())?,
-        end_reason: opt_word("sessions.end_reason", end_reason.as_deref())?,
-        turns,
-        chunks,
-        created_at: from_millis(created_at),
-        finalized_at: finalized_at.map(from_millis),
-        resumed_from: resumed_from.map(session_id).transpose()?,
-        owner: None,
-    })
+    let row = || -> Result<SessionRow, StoreError> {
+        Ok(SessionRow {
+            id: session_id(id)?,
+            name,
+            parent: parent.map(session_id).transpose()?,
+            state: word("sessions.state", &state)?,
+            outcome: opt_word("sessions.outcome", outcome.as_deref())?,
+            end_reason: opt_word("sessions.end_reason", end_reason.as_deref())?,
+            turns,
+            chunks,
+            created_at: from_millis(created_at),
+            finalized_at: finalized_at.map(from_millis),
+            resumed_from: resumed_from.map(session_id).transpose()?,
+            owner: None,
+        })
+    };
+    row().map_err(|e| e.of_session(id))
 }
 
 pub(crate) type TurnColumns = (
@@ -432,6 +435,7 @@ fn turn_input(
     let continues = match from {
         None => None,
         Some(from) => Some(u32::try_from(from).map_err(|_| StoreError::Corrupt {
+            session: None,
             column: "turns.input_from",
             value: from.to_string(),
         })?),

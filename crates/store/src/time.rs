@@ -74,6 +74,7 @@ pub(crate) fn session_id(raw: i64) -> Result<SessionId, StoreError> {
     u64::try_from(raw)
         .map(SessionId)
         .map_err(|_| StoreError::Corrupt {
+            session: None,
             column: "sessions.id",
             value: raw.to_string(),
         })
@@ -82,6 +83,7 @@ pub(crate) fn session_id(raw: i64) -> Result<SessionId, StoreError> {
 /// A turn number read from the database, which only ever holds `u32`s.
 pub(crate) fn turn_no(raw: i64) -> Result<u32, StoreError> {
     u32::try_from(raw).map_err(|_| StoreError::Corrupt {
+        session: None,
         column: "turn number",
         value: raw.to_string(),
     })
@@ -102,6 +104,7 @@ pub(crate) fn sql_states(keep: impl Fn(State) -> bool) -> String {
 /// Parse one of the core's words from a column.
 pub(crate) fn word<T: FromStr>(column: &'static str, raw: &str) -> Result<T, StoreError> {
     raw.parse().map_err(|_| StoreError::Corrupt {
+        session: None,
         column,
         value: raw.to_owned(),
     })
@@ -127,6 +130,7 @@ pub(crate) fn json_value(
 ) -> Result<Option<Value>, StoreError> {
     raw.map(|text| {
         serde_json::from_str(&text).map_err(|_| StoreError::Corrupt {
+            session: None,
             column,
             value: text,
         })

@@ -96,6 +96,7 @@ type StepColumns = (i64, Option<String>, String, String);
 /// The transitions of one segment, in order.
 pub(crate) fn decode(segment: &str, out: &mut Vec<TimelineRow>) -> Result<(), StoreError> {
     let corrupt = || StoreError::Corrupt {
+        session: None,
         column: "timeline.steps",
         value: segment.chars().take(200).collect(),
     };
