@@ -32,11 +32,18 @@ pub(crate) struct Create {
 }
 
 impl Create {
-    /// The name, checked: not blank, at most [`MAX_NAME_CHARS`].
+    /// The name, checked: not blank, no NUL character, at most
+    /// [`MAX_NAME_CHARS`].
     pub fn checked_name(&self) -> Result<&str, RpcError> {
         let chars = self.name.chars().count();
         if self.name.trim().is_empty() {
             return Err(RpcError::bad_params("`name` must not be blank"));
+        }
+        // PostgreSQL's text keeps no NUL: refused alike on every store.
+        if self.name.contains('\0') {
+            return Err(RpcError::bad_params(
+                "`name` must not hold a NUL character (U+0000)",
+            ));
         }
         if chars > MAX_NAME_CHARS {
             return Err(RpcError::bad_params(format!(
@@ -316,6 +323,8 @@ mod tests {
         assert!(blank.checked_name().is_err());
         let long: Create = read(json!({"name": "x".repeat(MAX_NAME_CHARS + 1)})).unwrap();
         assert!(long.checked_name().is_err());
+        let nul: Create = read(json!({"name": "a\u{0}b"})).unwrap();
+        assert!(nul.checked_name().is_err());
         let list: List = read(json!({"state": "sleeping"})).unwrap();
         assert!(list.checked_state().is_err());
         let list: List = read(json!({"state": "finalized"})).unwrap();

@@ -434,7 +434,7 @@ fn commit_pg(
             statement.session.push(raw);
             statement.no.push(i64::from(*turn));
             statement.k.push(k);
-            statement.text.push(&chunk.text);
+            statement.text.push(pg_text(&chunk.text));
             statement.kind.push(chunk.kind.as_str());
             statement.data.push(chunk.data.as_ref().map(json_text));
         }
@@ -470,9 +470,20 @@ struct AppendPg<'a> {
     no: Vec<i64>,
     /// The chunk's place in its group, from 0.
     k: Vec<i64>,
-    text: Vec<&'a str>,
+    text: Vec<std::borrow::Cow<'a, str>>,
     kind: Vec<&'static str>,
     data: Vec<Option<String>>,
+}
+
+/// A chunk's text as PostgreSQL keeps it: its `text` holds no NUL
+/// character (it refuses the whole statement, a batch of other sessions'
+/// chunks with it), so a NUL a provider or a caller sent is kept as U+FFFD,
+/// the replacement character; SQLite keeps it as it is.
+fn pg_text(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.contains('\0') {
+        true => std::borrow::Cow::Owned(text.replace('\0', "\u{fffd}")),
+        false => std::borrow::Cow::Borrowed(text),
+    }
 }
 
 /// [`AppendPg`]'s text up to each of its nine parameters, in order.

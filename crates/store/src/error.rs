@@ -232,6 +232,14 @@ impl OpenError {
 /// `SQLITE_NOTADB`).
 const DAMAGED: [&str; 2] = ["database disk image is malformed", "file is not a database"];
 
+/// What PostgreSQL says of a value it never keeps, however often it is
+/// sent: a NUL character in text (`invalid byte sequence for encoding
+/// "UTF8": 0x00`), or one of another encoding.
+const NEVER_KEPT: [&str; 2] = [
+    "invalid byte sequence for encoding",
+    "unsupported Unicode escape sequence",
+];
+
 /// A database error kept cheaply cloneable, so that one failed group commit can
 /// be reported to every chunk of the batch.
 #[derive(Clone)]
@@ -246,9 +254,10 @@ impl DbError {
     /// Whether the failure may heal on its own, so that the same write may
     /// succeed later: a lock, a full disk, a lost connection, a server
     /// restarting do; a violated constraint (a unique, foreign key, not
-    /// null or check constraint) does not, and neither does a damaged
-    /// database (SQLite's `SQLITE_CORRUPT` and `SQLITE_NOTADB`), which no
-    /// wait repairs.
+    /// null or check constraint) does not, nor does a damaged database
+    /// (SQLite's `SQLITE_CORRUPT` and `SQLITE_NOTADB`), which no wait
+    /// repairs, nor a value PostgreSQL never keeps (a NUL character in
+    /// text).
     pub fn may_heal(&self) -> bool {
         use diesel::result::{DatabaseErrorKind as K, Error as E};
         match self.0.downcast_ref::<E>() {
@@ -262,7 +271,8 @@ impl DbError {
             // Diesel gives SQLite's code only as its message.
             Some(E::DatabaseError(_, info)) => !DAMAGED
                 .iter()
-                .any(|damaged| info.message().contains(damaged)),
+                .chain(&NEVER_KEPT)
+                .any(|never| info.message().contains(never)),
             _ => true,
         }
     }
