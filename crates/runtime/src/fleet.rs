@@ -269,9 +269,27 @@ impl Kernel {
     /// everywhere for as long as it lives).
     async fn adopt_in_store(&self, session: SessionId) -> Result<Adopted, RuntimeError> {
         let (store, owner) = (self.store().clone(), self.owner());
-        let mut call =
-            tokio::spawn(async move { store.adopt(owner, session, SystemTime::now()).await });
         let after = self.store_timeout();
+        // Tried again while the store fails in a way that may heal (the
+        // first use of a pooled connection a database restart killed), as
+        // every lifecycle write is, within the store timeout.
+        let mut call = tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + after;
+            let mut backoff = crate::backoff::Backoff::new();
+            loop {
+                match store.adopt(owner, session, SystemTime::now()).await {
+                    Err(error) if error.may_heal() => {
+                        let wait = backoff.next_wait();
+                        if tokio::time::Instant::now() + wait >= until {
+                            return Err(error);
+                        }
+                        tracing::warn!(%session, %error, "failed to adopt a session; trying again");
+                        tokio::time::sleep(wait).await;
+                    }
+                    answered => return answered,
+                }
+            }
+        });
         match tokio::time::timeout(after, &mut call).await {
             Ok(Ok(result)) => result.map_err(RuntimeError::Store),
             Ok(Err(_)) => Err(RuntimeError::Store(StoreError::Unavailable)),

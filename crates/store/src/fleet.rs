@@ -197,6 +197,12 @@ pub(crate) fn release(
         if r.state == State::Finalized {
             return Err(StoreError::SessionClosed(id));
         }
+        // Released by this owner already: a try whose answer was lost
+        // (the connection died after the commit) landed, and this one is
+        // done.
+        if r.owner == mine && r.released_at.is_some() {
+            return Ok(());
+        }
         if r.owner != mine || r.released_at.is_some() {
             return Err(StoreError::HandedOff {
                 session: id,

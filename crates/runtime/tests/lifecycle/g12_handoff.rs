@@ -2,6 +2,7 @@
 //! releases the sessions instead of finalizing them, the other kernel adopts
 //! one with its history and turn count, and the first never writes it again.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -225,10 +226,32 @@ async fn g1_a_tree_moves_whole_so_closing_an_adopted_parent_winds_its_child_down
 }
 
 /// A store whose adoptions commit only after `delay` (a row lock held by
-/// an operator's `SELECT … FOR UPDATE`, a writer queue behind a stall).
+/// an operator's `SELECT … FOR UPDATE`, a writer queue behind a stall);
+/// whose first `adopts_refused` adoptions fail before they are written,
+/// and whose first `releases_unanswered` releases are committed but answer
+/// a failure, as one on a pooled connection a database restart killed.
 struct SlowAdopt {
     inner: Store,
     delay: Duration,
+    adopts_refused: AtomicU32,
+    releases_unanswered: AtomicU32,
+}
+
+impl SlowAdopt {
+    fn new(inner: Store, delay: Duration) -> Self {
+        SlowAdopt {
+            inner,
+            delay,
+            adopts_refused: AtomicU32::new(0),
+            releases_unanswered: AtomicU32::new(0),
+        }
+    }
+}
+
+/// Takes one of `left` if any is left.
+fn one_of(left: &AtomicU32) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 #[async_trait::async_trait]
@@ -314,7 +337,11 @@ impl SessionStore for SlowAdopt {
         holds: settle_core::Holds,
         at: std::time::SystemTime,
     ) -> Result<(), StoreError> {
-        self.inner.release(owner, session, holds, at).await
+        let released = self.inner.release(owner, session, holds, at).await;
+        match released.is_ok() && one_of(&self.releases_unanswered) {
+            true => Err(StoreError::Unavailable),
+            false => released,
+        }
     }
     async fn adopt(
         &self,
@@ -323,6 +350,9 @@ impl SessionStore for SlowAdopt {
         at: std::time::SystemTime,
     ) -> Result<settle_store::Adopted, StoreError> {
         tokio::time::sleep(self.delay).await;
+        if one_of(&self.adopts_refused) {
+            return Err(StoreError::Unavailable);
+        }
         self.inner.adopt(owner, session, at).await
     }
     async fn locate(&self, session: SessionId) -> Result<Whereabouts, StoreError> {
@@ -344,10 +374,7 @@ async fn g12_an_adoption_the_store_commits_after_its_timeout_is_released_again_n
     let idle = a.register("idle", None).await.unwrap();
     a.handoff(Duration::from_secs(5)).await;
 
-    let slow: Arc<dyn SessionStore> = Arc::new(SlowAdopt {
-        inner: store,
-        delay: 300 * MS,
-    });
+    let slow: Arc<dyn SessionStore> = Arc::new(SlowAdopt::new(store, 300 * MS));
     let b = tuned_node(&slow, "ws://b/ws", |b| b.store_timeout(100 * MS)).await;
     let gave_up = b.adopt(idle.id()).await;
     assert!(
@@ -373,6 +400,36 @@ async fn g12_an_adoption_the_store_commits_after_its_timeout_is_released_again_n
     assert_eq!(adopted.session.id(), idle.id());
     b.shutdown(Duration::ZERO).await;
     c.shutdown(Duration::ZERO).await;
+}
+
+/// A database restart shortly before a redeploy: the release of an idle
+/// session at the handoff fails once, though it was committed (its answer
+/// lost with the connection), and the first adoption after it fails before
+/// it is written. Both are tried again, as every lifecycle write is: the
+/// session is handed off, not left owned by the process that exits (for
+/// its lease to run out, or for `settle recover`), and adopted on the first
+/// ask.
+#[tokio::test]
+async fn g12_a_release_or_an_adoption_the_store_fails_once_is_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store = Store::open(path.to_str().unwrap()).unwrap();
+    let flaky = Arc::new(SlowAdopt::new(store, Duration::ZERO));
+    flaky.releases_unanswered.store(1, Ordering::SeqCst);
+    flaky.adopts_refused.store(1, Ordering::SeqCst);
+    let shared: Arc<dyn SessionStore> = flaky.clone();
+    let a = node(&shared, "ws://a/ws").await;
+    let idle = a.register("idle", None).await.unwrap();
+    let report = a.handoff(Duration::from_secs(5)).await;
+    assert_eq!(report.released, [idle.id()], "{report:?}");
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+    assert_eq!(flaky.releases_unanswered.load(Ordering::SeqCst), 0);
+
+    let b = node(&shared, "ws://b/ws").await;
+    let adopted = b.adopt(idle.id()).await.expect("adopted on the first ask");
+    assert_eq!(adopted.session.id(), idle.id());
+    assert_eq!(flaky.adopts_refused.load(Ordering::SeqCst), 0);
+    b.shutdown(Duration::ZERO).await;
 }
 
 /// G3 across a handoff: a session that waits on a person is released with
