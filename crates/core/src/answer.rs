@@ -183,6 +183,13 @@ pub fn answer_finalized(event: &Event) -> Option<Result<Handled, Error>> {
     subject(event).map(|(id, asks)| finalized(id, asks))
 }
 
+/// What a registration under `parent` gets once `parent` is finalized
+/// (the table's row for a parent): for a frontend that answers for a
+/// kernel that has stopped, as the core answered before the stop.
+pub fn answer_finalized_parent(parent: SessionId) -> Result<Handled, Error> {
+    finalized(parent, Asks::Parent)
+}
+
 fn finalized(id: SessionId, asks: Asks) -> Result<Handled, Error> {
     match asks {
         // G2: a no-op that says so.

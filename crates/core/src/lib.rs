@@ -113,7 +113,7 @@ mod tree;
 mod view;
 pub mod vocabulary;
 
-pub use crate::answer::answer_finalized;
+pub use crate::answer::{answer_finalized, answer_finalized_parent};
 pub use crate::core::Core;
 pub use budget::{Budget, BudgetLimit};
 pub use deadlines::{Deadline, DeadlineKind};

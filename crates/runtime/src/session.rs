@@ -81,7 +81,18 @@ impl SessionHandle {
     /// # Errors
     /// As [`Kernel::register`].
     pub async fn child(&self, name: impl Into<String>) -> Result<SessionHandle, RuntimeError> {
-        self.kernel.register(name, Some(self.id())).await
+        match self.kernel.register(name, Some(self.id())).await {
+            // A stopped kernel answers for a session its stop finalized as
+            // the core answered before the stop (`SessionClosed`), not
+            // as for one left for recovery.
+            Err(RuntimeError::Stopped) if self.stopped_finalized().await => {
+                match settle_core::answer_finalized_parent(self.id()) {
+                    Err(error) => Err(error.into()),
+                    Ok(_) => Err(RuntimeError::Stopped),
+                }
+            }
+            registered => registered,
+        }
     }
 
     /// Starts a turn against `provider`. The returned [`Turn`] yields each
@@ -462,9 +473,17 @@ impl Kernel {
     /// at the LRU cap it may evict, and be evicted for, any other session
     /// of that scope (see [`register_in`](Self::register_in)).
     ///
+    /// A `parent` this kernel does not keep (finalized in an earlier run,
+    /// or by another process) is looked up in the store as
+    /// [`session`](Self::session) does: a finalized one is refused
+    /// `SessionClosed`, as any finalized parent; one live in another
+    /// process `LiveElsewhere`; only an id the store has never had is
+    /// `Lifecycle(UnknownSession)`.
+    ///
     /// # Errors
     /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
-    /// or [`RuntimeError::StoreTimeout`] when the row cannot be written.
+    /// or [`RuntimeError::StoreTimeout`] when the row cannot be written;
+    /// [`RuntimeError::Stopped`] once the kernel has stopped.
     pub async fn register(
         &self,
         name: impl Into<String>,
@@ -543,8 +562,9 @@ impl Kernel {
         scope: Option<Scope>,
     ) -> Result<SessionHandle, RuntimeError> {
         let name: Arc<str> = name.into();
-        let shared = self
-            .register_command(|reply| Command::Register {
+        let register = || {
+            let name = name.clone();
+            self.register_command(move |reply| Command::Register {
                 name,
                 parent,
                 resumed_from: None,
@@ -552,7 +572,22 @@ impl Kernel {
                 scope,
                 reply,
             })
-            .await?;
+        };
+        let shared = match register().await {
+            // A parent the core does not keep (finalized in an earlier run,
+            // forgotten since, another process's): looked up in the store
+            // as `session` does, which teaches the core a finalized one,
+            // and asked again, so that the core answers as for any
+            // finalized parent (`SessionClosed`) and never "not known" for
+            // a session that exists.
+            Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(p)))
+                if Some(p) == parent =>
+            {
+                self.session(p).await?;
+                register().await?
+            }
+            registered => registered?,
+        };
         Ok(SessionHandle::new(shared, self.clone()))
     }
 
@@ -571,15 +606,22 @@ impl Kernel {
     /// `LiveElsewhere` when the store has it
     /// live and another process owns it (a crashed one's is recovered with
     /// `settle recover`); `SessionClosed` when the kernel finalized it but
-    /// the store's row cannot be read in time.
+    /// the store's row does not say so yet (its finalize not committed) or
+    /// cannot be read in time. Once the kernel has stopped, a session the
+    /// store has finalized still gets its closed handle, and any other
+    /// `Stopped`.
     pub async fn session(&self, id: SessionId) -> Result<SessionHandle, RuntimeError> {
         let found = self
             .ask(|reply| Command::Lookup { session: id, reply })
             .await;
+        // A stopped kernel keeps no table: the store says how a session
+        // ended, as for one this kernel never knew.
+        let stopped = matches!(found, Err(RuntimeError::Stopped));
         let known = match found {
             Ok(shared) => return Ok(SessionHandle::new(shared, self.clone())),
             Err(RuntimeError::SessionClosed(_)) => true,
             Err(RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_))) => false,
+            Err(RuntimeError::Stopped) => false,
             Err(error) => return Err(error),
         };
         let unknown = || RuntimeError::from(settle_core::Error::UnknownSession(id));
@@ -590,6 +632,7 @@ impl Kernel {
                 detail.session
             }
             _ if known => return Err(RuntimeError::SessionClosed(id)),
+            _ if stopped => return Err(RuntimeError::Stopped),
             // Live in the store, and not here: another process's.
             Ok(Ok(detail)) => {
                 return Err(RuntimeError::LiveElsewhere {
@@ -615,7 +658,7 @@ impl Kernel {
                 unknown()
             });
         };
-        if !known {
+        if !known && !stopped {
             // The core learns the fact, so its table answers for it.
             self.send(Command::Finalized { session: id })?;
         }

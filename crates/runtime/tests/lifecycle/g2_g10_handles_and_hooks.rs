@@ -217,3 +217,57 @@ async fn g10_the_active_session_slot_is_released_at_finalize() {
     assert_eq!(start(&second, &p).await.outcome().await, Outcome::Completed);
     runtime.shutdown(Duration::ZERO).await;
 }
+
+/// A framework that restarts and registers under a parent of its last run
+/// (an id it kept): the parent is finalized, in the store, and a kernel
+/// that never knew it answers as for any finalized parent, never "not
+/// known" for a session that exists; an id that never existed is.
+#[tokio::test(start_paused = true)]
+async fn g10_a_child_under_a_parent_finalized_in_an_earlier_run_is_refused_session_closed() {
+    let store = MemoryStore::new();
+    let first = runtime_on(&store, |b| b).await;
+    let root = first.register("root", None).await.unwrap();
+    assert_eq!(root.finish().await.unwrap(), EndReason::Completed);
+    first.shutdown(Duration::ZERO).await;
+
+    let second = runtime_on(&store, |b| b).await;
+    match second.register("kid", Some(root.id())).await {
+        Err(RuntimeError::SessionClosed(id)) => assert_eq!(id, root.id()),
+        other => panic!("a finalized parent, answered {:?}", other.map(|h| h.id())),
+    }
+    let never = settle_runtime::SessionId(root.id().get() + 1000);
+    match second.register("kid", Some(never)).await {
+        Err(RuntimeError::Lifecycle(settle_runtime::LifecycleError::UnknownSession(id))) => {
+            assert_eq!(id, never)
+        }
+        other => panic!(
+            "a parent that never was, answered {:?}",
+            other.map(|h| h.id())
+        ),
+    }
+    second.shutdown(Duration::ZERO).await;
+}
+
+/// After a clean stop, a session the stop finalized answers as it did
+/// before the stop: `SessionClosed` to a child, a closed handle to a
+/// lookup; `Stopped` is for sessions left for recovery.
+#[tokio::test(start_paused = true)]
+async fn g10_after_a_clean_stop_a_finalized_session_answers_session_closed_not_stopped() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b).await;
+    let idle = runtime.register("idle", None).await.unwrap();
+    runtime.shutdown(Duration::ZERO).await;
+    assert_eq!(idle.finalized().await.unwrap(), EndReason::Shutdown);
+    match idle.child("late").await {
+        Err(RuntimeError::SessionClosed(id)) => assert_eq!(id, idle.id()),
+        other => panic!(
+            "a child after the stop, answered {:?}",
+            other.map(|h| h.id())
+        ),
+    }
+    let looked_up = runtime.session(idle.id()).await.expect("a closed handle");
+    assert!(matches!(
+        looked_up.child("late").await,
+        Err(RuntimeError::SessionClosed(_))
+    ));
+}
