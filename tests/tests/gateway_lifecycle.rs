@@ -267,3 +267,117 @@ async fn g9_seed_004_shutdown_drains_the_running_session_finalizes_idle_ones_at_
         ]
     );
 }
+
+/// A store whose listings never answer (a database gone quiet under a
+/// read), every other call the memory store's.
+struct QuietListings(settle_store::MemoryStore);
+
+#[async_trait::async_trait]
+impl settle_store::SessionStore for QuietListings {
+    async fn register_owner(
+        &self,
+        owner: settle_store::OwnerInfo,
+        ttl: Duration,
+    ) -> Result<settle_store::OwnerId, settle_store::StoreError> {
+        self.0.register_owner(owner, ttl).await
+    }
+    async fn renew_lease(
+        &self,
+        owner: settle_store::OwnerId,
+        ttl: Duration,
+    ) -> Result<std::time::SystemTime, settle_store::StoreError> {
+        self.0.renew_lease(owner, ttl).await
+    }
+    async fn reserve_ids(
+        &self,
+        count: u32,
+    ) -> Result<std::ops::Range<u64>, settle_store::StoreError> {
+        self.0.reserve_ids(count).await
+    }
+    fn append_chunk(
+        &self,
+        id: SessionId,
+        turn: u32,
+        chunk: settle_store::NewChunk,
+    ) -> settle_store::ChunkReceipt {
+        self.0.append_chunk(id, turn, chunk)
+    }
+    async fn flush(&self) -> Result<(), settle_store::StoreError> {
+        self.0.flush().await
+    }
+    async fn apply(
+        &self,
+        batch: Vec<settle_store::LifecycleWrite>,
+    ) -> Vec<Result<settle_store::Applied, settle_store::StoreError>> {
+        self.0.apply(batch).await
+    }
+    fn applies_in_order(&self) -> bool {
+        self.0.applies_in_order()
+    }
+    async fn recover(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<settle_store::RecoveryReport, settle_store::StoreError> {
+        self.0.recover(options).await
+    }
+    async fn recovery_candidates(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<Vec<settle_store::RecoveryCandidate>, settle_store::StoreError> {
+        self.0.recovery_candidates(options).await
+    }
+    async fn list_sessions(
+        &self,
+        _: settle_store::SessionFilter,
+    ) -> Result<Vec<settle_store::SessionRow>, settle_store::StoreError> {
+        std::future::pending().await
+    }
+    async fn last_session(
+        &self,
+        state: Option<State>,
+    ) -> Result<Option<SessionId>, settle_store::StoreError> {
+        self.0.last_session(state).await
+    }
+    async fn session_detail(
+        &self,
+        id: SessionId,
+    ) -> Result<settle_store::SessionDetail, settle_store::StoreError> {
+        self.0.session_detail(id).await
+    }
+    async fn memories(
+        &self,
+        id: SessionId,
+    ) -> Result<Vec<settle_store::MemoryRow>, settle_store::StoreError> {
+        self.0.memories(id).await
+    }
+}
+
+/// G9 with a read in flight: a `sessions.list` the store never answers
+/// does not hold the gateway past its shutdown bound (the drain, the
+/// settle timeout, the store's flush and the closing grace), however long
+/// the store timeout that bounds the read; the connection is cut at the
+/// closing bound like any that does not take its closing frame.
+#[tokio::test(start_paused = true)]
+async fn g9_a_read_the_store_never_answers_does_not_hold_the_shutdown_past_its_bound() {
+    let mut served = Served::pipes_over(
+        |store| Arc::new(QuietListings(store)),
+        book(),
+        |k| k.store_timeout(Duration::from_secs(600)),
+        |g| g.keepalive(None).drain_timeout(Duration::ZERO),
+    )
+    .await;
+    let mut client = served.client().await;
+    create(&mut client, json!({ "name": "idle" })).await;
+    client
+        .send_raw(r#"{"jsonrpc":"2.0","id":7,"method":"sessions.list","params":{}}"#)
+        .await;
+    // The read is in flight.
+    sleep(Duration::from_secs(1)).await;
+    let began = tokio::time::Instant::now();
+    served.shut_down().await;
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_secs(30),
+        "the shutdown waited {took:?} for a read (store timeout 600 s)"
+    );
+}

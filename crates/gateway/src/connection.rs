@@ -136,7 +136,15 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
                     outbox: &outbox,
                     attached: &mut attached,
                 };
-                handle(&shared, &mut caller, text.as_str()).await;
+                // A request in flight (a read the store does not answer)
+                // does not keep a connection past its cut: at the closing
+                // bound of a shutdown it ends like any other (G9), its
+                // request dropped unanswered.
+                tokio::select! {
+                    biased;
+                    () = outbox.is_cut() => break,
+                    () = handle(&shared, &mut caller, text.as_str()) => {}
+                }
             }
             Some(Ok(Message::Binary(_))) => {
                 let error = RpcError::new(

@@ -15,7 +15,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use settle_gateway::{Gateway, GatewayBuilder, GatewayError};
 use settle_runtime::{Kernel, KernelBuilder, ShutdownReport};
-use settle_store::MemoryStore;
+use settle_store::{MemoryStore, SessionStore};
 use settle_stream::Provider;
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
 use tokio::sync::mpsc;
@@ -74,7 +74,8 @@ impl Served {
     ) -> Served {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = Address::Tcp(listener.local_addr().unwrap());
-        Served::on(listener, address, provider, policy, options).await
+        let wrap = |store| -> Arc<dyn SessionStore> { Arc::new(store) };
+        Served::on(listener, address, wrap, provider, policy, options).await
     }
 
     /// A gateway on in-memory pipes, for tests on the paused clock.
@@ -83,14 +84,34 @@ impl Served {
         policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
         options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
     ) -> Served {
+        Served::pipes_over(|store| Arc::new(store), provider, policy, options).await
+    }
+
+    /// A gateway on in-memory pipes over the store `wrap` makes of a fresh
+    /// memory store (one that stalls a call, say).
+    pub async fn pipes_over(
+        wrap: impl FnOnce(MemoryStore) -> Arc<dyn SessionStore>,
+        provider: Arc<dyn Provider>,
+        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served {
         let (tx, rx) = mpsc::unbounded_channel();
-        Served::on(Pipes(rx), Address::Pipes(tx), provider, policy, options).await
+        Served::on(
+            Pipes(rx),
+            Address::Pipes(tx),
+            wrap,
+            provider,
+            policy,
+            options,
+        )
+        .await
     }
 
     /// A kernel on a fresh store and a gateway serving it on `listener`.
     async fn on<L>(
         listener: L,
         address: Address,
+        wrap: impl FnOnce(MemoryStore) -> Arc<dyn SessionStore>,
         provider: Arc<dyn Provider>,
         policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
         options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
@@ -100,12 +121,11 @@ impl Served {
         L::Addr: std::fmt::Debug,
     {
         let store = MemoryStore::new();
-        let kernel = policy(
-            Kernel::builder(Arc::new(store.clone())).settle_timeout(Duration::from_millis(500)),
-        )
-        .start()
-        .await
-        .unwrap();
+        let kernel =
+            policy(Kernel::builder(wrap(store.clone())).settle_timeout(Duration::from_millis(500)))
+                .start()
+                .await
+                .unwrap();
         let gateway = options(Gateway::builder(kernel.clone(), provider)).build();
         let serving = tokio::spawn({
             let gateway = gateway.clone();
