@@ -471,7 +471,12 @@ impl Kernel {
     /// committed. Refused while shutting down. It is in its parent's
     /// [`Scope`], a root in [`Scope::SHARED`](settle_core::Scope::SHARED):
     /// at the LRU cap it may evict, and be evicted for, any other session
-    /// of that scope (see [`register_in`](Self::register_in)).
+    /// of that scope (see [`register_in`](Self::register_in)). The core
+    /// makes that room when it accepts the registration, before its row is
+    /// written: a registration the store then fails (`Store`,
+    /// `StoreTimeout`) has still evicted the idle session it made room
+    /// with, as the LRU reclaim would have (G3: never a running or held
+    /// one); one the core refuses (`OverCapacity`) changes nothing.
     ///
     /// A `parent` this kernel does not keep (finalized in an earlier run,
     /// or by another process) is looked up in the store as
