@@ -58,8 +58,15 @@ pub fn say_left(report: &settle_runtime::ShutdownReport, fleet: bool) {
     // queued may still land before the process is gone, and a peer may
     // take what a lost lease left, so the count is an upper bound.
     if report.lease_lost {
+        // Why, as the renewer found it: a lease the store says expired,
+        // or the store's last failure (a full disk, a server gone).
+        let why = report
+            .lease_lost_why
+            .as_deref()
+            .map(|why| format!(" ({})", crate::escape::one_line(why)))
+            .unwrap_or_default();
         crate::errln!(
-            "settle: this process lost its lease on its sessions, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): {finish}"
+            "settle: this process lost its lease on its sessions{why}, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): {finish}"
         );
     } else {
         crate::errln!(

@@ -96,6 +96,7 @@ impl<'py> IntoPyObject<'py> for Report {
         dict.set_item("left_recoverable", ids(&report.left_recoverable))?;
         dict.set_item("store_failures", report.store_failures)?;
         dict.set_item("lease_lost", report.lease_lost)?;
+        dict.set_item("lease_lost_why", report.lease_lost_why.as_deref())?;
         Ok(dict)
     }
 }
@@ -383,7 +384,8 @@ impl PyKernel {
     /// reason, each committed by the store; `drained`, `cancelled`,
     /// `detached`, `left_recoverable`: ids, the last those whose finalize
     /// the store did not commit, for `settle recover`; `store_failures`;
-    /// `lease_lost`: the kernel had stopped on losing its lease, G8) once
+    /// `lease_lost`: the kernel had stopped on losing its lease, G8;
+    /// `lease_lost_why`: why, with what the store said last, or `None`) once
     /// every session is finalized, or once the bound ran out on a stalled
     /// store.
     #[pyo3(signature = (drain = None))]
@@ -588,10 +590,15 @@ fn left_at_exit(
     // Counted when the kernel gave up waiting: a write the store had
     // queued may still land, so the count is an upper bound.
     if report.lease_lost {
+        let why = report
+            .lease_lost_why
+            .as_deref()
+            .map(|why| format!(" ({})", settle_stream::quote(why)))
+            .unwrap_or_default();
         Some(format!(
-            "settle: this process lost its lease on its sessions, so its kernel stopped; up to \
-             {left} {sessions} left for recovery (another process may have taken them already): \
-             run `{recover}`"
+            "settle: this process lost its lease on its sessions{why}, so its kernel stopped; up \
+             to {left} {sessions} left for recovery (another process may have taken them \
+             already): run `{recover}`"
         ))
     } else if left > 0 {
         Some(format!(

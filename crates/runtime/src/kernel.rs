@@ -105,6 +105,7 @@ impl KernelBuilder {
         let failures = Arc::new(AtomicUsize::new(0));
         let shutting_down = tokio_util::sync::CancellationToken::new();
         let last_report = Arc::new(std::sync::OnceLock::new());
+        let lease_lost_why = Arc::new(std::sync::OnceLock::new());
         let stopped = tokio_util::sync::CancellationToken::new();
         let works = TaskTracker::new();
         let hooks = HookRunner::new(
@@ -126,6 +127,7 @@ impl KernelBuilder {
             report: ShutdownReport::default(),
             deadline,
             last_report: last_report.clone(),
+            lease_lost_why: lease_lost_why.clone(),
             in_flight: None,
             retries: Default::default(),
             spent_said: Default::default(),
@@ -137,6 +139,7 @@ impl KernelBuilder {
             config.lease_ttl,
             command_tx.downgrade(),
             events.clone(),
+            lease_lost_why,
         ));
         let drain = config.drain_timeout;
         let settle = config.policy.settle_timeout;

@@ -23,11 +23,16 @@ pub(crate) async fn renew(
     ttl: Duration,
     commands: mpsc::WeakUnboundedSender<Command>,
     events: EventBus,
+    why: Arc<std::sync::OnceLock<String>>,
 ) {
     let every = (ttl / 3).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval_at(Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut valid_until = Instant::now() + ttl;
+    // What the store said to the last renewals that failed: a lease found
+    // expired after them (the store came back, or answers reads only) is
+    // told with their cause, a full disk say, not as an expiry alone.
+    let mut failing: Option<String> = None;
     loop {
         tick.tick().await;
         let asked = Instant::now();
@@ -35,11 +40,15 @@ pub(crate) async fn renew(
             Ok(Ok(_)) => {
                 crate::meter::lease_renewal(true);
                 valid_until = asked + ttl;
+                failing = None;
                 continue;
             }
             Ok(Err(error @ StoreError::LeaseLost(_))) => {
                 crate::meter::lease_renewal(false);
-                error.to_string()
+                match failing.take() {
+                    Some(cause) => format!("{error}, after renewals that failed: {cause}"),
+                    None => error.to_string(),
+                }
             }
             Ok(Err(error)) if Instant::now() >= valid_until => {
                 crate::meter::lease_renewal(false);
@@ -51,14 +60,17 @@ pub(crate) async fn renew(
             Ok(Err(error)) => {
                 crate::meter::lease_renewal(false);
                 tracing::warn!(%error, "failed to renew this process's lease; trying again");
+                failing = Some(error.to_string());
                 continue;
             }
             Err(_) => {
                 tracing::warn!(?every, "the store did not answer a lease renewal in time; trying again");
+                failing = Some(format!("the store did not answer within {every:?}"));
                 continue;
             }
         };
         tracing::error!(%message, "this process lost its lease on its sessions");
+        let _ = why.set(message.clone());
         events.emit(None, || LifecycleEvent::LeaseLost {
             message: message.clone(),
         });

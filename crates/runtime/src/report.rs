@@ -40,6 +40,10 @@ pub struct ShutdownReport {
     /// The shutdown was forced by the loss of this process's lease (G8):
     /// what was not finalized is left for another process to recover.
     pub lease_lost: bool,
+    /// Why the lease was lost, as the renewer found it (the store said it
+    /// expired, or no renewal landed for a whole TTL and what the store
+    /// said last: a full disk, a server gone), when it was.
+    pub lease_lost_why: Option<String>,
     /// The shutdown handed sessions off (SPEC §12) instead of finalizing them.
     pub handoff: bool,
     /// Sessions released in the store for another process to adopt, in order.

@@ -359,6 +359,12 @@ impl Recorder {
     pub(super) async fn answer(&mut self, answer: Answer, result: Result<Applied, Unwritten>) {
         if let Err(unwritten) = &result {
             if unwritten.lease_lost() {
+                // Why, for the report: with what the store said to the
+                // writes that failed before (a full disk), if any wait.
+                let _ = self.lease_lost_why.set(match self.retries.last_said() {
+                    Some(cause) => format!("{unwritten}, after writes that failed: {cause}"),
+                    None => unwritten.to_string(),
+                });
                 // Another process may recover these sessions now: stop
                 // everything at once rather than at the next renewal (G8).
                 if let Some(commands) = self.commands.upgrade() {

@@ -106,6 +106,8 @@ pub(crate) struct Recorder {
     pub deadline: watch::Receiver<Option<tokio::time::Instant>>,
     /// Where the final report is kept for late askers.
     pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// Why the lease was lost, once the renewer says (for the report).
+    pub lease_lost_why: Arc<std::sync::OnceLock<String>>,
     /// The batch the store is applying while the next one is built, when
     /// the store applies batches in the order they were handed to it.
     pub in_flight: Option<InFlight>,

@@ -155,6 +155,11 @@ pub(super) fn landed_before(
 
 impl Retries {
     /// Whether nothing waits.
+    /// What the store said last to the newest write waiting here.
+    pub(super) fn last_said(&self) -> Option<String> {
+        self.queue.back().map(|(_, q)| q.last.to_string())
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }

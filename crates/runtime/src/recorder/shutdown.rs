@@ -42,6 +42,10 @@ impl Recorder {
         report.detached = summary.detached.iter().map(|w| w.session).collect();
         report.store_failures = self.failures.load(Ordering::Relaxed);
         report.lease_lost = summary.lease_lost;
+        report.lease_lost_why = match summary.lease_lost {
+            true => self.lease_lost_why.get().cloned(),
+            false => None,
+        };
         report.handoff = summary.handoff;
         if !report.flushed_in_budget || !report.left_recoverable.is_empty() {
             // Waited for once: closing the store does not wait again.

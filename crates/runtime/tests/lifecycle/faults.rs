@@ -77,6 +77,9 @@ struct Faulty {
     panic_on_apply: Arc<AtomicBool>,
     /// Every lifecycle write handed to it, in order.
     log: Arc<std::sync::Mutex<Vec<LifecycleWrite>>>,
+    /// Whether a lease renewal fails as on a database that is locked (or
+    /// full): never landing, the lease runs out.
+    fail_renewals: Arc<AtomicBool>,
 }
 
 impl Default for Faulty {
@@ -99,6 +102,7 @@ impl Default for Faulty {
             in_order: Arc::default(),
             panic_on_apply: Arc::default(),
             log: Arc::default(),
+            fail_renewals: Arc::default(),
         }
     }
 }
@@ -153,6 +157,9 @@ impl SessionStore for Faulty {
     }
     async fn renew_lease(&self, owner: OwnerId, ttl: Duration) -> Result<SystemTime, StoreError> {
         self.fenced(owner)?;
+        if self.fail_renewals.load(Ordering::SeqCst) {
+            return Err(locked());
+        }
         self.inner.renew_lease(owner, ttl).await
     }
     async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
@@ -668,6 +675,53 @@ async fn g9_a_store_call_that_panics_fails_alone_and_cannot_hang_the_kernel() {
     assert!(report.store_failures >= 2, "{report:?}");
 }
 
+/// G8: renewals that fail for a whole TTL (a database locked, a disk full)
+/// lose the lease, and the report says why, with what the store said last:
+/// the one line a frontend prints names the full disk, not only the lease.
+#[tokio::test(start_paused = true)]
+async fn g8_a_lease_lost_to_failing_renewals_is_reported_with_the_stores_failure() {
+    let store = Faulty::default();
+    let ttl = Duration::from_secs(3);
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .lease_ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let _idle = kernel.register("idle", None).await.unwrap();
+    store.fail_renewals.store(true, Ordering::SeqCst);
+    tokio::time::sleep(2 * ttl).await;
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.lease_lost, "{report:?}");
+    let why = report.lease_lost_why.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("could not be renewed") && why.contains("database is locked"),
+        "{report:?}"
+    );
+
+    // A store that answers again only to say the lease expired (a disk
+    // still full, which reads but does not write): the expiry is told with
+    // the failures before it.
+    let store = Faulty::default();
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .lease_ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    store.fail_renewals.store(true, Ordering::SeqCst);
+    tokio::time::sleep(ttl / 2).await;
+    store.fail_renewals.store(false, Ordering::SeqCst);
+    store.lose_lease.store(true, Ordering::SeqCst);
+    tokio::time::sleep(ttl).await;
+    let report = kernel.shutdown(Duration::ZERO).await;
+    let why = report.lease_lost_why.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("after renewals that failed") && why.contains("database is locked"),
+        "{report:?}"
+    );
+}
+
 /// G8: a renewal the store answers with `LeaseLost` stops the kernel at once:
 /// a `LeaseLost` event, no new session or turn, the running turn cancelled
 /// without waiting for a drain, and a report that says so and names what
@@ -722,6 +776,8 @@ async fn g8_a_lost_lease_stops_the_kernel_and_cancels_its_work() {
 
     let report = kernel.shutdown(Duration::ZERO).await;
     assert!(report.lease_lost, "{report:?}");
+    let why = report.lease_lost_why.as_deref().unwrap_or_default();
+    assert!(why.contains("lease"), "{report:?}");
     // Nobody is told they were finalized: their rows are left live, for a
     // peer to release for adoption (a fleet) or `settle recover` to end.
     let told = finalized(&drain(&mut events));
