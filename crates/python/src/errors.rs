@@ -19,6 +19,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     settle,
+    SessionClosing,
+    SessionClosed,
+    "G1, G10: the session is winding down (its parent finished, it is being closed, cancelled or its budget is spent): it admits no new turn, task or child, and is finalized once its work settles. A `SessionClosed`: its handle takes no new work."
+);
+pyo3::create_exception!(
+    settle,
     AlreadyFinalized,
     Error,
     "G2: the session was already finalized; the request changed nothing."
@@ -91,6 +97,11 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         return BudgetExhausted::new_err(message);
     }
     match error {
+        // Winding down: closed to new work (the core's `Closing`, and a
+        // parent that is cancelling, settled or closing).
+        RuntimeError::Lifecycle(
+            settle_core::Error::Closing { .. } | settle_core::Error::ParentNotLive { .. },
+        ) => SessionClosing::new_err(message),
         // The caller named a session the store does not know: said as
         // the store says it, not as a failure of the store.
         RuntimeError::Store(unknown @ settle_store::StoreError::UnknownSession(_)) => {
@@ -152,6 +163,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("Detached", py.get_type::<Detached>())?;
     module.add("Cancelled", py.get_type::<Cancelled>())?;
     module.add("TurnRunning", py.get_type::<TurnRunning>())?;
+    module.add("SessionClosing", py.get_type::<SessionClosing>())?;
     module.add("BudgetExhausted", py.get_type::<BudgetExhausted>())?;
     Ok(())
 }

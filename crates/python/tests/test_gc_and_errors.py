@@ -94,6 +94,7 @@ async def test_a_joined_task_is_let_go_of_with_its_result(kernel):
 def test_every_exception_is_a_settle_error():
     for cls in (
         settle.SessionClosed,
+        settle.SessionClosing,
         settle.AlreadyFinalized,
         settle.ShuttingDown,
         settle.StoreError,
@@ -323,3 +324,42 @@ async def test_a_database_a_kernel_of_this_process_opened_opens_again(tmp_path):
     second = await settle.Kernel.open(path)
     await second.shutdown(0.0)
     await first.shutdown(0.0)
+
+
+async def test_g10_a_session_winding_down_refuses_new_work_as_session_closing(tmp_path):
+    """A child used while its parent's finish winds it down (a grandchild's
+    task still settling): a turn, a task and a child are refused with
+    ``settle.SessionClosing``, a ``SessionClosed``, so a framework's one
+    ``except settle.SessionClosed`` covers the whole race with the finish,
+    never a bare ``settle.Error``."""
+
+    async def stubborn():
+        for _ in range(2):
+            try:
+                await asyncio.sleep(3)
+            except asyncio.CancelledError:
+                pass
+
+    kernel = await settle.Kernel.open(str(tmp_path / "closing.db"), settle_timeout=2.0)
+    async with kernel:
+        root = await kernel.register("root")
+        child = await root.child("child")
+        grandchild = await child.child("grandchild")
+        await grandchild.spawn(stubborn())
+        finishing = asyncio.create_task(root.finish())
+        await asyncio.sleep(0.2)
+        assert await child.state() == "cancelling"
+        refused = []
+        for call in (
+            lambda: child.turn(Stream(["a"])),
+            lambda: child.spawn(asyncio.sleep(0)),
+            lambda: child.child("late"),
+            lambda: root.child("late"),
+        ):
+            with pytest.raises(settle.SessionClosing) as raised:
+                await call()
+            refused.append(raised.value)
+        assert all(isinstance(e, settle.SessionClosed) for e in refused)
+        assert await finishing == "completed"
+    assert issubclass(settle.SessionClosing, settle.SessionClosed)
+    assert settle.SessionClosing.__doc__

@@ -22,6 +22,7 @@ __all__ = [
     "Resumed",
     "Session",
     "SessionClosed",
+    "SessionClosing",
     "ShuttingDown",
     "StoreError",
     "Task",
@@ -53,6 +54,11 @@ class Error(Exception):
 
 class SessionClosed(Error):
     """G10: the session is finalized, or the writing task was detached."""
+
+class SessionClosing(SessionClosed):
+    """G1, G10: the session is winding down (its parent finished, it is
+    being closed, cancelled or its budget is spent): it admits no new turn,
+    task or child, and is finalized once its work settles."""
 
 class AlreadyFinalized(Error):
     """G2: the session was already finalized; nothing changed."""
