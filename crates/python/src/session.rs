@@ -131,6 +131,22 @@ impl PySession {
     }
 }
 
+/// `error`, once `source` (a turn's stream, a coroutine to spawn) that a
+/// refused call will never open or await is closed: a stream `aclose()`d on
+/// the running loop (G4), a coroutine closed unawaited (Python would warn
+/// that it was never awaited). Closing is best effort: its failure is
+/// logged, and `error` is what the caller is told.
+fn refused(py: Python<'_>, source: &Bound<'_, PyAny>, error: PyErr) -> PyErr {
+    let closed = crate::awaitable::bridge(py).and_then(|bridge| {
+        let on = running_loop(py).ok();
+        bridge.call_method1(pyo3::intern!(py, "close_unopened"), (on, source))
+    });
+    if let Err(failed) = closed {
+        tracing::debug!(error = %failed, "could not close what a refused call was handed");
+    }
+    error
+}
+
 /// A hold's kind from its Python spelling.
 fn hold_of(kind: &str) -> PyResult<Hold> {
     match kind {
@@ -244,11 +260,20 @@ impl PySession {
         idle_timeout: Option<f64>,
         first_event_timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
-        let options = self.turn_options(idle_timeout, first_event_timeout)?;
-        let (handle, here) = self.handle.get()?;
-        let request = request(input.as_ref())?;
-        let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
+        // Refused before the kernel sees it: the source is closed all the
+        // same, as the kernel closes one it refuses (G4).
+        let checked = (|| {
+            check_write(py)?;
+            let options = self.turn_options(idle_timeout, first_event_timeout)?;
+            let (handle, here) = self.handle.get()?;
+            let request = request(input.as_ref())?;
+            let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
+            Ok((options, handle, here, request, mailbox))
+        })();
+        let (options, handle, here, request, mailbox) = match checked {
+            Ok(checked) => checked,
+            Err(error) => return Err(refused(py, source.bind(py), error)),
+        };
         let watch = PumpWatch::new(mailbox.clone());
         let provider = Arc::new(PyProvider {
             source: Arc::new(Source {
@@ -326,8 +351,12 @@ impl PySession {
     /// Raises `BadInput` at once for what cannot be awaited (a function
     /// rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
         let awaited = coroutine.bind(py);
+        // Refused before the kernel sees it: closed unawaited, as one the
+        // kernel refuses, so Python does not warn that it was never awaited.
+        if let Err(error) = check_write(py) {
+            return Err(refused(py, awaited, error));
+        }
         // `inspect.isawaitable` for what has no `__await__`: a generator
         // made a coroutine by `types.coroutine` is awaited all the same.
         if !awaited.hasattr(pyo3::intern!(py, "__await__"))?

@@ -107,6 +107,50 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
         await kernel.shutdown(0.0)
 
 
+async def test_g4_g10_what_a_detached_task_hands_a_refused_call_is_closed(db):
+    """A detached task's spawn and turn are refused ``SessionClosed`` (G10),
+    and the coroutine and the stream it handed them are closed, as for a
+    finalized session: no coroutine left never awaited, no stream left open
+    (G4), whatever refused the call."""
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3)
+    try:
+        root = await kernel.register("root")
+        session = await root.child("worker")
+        other = await kernel.register("other")
+        stop = asyncio.Event()
+        seen: dict = {}
+
+        async def tool() -> int:
+            return 1
+
+        async def stubborn() -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    pass
+            coroutine = tool()
+            with pytest.raises(settle.SessionClosed):
+                await other.spawn(coroutine)
+            seen["coroutine closed"] = coroutine.cr_frame is None
+            stream = Stream(["a"])
+            with pytest.raises(settle.SessionClosed):
+                await other.turn(stream)
+            await eventually(lambda: stream.closes, "the refused stream closed")
+            seen["stream closes"] = stream.closes
+
+        task = await session.spawn(stubborn())
+        await asyncio.sleep(0.05)
+        await session.cancel()
+        with pytest.raises(settle.Detached):
+            await task
+        stop.set()
+        await eventually(lambda: len(seen) == 2, "the detached task's calls")
+        assert seen == {"coroutine closed": True, "stream closes": 1}
+    finally:
+        await kernel.shutdown(0.0)
+
+
 async def test_g5_a_turn_whose_iterator_swallows_its_cancel_is_detached(db):
     settle_timeout = 0.3
     kernel = await settle.Kernel.open(db, settle_timeout=settle_timeout)

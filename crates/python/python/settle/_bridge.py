@@ -200,11 +200,12 @@ class Next:
 def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> None:
     """Closes a turn's source that the kernel never opened (the turn was
     cancelled first), from ``loop``'s thread; ``loop`` is ``None`` when it
-    is closed, and then only a coroutine can still be closed (unawaited)."""
-    if loop is not None:
-        loop.create_task(_close_source(source))
-    elif inspect.iscoroutine(source):
+    is closed. A coroutine is closed unawaited at once (nothing to await),
+    a stream on ``loop`` (``aclose()`` is awaited), if it still runs."""
+    if inspect.iscoroutine(source):
         source.close()
+    elif loop is not None:
+        loop.create_task(_close_source(source))
 
 
 async def _close_source(source: Any) -> None:
