@@ -97,6 +97,12 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         return BudgetExhausted::new_err(message);
     }
     match error {
+        // Winding down because its budget is spent: said so, as the turn
+        // the budget refused is (once finalized: `SessionClosed`).
+        RuntimeError::Lifecycle(settle_core::Error::Closing {
+            reason: settle_core::EndReason::BudgetExhausted,
+            ..
+        }) => BudgetExhausted::new_err(message),
         // Winding down: closed to new work (the core's `Closing`, and a
         // parent that is cancelling, settled or closing).
         RuntimeError::Lifecycle(

@@ -79,6 +79,33 @@ async def test_a_token_count_past_64_bits_or_a_float_spends_a_token_budget(kerne
         assert await asyncio.wait_for(session.finalized(), PATIENCE) == "budget_exhausted", total
 
 
+async def test_new_work_asked_of_a_session_winding_down_on_its_budget_raises_budget_exhausted(db):
+    """Its token budget spent by a reply, a session winds down while a task
+    of its settles: a turn asked meanwhile raises ``BudgetExhausted``, as
+    the turn the budget refuses does; once finalized, ``SessionClosed``."""
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)
+
+    kernel = await settle.Kernel.open(db, settle_timeout=2.0)
+    try:
+        session = await kernel.register("s", budget=settle.Budget(tokens=5))
+        await session.spawn(slow_to_stop())
+        usage = {"choices": [], "usage": {"total_tokens": 10}}
+        async with await session.turn(Stream(["hi", usage])) as turn:
+            await _read(turn)
+        with pytest.raises(settle.BudgetExhausted):
+            await session.turn(Stream(["again"]))
+        assert await asyncio.wait_for(session.finalized(), PATIENCE) == "budget_exhausted"
+        with pytest.raises(settle.SessionClosed):
+            await session.turn(Stream(["again"]))
+    finally:
+        await kernel.shutdown(0.0)
+
+
 async def test_a_child_has_a_budget_of_its_own(kernel):
     root = await kernel.register("root")
     child = await root.child("child", budget=settle.Budget(turns=0))
