@@ -151,6 +151,53 @@ async def test_g4_g10_what_a_detached_task_hands_a_refused_call_is_closed(db):
         await kernel.shutdown(0.0)
 
 
+async def test_g5_a_turn_timing_out_on_a_source_that_swallows_its_cancel_ends_within_the_settle_timeout(db):
+    """Its idle timeout reached, a turn's source swallows the cancel of its
+    pending ``__anext__`` and goes on: the turn ends ``idle_timeout`` within
+    the settle timeout (G5), its session free for the next turn, and the
+    source is closed once, when it lets go (G4)."""
+
+    class Stubborn:
+        def __init__(self) -> None:
+            self.closes = 0
+            self.sent = False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if not self.sent:
+                self.sent = True
+                return "first"
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(2.0)
+            raise StopAsyncIteration
+
+        async def aclose(self) -> None:
+            self.closes += 1
+
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3)
+    try:
+        session = await kernel.register("s")
+        source = Stubborn()
+        started = time.monotonic()
+        async with await session.turn(source, idle_timeout=0.2) as turn:
+            chunks = [chunk.text async for chunk in turn]
+        took = time.monotonic() - started
+        assert chunks == ["first"]
+        assert turn.outcome == "idle_timeout"
+        assert took < 1.5, f"the turn ended {took:.1f} s after its start"
+        async with await session.turn(Stream(["next"])) as turn:
+            assert [chunk.text async for chunk in turn] == ["next"]
+        await eventually(lambda: source.closes, "the stubborn source closed")
+        await asyncio.sleep(0.2)
+        assert source.closes == 1
+    finally:
+        await kernel.shutdown(0.0)
+
+
 async def test_g5_a_turn_whose_iterator_swallows_its_cancel_is_detached(db):
     settle_timeout = 0.3
     kernel = await settle.Kernel.open(db, settle_timeout=settle_timeout)

@@ -207,8 +207,9 @@ pub(crate) fn spawn_turn(
         error.type = tracing::field::Empty,
     );
     // The work's own scope: its token is the sink's cut, cancelled with the
-    // work (no token of the runtime's own per turn).
-    let scope = Scope::new();
+    // work (no token of the runtime's own per turn). A stream that ended on
+    // its own is waited for to close at most the settle timeout (G5).
+    let scope = Scope::new().with_close_bound(settle_timeout);
     let sink = Persisting {
         cut: scope.token().clone(),
         settle_timeout,

@@ -6,6 +6,7 @@ use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError, TryLockError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::Stream;
@@ -13,7 +14,7 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::close::{close_best_effort, close_without_waiting, Close};
+use crate::close::{close_best_effort, close_within, close_without_waiting, Close};
 use crate::sync::{AtomicBool, AtomicWaker, Mutex, Ordering};
 use crate::{CloseError, Guarded};
 
@@ -36,6 +37,9 @@ pub enum Cut {
 pub struct Scope {
     token: CancellationToken,
     handle: CloseHandle,
+    /// How long a stream that ended on its own is waited for to close
+    /// (`None`: [`ASYNC_CLOSE_BOUND`](crate::ASYNC_CLOSE_BOUND)).
+    close_bound: Option<Duration>,
 }
 
 impl Scope {
@@ -50,7 +54,19 @@ impl Scope {
         Scope {
             token: parent.child_token(),
             handle: CloseHandle::default(),
+            close_bound: None,
         }
+    }
+
+    /// Waits for the close of a stream that ended on its own (its end, an
+    /// error, an idle timeout) at most `bound`, the settle timeout of a
+    /// runtime (G5): a close still running then goes on by itself
+    /// ([`close_within`](crate::close_within)). A stream cut by a cancel or
+    /// a force close is closed as before: its work is detached at the
+    /// settle deadline by whoever cancelled it.
+    pub fn with_close_bound(mut self, bound: Duration) -> Self {
+        self.close_bound = Some(bound);
+        self
     }
 
     /// The scope's token: cancelling it ends every stream attached here.
@@ -72,7 +88,10 @@ impl Scope {
     where
         S: Stream<Item = Result<T, E>> + Close + Unpin + 'static,
     {
-        Guarded::new(self.handle.attach(stream, self.token.clone()))
+        Guarded::new(
+            self.handle
+                .attach(stream, self.token.clone(), self.close_bound),
+        )
     }
 }
 
@@ -184,7 +203,12 @@ impl CloseHandle {
         lock(&self.shared.state).cut.get_or_insert(cut);
     }
 
-    fn attach<S>(&self, stream: S, token: CancellationToken) -> Attached<S>
+    fn attach<S>(
+        &self,
+        stream: S,
+        token: CancellationToken,
+        close_bound: Option<Duration>,
+    ) -> Attached<S>
     where
         S: Close + 'static,
     {
@@ -209,6 +233,7 @@ impl CloseHandle {
             slot,
             handle: self.clone(),
             cut: None,
+            close_bound,
         }
     }
 }
@@ -264,6 +289,8 @@ pub struct Attached<S> {
     slot: Arc<Slot<S>>,
     handle: CloseHandle,
     cut: Option<Cut>,
+    /// See [`Scope::with_close_bound`].
+    close_bound: Option<Duration>,
 }
 
 impl<S> fmt::Debug for Attached<S> {
@@ -338,8 +365,13 @@ where
 {
     async fn close(&mut self) -> Result<(), CloseError> {
         let stream = lock_slot(&self.slot).take();
-        if let Some(mut stream) = stream {
-            close_best_effort(&mut stream).await;
+        match (stream, self.close_bound) {
+            // Ended on its own: bounded as a settle is (G5).
+            (Some(stream), Some(bound)) if self.cut.is_none() => {
+                close_within(stream, bound).await;
+            }
+            (Some(mut stream), _) => close_best_effort(&mut stream).await,
+            (None, _) => {}
         }
         Ok(())
     }

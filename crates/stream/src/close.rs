@@ -101,6 +101,34 @@ pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
     close_now_logged(stream);
 }
 
+/// Close `stream` as [`close_best_effort`] does, but wait for it at most
+/// `bound`: a close still running then goes on by itself on the runtime
+/// (the stream is closed once, whenever its close returns, within
+/// [`ASYNC_CLOSE_BOUND`]) and the caller goes on. What a work that ended on
+/// its own (an idle timeout, an error, its end) waits for its stream's
+/// close: at most the settle timeout (G5), as a cancelled work does before
+/// it is detached. Without a runtime, or with a bound past
+/// [`ASYNC_CLOSE_BOUND`], it is [`close_best_effort`].
+pub async fn close_within<C: Close + 'static>(mut stream: C, bound: Duration) {
+    if !stream.close_waits() {
+        close_now_logged(&mut stream);
+        return;
+    }
+    if bound >= ASYNC_CLOSE_BOUND || tokio::runtime::Handle::try_current().is_err() {
+        close_best_effort(&mut stream).await;
+        return;
+    }
+    let mut closing: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(async move { close_best_effort(&mut stream).await });
+    if tokio::time::timeout(bound, &mut closing).await.is_err() {
+        tracing::debug!(
+            ?bound,
+            "a stream's close outlasted the settle timeout; it goes on by itself"
+        );
+        tokio::spawn(closing);
+    }
+}
+
 /// Close `stream` from synchronous code (typically a `drop`) without blocking.
 ///
 /// The sync close runs in place. A stream that can only close asynchronously

@@ -84,7 +84,7 @@ mod work;
 pub use async_trait::async_trait;
 pub use attach::{Attached, CloseHandle, Cut, ForceClosed, Scope};
 pub use chunk::{Chunk, InvalidChunk};
-pub use close::{close_best_effort, close_without_waiting, Close, ASYNC_CLOSE_BOUND};
+pub use close::{close_best_effort, close_within, close_without_waiting, Close, ASYNC_CLOSE_BOUND};
 pub use drop_close::DropClose;
 pub use error::{
     quote, CloseError, FirstEventTimedOut, IdleTimedOut, StreamError, StreamErrorKind, Truncation,

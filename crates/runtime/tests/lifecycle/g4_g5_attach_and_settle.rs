@@ -196,3 +196,49 @@ async fn g5_shutdown_ends_on_time_despite_a_work_ignoring_its_cancel() {
     assert_eq!(d.session.outcome, Some(Outcome::Detached));
     assert!(store.memories(session.id()).await.unwrap().is_empty());
 }
+
+/// G5 for a turn that ends on its own (its idle timeout here) and whose
+/// stream will not close (a Python source swallowing its cancel, a server
+/// that never acknowledges): the close is waited for at most the settle
+/// timeout, then goes on by itself (G4: closed once, whenever it returns),
+/// and the turn ends as it ended, its session free for the next turn, not
+/// `running` for the whole close bound.
+#[tokio::test(start_paused = true)]
+async fn g5_a_turn_ending_on_its_own_waits_for_its_streams_close_at_most_the_settle_timeout() {
+    let store = MemoryStore::new();
+    let settle = Duration::from_millis(500);
+    let idle = Duration::from_millis(300);
+    let runtime = runtime_on(&store, |b| {
+        b.settle_timeout(settle).idle_timeout(Some(idle))
+    })
+    .await;
+    let session = runtime.register("agent", None).await.unwrap();
+    let p = provider([
+        TurnScript::new(["first"])
+            .end(ScriptedEnd::Hang)
+            .close_delay(Duration::from_secs(5)),
+        TurnScript::new(["next"]),
+    ]);
+    let started = Instant::now();
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 1).await;
+    assert_eq!(turn.outcome().await, Outcome::IdleTimeout);
+    let took = started.elapsed();
+    assert!(
+        took <= idle + settle + 100 * MS,
+        "the turn ended {took:?} after its start: its close held it"
+    );
+    assert_eq!(session.state().await.unwrap(), State::Registered);
+    let mut next = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut next, 1).await, ["next"]);
+    assert_eq!(next.outcome().await, Outcome::Completed);
+    // The first stream's close went on, and finished once.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let stats = p.stats();
+    assert_eq!(
+        (stats.close_started, stats.close_finished),
+        (2, 2),
+        "{stats:?}"
+    );
+    runtime.shutdown(Duration::ZERO).await;
+}
