@@ -80,6 +80,20 @@ impl Drop for CancelOnDone {
 
 static BRIDGE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
+/// What a call that gives nothing resolves to: `None`, as its stub says
+/// (`()` would be the empty tuple).
+pub(crate) struct Nothing;
+
+impl<'py> IntoPyObject<'py> for Nothing {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = std::convert::Infallible;
+
+    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
+        Ok(py.None().into_bound(py))
+    }
+}
+
 /// The package's Python half (`settle/_bridge.py`).
 pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     BRIDGE

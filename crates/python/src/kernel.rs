@@ -437,7 +437,7 @@ impl PyKernel {
             OnCancel::Abort,
             async move {
                 kernel.stopped().await;
-                Ok(())
+                Ok(crate::awaitable::Nothing)
             },
         )
     }

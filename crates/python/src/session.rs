@@ -11,7 +11,7 @@ use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Text;
-use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, OnCancel};
+use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, Nothing, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::handover::{CancelHandedOver, Handover};
@@ -418,7 +418,7 @@ impl PySession {
         self.call(py, OnCancel::Finish, move |handle| async move {
             match handle.cancel(mode).await.map_err(errors::runtime)? {
                 Handled::AlreadyFinalized => Err(errors::already_finalized(handle.id())),
-                _ => Ok(()),
+                _ => Ok(Nothing),
             }
         })
     }
@@ -478,7 +478,7 @@ impl PySession {
         let handle = handle.clone();
         finishing(py, here, async move {
             handle.hold(hold).await.map_err(errors::runtime)?;
-            Ok(())
+            Ok(Nothing)
         })
     }
 
@@ -492,7 +492,7 @@ impl PySession {
         let handle = handle.clone();
         finishing(py, here, async move {
             handle.release(hold).await.map_err(errors::runtime)?;
-            Ok(())
+            Ok(Nothing)
         })
     }
 

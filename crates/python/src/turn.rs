@@ -307,7 +307,7 @@ impl PyTurn {
         let closing = cancel_and_settle(turn.clone(), self.ending.clone());
         finishing(py, here, async move {
             closing.await;
-            Ok(())
+            Ok(crate::awaitable::Nothing)
         })
     }
 

@@ -31,3 +31,26 @@ def test_the_package_says_how_it_was_built():
     program checks before it measures (a debug build is slower)."""
     assert settle.BUILD_PROFILE in ("release", "debug")
     assert "BUILD_PROFILE" in settle.__all__
+
+
+async def test_the_calls_the_stubs_type_none_resolve_to_none(kernel):
+    """``_Call[None]`` in the stubs: each resolves to ``None`` (a Rust
+    ``()`` reached Python as the empty tuple), a finalized session's
+    ``release`` too."""
+
+    async def reply():
+        yield "a"
+
+    session = await kernel.register("s")
+    results = {
+        "hold": await session.hold("input"),
+        "release": await session.release("input"),
+    }
+    turn = await session.turn(reply())
+    results["turn.aclose"] = await turn.aclose()
+    turn = await session.turn(reply())
+    results["turn.__aexit__"] = await turn.__aexit__(None, None, None)
+    results["cancel"] = await session.cancel()
+    await session.finalized()
+    results["release after the end"] = await session.release("input")
+    assert results == dict.fromkeys(results)
