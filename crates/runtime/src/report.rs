@@ -28,7 +28,11 @@ pub struct ShutdownReport {
     pub left_recoverable: Vec<SessionId>,
     /// Store writes that failed during the shutdown.
     pub store_failures: usize,
-    /// Whether every transcript was flushed within the flush budget.
+    /// Whether the store's writes in flight were drained within the flush
+    /// budget: every chunk handed to it was committed or answered with its
+    /// failure (a full disk fails them; [`store_failures`](Self::store_failures)
+    /// counts those, and the turns they belonged to ended `failed`). It
+    /// does not say that every chunk was committed.
     pub flushed_in_budget: bool,
     /// `on_session_end` hooks still running when the shutdown's budget ran
     /// out; they were abandoned.
