@@ -443,6 +443,7 @@ mod loom_tests {
                     closes: closes.clone(),
                 },
                 CancellationToken::new(),
+                None,
             );
             let woken = Arc::new(Woken(AtomicBool::new(false)));
             let waker = waker(woken.clone());
