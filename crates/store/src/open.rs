@@ -338,6 +338,17 @@ fn establish_sqlite(
         .map_err(|r| r.into_open(path, &location))?;
     }
 
+    Ok(Opened {
+        writer: AnyConn::Sqlite(conn),
+        pool: sqlite_pool(path_str, options, false),
+        lease: None,
+        checkpoint: Some(path_str.to_owned()),
+    })
+}
+
+/// The read connections of an SQLite store at `url` (a path, or the URI of
+/// a store opened `read_only`), each set up as the writer is.
+fn sqlite_pool(url: &str, options: &StoreOptions, read_only: bool) -> ReadPool {
     let pool = Pool::builder()
         .max_size(options.read_connections())
         .min_idle(Some(0))
@@ -347,15 +358,10 @@ fn establish_sqlite(
         .connection_customizer(Box::new(SqliteSettings {
             busy_timeout: options.busy_timeout(),
             durability: options.durability(),
-            read_only: false,
+            read_only,
         }))
-        .build_unchecked(ConnectionManager::<SqliteConnection>::new(path_str));
-    Ok(Opened {
-        writer: AnyConn::Sqlite(conn),
-        pool: ReadPool::sqlite(pool, options.connection_timeout()),
-        lease: None,
-        checkpoint: Some(path_str.to_owned()),
-    })
+        .build_unchecked(ConnectionManager::<SqliteConnection>::new(url));
+    ReadPool::sqlite(pool, options.connection_timeout())
 }
 
 /// Opens an existing SQLite store to read it only
@@ -395,21 +401,9 @@ fn establish_sqlite_read_only(path: &Path, options: &StoreOptions) -> Result<Ope
         Err(OpenError::ReadOnly { .. }) if fs::symlink_metadata(&log).is_err() => attempt(true)?,
         other => other?,
     };
-    let pool = Pool::builder()
-        .max_size(options.read_connections())
-        .min_idle(Some(0))
-        .connection_timeout(POOL_CONNECTION_TIMEOUT)
-        .thread_pool(pool_threads())
-        .error_handler(Box::new(QuietErrors))
-        .connection_customizer(Box::new(SqliteSettings {
-            busy_timeout: options.busy_timeout(),
-            durability: options.durability(),
-            read_only: true,
-        }))
-        .build_unchecked(ConnectionManager::<SqliteConnection>::new(uri));
     Ok(Opened {
         writer: AnyConn::Sqlite(conn),
-        pool: ReadPool::sqlite(pool, options.connection_timeout()),
+        pool: sqlite_pool(&uri, options, true),
         lease: None,
         checkpoint: None,
     })
