@@ -680,14 +680,19 @@ async fn g9_a_store_call_that_panics_fails_alone_and_cannot_hang_the_kernel() {
 /// the one line a frontend prints names the full disk, not only the lease.
 #[tokio::test(start_paused = true)]
 async fn g8_a_lease_lost_to_failing_renewals_is_reported_with_the_stores_failure() {
-    let store = Faulty::default();
     let ttl = Duration::from_secs(3);
-    let kernel = Kernel::builder(Arc::new(store.clone()))
-        .idle_timeout(None)
-        .lease_ttl(ttl)
-        .start()
-        .await
-        .unwrap();
+    // A kernel on a faulty store of its own, renewing every `ttl` / 3.
+    let leasing = || async {
+        let store = Faulty::default();
+        let kernel = Kernel::builder(Arc::new(store.clone()))
+            .idle_timeout(None)
+            .lease_ttl(ttl)
+            .start()
+            .await
+            .unwrap();
+        (store, kernel)
+    };
+    let (store, kernel) = leasing().await;
     let _idle = kernel.register("idle", None).await.unwrap();
     store.fail_renewals.store(true, Ordering::SeqCst);
     tokio::time::sleep(2 * ttl).await;
@@ -702,13 +707,7 @@ async fn g8_a_lease_lost_to_failing_renewals_is_reported_with_the_stores_failure
     // A store that answers again only to say the lease expired (a disk
     // still full, which reads but does not write): the expiry is told with
     // the failures before it.
-    let store = Faulty::default();
-    let kernel = Kernel::builder(Arc::new(store.clone()))
-        .idle_timeout(None)
-        .lease_ttl(ttl)
-        .start()
-        .await
-        .unwrap();
+    let (store, kernel) = leasing().await;
     store.fail_renewals.store(true, Ordering::SeqCst);
     tokio::time::sleep(ttl / 2).await;
     store.fail_renewals.store(false, Ordering::SeqCst);
