@@ -118,6 +118,7 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         | RuntimeError::LeftForRecovery(_)
         | RuntimeError::Registration(_) => StoreError::new_err(message),
         RuntimeError::TooLarge { .. }
+        | RuntimeError::NulInName
         | RuntimeError::NotResumable { .. }
         | RuntimeError::LiveElsewhere { .. }
         | RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)) => {

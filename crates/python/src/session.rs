@@ -200,16 +200,12 @@ impl PySession {
         check_write(py)?;
         let budget = budget.map(|b| b.get());
         let (handle, here) = self.handle.get()?;
-        let (kernel, parent, owner) = (handle.kernel().clone(), handle.id(), self.owner.clone());
+        let (handle, owner) = (handle.clone(), self.owner.clone());
         let idle = self.idle;
         finishing(py, here, async move {
             let child = match budget {
-                None => kernel.register(name, Some(parent)).await,
-                Some(budget) => {
-                    kernel
-                        .register_with_budget(name, Some(parent), budget)
-                        .await
-                }
+                None => handle.child(name).await,
+                Some(budget) => handle.child_with_budget(name, budget).await,
             };
             Ok(PySession::new(child.map_err(errors::runtime)?, owner, idle))
         })

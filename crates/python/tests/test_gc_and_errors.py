@@ -363,3 +363,24 @@ async def test_g10_a_session_winding_down_refuses_new_work_as_session_closing(tm
         assert await finishing == "completed"
     assert issubclass(settle.SessionClosing, settle.SessionClosed)
     assert settle.SessionClosing.__doc__
+
+
+async def test_g11_a_session_name_holding_a_nul_is_bad_input(kernel):
+    """PostgreSQL's text keeps no NUL: such a name is refused before the
+    kernel sees it, on every store alike."""
+    root = await kernel.register("root")
+    with pytest.raises(settle.BadInput, match="NUL"):
+        await kernel.register("a\0b")
+    with pytest.raises(settle.BadInput, match="NUL"):
+        await root.child("c\0")
+    assert [row["name"] for row in await kernel.sessions()] == ["root"]
+
+
+async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_closed(db):
+    """As turn, spawn and finish do: ``ShuttingDown`` is for a session the
+    stop left for recovery."""
+    kernel = await settle.Kernel.open(db)
+    root = await kernel.register("root")
+    await kernel.shutdown()
+    with pytest.raises(settle.SessionClosed):
+        await root.child("late")

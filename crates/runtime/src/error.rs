@@ -64,6 +64,10 @@ pub enum RuntimeError {
     /// The runtime's driver has stopped (after shutdown, or it was dropped).
     #[error("the runtime has shut down; no further requests are accepted")]
     Stopped,
+    /// A session name no store keeps: refused before anything is written,
+    /// on every store alike.
+    #[error("a session name must not hold a NUL character (U+0000); nothing was registered")]
+    NulInName,
     /// The session's finalize ran here but the store did not commit the
     /// end of its row (a stalled store at shutdown, a lost lease): its row
     /// is left live, for `settle recover` or a peer of the fleet (G8).

@@ -116,6 +116,8 @@ impl Kernel {
         from: SessionId,
         name: impl Into<String>,
     ) -> Result<Resumed, RuntimeError> {
+        let name = name.into();
+        crate::session::check_name(&name)?;
         let what = "reading the session to resume";
         let read = |id: SessionId| self.store_call(what, self.store().session_detail(id));
         let detail = read(from).await?;
@@ -134,7 +136,7 @@ impl Kernel {
             (history, pending_tool_calls) = conversation(&detail);
             back = detail.session.resumed_from;
         }
-        let name: Arc<str> = name.into().into();
+        let name: Arc<str> = name.into();
         let shared = self
             .register_command(|reply| Command::Register {
                 name,

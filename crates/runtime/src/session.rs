@@ -81,7 +81,37 @@ impl SessionHandle {
     /// # Errors
     /// As [`Kernel::register`].
     pub async fn child(&self, name: impl Into<String>) -> Result<SessionHandle, RuntimeError> {
-        match self.kernel.register(name, Some(self.id())).await {
+        self.child_as(name.into(), None).await
+    }
+
+    /// Registers a child of this session as [`child`](Self::child) does,
+    /// with a [`Budget`] for it and its subtree:
+    /// `kernel.register_with_budget(name, Some(self.id()), budget)`.
+    ///
+    /// # Errors
+    /// As [`Kernel::register`].
+    pub async fn child_with_budget(
+        &self,
+        name: impl Into<String>,
+        budget: Budget,
+    ) -> Result<SessionHandle, RuntimeError> {
+        self.child_as(name.into(), Some(budget)).await
+    }
+
+    async fn child_as(
+        &self,
+        name: String,
+        budget: Option<Budget>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        let registered = match budget {
+            None => self.kernel.register(name, Some(self.id())).await,
+            Some(budget) => {
+                self.kernel
+                    .register_with_budget(name, Some(self.id()), budget)
+                    .await
+            }
+        };
+        match registered {
             // A stopped kernel answers for a session its stop finalized as
             // the core answered before the stop (`SessionClosed`), not
             // as for one left for recovery.
@@ -465,6 +495,17 @@ impl SessionHandle {
     }
 }
 
+/// Refuses a session name no store keeps: PostgreSQL's text holds no NUL
+/// (U+0000), and a registration it refuses fails the writes of its batch
+/// with it (a turn's start, another session's end); refused alike on every
+/// store, before the kernel sees it.
+pub(crate) fn check_name(name: &str) -> Result<(), RuntimeError> {
+    match name.contains('\0') {
+        true => Err(RuntimeError::NulInName),
+        false => Ok(()),
+    }
+}
+
 impl Kernel {
     /// Registers a session named `name` under `parent` (G1: the parent must be
     /// open and not winding down), and returns its handle once its row is
@@ -566,6 +607,7 @@ impl Kernel {
         budget: Option<Budget>,
         scope: Option<Scope>,
     ) -> Result<SessionHandle, RuntimeError> {
+        check_name(&name)?;
         let name: Arc<str> = name.into();
         let register = || {
             let name = name.clone();

@@ -11,7 +11,7 @@ use settle_core::{Outcome, TurnError, TurnErrorKind};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "the provider sent no event for {idle:?} (idle timeout); \
-     the stream was closed; raise the idle timeout if the model is slow to answer"
+     the turn ended and its stream is being closed; raise the idle timeout if the model is slow to answer"
 )]
 pub struct IdleTimedOut {
     /// The idle timeout that ran out.
@@ -22,7 +22,7 @@ pub struct IdleTimedOut {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "the provider sent no first event within {first:?} (first-event timeout); \
-     the stream was closed; raise the first-event timeout if the model needs longer to start"
+     the turn ended and its stream is being closed; raise the first-event timeout if the model needs longer to start"
 )]
 pub struct FirstEventTimedOut {
     /// The first-event timeout that ran out.

@@ -271,3 +271,25 @@ async fn g10_after_a_clean_stop_a_finalized_session_answers_session_closed_not_s
         Err(RuntimeError::SessionClosed(_))
     ));
 }
+
+/// G11: a session name no store keeps (a NUL, which PostgreSQL's text
+/// refuses, failing the writes batched with it) is refused before the
+/// kernel sees it, on every store alike: nothing registered, nothing
+/// evicted at the cap, and the kernel goes on.
+#[tokio::test(start_paused = true)]
+async fn g11_a_session_name_holding_a_nul_is_refused_before_anything_is_written() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b.lru_cap(Some(1))).await;
+    let idle = runtime.register("idle", None).await.unwrap();
+    assert!(matches!(
+        runtime.register("a\0b", None).await,
+        Err(RuntimeError::NulInName)
+    ));
+    assert!(matches!(
+        idle.child("c\0").await,
+        Err(RuntimeError::NulInName)
+    ));
+    assert!(!idle.is_closed(), "evicted for a name that was refused");
+    assert_eq!(store.len(), 1, "nothing registered");
+    runtime.shutdown(Duration::ZERO).await;
+}
