@@ -232,14 +232,6 @@ impl OpenError {
 /// `SQLITE_NOTADB`).
 const DAMAGED: [&str; 2] = ["database disk image is malformed", "file is not a database"];
 
-/// What PostgreSQL says of a value it never keeps, however often it is
-/// sent: a NUL character in text (`invalid byte sequence for encoding
-/// "UTF8": 0x00`), or one of another encoding.
-const NEVER_KEPT: [&str; 2] = [
-    "invalid byte sequence for encoding",
-    "unsupported Unicode escape sequence",
-];
-
 /// A database error kept cheaply cloneable, so that one failed group commit can
 /// be reported to every chunk of the batch.
 #[derive(Clone)]
@@ -256,8 +248,10 @@ impl DbError {
     /// restarting do; a violated constraint (a unique, foreign key, not
     /// null or check constraint) does not, nor does a damaged database
     /// (SQLite's `SQLITE_CORRUPT` and `SQLITE_NOTADB`), which no wait
-    /// repairs, nor a value PostgreSQL never keeps (a NUL character in
-    /// text).
+    /// repairs. (A value PostgreSQL never keeps, a NUL in text, is not
+    /// sent: a chunk's is replaced, a name refused before the store. Its
+    /// failure fails the writes batched with it, which are tried again
+    /// without it once it is given up.)
     pub fn may_heal(&self) -> bool {
         use diesel::result::{DatabaseErrorKind as K, Error as E};
         match self.0.downcast_ref::<E>() {
@@ -271,8 +265,7 @@ impl DbError {
             // Diesel gives SQLite's code only as its message.
             Some(E::DatabaseError(_, info)) => !DAMAGED
                 .iter()
-                .chain(&NEVER_KEPT)
-                .any(|never| info.message().contains(never)),
+                .any(|damaged| info.message().contains(damaged)),
             _ => true,
         }
     }

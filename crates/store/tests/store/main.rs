@@ -97,7 +97,7 @@ on_backends! {
         open::schema_is_created_on_first_use_and_kept,
         open::g11_newer_schema_is_refused_and_left_alone,
         open::a_store_opened_to_read_reads_beside_its_writer_and_writes_nothing,
-        lifecycle::a_nul_in_a_chunks_text_is_kept_with_its_batch_and_never_retried_elsewhere,
+        lifecycle::a_nul_in_a_chunks_text_is_kept_with_its_batch,
         open::an_old_database_upgrades_in_place,
         open::the_state_check_refuses_other_words_without_a_temporary_table,
         inputs::an_old_whole_conversation_row_reads_as_before,
