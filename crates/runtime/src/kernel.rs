@@ -336,7 +336,8 @@ impl Kernel {
         let withdraw = |session, error| {
             let _ = self.send(Command::Withdraw { session, error });
         };
-        crate::told::RegisterTold::registered(send, withdraw, deadline, patience).await
+        let stopped = self.stopped();
+        crate::told::RegisterTold::registered(send, withdraw, deadline, patience, stopped).await
     }
 
     pub(crate) fn commands(&self) -> mpsc::WeakUnboundedSender<Command> {

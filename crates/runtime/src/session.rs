@@ -210,7 +210,7 @@ impl SessionHandle {
         // work fails on its own, and the handle is dropped without a
         // cancel). A caller gone while it waits drops the handle, which
         // cancels the turn.
-        match announced.wait(patience).await {
+        match announced.wait(patience, self.kernel.stopped()).await {
             Some(Ok(())) => Ok(turn),
             Some(Err(error)) => {
                 turn.refused();

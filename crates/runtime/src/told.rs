@@ -100,13 +100,39 @@ impl<W> Told<W> {
     /// (`None`: the kernel stopped without one), or, at the bound, the
     /// waiters given up with what the store said last. When the recorder
     /// took the waiters first, its answer is on its way and is waited for.
+    ///
+    /// The caller's own clone of the slot keeps `answer`'s sender alive, so
+    /// a command the kernel dropped as it stopped (sent as its driver
+    /// ended) never closes `answer`: `stopped` (the kernel's) ends the wait
+    /// then, instead of the store timeout. The recorder tells what it took
+    /// before it ends, so an answer given is in `answer` by then.
     async fn wait<T>(
         &self,
         mut answer: oneshot::Receiver<T>,
         deadline: tokio::time::Instant,
+        stopped: impl std::future::Future<Output = ()>,
     ) -> Result<Option<T>, (W, Option<StoreError>)> {
-        if let Ok(told) = tokio::time::timeout_at(deadline, &mut answer).await {
-            return Ok(told.ok());
+        let timed = {
+            let within = tokio::time::timeout_at(deadline, &mut answer);
+            tokio::select! {
+                biased;
+                told = within => Some(told),
+                () = stopped => None,
+            }
+        };
+        match timed {
+            Some(Ok(told)) => return Ok(told.ok()),
+            Some(Err(_)) => {}
+            None => {
+                if let Ok(told) = answer.try_recv() {
+                    return Ok(Some(told));
+                }
+                return match self.give_up() {
+                    // Nobody will answer: the kernel stopped without it.
+                    Some(_) => Ok(None),
+                    None => Ok(answer.await.ok()),
+                };
+            }
         }
         match self.give_up() {
             Some(given_up) => Err(given_up),
@@ -191,8 +217,12 @@ impl Announced {
     /// timeout, `patience`, from its write handed on, which for a start
     /// nothing held back is its ask); `None` when the kernel stopped
     /// without saying.
-    pub(crate) async fn wait(self, patience: Duration) -> Option<Result<(), StoreError>> {
-        match self.slot.wait(self.told, self.deadline).await {
+    pub(crate) async fn wait(
+        self,
+        patience: Duration,
+        stopped: impl std::future::Future<Output = ()>,
+    ) -> Option<Result<(), StoreError>> {
+        match self.slot.wait(self.told, self.deadline, stopped).await {
             Ok(told) => told,
             // At the bound: both sides are told, the work and this caller.
             Err((waiters, last)) => {
@@ -239,6 +269,7 @@ impl RegisterTold {
         withdraw: impl FnOnce(SessionId, String),
         deadline: tokio::time::Instant,
         patience: Duration,
+        stopped: impl std::future::Future<Output = ()>,
     ) -> Result<Arc<SessionShared>, RuntimeError> {
         let (reply, answer) = oneshot::channel();
         let slot = Told::new(RegisterWaiter {
@@ -246,7 +277,7 @@ impl RegisterTold {
             session: None,
         });
         send(slot.clone())?;
-        let (waiter, last) = match slot.wait(answer, deadline).await {
+        let (waiter, last) = match slot.wait(answer, deadline, stopped).await {
             Ok(answer) => return answer.ok_or(RuntimeError::Stopped)?,
             Err(given_up) => given_up,
         };
@@ -274,5 +305,46 @@ impl RegisterTold {
         if let Some(waiter) = self.take() {
             waiter.tell(answer);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+    use tokio::time::Instant;
+
+    use super::Told;
+
+    /// G9: a registration (or a start) sent as the driver ended, its
+    /// command dropped unanswered, is answered when the kernel stops, not
+    /// at the store timeout: the caller's own clone of the slot keeps the
+    /// reply's sender alive, so its receiver never closes by itself (a
+    /// `settle run` agent registering as a SIGTERM landed held the exit 10 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_whose_command_was_dropped_as_the_kernel_stopped_ends_with_the_stop() {
+        let (reply, answer) = oneshot::channel::<u8>();
+        let slot = Told::new(reply);
+        // The command's clone, dropped by the stopping driver.
+        drop(slot.clone());
+        let asked = Instant::now();
+        let stopped = tokio::time::sleep(Duration::from_millis(10));
+        let waited = slot.wait(answer, asked + Duration::from_secs(600), stopped);
+        assert!(matches!(waited.await, Ok(None)), "not told it stopped");
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            asked.elapsed()
+        );
+
+        // An answer told before the stop is the answer.
+        let (reply, answer) = oneshot::channel::<u8>();
+        let slot = Told::new(reply);
+        if let Some(reply) = slot.take() {
+            let _ = reply.send(7);
+        }
+        let waited = slot.wait(answer, Instant::now() + Duration::from_secs(600), async {});
+        assert!(matches!(waited.await, Ok(Some(7))));
     }
 }
