@@ -3,7 +3,7 @@
 use settle_core::CancelMode;
 use settle_store::{
     Cause, EndReason, FinalizeRequest, Finalized, NewSession, Outcome, OwnerId, SessionFilter,
-    SessionId, State, StoreError, StoreOptions,
+    SessionId, SessionStore, State, StoreError, StoreOptions,
 };
 
 use crate::common::{rt, Backend, TestDb};
@@ -173,14 +173,22 @@ pub(crate) fn transition_is_conditional_and_recorded(b: Backend) {
 
 // --- turns, chunks -------------------------------------------------------------
 
+/// Sessions "a", with turn 1 open, and "c", with turn `c_turn` open.
+async fn two_open_turns(store: &dyn SessionStore, c_turn: u32) -> (SessionId, SessionId) {
+    let (_, a) = session(store, "a").await;
+    let (_, c) = session(store, "c").await;
+    write::start_turn(store, a, 1, None, now()).await.unwrap();
+    write::start_turn(store, c, c_turn, None, now())
+        .await
+        .unwrap();
+    (a, c)
+}
+
 pub(crate) fn chunks_keep_append_order_per_turn(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = db.open_with(StoreOptions::default().with_batch_size(16));
-        let (_, a) = session(&*store, "a").await;
-        let (_, c) = session(&*store, "c").await;
-        write::start_turn(&*store, a, 1, None, now()).await.unwrap();
-        write::start_turn(&*store, c, 7, None, now()).await.unwrap();
+        let (a, c) = two_open_turns(&*store, 7).await;
         // Interleave two turns; queue everything before awaiting anything.
         let mut receipts = Vec::new();
         for i in 0..300 {
@@ -210,10 +218,7 @@ pub(crate) fn a_nul_in_a_chunks_text_is_kept_with_its_batch(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     rt().block_on(async {
         let store = db.open_with(StoreOptions::default().with_batch_size(16));
-        let (_, a) = session(&*store, "a").await;
-        let (_, c) = session(&*store, "c").await;
-        write::start_turn(&*store, a, 1, None, now()).await.unwrap();
-        write::start_turn(&*store, c, 1, None, now()).await.unwrap();
+        let (a, c) = two_open_turns(&*store, 1).await;
         let receipts = vec![
             store.append_chunk(a, 1, "before ".to_owned().into()),
             store.append_chunk(c, 1, "other".to_owned().into()),
