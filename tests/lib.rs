@@ -506,6 +506,34 @@ impl Running {
         }
     }
 
+    /// Its exit status once it exits within `limit`.
+    ///
+    /// # Panics
+    /// When it does not: with every thread's stack (by `gdb`, when the
+    /// machine has it) and what it printed on stderr, then kills it, so a
+    /// hang seen once says where it hung.
+    pub fn exits_within(&mut self, limit: Duration, what: &str) -> ExitStatus {
+        if let Some(status) = self.exited_within(limit) {
+            return status;
+        }
+        let stacks = Command::new("gdb")
+            .args(["-p", &self.pid().to_string(), "-batch", "-nx"])
+            .args(["-ex", "set pagination off", "-ex", "thread apply all bt"])
+            .stdin(Stdio::null())
+            .output()
+            .map_or_else(
+                |e| format!("(no stacks: gdb: {e})"),
+                |out| String::from_utf8_lossy(&out.stdout).into_owned(),
+            );
+        let _ = self.child.kill();
+        let _ = wait_within(&mut self.child, Duration::from_secs(5));
+        let stderr = self.stderr_text();
+        panic!(
+            "{what}: not exited within {limit:?}\nstacks:\n{stacks}\nstderr:\n{stderr}\nstdout:\n{}",
+            self.output()
+        );
+    }
+
     /// Waits for the process to exit (within [`PATIENCE`]); returns its exit
     /// status and everything it printed on stdout.
     ///

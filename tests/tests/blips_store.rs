@@ -141,7 +141,7 @@ async fn g7_a_store_locked_while_a_turn_ends_heals_and_the_session_goes_on() {
     client.ok("session.close", json!({ "id": id })).await;
     assert_eq!(client.expect("session.finalized").await["id"], id);
     serving.signal(Signal::SIGTERM);
-    let status = serving.exited_within(PATIENCE).expect("exited");
+    let status = serving.exits_within(PATIENCE, "the gateway after SIGTERM");
     let stderr = serving.stderr_text();
     assert!(!stderr.contains("panicked"), "{stderr}");
 
@@ -293,7 +293,7 @@ async fn g7_a_gateway_on_a_postgresql_restarted_every_few_seconds_loses_no_annou
         told.push(task.await.unwrap());
     }
     serving.signal(Signal::SIGTERM);
-    let status = serving.exited_within(PATIENCE).expect("exited");
+    let status = serving.exits_within(PATIENCE, "the gateway after SIGTERM");
     let stderr = serving.stderr_text();
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(143), "{stderr}");
@@ -420,7 +420,7 @@ async fn g7_a_full_disk_freed_again_loses_no_turn_and_leaves_every_session_usabl
         told.push(task.await.unwrap());
     }
     serving.signal(Signal::SIGTERM);
-    let status = serving.exited_within(PATIENCE).expect("exited");
+    let status = serving.exits_within(PATIENCE, "the gateway after SIGTERM");
     let stderr = serving.stderr_text();
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(143), "{stderr}");

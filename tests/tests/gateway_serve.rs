@@ -91,7 +91,7 @@ async fn g9_seed_004_sigterm_mid_turn_drains_it_finalizes_the_idle_one_and_exits
     );
     assert_eq!(seen[ended]["params"]["outcome"], "completed");
 
-    let status = serving.exited_within(PATIENCE).expect("exited");
+    let status = serving.exits_within(PATIENCE, "the gateway after SIGTERM");
     assert_eq!(status.code(), Some(143), "{}", serving.stderr_text());
     let sessions = sandbox.sessions();
     let row = by_name(&sessions, "running");
@@ -172,7 +172,7 @@ async fn sigint_finalizes_every_session_and_exits_130_and_sessions_list_is_settl
         json!({ "id": id, "end_reason": "shutdown" })
     );
     assert!(client.until_closed().await.is_empty());
-    let status = serving.exited_within(PATIENCE).expect("exited");
+    let status = serving.exits_within(PATIENCE, "the gateway after SIGTERM");
     assert_eq!(status.code(), Some(130), "{}", serving.stderr_text());
     assert_eq!(sandbox.sessions()[0]["end_reason"], "shutdown");
 }
