@@ -55,6 +55,7 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         | Event::WorkEnded { work, .. }
         | Event::WorkExited { work }
         | Event::Usage { work, .. } => (work.session, Asks::Report),
+        Event::Committed { session } => (session, Asks::Report),
         Event::CancelWork { work } => (work.session, Asks::End),
         Event::AgentFinished { session }
         | Event::Abandoned { session }

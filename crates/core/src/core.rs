@@ -49,6 +49,10 @@ pub struct Core {
     deadlines: Deadlines,
     /// Sessions not yet finalized.
     open: usize,
+    /// Of those, the ones registered at the LRU cap whose registration is
+    /// not committed yet (`Session::room_owed`): the cap's room is made
+    /// for the others only.
+    owing: usize,
     shutdown: Option<Shutdown>,
     /// The lease on the sessions was lost: what is finalized from then on
     /// is the store's to end by recovery, and ends `recovered` (G8).
@@ -92,6 +96,7 @@ impl Core {
             effects: VecDeque::new(),
             deadlines: Deadlines::default(),
             open: 0,
+            owing: 0,
             shutdown: None,
             lease_lost: false,
             now: None,
@@ -146,6 +151,7 @@ impl Core {
             Event::CancelTurn { session } => self.cancel_turn(now, session),
             Event::CancelWork { work } => self.cancel_work(now, work),
             Event::Withdraw { session } => self.withdraw(now, session),
+            Event::Committed { session } => Ok(self.committed(now, session)),
             Event::CancelDescendants { session } => self.cancel_descendants(now, session),
             Event::UserClose { session } => {
                 let mode = CancelMode::Immediate;
@@ -399,8 +405,49 @@ impl Core {
         };
         let mut s = Session::new(parent, now);
         s.scope = scope;
-        self.enter(now, id, s, victims, Cause::Registered)?;
-        Ok(Handled::Applied)
+        // At the cap the room is made once the registration is committed
+        // (`Event::Committed`): one the store refuses evicts no one.
+        s.room_owed = !victims.is_empty();
+        let owed = s.room_owed;
+        self.enter(now, id, s, Vec::new(), Cause::Registered)?;
+        self.owing += usize::from(owed);
+        Ok(match owed {
+            true => Handled::EvictsOnCommit,
+            false => Handled::Applied,
+        })
+    }
+
+    /// [`Event::Committed`]: the room a registration at the cap owed is
+    /// made now, as far as idle sessions of its scope allow.
+    fn committed(&mut self, now: Instant, id: SessionId) -> Handled {
+        let shutting_down = self.shutdown.is_some();
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return Handled::NoOp;
+        };
+        if !std::mem::take(&mut s.room_owed) {
+            return Handled::NoOp;
+        }
+        self.owing -= 1;
+        if shutting_down {
+            return Handled::NoOp;
+        }
+        let (parent, scope) = (s.parent, s.scope);
+        // What the committed sessions exceed the cap by, made among the
+        // committed ones: the room a registration still in flight needs is
+        // made when it commits, and none if it is withdrawn.
+        let needed = match self.policy.lru_cap {
+            Some(cap) => (self.open - self.owing).saturating_sub(cap),
+            None => 0,
+        };
+        let spare = [parent, Some(id)];
+        let victims = self
+            .deadlines
+            .oldest_idle(&mut self.sessions, needed, spare, scope, true);
+        if victims.is_empty() {
+            return Handled::NoOp;
+        }
+        self.evict(now, victims);
+        Handled::Applied
     }
 
     /// Keeps the new record `s` of `id` (registered or adopted), under its
@@ -439,20 +486,28 @@ impl Core {
         // Evicted once the new session is a child of its parent: evicting
         // its last sibling cannot then finalize the parent (a pending
         // reclaim waiting for its children) under it (G1).
+        self.evict(now, victims);
+        Ok(())
+    }
+
+    /// Claims each of `victims` (idle, found by
+    /// [`room_for`](Self::room_for)) for the LRU cap.
+    fn evict(&mut self, now: Instant, victims: Vec<SessionId>) {
         for id in victims {
             if let Some(s) = self.sessions.get_mut(&id) {
                 self.deadlines.unindex_idle(&mut s.idle);
             }
             self.claim(now, id, EndReason::LruEvict);
         }
-        Ok(())
     }
 
     /// The sessions to evict to make room under the LRU cap for one more
     /// of `scope` (under `parent`): the least recently active idle ones of
     /// that scope, the parent spared (its child makes it busy), so that
     /// the new session is never the one evicted, nor a session of another
-    /// scope. Refused, changing nothing, when too few can be.
+    /// scope, nor one whose own registration waits for its commit.
+    /// Refused, changing nothing, when too few can be. A registration
+    /// evicts them once it is committed (`committed`), an adoption at once.
     fn room_for(
         &mut self,
         parent: Option<SessionId>,
@@ -465,9 +520,9 @@ impl Core {
         if needed == 0 {
             return Ok(Vec::new());
         }
-        let victims = self
-            .deadlines
-            .oldest_idle(&mut self.sessions, needed, parent, scope);
+        let victims =
+            self.deadlines
+                .oldest_idle(&mut self.sessions, needed, [parent, None], scope, false);
         if victims.len() < needed {
             return Err(Error::OverCapacity { cap });
         }
@@ -721,6 +776,7 @@ impl Core {
             ));
         }
         let parent = s.parent;
+        self.owing -= usize::from(s.room_owed);
         self.sessions.remove(&id);
         self.delegations.remove(&id);
         self.open -= 1;
@@ -1544,6 +1600,7 @@ impl Core {
             to,
             cause,
             parent,
+            owed,
         } = m;
         let mut parent_may_reclaim = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {
@@ -1557,6 +1614,7 @@ impl Core {
         }
         if to == State::Finalized {
             self.open -= 1;
+            self.owing -= usize::from(owed);
         }
         self.record(now, id, Some(from), to, cause);
         if let (Some(p), true) = (parent, parent_may_reclaim) {
@@ -1716,6 +1774,8 @@ struct Moved {
     to: State,
     cause: Cause,
     parent: Option<SessionId>,
+    /// Finalized while its registration at the cap waited for its commit.
+    owed: bool,
 }
 
 /// The first half of every transition, on the session's record `s` (of id
@@ -1735,10 +1795,12 @@ fn move_state(
         "session {id}: {from} -> {to} ({cause})"
     );
     s.state = to;
+    let mut owed = false;
     if to == State::Finalized {
         // Nothing waits on it any more.
         s.orphan_deadline = None;
         s.children.shrink_to_fit();
+        owed = std::mem::take(&mut s.room_owed);
     }
     index(s, id, shutting_down, deadlines);
     Moved {
@@ -1746,6 +1808,7 @@ fn move_state(
         to,
         cause,
         parent: s.parent,
+        owed,
     }
 }
 

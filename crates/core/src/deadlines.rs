@@ -74,6 +74,10 @@ pub(crate) trait IdleMarks {
 
     /// The scope of `id`, if the session is still kept.
     fn scope(&self, id: SessionId) -> Option<Scope>;
+
+    /// Whether the registration of `id` waits for its commit to make room
+    /// under the cap (see `Session::room_owed`).
+    fn owes_room(&self, id: SessionId) -> bool;
 }
 
 #[derive(Debug, Default)]
@@ -182,8 +186,10 @@ impl Deadlines {
         None
     }
 
-    /// The `n` oldest idle sessions of `scope` but `spare`, oldest first
-    /// (fewer when there are not as many), leaving them in the index.
+    /// The `n` oldest idle sessions of `scope` but those in `spare` (and,
+    /// with `committed_only`, those whose registration waits for its
+    /// commit), oldest first (fewer when there are not as many), leaving
+    /// them in the index.
     ///
     /// Sessions of other scopes are looked past: with one scope that costs
     /// nothing; with several, a registration at the cap looks at most at
@@ -193,8 +199,9 @@ impl Deadlines {
         &mut self,
         marks: &mut impl IdleMarks,
         n: usize,
-        spare: Option<SessionId>,
+        spare: [Option<SessionId>; 2],
         scope: Scope,
+        committed_only: bool,
     ) -> Vec<SessionId> {
         let mut taken = Vec::with_capacity(n + 1);
         let mut oldest = Vec::with_capacity(n);
@@ -205,7 +212,8 @@ impl Deadlines {
             // Off the top for the next look, back in below as it was.
             self.idle.pop();
             taken.push(Reverse((since, id)));
-            if Some(id) != spare && marks.scope(id) == Some(scope) {
+            let counted = !committed_only || !marks.owes_room(id);
+            if counted && !spare.contains(&Some(id)) && marks.scope(id) == Some(scope) {
                 oldest.push(id);
             }
         }

@@ -118,6 +118,14 @@ pub enum Handled {
     /// it under this id now (quinn's `streams().open()`). No effect orders
     /// it; the effects the same input queued (its transition) go first.
     Started(WorkId),
+    /// The session was registered at the LRU cap (the answer to
+    /// `Register` there): the least recently active idle sessions of its
+    /// scope that make room for it are evicted once its registration is
+    /// durable, when the driver says so with
+    /// [`Event::Committed`](crate::Event::Committed). Until then it counts
+    /// against the cap; a registration withdrawn instead
+    /// ([`Event::Withdraw`](crate::Event::Withdraw)) evicts no one.
+    EvictsOnCommit,
     /// The session was already finalized; the request is a no-op (G2).
     AlreadyFinalized,
     /// The request was already satisfied or does not apply (a second cancel,

@@ -24,7 +24,7 @@ use crate::{Budget, CancelMode, Outcome, Scope, SessionId, WorkId};
 /// | starting work: `StartTurn`, `StartTask` | `Err(Error::SessionClosed)` (G10) | `Err(Error::ShuttingDown)`, `Err(Error::Closing)` or `Err(Error::WrongState)` |
 /// | a child under it: `Register` | `Err(Error::SessionClosed)` | `Err(Error::ShuttingDown)` or `Err(Error::ParentNotLive)` |
 /// | using it: `Hold`, `TransportAttached`, `Delegate` (either side), `SetBudget` | `Err(Error::SessionClosed)` (G10) | handled |
-/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited`, `Usage` | `Ok(Handled::NoOp)` (the work is gone) | handled |
+/// | a work's report: `StreamAttached`, `StreamClosed`, `WorkEnded`, `WorkExited`, `Usage`; a registration's commit: `Committed` | `Ok(Handled::NoOp)` (the work is gone) | handled |
 ///
 /// A session this core handed off ([`Effect::HandOff`](crate::Effect::HandOff))
 /// is another process's to use: every input naming it but a work's report
@@ -36,11 +36,16 @@ use crate::{Budget, CancelMode, Outcome, Scope, SessionId, WorkId};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A new session, optionally under a parent that is registered or running
-    /// and not closing. Refused while shutting down. At the LRU cap the least
-    /// recently active idle session of its [`Scope`] is evicted first, so
-    /// the new one never is, nor a session of another scope; with none to
-    /// evict it is refused with
-    /// [`Error::OverCapacity`](crate::Error::OverCapacity), changing nothing.
+    /// and not closing. Refused while shutting down. At the LRU cap it is
+    /// admitted only when enough idle sessions of its [`Scope`] could be
+    /// evicted to make room (never the new one, its parent, nor a session
+    /// of another scope); with too few it is refused with
+    /// [`Error::OverCapacity`](crate::Error::OverCapacity), changing
+    /// nothing. Admitted there, the answer is
+    /// [`Handled::EvictsOnCommit`](crate::Handled::EvictsOnCommit): the
+    /// evictions wait for [`Committed`](Self::Committed), so a
+    /// registration the store refuses and the driver
+    /// [withdraws](Self::Withdraw) evicts no one.
     Register {
         /// The caller-chosen identity (usually the store's row id).
         session: SessionId,
@@ -199,6 +204,19 @@ pub enum Event {
     /// (nobody could have used it yet); nothing is emitted.
     Withdraw {
         /// The session whose registration is withdrawn.
+        session: SessionId,
+    },
+    /// The registration of `session` is durable (its row is committed).
+    /// For one registered at the LRU cap
+    /// ([`Handled::EvictsOnCommit`](crate::Handled::EvictsOnCommit)) the
+    /// least recently active idle sessions of its scope are evicted now
+    /// (`lru_evict`), as many as the cap is exceeded by, never the session
+    /// itself nor its parent; fewer when fewer are idle (a registration
+    /// after it needs the more room). A `NoOp` for any other session, and
+    /// during a shutdown (which reclaims every session anyway). A report:
+    /// answered as a work's report is for a finalized session.
+    Committed {
+        /// The session whose registration was committed.
         session: SessionId,
     },
     /// Sets the budget of the session and its subtree (see [`Budget`]),

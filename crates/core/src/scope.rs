@@ -20,11 +20,16 @@ use std::fmt;
 /// // B's registration may not end A's idle session.
 /// let refused = core.handle(now, Event::Register { session: SessionId(2), parent: None, scope: Some(b) });
 /// assert_eq!(refused, Err(Error::OverCapacity { cap: 1 }));
-/// // A's may: its own least recently active one goes.
+/// // A's may: its own least recently active one goes, once the new
+/// // registration is committed (a refused one is withdrawn instead).
 /// assert_eq!(
 ///     core.handle(now, Event::Register { session: SessionId(3), parent: None, scope: Some(a) }),
-///     Ok(Handled::Applied),
+///     Ok(Handled::EvictsOnCommit),
 /// );
+/// assert_eq!(core.state(SessionId(1)), Some(settle_core::State::Registered));
+/// core.handle(now, Event::Committed { session: SessionId(3) })?;
+/// # while core.poll_effect().is_some() {}
+/// assert_eq!(core.state(SessionId(1)), Some(settle_core::State::Finalized));
 /// # Ok::<(), Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -51,6 +51,11 @@ pub(crate) struct Session {
     /// Whose it is, for the LRU cap: only a registration of the same scope
     /// evicts it.
     pub scope: Scope,
+    /// Registered at the LRU cap: the sessions that make room for it are
+    /// evicted once its registration is committed
+    /// ([`Event::Committed`](crate::Event::Committed)), not before, so a
+    /// registration the store refuses evicts no one.
+    pub room_owed: bool,
 }
 
 /// Where a session stands once one of its works ended.
@@ -120,6 +125,7 @@ impl Session {
             budget: None,
             budgeted: false,
             scope: Scope::SHARED,
+            room_owed: false,
         }
     }
 

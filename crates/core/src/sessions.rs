@@ -86,6 +86,10 @@ impl IdleMarks for Sessions {
     fn scope(&self, id: SessionId) -> Option<Scope> {
         self.get(&id).map(|s| s.scope)
     }
+
+    fn owes_room(&self, id: SessionId) -> bool {
+        self.get(&id).is_some_and(|s| s.room_owed)
+    }
 }
 
 #[cfg(test)]

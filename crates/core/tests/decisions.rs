@@ -532,12 +532,19 @@ fn g3_a_register_over_a_cap_with_nothing_to_evict_is_refused_and_a_new_session_i
 fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
     let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(3)));
     let (a, b) = (Scope(1), Scope(2));
+    // At the cap, committed at once, as the runtime does once its row is
+    // written.
     let register = |h: &mut Harness, id: u64, scope: Scope| {
-        h.try_ev(Event::Register {
-            session: SessionId(id),
+        let session = SessionId(id);
+        let handled = h.try_ev(Event::Register {
+            session,
             parent: None,
             scope: Some(scope),
-        })
+        });
+        if handled == Ok(Handled::EvictsOnCommit) {
+            h.ev(Event::Committed { session });
+        }
+        handled
     };
     // A's two idle sessions are the oldest; B's one is the newest.
     for (id, scope) in [(1, a), (2, a), (3, b)] {
@@ -545,7 +552,7 @@ fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
         h.advance(SEC);
     }
     // B at the cap: its own idle session goes, though A's are older.
-    assert_eq!(register(&mut h, 4, b), Ok(Handled::Applied));
+    assert_eq!(register(&mut h, 4, b), Ok(Handled::EvictsOnCommit));
     assert_eq!(h.finalized(), vec![(SessionId(3), EndReason::LruEvict)]);
     assert_eq!(h.core.session(SessionId(4)).map(|s| s.scope()), Some(b));
     // B again: its only session is the one it is making room beside, busy.
@@ -556,7 +563,7 @@ fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
     assert_eq!(h.state(SessionId(1)), State::Registered);
     assert_eq!(h.state(SessionId(2)), State::Registered);
     // A evicts its own oldest.
-    assert_eq!(register(&mut h, 6, a), Ok(Handled::Applied));
+    assert_eq!(register(&mut h, 6, a), Ok(Handled::EvictsOnCommit));
     let evicted = |ids: &[u64]| -> Vec<_> {
         ids.iter()
             .map(|&id| (SessionId(id), EndReason::LruEvict))
@@ -570,8 +577,11 @@ fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
             parent: Some(SessionId(6)),
             scope: None,
         }),
-        Ok(Handled::Applied)
+        Ok(Handled::EvictsOnCommit)
     );
+    h.ev(Event::Committed {
+        session: SessionId(7),
+    });
     assert_eq!(h.finalized(), evicted(&[3, 1, 2]));
     assert_eq!(h.core.session(SessionId(7)).map(|s| s.scope()), Some(a));
     // A child named a scope is in that one, whatever its parent's: B has
@@ -594,6 +604,81 @@ fn g3_an_eviction_at_the_cap_takes_only_sessions_of_the_registering_scope() {
         Err(Error::OverCapacity { cap: 3 })
     );
     assert_eq!(h.finalized(), evicted(&[3, 1, 2]));
+}
+
+/// Found from outside: a registration at the cap evicted an idle session
+/// (finalized `lru_evict`, its memory committed) and then the store
+/// refused the registration's row, so the session was ended for one that
+/// never existed. The room is made once the registration is committed; a
+/// withdrawn one evicts no one.
+#[test]
+fn g3_a_registration_the_store_refused_at_the_cap_evicts_no_one() {
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(2)));
+    let (a, b) = (h.register(1, None), h.register(2, None));
+    h.drain();
+    let register = |h: &mut Harness, id: u64| {
+        h.try_ev(Event::Register {
+            session: SessionId(id),
+            parent: None,
+            scope: None,
+        })
+    };
+    assert_eq!(register(&mut h, 3), Ok(Handled::EvictsOnCommit));
+    assert!(h.finalized().is_empty(), "evicted before the commit");
+    // The store refused its row: withdrawn, and both idle sessions live.
+    h.ev(Event::Withdraw {
+        session: SessionId(3),
+    });
+    assert_eq!(h.state(a), State::Registered);
+    assert_eq!(h.state(b), State::Registered);
+    assert_eq!(h.core.open_sessions(), 2);
+    assert!(h.finalized().is_empty());
+
+    // A burst at the cap is admitted: its sessions evict each other as
+    // they commit, least recently active first.
+    for id in [4, 5, 6] {
+        assert_eq!(register(&mut h, id), Ok(Handled::EvictsOnCommit));
+    }
+    assert!(h.finalized().is_empty());
+    // 4's commit makes room for 4 only: the oldest idle one goes, not
+    // both (5 and 6 may still be refused).
+    h.ev(Event::Committed {
+        session: SessionId(4),
+    });
+    assert_eq!(h.finalized(), vec![(a, EndReason::LruEvict)]);
+    // The other starts a turn, and the store refuses 5.
+    let turn = h.start_turn(b);
+    h.ev(Event::Withdraw {
+        session: SessionId(5),
+    });
+    // 6's commit takes the least recently active committed idle one: 4,
+    // not the busy one.
+    h.ev(Event::Committed {
+        session: SessionId(6),
+    });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (a, EndReason::LruEvict),
+            (SessionId(4), EndReason::LruEvict)
+        ]
+    );
+    assert_eq!(h.core.open_sessions(), 2);
+    assert_eq!(h.state(SessionId(6)), State::Registered);
+    // A second commit, and one of a finalized session, change nothing.
+    for id in [4, 6] {
+        assert_eq!(
+            h.try_ev(Event::Committed {
+                session: SessionId(id),
+            }),
+            Ok(Handled::NoOp)
+        );
+    }
+    h.ev(Event::WorkEnded {
+        work: turn,
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(h.state(b), State::Registered);
 }
 
 /// Found by the property suite: a registration at the cap evicted the new

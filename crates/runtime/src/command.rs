@@ -116,4 +116,7 @@ pub(crate) enum Ack {
     /// A session's row could not be written: withdraw its registration
     /// (the store's cause, as its caller was told it).
     RegisterFailed(SessionId, String),
+    /// The row of a session registered at the LRU cap is committed, and
+    /// its caller told so: the core makes room for it now.
+    Committed(SessionId),
 }

@@ -480,7 +480,7 @@ impl Driver {
             Err(refused) => {
                 reply.tell(Err(refused.into()));
             }
-            Ok(_) => {
+            Ok(handled) => {
                 if let Some(budget) = budget {
                     // The same step: nothing of it runs before its budget.
                     let set = self
@@ -496,8 +496,13 @@ impl Driver {
                 // The row goes first: every record the registration's
                 // effects queue is about a session the store has.
                 let at = self.wall_now;
-                self.recorder
-                    .push(Record::CreateSession { shared, at, reply });
+                let room_owed = handled == Handled::EvictsOnCommit;
+                self.recorder.push(Record::CreateSession {
+                    shared,
+                    at,
+                    reply,
+                    room_owed,
+                });
             }
         }
         self.execute();
@@ -691,6 +696,10 @@ impl Driver {
                 }
             }
             Ack::RegisterFailed(session, error) => self.withdraw(session, error),
+            Ack::Committed(session) => {
+                // Stale (finalized since, or a shutdown began): a no-op.
+                let _ = self.input(Event::Committed { session });
+            }
         }
     }
 

@@ -120,7 +120,7 @@
 //! | what | default | end | turn it off |
 //! |---|---|---|---|
 //! | idle reap: a session with no turn, no hold, no child for the idle TTL | 30 min | `idle_reap` | `.idle_ttl(None)` |
-//! | LRU eviction: a registration over the cap evicts the least recently active idle session of its [`Scope`] ([`Kernel::register_in`]; one scope for all by default) | 1,000 open sessions | `lru_evict` | `.lru_cap(None)` |
+//! | LRU eviction: a registration over the cap evicts the least recently active idle session of its [`Scope`] ([`Kernel::register_in`]; one scope for all by default), once its row is committed (one the store refuses evicts no one) | 1,000 open sessions | `lru_evict` | `.lru_cap(None)` |
 //! | orphan reap: only sessions that had a transport attached and lost it | 60 s grace | `orphan_reap` | attach no transport |
 //! | a turn's stream silent (no chunk, no keepalive) | 30 s ([`settle_stream::DEFAULT_IDLE_TIMEOUT`]) | turn `idle_timeout` | `.idle_timeout(None)`, or per turn |
 //! | a cancelled work that does not unwind | 1 s settle timeout | turn `detached` | `.settle_timeout(..)` |

@@ -22,6 +22,10 @@ pub(crate) enum Record {
         shared: Arc<SessionShared>,
         at: SystemTime,
         reply: crate::told::RegisterTold,
+        /// Registered at the LRU cap: tell the core once the row is
+        /// committed ([`Ack::Committed`](crate::command::Ack::Committed)),
+        /// so that it makes room then.
+        room_owed: bool,
     },
     /// A timeline row.
     Transition {

@@ -47,6 +47,7 @@ impl Core {
         // What it delegated to is not interrupted: it is not finalized.
         self.delegations.remove(&id);
         self.open -= 1;
+        self.owing -= usize::from(s.room_owed);
         self.handed_off.insert(id, ());
         if let Some(p) = s.parent.and_then(|p| self.sessions.get_mut(&p)) {
             p.unsettled_children -= 1;

@@ -623,6 +623,18 @@ fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
             ctx.effects
         );
     }
+    if let Step::Register { session, .. } = *ctx.step {
+        // Room is made once the registration is committed: one the store
+        // refuses, and the driver withdraws, evicts no one.
+        for (_, f) in ctx.finalizes() {
+            assert_ne!(
+                f.reason,
+                EndReason::LruEvict,
+                "G3: session {} evicted before the registration of {session} was committed",
+                f.session
+            );
+        }
+    }
     for (i, f) in ctx.finalizes() {
         let id = f.session.get();
         let from = match i.checked_sub(1).map(|j| &ctx.effects[j]) {
@@ -669,15 +681,17 @@ fn g3_sweepers_spare_live_turns(seen: &Observed, core: &Core, ctx: &Ctx) {
                 f.reason
             );
         }
-        if let Step::Register { session, .. } = *ctx.step {
+        if let Step::Register { session, .. } | Step::Committed(session) = *ctx.step {
             assert_ne!(
                 id, session,
                 "G3: session {id} evicted by its own registration"
             );
         }
         // Room is made only among the sessions of the new one's scope.
-        if let (EndReason::LruEvict, Step::Register { session, .. } | Step::Adopt { session, .. }) =
-            (f.reason, ctx.step)
+        if let (
+            EndReason::LruEvict,
+            Step::Register { session, .. } | Step::Adopt { session, .. } | Step::Committed(session),
+        ) = (f.reason, ctx.step)
         {
             let evicted = core.session(f.session).expect("known").scope();
             let new = core.session(SessionId(*session)).expect("kept").scope();

@@ -120,6 +120,9 @@ pub struct RefSession {
     pub budgeted: bool,
     /// Whose it is, for the LRU cap.
     pub scope: u64,
+    /// Registered at the cap: the room it needs is made once its
+    /// registration is committed.
+    pub room_owed: bool,
 }
 
 /// A session's budget and what its subtree spent.
@@ -158,6 +161,7 @@ impl RefSession {
             budget: None,
             budgeted: false,
             scope: 0,
+            room_owed: false,
         }
     }
 
@@ -946,9 +950,56 @@ impl Model {
                 s.budgeted = parent
                     .and_then(|p| self.sessions.get(&p))
                     .is_some_and(|p| p.budgeted);
+                // At the cap, no one is evicted before the registration is
+                // committed (a refused one evicts no one).
+                s.room_owed = !evict.is_empty();
+                let owed = s.room_owed;
                 self.sessions.insert(session, s);
-                for id in evict {
-                    self.claim(id, EndReason::LruEvict);
+                Ok(if owed {
+                    Handled::EvictsOnCommit
+                } else {
+                    Applied
+                })
+            }
+            Step::Committed(id) => {
+                let s = self.lookup(id)?;
+                if s.state == State::Finalized || !s.room_owed {
+                    return Ok(NoOp);
+                }
+                let (parent, scope) = (s.parent, s.scope);
+                self.s(id).room_owed = false;
+                // What the committed sessions exceed the cap by: the room of a
+                // registration still in flight is made when it commits.
+                let owing = self
+                    .sessions
+                    .values()
+                    .filter(|s| s.room_owed && s.state != State::Finalized)
+                    .count();
+                let needed = match (self.policy.lru_cap, &self.shutdown) {
+                    (Some(cap), None) => (self.open_count() - owing).saturating_sub(cap),
+                    _ => 0,
+                };
+                // The oldest idle committed ones of its scope, sparing it and
+                // its parent; as many as there are, up to that.
+                let mut victims: Vec<_> = self
+                    .sessions
+                    .iter()
+                    .filter(|(v, s)| {
+                        **v != id
+                            && Some(**v) != parent
+                            && s.scope == scope
+                            && !s.room_owed
+                            && self.reclaimable(**v)
+                    })
+                    .map(|(v, s)| (s.idle_since, *v))
+                    .collect();
+                victims.sort_unstable();
+                victims.truncate(needed);
+                if victims.is_empty() {
+                    return Ok(NoOp);
+                }
+                for (_, v) in victims {
+                    self.claim(v, EndReason::LruEvict);
                 }
                 Ok(Applied)
             }
@@ -1416,8 +1467,10 @@ impl Model {
     }
 
     /// The sessions to evict to make room under the LRU cap for one more
-    /// of `scope` under `parent` (spared): only idle sessions of that scope;
-    /// found before the new session exists; refused, changing nothing,
+    /// of `scope` under `parent` (spared): only idle sessions of that scope
+    /// (a registration in flight too: a burst at the cap is admitted, its
+    /// sessions evicting each other as they commit); found before the new
+    /// session exists; refused, changing nothing,
     /// without them; evicted once it is its parent's child (G1).
     fn room_for(&self, parent: Option<u64>, scope: u64) -> Result<Vec<u64>, Error> {
         let mut evict = Vec::new();

@@ -105,6 +105,8 @@ pub enum Step {
     Forget(u64),
     /// A registration whose durable row could not be written is withdrawn.
     Withdraw(u64),
+    /// A registration's durable row was committed.
+    Committed(u64),
     /// A budget for the session's subtree: at most these turns, tokens,
     /// milliseconds of wall time.
     SetBudget(u64, Option<u32>, Option<u64>, Option<u64>),
@@ -131,6 +133,7 @@ impl Step {
             | Step::TransportDetached(id)
             | Step::Forget(id)
             | Step::Withdraw(id)
+            | Step::Committed(id)
             | Step::SetBudget(id, ..) => Some(id),
             Step::Adopt { session, .. } => Some(session),
             Step::StreamAttached(w)
@@ -183,6 +186,7 @@ impl Step {
             Step::CancelTurn(id) => Event::CancelTurn { session: sid(id) },
             Step::CancelWork(work) => Event::CancelWork { work },
             Step::Withdraw(id) => Event::Withdraw { session: sid(id) },
+            Step::Committed(id) => Event::Committed { session: sid(id) },
             Step::SetBudget(id, turns, tokens, wall) => {
                 let mut budget = Budget::default();
                 budget.max_turns = turns;
@@ -279,6 +283,7 @@ impl Step {
                 | Step::StartRefused(_)
                 | Step::WorkEnded(..)
                 | Step::WorkExited(_)
+                | Step::Committed(_)
         )
     }
 }
@@ -304,8 +309,8 @@ pub fn policy() -> impl Strategy<Value = RefPolicy> {
             None,
             None,
             Some(1usize),
+            Some(2),
             Some(3),
-            Some(6),
             Some(6),
         ]),
         span(vec![0, 30, 100, 700]),
@@ -423,6 +428,22 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     });
     // After shutdown one refusal is telling; a run of them is not.
     choices.push((if shutting_down { 1 } else { 14 }, register.boxed()));
+    // A registration at the cap is committed, or withdrawn (the store
+    // refused it), or stays in flight a while (others at the cap beside
+    // it: a burst).
+    let owing: Vec<u64> = model
+        .sessions
+        .iter()
+        .filter(|(_, s)| s.room_owed)
+        .map(|(id, _)| *id)
+        .collect();
+    if !owing.is_empty() {
+        let settled = (select(owing), 0u8..3).prop_map(|(id, which)| match which {
+            0 => Step::Withdraw(id),
+            _ => Step::Committed(id),
+        });
+        choices.push((4, settled.boxed()));
+    }
     // A released session adopted here: a fresh id (under a parent that may
     // take it, or one that lives elsewhere), or one this core knows or
     // handed off itself (refused).
@@ -576,7 +597,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
     if !known.is_empty() {
         // Any input at any session, finalized and forgotten ones included:
         // each must get its one answer and change nothing else.
-        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..24).prop_map(
+        let any = (select(known), outcome(), hold(), any::<bool>(), 0u8..25).prop_map(
             move |(id, outcome, hold, flag, which)| {
                 let turn = WorkId::turn(SessionId(id), 1);
                 match which {
@@ -603,6 +624,7 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
                     20 => Step::Usage(turn, 30),
                     21 => Step::SetBudget(id, Some(1), None, None),
                     22 => Step::StartRefused(turn),
+                    23 => Step::Committed(id),
                     _ => Step::Register {
                         session: next,
                         parent: Some(id),

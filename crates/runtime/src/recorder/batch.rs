@@ -38,7 +38,12 @@ impl Recorder {
         now: tokio::time::Instant,
     ) {
         let write = match record {
-            Record::CreateSession { shared, at, reply } => {
+            Record::CreateSession {
+                shared,
+                at,
+                reply,
+                room_owed,
+            } => {
                 let mut new = NewSession::new(shared.name.to_string(), self.owner)
                     .with_id(shared.id)
                     .at(at);
@@ -49,7 +54,11 @@ impl Recorder {
                 pending.registered.insert(shared.id);
                 Some((
                     LifecycleWrite::Register(new),
-                    Answer::Registered { shared, reply },
+                    Answer::Registered {
+                        shared,
+                        reply,
+                        room_owed,
+                    },
                 ))
             }
             Record::Transition { transition: t, at } => {
@@ -373,9 +382,17 @@ impl Recorder {
             }
         }
         match answer {
-            Answer::Registered { shared, reply } => match (result, reply.take()) {
+            Answer::Registered {
+                shared,
+                reply,
+                room_owed,
+            } => match (result, reply.take()) {
                 (Ok(_), Some(caller)) => {
+                    let id = shared.id;
                     caller.tell(Ok(shared));
+                    if room_owed {
+                        let _ = self.acks.send(Ack::Committed(id));
+                    }
                 }
                 (Ok(_), None) => {
                     // Its caller was told it failed at the store timeout of

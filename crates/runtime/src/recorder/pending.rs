@@ -24,6 +24,9 @@ pub(super) enum Answer {
         /// The caller, until told (here, or by its own patience: see
         /// `told.rs`).
         reply: RegisterTold,
+        /// Registered at the LRU cap: the driver is told once it is
+        /// committed (see [`Ack::Committed`](crate::command::Ack::Committed)).
+        room_owed: bool,
     },
     Transition(SessionId),
     TurnStarted {

@@ -1424,6 +1424,37 @@ async fn g7_a_registration_the_store_fails_past_the_store_timeout_is_refused_at_
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A registration at the LRU cap whose row the store never takes evicts no
+/// one: the idle session that would have made room for it stays live, in
+/// the kernel and in the store. One the store takes evicts it once its row
+/// is committed.
+#[tokio::test(start_paused = true)]
+async fn g3_a_registration_the_store_refused_at_the_cap_evicts_no_one() {
+    let store = Faulty::default();
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .lru_cap(Some(1))
+        .store_timeout(Duration::from_secs(10))
+        .start()
+        .await
+        .expect("the runtime starts");
+    let idle = kernel.register("idle", None).await.unwrap();
+    store.fail_registrations.store(usize::MAX, Ordering::SeqCst);
+    let refused = kernel.register("never", None).await.map(|s| s.id());
+    assert!(refused.is_err(), "registered on a store that took nothing");
+    store.fail_registrations.store(0, Ordering::SeqCst);
+    // Long enough for an eviction's end, tried again, to be written.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(!idle.is_closed(), "evicted for a refused registration");
+    let live: Vec<_> = live_rows(&store).await.iter().map(|r| r.id).collect();
+    assert_eq!(live, vec![idle.id()]);
+    // The next one the store takes makes its room.
+    let kept = kernel.register("kept", None).await.unwrap();
+    assert_eq!(idle.finalized().await.unwrap(), EndReason::LruEvict);
+    assert!(!kept.is_closed());
+    kernel.shutdown(Duration::ZERO).await;
+}
+
 /// A registration announced on the event stream and then refused, because
 /// the store never took its row, is withdrawn there too: a subscriber that
 /// saw `Registered` is told the session never came to be, with the store's
