@@ -1006,8 +1006,10 @@ fn g11_bad_input_is_refused_whole() {
     assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
 }
 
-/// A PostgreSQL URL that is not one (bad brackets, ports, options, escapes)
-/// is bad input: exit 2, one line, nothing written, for every command that
+/// A PostgreSQL URL that is not one (bad brackets, ports, options, escapes,
+/// spaces), or a location meant for another kind of store (another
+/// scheme, libpq's keyword string), is bad input: exit 2, one line, nothing
+/// written (no file of its name), for every command that
 /// opens the store. And no line ever carries its password: not the masked
 /// URL's, not inside what the client library quotes back, not in part.
 #[test]
@@ -1026,6 +1028,18 @@ fn g11_a_malformed_postgresql_url_is_bad_input_and_never_shows_its_password() {
         ),
         ("postgres://u:ESC%41PED@[::1/db", "ESCAPED"),
         ("postgres://u:ESC%41PED@[::1/db", "ESC%41PED"),
+        // Found from outside: a space in the URL was taken for a server
+        // that did not answer (3).
+        ("postgres://u:SPACEPW@127.0.0.1:1/my db", "SPACEPW"),
+        // Not PostgreSQL URLs at all, but no SQLite path either: each
+        // made a file of its name, libpq's keyword string one named with
+        // its password, which every later message showed.
+        (
+            "host=127.0.0.1 port=1 password=KEYWORDPW dbname=x",
+            "KEYWORDPW",
+        ),
+        ("mysql://u:MYSQLPW@h/db", "MYSQLPW"),
+        ("postgres:u:NOSLASHPW@h/db", "NOSLASHPW"),
     ];
     // Well formed, but the server is not there: a store error (3), and no
     // password either, even one with an `@` in it that libpq reads apart.
@@ -1033,6 +1047,8 @@ fn g11_a_malformed_postgresql_url_is_bad_input_and_never_shows_its_password() {
         ("postgres://u:SECRETPW@127.0.0.1:1/x", "SECRETPW"),
         ("postgres://u:AT@SIGN@127.0.0.1:1/x", "AT@SIGN"),
         ("postgres://u:AT@SIGN@127.0.0.1:1/x", "AT"),
+        // A URL's scheme is case-insensitive.
+        ("POSTGRES://u:UPPERPW@127.0.0.1:1/x", "UPPERPW"),
     ];
     let commands: [&[&str]; 6] = [
         &["sessions"],

@@ -160,11 +160,7 @@ pub fn parse_id(text: &str) -> Result<SessionId, String> {
 /// that is empty or holds no settle tables, or a PostgreSQL database that does
 /// not exist, is bad input (exit 2) and nothing is created or written.
 pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
-    if let Some(path) = missing_sqlite_file(db) {
-        return Err(Failure::bad_input(format!(
-            "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
-        )));
-    }
+    refuse_missing(db)?;
     Store::open_with(db, options().with_existing_only(true)).map_err(sort_open_error)
 }
 
@@ -175,11 +171,7 @@ pub fn open_existing_store(db: &str) -> Result<Store, Failure> {
 /// ([`StoreOptions::read_only`](settle_store::StoreOptions::read_only)),
 /// and nothing is written.
 pub fn open_store_to_read(db: &str) -> Result<Store, Failure> {
-    if let Some(path) = missing_sqlite_file(db) {
-        return Err(Failure::bad_input(format!(
-            "there is no database at {path}; `settle run` or `settle chat` creates one, or pass --db with the path of one"
-        )));
-    }
+    refuse_missing(db)?;
     match Store::open_with(db, options().with_existing_only(true)) {
         Err(OpenError::ReadOnly { .. }) => {
             Store::open_with(db, options().with_read_only(true)).map_err(sort_open_error)
@@ -188,18 +180,22 @@ pub fn open_store_to_read(db: &str) -> Result<Store, Failure> {
     }
 }
 
-/// The SQLite file named by `db` when nothing is at that path (a dangling
-/// link counts as nothing: SQLite would create its target).
-fn missing_sqlite_file(db: &str) -> Option<&str> {
-    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
-        return None;
+/// Refuses a location that names no database (bad input, repeating no
+/// password), then says there is none when nothing is at the SQLite path
+/// `db` names (a dangling link counts as nothing: SQLite would create its
+/// target).
+fn refuse_missing(db: &str) -> Result<(), Failure> {
+    Store::check_location(db).map_err(sort_open_error)?;
+    let Some(path) = Store::sqlite_file(db) else {
+        return Ok(());
+    };
+    match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Failure::bad_input(format!(
+            "there is no database at {}; `settle run` or `settle chat` creates one, or pass --db with the path of one",
+            path.display()
+        ))),
+        _ => Ok(()),
     }
-    let path = db
-        .strip_prefix("sqlite://")
-        .or_else(|| db.strip_prefix("sqlite:"))
-        .unwrap_or(db);
-    let missing = std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
-    missing.then_some(path)
 }
 
 /// Opens (creating a SQLite file if need be) the store, sorting its errors

@@ -29,6 +29,13 @@ pub enum OpenError {
         /// Why it is not one.
         reason: &'static str,
     },
+    /// The location is libpq's keyword string (`host=… dbname=…`), which
+    /// the store does not take; it is not repeated in the message, as it
+    /// may hold a password.
+    #[error(
+        "the database location is a libpq keyword string (host=… dbname=…), which is not taken (and not repeated here: it may hold a password); pass it as a postgres:// URL"
+    )]
+    ConnString,
     /// The path is a symbolic link to nothing: the store neither creates
     /// its target nor removes the link.
     #[error(

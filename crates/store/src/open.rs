@@ -62,8 +62,16 @@ pub(crate) enum Target {
 
 impl Target {
     pub(crate) fn parse(url: &str) -> Target {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Target::Postgres(url.to_owned());
+        // A URL's scheme is case-insensitive (RFC 3986); libpq reads only
+        // the lower-case one.
+        for scheme in ["postgres://", "postgresql://"] {
+            if let Some(rest) = url
+                .get(..scheme.len())
+                .filter(|head| head.eq_ignore_ascii_case(scheme))
+                .and_then(|_| url.get(scheme.len()..))
+            {
+                return Target::Postgres(format!("{scheme}{rest}"));
+            }
         }
         let path = url
             .strip_prefix("sqlite://")
@@ -90,6 +98,63 @@ pub(crate) fn open(target: &Target, options: &StoreOptions) -> Result<Opened, Op
 
 // --- SQLite ---------------------------------------------------------------
 
+/// Why a location taken for an SQLite path is none.
+pub(crate) enum NotAFile {
+    /// libpq's `key=value` words (which may hold a password).
+    ConnString,
+    /// A URL, or a PostgreSQL one without its `//`.
+    Url(&'static str),
+}
+
+/// Refuses what is meant for another kind of store, before SQLite would
+/// create a file of that name: a URL of any scheme but `sqlite:` (a
+/// `mysql://…`, an `http://…`), `postgres:` without its `//`, and libpq's
+/// keyword string (`host=… dbname=…`), whose password would otherwise
+/// name a file and be echoed in every message about it.
+pub(crate) fn check_not_a_url(path: &str) -> Result<(), NotAFile> {
+    const LIBPQ_KEYWORDS: [&str; 12] = [
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "service",
+        "sslmode",
+        "connect_timeout",
+        "options",
+        "application_name",
+    ];
+    let first = path.split_whitespace().next().unwrap_or("");
+    if let Some((key, _)) = first.split_once('=') {
+        if LIBPQ_KEYWORDS.contains(&key.trim().to_ascii_lowercase().as_str()) {
+            return Err(NotAFile::ConnString);
+        }
+    }
+    let scheme_len = path.find(':').filter(|&n| n > 1).filter(|&n| {
+        let scheme = &path[..n];
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-'))
+    });
+    if let Some(n) = scheme_len {
+        let scheme = path[..n].to_ascii_lowercase();
+        if scheme == "postgres" || scheme == "postgresql" {
+            return Err(NotAFile::Url(
+                "a PostgreSQL URL begins postgres:// (postgres://user@host:port/database)",
+            ));
+        }
+        if path[n..].starts_with("://") && scheme != "sqlite" {
+            return Err(NotAFile::Url(
+                "a URL of a kind the store does not take (only postgres:// URLs and SQLite paths)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What the path looked like before `open` touched it.
 enum Before {
     /// A database file (or an empty file) was there.
@@ -98,7 +163,9 @@ enum Before {
     Nothing(Vec<PathBuf>),
 }
 
-fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError> {
+/// Refuses, touching nothing, an SQLite location that names no file (see
+/// [`check_not_a_url`]); the path as SQLite's API takes it otherwise.
+pub(crate) fn check_sqlite_path(path: &Path) -> Result<&str, OpenError> {
     if path.as_os_str().is_empty() {
         return Err(OpenError::EmptyPath);
     }
@@ -119,6 +186,23 @@ fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError>
     if path_str.starts_with("file:") {
         return Err(not_a_path("an SQLite URI is not taken"));
     }
+    check_not_a_url(path_str).map_err(|reason| match reason {
+        NotAFile::ConnString => OpenError::ConnString,
+        // Named as a URL is, its password masked; a PostgreSQL one
+        // without its `//` may not parse as one: its scheme only.
+        NotAFile::Url(reason) => OpenError::NotAPath {
+            path: PathBuf::from(match path_str.contains("://") {
+                true => redact(path_str),
+                false => format!("{}…", path_str.find(':').map_or("", |n| &path_str[..=n])),
+            }),
+            reason,
+        },
+    })?;
+    Ok(path_str)
+}
+
+fn open_sqlite(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError> {
+    let path_str = check_sqlite_path(path)?;
     let before = preflight(path, options.existing_only(), options.read_only())?;
     let opened = establish_sqlite(path, path_str, options);
     // A file this open made is removed again when it failed, unless it
@@ -562,8 +646,9 @@ fn pg_refusal(url: &str, sent: &str, e: ConnectionError) -> OpenError {
 /// itself, before any connection was tried: its URI parser's and its
 /// option checks' messages.
 fn is_malformed(lower: &str) -> bool {
-    const SAYINGS: [&str; 12] = [
+    const SAYINGS: [&str; 13] = [
         " in uri",
+        "unexpected spaces found",
         "invalid uri",
         "invalid percent-encoded token",
         "forbidden value %00",

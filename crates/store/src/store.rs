@@ -133,6 +133,20 @@ impl Store {
         }
     }
 
+    /// Checks, touching nothing, that `url` names a location the store
+    /// takes: a `postgres://` URL (its scheme in any case), or an SQLite
+    /// path that is not empty, `:memory:`, an SQLite `file:` URI, a URL of
+    /// another kind (`mysql://…`, `postgres:` without `//`) or libpq's
+    /// keyword string (`host=… password=…`, refused without repeating it).
+    /// [`Store::open`] checks the same first; a frontend that looks at the
+    /// path itself before opening (is a file there?) asks this first.
+    pub fn check_location(url: &str) -> Result<(), OpenError> {
+        match Target::parse(url) {
+            Target::Sqlite(path) => crate::open::check_sqlite_path(&path).map(|_| ()),
+            Target::Postgres(_) => Ok(()),
+        }
+    }
+
     /// Open the store at `url` with `options`. See [`Store::open`].
     pub fn open_with(url: impl AsRef<str>, options: StoreOptions) -> Result<Store, OpenError> {
         let target = Target::parse(url.as_ref());

@@ -178,6 +178,41 @@ pub(crate) fn g11_open_refuses_an_empty_path() {
     }
 }
 
+/// Locations meant for another kind of store are refused before SQLite
+/// would make a file of their name: libpq's keyword string (without
+/// repeating it: it may hold a password), a URL of another scheme, and
+/// `postgres:` without its `//`. A URL's scheme is read in any case, and
+/// a file name with a colon in it is still a path.
+#[test]
+pub(crate) fn g11_a_location_meant_for_another_store_is_refused_and_names_no_password() {
+    let conn_string = "host=127.0.0.1 port=5432 password=KEYWORDPW dbname=x";
+    let err = Store::open(conn_string).unwrap_err();
+    assert!(matches!(err, OpenError::ConnString), "{err:?}");
+    assert!(!err.to_string().contains("KEYWORDPW"), "{err}");
+    assert!(!std::path::Path::new(conn_string).exists());
+    for (url, says) in [
+        ("mysql://u:MYSQLPW@h/db", "mysql://u:***@h/db"),
+        ("http://x/settle.db", "http://x/settle.db"),
+        ("postgres:u:NOSLASHPW@h/db", "postgres:…"),
+        ("PostgreSQL:x", "PostgreSQL:…"),
+    ] {
+        let err = Store::check_location(url).unwrap_err();
+        assert!(matches!(err, OpenError::NotAPath { .. }), "{url}: {err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(says) && !msg.contains("PW@"),
+            "{url}: {msg}"
+        );
+        assert!(Store::open(url).is_err());
+        assert!(!std::path::Path::new(url).exists(), "{url} made a file");
+    }
+    for path in ["backup:2024.db", "./a:b.db", "sqlite://x.db", "settle.db"] {
+        assert!(Store::check_location(path).is_ok(), "{path}");
+    }
+    assert!(Store::check_location("POSTGRES://u@h/db").is_ok());
+    assert_eq!(Store::sqlite_file("POSTGRES://u@h/db"), None);
+}
+
 #[test]
 pub(crate) fn g11_open_refuses_a_directory() {
     let dir = tempfile::tempdir().unwrap();
