@@ -1139,3 +1139,54 @@ fn g11_a_missing_postgresql_database_is_bad_input_for_every_command() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// Found from outside: `settle export 3 > chat.md` on a full disk said
+/// nothing and exited 0, the export lost. Output that cannot be written
+/// (here `/dev/full`) is one line naming standard output and exit 2, as
+/// `-o` a file that cannot be written is; a reader that closes its pipe
+/// early (`settle sessions | head -1`) is no failure.
+#[test]
+fn g11_output_that_cannot_be_written_is_said_and_never_an_exit_0() {
+    let dir = common::open_tempdir();
+    database(dir.path(), "settle.db");
+    let db = dir.path().join("settle.db");
+    let db = db.to_str().unwrap();
+    ok_scenario(dir.path());
+    let commands: [&[&str]; 5] = [
+        &["sessions"],
+        &["sessions", "--json"],
+        &["show", "1", "--json"],
+        &["export", "1"],
+        &["run", "ok.toml", "--json"],
+    ];
+    for args in commands {
+        let full = fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = common::settle(db)
+            .args(args)
+            .current_dir(dir.path())
+            .stdout(full)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("settle: cannot write the output to standard output"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A pipe whose reader is gone: no failure.
+    let mut listing = common::settle(db)
+        .args(["sessions"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(listing.stdout.take());
+    let out = listing.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+}

@@ -80,11 +80,33 @@ fn options() -> StoreOptions {
 }
 
 /// Writes to stdout, ignoring a closed pipe (`settle sessions | head`): a
-/// reader that has seen enough is not an error.
+/// reader that has seen enough is not an error. Any other failure (a full
+/// disk under `> file`, a closed stdout) is kept, nothing more is written,
+/// and [`stdout_failure`] says it at the end, so that output lost is never
+/// an exit 0.
 pub fn say(text: &str) {
+    if STDOUT_FAILED.get().is_some() {
+        return;
+    }
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
+    let written = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            let _ = STDOUT_FAILED.set(e.to_string());
+        }
+    }
+}
+
+/// Why stdout could not be written, once it could not (see [`say`]).
+static STDOUT_FAILED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The failure to write stdout, if a write failed for any reason but a
+/// reader that closed its pipe: the command's output is lost, and its exit
+/// says so (bad input, as `-o` a path that cannot be written is).
+pub fn stdout_failure() -> Option<Failure> {
+    STDOUT_FAILED
+        .get()
+        .map(|why| Failure::bad_input(format!("cannot write the output to standard output: {why}")))
 }
 
 /// Writes `text` to standard error, ignoring a failure: `eprintln!` panics

@@ -232,7 +232,19 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::STORE);
         }
     };
-    let code = match runtime.block_on(dispatch(cli)) {
+    let done = runtime.block_on(dispatch(cli));
+    // Output that could not be written is a failure of its own: it is said
+    // (once) unless the command failed already, and a command that would
+    // have ended 0 or 1 ends as one whose output path cannot be written.
+    let done = match (done, settle_cli::stdout_failure()) {
+        (Ok(code), Some(lost)) if code <= exit::ROOT_FAILED => Err(lost),
+        (Ok(code), Some(lost)) => {
+            settle_cli::errln!("settle: {}", one_line(&lost.message));
+            Ok(code)
+        }
+        (done, _) => done,
+    };
+    let code = match done {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             // One line (G11), even when a driver's message spans several.
