@@ -835,6 +835,46 @@ fn g11_a_prompt_over_the_size_limit_is_refused_and_the_chat_goes_on() {
     );
 }
 
+/// Found from outside: a line that was not UTF-8 ended the chat as Ctrl-D
+/// would (exit 0, `user_close`, the lines after it dropped), and a very long
+/// line was read whole into memory before its refusal. Each is now refused
+/// with a line of its own, a long one read past as it comes, and the chat
+/// goes on.
+#[test]
+fn g11_a_line_that_is_not_utf8_or_too_long_is_refused_and_the_chat_goes_on() {
+    let server = Server::start(vec![Answer::Events(texts(&["fine"]))]);
+    let sandbox = Sandbox::new();
+    let url = server.base_url();
+    let mut chat = start_chat(&sandbox, &url, &["--max-prompt-bytes", "1KiB"]);
+    for line in [
+        b"he\xffllo\n".to_vec(),
+        [b'x'; 300_000].iter().chain(b"\n").copied().collect(),
+    ] {
+        let before = prompts(chat.output());
+        chat.stdin().write_all(&line).unwrap();
+        chat.wait_for("the prompt after a refused line", |out| {
+            prompts(out) > before
+        });
+    }
+    say(&mut chat, "third");
+    let stderr = end_chat(chat);
+    assert!(
+        stderr.contains("that line is not UTF-8 text; it was not sent"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("over the limit of 1024 bytes (max_prompt_bytes"),
+        "{stderr}"
+    );
+    assert_eq!(
+        messages(&server.request(0)),
+        conversation(&[("user", "third")])
+    );
+    let shown = sandbox.show(session_ids(&sandbox)[0]);
+    assert_eq!(shown["turns"].as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(shown["session"]["end_reason"], "user_close", "{shown}");
+}
+
 /// A reply is bounded as the gateway's are: past `--max-turn-chunks` it
 /// ends `too_large` and does not join the conversation; and a reply longer
 /// than a prompt may be goes back with the history (the per-message limit

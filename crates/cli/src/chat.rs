@@ -22,11 +22,12 @@ use settle_runtime::signals::{ShutdownSignal, Signals};
 use settle_runtime::{Kernel, Outcome, RuntimeError, SessionHandle, SessionId, State};
 use settle_store::{SessionStore, Store, StoreError};
 use settle_stream::{Message, Provider, Request, Role};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 
 use crate::escape;
 use crate::input_limits::InputLimitArgs;
 use crate::model_server::ModelServerArgs;
+use crate::prompt_line::{next_line, Line};
 use crate::reply_limits::ReplyLimitArgs;
 use crate::{exit, open_existing_store, open_store, Failure};
 
@@ -104,7 +105,8 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             return Err(failure);
         }
     };
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut input = BufReader::new(tokio::io::stdin());
+    let max_line = args.limits.max_prompt_bytes();
     let resumed = match from {
         Some(from) => format!(
             ", continuing session {from} ({} earlier message{})",
@@ -122,12 +124,23 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     let end = loop {
         prompt();
         let line = tokio::select! {
-            line = lines.next_line() => line,
+            line = next_line(&mut input, max_line) => line,
             signal = signals.recv() => break End::Signalled(signal),
         };
         let text = match line {
-            Ok(Some(text)) if text.trim() == "/exit" => None,
-            Ok(Some(text)) => Some(text),
+            Ok(Some(Line::Text(text))) if text.trim() == "/exit" => None,
+            Ok(Some(Line::Text(text))) => Some(text),
+            // Refused with a line of its own; the chat goes on.
+            Ok(Some(Line::NotUtf8)) => {
+                crate::errln!("settle: that line is not UTF-8 text; it was not sent");
+                continue;
+            }
+            Ok(Some(Line::TooLong { limit })) => {
+                crate::errln!(
+                    "settle: that line is over the limit of {limit} bytes (max_prompt_bytes); it was not sent"
+                );
+                continue;
+            }
             Ok(None) | Err(_) => None,
         };
         let Some(text) = text else {

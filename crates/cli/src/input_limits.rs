@@ -32,6 +32,11 @@ pub struct InputLimitArgs {
 pub struct Limit(pub Option<usize>);
 
 impl InputLimitArgs {
+    /// The largest one message may be, in bytes (`None`: no limit).
+    pub fn max_prompt_bytes(&self) -> Option<usize> {
+        self.max_prompt_bytes.0
+    }
+
     /// `builder` with these limits.
     pub fn apply(&self, builder: KernelBuilder) -> KernelBuilder {
         builder

@@ -48,6 +48,7 @@ pub mod model_server;
 pub mod open_files;
 pub mod outfile;
 pub mod output;
+pub mod prompt_line;
 pub mod reply_limits;
 pub mod runner;
 pub mod scenario;
