@@ -412,3 +412,40 @@ fn reading_commands_read_a_database_this_user_may_not_write_and_write_nothing() 
         "the file is as it was"
     );
 }
+
+/// Found from outside: on a read-only mount every reading command failed
+/// with exit 3 ("unable to open database file"), while the README says a
+/// copy on a read-only mount is read. SQLite may not make the WAL index
+/// there, and its refusal was not taken for the read-only one it is.
+#[test]
+fn reading_commands_read_a_database_on_a_read_only_mount() {
+    if !common::is_root() {
+        common::skip("read-only mount", "mounting needs root");
+        return;
+    }
+    let fs = match common::Tmpfs::mount("16m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED: read-only mount: {why} ***\n");
+            return;
+        }
+    };
+    let sandbox = scanned();
+    let copy = fs.path().join("copy.db");
+    std::fs::copy(sandbox.db(), &copy).unwrap();
+    fs.remount_read_only();
+    let db = copy.to_str().unwrap();
+    let rows = common::settle_output(db, &["sessions", "--json"]);
+    assert_success(&rows, "settle sessions on a read-only mount");
+    let rows = parse_json(&rows.stdout).as_array().unwrap().clone();
+    assert_eq!(rows.len(), 5, "every session of the scan is listed");
+    let root = id_of(by_name(&rows, "root")).to_string();
+    for args in [
+        &["show", &root, "--json"][..],
+        &["export", &root],
+        &["recover", "--dry-run"],
+    ] {
+        let out = common::settle_output(db, args);
+        assert_success(&out, &format!("settle {args:?} on a read-only mount"));
+    }
+}

@@ -456,8 +456,9 @@ fn sqlite_pool(url: &str, options: &StoreOptions, read_only: bool) -> ReadPool {
 /// has the file open the index is there and is read as it is. Where nobody
 /// has it open, no log is left beside it (the last writer folded it back
 /// and removed it) and this process may not make the index (SQLite answers
-/// that it would write a read-only database), the file holds every commit:
-/// it is read as a file nobody changes (`immutable=1`).
+/// that it would write a read-only database, or on a read-only mount that
+/// it cannot open the file), the file holds every commit: it is read as a
+/// file nobody changes (`immutable=1`).
 fn establish_sqlite_read_only(path: &Path, options: &StoreOptions) -> Result<Opened, OpenError> {
     let location = path.display().to_string();
     log_sqlite_build();
@@ -481,8 +482,16 @@ fn establish_sqlite_read_only(path: &Path, options: &StoreOptions) -> Result<Ope
     };
     let mut log = path.as_os_str().to_owned();
     log.push("-wal");
+    // Where the index may not be made, SQLite says it would write a
+    // read-only database, or (on a read-only mount) that it cannot open
+    // the file at all.
+    let no_index = |e: &OpenError| match e {
+        OpenError::ReadOnly { .. } => true,
+        OpenError::Database { message, .. } => message.contains("unable to open database file"),
+        _ => false,
+    };
     let (conn, uri) = match attempt(false) {
-        Err(OpenError::ReadOnly { .. }) if fs::symlink_metadata(&log).is_err() => attempt(true)?,
+        Err(e) if no_index(&e) && fs::symlink_metadata(&log).is_err() => attempt(true)?,
         other => other?,
     };
     Ok(Opened {

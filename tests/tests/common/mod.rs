@@ -1063,6 +1063,17 @@ impl Tmpfs {
     pub fn path(&self) -> &Path {
         self.0.path()
     }
+
+    /// Makes the file system read-only: every write fails with EROFS,
+    /// whoever asks, root too.
+    pub fn remount_read_only(&self) {
+        let status = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(self.0.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount read-only");
+    }
 }
 
 impl Drop for Tmpfs {
