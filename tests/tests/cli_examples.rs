@@ -39,10 +39,13 @@ fn run_json(sandbox: &Sandbox, name: &str) -> (i32, Vec<Value>) {
         "run --json reports its own exit code"
     );
     let sessions = summary["sessions"].as_array().unwrap().clone();
+    // In the order of the table after a run: the tree's (found from
+    // outside: it was newest first).
+    let tree = sandbox.run(&["sessions", "--tree", "--json"]);
     assert_eq!(
         sessions,
-        sandbox.sessions(),
-        "run --json and sessions --json list the same sessions"
+        parse_json(&tree.stdout).as_array().unwrap().clone(),
+        "run --json and sessions --tree --json list the same sessions in one order"
     );
     (code, sessions)
 }

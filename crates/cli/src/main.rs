@@ -580,10 +580,12 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         shutdown::say_left(&report, false);
     }
     if args.json {
-        outln!(
-            "{}",
-            output::run_json(i32::from(code), &rows.unwrap_or_default())
-        );
+        // In the table's order: the tree's.
+        let rows: Vec<_> = listing::tree(rows.unwrap_or_default())
+            .into_iter()
+            .map(|listed| listed.row)
+            .collect();
+        outln!("{}", output::run_json(i32::from(code), &rows));
     } else {
         if let Some(rows) = rows {
             outln!();
