@@ -22,9 +22,11 @@ pub enum StreamEvent {
     /// whole (`None`: `stop`, `tool_calls`), or cut (`Some`: `length`,
     /// `content_filter`, and the stream then ends with that truncation).
     /// What may follow is what it spent (usage) and the stream's end. A
-    /// turn cancelled after it ends as the reply did, `completed` or
-    /// `failed` (truncated), not `cancelled`: a budget its usage report
-    /// exhausts does not cut the reply that report closes.
+    /// turn cancelled after it, or whose stream goes quiet past the idle
+    /// timeout after it (a server that never sends `[DONE]`), ends as the
+    /// reply did, `completed` or `failed` (truncated), not `cancelled` or
+    /// `idle_timeout`: a budget its usage report exhausts does not cut the
+    /// reply that report closes.
     Finished(Option<Truncation>),
 }
 

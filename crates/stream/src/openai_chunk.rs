@@ -27,7 +27,9 @@ use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 ///   (servers send it after the finish), and [`end`](Self::end) says the
 ///   cut ([`StreamErrorKind::Truncated`]: what was streamed is kept);
 /// - nothing of these (a role announcement): one
-///   [`StreamEvent::KeepAlive`], activity without content.
+///   [`StreamEvent::KeepAlive`], activity without content;
+/// - a chunk that is not a JSON object, or whose `choices` is not a list:
+///   one [`StreamErrorKind::Protocol`] error.
 ///
 /// An error ends the stream: nothing after it is read.
 ///
@@ -84,6 +86,19 @@ fn decode(
     quote: &dyn Fn(&str) -> String,
     cut: &mut Option<Truncation>,
 ) -> Vec<Result<StreamEvent, StreamError>> {
+    // A chunk is an object, and its `choices` a list: anything else is
+    // not a chunk of this protocol, and is not taken for a keepalive (a
+    // reply of nothing but such events would end `completed`, empty).
+    let malformed = match value {
+        Value::Object(fields) => match fields.get("choices") {
+            None | Some(Value::Null | Value::Array(_)) => None,
+            Some(other) => Some(format!("a chunk's choices is not a list: {other}")),
+        },
+        other => Some(format!("an event is not a JSON object: {other}")),
+    };
+    if let Some(malformed) = malformed {
+        return vec![Err(StreamErrorKind::Protocol(quote(&malformed)).into())];
+    }
     // Some servers send `"error": null` (or `false`) on every event.
     let error = value
         .get("error")

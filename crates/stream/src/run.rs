@@ -206,9 +206,12 @@ where
             }
         }
     };
+    // Cancelled, or gone quiet (a server that never sends `[DONE]` nor
+    // closes), after the provider said the reply is done: it ends as that
+    // said, whole or cut.
     let end = match (end, finished) {
-        (WorkEnd::Cancelled(_), Some(None)) => WorkEnd::Completed,
-        (WorkEnd::Cancelled(_), Some(Some(cut))) => {
+        (WorkEnd::Cancelled(_) | WorkEnd::IdleTimeout(_), Some(None)) => WorkEnd::Completed,
+        (WorkEnd::Cancelled(_) | WorkEnd::IdleTimeout(_), Some(Some(cut))) => {
             WorkEnd::from_error(&StreamErrorKind::Truncated(cut).into())
         }
         (end, _) => end,

@@ -465,6 +465,41 @@ async fn garbage_event_data_is_a_protocol_error() {
         .unwrap();
 }
 
+/// Found from outside: events of another shape (not an object, or whose
+/// `choices` is not a list) were taken for keepalives, so a reply of
+/// nothing else ended `completed` and empty, and `choices` as an object
+/// keyed "0" was read as the reply. Each is a protocol error.
+#[tokio::test]
+async fn a_chunk_of_another_shape_is_a_protocol_error() {
+    const SHAPES: [&[&str]; 6] = [
+        &["42"],
+        &["[1,2]"],
+        &["\"text\""],
+        &["null"],
+        &[r#"{"choices":"nope"}"#],
+        &[r#"{"choices":{"0":{"delta":{"content":"OBJ"}}}}"#],
+    ];
+    for events in SHAPES {
+        let server = serve(Script::EventsNoDone(events)).await;
+        let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+        assert!(chunks.is_empty(), "{events:?}: {chunks:?}");
+        let turn = error
+            .expect("another shape must fail the stream")
+            .turn_error();
+        assert_eq!(turn.kind, TurnErrorKind::Protocol, "{events:?}: {turn}");
+    }
+    // A chunk without choices, or with none, is still activity.
+    let server = serve(Script::Events(&[
+        r#"{"id":"x","object":"chat.completion.chunk"}"#,
+        r#"{"choices":[]}"#,
+        r#"{"choices":[{"delta":{"content":"ok"}}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(chunks, [Chunk::text("ok")]);
+}
+
 #[tokio::test]
 async fn a_connection_cut_mid_reply_says_so() {
     let server = serve(Script::CutMidReply).await;

@@ -43,6 +43,50 @@ impl Provider for Spender {
     }
 }
 
+/// A reply its provider said is done, whose stream then goes quiet (a
+/// server that sends neither `[DONE]` nor a close after its finish
+/// reason): found from outside to end `idle_timeout`, the whole reply left
+/// out of the conversation, and a cut one not said to be cut. It ends as
+/// its provider said: `completed` when whole, `failed` (truncated) when
+/// cut.
+#[tokio::test(start_paused = true)]
+async fn g7_a_reply_said_done_that_then_goes_quiet_ends_as_its_provider_said() {
+    struct Quiet(Option<settle_stream::Truncation>);
+    #[async_trait]
+    impl Provider for Quiet {
+        async fn open(&self, _: &Request) -> Result<ProviderStream, StreamError> {
+            let events = stream::iter([
+                Ok(StreamEvent::Chunk(Chunk::text("the answer"))),
+                Ok(StreamEvent::Finished(self.0)),
+            ])
+            .chain(stream::pending());
+            Ok(Box::new(DropClose::new(events)))
+        }
+    }
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b.idle_timeout(Some(2 * S))).await;
+    let session = kernel.register("agent", None).await.unwrap();
+    let whole = session
+        .run_turn(Arc::new(Quiet(None)), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    assert_eq!(whole.outcome().await, settle_runtime::Outcome::Completed);
+    let cut = Some(settle_stream::Truncation::Length);
+    let turn = session
+        .run_turn(Arc::new(Quiet(cut)), TurnRequest::prompt("go"))
+        .await
+        .unwrap();
+    let (outcome, error) = turn.end().await;
+    assert_eq!(outcome, settle_runtime::Outcome::Failed);
+    let error = error.expect("a cut reply says why");
+    assert_eq!(
+        error.kind,
+        settle_runtime::TurnErrorKind::Truncated,
+        "{error}"
+    );
+    kernel.shutdown(Duration::ZERO).await;
+}
+
 /// Found from outside: a provider sends a reply's usage after its last
 /// content and before the stream's end, so a usage report that exhausted
 /// a budget cancelled the very reply it closed: the whole answer was
