@@ -241,7 +241,8 @@ vocabulary! {
     TurnErrorKind, "turn error kind" {
         /// The provider answered with a non-success HTTP status.
         HttpStatus => "http_status",
-        /// The provider could not be reached (refused, DNS, TLS, reset).
+        /// The provider could not be reached (refused, DNS, TLS, reset), or
+        /// the connection broke during the reply (its message says which).
         Connect => "connect",
         /// A timeout ran out: headers, first event, idle, or a store bound.
         Timeout => "timeout",
