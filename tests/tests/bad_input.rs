@@ -320,6 +320,21 @@ fn cases() -> Vec<Case> {
             2,
             "--last",
         ),
+        // Found from outside: accepted, then every turn refused (exit 0).
+        case(
+            "chat --max-prompt-bytes 0",
+            nothing,
+            &["chat", "--max-prompt-bytes", "0"],
+            2,
+            "--max-prompt-bytes",
+        ),
+        case(
+            "serve --max-history-bytes 0KiB",
+            nothing,
+            &["serve", "--max-history-bytes", "0KiB"],
+            2,
+            "--max-history-bytes",
+        ),
         case(
             "export of a non-number",
             |d| database(d, "settle.db"),

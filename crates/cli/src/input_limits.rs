@@ -20,11 +20,22 @@ use settle_runtime::KernelBuilder;
 #[derive(Debug, Clone, Args)]
 pub struct InputLimitArgs {
     /// The largest one message of a turn may be (bytes, or with KiB/MiB/GiB; `none`: no limit).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB")]
+    #[arg(long, value_name = "SIZE", value_parser = parse_message_size, default_value = "1MiB")]
     max_prompt_bytes: Limit,
     /// The largest a turn's whole conversation may be (bytes, or with KiB/MiB/GiB; `none`: no limit).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16MiB")]
+    #[arg(long, value_name = "SIZE", value_parser = parse_message_size, default_value = "16MiB")]
     max_history_bytes: Limit,
+}
+
+/// A request's size limit: a size, but not zero (every turn would be
+/// refused: a mistake said at the start, not at every turn).
+fn parse_message_size(text: &str) -> Result<Limit, String> {
+    match parse_size(text)? {
+        Limit(Some(0)) => {
+            Err("a limit of no bytes refuses every message: give at least 1, or none".to_owned())
+        }
+        limit => Ok(limit),
+    }
 }
 
 /// A size limit in bytes; `None` for no limit.
