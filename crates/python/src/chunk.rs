@@ -10,14 +10,14 @@
 //! | `settle.Chunk` | itself |
 //! | `None` | none (a keepalive) |
 //! | a list or tuple | each element, in order |
-//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::OpenAiChunks`): `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn; a `finish_reason` of `length` or `content_filter` fails it `truncated` at the stream's end (the usage after it still counts), and `stop` says the reply is whole (a cancel after it, a budget its usage exhausts, cuts nothing: `completed`) |
+//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::OpenAiChunks`): one with no `choices`, `usage` or `error` (a server's keepalive) none, `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn; a `finish_reason` of `length` or `content_filter` fails it `truncated` at the stream's end (the usage after it still counts), and `stop` says the reply is whole (a cancel after it, a budget its usage exhausts, cuts nothing: `completed`) |
 //!
 //! Anything else is refused with `settle.BadInput` (and fails the turn,
 //! saying why): pass `to_chunk=` to read it. So is a string anywhere in an
 //! item that is not UTF-8 (a lone surrogate).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use settle_core::ChunkKind;
 use settle_stream::{Chunk, OpenAiChunks, StreamError, StreamEvent};
 
@@ -151,11 +151,12 @@ fn chunks_at(
         }
         return Ok(None);
     }
-    if item.is_instance_of::<pyo3::types::PyDict>() || item.hasattr("model_dump")? {
+    if item.is_instance_of::<PyDict>() || item.hasattr("model_dump")? {
         let value = convert::to_json(item)?;
         if value.get("choices").is_some()
             || value.get("usage").is_some()
             || value.get("error").is_some()
+            || is_openai_chunk(item, &value)?
         {
             // Read as the Rust provider reads the same chunk in an SSE event.
             for event in reply.read(&value, &settle_stream::quote) {
@@ -175,6 +176,35 @@ fn chunks_at(
         item.get_type().name()?,
         excerpt(&shown)
     )))
+}
+
+/// Whether `item` (as JSON, `value`) is plainly an OpenAI streaming chunk
+/// though it has no `choices`, `usage` or `error`: an object of the
+/// `openai` package's `ChatCompletionChunk` (whose dump leaves out its
+/// `choices: None`), or anything that says it is one (`"object":
+/// "chat.completion.chunk"`). Such a chunk (the id, model and time a
+/// server sends alone as a keepalive) carries nothing, as it does for the
+/// Rust provider; an item of another shape is still refused.
+fn is_openai_chunk(item: &Bound<'_, PyAny>, value: &serde_json::Value) -> PyResult<bool> {
+    if value.get("object").and_then(serde_json::Value::as_str) == Some("chat.completion.chunk") {
+        return Ok(true);
+    }
+    // An object of the package's type means the package is imported: it
+    // is looked up there, never imported here.
+    let py = item.py();
+    let modules = py
+        .import(pyo3::intern!(py, "sys"))?
+        .getattr(pyo3::intern!(py, "modules"))?;
+    let Ok(modules) = modules.cast::<PyDict>() else {
+        return Ok(false);
+    };
+    let Some(types) = modules.get_item("openai.types.chat")? else {
+        return Ok(false);
+    };
+    match types.getattr(pyo3::intern!(py, "ChatCompletionChunk")) {
+        Ok(kind) => item.is_instance(&kind),
+        Err(_) => Ok(false),
+    }
 }
 
 fn excerpt(text: &str) -> String {

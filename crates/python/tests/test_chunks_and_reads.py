@@ -76,6 +76,80 @@ async def test_an_openai_chunk_reads_as_the_rust_provider_reads_its_event(kernel
             assert says in " ".join(turn.error), turn.error
 
 
+def _openai_chunk(**fields):
+    """An ``openai`` ``ChatCompletionChunk`` as the package's own stream makes
+    one from an event (built without validation: a field the event lacks is
+    ``None``)."""
+    from openai.types.chat import ChatCompletionChunk
+
+    head = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return ChatCompletionChunk.construct(**{**head, **fields})
+
+
+async def test_an_openai_chunk_without_choices_carries_nothing_as_the_rust_provider_reads_it(kernel):
+    """Found from outside: an event with no ``choices`` (``{"id", "object":
+    "chat.completion.chunk", "created", "model"}``, a keepalive some servers
+    send) let the turn complete with its text through the Rust provider, and
+    failed it through Python with ``BadInput``, since the ``openai`` chunk
+    dumps without its ``choices: None``. Such a chunk, an ``openai`` object
+    or the same as a dict, now carries nothing, as it does for the Rust
+    provider; a dict of another shape is still refused."""
+    pytest.importorskip("openai")
+
+    async def chunks():
+        yield _openai_chunk(choices=[{"index": 0, "delta": {"content": "a"}}])
+        yield _openai_chunk()
+        yield {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        yield _openai_chunk(choices=[{"index": 0, "delta": {"content": "b"}}])
+        yield _openai_chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])
+        yield _openai_chunk(choices=[], usage={"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4})
+
+    session = await kernel.register("s")
+    async with await session.turn(chunks) as turn:
+        got = [(c.kind, c.data) async for c in turn]
+    assert turn.outcome == "completed", turn.error
+    assert got == [
+        ("text", "a"),
+        ("text", "b"),
+        ("usage", {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}),
+    ]
+    assert turn.reply()["text"] == "ab"
+
+    # Not an OpenAI chunk: refused, saying to use to_chunk.
+    async with await session.turn(Stream([{"id": "x", "model": "m"}])) as turn:
+        assert [c async for c in turn] == []
+    assert turn.outcome == "failed"
+    assert "BadInput" in turn.error[1] and "to_chunk" in turn.error[1], turn.error
+
+
+async def test_an_openai_stream_with_an_event_without_choices_completes(kernel):
+    """The same keepalive through a real ``openai.AsyncOpenAI`` stream."""
+    openai = pytest.importorskip("openai")
+    from sse_server import SseServer
+
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+        {},  # the server's id, object, created and model only
+        {"choices": [{"index": 0, "delta": {"content": "b"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}},
+    ]
+    messages = [{"role": "user", "content": "hi"}]
+    async with SseServer(chunks=chunks, interval=0.01) as server:
+        model = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        session = await kernel.register("s")
+        async with await session.turn(
+            lambda: model.chat.completions.create(model="local", messages=messages, stream=True),
+            input=messages,
+        ) as turn:
+            texts = [c.text async for c in turn if c.kind == "text"]
+    assert turn.outcome == "completed", turn.error
+    assert texts == ["a", "b"]
+    [stored] = await session.transcript()
+    assert stored["text"] == "ab"
+    assert stored["error"] is None
+
+
 async def test_g7_to_chunk_and_settle_chunks(kernel):
     session = await kernel.register("s")
 
