@@ -87,14 +87,16 @@ impl PyChunk {
 /// `out` (its chunks, and [`StreamEvent::Finished`] when an OpenAI-shaped
 /// chunk says the reply is whole), and the error the turn's stream ends
 /// with after them, if the item says one (an OpenAI-shaped chunk's
-/// `error`). `reply` reads the turn's OpenAI-shaped chunks as the Rust
-/// provider reads them, a cut included (told at the stream's end).
+/// `error`, as `quote` tells it). `reply` reads the turn's OpenAI-shaped
+/// chunks as the Rust provider reads them, a cut included (told at the
+/// stream's end).
 pub(crate) fn chunks_of(
     item: &Bound<'_, PyAny>,
     out: &mut Vec<StreamEvent>,
     reply: &mut OpenAiChunks,
+    quote: &dyn Fn(&str) -> String,
 ) -> PyResult<Option<StreamError>> {
-    chunks_at(item, out, reply, 0)
+    chunks_at(item, out, reply, quote, 0)
 }
 
 /// [`chunks_of`] for an item `depth` lists or tuples deep. A list that
@@ -104,6 +106,7 @@ fn chunks_at(
     item: &Bound<'_, PyAny>,
     out: &mut Vec<StreamEvent>,
     reply: &mut OpenAiChunks,
+    quote: &dyn Fn(&str) -> String,
     depth: usize,
 ) -> PyResult<Option<StreamError>> {
     if item.is_none() {
@@ -134,7 +137,7 @@ fn chunks_at(
             return Err(nested());
         }
         for each in list.iter() {
-            if let Some(end) = chunks_at(&each, out, reply, depth + 1)? {
+            if let Some(end) = chunks_at(&each, out, reply, quote, depth + 1)? {
                 return Ok(Some(end));
             }
         }
@@ -145,7 +148,7 @@ fn chunks_at(
             return Err(nested());
         }
         for each in tuple.iter() {
-            if let Some(end) = chunks_at(&each, out, reply, depth + 1)? {
+            if let Some(end) = chunks_at(&each, out, reply, quote, depth + 1)? {
                 return Ok(Some(end));
             }
         }
@@ -159,7 +162,7 @@ fn chunks_at(
             || is_openai_chunk(item, &value)?
         {
             // Read as the Rust provider reads the same chunk in an SSE event.
-            for event in reply.read(&value, &settle_stream::quote) {
+            for event in reply.read(&value, quote) {
                 match event {
                     Ok(StreamEvent::KeepAlive) => {}
                     Ok(event) => out.push(event),

@@ -20,6 +20,7 @@ use crate::errors;
 use crate::other_sqlite;
 use crate::process::{here, ForkSafe, Owner};
 use crate::resume::Resumption;
+use crate::secrets::Secrets;
 use crate::session::PySession;
 
 /// A turn's idle timeout unless the kernel or the turn sets one: the
@@ -69,6 +70,8 @@ pub(crate) struct PyKernel {
     drain: Duration,
     /// The idle timeout of its turns, unless a turn sets its own.
     idle: Option<Duration>,
+    /// What its turns' errors mask.
+    secrets: Arc<Secrets>,
     /// The first signal the handlers received (0: none).
     signal: Arc<AtomicU32>,
 }
@@ -159,11 +162,26 @@ impl PyKernel {
     /// refused (`BadInput`; Linux); read it through `sessions()` and
     /// `transcript()`, or from another process.
     ///
-    /// Raises `BadInput` for a database that cannot be opened, `StoreError`
-    /// when the store fails.
+    /// `secrets` (strings; one string is one secret) are masked as `***`
+    /// in every turn's error, as the turn tells it (`turn.error`) and the
+    /// store keeps it: what the source raised (a 401 from a server that
+    /// echoes the client's API key) or a chunk's `error` said. So are, by
+    /// default, the values of the variables the common clients read their
+    /// keys from (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`,
+    /// `AZURE_OPENAI_API_KEY`, `GROQ_API_KEY`, `MISTRAL_API_KEY`,
+    /// `TOGETHER_API_KEY`, `DEEPSEEK_API_KEY`, `OPENROUTER_API_KEY`,
+    /// `SETTLE_API_KEY`), read now, when at least 8 characters long. The
+    /// longest is masked first. A key it is not told of, or one a server
+    /// changed (cut, escaped), is not; nor is anything in a task's
+    /// exception, which is raised to whoever awaits the task as the very
+    /// object the coroutine raised, and never stored.
+    ///
+    /// Raises `BadInput` for a database that cannot be opened (or a secret
+    /// that is not UTF-8), `TypeError` for a secret that is not a string,
+    /// `StoreError` when the store fails.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None))]
+    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, secrets = None))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<Text>,
@@ -175,7 +193,9 @@ impl PyKernel {
         store_timeout: f64,
         max_turn_chunks: Option<Whole<usize>>,
         max_turn_bytes: Option<Whole<usize>>,
+        secrets: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let secrets = Arc::new(Secrets::new(Secrets::given(secrets.as_ref())?));
         let (db, lru_cap) = (db.map(|d| d.0), lru_cap.map(|c| c.0));
         let max_turn_chunks = at_least_one(max_turn_chunks, "max_turn_chunks")?;
         let max_turn_bytes = at_least_one(max_turn_bytes, "max_turn_bytes")?;
@@ -246,6 +266,7 @@ impl PyKernel {
                     owner,
                     drain,
                     idle,
+                    secrets,
                     signal: Arc::new(AtomicU32::new(0)),
                 })
             },
@@ -278,6 +299,7 @@ impl PyKernel {
         let (kernel, here) = self.kernel.get()?;
         let scope = scope.map(|Text(s)| kernel.scope_of(Some(&s)));
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
+        let secrets = self.secrets.clone();
         finishing(py, here, async move {
             let session = match (budget, scope) {
                 (None, None) => kernel.register(name, parent).await,
@@ -293,6 +315,7 @@ impl PyKernel {
                 session.map_err(errors::runtime)?,
                 owner,
                 idle,
+                secrets,
             ))
         })
     }
@@ -306,6 +329,7 @@ impl PyKernel {
         let Whole(id) = id;
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
+        let secrets = self.secrets.clone();
         awaitable(
             py,
             here,
@@ -316,7 +340,7 @@ impl PyKernel {
                     .session(SessionId(id))
                     .await
                     .map_err(errors::runtime)?;
-                Ok(PySession::new(session, owner, idle))
+                Ok(PySession::new(session, owner, idle, secrets))
             },
         )
     }
@@ -345,9 +369,10 @@ impl PyKernel {
         let from = session_id(&id)?;
         let (kernel, here) = self.kernel.get()?;
         let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
+        let secrets = self.secrets.clone();
         finishing(py, here, async move {
             let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
-            Ok(Resumption::new(resumed, owner, idle))
+            Ok(Resumption::new(resumed, owner, idle, secrets))
         })
     }
 

@@ -95,6 +95,7 @@ mod reads;
 mod ready;
 mod reply;
 mod resume;
+mod secrets;
 mod session;
 mod signals;
 mod stranded;

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::awaitable::bridge;
 use crate::deliver::{Landing, Mailbox};
+use crate::secrets::Secrets;
 use crate::stranded::Stranded;
 
 /// What the caller gave for one turn.
@@ -51,6 +52,10 @@ pub(crate) struct Source {
     pub to_chunk: Option<Py<PyAny>>,
     /// The turn's watch on its pump.
     pub watch: Arc<PumpWatch>,
+    /// The kernel's secrets, masked wherever the turn's error is made from
+    /// what its source said (`PumpSink::fail`, and a chunk's `error` in
+    /// `PumpSink::push`).
+    pub secrets: Arc<Secrets>,
 }
 
 /// What a turn's reader keeps of its pump: the pump's loop, and the pump
@@ -349,8 +354,9 @@ impl PumpSink {
             return Ok(Some(false));
         }
         let mut events = Vec::new();
+        let quote = |text: &str| self.shared.source.secrets.quote(text);
         let ends = match self.shared.reply.lock() {
-            Ok(mut reply) => crate::chunk::chunks_of(item, &mut events, &mut reply)?,
+            Ok(mut reply) => crate::chunk::chunks_of(item, &mut events, &mut reply, &quote)?,
             Err(_) => return Ok(Some(false)),
         };
         // Counted before they are sent: the stream may take them (and
@@ -402,10 +408,18 @@ impl PumpSink {
     /// The source or the stream raised `message` (the exception's type and
     /// text). An exception's text is the source's own, not the caller's
     /// input: one that is not UTF-8 (a lone surrogate) still fails the
-    /// turn, the character written as its escape (`\udc80`).
+    /// turn, the character written as its escape (`\udc80`). This is where
+    /// every exception of the source (the `BadInput` of an item that
+    /// cannot be read among them) becomes the turn's error, which the
+    /// turn tells and the store keeps: the kernel's secrets are masked here
+    /// (a client's key that its server echoed in a 401).
     fn fail(&self, message: &Bound<'_, PyString>) {
         // Quoted as the provider's server is: one line, bounded.
-        let message = settle_stream::quote(&crate::convert::utf8_escaped(message));
+        let message = self
+            .shared
+            .source
+            .secrets
+            .quote(&crate::convert::utf8_escaped(message));
         if !self.shared.send_opened(Err(message.clone())) {
             let _ = self.shared.items.send(Item::Failed(message));
         }
@@ -494,7 +508,8 @@ impl Provider for PyProvider {
             };
             if let Err(error) = started {
                 starting.send_opened(Err(format!(
-                    "the turn's stream could not be started on its event loop: {error}"
+                    "the turn's stream could not be started on its event loop: {}",
+                    starting.source.secrets.scrub(&error.to_string())
                 )));
                 starting.closed.cancel();
             }

@@ -2,6 +2,7 @@
 //! continues a finalized one, with the conversation to send with its next
 //! turn (the runtime's [`Resumed`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -11,6 +12,7 @@ use settle_runtime::Resumed;
 use settle_stream::{Message, ToolCall};
 
 use crate::process::Owner;
+use crate::secrets::Secrets;
 use crate::session::PySession;
 
 /// A new session that continues a finalized one: `session`, the one it
@@ -93,12 +95,17 @@ pub(crate) struct Resumption {
 impl Resumption {
     /// `resumed`, its session held for `owner` with the kernel's idle
     /// timeout of a turn.
-    pub fn new(resumed: Resumed, owner: Owner, idle: Option<Duration>) -> Resumption {
+    pub fn new(
+        resumed: Resumed,
+        owner: Owner,
+        idle: Option<Duration>,
+        secrets: Arc<Secrets>,
+    ) -> Resumption {
         Resumption {
             from: resumed.from.get(),
             history: resumed.history,
             pending: resumed.pending_tool_calls,
-            session: PySession::new(resumed.session, owner, idle),
+            session: PySession::new(resumed.session, owner, idle, secrets),
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::errors;
 use crate::handover::{CancelHandedOver, Handover};
 use crate::process::{ForkSafe, Owner};
 use crate::provider::{PumpWatch, PyProvider, Source};
+use crate::secrets::Secrets;
 use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
 
 /// One session of a kernel. Every method is safe at any time: once the
@@ -28,6 +29,8 @@ pub(crate) struct PySession {
     owner: Owner,
     /// The kernel's idle timeout of a turn, unless the turn sets its own.
     idle: Option<Duration>,
+    /// What its turns' errors mask: the kernel's.
+    secrets: Arc<Secrets>,
     id: u64,
     name: String,
     parent: Option<u64>,
@@ -41,11 +44,17 @@ pub(crate) struct PySession {
 }
 
 impl PySession {
-    pub fn new(handle: SessionHandle, owner: Owner, idle: Option<Duration>) -> Self {
+    pub fn new(
+        handle: SessionHandle,
+        owner: Owner,
+        idle: Option<Duration>,
+        secrets: Arc<Secrets>,
+    ) -> Self {
         PySession {
             starts: Arc::default(),
             stop: std::sync::Mutex::default(),
             idle,
+            secrets,
             id: handle.id().get(),
             name: handle.name().to_owned(),
             parent: handle.parent().map(SessionId::get),
@@ -201,13 +210,18 @@ impl PySession {
         let budget = budget.map(|b| b.get());
         let (handle, here) = self.handle.get()?;
         let (handle, owner) = (handle.clone(), self.owner.clone());
-        let idle = self.idle;
+        let (idle, secrets) = (self.idle, self.secrets.clone());
         finishing(py, here, async move {
             let child = match budget {
                 None => handle.child(name).await,
                 Some(budget) => handle.child_with_budget(name, budget).await,
             };
-            Ok(PySession::new(child.map_err(errors::runtime)?, owner, idle))
+            Ok(PySession::new(
+                child.map_err(errors::runtime)?,
+                owner,
+                idle,
+                secrets,
+            ))
         })
     }
 
@@ -277,6 +291,7 @@ impl PySession {
                 source,
                 to_chunk,
                 watch: watch.clone(),
+                secrets: self.secrets.clone(),
             }),
             opened: std::sync::atomic::AtomicBool::new(false),
         });

@@ -384,3 +384,133 @@ async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_clos
     await kernel.shutdown()
     with pytest.raises(settle.SessionClosed):
         await root.child("late")
+
+
+KEY = "sk-TESTKEY-0123456789abcdef"
+
+
+async def _failed_with(kernel, source):
+    """The error of a turn over ``source``, as the turn says it and as the
+    store keeps it."""
+    session = await kernel.register("s")
+    async with await session.turn(source) as turn:
+        async for _ in turn:
+            pass
+    assert turn.outcome == "failed", turn.error
+    [stored] = await session.transcript()
+    return turn.error[1], stored["error"]["message"]
+
+
+async def test_a_secret_given_to_the_kernel_is_masked_in_every_turn_error(db, monkeypatch):
+    """Found from outside: a server that answers 401 "Incorrect API key
+    provided: sk-…" had the key stored in the turn's error (``settle show``,
+    ``export``) through Python, where the Rust provider masks its own. The
+    package cannot know the program's client's key: ``secrets=`` names it,
+    and it is masked wherever a turn's error is made (the source's
+    exception, a chunk's ``error``), the longest secret first."""
+    for name in settle_key_variables():
+        monkeypatch.delenv(name, raising=False)
+
+    async def failing():
+        yield "a"
+        raise ValueError(f"Incorrect API key provided: {KEY}. Also {KEY[:7]} alone.")
+
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3, secrets=[KEY[:7], KEY])
+    try:
+        for source in (failing(), Stream(["a", {"error": {"message": f"bad key {KEY}"}}])):
+            told, stored = await _failed_with(kernel, source)
+            for message in (told, stored):
+                assert "***" in message, message
+                assert KEY[:7] not in message and "0123456789" not in message, message
+        told, _ = await _failed_with(kernel, failing())
+        assert told.endswith("Incorrect API key provided: ***. Also *** alone."), told
+    finally:
+        await kernel.shutdown(0.0)
+
+    # One string is one secret, not its characters; an empty one is none.
+    kernel = await settle.Kernel.open(None, secrets=KEY)
+    try:
+        told, stored = await _failed_with(kernel, Stream(["a"], fail=ValueError(f"key {KEY}")))
+        assert told.endswith("ValueError: key ***") and stored == told, (told, stored)
+    finally:
+        await kernel.shutdown(0.0)
+    kernel = await settle.Kernel.open(None, secrets=["", KEY])
+    try:
+        told, _ = await _failed_with(kernel, Stream(["a"], fail=ValueError(f"key {KEY}")))
+        assert told.endswith("ValueError: key ***"), told
+    finally:
+        await kernel.shutdown(0.0)
+    with pytest.raises(TypeError):
+        await settle.Kernel.open(None, secrets=[KEY, 1])
+
+
+def settle_key_variables():
+    return [
+        "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GROQ_API_KEY",
+        "MISTRAL_API_KEY", "TOGETHER_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY",
+        "SETTLE_API_KEY",
+    ]
+
+
+async def test_the_keys_of_the_usual_environment_variables_are_masked_by_default(db, monkeypatch):
+    """Without ``secrets=``, the values of the variables the common clients
+    read their keys from (``OPENAI_API_KEY``...) are masked, read when the
+    kernel starts; a value shorter than 8 characters is not (it would take
+    that text out of every message)."""
+    for name in settle_key_variables():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("GROQ_API_KEY", "gsk-ENVKEY-42")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "short")
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3)
+    try:
+        error = ValueError(f"Incorrect API key provided: {KEY}, gsk-ENVKEY-42, short")
+        told, stored = await _failed_with(kernel, Stream(["a"], fail=error))
+        for message in (told, stored):
+            assert message.endswith("Incorrect API key provided: ***, ***, short"), message
+    finally:
+        await kernel.shutdown(0.0)
+
+
+async def test_the_key_an_openai_client_is_refused_with_is_masked(db, monkeypatch):
+    """The case found: an ``openai.AsyncOpenAI`` client whose server
+    answers 401 quoting the key; the client's key is in ``OPENAI_API_KEY``."""
+    openai = pytest.importorskip("openai")
+    for name in settle_key_variables():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+    async def refuse(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        body = (
+            '{"error": {"message": "Incorrect API key provided: %s", "type": '
+            '"invalid_request_error", "code": "invalid_api_key"}}' % KEY
+        ).encode()
+        writer.write(
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    model = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3)
+    try:
+        session = await kernel.register("s")
+        async with await session.turn(
+            lambda: model.chat.completions.create(model="m", messages=messages, stream=True),
+            input=messages,
+        ) as turn:
+            async for _ in turn:
+                pass
+        assert turn.outcome == "failed", turn.error
+        [stored] = await session.transcript()
+        for message in (turn.error[1], stored["error"]["message"]):
+            assert "AuthenticationError" in message and "***" in message, message
+            assert "0123456789" not in message, message
+    finally:
+        await kernel.shutdown(0.0)
+        server.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from typing_extensions import TypedDict, final
 
@@ -240,7 +240,16 @@ class Kernel:
         store_timeout: float = 10.0,
         max_turn_chunks: Optional[int] = None,
         max_turn_bytes: Optional[int] = None,
-    ) -> _Call[Kernel]: ...
+        secrets: Union[str, Iterable[str], None] = None,
+    ) -> _Call[Kernel]:
+        """Opens the store at ``db`` and starts a kernel on it.
+        ``secrets`` (one string is one secret) are masked as ``***`` in
+        every turn's error, told and stored; so are the values (8
+        characters or more) of ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
+        ``AZURE_OPENAI_API_KEY``, ``GROQ_API_KEY``, ``MISTRAL_API_KEY``,
+        ``TOGETHER_API_KEY``, ``DEEPSEEK_API_KEY``, ``OPENROUTER_API_KEY``
+        and ``SETTLE_API_KEY``, read when the kernel starts. A key it is
+        not told of, or one a server changed, is not masked."""
     def register(
         self,
         name: str,
