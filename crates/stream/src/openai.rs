@@ -605,11 +605,15 @@ impl Stream for OpenAiStream {
                     source: source.without_url(),
                 }
                 .into(),
-                // Cut, and said so by a finish reason: that is the end.
-                Poll::Ready(None) if this.chunks.is_cut() => match this.chunks.end() {
-                    Some(cut) => cut,
-                    None => continue,
-                },
+                // Said done by a finish reason, whole or cut: a close
+                // without `[DONE]` ends it as that said.
+                Poll::Ready(None) if this.chunks.is_finished() => {
+                    this.body = None;
+                    match this.chunks.end() {
+                        Some(cut) => return Poll::Ready(Some(Err(cut))),
+                        None => return Poll::Ready(None),
+                    }
+                }
                 Poll::Ready(None) => match this.not_events.as_deref().filter(|_| !this.had_event) {
                     // A whole answer that is not a stream (a chat completion
                     // without `stream: true`, an HTML page): said as such.

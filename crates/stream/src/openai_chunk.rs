@@ -28,8 +28,9 @@ use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 ///   cut ([`StreamErrorKind::Truncated`]: what was streamed is kept);
 /// - nothing of these (a role announcement): one
 ///   [`StreamEvent::KeepAlive`], activity without content;
-/// - a chunk that is not a JSON object, or whose `choices` is not a list:
-///   one [`StreamErrorKind::Protocol`] error.
+/// - a chunk that is not a JSON object, whose `choices` is not a list, or
+///   whose first choice or its `delta` is not an object: one
+///   [`StreamErrorKind::Protocol`] error.
 ///
 /// An error ends the stream: nothing after it is read.
 ///
@@ -51,6 +52,8 @@ use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 pub struct OpenAiChunks {
     /// The cut a finish reason said, told at the stream's end.
     cut: Option<Truncation>,
+    /// A finish reason said the reply is done (whole or cut).
+    finished: bool,
 }
 
 impl OpenAiChunks {
@@ -61,6 +64,9 @@ impl OpenAiChunks {
         quote: &dyn Fn(&str) -> String,
     ) -> Vec<Result<StreamEvent, StreamError>> {
         let mut out = decode(value, quote, &mut self.cut);
+        self.finished |= out
+            .iter()
+            .any(|event| matches!(event, Ok(StreamEvent::Finished(_))));
         if out.is_empty() {
             out.push(Ok(StreamEvent::KeepAlive));
         }
@@ -70,6 +76,13 @@ impl OpenAiChunks {
     /// Whether a finish reason said the reply was cut.
     pub fn is_cut(&self) -> bool {
         self.cut.is_some()
+    }
+
+    /// Whether a finish reason said the reply is done, whole or cut: a
+    /// stream that then closes without its end marker (`data: [DONE]`)
+    /// ends as that said.
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 
     /// At the stream's end: the error it ends with when a finish reason
@@ -91,7 +104,15 @@ fn decode(
     // reply of nothing but such events would end `completed`, empty).
     let malformed = match value {
         Value::Object(fields) => match fields.get("choices") {
-            None | Some(Value::Null | Value::Array(_)) => None,
+            None | Some(Value::Null) => None,
+            Some(Value::Array(choices)) => match choices.first() {
+                None => None,
+                Some(Value::Object(choice)) => match choice.get("delta") {
+                    None | Some(Value::Null | Value::Object(_)) => None,
+                    Some(other) => Some(format!("a chunk's delta is not an object: {other}")),
+                },
+                Some(other) => Some(format!("a chunk's choice is not an object: {other}")),
+            },
             Some(other) => Some(format!("a chunk's choices is not a list: {other}")),
         },
         other => Some(format!("an event is not a JSON object: {other}")),

@@ -42,6 +42,8 @@ enum Script {
     Events(&'static [&'static str]),
     /// These `data:` payloads, then nothing more (keepalives until closed).
     EventsNoDone(&'static [&'static str]),
+    /// These `data:` payloads, then the body's end, without `[DONE]`.
+    EventsThenEnd(&'static [&'static str]),
     /// A non-success status with this JSON body.
     Status(u16, &'static str),
     /// One chunk, then the connection is dropped mid-reply.
@@ -99,6 +101,12 @@ async fn serve(script: Script) -> Server {
                     wr.write_all(&send(format!("data: {data}\n\n"))).await?;
                 }
                 wr.write_all(&send("data: [DONE]\n\n".into())).await?;
+                wr.write_all(b"0\r\n\r\n").await?;
+            }
+            Script::EventsThenEnd(events) => {
+                for data in events {
+                    wr.write_all(&send(format!("data: {data}\n\n"))).await?;
+                }
                 wr.write_all(b"0\r\n\r\n").await?;
             }
             _ => {
@@ -471,13 +479,15 @@ async fn garbage_event_data_is_a_protocol_error() {
 /// keyed "0" was read as the reply. Each is a protocol error.
 #[tokio::test]
 async fn a_chunk_of_another_shape_is_a_protocol_error() {
-    const SHAPES: [&[&str]; 6] = [
+    const SHAPES: [&[&str]; 8] = [
         &["42"],
         &["[1,2]"],
         &["\"text\""],
         &["null"],
         &[r#"{"choices":"nope"}"#],
         &[r#"{"choices":{"0":{"delta":{"content":"OBJ"}}}}"#],
+        &[r#"{"choices":[42]}"#],
+        &[r#"{"choices":[{"delta":"text"}]}"#],
     ];
     for events in SHAPES {
         let server = serve(Script::EventsNoDone(events)).await;
@@ -559,6 +569,37 @@ async fn a_stop_finish_reason_completes() {
     let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(chunks, [Chunk::text("Done.")]);
+}
+
+/// Found from outside: a reply its finish reason said was done, whose
+/// server then ended the body without `data: [DONE]`, failed `protocol`
+/// ("may be cut short"), where one that went quiet instead completed. It
+/// ends as the finish reason said; with none, the missing end is still a
+/// protocol error.
+#[tokio::test]
+async fn a_reply_said_done_then_ended_without_done_ends_as_said() {
+    let stop = serve(Script::EventsThenEnd(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Done."},"finish_reason":"stop"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&stop), &Request::prompt("hi")).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(chunks, [Chunk::text("Done.")]);
+    let length = serve(Script::EventsThenEnd(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Once"},"finish_reason":"length"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&length), &Request::prompt("hi")).await;
+    assert_eq!(chunks, [Chunk::text("Once")]);
+    let turn = error.expect("a cut reply").turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Truncated, "{turn}");
+    let unsaid = serve(Script::EventsThenEnd(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"Half"}}]}"#,
+    ]))
+    .await;
+    let (_, error) = drain(&provider(&unsaid), &Request::prompt("hi")).await;
+    let turn = error.expect("no end and no finish").turn_error();
+    assert_eq!(turn.kind, TurnErrorKind::Protocol, "{turn}");
 }
 
 #[test]
