@@ -1055,6 +1055,17 @@ fn g11_a_malformed_postgresql_url_is_bad_input_and_never_shows_its_password() {
         ),
         ("mysql://u:MYSQLPW@h/db", "MYSQLPW"),
         ("postgres:u:NOSLASHPW@h/db", "NOSLASHPW"),
+        // Found by a second look: spaces around `=`, a keyword past the
+        // first word, and a URL in quotes or after a space (an env file
+        // that keeps its quotes, a paste).
+        (
+            "host = 127.0.0.1 password = SPACEDPW dbname = x",
+            "SPACEDPW",
+        ),
+        ("sslpassword=SSLKEYPW host=h", "SSLKEYPW"),
+        ("\"postgres://u:QUOTEDPW@127.0.0.1:1/x\"", "QUOTEDPW"),
+        (" postgres://u:LEADINGPW@127.0.0.1:1/x", "LEADINGPW"),
+        ("<mysql://u:BRACKETPW@h/db>", "BRACKETPW"),
     ];
     // Well formed, but the server is not there: a store error (3), and no
     // password either, even one with an `@` in it that libpq reads apart.
@@ -1157,9 +1168,11 @@ fn g11_a_missing_postgresql_database_is_bad_input_for_every_command() {
 
 /// Found from outside: `settle export 3 > chat.md` on a full disk said
 /// nothing and exited 0, the export lost. Output that cannot be written
-/// (here `/dev/full`) is one line naming standard output and exit 2, as
-/// `-o` a file that cannot be written is; a reader that closes its pipe
-/// early (`settle sessions | head -1`) is no failure.
+/// (here `/dev/full`) is one line naming standard output; a command that
+/// only reads then exits 2, as `-o` a file that cannot be written does,
+/// and one that wrote (a run) keeps the code that says what it did. A
+/// reader that closes its pipe early (`settle sessions | head -1`) is no
+/// failure.
 #[test]
 fn g11_output_that_cannot_be_written_is_said_and_never_an_exit_0() {
     let dir = common::open_tempdir();
@@ -1167,14 +1180,15 @@ fn g11_output_that_cannot_be_written_is_said_and_never_an_exit_0() {
     let db = dir.path().join("settle.db");
     let db = db.to_str().unwrap();
     ok_scenario(dir.path());
-    let commands: [&[&str]; 5] = [
-        &["sessions"],
-        &["sessions", "--json"],
-        &["show", "1", "--json"],
-        &["export", "1"],
-        &["run", "ok.toml", "--json"],
+    let commands: [(&[&str], i32); 6] = [
+        (&["sessions"], 2),
+        (&["sessions", "--json"], 2),
+        (&["show", "1", "--json"], 2),
+        (&["export", "1"], 2),
+        (&["recover", "--dry-run"], 2),
+        (&["run", "ok.toml", "--json"], 0),
     ];
-    for args in commands {
+    for (args, code) in commands {
         let full = fs::OpenOptions::new()
             .write(true)
             .open("/dev/full")
@@ -1186,7 +1200,7 @@ fn g11_output_that_cannot_be_written_is_said_and_never_an_exit_0() {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(
             stderr.starts_with("settle: cannot write the output to standard output"),

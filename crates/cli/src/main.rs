@@ -232,12 +232,20 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::STORE);
         }
     };
+    // A command that only reads: its output is all it does.
+    let only_reads = match &cli.command {
+        Command::Sessions(_) | Command::Show(_) | Command::Export(_) => true,
+        Command::Recover(args) => args.dry_run,
+        Command::Run(_) | Command::Chat(_) | Command::Serve(_) => false,
+    };
     let done = runtime.block_on(dispatch(cli));
     // Output that could not be written is a failure of its own: it is said
-    // (once) unless the command failed already, and a command that would
-    // have ended 0 or 1 ends as one whose output path cannot be written.
+    // (once) unless the command failed already. A command that only reads
+    // and would have ended 0 ends as one whose output path cannot be
+    // written (2: nothing was written); one that wrote (a run, a recovery,
+    // a chat) keeps its own code, which says what it did.
     let done = match (done, settle_cli::stdout_failure()) {
-        (Ok(code), Some(lost)) if code <= exit::ROOT_FAILED => Err(lost),
+        (Ok(code), Some(lost)) if only_reads && code == exit::DONE => Err(lost),
         (Ok(code), Some(lost)) => {
             settle_cli::errln!("settle: {}", one_line(&lost.message));
             Ok(code)

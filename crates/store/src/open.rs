@@ -98,6 +98,71 @@ pub(crate) fn open(target: &Target, options: &StoreOptions) -> Result<Opened, Op
 
 // --- SQLite ---------------------------------------------------------------
 
+/// libpq's connection keywords (PostgreSQL 15's list): a location that
+/// sets one (`key=value`, spaces allowed around `=`) is a keyword string.
+const LIBPQ_KEYWORDS: [&str; 41] = [
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "require_auth",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "requiressl",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+];
+
+/// Whether `path` sets a libpq keyword (`key=value`, `key = value`)
+/// anywhere: the word before any `=` is one of [`LIBPQ_KEYWORDS`].
+fn is_conn_string(path: &str) -> bool {
+    let mut rest = path;
+    while let Some(at) = rest.find('=') {
+        let key = rest[..at]
+            .trim_end()
+            .rsplit(|c: char| c.is_whitespace())
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if LIBPQ_KEYWORDS.contains(&key.as_str()) {
+            return true;
+        }
+        rest = &rest[at + 1..];
+    }
+    false
+}
+
 /// Why a location taken for an SQLite path is none.
 pub(crate) enum NotAFile {
     /// libpq's `key=value` words (which may hold a password).
@@ -112,26 +177,11 @@ pub(crate) enum NotAFile {
 /// keyword string (`host=… dbname=…`), whose password would otherwise
 /// name a file and be echoed in every message about it.
 pub(crate) fn check_not_a_url(path: &str) -> Result<(), NotAFile> {
-    const LIBPQ_KEYWORDS: [&str; 12] = [
-        "host",
-        "hostaddr",
-        "port",
-        "dbname",
-        "user",
-        "password",
-        "passfile",
-        "service",
-        "sslmode",
-        "connect_timeout",
-        "options",
-        "application_name",
-    ];
-    let first = path.split_whitespace().next().unwrap_or("");
-    if let Some((key, _)) = first.split_once('=') {
-        if LIBPQ_KEYWORDS.contains(&key.trim().to_ascii_lowercase().as_str()) {
-            return Err(NotAFile::ConnString);
-        }
+    if is_conn_string(path) {
+        return Err(NotAFile::ConnString);
     }
+    // A URL inside quotes, brackets or spaces (an env file that keeps its
+    // quotes, a paste): no file path holds `://`.
     let scheme_len = path.find(':').filter(|&n| n > 1).filter(|&n| {
         let scheme = &path[..n];
         scheme.starts_with(|c: char| c.is_ascii_alphabetic())
@@ -139,6 +189,14 @@ pub(crate) fn check_not_a_url(path: &str) -> Result<(), NotAFile> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-'))
     });
+    // A URL inside quotes, brackets or spaces (an env file that keeps its
+    // quotes, a paste): no file path holds `://` but after a scheme.
+    let url_at_start = scheme_len.is_some_and(|n| path[n..].starts_with("://"));
+    if path.contains("://") && !url_at_start {
+        return Err(NotAFile::Url(
+            "a URL with quotes, brackets or spaces around it (pass it bare)",
+        ));
+    }
     if let Some(n) = scheme_len {
         let scheme = path[..n].to_ascii_lowercase();
         if scheme == "postgres" || scheme == "postgresql" {

@@ -206,7 +206,32 @@ pub(crate) fn g11_a_location_meant_for_another_store_is_refused_and_names_no_pas
         assert!(Store::open(url).is_err());
         assert!(!std::path::Path::new(url).exists(), "{url} made a file");
     }
-    for path in ["backup:2024.db", "./a:b.db", "sqlite://x.db", "settle.db"] {
+    for conn in [
+        "host = h password = P",
+        "keepalives=1 host=h",
+        "sslpassword=P",
+    ] {
+        assert!(
+            matches!(Store::check_location(conn), Err(OpenError::ConnString)),
+            "{conn}"
+        );
+    }
+    for url in [
+        " postgres://u:PW@h/d",
+        "\"postgres://u:PW@h/d\"",
+        "<http://u:PW@h>",
+    ] {
+        let err = Store::check_location(url).unwrap_err();
+        assert!(!err.to_string().contains("PW@"), "{url}: {err}");
+    }
+    for path in [
+        "backup:2024.db",
+        "./a:b.db",
+        "sqlite://x.db",
+        "settle.db",
+        "x=1.db",
+        "mode=ro.db",
+    ] {
         assert!(Store::check_location(path).is_ok(), "{path}");
     }
     assert!(Store::check_location("POSTGRES://u@h/db").is_ok());
