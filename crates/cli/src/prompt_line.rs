@@ -8,7 +8,7 @@
 //! # async fn main() -> std::io::Result<()> {
 //! use settle_cli::prompt_line::{next_line, Line};
 //!
-//! let mut input: &[u8] = b"hello\r\nhe\xffllo\nfar too long\nlast";
+//! let mut input: &[u8] = b"hello\r\nhe\xffllo\nfar too long\nlast\r";
 //! assert_eq!(next_line(&mut input, Some(8)).await?, Some(Line::Text("hello".into())));
 //! assert_eq!(next_line(&mut input, Some(8)).await?, Some(Line::NotUtf8));
 //! assert_eq!(next_line(&mut input, Some(8)).await?, Some(Line::TooLong { limit: 8 }));
@@ -67,11 +67,12 @@ pub async fn next_line<R: AsyncBufRead + Unpin>(
     if !read_any {
         return Ok(None);
     }
+    // Its ending: `\n` or `\r\n`, and a last line's lone `\r` too.
     if line.last() == Some(&b'\n') {
         line.pop();
-        if line.last() == Some(&b'\r') {
-            line.pop();
-        }
+    }
+    if line.last() == Some(&b'\r') {
+        line.pop();
     }
     if let Some(limit) = limit.filter(|limit| too_long || line.len() > *limit) {
         return Ok(Some(Line::TooLong { limit }));

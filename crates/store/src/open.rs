@@ -73,9 +73,14 @@ impl Target {
                 return Target::Postgres(format!("{scheme}{rest}"));
             }
         }
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
+        // `sqlite://` or `sqlite:` (in any case) before a path.
+        let path = ["sqlite://", "sqlite:"]
+            .iter()
+            .find_map(|prefix| {
+                url.get(..prefix.len())
+                    .filter(|head| head.eq_ignore_ascii_case(prefix))
+                    .and_then(|_| url.get(prefix.len()..))
+            })
             .unwrap_or(url);
         Target::Sqlite(PathBuf::from(path))
     }

@@ -235,6 +235,10 @@ pub(crate) fn g11_a_location_meant_for_another_store_is_refused_and_names_no_pas
         assert!(Store::check_location(path).is_ok(), "{path}");
     }
     assert!(Store::check_location("POSTGRES://u@h/db").is_ok());
+    // The SQLite prefix is read in any case too.
+    for url in ["SQLITE:x.db", "SQLite://x.db", "sqlite:x.db"] {
+        assert_eq!(Store::sqlite_file(url), Some("x.db".into()), "{url}");
+    }
     assert_eq!(Store::sqlite_file("POSTGRES://u@h/db"), None);
 }
 
