@@ -501,6 +501,15 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         builder = builder.lease_ttl(ttl);
     }
     let kernel = builder.start().await.map_err(Failure::store)?;
+    // Every session of this run is registered from now on: the summary
+    // reads those, not every session the file ever held (a run on a file of
+    // 50,000 sessions took 0.25 s instead of 0.11 s, the listing most of
+    // it). A minute's slack, for a clock stepped back during the run.
+    let since = SessionFilter::all().since(
+        SystemTime::now()
+            .checked_sub(Duration::from_secs(60))
+            .unwrap_or(SystemTime::UNIX_EPOCH),
+    );
 
     let mode = if args.json {
         display::Mode::QUIET
@@ -553,17 +562,13 @@ async fn run(db: &str, args: RunArgs) -> Result<u8, Failure> {
         // A store that could not commit the shutdown's writes may not answer
         // a read either: the summary waits for it only briefly, and is left
         // out without it, so that the exit keeps the shutdown's bound (G9).
-        match tokio::time::timeout(
-            SUMMARY_AFTER_A_STALL,
-            store.list_sessions(SessionFilter::all()),
-        )
-        .await
+        match tokio::time::timeout(SUMMARY_AFTER_A_STALL, store.list_sessions(since.clone())).await
         {
             Ok(Ok(rows)) => Some(rows),
             Ok(Err(_)) | Err(_) => None,
         }
     } else {
-        Some(store.list_sessions(SessionFilter::all()).await?)
+        Some(store.list_sessions(since).await?)
     };
     // This run's sessions: its agents all descend from its root (none
     // registered when the root could not).
