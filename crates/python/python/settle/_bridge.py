@@ -86,11 +86,17 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         # it holds) alive on its task until the collector finds them.
     except Exception as error:  # the source's own failure ends the turn, saying why
         sink.fail(_said(error))
-    except BaseException as error:
-        # Not an error, nor the kernel's cancel (a framework's own stop,
-        # `KeyboardInterrupt`): the turn fails saying so, and it goes on up.
+    except (KeyboardInterrupt, SystemExit) as error:
+        # The program's own stop: the turn fails saying so, and it goes on
+        # up (asyncio takes these out of the loop).
         sink.fail(_said(error))
         raise
+    except BaseException as error:
+        # Neither an error nor a stop (a `GeneratorExit` a source raised, a
+        # framework's own kind): the turn fails saying so. Raised again, it
+        # would only sit on this task, which nobody awaits, and asyncio
+        # would log it as never retrieved.
+        sink.fail(_said(error))
     finally:
         try:
             if stream is not None:
