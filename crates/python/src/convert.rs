@@ -15,8 +15,9 @@ pub(crate) const MAX_DEPTH: usize = 64;
 /// dicts (keys as strings), and objects with `model_dump()` (pydantic);
 /// anything else as its `str()` but `bytes` and `bytearray`, whose `str()`
 /// is their repr (`b'...'`), not their text: those raise `BadInput`, as
-/// does a string that is not UTF-8 (a lone surrogate), wherever it is and
-/// whether it is given or made by `str()`.
+/// do a float that is NaN or infinite (JSON has neither) and a string that
+/// is not UTF-8 (a lone surrogate), wherever it is and whether it is given
+/// or made by `str()`.
 pub(crate) fn to_json(value: &Bound<'_, PyAny>) -> PyResult<Value> {
     to_json_at(value, 0)
 }
@@ -43,7 +44,16 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Value::String(utf8(&value.str()?)?));
     }
     if let Ok(n) = value.cast::<PyFloat>() {
-        return Ok(Number::from_f64(n.value()).map_or(Value::Null, Value::Number));
+        // JSON has no NaN nor infinity: taken for `null`, a delta's content
+        // would be dropped without a word and a usage count lost.
+        return Number::from_f64(n.value())
+            .map(Value::Number)
+            .ok_or_else(|| {
+                crate::errors::BadInput::new_err(format!(
+                "the float {} has no JSON form (JSON has no NaN nor infinity); it cannot be stored",
+                n.value()
+            ))
+            });
     }
     if let Ok(text) = value.cast::<PyString>() {
         return Ok(Value::String(utf8(text)?));

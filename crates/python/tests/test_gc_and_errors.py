@@ -192,6 +192,21 @@ async def test_g11_a_turn_whose_source_yields_a_lone_surrogate_fails_as_for_an_o
     assert errors == [errors[0]] * len(errors), errors
 
 
+async def test_g11_a_float_that_is_nan_or_infinite_fails_the_turn_instead_of_being_dropped(kernel):
+    """Found from outside: a delta's content of NaN was taken for null and
+    dropped, the turn ending completed, and a usage count of inf was kept
+    as null. JSON has neither: the item is refused as bad input."""
+    session = await kernel.register("s")
+    for item in (
+        {"choices": [{"index": 0, "delta": {"content": float("nan")}}]},
+        {"choices": [], "usage": {"total_tokens": float("inf")}},
+    ):
+        async with await session.turn(Stream(["before", item])) as turn:
+            assert [c.text async for c in turn] == ["before"]
+        assert turn.outcome == "failed", (item, turn.error)
+        assert "BadInput" in turn.error[1] and "no JSON form" in turn.error[1], turn.error
+
+
 async def test_a_source_failing_with_a_lone_surrogate_in_its_message_fails_the_turn_at_once(kernel):
     session = await kernel.register("s")
     failing = Stream(["a"], fail=ValueError("bad \udc80 news"))
