@@ -10,7 +10,7 @@ use settle_core::{Outcome, TurnError, TurnErrorKind};
 /// No event arrived for the idle timeout while the consumer was waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the provider sent no event for {idle:?} (idle timeout); \
+    "the provider sent no content for {idle:?} (idle timeout), keepalives aside; \
      the turn ended and its stream is being closed; raise the idle timeout if the model is slow to answer"
 )]
 pub struct IdleTimedOut {
