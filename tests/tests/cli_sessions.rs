@@ -449,3 +449,48 @@ fn reading_commands_read_a_database_on_a_read_only_mount() {
         assert_success(&out, &format!("settle {args:?} on a read-only mount"));
     }
 }
+
+/// A copy on a read-only mount that has its write-ahead log but not the
+/// log's index (copied while a run wrote, without its `-shm`): the file
+/// alone is not every commit, and SQLite cannot make the index there. The
+/// reading commands say so and what to do, in one line (exit 2), where
+/// they said only "unable to open database file" (exit 3).
+#[test]
+fn a_read_only_copy_with_its_log_but_not_the_logs_index_says_what_to_copy() {
+    if !common::is_root() {
+        common::skip("read-only mount", "mounting needs root");
+        return;
+    }
+    let fs = match common::Tmpfs::mount("16m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("\n*** SKIPPED: read-only mount: {why} ***\n");
+            return;
+        }
+    };
+    let sandbox = Sandbox::new();
+    let scenario = sandbox.path().join("long.toml");
+    std::fs::write(
+        &scenario,
+        "name = \"long\"\n[[agent]]\nname = \"root\"\n[[agent.turn]]\nchunks = [\"a\", \"b\", \"c\"]\nchunk_delay_ms = 5000\n",
+    )
+    .unwrap();
+    let running = sandbox.spawn(&["run", scenario.to_str().unwrap()]);
+    let wal = PathBuf::from(format!("{}-wal", sandbox.db().display()));
+    let start = std::time::Instant::now();
+    while !wal.exists() && start.elapsed() < settle_tests::PATIENCE {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Copied while it writes: the file and its log, not the index.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let copy = fs.path().join("copy.db");
+    std::fs::copy(sandbox.db(), &copy).unwrap();
+    std::fs::copy(&wal, fs.path().join("copy.db-wal")).unwrap();
+    running.signal(nix::sys::signal::Signal::SIGKILL);
+    fs.remount_read_only();
+    let out = common::settle_output(copy.to_str().unwrap(), &["sessions"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("copy the -shm file with it"), "{stderr}");
+}

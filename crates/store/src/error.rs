@@ -59,6 +59,19 @@ pub enum OpenError {
         /// The folder that is missing (or is not a folder).
         folder: PathBuf,
     },
+    /// Opened to read only where SQLite may not make the write-ahead log's
+    /// index (a read-only mount, a folder this user may not write), the
+    /// database has its log beside it (`-wal`) but not the index (`-shm`):
+    /// what the log holds cannot be read, and the file alone is not every
+    /// commit.
+    #[error(
+        "the database {} has its write-ahead log ({}-wal) beside it but not the log's index (-shm), which cannot be made here; copy the -shm file with it, or fold the log in first where the file can be written (sqlite3 FILE 'PRAGMA wal_checkpoint(TRUNCATE)')",
+        path.display(), path.display()
+    )]
+    LogWithoutIndex {
+        /// The path asked for.
+        path: PathBuf,
+    },
     /// The location cannot be written (permissions or a read-only file system).
     #[error(
         "cannot open the database {} for writing: {reason}; choose a writable location or fix its permissions",

@@ -555,6 +555,13 @@ fn establish_sqlite_read_only(path: &Path, options: &StoreOptions) -> Result<Ope
     };
     let (conn, uri) = match attempt(false) {
         Err(e) if no_index(&e) && fs::symlink_metadata(&log).is_err() => attempt(true)?,
+        // A log is there, and its index cannot be made: the file alone
+        // is not every commit, so it is not read as immutable.
+        Err(e) if no_index(&e) => {
+            return Err(OpenError::LogWithoutIndex {
+                path: path.to_owned(),
+            })
+        }
         other => other?,
     };
     Ok(Opened {
