@@ -413,22 +413,30 @@ fn reading_commands_read_a_database_this_user_may_not_write_and_write_nothing() 
     );
 }
 
+/// A tmpfs of this test's own (made read-only later); `None`, said as a
+/// skip, where this process may not mount one.
+fn a_tmpfs_to_make_read_only() -> Option<common::Tmpfs> {
+    if !common::is_root() {
+        common::skip("read-only mount", "mounting needs root");
+        return None;
+    }
+    match common::Tmpfs::mount("16m") {
+        Ok(fs) => Some(fs),
+        Err(why) => {
+            eprintln!("\n*** SKIPPED: read-only mount: {why} ***\n");
+            None
+        }
+    }
+}
+
 /// Found from outside: on a read-only mount every reading command failed
 /// with exit 3 ("unable to open database file"), while the README says a
 /// copy on a read-only mount is read. SQLite may not make the WAL index
 /// there, and its refusal was not taken for the read-only one it is.
 #[test]
 fn reading_commands_read_a_database_on_a_read_only_mount() {
-    if !common::is_root() {
-        common::skip("read-only mount", "mounting needs root");
+    let Some(fs) = a_tmpfs_to_make_read_only() else {
         return;
-    }
-    let fs = match common::Tmpfs::mount("16m") {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("\n*** SKIPPED: read-only mount: {why} ***\n");
-            return;
-        }
     };
     let sandbox = scanned();
     let copy = fs.path().join("copy.db");
@@ -457,16 +465,8 @@ fn reading_commands_read_a_database_on_a_read_only_mount() {
 /// they said only "unable to open database file" (exit 3).
 #[test]
 fn a_read_only_copy_with_its_log_but_not_the_logs_index_says_what_to_copy() {
-    if !common::is_root() {
-        common::skip("read-only mount", "mounting needs root");
+    let Some(fs) = a_tmpfs_to_make_read_only() else {
         return;
-    }
-    let fs = match common::Tmpfs::mount("16m") {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("\n*** SKIPPED: read-only mount: {why} ***\n");
-            return;
-        }
     };
     let sandbox = Sandbox::new();
     let scenario = sandbox.path().join("long.toml");
