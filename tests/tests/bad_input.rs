@@ -1174,7 +1174,7 @@ fn g11_a_missing_postgresql_database_is_bad_input_for_every_command() {
 /// reader that closes its pipe early (`settle sessions | head -1`) is no
 /// failure.
 #[test]
-fn g11_output_that_cannot_be_written_is_said_and_never_an_exit_0() {
+fn g11_output_that_cannot_be_written_is_said_and_a_reading_command_ends_2() {
     let dir = common::open_tempdir();
     database(dir.path(), "settle.db");
     let db = dir.path().join("settle.db");
