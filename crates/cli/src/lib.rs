@@ -82,9 +82,9 @@ fn options() -> StoreOptions {
 
 /// Writes to stdout, ignoring a closed pipe (`settle sessions | head`): a
 /// reader that has seen enough is not an error. Any other failure (a full
-/// disk under `> file`, a closed stdout) is kept, nothing more is written,
-/// and [`stdout_failure`] says it at the end, so that output lost is never
-/// an exit 0.
+/// disk under `> file`) is kept, nothing more is written, and
+/// [`stdout_failure`] says it at the end, so that output lost is never
+/// lost silently.
 pub fn say(text: &str) {
     if STDOUT_FAILED.get().is_some() {
         return;
@@ -102,8 +102,9 @@ pub fn say(text: &str) {
 static STDOUT_FAILED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// The failure to write stdout, if a write failed for any reason but a
-/// reader that closed its pipe: the command's output is lost, and its exit
-/// says so (bad input, as `-o` a path that cannot be written is).
+/// reader that closed its pipe: the command's output is lost. A bad-input
+/// failure, as `-o` a path that cannot be written is: a command that only
+/// reads ends with it, one that wrote says it and keeps its own code.
 pub fn stdout_failure() -> Option<Failure> {
     STDOUT_FAILED
         .get()

@@ -373,15 +373,24 @@ pub(crate) async fn close_all(connections: &Connections, bound: Duration) {
         .is_err()
     {
         connections.cut_all();
-        if tokio::time::timeout(bound, connections.tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                left = connections.tracker.len(),
-                "connections did not end when cut; the gateway stops without them"
-            );
-        }
+        wait_at_most(&connections.tracker, bound, "connections").await;
+    }
+}
+
+/// Waits at most `bound` for the tasks of `tracker` to end; the ones left
+/// (stuck where they do not see their cut) are said in a warning and left
+/// behind, dropped with the runtime, so that the gateway's exit keeps its
+/// bound (G9).
+pub(crate) async fn wait_at_most(
+    tracker: &tokio_util::task::TaskTracker,
+    bound: Duration,
+    what: &str,
+) {
+    if tokio::time::timeout(bound, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            left = tracker.len(),
+            "{what} did not end when cut; the gateway stops without them"
+        );
     }
 }
 

@@ -344,20 +344,9 @@ impl Gateway {
             http.close();
             // Each bounded: a task stuck where it does not see its cut is
             // left behind (dropped with the runtime), not waited for (G9).
-            let http_ended = async {
-                if tokio::time::timeout(2 * CLOSE_GRACE, http.wait())
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(
-                        left = http.len(),
-                        "HTTP connections did not end when cut; the gateway stops without them"
-                    );
-                }
-            };
             tokio::join!(
                 connection::close_all(&shared.connections, CLOSE_GRACE),
-                http_ended
+                connection::wait_at_most(&http, 2 * CLOSE_GRACE, "HTTP connections")
             );
             report
         };

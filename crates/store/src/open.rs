@@ -65,22 +65,14 @@ impl Target {
         // A URL's scheme is case-insensitive (RFC 3986); libpq reads only
         // the lower-case one.
         for scheme in ["postgres://", "postgresql://"] {
-            if let Some(rest) = url
-                .get(..scheme.len())
-                .filter(|head| head.eq_ignore_ascii_case(scheme))
-                .and_then(|_| url.get(scheme.len()..))
-            {
+            if let Some(rest) = strip_prefix_in_any_case(url, scheme) {
                 return Target::Postgres(format!("{scheme}{rest}"));
             }
         }
         // `sqlite://` or `sqlite:` (in any case) before a path.
         let path = ["sqlite://", "sqlite:"]
             .iter()
-            .find_map(|prefix| {
-                url.get(..prefix.len())
-                    .filter(|head| head.eq_ignore_ascii_case(prefix))
-                    .and_then(|_| url.get(prefix.len()..))
-            })
+            .find_map(|prefix| strip_prefix_in_any_case(url, prefix))
             .unwrap_or(url);
         Target::Sqlite(PathBuf::from(path))
     }
@@ -92,6 +84,13 @@ impl Target {
             Target::Postgres(u) => redact(u),
         }
     }
+}
+
+/// `text` after `prefix`, the prefix's ASCII letters in any case.
+fn strip_prefix_in_any_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    text.get(..prefix.len())
+        .filter(|head| head.eq_ignore_ascii_case(prefix))
+        .and_then(|_| text.get(prefix.len()..))
 }
 
 pub(crate) fn open(target: &Target, options: &StoreOptions) -> Result<Opened, OpenError> {
@@ -185,8 +184,6 @@ pub(crate) fn check_not_a_url(path: &str) -> Result<(), NotAFile> {
     if is_conn_string(path) {
         return Err(NotAFile::ConnString);
     }
-    // A URL inside quotes, brackets or spaces (an env file that keeps its
-    // quotes, a paste): no file path holds `://`.
     let scheme_len = path.find(':').filter(|&n| n > 1).filter(|&n| {
         let scheme = &path[..n];
         scheme.starts_with(|c: char| c.is_ascii_alphabetic())

@@ -63,10 +63,7 @@ impl OpenAiChunks {
         value: &Value,
         quote: &dyn Fn(&str) -> String,
     ) -> Vec<Result<StreamEvent, StreamError>> {
-        let mut out = decode(value, quote, &mut self.cut);
-        self.finished |= out
-            .iter()
-            .any(|event| matches!(event, Ok(StreamEvent::Finished(_))));
+        let mut out = decode(value, quote, &mut self.cut, &mut self.finished);
         if out.is_empty() {
             out.push(Ok(StreamEvent::KeepAlive));
         }
@@ -98,6 +95,7 @@ fn decode(
     value: &Value,
     quote: &dyn Fn(&str) -> String,
     cut: &mut Option<Truncation>,
+    finished: &mut bool,
 ) -> Vec<Result<StreamEvent, StreamError>> {
     // A chunk is an object, and its `choices` a list: anything else is
     // not a chunk of this protocol, and is not taken for a keepalive (a
@@ -159,6 +157,7 @@ fn decode(
         Some(_) => {}
         None => return out,
     }
+    *finished = true;
     out.push(Ok(StreamEvent::Finished(*cut)));
     out
 }
