@@ -38,9 +38,10 @@ async def test_g1_a_spawned_coroutine_raises_what_it_raised(kernel):
 
 async def test_g1_cancelling_the_session_cancels_its_coroutine_on_its_loop(kernel):
     session = await kernel.register("s")
-    saw_cancel = asyncio.Event()
+    started, saw_cancel = asyncio.Event(), asyncio.Event()
 
     async def tool() -> None:
+        started.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -48,7 +49,7 @@ async def test_g1_cancelling_the_session_cancels_its_coroutine_on_its_loop(kerne
             raise
 
     task = await session.spawn(tool())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(started.wait(), PATIENCE)  # a task cancelled unstarted never runs
     await session.cancel()
     await asyncio.wait_for(saw_cancel.wait(), 10)
     with pytest.raises(settle.Cancelled):
@@ -63,9 +64,10 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
         session = await root.child("worker")
         cancels = []
         later: list = []
-        stop = asyncio.Event()
+        stop, running = asyncio.Event(), asyncio.Event()
 
         async def stubborn() -> None:
+            running.set()
             while not stop.is_set():
                 try:
                     await asyncio.sleep(0.02)
@@ -90,7 +92,7 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
                     later.append("SessionClosed")
 
         task = await session.spawn(stubborn())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(running.wait(), PATIENCE)
         started = time.monotonic()
         await session.cancel()
         with pytest.raises(settle.Detached):
@@ -117,13 +119,14 @@ async def test_g4_g10_what_a_detached_task_hands_a_refused_call_is_closed(db):
         root = await kernel.register("root")
         session = await root.child("worker")
         other = await kernel.register("other")
-        stop = asyncio.Event()
+        stop, running = asyncio.Event(), asyncio.Event()
         seen: dict = {}
 
         async def tool() -> int:
             return 1
 
         async def stubborn() -> None:
+            running.set()
             while not stop.is_set():
                 try:
                     await asyncio.sleep(0.02)
@@ -140,7 +143,7 @@ async def test_g4_g10_what_a_detached_task_hands_a_refused_call_is_closed(db):
             seen["stream closes"] = stream.closes
 
         task = await session.spawn(stubborn())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(running.wait(), PATIENCE)
         await session.cancel()
         with pytest.raises(settle.Detached):
             await task

@@ -348,7 +348,10 @@ async def test_g10_a_session_winding_down_refuses_new_work_as_session_closing(tm
     ``except settle.SessionClosed`` covers the whole race with the finish,
     never a bare ``settle.Error``."""
 
+    started = asyncio.Event()
+
     async def stubborn():
+        started.set()
         for _ in range(2):
             try:
                 await asyncio.sleep(3)
@@ -361,6 +364,9 @@ async def test_g10_a_session_winding_down_refuses_new_work_as_session_closing(tm
         child = await root.child("child")
         grandchild = await child.child("grandchild")
         await grandchild.spawn(stubborn())
+        # A task cancelled before its first step never runs its body, and
+        # ends at once: the finish must meet it already running.
+        await started.wait()
         finishing = asyncio.create_task(root.finish())
         await asyncio.sleep(0.2)
         assert await child.state() == "cancelling"

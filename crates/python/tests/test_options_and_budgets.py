@@ -84,7 +84,10 @@ async def test_new_work_asked_of_a_session_winding_down_on_its_budget_raises_bud
     of its settles: a turn asked meanwhile raises ``BudgetExhausted``, as
     the turn the budget refuses does; once finalized, ``SessionClosed``."""
 
+    started = asyncio.Event()
+
     async def slow_to_stop() -> None:
+        started.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -94,6 +97,7 @@ async def test_new_work_asked_of_a_session_winding_down_on_its_budget_raises_bud
     try:
         session = await kernel.register("s", budget=settle.Budget(tokens=5))
         await session.spawn(slow_to_stop())
+        await started.wait()
         usage = {"choices": [], "usage": {"total_tokens": 10}}
         async with await session.turn(Stream(["hi", usage])) as turn:
             await _read(turn)
