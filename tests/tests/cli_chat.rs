@@ -578,6 +578,48 @@ fn failed_replies_say_why_the_chat_goes_on_and_the_reason_is_stored() {
 }
 
 #[test]
+fn a_reply_without_text_is_told_and_never_sent_back_as_an_empty_message() {
+    // The first reply is keepalive-like events only (no choices), then
+    // `[DONE]`: it completes with no text.
+    let server = Server::start(vec![
+        Answer::Events(vec![json!({"choices": []}), json!({"choices": []})]),
+        Answer::Events(texts(&["ok"])),
+        Answer::Events(texts(&["still ok"])),
+    ]);
+    let sandbox = Sandbox::new();
+    let url = server.base_url();
+    let mut chat = start_chat(&sandbox, &url, &[]);
+    say(&mut chat, "first");
+    say(&mut chat, "second");
+    let stderr = end_chat(chat);
+    assert!(
+        stderr.contains("settle: the reply had no text\n"),
+        "{stderr}"
+    );
+    // No empty assistant message between the two prompts: some servers
+    // refuse one.
+    server.request(0);
+    assert_eq!(
+        messages(&server.request(1)),
+        conversation(&[("user", "first"), ("user", "second")])
+    );
+    // A resumed chat sends the same conversation.
+    let first = session_ids(&sandbox)[0].to_string();
+    let mut chat = start_chat(&sandbox, &url, &["--resume", &first]);
+    say(&mut chat, "third");
+    end_chat(chat);
+    assert_eq!(
+        messages(&server.request(2)),
+        conversation(&[
+            ("user", "first"),
+            ("user", "second"),
+            ("assistant", "ok"),
+            ("user", "third"),
+        ])
+    );
+}
+
+#[test]
 fn a_resumed_chat_sends_the_earlier_conversation_first() {
     let server = Server::start(vec![
         Answer::Events(texts(&["Hello ", "Ada"])),

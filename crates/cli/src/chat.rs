@@ -191,11 +191,19 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
         }
         let result = turn.result().await;
         outln!();
+        // A reply with no text is not sent back as an empty assistant
+        // message (servers may refuse one): the next prompt follows this
+        // one, as a resumed chat rebuilds it from the store.
         match result {
-            Ok(Outcome::Completed) => history.push(Message::new(Role::Assistant, reply)),
             Ok(outcome) => {
-                crate::errln!("settle: reply {outcome}");
-                history.push(Message::new(Role::Assistant, reply));
+                if outcome != Outcome::Completed {
+                    crate::errln!("settle: reply {outcome}");
+                } else if reply.is_empty() {
+                    crate::errln!("settle: the reply had no text");
+                }
+                if !reply.is_empty() {
+                    history.push(Message::new(Role::Assistant, reply));
+                }
             }
             Err(error) => {
                 // What a provider sent is told on one line, never obeyed.
