@@ -16,7 +16,7 @@
 //! ones have already folded most of the log back, so it has little left to
 //! copy). It waits for about one commit at most, since the writer waits
 //! while it does, and a truncation a reader keeps from being made is tried
-//! again after a wait that doubles.
+//! again after a wait that doubles, or as soon as the log has doubled.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -101,12 +101,7 @@ impl Checkpointer {
             // folded back (a file's size is one system call), so that it
             // passes its limit by at most what 10 ms of commits write.
             let mut tick = 0_u32;
-            // A truncation that could not be made is tried again later, the
-            // wait doubling while it keeps failing (a reader that holds the
-            // log for long costs the writer a few short waits, not one per
-            // look), back to every look once one is made.
-            let mut truncate_from = 0_u32;
-            let mut backoff = 1_u32;
+            let mut schedule = Truncations::default();
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(LOOK) {
                 tick = tick.wrapping_add(1);
                 if tick % FOLD_EVERY == 0 {
@@ -115,7 +110,7 @@ impl Checkpointer {
                     }
                 }
                 let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
-                if size <= wal_limit || tick < truncate_from {
+                if size <= wal_limit || !schedule.due(tick, size) {
                     continue;
                 }
                 let truncated = match diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -137,11 +132,8 @@ impl Checkpointer {
                     }
                 };
                 match truncated {
-                    true => backoff = 1,
-                    false => {
-                        truncate_from = tick.wrapping_add(backoff);
-                        backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
-                    }
+                    true => schedule.made(),
+                    false => schedule.failed(tick, size),
                 }
             }
         })?;
@@ -150,6 +142,54 @@ impl Checkpointer {
             thread,
             close_timeout,
         })
+    }
+}
+
+/// When a truncation of a log past its limit is tried again after one
+/// could not be made: after a wait that doubles while it keeps failing (a
+/// reader that holds the log for long costs the writer a few short waits,
+/// not one per look), back to every look once one is made; and at once
+/// when the log has doubled since the last failure, whatever the wait: a
+/// long reader costs one short wait a doubling (a few in all), and a
+/// truncation kept from being made by a moment's contention (the writer's
+/// commit, a reader descheduled on a busy machine) does not let the log
+/// grow for the seconds of a wait that kept doubling.
+#[derive(Debug)]
+struct Truncations {
+    /// The look from which the wait is over.
+    from: u32,
+    /// The next wait, in looks.
+    backoff: u32,
+    /// The log's size past which it is tried at once.
+    past: u64,
+}
+
+impl Default for Truncations {
+    fn default() -> Self {
+        Truncations {
+            from: 0,
+            backoff: 1,
+            past: 0,
+        }
+    }
+}
+
+impl Truncations {
+    /// Whether a log of `size` bytes, past its limit, is tried at look `tick`.
+    fn due(&self, tick: u32, size: u64) -> bool {
+        tick >= self.from || size > self.past
+    }
+
+    /// A truncation tried at look `tick` of a log of `size` bytes failed.
+    fn failed(&mut self, tick: u32, size: u64) {
+        self.from = tick.wrapping_add(self.backoff);
+        self.backoff = self.backoff.saturating_mul(2).min(MAX_BACKOFF);
+        self.past = size.saturating_mul(2);
+    }
+
+    /// A truncation was made.
+    fn made(&mut self) {
+        self.backoff = 1;
     }
 }
 
@@ -165,5 +205,37 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         drop(self.stop.take());
         self.thread.finish_within(self.close_timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_truncation_that_keeps_failing_waits_longer_each_time_until_the_log_doubles() {
+        let mut schedule = Truncations::default();
+        assert!(schedule.due(0, 1_000));
+        // Failures at a steady size: each wait twice the one before.
+        let mut tick = 0;
+        for wait in [1, 2, 4, 8, 16] {
+            schedule.failed(tick, 1_000);
+            assert!(!schedule.due(tick + wait - 1, 1_000), "wait {wait}");
+            assert!(schedule.due(tick + wait, 1_000), "wait {wait}");
+            tick += wait;
+        }
+        // Within the wait, a log grown to twice its size at the failure is
+        // tried at once; one grown less is not.
+        schedule.failed(tick, 1_000);
+        assert!(!schedule.due(tick + 1, 2_000));
+        assert!(schedule.due(tick + 1, 2_001));
+        // The wait is capped, and starts over once a truncation is made.
+        for _ in 0..20 {
+            schedule.failed(tick, 1_000);
+        }
+        assert!(schedule.due(tick + MAX_BACKOFF, 1_000));
+        schedule.made();
+        schedule.failed(tick, 1_000);
+        assert!(schedule.due(tick + 1, 1_000));
     }
 }
