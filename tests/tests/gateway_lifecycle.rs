@@ -381,3 +381,45 @@ async fn g9_a_read_the_store_never_answers_does_not_hold_the_shutdown_past_its_b
         "the shutdown waited {took:?} for a read (store timeout 600 s)"
     );
 }
+
+/// G1 over the wire: a connection attached to a tree hears each session's
+/// `session.finalized` after its children's, as they were finalized. Their
+/// ends are committed in one batch and wake the watchers of their ends
+/// together; on a runtime of two threads those run in parallel, and a
+/// parent's notice came first in about a third of the rounds. Many rounds,
+/// a tree of three levels with siblings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_a_parents_session_finalized_reaches_a_client_after_its_childrens() {
+    let served = Served::pipes(
+        book(),
+        |k| k.idle_ttl(None),
+        |g| g.keepalive(None).requests_per_second(None),
+    )
+    .await;
+    let mut client = served.client().await;
+    for round in 0..30 {
+        let root = create(&mut client, json!({ "name": "root" })).await;
+        let mut edges = Vec::new();
+        for name in ["a", "b"] {
+            let child = create(&mut client, json!({ "name": name, "parent": root })).await;
+            edges.push((child, root));
+            for i in 0..2 {
+                let params = json!({ "name": format!("{name}{i}"), "parent": child });
+                edges.push((create(&mut client, params).await, child));
+            }
+        }
+        client.ok("session.close", json!({ "id": root })).await;
+        let mut order = Vec::new();
+        while order.len() <= edges.len() {
+            let note = client.expect("session.finalized").await;
+            order.push(note["id"].as_u64().unwrap());
+        }
+        let at = |id: u64| order.iter().position(|&o| o == id).unwrap();
+        for (child, parent) in edges {
+            assert!(
+                at(child) < at(parent),
+                "round {round}: {parent}'s notice before its child {child}'s: {order:?}"
+            );
+        }
+    }
+}

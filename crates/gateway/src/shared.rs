@@ -94,6 +94,8 @@ impl Shared {
     }
 
     async fn watch_end(&self, entry: Arc<Entry>) {
+        // However this ends, its parent's notice waits for it no more.
+        let _telling = entry.telling();
         // In a fleet, a session handed off is never finalized here: its
         // watch ends with the kernel (a finalize that came first wins).
         let in_fleet = self.fleet.is_some();
@@ -105,8 +107,10 @@ impl Shared {
                 return;
             }
         };
-        // A turn still being delivered announces its end first.
+        // A turn still being delivered announces its end first, and the
+        // children the gateway serves announce theirs.
         let _delivered = entry.conversation.lock().await;
+        entry.children_told().await;
         self.table.remove(&entry);
         self.owners.finished(entry.handle.id());
         if let Ok(reason) = reason {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::ws::Utf8Bytes;
 use settle_runtime::{EndReason, SessionHandle, SessionId};
+use tokio_util::sync::CancellationToken;
 
 use crate::conversation::{Conversation, HeldHistory};
 use crate::outbox::{Frame, Outbox};
@@ -29,6 +30,10 @@ pub(crate) struct Entry {
     /// the whole exchange.
     pub conversation: Arc<tokio::sync::Mutex<Conversation>>,
     watchers: Mutex<Watchers>,
+    /// Cancelled once the watcher of its end is done: its
+    /// `session.finalized` was sent, or will never be (handed off, left for
+    /// recovery).
+    told: CancellationToken,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +41,10 @@ struct Watchers {
     attached: Vec<(ConnId, Outbox)>,
     /// Set once the session is finalized: nobody attaches any more.
     finalized: Option<EndReason>,
+    /// The `told` of its children the gateway serves, those not told yet
+    /// (pruned as children come): its own `session.finalized` is sent
+    /// after theirs, as G1 finalizes them first.
+    children: Vec<CancellationToken>,
 }
 
 impl Entry {
@@ -44,6 +53,23 @@ impl Entry {
             handle,
             conversation: Arc::new(tokio::sync::Mutex::new(Conversation::new(held))),
             watchers: Mutex::default(),
+            told: CancellationToken::new(),
+        }
+    }
+
+    /// The watcher of its end is done (see `told`); dropped, it says so.
+    pub fn telling(&self) -> tokio_util::sync::DropGuard {
+        self.told.clone().drop_guard()
+    }
+
+    /// Waits until each child it had when its end was known is told: a
+    /// connection attached to both hears the child's `session.finalized`
+    /// first, in the order G1 finalized them (their ends, committed in one
+    /// batch, wake their watchers in any order).
+    pub async fn children_told(&self) {
+        let children = std::mem::take(&mut self.watchers().children);
+        for child in children {
+            child.cancelled().await;
         }
     }
 
@@ -140,6 +166,11 @@ impl Table {
             return (entry.clone(), false);
         }
         let entry = Arc::new(Entry::new(handle, self.held.clone()));
+        if let Some(parent) = entry.handle.parent().and_then(|p| entries.get(&p)) {
+            let mut watchers = parent.watchers();
+            watchers.children.retain(|c| !c.is_cancelled());
+            watchers.children.push(entry.told.clone());
+        }
         entries.insert(entry.handle.id(), entry.clone());
         (entry, true)
     }
