@@ -462,3 +462,65 @@ fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go
         store.adopt(node_b, id, now()).await.unwrap();
     });
 }
+
+/// PostgreSQL: an append whose turn another process is ending (a peer
+/// adopting the session ends the turn it found open) waits for that end
+/// and is refused `TurnClosed`, rather than reading the turn open in its
+/// snapshot and committing a chunk after the turn's end: its claim of
+/// the turn's numbers writes the turn's row, so it waits for the row's
+/// other writer and reads the turn ended once that commits. (An append
+/// that only read the turn, a cheaper statement, commits the chunk: this
+/// test caught it.)
+#[test]
+fn g12_on_postgres_an_append_racing_the_end_of_its_turn_elsewhere_is_refused() {
+    use diesel::{Connection, RunQueryDsl};
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    rt().block_on(async {
+        let store = open(&db);
+        let owner = node(&*store, "ws://a/ws").await;
+        let id = conversation(&*store, owner).await;
+        write::start_turn(&*store, id, 2, None, now())
+            .await
+            .unwrap();
+        assert_eq!(append_all(&*store, id, 2, &["a"]).await, [0]);
+
+        let (ending_tx, ending) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel::<()>();
+        let url = db.url.clone();
+        let raw = i64::try_from(id.get()).unwrap();
+        let ender = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                diesel::sql_query(format!(
+                    "UPDATE turns SET ended_at = 1, outcome = 'interrupted' \
+                     WHERE session = {raw} AND \"no\" = 2"
+                ))
+                .execute(c)?;
+                ending_tx.send(()).unwrap();
+                // The append is under way: it meets the uncommitted end.
+                let _ = go.recv_timeout(Duration::from_secs(60));
+                std::thread::sleep(Duration::from_millis(300));
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        });
+        ending.recv().unwrap();
+        let receipt = store.append_chunk(id, 2, "b".into());
+        go_tx.send(()).unwrap();
+        let appended = tokio::time::timeout(Duration::from_secs(20), receipt).await;
+        ender.join().unwrap();
+        assert!(
+            matches!(appended, Ok(Err(StoreError::TurnClosed { .. }))),
+            "an append racing its turn's end: {appended:?}"
+        );
+        let detail = store.session_detail(id).await.unwrap();
+        let texts: Vec<&str> = detail.turns[1]
+            .chunks
+            .iter()
+            .map(|c| c.text.as_str())
+            .collect();
+        assert_eq!(texts, ["a"], "a chunk was committed after its turn ended");
+    });
+}
