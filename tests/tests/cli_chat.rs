@@ -620,6 +620,32 @@ fn a_reply_without_text_is_told_and_never_sent_back_as_an_empty_message() {
 }
 
 #[test]
+fn a_first_event_timeout_ends_a_reply_that_never_starts_and_the_chat_goes_on() {
+    // Keepalives only: no first event, ever.
+    let server = Server::start(vec![Answer::Stall(vec![]), Answer::Events(texts(&["ok"]))]);
+    let sandbox = Sandbox::new();
+    let url = server.base_url();
+    let timeouts = ["--first-event-timeout", "1s", "--idle-timeout", "1h"];
+    let mut chat = start_chat(&sandbox, &url, &timeouts);
+    say(&mut chat, "first");
+    say(&mut chat, "second");
+    let stderr = end_chat(chat);
+    assert!(
+        stderr.contains("settle: reply failed: the provider sent no first event within 1s"),
+        "{stderr}"
+    );
+    let shown = sandbox.show(session_ids(&sandbox)[0]);
+    let turns = &shown["turns"];
+    assert_eq!(turns[0]["outcome"], "idle_timeout", "{shown:#}");
+    let message = turns[0]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("within 1s (first-event timeout)"),
+        "{message}"
+    );
+    assert_eq!(turns[1]["outcome"], "completed", "{shown:#}");
+}
+
+#[test]
 fn a_resumed_chat_sends_the_earlier_conversation_first() {
     let server = Server::start(vec![
         Answer::Events(texts(&["Hello ", "Ada"])),

@@ -29,6 +29,7 @@ use crate::input_limits::InputLimitArgs;
 use crate::model_server::ModelServerArgs;
 use crate::prompt_line::{next_line, Line};
 use crate::reply_limits::ReplyLimitArgs;
+use crate::turn_timeouts::TurnTimeoutArgs;
 use crate::{exit, open_existing_store, open_store, Failure};
 
 /// Options of `settle chat`.
@@ -40,9 +41,8 @@ pub struct ChatArgs {
     limits: InputLimitArgs,
     #[command(flatten)]
     replies: ReplyLimitArgs,
-    /// How long the server may be silent mid-reply before the turn times out (default 30s, as everywhere).
-    #[arg(long, value_parser = crate::duration::parse_nonzero)]
-    idle_timeout: Option<Duration>,
+    #[command(flatten)]
+    timeouts: TurnTimeoutArgs,
     /// How long a running reply may finish after SIGTERM.
     #[arg(long, value_parser = crate::duration::parse, default_value = "5s")]
     drain_timeout: Duration,
@@ -89,11 +89,10 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     let store: Arc<dyn SessionStore> = Arc::new(store);
     let kernel = args
         .limits
-        .apply(args.replies.apply(Kernel::builder(store)))
-        .idle_timeout(Some(
-            args.idle_timeout
-                .unwrap_or(settle_stream::DEFAULT_IDLE_TIMEOUT),
-        ))
+        .apply(
+            args.replies
+                .apply(args.timeouts.apply(Kernel::builder(store))),
+        )
         .drain_timeout(args.drain_timeout)
         .start()
         .await

@@ -57,6 +57,7 @@ pub mod table;
 pub mod terminal;
 pub mod trace;
 pub mod transcript;
+pub mod turn_timeouts;
 
 #[cfg(test)]
 mod test_support;

@@ -22,6 +22,7 @@ use clap::Args;
 use settle_cli::input_limits::InputLimitArgs;
 use settle_cli::model_server::ModelServerArgs;
 use settle_cli::reply_limits::ReplyLimitArgs;
+use settle_cli::turn_timeouts::TurnTimeoutArgs;
 use settle_cli::{duration, exit, open_files, open_store, outln, shutdown, Failure};
 use settle_gateway::{Fleet, Gateway, ScriptBook, Tls, Tokens};
 use settle_runtime::signals::Signals;
@@ -85,6 +86,8 @@ pub struct ServeArgs {
     max_holds_per_principal: Option<u64>,
     #[command(flatten)]
     replies: ReplyLimitArgs,
+    #[command(flatten)]
+    timeouts: TurnTimeoutArgs,
     /// How many bytes of conversation (the prompts and replies sent again
     /// with each turn) all sessions may keep in memory at once: a
     /// `turn.start` past it is refused `over_capacity`, writing nothing.
@@ -185,7 +188,10 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let max_connections = fitting_connections(args.max_connections);
     let kernel = args
         .limits
-        .apply(args.replies.apply(Kernel::builder(store)))
+        .apply(
+            args.replies
+                .apply(args.timeouts.apply(Kernel::builder(store))),
+        )
         .advertise(Some(advertise))
         .lease_ttl(args.lease_ttl)
         .orphan_grace(args.orphan_grace)

@@ -37,6 +37,12 @@ pub struct Config {
     /// the one default of every crate and the command line. A turn may set
     /// its own ([`SessionHandle::run_turn_with`](crate::SessionHandle::run_turn_with)).
     pub idle_timeout: Option<Duration>,
+    /// How long a turn's stream may take to send its first event (the
+    /// open, its retries and the wait for that event) before the turn ends
+    /// with `idle_timeout`, for turns that do not set their own; `None`:
+    /// the idle timeout (the default). For a model that thinks long before
+    /// its first token, or a step that must start quickly.
+    pub first_event_timeout: Option<Duration>,
     /// How opening a turn's stream is retried before its first chunk, for
     /// turns that do not set their own; default: never.
     pub retry: RetryPolicy,
@@ -123,6 +129,7 @@ impl Default for Config {
             policy: Policy::default(),
             drain_timeout: Duration::from_secs(5),
             idle_timeout: Some(settle_stream::DEFAULT_IDLE_TIMEOUT),
+            first_event_timeout: None,
             retry: RetryPolicy::default(),
             chunk_buffer: DEFAULT_CHUNK_BUFFER,
             chunk_buffer_bytes: DEFAULT_CHUNK_BUFFER_BYTES,
@@ -161,6 +168,8 @@ macro_rules! settings {
             drain_timeout: Duration => drain_timeout;
             /// How long a provider stream may be silent before its turn times out.
             idle_timeout: Option<Duration> => idle_timeout;
+            /// How long a turn's stream may take to send its first event; `None`: the idle timeout.
+            first_event_timeout: Option<Duration> => first_event_timeout;
             /// How a turn's opening is retried before its first chunk.
             retry: settle_stream::RetryPolicy => retry;
             /// How many persisted chunks may wait for a turn's consumer.
@@ -224,7 +233,7 @@ impl Config {
     pub fn turn_options(&self) -> TurnOptions {
         TurnOptions {
             idle_timeout: self.idle_timeout.unwrap_or(Duration::ZERO),
-            first_event_timeout: None,
+            first_event_timeout: self.first_event_timeout,
             retry: self.retry.clone(),
             max_chunks: self.max_turn_chunks,
             max_bytes: self.max_turn_bytes,

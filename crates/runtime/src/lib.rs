@@ -122,7 +122,8 @@
 //! | idle reap: a session with no turn, no hold, no child for the idle TTL | 30 min | `idle_reap` | `.idle_ttl(None)` |
 //! | LRU eviction: a registration over the cap evicts the least recently active idle session of its [`Scope`] ([`Kernel::register_in`]; one scope for all by default), once its row is committed (one the store refuses evicts no one) | 1,000 open sessions | `lru_evict` | `.lru_cap(None)` |
 //! | orphan reap: only sessions that had a transport attached and lost it | 60 s grace | `orphan_reap` | attach no transport |
-//! | a turn's stream silent (no chunk, no keepalive) | 30 s ([`settle_stream::DEFAULT_IDLE_TIMEOUT`]) | turn `idle_timeout` | `.idle_timeout(None)`, or per turn |
+//! | a turn's stream silent (no chunk; keepalives do not count) | 30 s ([`settle_stream::DEFAULT_IDLE_TIMEOUT`]) | turn `idle_timeout` | `.idle_timeout(None)`, or per turn |
+//! | a turn's stream with no first event (its open included) | the idle timeout | turn `idle_timeout` | `.first_event_timeout(..)` (longer), or per turn |
 //! | a cancelled work that does not unwind | 1 s settle timeout | turn `detached` | `.settle_timeout(..)` |
 //! | a dropped [`SessionGuard`] | cancel | `cancelled` | [`SessionGuard::disarm`] |
 //! | the lease not renewed in time (G8) | 30 s lease | nothing new starts, works cancelled | `.lease_ttl(..)` |

@@ -242,3 +242,41 @@ async fn g5_a_turn_ending_on_its_own_waits_for_its_streams_close_at_most_the_set
     );
     runtime.shutdown(Duration::ZERO).await;
 }
+
+/// A kernel-wide first-event timeout (`settle serve` and `settle chat`
+/// give it as `--first-event-timeout`): a turn whose stream sends nothing
+/// within it ends `idle_timeout` then, however long the idle timeout; one
+/// longer than the idle timeout lets a model slow to start answer, the
+/// idle timeout applying between its events.
+#[tokio::test(start_paused = true)]
+async fn a_kernels_first_event_timeout_bounds_the_wait_for_a_turns_first_event() {
+    let idle = Duration::from_secs(3);
+    for (first, outcome) in [
+        (Duration::from_secs(2), Outcome::IdleTimeout),
+        (Duration::from_secs(10), Outcome::Completed),
+    ] {
+        let store = MemoryStore::new();
+        let runtime = runtime_on(&store, |b| {
+            b.idle_timeout(Some(idle)).first_event_timeout(Some(first))
+        })
+        .await;
+        let session = runtime.register("agent", None).await.unwrap();
+        // Its one event after 5 s, past the idle timeout.
+        let p = provider([TurnScript::new(["late"]).chunk_delay(Duration::from_secs(5))]);
+        let started = Instant::now();
+        let turn = start(&session, &p).await;
+        assert_eq!(
+            turn.outcome().await,
+            outcome,
+            "first-event timeout {first:?}"
+        );
+        if outcome == Outcome::IdleTimeout {
+            let took = started.elapsed();
+            assert!(
+                took < idle,
+                "ended {took:?} after its start, past {first:?}"
+            );
+        }
+        runtime.shutdown(Duration::ZERO).await;
+    }
+}
