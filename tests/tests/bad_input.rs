@@ -285,6 +285,29 @@ fn cases() -> Vec<Case> {
             2,
             "-3",
         ),
+        // A negative number is a value its option refuses, named as such;
+        // not an "unexpected argument".
+        case(
+            "sessions --limit negative, apart",
+            |d| database(d, "settle.db"),
+            &["sessions", "--limit", "-1"],
+            2,
+            "for '--limit <N>'",
+        ),
+        case(
+            "show of a negative id without --",
+            nothing,
+            &["show", "-4"],
+            2,
+            "not a session id",
+        ),
+        case(
+            "serve --max-sessions negative",
+            nothing,
+            &["serve", "--max-sessions", "-5"],
+            2,
+            "for '--max-sessions",
+        ),
         case(
             "recover with an unknown option",
             |d| database(d, "settle.db"),

@@ -75,36 +75,43 @@ struct Cli {
 enum Command {
     /// Run a scripted agent tree to its end, showing its progress, then a summary.
     #[command(
+        allow_negative_numbers = true,
         after_help = "Example:\n  settle run examples/scan.toml --settle-timeout 500ms --json"
     )]
     Run(RunArgs),
     /// List sessions, newest first.
     #[command(
+        allow_negative_numbers = true,
         after_help = "Examples:\n  settle sessions --limit 10\n  settle sessions --since 1h30m --tree\n  settle sessions --state running --json"
     )]
     Sessions(SessionsArgs),
     /// Show one session: its transcript by turn and its timeline.
     #[command(
+        allow_negative_numbers = true,
         after_help = "Examples:\n  settle show 3\n  settle show 3 --json\n  settle show 1 --trace teardown.json   (open it in ui.perfetto.dev or chrome://tracing)"
     )]
     Show(ShowArgs),
     /// Export one session: Markdown to read, or JSON Lines to replay.
     #[command(
+        allow_negative_numbers = true,
         after_help = "Examples:\n  settle export 3 > chat.md\n  settle export 3 --format jsonl -o chat.jsonl"
     )]
     Export(ExportArgs),
     /// Finalize sessions left live by a crashed process (G8); prints how many (--dry-run: lists them, writes nothing).
     #[command(
+        allow_negative_numbers = true,
         after_help = "Examples:\n  settle --db settle.db recover\n  settle recover --dry-run          what would be recovered, and whose it was\n  settle recover --json"
     )]
     Recover(RecoverArgs),
     /// Chat with an OpenAI-compatible server. Ctrl-C cancels the reply in flight, Ctrl-D ends the session.
     #[command(
+        allow_negative_numbers = true,
         after_help = "Examples:\n  settle chat --base-url http://127.0.0.1:8080/v1 --model local\n  settle chat --resume 3              continue session 3 in a new session\n  settle chat --last                  continue the most recent finished session"
     )]
     Chat(chat::ChatArgs),
     /// Serve sessions to WebSocket clients: JSON-RPC 2.0 at ws://ADDR/ws (see docs/gateway.md).
     #[command(
+        allow_negative_numbers = true,
         after_help = "Example:\n  settle serve --listen 127.0.0.1:8765 --base-url http://127.0.0.1:8080/v1 --model local"
     )]
     Serve(serve::ServeArgs),
