@@ -22,6 +22,7 @@ use crate::process::{here, ForkSafe, Owner};
 use crate::resume::Resumption;
 use crate::secrets::Secrets;
 use crate::session::PySession;
+use crate::ties::Ties;
 
 /// A turn's idle timeout unless the kernel or the turn sets one: the
 /// runtime's, in seconds (`settle.DEFAULT_IDLE_TIMEOUT`).
@@ -66,12 +67,9 @@ fn seconds(value: f64, what: &str) -> PyResult<Duration> {
 #[pyclass(name = "Kernel", module = "settle", frozen)]
 pub(crate) struct PyKernel {
     kernel: ForkSafe<Kernel>,
-    owner: Owner,
     drain: Duration,
-    /// The idle timeout of its turns, unless a turn sets its own.
-    idle: Option<Duration>,
-    /// What its turns' errors mask.
-    secrets: Arc<Secrets>,
+    /// What its sessions keep of it.
+    ties: Ties,
     /// The first signal the handlers received (0: none).
     signal: Arc<AtomicU32>,
 }
@@ -263,10 +261,12 @@ impl PyKernel {
                 }
                 Ok(PyKernel {
                     kernel: ForkSafe::new(kernel, owner.clone()),
-                    owner,
                     drain,
-                    idle,
-                    secrets,
+                    ties: Ties {
+                        owner,
+                        idle,
+                        secrets,
+                    },
                     signal: Arc::new(AtomicU32::new(0)),
                 })
             },
@@ -298,8 +298,7 @@ impl PyKernel {
         let parent = parent.as_ref().map(session_id).transpose()?;
         let (kernel, here) = self.kernel.get()?;
         let scope = scope.map(|Text(s)| kernel.scope_of(Some(&s)));
-        let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
-        let secrets = self.secrets.clone();
+        let (kernel, ties) = (kernel.clone(), self.ties.clone());
         finishing(py, here, async move {
             let session = match (budget, scope) {
                 (None, None) => kernel.register(name, parent).await,
@@ -311,12 +310,7 @@ impl PyKernel {
                         .await
                 }
             };
-            Ok(PySession::new(
-                session.map_err(errors::runtime)?,
-                owner,
-                idle,
-                secrets,
-            ))
+            Ok(PySession::new(session.map_err(errors::runtime)?, ties))
         })
     }
 
@@ -328,8 +322,7 @@ impl PyKernel {
     fn session<'py>(&self, py: Python<'py>, id: Whole<u64>) -> PyResult<Bound<'py, PyAny>> {
         let Whole(id) = id;
         let (kernel, here) = self.kernel.get()?;
-        let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
-        let secrets = self.secrets.clone();
+        let (kernel, ties) = (kernel.clone(), self.ties.clone());
         awaitable(
             py,
             here,
@@ -340,7 +333,7 @@ impl PyKernel {
                     .session(SessionId(id))
                     .await
                     .map_err(errors::runtime)?;
-                Ok(PySession::new(session, owner, idle, secrets))
+                Ok(PySession::new(session, ties))
             },
         )
     }
@@ -368,11 +361,10 @@ impl PyKernel {
         crate::task::check_write(py)?;
         let from = session_id(&id)?;
         let (kernel, here) = self.kernel.get()?;
-        let (kernel, owner, idle) = (kernel.clone(), self.owner.clone(), self.idle);
-        let secrets = self.secrets.clone();
+        let (kernel, ties) = (kernel.clone(), self.ties.clone());
         finishing(py, here, async move {
             let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
-            Ok(Resumption::new(resumed, owner, idle, secrets))
+            Ok(Resumption::new(resumed, ties))
         })
     }
 

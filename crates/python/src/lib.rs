@@ -101,6 +101,7 @@ mod signals;
 mod stranded;
 mod task;
 mod task_end;
+mod ties;
 mod turn;
 
 use pyo3::prelude::*;

@@ -2,18 +2,14 @@
 //! continues a finalized one, with the conversation to send with its next
 //! turn (the runtime's [`Resumed`]).
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 use settle_runtime::Resumed;
 use settle_stream::{Message, ToolCall};
 
-use crate::process::Owner;
-use crate::secrets::Secrets;
 use crate::session::PySession;
+use crate::ties::Ties;
 
 /// A new session that continues a finalized one: `session`, the one it
 /// continues (`resumed_from`, also on its row in `kernel.sessions()`), the
@@ -93,19 +89,13 @@ pub(crate) struct Resumption {
 }
 
 impl Resumption {
-    /// `resumed`, its session held for `owner` with the kernel's idle
-    /// timeout of a turn.
-    pub fn new(
-        resumed: Resumed,
-        owner: Owner,
-        idle: Option<Duration>,
-        secrets: Arc<Secrets>,
-    ) -> Resumption {
+    /// `resumed`, its session keeping `ties` of its kernel.
+    pub fn new(resumed: Resumed, ties: Ties) -> Resumption {
         Resumption {
             from: resumed.from.get(),
             history: resumed.history,
             pending: resumed.pending_tool_calls,
-            session: PySession::new(resumed.session, owner, idle, secrets),
+            session: PySession::new(resumed.session, ties),
         }
     }
 }

@@ -15,10 +15,10 @@ use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, Nothi
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::handover::{CancelHandedOver, Handover};
-use crate::process::{ForkSafe, Owner};
+use crate::process::ForkSafe;
 use crate::provider::{PumpWatch, PyProvider, Source};
-use crate::secrets::Secrets;
 use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
+use crate::ties::Ties;
 
 /// One session of a kernel. Every method is safe at any time: once the
 /// session is finalized, those that use it raise `settle.SessionClosed`
@@ -26,11 +26,8 @@ use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
 #[pyclass(name = "Session", module = "settle", frozen)]
 pub(crate) struct PySession {
     handle: ForkSafe<SessionHandle>,
-    owner: Owner,
-    /// The kernel's idle timeout of a turn, unless the turn sets its own.
-    idle: Option<Duration>,
-    /// What its turns' errors mask: the kernel's.
-    secrets: Arc<Secrets>,
+    /// What it keeps of its kernel.
+    ties: Ties,
     id: u64,
     name: String,
     parent: Option<u64>,
@@ -44,22 +41,15 @@ pub(crate) struct PySession {
 }
 
 impl PySession {
-    pub fn new(
-        handle: SessionHandle,
-        owner: Owner,
-        idle: Option<Duration>,
-        secrets: Arc<Secrets>,
-    ) -> Self {
+    pub fn new(handle: SessionHandle, ties: Ties) -> Self {
         PySession {
             starts: Arc::default(),
             stop: std::sync::Mutex::default(),
-            idle,
-            secrets,
             id: handle.id().get(),
             name: handle.name().to_owned(),
             parent: handle.parent().map(SessionId::get),
-            handle: ForkSafe::new(handle, owner.clone()),
-            owner,
+            handle: ForkSafe::new(handle, ties.owner.clone()),
+            ties,
         }
     }
 }
@@ -130,7 +120,7 @@ impl PySession {
         };
         let idle = match idle {
             Some(idle) => seconds(idle, "idle_timeout")?,
-            None => self.idle.unwrap_or(Duration::ZERO),
+            None => self.ties.idle.unwrap_or(Duration::ZERO),
         };
         let mut options = TurnOptions::default().idle_timeout(idle);
         if let Some(first) = first {
@@ -209,19 +199,13 @@ impl PySession {
         check_write(py)?;
         let budget = budget.map(|b| b.get());
         let (handle, here) = self.handle.get()?;
-        let (handle, owner) = (handle.clone(), self.owner.clone());
-        let (idle, secrets) = (self.idle, self.secrets.clone());
+        let (handle, ties) = (handle.clone(), self.ties.clone());
         finishing(py, here, async move {
             let child = match budget {
                 None => handle.child(name).await,
                 Some(budget) => handle.child_with_budget(name, budget).await,
             };
-            Ok(PySession::new(
-                child.map_err(errors::runtime)?,
-                owner,
-                idle,
-                secrets,
-            ))
+            Ok(PySession::new(child.map_err(errors::runtime)?, ties))
         })
     }
 
@@ -291,11 +275,11 @@ impl PySession {
                 source,
                 to_chunk,
                 watch: watch.clone(),
-                secrets: self.secrets.clone(),
+                secrets: self.ties.secrets.clone(),
             }),
             opened: std::sync::atomic::AtomicBool::new(false),
         });
-        let (handle, owner) = (handle.clone(), self.owner.clone());
+        let (handle, owner) = (handle.clone(), self.ties.owner.clone());
         let starts = self.starts.clone();
         // A cancel of the caller's task (or the awaitable collected) cancels
         // `gone`, at the loop's next pass. The start then gives up wherever
@@ -384,7 +368,7 @@ impl PySession {
         }
         let (handle, here) = self.handle.get()?;
         let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
-        let (handle, owner) = (handle.clone(), self.owner.clone());
+        let (handle, owner) = (handle.clone(), self.ties.owner.clone());
         finishing(py, here, async move {
             let theirs = shared.clone();
             let spawned = handle
