@@ -646,6 +646,34 @@ fn a_first_event_timeout_ends_a_reply_that_never_starts_and_the_chat_goes_on() {
 }
 
 #[test]
+fn retries_ask_again_for_a_reply_the_server_refused_before_it_began() {
+    let busy = json!({ "error": { "message": "overloaded" } });
+    let server = Server::start(vec![
+        Answer::Status("503 Service Unavailable", busy.clone()),
+        Answer::Events(texts(&["ok"])),
+        Answer::Status("503 Service Unavailable", busy),
+    ]);
+    let sandbox = Sandbox::new();
+    let url = server.base_url();
+    let mut chat = start_chat(&sandbox, &url, &["--retries", "1"]);
+    say(&mut chat, "first");
+    // Its retries spent, a refusal fails the reply as without them.
+    say(&mut chat, "second");
+    let stderr = end_chat(chat);
+    assert!(
+        stderr.contains("settle: reply failed: HTTP 503"),
+        "{stderr}"
+    );
+    for n in 0..4 {
+        server.request(n);
+    }
+    let shown = sandbox.show(session_ids(&sandbox)[0]);
+    let turns = &shown["turns"];
+    assert_eq!(turns[0]["outcome"], "completed", "{shown:#}");
+    assert_eq!(turns[1]["outcome"], "failed", "{shown:#}");
+}
+
+#[test]
 fn a_resumed_chat_sends_the_earlier_conversation_first() {
     let server = Server::start(vec![
         Answer::Events(texts(&["Hello ", "Ada"])),

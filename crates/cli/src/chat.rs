@@ -93,6 +93,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             args.replies
                 .apply(args.timeouts.apply(Kernel::builder(store))),
         )
+        .retry(args.server.retry())
         .drain_timeout(args.drain_timeout)
         .start()
         .await

@@ -2,7 +2,7 @@
 //! and `settle serve` stream from.
 
 use clap::Args;
-use settle_stream::{OpenAiConfig, OpenAiProvider, DEFAULT_MAX_EVENT_BYTES};
+use settle_stream::{OpenAiConfig, OpenAiProvider, RetryPolicy, DEFAULT_MAX_EVENT_BYTES};
 
 use crate::Failure;
 
@@ -27,6 +27,9 @@ pub struct ModelServerArgs {
     /// reply with a larger one fails (error kind `protocol`).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_EVENT_BYTES, value_parser = parse_bytes)]
     pub max_event_bytes: usize,
+    /// How many times a reply the model server refused before it began (connection refused, HTTP 429 or 5xx) is asked again: after 0.5s, then twice as long each time up to 30s, or as its Retry-After says (0: never).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub retries: u32,
 }
 
 fn parse_bytes(text: &str) -> Result<usize, String> {
@@ -47,5 +50,11 @@ impl ModelServerArgs {
             config = config.api_key(key.clone());
         }
         OpenAiProvider::new(config).map_err(Failure::bad_input)
+    }
+
+    /// How a reply's opening is retried, as `--retries` says. Only the
+    /// opening: once a chunk of the reply was stored, nothing is (G7).
+    pub fn retry(&self) -> RetryPolicy {
+        RetryPolicy::default().retries(self.retries)
     }
 }

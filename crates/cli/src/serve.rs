@@ -192,6 +192,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
             args.replies
                 .apply(args.timeouts.apply(Kernel::builder(store))),
         )
+        .retry(args.server.retry())
         .advertise(Some(advertise))
         .lease_ttl(args.lease_ttl)
         .orphan_grace(args.orphan_grace)
