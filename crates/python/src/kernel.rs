@@ -266,6 +266,7 @@ impl PyKernel {
                         owner,
                         idle,
                         secrets,
+                        settle,
                     },
                     signal: Arc::new(AtomicU32::new(0)),
                 })

@@ -24,6 +24,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::Stream;
@@ -56,6 +57,10 @@ pub(crate) struct Source {
     /// what its source said (`PumpSink::fail`, and a chunk's `error` in
     /// `PumpSink::push`).
     pub secrets: Arc<Secrets>,
+    /// How long the pump waits for its stream's close once its loop is
+    /// closing (its task cancelled by another than the kernel): the
+    /// kernel's settle timeout (G5).
+    pub close_bound: Duration,
 }
 
 /// What a turn's reader keeps of its pump: the pump's loop, and the pump
@@ -338,6 +343,15 @@ impl PumpSink {
     /// Whether the turn asked for the stream's close.
     fn close_requested(&self) -> bool {
         self.shared.close_requested()
+    }
+
+    /// How long, in seconds, the pump waits for its stream's close when
+    /// its task was cancelled by another than the kernel (the loop is
+    /// closing): the kernel's settle timeout (G5). Past it the close is
+    /// left, so an `aclose()` that never returns does not keep the loop
+    /// from closing.
+    fn close_bound(&self) -> f64 {
+        self.shared.source.close_bound.as_secs_f64()
     }
 
     /// The source gave its stream.

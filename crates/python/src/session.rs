@@ -276,6 +276,7 @@ impl PySession {
                 to_chunk,
                 watch: watch.clone(),
                 secrets: self.ties.secrets.clone(),
+                close_bound: self.ties.settle,
             }),
             opened: std::sync::atomic::AtomicBool::new(false),
         });

@@ -1,6 +1,6 @@
 //! What each session a kernel hands out keeps of it: the process that
-//! opened the kernel (its fork guard), its turns' idle timeout, and the
-//! secrets its errors mask. One value, cloned into every session, so a
+//! opened the kernel (its fork guard), its turns' idle timeout, the
+//! secrets its errors mask and its settle timeout. One value, cloned into every session, so a
 //! setting added to the kernel reaches them all by one path.
 
 use std::sync::Arc;
@@ -19,4 +19,7 @@ pub(crate) struct Ties {
     pub idle: Option<Duration>,
     /// What its turns' errors mask.
     pub secrets: Arc<Secrets>,
+    /// The kernel's settle timeout (G5): how long a turn's pump waits for
+    /// its stream's close when its loop is closing.
+    pub settle: Duration,
 }

@@ -130,6 +130,48 @@ def test_g9_interpreter_exit_shuts_the_kernel_down(db):
     ]
 
 
+HANGING_CLOSE_SCRIPT = """
+import asyncio, sys, time
+import settle
+
+class Hangs:
+    # A stream whose aclose() never returns (a dead HTTP connection).
+    def __aiter__(self):
+        return self
+    async def __anext__(self):
+        await asyncio.sleep(0.01)
+        return "h"
+    async def aclose(self):
+        await asyncio.sleep(3600)
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.3, drain_timeout=0.5)
+    session = await kernel.register("s")
+    turn = await session.turn(Hangs())
+    async for _ in turn:
+        break
+    # main returns with the turn streaming: asyncio.run cancels its pump.
+
+started = time.monotonic()
+asyncio.run(main())
+print(f"{time.monotonic() - started:.1f}")
+"""
+
+
+def test_g5_g9_a_program_whose_streams_close_never_returns_still_exits(db):
+    """``main()`` returns while a turn streams from a stream whose
+    ``aclose()`` never returns: ``asyncio.run`` cancels the turn's pump as
+    it cancels every task left, and the pump's close of its stream is
+    awaited at most the settle timeout (G5), then left, so the loop closes
+    and the program exits (G9) instead of waiting for it forever. The row
+    ends as any at interpreter exit."""
+    out = run_script(HANGING_CLOSE_SCRIPT, db, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.split()[-1]) < 10, out.stdout
+    rows = json.loads(run_script(READ_SCRIPT, db).stdout)
+    assert [(r["name"], r["state"]) for r in rows] == [("s", "finalized")], rows
+
+
 FORK_SCRIPT = """
 import asyncio, os, sys
 import settle

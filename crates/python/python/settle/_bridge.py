@@ -98,15 +98,38 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         # would log it as never retrieved.
         sink.fail(_said(error))
     finally:
-        try:
-            if stream is not None:
-                # The kernel's close, from now on, waits for this one
-                # instead of cancelling it half way (G4: closed once, to
-                # its end).
-                sink.closing()
-                await close_stream(stream, iterator)
-        finally:
+        if stream is None:
             sink.closed()
+        else:
+            # The kernel's close, from now on, waits for this one instead
+            # of cancelling it half way (G4: closed once, to its end).
+            sink.closing()
+            await _close(stream, iterator, sink)
+
+
+async def _close(stream: Any, iterator: Any, sink: Any) -> None:
+    """Closes a pump's stream in a task of its own, which tells the kernel
+    once it is done; the pump waits for it at most the kernel's settle
+    timeout (G5). A close past that goes on by itself, to its end (G4),
+    but the pump's task ends: when the loop is closing (``asyncio.run``
+    cancels every task left as it ends, and the pump's own cancel is spent
+    by then, the kernel's and the loop's landing as one), an ``aclose()``
+    that never returns (a dead connection) would otherwise keep the loop
+    from closing and the program from ending (G9). The pump cancelled while
+    it waits cancels the close with it."""
+    closing = asyncio.ensure_future(close_stream(stream, iterator))
+    closing.add_done_callback(lambda _: sink.closed())
+    try:
+        done, _ = await asyncio.wait({closing}, timeout=sink.close_bound())
+    except asyncio.CancelledError:
+        closing.cancel()
+        raise
+    if not done:
+        _log.warning(
+            "a turn's stream did not close within %.1f s (the settle timeout); "
+            "its close goes on without the turn",
+            sink.close_bound(),
+        )
 
 
 def _said(error: BaseException) -> str:
