@@ -12,7 +12,6 @@
 
 use std::sync::Arc;
 
-use pyo3::intern;
 use pyo3::prelude::*;
 use settle_runtime::Turn;
 use tokio::sync::OwnedMutexGuard;
@@ -76,33 +75,5 @@ impl Drop for Handover {
     fn drop(&mut self) {
         drop(self.turn.take());
         drop(self.place.take());
-    }
-}
-
-/// What the future of a turn's start calls from its own `cancel()` (see
-/// `_bridge.CancelsAtOnce`): a start not done yet needs nothing here (its
-/// turn is never handed over, see [`Handover`]); one done already, whose
-/// task was cancelled before it resumed, handed its turn to a future nobody
-/// will read, so that turn is cancelled now, before the caller's next line
-/// (the session's next start) runs.
-#[pyclass(module = "settle._settle", frozen)]
-pub(crate) struct CancelHandedOver;
-
-#[pymethods]
-impl CancelHandedOver {
-    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = future.py();
-        let done = future.call_method0(intern!(py, "done"))?.is_truthy()?;
-        if !done || future.call_method0(intern!(py, "cancelled"))?.is_truthy()? {
-            return Ok(());
-        }
-        if !future.call_method0(intern!(py, "exception"))?.is_none() {
-            return Ok(());
-        }
-        let result = future.call_method0(intern!(py, "result"))?;
-        if let Ok(turn) = result.cast::<PyTurn>() {
-            turn.get().cancel_now();
-        }
-        Ok(())
     }
 }

@@ -103,6 +103,7 @@ mod task;
 mod task_end;
 mod ties;
 mod turn;
+mod unclaimed;
 
 use pyo3::prelude::*;
 

@@ -14,11 +14,12 @@ use crate::args::Text;
 use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, Nothing, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
-use crate::handover::{CancelHandedOver, Handover};
+use crate::handover::Handover;
 use crate::process::ForkSafe;
 use crate::provider::{PumpWatch, PyProvider, Source};
 use crate::task::{check_write, PyTask, Shared as TaskShared, Spawned};
 use crate::ties::Ties;
+use crate::unclaimed::CancelUnclaimed;
 
 /// One session of a kernel. Every method is safe at any time: once the
 /// session is finalized, those that use it raise `settle.SessionClosed`
@@ -293,14 +294,14 @@ impl PySession {
         // store timeout before its own began). A start done just before
         // the cancel hands a turn nobody will read: `Handover` cancels it,
         // and a cancel after the turn was handed over, before the task
-        // resumed, cancels it at once (`CancelHandedOver`).
+        // resumed, cancels it at once (`CancelUnclaimed`).
         // `cancel_turn()` stops it too, handed over or not yet.
         let gone = self
             .stop
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .child_token();
-        let at_once = Bound::new(py, CancelHandedOver)?.into_any();
+        let at_once = Bound::new(py, CancelUnclaimed)?.into_any();
         let cancelled = || errors::Cancelled::new_err("the turn's start was stopped");
         let stopped = gone.clone();
         awaitable_with(
@@ -343,7 +344,8 @@ impl PySession {
     /// loop; if it ignores that past the settle timeout it is detached, and
     /// its later writes through a session raise `SessionClosed` (G10). The
     /// session is not finalized while it runs. Resolves to a `settle.Task`;
-    /// cancelled before it resolves, the task it started is cancelled too.
+    /// its awaiter cancelled before it has the task (before the spawn
+    /// resolves, or as it does), the task it started is cancelled too.
     /// Raises `BadInput` at once for what cannot be awaited (a function
     /// rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -370,22 +372,33 @@ impl PySession {
         let (handle, here) = self.handle.get()?;
         let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
         let (handle, owner) = (handle.clone(), self.ties.owner.clone());
-        finishing(py, here, async move {
-            let theirs = shared.clone();
-            let spawned = handle
-                .spawn(move |context| crate::task::run(context, theirs))
-                .await;
-            match spawned {
-                // Cancelled if its awaiter is gone before it gets there.
-                Ok(task) => Ok(Spawned::new(PyTask::new(task, owner, shared))),
-                Err(error) => {
-                    // Never started: closed unawaited, so Python does
-                    // not warn that it was never awaited.
-                    shared.discard();
-                    Err(errors::runtime(error))
+        // The task of a spawn whose awaiter was cancelled after the call
+        // resolved, before it resumed, is cancelled as one it never had.
+        let at_once = Bound::new(py, CancelUnclaimed)?.into_any();
+        let token = CancellationToken::new();
+        awaitable_with(
+            py,
+            here,
+            Some(at_once),
+            token,
+            OnCancel::Finish,
+            async move {
+                let theirs = shared.clone();
+                let spawned = handle
+                    .spawn(move |context| crate::task::run(context, theirs))
+                    .await;
+                match spawned {
+                    // Cancelled if its awaiter is gone before it gets there.
+                    Ok(task) => Ok(Spawned::new(PyTask::new(task, owner, shared))),
+                    Err(error) => {
+                        // Never started: closed unawaited, so Python does
+                        // not warn that it was never awaited.
+                        shared.discard();
+                        Err(errors::runtime(error))
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 
     /// The agent is done: its live descendants are cancelled, settled and

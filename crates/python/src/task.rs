@@ -278,6 +278,12 @@ impl PyTask {
             shared,
         }
     }
+
+    /// Cancels the task of a spawn whose awaiter never had it (see
+    /// `CancelUnclaimed`), as `Spawned` does when it is dropped.
+    pub fn cancel_unclaimed(&self) -> PyResult<()> {
+        self.cancel()
+    }
 }
 
 #[pymethods]

@@ -332,6 +332,36 @@ async def test_g1_a_spawn_cancelled_before_it_resolves_leaves_no_task_running(ke
     assert saw_cancel.is_set() or not started.is_set()
 
 
+async def test_g1_a_spawn_whose_awaiter_is_cancelled_as_it_resolves_leaves_no_task_running(kernel):
+    """The spawn resolved (its ``settle.Task`` is in its future), but the
+    task awaiting it was cancelled before it resumed: the caller never has
+    the task, so it is cancelled, as one whose spawn was cancelled before
+    it resolved, rather than left running with nobody able to reach it."""
+    session = await kernel.register("s")
+    finished = []
+
+    async def tool() -> None:
+        await asyncio.sleep(0.5)
+        finished.append(True)
+
+    spawning = session.spawn(tool())
+
+    async def awaiter():
+        return await spawning
+
+    waiter: "asyncio.Task[object]"
+    # Added before the waiter waits on it, this callback runs first once the
+    # spawn resolves: the waiter is cancelled before its wakeup runs.
+    spawning.add_done_callback(lambda _: waiter.cancel())
+    waiter = asyncio.create_task(awaiter())
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not spawning.cancelled()  # it resolved: the race is the one meant
+    await until_idle(session)
+    await asyncio.sleep(0.6)
+    assert finished == [], "the coroutine of a task nobody had ran to its end"
+
+
 async def test_g5_a_cancel_reaching_the_loop_with_the_tasks_start_ends_it_at_once(db):
     """The kernel's start of a spawned coroutine and its cancel reach the
     loop in one batch. An asyncio task cancelled before its first step
