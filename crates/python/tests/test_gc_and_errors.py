@@ -535,3 +535,39 @@ async def test_the_key_an_openai_client_is_refused_with_is_masked(db, monkeypatc
     finally:
         await kernel.shutdown(0.0)
         server.close()
+
+
+async def test_a_task_nobody_keeps_that_awaits_a_kernel_call_is_not_collected(kernel):
+    """A task started with ``asyncio.create_task`` and no reference kept
+    (fire-and-forget, as frameworks do) that waits on a kernel call is kept
+    alive by that call, as one waiting on a timer or a socket is by the
+    loop: a collection meanwhile neither destroys it ("Task was destroyed
+    but it is pending!") nor cancels its turn or task. A call nobody awaits
+    is still collected, and cancels its work."""
+    reading = await kernel.register("reading")
+    joining = await kernel.register("joining")
+    log = []
+
+    async def reader() -> None:
+        turn = await reading.turn(Stream(["a", "b", "c"], delay=0.05))
+        async for chunk in turn:
+            log.append(("chunk", chunk.text))
+        log.append(("turn", turn.outcome))
+
+    async def tool() -> int:
+        await asyncio.sleep(0.3)
+        return 7
+
+    async def joiner() -> None:
+        task = await joining.spawn(tool())
+        log.append(("joined", await task))
+
+    asyncio.create_task(reader())
+    asyncio.create_task(joiner())
+    for _ in range(8):
+        await asyncio.sleep(0.05)
+        gc.collect()
+    await eventually(lambda: len(log) == 5, "the two tasks' ends")
+    assert sorted(log) == [
+        ("chunk", "a"), ("chunk", "b"), ("chunk", "c"), ("joined", 7), ("turn", "completed"),
+    ]

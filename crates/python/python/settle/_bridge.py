@@ -144,6 +144,11 @@ def _said(error: BaseException) -> str:
     return f"{name}: {text}"
 
 
+#: The calls a task waits on, until they are done: each keeps its waiting
+#: task alive (see ``Call.add_done_callback``).
+_AWAITED: "set[asyncio.Future[Any]]" = set()
+
+
 class Call(asyncio.Future):  # type: ignore[type-arg]
     """What every kernel call returns: an ``asyncio.Future`` that is also a
     coroutine in the sense ``asyncio`` checks (``send``, ``throw`` and
@@ -179,6 +184,20 @@ class Call(asyncio.Future):  # type: ignore[type-arg]
 
     def close(self) -> None:
         """Nothing to close: the call is the kernel's, cancelled by ``cancel()``."""
+
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        """As ``Future.add_done_callback``; a task that waits on this call
+        (its wakeup is what it adds) is kept alive with the call until the
+        call is done, as the loop keeps a task waiting on a timer or a
+        socket. The kernel holds its calls weakly, so that a call nobody
+        awaits is collected and cancels its work; without this, a task
+        nobody kept a reference to (``asyncio.create_task(agent())``) was
+        collected with the call it waited on, mid-turn."""
+        if not self.done() and isinstance(getattr(fn, "__self__", None), asyncio.Task):
+            if self not in _AWAITED:
+                _AWAITED.add(self)
+                super().add_done_callback(_AWAITED.discard)
+        super().add_done_callback(fn, context=context)
 
 
 class CancelsAtOnce(Call):
