@@ -639,7 +639,7 @@ fn a_first_event_timeout_ends_a_reply_that_never_starts_and_the_chat_goes_on() {
     assert_eq!(turns[0]["outcome"], "idle_timeout", "{shown:#}");
     let message = turns[0]["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("within 1s (first-event timeout)"),
+        message.contains("within 1s (first-event timeout"),
         "{message}"
     );
     assert_eq!(turns[1]["outcome"], "completed", "{shown:#}");

@@ -21,7 +21,7 @@ pub struct IdleTimedOut {
 /// The first event did not arrive within the first-event timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the provider sent no first event within {first:?} (first-event timeout); \
+    "the provider sent no first event within {first:?} (first-event timeout, the idle timeout unless set); \
      the turn ended and its stream is being closed; raise the first-event timeout if the model needs longer to start"
 )]
 pub struct FirstEventTimedOut {
