@@ -337,6 +337,19 @@ fn g11_a_public_address_without_tokens_and_a_bad_token_file_are_refused_with_exi
         .write("cert.pem", &format!("{secret}\n"))
         .to_string_lossy()
         .into_owned();
+    // Columns swapped: the token where the principal goes.
+    let swapped = sandbox
+        .write("swapped-tokens", &format!("{secret} tui\n"))
+        .to_string_lossy()
+        .into_owned();
+    let open_to_all = sandbox
+        .write("open-tokens", &format!("alice {secret}\n"))
+        .to_string_lossy()
+        .into_owned();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open_to_all, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
     for (args, says) in [
         (vec!["--listen", "0.0.0.0:0"], "without --token-file"),
         (vec!["--listen", "[::]:0"], "without --token-file"),
@@ -344,6 +357,11 @@ fn g11_a_public_address_without_tokens_and_a_bad_token_file_are_refused_with_exi
         (vec!["--token-file", &short], "line 1"),
         (vec!["--token-file", &empty], "no `PRINCIPAL TOKEN`"),
         (vec!["--token-file", "missing-tokens"], "cannot read"),
+        (
+            vec!["--token-file", &swapped],
+            "line 1: the token (the second field)",
+        ),
+        (vec!["--token-file", &open_to_all], "chmod o-w"),
         (
             vec!["--tls-cert", &not_pem, "--tls-key", &not_pem],
             "cert.pem",

@@ -99,11 +99,26 @@ impl Tokens {
     /// When it cannot be read, or a line is not a `PRINCIPAL TOKEN` pair
     /// (see [`parse`](Self::parse)).
     pub fn load(path: &Path) -> Result<Tokens, TokenFileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| TokenFileError {
+        let refuse = |message: String| TokenFileError {
             path: Some(path.to_owned()),
             line: None,
-            message: format!("cannot read the token file: {e}"),
-        })?;
+            message,
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| refuse(format!("cannot read the token file: {e}")))?;
+        // Anyone who may write it may add a principal of their own.
+        #[cfg(unix)]
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = meta.permissions().mode();
+            if mode & 0o002 != 0 {
+                return Err(refuse(format!(
+                    "anyone on this machine may write the token file (mode {:o}), and so add \
+                     a principal of their own; chmod o-w it (0600 keeps its tokens to its owner)",
+                    mode & 0o7777
+                )));
+            }
+        }
         Tokens::parse(&text).map_err(|e| TokenFileError {
             path: Some(path.to_owned()),
             ..e
@@ -120,6 +135,8 @@ impl Tokens {
     /// On the first line that breaks these rules, or when no token is given.
     pub fn parse(text: &str) -> Result<Tokens, TokenFileError> {
         let mut entries: Vec<Entry> = Vec::new();
+        // The line of each entry.
+        let mut lines: Vec<usize> = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let refuse = |message: String| TokenFileError {
                 path: None,
@@ -151,18 +168,24 @@ impl Tokens {
                         .into(),
                 ));
             }
+            // No message quotes a field: with the columns swapped, the
+            // principal's place holds the token.
             if token.len() < MIN_TOKEN_CHARS {
                 return Err(refuse(format!(
-                    "the token of `{principal}` is {} characters long; at least {MIN_TOKEN_CHARS} are required",
+                    "the token (the second field) is {} characters long; at least \
+                     {MIN_TOKEN_CHARS} are required",
                     token.len()
                 )));
             }
-            if let Some((other, _)) = entries.iter().find(|(_, t)| **t == *token.as_bytes()) {
+            let same = entries.iter().position(|(_, t)| **t == *token.as_bytes());
+            if let Some(other) = same {
                 return Err(refuse(format!(
-                    "this token is already the token of `{other}`: each token names one principal"
+                    "this token is already the token of line {}: each token names one principal",
+                    lines[other]
                 )));
             }
             entries.push((principal.into(), token.as_bytes().into()));
+            lines.push(i + 1);
         }
         if entries.is_empty() {
             return Err(TokenFileError {
@@ -316,6 +339,14 @@ mod tests {
             (format!("# c\nalice\n{secret}\n"), Some(2)),
             ("alice short\n".to_owned(), Some(1)),
             (format!("alice {secret}\nbob {secret}\n"), Some(2)),
+            // Columns swapped, or written as one: the token is in the
+            // principal's place.
+            (format!("{secret} alice\n"), Some(1)),
+            (format!("alice={secret} x\n"), Some(1)),
+            (
+                format!("{secret} alice-the-long-name\nbob alice-the-long-name\n"),
+                Some(2),
+            ),
             ("# nothing\n\n".to_owned(), None),
         ] {
             let error = Tokens::parse(&text).unwrap_err();
