@@ -15,7 +15,7 @@ pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority_end = authority_end(rest);
     let (authority, tail) = rest.split_at(authority_end);
     let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
@@ -25,6 +25,20 @@ pub(crate) fn redact(url: &str) -> String {
         None => authority.to_owned(),
     };
     format!("{scheme}://{authority}{}", redact_query(tail))
+}
+
+/// Where the authority of `rest` (a URL after its `://`) ends: at its
+/// first `/`, as a URL parser reads it; or, when an `@` comes after that
+/// `/` before the query, past the path segment that `@` is in: a password
+/// with an unencoded `/` (as base64 ones have) puts the end of the user
+/// info there, and all of it up to that `@` is masked.
+fn authority_end(rest: &str) -> usize {
+    let slash = rest.find('/').unwrap_or(rest.len());
+    let before_query = rest.find('?').unwrap_or(rest.len());
+    match rest[..before_query].rfind('@') {
+        Some(at) if at > slash => rest[at..].find('/').map_or(rest.len(), |i| at + i),
+        _ => slash,
+    }
 }
 
 /// The path and query of a URL with the value of every `password`
@@ -58,7 +72,7 @@ fn secrets(url: &str) -> Vec<String> {
     let Some((_, rest)) = url.split_once("://") else {
         return found;
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority_end = authority_end(rest);
     let authority = &rest[..authority_end];
     let mut raw = Vec::new();
     for userinfo in [
@@ -70,7 +84,8 @@ fn secrets(url: &str) -> Vec<String> {
     {
         if let Some((_, password)) = userinfo.split_once(':') {
             raw.push(password.to_owned());
-            raw.extend(password.split('@').map(str::to_owned));
+            // The pieces libpq may take for a host, a port or a path.
+            raw.extend(password.split(['@', ':', '/']).map(str::to_owned));
         }
     }
     if let Some((_, query)) = rest[authority_end..].split_once('?') {
@@ -168,6 +183,25 @@ mod tests {
             clean.contains("postgres://u:***@h/db?password=***"),
             "{clean}"
         );
+    }
+
+    #[test]
+    fn a_password_with_an_unencoded_slash_or_colon_is_masked_whole() {
+        // A `/` ends the authority where a URL parser reads it: the `@`
+        // after it is taken as the end of the user info all the same.
+        let url = "postgres://u:Pa/TailSecret3@h:5/db";
+        assert_eq!(redact(url), "postgres://u:***@h:5/db");
+        let clean = scrub(&format!("invalid URL {url}"), url, url);
+        assert!(!clean.contains("TailSecret3"), "{clean}");
+        // libpq reads `u:Pa` as a host and its port.
+        let said = "invalid integer value \"Pa\" for connection option \"port\"";
+        assert!(!scrub(said, url, url).contains("\"Pa\""));
+        // libpq reads `u:Pa@ss:TailSecret2@h` as host `ss` and port
+        // `TailSecret2@h`, and says so.
+        let url = "postgres://u:Pa@ss:TailSecret2@h:5/db";
+        let said = "invalid integer value \"TailSecret2@h:5\" for connection option \"port\"";
+        let clean = scrub(said, url, url);
+        assert!(!clean.contains("TailSecret2"), "{clean}");
     }
 
     #[test]

@@ -270,6 +270,14 @@ impl OpenAiProvider {
             }
             Err(()) => return Err(invalid("it cannot have a path".to_owned())),
         }
+        // The client would send both: the URL's as `Basic`, the key as
+        // `Bearer`, and the server would take either.
+        if config.api_key.is_some() && (!url.username().is_empty() || url.password().is_some()) {
+            return Err(invalid(
+                "it carries credentials (user:password@) and an API key is given too; give one"
+                    .to_owned(),
+            ));
+        }
         Ok(url)
     }
 

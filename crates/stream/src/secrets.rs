@@ -23,10 +23,19 @@ const SHORTEST_SCRUBBED: usize = 4;
 /// last `@` (or everything up to it, without a scheme), and its whole
 /// query.
 pub fn shown_url(url: &str) -> String {
-    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+    // A URL with no host (`user:pw@h/v1` without its `//`, a scheme
+    // misspelled `htps:/…`) keeps any credentials in its path.
+    let Some(mut parsed) = reqwest::Url::parse(url).ok().filter(|u| u.host().is_some()) else {
         return masked_text(url);
     };
     if parsed.password().is_some() && parsed.set_password(Some(MASK)).is_err() {
+        return masked_text(url);
+    }
+    // A user without a password is a key (`https://KEY@host`).
+    if parsed.password().is_none()
+        && !parsed.username().is_empty()
+        && parsed.set_username(MASK).is_err()
+    {
         return masked_text(url);
     }
     if parsed.query().is_some() {
@@ -73,7 +82,9 @@ impl std::fmt::Debug for Secrets {
 
 impl Secrets {
     /// The API key, the extra headers' and query parameters' values, and the
-    /// base URL's password and query values, as given and percent-decoded.
+    /// base URL's password and query values, as given and percent-decoded,
+    /// and its `user:password` as the `Basic` credential the client sends
+    /// (a user without a password is a key, scrubbed as itself too).
     pub fn of(config: &OpenAiConfig) -> Self {
         let mut found: Vec<String> = Vec::new();
         found.extend(config.api_key.iter().cloned());
@@ -84,6 +95,7 @@ impl Secrets {
                 found.push(password.to_owned());
                 found.extend(decoded(password));
             }
+            found.extend(basic_credential(&url));
             for (_, value) in url.query_pairs() {
                 found.push(value.into_owned());
             }
@@ -208,6 +220,29 @@ fn encoded(value: &str) -> Vec<String> {
 }
 
 /// A percent-encoded value decoded, when that changes it.
+/// What the client sends for a URL's `user:password@`: the `Basic`
+/// credential, `base64(user:password)` of the decoded values (a server may
+/// echo the header it refused); and a user without a password, a key
+/// (`https://KEY@host`), as given and decoded.
+fn basic_credential(url: &reqwest::Url) -> Vec<String> {
+    use base64::Engine as _;
+    let user = url.username();
+    let Some(password) = url.password() else {
+        if user.is_empty() {
+            return Vec::new();
+        }
+        let plain = decoded(user).unwrap_or_else(|| user.to_owned());
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{plain}:"));
+        return [Some(user.to_owned()), decoded(user), Some(basic)]
+            .into_iter()
+            .flatten()
+            .collect();
+    };
+    let user = decoded(user).unwrap_or_else(|| user.to_owned());
+    let password = decoded(password).unwrap_or_else(|| password.to_owned());
+    vec![base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))]
+}
+
 fn decoded(value: &str) -> Option<String> {
     let decoded = percent_encoding::percent_decode_str(value)
         .decode_utf8()
@@ -226,6 +261,11 @@ mod tests {
             "http://op:***@h:8/v1/chat/completions?api-key=***&v=***"
         );
         assert_eq!(shown_url("http://h/v1"), "http://h/v1");
+        // With no `//`, the credentials are in the path.
+        assert_eq!(shown_url("user:PwSecret4@h:8080/v1"), "***@h:8080/v1");
+        assert_eq!(shown_url("htps:/user:PwSecret5@h/v1"), "***@h/v1");
+        // A user without a password is a token (`https://KEY@host`).
+        assert_eq!(shown_url("http://sk-TokenAsUser@h/v1"), "http://***@h/v1");
         assert_eq!(shown_url("not a url op:pw@h?k=v"), "***@h?***");
         assert_eq!(shown_url("ht tp://op:pw@h/v1?k=v"), "ht tp://***@h/v1?***");
     }
@@ -238,6 +278,26 @@ mod tests {
         assert_eq!(
             secrets.scrub("sk-0123 p@ssword p%40ssword abcd1234 v=1"),
             "*** *** *** *** v=1"
+        );
+    }
+    #[test]
+    fn a_base_urls_credentials_are_scrubbed_as_the_basic_header_carries_them() {
+        // What the client sends for `http://u:p%40ss-w0rd@h/v1`:
+        // `Authorization: Basic base64("u:p@ss-w0rd")`, which a server may
+        // echo in its error.
+        let config = OpenAiConfig::new("http://u:p%40ss-w0rd@h/v1", "m");
+        let secrets = Secrets::of(&config);
+        let basic = "dTpwQHNzLXcwcmQ=";
+        assert_eq!(
+            secrets.scrub(&format!("Invalid API key: Basic {basic}")),
+            "Invalid API key: Basic ***"
+        );
+        // A user alone is a token: scrubbed as itself and as its header.
+        let config = OpenAiConfig::new("http://sk-TokenAsUser7777@h/v1", "m");
+        let secrets = Secrets::of(&config);
+        assert_eq!(
+            secrets.scrub("sk-TokenAsUser7777 c2stVG9rZW5Bc1VzZXI3Nzc3Og=="),
+            "*** ***"
         );
     }
 }

@@ -40,9 +40,17 @@ fn assert_no_secret(text: &str) {
     }
 }
 
+/// A config of `base_url` with every kind of secret: the key as the API
+/// key, or, when the URL carries credentials (which an API key may not
+/// join: both would be sent as `Authorization`), as an extra header.
 fn config(base_url: &str) -> OpenAiConfig {
     let mut config = OpenAiConfig::new(base_url, "m");
-    config.api_key = Some(KEY.to_owned());
+    match base_url.contains('@') {
+        false => config.api_key = Some(KEY.to_owned()),
+        true => config
+            .headers
+            .push(("x-api-key".to_owned(), KEY.to_owned())),
+    }
     config
         .headers
         .push(("x-routing".to_owned(), HEADER.to_owned()));
@@ -102,6 +110,18 @@ async fn g11_a_connect_error_names_the_url_without_its_password() {
     let error = open_error(&provider).await;
     let text = told(&error);
     assert!(text.contains(&addr.to_string()), "the URL is named: {text}");
+    assert_no_secret(&text);
+}
+
+#[test]
+fn g11_a_base_url_with_credentials_and_an_api_key_too_is_refused() {
+    // The client would send both as `Authorization` (`Basic` and
+    // `Bearer`), and the server take either.
+    let mut config = OpenAiConfig::new(format!("http://operator:{PASSWORD}@127.0.0.1/v1"), "m");
+    config.api_key = Some(KEY.to_owned());
+    let error = OpenAiProvider::new(config).unwrap_err();
+    let text = told(&error);
+    assert!(text.contains("credentials"), "{text}");
     assert_no_secret(&text);
 }
 
