@@ -362,6 +362,10 @@ fn g11_a_public_address_without_tokens_and_a_bad_token_file_are_refused_with_exi
             "line 1: the token (the second field)",
         ),
         (vec!["--token-file", &open_to_all], "chmod o-w"),
+        // `null` would let every sandboxed page in; the others never match.
+        (vec!["--allow-origin", "null"], "any web page"),
+        (vec!["--allow-origin", "*"], "not an origin"),
+        (vec!["--allow-origin", "https://app.example/ui"], "no path"),
         (
             vec!["--tls-cert", &not_pem, "--tls-key", &not_pem],
             "cert.pem",

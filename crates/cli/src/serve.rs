@@ -55,7 +55,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Allow WebSocket upgrades from this web origin (repeatable); other origins are refused.
-    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    #[arg(long = "allow-origin", value_name = "ORIGIN", value_parser = settle_gateway::parse_origin)]
     allow_origins: Vec<String>,
     /// Serve wss:// with this certificate chain (PEM); needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]

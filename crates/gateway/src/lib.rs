@@ -136,6 +136,7 @@ pub use auth::{TokenFileError, Tokens, MIN_TOKEN_CHARS};
 pub use error::{GatewayError, ScriptBookError};
 pub use fleet::Fleet;
 pub use gateway::{Gateway, GatewayBuilder};
+pub use origin::parse_origin;
 pub use params::MAX_NAME_CHARS;
 pub use protocol::ErrorKind;
 pub use scripted::ScriptBook;
