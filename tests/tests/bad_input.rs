@@ -302,6 +302,13 @@ fn cases() -> Vec<Case> {
             "not a session id",
         ),
         case(
+            "chat with an API key a header cannot carry",
+            nothing,
+            &["chat", "--api-key", "sk-line1\nline2-secret"],
+            2,
+            "API key",
+        ),
+        case(
             "serve --max-sessions negative",
             nothing,
             &["serve", "--max-sessions", "-5"],

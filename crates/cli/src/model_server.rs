@@ -47,6 +47,15 @@ impl ModelServerArgs {
         let mut config = OpenAiConfig::new(self.base_url.clone(), self.model.clone())
             .max_event_bytes(self.max_event_bytes);
         if let Some(key) = &self.api_key {
+            // Sent as `Authorization: Bearer KEY`: an HTTP header takes
+            // visible ASCII, spaces and tabs only. Said without the key.
+            if !key.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+                return Err(Failure::bad_input(
+                    "the API key has a character an HTTP header cannot carry (a line break, \
+                     a control or non-ASCII character): every request would fail; check \
+                     --api-key or SETTLE_API_KEY",
+                ));
+            }
             config = config.api_key(key.clone());
         }
         OpenAiProvider::new(config).map_err(Failure::bad_input)
