@@ -24,21 +24,9 @@ pub fn lines(text: &str) -> Cow<'_, str> {
 }
 
 /// Whether `c` would change how a terminal shows the text around it
-/// without being seen itself: a control character, or a bidirectional
-/// override or isolate, a zero-width character, a line or paragraph
-/// separator (a name with U+202E reads backwards from there on).
-pub fn hides(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061C}'
-                | '\u{200B}'..='\u{200F}'
-                | '\u{2028}'..='\u{202E}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{2069}'
-                | '\u{FEFF}'
-        )
-}
+/// without being seen itself (the stream crate's, which quotes a model
+/// server's words the same way).
+pub use settle_stream::hides;
 
 fn escape(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
     let is_escaped = |c: char| hides(c) && escaped(c);

@@ -70,7 +70,10 @@ pub fn parse_origin(text: &str) -> Result<String, String> {
 
 /// `text` as an error quotes it: no control characters, at most 200.
 fn shown(text: &str) -> String {
-    text.chars().filter(|c| !c.is_control()).take(200).collect()
+    text.chars()
+        .filter(|c| !settle_stream::hides(*c))
+        .take(200)
+        .collect()
 }
 
 impl Origins {
@@ -101,7 +104,7 @@ impl Origins {
         (!allowed).then(|| {
             shown
                 .chars()
-                .filter(|c| !c.is_control())
+                .filter(|c| !settle_stream::hides(*c))
                 .take(200)
                 .collect()
         })

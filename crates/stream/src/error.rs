@@ -306,14 +306,17 @@ pub(crate) fn said(body: &str) -> String {
 /// ```
 /// assert_eq!(settle_stream::quote("bad\n\u{1b}[31mnews"), "bad \\u{1b}[31mnews");
 /// assert_eq!(settle_stream::quote(&"x".repeat(500)).chars().count(), 200);
+/// // A bidirectional override would make the rest read backwards.
+/// assert_eq!(settle_stream::quote("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
 /// ```
 pub fn quote(text: &str) -> String {
     shorten(text)
 }
 
-/// `text` with its whitespace collapsed and its other control characters
-/// escaped (`\u{1b}`: what a server sent is told on one line, never
-/// obeyed by a terminal), cut to [`EXCERPT_CHARS`] characters (an
+/// `text` with its whitespace collapsed and its other control characters,
+/// and the characters that reorder or hide text ([`hides`](crate::hides)),
+/// escaped (`\u{1b}`, `\u{202e}`: what a server sent is told on one line,
+/// never obeyed by a terminal), cut to [`EXCERPT_CHARS`] characters (an
 /// ellipsis last) when longer; shortening it again changes nothing.
 pub(crate) fn shorten(text: &str) -> String {
     let collapsed = text
@@ -321,7 +324,7 @@ pub(crate) fn shorten(text: &str) -> String {
         .collect::<Vec<_>>()
         .join(" ")
         .chars()
-        .flat_map(|c| match c.is_control() {
+        .flat_map(|c| match crate::hides(c) {
             true => c.escape_unicode().collect::<Vec<_>>(),
             false => vec![c],
         })

@@ -61,6 +61,7 @@ mod drop_close;
 mod error;
 mod event;
 mod guarded;
+mod hidden;
 mod idle_timeout;
 mod openai;
 mod openai_chunk;
@@ -91,6 +92,7 @@ pub use error::{
 };
 pub use event::{StreamEvent, StreamItem};
 pub use guarded::Guarded;
+pub use hidden::hides;
 pub use idle_timeout::IdleTimeout;
 pub use openai::{
     OpenAiConfig, OpenAiProvider, OpenAiStream, DEFAULT_HEADERS_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
