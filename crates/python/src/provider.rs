@@ -276,7 +276,14 @@ impl Shared {
             };
             // Not attached yet: the pump sees the request when it does.
             if let Some(task) = task {
-                if task.call_method0(pyo3::intern!(py, "cancel")).is_err() {
+                // With the bridge's word for it: a cancel of the pump
+                // that does not say so is the loop's (it is closing).
+                let said = bridge(py).and_then(|b| b.getattr(pyo3::intern!(py, "KERNEL_CLOSE")));
+                let cancelled = match said {
+                    Ok(said) => task.call_method1(pyo3::intern!(py, "cancel"), (said,)),
+                    Err(_) => task.call_method0(pyo3::intern!(py, "cancel")),
+                };
+                if cancelled.is_err() {
                     shared.closed.cancel();
                 }
             }

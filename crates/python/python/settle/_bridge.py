@@ -30,6 +30,10 @@ CURRENT_TASK: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
 
 # --- turns --------------------------------------------------------------
 
+#: What the kernel's cancel of a turn's pump says (its message): a cancel
+#: that does not is another's, the loop's as it closes.
+KERNEL_CLOSE = "settle: the kernel closes the turn's stream"
+
 
 def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
     """Starts a turn's pump on ``loop``, from its thread."""
@@ -43,6 +47,8 @@ def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink
 async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
     stream = None
     iterator = None
+    # Cancelled by another than the kernel: the loop is closing.
+    theirs = False
     try:
         if sink.attach(asyncio.current_task()):
             # The turn was cancelled while its stream was being opened.
@@ -77,10 +83,15 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
                 if sink.wait_for_room(room):
                     await room
         sink.end()
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as error:
         sink.cancelled()
         if not sink.close_requested():
+            theirs = True
             raise  # someone else's cancel (the loop is closing): theirs to see
+        # The turn's close was asked for; the cancel that landed may be
+        # another's all the same (a dropped turn's, met by the loop's as it
+        # closes, before the kernel's reached the pump).
+        theirs = error.args[:1] != (KERNEL_CLOSE,)
         # The kernel's own close: the pump has done its job, and it ends
         # without keeping the CancelledError (and the traceback and frames
         # it holds) alive on its task until the collector finds them.
@@ -98,37 +109,50 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         # would log it as never retrieved.
         sink.fail(_said(error))
     finally:
-        if stream is None:
+        try:
+            if stream is not None:
+                # The kernel's close, from now on, waits for this one
+                # instead of cancelling it half way (G4: closed once, to
+                # its end).
+                sink.closing()
+                if theirs or _cancelled_twice():
+                    await _close_within(stream, iterator, sink.close_bound())
+                else:
+                    await close_stream(stream, iterator)
+        finally:
             sink.closed()
-        else:
-            # The kernel's close, from now on, waits for this one instead
-            # of cancelling it half way (G4: closed once, to its end).
-            sink.closing()
-            await _close(stream, iterator, sink)
 
 
-async def _close(stream: Any, iterator: Any, sink: Any) -> None:
-    """Closes a pump's stream in a task of its own, which tells the kernel
-    once it is done; the pump waits for it at most the kernel's settle
-    timeout (G5). A close past that goes on by itself, to its end (G4),
-    but the pump's task ends: when the loop is closing (``asyncio.run``
-    cancels every task left as it ends, and the pump's own cancel is spent
-    by then, the kernel's and the loop's landing as one), an ``aclose()``
-    that never returns (a dead connection) would otherwise keep the loop
-    from closing and the program from ending (G9). The pump cancelled while
+def _cancelled_twice() -> bool:
+    """Whether the running task was asked to cancel more than once (not
+    counted before Python 3.11: then taken as so). The kernel's close of a
+    pump and another's cancel (``asyncio.run`` cancelling every task left
+    as it ends) land as one ``CancelledError``: the second is spent, and
+    nothing would interrupt the close that follows."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 1
+
+
+async def _close_within(stream: Any, iterator: Any, bound: float) -> None:
+    """The close of a stream whose pump another than the kernel cancelled
+    (its loop is closing): awaited at most ``bound`` seconds, the kernel's
+    settle timeout (G5), then cancelled and left, so that an ``aclose()``
+    that never returns (a dead connection) does not keep the loop from
+    closing and the program from ending (G9). A cancel of the pump while
     it waits cancels the close with it."""
     closing = asyncio.ensure_future(close_stream(stream, iterator))
-    closing.add_done_callback(lambda _: sink.closed())
     try:
-        done, _ = await asyncio.wait({closing}, timeout=sink.close_bound())
+        done, _ = await asyncio.wait({closing}, timeout=bound)
     except asyncio.CancelledError:
         closing.cancel()
         raise
     if not done:
+        closing.cancel()
         _log.warning(
-            "a turn's stream did not close within %.1f s (the settle timeout); "
-            "its close goes on without the turn",
-            sink.close_bound(),
+            "a turn's stream did not close within %.1f s (the settle timeout) of its "
+            "loop's end; its close was left",
+            bound,
         )
 
 
