@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyModule, PyWeakrefReference};
+use pyo3::types::{PyDict, PyModule, PySet, PyWeakrefReference};
 use pyo3::IntoPyObjectExt;
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +63,7 @@ struct CancelOnDone {
 impl CancelOnDone {
     fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
         self.called.store(true, Ordering::Release);
+        forget(future);
         if future.call_method0("cancelled")?.is_truthy()? {
             self.token.cancel();
         }
@@ -79,6 +80,27 @@ impl Drop for CancelOnDone {
 }
 
 static BRIDGE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The bridge's `_AWAITED`: the calls a task waits on, each keeping its
+/// task alive until it is done (`_bridge.Call.add_done_callback`).
+static AWAITED: PyOnceLock<Py<PySet>> = PyOnceLock::new();
+
+/// Lets go of `future` in `_AWAITED` once it is done, or will never be
+/// (its loop closed): from here rather than a done callback of its own,
+/// which would cost every call a scheduled handle.
+fn forget(future: &Bound<'_, PyAny>) {
+    let py = future.py();
+    let awaited = AWAITED.get_or_try_init(py, || {
+        bridge(py)?
+            .getattr(intern!(py, "_AWAITED"))?
+            .cast_into::<PySet>()
+            .map(Bound::unbind)
+            .map_err(PyErr::from)
+    });
+    if let Ok(awaited) = awaited {
+        let _ = awaited.bind(py).discard(future);
+    }
+}
 
 /// What a call that gives nothing resolves to: `None`, as its stub says
 /// (`()` would be the empty tuple).
@@ -200,9 +222,13 @@ where
                 () = token.cancelled() => return,
             },
         };
-        mailbox.post(move |py, landing| {
-            if let Landing::Loop(_) = landing {
-                resolve(py, &weak, &on_done, result);
+        mailbox.post(move |py, landing| match landing {
+            Landing::Loop(_) => resolve(py, &weak, &on_done, result),
+            // Never to be done: nothing keeps it for a task any more.
+            Landing::Closed => {
+                if let Some(future) = weak.bind(py).upgrade() {
+                    forget(&future);
+                }
             }
         });
     });
@@ -287,6 +313,7 @@ fn resolve<T>(
         Ok(value) => future.call_method1(intern!(py, "set_result"), (value,)),
         Err(error) => future.call_method1(intern!(py, "set_exception"), (error.into_value(py),)),
     };
+    forget(&future);
     // Only an `InvalidStateError` can fail here, and the future then has
     // its result already: nothing is lost.
     let _ = set;

@@ -571,3 +571,15 @@ async def test_a_task_nobody_keeps_that_awaits_a_kernel_call_is_not_collected(ke
     assert sorted(log) == [
         ("chunk", "a"), ("chunk", "b"), ("chunk", "c"), ("joined", 7), ("turn", "completed"),
     ]
+    # A call is kept only while a task waits on it: resolved, or cancelled
+    # with its task, it is let go of.
+    from settle import _bridge
+
+    other = await kernel.register("other")
+    sleeper = await other.spawn(asyncio.sleep(10))
+    joined = asyncio.create_task(sleeper.join())
+    await asyncio.sleep(0.05)
+    assert _bridge._AWAITED, "the join a task waits on is kept"
+    joined.cancel()
+    sleeper.cancel()
+    await eventually(lambda: not _bridge._AWAITED, "every call let go of")

@@ -218,9 +218,8 @@ class Call(asyncio.Future):  # type: ignore[type-arg]
         nobody kept a reference to (``asyncio.create_task(agent())``) was
         collected with the call it waited on, mid-turn."""
         if not self.done() and isinstance(getattr(fn, "__self__", None), asyncio.Task):
-            if self not in _AWAITED:
-                _AWAITED.add(self)
-                super().add_done_callback(_AWAITED.discard)
+            # Let go of by the kernel's half once done (or never to be).
+            _AWAITED.add(self)
         super().add_done_callback(fn, context=context)
 
 
