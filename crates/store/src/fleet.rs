@@ -405,7 +405,10 @@ fn live_tree(mut db: Db<'_>, raw: i64) -> Result<Vec<i64>, StoreError> {
             _ => break,
         }
     }
+    // Down from the top, each session once: the ancestors met on the way
+    // up are among the descendants here, and must be taken too.
     let mut tree = vec![top];
+    let mut queued = std::collections::HashSet::from([top]);
     let mut next = 0;
     while let Some(&at) = tree.get(next) {
         next += 1;
@@ -417,12 +420,12 @@ fn live_tree(mut db: Db<'_>, raw: i64) -> Result<Vec<i64>, StoreError> {
             .load(c))
         .context("reading a session's children")?;
         for child in children {
-            if child == raw || seen.insert(child) {
+            if queued.insert(child) {
                 tree.push(child);
             }
         }
     }
-    if !tree.contains(&raw) {
+    if !queued.contains(&raw) {
         tree.push(raw);
     }
     Ok(tree)

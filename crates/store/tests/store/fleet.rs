@@ -524,3 +524,41 @@ fn g12_on_postgres_an_append_racing_the_end_of_its_turn_elsewhere_is_refused() {
         assert_eq!(texts, ["a"], "a chunk was committed after its turn ended");
     });
 }
+
+/// G1, G12: a tree of three levels handed off moves whole whichever of its
+/// sessions is attached first. Adopting the grandchild adopts its parent
+/// and the root too: the middle session was left behind (its ancestors
+/// read on the way up were taken for children already queued), registered
+/// and owned by nobody, and the root could then be finalized over it.
+pub(crate) fn g1_g12_adopting_a_grandchild_adopts_its_whole_tree(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (a, b1) = (open(&db), open(&db));
+        let node_a = node(&*a, "ws://a/ws").await;
+        let node_b = node(&*b1, "ws://b/ws").await;
+        let new = |name: &str| NewSession::new(name, node_a);
+        let root = write::register(&*a, new("root")).await.unwrap();
+        let middle = write::register(&*a, new("middle").with_parent(root))
+            .await
+            .unwrap();
+        let leaf = write::register(&*a, new("leaf").with_parent(middle))
+            .await
+            .unwrap();
+        for id in [leaf, middle, root] {
+            a.release(node_a, id, Holds::default(), now())
+                .await
+                .unwrap();
+        }
+        let adopted = b1.adopt(node_b, leaf, now()).await.unwrap();
+        assert_eq!(adopted.session, leaf);
+        let mut with: Vec<SessionId> = adopted.with.iter().map(|w| w.session).collect();
+        with.sort();
+        assert_eq!(with, [root, middle], "the rest of the tree came with it");
+        for id in [root, middle, leaf] {
+            assert!(
+                matches!(b1.locate(id).await.unwrap(), Whereabouts::Owned { owner, .. } if owner == node_b),
+                "{id:?} is not the adopter's"
+            );
+        }
+    });
+}
