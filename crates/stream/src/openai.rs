@@ -378,11 +378,23 @@ impl Provider for OpenAiProvider {
     }
 }
 
-/// The `Retry-After` of a response, in its delay-seconds form (an HTTP date
-/// is not honoured: the backoff applies instead).
+/// The `Retry-After` of a response: its delay in seconds, or the time until
+/// the HTTP date it gives (none for a date past); `None` for what is
+/// neither (the backoff applies then).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let then = httpdate::parse_http_date(value).ok()?;
+    Some(
+        then.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 /// The request body. A [`Message`] serializes to the chat-completion shape

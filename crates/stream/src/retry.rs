@@ -14,9 +14,12 @@ use crate::{Provider, StreamError, StreamErrorKind};
 /// acknowledged. Once a chunk was, nothing is retried (G7: the transcript
 /// keeps what was acknowledged, and the turn ends as it ends). Attempt `n`
 /// (from 0) waits `initial_backoff × 2ⁿ`, at most `max_backoff`; a 429 or
-/// 503 that says `Retry-After` waits that long instead, unless it is over
-/// `max_backoff`, which fails the turn with that answer rather than wait past
-/// the bound. A cancel during the wait ends the turn at once.
+/// 503 that says `Retry-After` (seconds, or an HTTP date) waits that long
+/// instead, unless it is over `max_backoff`, which fails the turn with that
+/// answer rather than wait past the bound. The opening and its retries
+/// share the turn's first-event deadline: a wait that would end past it
+/// fails the turn with the answer at once too. A cancel during the wait
+/// ends the turn at once.
 ///
 /// When the retries are spent on a retryable error, the
 /// [`fallback`](Self::fallback) provider, if set, is opened once.

@@ -152,7 +152,7 @@ where
         () = token.cancelled() => return WorkEnd::Cancelled(CancelledBy::Request),
         () = close.closed() => return WorkEnd::Cancelled(CancelledBy::ForceClose),
         () = until(due) => Err(FirstEventTimedOut { first }.into()),
-        opened = open(provider, request, &options.retry, progress) => opened,
+        opened = open(provider, request, &options.retry, due, progress) => opened,
     };
     let stream = match opened {
         Ok(stream) => stream,
@@ -225,11 +225,15 @@ where
 
 /// Opens the stream, retrying as `retry` says: only here, before the stream
 /// exists, so never after a chunk was acknowledged (G7). The caller's select
-/// cancels it (the wait included) on a cancel or a force close.
+/// cancels it (the wait included) on a cancel or a force close, and at the
+/// first-event deadline `due`; a refusal whose wait would end past `due`
+/// fails the turn with that refusal at once, not with the deadline's "no
+/// first event" later.
 async fn open<P>(
     provider: &dyn Provider,
     request: &Request,
     retry: &RetryPolicy,
+    due: Option<tokio::time::Instant>,
     progress: &mut P,
 ) -> Result<ProviderStream, StreamError>
 where
@@ -244,7 +248,15 @@ where
         let Some(asked) = RetryPolicy::retryable(&error) else {
             return Err(error);
         };
+        let past_due = |delay: Duration| {
+            due.is_some_and(|due| {
+                tokio::time::Instant::now()
+                    .checked_add(delay)
+                    .is_none_or(|then| then >= due)
+            })
+        };
         match retry.delay(attempt, asked) {
+            Some(delay) if past_due(delay) => return Err(error),
             Some(delay) => {
                 attempt += 1;
                 progress.retrying(attempt, delay, false, error.turn_error());

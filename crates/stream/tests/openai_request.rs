@@ -225,13 +225,13 @@ async fn a_custom_provider_reuses_the_event_stream_decoding() {
     assert_eq!(body["signed"], true);
 }
 
-#[tokio::test]
-async fn a_429_reports_the_servers_retry_after() {
+/// What a 429 answered with `Retry-After: value` reports it asked for.
+async fn retry_after_of(value: &str) -> Option<Duration> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
     let body = r#"{"error":{"message":"slow down"}}"#;
-    let headers = "retry-after: 7\r\ncontent-type: application/json\r\n";
-    let _connection = http::answer_once(listener, "429 Too Many Requests", headers, body);
+    let headers = format!("retry-after: {value}\r\ncontent-type: application/json\r\n");
+    let _connection = http::answer_once(listener, "429 Too Many Requests", &headers, body);
     let provider = OpenAiProvider::new(OpenAiConfig::new(&base_url, "m")).unwrap();
     let error = match provider.open(&Request::prompt("hi")).await {
         Err(error) => error,
@@ -244,10 +244,30 @@ async fn a_429_reports_the_servers_retry_after() {
             ..
         } => {
             assert_eq!(*status, 429);
-            assert_eq!(*retry_after, Some(Duration::from_secs(7)));
+            *retry_after
         }
         other => panic!("expected a status error, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_429_reports_the_servers_retry_after() {
+    assert_eq!(retry_after_of("7").await, Some(Duration::from_secs(7)));
+    // As an HTTP date: the time until then (a date past is no wait).
+    let then = std::time::SystemTime::now() + Duration::from_secs(40);
+    let asked = retry_after_of(&httpdate::fmt_http_date(then))
+        .await
+        .unwrap();
+    assert!(
+        (Duration::from_secs(38)..=Duration::from_secs(40)).contains(&asked),
+        "{asked:?}"
+    );
+    let past = std::time::SystemTime::now() - Duration::from_secs(5);
+    assert_eq!(
+        retry_after_of(&httpdate::fmt_http_date(past)).await,
+        Some(Duration::ZERO)
+    );
+    assert_eq!(retry_after_of("soon").await, None);
 }
 
 /// A server of several connections: the first `failures` requests get

@@ -70,6 +70,10 @@ struct Run {
 }
 
 async fn run(provider: Arc<dyn Provider>, retry: RetryPolicy) -> Run {
+    run_with(provider, TurnOptions::default().retry(retry)).await
+}
+
+async fn run_with(provider: Arc<dyn Provider>, options: TurnOptions) -> Run {
     let began = Instant::now();
     let tracker = TaskTracker::new();
     let (tx, mut signals) = mpsc::unbounded_channel();
@@ -80,7 +84,7 @@ async fn run(provider: Arc<dyn Provider>, retry: RetryPolicy) -> Run {
         Ok(())
     });
     let _control = Work::new(provider, Request::prompt("hi"))
-        .options(TurnOptions::default().retry(retry))
+        .options(options)
         .spawn(&tracker, sink, Keyed::new((), tx));
     let mut retries = Vec::new();
     loop {
@@ -155,6 +159,36 @@ async fn spent_retries_fail_the_turn_with_the_last_answer() {
     assert!(error.message.contains("HTTP 500"), "{}", error.message);
 }
 
+/// The opening, its retries and the wait for the first event share the
+/// first-event deadline. A refusal whose wait would run past it ends the
+/// turn with that refusal at once: the server's answer, not "no first
+/// event", and not at the deadline (the retries hid the server's 503 behind
+/// an `idle_timeout`).
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_would_wait_past_the_first_event_deadline_fails_with_the_refusal() {
+    let busy = [(503, None); 6];
+    let flaky = Flaky::new(&busy, script());
+    let options = TurnOptions::default()
+        .retry(policy(6))
+        .first_event_timeout(5 * S);
+    let began = Instant::now();
+    let run = run_with(flaky.clone(), options).await;
+    // Refused at 0 s, 1 s and 3 s; the next wait (4 s) would end past 5 s.
+    assert_eq!(flaky.opens(), 3);
+    assert_eq!(began.elapsed(), 3 * S);
+    assert_eq!(run.end.outcome(), Outcome::Failed);
+    let error = run.end.error().unwrap();
+    assert!(error.message.contains("HTTP 503"), "{}", error.message);
+    // The server's own Retry-After, past the deadline: the same, at once.
+    let flaky = Flaky::new(&[(429, Some(8 * S))], script());
+    let options = TurnOptions::default()
+        .retry(policy(3))
+        .first_event_timeout(5 * S);
+    let run = run_with(flaky.clone(), options).await;
+    assert_eq!(flaky.opens(), 1);
+    assert!(run.end.error().unwrap().message.contains("HTTP 429"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_error_that_cannot_heal_is_not_retried() {
     let flaky = Flaky::new(&[(404, None)], script());
@@ -201,7 +235,11 @@ async fn a_cancel_during_the_backoff_ends_the_turn_at_once() {
     let (tx, mut signals) = mpsc::unbounded_channel();
     let sink = FnSink(|_: Chunk| -> Result<(), SinkError> { Ok(()) });
     let mut control = Work::new(flaky.clone(), Request::prompt("hi"))
-        .options(TurnOptions::default().retry(policy(3).backoff(60 * S, 60 * S)))
+        .options(
+            TurnOptions::default()
+                .retry(policy(3).backoff(60 * S, 60 * S))
+                .first_event_timeout(120 * S),
+        )
         .spawn(&tracker, sink, Keyed::new((), tx));
     assert!(matches!(
         signals.recv().await.unwrap().1,
