@@ -298,7 +298,13 @@ async fn an_origin_not_allowed_is_refused_403_and_a_client_without_one_is_not() 
         serving.exited_within(PATIENCE).and_then(|s| s.code()),
         Some(143)
     );
-    assert!(serving.stderr_text().contains("origin is not allowed"));
+    let stderr = serving.stderr_text();
+    let refused = stderr
+        .lines()
+        .find(|l| l.contains("origin is not allowed"))
+        .unwrap_or_else(|| panic!("no log line of the refusal: {stderr}"));
+    // It names who was refused, for an operator to trace or block.
+    assert!(refused.contains("peer=127.0.0.1:"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

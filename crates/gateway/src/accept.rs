@@ -35,6 +35,16 @@ use tower_service::Service;
 use crate::shared::Shared;
 use crate::slots::Slot;
 
+/// The address of a connection's client, as log lines name it.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer(pub Arc<str>);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Accepts connections from `listener` until `stop`, serving `router` on
 /// each in a task of `tracker`'s.
 pub(crate) async fn accept<L>(
@@ -124,9 +134,12 @@ impl Served {
             grace,
         } = self;
         // Each request carries the connection's place, for the upgrade to
-        // take along.
+        // take along, and its client's address, for the log lines of a
+        // refused upgrade.
+        let client = Peer(Arc::from(format!("{peer:?}")));
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             request.extensions_mut().insert(slot.clone());
+            request.extensions_mut().insert(client.clone());
             let mut router = router.clone();
             async move { router.call(request.map(Body::new)).await }
         });

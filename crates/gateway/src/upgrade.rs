@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
+use crate::accept::Peer;
 use crate::auth;
 use crate::connection;
 use crate::shared::Shared;
@@ -47,11 +48,14 @@ fn refused(status: StatusCode, kind: &str, message: &str) -> Response {
 pub(crate) async fn upgrade(
     State(shared): State<Arc<Shared>>,
     slot: Option<Extension<Slot>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    // Who was refused, for an operator to trace or block.
+    let peer = peer.map_or_else(|| "unknown".into(), |Extension(p)| p.to_string());
     if let Some(origin) = shared.origins.refused(&headers) {
-        tracing::warn!(%origin, "refused an upgrade: its origin is not allowed");
+        tracing::warn!(%peer, %origin, "refused an upgrade: its origin is not allowed");
         return refused(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -62,6 +66,7 @@ pub(crate) async fn upgrade(
         Ok(principal) => principal,
         Err(why) => {
             tracing::warn!(
+                %peer,
                 reason = why.message(),
                 "refused an upgrade: not authenticated"
             );
@@ -79,7 +84,7 @@ pub(crate) async fn upgrade(
     let own = match shared.slots.of(&principal) {
         Ok(own) => own,
         Err(limit) => {
-            tracing::warn!(%principal, limit, "refused an upgrade: the principal has its maximum of connections open");
+            tracing::warn!(%peer, %principal, limit, "refused an upgrade: the principal has its maximum of connections open");
             return refused(
                 StatusCode::TOO_MANY_REQUESTS,
                 "over_capacity",
