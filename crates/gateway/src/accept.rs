@@ -39,12 +39,6 @@ use crate::slots::Slot;
 #[derive(Debug, Clone)]
 pub(crate) struct Peer(pub Arc<str>);
 
-impl std::fmt::Display for Peer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// Accepts connections from `listener` until `stop`, serving `router` on
 /// each in a task of `tracker`'s.
 pub(crate) async fn accept<L>(

@@ -53,7 +53,8 @@ pub(crate) async fn upgrade(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     // Who was refused, for an operator to trace or block.
-    let peer = peer.map_or_else(|| "unknown".into(), |Extension(p)| p.to_string());
+    let peer = peer.map(|Extension(Peer(p))| p);
+    let peer = peer.as_deref().unwrap_or("unknown");
     if let Some(origin) = shared.origins.refused(&headers) {
         tracing::warn!(%peer, %origin, "refused an upgrade: its origin is not allowed");
         return refused(

@@ -278,12 +278,6 @@ impl PyTask {
             shared,
         }
     }
-
-    /// Cancels the task of a spawn whose awaiter never had it (see
-    /// `CancelUnclaimed`), as `Spawned` does when it is dropped.
-    pub fn cancel_unclaimed(&self) -> PyResult<()> {
-        self.cancel()
-    }
 }
 
 #[pymethods]
@@ -296,7 +290,7 @@ impl PyTask {
 
     /// Cancels the task: its coroutine gets `CancelledError` on its loop and
     /// the settle timeout to unwind, then it is detached (G5).
-    fn cancel(&self) -> PyResult<()> {
+    pub(crate) fn cancel(&self) -> PyResult<()> {
         let (end, _) = self.end.get()?;
         end.cancel();
         Ok(())

@@ -36,7 +36,7 @@ impl CancelUnclaimed {
         if let Ok(turn) = result.cast::<PyTurn>() {
             turn.get().cancel_now();
         } else if let Ok(task) = result.cast::<PyTask>() {
-            task.get().cancel_unclaimed()?;
+            task.get().cancel()?;
         }
         Ok(())
     }

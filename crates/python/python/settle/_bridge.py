@@ -47,7 +47,8 @@ def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink
 async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
     stream = None
     iterator = None
-    # Cancelled by another than the kernel: the loop is closing.
+    # Cancelled by another than the kernel (the loop is closing): its
+    # cancel does not say it is the kernel's.
     theirs = False
     try:
         if sink.attach(asyncio.current_task()):
@@ -85,13 +86,12 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         sink.end()
     except asyncio.CancelledError as error:
         sink.cancelled()
-        if not sink.close_requested():
-            theirs = True
-            raise  # someone else's cancel (the loop is closing): theirs to see
-        # The turn's close was asked for; the cancel that landed may be
-        # another's all the same (a dropped turn's, met by the loop's as it
-        # closes, before the kernel's reached the pump).
+        # Even with the turn's close asked for, the cancel that landed may
+        # be another's (a dropped turn's, met by the loop's as it closes,
+        # before the kernel's reached the pump).
         theirs = error.args[:1] != (KERNEL_CLOSE,)
+        if not sink.close_requested():
+            raise  # someone else's cancel (the loop is closing): theirs to see
         # The kernel's own close: the pump has done its job, and it ends
         # without keeping the CancelledError (and the traceback and frames
         # it holds) alive on its task until the collector finds them.

@@ -397,13 +397,55 @@ pub(crate) fn g12_a_sessions_principal_comes_with_its_adoption(b: Backend) {
     });
 }
 
+/// PostgreSQL: a transaction another process holds open (an operator's
+/// `SELECT … FOR UPDATE`, a peer's write not committed yet): `sql` run on
+/// a connection of its own, in a thread, until released, then `linger`
+/// more before its commit.
+struct Held {
+    release: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Held {
+    /// Returns once `sql` ran, its transaction open.
+    fn open(url: &str, sql: String, linger: Duration) -> Held {
+        use diesel::{Connection, RunQueryDsl};
+        let (ran_tx, ran) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let url = url.to_owned();
+        let thread = std::thread::spawn(move || {
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            conn.transaction(|c| {
+                diesel::sql_query(sql).execute(c)?;
+                ran_tx.send(()).unwrap();
+                let _ = released.recv_timeout(Duration::from_secs(60));
+                std::thread::sleep(linger);
+                Ok::<_, diesel::result::Error>(())
+            })
+            .unwrap();
+        });
+        ran.recv().unwrap();
+        Held { release, thread }
+    }
+
+    /// Lets its transaction commit (after `linger`).
+    fn release(&self) {
+        let _ = self.release.send(());
+    }
+
+    /// Lets it commit and waits for that.
+    fn finish(self) {
+        self.release();
+        self.thread.join().unwrap();
+    }
+}
+
 /// PostgreSQL: a move of the fleet that meets a row lock another session
 /// holds (an operator's `SELECT … FOR UPDATE`, a peer frozen inside a
 /// transaction) gives up after its bounded lock wait, taking nothing,
 /// instead of holding every write of the store behind it.
 #[test]
 fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go_on() {
-    use diesel::{Connection, RunQueryDsl};
     let Some(db) = TestDb::new(Backend::Postgres) else {
         return;
     };
@@ -421,24 +463,12 @@ fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go
             .await
             .unwrap();
 
-        let (locked_tx, locked) = std::sync::mpsc::channel();
-        let (free_tx, free) = std::sync::mpsc::channel::<()>();
-        let url = db.url.clone();
         let raw = i64::try_from(id.get()).unwrap();
-        let holder = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
-            conn.transaction(|c| {
-                diesel::sql_query(format!(
-                    "SELECT id FROM sessions WHERE id = {raw} FOR UPDATE"
-                ))
-                .execute(c)?;
-                locked_tx.send(()).unwrap();
-                let _ = free.recv_timeout(Duration::from_secs(60));
-                Ok::<_, diesel::result::Error>(())
-            })
-            .unwrap();
-        });
-        locked.recv().unwrap();
+        let holder = Held::open(
+            &db.url,
+            format!("SELECT id FROM sessions WHERE id = {raw} FOR UPDATE"),
+            Duration::ZERO,
+        );
         let tried =
             tokio::time::timeout(Duration::from_secs(8), store.adopt(node_b, id, now())).await;
         // Meanwhile-queued writes are not held for the lock's holder.
@@ -447,8 +477,7 @@ fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go
             store.append_chunk(busy, 2, "on".into()),
         )
         .await;
-        free_tx.send(()).unwrap();
-        holder.join().unwrap();
+        holder.finish();
         assert!(
             matches!(tried, Ok(Err(_))),
             "the adoption waited on the lock: {tried:?}"
@@ -473,7 +502,6 @@ fn g12_on_postgres_an_adoption_that_meets_a_held_row_lock_gives_up_and_writes_go
 /// test caught it.)
 #[test]
 fn g12_on_postgres_an_append_racing_the_end_of_its_turn_elsewhere_is_refused() {
-    use diesel::{Connection, RunQueryDsl};
     let Some(db) = TestDb::new(Backend::Postgres) else {
         return;
     };
@@ -486,31 +514,20 @@ fn g12_on_postgres_an_append_racing_the_end_of_its_turn_elsewhere_is_refused() {
             .unwrap();
         assert_eq!(append_all(&*store, id, 2, &["a"]).await, [0]);
 
-        let (ending_tx, ending) = std::sync::mpsc::channel();
-        let (go_tx, go) = std::sync::mpsc::channel::<()>();
-        let url = db.url.clone();
         let raw = i64::try_from(id.get()).unwrap();
-        let ender = std::thread::spawn(move || {
-            let mut conn = diesel::PgConnection::establish(&url).unwrap();
-            conn.transaction(|c| {
-                diesel::sql_query(format!(
-                    "UPDATE turns SET ended_at = 1, outcome = 'interrupted' \
-                     WHERE session = {raw} AND \"no\" = 2"
-                ))
-                .execute(c)?;
-                ending_tx.send(()).unwrap();
-                // The append is under way: it meets the uncommitted end.
-                let _ = go.recv_timeout(Duration::from_secs(60));
-                std::thread::sleep(Duration::from_millis(300));
-                Ok::<_, diesel::result::Error>(())
-            })
-            .unwrap();
-        });
-        ending.recv().unwrap();
+        // The append, under way, meets the uncommitted end.
+        let ender = Held::open(
+            &db.url,
+            format!(
+                "UPDATE turns SET ended_at = 1, outcome = 'interrupted' \
+                 WHERE session = {raw} AND \"no\" = 2"
+            ),
+            Duration::from_millis(300),
+        );
         let receipt = store.append_chunk(id, 2, "b".into());
-        go_tx.send(()).unwrap();
+        ender.release();
         let appended = tokio::time::timeout(Duration::from_secs(20), receipt).await;
-        ender.join().unwrap();
+        ender.finish();
         assert!(
             matches!(appended, Ok(Err(StoreError::TurnClosed { .. }))),
             "an append racing its turn's end: {appended:?}"
