@@ -183,7 +183,14 @@ fn cases() -> Vec<Case> {
             ok_scenario,
             &["run", "ok.toml", "--settle-timeout", "-1s"],
             2,
-            "-1",
+            "`-1s` is negative",
+        ),
+        case(
+            "duration option given the next flag for its value",
+            ok_scenario,
+            &["run", "ok.toml", "--settle-timeout", "--json"],
+            2,
+            "for '--settle-timeout",
         ),
         case(
             "unknown duration unit",
@@ -314,6 +321,29 @@ fn cases() -> Vec<Case> {
             &["serve", "--max-sessions", "-5"],
             2,
             "for '--max-sessions",
+        ),
+        // A negative duration apart from its option is that option's bad
+        // value too, and an option given no value before the next flag
+        // says which flag it took.
+        case(
+            "chat --idle-timeout negative, apart",
+            nothing,
+            &[
+                "chat",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--idle-timeout",
+                "-1s",
+            ],
+            2,
+            "for '--idle-timeout",
+        ),
+        case(
+            "sessions --since negative, apart",
+            |d| database(d, "settle.db"),
+            &["sessions", "--since", "-2h"],
+            2,
+            "`-2h` is negative",
         ),
         case(
             "recover with an unknown option",

@@ -44,7 +44,7 @@ pub struct ChatArgs {
     #[command(flatten)]
     timeouts: TurnTimeoutArgs,
     /// How long a running reply may finish after SIGTERM.
-    #[arg(long, value_parser = crate::duration::parse, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::duration::parse, default_value = "5s")]
     drain_timeout: Duration,
     /// Continue the finished (or recovered) session ID in a new session that starts with its conversation.
     #[arg(long, value_name = "ID", value_parser = crate::parse_id, conflicts_with = "last")]

@@ -36,6 +36,11 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
 fn parse_any(text: &str) -> Result<Duration, String> {
     use humantime::DurationError as E;
     let text = text.trim();
+    if text.starts_with('-') {
+        return Err(format!(
+            "`{text}` is negative: give a duration of zero or more, like 500ms or 5s"
+        ));
+    }
     humantime::parse_duration(text).map_err(|error| match error {
         E::Empty => {
             "an empty duration: write a number and a unit, like 500ms, 5s or 1m30s".to_owned()
@@ -92,7 +97,8 @@ mod tests {
         assert!(parse("5").unwrap_err().contains("no unit"));
         assert!(parse("5x").unwrap_err().contains("unknown unit `x`"));
         assert!(parse("25h").unwrap_err().contains("24h limit"));
-        assert!(parse("-1s").unwrap_err().contains("not a duration"));
+        assert!(parse("-1s").unwrap_err().contains("is negative"));
+        assert!(parse_age(" -2h").unwrap_err().contains("is negative"));
     }
 
     #[test]

@@ -122,27 +122,27 @@ struct RunArgs {
     /// The scenario file (TOML).
     scenario: PathBuf,
     /// How long cancelled work may take to unwind before it is detached (default: the scenario's, else 1s).
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse)]
     settle_timeout: Option<Duration>,
     /// How long running turns may finish after SIGINT/SIGTERM.
-    #[arg(long, value_parser = duration::parse, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5s")]
     drain_timeout: Duration,
     /// How long a provider stream may be silent before its turn times out (default: the scenario's, else 30s).
-    #[arg(long, value_parser = duration::parse_nonzero)]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_nonzero)]
     idle_timeout: Option<Duration>,
     /// Print the final summary as JSON (and no progress): the exit code and this run's sessions.
     #[arg(long)]
     json: bool,
     /// How long the store may take to commit a shutdown's writes once the
     /// drain and the settle timeout are over (default 2s).
-    #[arg(long, hide = true, value_parser = duration::parse)]
+    #[arg(long, allow_hyphen_values = true, hide = true, value_parser = duration::parse)]
     flush_budget: Option<Duration>,
     /// How long any other store call may take before it fails (default 10s).
-    #[arg(long, hide = true, value_parser = duration::parse_nonzero)]
+    #[arg(long, allow_hyphen_values = true, hide = true, value_parser = duration::parse_nonzero)]
     store_timeout: Option<Duration>,
     /// How long this process's lease on its sessions lasts, renewed at a
     /// third of it (default 30s).
-    #[arg(long, hide = true, value_parser = duration::parse_nonzero)]
+    #[arg(long, allow_hyphen_values = true, hide = true, value_parser = duration::parse_nonzero)]
     lease_ttl: Option<Duration>,
 }
 
@@ -152,7 +152,7 @@ struct SessionsArgs {
     #[arg(long, value_parser = parse_state)]
     state: Option<State>,
     /// Only sessions created within this long, like 30m, 1h30m or 7d.
-    #[arg(long, value_parser = duration::parse_age, value_name = "DURATION")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_age, value_name = "DURATION")]
     since: Option<Duration>,
     /// At most this many sessions, the newest.
     #[arg(long, value_parser = parse_limit, value_name = "N")]

@@ -40,16 +40,16 @@ pub struct ServeArgs {
     #[command(flatten)]
     limits: InputLimitArgs,
     /// How long a session may have no client attached before it is reaped (once idle).
-    #[arg(long, value_parser = duration::parse, default_value = "60s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "60s")]
     orphan_grace: Duration,
     /// How long a session may sit idle before it is reaped (0s: never).
-    #[arg(long, value_parser = duration::parse, default_value = "30m")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "30m")]
     idle_ttl: Duration,
     /// How many open sessions before a new one evicts its principal's least recently active idle one.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     max_sessions: u64,
     /// How long running turns may finish after SIGINT/SIGTERM.
-    #[arg(long, value_parser = duration::parse, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5s")]
     drain_timeout: Duration,
     /// Require `Authorization: Bearer TOKEN` of every client: one `PRINCIPAL TOKEN` pair per line.
     #[arg(long, value_name = "FILE")]
@@ -64,10 +64,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// How long a client has for its TLS handshake and each request header.
-    #[arg(long, value_parser = duration::parse_nonzero, default_value = "10s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_nonzero, default_value = "10s")]
     header_timeout: Duration,
     /// How long a connection attached to no session may send no request (0s: forever).
-    #[arg(long, value_parser = duration::parse, default_value = "5m")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5m")]
     connection_idle_timeout: Duration,
     /// How many connections may be open at once.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
@@ -104,7 +104,7 @@ pub struct ServeArgs {
     no_handoff: bool,
     /// How long this process's lease on its sessions lasts (renewed at a
     /// third of it); a peer takes over its sessions once it has lapsed.
-    #[arg(long, value_parser = duration::parse_nonzero, default_value = "30s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_nonzero, default_value = "30s")]
     lease_ttl: Duration,
     /// Play the turns of this script book instead of asking a model server.
     #[arg(long, hide = true, value_name = "FILE")]

@@ -13,10 +13,10 @@ use settle_runtime::KernelBuilder;
 #[derive(Debug, Clone, Args)]
 pub struct TurnTimeoutArgs {
     /// How long the model server may be silent mid-reply before the turn times out (default 30s, as everywhere).
-    #[arg(long, value_parser = crate::duration::parse_nonzero)]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::duration::parse_nonzero)]
     idle_timeout: Option<Duration>,
     /// How long the model server may take to send a reply's first event, its request included, before the turn times out (default: the idle timeout), for a model that thinks long before it answers.
-    #[arg(long, value_parser = crate::duration::parse_nonzero)]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::duration::parse_nonzero)]
     first_event_timeout: Option<Duration>,
 }
 
