@@ -341,11 +341,16 @@ fn an_unexpected_value_in_a_listing_names_the_session_whose_row_holds_it() {
 /// root (root may write anything), else this user, with the write bits of
 /// the file and the folder taken away.
 fn as_reader(sandbox: &Sandbox, args: &[&str]) -> std::process::Output {
+    as_another(sandbox, 0o444, args)
+}
+
+/// [`as_reader`], with the database file's mode `db_mode` meanwhile.
+fn as_another(sandbox: &Sandbox, db_mode: u32, args: &[&str]) -> std::process::Output {
     use std::os::unix::fs::PermissionsExt;
     let set = |path: &std::path::Path, mode: u32| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
     };
-    set(&sandbox.db(), 0o444);
+    set(&sandbox.db(), db_mode);
     set(sandbox.path(), 0o555);
     let mut command = if common::is_root() {
         let mut c = std::process::Command::new("runuser");
@@ -411,6 +416,38 @@ fn reading_commands_read_a_database_this_user_may_not_write_and_write_nothing() 
         std::fs::read(sandbox.db()).unwrap() == bytes_before,
         "the file is as it was"
     );
+}
+
+/// A database `settle` made is its owner's only (transcripts hold what
+/// users typed): another user's reading command is told in one line that
+/// it may not read the file (exit 2), not that it may not write it, and
+/// nothing is written.
+#[test]
+fn a_database_this_user_may_not_read_is_told_as_unreadable() {
+    use std::os::unix::fs::PermissionsExt;
+    let sandbox = scanned();
+    let mode = std::fs::metadata(sandbox.db())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "settle run made its database for its owner only"
+    );
+    let bytes_before = std::fs::read(sandbox.db()).unwrap();
+    // Root reads anything: `nobody` is the other user then; else this
+    // user, with the read bits taken away.
+    let db_mode = if common::is_root() { 0o600 } else { 0o200 };
+    for args in [&["sessions"][..], &["show", "1", "--json"]] {
+        let out = as_another(&sandbox, db_mode, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(err.contains("cannot read the database"), "{err}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+    assert!(std::fs::read(sandbox.db()).unwrap() == bytes_before);
 }
 
 /// A tmpfs of this test's own (made read-only later); `None`, said as a

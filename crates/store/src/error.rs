@@ -83,6 +83,18 @@ pub enum OpenError {
         /// What refused the write, as the operating system said it.
         reason: String,
     },
+    /// The database file is there but this user may not read it (a file
+    /// the store made for another user is its owner's only).
+    #[error(
+        "cannot read the database {}: {reason}; run as a user who may read it, or fix its permissions",
+        path.display()
+    )]
+    Unreadable {
+        /// The database path asked for.
+        path: PathBuf,
+        /// What refused the read, as the operating system said it.
+        reason: String,
+    },
     /// The path names a directory, not a database file.
     #[error(
         "{} is a directory, not a database file; pass a file path such as {}",

@@ -63,6 +63,14 @@
 //! answering it, so it survives a power loss too, at the disk's cost per
 //! commit. PostgreSQL keeps its server's own settings.
 //!
+//! # Who may read the file
+//!
+//! A SQLite file the store creates is readable and writable by its owner
+//! only (mode `0600`, less what the umask takes), and so are its `-wal` and
+//! `-shm` companions, which SQLite makes with the database's mode:
+//! transcripts hold what users typed and what models answered. A file that
+//! was there keeps its mode; `chmod` one to share it.
+//!
 //! # Building: PostgreSQL support is always built in
 //!
 //! libpq, PostgreSQL's client library, is compiled from source with the crate

@@ -15,6 +15,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use diesel::connection::SimpleConnection;
@@ -38,6 +39,10 @@ const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres
 
 /// Serialises migrations of one PostgreSQL database across processes.
 const PG_MIGRATION_LOCK: i64 = 0x5e77_1e00;
+
+/// The mode of a SQLite database file the store creates: read and write
+/// for its owner only (less what the process's umask takes away).
+const NEW_DATABASE_MODE: u32 = 0o600;
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
@@ -301,7 +306,10 @@ fn preflight(path: &Path, existing_only: bool, to_read: bool) -> Result<Before, 
             let mut header = Vec::with_capacity(100);
             File::open(path)
                 .and_then(|f| f.take(100).read_to_end(&mut header))
-                .map_err(read_only)?;
+                .map_err(|e| OpenError::Unreadable {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?;
             // An empty file is a database with no pages yet; anything else
             // must carry SQLite's header.
             if !header.is_empty() && (header.len() < 100 || !header.starts_with(SQLITE_MAGIC)) {
@@ -358,7 +366,7 @@ fn preflight(path: &Path, existing_only: bool, to_read: bool) -> Result<Before, 
                 Err(e) => return Err(read_only(e)),
             }
             crate::sys::writable(&folder).map_err(read_only)?;
-            let created = ["", "-wal", "-shm", "-journal"]
+            let mut created: Vec<PathBuf> = ["", "-wal", "-shm", "-journal"]
                 .iter()
                 .map(|suffix| {
                     let mut p = path.as_os_str().to_owned();
@@ -369,6 +377,22 @@ fn preflight(path: &Path, existing_only: bool, to_read: bool) -> Result<Before, 
                 // is removed if it fails.
                 .filter(|p| fs::symlink_metadata(p).is_err())
                 .collect();
+            // The file is made here, for its owner only: transcripts hold
+            // what users typed. SQLite gives the log and its index the
+            // database's mode. One made meanwhile by another process is
+            // that process's (and is not removed if this open fails).
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(NEW_DATABASE_MODE)
+                .open(path)
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    created.retain(|p| p.as_path() != path);
+                }
+                Err(e) => return Err(read_only(e)),
+            }
             Ok(Before::Nothing(created))
         }
         Err(e) => Err(read_only(e)),

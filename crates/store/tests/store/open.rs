@@ -166,6 +166,32 @@ pub(crate) fn g11_open_refuses_a_missing_folder() {
     );
 }
 
+/// A database the store creates, and the log and index SQLite keeps
+/// beside it, are its owner's only: transcripts hold what users typed. A
+/// file that was there keeps the mode it had.
+#[test]
+pub(crate) fn a_new_database_and_its_companions_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("settle.db");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    rt().block_on(async {
+        let store = Store::open(path.to_str().unwrap()).unwrap();
+        let (_, id) = session(&store, "private").await;
+        // Still open: the log and its index are there.
+        assert_eq!(store.session_detail(id).await.unwrap().session.id, id);
+        for suffix in ["", "-wal", "-shm"] {
+            let file = dir.path().join(format!("settle.db{suffix}"));
+            assert_eq!(mode(&file), 0o600, "{}", file.display());
+        }
+    });
+    let shared = dir.path().join("shared.db");
+    std::fs::File::create(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(Store::open(shared.to_str().unwrap()).unwrap());
+    assert_eq!(mode(&shared), 0o644);
+}
+
 #[test]
 pub(crate) fn g11_open_refuses_an_empty_path() {
     // SQLite takes an empty file name for a temporary database of its own,
@@ -338,6 +364,8 @@ pub(crate) fn g11_open_refuses_a_read_only_location() {
     // An existing database in it, too: WAL needs to write beside it.
     let existing = ro.join("existing.db");
     drop(Store::open(existing.to_str().unwrap()).unwrap());
+    // Made for its owner only: shared for reading, as a service's may be.
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let before = common::snapshot(&ro);
