@@ -32,7 +32,8 @@ pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 /// How much of an error response's body is kept for the error message.
 const ERROR_BODY_LIMIT: usize = 2048;
 
-/// How long an error response's body is waited for.
+/// How long an error response's body is waited for, at most (see
+/// [`error_body_wait`]).
 const ERROR_BODY_WAIT: Duration = Duration::from_secs(5);
 
 /// Reads the start of a response body into `head`, at most
@@ -340,6 +341,14 @@ impl OpenAiProvider {
 #[async_trait]
 impl Provider for OpenAiProvider {
     async fn open(&self, request: &Request) -> Result<ProviderStream, StreamError> {
+        self.open_by(request, None).await
+    }
+
+    async fn open_by(
+        &self,
+        request: &Request,
+        due: Option<tokio::time::Instant>,
+    ) -> Result<ProviderStream, StreamError> {
         let response = self.send(request).await?;
         let status = response.status();
         if !status.is_success() {
@@ -356,7 +365,8 @@ impl Provider for OpenAiProvider {
                 .into());
             }
             let mut head = Vec::new();
-            let _ = tokio::time::timeout(ERROR_BODY_WAIT, read_head(response, &mut head)).await;
+            let _ =
+                tokio::time::timeout(error_body_wait(due), read_head(response, &mut head)).await;
             // Read to the limit: there may be more, a secret cut in two.
             let cut = head.len() >= ERROR_BODY_LIMIT;
             return Err(StreamErrorKind::Status {
@@ -375,6 +385,18 @@ impl Provider for OpenAiProvider {
 
     fn name(&self) -> &str {
         "openai"
+    }
+}
+
+/// How long the start of an error body may take: [`ERROR_BODY_WAIT`], or
+/// half of what is left until `due`, when the turn's first event is due
+/// sooner (the refusal is then told before the deadline, as itself).
+fn error_body_wait(due: Option<tokio::time::Instant>) -> Duration {
+    match due {
+        Some(due) => {
+            ERROR_BODY_WAIT.min(due.saturating_duration_since(tokio::time::Instant::now()) / 2)
+        }
+        None => ERROR_BODY_WAIT,
     }
 }
 

@@ -34,6 +34,22 @@ pub trait Provider: Send + Sync {
     /// Opens the stream of one turn.
     async fn open(&self, request: &Request) -> Result<ProviderStream, StreamError>;
 
+    /// Opens the stream of one turn whose first event is due by `due` (the
+    /// open, its retries and the wait for the first event share that one
+    /// deadline; `None`: no deadline). A provider that waits for more than
+    /// the response's headers before it answers (the start of an error
+    /// body, to quote it) ends that wait early enough for its answer to be
+    /// told before the deadline, as itself, rather than as the deadline's
+    /// timeout. By default, [`open`](Self::open).
+    async fn open_by(
+        &self,
+        request: &Request,
+        due: Option<tokio::time::Instant>,
+    ) -> Result<ProviderStream, StreamError> {
+        let _ = due;
+        self.open(request).await
+    }
+
     /// Who serves the model, as OpenTelemetry's GenAI conventions name it
     /// (`gen_ai.provider.name`: `openai`, `anthropic`, `aws.bedrock`, ...).
     fn name(&self) -> &str {

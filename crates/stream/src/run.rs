@@ -241,7 +241,7 @@ where
 {
     let mut attempt = 0;
     loop {
-        let error = match provider.open(request).await {
+        let error = match provider.open_by(request, due).await {
             Ok(stream) => return Ok(stream),
             Err(error) => error,
         };
@@ -267,7 +267,7 @@ where
                     return Err(error);
                 };
                 progress.retrying(attempt + 1, Duration::ZERO, true, error.turn_error());
-                return fallback.open(request).await;
+                return fallback.open_by(request, due).await;
             }
         }
     }

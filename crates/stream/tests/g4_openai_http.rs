@@ -46,6 +46,9 @@ enum Script {
     EventsThenEnd(&'static [&'static str]),
     /// A non-success status with this JSON body.
     Status(u16, &'static str),
+    /// A non-success status whose body is announced, begun, and never
+    /// finished.
+    StatusBodyStalls(u16, &'static str),
     /// One chunk, then the connection is dropped mid-reply.
     CutMidReply,
 }
@@ -69,6 +72,14 @@ async fn serve(script: Script) -> Server {
                     "HTTP/1.1 {status} Whatever\r\ncontent-type: application/json\r\n\
                      content-length: {}\r\n\r\n{body}",
                     body.len()
+                );
+                wr.write_all(response.as_bytes()).await?;
+                std::future::pending::<()>().await;
+            }
+            Script::StatusBodyStalls(status, start) => {
+                let response = format!(
+                    "HTTP/1.1 {status} Whatever\r\ncontent-type: application/json\r\n\
+                     content-length: 4096\r\n\r\n{start}"
                 );
                 wr.write_all(response.as_bytes()).await?;
                 std::future::pending::<()>().await;
@@ -454,6 +465,39 @@ async fn an_http_500_with_a_json_body_shows_the_error_message() {
         }
         other => panic!("expected a status error, got {other:?}"),
     }
+}
+
+/// Found from outside: a server that answered 503 and then stalled its
+/// body, under a first-event timeout shorter than the wait for an error
+/// body (5 s), ended the turn `idle_timeout` ("no first event"), its answer
+/// lost, and never retried. The open, its retries and the first event
+/// share one deadline; the wait for an error body is bounded by what is
+/// left of it, so the refusal is told as itself, before the deadline.
+#[tokio::test]
+async fn a_refusal_whose_body_stalls_is_told_as_itself_before_the_first_event_deadline() {
+    let server = serve(Script::StatusBodyStalls(503, "{\"error\":")).await;
+    let provider: Arc<dyn Provider> = Arc::new(provider(&server));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let (signals, mut reports) = mpsc::unbounded_channel();
+    let tracker = TaskTracker::new();
+    let first = Duration::from_secs(2);
+    let began = Instant::now();
+    let _control = Work::new(provider, Request::prompt("hi"))
+        .options(TurnOptions::default().first_event_timeout(first))
+        .spawn(&tracker, tx, Keyed::new((), signals));
+    let end = loop {
+        match timeout(CLOSE_BOUND * 2, reports.recv()).await.unwrap() {
+            Some(((), WorkSignal::Ended(end))) => break end,
+            Some(_) => {}
+            None => panic!("the work ended without saying so"),
+        }
+    };
+    let WorkEnd::Failed(error) = &end else {
+        panic!("expected the refusal, got {end:?}");
+    };
+    assert_eq!(error.kind, TurnErrorKind::HttpStatus, "{error:?}");
+    assert!(error.message.contains("HTTP 503"), "{}", error.message);
+    assert!(began.elapsed() < first, "told after the deadline: {end:?}");
 }
 
 #[tokio::test]
