@@ -96,6 +96,17 @@ pub(crate) fn page(
         };
         let first = if row.seq == from.seq { from.part } else { 0 };
         let parts = parts::params(id, turn.no, row.seq, payload, part_bytes);
+        // One past the last part is where a client that has them all goes
+        // on from; further is a cursor no answer gave, which would skip the
+        // chunk without a word.
+        if usize::try_from(first).map_or(true, |first| first > parts.len()) {
+            return Err(RpcError::bad_params(format!(
+                "chunk {} of turn {} of session {id} has {} parts (from 0); part {first} is past them",
+                row.seq,
+                turn.no,
+                parts.len()
+            )));
+        }
         for (part, params) in parts.into_iter().enumerate().skip(first as usize) {
             let size = params.to_string().len() + 1;
             if bytes + size > budget && !chunks.is_empty() {
@@ -174,11 +185,38 @@ mod tests {
         let from = From {
             turn: Some(1),
             seq: 0,
-            part: 5,
+            part: 1,
         };
         let answer = page_of(id, &page, from, 4096, 1024);
         assert_eq!(answer["chunks"].as_array().map(Vec::len), Some(1));
         assert_eq!(answer["next"], json!({ "turn": 1, "seq": 2, "part": 0 }));
+    }
+
+    /// Found from outside: a read from a part past its chunk's parts (a
+    /// stale or mistyped cursor) skipped the chunk and could answer an
+    /// empty page with `next: null`, which reads as the turn's end. One
+    /// past the last part goes on at the next chunk; further is bad params.
+    #[test]
+    fn a_read_from_a_part_past_its_chunk_is_refused_and_one_past_the_last_goes_on() {
+        let id = SessionId(1);
+        let page = TurnPage {
+            turns: 1,
+            turn: Some(turn_of(["a".to_owned(), "tail".to_owned()].into_iter())),
+            more: false,
+        };
+        let from = |seq, part| From {
+            turn: Some(1),
+            seq,
+            part,
+        };
+        let answer = page_of(id, &page, from(0, 1), 4096, 1024);
+        assert_eq!(answer["chunks"][0]["seq"], 1, "{answer}");
+        for (seq, part) in [(0, 2), (0, 99), (1, 2)] {
+            match super::page(id, &page, from(seq, part), 4096, 1024) {
+                Err(e) => assert!(e.message.contains("past them"), "{}", e.message),
+                Ok(answer) => panic!("from {seq}/{part}: {answer}"),
+            }
+        }
     }
 
     /// A turn's stored error, however long, is bounded as an error's
