@@ -37,33 +37,36 @@ where
             let work = ctx.work;
             let (token, revoked) = (ctx.token.clone(), ctx.revoked.clone());
             let ended = std::panic::AssertUnwindSafe(make(ctx)).catch_unwind().await;
-            let end = match ended {
+            // Labelled as it ended: a cancel that lands after it returned
+            // does not make it cancelled.
+            let (end, result) = match ended {
                 Ok(value) => {
-                    // Its write access is revoked once detached: a late
-                    // result is refused.
-                    if !revoked.is_cancelled() {
-                        let _ = result_tx.send(Ok(value));
-                    }
-                    if token.is_cancelled() {
-                        StreamEnd::Cancelled(CancelledBy::Request)
-                    } else {
-                        StreamEnd::Completed
-                    }
+                    let end = match token.is_cancelled() {
+                        true => StreamEnd::Cancelled(CancelledBy::Request),
+                        false => StreamEnd::Completed,
+                    };
+                    (end, Ok(value))
                 }
                 Err(panic) => {
                     let message = panic_message(panic.as_ref());
-                    // The handle says "the task panicked" once, before the message.
-                    if !revoked.is_cancelled() {
-                        let _ = result_tx.send(Err(message.clone()));
-                    }
                     let error = TurnError::new(
                         TurnErrorKind::Panic,
                         format!("the task panicked: {message}"),
                     );
-                    StreamEnd::Panicked(error)
+                    // The handle says "the task panicked" once, before the message.
+                    (StreamEnd::Panicked(error), Err(message))
                 }
             };
+            // The driver hears of the end before the caller has the
+            // result: whatever the caller asks for next (a finish) comes
+            // after it, and finds the work ended (G6), as the driver reads
+            // the works' reports before its commands.
             let _ = reports.send((work, WorkSignal::Ended(end)));
+            // Its write access is revoked once detached: a late result is
+            // refused.
+            if !revoked.is_cancelled() {
+                let _ = result_tx.send(result);
+            }
         })
     });
     (start, result)

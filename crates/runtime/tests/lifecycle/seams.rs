@@ -146,6 +146,55 @@ async fn events_about_work_say_which_work_a_task_end_is_no_turn_end() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// Found from outside: a task whose result its caller already had was
+/// cancelled by the finish the caller then asked for, and recorded
+/// `cancelled` (running → cancelling → settled, "task ended: cancelled"),
+/// in about 1 of 60 rounds: the result reached the handle before the
+/// task's end reached the driver, and the end was labelled by the token
+/// afterwards. G6: work that ended is not cancelled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_task_whose_result_was_taken_is_never_cancelled_by_what_follows() {
+    let store = MemoryStore::new();
+    let kernel = Kernel::builder(Arc::new(store))
+        .idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    let mut events = kernel.subscribe();
+    for round in 0..400 {
+        let session = kernel.register(format!("s-{round}"), None).await.unwrap();
+        let task = session
+            .spawn(|_| async {
+                tokio::task::yield_now().await;
+                "done"
+            })
+            .await
+            .unwrap();
+        assert_eq!(task.join().await.unwrap(), "done");
+        assert_eq!(session.finish().await.unwrap(), EndReason::Completed);
+    }
+    kernel.shutdown(Duration::ZERO).await;
+    let mut cancelled = Vec::new();
+    for event in drain(&mut events) {
+        match event {
+            LifecycleEvent::WorkEnded {
+                session, outcome, ..
+            } if outcome != settle_runtime::Outcome::Completed => {
+                cancelled.push((session, outcome));
+            }
+            LifecycleEvent::Transition {
+                session,
+                to: State::Cancelling,
+                ..
+            } => {
+                cancelled.push((session, settle_runtime::Outcome::Cancelled));
+            }
+            _ => {}
+        }
+    }
+    assert!(cancelled.is_empty(), "{cancelled:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_panicking_task_says_it_panicked_once() {
     let store = MemoryStore::new();
