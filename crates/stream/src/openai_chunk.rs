@@ -18,8 +18,11 @@ use crate::{Chunk, StreamError, StreamErrorKind, StreamEvent, Truncation};
 /// - `choices[0].delta`: its `reasoning_content` (or `reasoning`) a
 ///   reasoning chunk, its `content` text (a list of parts: each text part),
 ///   each of its `tool_calls` a tool-call chunk; a `content` that is
-///   neither (a number, an object) is a [`StreamErrorKind::Protocol`]
-///   error after what came before it;
+///   neither (a number, an object), a `tool_calls` that is not a list, or
+///   a piece of it of no tool call's shape (an `index` that is no whole
+///   number, a `function` that is no object, a `name` or `arguments` that
+///   is not text) is a [`StreamErrorKind::Protocol`] error after what came
+///   before it;
 /// - `usage` (an object): a usage chunk;
 /// - `choices[0].finish_reason`: [`StreamEvent::Finished`] after the
 ///   chunk's content, whole (`stop`, `tool_calls`, any but the two below)
@@ -205,12 +208,57 @@ fn read_delta(
             .into());
         }
     }
-    if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-        for call in calls {
-            push(Chunk::json(ChunkKind::ToolCall, call));
+    match delta.get("tool_calls") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(calls)) => {
+            // Each checked before any is taken: a piece of no tool call's
+            // shape would join the history as an empty call, which a
+            // server refuses on the next prompt.
+            if let Some(bad) = calls.iter().find(|call| !is_tool_call_piece(call)) {
+                let what = quote(&bad.to_string());
+                return Err(StreamErrorKind::Protocol(format!(
+                    "a chunk's delta.tool_calls holds a piece of no tool call's shape: {what}"
+                ))
+                .into());
+            }
+            for call in calls {
+                push(Chunk::json(ChunkKind::ToolCall, call));
+            }
+        }
+        Some(other) => {
+            let what = quote(&other.to_string());
+            return Err(StreamErrorKind::Protocol(format!(
+                "a chunk's delta.tool_calls is not a list: {what}"
+            ))
+            .into());
         }
     }
     Ok(())
+}
+
+/// Whether `call` has a streamed tool call's shape: an object whose
+/// `index` (when there) is a whole number from 0, whose `id` and `type`
+/// are text, and whose `function` is an object with text `name` and
+/// `arguments`; each may be missing or `null` (later pieces leave them
+/// out).
+fn is_tool_call_piece(call: &Value) -> bool {
+    let Value::Object(call) = call else {
+        return false;
+    };
+    let text_or_none =
+        |value: Option<&Value>| matches!(value, None | Some(Value::Null | Value::String(_)));
+    let index_ok = match call.get("index") {
+        None | Some(Value::Null) => true,
+        Some(index) => index.as_u64().is_some(),
+    };
+    let function_ok = match call.get("function") {
+        None | Some(Value::Null) => true,
+        Some(Value::Object(function)) => {
+            text_or_none(function.get("name")) && text_or_none(function.get("arguments"))
+        }
+        Some(_) => false,
+    };
+    index_ok && function_ok && text_or_none(call.get("id")) && text_or_none(call.get("type"))
 }
 
 /// A field a server sent empty: `null`, `""`.
@@ -219,5 +267,63 @@ fn is_empty(value: &Value) -> bool {
         Value::Null => true,
         Value::String(s) => s.is_empty(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn read(delta: Value) -> Vec<Result<StreamEvent, StreamError>> {
+        OpenAiChunks::default().read(&json!({ "choices": [{ "delta": delta }] }), &str::to_owned)
+    }
+
+    /// Found from outside: tool-call pieces of no tool call's shape (an
+    /// index in words, a function that is a number, a name that is a
+    /// number, `tool_calls` that is not a list) were taken, and joined the
+    /// history as an empty call, or were dropped without a word; a
+    /// malformed `content` failed the turn `protocol`. They fail it too.
+    #[test]
+    fn a_tool_call_piece_of_no_tool_calls_shape_is_a_protocol_error() {
+        for delta in [
+            json!({ "tool_calls": [{ "index": "zero", "function": 3 }] }),
+            json!({ "tool_calls": [{ "index": 0, "id": "c1", "function": { "name": 7 } }] }),
+            json!({ "tool_calls": [{ "index": -1 }] }),
+            json!({ "tool_calls": [{ "index": 0, "function": { "arguments": { "a": 1 } } }] }),
+            json!({ "tool_calls": [{ "index": 0, "id": 5 }] }),
+            json!({ "tool_calls": ["x"] }),
+            json!({ "tool_calls": "x" }),
+            json!({ "tool_calls": { "index": 0 } }),
+        ] {
+            let events = read(delta.clone());
+            assert!(
+                matches!(&events[..], [Err(e)] if matches!(e.kind(), StreamErrorKind::Protocol(_))),
+                "{delta}: {events:?}"
+            );
+        }
+    }
+
+    /// The pieces servers stream: the first with its id, type and name,
+    /// later ones with arguments only, and nulls where a field is absent.
+    #[test]
+    fn tool_call_pieces_as_servers_stream_them_are_taken() {
+        for delta in [
+            json!({ "tool_calls": [{ "index": 0, "id": "call_1", "type": "function",
+                                     "function": { "name": "ls", "arguments": "" } }] }),
+            json!({ "tool_calls": [{ "index": 0, "function": { "arguments": "{\"p\":" } }] }),
+            json!({ "tool_calls": [{ "index": 1, "id": null, "type": null,
+                                     "function": { "name": null, "arguments": "1}" } }] }),
+            json!({ "tool_calls": [{ "id": "call_2", "function": { "name": "cat" } }] }),
+        ] {
+            let events = read(delta.clone());
+            assert!(
+                matches!(&events[..], [Ok(StreamEvent::Chunk(c))] if c.kind() == ChunkKind::ToolCall),
+                "{delta}: {events:?}"
+            );
+        }
+        assert!(read(json!({ "tool_calls": null, "content": "hi" }))[0].is_ok());
+        assert!(read(json!({ "tool_calls": [] })).iter().all(Result::is_ok));
     }
 }
