@@ -11,6 +11,7 @@
 //! refused "a turn is still running" for a turn it has no handle to wait on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use settle_runtime::Turn;
@@ -23,7 +24,8 @@ use crate::turn::PyTurn;
 
 /// A started turn and its place, until the caller has it.
 pub(crate) struct Handover {
-    turn: Option<(Turn, Owner, Arc<PumpWatch>)>,
+    /// The turn, its owner, its pump, and the kernel's settle timeout.
+    turn: Option<(Turn, Owner, Arc<PumpWatch>, Duration)>,
     place: Option<OwnedMutexGuard<()>>,
     /// Cancelled by the session's `cancel_turn()`: then never handed over.
     stopped: CancellationToken,
@@ -36,11 +38,12 @@ impl Handover {
         turn: Turn,
         owner: Owner,
         pump: Arc<PumpWatch>,
+        settle: Duration,
         place: OwnedMutexGuard<()>,
         stopped: CancellationToken,
     ) -> Self {
         Handover {
-            turn: Some((turn, owner, pump)),
+            turn: Some((turn, owner, pump, settle)),
             place: Some(place),
             stopped,
         }
@@ -62,10 +65,10 @@ impl<'py> IntoPyObject<'py> for Handover {
             ));
         }
         self.place.take();
-        let Some((turn, owner, pump)) = self.turn.take() else {
+        let Some((turn, owner, pump, settle)) = self.turn.take() else {
             return Err(crate::errors::error("the turn was handed over already"));
         };
-        Bound::new(py, PyTurn::new(turn, owner, pump))
+        Bound::new(py, PyTurn::new(turn, owner, pump, settle))
     }
 }
 

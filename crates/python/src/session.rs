@@ -281,7 +281,7 @@ impl PySession {
             }),
             opened: std::sync::atomic::AtomicBool::new(false),
         });
-        let (handle, owner) = (handle.clone(), self.ties.owner.clone());
+        let (handle, owner, settle) = (handle.clone(), self.ties.owner.clone(), self.ties.settle);
         let starts = self.starts.clone();
         // A cancel of the caller's task (or the awaitable collected) cancels
         // `gone`, at the loop's next pass. The start then gives up wherever
@@ -333,7 +333,7 @@ impl PySession {
                     turn = starting => turn,
                 };
                 let turn = turn.map_err(errors::turn_refused)?;
-                Ok(Handover::new(turn, owner, watch, place, stopped))
+                Ok(Handover::new(turn, owner, watch, settle, place, stopped))
             },
         )
     }

@@ -18,6 +18,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
+use std::time::Duration;
 
 use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
@@ -124,10 +125,17 @@ pub(crate) struct PyTurn {
     session: u64,
     /// Its pump, for one whose loop closed.
     pump: Arc<PumpWatch>,
+    /// The kernel's settle timeout (G5): how long leaving an `async with`
+    /// block by an exception waits for the turn's end.
+    settle: Duration,
 }
 
+/// What leaving an `async with` block by an exception waits for a turn's
+/// end beyond the settle timeout: its end's write, on a store that answers.
+const EXIT_MARGIN: Duration = Duration::from_secs(1);
+
 impl PyTurn {
-    pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>) -> Self {
+    pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>, settle: Duration) -> Self {
         let work = turn.work();
         let canceller = turn.canceller();
         PyTurn {
@@ -139,6 +147,7 @@ impl PyTurn {
             no: work.no,
             session: work.session.get(),
             pump,
+            settle,
         }
     }
 
@@ -365,14 +374,34 @@ impl PyTurn {
         ready(py, slf.into_any())
     }
 
+    /// Leaving the block ends the turn as `aclose()` does. Left by an
+    /// exception (the reading task cancelled, an error in the block), it
+    /// waits for the turn's end at most the settle timeout and a margin
+    /// (G5), so that a cancel is not held while the store stalls; the end
+    /// is kept (`outcome`) and written once the store answers.
     fn __aexit__<'py>(
         &self,
         py: Python<'py>,
-        _kind: Bound<'py, PyAny>,
+        kind: Bound<'py, PyAny>,
         _value: Bound<'py, PyAny>,
         _traceback: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.aclose(py)
+        if kind.is_none() {
+            return self.aclose(py);
+        }
+        let (turn, here) = self.turn.get()?;
+        self.pump.end_if_loop_closed(py);
+        self.cancel.cancel();
+        // On the runtime, apart: the end is kept when it comes, after the
+        // wait below gave up.
+        let closing = here
+            .runtime
+            .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
+        let bound = self.settle.saturating_add(EXIT_MARGIN);
+        finishing(py, here, async move {
+            let _ = tokio::time::timeout(bound, closing).await;
+            Ok(crate::awaitable::Nothing)
+        })
     }
 
     fn __repr__(&self) -> String {

@@ -444,3 +444,59 @@ async def test_g7_a_start_right_after_one_cancelled_during_a_stall_is_answered_a
         stored = [(t["no"], t["outcome"]) for t in await session.transcript()]
         assert stored[-1] == (len(stored), "completed"), stored
         assert [no for no, _ in stored] == list(range(1, len(stored) + 1)), stored
+
+
+async def test_g5_a_reader_cancelled_in_async_with_is_let_go_within_the_settle_timeout_while_the_store_stalls(db):
+    """Found from outside: a task reading a turn in ``async with`` and
+    cancelled (``asyncio.wait_for``, a TaskGroup, a stop button) while
+    the store was locked ended only once the store came back: leaving the
+    block waited for the turn's end to be written. Left by an exception,
+    the block cancels the turn and waits at most the settle timeout and a
+    margin (G5); the stream is closed (G4), and the turn's end is written
+    once the store is back, as the transcript shows."""
+    import subprocess
+    import sys
+
+    async with await settle.Kernel.open(db, settle_timeout=0.5, store_timeout=10.0) as kernel:
+        session = await kernel.register("s")
+        stream = Stream(["a"], delay=0.1, forever=True)
+        read = asyncio.Event()
+
+        async def reader():
+            async with await session.turn(stream, input="go") as turn:
+                async for _ in turn:
+                    read.set()
+            return turn
+
+        task = asyncio.create_task(reader())
+        await asyncio.wait_for(read.wait(), PATIENCE)
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, db, "8"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            assert locker.stdout.readline().strip() == "locked"
+            await asyncio.sleep(0.3)
+            task.cancel()
+            asked = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, PATIENCE)
+            waited = time.monotonic() - asked
+            # The settle timeout (0.5 s) and the margin (1 s), and room for
+            # a loaded machine; before, the whole lock (about 8 s).
+            assert waited < 4.0, f"let go {waited:.1f} s after its cancel"
+            await eventually(lambda: stream.closes, "the stream closed")
+        finally:
+            locker.kill()
+            locker.wait()
+        assert stream.closes == 1
+        # The store is back: the turn's end is written.
+        async def ended():
+            [stored] = await session.transcript()
+            return stored["outcome"] is not None and stored["outcome"]
+
+        deadline = time.monotonic() + PATIENCE
+        while not await ended():
+            assert time.monotonic() < deadline, "the turn's end was never written"
+            await asyncio.sleep(0.1)
+        assert await ended() == "cancelled"

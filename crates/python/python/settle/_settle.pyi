@@ -158,7 +158,8 @@ class Turn:
     def cancel(self) -> None:
         """Cancels the turn without waiting; ``settle.Error`` in a forked child."""
     def __aenter__(self) -> _Call[Turn]: ...
-    def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[None]: ...
+    def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[None]:
+        """Ends the turn as ``aclose()`` does; left by an exception (the reading task cancelled), waits for its end at most the settle timeout and a second (G5), so a stalled store never holds a cancel."""
 
 @final
 class Task:
