@@ -316,10 +316,14 @@ impl PyKernel {
     }
 
     /// A handle on session `id`: an open one, or a finalized one whose
-    /// methods raise `SessionClosed`. Raises `BadInput` when it is unknown,
-    /// and when the store has it live but another process owns it (the
+    /// methods raise `SessionClosed`. Raises `SessionClosed` itself when
+    /// this kernel finalized it but the store has not written its end yet
+    /// (a finalize in flight, a store that stalls): its end reason is not
+    /// known to give a handle. Raises `BadInput` when it is unknown, and
+    /// when the store has it live but another process owns it (the
     /// message says so: one a crashed process left is recovered with
-    /// `settle recover`, then resumed).
+    /// `settle recover`, then resumed); `StoreError` when the store cannot
+    /// say in time.
     fn session<'py>(&self, py: Python<'py>, id: Whole<u64>) -> PyResult<Bound<'py, PyAny>> {
         let Whole(id) = id;
         let (kernel, here) = self.kernel.get()?;

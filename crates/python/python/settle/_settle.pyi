@@ -264,7 +264,8 @@ class Kernel:
         new session evicts only idle sessions of its scope and raises
         ``Error`` rather than end another's; without one it is in its
         parent's scope, a root in the shared one."""
-    def session(self, id: int) -> _Call[Session]: ...
+    def session(self, id: int) -> _Call[Session]:
+        """A handle on session ``id``, open or finalized (its methods then raise ``SessionClosed``); ``SessionClosed`` while this kernel's finalize of it is not written yet; ``BadInput`` when unknown or another process's."""
     def resume(self, id: Union[Session, int], name: str) -> _Call[Resumed]: ...
     def sessions(self, state: Optional[str] = None) -> _Call[List[Dict[str, Any]]]:
         """The store's sessions (those in ``state``); ``BadInput`` for a state that is not one."""
