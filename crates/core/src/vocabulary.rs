@@ -76,9 +76,9 @@ vocabulary! {
     /// The lifecycle state of a session (SPEC §2). A state never moves backwards,
     /// except `running → registered` when a turn ends and the session stays open.
     State, "state" {
-        /// Open, no turn in flight.
+        /// Open, no work in flight.
         Registered => "registered",
-        /// A turn's work is in flight.
+        /// A work is in flight: a turn's, or a spawned task's.
         Running => "running",
         /// Cancelled; waiting for its work and its descendants to settle.
         Cancelling => "cancelling",
@@ -228,7 +228,11 @@ impl EndReason {
 vocabulary! {
     /// How hard to ask work to stop.
     CancelMode, "cancel mode" {
-        /// Finish the current turn, start no more.
+        /// Finish the current turn, start no more: within the settle
+        /// timeout, as every cancelled work (G5). A turn still streaming
+        /// at the settle deadline is detached (outcome `detached`, its
+        /// stored chunks kept); to let a long reply finish, await the turn
+        /// before cancelling, or give the shutdown a drain (G9).
         Graceful => "graceful",
         /// Stop now: the provider stream is closed.
         Immediate => "immediate",
