@@ -174,12 +174,22 @@ impl PyKernel {
     /// exception, which is raised to whoever awaits the task as the very
     /// object the coroutine raised, and never stored.
     ///
+    /// `lease_ttl` (seconds, 30 by default) is how long this process's
+    /// lease on its sessions lasts unrenewed (it is renewed at a third of
+    /// it). A store that answers nothing for that long (another process
+    /// holding its lock, a full disk, a server down) stops the kernel
+    /// (`shutting_down` becomes true, calls raise `ShuttingDown`), its live
+    /// sessions left for `settle recover` or a fleet's peer, since they
+    /// may be taken over meanwhile; a program opens a new kernel once the
+    /// store is back. A longer lease rides out longer outages, and makes a
+    /// crashed process's sessions wait as long for recovery.
+    ///
     /// Raises `BadInput` for a database that cannot be opened (or a secret
-    /// that is not UTF-8), `TypeError` for a secret that is not a string,
-    /// `StoreError` when the store fails.
+    /// that is not UTF-8, or a `lease_ttl` of no time), `TypeError` for a
+    /// secret that is not a string, `StoreError` when the store fails.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, secrets = None))]
+    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, secrets = None, lease_ttl = 30.0))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<Text>,
@@ -192,8 +202,18 @@ impl PyKernel {
         max_turn_chunks: Option<Whole<usize>>,
         max_turn_bytes: Option<Whole<usize>>,
         secrets: Option<Bound<'py, PyAny>>,
+        lease_ttl: f64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let secrets = Arc::new(Secrets::new(Secrets::given(secrets.as_ref())?));
+        // A lease of no time would be lost at once.
+        let lease_ttl = seconds(lease_ttl, "lease_ttl")
+            .ok()
+            .filter(|ttl| !ttl.is_zero())
+            .ok_or_else(|| {
+                errors::BadInput::new_err(format!(
+                    "lease_ttl must be a number of seconds > 0, not {lease_ttl}"
+                ))
+            })?;
         let (db, lru_cap) = (db.map(|d| d.0), lru_cap.map(|c| c.0));
         let max_turn_chunks = at_least_one(max_turn_chunks, "max_turn_chunks")?;
         let max_turn_bytes = at_least_one(max_turn_bytes, "max_turn_bytes")?;
@@ -235,6 +255,7 @@ impl PyKernel {
                     .idle_ttl(idle_ttl)
                     .lru_cap(lru_cap)
                     .store_timeout(store_timeout)
+                    .lease_ttl(lease_ttl)
                     .max_turn_chunks(max_turn_chunks)
                     .max_turn_bytes(max_turn_bytes);
                 let bound = config.shutdown_bound(drain);

@@ -583,3 +583,36 @@ async def test_a_task_nobody_keeps_that_awaits_a_kernel_call_is_not_collected(ke
     joined.cancel()
     sleeper.cancel()
     await eventually(lambda: not _bridge._AWAITED, "every call let go of")
+
+
+async def test_g8_a_store_silent_for_a_whole_lease_stops_the_kernel_and_lease_ttl_says_how_long(db):
+    """Found from outside: a store locked for about 30 s stopped the kernel
+    for good, which the package never said, and nothing could change it.
+    ``lease_ttl`` says how long the lease lasts unrenewed (its docstring
+    says what follows): here a short one, outlived by the lock."""
+    import subprocess
+    import sys
+
+    from conftest import LOCKER, PATIENCE, eventually
+
+    for bad in (0, -1.0):
+        with pytest.raises(settle.BadInput, match="lease_ttl"):
+            await settle.Kernel.open(db, lease_ttl=bad)
+    kernel = await settle.Kernel.open(db, lease_ttl=1.5, store_timeout=10.0, settle_timeout=0.3)
+    try:
+        await kernel.register("s")
+        assert not kernel.shutting_down
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, db, "4"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            assert locker.stdout.readline().strip() == "locked"
+            await eventually(lambda: kernel.shutting_down, "the kernel stopped", PATIENCE)
+        finally:
+            locker.kill()
+            locker.wait()
+        with pytest.raises(settle.ShuttingDown):
+            await kernel.register("late")
+    finally:
+        await kernel.shutdown(0.0)

@@ -242,8 +242,16 @@ class Kernel:
         max_turn_chunks: Optional[int] = None,
         max_turn_bytes: Optional[int] = None,
         secrets: Union[str, Iterable[str], None] = None,
+        lease_ttl: float = 30.0,
     ) -> _Call[Kernel]:
         """Opens the store at ``db`` and starts a kernel on it.
+        ``lease_ttl`` is how long this process's lease on its sessions lasts
+        unrenewed (renewed at a third of it): a store that answers nothing
+        for that long (a lock held by another process, a full disk, a
+        server down) stops the kernel, its live sessions left for
+        ``settle recover`` (or a peer in a fleet), for they may be taken
+        over meanwhile; raise it to ride out longer outages, at the cost of
+        a crashed process's sessions waiting that long for recovery.
         ``secrets`` (one string is one secret) are masked as ``***`` in
         every turn's error, told and stored; so are the values (8
         characters or more) of ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
