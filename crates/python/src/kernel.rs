@@ -169,8 +169,10 @@ impl PyKernel {
     /// `AZURE_OPENAI_API_KEY`, `GROQ_API_KEY`, `MISTRAL_API_KEY`,
     /// `TOGETHER_API_KEY`, `DEEPSEEK_API_KEY`, `OPENROUTER_API_KEY`,
     /// `SETTLE_API_KEY`), read now, when at least 8 characters long. The
-    /// longest is masked first. A key it is not told of, or one a server
-    /// changed (cut, escaped), is not; nor is anything in a task's
+    /// longest is masked first, in any case of its letters, and so is each
+    /// piece of one 12 characters or more long (a key a server echoes cut
+    /// short, or with its end starred). A key it is not told of, or one a
+    /// server escaped, is not; nor is anything in a task's
     /// exception, which is raised to whoever awaits the task as the very
     /// object the coroutine raised, and never stored.
     ///

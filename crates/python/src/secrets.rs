@@ -8,16 +8,14 @@
 //! `***`, the values it was given (`Kernel.open(..., secrets=)`) and those
 //! of the environment variables the common clients read their keys from
 //! ([`KEY_VARIABLES`]), wherever a turn's error is made from what its
-//! source said (see `provider.rs`). A key it was not told of, and one the
-//! server changed (cut, escaped), cannot be masked.
+//! source said (see `provider.rs`), in any case of its letters, and its
+//! pieces of 12 characters or more (a key echoed cut short or starred). A
+//! key it was not told of, and one the server escaped, cannot be masked.
 
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use crate::args::Text;
-
-/// What a masked secret reads as (as the Rust provider masks its own).
-const MASK: &str = "***";
 
 /// The environment variables the common model clients read their API keys
 /// from; their values are masked by default.
@@ -82,13 +80,14 @@ impl Secrets {
             .collect()
     }
 
-    /// `text` with every secret masked.
+    /// `text` with every secret masked as the Rust provider masks its key
+    /// ([`settle_stream::mask_key`]): in any case of its letters, and each
+    /// piece of it 12 characters or more long (a key echoed cut short, or
+    /// with its end starred).
     pub fn scrub(&self, text: &str) -> String {
         let mut text = text.to_owned();
         for secret in &self.0 {
-            if text.contains(secret.as_str()) {
-                text = text.replace(secret.as_str(), MASK);
-            }
+            text = settle_stream::mask_key(&text, secret);
         }
         text
     }

@@ -465,6 +465,26 @@ async def test_a_secret_given_to_the_kernel_is_masked_in_every_turn_error(db, mo
         await settle.Kernel.open(None, secrets=[KEY, 1])
 
 
+async def test_a_secret_echoed_in_another_case_cut_short_or_starred_is_masked(db, monkeypatch):
+    """Found from outside (the gateway's provider, whose masking the
+    package's now shares): a server echoing the key it refused
+    lower-cased, cut short or with its end starred leaked most of it; only
+    the exact key was masked. Short pieces (a key's last four) are left."""
+    for name in settle_key_variables():
+        monkeypatch.delenv(name, raising=False)
+    key = "sk-SECRETVALUE1234567"
+    echoed = f"lower {key.lower()} cut {key[:-2]} starred {key[:14]}******* last {key[-4:]}"
+    kernel = await settle.Kernel.open(db, settle_timeout=0.3, secrets=[key])
+    try:
+        told, stored = await _failed_with(kernel, Stream(["a"], fail=ValueError(echoed)))
+        for message in (told, stored):
+            assert message.endswith(
+                f"lower *** cut *** starred ********** last {key[-4:]}"
+            ), message
+    finally:
+        await kernel.shutdown(0.0)
+
+
 def settle_key_variables():
     return [
         "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GROQ_API_KEY",

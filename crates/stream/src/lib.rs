@@ -107,7 +107,7 @@ pub use scripted::{
     ScriptStats, ScriptedEnd, ScriptedPanic, ScriptedProvider, ScriptedStream, TurnScript,
     DEFAULT_IGNORE,
 };
-pub use secrets::shown_url;
+pub use secrets::{mask_key, shown_url};
 pub use settle_core::ChunkKind;
 pub use signal::{CancelledBy, Keyed, SignalSink, WorkEnd, WorkSignal};
 pub use sink::{ChunkSink, FnSink, SinkError};

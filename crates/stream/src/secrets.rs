@@ -70,13 +70,23 @@ fn masked_text(url: &str) -> String {
     }
 }
 
-/// The secret values of a provider's config, longest first.
+/// The shortest piece of a key masked where a server echoes it changed
+/// (cut short, or with its last characters starred): long enough that no
+/// text of a message matches a key's piece by chance.
+const SHORTEST_PIECE: usize = 12;
+
+/// The secret values of a provider's config, longest first, and its keys
+/// (the API key, the base URL's password or lone user): credentials a
+/// server may echo in part, whose pieces are masked too.
 #[derive(Clone, Default)]
-pub(crate) struct Secrets(Vec<String>);
+pub(crate) struct Secrets {
+    all: Vec<String>,
+    keys: Vec<String>,
+}
 
 impl std::fmt::Debug for Secrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Secrets({} values)", self.0.len())
+        write!(f, "Secrets({} values)", self.all.len())
     }
 }
 
@@ -87,6 +97,7 @@ impl Secrets {
     /// (a user without a password is a key, scrubbed as itself too).
     pub fn of(config: &OpenAiConfig) -> Self {
         let mut found: Vec<String> = Vec::new();
+        let mut keys: Vec<String> = config.api_key.iter().cloned().collect();
         found.extend(config.api_key.iter().cloned());
         found.extend(config.headers.iter().map(|(_, value)| value.clone()));
         found.extend(config.query.iter().map(|(_, value)| value.clone()));
@@ -94,6 +105,10 @@ impl Secrets {
             if let Some(password) = url.password() {
                 found.push(password.to_owned());
                 found.extend(decoded(password));
+                keys.push(decoded(password).unwrap_or_else(|| password.to_owned()));
+            } else if !url.username().is_empty() {
+                let user = url.username();
+                keys.push(decoded(user).unwrap_or_else(|| user.to_owned()));
             }
             found.extend(basic_credential(&url));
             for (_, value) in url.query_pairs() {
@@ -115,7 +130,11 @@ impl Secrets {
         found.retain(|s| s.chars().count() >= SHORTEST_SCRUBBED);
         found.sort_by_key(|s| std::cmp::Reverse(s.len()));
         found.dedup();
-        Secrets(found)
+        // Pieces are looked for in keys of ASCII only (what keys are): a
+        // piece then never starts or ends inside a character.
+        keys.retain(|k| k.is_ascii() && k.len() > SHORTEST_PIECE);
+        keys.dedup();
+        Secrets { all: found, keys }
     }
 
     /// The start of an error body as a status error keeps it: the body
@@ -162,7 +181,7 @@ impl Secrets {
     /// `text` cut where a body's read stopped, without the start of a
     /// secret it may end with (the rest of it was never read).
     fn mask_cut(&self, mut text: String) -> String {
-        for secret in &self.0 {
+        for secret in &self.all {
             let starts: Vec<usize> = secret.char_indices().map(|(at, _)| at).skip(1).collect();
             let longest = starts
                 .into_iter()
@@ -177,16 +196,116 @@ impl Secrets {
         text
     }
 
-    /// `text` with every secret masked.
+    /// `text` with every secret masked, in any case of its letters (a
+    /// server may echo a key upper- or lower-cased), and every piece of a
+    /// key at least [`SHORTEST_PIECE`] characters long (a key echoed cut
+    /// short, or with its last characters starred).
     pub fn scrub(&self, text: &str) -> String {
         let mut text = Cow::Borrowed(text);
-        for secret in &self.0 {
-            if text.contains(secret.as_str()) {
-                text = Cow::Owned(text.replace(secret.as_str(), MASK));
+        for secret in &self.all {
+            if let Some(scrubbed) = replaced(&text, secret) {
+                text = Cow::Owned(scrubbed);
+            }
+        }
+        for key in &self.keys {
+            if let Some(scrubbed) = pieces_masked(&text, key) {
+                text = Cow::Owned(scrubbed);
             }
         }
         text.into_owned()
     }
+}
+
+/// `text` with the API key `key` masked as `***`: wherever it occurs, in
+/// any case of its letters, and each piece of it 12 characters or more
+/// long (a key of ASCII characters), as a server may echo a key it
+/// refused cut short or with its end starred. Short pieces (the last four
+/// characters servers show) and text that merely shares a few letters with
+/// it are left.
+///
+/// ```
+/// let key = "sk-SECRETVALUE123";
+/// assert_eq!(settle_stream::mask_key("bad key SK-secretValue123", key), "bad key ***");
+/// assert_eq!(settle_stream::mask_key("bad key sk-SECRETVAL*****", key), "bad key ********");
+/// assert_eq!(settle_stream::mask_key("bad key sk-...E123", key), "bad key sk-...E123");
+/// ```
+pub fn mask_key(text: &str, key: &str) -> String {
+    let whole = replaced(text, key);
+    let text = whole.as_deref().unwrap_or(text);
+    match key.is_ascii() && key.len() > SHORTEST_PIECE {
+        true => pieces_masked(text, key).unwrap_or_else(|| text.to_owned()),
+        false => text.to_owned(),
+    }
+}
+
+/// `text` with each occurrence of `secret`, in any case of its ASCII
+/// letters, masked; `None` when it has none.
+fn replaced(text: &str, secret: &str) -> Option<String> {
+    if secret.is_empty() {
+        return None;
+    }
+    // ASCII case folding keeps every byte where it was.
+    let (folded, wanted) = (text.to_ascii_lowercase(), secret.to_ascii_lowercase());
+    let mut found = folded.match_indices(wanted.as_str()).peekable();
+    found.peek()?;
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (at, _) in found {
+        out.push_str(&text[last..at]);
+        out.push_str(MASK);
+        last = at + wanted.len();
+    }
+    out.push_str(&text[last..]);
+    Some(out)
+}
+
+/// `text` with every run of [`SHORTEST_PIECE`] characters or more that is
+/// a piece of `key` (any case) masked; `None` when it has none. `key` is
+/// ASCII, so every run found is ASCII, on character boundaries.
+fn pieces_masked(text: &str, key: &str) -> Option<String> {
+    let (folded, key) = (text.to_ascii_lowercase(), key.to_ascii_lowercase());
+    let (t, k) = (folded.as_bytes(), key.as_bytes());
+    // Where in the key each byte is: a piece starting at a text byte can
+    // only start there (a body of megabytes is read once, not once per
+    // place in the key).
+    let mut places: Vec<Vec<usize>> = vec![Vec::new(); 256];
+    for (at, byte) in k.iter().enumerate() {
+        places[usize::from(*byte)].push(at);
+    }
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    while at + SHORTEST_PIECE <= t.len() {
+        // The longest piece of the key that starts here.
+        let longest = places[usize::from(t[at])]
+            .iter()
+            .map(|&from| {
+                t[at..]
+                    .iter()
+                    .zip(&k[from..])
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        if longest >= SHORTEST_PIECE {
+            runs.push((at, at + longest));
+            at += longest;
+        } else {
+            at += 1;
+        }
+    }
+    if runs.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (start, end) in runs {
+        out.push_str(&text[last..start]);
+        out.push_str(MASK);
+        last = end;
+    }
+    out.push_str(&text[last..]);
+    Some(out)
 }
 
 /// `value` percent-encoded (every byte but letters and digits), in upper-
@@ -280,6 +399,34 @@ mod tests {
             "*** *** *** *** v=1"
         );
     }
+    /// Found from outside: a server echoing the key it refused cut short,
+    /// lower-cased, or with its end starred leaked it to every client and
+    /// into the store; only the exact key was masked.
+    #[test]
+    fn a_key_echoed_in_another_case_or_in_part_is_masked() {
+        let mut config = OpenAiConfig::new("http://h/v1", "m");
+        config.api_key = Some("sk-SECRETVALUE123".to_owned());
+        let secrets = Secrets::of(&config);
+        assert_eq!(
+            secrets.scrub(
+                "prefix sk-SECRETVALUE12 lower sk-secretvalue123 upper SK-SECRETVALUE123 \
+                 starred sk-SECRETVAL***** tail …ETVALUE123"
+            ),
+            "prefix *** lower *** upper *** starred ******** tail …ETVALUE123"
+        );
+        // Short pieces (a key's last four, as servers show them) and
+        // words that share a few letters with it are left.
+        assert_eq!(
+            secrets.scrub("sk-...E123 a SECRET VALUE sk-SECRET"),
+            "sk-...E123 a SECRET VALUE sk-SECRET"
+        );
+        // Text around a masked piece keeps its characters, however wide.
+        assert_eq!(secrets.scrub("ключ sk-SECRETVALUE1 ✓"), "ключ *** ✓");
+        // A password given in the base URL is a key too.
+        let secrets = Secrets::of(&OpenAiConfig::new("http://u:Pw0123456789abcdef@h/v1", "m"));
+        assert_eq!(secrets.scrub("pw was pw0123456789ab…"), "pw was ***…");
+    }
+
     #[test]
     fn a_base_urls_credentials_are_scrubbed_as_the_basic_header_carries_them() {
         // What the client sends for `http://u:p%40ss-w0rd@h/v1`:

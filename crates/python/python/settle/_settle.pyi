@@ -258,7 +258,9 @@ class Kernel:
         ``AZURE_OPENAI_API_KEY``, ``GROQ_API_KEY``, ``MISTRAL_API_KEY``,
         ``TOGETHER_API_KEY``, ``DEEPSEEK_API_KEY``, ``OPENROUTER_API_KEY``
         and ``SETTLE_API_KEY``, read when the kernel starts. A key it is
-        not told of, or one a server changed, is not masked."""
+        not told of, or one a server escaped, is not masked; one echoed in
+        another case, cut short or starred is (each piece of 12 characters
+        or more)."""
     def register(
         self,
         name: str,
