@@ -12,11 +12,17 @@
 //! under a steady stream of commits that moment never comes: the log grew to
 //! a hundred times the database (118 MiB for 1 MiB in 12 s outside) and kept
 //! that size, filling a small disk again as soon as space was freed. Past
-//! its limit the log is truncated: a `TRUNCATE` checkpoint (the passive
+//! its limit the log is started over: a `RESTART` checkpoint (the passive
 //! ones have already folded most of the log back, so it has little left to
-//! copy). It waits for about one commit at most, since the writer waits
-//! while it does, and a truncation a reader keeps from being made is tried
-//! again after a wait that doubles, or as soon as the log has doubled.
+//! copy) makes the writer's next commit write from the log's start, and
+//! the writer's `journal_size_limit` cuts the file back to the limit then.
+//! Not to nothing (a `TRUNCATE` checkpoint, as first written): SQLite
+//! overwrites a log faster than it appends to one, and a log emptied every
+//! few thousand commits made every frame after it an append (single-row
+//! appends ran 35 % slower). It waits for about one commit at most, since
+//! the writer waits while it does, and a restart a reader keeps from being
+//! made is tried again after a wait that doubles, or as soon as the log
+//! has doubled.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -47,12 +53,11 @@ const LOOK: Duration = Duration::from_millis(10);
 /// Every how many looks it is folded back into the database (100 ms).
 const FOLD_EVERY: u32 = 10;
 
-/// How long a truncation waits for the writer's commit or a reader (and
+/// How long a restart waits for the writer's commit or a reader (and
 /// holds up the writer meanwhile) before it gives up, to be tried again.
-const TRUNCATE_PATIENCE: Duration = Duration::from_millis(10);
+const RESTART_PATIENCE: Duration = Duration::from_millis(10);
 
-/// The most looks between two tries of a truncation that keeps failing
-/// (5 s).
+/// The most looks between two tries of a restart that keeps failing (5 s).
 const MAX_BACKOFF: u32 = 500;
 
 /// The checkpoint thread; dropping it stops the thread and waits for it up to
@@ -87,13 +92,13 @@ impl Checkpointer {
                     tracing::warn!(error = %e, "configuring the checkpoint connection failed");
                 }
             }
-            // Then it hardly waits: a truncation that waits (for a reader
+            // Then it hardly waits: a restart that waits (for a reader
             // holding the log, for the writer's commit) holds the writer's
             // lock meanwhile, and every commit with it. It waits for about
             // one commit, and gives up past that, to be tried again later.
             if let Err(e) = conn.batch_execute(&format!(
                 "PRAGMA busy_timeout = {}",
-                TRUNCATE_PATIENCE.as_millis()
+                RESTART_PATIENCE.as_millis()
             )) {
                 tracing::warn!(error = %e, "configuring the checkpoint connection failed");
             }
@@ -101,7 +106,7 @@ impl Checkpointer {
             // folded back (a file's size is one system call), so that it
             // passes its limit by at most what 10 ms of commits write.
             let mut tick = 0_u32;
-            let mut schedule = Truncations::default();
+            let mut schedule = Restarts::default();
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(LOOK) {
                 tick = tick.wrapping_add(1);
                 if tick % FOLD_EVERY == 0 {
@@ -113,7 +118,10 @@ impl Checkpointer {
                 if size <= wal_limit || !schedule.due(tick, size) {
                     continue;
                 }
-                let truncated = match diesel::sql_query("PRAGMA wal_checkpoint(TRUNCATE)")
+                // Folded back first without holding up the writer, so that
+                // the restart, which does, has little left to fold.
+                let _ = conn.batch_execute("PRAGMA wal_checkpoint(PASSIVE)");
+                let restarted = match diesel::sql_query("PRAGMA wal_checkpoint(RESTART)")
                     .get_result::<Checkpointed>(&mut conn)
                 {
                     Ok(c) if c.busy == 0 => true,
@@ -122,17 +130,17 @@ impl Checkpointer {
                             size,
                             frames = c.log,
                             folded = c.checkpointed,
-                            "the WAL is over its limit and could not be truncated yet (a reader holds it); retrying"
+                            "the WAL is over its limit and could not be started over yet (a reader holds it); retrying"
                         );
                         false
                     }
                     Err(e) => {
-                        tracing::debug!(error = %e, size, "truncating the WAL failed; retrying");
+                        tracing::debug!(error = %e, size, "starting the WAL over failed; retrying");
                         false
                     }
                 };
-                match truncated {
-                    true => schedule.made(),
+                match restarted {
+                    true => schedule.made(size),
                     false => schedule.failed(tick, size),
                 }
             }
@@ -145,51 +153,58 @@ impl Checkpointer {
     }
 }
 
-/// When a truncation of a log past its limit is tried again after one
-/// could not be made: after a wait that doubles while it keeps failing (a
-/// reader that holds the log for long costs the writer a few short waits,
-/// not one per look), back to every look once one is made; and at once
-/// when the log has doubled since the last failure, whatever the wait: a
-/// long reader costs one short wait a doubling (a few in all), and a
-/// truncation kept from being made by a moment's contention (the writer's
-/// commit, a reader descheduled on a busy machine) does not let the log
-/// grow for the seconds of a wait that kept doubling.
+/// When a restart of a log past its limit is tried again after one could
+/// not be made: after a wait that doubles while it keeps failing (a reader
+/// that holds the log for long costs the writer a few short waits, not one
+/// per look), back to every look once one is made; and at once when the
+/// log has doubled since the last failure, whatever the wait: a long reader
+/// costs one short wait a doubling (a few in all), and a restart kept from
+/// being made by a moment's contention (the writer's commit, a reader
+/// descheduled on a busy machine) does not let the log grow for the seconds
+/// of a wait that kept doubling. A log restarted keeps its size until the
+/// writer's next commit cuts it back: it is not restarted again before its
+/// size changed.
 #[derive(Debug)]
-struct Truncations {
+struct Restarts {
     /// The look from which the wait is over.
     from: u32,
     /// The next wait, in looks.
     backoff: u32,
     /// The log's size past which it is tried at once.
     past: u64,
+    /// The log's size when it was last restarted.
+    restarted: Option<u64>,
 }
 
-impl Default for Truncations {
+impl Default for Restarts {
     fn default() -> Self {
-        Truncations {
+        Restarts {
             from: 0,
             backoff: 1,
             past: 0,
+            restarted: None,
         }
     }
 }
 
-impl Truncations {
+impl Restarts {
     /// Whether a log of `size` bytes, past its limit, is tried at look `tick`.
     fn due(&self, tick: u32, size: u64) -> bool {
-        tick >= self.from || size > self.past
+        self.restarted != Some(size) && (tick >= self.from || size > self.past)
     }
 
-    /// A truncation tried at look `tick` of a log of `size` bytes failed.
+    /// A restart tried at look `tick` of a log of `size` bytes failed.
     fn failed(&mut self, tick: u32, size: u64) {
         self.from = tick.wrapping_add(self.backoff);
         self.backoff = self.backoff.saturating_mul(2).min(MAX_BACKOFF);
         self.past = size.saturating_mul(2);
+        self.restarted = None;
     }
 
-    /// A truncation was made.
-    fn made(&mut self) {
+    /// A restart of a log of `size` bytes was made.
+    fn made(&mut self, size: u64) {
         self.backoff = 1;
+        self.restarted = Some(size);
     }
 }
 
@@ -213,8 +228,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_truncation_that_keeps_failing_waits_longer_each_time_until_the_log_doubles() {
-        let mut schedule = Truncations::default();
+    fn a_restart_that_keeps_failing_waits_longer_each_time_until_the_log_doubles() {
+        let mut schedule = Restarts::default();
         assert!(schedule.due(0, 1_000));
         // Failures at a steady size: each wait twice the one before.
         let mut tick = 0;
@@ -229,13 +244,25 @@ mod tests {
         schedule.failed(tick, 1_000);
         assert!(!schedule.due(tick + 1, 2_000));
         assert!(schedule.due(tick + 1, 2_001));
-        // The wait is capped, and starts over once a truncation is made.
+        // The wait is capped, and starts over once a restart is made.
         for _ in 0..20 {
             schedule.failed(tick, 1_000);
         }
         assert!(schedule.due(tick + MAX_BACKOFF, 1_000));
-        schedule.made();
+        schedule.made(1_000);
         schedule.failed(tick, 1_000);
         assert!(schedule.due(tick + 1, 1_000));
+    }
+
+    /// A log restarted keeps its size until the next commit cuts it back:
+    /// an idle store is not restarted every look.
+    #[test]
+    fn a_restarted_log_is_not_restarted_again_before_its_size_changes() {
+        let mut schedule = Restarts::default();
+        schedule.made(5_000);
+        assert!(!schedule.due(1, 5_000));
+        assert!(!schedule.due(100, 5_000));
+        assert!(schedule.due(101, 5_001));
+        assert!(schedule.due(101, 4_999));
     }
 }

@@ -485,10 +485,17 @@ fn establish_sqlite(
         .map_err(|r| r.into_open(path, &location))?;
     // Checkpoints run on their own thread (see `checkpoint`), not inside
     // the writer's commits.
+    // The log is started over past its limit (see `checkpoint`), and cut
+    // back to the limit then: not emptied, as SQLite overwrites a log
+    // faster than it appends to one.
+    let size_limit = format!(
+        "PRAGMA journal_size_limit = {}",
+        i64::try_from(options.wal_limit()).unwrap_or(-1)
+    );
     for pragma in rest
         .iter()
         .map(String::as_str)
-        .chain(["PRAGMA wal_autocheckpoint = 0"])
+        .chain(["PRAGMA wal_autocheckpoint = 0", size_limit.as_str()])
     {
         while_busy(options.busy_timeout(), || conn.batch_execute(pragma))
             .map_err(|e| sqlite_refusal(path, "configuring the connection", e.to_string()))?;

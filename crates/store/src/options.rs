@@ -220,12 +220,14 @@ impl StoreOptions {
     }
 
     /// How large an SQLite store's write-ahead log may grow before it is
-    /// folded back and emptied (default 64 MiB). The log is checkpointed
+    /// folded back and started over (default 64 MiB). The log is checkpointed
     /// every 100 ms without blocking the writer, but under a steady stream
     /// of commits SQLite never gets to start it over, and it grows by every
     /// page each commit writes (a hundred times the database, outside);
     /// past this size the checkpoint waits for the writer's commit in
-    /// flight and truncates it. No effect on PostgreSQL.
+    /// flight and starts the log over, and the writer's next commit cuts
+    /// the file back to this size (not to nothing: SQLite overwrites a log
+    /// faster than it appends to one). No effect on PostgreSQL.
     pub fn wal_limit(&self) -> u64 {
         self.wal_limit
     }
