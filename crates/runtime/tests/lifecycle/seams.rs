@@ -100,14 +100,18 @@ async fn race_rounds(kernel: Kernel, rounds: usize) {
     assert_eq!(report.store_failures, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn g10_a_handle_whose_parent_just_finished_never_answers_not_known_memory() {
-    let store = MemoryStore::new();
-    let kernel = Kernel::builder(Arc::new(store))
+/// A kernel on a memory store whose sessions no idle timeout reclaims.
+async fn in_memory_without_idle_reclaim() -> Kernel {
+    Kernel::builder(Arc::new(MemoryStore::new()))
         .idle_timeout(None)
         .start()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g10_a_handle_whose_parent_just_finished_never_answers_not_known_memory() {
+    let kernel = in_memory_without_idle_reclaim().await;
     race_rounds(kernel, 300).await;
 }
 
@@ -154,12 +158,7 @@ async fn events_about_work_say_which_work_a_task_end_is_no_turn_end() {
 /// afterwards. G6: work that ended is not cancelled again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g6_a_task_whose_result_was_taken_is_never_cancelled_by_what_follows() {
-    let store = MemoryStore::new();
-    let kernel = Kernel::builder(Arc::new(store))
-        .idle_timeout(None)
-        .start()
-        .await
-        .unwrap();
+    let kernel = in_memory_without_idle_reclaim().await;
     let mut events = kernel.subscribe();
     for round in 0..400 {
         let session = kernel.register(format!("s-{round}"), None).await.unwrap();
