@@ -135,6 +135,33 @@ pub(crate) struct PyTurn {
 const EXIT_MARGIN: Duration = Duration::from_secs(1);
 
 impl PyTurn {
+    /// Ends the turn here: cancels it unless it already ended (G6), and
+    /// resolves once it has settled, or once `bound` has passed (the end is
+    /// still kept when it comes).
+    fn end_here<'py>(
+        &self,
+        py: Python<'py>,
+        bound: Option<Duration>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (turn, here) = self.turn.get()?;
+        self.pump.end_if_loop_closed(py);
+        self.cancel.cancel();
+        let closing = cancel_and_settle(turn.clone(), self.ending.clone());
+        let Some(bound) = bound else {
+            return finishing(py, here, async move {
+                closing.await;
+                Ok(crate::awaitable::Nothing)
+            });
+        };
+        // On the runtime, apart: the end is kept when it comes, after the
+        // wait below gave up.
+        let closing = here.runtime.spawn(closing);
+        finishing(py, here, async move {
+            let _ = tokio::time::timeout(bound, closing).await;
+            Ok(crate::awaitable::Nothing)
+        })
+    }
+
     pub fn new(turn: Turn, owner: Owner, pump: Arc<PumpWatch>, settle: Duration) -> Self {
         let work = turn.work();
         let canceller = turn.canceller();
@@ -310,14 +337,7 @@ impl PyTurn {
     /// resolves once it has settled (its stream closed, G4); then
     /// `outcome` is known. Idempotent.
     fn aclose<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (turn, here) = self.turn.get()?;
-        self.pump.end_if_loop_closed(py);
-        self.cancel.cancel();
-        let closing = cancel_and_settle(turn.clone(), self.ending.clone());
-        finishing(py, here, async move {
-            closing.await;
-            Ok(crate::awaitable::Nothing)
-        })
+        self.end_here(py, None)
     }
 
     /// The tool calls the model made, each put together from its streamed
@@ -386,22 +406,8 @@ impl PyTurn {
         _value: Bound<'py, PyAny>,
         _traceback: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if kind.is_none() {
-            return self.aclose(py);
-        }
-        let (turn, here) = self.turn.get()?;
-        self.pump.end_if_loop_closed(py);
-        self.cancel.cancel();
-        // On the runtime, apart: the end is kept when it comes, after the
-        // wait below gave up.
-        let closing = here
-            .runtime
-            .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
-        let bound = self.settle.saturating_add(EXIT_MARGIN);
-        finishing(py, here, async move {
-            let _ = tokio::time::timeout(bound, closing).await;
-            Ok(crate::awaitable::Nothing)
-        })
+        let bound = (!kind.is_none()).then(|| self.settle.saturating_add(EXIT_MARGIN));
+        self.end_here(py, bound)
     }
 
     fn __repr__(&self) -> String {

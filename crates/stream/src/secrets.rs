@@ -246,14 +246,25 @@ fn replaced(text: &str, secret: &str) -> Option<String> {
     }
     // ASCII case folding keeps every byte where it was.
     let (folded, wanted) = (text.to_ascii_lowercase(), secret.to_ascii_lowercase());
-    let mut found = folded.match_indices(wanted.as_str()).peekable();
-    found.peek()?;
+    let runs: Vec<(usize, usize)> = folded
+        .match_indices(wanted.as_str())
+        .map(|(at, _)| (at, at + wanted.len()))
+        .collect();
+    masked_runs(text, &runs)
+}
+
+/// `text` with each of `runs` (byte ranges on character boundaries, in
+/// order, apart) masked; `None` when there are none.
+fn masked_runs(text: &str, runs: &[(usize, usize)]) -> Option<String> {
+    if runs.is_empty() {
+        return None;
+    }
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
-    for (at, _) in found {
-        out.push_str(&text[last..at]);
+    for &(start, end) in runs {
+        out.push_str(&text[last..start]);
         out.push_str(MASK);
-        last = at + wanted.len();
+        last = end;
     }
     out.push_str(&text[last..]);
     Some(out)
@@ -294,18 +305,7 @@ fn pieces_masked(text: &str, key: &str) -> Option<String> {
             at += 1;
         }
     }
-    if runs.is_empty() {
-        return None;
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut last = 0;
-    for (start, end) in runs {
-        out.push_str(&text[last..start]);
-        out.push_str(MASK);
-        last = end;
-    }
-    out.push_str(&text[last..]);
-    Some(out)
+    masked_runs(text, &runs)
 }
 
 /// `value` percent-encoded (every byte but letters and digits), in upper-
