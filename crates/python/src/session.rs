@@ -477,7 +477,10 @@ impl PySession {
     /// Marks the session as waiting (`kind`: `"input"`, input it asked a
     /// person for; `"delegation"`, work it handed to another session): no
     /// automatic path (idle reap, LRU cap) reclaims it until `release()`.
-    /// Raises `SessionClosed` once it is finalized.
+    /// Returns once the hold is recorded, so a process that adopts the
+    /// session after this one crashed keeps it held. Raises `SessionClosed`
+    /// once it is finalized, `StoreError` when the store did not take the
+    /// hold's record (then it is not held).
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn hold<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;

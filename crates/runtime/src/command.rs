@@ -119,4 +119,13 @@ pub(crate) enum Ack {
     /// The row of a session registered at the LRU cap is committed, and
     /// its caller told so: the core makes room for it now.
     Committed(SessionId),
+    /// A hold's record could not be written: the core takes the hold back,
+    /// then its caller is told the store's error (G12: "held" is said only
+    /// of a hold an adopter would find).
+    HoldUnwritten {
+        session: SessionId,
+        hold: settle_core::Hold,
+        reply: Reply<settle_core::Handled>,
+        error: RuntimeError,
+    },
 }

@@ -41,7 +41,7 @@ use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::event::LifecycleEvent;
 use crate::ids::IdBlock;
-use crate::record::{FinalizeJob, Outbox, Record};
+use crate::record::{FinalizeJob, HoldsTold, Outbox, Record};
 use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
 use crate::task_work::{self, StartTask};
@@ -173,6 +173,9 @@ pub(crate) struct Driver {
     /// Set once the recorder's task ended before the driver (it panicked):
     /// the report a shutdown gets then, nothing more being written.
     recorder_lost: Option<ShutdownReport>,
+    /// The caller of the hold or release being handled, until its
+    /// `RecordHolds` effect takes it to the recorder.
+    holds_told: Option<(SessionId, HoldsTold)>,
     last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
     done: bool,
 }
@@ -209,6 +212,7 @@ impl Driver {
             shutting_down: parts.shutting_down,
             meter: crate::meter::Meter::default(),
             recorder_lost: None,
+            holds_told: None,
             last_report: parts.last_report,
             done: false,
         }
@@ -388,10 +392,31 @@ impl Driver {
             } => self.start(Event::StartTask { session }, Start::Task { start, reply }),
             Command::Core { event, reply } => {
                 let skipping = matches!(event, Event::SkipDrain);
+                // A hold's or a release's caller is answered by the
+                // recorder once the holds it changed are committed; any
+                // other answer (a no-op, a refusal) is the core's, now.
+                let reply = match (&event, reply) {
+                    (&Event::Hold { session, hold }, Some(reply)) => {
+                        self.holds_told = Some((
+                            session,
+                            HoldsTold {
+                                hold: Some(hold),
+                                reply,
+                            },
+                        ));
+                        None
+                    }
+                    (&Event::Release { session, .. }, Some(reply)) => {
+                        self.holds_told = Some((session, HoldsTold { hold: None, reply }));
+                        None
+                    }
+                    (_, reply) => reply,
+                };
                 let result = self.input(event);
                 if skipping {
                     self.skip_drain_budget();
                 }
+                let reply = reply.or_else(|| self.holds_told.take().map(|(_, told)| told.reply));
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
                 }
@@ -700,6 +725,16 @@ impl Driver {
                 // Stale (finalized since, or a shutdown began): a no-op.
                 let _ = self.input(Event::Committed { session });
             }
+            Ack::HoldUnwritten {
+                session,
+                hold,
+                reply,
+                error,
+            } => {
+                // Finalized since: nothing is held any more, and nothing to take back.
+                let _ = self.input(Event::Release { session, hold });
+                let _ = reply.send(Err(error));
+            }
         }
     }
 
@@ -837,7 +872,15 @@ impl Driver {
                     });
                 }
                 Effect::RecordHolds { session, holds } => {
-                    self.recorder.push(Record::Holds { session, holds });
+                    let told = self
+                        .holds_told
+                        .take_if(|(asked, _)| *asked == session)
+                        .map(|(_, told)| told);
+                    self.recorder.push(Record::Holds {
+                        session,
+                        holds,
+                        told,
+                    });
                 }
                 Effect::ShutdownComplete(summary) => {
                     let waiters = std::mem::take(&mut self.shutdown_waiters);

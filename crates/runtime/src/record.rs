@@ -67,10 +67,11 @@ pub(crate) enum Record {
         at: SystemTime,
     },
     /// Record a session's holds for whoever adopts it (SPEC §5), in order
-    /// with the records before it.
+    /// with the records before it; then tell whoever asked for the change.
     Holds {
         session: settle_core::SessionId,
         holds: settle_core::Holds,
+        told: Option<HoldsTold>,
     },
     /// Every session is finalized: answer the shutdown's waiters once every
     /// record before this one is applied.
@@ -78,6 +79,16 @@ pub(crate) enum Record {
         summary: Box<ShutdownSummary>,
         waiters: Vec<oneshot::Sender<ShutdownReport>>,
     },
+}
+
+/// The caller of a hold or a release, answered once its record is committed
+/// (G12: a hold a caller was told of is one an adopter finds).
+#[derive(Debug)]
+pub(crate) struct HoldsTold {
+    /// The hold asked for; `None` for a release. A hold whose record the
+    /// store refused is taken back before its caller is told why.
+    pub hold: Option<settle_core::Hold>,
+    pub reply: crate::command::Reply<settle_core::Handled>,
 }
 
 pub(crate) struct FinalizeJob {

@@ -320,10 +320,16 @@ impl SessionHandle {
         self.finalized().await
     }
 
-    /// Marks the session as waiting on `hold`: no automatic path reclaims it.
+    /// Marks the session as waiting on `hold`: no automatic path reclaims
+    /// it, in this process or (SPEC §12) in one that adopts it. Answered
+    /// once the hold's record is committed, so that a process killed right
+    /// after leaves it held for its adopter.
     ///
     /// # Errors
-    /// `SessionClosed` when finalized.
+    /// `SessionClosed` when finalized; [`RuntimeError::Store`] or
+    /// [`RuntimeError::StoreTimeout`] when the store did not take the
+    /// hold's record: the hold is then taken back (not held; asking again
+    /// holds once).
     pub async fn hold(&self, hold: Hold) -> Result<Handled, RuntimeError> {
         self.event(Event::Hold {
             session: self.id(),
@@ -332,7 +338,10 @@ impl SessionHandle {
         .await
     }
 
-    /// Ends a hold.
+    /// Ends a hold. Answered once its record is written or the store's
+    /// refusal said (logged and counted): the release is in effect here
+    /// either way, and a record the store did not take leaves the session
+    /// held only for an adopter, which then reclaims nothing.
     ///
     /// # Errors
     /// When the kernel stopped.

@@ -208,7 +208,11 @@ impl Recorder {
                 self.flush().await;
             }
             Record::Release { session, holds, at } => self.release(session, holds, at).await,
-            Record::Holds { session, holds } => self.record_holds(session, holds).await,
+            Record::Holds {
+                session,
+                holds,
+                told,
+            } => self.record_holds(session, holds, told).await,
             Record::ShutdownComplete { summary, waiters } => {
                 self.settle_retries().await;
                 self.complete_shutdown(summary, waiters).await;

@@ -16,11 +16,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use settle_runtime::{EndReason, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionId};
+use settle_runtime::{
+    EndReason, Handled, Hold, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionId,
+};
+
 use settle_store::{
-    Applied, ChunkReceipt, DbError, LifecycleWrite, MemoryRow, MemoryStore, NewChunk, OwnerId,
-    OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport, SessionDetail, SessionFilter,
-    SessionRow, SessionStore, State, StoreError,
+    Applied, ChunkReceipt, DbError, Holds, LifecycleWrite, MemoryRow, MemoryStore, NewChunk,
+    OwnerId, OwnerInfo, RecoverOptions, RecoveryCandidate, RecoveryReport, SessionDetail,
+    SessionFilter, SessionRow, SessionStore, State, StoreError,
 };
 use settle_stream::{ScriptedEnd, TurnScript};
 use tokio::time::Instant;
@@ -80,6 +83,13 @@ struct Faulty {
     /// Whether a lease renewal fails as on a database that is locked (or
     /// full): never landing, the lease runs out.
     fail_renewals: Arc<AtomicBool>,
+    /// How long each record of a session's holds takes, in milliseconds.
+    slow_holds_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// How many more records of a session's holds fail, as on a locked
+    /// database.
+    fail_holds: Arc<AtomicUsize>,
+    /// Every record of a session's holds that was committed, in order.
+    holds_written: Arc<std::sync::Mutex<Vec<(SessionId, Holds)>>>,
 }
 
 impl Default for Faulty {
@@ -103,6 +113,9 @@ impl Default for Faulty {
             panic_on_apply: Arc::default(),
             log: Arc::default(),
             fail_renewals: Arc::default(),
+            slow_holds_ms: Arc::default(),
+            fail_holds: Arc::default(),
+            holds_written: Arc::default(),
         }
     }
 }
@@ -257,6 +270,27 @@ impl SessionStore for Faulty {
     }
     fn applies_in_order(&self) -> bool {
         self.hold_answers.load(Ordering::SeqCst)
+    }
+    async fn record_holds(
+        &self,
+        owner: OwnerId,
+        session: SessionId,
+        holds: Holds,
+    ) -> Result<(), StoreError> {
+        self.fenced(owner)?;
+        let slow = self.slow_holds_ms.load(Ordering::SeqCst);
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
+        if self
+            .fail_holds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(locked());
+        }
+        self.holds_written.lock().unwrap().push((session, holds));
+        Ok(())
     }
     async fn recover(&self, options: RecoverOptions) -> Result<RecoveryReport, StoreError> {
         self.inner.recover(options).await
@@ -1859,4 +1893,85 @@ async fn g10_a_handle_used_while_the_kernel_stops_is_answered_by_how_its_session
     assert!(report.left_recoverable.is_empty(), "{report:?}");
     // After the stop, as every call of a finalized session says.
     assert_eq!(child.state().await.unwrap(), State::Finalized);
+}
+
+/// G12: a hold is answered once its record is committed, so that a process
+/// killed right after a client was told "held" leaves the hold for its
+/// adopter (SPEC §5: a held session is reclaimable by no automatic path,
+/// in any process). A release is answered so too.
+#[tokio::test(start_paused = true)]
+async fn g12_a_hold_is_answered_once_its_record_is_committed() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("waiting", None).await.unwrap();
+    store.slow_holds_ms.store(300, Ordering::SeqCst);
+
+    let asked = Instant::now();
+    assert_eq!(
+        session.hold(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    assert!(asked.elapsed() >= 300 * MS, "answered before its record");
+    let written = store.holds_written.lock().unwrap().clone();
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(written[0].0, session.id());
+    assert!(!written[0].1.is_empty(), "{written:?}");
+
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    let written = store.holds_written.lock().unwrap().clone();
+    assert_eq!(written.len(), 2, "{written:?}");
+    assert!(written[1].1.is_empty(), "{written:?}");
+
+    // Neither a hold of a held kind again (counted) nor a release of none
+    // (no change, no record) waits for anything it did not write.
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::NoOp
+    );
+    assert_eq!(store.holds_written.lock().unwrap().len(), 2);
+    kernel.shutdown(DRAIN).await;
+}
+
+/// G12: a hold whose record the store refused is taken back and its caller
+/// told the store's error: "held" is said only of a hold an adopter would
+/// find, and a caller that tries again holds once, not twice.
+#[tokio::test(start_paused = true)]
+async fn g12_a_hold_the_store_refused_is_taken_back_and_its_error_said() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("waiting", None).await.unwrap();
+    store.fail_holds.store(1, Ordering::SeqCst);
+
+    let refused = session.hold(Hold::PendingInput).await.unwrap_err();
+    assert!(
+        matches!(refused, RuntimeError::Store(_)),
+        "the store's error, said: {refused:?}"
+    );
+    // Not held: a release has nothing to end.
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::NoOp
+    );
+    // Tried again, it holds once: one release ends it.
+    assert_eq!(
+        session.hold(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::NoOp
+    );
+    let written = store.holds_written.lock().unwrap().clone();
+    assert!(
+        written.last().is_some_and(|(_, h)| h.is_empty()),
+        "{written:?}"
+    );
+    kernel.shutdown(DRAIN).await;
 }
