@@ -315,6 +315,36 @@ fn cases() -> Vec<Case> {
             2,
             "API key",
         ),
+        // The key from a file, so that it is not in every `ps` listing:
+        // a file that cannot be read is named, a key is never quoted.
+        case(
+            "chat --api-key-file missing",
+            nothing,
+            &["chat", "--api-key-file", "missing.key"],
+            2,
+            "missing.key",
+        ),
+        case(
+            "chat --api-key-file empty",
+            |d| fs::write(d.join("empty.key"), "\n").unwrap(),
+            &["chat", "--api-key-file", "empty.key"],
+            2,
+            "empty.key",
+        ),
+        case(
+            "chat --api-key-file of two lines",
+            |d| fs::write(d.join("two.key"), "sk-first-secret\nsk-second-secret\n").unwrap(),
+            &["chat", "--api-key-file", "two.key"],
+            2,
+            "two.key",
+        ),
+        case(
+            "chat --api-key and --api-key-file",
+            |d| fs::write(d.join("one.key"), "sk-file-secret\n").unwrap(),
+            &["chat", "--api-key", "sk-flag", "--api-key-file", "one.key"],
+            2,
+            "cannot be used with",
+        ),
         case(
             "serve --max-sessions negative",
             nothing,
@@ -1012,6 +1042,10 @@ fn run_case(case: &Case, bin: &Path) -> Result<(), String> {
     }
     if lines.len() != 1 {
         problems.push(format!("{} lines on stderr, not 1", lines.len()));
+    }
+    // Every secret these cases give ends `-secret`: none is ever quoted.
+    if stderr.contains("-secret") || String::from_utf8_lossy(&out.stdout).contains("-secret") {
+        problems.push("a secret is quoted".to_string());
     }
     match lines.first() {
         Some(line) if line.starts_with("settle: ") && line.contains(case.names) => {}
