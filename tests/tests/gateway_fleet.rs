@@ -833,3 +833,48 @@ async fn g1_g12_a_tree_moves_whole_so_no_process_closes_a_parent_whose_child_run
     assert_eq!(b.stop(), 143);
     assert_eq!(c.stop(), 143);
 }
+
+/// G12 with holds (SPEC §5): a hold a client was answered is one the fleet
+/// keeps, even when its process is killed the moment after. Once the
+/// killed process's lease expired, the peer's sweep releases its sessions;
+/// past the idle TTL it reaps the one nobody held, and never the held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g12_g3_a_hold_answered_just_before_a_sigkill_is_kept_by_the_fleet() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut a = Node::start(&sandbox, &pg.url, &model, "2s");
+    let mut b = Node::start_with(&sandbox, &pg.url, &model, "2s", &["--idle-ttl", "2s"]);
+    let mut on_a = connect(&a.addr).await;
+    let free = create(&mut on_a, "free").await;
+    let held = create(&mut on_a, "held").await;
+    on_a.ok("session.hold", json!({ "id": held, "hold": "input" }))
+        .await;
+    a.running.signal(Signal::SIGKILL);
+    let _ = a.running.exited_within(PATIENCE);
+
+    // B's sweep releases both, then reaps the one nobody holds.
+    let start = Instant::now();
+    while row(&pg.url, free)["state"] != "finalized" {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "B never reaped the free session"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(row(&pg.url, free)["end_reason"], "idle_reap");
+    // Two more idle TTLs: the held one is still live, and adoptable.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        row(&pg.url, held)["state"],
+        "registered",
+        "{:?}",
+        rows(&pg.url)
+    );
+    let mut on_b = connect(&b.addr).await;
+    let attached = on_b.ok("session.attach", json!({ "id": held })).await;
+    assert_eq!(attached["state"], "registered");
+    on_b.ok("session.release", json!({ "id": held, "hold": "input" }))
+        .await;
+    assert_eq!(b.stop(), 143);
+}
