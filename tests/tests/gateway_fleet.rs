@@ -660,14 +660,7 @@ async fn g12_another_principals_session_is_not_found_on_every_process_and_never_
         assert_eq!(error["data"]["kind"], "not_found", "{method} on B: {error}");
     }
     // Listed on B to alice, with A's URL, and to nobody else.
-    let listed_ids = |page: &Value| -> Vec<u64> {
-        page["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["id"].as_u64().unwrap())
-            .collect()
-    };
+    let listed_ids = gateway_support::listed_ids;
     let mut alice_on_b = connect_as(&b.addr, ALICE).await;
     let page = alice_on_b.ok("sessions.list", json!({})).await;
     assert_eq!(listed_ids(&page), vec![id], "{page}");
@@ -876,5 +869,52 @@ async fn g12_g3_a_hold_answered_just_before_a_sigkill_is_kept_by_the_fleet() {
     assert_eq!(attached["state"], "registered");
     on_b.ok("session.release", json!({ "id": held, "hold": "input" }))
         .await;
+    assert_eq!(b.stop(), 143);
+}
+
+/// G12 with principals, once finalized: a principal's session closed on
+/// one process is read and closed (how it ended) by it on every process,
+/// a restarted one included, as it is listed to it there; another
+/// principal is told `not_found` everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g12_a_principals_finalized_session_answers_it_on_every_process() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let tokens = sandbox.write("tokens", &format!("alice {ALICE}\nmallory {MALLORY}\n"));
+    let tokens = tokens.to_string_lossy().into_owned();
+    let model = ModelServer::start().await;
+    let extra = ["--token-file", tokens.as_str()];
+    let mut a = Node::start_with(&sandbox, &pg.url, &model, "30s", &extra);
+    let mut b = Node::start_with(&sandbox, &pg.url, &model, "30s", &extra);
+    let mut alice = connect_as(&a.addr, ALICE).await;
+    let id = create(&mut alice, "alices").await;
+    assert_eq!(turn(&mut alice, id, "mine").await.1, "completed");
+    let end = alice.ok("session.close", json!({ "id": id })).await;
+    assert_eq!(end["end_reason"], "user_close");
+    drop(alice);
+    assert_eq!(a.stop(), 143);
+    let mut a = Node::start_with(&sandbox, &pg.url, &model, "30s", &extra);
+
+    for node in [&a, &b] {
+        let mut alice = connect_as(&node.addr, ALICE).await;
+        let page = alice.ok("sessions.list", json!({})).await;
+        assert_eq!(page["sessions"][0]["id"], id, "{page}");
+        let read = alice.ok("session.read", json!({ "id": id })).await;
+        let text: String = read["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "re:mine", "{read}");
+        let end = alice.ok("session.close", json!({ "id": id })).await;
+        assert_eq!(end["end_reason"], "user_close");
+        let mut mallory = connect_as(&node.addr, MALLORY).await;
+        for method in ["session.read", "session.close", "session.attach"] {
+            let error = refusal(&mut mallory, method, json!({ "id": id })).await;
+            assert_eq!(error["data"]["kind"], "not_found", "{method}: {error}");
+        }
+    }
+    assert_eq!(a.stop(), 143);
     assert_eq!(b.stop(), 143);
 }

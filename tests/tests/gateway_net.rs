@@ -682,3 +682,60 @@ async fn under_a_low_open_file_limit_only_the_connections_that_fit_are_served_an
         "{stderr}"
     );
 }
+
+/// A principal's sessions stay its own across a restart of the gateway:
+/// listed to it and to nobody else, readable and closable (how it ended)
+/// by it, `not_found` to another, as before the restart. (The store keeps
+/// who created each session; the process's memory is only a cache of it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principals_finalized_sessions_stay_its_own_after_a_restart() {
+    let sandbox = Sandbox::new();
+    let tokens = token_file(&sandbox);
+    let (mut serving, addr) = serve(&sandbox, &["--token-file", &tokens]);
+    let mut alice = connect_as(&addr, ALICE).await;
+    let hers = alice.ok("session.create", json!({ "name": "hers" })).await["id"]
+        .as_u64()
+        .unwrap();
+    alice
+        .ok("turn.start", json!({ "id": hers, "prompt": "hi" }))
+        .await;
+    assert_eq!(alice.turn(hers).await.0, ["ok"]);
+    let end = alice.ok("session.close", json!({ "id": hers })).await;
+    assert_eq!(end["end_reason"], "user_close");
+    let mut bob = connect_as(&addr, BOB).await;
+    let his = bob.ok("session.create", json!({ "name": "his" })).await["id"]
+        .as_u64()
+        .unwrap();
+    serving.signal(Signal::SIGTERM);
+    assert_eq!(
+        serving.exited_within(PATIENCE).and_then(|s| s.code()),
+        Some(143)
+    );
+
+    let (mut serving, addr) = serve(&sandbox, &["--token-file", &tokens]);
+    let mut alice = connect_as(&addr, ALICE).await;
+    let mut bob = connect_as(&addr, BOB).await;
+    let ids = gateway_support::listed_ids;
+    assert_eq!(ids(&alice.ok("sessions.list", json!({})).await), [hers]);
+    assert_eq!(ids(&bob.ok("sessions.list", json!({})).await), [his]);
+    let page = alice.ok("session.read", json!({ "id": hers })).await;
+    assert_eq!(page["chunks"][0]["text"], "ok", "{page}");
+    let end = alice.ok("session.close", json!({ "id": hers })).await;
+    assert_eq!(end["end_reason"], "user_close");
+    for (method, params) in [
+        ("session.read", json!({ "id": hers })),
+        ("session.close", json!({ "id": hers })),
+        ("session.attach", json!({ "id": hers })),
+    ] {
+        assert_eq!(bob.refused(method, params).await, "not_found", "{method}");
+    }
+    assert_eq!(
+        alice.refused("session.read", json!({ "id": his })).await,
+        "not_found"
+    );
+    serving.signal(Signal::SIGTERM);
+    assert_eq!(
+        serving.exited_within(PATIENCE).and_then(|s| s.code()),
+        Some(143)
+    );
+}

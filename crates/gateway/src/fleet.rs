@@ -96,15 +96,8 @@ impl Shared {
                 Err(RuntimeError::Store(StoreError::UnknownSession(_))) => return Err(not_found()),
                 Err(error) => return Err(RpcError::from_runtime(&error)),
             };
-            if !matches!(whereabouts, Whereabouts::Finalized) {
-                let principal = self
-                    .kernel
-                    .principal(id)
-                    .await
-                    .map_err(|e| RpcError::from_runtime(&e))?;
-                if principal_of(principal.as_deref()) != *caller {
-                    return Err(not_found());
-                }
+            if self.recorded_owner(id).await? != *caller {
+                return Err(not_found());
             }
             let mine = self.kernel.owner();
             match whereabouts {
@@ -147,6 +140,16 @@ impl Shared {
                 Whereabouts::Released | Whereabouts::Owned { live: false, .. } => {
                     return Err(RpcError::elsewhere(id.get(), None))
                 }
+                // Finalized meanwhile (by its owner, or a sweep): read from
+                // the store, as any finalized session is.
+                Whereabouts::Finalized => {
+                    let handle = self
+                        .kernel
+                        .session(id)
+                        .await
+                        .map_err(|e| RpcError::from_runtime(&e))?;
+                    return Ok(Arc::new(Entry::new(handle, self.table.held().clone())));
+                }
                 _ => return Err(not_found()),
             }
         }
@@ -157,25 +160,15 @@ impl Shared {
         let id = adoption.session.id();
         let holds = adoption.holds;
         let held = usize::from(holds.pending_input) + usize::from(holds.delegation);
-        self.owners
-            .adopted(principal_of(adoption.principal.as_deref()), id, held);
+        self.owners.adopted(
+            crate::principals::principal_of(adoption.principal.as_deref()),
+            id,
+            held,
+        );
         tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
         let entry = self.adopt(adoption.session);
         entry.conversation.lock().await.replace(adoption.history);
         entry
-    }
-
-    /// Records the principal of a session created here, for the process
-    /// that may adopt it; best-effort (a failure is logged: the session is
-    /// then the anonymous principal's wherever it is adopted).
-    pub(crate) async fn record_principal(&self, id: SessionId, principal: &Principal) {
-        if self.fleet.is_none() || principal.is_anonymous() {
-            return;
-        }
-        let name = principal.name().map(str::to_owned);
-        if let Err(error) = self.kernel.set_principal(id, name).await {
-            tracing::warn!(session = %id, %error, "the session's principal could not be recorded");
-        }
     }
 }
 
@@ -205,13 +198,6 @@ pub(crate) async fn sweep(shared: Arc<Shared>, fleet: Fleet) {
 }
 
 /// The principal a session's recorded name stands for.
-fn principal_of(name: Option<&str>) -> Principal {
-    match name {
-        Some(name) => Principal::named(name),
-        None => Principal::ANONYMOUS,
-    }
-}
-
 /// How many times one lookup waits for another adoption here before it
 /// answers with what the store says.
 const MAX_WAITS: u32 = 3;

@@ -120,6 +120,7 @@ mod outbox;
 mod ownership;
 mod params;
 mod parts;
+mod principals;
 pub mod protocol;
 mod pump;
 mod rate;

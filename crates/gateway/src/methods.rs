@@ -102,11 +102,13 @@ async fn owned_or_adopted(
     id: SessionId,
     adopt: bool,
 ) -> Result<Arc<Entry>, RpcError> {
-    let unknown_here = shared.fleet.is_some() && !shared.owners.knows(id);
+    let unknown_here = !shared.owners.knows(id);
     if !unknown_here && !shared.owners.may_use(caller.principal, id) {
         return Err(RpcError::not_found(id.get()));
     }
     let entry = shared.entry(id, adopt, caller.principal).await?;
+    // Created before a restart, or by another process: whose the store says.
+    shared.learn_owner(id).await?;
     if !shared.owners.may_use(caller.principal, id) {
         return Err(RpcError::not_found(id.get()));
     }
@@ -425,24 +427,14 @@ async fn list(
     if let Some(after) = params.checked_cursor()? {
         filter = filter.after(after);
     }
-    // In a fleet a principal's sessions may be another process's, so they
-    // are asked for by the principal the store recorded for each; on one
-    // process, by the ids this gateway knows to be theirs. Either way in
-    // the page's query: another's never take a place in it.
-    let in_fleet = shared.fleet.is_some();
-    if in_fleet {
-        filter = filter.of_principal(caller.principal.name().map(str::to_owned));
-    } else if let Some(ids) = shared.owners.owned_by(caller.principal) {
-        filter = filter.only(ids);
-    }
-    let mut rows = shared
+    // Asked for by the principal the store recorded for each (another
+    // process's, or one's of before a restart, included), in the page's
+    // query: another's never take a place in it.
+    filter = filter.of_principal(caller.principal.name().map(str::to_owned));
+    let rows = shared
         .kernel
         .list_sessions_where(listing::filter(filter, limit))
         .await
         .map_err(from_runtime)?;
-    // The anonymous principal's: every session no named principal owns.
-    if !in_fleet {
-        rows.retain(|row| shared.owners.may_use(caller.principal, row.id));
-    }
     Ok(listing::page(&rows, limit, shared.limits.page_bytes()).into())
 }

@@ -4,13 +4,14 @@
 //! A session belongs to the principal whose connection created it. Another
 //! principal is told `not_found` for it by every method and does not see it
 //! in `sessions.list`: to it, the session does not exist. A session the
-//! gateway did not create (one the embedding program registered, one of an
-//! earlier process) has no recorded owner: it is the anonymous principal's,
+//! gateway's principals did not create (one the embedding program
+//! registered) has no recorded owner: it is the anonymous principal's,
 //! so a gateway without tokens serves every session as it always did, and
 //! a gateway with tokens serves such a session to nobody.
 //!
-//! Ownership is kept in memory, and, in a fleet (SPEC §12), recorded in the
-//! store too, so that the process that adopts a session enforces it. A named principal's finalized sessions
+//! Ownership is recorded in the store ([`principals`](crate::principals)),
+//! and kept here as a cache of it, so that a restarted process, and the
+//! process of a fleet (SPEC §12) that adopts a session, enforce it. A named principal's finalized sessions
 //! stay recorded (a few bytes each), so that they go on answering their
 //! owner and nobody else; the anonymous principal's are forgotten at their
 //! finalize, since an unrecorded session is its anyway.
@@ -68,24 +69,6 @@ impl Owners {
             Some(owned) => owned.principal == *principal,
             None => principal.is_anonymous(),
         }
-    }
-
-    /// The sessions `principal` owns, live and finalized, for a listing to
-    /// ask the store for these alone; `None` for the anonymous principal,
-    /// whose sessions are every session no named principal owns.
-    pub fn owned_by(&self, principal: &Principal) -> Option<Vec<SessionId>> {
-        if principal.is_anonymous() {
-            return None;
-        }
-        let inner = self.inner();
-        let mut ids: Vec<SessionId> = inner
-            .sessions
-            .iter()
-            .filter(|(_, owned)| owned.principal == *principal)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable();
-        Some(ids)
     }
 
     /// A place for one more live session of `principal`, if it has fewer
@@ -164,6 +147,22 @@ impl Owners {
                 live: true,
             },
         );
+    }
+
+    /// Session `id`, whose owner this process did not know, belongs to
+    /// `principal`, as the store recorded where it was created: a finalized
+    /// session of an earlier process or of another of the fleet, or a live
+    /// one this process's kernel keeps (its embedding program's). Not one
+    /// of its live sessions here: none of them is counted against a limit.
+    /// The anonymous principal's are not kept: an unknown session is its.
+    pub fn recorded(&self, principal: Principal, id: SessionId) {
+        if principal.is_anonymous() {
+            return;
+        }
+        self.inner().sessions.entry(id).or_insert(Owned {
+            principal,
+            live: false,
+        });
     }
 
     /// Whether the owner of session `id` is known here.

@@ -100,6 +100,8 @@ struct Tables {
     next_owner: u64,
     sessions: BTreeMap<u64, Row>,
     next_session: u64,
+    /// Who may use each session through a gateway, where one was recorded.
+    principals: HashMap<u64, String>,
 }
 
 struct Owner {
@@ -611,8 +613,11 @@ impl Tables {
             .map(|ids| ids.iter().map(|id| id.get()).collect());
         let admitted = |(id, r): &(&u64, &Row)| {
             only.as_ref().is_none_or(|only| only.contains(*id))
-                // It records no principals: none is any named one's.
-                && !matches!(filter.principal, Some(Some(_)))
+                && match &filter.principal {
+                    None => true,
+                    Some(None) => !self.principals.contains_key(*id),
+                    Some(Some(name)) => self.principals.get(*id) == Some(name),
+                }
                 && filter.admits(SessionId(**id), r.live.state, from_millis(r.created_at))
         };
         let limit = filter.limit.unwrap_or(usize::MAX);
@@ -719,5 +724,26 @@ impl SessionStore for MemoryStore {
             .get(&id.get())
             .map(|r| r.memories.clone())
             .unwrap_or_default())
+    }
+
+    async fn principal(&self, session: SessionId) -> Result<Option<String>, StoreError> {
+        let tables = self.lock();
+        if !tables.sessions.contains_key(&session.get()) {
+            return Err(StoreError::UnknownSession(session));
+        }
+        Ok(tables.principals.get(&session.get()).cloned())
+    }
+
+    async fn set_principal(
+        &self,
+        session: SessionId,
+        principal: Option<String>,
+    ) -> Result<(), StoreError> {
+        let mut tables = self.lock();
+        match principal {
+            Some(name) => tables.principals.insert(session.get(), name),
+            None => tables.principals.remove(&session.get()),
+        };
+        Ok(())
     }
 }

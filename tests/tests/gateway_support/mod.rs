@@ -390,6 +390,16 @@ impl Client {
 }
 
 /// Waits (within [`PATIENCE`]) until `check` holds, polling every `every`.
+/// The ids of a `sessions.list` page, in its order.
+pub fn listed_ids(page: &serde_json::Value) -> Vec<u64> {
+    page["sessions"]
+        .as_array()
+        .expect("a page of sessions")
+        .iter()
+        .map(|r| r["id"].as_u64().expect("a session id"))
+        .collect()
+}
+
 pub async fn eventually<F, Fut>(what: &str, every: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
