@@ -389,7 +389,6 @@ impl Client {
     }
 }
 
-/// Waits (within [`PATIENCE`]) until `check` holds, polling every `every`.
 /// The ids of a `sessions.list` page, in its order.
 pub fn listed_ids(page: &serde_json::Value) -> Vec<u64> {
     page["sessions"]
@@ -400,6 +399,7 @@ pub fn listed_ids(page: &serde_json::Value) -> Vec<u64> {
         .collect()
 }
 
+/// Waits (within [`PATIENCE`]) until `check` holds, polling every `every`.
 pub async fn eventually<F, Fut>(what: &str, every: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
