@@ -4,6 +4,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use settle_core::{EndReason, SessionId};
+use tokio::sync::oneshot;
 
 /// What the `on_session_end` hook is told (SPEC §4 step 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,13 +53,18 @@ where
 /// Runs `on_session_end` hooks off the recorder's path: each on its own
 /// task (a panic stays there), at most `concurrency` at once, each bounded by
 /// the hook timeout. A session's hook fires once, after its row is ended, so
-/// per-session order holds by construction.
+/// per-session order holds by construction; and the hooks start in the
+/// order they were fired (a tree's children first, G1): each task waits
+/// until the one fired before it has polled its hook once, whatever order
+/// the runtime polls the tasks in (the task spawned last often runs first).
 #[derive(Clone)]
 pub(crate) struct HookRunner {
     hook: Option<Arc<dyn SessionEndHook>>,
     limit: Duration,
     permits: Arc<tokio::sync::Semaphore>,
     tracker: tokio_util::task::TaskTracker,
+    /// Told once the hook fired last has started (or its task is gone).
+    last_started: Arc<std::sync::Mutex<Option<oneshot::Receiver<()>>>>,
 }
 
 impl HookRunner {
@@ -73,6 +79,7 @@ impl HookRunner {
             limit,
             permits: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
             tracker,
+            last_started: Arc::default(),
         }
     }
 
@@ -93,14 +100,32 @@ impl HookRunner {
             Some(session) => tracing::info_span!(parent: &session, "on_session_end"),
             None => tracing::info_span!("on_session_end", session = end.session.0),
         };
+        let (started, starts) = oneshot::channel();
+        let before = self
+            .last_started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .replace(starts);
         self.tracker.spawn(tracing::Instrument::instrument(
             async move {
+                if let Some(before) = before {
+                    // Sent, or its task is gone: either way it is no longer first.
+                    let _ = before.await;
+                }
                 let Ok(_permit) = permits.acquire_owned().await else {
                     return;
                 };
                 let session = end.session;
                 let call = std::panic::AssertUnwindSafe(hook.on_session_end(end)).catch_unwind();
-                match tokio::time::timeout(limit, call).await {
+                let mut call = std::pin::pin!(tokio::time::timeout(limit, call));
+                // Its first poll is its start: the next hook waits for it.
+                let first = futures_util::poll!(call.as_mut());
+                let _ = started.send(());
+                let ended = match first {
+                    std::task::Poll::Ready(ended) => ended,
+                    std::task::Poll::Pending => call.await,
+                };
+                match ended {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => tracing::warn!(%session, "on_session_end hook panicked; carrying on"),
                     Err(_) => tracing::warn!(%session, ?limit, "on_session_end hook overran its timeout; abandoned"),

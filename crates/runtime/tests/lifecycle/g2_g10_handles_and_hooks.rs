@@ -293,3 +293,44 @@ async fn g11_a_session_name_holding_a_nul_is_refused_before_anything_is_written(
     assert_eq!(store.len(), 1, "nothing registered");
     runtime.shutdown(Duration::ZERO).await;
 }
+
+/// G1 for the end hook (SPEC §4 step 4, `on_session_end`'s doc): a tree's
+/// hooks start in the order its sessions were finalized, children first,
+/// on a runtime of several workers, where the task spawned last is often
+/// the one run first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_a_trees_end_hooks_start_children_first() {
+    let store = MemoryStore::new();
+    let started: Arc<Mutex<Vec<settle_runtime::SessionId>>> = Arc::default();
+    let seen = started.clone();
+    let kernel = runtime_on(&store, move |b| {
+        b.on_session_end(move |end: SessionEnd| seen.lock().unwrap().push(end.session))
+    })
+    .await;
+    let mut trees = Vec::new();
+    for _ in 0..100 {
+        let parent = kernel.register("parent", None).await.unwrap();
+        let child = kernel.register("child", Some(parent.id())).await.unwrap();
+        let grandchild = kernel
+            .register("grandchild", Some(child.id()))
+            .await
+            .unwrap();
+        trees.push((parent, child, grandchild));
+    }
+    for (parent, _, _) in &trees {
+        parent.finish().await.unwrap();
+    }
+    kernel.shutdown(Duration::from_secs(1)).await;
+
+    let started = started.lock().unwrap().clone();
+    let at = |id| started.iter().position(|s| *s == id).expect("its hook ran");
+    let out_of_order: Vec<_> = trees
+        .iter()
+        .filter(|(p, c, g)| !(at(g.id()) < at(c.id()) && at(c.id()) < at(p.id())))
+        .map(|(p, _, _)| p.id())
+        .collect();
+    assert!(
+        out_of_order.is_empty(),
+        "trees whose hooks started parent first: {out_of_order:?}"
+    );
+}
