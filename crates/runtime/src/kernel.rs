@@ -580,7 +580,9 @@ impl Kernel {
         rx.await.ok()
     }
 
-    /// How many store writes have failed so far (the CLI exits 3 when any did).
+    /// How many store writes have failed so far, for good (the CLI exits 3
+    /// when any did): one a store blip held back and a later try wrote is
+    /// not counted.
     pub fn store_failures(&self) -> usize {
         self.inner.failures.load(Ordering::Relaxed)
     }

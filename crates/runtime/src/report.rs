@@ -26,7 +26,11 @@ pub struct ShutdownReport {
     /// kernel decided (a finalize is written only with or after its
     /// children's, G1). Recovering such a session changes nothing (G2).
     pub left_recoverable: Vec<SessionId>,
-    /// Store writes that failed during the shutdown.
+    /// Store writes that failed over the kernel's whole life, the
+    /// shutdown's included (what [`Kernel::store_failures`](crate::Kernel::store_failures)
+    /// says at its end): each write the store refused for good, or that
+    /// was given up at the shutdown's deadline. A write a store blip held
+    /// back and a later try wrote is not counted; it did not fail.
     pub store_failures: usize,
     /// Whether the store's writes in flight were drained within the flush
     /// budget: every chunk handed to it was committed or answered with its

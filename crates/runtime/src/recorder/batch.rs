@@ -208,7 +208,10 @@ impl Recorder {
     /// does not apply batches in the order they were handed to it is given
     /// one at a time.
     pub(super) async fn launch(&mut self, pending: Pending) {
-        if !self.store.applies_in_order() {
+        // While writes wait to be tried again, a write about to wait
+        // behind them must wait behind the failures of the batch in flight
+        // too, which its answer queues there: that answer comes first.
+        if !self.store.applies_in_order() || !self.retries.is_empty() {
             return self.commit(pending).await;
         }
         let Some(mut next) = self.hand(pending) else {

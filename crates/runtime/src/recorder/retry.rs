@@ -44,6 +44,7 @@ use crate::backoff::Backoff;
 
 /// Maps keyed by session: foldhash, as everywhere on the recorder's path.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 /// One write waiting for its session's turn, and its answer.
 pub(super) struct Queued {
@@ -199,10 +200,17 @@ impl Retries {
         }
         let writes = std::mem::take(&mut pending.writes);
         let answers = std::mem::take(&mut pending.answers);
+        // A session whose finalize waits here has its writes before it in
+        // this batch wait too, ahead of it: handed on now, one the store
+        // did not take would be queued behind its own finalize.
+        let finalizing: HashSet<SessionId> = writes
+            .iter()
+            .filter(|w| matches!(w, LifecycleWrite::Finalize { .. }))
+            .filter_map(&session_of)
+            .collect();
         for (write, answer) in writes.into_iter().zip(answers) {
-            let finalize = matches!(write, LifecycleWrite::Finalize { .. });
             match session_of(&write) {
-                Some(session) if finalize || self.holds(session) => {
+                Some(session) if finalizing.contains(&session) || self.holds(session) => {
                     let last = match self.held.get(&session) {
                         Some((_, latest)) => latest.clone(),
                         None => self
@@ -360,6 +368,11 @@ impl super::Recorder {
     /// One more try of every waiting write, as one batch, after telling
     /// the waiters who may not wait any longer that their write failed.
     pub(super) async fn retry(&mut self) {
+        // The batch in flight first: a write of it the store did not take
+        // is queued now, before the writes decided after it are taken
+        // (else a session's finalize, waiting here, would be tried before
+        // the end of its turn that was still in flight).
+        self.land().await;
         for (answer, last) in self.retries.expired(self.store_timeout) {
             self.answer(answer, Err(last)).await;
         }
@@ -374,7 +387,6 @@ impl super::Recorder {
         if taken.is_empty() {
             return;
         }
-        self.land().await;
         let mut pending = Pending::default();
         let mut copies = Vec::with_capacity(taken.len());
         for (_, q) in taken {
@@ -420,6 +432,66 @@ mod tests {
     use super::{landed_before, tried_again};
 
     const S: SessionId = SessionId(7);
+
+    fn end(session: SessionId) -> LifecycleWrite {
+        LifecycleWrite::EndTurn {
+            session,
+            no: 1,
+            outcome: Outcome::Cancelled,
+            error: None,
+            at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn finalize(session: SessionId) -> LifecycleWrite {
+        LifecycleWrite::Finalize {
+            session,
+            plan: settle_store::FinalizeRequest::new(settle_core::EndReason::UserClose),
+        }
+    }
+
+    /// G1 in the store, and every turn's own end: a session whose finalize
+    /// is diverted behind the writes waiting here has its writes before it
+    /// in the same batch diverted too, ahead of it, in order. Handed on
+    /// instead, one the store did not take would be queued behind its own
+    /// finalize, which would then end its turn `interrupted`.
+    #[test]
+    fn a_sessions_writes_before_its_diverted_finalize_wait_ahead_of_it() {
+        use super::super::pending::{Answer, Pending};
+        use super::super::unwritten::Unwritten;
+        use super::{Queued, Retries};
+
+        let (waiting, other) = (SessionId(8), SessionId(9));
+        let mut retries = Retries::default();
+        retries.push(
+            waiting,
+            Queued {
+                write: end(waiting),
+                answer: Answer::Transition(waiting),
+                since: tokio::time::Instant::now(),
+                last: Unwritten::TimedOut(std::time::Duration::ZERO),
+            },
+        );
+        let mut pending = Pending::default();
+        for write in [end(S), end(other), finalize(S)] {
+            let session = super::super::batch::write_session(&write).unwrap();
+            pending.writes.push(write);
+            pending.answers.push(Answer::Transition(session));
+        }
+        retries.divert(&mut pending, super::super::batch::write_session);
+
+        assert!(
+            matches!(pending.writes[..], [LifecycleWrite::EndTurn { session, .. }] if session == other),
+            "{:?}",
+            pending.writes
+        );
+        let queued: Vec<(SessionId, bool)> = retries
+            .take()
+            .iter()
+            .map(|(s, q)| (*s, matches!(q.write, LifecycleWrite::Finalize { .. })))
+            .collect();
+        assert_eq!(queued, [(waiting, false), (S, false), (S, true)]);
+    }
 
     fn start(no: u32) -> LifecycleWrite {
         LifecycleWrite::StartTurn {

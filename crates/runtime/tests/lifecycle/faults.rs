@@ -1975,3 +1975,49 @@ async fn g12_a_hold_the_store_refused_is_taken_back_and_its_error_said() {
     );
     kernel.shutdown(DRAIN).await;
 }
+
+/// G7 with a batch handed ahead: a turn's end whose answer the store did
+/// not give within the store timeout (it was written all the same) is
+/// tried again ahead of its session's finalize, decided after it: the turn
+/// keeps its own outcome (not `interrupted`, as a finalize landing first
+/// would end it), and no failure is said or counted.
+#[tokio::test(start_paused = true)]
+async fn g7_a_turn_end_whose_answer_timed_out_is_written_ahead_of_its_finalize() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("s", None).await.unwrap();
+    let p = provider([hang(&["a"], MS)]);
+    let mut turn = start(&session, &p).await;
+    read_chunks(&mut turn, 1).await;
+    store.hold_answers.store(true, Ordering::SeqCst);
+
+    // The turn's end: applied at once, its answer held past the store timeout.
+    let started = Instant::now();
+    applied(session.cancel_turn().await);
+    // The finalize, handed while the turn's end is still unanswered.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let closing = tokio::spawn({
+        let session = session.clone();
+        async move { session.close().await }
+    });
+    // The turn end's bound (10 s) passes; the finalize is answered.
+    tokio::time::sleep_until(started + Duration::from_millis(10_500)).await;
+    store.answers.add_permits(1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.answers.add_permits(usize::MAX >> 4);
+    assert_eq!(closing.await.unwrap().unwrap(), EndReason::UserClose);
+    assert_eq!(turn.outcome().await, Outcome::Cancelled);
+    let detail = store.inner.session_detail(session.id()).await.unwrap();
+    assert_eq!(
+        detail.turns[0].outcome,
+        Some(Outcome::Cancelled),
+        "{detail:?}"
+    );
+    assert_eq!(
+        kernel.store_failures(),
+        0,
+        "a write that landed counted as failed"
+    );
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0, "{report:?}");
+}
