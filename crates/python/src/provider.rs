@@ -552,6 +552,19 @@ impl Provider for PyProvider {
             )),
         }
     }
+
+    /// The pump of an open the kernel dropped (the turn cancelled while
+    /// the source was being opened) was asked to close as the open was
+    /// dropped; its work ends once the pump has, so that the turn is not
+    /// over while its source still runs (a coroutine that finishes its
+    /// connect despite the cancel): the kernel detaches it at the settle
+    /// deadline otherwise (G5).
+    async fn open_released(&self) {
+        let pump = self.source.watch.pump.lock().ok().and_then(|p| p.upgrade());
+        if let Some(shared) = pump {
+            shared.closed.cancelled().await;
+        }
+    }
 }
 
 fn start_pump(py: Python<'_>, event_loop: &Bound<'_, PyAny>, shared: &Arc<Shared>) -> PyResult<()> {

@@ -182,6 +182,59 @@ async def test_g4_a_cancel_while_the_stream_is_opened_closes_what_was_opened(ker
     assert [s.closes for s in released] == [1]
 
 
+def _finishing_its_open(opening: asyncio.Event, made: list):
+    """A source whose open finishes despite its cancel, a second later (past
+    the settle timeout), as an SDK finishing its connect; what it makes
+    goes in ``made``."""
+
+    async def open_stream() -> Stream:
+        opening.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(1.0)
+        stream = Stream(["late"])
+        made.append(stream)
+        return stream
+
+    return open_stream
+
+
+async def test_g5_a_source_finishing_its_open_despite_the_cancel_is_detached_at_the_settle_deadline(kernel):
+    """The open that ignores its cancel (an SDK that finishes its connect
+    anyway): the turn is not over while its work still runs. It is
+    detached at the settle deadline (G5), its session takes no new turn
+    before, and the stream it hands over late is closed exactly once."""
+    session = await kernel.register("s")
+    opening = asyncio.Event()
+    late: list = []
+    turn = await session.turn(_finishing_its_open(opening, late))
+    await asyncio.wait_for(opening.wait(), PATIENCE)
+    await turn.aclose()
+    assert turn.outcome == "detached"
+    [stored] = await _transcript_when_ended(session)
+    assert stored["outcome"] == "detached"
+    await eventually(lambda: late and late[0].closes, "the late stream closed")
+    assert late[0].closes == 1
+
+
+async def test_g1_a_parent_finishing_while_a_childs_open_ignores_its_cancel_waits_for_the_child(kernel):
+    """G1 with the same open: the child is settled (detached at the settle
+    deadline) before its parent is finalized, not finalized with its
+    work still running."""
+    root = await kernel.register("root")
+    child = await root.child("child")
+    opening = asyncio.Event()
+    turn = await child.turn(_finishing_its_open(opening, []))
+    await asyncio.wait_for(opening.wait(), PATIENCE)
+    assert await root.finish() == "completed"
+    assert await child.finalized() == "parent_finished"
+    [stored] = await child.transcript()
+    assert stored["outcome"] == "detached", stored
+    with contextlib.suppress(settle.Error):
+        await turn.aclose()
+
+
 async def test_g4_cancels_landing_anywhere_around_the_open_close_each_stream_exactly_once(kernel):
     """A cancel at a random moment around the open: every stream that was
     made is closed exactly once, whichever window the cancel hit."""

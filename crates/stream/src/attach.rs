@@ -69,6 +69,12 @@ impl Scope {
         self
     }
 
+    /// How long a close of a stream that ended on its own is waited for
+    /// (see [`with_close_bound`](Self::with_close_bound)).
+    pub fn close_bound(&self) -> Duration {
+        self.close_bound.unwrap_or(crate::ASYNC_CLOSE_BOUND)
+    }
+
     /// The scope's token: cancelling it ends every stream attached here.
     pub fn token(&self) -> &CancellationToken {
         &self.token

@@ -50,6 +50,17 @@ pub trait Provider: Send + Sync {
         self.open(request).await
     }
 
+    /// Waits until whatever an open that was dropped (the turn cancelled
+    /// while its stream was being opened) had started is released. Only a
+    /// provider whose drop cannot release it at once needs it: one that
+    /// opens its stream on another event loop or thread, and closes it
+    /// there. A cancelled work waits for it before it ends, so its session
+    /// settles only once it is released, or once its work is detached at
+    /// the settle deadline (G5); a first-event timeout waits for it at most
+    /// the scope's close bound. By default, nothing to wait for: a drop
+    /// releases everything.
+    async fn open_released(&self) {}
+
     /// Who serves the model, as OpenTelemetry's GenAI conventions name it
     /// (`gen_ai.provider.name`: `openai`, `anthropic`, `aws.bedrock`, ...).
     fn name(&self) -> &str {

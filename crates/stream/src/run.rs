@@ -147,16 +147,38 @@ where
     // The deadline before the open: an open that gives up at its own
     // timeout in the same tick (a headers timeout equal to it, both 30 s by
     // default) ends the turn as the first-event timeout says.
-    let opened = tokio::select! {
+    enum Opening {
+        Opened(Result<ProviderStream, StreamError>),
+        Cancelled(CancelledBy),
+        TimedOut,
+    }
+    let opening = tokio::select! {
         biased;
-        () = token.cancelled() => return WorkEnd::Cancelled(CancelledBy::Request),
-        () = close.closed() => return WorkEnd::Cancelled(CancelledBy::ForceClose),
-        () = until(due) => Err(FirstEventTimedOut { first }.into()),
-        opened = open(provider, request, &options.retry, due, progress) => opened,
+        () = token.cancelled() => Opening::Cancelled(CancelledBy::Request),
+        () = close.closed() => Opening::Cancelled(CancelledBy::ForceClose),
+        () = until(due) => Opening::TimedOut,
+        opened = open(provider, request, &options.retry, due, progress) => Opening::Opened(opened),
     };
-    let stream = match opened {
-        Ok(stream) => stream,
-        Err(error) => return WorkEnd::from_error(&error),
+    // The open dropped (above): what it had started is released before the
+    // work ends, so its session settles only then (G5), or at the settle
+    // deadline; after a force close (that deadline) nobody waits any more.
+    let stream = match opening {
+        Opening::Opened(Ok(stream)) => stream,
+        Opening::Opened(Err(error)) => return WorkEnd::from_error(&error),
+        Opening::Cancelled(by) => {
+            if by == CancelledBy::Request {
+                tokio::select! {
+                    biased;
+                    () = close.closed() => {}
+                    () = provider.open_released() => {}
+                }
+            }
+            return WorkEnd::Cancelled(by);
+        }
+        Opening::TimedOut => {
+            let _ = tokio::time::timeout(scope.close_bound(), provider.open_released()).await;
+            return WorkEnd::from_error(&FirstEventTimedOut { first }.into());
+        }
     };
     // What is left of it for the first event (never zero, which disables).
     let left = due.map_or(first, |due| {

@@ -179,6 +179,66 @@ async fn g4_a_cancel_during_the_open_cancels_the_work_and_closes_the_stream() {
     assert_eq!(log.entries(), ["open", "close", "closed"]);
 }
 
+/// A provider whose dropped open is released only later, elsewhere (a
+/// stream opened on another event loop): `release` says when.
+struct ReleasedLater {
+    log: Log,
+    release: Duration,
+}
+
+#[async_trait]
+impl Provider for ReleasedLater {
+    async fn open(&self, _request: &Request) -> Result<ProviderStream, StreamError> {
+        self.log.push("open");
+        std::future::pending().await
+    }
+
+    async fn open_released(&self) {
+        tokio::time::sleep(self.release).await;
+        self.log.push("released");
+    }
+}
+
+/// G5 with an open released elsewhere: a work cancelled while its stream
+/// is opening ends once what the open started is released, not before (its
+/// session would settle with its source still running); a force close
+/// (the settle deadline) waits for nothing.
+#[tokio::test(start_paused = true)]
+async fn g5_a_work_cancelled_while_opening_ends_once_its_open_is_released() {
+    let log = Log::default();
+    let provider = ReleasedLater {
+        log: log.clone(),
+        release: 2 * S,
+    };
+    let mut work = spawn(Arc::new(provider), log_sink(&log), 5 * S);
+    tokio::time::sleep(S / 2).await;
+    let cancelled = Instant::now();
+    work.control.cancel(CancelMode::Immediate);
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert_eq!(
+        cancelled.elapsed(),
+        2 * S,
+        "ended before its open was released"
+    );
+    assert_eq!(log.entries(), ["open", "released"]);
+
+    let log = Log::default();
+    let provider = ReleasedLater {
+        log: log.clone(),
+        release: 60 * S,
+    };
+    let mut work = spawn(Arc::new(provider), log_sink(&log), 5 * S);
+    tokio::time::sleep(S / 2).await;
+    work.control.cancel(CancelMode::Immediate);
+    tokio::time::sleep(S).await;
+    let closed = Instant::now();
+    work.control.close_stream();
+    let (_, end) = work.until_end().await;
+    assert_eq!(end, WorkEnd::Cancelled(CancelledBy::Request));
+    assert_eq!(closed.elapsed(), Duration::ZERO, "a force close waited");
+}
+
 /// A turn past its limits (chunks, or bytes of payload) ends `failed`
 /// with a `too_large` error at the chunk past them, which its sink never
 /// gets (a runtime's sink stores what it gets): what was delivered is
