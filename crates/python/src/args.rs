@@ -64,18 +64,38 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Text {
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         match obj.extract::<String>() {
             Ok(text) => Ok(Text(text)),
-            Err(e) if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) => Err(not_utf8()),
+            Err(e) if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) => Err(not_utf8(&obj)),
             Err(e) => Err(e),
         }
     }
 }
 
-/// The error of a string with a lone surrogate.
-pub(crate) fn not_utf8() -> PyErr {
-    BadInput::new_err(
-        "a string holds a lone surrogate (such as '\\udc80'), which is not UTF-8 and \
-         cannot be stored; decode bytes with errors='replace' or 'strict' first",
-    )
+/// The error of `text`, a string with a lone surrogate: which one, and where.
+pub(crate) fn not_utf8(text: &Bound<'_, PyAny>) -> PyErr {
+    let which = match first_surrogate(text) {
+        Some((at, code)) => format!("'\\u{code:04x}' at character {at}"),
+        None => "such as '\\udc80'".to_string(),
+    };
+    BadInput::new_err(format!(
+        "a string holds a lone surrogate ({which}), which is not UTF-8 and \
+         cannot be stored; decode bytes with errors='replace' or 'strict' first"
+    ))
+}
+
+/// The first lone surrogate of `text` (its place in characters, its code).
+fn first_surrogate(text: &Bound<'_, PyAny>) -> Option<(usize, u32)> {
+    let wide = text
+        .call_method1(
+            pyo3::intern!(text.py(), "encode"),
+            ("utf-32-le", "surrogatepass"),
+        )
+        .ok()?;
+    let bytes = wide.cast::<pyo3::types::PyBytes>().ok()?.as_bytes();
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .enumerate()
+        .find(|(_, code)| (0xD800..=0xDFFF).contains(code))
 }
 
 /// The start of a long repr.

@@ -120,5 +120,5 @@ pub(crate) fn utf8_escaped(text: &Bound<'_, PyString>) -> String {
 pub(crate) fn utf8(text: &Bound<'_, PyString>) -> PyResult<String> {
     text.to_cow()
         .map(|text| text.into_owned())
-        .map_err(|_| crate::args::not_utf8())
+        .map_err(|_| crate::args::not_utf8(text.as_any()))
 }

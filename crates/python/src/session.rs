@@ -260,6 +260,9 @@ impl PySession {
         let checked = (|| {
             check_write(py)?;
             let options = self.turn_options(idle_timeout, first_event_timeout)?;
+            if let Some(to_chunk) = &to_chunk {
+                check_to_chunk(to_chunk.bind(py))?;
+            }
             let (handle, here) = self.handle.get()?;
             let request = request(input.as_ref())?;
             let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
@@ -560,4 +563,22 @@ impl<'py> IntoPyObject<'py> for Transcript {
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
         crate::reads::transcript(py, &self.0)
     }
+}
+
+/// `to_chunk` is called on each item as it comes and returns its chunks
+/// then: an `async def` would return a coroutine for every item, which no
+/// turn could read. Refused when the turn is asked for, not item by item.
+fn check_to_chunk(to_chunk: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = to_chunk.py();
+    let asynchronous = py
+        .import(pyo3::intern!(py, "inspect"))?
+        .call_method1(pyo3::intern!(py, "iscoroutinefunction"), (to_chunk,))?
+        .is_truthy()?;
+    if asynchronous {
+        return Err(crate::errors::BadInput::new_err(
+            "to_chunk is an async function: it is called on each item and must return the \
+             item's chunks at once; make it a plain `def`",
+        ));
+    }
+    Ok(())
 }

@@ -110,6 +110,12 @@ impl CancelAtOnce {
 /// A turn in flight: `async for chunk in turn` yields each chunk once the
 /// store has it; then `turn.outcome` says how it ended, and
 /// `turn.tool_calls()` and `turn.reply()` what its chunks made.
+///
+/// Cancelling the task that awaits its next chunk cancels the turn, as for
+/// any await of it: `asyncio.wait_for(turn.__anext__(), 0.1)` ends it at
+/// its first timeout. To look for chunks with a timeout and go on, read
+/// the turn in a task of its own and wait for that task
+/// (`asyncio.wait({reader}, timeout=0.1)`).
 #[pyclass(name = "Turn", module = "settle", frozen)]
 pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import settle
-from conftest import PATIENCE, Stream, run_python, settle_bin, settle_json
+from conftest import PATIENCE, Stream, eventually, run_python, settle_bin, settle_json
 
 OPENAI_DICTS = [
     {"choices": [{"index": 0, "delta": {"reasoning_content": "The user wants the weather"}}]},
@@ -168,6 +168,21 @@ async def test_g7_to_chunk_and_settle_chunks(kernel):
         ("text", "two"),
     ]
     assert got[1] == settle.Chunk("text", "one")
+
+
+async def test_g11_an_async_to_chunk_is_refused_when_the_turn_is_asked_for(kernel):
+    """An ``async def`` to_chunk would return a coroutine per item: refused
+    at once, saying so, the source closed (G4) and no turn started."""
+    session = await kernel.register("s")
+
+    async def to_chunk(item):
+        return item
+
+    stream = Stream(["a"])
+    with pytest.raises(settle.BadInput, match="to_chunk is an async function"):
+        await session.turn(stream, to_chunk=to_chunk)
+    await eventually(lambda: stream.closes, "the source closed")
+    assert await session.transcript() == []
 
 
 async def test_what_python_wrote_reads_the_same_through_show_and_export(db, kernel):

@@ -175,6 +175,15 @@ async def test_g11_a_lone_surrogate_in_a_state_filter_a_chunk_kind_or_a_values_s
                 await result
 
 
+async def test_g11_a_lone_surrogate_is_named_where_it_is(kernel):
+    """The message names the surrogate the string holds, and where, not an
+    example of another one."""
+    for text, said in (("ab\ud800", "'\\ud800' at character 2"), ("\udfff", "'\\udfff' at character 0")):
+        with pytest.raises(settle.BadInput) as refused:
+            await kernel.register(text)
+        assert said in str(refused.value), str(refused.value)
+
+
 async def test_g11_a_turn_whose_source_yields_a_lone_surrogate_fails_as_for_an_openai_shaped_chunk(kernel):
     session = await kernel.register("s")
     errors = []

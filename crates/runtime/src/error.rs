@@ -33,7 +33,7 @@ pub enum RuntimeError {
     /// The session is live in the store but not in this kernel: another
     /// process owns it (a live one, or one that crashed and left it for
     /// recovery), so this kernel cannot drive it.
-    #[error("session {session} is {state} in the store, owned by another process, not this one; if that process crashed, `settle recover` finalizes it once its lease has run out, and a finalized session can be resumed")]
+    #[error("session {session} is {state} in the store, owned by another kernel (another process's, or another kernel's of this process), not this one; if that process crashed, `settle recover` finalizes it once its lease has run out, and a finalized session can be resumed")]
     LiveElsewhere {
         /// The session.
         session: SessionId,

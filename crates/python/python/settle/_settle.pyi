@@ -140,7 +140,13 @@ _Source = Union[Callable[[], Any], Any]
 
 @final
 class Turn:
-    """A turn in flight: an async iterator of stored chunks; ``async with`` closes it; then its tool calls and reply."""
+    """A turn in flight: an async iterator of stored chunks; ``async with`` closes it; then its tool calls and reply.
+
+    Cancelling the task that awaits its next chunk cancels the turn:
+    ``asyncio.wait_for(turn.__anext__(), 0.1)`` ends it at its first
+    timeout. To wait for chunks with a timeout and go on, read the turn in
+    a task of its own and wait for that task (``asyncio.wait({reader}, timeout=0.1)``).
+    """
 
     @property
     def no(self) -> int: ...
