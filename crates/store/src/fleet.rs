@@ -586,10 +586,12 @@ fn interrupt(db: Db<'_>, raw: i64, no: u32, at: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Release, for adoption, every session that a peer whose lease expired
-/// left `registered` or `running` (its open turn marked `interrupted`, G8).
-/// Sessions it left cancelling or settled were ending anyway: `settle
-/// recover` finalizes those.
+/// Release, for adoption, every session that a gone peer left `registered`
+/// or `running` (its open turn marked `interrupted`, G8): one whose lease
+/// expired, or, as recovery judges it, one of this machine and PID
+/// namespace whose process is gone, its lease still running. Sessions it
+/// left cancelling or settled were ending anyway: `settle recover`
+/// finalizes those.
 pub(crate) fn release_expired(
     mut db: Db<'_>,
     me: OwnerId,
@@ -597,17 +599,36 @@ pub(crate) fn release_expired(
 ) -> Result<PeerRelease, StoreError> {
     let now = crate::lease::store_now(db.reborrow())?;
     let mine = holds_lease(db.reborrow(), me, now)?;
+    // Peers with a running lease whose process is gone from here.
+    let leased: Vec<crate::lease::OwnerColumns> = on_db!(db.reborrow(), |c| owners::table
+        .filter(owners::lease_expires_at.gt(now))
+        .filter(owners::id.ne(mine))
+        .select(crate::lease::OWNER_COLUMNS)
+        .load(c))
+    .context("looking for peers whose process is gone")?;
+    let here = crate::lease::HostIdentity::this_process();
+    let mut gone = Vec::new();
+    for columns in leased {
+        let owner = crate::lease::OwnerRow::from_columns(columns)?;
+        if crate::recover::verdict(&owner, now, &here).is_some() {
+            gone.push(owner.id.raw()?);
+        }
+    }
     let states = [State::Registered.as_str(), State::Running.as_str()];
     let left: Vec<(i64, i64)> = on_db!(db.reborrow(), |c| sessions::table
         .inner_join(owners::table)
         .filter(sessions::state.eq_any(states))
         .filter(sessions::released_at.is_null())
-        .filter(owners::lease_expires_at.le(now))
+        .filter(
+            owners::lease_expires_at
+                .le(now)
+                .or(sessions::owner.eq_any(&gone)),
+        )
         .filter(sessions::owner.ne(mine))
         .order(sessions::id.asc())
         .select((sessions::id, sessions::owner))
         .load(c))
-    .context("looking for sessions left by expired peers")?;
+    .context("looking for sessions left by gone peers")?;
     let mut report = PeerRelease::default();
     let at = to_millis(at);
     for (raw, left_by) in left {
@@ -649,7 +670,10 @@ pub(crate) fn release_expired(
             if let Some(no) = r.open_turn {
                 interrupt(db.reborrow(), raw, no, at)?;
             }
-            let cause = format!("handoff: the lease of owner {left_by} expired");
+            let cause = match gone.contains(&left_by) {
+                true => format!("handoff: the process of owner {left_by} is gone"),
+                false => format!("handoff: the lease of owner {left_by} expired"),
+            };
             let step = Step {
                 at,
                 from: Some(r.state),

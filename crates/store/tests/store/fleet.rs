@@ -579,3 +579,41 @@ pub(crate) fn g1_g12_adopting_a_grandchild_adopts_its_whole_tree(b: Backend) {
         }
     });
 }
+
+/// A peer on this machine whose process is gone, its lease still running:
+/// its sessions are released for adoption at once, as `settle recover`
+/// takes them (same machine identity and PID namespace, pid gone), not
+/// only once its lease has run out; a live peer's are left alone.
+pub(crate) fn g8_g12_a_peer_whose_process_is_gone_here_is_released_before_its_lease_ends(
+    b: Backend,
+) {
+    let Some(db) = TestDb::new(b) else { return };
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    let gone = exited.id();
+    exited.wait().unwrap();
+    rt().block_on(async {
+        let store = open(&db);
+        let crashed = store
+            .register_owner(
+                OwnerInfo {
+                    pid: gone,
+                    ..OwnerInfo::this_process().advertising("ws://a/ws")
+                },
+                HOUR,
+            )
+            .await
+            .unwrap();
+        let alive = node(&*store, "ws://c/ws").await;
+        let live = node(&*store, "ws://b/ws").await;
+        let left = conversation(&*store, crashed).await;
+        let kept = conversation(&*store, alive).await;
+        let report = store.release_expired(live, now()).await.unwrap();
+        assert_eq!(report.released, vec![left], "{report:?}");
+        let adopted = store.adopt(live, left, now()).await.unwrap();
+        assert_eq!(adopted.session, left);
+        assert!(matches!(
+            store.locate(kept).await.unwrap(),
+            Whereabouts::Owned { live: true, .. }
+        ));
+    });
+}
