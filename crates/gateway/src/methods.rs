@@ -196,14 +196,19 @@ async fn create(
     // At the `--max-sessions` cap it evicts only its own principal's idle
     // sessions, never another's.
     let scope = shared.kernel.scope_of(caller.principal.name());
-    let handle = shared
-        .kernel
-        .register_in(scope, name, parent)
-        .await
-        .map_err(from_runtime)?;
+    // A named principal's is recorded as its with its row, in one write.
+    let registered = match caller.principal.name() {
+        Some(principal) => {
+            shared
+                .kernel
+                .register_for(principal, scope, name, parent)
+                .await
+        }
+        None => shared.kernel.register_in(scope, name, parent).await,
+    };
+    let handle = registered.map_err(from_runtime)?;
     let id = handle.id();
     place.own(id);
-    shared.record_principal(id, caller.principal).await;
     let entry = shared.adopt(handle);
     let created = json!({ "id": id.get() });
     match attach_caller(caller, &entry, params.close_on_disconnect).await {

@@ -1,5 +1,5 @@
-//! Who created each session, as the store keeps it: written when a named
-//! principal creates one, read when a principal asks for a session this
+//! Who created each session, as the store keeps it: written with its row
+//! when a named principal creates one ([`Kernel::register_for`](settle_runtime::Kernel::register_for)), read when a principal asks for a session this
 //! process does not know the owner of (created before a restart, or by
 //! another process of the fleet). The process's [`Owners`](crate::ownership::Owners)
 //! is a cache of it, so a principal's sessions answer it, and nobody else,
@@ -13,25 +13,6 @@ use crate::protocol::RpcError;
 use crate::shared::Shared;
 
 impl Shared {
-    /// Records the principal of a session created here, for a later
-    /// process (or another of the fleet) to answer to; best-effort (a
-    /// failure is logged: the session is then the anonymous principal's
-    /// wherever this process's memory of it is gone).
-    pub(crate) async fn record_principal(&self, id: SessionId, principal: &Principal) {
-        if principal.is_anonymous() {
-            return;
-        }
-        let name = principal.name().map(str::to_owned);
-        match self.kernel.set_principal(id, name).await {
-            // A store of the embedder's own that keeps no principals: its
-            // sessions are served by this process's memory alone.
-            Ok(()) | Err(RuntimeError::Store(StoreError::Unsupported(_))) => {}
-            Err(error) => {
-                tracing::warn!(session = %id, %error, "the session's principal could not be recorded");
-            }
-        }
-    }
-
     /// The principal the store recorded for session `id` (the anonymous
     /// one when none was, or the store keeps none).
     pub(crate) async fn recorded_owner(&self, id: SessionId) -> Result<Principal, RpcError> {

@@ -48,6 +48,8 @@ pub(crate) enum Command {
         budget: Option<settle_core::Budget>,
         /// Whose it is, for the LRU cap; `None`: its parent's (the core's rule).
         scope: Option<settle_core::Scope>,
+        /// Recorded with its row as who may use it through a gateway.
+        principal: Option<Arc<str>>,
         /// The caller, until told (by the recorder, or its own patience).
         reply: crate::told::RegisterTold,
     },

@@ -100,6 +100,7 @@ struct Parked {
     resumed_from: Option<SessionId>,
     budget: Option<settle_core::Budget>,
     scope: Option<Scope>,
+    principal: Option<Arc<str>>,
     reply: crate::told::RegisterTold,
 }
 
@@ -369,6 +370,7 @@ impl Driver {
                 resumed_from,
                 budget,
                 scope,
+                principal,
                 reply,
             } => self.register(Parked {
                 name,
@@ -376,6 +378,7 @@ impl Driver {
                 resumed_from,
                 budget,
                 scope,
+                principal,
                 reply,
             }),
             Command::StartTurn {
@@ -485,6 +488,7 @@ impl Driver {
             resumed_from,
             budget,
             scope,
+            principal,
             reply,
         } = parked;
         let session = SessionId(id);
@@ -525,6 +529,7 @@ impl Driver {
                 self.recorder.push(Record::CreateSession {
                     shared,
                     at,
+                    principal,
                     reply,
                     room_owed,
                 });

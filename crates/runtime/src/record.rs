@@ -21,6 +21,8 @@ pub(crate) enum Record {
     CreateSession {
         shared: Arc<SessionShared>,
         at: SystemTime,
+        /// Who may use it through a gateway, written with its row.
+        principal: Option<Arc<str>>,
         reply: crate::told::RegisterTold,
         /// Registered at the LRU cap: tell the core once the row is
         /// committed ([`Ack::Committed`](crate::command::Ack::Committed)),

@@ -145,6 +145,7 @@ impl Kernel {
                 budget: None,
                 // A root: the shared scope.
                 scope: None,
+                principal: None,
                 reply,
             })
             .await?;

@@ -544,7 +544,28 @@ impl Kernel {
         name: impl Into<String>,
         parent: Option<SessionId>,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, None, None).await
+        self.register_as(name.into(), parent, None, None, None)
+            .await
+    }
+
+    /// Registers a session as [`register_in`](Self::register_in) does,
+    /// recorded in the store as `principal`'s in the same write as its row
+    /// ([`principal`](Self::principal)): a gateway's client, who alone may
+    /// use it, on this process after a restart and on every process of a
+    /// fleet. A registration the store refused records nothing.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_for(
+        &self,
+        principal: &str,
+        scope: Scope,
+        name: impl Into<String>,
+        parent: Option<SessionId>,
+    ) -> Result<SessionHandle, RuntimeError> {
+        let principal = Some(Arc::from(principal));
+        self.register_as(name.into(), parent, None, Some(scope), principal)
+            .await
     }
 
     /// Registers a session as [`register`](Self::register) does, in
@@ -563,7 +584,7 @@ impl Kernel {
         name: impl Into<String>,
         parent: Option<SessionId>,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, None, Some(scope))
+        self.register_as(name.into(), parent, None, Some(scope), None)
             .await
     }
 
@@ -580,7 +601,7 @@ impl Kernel {
         parent: Option<SessionId>,
         budget: Budget,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, Some(budget), Some(scope))
+        self.register_as(name.into(), parent, Some(budget), Some(scope), None)
             .await
     }
 
@@ -605,7 +626,7 @@ impl Kernel {
         parent: Option<SessionId>,
         budget: Budget,
     ) -> Result<SessionHandle, RuntimeError> {
-        self.register_as(name.into(), parent, Some(budget), None)
+        self.register_as(name.into(), parent, Some(budget), None, None)
             .await
     }
 
@@ -615,17 +636,19 @@ impl Kernel {
         parent: Option<SessionId>,
         budget: Option<Budget>,
         scope: Option<Scope>,
+        principal: Option<Arc<str>>,
     ) -> Result<SessionHandle, RuntimeError> {
         check_name(&name)?;
         let name: Arc<str> = name.into();
         let register = || {
-            let name = name.clone();
+            let (name, principal) = (name.clone(), principal.clone());
             self.register_command(move |reply| Command::Register {
                 name,
                 parent,
                 resumed_from: None,
                 budget,
                 scope,
+                principal,
                 reply,
             })
         };

@@ -323,6 +323,9 @@ impl Tables {
         };
         row.record(at, None, State::Registered, &Cause::Registered.to_string());
         self.sessions.insert(id, row);
+        if let Some(principal) = new.principal {
+            self.principals.insert(id, principal);
+        }
         Ok(SessionId(id))
     }
 

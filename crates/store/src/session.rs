@@ -33,6 +33,10 @@ pub struct NewSession {
     /// The session this one continues (`settle chat --resume`), which must
     /// exist; `None` for a fresh start.
     pub resumed_from: Option<SessionId>,
+    /// Who may use it through a gateway, recorded in the same write as its
+    /// row ([`SessionStore::principal`](crate::SessionStore::principal));
+    /// `None`: nobody's in particular.
+    pub principal: Option<String>,
 }
 
 impl NewSession {
@@ -45,7 +49,14 @@ impl NewSession {
             owner,
             created_at: SystemTime::now(),
             resumed_from: None,
+            principal: None,
         }
+    }
+
+    /// Record it as `principal`'s (a gateway's client), with its row.
+    pub fn for_principal(mut self, principal: impl Into<String>) -> Self {
+        self.principal = Some(principal.into());
+        self
     }
 
     /// Register it under `id`, reserved earlier with

@@ -41,12 +41,14 @@ impl Recorder {
             Record::CreateSession {
                 shared,
                 at,
+                principal,
                 reply,
                 room_owed,
             } => {
                 let mut new = NewSession::new(shared.name.to_string(), self.owner)
                     .with_id(shared.id)
                     .at(at);
+                new.principal = principal.map(|p| p.to_string());
                 new.parent = shared.parent;
                 new.resumed_from = shared.resumed_from;
                 self.split_after(pending, &[shared.parent, shared.resumed_from])

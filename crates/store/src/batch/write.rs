@@ -113,6 +113,24 @@ fn insert_sessions(mut db: Db<'_>, d: &mut Decided<'_>) -> Result<Vec<i64>, Stor
     for part in pieces(&rows) {
         on_db!(db.reborrow(), |c| insert_rows!(c, part)).context("registering sessions")?;
     }
+    // Whose each is, in the same transaction: never a row without it.
+    let owned: Vec<(i64, &str)> = d
+        .registrations
+        .iter()
+        .zip(&ids)
+        .filter_map(|(r, &id)| r.new.principal.as_deref().map(|p| (id, p)))
+        .collect();
+    for (id, principal) in owned {
+        on_db!(db.reborrow(), |c| diesel::insert_into(
+            crate::schema::session_principals::table
+        )
+        .values((
+            crate::schema::session_principals::session.eq(id),
+            crate::schema::session_principals::principal.eq(principal),
+        ))
+        .execute(c))
+        .context("recording a session's principal")?;
+    }
     for (r, &id) in d.registrations.iter().zip(&ids) {
         d.results[r.item] = Some(Ok(Applied::Registered(session_id(id)?)));
     }

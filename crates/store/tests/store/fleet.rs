@@ -617,3 +617,42 @@ pub(crate) fn g8_g12_a_peer_whose_process_is_gone_here_is_released_before_its_le
         ));
     });
 }
+
+/// A session registered for a principal is recorded as its in the same
+/// write as its row: in every store, with the other registrations of its
+/// batch (one without a principal stays the anonymous one's), so that no
+/// session is ever created without the owner it was created for.
+pub(crate) fn a_principal_is_recorded_with_its_sessions_registration(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let me = node(&*store, "ws://a/ws").await;
+        let answers = store
+            .apply(vec![
+                LifecycleWrite::Register(NewSession::new("hers", me).for_principal("alice")),
+                LifecycleWrite::Register(NewSession::new("nobody's", me)),
+            ])
+            .await;
+        let ids: Vec<SessionId> = answers
+            .into_iter()
+            .map(|a| match a {
+                Ok(settle_store::Applied::Registered(id)) => id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            store.principal(ids[0]).await.unwrap().as_deref(),
+            Some("alice")
+        );
+        assert_eq!(store.principal(ids[1]).await.unwrap(), None);
+        let filter = SessionFilter::all().of_principal(Some("alice".into()));
+        let listed: Vec<SessionId> = store
+            .list_sessions(filter)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(listed, vec![ids[0]]);
+    });
+}

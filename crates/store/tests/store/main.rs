@@ -117,6 +117,7 @@ on_backends! {
         fleet::g8_g12_a_crashed_peers_sessions_are_released_with_their_turn_interrupted,
         fleet::g8_g12_a_peer_whose_process_is_gone_here_is_released_before_its_lease_ends,
         fleet::g12_a_sessions_principal_comes_with_its_adoption,
+        fleet::a_principal_is_recorded_with_its_sessions_registration,
         fleet::g1_g12_adopting_a_grandchild_adopts_its_whole_tree,
     ],
 }
