@@ -918,3 +918,55 @@ async fn g12_a_principals_finalized_session_answers_it_on_every_process() {
     assert_eq!(a.stop(), 143);
     assert_eq!(b.stop(), 143);
 }
+
+/// G12 with the orphan reap (SPEC §10): the members of a tree adopted with
+/// the session a client attached had their transport on the process that
+/// handed them off; it went with that process. They are orphans from
+/// their adoption, reaped once the grace has passed unless a client
+/// attaches them, as the same tree is without a handoff, not kept for the
+/// idle TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g12_g3_tree_members_adopted_unattached_are_orphans_reaped_after_the_grace() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let grace = ["--orphan-grace", "1s"];
+    let mut a = Node::start_with(&sandbox, &pg.url, &model, "30s", &grace);
+    let mut b = Node::start_with(&sandbox, &pg.url, &model, "30s", &grace);
+    let mut on_a = connect(&a.addr).await;
+    let parent = create(&mut on_a, "parent").await;
+    let child = on_a
+        .ok(
+            "session.create",
+            json!({ "name": "child", "parent": parent }),
+        )
+        .await["id"]
+        .as_u64()
+        .unwrap();
+    a.running.signal(Signal::SIGTERM);
+    on_a.until_closed().await;
+    assert_eq!(
+        status_code(a.running.exited_within(PATIENCE).expect("A exits")),
+        143
+    );
+
+    let mut on_b = connect(&b.addr).await;
+    on_b.ok("session.attach", json!({ "id": parent })).await;
+    drop(on_b);
+    let start = Instant::now();
+    while [parent, child]
+        .iter()
+        .any(|id| row(&pg.url, *id)["state"] != "finalized")
+    {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "never reaped: {:?}",
+            rows(&pg.url)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for id in [parent, child] {
+        assert_eq!(row(&pg.url, id)["end_reason"], "orphan_reap", "{id}");
+    }
+    assert_eq!(b.stop(), 143);
+}

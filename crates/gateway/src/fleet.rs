@@ -166,6 +166,14 @@ impl Shared {
             held,
         );
         tracing::info!(session = %id, turns = adoption.turns, "adopted a session");
+        // Its clients' transport was on the process that handed it off,
+        // and went with it: here it is an orphan from now (SPEC §10), its
+        // grace running until a client attaches it (the one that asked for
+        // it does at once), as after a client's disconnect. Told to the
+        // core as what happened: a transport attached, and gone.
+        if adoption.session.attach_transport(false).await.is_ok() {
+            let _ = adoption.session.detach_transport().await;
+        }
         let entry = self.adopt(adoption.session);
         entry.conversation.lock().await.replace(adoption.history);
         entry
