@@ -130,6 +130,7 @@ impl KernelBuilder {
             lease_lost_why: lease_lost_why.clone(),
             in_flight: None,
             retries: Default::default(),
+            owed_holds: Default::default(),
             spent_said: Default::default(),
         };
         let recorder = tokio::spawn(recorder.run(records));

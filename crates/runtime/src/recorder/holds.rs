@@ -1,13 +1,46 @@
 //! A session's holds recorded in the store as they change (SPEC §5), in
 //! order with the records around them, so that a process adopting it after
 //! this one crashed keeps them: a held session is reclaimable by no
-//! automatic path, in any process.
+//! automatic path, in any process. A record a store blip refused is owed,
+//! and written once the store takes writes again, as a turn's end is; a
+//! later change of the same session's holds supersedes it.
+
+use std::time::Duration;
 
 use settle_core::{Handled, Holds, SessionId};
 
+use super::retry::may_heal;
 use super::Recorder;
+use crate::backoff::Backoff;
 use crate::command::Ack;
 use crate::record::HoldsTold;
+
+/// Maps keyed by session: foldhash, as everywhere on the recorder's path.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The holds records a store blip refused, newest per session, and when to
+/// try them again.
+#[derive(Default)]
+pub(crate) struct OwedHolds {
+    owed: HashMap<SessionId, Holds>,
+    wait: Option<Backoff>,
+    next: Option<tokio::time::Instant>,
+}
+
+impl OwedHolds {
+    /// When to try again, if anything is owed.
+    pub(super) fn due(&self) -> Option<tokio::time::Instant> {
+        self.next
+    }
+
+    fn owe(&mut self, session: SessionId, holds: Holds) {
+        self.owed.insert(session, holds);
+        if self.next.is_none() {
+            let wait = self.wait.get_or_insert_with(Backoff::new).next_wait();
+            self.next = Some(tokio::time::Instant::now() + wait);
+        }
+    }
+}
 
 impl Recorder {
     /// Records `session`'s `holds`, then tells whoever asked for the change
@@ -16,18 +49,27 @@ impl Recorder {
     /// store did not take goes back to the driver, which takes it back
     /// before its caller is told the store's error. A release is answered
     /// once its record is tried: it is in effect here either way, and a
-    /// record the store did not take (said and counted) leaves the session
-    /// held for an adopter only, which is the side that reclaims nothing.
+    /// record the store did not take is owed, written once the store takes
+    /// writes again.
     pub(super) async fn record_holds(
         &mut self,
         session: SessionId,
         holds: Holds,
         told: Option<HoldsTold>,
     ) {
+        // This record is the session's newest: one owed before is stale.
+        self.owed_holds.owed.remove(&session);
         let call = self.store.record_holds(self.owner, session, holds);
         let written = self.bounded(call).await;
         if let Err(unwritten) = &written {
             self.failed(Some(session), "record a session's holds", unwritten);
+        }
+        let taken_back = matches!(&told, Some(HoldsTold { hold: Some(_), .. }));
+        if let Err(unwritten) = &written {
+            // A hold taken back is followed by the record of its taking back.
+            if !taken_back && may_heal(unwritten) {
+                self.owed_holds.owe(session, holds);
+            }
         }
         let Some(HoldsTold { hold, reply }) = told else {
             return;
@@ -46,5 +88,38 @@ impl Recorder {
                 let _ = reply.send(Ok(Handled::Applied));
             }
         }
+    }
+
+    /// Tries every owed holds record once more; what the store still
+    /// refuses in a way that may heal stays owed, the next wait doubled.
+    pub(super) async fn retry_holds(&mut self) {
+        let owed = std::mem::take(&mut self.owed_holds.owed);
+        self.owed_holds.next = None;
+        let mut again = Vec::new();
+        for (session, holds) in owed {
+            let call = self.store.record_holds(self.owner, session, holds);
+            match self.bounded(call).await {
+                Ok(()) => {}
+                Err(unwritten) if may_heal(&unwritten) => again.push((session, holds)),
+                Err(unwritten) => {
+                    self.failed(Some(session), "record a session's holds", &unwritten);
+                }
+            }
+        }
+        if again.is_empty() {
+            self.owed_holds.wait = None;
+            return;
+        }
+        let wait = self
+            .owed_holds
+            .wait
+            .get_or_insert_with(Backoff::new)
+            .next_wait()
+            .max(Duration::from_millis(1));
+        for (session, holds) in again {
+            // A newer record taken meanwhile (none can be: this runs alone).
+            self.owed_holds.owed.entry(session).or_insert(holds);
+        }
+        self.owed_holds.next = Some(tokio::time::Instant::now() + wait);
     }
 }

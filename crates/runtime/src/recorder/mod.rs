@@ -113,6 +113,8 @@ pub(crate) struct Recorder {
     pub in_flight: Option<InFlight>,
     /// The writes a store blip left unwritten, to try again.
     pub retries: Retries,
+    /// The holds records a store blip refused, to write once it heals.
+    pub owed_holds: holds::OwedHolds,
     /// Whether the shutdown's time for the store's writes was said to have
     /// run out (once: every write left fails then).
     pub spent_said: std::cell::Cell<bool>,
@@ -125,6 +127,7 @@ impl Recorder {
         loop {
             let due = held.due(self.in_flight.is_some());
             let retry_due = self.retries.due();
+            let holds_due = self.owed_holds.due();
             let in_flight = async {
                 match self.in_flight.as_mut() {
                     Some(batch) => batch.results.as_mut().await,
@@ -142,6 +145,10 @@ impl Recorder {
                 }
                 () = sleep_until(retry_due), if retry_due.is_some() => {
                     self.retry().await;
+                    continue;
+                }
+                () = sleep_until(holds_due), if holds_due.is_some() => {
+                    self.retry_holds().await;
                     continue;
                 }
                 n = records.recv_many(&mut batch, 1) => n,

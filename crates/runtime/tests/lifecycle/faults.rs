@@ -2021,3 +2021,38 @@ async fn g7_a_turn_end_whose_answer_timed_out_is_written_ahead_of_its_finalize()
     let report = kernel.shutdown(Duration::ZERO).await;
     assert_eq!(report.store_failures, 0, "{report:?}");
 }
+
+/// G12 with holds (SPEC §5): a release whose record a blip refused is
+/// written once the store takes writes again, as a turn's end is, so that
+/// a crash after the blip does not leave an adopter a session held for
+/// good; a later change of the same session's holds supersedes it.
+#[tokio::test(start_paused = true)]
+async fn g12_a_release_the_store_refused_is_written_once_it_heals() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("waiting", None).await.unwrap();
+    assert_eq!(
+        session.hold(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    store.fail_holds.store(3, Ordering::SeqCst);
+    // Answered: the release is in effect here; its record waits.
+    assert_eq!(
+        session.release(Hold::PendingInput).await.unwrap(),
+        Handled::Applied
+    );
+    let last = |store: &Faulty| store.holds_written.lock().unwrap().last().cloned();
+    assert!(
+        last(&store).is_some_and(|(_, h)| !h.is_empty()),
+        "the hold's record"
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let written = last(&store).expect("records");
+    assert_eq!(written.0, session.id());
+    assert!(
+        written.1.is_empty(),
+        "the release was never written: {written:?}"
+    );
+    assert_eq!(store.fail_holds.load(Ordering::SeqCst), 0);
+    kernel.shutdown(DRAIN).await;
+}
