@@ -130,6 +130,8 @@ fn key_file(path: &Path, shown: &str) -> Result<String, Failure> {
         .strip_suffix('\n')
         .map(|t| t.strip_suffix('\r').unwrap_or(t))
         .unwrap_or(&text);
+    // Blanks around it are no part of a key: sent, they fail every request.
+    let text = text.trim_matches([' ', '\t']);
     if text.trim().is_empty() {
         return Err(Failure::bad_input(format!(
             "the API key file {shown} is empty: write the key on one line"
@@ -169,11 +171,12 @@ mod tests {
             ("sk-unix\n", "unix"),
             ("sk-dos\r\n", "dos"),
             ("sk-bare", "bare"),
+            (" sk-blank\t\n", "blank"),
         ] {
             let path = dir.path().join(name);
             std::fs::write(&path, text).unwrap();
             let key = key_of(&["--api-key-file", path.to_str().unwrap()]).unwrap();
-            assert_eq!(key.as_deref(), Some(text.trim_end()), "{name}");
+            assert_eq!(key.as_deref(), Some(text.trim()), "{name}");
         }
     }
 
