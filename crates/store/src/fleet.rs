@@ -151,6 +151,26 @@ fn owner(db: Db<'_>, owner: i64) -> Result<Option<(i64, Option<String>)>, StoreE
     .context("reading an owner")
 }
 
+/// Whether owner `raw` is gone at `now` (its lease expired, or, on this
+/// machine and PID namespace, its process is gone: as recovery judges),
+/// and where clients reached it. An owner with no row is gone.
+fn owner_gone(mut db: Db<'_>, raw: i64, now: i64) -> Result<(bool, Option<String>), StoreError> {
+    let found: Option<(crate::lease::OwnerColumns, Option<String>)> =
+        on_db!(db.reborrow(), |c| owners::table
+            .filter(owners::id.eq(raw))
+            .select((crate::lease::OWNER_COLUMNS, owners::advertise))
+            .first(c)
+            .optional())
+        .context("reading an owner")?;
+    let Some((columns, advertise)) = found else {
+        return Ok((true, None));
+    };
+    let owner = crate::lease::OwnerRow::from_columns(columns)?;
+    let here = crate::lease::HostIdentity::this_process();
+    let gone = crate::recover::verdict(&owner, now, &here).is_some();
+    Ok((gone, advertise))
+}
+
 /// Refused with `LeaseLost` unless `me` holds its lease at `now`.
 fn holds_lease(db: Db<'_>, me: OwnerId, now: i64) -> Result<i64, StoreError> {
     let raw = me.raw()?;
@@ -173,11 +193,11 @@ pub(crate) fn locate(mut db: Db<'_>, id: SessionId) -> Result<Whereabouts, Store
     if r.released_at.is_some() {
         return Ok(Whereabouts::Released);
     }
-    let (expires, advertise) = owner(db, r.owner)?.unwrap_or((0, None));
+    let (gone, advertise) = owner_gone(db, r.owner, now)?;
     Ok(Whereabouts::Owned {
         owner: OwnerId(r.owner.unsigned_abs()),
         advertise,
-        live: expires > now,
+        live: !gone,
     })
 }
 
@@ -449,8 +469,8 @@ fn adopt_one(
         if r.state == State::Finalized {
             return Err(StoreError::SessionClosed(id));
         }
-        let (expires, advertise) = owner(db.reborrow(), r.owner)?.unwrap_or((0, None));
-        let abandoned = r.released_at.is_none() && expires <= now && r.owner != mine;
+        let (gone, advertise) = owner_gone(db.reborrow(), r.owner, now)?;
+        let abandoned = r.released_at.is_none() && gone && r.owner != mine;
         if r.released_at.is_none() && !abandoned {
             return Err(match r.owner == mine {
                 true => StoreError::NotReleased {

@@ -606,7 +606,17 @@ pub(crate) fn g8_g12_a_peer_whose_process_is_gone_here_is_released_before_its_le
         let alive = node(&*store, "ws://c/ws").await;
         let live = node(&*store, "ws://b/ws").await;
         let left = conversation(&*store, crashed).await;
+        let taken = conversation(&*store, crashed).await;
         let kept = conversation(&*store, alive).await;
+        // Gone, not live: adopted at once, as an expired peer's session is.
+        assert!(matches!(
+            store.locate(taken).await.unwrap(),
+            Whereabouts::Owned { live: false, .. }
+        ));
+        assert_eq!(
+            store.adopt(live, taken, now()).await.unwrap().session,
+            taken
+        );
         let report = store.release_expired(live, now()).await.unwrap();
         assert_eq!(report.released, vec![left], "{report:?}");
         let adopted = store.adopt(live, left, now()).await.unwrap();
