@@ -166,8 +166,7 @@ fn owner_gone(mut db: Db<'_>, raw: i64, now: i64) -> Result<(bool, Option<String
         return Ok((true, None));
     };
     let owner = crate::lease::OwnerRow::from_columns(columns)?;
-    let here = crate::lease::HostIdentity::this_process();
-    let gone = crate::recover::verdict(&owner, now, &here).is_some();
+    let gone = crate::recover::verdict(&owner, now, crate::lease::HostIdentity::here()).is_some();
     Ok((gone, advertise))
 }
 
@@ -626,11 +625,11 @@ pub(crate) fn release_expired(
         .select(crate::lease::OWNER_COLUMNS)
         .load(c))
     .context("looking for peers whose process is gone")?;
-    let here = crate::lease::HostIdentity::this_process();
+    let here = crate::lease::HostIdentity::here();
     let mut gone = Vec::new();
     for columns in leased {
         let owner = crate::lease::OwnerRow::from_columns(columns)?;
-        if crate::recover::verdict(&owner, now, &here).is_some() {
+        if crate::recover::verdict(&owner, now, here).is_some() {
             gone.push(owner.id.raw()?);
         }
     }

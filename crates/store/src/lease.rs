@@ -62,6 +62,13 @@ impl HostIdentity {
         }
     }
 
+    /// Where this process runs, read once: a fleet's lookups judge a peer
+    /// from it on every `locate` and adoption.
+    pub(crate) fn here() -> &'static HostIdentity {
+        static HERE: std::sync::OnceLock<HostIdentity> = std::sync::OnceLock::new();
+        HERE.get_or_init(HostIdentity::this_process)
+    }
+
     /// A place known to share processes with none: recovery from it trusts
     /// leases alone.
     pub fn unknown() -> Self {

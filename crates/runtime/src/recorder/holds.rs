@@ -5,8 +5,6 @@
 //! and written once the store takes writes again, as a turn's end is; a
 //! later change of the same session's holds supersedes it.
 
-use std::time::Duration;
-
 use settle_core::{Handled, Holds, SessionId};
 
 use super::retry::may_heal;
@@ -108,18 +106,9 @@ impl Recorder {
         }
         if again.is_empty() {
             self.owed_holds.wait = None;
-            return;
         }
-        let wait = self
-            .owed_holds
-            .wait
-            .get_or_insert_with(Backoff::new)
-            .next_wait()
-            .max(Duration::from_millis(1));
         for (session, holds) in again {
-            // A newer record taken meanwhile (none can be: this runs alone).
-            self.owed_holds.owed.entry(session).or_insert(holds);
+            self.owed_holds.owe(session, holds);
         }
-        self.owed_holds.next = Some(tokio::time::Instant::now() + wait);
     }
 }
