@@ -241,23 +241,8 @@ impl Driver {
                 () = &mut timer, if armed.is_some() => armed = None,
                 n = self.reports.recv_many(&mut reports, BATCH) => {
                     self.tick();
-                    // A work closes its stream just before it ends: when both
-                    // reports are in this batch, the end alone says it all
-                    // (the core forgets the work and its stream with it).
-                    ending.clear();
-                    ending.extend(
-                        reports
-                            .iter()
-                            .filter(|(_, s)| matches!(s, WorkSignal::Ended(_)))
-                            .map(|(w, _)| *w),
-                    );
-                    for report in reports.drain(..n) {
-                        let closing = matches!(report.1, WorkSignal::StreamClosed);
-                        if closing && ending.contains(&report.0) {
-                            continue;
-                        }
-                        self.on_report(report);
-                    }
+                    reports.truncate(n);
+                    self.on_reports(&mut reports, &mut ending);
                 }
                 n = self.acks.recv_many(&mut acks, BATCH), if self.recorder_lost.is_none() => {
                     self.tick();
@@ -273,6 +258,19 @@ impl Driver {
                 command = self.commands.recv(), if commands_open => match command {
                     Some(command) => {
                         self.tick();
+                        // The reports sent before this command was (a task's
+                        // end, before its caller had the result and asked for
+                        // what follows) may have arrived after the reports
+                        // were polled in this pass: they go first (G6).
+                        while reports.len() < BATCH {
+                            match self.reports.try_recv() {
+                                Ok(report) => reports.push(report),
+                                Err(_) => break,
+                            }
+                        }
+                        if !reports.is_empty() {
+                            self.on_reports(&mut reports, &mut ending);
+                        }
                         self.on_command(command);
                     }
                     None => {
@@ -356,6 +354,30 @@ impl Driver {
     }
 
     /// Feeds one input to the core and executes what it ordered.
+    /// Takes a batch of works' reports. A work closes its stream just
+    /// before it ends: when both reports are in the batch, the end alone
+    /// says it all (the core forgets the work and its stream with it).
+    fn on_reports(
+        &mut self,
+        reports: &mut Vec<(WorkId, WorkSignal)>,
+        ending: &mut std::collections::HashSet<WorkId, foldhash::fast::RandomState>,
+    ) {
+        ending.clear();
+        ending.extend(
+            reports
+                .iter()
+                .filter(|(_, s)| matches!(s, WorkSignal::Ended(_)))
+                .map(|(w, _)| *w),
+        );
+        for report in reports.drain(..) {
+            let closing = matches!(report.1, WorkSignal::StreamClosed);
+            if closing && ending.contains(&report.0) {
+                continue;
+            }
+            self.on_report(report);
+        }
+    }
+
     fn input(&mut self, event: Event) -> Result<Handled, settle_core::Error> {
         let handled = self.core.handle(self.now, event);
         self.execute();
