@@ -137,6 +137,7 @@ mod conn;
 mod ids;
 
 mod batch;
+mod chain;
 mod checkpoint;
 mod chunk;
 mod durability;

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use settle_core::{Holds, SessionId, State};
 
 use crate::batch::{Applied, LifecycleWrite};
+use crate::chain::Chain;
 use crate::checkpoint::Checkpointer;
 use crate::chunk::{ChunkReceipt, NewChunk};
 use crate::conn::Db;
@@ -46,6 +47,8 @@ struct Inner {
     postgres: bool,
     /// A shutdown gave up on its writes: closing does not wait for them.
     given_up: AtomicBool,
+    /// The lifecycle batches handed one behind another (`apply_chained`).
+    chain: Arc<Chain>,
 }
 
 impl Drop for Inner {
@@ -193,6 +196,7 @@ impl Store {
                 location,
                 postgres: matches!(target, Target::Postgres(_)),
                 given_up: AtomicBool::new(false),
+                chain: Arc::default(),
             }),
         })
     }
@@ -213,6 +217,26 @@ impl Store {
         F: FnOnce(Db<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         self.inner.writer.call(f).await
+    }
+
+    /// One batch of lifecycle writes on the writer thread, as `writer`
+    /// when given, `chained` behind the batch before it or not (see
+    /// [`SessionStore::apply_chained`]).
+    async fn apply_batch(
+        &self,
+        writer: Option<OwnerId>,
+        batch: Vec<LifecycleWrite>,
+        chained: bool,
+    ) -> Vec<Result<Applied, StoreError>> {
+        let n = batch.len();
+        let chain = self.inner.chain.clone();
+        let applied = self
+            .write(move |db| chain.run(chained, || crate::batch::apply(db, &batch, writer)))
+            .await;
+        match applied {
+            Ok(results) => results,
+            Err(e) => vec![Err(e); n],
+        }
     }
 
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
@@ -275,14 +299,7 @@ impl SessionStore for Store {
     }
 
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
-        let n = batch.len();
-        match self
-            .write(move |db| crate::batch::apply(db, &batch, None))
-            .await
-        {
-            Ok(results) => results,
-            Err(e) => vec![Err(e); n],
-        }
+        self.apply_batch(None, batch, false).await
     }
 
     async fn apply_as(
@@ -290,14 +307,15 @@ impl SessionStore for Store {
         writer: OwnerId,
         batch: Vec<LifecycleWrite>,
     ) -> Vec<Result<Applied, StoreError>> {
-        let n = batch.len();
-        match self
-            .write(move |db| crate::batch::apply(db, &batch, Some(writer)))
-            .await
-        {
-            Ok(results) => results,
-            Err(e) => vec![Err(e); n],
-        }
+        self.apply_batch(Some(writer), batch, false).await
+    }
+
+    async fn apply_chained(
+        &self,
+        writer: OwnerId,
+        batch: Vec<LifecycleWrite>,
+    ) -> Vec<Result<Applied, StoreError>> {
+        self.apply_batch(Some(writer), batch, true).await
     }
 
     /// Every write goes to the one writer thread when its future is first

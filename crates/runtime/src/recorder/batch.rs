@@ -279,8 +279,15 @@ impl Recorder {
             // Fenced per writer: a session this process released, or that
             // another one adopted, is never written by it (G8, G12).
             let owner = self.owner;
+            // Handed while the batch before it is in flight: chained behind
+            // it, so that if that one fails, this one is refused and tried
+            // again behind its writes rather than committed ahead of them.
+            let chained = self.in_flight.is_some();
             Box::pin(within(self.bound(), self.deadline.clone(), async move {
-                Ok(store.apply_as(owner, writes).await)
+                Ok(match chained {
+                    true => store.apply_chained(owner, writes).await,
+                    false => store.apply_as(owner, writes).await,
+                })
             }))
         };
         Some(InFlight {

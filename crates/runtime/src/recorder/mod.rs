@@ -11,7 +11,12 @@
 //! the order they are handed to it ([`SessionStore::applies_in_order`], as
 //! the database store's one writer thread does), the next batch is handed
 //! over while one is still being committed, and the answers of the one
-//! before go out meanwhile: the database never waits for the recorder.
+//! before go out meanwhile: the database never waits for the recorder. It
+//! is handed chained behind that one ([`SessionStore::apply_chained`]): if
+//! that one's transaction fails, this one is refused too and its writes
+//! are tried again behind the failed ones, so that a write is never
+//! committed ahead of one decided before it (a parent's finalize ahead of
+//! its child's), even when the database takes writes again in between.
 //!
 //! A session's end is one write: the finalize carries the session's turn
 //! end and transitions that the driver's same input ordered right before

@@ -50,6 +50,13 @@ struct Faulty {
     /// server was stopped.
     stall_reads: Arc<AtomicBool>,
     lose_lease: Arc<AtomicBool>,
+    /// How many more batches fail as a whole, whatever they hold, as a
+    /// transaction on a full disk does; answered as every batch is (held
+    /// with `hold_answers`).
+    fail_batches: Arc<AtomicUsize>,
+    /// Whether a batch failed since the last one handed unchained: a
+    /// batch chained behind it is refused (`SessionStore::apply_chained`).
+    chain_broken: Arc<AtomicBool>,
     hold_answers: Arc<AtomicBool>,
     answers: Arc<tokio::sync::Semaphore>,
     /// How many more batches holding a turn's end or a turn's start fail
@@ -99,6 +106,8 @@ impl Default for Faulty {
             stall: Arc::default(),
             stall_reads: Arc::default(),
             lose_lease: Arc::default(),
+            fail_batches: Arc::default(),
+            chain_broken: Arc::default(),
             hold_answers: Arc::default(),
             answers: Arc::new(tokio::sync::Semaphore::new(0)),
             fail_turn_writes: Arc::default(),
@@ -134,6 +143,92 @@ impl Faulty {
             .is_ok()
     }
 
+    async fn applied(
+        &self,
+        batch: Vec<LifecycleWrite>,
+        chained: bool,
+    ) -> Vec<Result<Applied, StoreError>> {
+        self.stall_point().await;
+        if self.panic_on_apply.load(Ordering::SeqCst) {
+            panic!("the store's apply panicked");
+        }
+        if let Ok(mut log) = self.log.lock() {
+            log.extend(batch.iter().cloned());
+        }
+        if let Err(lost) = self.fenced(OWNER) {
+            return batch.iter().map(|_| Err(lost.clone())).collect();
+        }
+        let refused = chained && self.chain_broken.load(Ordering::SeqCst);
+        let fail = refused
+            || self
+                .fail_batches
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if fail {
+            self.chain_broken.store(true, Ordering::SeqCst);
+            self.held_answer().await;
+            return batch.iter().map(|_| Err(locked())).collect();
+        }
+        if !chained {
+            self.chain_broken.store(false, Ordering::SeqCst);
+        }
+        // A session's end carries its turn's end (`FinalizeRequest::turn_end`).
+        let turn_write = batch.iter().any(|w| match w {
+            LifecycleWrite::EndTurn { .. } | LifecycleWrite::StartTurn { .. } => true,
+            LifecycleWrite::Finalize { plan, .. } => plan.turn_end.is_some(),
+            _ => false,
+        });
+        let fail = turn_write
+            && self
+                .fail_turn_writes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if fail {
+            self.chain_broken.store(true, Ordering::SeqCst);
+            return batch.iter().map(|_| Err(locked())).collect();
+        }
+        let registering = batch
+            .iter()
+            .any(|w| matches!(w, LifecycleWrite::Register(_)));
+        if registering
+            && self
+                .fail_registrations
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            if self.land_failed_registrations.load(Ordering::SeqCst) {
+                let _ = self.inner.apply(batch.clone()).await;
+            }
+            self.chain_broken.store(true, Ordering::SeqCst);
+            return batch.iter().map(|_| Err(locked())).collect();
+        }
+        // Applied on a task of its own, as on the database's writer thread:
+        // a caller that stops waiting does not stop the write.
+        let one_at_a_time = self.in_order.clone().lock_owned().await;
+        let slow = self.slow_ms.load(Ordering::SeqCst);
+        let inner = self.inner.clone();
+        let applied = tokio::spawn(async move {
+            let _in_order = one_at_a_time;
+            if slow > 0 {
+                tokio::time::sleep(Duration::from_millis(slow)).await;
+            }
+            inner.apply(batch).await
+        });
+        let Ok(results) = applied.await else {
+            return Vec::new();
+        };
+        self.held_answer().await;
+        results
+    }
+
+    /// With `hold_answers`, waits for the test's permit to answer.
+    async fn held_answer(&self) {
+        if self.hold_answers.load(Ordering::SeqCst) {
+            if let Ok(permit) = self.answers.acquire().await {
+                permit.forget();
+            }
+        }
+    }
     fn fenced(&self, owner: OwnerId) -> Result<(), StoreError> {
         if self.lose_lease.load(Ordering::SeqCst) {
             Err(StoreError::LeaseLost(owner))
@@ -208,65 +303,14 @@ impl SessionStore for Faulty {
         self.inner.flush().await
     }
     async fn apply(&self, batch: Vec<LifecycleWrite>) -> Vec<Result<Applied, StoreError>> {
-        self.stall_point().await;
-        if self.panic_on_apply.load(Ordering::SeqCst) {
-            panic!("the store's apply panicked");
-        }
-        if let Ok(mut log) = self.log.lock() {
-            log.extend(batch.iter().cloned());
-        }
-        if let Err(lost) = self.fenced(OWNER) {
-            return batch.iter().map(|_| Err(lost.clone())).collect();
-        }
-        // A session's end carries its turn's end (`FinalizeRequest::turn_end`).
-        let turn_write = batch.iter().any(|w| match w {
-            LifecycleWrite::EndTurn { .. } | LifecycleWrite::StartTurn { .. } => true,
-            LifecycleWrite::Finalize { plan, .. } => plan.turn_end.is_some(),
-            _ => false,
-        });
-        let fail = turn_write
-            && self
-                .fail_turn_writes
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-        if fail {
-            return batch.iter().map(|_| Err(locked())).collect();
-        }
-        let registering = batch
-            .iter()
-            .any(|w| matches!(w, LifecycleWrite::Register(_)));
-        if registering
-            && self
-                .fail_registrations
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            if self.land_failed_registrations.load(Ordering::SeqCst) {
-                let _ = self.inner.apply(batch.clone()).await;
-            }
-            return batch.iter().map(|_| Err(locked())).collect();
-        }
-        // Applied on a task of its own, as on the database's writer thread:
-        // a caller that stops waiting does not stop the write.
-        let one_at_a_time = self.in_order.clone().lock_owned().await;
-        let slow = self.slow_ms.load(Ordering::SeqCst);
-        let inner = self.inner.clone();
-        let applied = tokio::spawn(async move {
-            let _in_order = one_at_a_time;
-            if slow > 0 {
-                tokio::time::sleep(Duration::from_millis(slow)).await;
-            }
-            inner.apply(batch).await
-        });
-        let Ok(results) = applied.await else {
-            return Vec::new();
-        };
-        if self.hold_answers.load(Ordering::SeqCst) {
-            if let Ok(permit) = self.answers.acquire().await {
-                permit.forget();
-            }
-        }
-        results
+        self.applied(batch, false).await
+    }
+    async fn apply_chained(
+        &self,
+        _writer: OwnerId,
+        batch: Vec<LifecycleWrite>,
+    ) -> Vec<Result<Applied, StoreError>> {
+        self.applied(batch, true).await
     }
     fn applies_in_order(&self) -> bool {
         self.hold_answers.load(Ordering::SeqCst)
@@ -887,6 +931,71 @@ async fn g7_a_batch_handed_ahead_is_answered_only_once_committed_and_in_order() 
     store.answers.add_permits(usize::MAX >> 4);
     let report = kernel.shutdown(Duration::ZERO).await;
     assert_eq!(report.store_failures, 0);
+}
+
+/// G1 in the store when a batch fails while the next is already handed: a
+/// child's finalize is in a batch whose transaction fails (a full disk),
+/// and its parent's, handed behind it before that failure was answered,
+/// reaches a store that takes writes again. The parent's finalize waits
+/// behind the child's and is written after it, once the store takes the
+/// child's: the store never holds a finalized parent over a live child.
+#[tokio::test(start_paused = true)]
+async fn g1_a_batch_handed_behind_one_that_fails_is_not_committed_ahead_of_it() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let parent = kernel.register("parent", None).await.unwrap();
+    let child = kernel.register("child", Some(parent.id())).await.unwrap();
+    let (p, c) = (parent.id(), child.id());
+    let handed = |id: SessionId| {
+        store
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|w| matches!(w, LifecycleWrite::Finalize { session, .. } if *session == id))
+    };
+    let finalized = |id: SessionId| {
+        let inner = store.inner.clone();
+        async move { inner.session_detail(id).await.unwrap().session.state == State::Finalized }
+    };
+    store.hold_answers.store(true, Ordering::SeqCst);
+    store.fail_batches.store(1, Ordering::SeqCst);
+
+    let mut child_closed = Box::pin(child.close());
+    while !handed(c) {
+        assert!(tokio::time::timeout(MS, &mut child_closed).await.is_err());
+    }
+    // The parent's finalize is handed while the child's is in flight.
+    let mut parent_closed = Box::pin(parent.close());
+    while !handed(p) {
+        assert!(tokio::time::timeout(MS, &mut parent_closed).await.is_err());
+    }
+    tokio::time::sleep(MS).await;
+    assert!(
+        !finalized(p).await || finalized(c).await,
+        "the parent's finalize was committed while its child's failed"
+    );
+
+    // Every answer goes out; the writes are tried again, in order.
+    store.answers.add_permits(usize::MAX >> 4);
+    assert_eq!(child_closed.await.unwrap(), EndReason::UserClose);
+    assert_eq!(parent_closed.await.unwrap(), EndReason::UserClose);
+    assert!(finalized(c).await && finalized(p).await);
+    let order: Vec<SessionId> = store
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|w| match w {
+            LifecycleWrite::Finalize { session, .. } => Some(*session),
+            _ => None,
+        })
+        .collect();
+    let last_c = order.iter().rposition(|s| *s == c);
+    let last_p = order.iter().rposition(|s| *s == p);
+    assert!(last_c < last_p, "the finalizes were handed {order:?}");
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
 
 /// The last step of `id`'s committed timeline.

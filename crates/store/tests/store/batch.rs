@@ -507,19 +507,8 @@ pub(crate) fn a_failed_batch_writes_nothing(b: Backend) {
         let o = owner(&*store, HOUR).await;
         let id = running(&*store, o, "s").await;
         let before = store.session_detail(id).await.unwrap();
-        match b {
-            Backend::Sqlite => db.execute(
-                "CREATE TRIGGER timeline_full BEFORE INSERT ON timeline \
-                 BEGIN SELECT RAISE(ABORT, 'timeline is full'); END;",
-            ),
-            Backend::Postgres => db.execute(
-                "CREATE FUNCTION timeline_full() RETURNS trigger AS $$ \
-                 BEGIN RAISE EXCEPTION 'timeline is full'; END $$ LANGUAGE plpgsql; \
-                 CREATE TRIGGER timeline_full BEFORE INSERT ON timeline \
-                 FOR EACH ROW EXECUTE FUNCTION timeline_full();",
-            ),
-            Backend::Memory => unreachable!("a database test"),
-        }
+        let event = "BEFORE INSERT ON timeline";
+        crate::failing_trigger(&db, b, "timeline_full", event, "timeline is full");
         let mut batch = teardown(id);
         batch.push(LifecycleWrite::Register(NewSession::new("new", o)));
         let results = store.apply(batch).await;
@@ -1100,4 +1089,70 @@ fn shape(d: &settle_store::SessionDetail) -> String {
             .collect::<Vec<_>>(),
         d.finalize_errors,
     )
+}
+
+/// G1 and G7 in the store when a transaction fails while the next batch is
+/// already handed (`SessionStore::apply_chained`): a child's finalize
+/// fails (the database refuses its timeline segment, as a full disk or a
+/// lock does), and its parent's, handed behind it before its failure was
+/// answered, must not be committed ahead of it, even once the database
+/// takes writes again. A chained batch is refused with the failure before
+/// it, writing nothing, until a batch that is not chained (its caller has
+/// seen every answer before it) starts the chain again.
+pub(crate) fn g1_a_batch_chained_behind_one_that_failed_is_refused_until_one_that_is_not(
+    b: Backend,
+) {
+    let Some(db) = TestDb::new(b) else { return };
+    let store = open(&db);
+    rt().block_on(async {
+        let o = owner(&*store, HOUR).await;
+        let parent = write::register(&*store, NewSession::new("parent", o))
+            .await
+            .unwrap();
+        let mut child = NewSession::new("child", o);
+        child.parent = Some(parent);
+        let child = write::register(&*store, child).await.unwrap();
+        let event = "BEFORE UPDATE ON sessions";
+        crate::failing_trigger(&db, b, "disk_full", event, "the disk is full");
+        let failed = store
+            .apply_as(o, vec![finalize(child, EndReason::UserClose)])
+            .await;
+        assert!(
+            matches!(&failed[0], Err(e @ StoreError::Database { .. }) if e.may_heal()),
+            "{failed:?}"
+        );
+        // The database takes writes again before the batch behind it runs.
+        crate::drop_failing_trigger(&db, b, "disk_full", "sessions");
+        let behind = store
+            .apply_chained(o, vec![finalize(parent, EndReason::UserClose)])
+            .await;
+        assert!(
+            matches!(&behind[0], Err(e @ StoreError::Database { .. }) if e.may_heal() && e.to_string().contains("the disk is full")),
+            "a batch chained behind a failed one was applied: {behind:?}"
+        );
+        let state = |id| {
+            let store = store.clone();
+            async move { store.session_detail(id).await.unwrap().session.state }
+        };
+        assert_eq!(state(parent).await, State::Registered);
+        // Still broken for the next chained one, whatever it holds.
+        let still = store
+            .apply_chained(o, vec![finalize(parent, EndReason::UserClose)])
+            .await;
+        assert!(still[0].is_err(), "{still:?}");
+        assert_eq!(state(parent).await, State::Registered);
+
+        // The caller saw the failures and hands the writes again, in order,
+        // not chained: applied; and a batch chained behind that one is too.
+        let again = store
+            .apply_as(o, vec![finalize(child, EndReason::UserClose)])
+            .await;
+        assert!(won(&again[0]), "{again:?}");
+        let next = store
+            .apply_chained(o, vec![finalize(parent, EndReason::UserClose)])
+            .await;
+        assert!(won(&next[0]), "{next:?}");
+        assert_eq!(state(child).await, State::Finalized);
+        assert_eq!(state(parent).await, State::Finalized);
+    });
 }

@@ -145,19 +145,8 @@ pub(crate) fn g7_memory_only_from_completed_turns(b: Backend) {
 pub(crate) fn a_failed_finalize_step_is_reported_and_recorded(b: Backend) {
     let Some(db) = TestDb::new(b) else { return };
     let store = open(&db);
-    match b {
-        Backend::Sqlite => db.execute(
-            "CREATE TRIGGER memory_full BEFORE INSERT ON memories \
-             BEGIN SELECT RAISE(ABORT, 'memory is full'); END;",
-        ),
-        Backend::Postgres => db.execute(
-            "CREATE FUNCTION memory_full() RETURNS trigger AS $$ \
-             BEGIN RAISE EXCEPTION 'memory is full'; END $$ LANGUAGE plpgsql; \
-             CREATE TRIGGER memory_full BEFORE INSERT ON memories \
-             FOR EACH ROW EXECUTE FUNCTION memory_full();",
-        ),
-        Backend::Memory => unreachable!("a database test"),
-    }
+    let event = "BEFORE INSERT ON memories";
+    crate::failing_trigger(&db, b, "memory_full", event, "memory is full");
     rt().block_on(async {
         let (_, id) = session(&*store, "s").await;
         write::start_turn(&*store, id, 1, None, now())

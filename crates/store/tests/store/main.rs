@@ -107,6 +107,7 @@ on_backends! {
         recovery::g7_acknowledged_chunks_survive_kill_9,
         recovery::g2_g8_two_processes_race_finalize_and_recover,
         batch::a_failed_batch_writes_nothing,
+        batch::g1_a_batch_chained_behind_one_that_failed_is_refused_until_one_that_is_not,
         batch::a_turn_ended_by_its_finalize_reads_ended_without_its_own_row_write,
         batch::g2_the_set_latch_answers_as_the_rules_do,
         fleet::g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once,
@@ -133,6 +134,31 @@ async fn owner(store: &dyn SessionStore, ttl: Duration) -> OwnerId {
         .register_owner(OwnerInfo::this_process(), ttl)
         .await
         .unwrap()
+}
+
+/// A trigger `name` that fails every `event` (`BEFORE INSERT ON memories`)
+/// with `message`, as a database refusing writes does (a full disk); gone
+/// again with [`drop_failing_trigger`]. Databases only.
+fn failing_trigger(db: &TestDb, b: common::Backend, name: &str, event: &str, message: &str) {
+    match b {
+        common::Backend::Sqlite => db.execute(&format!(
+            "CREATE TRIGGER {name} {event} BEGIN SELECT RAISE(ABORT, '{message}'); END;"
+        )),
+        common::Backend::Postgres => db.execute(&format!(
+            "CREATE FUNCTION {name}() RETURNS trigger AS $$ \
+             BEGIN RAISE EXCEPTION '{message}'; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER {name} {event} FOR EACH ROW EXECUTE FUNCTION {name}();"
+        )),
+        common::Backend::Memory => unreachable!("a database test"),
+    }
+}
+
+/// Drops [`failing_trigger`] `name` on `table`.
+fn drop_failing_trigger(db: &TestDb, b: common::Backend, name: &str, table: &str) {
+    db.execute(&match b {
+        common::Backend::Postgres => format!("DROP TRIGGER {name} ON {table}"),
+        _ => format!("DROP TRIGGER {name}"),
+    });
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
