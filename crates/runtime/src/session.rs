@@ -328,8 +328,9 @@ impl SessionHandle {
     /// # Errors
     /// `SessionClosed` when finalized; [`RuntimeError::Store`] or
     /// [`RuntimeError::StoreTimeout`] when the store did not take the
-    /// hold's record: the hold is then taken back (not held; asking again
-    /// holds once).
+    /// hold's record (a failure that may heal, a lock or a full disk, is
+    /// tried again up to the store timeout, as a registration is): the
+    /// hold is then taken back (not held; asking again holds once).
     pub async fn hold(&self, hold: Hold) -> Result<Handled, RuntimeError> {
         self.event(Event::Hold {
             session: self.id(),

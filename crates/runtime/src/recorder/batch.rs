@@ -339,7 +339,7 @@ impl Recorder {
                 (Err(unwritten), Some((write, since))) if retry::may_heal(&unwritten) => {
                     if let Some(session) = write_session(&write) {
                         if !retry {
-                            self.retrying(session, &write, &unwritten);
+                            self.retrying(session, written_what(&write), &unwritten);
                         }
                         answer.note_failure(&unwritten);
                         let last = unwritten;
@@ -500,6 +500,17 @@ impl Recorder {
                 self.finalized(*job, result)
             }
         }
+    }
+}
+
+/// What a lifecycle write does, as a failure to do it is said.
+fn written_what(write: &LifecycleWrite) -> &'static str {
+    match write {
+        LifecycleWrite::Register(_) => "register a session",
+        LifecycleWrite::Transition { .. } => "record a transition",
+        LifecycleWrite::StartTurn { .. } => "start a turn",
+        LifecycleWrite::EndTurn { .. } => "end a turn",
+        LifecycleWrite::Finalize { .. } => "end the durable row",
     }
 }
 

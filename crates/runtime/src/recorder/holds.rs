@@ -7,7 +7,9 @@
 
 use settle_core::{Handled, Holds, SessionId};
 
+use super::bounded::within;
 use super::retry::may_heal;
+use super::unwritten::Unwritten;
 use super::Recorder;
 use crate::backoff::Backoff;
 use crate::command::Ack;
@@ -57,12 +59,17 @@ impl Recorder {
     ) {
         // This record is the session's newest: one owed before is stale.
         self.owed_holds.owed.remove(&session);
-        let call = self.store.record_holds(self.owner, session, holds);
-        let written = self.bounded(call).await;
+        let taken_back = matches!(&told, Some(HoldsTold { hold: Some(_), .. }));
+        let written = match taken_back {
+            true => self.write_hold(session, holds).await,
+            false => {
+                let call = self.store.record_holds(self.owner, session, holds);
+                self.bounded(call).await
+            }
+        };
         if let Err(unwritten) = &written {
             self.failed(Some(session), "record a session's holds", unwritten);
         }
-        let taken_back = matches!(&told, Some(HoldsTold { hold: Some(_), .. }));
         if let Err(unwritten) = &written {
             // A hold taken back is followed by the record of its taking back.
             if !taken_back && may_heal(unwritten) {
@@ -85,6 +92,34 @@ impl Recorder {
             _ => {
                 let _ = reply.send(Ok(Handled::Applied));
             }
+        }
+    }
+
+    /// The record of a hold its caller waits for: tried again while the
+    /// store fails in a way that may heal (a lock, a full disk), as a
+    /// registration is, until the store timeout from its first try, so a
+    /// blip shorter than that holds; what the store said last once it is
+    /// spent.
+    async fn write_hold(&mut self, session: SessionId, holds: Holds) -> Result<(), Unwritten> {
+        let started = tokio::time::Instant::now();
+        let mut backoff = Backoff::new();
+        let mut said = false;
+        loop {
+            let left = self.store_timeout.saturating_sub(started.elapsed());
+            let call = self.store.record_holds(self.owner, session, holds);
+            let written = within(self.bound().min(left), self.deadline.clone(), call).await;
+            let Err(unwritten) = &written else {
+                return written;
+            };
+            let wait = backoff.next_wait();
+            let spent = started.elapsed() + wait > self.store_timeout;
+            if !may_heal(unwritten) || spent || self.budget_spent() {
+                return written;
+            }
+            if !std::mem::replace(&mut said, true) {
+                self.retrying(session, "record a session's holds", unwritten);
+            }
+            tokio::time::sleep(wait).await;
         }
     }
 

@@ -337,20 +337,8 @@ impl Retries {
 impl super::Recorder {
     /// Says that a write failed and will be tried again: one line, and a
     /// [`StoreRetrying`](crate::LifecycleEvent::StoreRetrying) event.
-    pub(super) fn retrying(
-        &self,
-        session: SessionId,
-        write: &LifecycleWrite,
-        unwritten: &Unwritten,
-    ) {
-        let what = match write {
-            LifecycleWrite::Register(_) => "register a session",
-            LifecycleWrite::Transition { .. } => "record a transition",
-            LifecycleWrite::StartTurn { .. } => "start a turn",
-            LifecycleWrite::EndTurn { .. } => "end a turn",
-            LifecycleWrite::Finalize { .. } => "end the durable row",
-        };
-        tracing::warn!(%session, error = %unwritten, "failed to {what}; trying again until the store takes it");
+    pub(super) fn retrying(&self, session: SessionId, what: &str, unwritten: &Unwritten) {
+        tracing::warn!(%session, error = %unwritten, "failed to {what}; trying again");
         self.events
             .emit(None, || crate::LifecycleEvent::StoreRetrying {
                 session: Some(session),
@@ -359,7 +347,7 @@ impl super::Recorder {
     }
 
     /// Whether a shutdown's budget is spent: nothing is tried again then.
-    fn budget_spent(&self) -> bool {
+    pub(super) fn budget_spent(&self) -> bool {
         self.deadline
             .borrow()
             .is_some_and(|at| Instant::now() >= at)
