@@ -483,7 +483,8 @@ impl PySession {
     /// Returns once the hold is recorded, so a process that adopts the
     /// session after this one crashed keeps it held. Raises `SessionClosed`
     /// once it is finalized, `StoreError` when the store did not take the
-    /// hold's record (then it is not held).
+    /// hold's record within the store timeout (a lock or a full disk is
+    /// tried again until then; refused, it is not held).
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn hold<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
