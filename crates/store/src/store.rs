@@ -231,7 +231,7 @@ impl Store {
         let n = batch.len();
         let chain = self.inner.chain.clone();
         let applied = self
-            .write(move |db| chain.run(chained, || crate::batch::apply(db, &batch, writer)))
+            .write(move |db| chain.run(writer, chained, || crate::batch::apply(db, &batch, writer)))
             .await;
         match applied {
             Ok(results) => results,

@@ -1123,6 +1123,16 @@ pub(crate) fn g1_a_batch_chained_behind_one_that_failed_is_refused_until_one_tha
         );
         // The database takes writes again before the batch behind it runs.
         crate::drop_failing_trigger(&db, b, "disk_full", "sessions");
+        // Another kernel on the same store keeps a chain of its own: its
+        // batch, not chained, does not start this writer's again.
+        let other = owner(&*store, HOUR).await;
+        let theirs = write::register(&*store, NewSession::new("theirs", other))
+            .await
+            .unwrap();
+        let applied = store
+            .apply_as(other, vec![finalize(theirs, EndReason::UserClose)])
+            .await;
+        assert!(won(&applied[0]), "{applied:?}");
         let behind = store
             .apply_chained(o, vec![finalize(parent, EndReason::UserClose)])
             .await;
