@@ -178,14 +178,15 @@ pub trait SessionStore: Send + Sync {
     /// [`apply_as`](Self::apply_as) for a batch handed while the batch
     /// handed before it may still be applying (by a caller of a store that
     /// [`applies_in_order`](Self::applies_in_order)): applied only if no
-    /// batch since the last one handed with `apply` or `apply_as` failed
-    /// in a way that may heal. Otherwise nothing of it is written and every
+    /// batch of `writer` since the last one it handed with `apply_as`
+    /// failed in a way that may heal (each writer keeps a chain of its
+    /// own). Otherwise nothing of it is written and every
     /// write gets that failure again, so that its caller tries it again
     /// behind the writes that failed: a parent's finalize chained behind
     /// its child's is never committed ahead of it, even when the database
     /// takes writes again between the two (a lock released, room made on a
-    /// disk, a server back). A batch handed with `apply` or `apply_as` (its
-    /// caller has seen every answer before it) starts the chain again.
+    /// disk, a server back). A batch handed with `apply_as` (its caller has
+    /// seen every answer before it) starts the chain again.
     ///
     /// The default is `apply_as`: right for a store whose transactions do
     /// not fail (the memory store). A store that applies in order and whose
