@@ -76,6 +76,13 @@ pub const DEFAULT_IGNORE: Duration = Duration::from_secs(60);
 /// `count`; this is what keeps that number one a run can hold.
 pub const MAX_AGENTS: usize = 1_000_000;
 
+/// The most turns and chunks a scenario may describe, every `count`
+/// counted (a turn is one, each of its chunks one more): what its agents
+/// hold once they play. A file of a few lines with a `count` can describe
+/// any number; this keeps it one a run can hold (at 1,000,000 agents, ten
+/// each).
+pub const MAX_SCRIPTED: usize = 10_000_000;
+
 /// The longest agent or scenario name accepted, in characters.
 pub const MAX_NAME_CHARS: usize = 128;
 
@@ -115,8 +122,9 @@ pub struct AgentSpec {
     /// How long after its parent started it is spawned (zero for the root).
     pub spawn_after: Duration,
     /// Its turns, in order; never empty. The agent finishes after the last
-    /// one, and its outcome is that turn's.
-    pub turns: Vec<TurnSpec>,
+    /// one, and its outcome is that turn's. The agents of one counted entry
+    /// share them.
+    pub turns: std::sync::Arc<[TurnSpec]>,
 }
 
 /// One turn of an agent: one scripted provider stream.

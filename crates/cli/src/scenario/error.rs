@@ -183,6 +183,12 @@ pub enum Problem {
         /// The cap.
         max: usize,
     },
+    /// The file describes more turns and chunks than
+    /// [`MAX_SCRIPTED`](super::MAX_SCRIPTED).
+    TooMuchScript {
+        /// The cap.
+        max: usize,
+    },
     /// A `parent` that names an entry with a `count`, which stands for
     /// several agents.
     ParentIsCounted {
@@ -277,6 +283,11 @@ impl fmt::Display for Problem {
                 f,
                 "the scenario describes more than the {max} agents `settle run` takes (counting \
                  every `count`)"
+            ),
+            Self::TooMuchScript { max } => write!(
+                f,
+                "the scenario describes more than the {max} turns and chunks `settle run` takes \
+                 (a turn and each of its chunks count one, for every agent of a `count`)"
             ),
             Self::ParentIsCounted { parent, count } => write!(
                 f,

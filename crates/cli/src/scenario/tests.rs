@@ -413,6 +413,31 @@ chunks = [\"a\", 3]
             vec!["agent \"b\": key \"count\"", "more than the 1000000 agents"],
         ),
         (
+            "counted turns whose chunks add up over the cap",
+            with_child(&format!(
+                "count = 1000\n[[agent.turn]]\nchunks = [{}]",
+                "\"\",".repeat(20_000)
+            )),
+            vec![
+                "agent \"recon\": key \"count\"",
+                "more than the 10000000 turns and chunks",
+            ],
+        ),
+        (
+            "counted entries whose turns add up over the cap",
+            doc(&format!(
+                "{}[[agent]]\nname = \"a\"\nparent = \"root\"\ncount = 500000\n{}\
+                 [[agent]]\nname = \"b\"\nparent = \"root\"\ncount = 400000\n{}",
+                agent("root", None),
+                "[[agent.turn]]\nchunks = [\"x\", \"y\"]\n".repeat(5),
+                "[[agent.turn]]\n".repeat(7),
+            )),
+            vec![
+                "agent \"b\": key \"count\"",
+                "more than the 10000000 turns and chunks",
+            ],
+        ),
+        (
             "a parent that names a counted entry",
             doc(&format!(
                 "{}[[agent]]\nname = \"w\"\nparent = \"root\"\ncount = 3\n[[agent.turn]]\n{}",
@@ -525,19 +550,20 @@ fn the_spec_example_parses_to_its_structure() {
                 name: "root".into(),
                 parent: None,
                 spawn_after: Duration::ZERO,
-                turns: vec![TurnSpec {
+                turns: [TurnSpec {
                     chunks: vec!["planning".into(), "delegating recon".into()],
                     chunk_delay: Duration::from_millis(20),
                     end: TurnEnd::Complete,
                     close_delay: Duration::ZERO,
                     ignore: DEFAULT_IGNORE,
-                }],
+                }]
+                .into(),
             },
             AgentSpec {
                 name: "recon".into(),
                 parent: Some("root".into()),
                 spawn_after: Duration::from_millis(5),
-                turns: vec![
+                turns: [
                     TurnSpec {
                         chunks: vec![
                             "port 22 open".into(),
@@ -556,7 +582,8 @@ fn the_spec_example_parses_to_its_structure() {
                         close_delay: Duration::from_millis(30),
                         ignore: Duration::from_millis(500),
                     },
-                ],
+                ]
+                .into(),
             },
         ]
     );
@@ -578,7 +605,7 @@ fn defaults_apply_and_every_end_is_accepted() {
     let mut expected = TurnEnd::ALL.to_vec();
     expected.push(TurnEnd::Complete);
     assert_eq!(ends, expected);
-    for turn in turns {
+    for turn in turns.iter() {
         assert!(turn.chunks.is_empty());
         assert_eq!(turn.chunk_delay, Duration::ZERO);
         assert_eq!(turn.close_delay, Duration::ZERO);
@@ -751,7 +778,7 @@ fn examples_show_what_they_say() {
     // stall: a hanging turn and an idle timeout shorter than every pause.
     let stall = load("stall.toml");
     let idle = stall.idle_timeout().unwrap();
-    let turns = || stall.agents().iter().flat_map(|agent| &agent.turns);
+    let turns = || stall.agents().iter().flat_map(|agent| agent.turns.iter());
     assert!(turns().any(|turn| turn.end == TurnEnd::Hang));
     assert!(turns().all(|turn| turn.chunk_delay * 2 <= idle));
 
@@ -771,7 +798,10 @@ fn examples_show_what_they_say() {
 
 /// Every turn of every agent of `scenario`.
 fn turns_of(scenario: &Scenario) -> impl Iterator<Item = &TurnSpec> {
-    scenario.agents().iter().flat_map(|agent| &agent.turns)
+    scenario
+        .agents()
+        .iter()
+        .flat_map(|agent| agent.turns.iter())
 }
 
 /// How long an agent's turns stream, pauses included, if not cancelled.

@@ -18,7 +18,7 @@ use super::locate::{line_col, Tree};
 use super::raw::{RawAgent, RawScenario, RawTurn};
 use super::{
     AgentSpec, Scenario, TurnEnd, TurnSpec, DEFAULT_IGNORE, MAX_AGENTS, MAX_DURATION,
-    MAX_NAME_CHARS,
+    MAX_NAME_CHARS, MAX_SCRIPTED,
 };
 
 /// The context errors are reported in: the text (for line and column) and
@@ -239,6 +239,8 @@ pub(crate) fn validate(
     // The base names of counted entries: entry index and count.
     let mut counted: HashMap<&str, (usize, usize)> = HashMap::new();
     let mut agents = Vec::with_capacity(raw.agent.len());
+    // The turns and chunks of the agents so far (see `MAX_SCRIPTED`).
+    let mut scripted: usize = 0;
     // For each agent (same index as `agents`), the entry it comes from.
     let mut entry_of: Vec<usize> = Vec::with_capacity(raw.agent.len());
     let line_of = |entry: usize| {
@@ -286,7 +288,24 @@ pub(crate) fn validate(
             .iter()
             .enumerate()
             .map(|(turn_index, turn)| ctx.turn(turn.get_ref(), place.turn(turn_index)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<std::sync::Arc<[_]>, _>>()?;
+        // What its agents will hold once they play, every copy counted.
+        let each: usize = turns.iter().map(|turn| 1 + turn.chunks.len()).sum();
+        match each.checked_mul(copies) {
+            Some(more) if more <= MAX_SCRIPTED - scripted => scripted += more,
+            _ => {
+                let span = agent
+                    .count
+                    .as_ref()
+                    .map_or(agent.name.span(), Spanned::span);
+                return Err(ctx.error(
+                    span,
+                    place,
+                    "count",
+                    Problem::TooMuchScript { max: MAX_SCRIPTED },
+                ));
+            }
+        }
         let spec = |name: String| AgentSpec {
             name,
             parent: agent.parent.as_ref().map(|parent| parent.get_ref().clone()),
