@@ -111,6 +111,9 @@ impl Secrets {
                 keys.push(decoded(user).unwrap_or_else(|| user.to_owned()));
             }
             found.extend(basic_credential(&url));
+            // The credential the client sends as `Basic`: a server may
+            // echo it in part too.
+            keys.extend(basic(&url));
             for (_, value) in url.query_pairs() {
                 found.push(value.into_owned());
             }
@@ -344,22 +347,32 @@ fn encoded(value: &str) -> Vec<String> {
 /// echo the header it refused); and a user without a password, a key
 /// (`https://KEY@host`), as given and decoded.
 fn basic_credential(url: &reqwest::Url) -> Vec<String> {
+    let user = url.username();
+    let lone = match url.password() {
+        None if !user.is_empty() => vec![user.to_owned()],
+        _ => Vec::new(),
+    };
+    let lone_decoded = lone.iter().filter_map(|user| decoded(user));
+    lone.iter()
+        .cloned()
+        .chain(lone_decoded)
+        .chain(basic(url))
+        .collect()
+}
+
+/// The `Basic` credential the client sends for a URL's `user:password@`
+/// (or a lone user, a key): `base64(user:password)` of the decoded
+/// values; `None` without either.
+fn basic(url: &reqwest::Url) -> Option<String> {
     use base64::Engine as _;
     let user = url.username();
-    let Some(password) = url.password() else {
-        if user.is_empty() {
-            return Vec::new();
-        }
-        let plain = decoded(user).unwrap_or_else(|| user.to_owned());
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{plain}:"));
-        return [Some(user.to_owned()), decoded(user), Some(basic)]
-            .into_iter()
-            .flatten()
-            .collect();
-    };
+    if user.is_empty() && url.password().is_none() {
+        return None;
+    }
     let user = decoded(user).unwrap_or_else(|| user.to_owned());
+    let password = url.password().unwrap_or("");
     let password = decoded(password).unwrap_or_else(|| password.to_owned());
-    vec![base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))]
+    Some(base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")))
 }
 
 fn decoded(value: &str) -> Option<String> {
@@ -446,5 +459,29 @@ mod tests {
             secrets.scrub("sk-TokenAsUser7777 c2stVG9rZW5Bc1VzZXI3Nzc3Og=="),
             "*** ***"
         );
+    }
+
+    #[test]
+    fn a_basic_credential_echoed_in_part_is_masked() {
+        use base64::Engine as _;
+        let key = "sk-SECRETKEY1234567890abcd";
+        for (url, plain) in [
+            (format!("http://{key}@h/v1"), format!("{key}:")),
+            (format!("http://user:{key}@h/v1"), format!("user:{key}")),
+        ] {
+            let secrets = Secrets::of(&OpenAiConfig::new(url, "m"));
+            let basic = base64::engine::general_purpose::STANDARD.encode(plain);
+            let echoed = format!(
+                "cut {} starred {}****",
+                &basic[..14],
+                &basic[..basic.len() - 4]
+            );
+            let scrubbed = secrets.scrub(&echoed);
+            for at in 0..=basic.len() - SHORTEST_PIECE {
+                let piece = &basic[at..at + SHORTEST_PIECE];
+                assert!(!scrubbed.contains(piece), "{piece} left in {scrubbed}");
+            }
+            assert!(scrubbed.starts_with("cut *** starred ***"), "{scrubbed}");
+        }
     }
 }
