@@ -1313,3 +1313,30 @@ fn g11_output_that_cannot_be_written_is_said_and_a_reading_command_ends_2() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(out.stderr.is_empty(), "{out:?}");
 }
+
+/// `settle chat` reads its prompts from standard input: one it cannot read
+/// (a directory) is bad input, refused before a session is registered
+/// (exit 2, one line, no database), not taken for a Ctrl-D that ends a
+/// chat it opened and closed.
+#[test]
+fn g11_chat_refuses_a_standard_input_it_cannot_read() {
+    let dir = common::open_tempdir();
+    let before = snapshot(dir.path());
+    let out = Command::new(settle_tests::settle_bin())
+        .args(["chat", "--base-url", "http://127.0.0.1:9/v1"])
+        .stdin(fs::File::open(dir.path()).unwrap())
+        .current_dir(dir.path())
+        .env_remove("SETTLE_DB")
+        .env_remove("SETTLE_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("settle: ") && lines[0].contains("standard input"),
+        "{stderr}"
+    );
+    assert_eq!(snapshot(dir.path()), before, "files changed");
+}

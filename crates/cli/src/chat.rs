@@ -60,6 +60,30 @@ enum End {
     Closed,
     /// A signal: shut down, exit with its code.
     Signalled(ShutdownSignal),
+    /// Standard input could not be read: the session is closed, the chat
+    /// ends as bad input.
+    Unreadable(std::io::Error),
+}
+
+/// Refuses a standard input the prompts cannot be read from (a directory)
+/// before anything is opened or written (G11), rather than taking its
+/// first failed read for a Ctrl-D. (One the parent closed is open on
+/// `/dev/null` by the time the process runs, as Rust's runtime does for
+/// every program: it reads as input that ends at once, as `< /dev/null`.)
+fn prompts_readable() -> Result<(), Failure> {
+    use nix::sys::stat::{fstat, SFlag};
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    match fstat(stdin.as_fd()) {
+        Ok(stat) if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
+            Err(Failure::bad_input(
+                "cannot read prompts from standard input: it is a directory",
+            ))
+        }
+        // Anything else a read cannot take is found by the first read, and
+        // said then.
+        _ => Ok(()),
+    }
 }
 
 /// Runs the chat until Ctrl-D, `/exit` or a shutdown signal; returns the exit code.
@@ -68,6 +92,7 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
     let mut signals = Signals::install()
         .map_err(|e| Failure::store(format!("cannot install the signal handlers: {e}")))?;
     let provider: Arc<dyn Provider> = Arc::new(args.server.provider()?);
+    prompts_readable()?;
     // A session to continue must exist and be finished: checked before the
     // kernel registers this process, so a bad one writes nothing (G11).
     let (store, from) = if let Some(id) = args.resume {
@@ -141,7 +166,9 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
                 );
                 continue;
             }
-            Ok(None) | Err(_) => None,
+            Ok(None) => None,
+            // Not a Ctrl-D: said, and the chat ends as bad input.
+            Err(error) => break End::Unreadable(error),
         };
         let Some(text) = text else {
             break End::Closed;
@@ -221,6 +248,14 @@ pub async fn run(db: &str, args: ChatArgs) -> Result<u8, Failure> {
             let _ = session.close().await;
             kernel.shutdown(Duration::ZERO).await;
             Ok(exit::DONE)
+        }
+        End::Unreadable(error) => {
+            let _ = session.close().await;
+            kernel.shutdown(Duration::ZERO).await;
+            Err(Failure::bad_input(format!(
+                "cannot read the next prompt from standard input: {}",
+                escape::one_line(&error.to_string())
+            )))
         }
         End::Signalled(signal) => {
             outln!();
