@@ -65,7 +65,34 @@ pub(crate) struct HookRunner {
     tracker: tokio_util::task::TaskTracker,
     /// Told once the hook fired last has started (or its task is gone).
     last_started: Arc<std::sync::Mutex<Option<oneshot::Receiver<()>>>>,
+    /// Cancelled once a shutdown's budget is spent: a hook still waiting
+    /// for the concurrency limit starts without it.
+    rush: tokio_util::sync::CancellationToken,
+    /// The hooks fired that have not returned (or been given up on).
+    unreturned: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// One hook fired and not yet returned, counted in `unreturned` until
+/// dropped.
+struct Unreturned(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Unreturned {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Unreturned(count.clone())
+    }
+}
+
+impl Drop for Unreturned {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Once a shutdown's budget is spent, how long it waits for the hooks
+/// fired so far to start (each waits for the one fired before it to start,
+/// a poll away): every hook is called before the shutdown returns.
+const START_GRACE: Duration = Duration::from_millis(50);
 
 impl HookRunner {
     pub fn new(
@@ -80,6 +107,8 @@ impl HookRunner {
             permits: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
             tracker,
             last_started: Arc::default(),
+            rush: tokio_util::sync::CancellationToken::new(),
+            unreturned: Arc::default(),
         }
     }
 
@@ -95,11 +124,12 @@ impl HookRunner {
         let Some(hook) = self.hook.clone() else {
             return;
         };
-        let (permits, limit) = (self.permits.clone(), self.limit);
+        let (permits, limit, rush) = (self.permits.clone(), self.limit, self.rush.clone());
         let span = match session {
             Some(session) => tracing::info_span!(parent: &session, "on_session_end"),
             None => tracing::info_span!("on_session_end", session = end.session.0),
         };
+        let unreturned = Unreturned::new(&self.unreturned);
         let (started, starts) = oneshot::channel();
         let before = self
             .last_started
@@ -112,18 +142,34 @@ impl HookRunner {
                     // Sent, or its task is gone: either way it is no longer first.
                     let _ = before.await;
                 }
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return;
+                // Past a shutdown's budget, without waiting for a permit.
+                let _permit = tokio::select! {
+                    biased;
+                    permit = permits.acquire_owned() => match permit {
+                        Ok(permit) => Some(permit),
+                        Err(_) => return,
+                    },
+                    () = rush.cancelled() => None,
                 };
                 let session = end.session;
                 let call = std::panic::AssertUnwindSafe(hook.on_session_end(end)).catch_unwind();
                 let mut call = std::pin::pin!(tokio::time::timeout(limit, call));
                 // Its first poll is its start: the next hook waits for it.
                 let first = futures_util::poll!(call.as_mut());
-                let _ = started.send(());
                 let ended = match first {
-                    std::task::Poll::Ready(ended) => ended,
-                    std::task::Poll::Pending => call.await,
+                    std::task::Poll::Ready(ended) => {
+                        // Returned before it is said started: a shutdown
+                        // told of its start does not count it running.
+                        drop(unreturned);
+                        let _ = started.send(());
+                        ended
+                    }
+                    std::task::Poll::Pending => {
+                        let _ = started.send(());
+                        let ended = call.await;
+                        drop(unreturned);
+                        ended
+                    }
                 };
                 match ended {
                     Ok(Ok(())) => {}
@@ -135,11 +181,28 @@ impl HookRunner {
         ));
     }
 
-    /// Waits until every hook fired so far has returned, or `until`; returns
-    /// how many were still running then (abandoned).
+    /// Waits until every hook fired so far has returned, or `until`; then
+    /// starts those still waiting for the concurrency limit and waits (up
+    /// to [`START_GRACE`]) until every one has started, so that none is
+    /// called after the shutdown returns. Returns how many were still
+    /// running then (abandoned).
     pub async fn settle(&self, until: tokio::time::Instant) -> usize {
         self.tracker.close();
-        let _ = tokio::time::timeout_at(until, self.tracker.wait()).await;
-        self.tracker.len()
+        if tokio::time::timeout_at(until, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        self.rush.cancel();
+        let last = self
+            .last_started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(last) = last {
+            let _ = tokio::time::timeout(START_GRACE, last).await;
+        }
+        self.unreturned.load(std::sync::atomic::Ordering::SeqCst)
     }
 }

@@ -38,8 +38,10 @@ pub struct ShutdownReport {
     /// counts those, and the turns they belonged to ended `failed`). It
     /// does not say that every chunk was committed.
     pub flushed_in_budget: bool,
-    /// `on_session_end` hooks still running when the shutdown's budget ran
-    /// out; they were abandoned.
+    /// `on_session_end` hooks still running when the shutdown returned;
+    /// they were abandoned (the process may end before they return). Every
+    /// hook fired was called by then: once the shutdown's budget ran out,
+    /// those waiting for the concurrency limit were started without it.
     pub hooks_abandoned: usize,
     /// Works still running when every session was finalized: detached ones
     /// stuck where they cannot be aborted (a blocking call). Their write

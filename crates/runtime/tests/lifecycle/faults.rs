@@ -719,6 +719,59 @@ async fn g9_the_end_hook_says_which_rows_a_stalled_store_left_unended() {
     assert!(ends.iter().any(|end| end.session == idle && end.row_ended));
 }
 
+/// Every end hook fired is called before the shutdown returns, even when
+/// a stalled store spent its budget (the sessions it left are finalized
+/// here at its deadline, and their hooks fired then): an embedder that
+/// tears its own state down once `shutdown()` returns gets no hook call
+/// after it, and loses none. Past the budget, a hook waiting for the
+/// concurrency limit starts without it. `hooks_abandoned` counts the hooks
+/// still running then, nothing else.
+#[tokio::test(start_paused = true)]
+async fn g9_every_end_hook_is_called_before_the_shutdown_returns() {
+    struct Slow {
+        started: Arc<AtomicUsize>,
+        sleep: Duration,
+    }
+    #[async_trait]
+    impl settle_runtime::SessionEndHook for Slow {
+        async fn on_session_end(&self, _: settle_runtime::SessionEnd) {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.sleep).await;
+        }
+    }
+    for sleep in [Duration::ZERO, Duration::from_secs(30)] {
+        let store = Faulty::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let kernel = Kernel::builder(Arc::new(store.clone()))
+            .idle_timeout(None)
+            .drain_timeout(DRAIN)
+            .settle_timeout(SETTLE)
+            .flush_budget(FLUSH_BUDGET)
+            .hook_concurrency(1)
+            .hook_timeout(Duration::from_secs(60))
+            .on_session_end(Slow {
+                started: started.clone(),
+                sleep,
+            })
+            .start()
+            .await
+            .unwrap();
+        let (sessions, _turns) = every_shape(&kernel).await;
+        let report = shutdown_stalling_after(&kernel, &store, sessions[0]).await;
+        assert!(!report.left_recoverable.is_empty(), "{report:?}");
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            sessions.len(),
+            "hooks not called by the time the shutdown returned ({sleep:?}): {report:?}"
+        );
+        let running = match sleep.is_zero() {
+            true => 0,
+            false => sessions.len(),
+        };
+        assert_eq!(report.hooks_abandoned, running, "{sleep:?}: {report:?}");
+    }
+}
+
 /// A store call that panics (a store with a bug, a log writer under it
 /// that panics when its disk is full) fails that call alone: the write is
 /// refused with the cause, the kernel still answers, and its shutdown ends
