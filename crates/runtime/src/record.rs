@@ -106,6 +106,10 @@ pub(crate) struct FinalizeJob {
     /// Who waits for that turn's end, and what to tell them once it is
     /// committed (before the rest of the plan, as its own answer was).
     pub turn_notify: Option<(oneshot::Sender<WorkEnd>, WorkEnd)>,
+    /// Its write was tried and the store gave no answer it could keep (it
+    /// timed out, a connection was lost at its commit): tried again, a row
+    /// found finalized already was ended by that try.
+    pub tried_again: bool,
 }
 
 impl FinalizeJob {
@@ -118,6 +122,7 @@ impl FinalizeJob {
             steps: smallvec::SmallVec::new(),
             turn_end: None,
             turn_notify: None,
+            tried_again: false,
         }
     }
 }

@@ -334,7 +334,7 @@ impl Recorder {
         };
         let now = tokio::time::Instant::now();
         let mut requeued = false;
-        for ((answer, result), copy) in answers.into_iter().zip(results).zip(copies) {
+        for ((mut answer, result), copy) in answers.into_iter().zip(results).zip(copies) {
             let result = match (result, copy) {
                 (Err(unwritten), Some((write, since))) if retry::may_heal(&unwritten) => {
                     if let Some(session) = write_session(&write) {
@@ -342,6 +342,10 @@ impl Recorder {
                             self.retrying(session, written_what(&write), &unwritten);
                         }
                         answer.note_failure(&unwritten);
+                        if let Answer::Finalized(job) = &mut answer {
+                            // It may have been committed all the same.
+                            job.tried_again = true;
+                        }
                         let last = unwritten;
                         let mut queued = retry::Queued {
                             write,

@@ -15,7 +15,12 @@ impl Recorder {
     /// The rest of the finalize plan of SPEC §4, once the row's latch was
     /// committed (or could not be): each step best-effort, in order.
     pub(super) fn finalized(&mut self, job: FinalizeJob, result: Result<Applied, Unwritten>) {
-        let FinalizeJob { plan, shared, .. } = job;
+        let FinalizeJob {
+            plan,
+            shared,
+            tried_again,
+            ..
+        } = job;
         let session = plan.session;
         let span = match &shared {
             Some(shared) => {
@@ -40,6 +45,15 @@ impl Recorder {
                             tracing::warn!(%session, step = failed.step.as_str(), error = %failed.error, "finalize step failed; the rest ran");
                         }
                     }
+                    // Tried again after an earlier try got no answer (the
+                    // store timeout, a connection lost at its commit), the
+                    // row found ended was ended by that try: writes are
+                    // fenced per writer, so no other process ends a row
+                    // this one owns while its lease is live (G8, G12).
+                    Ok(_) if tried_again => tracing::debug!(
+                        %session,
+                        "the durable row was ended by an earlier try of this finalize"
+                    ),
                     Ok(_) => {
                         tracing::warn!(%session, "the durable row was already finalized elsewhere");
                     }
