@@ -81,7 +81,7 @@ impl Recorder {
         };
         match (written, hold) {
             (Err(unwritten), Some(hold)) => {
-                let error = unwritten.into_error("record a session's holds");
+                let error = unwritten.into_error("recording a session's hold");
                 let _ = self.acks.send(Ack::HoldUnwritten {
                     session,
                     hold,
@@ -114,7 +114,11 @@ impl Recorder {
             let wait = backoff.next_wait();
             let spent = started.elapsed() + wait > self.store_timeout;
             if !may_heal(unwritten) || spent || self.budget_spent() {
-                return written;
+                // A try cut at what was left: the caller waited for all.
+                return match unwritten {
+                    Unwritten::TimedOut(_) => Err(Unwritten::TimedOut(started.elapsed())),
+                    _ => written,
+                };
             }
             if !std::mem::replace(&mut said, true) {
                 self.retrying(session, "record a session's holds", unwritten);

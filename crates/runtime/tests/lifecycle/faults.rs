@@ -2230,6 +2230,37 @@ async fn g12_a_hold_the_store_failed_in_a_blip_is_tried_again_and_held() {
     assert_eq!(report.store_failures, 0, "{report:?}");
 }
 
+/// A hold refused at the store timeout under a lock (each try waits out a
+/// 5 s busy timeout, as SQLite's does) says how long its caller waited,
+/// not what was left for its last try, and what it was doing.
+#[tokio::test(start_paused = true)]
+async fn g12_a_hold_refused_at_the_store_timeout_says_the_whole_wait() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("waiting", None).await.unwrap();
+    store.slow_holds_ms.store(5_000, Ordering::SeqCst);
+    store.fail_holds.store(usize::MAX, Ordering::SeqCst);
+    let asked = Instant::now();
+    let refused = session.hold(Hold::PendingInput).await.unwrap_err();
+    let waited = asked.elapsed();
+    match &refused {
+        RuntimeError::StoreTimeout { after, .. } => {
+            assert!(
+                *after >= Duration::from_secs(10) && *after <= waited,
+                "{refused}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        refused.to_string().contains("recording a session's hold"),
+        "{refused}"
+    );
+    store.fail_holds.store(0, Ordering::SeqCst);
+    store.slow_holds_ms.store(0, Ordering::SeqCst);
+    kernel.shutdown(DRAIN).await;
+}
+
 /// G12 with holds (SPEC §5): a release whose record a blip refused is
 /// written once the store takes writes again, as a turn's end is, so that
 /// a crash after the blip does not leave an adopter a session held for
