@@ -9,7 +9,8 @@
 //! (counted from the first try) is spent; then the turn fails with the
 //! store's own cause. The provider's stream is not read meanwhile (its idle
 //! timeout counts only the time spent waiting for its events). A cancel
-//! ends the wait as it ends any other, and a cancelled turn tries no more;
+//! ends the wait as it ends any other, and a cancelled turn tries no more
+//! (it ends `cancelled`, whatever the store said last);
 //! an append whose answer is still on its way when the wait is dropped is
 //! handed to `abandoned` (its chunk may be written already: the caller
 //! hands it on once the store says so).
@@ -59,6 +60,9 @@ pub(crate) enum NotAppended {
     Failed(StoreError),
     /// The store did not answer within the store timeout.
     Unanswered(Duration),
+    /// The turn was cancelled while the store failed: it tries no more (a
+    /// cancelled turn ends `cancelled`, not with the store's error).
+    Cancelled,
 }
 
 /// Where a chunk goes: its session, its turn and its place in the turn.
@@ -107,7 +111,7 @@ pub(crate) async fn append_until_taken(
                 Err(_) => return Err(NotAppended::Unanswered(timeout)),
             };
             if cut.is_cancelled() {
-                return Err(NotAppended::Failed(last));
+                return Err(NotAppended::Cancelled);
             }
             if !said {
                 said = true;
@@ -117,12 +121,15 @@ pub(crate) async fn append_until_taken(
             // store that cannot say is asked again after the next wait.
             loop {
                 let at = Instant::now() + backoff.next_wait();
-                if at >= deadline || cut.is_cancelled() {
+                if cut.is_cancelled() {
+                    return Err(NotAppended::Cancelled);
+                }
+                if at >= deadline {
                     return Err(NotAppended::Failed(last));
                 }
                 tokio::select! {
                     biased;
-                    () = cut.cancelled() => return Err(NotAppended::Failed(last)),
+                    () = cut.cancelled() => return Err(NotAppended::Cancelled),
                     () = tokio::time::sleep_until(at) => {}
                 }
                 let page = store.turn_page(place.session, Some(place.turn), place.seq, 1);
@@ -144,7 +151,9 @@ pub(crate) async fn append_until_taken(
         }
     }
     .await;
-    if let Err(NotAppended::Failed(_) | NotAppended::Unanswered(_)) = &appended {
+    if let Err(NotAppended::Failed(_) | NotAppended::Unanswered(_) | NotAppended::Cancelled) =
+        &appended
+    {
         // Given up on: a try the store is still committing (it waits on a
         // lock with it) must not land now that the turn fails without it.
         store.withdraw_chunks(place.session, place.turn, place.seq);

@@ -349,6 +349,8 @@ impl ChunkSink for Persisting {
             Ok(()) => crate::meter::chunk_acked(appended.elapsed()),
             // A closed session or turn is revoked write access (G10), not a fault.
             Err(NotAppended::Closed) => return Err(SinkError::Closed),
+            // Cancelled while the store failed: the turn ends cancelled.
+            Err(NotAppended::Cancelled) => return Err(SinkError::Closed),
             Err(NotAppended::Failed(error)) => {
                 return Err(self.failed(format!("could not persist a chunk: {error}")))
             }

@@ -1558,6 +1558,30 @@ async fn g7_a_store_failing_past_the_store_timeout_fails_the_turn_within_that_bo
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A turn cancelled while its chunk's append is tried again (a full disk)
+/// ends `cancelled`, as any cancelled turn does (SPEC §2), not `failed`
+/// with the store's error: the cancel stops the tries, the chunk is not
+/// kept, and nothing is counted as a store failure.
+#[tokio::test(start_paused = true)]
+async fn a_turn_cancelled_while_its_chunk_is_tried_again_ends_cancelled() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("blip", None).await.unwrap();
+    let p = provider([TurnScript::new(numbered("c", 3)).chunk_delay(10 * MS)]);
+    let mut turn = start(&session, &p).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+    store.fail_appends.store(usize::MAX, Ordering::SeqCst);
+    // The next chunk's append fails and is being tried again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    applied(session.cancel_turn().await);
+    let (outcome, error) = turn.end().await;
+    assert_eq!(outcome, Outcome::Cancelled, "{error:?}");
+    store.fail_appends.store(0, Ordering::SeqCst);
+    assert_eq!(stored_chunks(&store, session.id(), 0).await, ["c-0"]);
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert_eq!(report.store_failures, 0, "{report:?}");
+}
+
 /// A registration the store failed to take in a blip (a locked database,
 /// for less than the store timeout) is tried again: the caller waits for
 /// it, the blip is said, and the session is stored once; one that landed
