@@ -110,6 +110,9 @@ pub(crate) struct FinalizeJob {
     /// timed out, a connection was lost at its commit): tried again, a row
     /// found finalized already was ended by that try.
     pub tried_again: bool,
+    /// Its session's registration was refused to its caller and was never
+    /// written: the store had no row to end.
+    pub withdrawn: bool,
 }
 
 impl FinalizeJob {
@@ -123,6 +126,7 @@ impl FinalizeJob {
             turn_end: None,
             turn_notify: None,
             tried_again: false,
+            withdrawn: false,
         }
     }
 }

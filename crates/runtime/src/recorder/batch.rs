@@ -360,6 +360,26 @@ impl Recorder {
                     }
                     Err(unwritten)
                 }
+                // Its registration was refused to its caller and never
+                // written: there is nothing to end, and nothing failed.
+                (Err(Unwritten::Failed(error)), Some((write, _)))
+                    if matches!(*error, StoreError::UnknownSession(_))
+                        && write_session(&write).is_some_and(|s| self.retries.was_withdrawn(s)) =>
+                {
+                    if let Answer::Finalized(job) = &mut answer {
+                        job.withdrawn = true;
+                    }
+                    Ok(Applied::Done)
+                }
+                (
+                    Ok(applied @ Applied::Finalized(settle_store::Finalized::AlreadyFinalized)),
+                    Some((write, _)),
+                ) if write_session(&write).is_some_and(|s| self.retries.was_withdrawn(s)) => {
+                    if let Answer::Finalized(job) = &mut answer {
+                        job.withdrawn = true;
+                    }
+                    Ok(applied)
+                }
                 (Err(Unwritten::Failed(error)), Some((write, _)))
                     if retry && {
                         let follows =
@@ -436,20 +456,12 @@ impl Recorder {
                     let _ = self.acks.send(Ack::RegisterFailed(shared.id, cause));
                 }
             },
-            Answer::Withdrawn(session) => match &result {
-                Ok(Applied::Finalized(settle_store::Finalized::Won(_))) => tracing::warn!(
-                    %session,
-                    "a session whose registration was refused was written after all; it is finalized"
-                ),
-                // Given up at the end of a shutdown: recovery ends it.
-                Err(unwritten) if retry::may_heal(unwritten) => {
-                    let what = "end a session whose registration was refused";
-                    self.failed(Some(session), what, unwritten);
-                    self.report.left_recoverable.push(session);
-                }
-                // Nothing was written (no such session), or it is ended.
-                _ => {}
-            },
+            Answer::Withdrawn(session) => {
+                // Answered (given up on or not): a later write about the
+                // session that finds no row is a refusal again.
+                self.retries.withdrawal_answered(session);
+                self.withdrawn(session, &result);
+            }
             Answer::Transition(session) => {
                 if let Err(unwritten) = result {
                     self.failed(Some(session), "record a transition", &unwritten);
@@ -503,6 +515,27 @@ impl Recorder {
                 }
                 self.finalized(*job, result)
             }
+        }
+    }
+}
+
+impl Recorder {
+    /// What the finalize withdrawing `session` (its registration refused
+    /// to its caller) was answered.
+    fn withdrawn(&mut self, session: SessionId, result: &Result<Applied, Unwritten>) {
+        match result {
+            Ok(Applied::Finalized(settle_store::Finalized::Won(_))) => tracing::warn!(
+                %session,
+                "a session whose registration was refused was written after all; it is finalized"
+            ),
+            // Given up at the end of a shutdown: recovery ends it.
+            Err(unwritten) if retry::may_heal(unwritten) => {
+                let what = "end a session whose registration was refused";
+                self.failed(Some(session), what, unwritten);
+                self.report.left_recoverable.push(session);
+            }
+            // Nothing was written (no such session), or it is ended.
+            _ => {}
         }
     }
 }

@@ -19,6 +19,7 @@ impl Recorder {
             plan,
             shared,
             tried_again,
+            withdrawn,
             ..
         } = job;
         let session = plan.session;
@@ -50,6 +51,10 @@ impl Recorder {
                     // row found ended was ended by that try: writes are
                     // fenced per writer, so no other process ends a row
                     // this one owns while its lease is live (G8, G12).
+                    Ok(_) if withdrawn => tracing::debug!(
+                        %session,
+                        "its registration was refused and withdrawn: the store has no row to end, or ended it as failed"
+                    ),
                     Ok(_) if tried_again => tracing::debug!(
                         %session,
                         "the durable row was ended by an earlier try of this finalize"

@@ -85,6 +85,10 @@ pub(crate) struct Retries {
     /// (see `backoff.rs`).
     wait: Option<Backoff>,
     next: Option<Instant>,
+    /// The sessions whose registration was refused to its caller, until
+    /// the finalize that withdraws it is answered: a write about one that
+    /// finds no row has nothing to do (see [`Retries::withdraw`]).
+    withdrawn: HashSet<SessionId>,
 }
 
 /// Whether a store failure may heal on its own, so that the write is worth
@@ -312,6 +316,15 @@ impl Retries {
     /// written (`last`): the store's writer applies it after the
     /// registration, so its answer says for certain (no such session:
     /// nothing was written; won: it was, and is ended now).
+    ///
+    /// It goes right after the session's own writes waiting here (its end
+    /// the core decided, if any, goes first), or, with none, before the
+    /// first finalize waiting here: either way before the finalizes decided
+    /// after them, a parent's among them (G1 in the store: a child's row
+    /// that the registration's try wrote after all is never left live
+    /// under its finalized parent). Until it is answered, a write about the
+    /// session that finds no row is answered as done (see
+    /// [`Retries::was_withdrawn`]).
     pub(super) fn withdraw(&mut self, session: SessionId, last: Unwritten) {
         let write = LifecycleWrite::Finalize {
             session,
@@ -323,7 +336,30 @@ impl Retries {
             since: Instant::now(),
             last,
         };
+        let at = match self.queue.iter().rposition(|(s, _)| *s == session) {
+            Some(last_own) => last_own + 1,
+            None => self
+                .queue
+                .iter()
+                .position(|(_, q)| matches!(q.write, LifecycleWrite::Finalize { .. }))
+                .unwrap_or(self.queue.len()),
+        };
+        self.withdrawn.insert(session);
         self.push(session, queued);
+        if let Some(entry) = self.queue.pop_back() {
+            self.queue.insert(at, entry);
+        }
+    }
+
+    /// Whether `session`'s registration was refused to its caller and its
+    /// withdrawal is not answered yet.
+    pub(super) fn was_withdrawn(&self, session: SessionId) -> bool {
+        self.withdrawn.contains(&session)
+    }
+
+    /// The finalize withdrawing `session` was answered.
+    pub(super) fn withdrawal_answered(&mut self, session: SessionId) {
+        self.withdrawn.remove(&session);
     }
 
     /// Takes everything still waiting, to give it up.

@@ -1051,6 +1051,78 @@ async fn g1_a_batch_handed_behind_one_that_fails_is_not_committed_ahead_of_it() 
     assert!(report.left_recoverable.is_empty(), "{report:?}");
 }
 
+/// G1 in the store through an outage longer than the store timeout: a
+/// child registered under a parent that finishes during the outage, its
+/// caller told at the store timeout that the registration failed, whether
+/// or not its row was written (a commit whose answer was lost). Once the
+/// store heals, every row is finalized, the child's before its parent's,
+/// and the report counts the refused registration as the one failure and
+/// leaves no session (a child whose row was never written has nothing to
+/// end).
+#[tokio::test(start_paused = true)]
+async fn g1_a_child_registered_in_an_outage_under_a_parent_that_finishes_in_it() {
+    for written in [false, true] {
+        let store = Faulty::default();
+        let kernel = kernel_on(&store).await;
+        let root = kernel.register("root", None).await.unwrap();
+        // Its first try is committed and said failed, when `written`;
+        // every batch fails after it until the store heals.
+        store
+            .land_failed_registrations
+            .store(true, Ordering::SeqCst);
+        store
+            .fail_registrations
+            .store(usize::from(written), Ordering::SeqCst);
+        store
+            .fail_batches
+            .store(usize::from(!written) * usize::MAX, Ordering::SeqCst);
+        let registering = tokio::spawn({
+            let kernel = kernel.clone();
+            let parent = root.id();
+            async move { kernel.register("late", Some(parent)).await }
+        });
+        tokio::time::sleep(MS).await;
+        store.fail_batches.store(usize::MAX, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let finishing = tokio::spawn({
+            let root = root.clone();
+            async move { root.finish().await }
+        });
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        store.fail_batches.store(0, Ordering::SeqCst);
+        let registered = registering.await.unwrap();
+        assert!(registered.is_err(), "{written}: {registered:?}");
+        assert_eq!(finishing.await.unwrap().unwrap(), EndReason::Completed);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let rows = store
+            .inner
+            .list_sessions(SessionFilter::all())
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1 + usize::from(written), "{written}: {rows:?}");
+        assert!(
+            rows.iter().all(|row| row.state == State::Finalized),
+            "{written}: {rows:?}"
+        );
+        // In the order the store took them: the child's end, then the root's.
+        let log = store.log.lock().unwrap().clone();
+        let ends: Vec<SessionId> = log
+            .iter()
+            .filter_map(|w| match w {
+                LifecycleWrite::Finalize { session, .. } => Some(*session),
+                _ => None,
+            })
+            .collect();
+        let last_root = ends.iter().rposition(|s| *s == root.id());
+        let last_child = ends.iter().rposition(|s| *s != root.id());
+        assert!(last_child < last_root, "{written}: {ends:?}");
+        let report = kernel.shutdown(Duration::ZERO).await;
+        assert!(report.left_recoverable.is_empty(), "{written}: {report:?}");
+        // The registration refused to its caller, and nothing else.
+        assert_eq!(report.store_failures, 1, "{written}: {report:?}");
+    }
+}
+
 /// The last step of `id`'s committed timeline.
 async fn last_step(store: &Faulty, id: SessionId) -> (Option<State>, State) {
     let detail = store.inner.session_detail(id).await.unwrap();
