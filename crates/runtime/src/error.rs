@@ -86,6 +86,21 @@ impl RuntimeError {
     pub fn is_stopped(&self) -> bool {
         matches!(self, RuntimeError::Stopped)
     }
+
+    /// The store's `error` for a call that was `what` (`"registering a
+    /// session"`): a store that did not answer in time is
+    /// [`StoreTimeout`](Self::StoreTimeout), whichever side stopped
+    /// waiting first, so that the same outage reads the same to every
+    /// caller; any other failure is [`Store`](Self::Store), with the
+    /// store's own cause.
+    pub(crate) fn from_store(what: &'static str, error: settle_store::StoreError) -> Self {
+        match error {
+            settle_store::StoreError::TimedOut { after } => {
+                RuntimeError::StoreTimeout { what, after }
+            }
+            error => RuntimeError::Store(error),
+        }
+    }
 }
 
 impl From<settle_core::Error> for RuntimeError {

@@ -214,7 +214,7 @@ impl SessionHandle {
             Some(Ok(())) => Ok(turn),
             Some(Err(error)) => {
                 turn.refused();
-                Err(error.into())
+                Err(RuntimeError::from_store("starting a turn", error))
             }
             None => Err(RuntimeError::Stopped),
         }

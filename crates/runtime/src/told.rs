@@ -281,10 +281,11 @@ impl RegisterTold {
             Ok(answer) => return answer.ok_or(RuntimeError::Stopped)?,
             Err(given_up) => given_up,
         };
+        let what = "registering a session";
         let error = match last {
-            Some(last) => RuntimeError::Store(last),
+            Some(last) => RuntimeError::from_store(what, last),
             None => RuntimeError::StoreTimeout {
-                what: "registering a session",
+                what,
                 after: patience,
             },
         };

@@ -23,7 +23,7 @@ impl Unwritten {
     pub fn into_error(self, what: &'static str) -> RuntimeError {
         match self {
             Unwritten::Failed(error) => match Arc::try_unwrap(error) {
-                Ok(error) => error.into(),
+                Ok(error) => RuntimeError::from_store(what, error),
                 Err(shared) => RuntimeError::Registration(shared),
             },
             Unwritten::TimedOut(after) => RuntimeError::StoreTimeout { what, after },

@@ -1869,7 +1869,16 @@ async fn g7_a_turn_start_behind_a_stalled_write_is_refused_at_the_store_timeout_
         waited >= Duration::from_secs(10) && waited <= Duration::from_millis(10_100),
         "refused after {waited:?}, not at the 10 s store timeout from its ask"
     );
-    assert!(matches!(error, RuntimeError::Store(_)), "{error:?}");
+    assert!(
+        matches!(
+            error,
+            RuntimeError::StoreTimeout {
+                what: "starting a turn",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
 
     // Once the store heals, the refused start and its failed end are
     // written; the next turn waits for them and runs.
