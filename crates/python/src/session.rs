@@ -408,6 +408,8 @@ impl PySession {
     /// finalized first, then it is (G1). Resolves to its end reason
     /// (`"completed"`, `"failed"`, `"cancelled"`; `"shutdown"` during a
     /// shutdown). Raises `SessionClosed` when it was already finalized.
+    /// Cancelling the task that awaits it stops the wait, not the finish:
+    /// the session still winds down and is finalized.
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         self.call(py, OnCancel::Finish, |handle| async move {
