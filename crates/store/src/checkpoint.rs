@@ -22,7 +22,7 @@
 //! appends ran 35 % slower). It waits for about one commit at most, since
 //! the writer waits while it does, and a restart a reader keeps from being
 //! made is tried again after a wait that doubles, or as soon as the log
-//! has doubled.
+//! has grown by its limit again.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -106,7 +106,7 @@ impl Checkpointer {
             // folded back (a file's size is one system call), so that it
             // passes its limit by at most what 10 ms of commits write.
             let mut tick = 0_u32;
-            let mut schedule = Restarts::default();
+            let mut schedule = Restarts::new(wal_limit);
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(LOOK) {
                 tick = tick.wrapping_add(1);
                 if tick % FOLD_EVERY == 0 {
@@ -157,11 +157,13 @@ impl Checkpointer {
 /// not be made: after a wait that doubles while it keeps failing (a reader
 /// that holds the log for long costs the writer a few short waits, not one
 /// per look), back to every look once one is made; and at once when the
-/// log has doubled since the last failure, whatever the wait: a long reader
-/// costs one short wait a doubling (a few in all), and a restart kept from
-/// being made by a moment's contention (the writer's commit, a reader
-/// descheduled on a busy machine) does not let the log grow for the seconds
-/// of a wait that kept doubling. A log restarted keeps its size until the
+/// log has grown by its limit since the last failure, whatever the wait: a
+/// long reader costs one short wait a limit's growth, and a restart kept
+/// from being made by a moment's contention (the writer's commit, a reader
+/// descheduled on a busy machine) lets the log grow by a limit, not for the
+/// seconds of a wait that kept doubling, nor to twice its size each time
+/// (two such moments in a row on a loaded machine took a 1 MiB log past
+/// 4 MiB). A log restarted keeps its size until the
 /// writer's next commit cuts it back: it is not restarted again before its
 /// size changed.
 #[derive(Debug)]
@@ -174,20 +176,22 @@ struct Restarts {
     past: u64,
     /// The log's size when it was last restarted.
     restarted: Option<u64>,
+    /// The log's limit: how much it may grow between two tries.
+    limit: u64,
 }
 
-impl Default for Restarts {
-    fn default() -> Self {
+impl Restarts {
+    /// The schedule of a log whose limit is `limit` bytes.
+    fn new(limit: u64) -> Self {
         Restarts {
             from: 0,
             backoff: 1,
             past: 0,
             restarted: None,
+            limit,
         }
     }
-}
 
-impl Restarts {
     /// Whether a log of `size` bytes, past its limit, is tried at look `tick`.
     fn due(&self, tick: u32, size: u64) -> bool {
         self.restarted != Some(size) && (tick >= self.from || size > self.past)
@@ -197,7 +201,7 @@ impl Restarts {
     fn failed(&mut self, tick: u32, size: u64) {
         self.from = tick.wrapping_add(self.backoff);
         self.backoff = self.backoff.saturating_mul(2).min(MAX_BACKOFF);
-        self.past = size.saturating_mul(2);
+        self.past = size.saturating_add(self.limit);
         self.restarted = None;
     }
 
@@ -228,8 +232,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_restart_that_keeps_failing_waits_longer_each_time_until_the_log_doubles() {
-        let mut schedule = Restarts::default();
+    fn a_restart_that_keeps_failing_waits_longer_each_time_until_the_log_grows_by_its_limit() {
+        let mut schedule = Restarts::new(1_000);
         assert!(schedule.due(0, 1_000));
         // Failures at a steady size: each wait twice the one before.
         let mut tick = 0;
@@ -239,11 +243,15 @@ mod tests {
             assert!(schedule.due(tick + wait, 1_000), "wait {wait}");
             tick += wait;
         }
-        // Within the wait, a log grown to twice its size at the failure is
+        // Within the wait, a log grown by its limit since the failure is
         // tried at once; one grown less is not.
         schedule.failed(tick, 1_000);
         assert!(!schedule.due(tick + 1, 2_000));
         assert!(schedule.due(tick + 1, 2_001));
+        // By its limit, not to twice its size: a log that failed at three
+        // times its limit is tried again past four.
+        schedule.failed(tick, 3_000);
+        assert!(schedule.due(tick + 1, 4_001));
         // The wait is capped, and starts over once a restart is made.
         for _ in 0..20 {
             schedule.failed(tick, 1_000);
@@ -258,7 +266,7 @@ mod tests {
     /// an idle store is not restarted every look.
     #[test]
     fn a_restarted_log_is_not_restarted_again_before_its_size_changes() {
-        let mut schedule = Restarts::default();
+        let mut schedule = Restarts::new(1_000);
         schedule.made(5_000);
         assert!(!schedule.due(1, 5_000));
         assert!(!schedule.due(100, 5_000));
