@@ -267,17 +267,14 @@ pub(crate) fn validate(
         }
         let count = ctx.count(agent, place)?;
         let copies = count.unwrap_or(1);
+        // Too much for a run, said at its `count` (its name without one).
+        let too_much = |problem| {
+            let at = agent.count.as_ref();
+            let span = at.map_or(agent.name.span(), Spanned::span);
+            ctx.error(span, place, "count", problem)
+        };
         if copies > MAX_AGENTS - agents.len() {
-            let span = agent
-                .count
-                .as_ref()
-                .map_or(agent.name.span(), Spanned::span);
-            return Err(ctx.error(
-                span,
-                place,
-                "count",
-                Problem::TooManyAgents { max: MAX_AGENTS },
-            ));
+            return Err(too_much(Problem::TooManyAgents { max: MAX_AGENTS }));
         }
         let spawn_after = ctx.duration(agent.spawn_after_ms.as_ref(), place, "spawn_after_ms")?;
         if agent.turn.is_empty() {
@@ -293,18 +290,7 @@ pub(crate) fn validate(
         let each: usize = turns.iter().map(|turn| 1 + turn.chunks.len()).sum();
         match each.checked_mul(copies) {
             Some(more) if more <= MAX_SCRIPTED - scripted => scripted += more,
-            _ => {
-                let span = agent
-                    .count
-                    .as_ref()
-                    .map_or(agent.name.span(), Spanned::span);
-                return Err(ctx.error(
-                    span,
-                    place,
-                    "count",
-                    Problem::TooMuchScript { max: MAX_SCRIPTED },
-                ));
-            }
+            _ => return Err(too_much(Problem::TooMuchScript { max: MAX_SCRIPTED })),
         }
         let spec = |name: String| AgentSpec {
             name,
