@@ -86,6 +86,10 @@ use crate::report::ShutdownReport;
 /// last message: the driver sends one per wake, at most a chunk each).
 const RECORD_BATCH: usize = 4096;
 
+/// Once a shutdown has begun, the longest wait between two tries of the
+/// writes a store blip left unwritten: its budget is a few seconds.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(100);
+
 /// Waits until `at` (never called without one).
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
@@ -131,6 +135,7 @@ impl Recorder {
         let mut held = Held::default();
         loop {
             let due = held.due(self.in_flight.is_some());
+            self.hurry_in_shutdown();
             let retry_due = self.retries.due();
             let holds_due = self.owed_holds.due();
             let in_flight = async {

@@ -85,6 +85,9 @@ pub(crate) struct Retries {
     /// (see `backoff.rs`).
     wait: Option<Backoff>,
     next: Option<Instant>,
+    /// The longest wait between two tries, once a shutdown has begun (see
+    /// [`Retries::hurry`]).
+    cap: Option<Duration>,
     /// The sessions whose registration was refused to its caller, until
     /// the finalize that withdraws it is answered: a write about one that
     /// finds no row has nothing to do (see [`Retries::withdraw`]).
@@ -187,7 +190,23 @@ impl Retries {
         self.queue.push_back((session, queued));
         if self.next.is_none() {
             let wait = self.wait.get_or_insert_with(Backoff::new).current();
+            let wait = self.cap.map_or(wait, |cap| wait.min(cap));
             self.next = Some(Instant::now() + wait);
+        }
+    }
+
+    /// A shutdown has begun: from now on no wait between two tries is
+    /// longer than `cap`, the next one included, so that a store back a
+    /// moment before the shutdown's budget runs out still takes what waits
+    /// (its waits had grown to a second, and the last try before the
+    /// deadline could come that long before it).
+    pub(super) fn hurry(&mut self, cap: Duration) {
+        if self.cap.is_some() {
+            return;
+        }
+        self.cap = Some(cap);
+        if let Some(next) = self.next {
+            self.next = Some(next.min(Instant::now() + cap));
         }
     }
 
@@ -382,6 +401,14 @@ impl super::Recorder {
             });
     }
 
+    /// Once a shutdown has begun, the waits between tries are short (see
+    /// [`Retries::hurry`]).
+    pub(super) fn hurry_in_shutdown(&mut self) {
+        if self.deadline.borrow().is_some() {
+            self.retries.hurry(super::SHUTDOWN_WAIT);
+        }
+    }
+
     /// Whether a shutdown's budget is spent: nothing is tried again then.
     pub(super) fn budget_spent(&self) -> bool {
         self.deadline
@@ -392,6 +419,7 @@ impl super::Recorder {
     /// One more try of every waiting write, as one batch, after telling
     /// the waiters who may not wait any longer that their write failed.
     pub(super) async fn retry(&mut self) {
+        self.hurry_in_shutdown();
         // The batch in flight first: a write of it the store did not take
         // is queued now, before the writes decided after it are taken
         // (else a session's finalize, waiting here, would be tried before
@@ -428,6 +456,7 @@ impl super::Recorder {
     /// shutdown, its budget is spent (else within the store timeout); what
     /// is left then is given up, its sessions left for recovery (G8).
     pub(super) async fn settle_retries(&mut self) {
+        self.hurry_in_shutdown();
         let until = self
             .deadline
             .borrow()

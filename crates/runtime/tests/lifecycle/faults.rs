@@ -1123,6 +1123,40 @@ async fn g1_a_child_registered_in_an_outage_under_a_parent_that_finishes_in_it()
     }
 }
 
+/// G9 with a store that comes back late in a shutdown: the writes it
+/// failed are tried again often enough that a store back a moment before
+/// the shutdown's budget runs out still takes them (a PostgreSQL restart
+/// that ended 0.65 s before the deadline left every session for recovery:
+/// the next try was due past it, the waits having grown to a second).
+#[tokio::test(start_paused = true)]
+async fn g9_a_store_back_before_the_shutdowns_deadline_takes_what_waited() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        ids.push(kernel.register(name, None).await.unwrap().id());
+    }
+    store.fail_batches.store(usize::MAX, Ordering::SeqCst);
+    let began = Instant::now();
+    let shutdown = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { kernel.shutdown(DRAIN).await }
+    });
+    // Back 300 ms before the bound (drain + settle + flush budget).
+    let bound = DRAIN + SETTLE + FLUSH_BUDGET;
+    tokio::time::sleep_until(began + bound - Duration::from_millis(300)).await;
+    store.fail_batches.store(0, Ordering::SeqCst);
+    let report = shutdown.await.unwrap();
+    assert!(began.elapsed() <= bound, "{:?}", began.elapsed());
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+    for id in ids {
+        assert_eq!(
+            detail(&store.inner, id).await.session.state,
+            State::Finalized
+        );
+    }
+}
+
 /// The last step of `id`'s committed timeline.
 async fn last_step(store: &Faulty, id: SessionId) -> (Option<State>, State) {
     let detail = store.inner.session_detail(id).await.unwrap();
