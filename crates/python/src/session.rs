@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use settle_core::{CancelMode, Handled, Hold, SessionId};
-use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
+use settle_runtime::{RuntimeError, SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -407,14 +407,19 @@ impl PySession {
     /// The agent is done: its live descendants are cancelled, settled and
     /// finalized first, then it is (G1). Resolves to its end reason
     /// (`"completed"`, `"failed"`, `"cancelled"`; `"shutdown"` during a
-    /// shutdown). Raises `SessionClosed` when it was already finalized.
-    /// Cancelling the task that awaits it stops the wait, not the finish:
-    /// the session still winds down and is finalized.
+    /// shutdown). Raises `AlreadyFinalized` when it was already finalized
+    /// (G2: nothing changed), as `cancel()` does. Cancelling the task that
+    /// awaits it stops the wait, not the finish: the session still winds
+    /// down and is finalized.
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         self.call(py, OnCancel::Finish, |handle| async move {
-            let reason = handle.finish().await.map_err(errors::runtime)?;
-            Ok(reason.as_str())
+            match handle.finish().await {
+                Ok(reason) => Ok(reason.as_str()),
+                // The runtime's answer to finishing a finalized session.
+                Err(RuntimeError::SessionClosed(id)) => Err(errors::already_finalized(id)),
+                Err(error) => Err(errors::runtime(error)),
+            }
         })
     }
 

@@ -69,4 +69,6 @@ async def test_g10_a_write_through_a_finished_child_raises_session_closed(kernel
     # Ending it again is a no-op that says so (G2).
     with pytest.raises(settle.AlreadyFinalized):
         await child.cancel()
+    with pytest.raises(settle.AlreadyFinalized):
+        await child.finish()
     assert await child.close() == "parent_finished"
