@@ -92,7 +92,7 @@ async def test_one_call_run_by_several_tasks_gives_each_its_result(kernel):
     await session.finish()
     failing = session.finish()
     for _ in range(2):
-        with pytest.raises(settle.SessionClosed):
+        with pytest.raises(settle.AlreadyFinalized):
             await asyncio.create_task(failing)
 
 
