@@ -166,6 +166,7 @@ mod sys;
 mod thread;
 mod time;
 mod timeline;
+mod wal_backstop;
 mod withdraw;
 mod writer;
 

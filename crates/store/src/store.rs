@@ -24,6 +24,7 @@ use crate::pool::ReadPool;
 use crate::read::{MemoryRow, SessionDetail, SessionRow};
 use crate::recover::{RecoverOptions, RecoveryCandidate, RecoveryReport};
 use crate::session_store::SessionStore;
+use crate::wal_backstop::WalBackstop;
 use crate::writer::Writer;
 
 /// A session store on SQLite or PostgreSQL. Cheap to clone: clones share one
@@ -164,6 +165,10 @@ impl Store {
                 Target::Postgres(url) => Some(options.bounded_pg_url(url)),
                 Target::Sqlite(_) => None,
             },
+            opened
+                .checkpoint
+                .as_deref()
+                .map(|path| WalBackstop::new(path, options.wal_limit())),
         )
         .map_err(|e| OpenError::Database {
             location: location.clone(),

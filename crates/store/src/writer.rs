@@ -21,6 +21,7 @@ use crate::chunk::{commit_batch, ChunkReceipt, NewChunk, PendingChunk};
 use crate::conn::{AnyConn, Db};
 use crate::error::StoreError;
 use crate::thread::StoreThread;
+use crate::wal_backstop::WalBackstop;
 
 /// A write; returns whether it failed in the database (not a refusal).
 type Op = Box<dyn FnOnce(Db<'_>) -> bool + Send>;
@@ -48,6 +49,7 @@ impl Writer {
         flush_interval: Duration,
         close_timeout: Duration,
         reconnect: Option<String>,
+        wal: Option<WalBackstop>,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel();
         let thread = StoreThread::spawn("settle-store-writer", move || {
@@ -57,6 +59,7 @@ impl Writer {
                 batch_size.max(1),
                 flush_interval,
                 reconnect.as_deref(),
+                wal,
             )
         })?;
         Ok(Writer {
@@ -147,6 +150,7 @@ fn run(
     batch_size: usize,
     flush_interval: Duration,
     reconnect: Option<&str>,
+    mut wal: Option<WalBackstop>,
 ) {
     let mut next: Option<Command> = None;
     // The connection was lost and could not be established again yet: try
@@ -183,6 +187,8 @@ fn run(
         };
         if failed {
             lost = !repair(&mut conn, reconnect);
+        } else if let Some(wal) = wal.as_mut() {
+            wal.after_commit(&mut conn);
         }
     }
 }
