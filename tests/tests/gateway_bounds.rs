@@ -11,6 +11,7 @@
 mod gateway_support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use gateway_support::{Client, Served};
 use serde_json::{json, Value};
@@ -894,5 +895,173 @@ async fn a_client_reading_a_turn_of_many_large_chunks_is_not_cut_for_not_keeping
     assert_eq!(got.len(), chunks.len());
     assert!(got == chunks, "the chunks did not arrive whole");
     assert_eq!(served.gateway.connections(), 1, "the reader was cut");
+    served.shut_down().await;
+}
+
+/// A memory store whose reads of a session (its row, its principal) fail
+/// once `down`, as a PostgreSQL server that stopped answering: everything
+/// else is the memory store's.
+struct Dark {
+    store: settle_store::MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Dark {
+    fn read(&self) -> Result<(), settle_store::StoreError> {
+        match self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            true => Err(settle_store::StoreError::Unavailable),
+            false => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl settle_store::SessionStore for Dark {
+    async fn register_owner(
+        &self,
+        owner: settle_store::OwnerInfo,
+        ttl: Duration,
+    ) -> Result<settle_store::OwnerId, settle_store::StoreError> {
+        self.store.register_owner(owner, ttl).await
+    }
+    async fn renew_lease(
+        &self,
+        owner: settle_store::OwnerId,
+        ttl: Duration,
+    ) -> Result<std::time::SystemTime, settle_store::StoreError> {
+        self.store.renew_lease(owner, ttl).await
+    }
+    async fn reserve_ids(
+        &self,
+        count: u32,
+    ) -> Result<std::ops::Range<u64>, settle_store::StoreError> {
+        self.store.reserve_ids(count).await
+    }
+    fn append_chunk(
+        &self,
+        id: settle_store::SessionId,
+        turn: u32,
+        chunk: settle_store::NewChunk,
+    ) -> settle_store::ChunkReceipt {
+        self.store.append_chunk(id, turn, chunk)
+    }
+    async fn flush(&self) -> Result<(), settle_store::StoreError> {
+        self.store.flush().await
+    }
+    async fn apply(
+        &self,
+        batch: Vec<settle_store::LifecycleWrite>,
+    ) -> Vec<Result<settle_store::Applied, settle_store::StoreError>> {
+        self.store.apply(batch).await
+    }
+    fn applies_in_order(&self) -> bool {
+        self.store.applies_in_order()
+    }
+    async fn recover(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<settle_store::RecoveryReport, settle_store::StoreError> {
+        self.store.recover(options).await
+    }
+    async fn recovery_candidates(
+        &self,
+        options: settle_store::RecoverOptions,
+    ) -> Result<Vec<settle_store::RecoveryCandidate>, settle_store::StoreError> {
+        self.store.recovery_candidates(options).await
+    }
+    async fn list_sessions(
+        &self,
+        filter: settle_store::SessionFilter,
+    ) -> Result<Vec<settle_store::SessionRow>, settle_store::StoreError> {
+        self.store.list_sessions(filter).await
+    }
+    async fn last_session(
+        &self,
+        state: Option<settle_store::State>,
+    ) -> Result<Option<settle_store::SessionId>, settle_store::StoreError> {
+        self.store.last_session(state).await
+    }
+    async fn session_detail(
+        &self,
+        id: settle_store::SessionId,
+    ) -> Result<settle_store::SessionDetail, settle_store::StoreError> {
+        self.read()?;
+        self.store.session_detail(id).await
+    }
+    async fn memories(
+        &self,
+        id: settle_store::SessionId,
+    ) -> Result<Vec<settle_store::MemoryRow>, settle_store::StoreError> {
+        self.store.memories(id).await
+    }
+    async fn principal(
+        &self,
+        session: settle_store::SessionId,
+    ) -> Result<Option<String>, settle_store::StoreError> {
+        self.read()?;
+        self.store.principal(session).await
+    }
+}
+
+/// Found from outside (SPEC §10): while the store did not answer reads,
+/// another principal's sessions answered `not_found` at once and ids that
+/// do not exist failed `internal` (after the store timeout, on a stopped
+/// PostgreSQL), so any principal could list which ids were someone
+/// else's. Both are now asked of the store the same way: during the outage
+/// they fail alike, and once it is over both are `not_found`; the owner
+/// still uses its own.
+#[tokio::test]
+async fn another_principals_session_answers_as_a_missing_one_even_while_the_store_is_down() {
+    let tokens = settle_gateway::Tokens::parse(&format!("alice {ALICE}\nbob {BOB}\n")).unwrap();
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut served = Served::tcp_over(
+        {
+            let down = down.clone();
+            move |store| Arc::new(Dark { store, down })
+        },
+        book(),
+        |k| k.lru_cap(None).store_timeout(Duration::from_secs(2)),
+        |g| g.tokens(tokens),
+    )
+    .await;
+    let mut alice = connect_as(&served, ALICE).await;
+    let mut bob = connect_as(&served, BOB).await;
+    let hers = create(&mut alice, "hers").await;
+    let missing = hers + 1_000;
+    let methods = [
+        (
+            "session.read",
+            json!({ "id": hers }),
+            json!({ "id": missing }),
+        ),
+        (
+            "session.attach",
+            json!({ "id": hers }),
+            json!({ "id": missing }),
+        ),
+        (
+            "session.close",
+            json!({ "id": hers }),
+            json!({ "id": missing }),
+        ),
+    ];
+    for up in [false, true] {
+        down.store(!up, std::sync::atomic::Ordering::SeqCst);
+        for (method, theirs, none) in &methods {
+            let a = bob.call(method, theirs.clone()).await;
+            let b = bob.call(method, none.clone()).await;
+            let said = |answer: Result<Value, Value>| match answer {
+                Ok(value) => format!("ok {value}"),
+                Err(error) => format!("{} {}", error["code"], error["data"]["kind"]),
+            };
+            let (a, b) = (said(a), said(b));
+            assert_eq!(a, b, "{method}, store up: {up}");
+            if up {
+                assert!(a.contains("not_found"), "{method}: {a}");
+            }
+        }
+    }
+    // The owner still uses its own.
+    alice.ok("session.read", json!({ "id": hers })).await;
     served.shut_down().await;
 }

@@ -102,9 +102,18 @@ async fn owned_or_adopted(
     id: SessionId,
     adopt: bool,
 ) -> Result<Arc<Entry>, RpcError> {
-    let unknown_here = !shared.owners.knows(id);
-    if !unknown_here && !shared.owners.may_use(caller.principal, id) {
-        return Err(RpcError::not_found(id.get()));
+    let mine_here = shared.owners.knows(id) && shared.owners.may_use(caller.principal, id);
+    if !mine_here {
+        // Another principal's as far as this process knows, or one it does
+        // not know: whose it is, the store says, asked the same way for
+        // both, so that neither the answer, nor how long it takes, nor how
+        // it fails while the store is down tells another principal's
+        // session from one that does not exist (SPEC §10).
+        let recorded = shared.recorded_owner(id).await?;
+        if recorded != *caller.principal {
+            return Err(RpcError::not_found(id.get()));
+        }
+        shared.owners.recorded(recorded, id);
     }
     let entry = shared.entry(id, adopt, caller.principal).await?;
     // Created before a restart, or by another process: whose the store says.

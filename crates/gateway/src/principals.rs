@@ -18,7 +18,10 @@ impl Shared {
     pub(crate) async fn recorded_owner(&self, id: SessionId) -> Result<Principal, RpcError> {
         match self.kernel.principal(id).await {
             Ok(name) => Ok(principal_of(name.as_deref())),
-            Err(RuntimeError::Store(StoreError::Unsupported(_))) => Ok(Principal::ANONYMOUS),
+            // No principal kept, or no such session: nobody's recorded.
+            Err(RuntimeError::Store(
+                StoreError::Unsupported(_) | StoreError::UnknownSession(_),
+            )) => Ok(Principal::ANONYMOUS),
             Err(error) => Err(RpcError::from_runtime(&error)),
         }
     }

@@ -78,6 +78,19 @@ impl Served {
         Served::on(listener, address, wrap, provider, policy, options).await
     }
 
+    /// [`Served::tcp`] over the store `wrap` makes of a fresh memory store
+    /// (one that fails its reads, say).
+    pub async fn tcp_over(
+        wrap: impl FnOnce(MemoryStore) -> Arc<dyn SessionStore>,
+        provider: Arc<dyn Provider>,
+        policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
+        options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Served {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = Address::Tcp(listener.local_addr().unwrap());
+        Served::on(listener, address, wrap, provider, policy, options).await
+    }
+
     /// A gateway on in-memory pipes, for tests on the paused clock.
     pub async fn pipes(
         provider: Arc<dyn Provider>,
