@@ -271,6 +271,14 @@ impl Driver {
                         if !reports.is_empty() {
                             self.on_reports(&mut reports, &mut ending);
                         }
+                        // So do the recorder's answers sent before it (a
+                        // registration withdrawn, told to its caller, who
+                        // then asked for a shutdown).
+                        if self.recorder_lost.is_none() {
+                            while let Ok(ack) = self.acks.try_recv() {
+                                self.on_ack(ack);
+                            }
+                        }
                         self.on_command(command);
                     }
                     None => {

@@ -450,10 +450,12 @@ impl Recorder {
                     }
                     let error = unwritten.into_error("registering a session");
                     let cause = error.to_string();
+                    // The driver hears of it before the caller can ask
+                    // for anything after it.
+                    let _ = self.acks.send(Ack::RegisterFailed(shared.id, cause));
                     if let Some(caller) = caller {
                         caller.tell(Err(error));
                     }
-                    let _ = self.acks.send(Ack::RegisterFailed(shared.id, cause));
                 }
             },
             Answer::Withdrawn(session) => {
