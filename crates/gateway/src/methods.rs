@@ -116,8 +116,6 @@ async fn owned_or_adopted(
         shared.owners.recorded(recorded, id);
     }
     let entry = shared.entry(id, adopt, caller.principal).await?;
-    // Created before a restart, or by another process: whose the store says.
-    shared.learn_owner(id).await?;
     if !shared.owners.may_use(caller.principal, id) {
         return Err(RpcError::not_found(id.get()));
     }

@@ -25,16 +25,6 @@ impl Shared {
             Err(error) => Err(RpcError::from_runtime(&error)),
         }
     }
-
-    /// Learns the owner of session `id` from the store, unless this
-    /// process knows it already.
-    pub(crate) async fn learn_owner(&self, id: SessionId) -> Result<(), RpcError> {
-        if !self.owners.knows(id) {
-            let principal = self.recorded_owner(id).await?;
-            self.owners.recorded(principal, id);
-        }
-        Ok(())
-    }
 }
 
 /// The principal a recorded name stands for.

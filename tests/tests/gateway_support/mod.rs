@@ -72,10 +72,7 @@ impl Served {
         policy: impl FnOnce(KernelBuilder) -> KernelBuilder,
         options: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
     ) -> Served {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = Address::Tcp(listener.local_addr().unwrap());
-        let wrap = |store| -> Arc<dyn SessionStore> { Arc::new(store) };
-        Served::on(listener, address, wrap, provider, policy, options).await
+        Served::tcp_over(|store| Arc::new(store), provider, policy, options).await
     }
 
     /// [`Served::tcp`] over the store `wrap` makes of a fresh memory store
