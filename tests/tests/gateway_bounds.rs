@@ -904,6 +904,9 @@ async fn a_client_reading_a_turn_of_many_large_chunks_is_not_cut_for_not_keeping
 struct Dark {
     store: settle_store::MemoryStore,
     down: Arc<std::sync::atomic::AtomicBool>,
+    /// Once set, every lease renewal is answered `LeaseLost`, as the store
+    /// does once another process may have recovered this one's sessions.
+    lease_lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Dark {
@@ -929,6 +932,9 @@ impl settle_store::SessionStore for Dark {
         owner: settle_store::OwnerId,
         ttl: Duration,
     ) -> Result<std::time::SystemTime, settle_store::StoreError> {
+        if self.lease_lost.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(settle_store::StoreError::LeaseLost(owner));
+        }
         self.store.renew_lease(owner, ttl).await
     }
     async fn reserve_ids(
@@ -1017,7 +1023,13 @@ async fn another_principals_session_answers_as_a_missing_one_even_while_the_stor
     let mut served = Served::tcp_over(
         {
             let down = down.clone();
-            move |store| Arc::new(Dark { store, down })
+            move |store| {
+                Arc::new(Dark {
+                    store,
+                    down,
+                    lease_lost: Arc::default(),
+                })
+            }
         },
         book(),
         |k| k.lru_cap(None).store_timeout(Duration::from_secs(2)),
@@ -1064,4 +1076,42 @@ async fn another_principals_session_answers_as_a_missing_one_even_while_the_stor
     // The owner still uses its own.
     alice.ok("session.read", json!({ "id": hers })).await;
     served.shut_down().await;
+}
+
+/// Found from outside (G8, SPEC §10): a gateway whose kernel lost its lease
+/// (a lock on the database past the lease) told its clients
+/// `server.shutdown` with the configured drain and no cause, while the
+/// shutdown a lost lease begins has no drain: a client waited for a drain
+/// that never came and could not tell a lost lease from an operator's
+/// stop. It is told `drain_ms: 0` and `reason: "lease_lost"`.
+#[tokio::test]
+async fn g8_a_lost_lease_is_told_to_clients_as_the_shutdowns_cause_with_no_drain() {
+    let lease_lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut served = Served::tcp_over(
+        {
+            let lease_lost = lease_lost.clone();
+            move |store| {
+                Arc::new(Dark {
+                    store,
+                    down: Arc::default(),
+                    lease_lost,
+                })
+            }
+        },
+        book(),
+        |k| k.lease_ttl(Duration::from_millis(300)),
+        |g| g.drain_timeout(Duration::from_secs(30)),
+    )
+    .await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "mine").await;
+    assert!(served.kernel.lease_lost().is_none());
+    lease_lost.store(true, std::sync::atomic::Ordering::SeqCst);
+    let told = client.expect("server.shutdown").await;
+    assert_eq!(told, json!({ "drain_ms": 0, "reason": "lease_lost" }));
+    let why = served.kernel.lease_lost().unwrap_or_default().to_owned();
+    assert!(why.contains("lease"), "{why}");
+    assert!(id > 0);
+    let report = served.finished().await;
+    assert!(report.lease_lost, "{report:?}");
 }

@@ -136,13 +136,25 @@ impl Shared {
 
     /// Tells every connection `server.shutdown`, with the drain it has,
     /// and, in a fleet, `handoff: true`: its sessions are handed off, to be
-    /// attached on another process (SPEC §12).
+    /// attached on another process (SPEC §12). A shutdown the kernel began
+    /// because it lost its lease (G8) has no drain and says so: `drain_ms`
+    /// 0 and `reason: "lease_lost"` (the store's words stay in the log: a
+    /// client is not told about the database).
     pub fn announce_shutdown(&self) {
-        let drain_ms = u64::try_from(self.drain.as_millis()).unwrap_or(u64::MAX);
-        let params = match self.fleet {
+        let lease_lost = self.kernel.lease_lost().is_some();
+        let drain = if lease_lost {
+            Duration::ZERO
+        } else {
+            self.drain
+        };
+        let drain_ms = u64::try_from(drain.as_millis()).unwrap_or(u64::MAX);
+        let mut params = match self.fleet {
             Some(_) => json!({ "drain_ms": drain_ms, "handoff": true }),
             None => json!({ "drain_ms": drain_ms }),
         };
+        if lease_lost {
+            params["reason"] = json!("lease_lost");
+        }
         self.connections
             .announce_shutdown(|| notification("server.shutdown", params.clone()).into());
     }

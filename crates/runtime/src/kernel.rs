@@ -140,7 +140,7 @@ impl KernelBuilder {
             config.lease_ttl,
             command_tx.downgrade(),
             events.clone(),
-            lease_lost_why,
+            lease_lost_why.clone(),
         ));
         let drain = config.drain_timeout;
         let settle = config.policy.settle_timeout;
@@ -187,6 +187,7 @@ impl KernelBuilder {
                 store,
                 owner,
                 last_report,
+                lease_lost_why,
                 shutting_down,
                 stopped,
                 finished: tokio::sync::Mutex::new(Some(finished)),
@@ -215,6 +216,9 @@ struct Inner {
     /// began itself, on a lost lease or when every handle was dropped, has no
     /// other waiter).
     last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// Why the lease was lost, once it was: set before the shutdown it
+    /// begins, so whoever sees that shutdown begun can tell it.
+    lease_lost_why: Arc<std::sync::OnceLock<String>>,
     /// Cancelled by the driver when a shutdown begins, whoever asked for it.
     shutting_down: tokio_util::sync::CancellationToken,
     /// Cancelled once the driver and the recorder have stopped.
@@ -511,6 +515,14 @@ impl Kernel {
     /// waiting to start more work (a spawn delay, a prompt) selects on.
     pub async fn shutdown_begun(&self) {
         self.inner.shutting_down.cancelled().await;
+    }
+
+    /// Why this kernel lost its lease on its sessions (G8), once it has: the
+    /// shutdown it then began has no drain. Set before that shutdown
+    /// begins, so a frontend that saw [`shutdown_begun`](Self::shutdown_begun)
+    /// resolve can tell a lost lease from a shutdown someone asked for.
+    pub fn lease_lost(&self) -> Option<&str> {
+        self.inner.lease_lost_why.get().map(String::as_str)
     }
 
     /// Ends the drain now (what a second signal does).
