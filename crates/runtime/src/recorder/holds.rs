@@ -68,12 +68,15 @@ impl Recorder {
             }
         };
         if let Err(unwritten) = &written {
-            self.failed(Some(session), "record a session's holds", unwritten);
-        }
-        if let Err(unwritten) = &written {
-            // A hold taken back is followed by the record of its taking back.
+            // A hold taken back is followed by the record of its taking
+            // back. A release is in effect here either way: its record,
+            // refused in a way that may heal, is owed and tried again (a
+            // warning), not lost (an error).
             if !taken_back && may_heal(unwritten) {
+                self.retrying(session, "record a session's holds", unwritten);
                 self.owed_holds.owe(session, holds);
+            } else {
+                self.failed(Some(session), "record a session's holds", unwritten);
             }
         }
         let Some(HoldsTold { hold, reply }) = told else {

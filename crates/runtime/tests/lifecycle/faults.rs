@@ -2403,11 +2403,15 @@ async fn g12_a_hold_refused_at_the_store_timeout_says_the_whole_wait() {
 /// G12 with holds (SPEC §5): a release whose record a blip refused is
 /// written once the store takes writes again, as a turn's end is, so that
 /// a crash after the blip does not leave an adopter a session held for
-/// good; a later change of the same session's holds supersedes it.
+/// good; a later change of the same session's holds supersedes it. Its
+/// refusal is said as a write to be tried again (`StoreRetrying`, a
+/// warning), not as a failure (`StoreFailed`, an error: found from
+/// outside, a release during a lock was logged as a lost write).
 #[tokio::test(start_paused = true)]
 async fn g12_a_release_the_store_refused_is_written_once_it_heals() {
     let store = Faulty::default();
     let kernel = kernel_on(&store).await;
+    let mut events = kernel.subscribe();
     let session = kernel.register("waiting", None).await.unwrap();
     assert_eq!(
         session.hold(Hold::PendingInput).await.unwrap(),
@@ -2433,4 +2437,20 @@ async fn g12_a_release_the_store_refused_is_written_once_it_heals() {
     );
     assert_eq!(store.fail_holds.load(Ordering::SeqCst), 0);
     kernel.shutdown(DRAIN).await;
+    let mut said = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        match event {
+            LifecycleEvent::StoreRetrying { message, .. } => said.push(("retrying", message)),
+            LifecycleEvent::StoreFailed { message, .. } => said.push(("failed", message)),
+            _ => {}
+        }
+    }
+    assert!(
+        said.iter().any(|(how, _)| *how == "retrying"),
+        "the refused release was not said at all: {said:?}"
+    );
+    assert!(
+        said.iter().all(|(how, _)| *how == "retrying"),
+        "a release written after the blip was said as failed: {said:?}"
+    );
 }
