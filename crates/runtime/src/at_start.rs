@@ -34,7 +34,13 @@ where
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) if error.may_heal() => error,
             Ok(Err(error)) => return Err(error.into()),
-            Err(_) => return Err(RuntimeError::StoreTimeout { what, after: bound }),
+            Err(_) => {
+                return Err(RuntimeError::StoreTimeout {
+                    what,
+                    after: bound,
+                    writing: true,
+                })
+            }
         };
         let at = Instant::now() + backoff.next_wait();
         if at >= deadline {

@@ -13,14 +13,19 @@ pub enum RuntimeError {
     /// The store failed.
     #[error("the session store failed: {0}")]
     Store(#[from] settle_store::StoreError),
-    /// The store did not answer in time: the request was given up (what it
-    /// wrote, if anything, is decided by the store; nothing was acknowledged).
-    #[error("{} while {what}, so it may still be written (the kernel ends whatever it later finds written); check that the database is up and reachable", waited(.after))]
+    /// The store did not answer in time: the request was given up. A write
+    /// (`writing`) may still be committed: what it wrote, if anything, is
+    /// decided by the store, and nothing was acknowledged; a read wrote
+    /// nothing.
+    #[error("{} while {what}{}; check that the database is up and reachable", waited(.after), given_up(*.writing))]
     StoreTimeout {
         /// What the kernel was doing.
         what: &'static str,
         /// The bound that ran out.
         after: std::time::Duration,
+        /// Whether it was a write, which the store may still commit (a
+        /// read leaves nothing behind).
+        writing: bool,
     },
     /// The session cannot be continued yet: it is not finalized.
     #[error("session {session} is {state}: only a finalized session can be resumed; if its process crashed, run `settle recover` first")]
@@ -95,9 +100,11 @@ impl RuntimeError {
     /// store's own cause.
     pub(crate) fn from_store(what: &'static str, error: settle_store::StoreError) -> Self {
         match error {
-            settle_store::StoreError::TimedOut { after } => {
-                RuntimeError::StoreTimeout { what, after }
-            }
+            settle_store::StoreError::TimedOut { after } => RuntimeError::StoreTimeout {
+                what,
+                after,
+                writing: true,
+            },
             error => RuntimeError::Store(error),
         }
     }
@@ -148,6 +155,14 @@ pub enum TaskError {
     /// The kernel stopped before the task said how it ended.
     #[error("the kernel stopped before the task ended")]
     Stopped,
+}
+
+/// What a call given up leaves behind: a write may still land.
+fn given_up(writing: bool) -> &'static str {
+    match writing {
+        true => ", so it may still be written (the kernel ends whatever it later finds written)",
+        false => " (a read: nothing was written)",
+    }
 }
 
 /// How long the store was waited for, or that it was not waited for at

@@ -163,7 +163,7 @@ impl Kernel {
         for (shared, principal, turns, holds) in taken {
             let id = shared.id;
             let detail = self
-                .store_call(
+                .read_store(
                     "reading an adopted session",
                     self.store().session_detail(id),
                 )
@@ -194,7 +194,7 @@ impl Kernel {
     /// # Errors
     /// When the store cannot be read within the store timeout.
     pub async fn locate(&self, session: SessionId) -> Result<Whereabouts, RuntimeError> {
-        self.store_call("locating a session", self.store().locate(session))
+        self.read_store("locating a session", self.store().locate(session))
             .await
     }
 
@@ -204,7 +204,7 @@ impl Kernel {
     /// # Errors
     /// When the store fails or does not answer within the store timeout.
     pub async fn principal(&self, session: SessionId) -> Result<Option<String>, RuntimeError> {
-        self.store_call("reading a principal", self.store().principal(session))
+        self.read_store("reading a principal", self.store().principal(session))
             .await
     }
 
@@ -305,6 +305,7 @@ impl Kernel {
                 Err(RuntimeError::StoreTimeout {
                     what: "adopting a session",
                     after,
+                    writing: true,
                 })
             }
         }

@@ -394,12 +394,13 @@ impl Kernel {
             .inner
             .store
             .last_session(Some(settle_core::State::Finalized));
-        self.store_call("finding the last session", last).await
+        self.read_store("finding the last session", last).await
     }
 
-    /// A call to the store, bounded by the store timeout: its error as a
+    /// A write to the store, bounded by the store timeout: its error as a
     /// [`RuntimeError::Store`], or [`RuntimeError::StoreTimeout`] saying
-    /// `what` did not answer in time.
+    /// `what` did not answer in time and may still be written (a read goes
+    /// through [`read_store`](Self::read_store)).
     pub(crate) async fn store_call<T>(
         &self,
         what: &'static str,
@@ -408,7 +409,11 @@ impl Kernel {
         let after = self.store_timeout();
         match tokio::time::timeout(after, call).await {
             Ok(result) => result.map_err(RuntimeError::Store),
-            Err(_) => Err(RuntimeError::StoreTimeout { what, after }),
+            Err(_) => Err(RuntimeError::StoreTimeout {
+                what,
+                after,
+                writing: true,
+            }),
         }
     }
 
@@ -472,8 +477,9 @@ impl Kernel {
         self.read_store("reading a page of a session", read).await
     }
 
-    /// A store read within the store timeout.
-    async fn read_store<T>(
+    /// A store read within the store timeout (its timeout says nothing was
+    /// written).
+    pub(crate) async fn read_store<T>(
         &self,
         what: &'static str,
         read: impl std::future::Future<Output = Result<T, settle_store::StoreError>>,
@@ -481,7 +487,11 @@ impl Kernel {
         let after = self.inner.store_timeout;
         tokio::time::timeout(after, read)
             .await
-            .map_err(|_| RuntimeError::StoreTimeout { what, after })?
+            .map_err(|_| RuntimeError::StoreTimeout {
+                what,
+                after,
+                writing: false,
+            })?
             .map_err(RuntimeError::from)
     }
 

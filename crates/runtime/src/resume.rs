@@ -119,7 +119,7 @@ impl Kernel {
         let name = name.into();
         crate::session::check_name(&name)?;
         let what = "reading the session to resume";
-        let read = |id: SessionId| self.store_call(what, self.store().session_detail(id));
+        let read = |id: SessionId| self.read_store(what, self.store().session_detail(id));
         let detail = read(from).await?;
         let (mut history, mut pending_tool_calls) = history(&detail)?;
         // A session that ran no turn (a chat resumed and left at once)

@@ -728,6 +728,7 @@ impl Kernel {
                 return Err(RuntimeError::StoreTimeout {
                     what: "looking a session up",
                     after: bound,
+                    writing: false,
                 })
             }
         };

@@ -287,6 +287,7 @@ impl RegisterTold {
             None => RuntimeError::StoreTimeout {
                 what,
                 after: patience,
+                writing: true,
             },
         };
         if let Some(session) = waiter.session {

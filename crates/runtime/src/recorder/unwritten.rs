@@ -26,7 +26,11 @@ impl Unwritten {
                 Ok(error) => RuntimeError::from_store(what, error),
                 Err(shared) => RuntimeError::Registration(shared),
             },
-            Unwritten::TimedOut(after) => RuntimeError::StoreTimeout { what, after },
+            Unwritten::TimedOut(after) => RuntimeError::StoreTimeout {
+                what,
+                after,
+                writing: true,
+            },
         }
     }
 

@@ -2002,10 +2002,18 @@ async fn g7_a_lookup_the_store_does_not_answer_says_so_at_the_store_timeout() {
     let looked_up = kernel.session(unknown).await;
     let waited = asked.elapsed();
     assert!(
-        matches!(looked_up, Err(RuntimeError::StoreTimeout { .. })),
+        matches!(
+            looked_up,
+            Err(RuntimeError::StoreTimeout { writing: false, .. })
+        ),
         "{:?}",
         looked_up.map(|s| s.id())
     );
+    // A read wrote nothing, and says so (found from outside: a read's
+    // timeout said that it "may still be written").
+    let said = looked_up.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(said.contains("nothing was written"), "{said}");
+    assert!(!said.contains("may still be written"), "{said}");
     assert_eq!(waited, Duration::from_secs(10));
     store.stall_reads.store(false, Ordering::SeqCst);
     let looked_up = kernel.session(unknown).await;
