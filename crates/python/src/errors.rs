@@ -87,6 +87,9 @@ pub(crate) fn error(message: impl Into<String>) -> PyErr {
 /// A runtime error as the exception that names it.
 pub(crate) fn runtime(error: RuntimeError) -> PyErr {
     let message = error.to_string();
+    if let RuntimeError::AlreadyFinalized(session) = error {
+        return already_finalized(session);
+    }
     if error.is_session_closed() {
         return SessionClosed::new_err(message);
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use settle_core::{CancelMode, Handled, Hold, SessionId};
-use settle_runtime::{RuntimeError, SessionHandle, TurnOptions, TurnRequest};
+use settle_runtime::{SessionHandle, TurnOptions, TurnRequest};
 use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -414,12 +414,11 @@ impl PySession {
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         check_write(py)?;
         self.call(py, OnCancel::Finish, |handle| async move {
-            match handle.finish().await {
-                Ok(reason) => Ok(reason.as_str()),
-                // The runtime's answer to finishing a finalized session.
-                Err(RuntimeError::SessionClosed(id)) => Err(errors::already_finalized(id)),
-                Err(error) => Err(errors::runtime(error)),
-            }
+            handle
+                .finish()
+                .await
+                .map(|reason| reason.as_str())
+                .map_err(errors::runtime)
         })
     }
 

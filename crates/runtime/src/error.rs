@@ -10,6 +10,11 @@ pub enum RuntimeError {
     /// The session is finalized: its handle is closed (G10).
     #[error("session {0} is finalized; its handle is closed")]
     SessionClosed(SessionId),
+    /// An end was asked of a session already finalized: nothing changed
+    /// (G2). Its handle is closed too, so
+    /// [`is_session_closed`](Self::is_session_closed) holds.
+    #[error("session {0} was already finalized")]
+    AlreadyFinalized(SessionId),
     /// The store failed.
     #[error("the session store failed: {0}")]
     Store(#[from] settle_store::StoreError),
@@ -136,6 +141,7 @@ impl RuntimeError {
         matches!(
             self,
             RuntimeError::SessionClosed(_)
+                | RuntimeError::AlreadyFinalized(_)
                 | RuntimeError::Lifecycle(settle_core::Error::SessionClosed(_))
                 | RuntimeError::Store(settle_store::StoreError::SessionClosed(_))
         )

@@ -263,13 +263,14 @@ impl SessionHandle {
     /// last turn (`shutdown` during a shutdown).
     ///
     /// # Errors
-    /// `SessionClosed` when it was already finalized.
+    /// `AlreadyFinalized` when it was already finalized (G2: nothing
+    /// changed; [`close`](Self::close) answers its end reason instead).
     pub async fn finish(&self) -> Result<EndReason, RuntimeError> {
         match self
             .event(Event::AgentFinished { session: self.id() })
             .await?
         {
-            Handled::AlreadyFinalized => Err(RuntimeError::SessionClosed(self.id())),
+            Handled::AlreadyFinalized => Err(RuntimeError::AlreadyFinalized(self.id())),
             _ => self.finalized().await,
         }
     }

@@ -153,9 +153,10 @@ async fn g10_a_handle_used_after_its_finalize_returns_session_closed() {
     }
     let finished = session.finish().await;
     assert!(
-        matches!(&finished, Err(e) if e.is_session_closed()),
+        matches!(&finished, Err(RuntimeError::AlreadyFinalized(s)) if *s == id),
         "{finished:?}"
     );
+    assert!(finished.is_err_and(|e| e.is_session_closed()));
     let delegated = session.delegate(&other).await;
     assert!(matches!(delegated, Err(RuntimeError::SessionClosed(s)) if s == id));
     // Asking again for the end is not a write: it reports it (G2).
