@@ -2,7 +2,7 @@
 //! list of kernels that interpreter exit shuts down.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +49,9 @@ struct Opened {
     bound: Duration,
     /// Its SQLite file, for the `settle recover` it may leave to run.
     file: Option<PathBuf>,
+    /// Set once the program's own `shutdown()` handed it the report: what
+    /// it left is then the program's to say, not said again at exit.
+    reported: Arc<AtomicBool>,
 }
 
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
@@ -72,10 +75,13 @@ pub(crate) struct PyKernel {
     ties: Ties,
     /// The first signal the handlers received (0: none).
     signal: Arc<AtomicU32>,
+    /// Its entry's `reported` in the kernels shut down at exit.
+    reported: Arc<AtomicBool>,
 }
 
-/// A shutdown's report on its way to Python.
-struct Report(ShutdownReport);
+/// A shutdown's report on its way to Python, and the flag it sets once it
+/// is there.
+struct Report(ShutdownReport, Arc<AtomicBool>);
 
 impl<'py> IntoPyObject<'py> for Report {
     type Target = PyDict;
@@ -84,7 +90,8 @@ impl<'py> IntoPyObject<'py> for Report {
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
         let dict = PyDict::new(py);
-        let report = self.0;
+        let Report(report, reported) = self;
+        reported.store(true, Ordering::SeqCst);
         let ids = |ids: &[SessionId]| ids.iter().map(|id| id.get()).collect::<Vec<u64>>();
         let finalized = PyDict::new(py);
         for (id, reason) in &report.finalized {
@@ -261,6 +268,7 @@ impl PyKernel {
                     .max_turn_chunks(max_turn_chunks)
                     .max_turn_bytes(max_turn_bytes);
                 let bound = config.shutdown_bound(drain);
+                let reported = Arc::new(AtomicBool::new(false));
                 let kernel = Kernel::builder(store)
                     .with_config(config)
                     .start()
@@ -280,6 +288,7 @@ impl PyKernel {
                         // Named whole: the process may have changed its
                         // directory by the time it exits.
                         file: file.map(|f| std::path::absolute(&f).unwrap_or(f)),
+                        reported: reported.clone(),
                     });
                 }
                 Ok(PyKernel {
@@ -292,6 +301,7 @@ impl PyKernel {
                         settle,
                     },
                     signal: Arc::new(AtomicU32::new(0)),
+                    reported,
                 })
             },
         )
@@ -441,11 +451,10 @@ impl PyKernel {
         };
         let (kernel, here) = self.kernel.get()?;
         let kernel = kernel.clone();
-        finishing(
-            py,
-            here,
-            async move { Ok(Report(kernel.shutdown(drain).await)) },
-        )
+        let reported = self.reported.clone();
+        finishing(py, here, async move {
+            Ok(Report(kernel.shutdown(drain).await, reported))
+        })
     }
 
     /// Starts the graceful shutdown without waiting for it.
@@ -586,6 +595,10 @@ pub(crate) fn shutdown_all(py: Python<'_>, timeout: Option<f64>) -> PyResult<()>
                                 }
                             }
                         };
+                        // The program's own shutdown handed it the report.
+                        if opened.reported.load(Ordering::SeqCst) {
+                            return None;
+                        }
                         left_at_exit(report.as_ref(), limit, opened.file.as_deref())
                     })
                 })
