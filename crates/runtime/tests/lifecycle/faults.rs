@@ -2195,7 +2195,7 @@ async fn g10_a_handle_used_while_the_kernel_stops_is_answered_by_how_its_session
     );
     let finish = root.finish().await;
     assert!(
-        matches!(finish, Err(RuntimeError::SessionClosed(id)) if id == root.id()),
+        matches!(finish, Err(RuntimeError::AlreadyFinalized(id)) if id == root.id()),
         "{finish:?}"
     );
     let report = stopping.await.unwrap();
