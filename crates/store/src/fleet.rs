@@ -9,6 +9,7 @@
 //! finds it owned (G2, G3). A released session keeps its last owner in
 //! `owner`; `released_at` says since when nobody owns it.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use diesel::prelude::*;
@@ -730,6 +731,7 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
         .select((sessions::id, sessions::owner))
         .load(c))
     .context("looking for released sessions nobody adopted")?;
+    let due = children_first(db.reborrow(), due)?;
     let mut reaped = Vec::new();
     let cause = settle_core::Cause::Finalized(EndReason::IdleReap).to_string();
     for (raw, owner) in due {
@@ -747,7 +749,9 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
             // Still released: an adoption clears `released_at` in the same
             // update that takes the row, so it is either adopted or reaped.
             let released = row(db.reborrow(), raw)?.is_some_and(|r| r.released_at.is_some());
-            match released {
+            // And no child of it is live (G1): one held, adopted or not due
+            // keeps its parent, which a later sweep reaps after it.
+            match released && !has_live_child(db.reborrow(), raw)? {
                 true => spend(db, id, &ending),
                 false => Ok(None),
             }
@@ -758,6 +762,49 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
         }
     }
     Ok(reaped)
+}
+
+/// `due` (session, owner) ordered children before their parents: deepest
+/// first in the tree of sessions not finalized, so that a sweep reaps a
+/// released tree whole, leaves first (G1).
+fn children_first(mut db: Db<'_>, due: Vec<(i64, i64)>) -> Result<Vec<(i64, i64)>, StoreError> {
+    if due.len() < 2 {
+        return Ok(due);
+    }
+    let live: HashMap<i64, Option<i64>> = on_db!(db.reborrow(), |c| sessions::table
+        .filter(sessions::state.ne(State::Finalized.as_str()))
+        .select((sessions::id, sessions::parent))
+        .load::<(i64, Option<i64>)>(c))
+    .context("reading the tree of the released sessions")?
+    .into_iter()
+    .collect();
+    // A session's depth among the sessions not finalized (bounded by
+    // their number, should the rows ever hold a cycle).
+    let depth = |mut id: i64| {
+        let mut depth = 0usize;
+        while let Some(&Some(parent)) = live.get(&id) {
+            depth += 1;
+            if depth > live.len() {
+                break;
+            }
+            id = parent;
+        }
+        depth
+    };
+    let mut due: Vec<(usize, (i64, i64))> = due.into_iter().map(|d| (depth(d.0), d)).collect();
+    due.sort_by(|a, b| b.0.cmp(&a.0).then(a.1 .0.cmp(&b.1 .0)));
+    Ok(due.into_iter().map(|(_, d)| d).collect())
+}
+
+/// Whether session `raw` has a child that is not finalized.
+fn has_live_child(mut db: Db<'_>, raw: i64) -> Result<bool, StoreError> {
+    on_db!(db.reborrow(), |c| diesel::select(diesel::dsl::exists(
+        sessions::table
+            .filter(sessions::parent.eq(raw))
+            .filter(sessions::state.ne(State::Finalized.as_str()))
+    ))
+    .get_result(c))
+    .context("looking for a released session's live children")
 }
 
 /// Who may use session `raw` through a gateway (`None`: anyone the

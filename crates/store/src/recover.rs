@@ -71,7 +71,8 @@ pub struct RecoveryReport {
     pub interrupted_turns: Vec<(SessionId, u32)>,
     /// Owners found gone, and why.
     pub owners_gone: Vec<(OwnerId, OwnerGone)>,
-    /// Sessions that another process finalized while this one looked at them.
+    /// Sessions another process took while this one looked at them: it
+    /// finalized them, or a live peer released them for adoption (SPEC §12).
     pub finalized_elsewhere: Vec<SessionId>,
 }
 
@@ -218,11 +219,19 @@ fn recovered_cause(candidate: &RecoveryCandidate) -> String {
 }
 
 /// A session of a piece as read: id, state, version, outcome, open turn, owner.
-type PieceColumns = (i64, String, i64, Option<String>, Option<i64>, i64);
+type PieceColumns = (
+    i64,
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    i64,
+    Option<i64>,
+);
 
 /// A session of a piece as read, by id: state, version, outcome, open turn,
-/// owner.
-type PieceRow = (State, i64, Option<Outcome>, Option<i64>, i64);
+/// owner, whether it was released for adoption.
+type PieceRow = (State, i64, Option<Outcome>, Option<i64>, i64, bool);
 
 /// A session of a piece that is still its gone owner's and live.
 struct Target {
@@ -296,24 +305,30 @@ fn recover_piece(
             sessions::outcome,
             sessions::open_turn,
             sessions::owner,
+            sessions::released_at,
         ))
         .load(c))
     .context("reading the sessions to recover")?;
     let mut read: HashMap<i64, PieceRow> =
         HashMap::with_capacity_and_hasher(rows.len(), Default::default());
-    for (id, state, version, outcome, open_turn, owner) in rows {
+    for (id, state, version, outcome, open_turn, owner, released_at) in rows {
         let state = word("sessions.state", &state)?;
         let outcome = opt_word("sessions.outcome", outcome.as_deref())?;
-        read.insert(id, (state, version, outcome, open_turn, owner));
+        let released = released_at.is_some();
+        read.insert(id, (state, version, outcome, open_turn, owner, released));
     }
     let mut spent: Vec<Option<Spent>> = piece.iter().map(|_| None).collect();
     let mut targets: Vec<Target> = Vec::with_capacity(piece.len());
     let mut sets: Vec<(RecoveredSet, i64)> = Vec::with_capacity(piece.len());
     for (at, (candidate, &id)) in piece.iter().zip(&ids).enumerate() {
-        let Some(&(from, version, outcome, open_turn, owner)) = read.get(&id) else {
+        let Some(&(from, version, outcome, open_turn, owner, released)) = read.get(&id) else {
             return Err(StoreError::UnknownSession(candidate.session));
         };
-        if from == State::Finalized || owner != candidate.owner.id.raw()? {
+        // Finalized, taken by another owner, or released for adoption by a
+        // live peer since the candidates were read: not recovery's (the
+        // update below is conditional on the version read here, so a
+        // release committed after this read makes it miss).
+        if from == State::Finalized || owner != candidate.owner.id.raw()? || released {
             continue;
         }
         // The open turn is cut: the session ends as it did (G7).

@@ -666,3 +666,117 @@ pub(crate) fn a_principal_is_recorded_with_its_sessions_registration(b: Backend)
         assert_eq!(listed, vec![ids[0]]);
     });
 }
+
+/// Found from outside (G1, G3 in a fleet): a released tree nobody adopted,
+/// one of whose children is held, had its parent finalized `idle_reap`
+/// over the held child, which lived on under a finalized parent (the reap
+/// looked at each session's own holds only, and took parents first).
+/// Children are reaped before their parents, and a parent is reaped only
+/// once none of its children is live, checked in the claim's own
+/// transaction.
+pub(crate) fn g1_g3_the_fleets_reap_never_finalizes_a_parent_over_a_live_child(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (a, b1) = (open(&db), open(&db));
+        let node_a = node(&*a, "ws://a/ws").await;
+        let node_b = node(&*b1, "ws://b/ws").await;
+        let new = |name: &str| NewSession::new(name, node_a);
+        let root = write::register(&*a, new("root")).await.unwrap();
+        let held = write::register(&*a, new("held").with_parent(root))
+            .await
+            .unwrap();
+        let middle = write::register(&*a, new("middle").with_parent(root))
+            .await
+            .unwrap();
+        let leaf = write::register(&*a, new("leaf").with_parent(middle))
+            .await
+            .unwrap();
+        let holds = Holds {
+            pending_input: 1,
+            delegation: 0,
+        };
+        for (id, holds) in [
+            (leaf, Holds::default()),
+            (middle, Holds::default()),
+            (held, holds),
+            (root, Holds::default()),
+        ] {
+            a.release(node_a, id, holds, now()).await.unwrap();
+        }
+        let reaped = b1.reap_released(Duration::ZERO).await.unwrap();
+        assert_eq!(
+            reaped,
+            vec![leaf, middle],
+            "the leaf before its parent, and not the root over its held child"
+        );
+        let state = |store: Arc<dyn SessionStore>, id| async move {
+            store.session_detail(id).await.unwrap().session.state
+        };
+        assert_eq!(state(a.clone(), root).await, State::Registered);
+        assert_eq!(state(a.clone(), held).await, State::Registered);
+        // Its hold given back, the held child is reaped, then the root.
+        let adopted = b1.adopt(node_b, held, now()).await.unwrap();
+        assert_eq!(adopted.holds, holds);
+        for id in [held, root] {
+            b1.release(node_b, id, Holds::default(), now())
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            a.reap_released(Duration::ZERO).await.unwrap(),
+            vec![held, root]
+        );
+    });
+}
+
+/// Found from outside (G8, SPEC §12): `settle recover` finalized sessions
+/// a live peer released for adoption after recovery had read its
+/// candidates (it checked "not released" in its first snapshot only).
+/// Each piece re-reads whether its sessions were released since, in its
+/// own transaction. Here a trigger releases a session of the second piece
+/// when the first piece's commit finalizes its first session: in between,
+/// as a peer's sweep would.
+pub(crate) fn g8_g12_recovery_leaves_a_session_released_after_it_read_its_candidates(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let store = open(&db);
+        let crashed = node(&*store, "ws://a/ws").await;
+        let mut ids = Vec::new();
+        // More than one piece of recovery's transactions (256 sessions).
+        for n in 0..260 {
+            let id = write::register(&*store, NewSession::new(format!("s{n}"), crashed))
+                .await
+                .unwrap();
+            ids.push(id.get());
+        }
+        let (oldest, newest) = (ids[0], ids[ids.len() - 1]);
+        // Recovery takes the newest first: the oldest is in its last piece.
+        let release = format!(
+            "UPDATE sessions SET released_at = 1, version = version + 1 WHERE id = {oldest}"
+        );
+        match b {
+            Backend::Sqlite => db.execute(&format!(
+                "CREATE TRIGGER released_meanwhile AFTER UPDATE OF state ON sessions \
+                 WHEN NEW.id = {newest} AND NEW.state = 'finalized' BEGIN {release}; END;"
+            )),
+            Backend::Postgres => db.execute(&format!(
+                "CREATE FUNCTION released_meanwhile() RETURNS trigger AS $$ \
+                 BEGIN IF NEW.id = {newest} AND NEW.state = 'finalized' THEN {release}; END IF; \
+                 RETURN NEW; END $$ LANGUAGE plpgsql; \
+                 CREATE TRIGGER released_meanwhile AFTER UPDATE ON sessions \
+                 FOR EACH ROW EXECUTE FUNCTION released_meanwhile();"
+            )),
+            Backend::Memory => unreachable!("a database test"),
+        }
+        expire(&*store, crashed).await;
+        let report = store
+            .recover(RecoverOptions::now_on_this_host())
+            .await
+            .unwrap();
+        let oldest = SessionId(oldest);
+        assert_eq!(report.recovered.len(), ids.len() - 1, "{report:?}");
+        assert!(!report.recovered.contains(&oldest), "{report:?}");
+        let detail = store.session_detail(oldest).await.unwrap();
+        assert_eq!(detail.session.state, State::Registered, "{detail:?}");
+    });
+}
