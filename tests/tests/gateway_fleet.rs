@@ -627,6 +627,63 @@ async fn g12_g8_after_a_sigkill_mid_turn_a_live_peer_releases_the_sessions_for_a
     assert_eq!(b.stop(), 143);
 }
 
+/// Found from outside (G8, SPEC §12): a process stopped past its lease
+/// (SIGSTOP), whose sessions a live peer released and a client adopted
+/// there, answered its own client's next request `internal` ("not owned by
+/// this process") once it ran again. It answers as the fleet does for a
+/// session another process owns: `elsewhere` with that process's URL, or
+/// `shutting_down` once it has seen its lease lost; never `internal`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_g12_a_process_back_after_its_lease_ran_out_sends_its_clients_where_their_session_went()
+{
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let mut a = Node::start(&sandbox, &pg.url, &model, "2s");
+    let mut b = Node::start(&sandbox, &pg.url, &model, "2s");
+    let mut on_a = connect(&a.addr).await;
+    let id = create(&mut on_a, "chat").await;
+    assert_eq!(turn(&mut on_a, id, "hello").await.1, "completed");
+    a.running.signal(Signal::SIGSTOP);
+    let start = Instant::now();
+    while row(&pg.url, id)["owner"] != Value::Null {
+        assert!(start.elapsed() < PATIENCE, "B never released A's session");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut on_b = connect(&b.addr).await;
+    on_b.ok("session.attach", json!({ "id": id })).await;
+    assert_eq!(row(&pg.url, id)["owner"], b.url());
+    // Sent while A is stopped: read as soon as it runs again.
+    on_a.send_raw(
+        &json!({"jsonrpc": "2.0", "id": 99, "method": "turn.start",
+        "params": { "id": id, "prompt": "mine?" }})
+        .to_string(),
+    )
+    .await;
+    a.running.signal(Signal::SIGCONT);
+    // A stops on its lost lease and closes its connections: what it said
+    // before, the answer among it if it gave one.
+    let said = on_a.until_closed().await;
+    if let Some(answer) = said.iter().find(|m| m["id"] == 99) {
+        let error = &answer["error"];
+        match error["data"]["kind"].as_str() {
+            Some("elsewhere") => assert_eq!(error["data"]["owner"], b.url(), "{error}"),
+            Some("shutting_down") => {}
+            _ => panic!("neither elsewhere nor shutting_down: {answer}"),
+        }
+    }
+    let shutdown = said
+        .iter()
+        .find(|m| m["method"] == "server.shutdown")
+        .unwrap_or_else(|| panic!("no server.shutdown: {said:?}"));
+    assert_eq!(shutdown["params"]["reason"], "lease_lost", "{shutdown}");
+    assert_eq!(shutdown["params"]["drain_ms"], 0, "{shutdown}");
+    // B's, and untouched by A.
+    assert_eq!(turn(&mut on_b, id, "go on").await.1, "completed");
+    let _ = a.running.exited_within(PATIENCE);
+    assert_eq!(b.stop(), 143);
+}
+
 const ALICE: &str = "alice-token-0123456789";
 const MALLORY: &str = "mallory-token-0123456789";
 

@@ -129,6 +129,40 @@ pub(crate) async fn call(
     method: &str,
     params: Value,
 ) -> Result<Answer, RpcError> {
+    let session = params.get("id").and_then(Value::as_u64);
+    let answer = dispatch(shared, caller, method, params).await;
+    match (answer, session) {
+        (Err(error), Some(id)) if error.kind == ErrorKind::Elsewhere && error.owner.is_none() => {
+            Err(where_it_went(shared, id, error).await)
+        }
+        (answer, _) => answer,
+    }
+}
+
+/// An `elsewhere` that does not say where (the store refused this
+/// process's write of a session adopted elsewhere meanwhile) with the URL
+/// of the process that owns it now, if a live one does (SPEC §12): asked
+/// of the store once; left as it is when the store does not say.
+async fn where_it_went(shared: &Shared, id: u64, error: RpcError) -> RpcError {
+    if shared.fleet.is_none() {
+        return error;
+    }
+    match shared.kernel.locate(SessionId(id)).await {
+        Ok(settle_store::Whereabouts::Owned {
+            owner,
+            advertise: Some(url),
+            live: true,
+        }) if owner != shared.kernel.owner() => RpcError::elsewhere(id, Some(url)),
+        _ => error,
+    }
+}
+
+async fn dispatch(
+    shared: &Arc<Shared>,
+    caller: &mut Caller<'_>,
+    method: &str,
+    params: Value,
+) -> Result<Answer, RpcError> {
     match method {
         "session.create" => create(shared, caller, read(params)?).await,
         "session.attach" => attach(shared, caller, read(params)?).await,

@@ -192,7 +192,17 @@ impl RpcError {
             R::Store(StoreError::Elsewhere { session, advertise }) => {
                 return RpcError::elsewhere(session.get(), advertise.clone())
             }
-            R::Lifecycle(CoreError::ShuttingDown) | R::Stopped => return RpcError::shutting_down(),
+            // The store refused this process's write: the session was
+            // released or adopted elsewhere meanwhile (this process's lease
+            // ran out while it was stopped, say). Where it went is looked
+            // up by the caller (`call`), which knows which session it is.
+            R::Store(StoreError::HandedOff { session, .. }) => {
+                return RpcError::elsewhere(session.get(), None)
+            }
+            // This process lost its lease on its sessions: it stops.
+            R::Lifecycle(CoreError::ShuttingDown)
+            | R::Stopped
+            | R::Store(StoreError::LeaseLost(_)) => return RpcError::shutting_down(),
             R::Lifecycle(CoreError::OverCapacity { .. }) => {
                 tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
                 (code::OVER_CAPACITY, ErrorKind::OverCapacity)
