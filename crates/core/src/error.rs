@@ -68,6 +68,16 @@ pub enum Error {
         /// The cap.
         cap: usize,
     },
+    /// An [`Adopt`](crate::Event::Adopt) at the LRU cap: an adoption
+    /// evicts no session of this core (G12: a rolling restart that moves
+    /// sessions onto a full process must not end that process's own, which
+    /// clients may be using). Nothing was adopted and nothing evicted; the
+    /// session stays released for another process, or for later.
+    #[error("all {cap} places of the session cap are taken, and an adoption evicts no session: attach it on another process of the fleet, or once a place is free here")]
+    NoRoomToAdopt {
+        /// The cap.
+        cap: usize,
+    },
     /// The session's previous turn was cancelled (or its `Turn` dropped), or
     /// its start refused to its caller, and it has not ended yet: its work
     /// is still unwinding, for at most the settle timeout (G5).

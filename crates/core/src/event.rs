@@ -282,8 +282,9 @@ pub enum Event {
     /// Under `parent` when this core has that parent registered or running
     /// and not closing; otherwise (its parent lives elsewhere, or is gone)
     /// as a root of this core. Refused like a registration: while shutting
-    /// down, for an id this core keeps or finalized, at the LRU cap with
-    /// none to evict. A session this core released itself may be adopted
+    /// down, for an id this core keeps or finalized; at the LRU cap it is
+    /// refused [`NoRoomToAdopt`](crate::Error::NoRoomToAdopt), evicting
+    /// nothing (G12: the sessions it would evict may be in use). A session this core released itself may be adopted
     /// back. **A driver asks the store first**: its conditional update
     /// decides which process wins the session, and only the winner feeds
     /// `Adopt`; a refusal means the driver releases the session again.

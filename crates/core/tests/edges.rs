@@ -1078,17 +1078,19 @@ fn g9_shutdown_flushes_once_then_finalizes_idle_sessions_children_first() {
 
 // ----- delegations and adoption under the cap (found by the property suite) --
 
-/// Adopting a held session under the LRU cap evicts the least recently
-/// active idle session; when that one had delegated to the adopted one's
-/// ancestor, the delegate is cancelled (the finalize plan's last step) and
-/// its subtree wound down, the adopted session with it, in the same input.
-/// Its holds, which it came with, are recorded dropped just before its
-/// finalize, as for any held session finalized.
+/// An adopted held session wound down by an eviction (a registration at
+/// the LRU cap evicts the least recently active idle session, which had
+/// delegated to the adopted one's ancestor: the delegate is cancelled, the
+/// finalize plan's last step, and its subtree wound down, the adopted
+/// session with it, in the same input) has its holds, which it came with,
+/// recorded dropped just before its finalize, as for any held session
+/// finalized. (Found by the property suite with the eviction made by the
+/// adoption itself, which evicts nothing since: G12.)
 #[test]
-fn an_adopted_held_session_wound_down_by_its_own_eviction_drops_its_holds_first() {
+fn an_adopted_held_session_wound_down_by_an_eviction_drops_its_holds_first() {
     let policy = Policy::default()
         .idle_ttl(None)
-        .lru_cap(Some(6))
+        .lru_cap(Some(7))
         .settle_timeout(Duration::ZERO);
     let mut h = Harness::with(policy);
     let s = SessionId;
@@ -1115,7 +1117,17 @@ fn an_adopted_held_session_wound_down_by_its_own_eviction_drops_its_holds_first(
         pending_input: 0,
         delegation: 1,
     };
-    let effects = h.effects_of(adopt(7, 5, held));
+    h.ev(adopt(7, 5, held));
+    // At the cap: the next registration evicts the oldest idle session, 2.
+    assert_eq!(
+        h.try_ev(Event::Register {
+            session: s(8),
+            parent: None,
+            scope: None,
+        }),
+        Ok(Handled::EvictsOnCommit)
+    );
+    let effects = h.effects_of(Event::Committed { session: s(8) });
     let dropped = effects.iter().position(|e| {
         matches!(e, Effect::RecordHolds { session, holds }
             if *session == s(7) && *holds == settle_core::Holds::default())

@@ -312,3 +312,30 @@ fn g3_g12_a_held_session_is_released_with_its_holds_and_adopted_held() {
     there.advance(60 * SEC);
     assert_eq!(there.finalized().len(), 1, "reclaimed once no hold is left");
 }
+
+/// Found from outside (G12): a process at its LRU cap that adopted
+/// sessions handed off by another evicted its own idle sessions for them,
+/// clients attached and all, so a rolling restart lost the sessions of
+/// the processes it moved them onto. An adoption evicts nothing: at the
+/// cap it is refused (the driver releases the session again, for another
+/// process or later), and every session of this process stays.
+#[test]
+fn g12_an_adoption_at_the_cap_evicts_no_session_and_is_refused() {
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(2)));
+    let mine = [h.register(1, None), h.register(2, None)];
+    let adopt = Event::Adopt {
+        session: SessionId(10),
+        parent: None,
+        turns: 3,
+        last_outcome: Some(Outcome::Completed),
+        holds: Holds::default(),
+        scope: Scope::SHARED,
+    };
+    assert_eq!(h.try_ev(adopt), Err(Error::NoRoomToAdopt { cap: 2 }));
+    assert!(h.finalized().is_empty(), "{:?}", h.finalized());
+    for id in mine {
+        assert_eq!(h.state(id), State::Registered);
+    }
+    assert_eq!(h.core.state(SessionId(10)), None);
+    assert!(!h.core.is_handed_off(SessionId(10)));
+}

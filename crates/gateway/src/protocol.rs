@@ -207,6 +207,10 @@ impl RpcError {
                 tracing::warn!(%error, "refused a session: the session cap is full and nothing can be evicted");
                 (code::OVER_CAPACITY, ErrorKind::OverCapacity)
             }
+            R::Lifecycle(CoreError::NoRoomToAdopt { .. }) => {
+                tracing::warn!(%error, "refused an adoption: the session cap is full (an adoption evicts nothing)");
+                (code::OVER_CAPACITY, ErrorKind::OverCapacity)
+            }
             R::Lifecycle(_) | R::NoSlot(_) | R::NotResumable { .. } => {
                 (code::WRONG_STATE, ErrorKind::WrongState)
             }

@@ -86,7 +86,11 @@ impl Core {
         }
         // Under its parent only when this core may give it one.
         let parent = parent.filter(|p| self.answer(*p, Asks::Parent).is_none());
-        let victims = self.room_for(parent, scope)?;
+        // No eviction for it (G12): sessions this core serves may be in
+        // use, and the adopted one stays released if it is refused.
+        if let Some(cap) = self.policy.lru_cap.filter(|&cap| self.open >= cap) {
+            return Err(Error::NoRoomToAdopt { cap });
+        }
         let mut s = Session::new(parent, now);
         s.scope = scope;
         s.turns = turns;
@@ -94,7 +98,7 @@ impl Core {
         s.last_outcome = last_outcome;
         // Held where it was, held here: no automatic path takes it (G3).
         s.holds = holds;
-        self.enter(now, id, s, victims, Cause::Adopted)?;
+        self.enter(now, id, s, Vec::new(), Cause::Adopted)?;
         self.handed_off.remove(&id);
         Ok(Handled::Applied)
     }

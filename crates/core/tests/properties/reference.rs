@@ -886,7 +886,12 @@ impl Model {
                             && ps.intent.is_none()
                     })
                 });
-                let evict = self.room_for(parent, scope)?;
+                // An adoption evicts nothing (G12): at the cap it is refused.
+                if let Some(cap) = self.policy.lru_cap {
+                    if self.open_count() >= cap {
+                        return Err(Error::NoRoomToAdopt { cap });
+                    }
+                }
                 self.handed_off.remove(&session);
                 // A withdrawn id may come back, as a registration's never does.
                 self.forgotten.remove(&session);
@@ -907,9 +912,6 @@ impl Model {
                         ..RefSession::new(parent, now)
                     },
                 );
-                for id in evict {
-                    self.claim(id, EndReason::LruEvict);
-                }
                 Ok(Applied)
             }
             Step::BeginHandoff { drain } => self.begin_shutdown(drain, true),
