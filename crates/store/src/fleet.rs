@@ -336,7 +336,7 @@ const FLEET_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '2s'";
 
 /// Bounds the lock waits of the transaction `db` is in (PostgreSQL; SQLite
 /// has one writer and its busy timeout).
-fn bound_lock_waits(db: Db<'_>) -> Result<(), StoreError> {
+pub(crate) fn bound_lock_waits(db: Db<'_>) -> Result<(), StoreError> {
     if let Db::Pg(c) = db {
         diesel::sql_query(FLEET_LOCK_WAIT)
             .execute(c)

@@ -447,7 +447,14 @@ pub(crate) fn recover(mut db: Db<'_>, opts: &RecoverOptions) -> Result<RecoveryR
     // A transaction per piece of sessions, not per session: a commit costs
     // more than the writes of one session's latch.
     for piece in found.chunks(RECOVER_PER_TRANSACTION) {
-        let spent = write_tx!(db.reborrow(), |c| recover_piece(Db::from(c), piece, now))?;
+        let spent = write_tx!(db.reborrow(), |c| {
+            let mut db = Db::from(c);
+            // A row lock another database session holds is waited for
+            // within a bound, as the fleet's moves do, not for as long as
+            // it is held: the error says so, and a later run recovers.
+            crate::fleet::bound_lock_waits(db.reborrow())?;
+            recover_piece(db, piece, now)
+        })?;
         for (candidate, spent) in piece.iter().zip(spent) {
             let id = candidate.session;
             match spent {

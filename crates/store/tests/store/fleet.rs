@@ -780,3 +780,43 @@ pub(crate) fn g8_g12_recovery_leaves_a_session_released_after_it_read_its_candid
         assert_eq!(detail.session.state, State::Registered, "{detail:?}");
     });
 }
+
+/// Found from outside (PostgreSQL): `settle recover` that met a row lock
+/// another database session holds (an operator's `SELECT … FOR UPDATE`, a
+/// peer frozen inside a transaction) waited for it without bound or word
+/// (24 s in the look, as long as the lock). It gives up after the fleet's
+/// bounded lock wait, saying so, and recovers once the lock is gone.
+#[test]
+fn g8_on_postgres_a_recovery_that_meets_a_held_row_lock_gives_up_and_says_so() {
+    let Some(db) = TestDb::new(Backend::Postgres) else {
+        return;
+    };
+    rt().block_on(async {
+        let store = open(&db);
+        let crashed = node(&*store, "ws://a/ws").await;
+        let id = conversation(&*store, crashed).await;
+        expire(&*store, crashed).await;
+        let raw = i64::try_from(id.get()).unwrap();
+        let holder = Held::open(
+            &db.url,
+            format!("SELECT id FROM sessions WHERE id = {raw} FOR UPDATE"),
+            Duration::ZERO,
+        );
+        let tried = tokio::time::timeout(
+            Duration::from_secs(8),
+            store.recover(RecoverOptions::now_on_this_host()),
+        )
+        .await;
+        holder.finish();
+        let said = match tried {
+            Ok(Err(error)) => error.to_string(),
+            other => panic!("the recovery waited on the lock: {other:?}"),
+        };
+        assert!(said.contains("lock"), "{said}");
+        let report = store
+            .recover(RecoverOptions::now_on_this_host())
+            .await
+            .unwrap();
+        assert_eq!(report.recovered, vec![id]);
+    });
+}
