@@ -684,6 +684,48 @@ async fn g8_g12_a_process_back_after_its_lease_ran_out_sends_its_clients_where_t
     assert_eq!(b.stop(), 143);
 }
 
+/// Found from outside (SPEC §12): a process of a fleet listening on every
+/// interface (`--listen 0.0.0.0:PORT`) advertised `ws://0.0.0.0:PORT/ws`,
+/// which `elsewhere` then sent to clients on other machines, silently. It
+/// says so when it starts, with the option that fixes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_process_listening_everywhere_without_advertise_warns_that_nobody_can_reach_it() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    // Listening beyond this machine asks for tokens.
+    let tokens = sandbox.write("tokens", &format!("alice {ALICE}\n"));
+    let tokens = tokens.to_string_lossy().into_owned();
+    let warned = |listen: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--db",
+            pg.url.as_str(),
+            "serve",
+            "--listen",
+            listen,
+            "--base-url",
+            model.base_url.as_str(),
+            "--model",
+            "m",
+            "--token-file",
+            tokens.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let mut running = sandbox.spawn_command(sandbox.command_default_db(&args));
+        let _ = running.listening_address();
+        running.signal(Signal::SIGTERM);
+        let _ = running.exited_within(PATIENCE);
+        running.stderr_text()
+    };
+    let said = warned("0.0.0.0:0", &[]);
+    assert!(
+        said.contains("warning: advertising ws://0.0.0.0:") && said.contains("--advertise"),
+        "{said}"
+    );
+    assert!(!warned("127.0.0.1:0", &[]).contains("warning"));
+    assert!(!warned("0.0.0.0:0", &["--advertise", "ws://host.example:1/ws"]).contains("warning"));
+}
+
 const ALICE: &str = "alice-token-0123456789";
 const MALLORY: &str = "mallory-token-0123456789";
 

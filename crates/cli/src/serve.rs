@@ -182,6 +182,14 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
     let store = open_store(db)?;
     // A fleet shares one PostgreSQL; on SQLite one process serves alone.
     let handoff = store.is_postgres() && !args.no_handoff;
+    // In a fleet, `elsewhere` sends clients to this URL: an address that
+    // means "every interface" reaches nobody from another machine.
+    if store.is_postgres() && args.advertise.is_none() && addr.ip().is_unspecified() {
+        settle_cli::errln!(
+            "settle serve: warning: advertising {advertise} to the fleet, which no client on another machine can reach; pass --advertise {scheme}://HOST:{}/ws",
+            addr.port()
+        );
+    }
     let store: Arc<dyn settle_store::SessionStore> = Arc::new(store);
     let idle_ttl = Some(args.idle_ttl).filter(|ttl| !ttl.is_zero());
     let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
