@@ -158,6 +158,17 @@ where
     awaitable(py, here, CancellationToken::new(), OnCancel::Finish, work)
 }
 
+/// An awaitable on the running loop that raises `error` when awaited: a
+/// refusal said where every other one is, so that
+/// `gather(..., return_exceptions=True)` and helpers handed the call see it.
+pub(crate) fn raising<'py>(
+    py: Python<'py>,
+    here: &Here,
+    error: PyErr,
+) -> PyResult<Bound<'py, PyAny>> {
+    finishing(py, here, async move { Err::<(), PyErr>(error) })
+}
+
 /// An awaitable on the running loop that resolves with what `work` gives
 /// (converted to Python), or raises its error. `token` is cancelled when
 /// the awaitable is cancelled or collected before it is done.

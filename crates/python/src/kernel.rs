@@ -328,7 +328,10 @@ impl PyKernel {
     ) -> PyResult<Bound<'py, PyAny>> {
         let Text(name) = name;
         let budget = budget.map(|b| b.get());
-        crate::task::check_write(py)?;
+        if let Err(error) = crate::task::check_write(py) {
+            let (_, here) = self.kernel.get()?;
+            return crate::awaitable::raising(py, here, error);
+        }
         let parent = parent.as_ref().map(session_id).transpose()?;
         let (kernel, here) = self.kernel.get()?;
         let scope = scope.map(|Text(s)| kernel.scope_of(Some(&s)));
@@ -396,7 +399,10 @@ impl PyKernel {
         name: Text,
     ) -> PyResult<Bound<'py, PyAny>> {
         let Text(name) = name;
-        crate::task::check_write(py)?;
+        if let Err(error) = crate::task::check_write(py) {
+            let (_, here) = self.kernel.get()?;
+            return crate::awaitable::raising(py, here, error);
+        }
         let from = session_id(&id)?;
         let (kernel, here) = self.kernel.get()?;
         let (kernel, ties) = (kernel.clone(), self.ties.clone());

@@ -11,7 +11,9 @@ use settle_stream::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Text;
-use crate::awaitable::{awaitable, awaitable_with, finishing, running_loop, Nothing, OnCancel};
+use crate::awaitable::{
+    awaitable, awaitable_with, finishing, raising, running_loop, Nothing, OnCancel,
+};
 use crate::budget::PyBudget;
 use crate::errors;
 use crate::handover::Handover;
@@ -106,6 +108,18 @@ impl PySession {
         self.id
     }
 
+    /// `SessionClosed` as an awaitable that raises it, when the asyncio
+    /// task calling is a detached settle task (G10); `None` otherwise.
+    fn refused_if_detached<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match check_write(py) {
+            Ok(()) => Ok(None),
+            Err(error) => {
+                let (_, here) = self.handle.get()?;
+                raising(py, here, error).map(Some)
+            }
+        }
+    }
+
     /// A turn's options from its keyword arguments; `None` when it sets
     /// none (the kernel's apply).
     fn turn_options(&self, idle: Option<f64>, first: Option<f64>) -> PyResult<Option<TurnOptions>> {
@@ -197,7 +211,9 @@ impl PySession {
         budget: Option<PyRef<'py, PyBudget>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let Text(name) = name;
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         let budget = budget.map(|b| b.get());
         let (handle, here) = self.handle.get()?;
         let (handle, ties) = (handle.clone(), self.ties.clone());
@@ -257,8 +273,14 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         // Refused before the kernel sees it: the source is closed all the
         // same, as the kernel closes one it refuses (G4).
+        // A detached task's turn: refused when awaited (G10), its source
+        // closed now.
+        if let Err(error) = check_write(py) {
+            let error = refused(py, source.bind(py), error);
+            let (_, here) = self.handle.get()?;
+            return raising(py, here, error);
+        }
         let checked = (|| {
-            check_write(py)?;
             let options = self.turn_options(idle_timeout, first_event_timeout)?;
             if let Some(to_chunk) = &to_chunk {
                 check_to_chunk(to_chunk.bind(py))?;
@@ -356,7 +378,9 @@ impl PySession {
         // Refused before the kernel sees it: closed unawaited, as one the
         // kernel refuses, so Python does not warn that it was never awaited.
         if let Err(error) = check_write(py) {
-            return Err(refused(py, awaited, error));
+            let error = refused(py, awaited, error);
+            let (_, here) = self.handle.get()?;
+            return raising(py, here, error);
         }
         // `inspect.isawaitable` for what has no `__await__`: a generator
         // made a coroutine by `types.coroutine` is awaited all the same.
@@ -412,7 +436,9 @@ impl PySession {
     /// awaits it stops the wait, not the finish: the session still winds
     /// down and is finalized.
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         self.call(py, OnCancel::Finish, |handle| async move {
             handle
                 .finish()
@@ -427,7 +453,9 @@ impl PySession {
     /// starts no more. Raises `AlreadyFinalized` when it was (G2).
     #[pyo3(signature = (*, immediate = true))]
     fn cancel<'py>(&self, py: Python<'py>, immediate: bool) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         let mode = if immediate {
             CancelMode::Immediate
         } else {
@@ -452,7 +480,9 @@ impl PySession {
     /// cancelled, `False` when none ran. Raises `AlreadyFinalized` when the
     /// session was (G2).
     fn cancel_turn<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         let stopping = std::mem::take(
             &mut *self
                 .stop
@@ -476,7 +506,9 @@ impl PySession {
     /// (`user_close`). Resolves to its end reason; closing a closed session
     /// resolves to the reason it ended with (G2).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         self.call(py, OnCancel::Finish, |handle| async move {
             let reason = handle.close().await.map_err(errors::runtime)?;
             Ok(reason.as_str())
@@ -493,7 +525,9 @@ impl PySession {
     /// tried again until then; refused, it is not held).
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn hold<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         let kind = kind.0.as_str();
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;
@@ -507,7 +541,9 @@ impl PySession {
     /// Ends a `hold(kind)`.
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn release<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
-        check_write(py)?;
+        if let Some(refused) = self.refused_if_detached(py)? {
+            return Ok(refused);
+        }
         let kind = kind.0.as_str();
         let hold = hold_of(kind)?;
         let (handle, here) = self.handle.get()?;

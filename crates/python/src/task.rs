@@ -173,7 +173,7 @@ pub(crate) fn check_write(py: Python<'_>) -> PyResult<()> {
         if control.get().is_revoked() {
             return Err(errors::SessionClosed::new_err(
                 "this task ignored its cancellation past the settle timeout and was detached; \
-                 its write access to the session is revoked",
+                 what it asks of the kernel is refused (its write access is revoked)",
             ));
         }
     }

@@ -74,8 +74,11 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
                 except asyncio.CancelledError:
                     cancels.append(time.monotonic())  # swallowed
             # Its writes after the detach are refused (G10): it may not
-            # start work, nor end, cancel or hold a session either.
-            for write in (
+            # start work, nor end, cancel or hold a session either, nor
+            # register one. Each call gives an awaitable that raises when
+            # awaited, as every other refusal does (found from outside: they
+            # raised at the call, past `gather(..., return_exceptions=True)`).
+            writes = (
                 lambda: session.child("late"),
                 lambda: root.child("late"),
                 lambda: root.hold("input"),
@@ -84,12 +87,16 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
                 lambda: root.finish(),
                 lambda: root.close(),
                 lambda: session.finish(),
-            ):
-                try:
-                    await write()
-                    later.append("accepted")
-                except settle.SessionClosed:
-                    later.append("SessionClosed")
+                lambda: root.cancel_turn(),
+                lambda: kernel.register("late root"),
+            )
+            calls = [write() for write in writes]
+            for answer in await asyncio.gather(*calls, return_exceptions=True):
+                match answer:
+                    case settle.SessionClosed():
+                        later.append("SessionClosed")
+                    case _:
+                        later.append(repr(answer))
 
         task = await session.spawn(stubborn())
         await asyncio.wait_for(running.wait(), PATIENCE)
@@ -102,8 +109,8 @@ async def test_g5_a_coroutine_swallowing_its_cancel_is_detached_at_the_settle_de
         assert detached_after >= settle_timeout * 0.9
         assert await session.state() in ("settled", "finalized")
         stop.set()
-        await eventually(lambda: len(later) == 8, "the detached coroutine's writes")
-        assert later == ["SessionClosed"] * 8
+        await eventually(lambda: len(later) == 10, "the detached coroutine's writes")
+        assert later == ["SessionClosed"] * 10
         assert await root.state() == "registered", "a detached coroutine ended its parent"
     finally:
         await kernel.shutdown(0.0)
