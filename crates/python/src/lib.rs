@@ -88,6 +88,7 @@ mod deliver;
 mod errors;
 mod handover;
 mod kernel;
+mod let_go;
 mod other_sqlite;
 mod process;
 mod provider;

@@ -84,6 +84,18 @@ impl PumpWatch {
     }
 }
 
+impl PumpWatch {
+    /// The kernel detached the turn (G5): its pump, if it still runs, is
+    /// let go of on its loop (see [`crate::let_go`]). Posted before the
+    /// turn's end reaches its reader, so that a program that returns on
+    /// that end finds its loop no longer waiting for the pump.
+    pub fn let_go(&self) {
+        if let Some(shared) = self.pump.lock().ok().and_then(|p| p.upgrade()) {
+            crate::let_go::let_go(shared);
+        }
+    }
+}
+
 impl Stranded for PumpWatch {
     /// Ends the turn's stream as cancelled when its pump's loop closed with
     /// the pump still pending: it will never run again, so nothing else
@@ -248,6 +260,17 @@ struct Shared {
     source: Arc<Source>,
     /// The turn's OpenAI-shaped chunks, read as the Rust provider reads them.
     reply: Mutex<OpenAiChunks>,
+}
+
+impl crate::let_go::HoldsTask for Shared {
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.source.mailbox
+    }
+
+    fn task<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        let control = self.control.lock().ok()?;
+        control.task.as_ref().map(|t| t.bind(py).clone())
+    }
 }
 
 impl Shared {

@@ -104,6 +104,17 @@ impl Shared {
     }
 }
 
+impl crate::let_go::HoldsTask for Shared {
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
+    }
+
+    fn task<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        let control = self.control.lock().ok()?;
+        control.task.as_ref().map(|t| t.bind(py).clone())
+    }
+}
+
 impl Stranded for Shared {
     /// Reports the coroutine cancelled when its loop closed with its
     /// asyncio task still pending: it will never run again, so nothing else
@@ -221,8 +232,12 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
         () = context.cancelled() => shared.request_cancel(),
     }
     // The coroutine has the settle timeout to unwind; the kernel drops this
-    // future at the deadline (the task is detached).
-    ended.await.unwrap_or(Ended::Cancelled)
+    // future at the deadline (the task is detached): then its loop lets go
+    // of it, so that the loop's end does not wait for it.
+    let let_go = crate::let_go::LetGoUnlessEnded::new(shared.clone());
+    let ended = ended.await.unwrap_or(Ended::Cancelled);
+    let_go.ended();
+    ended
 }
 
 /// A task on its way to Python, as `spawn()` resolves to it: cancelled if

@@ -152,7 +152,7 @@ impl PyTurn {
         let (turn, here) = self.turn.get()?;
         self.pump.end_if_loop_closed(py);
         self.cancel.cancel();
-        let closing = cancel_and_settle(turn.clone(), self.ending.clone());
+        let closing = cancel_and_settle(turn.clone(), self.ending.clone(), self.pump.clone());
         let Some(bound) = bound else {
             return finishing(py, here, async move {
                 closing.await;
@@ -196,8 +196,11 @@ impl PyTurn {
     pub(crate) fn cancel_soon(&self) -> PyResult<()> {
         let (turn, here) = self.turn.get()?;
         self.cancel_now();
-        here.runtime
-            .spawn(cancel_and_settle(turn.clone(), self.ending.clone()));
+        here.runtime.spawn(cancel_and_settle(
+            turn.clone(),
+            self.ending.clone(),
+            self.pump.clone(),
+        ));
         Ok(())
     }
 
@@ -236,17 +239,23 @@ impl PyTurn {
 async fn cancel_and_settle(
     turn: Arc<tokio::sync::Mutex<Option<Turn>>>,
     ending: Arc<Mutex<Ending>>,
+    pump: Arc<PumpWatch>,
 ) {
     let mut slot = turn.lock().await;
     if let Some(turn) = slot.take() {
         turn.cancel();
-        settle_turn(turn, &ending).await;
+        settle_turn(turn, &ending, &pump).await;
     }
 }
 
-/// Waits for `turn`'s end and keeps it in `ending`.
-async fn settle_turn(turn: Turn, ending: &Mutex<Ending>) {
+/// Waits for `turn`'s end and keeps it in `ending`. A turn the kernel
+/// detached (G5: its source ignores its cancel) has its pump let go of
+/// first, so that its loop's end does not wait for it.
+async fn settle_turn(turn: Turn, ending: &Mutex<Ending>, pump: &PumpWatch) {
     let end = turn.end().await;
+    if end.0 == Outcome::Detached {
+        pump.let_go();
+    }
     if let Ok(mut slot) = ending.lock() {
         *slot = Some(end);
     }
@@ -303,6 +312,7 @@ impl PyTurn {
         }
         this.pump.end_if_loop_closed(py);
         let (turn, cancel, ending) = (turn.clone(), this.cancel.clone(), this.ending.clone());
+        let pump = this.pump.clone();
         let gather = Gather {
             gathered: this.gathered.clone(),
         };
@@ -329,7 +339,7 @@ impl PyTurn {
                     return Ok(PyChunk { chunk });
                 }
                 if let Some(turn) = slot.take() {
-                    settle_turn(turn, &ending).await;
+                    settle_turn(turn, &ending, &pump).await;
                 }
                 Err(PyStopAsyncIteration::new_err(()))
             },

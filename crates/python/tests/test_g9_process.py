@@ -565,3 +565,64 @@ def test_g9_interpreter_exit_on_a_stalled_store_keeps_the_kernels_bound_and_says
                         os.kill(int(line.split()[1]), signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+
+
+STUBBORN_AT_EXIT_SCRIPT = """
+import asyncio, sys, time
+import settle
+
+async def stubborn():
+    # Ignores every cancel, for good (a tool that catches CancelledError).
+    while True:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            pass
+
+async def stubborn_source():
+    yield "a"
+    await stubborn()
+
+async def main(mode):
+    async with await settle.Kernel.open(sys.argv[1], settle_timeout=0.3, drain_timeout=0.3) as kernel:
+        root = await kernel.register("root")
+        kid = await root.child("kid")
+        if mode == "task":
+            task = await kid.spawn(stubborn())
+        else:
+            async def read():
+                async with await kid.turn(stubborn_source) as turn:
+                    async for _ in turn:
+                        pass
+            reading = asyncio.create_task(read())
+        await asyncio.sleep(0.1)
+        print("finish", await root.finish(), flush=True)
+        if mode == "task":
+            try:
+                await task
+            except settle.Detached:
+                print("detached", flush=True)
+        else:
+            await reading
+    print("left", flush=True)
+
+started = time.monotonic()
+asyncio.run(main(sys.argv[2]))
+print(f"exited {time.monotonic() - started:.1f}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["task", "turn"])
+def test_g5_g9_a_program_whose_detached_work_ignores_its_cancel_for_good_still_exits(db, mode):
+    """Found from outside: work the kernel detached at the settle deadline
+    (G5) because it ignores its cancel, a spawned coroutine or a turn's
+    source, was still an asyncio task of the loop, and ``asyncio.run``
+    waits at its end for every task it cancels: the program never exited.
+    The kernel lets go of it at the detach, so the loop does not wait."""
+    out = run_script(STUBBORN_AT_EXIT_SCRIPT, db, mode, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "finish completed", out.stdout
+    assert "left" in lines, out.stdout
+    took = float(lines[-1].split()[1])
+    assert took < 10, out.stdout

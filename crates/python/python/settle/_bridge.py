@@ -311,6 +311,19 @@ async def close_stream(stream: Any, iterator: Any = None) -> None:
         _log.warning("closing a turn's stream failed: %s", error)
 
 
+def let_go(task: "asyncio.Task[Any]") -> None:
+    """The kernel detached this settle task, or turn's pump, at the settle
+    deadline (G5): it ignores its cancel. The loop stops counting it among
+    its tasks, so that ``asyncio.run``, which at its end cancels every task
+    left and waits for each, does not wait forever for this one (left to
+    the collector as the loop closes). On a Python whose loop cannot let
+    go of a task (its registry has no ``_unregister_task``), nothing
+    changes."""
+    unregister = getattr(asyncio.tasks, "_unregister_task", None)
+    if unregister is not None and not task.done():
+        unregister(task)
+
+
 # --- tasks --------------------------------------------------------------
 
 
