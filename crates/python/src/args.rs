@@ -5,8 +5,11 @@
 //! raise. (A value of the wrong type still raises `TypeError`, as Python's
 //! own functions do.)
 
+use std::path::PathBuf;
+
 use pyo3::exceptions::{PyOverflowError, PyUnicodeEncodeError};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use pyo3::Borrowed;
 
 use crate::errors::BadInput;
@@ -67,6 +70,33 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Text {
             Err(e) if e.is_instance_of::<PyUnicodeEncodeError>(obj.py()) => Err(not_utf8(&obj)),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Where a store is: a path, as a `str` or an `os.PathLike[str]` (a
+/// `pathlib.Path`), or a URL (`postgres://...`).
+#[derive(Debug, Clone)]
+pub(crate) struct StorePath(pub String);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for StorePath {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_instance_of::<PyString>() {
+            return obj.extract::<Text>().map(|Text(text)| StorePath(text));
+        }
+        // An `os.PathLike`: its `__fspath__()`, as PyO3 reads a path.
+        let path: PathBuf = obj.extract()?;
+        path.into_os_string()
+            .into_string()
+            .map(StorePath)
+            .map_err(|path| {
+                BadInput::new_err(format!(
+                    "the store's path {:?} is not UTF-8 (a lone surrogate, or bytes \
+                     of another encoding); give one that is",
+                    path.to_string_lossy()
+                ))
+            })
     }
 }
 

@@ -406,6 +406,23 @@ async def test_g11_a_session_name_holding_a_nul_is_bad_input(kernel):
     assert [row["name"] for row in await kernel.sessions()] == ["root"]
 
 
+async def test_a_store_path_may_be_a_pathlib_path(tmp_path):
+    """``str`` or ``os.PathLike[str]``, as Python's own file functions take;
+    a path that is not UTF-8 is ``BadInput``."""
+    path = tmp_path / "by_path.db"
+    kernel = await settle.Kernel.open(path, settle_timeout=0.3, drain_timeout=0.0)
+    try:
+        session = await kernel.register("s")
+        assert [row["id"] for row in await kernel.sessions()] == [session.id]
+    finally:
+        await kernel.shutdown(0.0)
+    assert path.exists()
+    with pytest.raises(settle.BadInput, match="not UTF-8"):
+        await settle.Kernel.open(tmp_path / "bad \udc80 name.db")
+    with pytest.raises(TypeError):
+        settle.Kernel.open(42)  # type: ignore[arg-type]
+
+
 async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_closed(db):
     """As turn, spawn and finish do: ``ShuttingDown`` is for a session the
     stop left for recovery."""

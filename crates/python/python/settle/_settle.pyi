@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from typing_extensions import TypedDict, final
@@ -237,7 +238,7 @@ class Kernel:
 
     @staticmethod
     def open(
-        db: Optional[str] = ...,
+        db: Union[str, os.PathLike[str], None] = ...,
         *,
         settle_timeout: float = 1.0,
         drain_timeout: float = 5.0,
