@@ -406,6 +406,27 @@ async def test_g11_a_session_name_holding_a_nul_is_bad_input(kernel):
     assert [row["name"] for row in await kernel.sessions()] == ["root"]
 
 
+async def test_g11_a_blank_or_overlong_session_name_is_bad_input_at_await(kernel):
+    """As ``settle serve`` refuses them: a blank name, or one over 128
+    characters, is refused when the call is awaited, and nothing is
+    registered."""
+    root = await kernel.register("root")
+    await root.finish()
+    for call in (
+        lambda: kernel.register(""),
+        lambda: kernel.register(" \t\n"),
+        lambda: kernel.register("x" * 129),
+        lambda: root.child(""),
+        lambda: kernel.resume(root.id, "  "),
+    ):
+        pending = call()  # the call itself raises nothing
+        with pytest.raises(settle.BadInput, match="blank|at most 128 characters"):
+            await pending
+    assert [row["name"] for row in await kernel.sessions()] == ["root"]
+    longest = await kernel.register("é" * 128)
+    assert longest.name == "é" * 128
+
+
 async def test_a_store_path_may_be_a_pathlib_path(tmp_path):
     """``str`` or ``os.PathLike[str]``, as Python's own file functions take;
     a path that is not UTF-8 is ``BadInput``."""
