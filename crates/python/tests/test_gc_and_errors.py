@@ -427,6 +427,16 @@ async def test_g11_a_blank_or_overlong_session_name_is_bad_input_at_await(kernel
     assert longest.name == "é" * 128
 
 
+async def test_g11_an_unknown_session_is_said_in_python_words(kernel):
+    """A parent or a session id that neither the kernel nor its store has:
+    ``BadInput`` that says so, not the core's "sending events"."""
+    for call in (lambda: kernel.register("x", 987654), lambda: kernel.session(987654)):
+        with pytest.raises(settle.BadInput) as refused:
+            await call()
+        assert str(refused.value) == "session 987654 is not known to this kernel or its store"
+    assert await kernel.sessions() == []
+
+
 async def test_a_store_path_may_be_a_pathlib_path(tmp_path):
     """``str`` or ``os.PathLike[str]``, as Python's own file functions take;
     a path that is not UTF-8 is ``BadInput``."""
