@@ -54,3 +54,53 @@ async def test_the_calls_the_stubs_type_none_resolve_to_none(kernel):
     await session.finalized()
     results["release after the end"] = await session.release("input")
     assert results == dict.fromkeys(results)
+
+
+def test_a_task_is_generic_at_run_time_as_in_the_stubs():
+    """``settle.Task[int]`` in an annotation that is evaluated (no
+    ``from __future__ import annotations``), as ``asyncio.Task[int]``."""
+    alias = settle.Task[int]
+    assert alias.__origin__ is settle.Task and alias.__args__ == (int,)
+
+
+TYPED_PROGRAM = """
+import pathlib
+from typing_extensions import assert_type
+
+import settle
+
+
+async def tool() -> int:
+    return 1
+
+
+async def main() -> None:
+    kernel = await settle.Kernel.open(pathlib.Path("x.db"))
+    session = await kernel.register("s")
+    task = await session.spawn(tool())
+    assert_type(task, settle.Task[int])
+    assert_type(await task, int)
+    assert_type(await task.join(), int)
+    annotated: settle.Task[int] = task
+    word: str = await task  # E: the task's result is an int
+    print(annotated, word)
+"""
+
+
+def test_the_stubs_type_what_a_program_writes(tmp_path):
+    """Under ``mypy --strict``: a task is typed by its coroutine's result,
+    a store's path may be a ``pathlib.Path``; and a wrong use is still an error."""
+    pytest.importorskip("mypy")
+    program = tmp_path / "typed.py"
+    program.write_text(TYPED_PROGRAM)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "mypy_cache"), str(program)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    expected = [n for n, line in enumerate(TYPED_PROGRAM.splitlines(), 1) if "# E:" in line]
+    assert [int(line.split(":")[1]) for line in errors] == expected, out.stdout + out.stderr
+    assert 'expression has type "int"' in errors[0], errors

@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, Iterable, List, Optional, Tuple, TypeVar, Union
+from types import GenericAlias
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Dict,
+    Generator,
+    Generic,
+    Iterable,
+    List,
+    Optional,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from typing_extensions import TypedDict, final
 
@@ -169,8 +184,9 @@ class Turn:
         """Ends the turn as ``aclose()`` does; left by an exception (the reading task cancelled), waits for its end at most the settle timeout and a second (G5), so a stalled store never holds a cancel."""
 
 @final
-class Task:
-    """A coroutine running under a session; await it for its result.
+class Task(Generic[_T]):
+    """A coroutine running under a session; await it (or ``join()``) for its
+    result: ``Task[int]`` for a coroutine that returns an ``int``.
 
     As an ``asyncio.Task``, it may be awaited by several callers at once
     and again after it ended: each gets the same value, or the same
@@ -178,10 +194,22 @@ class Task:
     """
 
     @property
-    def no(self) -> int: ...
-    def cancel(self) -> None: ...
-    def join(self) -> _Call[Any]: ...
-    def __await__(self) -> Generator[Any, None, Any]: ...
+    def no(self) -> int:
+        """The task's number within its session."""
+    def cancel(self) -> None:
+        """Cancels the task: its coroutine gets ``CancelledError`` on its
+        loop and the settle timeout to unwind, then it is detached (G5)."""
+    def join(self) -> _Call[_T]:
+        """Waits for the coroutine's result: what it returned, or what it
+        raised. Raises ``Cancelled`` when it was cancelled, ``Detached`` when
+        it was detached at the settle deadline, ``ShuttingDown`` when the
+        kernel stopped first. Cancelling the awaiter cancels the task too
+        (``asyncio.shield()`` lets it go on)."""
+    def __await__(self) -> Generator[Any, None, _T]:
+        """Waits for the coroutine's result, as ``join()`` does."""
+    @classmethod
+    def __class_getitem__(cls, item: Any) -> GenericAlias:
+        """``settle.Task[int]`` at run time too, as ``asyncio.Task[int]``."""
 
 @final
 class Session:
@@ -205,7 +233,7 @@ class Session:
         idle_timeout: Optional[float] = None,
         first_event_timeout: Optional[float] = None,
     ) -> _Call[Turn]: ...
-    def spawn(self, coroutine: Awaitable[Any]) -> _Call[Task]: ...
+    def spawn(self, coroutine: Awaitable[_T]) -> _Call[Task[_T]]: ...
     def finish(self) -> _Call[str]: ...
     def cancel(self, *, immediate: bool = True) -> _Call[None]: ...
     def cancel_turn(self) -> _Call[bool]:
