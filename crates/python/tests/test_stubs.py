@@ -65,6 +65,8 @@ def test_a_task_is_generic_at_run_time_as_in_the_stubs():
 
 TYPED_PROGRAM = """
 import pathlib
+from typing import List
+
 from typing_extensions import assert_type
 
 import settle
@@ -83,13 +85,16 @@ async def main() -> None:
     assert_type(await task.join(), int)
     annotated: settle.Task[int] = task
     word: str = await task  # E: the task's result is an int
+    messages: List[dict[str, object]] = [{"role": "user", "content": "hi"}]
+    await session.turn(lambda: None, input=messages)
     print(annotated, word)
 """
 
 
 def test_the_stubs_type_what_a_program_writes(tmp_path):
     """Under ``mypy --strict``: a task is typed by its coroutine's result,
-    a store's path may be a ``pathlib.Path``; and a wrong use is still an error."""
+    a store's path may be a ``pathlib.Path``, a turn's input any list of
+    message mappings; and a wrong use is still an error."""
     pytest.importorskip("mypy")
     program = tmp_path / "typed.py"
     program.write_text(TYPED_PROGRAM)

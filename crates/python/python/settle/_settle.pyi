@@ -15,7 +15,9 @@ from typing import (
     Generic,
     Iterable,
     List,
+    Mapping,
     Optional,
+    Sequence,
     Tuple,
     TypeVar,
     Union,
@@ -55,7 +57,7 @@ class _Call(asyncio.Future[_T], Coroutine[Any, Any, _T]):
     ``TaskGroup.create_task`` also take as a coroutine."""
 
     def send(self, value: Any) -> Any: ...
-    def throw(self, *error: Any) -> Any: ...  # type: ignore[override]
+    def throw(self, *error: Any) -> Any: ...  # type: ignore[override, unused-ignore]
     def close(self) -> None: ...
 
 #: How the native module was compiled: ``"release"`` (what ``pip install``
@@ -228,7 +230,7 @@ class Session:
         self,
         source: _Source,
         *,
-        input: Union[str, List[Dict[str, Any]], None] = None,
+        input: Union[str, Sequence[Mapping[str, Any]], None] = None,
         to_chunk: Optional[Callable[[Any], _ChunkLike]] = None,
         idle_timeout: Optional[float] = None,
         first_event_timeout: Optional[float] = None,
