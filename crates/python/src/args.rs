@@ -5,8 +5,11 @@
 //! raise. (A value of the wrong type still raises `TypeError`, as Python's
 //! own functions do.)
 
+use std::path::PathBuf;
+
 use pyo3::exceptions::{PyOverflowError, PyUnicodeEncodeError};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use pyo3::Borrowed;
 
 use crate::errors::BadInput;
@@ -68,6 +71,56 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Text {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Where a store is: a path, as a `str` or an `os.PathLike[str]` (a
+/// `pathlib.Path`), or a URL (`postgres://...`).
+#[derive(Debug, Clone)]
+pub(crate) struct StorePath(pub String);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for StorePath {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_instance_of::<PyString>() {
+            return obj.extract::<Text>().map(|Text(text)| StorePath(text));
+        }
+        // An `os.PathLike`: its `__fspath__()`, as PyO3 reads a path.
+        let path: PathBuf = obj.extract()?;
+        path.into_os_string()
+            .into_string()
+            .map(StorePath)
+            .map_err(|path| {
+                BadInput::new_err(format!(
+                    "the store's path {:?} is not UTF-8 (a lone surrogate, or bytes \
+                     of another encoding); give one that is",
+                    path.to_string_lossy()
+                ))
+            })
+    }
+}
+
+/// The longest session name accepted, in characters (as `settle serve`
+/// accepts).
+pub(crate) const MAX_NAME_CHARS: usize = 128;
+
+/// Refuses a session name that is blank or longer than
+/// [`MAX_NAME_CHARS`], as `settle serve` does; a NUL in it is the
+/// runtime's to refuse, on every frontend alike.
+pub(crate) fn check_name(name: &str) -> PyResult<()> {
+    if name.trim().is_empty() {
+        return Err(BadInput::new_err(
+            "a session name must not be blank; nothing was registered",
+        ));
+    }
+    let chars = name.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err(BadInput::new_err(format!(
+            "a session name is at most {MAX_NAME_CHARS} characters long, not {chars}; \
+             nothing was registered"
+        )));
+    }
+    Ok(())
 }
 
 /// The error of `text`, a string with a lone surrogate: which one, and where.

@@ -120,13 +120,16 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         | RuntimeError::StoreTimeout { .. }
         | RuntimeError::LeftForRecovery(_)
         | RuntimeError::Registration(_) => StoreError::new_err(message),
+        // The core's words ("register it before sending events for it")
+        // are for a frontend that sends events; a Python program named
+        // an id that neither this kernel nor its store has.
+        RuntimeError::Lifecycle(settle_core::Error::UnknownSession(session)) => BadInput::new_err(
+            format!("session {session} is not known to this kernel or its store"),
+        ),
         RuntimeError::TooLarge { .. }
         | RuntimeError::NulInName
         | RuntimeError::NotResumable { .. }
-        | RuntimeError::LiveElsewhere { .. }
-        | RuntimeError::Lifecycle(settle_core::Error::UnknownSession(_)) => {
-            BadInput::new_err(message)
-        }
+        | RuntimeError::LiveElsewhere { .. } => BadInput::new_err(message),
         RuntimeError::Stopped => ShuttingDown::new_err(message),
         _ => Error::new_err(message),
     }

@@ -13,7 +13,7 @@ use settle_runtime::{Config, Kernel, ShutdownReport, WeakKernel};
 use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{Text, Whole};
+use crate::args::{check_name, StorePath, Text, Whole};
 use crate::awaitable::{awaitable, finishing, ready, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
@@ -124,7 +124,8 @@ impl<'py> IntoPyObject<'py> for Rows {
 
 #[pymethods]
 impl PyKernel {
-    /// Opens the store at `db` (an SQLite file path, created if missing, or
+    /// Opens the store at `db` (an SQLite file's path, a `str` or an
+    /// `os.PathLike` such as `pathlib.Path`, the file created if missing; or
     /// a `postgres://` URL; `None` for a store in memory) and starts a
     /// kernel on it. Times are in seconds: `settle_timeout` (G5),
     /// `drain_timeout` (G9), `idle_timeout` (a stream silent this long ends
@@ -198,10 +199,10 @@ impl PyKernel {
     /// secret that is not a string, `StoreError` when the store fails.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (db = Some(Text("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, secrets = None, lease_ttl = 30.0))]
+    #[pyo3(signature = (db = Some(StorePath("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, secrets = None, lease_ttl = 30.0))]
     fn open<'py>(
         py: Python<'py>,
-        db: Option<Text>,
+        db: Option<StorePath>,
         settle_timeout: f64,
         drain_timeout: f64,
         idle_timeout: Option<f64>,
@@ -337,6 +338,7 @@ impl PyKernel {
         let scope = scope.map(|Text(s)| kernel.scope_of(Some(&s)));
         let (kernel, ties) = (kernel.clone(), self.ties.clone());
         finishing(py, here, async move {
+            check_name(&name)?;
             let session = match (budget, scope) {
                 (None, None) => kernel.register(name, parent).await,
                 (Some(budget), None) => kernel.register_with_budget(name, parent, budget).await,
@@ -407,6 +409,7 @@ impl PyKernel {
         let (kernel, here) = self.kernel.get()?;
         let (kernel, ties) = (kernel.clone(), self.ties.clone());
         finishing(py, here, async move {
+            check_name(&name)?;
             let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
             Ok(Resumption::new(resumed, ties))
         })

@@ -12,6 +12,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use pyo3::prelude::*;
+use pyo3::types::PyType;
 use settle_runtime::{TaskContext, TaskHandle};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -343,7 +344,21 @@ impl PyTask {
         })
     }
 
+    /// Waits for the coroutine's result, as `join()` does.
     fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.join(py)?.call_method0("__await__")
+    }
+
+    /// `settle.Task[int]`: the type of a task whose coroutine returns an
+    /// `int`, for annotations (as `asyncio.Task[int]`).
+    #[classmethod]
+    fn __class_getitem__<'py>(
+        cls: &Bound<'py, PyType>,
+        item: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        cls.py()
+            .import("types")?
+            .getattr("GenericAlias")?
+            .call1((cls, item))
     }
 }

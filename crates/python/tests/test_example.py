@@ -5,6 +5,7 @@ when the root finished is finalized first (G1)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +50,38 @@ async def test_g1_the_readme_example_runs_against_a_local_server(db):
     rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
     assert rows["recon"]["end_reason"] == "parent_finished"
     assert rows["root"]["end_reason"] == "completed"
+
+
+def readme_python_examples() -> list:
+    """The Python examples of the README's Python section that use
+    ``settle``, as the README shows them."""
+    text = README.read_text()
+    section = text[text.index("\n## Python\n"):]
+    section = section[: section.index("\n## ", 1)]
+    blocks = section.split("```python\n")[1:]
+    return [block[: block.index("```")] for block in blocks if "import" in block and "settle" in block]
+
+
+def test_the_readme_examples_pass_mypy_strict_against_the_stubs(tmp_path):
+    """What a typed program copies from the README type-checks under
+    ``mypy --strict`` with the package's stubs (``turn.outcome`` is
+    ``Optional``, ``openai``'s messages are typed)."""
+    pytest.importorskip("mypy")
+    examples = readme_python_examples()
+    assert examples, "no Python example found in the README's Python section"
+    files = []
+    for n, code in enumerate(examples):
+        path = tmp_path / f"readme_example_{n}.py"
+        path.write_text(code)
+        files.append(str(path))
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "mypy_cache"), *files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 STAND_IN = EXAMPLE.parent / "stand_in_model.py"

@@ -406,6 +406,54 @@ async def test_g11_a_session_name_holding_a_nul_is_bad_input(kernel):
     assert [row["name"] for row in await kernel.sessions()] == ["root"]
 
 
+async def test_g11_a_blank_or_overlong_session_name_is_bad_input_at_await(kernel):
+    """As ``settle serve`` refuses them: a blank name, or one over 128
+    characters, is refused when the call is awaited, and nothing is
+    registered."""
+    root = await kernel.register("root")
+    await root.finish()
+    for call in (
+        lambda: kernel.register(""),
+        lambda: kernel.register(" \t\n"),
+        lambda: kernel.register("x" * 129),
+        lambda: root.child(""),
+        lambda: kernel.resume(root.id, "  "),
+    ):
+        pending = call()  # the call itself raises nothing
+        with pytest.raises(settle.BadInput, match="blank|at most 128 characters"):
+            await pending
+    assert [row["name"] for row in await kernel.sessions()] == ["root"]
+    longest = await kernel.register("é" * 128)
+    assert longest.name == "é" * 128
+
+
+async def test_g11_an_unknown_session_is_said_in_python_words(kernel):
+    """A parent or a session id that neither the kernel nor its store has:
+    ``BadInput`` that says so, not the core's "sending events"."""
+    for call in (lambda: kernel.register("x", 987654), lambda: kernel.session(987654)):
+        with pytest.raises(settle.BadInput) as refused:
+            await call()
+        assert str(refused.value) == "session 987654 is not known to this kernel or its store"
+    assert await kernel.sessions() == []
+
+
+async def test_a_store_path_may_be_a_pathlib_path(tmp_path):
+    """``str`` or ``os.PathLike[str]``, as Python's own file functions take;
+    a path that is not UTF-8 is ``BadInput``."""
+    path = tmp_path / "by_path.db"
+    kernel = await settle.Kernel.open(path, settle_timeout=0.3, drain_timeout=0.0)
+    try:
+        session = await kernel.register("s")
+        assert [row["id"] for row in await kernel.sessions()] == [session.id]
+    finally:
+        await kernel.shutdown(0.0)
+    assert path.exists()
+    with pytest.raises(settle.BadInput, match="not UTF-8"):
+        await settle.Kernel.open(tmp_path / "bad \udc80 name.db")
+    with pytest.raises(TypeError):
+        settle.Kernel.open(42)  # type: ignore[arg-type]
+
+
 async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_closed(db):
     """As turn, spawn and finish do: ``ShuttingDown`` is for a session the
     stop left for recovery."""

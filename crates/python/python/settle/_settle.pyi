@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, Iterable, List, Optional, Tuple, TypeVar, Union
+import os
+from types import GenericAlias
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Dict,
+    Generator,
+    Generic,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from typing_extensions import TypedDict, final
 
@@ -38,14 +56,17 @@ class _Call(asyncio.Future[_T], Coroutine[Any, Any, _T]):
     ``asyncio.Future`` that ``asyncio.create_task`` and
     ``TaskGroup.create_task`` also take as a coroutine."""
 
-    def send(self, value: Any) -> Any: ...
-    def throw(self, *error: Any) -> Any: ...  # type: ignore[override]
-    def close(self) -> None: ...
+    def send(self, value: Any) -> Any:
+        """A step of a task that runs the call as its coroutine."""
+    def throw(self, *error: Any) -> Any:  # type: ignore[override, unused-ignore]
+        """A cancel (or another exception) thrown into the call: it cancels the call and raises it."""
+    def close(self) -> None:
+        """Nothing to close: the call is cancelled by ``cancel()``."""
 
-#: How the native module was compiled: ``"release"`` (what ``pip install``
-#: builds) or ``"debug"`` (what the workspace's test harness installs). The
-#: benchmark scripts refuse a debug build.
 BUILD_PROFILE: str
+"""How the native module was compiled: ``"release"`` (what ``pip install``
+builds) or ``"debug"`` (what the workspace's test harness installs). The
+benchmark scripts refuse a debug build."""
 DEFAULT_IDLE_TIMEOUT: float
 """A turn's idle timeout in seconds unless the kernel or the turn sets one (the runtime's: 30)."""
 
@@ -96,27 +117,44 @@ class Budget:
 
     def __new__(
         cls, *, turns: Optional[int] = None, tokens: Optional[int] = None, wall_time: Optional[float] = None
-    ) -> Budget: ...
+    ) -> Budget:
+        """A budget; ``None`` limits nothing. Exceeding it cancels the
+        subtree, children first (G1), and finalizes each session
+        ``budget_exhausted``; the turn past ``turns`` raises
+        ``BudgetExhausted``. ``BadInput`` for a negative number."""
     @property
-    def turns(self) -> Optional[int]: ...
+    def turns(self) -> Optional[int]:
+        """The most turns, if limited."""
     @property
-    def tokens(self) -> Optional[int]: ...
+    def tokens(self) -> Optional[int]:
+        """The most tokens (as the turns' usage reports count them), if limited."""
     @property
-    def wall_time(self) -> Optional[float]: ...
-    def __eq__(self, other: object, /) -> bool: ...
+    def wall_time(self) -> Optional[float]:
+        """The longest wall time in seconds from registration, if limited."""
+    def __eq__(self, other: object, /) -> bool:
+        """Budgets with the same limits are equal."""
 
 @final
 class Chunk:
     """One piece of a turn's output, as the store acknowledged it."""
 
-    def __new__(cls, kind: str, data: Any) -> Chunk: ...
+    def __new__(cls, kind: str, data: Any) -> Chunk:
+        """A chunk of ``kind`` (``"text"``, ``"reasoning"``, ``"tool_call"``,
+        ``"usage"``, ``"data"``...) carrying ``data`` (a string for text, any
+        JSON-like value for the others): what a ``to_chunk`` may return.
+        Raises ``BadInput`` for a kind that is not one, or data that cannot
+        be stored."""
     @property
-    def kind(self) -> str: ...
+    def kind(self) -> str:
+        """What it carries: ``"text"``, ``"reasoning"``, ``"tool_call"``, ``"usage"``, ..."""
     @property
-    def text(self) -> Optional[str]: ...
+    def text(self) -> Optional[str]:
+        """The text of a text chunk; ``None`` for the other kinds."""
     @property
-    def data(self) -> Any: ...
-    def __eq__(self, other: object, /) -> bool: ...
+    def data(self) -> Any:
+        """The payload: the text of a text chunk, the parsed JSON of the others."""
+    def __eq__(self, other: object, /) -> bool:
+        """Chunks of the same kind and data are equal."""
 
 class _ToolCall(TypedDict):
     """A tool call the model made, its streamed pieces put together."""
@@ -149,27 +187,52 @@ class Turn:
     """
 
     @property
-    def no(self) -> int: ...
+    def no(self) -> int:
+        """The turn's number within its session, from 1."""
     @property
-    def session_id(self) -> int: ...
+    def session_id(self) -> int:
+        """The id of the session it belongs to."""
     @property
-    def outcome(self) -> Optional[str]: ...
+    def outcome(self) -> Optional[str]:
+        """How it ended, once it has: ``"completed"``, ``"cancelled"``,
+        ``"failed"``, ``"idle_timeout"``, ``"detached"`` (or
+        ``"interrupted"`` when the kernel stopped first); ``None`` while it
+        runs, and when a second cancel cut short the wait for its end."""
     @property
-    def error(self) -> Optional[Tuple[str, str]]: ...
-    def tool_calls(self) -> List[_ToolCall]: ...
-    def reply(self) -> _Reply: ...
-    def __aiter__(self) -> Turn: ...
-    def __anext__(self) -> Awaitable[Chunk]: ...
-    def aclose(self) -> _Call[None]: ...
+    def error(self) -> Optional[Tuple[str, str]]:
+        """Why it failed or timed out, as ``(kind, message)``; ``None`` otherwise."""
+    def tool_calls(self) -> List[_ToolCall]:
+        """The model's tool calls, each put together from its streamed pieces
+        (by ``index``), in the order they began: ``{"id", "name",
+        "arguments"}`` dicts. All of them once the turn was read to its end;
+        before that, those of the chunks yielded so far."""
+    def reply(self) -> _Reply:
+        """The reply its chunks make: ``text``, ``reasoning``, ``tool_calls``,
+        ``usage``, ``data``, and ``message``, the assistant message to put in
+        the history the next turn sends. The whole reply once the turn was
+        read to its end; before that, that of the chunks yielded so far."""
+    def __aiter__(self) -> Turn:
+        """The turn itself: ``async for chunk in turn``."""
+    def __anext__(self) -> Awaitable[Chunk]:
+        """The next chunk, once the store has it (G7); ``StopAsyncIteration``
+        at the turn's end. Cancelling its awaiter cancels the turn."""
+    def aclose(self) -> _Call[None]:
+        """Ends the turn here: cancels it unless it already ended (G6), and
+        resolves once it has settled (its stream closed, G4); then
+        ``outcome`` is known. Idempotent."""
     def cancel(self) -> None:
-        """Cancels the turn without waiting; ``settle.Error`` in a forked child."""
-    def __aenter__(self) -> _Call[Turn]: ...
+        """Cancels the turn now, without waiting (unless it already ended,
+        G6): its stream is closed (G4) and ``outcome`` is known once it has
+        settled. The session stays open. ``settle.Error`` in a forked child."""
+    def __aenter__(self) -> _Call[Turn]:
+        """The turn itself, for ``async with``."""
     def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[None]:
         """Ends the turn as ``aclose()`` does; left by an exception (the reading task cancelled), waits for its end at most the settle timeout and a second (G5), so a stalled store never holds a cancel."""
 
 @final
-class Task:
-    """A coroutine running under a session; await it for its result.
+class Task(Generic[_T]):
+    """A coroutine running under a session; await it (or ``join()``) for its
+    result: ``Task[int]`` for a coroutine that returns an ``int``.
 
     As an ``asyncio.Task``, it may be awaited by several callers at once
     and again after it ended: each gets the same value, or the same
@@ -177,59 +240,137 @@ class Task:
     """
 
     @property
-    def no(self) -> int: ...
-    def cancel(self) -> None: ...
-    def join(self) -> _Call[Any]: ...
-    def __await__(self) -> Generator[Any, None, Any]: ...
+    def no(self) -> int:
+        """The task's number within its session."""
+    def cancel(self) -> None:
+        """Cancels the task: its coroutine gets ``CancelledError`` on its
+        loop and the settle timeout to unwind, then it is detached (G5)."""
+    def join(self) -> _Call[_T]:
+        """Waits for the coroutine's result: what it returned, or what it
+        raised. Raises ``Cancelled`` when it was cancelled, ``Detached`` when
+        it was detached at the settle deadline, ``ShuttingDown`` when the
+        kernel stopped first. Cancelling the awaiter cancels the task too
+        (``asyncio.shield()`` lets it go on)."""
+    def __await__(self) -> Generator[Any, None, _T]:
+        """Waits for the coroutine's result, as ``join()`` does."""
+    @classmethod
+    def __class_getitem__(cls, item: Any) -> GenericAlias:
+        """``settle.Task[int]`` at run time too, as ``asyncio.Task[int]``."""
 
 @final
 class Session:
     """One session of a kernel."""
 
     @property
-    def id(self) -> int: ...
+    def id(self) -> int:
+        """The session's id (what ``settle show ID`` takes)."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The session's name."""
     @property
-    def parent(self) -> Optional[int]: ...
+    def parent(self) -> Optional[int]:
+        """The id of the session that spawned it, if any."""
     @property
-    def closed(self) -> bool: ...
-    def child(self, name: str, *, budget: Optional[Budget] = None) -> _Call[Session]: ...
+    def closed(self) -> bool:
+        """Whether its finalize has run."""
+    def child(self, name: str, *, budget: Optional[Budget] = None) -> _Call[Session]:
+        """Registers a child session under this one (G1: it is cancelled and
+        finalized before this one), with a ``Budget`` of its own if given.
+        Raises ``SessionClosed`` once this one is finalized
+        (``SessionClosing`` while it winds down), ``ShuttingDown`` during a
+        shutdown, ``BadInput`` for a blank name, one over 128 characters or
+        one holding a NUL."""
     def turn(
         self,
         source: _Source,
         *,
-        input: Union[str, List[Dict[str, Any]], None] = None,
+        input: Union[str, Sequence[Mapping[str, Any]], None] = None,
         to_chunk: Optional[Callable[[Any], _ChunkLike]] = None,
         idle_timeout: Optional[float] = None,
         first_event_timeout: Optional[float] = None,
-    ) -> _Call[Turn]: ...
-    def spawn(self, coroutine: Awaitable[Any]) -> _Call[Task]: ...
-    def finish(self) -> _Call[str]: ...
-    def cancel(self, *, immediate: bool = True) -> _Call[None]: ...
+    ) -> _Call[Turn]:
+        """Starts a turn over ``source``: a callable returning an async
+        iterable (or an awaitable of one, as ``openai``'s
+        ``create(..., stream=True)``), or an async iterable. The kernel opens
+        it on this loop, stores each chunk, and closes it exactly once (G4).
+        ``input`` is what the turn sends: a prompt, or a list (or tuple) of
+        ``{"role", "content"}`` messages. ``to_chunk`` turns items that are
+        not chunks into chunks. ``idle_timeout`` and
+        ``first_event_timeout`` (seconds, ``0`` disables) are this turn's own.
+
+        Resolves to a ``Turn`` once its start is stored; cancelling the
+        awaiter cancels the turn. Raises ``TurnRunning`` while the session's
+        turn before still runs, ``Cancelled`` when ``cancel_turn()`` stopped
+        this start, ``StoreError`` when the store did not take the start in
+        time, ``SessionClosed`` once the session is finalized, ``BadInput``
+        for an ``input`` that is not one."""
+    def spawn(self, coroutine: Awaitable[_T]) -> _Call[Task[_T]]:
+        """Runs ``coroutine`` as an asyncio task under this session's
+        lifecycle (G1, G5, G6): cancelled on its loop when the session (or
+        an ancestor) is cancelled or finishes, or the shutdown's drain ends;
+        detached if it ignores that past the settle timeout, its later
+        writes then raising ``SessionClosed`` (G10). Resolves to a ``Task``.
+        Raises ``BadInput`` at once for what cannot be awaited (a function
+        rather than the coroutine its call makes)."""
+    def finish(self) -> _Call[str]:
+        """The agent is done: its live descendants are cancelled, settled and
+        finalized first, then it is (G1). Resolves to its end reason
+        (``"completed"``, ``"failed"``, ``"cancelled"``; ``"shutdown"``
+        during a shutdown). Raises ``AlreadyFinalized`` when it was already
+        finalized (G2). Cancelling the awaiter stops the wait, not the finish."""
+    def cancel(self, *, immediate: bool = True) -> _Call[None]:
+        """Cancels the session: its descendants first, then its own turn and
+        tasks (G1, G5); ``immediate=False`` lets the current turn finish and
+        starts no more. Raises ``AlreadyFinalized`` when it was (G2)."""
     def cancel_turn(self) -> _Call[bool]:
         """Stops the session's turn (and its starts in flight) without its
         ``Turn``; queued to the kernel at the call, so the next turn waits
-        for the stopped one's end. ``True`` when a running turn was cancelled."""
-    def close(self) -> _Call[str]: ...
-    def hold(self, kind: str = "input") -> _Call[None]: ...
-    def release(self, kind: str = "input") -> _Call[None]: ...
-    def finalized(self) -> _Call[str]: ...
-    def state(self) -> _Call[str]: ...
-    def transcript(self) -> _Call[List[Dict[str, Any]]]: ...
+        for the stopped one's end. ``True`` when a running turn was
+        cancelled, ``False`` when none ran. Raises ``AlreadyFinalized`` when
+        the session was (G2)."""
+    def close(self) -> _Call[str]:
+        """Closes the session on a user's request: cancel, then finalize
+        (``user_close``). Resolves to its end reason; closing a closed
+        session resolves to the reason it ended with (G2)."""
+    def hold(self, kind: str = "input") -> _Call[None]:
+        """Marks the session as waiting (``"input"`` from a person, or
+        ``"delegation"`` to another session): no idle reap or LRU eviction
+        takes it until ``release()``. Raises ``SessionClosed`` once it is
+        finalized, ``StoreError`` when the store did not record the hold in
+        time, ``BadInput`` for another ``kind``."""
+    def release(self, kind: str = "input") -> _Call[None]:
+        """Ends a ``hold(kind)``."""
+    def finalized(self) -> _Call[str]:
+        """Resolves to the end reason once the session is finalized."""
+    def state(self) -> _Call[str]:
+        """Resolves to its state as the kernel has it now: ``"registered"``,
+        ``"running"``, ``"cancelling"``, ``"settled"`` or ``"finalized"``."""
+    def transcript(self) -> _Call[List[Dict[str, Any]]]:
+        """Resolves to its turns as the store has them: dicts with ``no``,
+        ``outcome``, ``started_at``, ``ended_at``, ``input``, ``text``,
+        ``error`` (``{"kind", "message"}`` or ``None``) and ``chunks``
+        (``Chunk``s), what ``settle show`` prints."""
 
 @final
 class Resumed:
     """A new session continuing a finalized one, with the conversation to send next."""
 
     @property
-    def session(self) -> Session: ...
+    def session(self) -> Session:
+        """The new session (open; registered as a root)."""
     @property
-    def resumed_from(self) -> int: ...
+    def resumed_from(self) -> int:
+        """The id of the session it continues."""
     @property
-    def history(self) -> List[Dict[str, Any]]: ...
+    def history(self) -> List[Dict[str, Any]]:
+        """The messages of the session it continues, oldest first, as message
+        dicts (``role``, ``content``, with ``tool_calls`` and
+        ``tool_call_id`` where they have them); ``[]`` when it ran no turn
+        with an input."""
     @property
-    def pending_tool_calls(self) -> List[_ToolCall]: ...
+    def pending_tool_calls(self) -> List[_ToolCall]:
+        """The tool calls of its last reply that no tool has answered yet, as
+        ``Turn.tool_calls()`` gives them; ``[]`` when there are none."""
 
 @final
 class Kernel:
@@ -237,7 +378,7 @@ class Kernel:
 
     @staticmethod
     def open(
-        db: Optional[str] = ...,
+        db: Union[str, os.PathLike[str], None] = ...,
         *,
         settle_timeout: float = 1.0,
         drain_timeout: float = 5.0,
@@ -250,7 +391,13 @@ class Kernel:
         secrets: Union[str, Iterable[str], None] = None,
         lease_ttl: float = 30.0,
     ) -> _Call[Kernel]:
-        """Opens the store at ``db`` and starts a kernel on it.
+        """Opens the store at ``db`` (an SQLite file's path, a ``str`` or a
+        ``pathlib.Path``, or a ``postgres://`` URL; ``None`` for a store in
+        memory) and starts a kernel on it. Times are in seconds.
+        ``idle_ttl`` and ``lru_cap`` (the reclaimers of idle sessions) are
+        off unless given; ``store_timeout`` bounds each write waited for;
+        ``max_turn_chunks`` and ``max_turn_bytes`` bound one turn's stream.
+
         ``lease_ttl`` is how long this process's lease on its sessions lasts
         unrenewed (renewed at a third of it): a store that answers nothing
         for that long (a lock held by another process, a full disk, a
@@ -258,6 +405,7 @@ class Kernel:
         ``settle recover`` (or a peer in a fleet), for they may be taken
         over meanwhile; raise it to ride out longer outages, at the cost of
         a crashed process's sessions waiting that long for recovery.
+
         ``secrets`` (one string is one secret) are masked as ``***`` in
         every turn's error, told and stored; so are the values (8
         characters or more) of ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
@@ -266,7 +414,11 @@ class Kernel:
         and ``SETTLE_API_KEY``, read when the kernel starts. A key it is
         not told of, or one a server escaped, is not masked; one echoed in
         another case, cut short or starred is (each piece of 12 characters
-        or more)."""
+        or more).
+
+        Raises ``BadInput`` for a store that cannot be opened or an option
+        out of its range, ``TypeError`` for a ``db`` that is not a path,
+        ``StoreError`` when the store fails."""
     def register(
         self,
         name: str,
@@ -275,29 +427,62 @@ class Kernel:
         budget: Optional[Budget] = None,
         scope: Optional[str] = None,
     ) -> _Call[Session]:
-        """Registers a session (a child of ``parent`` if given). ``scope``
+        """Registers a root session (or a child of ``parent``, a ``Session``
+        or an id), with a ``Budget`` for its subtree if given. Raises
+        ``ShuttingDown`` during a shutdown, ``SessionClosed`` when the parent
+        is finalized, ``BadInput`` when the parent is not known, and for a
+        blank name, one over 128 characters or one holding a NUL. ``scope``
         names whose it is for ``lru_cap`` (a tenant, a user): at the cap a
         new session evicts only idle sessions of its scope and raises
         ``Error`` rather than end another's; without one it is in its
         parent's scope, a root in the shared one."""
     def session(self, id: int) -> _Call[Session]:
         """A handle on session ``id``, open or finalized (its methods then raise ``SessionClosed``); ``SessionClosed`` while this kernel's finalize of it is not written yet; ``BadInput`` when unknown or another process's."""
-    def resume(self, id: Union[Session, int], name: str) -> _Call[Resumed]: ...
+    def resume(self, id: Union[Session, int], name: str) -> _Call[Resumed]:
+        """Registers a new root session ``name`` that continues the finalized
+        session ``id`` (a ``Session`` or an id), and resolves to a
+        ``Resumed``: the new session, the ``history`` so far and the
+        ``pending_tool_calls`` of its last reply. Raises ``BadInput`` when
+        ``id`` is unknown or not finalized, ``ShuttingDown`` during a
+        shutdown, ``StoreError`` when the store fails."""
     def sessions(self, state: Optional[str] = None) -> _Call[List[Dict[str, Any]]]:
         """The store's sessions (those in ``state``); ``BadInput`` for a state that is not one."""
-    def shutdown(self, drain: Optional[float] = None) -> _Call[Dict[str, Any]]: ...
-    def begin_shutdown(self, drain: Optional[float] = None) -> None: ...
-    def skip_drain(self) -> None: ...
+    def shutdown(self, drain: Optional[float] = None) -> _Call[Dict[str, Any]]:
+        """Shuts down (G9): no new session or turn, idle sessions finalized,
+        running turns drained for ``drain`` seconds (default: the kernel's
+        drain timeout), then cancelled, settled and finalized. Resolves to a
+        report: ``finalized`` (id to end reason), ``drained``,
+        ``cancelled``, ``detached``, ``left_recoverable`` (ids, the last
+        left for ``settle recover``), ``store_failures``, ``lease_lost``
+        and ``lease_lost_why``."""
+    def begin_shutdown(self, drain: Optional[float] = None) -> None:
+        """Starts the graceful shutdown without waiting for it (``stopped()`` waits)."""
+    def skip_drain(self) -> None:
+        """Ends a shutdown's drain now (what a second signal does)."""
     @property
-    def shutting_down(self) -> bool: ...
-    def stopped(self) -> _Call[None]: ...
-    def install_signal_handlers(self) -> None: ...
+    def shutting_down(self) -> bool:
+        """Whether a shutdown has begun (a signal, a lost lease, or the program's own)."""
+    def stopped(self) -> _Call[None]:
+        """Resolves once the kernel has stopped: its shutdown is complete. A
+        program that installed the signal handlers races its work against
+        it, since a signal does not cancel the program's own tasks."""
+    def install_signal_handlers(self) -> None:
+        """Installs handlers of SIGINT, SIGTERM and SIGHUP on the running loop
+        (call it from the main thread; from another, ``settle.Error``): the
+        first signal starts the graceful shutdown (G9), every later one
+        skips the rest of the drain. ``received_signal`` says which came
+        first."""
     @property
-    def received_signal(self) -> Optional[int]: ...
+    def received_signal(self) -> Optional[int]:
+        """The first signal the handlers received, as its number; ``None`` if none."""
     @property
-    def store_failures(self) -> int: ...
-    def __aenter__(self) -> _Call[Kernel]: ...
-    def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[bool]: ...
+    def store_failures(self) -> int:
+        """How many store writes failed so far."""
+    def __aenter__(self) -> _Call[Kernel]:
+        """The kernel itself, for ``async with``."""
+    def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[bool]:
+        """Shuts down as ``shutdown()`` does, with the kernel's drain timeout,
+        and resolves to ``False``: an exception raised in the block goes on up."""
 
 def shutdown_all(timeout: Optional[float] = None) -> None:
     """What interpreter exit runs: shuts down every kernel this process still
