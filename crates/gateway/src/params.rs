@@ -12,8 +12,9 @@ use settle_store::ListCursor;
 
 use crate::protocol::RpcError;
 
-/// The longest session name accepted, in characters.
-pub const MAX_NAME_CHARS: usize = 128;
+/// The longest session name accepted, in characters (the runtime's, for
+/// every frontend).
+pub const MAX_NAME_CHARS: usize = settle_runtime::MAX_NAME_CHARS;
 
 /// Reads `params` as `T`.
 pub(crate) fn read<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {

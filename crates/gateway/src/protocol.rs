@@ -216,7 +216,9 @@ impl RpcError {
             }
             R::SessionClosed(_) => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
             R::TooLarge { .. } => (code::TOO_LARGE, ErrorKind::TooLarge),
-            R::NulInName => return RpcError::bad_params(error.to_string()),
+            R::NulInName | R::BlankName | R::NameTooLong { .. } => {
+                return RpcError::bad_params(error.to_string())
+            }
             // Store failures, and whatever a later runtime adds.
             _ => (code::INTERNAL, ErrorKind::Internal),
         };

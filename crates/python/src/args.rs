@@ -100,29 +100,6 @@ impl<'a, 'py> FromPyObject<'a, 'py> for StorePath {
     }
 }
 
-/// The longest session name accepted, in characters (as `settle serve`
-/// accepts).
-pub(crate) const MAX_NAME_CHARS: usize = 128;
-
-/// Refuses a session name that is blank or longer than
-/// [`MAX_NAME_CHARS`], as `settle serve` does; a NUL in it is the
-/// runtime's to refuse, on every frontend alike.
-pub(crate) fn check_name(name: &str) -> PyResult<()> {
-    if name.trim().is_empty() {
-        return Err(BadInput::new_err(
-            "a session name must not be blank; nothing was registered",
-        ));
-    }
-    let chars = name.chars().count();
-    if chars > MAX_NAME_CHARS {
-        return Err(BadInput::new_err(format!(
-            "a session name is at most {MAX_NAME_CHARS} characters long, not {chars}; \
-             nothing was registered"
-        )));
-    }
-    Ok(())
-}
-
 /// The error of `text`, a string with a lone surrogate: which one, and where.
 pub(crate) fn not_utf8(text: &Bound<'_, PyAny>) -> PyErr {
     let which = match first_surrogate(text) {

@@ -128,6 +128,8 @@ pub(crate) fn runtime(error: RuntimeError) -> PyErr {
         ),
         RuntimeError::TooLarge { .. }
         | RuntimeError::NulInName
+        | RuntimeError::BlankName
+        | RuntimeError::NameTooLong { .. }
         | RuntimeError::NotResumable { .. }
         | RuntimeError::LiveElsewhere { .. } => BadInput::new_err(message),
         RuntimeError::Stopped => ShuttingDown::new_err(message),

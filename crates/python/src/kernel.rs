@@ -13,7 +13,7 @@ use settle_runtime::{Config, Kernel, ShutdownReport, WeakKernel};
 use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{check_name, StorePath, Text, Whole};
+use crate::args::{StorePath, Text, Whole};
 use crate::awaitable::{awaitable, finishing, ready, OnCancel};
 use crate::budget::PyBudget;
 use crate::errors;
@@ -338,7 +338,6 @@ impl PyKernel {
         let scope = scope.map(|Text(s)| kernel.scope_of(Some(&s)));
         let (kernel, ties) = (kernel.clone(), self.ties.clone());
         finishing(py, here, async move {
-            check_name(&name)?;
             let session = match (budget, scope) {
                 (None, None) => kernel.register(name, parent).await,
                 (Some(budget), None) => kernel.register_with_budget(name, parent, budget).await,
@@ -409,7 +408,6 @@ impl PyKernel {
         let (kernel, here) = self.kernel.get()?;
         let (kernel, ties) = (kernel.clone(), self.ties.clone());
         finishing(py, here, async move {
-            check_name(&name)?;
             let resumed = kernel.resume(from, name).await.map_err(errors::runtime)?;
             Ok(Resumption::new(resumed, ties))
         })

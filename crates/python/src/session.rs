@@ -218,7 +218,6 @@ impl PySession {
         let (handle, here) = self.handle.get()?;
         let (handle, ties) = (handle.clone(), self.ties.clone());
         finishing(py, here, async move {
-            crate::args::check_name(&name)?;
             let child = match budget {
                 None => handle.child(name).await,
                 Some(budget) => handle.child_with_budget(name, budget).await,

@@ -78,6 +78,21 @@ pub enum RuntimeError {
     /// on every store alike.
     #[error("a session name must not hold a NUL character (U+0000); nothing was registered")]
     NulInName,
+    /// A session name that is empty or only white space: refused before
+    /// anything is written, on every frontend alike.
+    #[error("a session name must not be blank; nothing was registered")]
+    BlankName,
+    /// A session name longer than [`MAX_NAME_CHARS`](crate::MAX_NAME_CHARS)
+    /// characters: refused before anything is written.
+    #[error(
+        "a session name is at most {max} characters long, not {chars}; nothing was registered"
+    )]
+    NameTooLong {
+        /// Its length, in characters.
+        chars: usize,
+        /// The most accepted.
+        max: usize,
+    },
     /// The session's finalize ran here but the store did not commit the
     /// end of its row (a stalled store at shutdown, a lost lease): its row
     /// is left live, for `settle recover` or a peer of the fleet (G8).

@@ -252,7 +252,7 @@ pub use hook::{SessionEnd, SessionEndHook};
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};
 pub use report::ShutdownReport;
 pub use resume::Resumed;
-pub use session::SessionHandle;
+pub use session::{SessionHandle, MAX_NAME_CHARS};
 /// The core's refusals, as [`RuntimeError::Lifecycle`] carries them.
 pub use settle_core::Error as LifecycleError;
 pub use settle_core::{

@@ -509,13 +509,28 @@ impl SessionHandle {
 /// Refuses a session name no store keeps: PostgreSQL's text holds no NUL
 /// (U+0000), and a registration it refuses fails the writes of its batch
 /// with it (a turn's start, another session's end); refused alike on every
-/// store, before the kernel sees it.
+/// store, before the kernel sees it. So is a blank one, or one longer than
+/// [`MAX_NAME_CHARS`]: one rule for every frontend (the gateway's
+/// `session.create`, Python's `register`, a Rust embedder's).
 pub(crate) fn check_name(name: &str) -> Result<(), RuntimeError> {
-    match name.contains('\0') {
-        true => Err(RuntimeError::NulInName),
-        false => Ok(()),
+    if name.contains('\0') {
+        return Err(RuntimeError::NulInName);
     }
+    if name.trim().is_empty() {
+        return Err(RuntimeError::BlankName);
+    }
+    let chars = name.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err(RuntimeError::NameTooLong {
+            chars,
+            max: MAX_NAME_CHARS,
+        });
+    }
+    Ok(())
 }
+
+/// The longest session name accepted, in characters, by every frontend.
+pub const MAX_NAME_CHARS: usize = 128;
 
 impl Kernel {
     /// Registers a session named `name` under `parent` (G1: the parent must be
