@@ -327,7 +327,16 @@ impl PySession {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .child_token();
         let at_once = Bound::new(py, CancelUnclaimed)?.into_any();
-        let cancelled = || errors::Cancelled::new_err("the turn's start was stopped");
+        // Stopped by `cancel_turn()`: `Cancelled`, unless the session is
+        // finalized (G10): a start it stopped would have been refused
+        // `SessionClosed` all the same, and that is what the caller must
+        // hear (found from outside: a loop read `Cancelled` as a user's
+        // stop and went on).
+        let closed = handle.clone();
+        let cancelled = move || match closed.is_closed() {
+            true => errors::runtime(settle_runtime::RuntimeError::SessionClosed(closed.id())),
+            false => errors::Cancelled::new_err("the turn's start was stopped"),
+        };
         let stopped = gone.clone();
         awaitable_with(
             py,

@@ -454,6 +454,22 @@ async def test_a_store_path_may_be_a_pathlib_path(tmp_path):
         settle.Kernel.open(42)  # type: ignore[arg-type]
 
 
+async def test_g10_a_turn_of_a_finalized_session_stopped_by_cancel_turn_is_session_closed(kernel):
+    """Found from outside: ``turn()`` on a finalized session, with
+    ``cancel_turn()`` called in the same step (a stop button racing the
+    agent loop's next turn after its parent finished it), answered
+    ``Cancelled`` ("the user stopped this turn, go on") instead of
+    ``SessionClosed`` (G10: "closed, stop"), 20 times in 20."""
+    for n in range(5):
+        session = await kernel.register(f"s{n}")
+        assert await session.finish() == "completed"
+        started, stopped = await asyncio.gather(
+            session.turn(Stream(["x"])), session.cancel_turn(), return_exceptions=True
+        )
+        assert isinstance(started, settle.SessionClosed), repr(started)
+        assert isinstance(stopped, settle.AlreadyFinalized), repr(stopped)
+
+
 async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_closed(db):
     """As turn, spawn and finish do: ``ShuttingDown`` is for a session the
     stop left for recovery."""
