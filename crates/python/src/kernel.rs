@@ -418,7 +418,10 @@ impl PyKernel {
     /// (`id`, `name`, `parent`, `state`, `outcome`, `end_reason`, `turns`,
     /// `chunks`, `created_at`, `finalized_at`, `resumed_from`). Raises
     /// `BadInput` for a state that is not one (a string that is not
-    /// UTF-8 among them).
+    /// UTF-8 among them). Read from the store, where a session's state
+    /// between turns is written in batches: a session may read `running`
+    /// for up to 100 ms (a second while the store is busy) after its turn
+    /// ended; `session.state()` asks the kernel and is never behind.
     #[pyo3(signature = (state = None))]
     fn sessions<'py>(&self, py: Python<'py>, state: Option<Text>) -> PyResult<Bound<'py, PyAny>> {
         let state = state

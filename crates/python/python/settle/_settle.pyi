@@ -446,7 +446,12 @@ class Kernel:
         ``id`` is unknown or not finalized, ``ShuttingDown`` during a
         shutdown, ``StoreError`` when the store fails."""
     def sessions(self, state: Optional[str] = None) -> _Call[List[Dict[str, Any]]]:
-        """The store's sessions (those in ``state``); ``BadInput`` for a state that is not one."""
+        """The store's sessions (those in ``state``), oldest first, as dicts
+        with the fields of ``settle sessions --json``; ``BadInput`` for a
+        state that is not one. Read from the store, where a session's state
+        between turns is written in batches: a session may read ``running``
+        for up to 100 ms (a second while the store is busy) after its turn
+        ended; ``session.state()`` asks the kernel and is never behind."""
     def shutdown(self, drain: Optional[float] = None) -> _Call[Dict[str, Any]]:
         """Shuts down (G9): no new session or turn, idle sessions finalized,
         running turns drained for ``drain`` seconds (default: the kernel's
