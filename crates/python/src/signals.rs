@@ -123,9 +123,12 @@ impl SignalHandler {
                 .first
                 .compare_exchange(0, number, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
+                && !kernel.is_shutting_down()
             {
                 kernel.begin_shutdown(signalled.drain);
             } else {
+                // A second signal, or the first during a shutdown the
+                // program began: the rest of the drain is skipped.
                 kernel.skip_drain();
             }
         }

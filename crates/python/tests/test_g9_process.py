@@ -626,3 +626,52 @@ def test_g5_g9_a_program_whose_detached_work_ignores_its_cancel_for_good_still_e
     assert "left" in lines, out.stdout
     took = float(lines[-1].split()[1])
     assert took < 10, out.stdout
+
+
+SIGNAL_IN_OWN_SHUTDOWN_SCRIPT = """
+import asyncio, json, os, signal, sys, time
+import settle
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.3, drain_timeout=60.0)
+    kernel.install_signal_handlers()
+    busy = await kernel.register("busy")
+
+    async def forever():
+        while True:
+            await asyncio.sleep(0.05)
+            yield "x"
+
+    turn = await busy.turn(forever)
+    async def read():
+        async for _ in turn:
+            pass
+    reader = asyncio.create_task(read())
+    await asyncio.sleep(0.1)
+    # The program shuts down itself, with a long drain; a Ctrl-C comes.
+    asyncio.get_running_loop().call_later(0.3, os.kill, os.getpid(), signal.SIGINT)
+    started = time.monotonic()
+    report = await kernel.shutdown()
+    await reader
+    print(json.dumps({
+        "took": time.monotonic() - started,
+        "signal": kernel.received_signal,
+        "turn": turn.outcome,
+        "cancelled": report["cancelled"],
+    }))
+
+asyncio.run(main())
+"""
+
+
+def test_g9_a_signal_during_the_programs_own_shutdown_skips_the_drain(db):
+    """Found from outside: a signal that came while the program's own
+    ``shutdown()`` drained waited the whole drain; only a second skipped
+    it. The program began the shutdown: the signal asks for it sooner, as
+    a second signal does."""
+    out = run_script(SIGNAL_IN_OWN_SHUTDOWN_SCRIPT, db, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["signal"] == signal.SIGINT
+    assert report["turn"] == "cancelled"
+    assert report["took"] < 10, report

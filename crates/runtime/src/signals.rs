@@ -177,6 +177,9 @@ impl Signals {
                 let _ = FIRST.set(first);
                 tracing::info!(signal = ?first, "shutdown requested; a second signal skips the drain");
                 match kernel.upgrade() {
+                    // A shutdown the program began already: a signal now
+                    // asks it to be quicker, as a second one does.
+                    Some(kernel) if kernel.is_shutting_down() => kernel.skip_drain(),
                     Some(kernel) if handoff => kernel.begin_handoff(drain),
                     Some(kernel) => kernel.begin_shutdown(drain),
                     None => {}
