@@ -65,6 +65,8 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
             )
         stream = made
         iterator = stream.__aiter__()
+        # What the pump iterates, should the kernel detach it (see `let_go`).
+        _ITERATED[asyncio.current_task()] = iterator
         sink.opened()
         while True:
             try:
@@ -311,17 +313,30 @@ async def close_stream(stream: Any, iterator: Any = None) -> None:
         _log.warning("closing a turn's stream failed: %s", error)
 
 
+#: The async iterator each turn's pump task iterates, while it runs.
+_ITERATED: "weakref.WeakKeyDictionary[asyncio.Task[Any], Any]" = weakref.WeakKeyDictionary()
+
+
 def let_go(task: "asyncio.Task[Any]") -> None:
     """The kernel detached this settle task, or turn's pump, at the settle
     deadline (G5): it ignores its cancel. The loop stops counting it among
     its tasks, so that ``asyncio.run``, which at its end cancels every task
-    left and waits for each, does not wait forever for this one (left to
-    the collector as the loop closes). On a Python whose loop cannot let
-    go of a task (its registry has no ``_unregister_task``), nothing
-    changes."""
+    left and waits for each, does not wait forever for this one (left as it
+    is when the loop closes: its ``finally`` does not run). A pump's async
+    generator is let go of the same way, so that the loop's end does not
+    try to close it mid-step (asyncio would log that it "is already
+    running"). On a Python whose loop cannot let go of a task (its
+    registry has no ``_unregister_task``), nothing changes."""
+    if task.done():
+        return
     unregister = getattr(asyncio.tasks, "_unregister_task", None)
-    if unregister is not None and not task.done():
-        unregister(task)
+    if unregister is None:
+        return
+    unregister(task)
+    iterated = _ITERATED.pop(task, None)
+    generators = getattr(task.get_loop(), "_asyncgens", None)
+    if isinstance(iterated, _AsyncGenerator) and generators is not None:
+        generators.discard(iterated)
 
 
 # --- tasks --------------------------------------------------------------
