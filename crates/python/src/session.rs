@@ -448,12 +448,16 @@ impl PySession {
         if let Some(refused) = self.refused_if_detached(py)? {
             return Ok(refused);
         }
-        self.call(py, OnCancel::Finish, |handle| async move {
-            handle
-                .finish()
-                .await
-                .map(|reason| reason.as_str())
-                .map_err(errors::runtime)
+        // Queued to the kernel now, in the order of the calls (G1: a
+        // child's turn made after it is seen after it).
+        self.call(py, OnCancel::Finish, |handle| {
+            let finishing = handle.finish();
+            async move {
+                finishing
+                    .await
+                    .map(|reason| reason.as_str())
+                    .map_err(errors::runtime)
+            }
         })
     }
 
@@ -470,10 +474,13 @@ impl PySession {
         } else {
             CancelMode::Graceful
         };
-        self.call(py, OnCancel::Finish, move |handle| async move {
-            match handle.cancel(mode).await.map_err(errors::runtime)? {
-                Handled::AlreadyFinalized => Err(errors::already_finalized(handle.id())),
-                _ => Ok(Nothing),
+        self.call(py, OnCancel::Finish, move |handle| {
+            let cancelling = handle.cancel(mode);
+            async move {
+                match cancelling.await.map_err(errors::runtime)? {
+                    Handled::AlreadyFinalized => Err(errors::already_finalized(handle.id())),
+                    _ => Ok(Nothing),
+                }
             }
         })
     }
@@ -518,9 +525,12 @@ impl PySession {
         if let Some(refused) = self.refused_if_detached(py)? {
             return Ok(refused);
         }
-        self.call(py, OnCancel::Finish, |handle| async move {
-            let reason = handle.close().await.map_err(errors::runtime)?;
-            Ok(reason.as_str())
+        self.call(py, OnCancel::Finish, |handle| {
+            let closing = handle.close();
+            async move {
+                let reason = closing.await.map_err(errors::runtime)?;
+                Ok(reason.as_str())
+            }
         })
     }
 

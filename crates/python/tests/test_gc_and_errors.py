@@ -470,6 +470,26 @@ async def test_g10_a_turn_of_a_finalized_session_stopped_by_cancel_turn_is_sessi
         assert isinstance(stopped, settle.AlreadyFinalized), repr(stopped)
 
 
+async def test_g1_a_finish_made_before_a_childs_turn_is_seen_first_by_the_kernel(kernel):
+    """Found from outside: with a parent's ``finish()`` made, then its
+    child's ``turn()`` made, the turn answered ``TurnRunning`` (the child's
+    running turn had not been wound down yet) about one time in ten
+    instead of ``SessionClosing``: the two calls reached the kernel in
+    either order. A call that changes the lifecycle is queued to the
+    kernel when it is made, so calls made in order are seen in order."""
+    answers = []
+    for n in range(40):
+        parent = await kernel.register(f"p{n}")
+        child = await parent.child("c")
+        turn = await child.turn(Stream(["x"] * 1000, delay=0.01))
+        finishing = parent.finish()
+        started = child.turn(Stream(["y"]))
+        results = await asyncio.gather(finishing, started, return_exceptions=True)
+        answers.append(type(results[1]).__name__)
+        await turn.aclose()
+    assert set(answers) == {"SessionClosing"}, answers
+
+
 async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_closed(db):
     """As turn, spawn and finish do: ``ShuttingDown`` is for a session the
     stop left for recovery."""

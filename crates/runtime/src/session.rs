@@ -260,31 +260,41 @@ impl SessionHandle {
     /// The agent is done: its own works are cancelled, its live descendants
     /// cancelled and finalized first, then it is (G1). Returns the end reason
     /// once it is finalized: `completed`, `failed` or `cancelled` after its
-    /// last turn (`shutdown` during a shutdown).
+    /// last turn (`shutdown` during a shutdown). The finish is queued to
+    /// the kernel when this is called, before the returned future is
+    /// polled: a call made after it (a child's turn, from any task) is seen
+    /// after it, and dropping the future does not take it back.
     ///
     /// # Errors
     /// `AlreadyFinalized` when it was already finalized (G2: nothing
     /// changed; [`close`](Self::close) answers its end reason instead).
-    pub async fn finish(&self) -> Result<EndReason, RuntimeError> {
-        match self
-            .event(Event::AgentFinished { session: self.id() })
-            .await?
-        {
-            Handled::AlreadyFinalized => Err(RuntimeError::AlreadyFinalized(self.id())),
-            _ => self.finalized().await,
+    pub fn finish(
+        &self,
+    ) -> impl std::future::Future<Output = Result<EndReason, RuntimeError>> + Send + 'static {
+        let asked = self.event_now(Event::AgentFinished { session: self.id() });
+        let this = self.clone();
+        async move {
+            match asked.await? {
+                Handled::AlreadyFinalized => Err(RuntimeError::AlreadyFinalized(this.id())),
+                _ => this.finalized().await,
+            }
         }
     }
 
     /// Cancels the session: descendants first, then its own works (G1, G5).
+    /// Queued to the kernel when this is called, as
+    /// [`finish`](Self::finish) is.
     ///
     /// # Errors
     /// When the kernel stopped.
-    pub async fn cancel(&self, mode: CancelMode) -> Result<Handled, RuntimeError> {
-        self.event(Event::Cancel {
+    pub fn cancel(
+        &self,
+        mode: CancelMode,
+    ) -> impl std::future::Future<Output = Result<Handled, RuntimeError>> + Send + 'static {
+        self.event_now(Event::Cancel {
             session: self.id(),
             mode,
         })
-        .await
     }
 
     /// Cancels only the turn in flight (a chat's "stop"), without its
@@ -301,24 +311,25 @@ impl SessionHandle {
     pub fn cancel_turn(
         &self,
     ) -> impl std::future::Future<Output = Result<Handled, RuntimeError>> + Send + 'static {
-        let event = Event::CancelTurn { session: self.id() };
-        let asked = self.kernel.ask_now(|reply| Command::Core {
-            event: event.clone(),
-            reply: Some(reply),
-        });
-        let this = self.clone();
-        async move { this.answered(asked.answer().await, &event).await }
+        self.event_now(Event::CancelTurn { session: self.id() })
     }
 
     /// Closes the session on a user's request: cancel first, then finalize
     /// (`user_close`). Returns the end reason once finalized; closing a closed
-    /// session is a no-op that reports its end reason (G2).
+    /// session is a no-op that reports its end reason (G2). Queued to the
+    /// kernel when this is called, as [`finish`](Self::finish) is.
     ///
     /// # Errors
     /// When the kernel stopped.
-    pub async fn close(&self) -> Result<EndReason, RuntimeError> {
-        let _ = self.event(Event::UserClose { session: self.id() }).await?;
-        self.finalized().await
+    pub fn close(
+        &self,
+    ) -> impl std::future::Future<Output = Result<EndReason, RuntimeError>> + Send + 'static {
+        let asked = self.event_now(Event::UserClose { session: self.id() });
+        let this = self.clone();
+        async move {
+            let _ = asked.await?;
+            this.finalized().await
+        }
     }
 
     /// Marks the session as waiting on `hold`: no automatic path reclaims
@@ -447,6 +458,20 @@ impl SessionHandle {
     async fn event(&self, event: Event) -> Result<Handled, RuntimeError> {
         let answered = self.kernel.core(event.clone()).await;
         self.answered(answered, &event).await
+    }
+
+    /// [`event`](Self::event), queued to the kernel now: the returned
+    /// future only waits for the answer.
+    fn event_now(
+        &self,
+        event: Event,
+    ) -> impl std::future::Future<Output = Result<Handled, RuntimeError>> + Send + 'static {
+        let asked = self.kernel.ask_now(|reply| Command::Core {
+            event: event.clone(),
+            reply: Some(reply),
+        });
+        let this = self.clone();
+        async move { this.answered(asked.answer().await, &event).await }
     }
 
     /// The core's answer to `event`, unless the kernel had stopped: then
