@@ -741,6 +741,7 @@ pub(crate) fn reap_released(mut db: Db<'_>, ttl: Duration) -> Result<Vec<Session
             outcome: None,
             at: now,
             owner,
+            released: true,
             cause: &cause,
         };
         let spent = write_tx!(db.reborrow(), |c| {

@@ -197,6 +197,10 @@ pub(crate) struct Ending<'a> {
     pub(crate) at: i64,
     /// Only spend the latch while the session still has this owner.
     pub(crate) owner: i64,
+    /// Only while the session is released for adoption (the fleet's reap
+    /// of one nobody adopted), or only while it is not (recovery, which
+    /// leaves released sessions to adoption: SPEC §12).
+    pub(crate) released: bool,
     pub(crate) cause: &'a str,
 }
 
@@ -222,7 +226,10 @@ pub(crate) fn spend(
         let Some(cur) = current(db.reborrow(), raw)? else {
             return Err(StoreError::UnknownSession(id));
         };
-        if cur.state == State::Finalized || cur.owner != ending.owner {
+        if cur.state == State::Finalized
+            || cur.owner != ending.owner
+            || cur.released != ending.released
+        {
             return Ok(None);
         }
         let Current {

@@ -392,6 +392,8 @@ fn recover_piece(
                 outcome: None,
                 at: now,
                 owner: candidate.owner.id.raw()?,
+                // A peer may have released it meanwhile: not recovery's.
+                released: false,
                 cause: &cause,
             };
             spent[target.at] = spend(db.reborrow(), candidate.session, &ending)?;

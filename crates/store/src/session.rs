@@ -95,6 +95,8 @@ pub(crate) struct Current {
     pub(crate) owner: i64,
     /// When the owner's lease runs out.
     pub(crate) lease_expires_at: i64,
+    /// Whether its owner released it for adoption (SPEC §12).
+    pub(crate) released: bool,
 }
 
 impl Current {
@@ -109,7 +111,15 @@ impl Current {
     }
 }
 
-type CurrentColumns = (String, i64, Option<String>, Option<i64>, i64, i64);
+type CurrentColumns = (
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    i64,
+    i64,
+    Option<i64>,
+);
 
 /// Read the mutable columns of session `id` and its owner's lease, if it
 /// exists.
@@ -124,12 +134,13 @@ pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError
             sessions::open_turn,
             sessions::owner,
             owners::lease_expires_at,
+            sessions::released_at,
         ))
         .first(c)
         .optional())
     .context("reading a session")?;
     row.map(
-        |(state, version, outcome, open_turn, owner, lease_expires_at)| {
+        |(state, version, outcome, open_turn, owner, lease_expires_at, released_at)| {
             Ok(Current {
                 state: word("sessions.state", &state)?,
                 version,
@@ -137,6 +148,7 @@ pub(crate) fn current(db: Db<'_>, id: i64) -> Result<Option<Current>, StoreError
                 open_turn: open_turn.map(crate::time::turn_no).transpose()?,
                 owner,
                 lease_expires_at,
+                released: released_at.is_some(),
             })
         },
     )

@@ -122,6 +122,7 @@ on_backends! {
         fleet::g1_g12_adopting_a_grandchild_adopts_its_whole_tree,
         fleet::g1_g3_the_fleets_reap_never_finalizes_a_parent_over_a_live_child,
         fleet::g8_g12_recovery_leaves_a_session_released_after_it_read_its_candidates,
+        fleet::g8_g12_recovery_leaves_a_session_released_while_its_piece_is_written,
     ],
 }
 
