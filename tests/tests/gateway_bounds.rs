@@ -907,6 +907,8 @@ struct Dark {
     /// Once set, every lease renewal is answered `LeaseLost`, as the store
     /// does once another process may have recovered this one's sessions.
     lease_lost: Arc<std::sync::atomic::AtomicBool>,
+    /// Once set, a read of a session's transcript takes half a second.
+    slow_reads: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Dark {
@@ -992,6 +994,9 @@ impl settle_store::SessionStore for Dark {
         id: settle_store::SessionId,
     ) -> Result<settle_store::SessionDetail, settle_store::StoreError> {
         self.read()?;
+        if self.slow_reads.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         self.store.session_detail(id).await
     }
     async fn memories(
@@ -1028,6 +1033,7 @@ async fn another_principals_session_answers_as_a_missing_one_even_while_the_stor
                     store,
                     down,
                     lease_lost: Arc::default(),
+                    slow_reads: Arc::default(),
                 })
             }
         },
@@ -1095,6 +1101,7 @@ async fn g8_a_lost_lease_is_told_to_clients_as_the_shutdowns_cause_with_no_drain
                     store,
                     down: Arc::default(),
                     lease_lost,
+                    slow_reads: Arc::default(),
                 })
             }
         },
@@ -1114,4 +1121,47 @@ async fn g8_a_lost_lease_is_told_to_clients_as_the_shutdowns_cause_with_no_drain
     assert!(id > 0);
     let report = served.finished().await;
     assert!(report.lease_lost, "{report:?}");
+}
+
+/// Found from outside (SPEC §10): a request a connection was answering when
+/// the gateway closed it at the end of a shutdown (a read the store was
+/// slow to answer, a request a process that lost its lease had taken) went
+/// unanswered: the closing frame was queued ahead of its answer. The
+/// connection now sends its closing frame once that answer is out (the
+/// closing grace still bounds it).
+#[tokio::test]
+async fn g9_a_request_in_flight_when_the_gateway_closes_is_answered_before_the_close() {
+    let slow_reads = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut served = Served::tcp_over(
+        {
+            let slow_reads = slow_reads.clone();
+            move |store| {
+                Arc::new(Dark {
+                    store,
+                    down: Arc::default(),
+                    lease_lost: Arc::default(),
+                    slow_reads,
+                })
+            }
+        },
+        book(),
+        |k| k,
+        |g| g.drain_timeout(Duration::ZERO),
+    )
+    .await;
+    let mut client = served.client().await;
+    let id = create(&mut client, "read me").await;
+    slow_reads.store(true, std::sync::atomic::Ordering::SeqCst);
+    client
+        .send_raw(
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "session.read", "params": {"id": id}})
+                .to_string(),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    served.gateway.shutdown();
+    let said = client.until_closed().await;
+    let answered = said.iter().any(|m| m["id"] == 7);
+    assert!(answered, "the read in flight was not answered: {said:?}");
+    served.finished().await;
 }

@@ -78,6 +78,11 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
         let frame = tokio::select! {
             biased;
             () = outbox.is_cut() => break,
+            // The gateway closes: after the answer to the last request.
+            () = outbox.asked_to_close() => {
+                closing_sent = outbox.push(Frame::Close(Closing::going_away()));
+                break;
+            }
             () = tick(&mut ticks) => {
                 if let Some(every) = keepalive.filter(|every| heard.elapsed() > every.saturating_mul(2)) {
                     tracing::warn!(conn = conn.0, %principal, "closed a connection: no word from the client for two keepalive intervals");

@@ -8,8 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use axum::extract::ws::Utf8Bytes;
 use tokio_util::task::TaskTracker;
 
-use crate::closing::Closing;
-use crate::outbox::{Frame, Outbox};
+use crate::outbox::Outbox;
 use crate::table::ConnId;
 
 /// The live connections, for what the gateway tells them all.
@@ -44,7 +43,7 @@ impl Connections {
             outbox.text(frame.clone());
         }
         if registry.closing {
-            outbox.push(Frame::Close(Closing::going_away()));
+            outbox.ask_to_close();
         }
         registry.live.insert(conn, outbox.clone());
         conn
@@ -68,12 +67,14 @@ impl Connections {
         registry.shutdown = Some(frame);
     }
 
-    /// Sends every connection its closing frame, after what is queued.
+    /// Asks every connection to send its closing frame, after what is
+    /// queued and the answer to the request it is answering (a request in
+    /// flight is answered, within the closing grace, not dropped).
     pub fn close_all(&self) {
         let mut registry = self.registry();
         registry.closing = true;
         for outbox in registry.live.values() {
-            outbox.push(Frame::Close(Closing::going_away()));
+            outbox.ask_to_close();
         }
     }
 

@@ -70,6 +70,9 @@ struct Shared {
     /// Cancelled when the connection must end: its queue overflowed, or the
     /// gateway closes it.
     cut: CancellationToken,
+    /// Cancelled when the gateway asks the connection to end once the
+    /// request it is answering is answered (a shutdown's close).
+    closing: CancellationToken,
     /// The sessions the connection watched that were finalized since its
     /// task last took them: at most the sessions it attached to.
     finalized: Mutex<Vec<SessionId>>,
@@ -91,6 +94,7 @@ pub(crate) fn channel(bounds: Bounds) -> (Outbox, Inbox) {
         queued: AtomicUsize::new(0),
         max_bytes: bounds.bytes,
         cut: CancellationToken::new(),
+        closing: CancellationToken::new(),
         finalized: Mutex::default(),
         finalized_added: Notify::new(),
     });
@@ -146,6 +150,17 @@ impl Outbox {
     /// Resolves once the connection must end.
     pub fn is_cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.shared.cut.cancelled()
+    }
+
+    /// Asks the connection to end with its closing frame once the request
+    /// it is answering, if any, is answered: its answer goes out first.
+    pub fn ask_to_close(&self) {
+        self.shared.closing.cancel();
+    }
+
+    /// Resolves once the gateway asked the connection to end.
+    pub fn asked_to_close(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.shared.closing.cancelled()
     }
 
     /// Tells the connection's task that session `id`, which it watched, is
