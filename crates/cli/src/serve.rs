@@ -45,7 +45,7 @@ pub struct ServeArgs {
     /// How long a session may sit idle before it is reaped (0s: never).
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "30m")]
     idle_ttl: Duration,
-    /// How many open sessions before a new one evicts its principal's least recently active idle one.
+    /// How many open sessions before a new one evicts its principal's least recently active idle one (an attach that would adopt a fleet's session at this bound evicts nothing: it answers over_capacity).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     max_sessions: u64,
     /// How long running turns may finish after SIGINT/SIGTERM.
