@@ -259,7 +259,9 @@ impl PySession {
     /// `settle.TurnRunning` while the session's turn before still runs
     /// (`cancel_turn()` stops it), `settle.StoreError` when the store does
     /// not take the start within the store timeout, and `settle.Cancelled`
-    /// when `cancel_turn()` stopped this start.
+    /// when `cancel_turn()` stopped this start; `settle.BadInput` at the
+    /// call for a `source` that cannot give a stream (a list, a plain
+    /// iterator).
     #[pyo3(signature = (source, *, input = None, to_chunk = None, idle_timeout = None, first_event_timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn turn<'py>(
@@ -281,6 +283,7 @@ impl PySession {
             return raising(py, here, error);
         }
         let checked = (|| {
+            check_source(source.bind(py))?;
             let options = self.turn_options(idle_timeout, first_event_timeout)?;
             if let Some(to_chunk) = &to_chunk {
                 check_to_chunk(to_chunk.bind(py))?;
@@ -630,6 +633,29 @@ impl<'py> IntoPyObject<'py> for Transcript {
 /// `to_chunk` is called on each item as it comes and returns its chunks
 /// then: an `async def` would return a coroutine for every item, which no
 /// turn could read. Refused when the turn is asked for, not item by item.
+/// Refuses a turn's source that cannot give a stream (a list, a plain
+/// iterator): found from outside, it became a stored turn `failed` with
+/// the provider blamed. A callable is called on the loop, and what it
+/// returns is checked there.
+fn check_source(source: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = source.py();
+    let streams = source.is_callable()
+        || source.hasattr(pyo3::intern!(py, "__aiter__"))?
+        || source.hasattr(pyo3::intern!(py, "__await__"))?;
+    if streams {
+        return Ok(());
+    }
+    let kind = source
+        .get_type()
+        .name()
+        .map_or_else(|_| "value".to_owned(), |name| name.to_string());
+    Err(crate::errors::BadInput::new_err(format!(
+        "the turn's source is a {kind}, which is not an async iterable: give an async \
+         iterable (an async generator), an awaitable of one, or a callable that returns \
+         either; nothing was started"
+    )))
+}
+
 fn check_to_chunk(to_chunk: &Bound<'_, PyAny>) -> PyResult<()> {
     let py = to_chunk.py();
     let asynchronous = py

@@ -312,6 +312,21 @@ async def test_a_source_that_is_not_an_async_iterable_fails_the_turn_saying_so(k
     assert "not an async iterable" in turn.error[1]
 
 
+async def test_g11_a_source_that_cannot_stream_is_bad_input_at_the_call(kernel):
+    """Found from outside: a list or a plain iterator handed as a turn's
+    source became a stored turn ``failed``, the provider blamed. It is
+    refused at the call, as a coroutine function handed to ``spawn`` is,
+    and nothing starts."""
+    session = await kernel.register("s")
+    for source in ([1, 2], iter(["a"]), "text", 42):
+        with pytest.raises(settle.BadInput, match="not an async iterable"):
+            session.turn(source)  # type: ignore[arg-type]
+    assert await session.state() == "registered"
+    async with await session.turn(Stream(["ok"])) as turn:
+        assert [c.text async for c in turn] == ["ok"]
+    assert turn.no == 1, "a refused source took a turn's number"
+
+
 async def test_an_exception_in_the_kernels_async_with_block_goes_on_up(db):
     with pytest.raises(RuntimeError, match="boom"):
         async with await settle.Kernel.open(db) as kernel:

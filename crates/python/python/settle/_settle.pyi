@@ -303,7 +303,8 @@ class Session:
         turn before still runs, ``Cancelled`` when ``cancel_turn()`` stopped
         this start, ``StoreError`` when the store did not take the start in
         time, ``SessionClosed`` once the session is finalized, ``BadInput``
-        for an ``input`` that is not one."""
+        for an ``input`` that is not one, and at the call for a ``source``
+        that cannot give a stream (a list, a plain iterator)."""
     def spawn(self, coroutine: Awaitable[_T]) -> _Call[Task[_T]]:
         """Runs ``coroutine`` as an asyncio task under this session's
         lifecycle (G1, G5, G6): cancelled on its loop when the session (or
