@@ -187,6 +187,23 @@ pub(crate) fn sparing_parents_of_the_left(
         .collect()
 }
 
+/// A piece that gave up on a row lock another database session holds, said
+/// as that: which is what the one reading it can act on.
+fn said_of_a_held_lock(error: StoreError) -> StoreError {
+    match error {
+        StoreError::Database { source, .. } if source.to_string().contains("lock timeout") => {
+            StoreError::Database {
+                context: "recovering sessions: a row another database session holds locked \
+                          (a transaction left open, a SELECT ... FOR UPDATE) did not come free \
+                          within 2 s, and nothing of the sessions still to recover was written; \
+                          run the recovery again once that lock is gone",
+                source,
+            }
+        }
+        other => other,
+    }
+}
+
 /// Whether `owner` is gone at `now` (milliseconds, the store's clock), seen
 /// from `here`: its lease expired, or it shares processes with `here` (same
 /// machine identity and PID namespace, never a host name alone) and its
@@ -456,7 +473,8 @@ pub(crate) fn recover(mut db: Db<'_>, opts: &RecoverOptions) -> Result<RecoveryR
             // it is held: the error says so, and a later run recovers.
             crate::fleet::bound_lock_waits(db.reborrow())?;
             recover_piece(db, piece, now)
-        })?;
+        })
+        .map_err(said_of_a_held_lock)?;
         for (candidate, spent) in piece.iter().zip(spent) {
             let id = candidate.session;
             match spent {

@@ -812,7 +812,11 @@ fn g8_on_postgres_a_recovery_that_meets_a_held_row_lock_gives_up_and_says_so() {
             Ok(Err(error)) => error.to_string(),
             other => panic!("the recovery waited on the lock: {other:?}"),
         };
-        assert!(said.contains("lock"), "{said}");
+        assert!(
+            said.contains("row another database session holds locked"),
+            "{said}"
+        );
+        assert!(said.contains("run the recovery again"), "{said}");
         let report = store
             .recover(RecoverOptions::now_on_this_host())
             .await
