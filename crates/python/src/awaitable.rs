@@ -125,7 +125,21 @@ pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 
 /// The running event loop of the calling thread.
 pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    py.import("asyncio")?.call_method0("get_running_loop")
+    let asyncio = py.import("asyncio")?;
+    asyncio.call_method0("get_running_loop").map_err(|error| {
+        // asyncio's bare `RuntimeError` names no call and no remedy (found
+        // from outside: `asyncio.run(settle.Kernel.open(...))`, which
+        // type-checks, failed with it).
+        if error.is_instance_of::<pyo3::exceptions::PyRuntimeError>(py) {
+            crate::errors::error(
+                "settle's calls run on the event loop of the code that awaits them: call \
+                 and await them inside an `async def` run by asyncio (`asyncio.run(main())`, \
+                 with `kernel = await settle.Kernel.open(...)` in `main`), not from plain code",
+            )
+        } else {
+            error
+        }
+    })
 }
 
 /// An empty context for the done callbacks of bridged futures: they read

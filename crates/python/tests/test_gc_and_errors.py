@@ -327,6 +327,14 @@ async def test_g11_a_source_that_cannot_stream_is_bad_input_at_the_call(kernel):
     assert turn.no == 1, "a refused source took a turn's number"
 
 
+def test_a_call_made_outside_an_event_loop_is_a_settle_error_saying_where_to_make_it(tmp_path):
+    """Found from outside: ``asyncio.run(settle.Kernel.open(db))``, which
+    type-checks, failed with asyncio's bare ``RuntimeError: no running
+    event loop``. A settle call made from plain code says where it runs."""
+    with pytest.raises(settle.Error, match="inside an `async def`"):
+        settle.Kernel.open(str(tmp_path / "x.db"))
+
+
 async def test_an_exception_in_the_kernels_async_with_block_goes_on_up(db):
     with pytest.raises(RuntimeError, match="boom"):
         async with await settle.Kernel.open(db) as kernel:
@@ -491,7 +499,8 @@ async def test_g1_a_finish_made_before_a_childs_turn_is_seen_first_by_the_kernel
     running turn had not been wound down yet) about one time in ten
     instead of ``SessionClosing``: the two calls reached the kernel in
     either order. A call that changes the lifecycle is queued to the
-    kernel when it is made, so calls made in order are seen in order."""
+    kernel when it is made, so calls made in order are seen in order: the turn finds the
+    child closing, or finalized already once its turn settled."""
     answers = []
     for n in range(40):
         parent = await kernel.register(f"p{n}")
@@ -502,7 +511,7 @@ async def test_g1_a_finish_made_before_a_childs_turn_is_seen_first_by_the_kernel
         results = await asyncio.gather(finishing, started, return_exceptions=True)
         answers.append(type(results[1]).__name__)
         await turn.aclose()
-    assert set(answers) == {"SessionClosing"}, answers
+    assert set(answers) <= {"SessionClosing", "SessionClosed"}, answers
 
 
 async def test_g10_after_a_clean_stop_a_finalized_sessions_child_is_session_closed(db):
