@@ -125,8 +125,15 @@ impl Kernel {
         let mut refused: Vec<SessionId> = Vec::new();
         let mut again = Vec::new();
         let mut asked_refused = None;
+        let mut first_refused = None;
         for member in tree {
             let (id, holds) = (member.session, member.holds);
+            // One of the tree refused: none of it is taken (below), so the
+            // rest is not asked for.
+            if !refused.is_empty() {
+                again.push((id, holds));
+                continue;
+            }
             // Under a parent the core refused, it would be a root here.
             let orphaned = member.parent.is_some_and(|p| refused.contains(&p));
             let (principal, turns) = (member.principal.clone(), member.turns);
@@ -147,15 +154,29 @@ impl Kernel {
                 Err(error) => {
                     refused.push(id);
                     again.push((id, holds));
-                    if id == session {
-                        asked_refused = Some(error);
+                    match id == session {
+                        true => asked_refused = Some(error),
+                        false => first_refused = Some(error),
                     }
                 }
             }
         }
+        // A tree moves whole, or not at all (G1): with one of it refused
+        // here (a cap with no room for it all: an adoption evicts nothing),
+        // what was taken is withdrawn, children first, and released with
+        // the rest, for a process with room to take it whole.
+        if !refused.is_empty() {
+            for (shared, _, _, holds) in taken.drain(..).rev() {
+                let _ = self.send(Command::Withdraw {
+                    session: shared.id,
+                    error: "its tree could not be adopted here whole; released again".to_owned(),
+                });
+                again.push((shared.id, holds));
+            }
+        }
         // Not taken on here: nobody else may wait for them.
         release_again(self.store(), owner, again, self.store_timeout()).await;
-        if let Some(refused) = asked_refused {
+        if let Some(refused) = asked_refused.or(first_refused) {
             return Err(refused);
         }
         let mut asked = None;

@@ -585,3 +585,73 @@ async fn g3_g12_a_crashed_owners_held_session_is_adopted_held_and_no_reclaim_tak
     assert_adopted_held(&b, &store, held.id()).await;
     b.shutdown(Duration::ZERO).await;
 }
+
+/// G1, G12: a tree moves whole, or not at all. Adopted onto a kernel with
+/// room for its parent but not its child (an LRU cap: an adoption evicts
+/// nothing), the parent was taken and the child released again, so the
+/// child could be adopted elsewhere under a parent this kernel owned, and
+/// the parent, taken but never served, was left to no one. Now the whole
+/// tree is released again, and a kernel with room takes it whole.
+#[tokio::test]
+async fn g1_g12_a_tree_refused_in_part_is_taken_by_no_one_and_released_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store: Arc<dyn SessionStore> = Arc::new(Store::open(path.to_str().unwrap()).unwrap());
+    let a = node(&store, "ws://a/ws").await;
+    let parent = a.register("parent", None).await.unwrap();
+    let child = parent.child("child").await.unwrap();
+    let report = a.handoff(200 * MS).await;
+    assert_eq!(report.released.len(), 2, "{report:?}");
+
+    let b = tuned_node(&store, "ws://b/ws", |b| b.lru_cap(Some(1))).await;
+    let refused = b.adopt(child.id()).await;
+    assert!(
+        matches!(
+            refused,
+            Err(RuntimeError::Lifecycle(settle_core::Error::NoRoomToAdopt {
+                cap: 1
+            }))
+        ),
+        "{:?}",
+        refused.map(|a| a.session.id())
+    );
+    for id in [parent.id(), child.id()] {
+        assert_eq!(
+            store.locate(id).await.unwrap(),
+            Whereabouts::Released,
+            "{id} was kept by the kernel that refused its tree"
+        );
+    }
+    // B keeps nothing of it: its one place is free for a session of its own.
+    let own = b.register("own", None).await;
+    assert!(own.is_ok(), "{:?}", own.map(|s| s.id()));
+
+    let c = node(&store, "ws://c/ws").await;
+    let adoption = c.adopt(child.id()).await.unwrap();
+    let moved: Vec<SessionId> = adoption.with.iter().map(|a| a.session.id()).collect();
+    assert_eq!(moved, vec![parent.id()]);
+    let report = b.shutdown(Duration::ZERO).await;
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+    assert_eq!(b.store_failures(), 0, "B wrote what it no longer owned");
+    c.shutdown(Duration::ZERO).await;
+    let causes: Vec<String> = store
+        .session_detail(parent.id())
+        .await
+        .unwrap()
+        .timeline
+        .iter()
+        .map(|t| t.cause.clone())
+        .collect();
+    // B's adoption and its release again are in the timeline, as any.
+    assert_eq!(
+        causes,
+        [
+            "registered",
+            "handoff",
+            "adopted",
+            "handoff",
+            "adopted",
+            "finalized: shutdown"
+        ]
+    );
+}
