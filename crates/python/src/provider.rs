@@ -82,9 +82,7 @@ impl PumpWatch {
         watch.mailbox.watch(stranded);
         watch
     }
-}
 
-impl PumpWatch {
     /// The kernel detached the turn (G5): its pump, if it still runs, is
     /// let go of on its loop (see [`crate::let_go`]). Posted before the
     /// turn's end reaches its reader, so that a program that returns on

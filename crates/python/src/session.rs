@@ -110,10 +110,20 @@ impl PySession {
 
     /// `SessionClosed` as an awaitable that raises it, when the asyncio
     /// task calling is a detached settle task (G10); `None` otherwise.
-    fn refused_if_detached<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    /// What the call was `handed` (a turn's source, a coroutine) is closed
+    /// now, as one the kernel refuses.
+    fn refused_if_detached<'py>(
+        &self,
+        py: Python<'py>,
+        handed: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match check_write(py) {
             Ok(()) => Ok(None),
             Err(error) => {
+                let error = match handed {
+                    Some(handed) => refused(py, handed, error),
+                    None => error,
+                };
                 let (_, here) = self.handle.get()?;
                 raising(py, here, error).map(Some)
             }
@@ -211,7 +221,7 @@ impl PySession {
         budget: Option<PyRef<'py, PyBudget>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let Text(name) = name;
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         let budget = budget.map(|b| b.get());
@@ -275,12 +285,8 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         // Refused before the kernel sees it: the source is closed all the
         // same, as the kernel closes one it refuses (G4).
-        // A detached task's turn: refused when awaited (G10), its source
-        // closed now.
-        if let Err(error) = check_write(py) {
-            let error = refused(py, source.bind(py), error);
-            let (_, here) = self.handle.get()?;
-            return raising(py, here, error);
+        if let Some(refused) = self.refused_if_detached(py, Some(source.bind(py)))? {
+            return Ok(refused);
         }
         let checked = (|| {
             check_source(source.bind(py))?;
@@ -389,10 +395,8 @@ impl PySession {
         let awaited = coroutine.bind(py);
         // Refused before the kernel sees it: closed unawaited, as one the
         // kernel refuses, so Python does not warn that it was never awaited.
-        if let Err(error) = check_write(py) {
-            let error = refused(py, awaited, error);
-            let (_, here) = self.handle.get()?;
-            return raising(py, here, error);
+        if let Some(refused) = self.refused_if_detached(py, Some(awaited))? {
+            return Ok(refused);
         }
         // `inspect.isawaitable` for what has no `__await__`: a generator
         // made a coroutine by `types.coroutine` is awaited all the same.
@@ -448,7 +452,7 @@ impl PySession {
     /// awaits it stops the wait, not the finish: the session still winds
     /// down and is finalized.
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         // Queued to the kernel now, in the order of the calls (G1: a
@@ -469,7 +473,7 @@ impl PySession {
     /// starts no more. Raises `AlreadyFinalized` when it was (G2).
     #[pyo3(signature = (*, immediate = true))]
     fn cancel<'py>(&self, py: Python<'py>, immediate: bool) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         let mode = if immediate {
@@ -499,7 +503,7 @@ impl PySession {
     /// cancelled, `False` when none ran. Raises `AlreadyFinalized` when the
     /// session was (G2).
     fn cancel_turn<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         let stopping = std::mem::take(
@@ -525,7 +529,7 @@ impl PySession {
     /// (`user_close`). Resolves to its end reason; closing a closed session
     /// resolves to the reason it ended with (G2).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         self.call(py, OnCancel::Finish, |handle| {
@@ -547,7 +551,7 @@ impl PySession {
     /// tried again until then; refused, it is not held).
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn hold<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         let kind = kind.0.as_str();
@@ -563,7 +567,7 @@ impl PySession {
     /// Ends a `hold(kind)`.
     #[pyo3(signature = (kind = Text("input".to_owned())), text_signature = "(self, /, kind='input')")]
     fn release<'py>(&self, py: Python<'py>, kind: Text) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(refused) = self.refused_if_detached(py)? {
+        if let Some(refused) = self.refused_if_detached(py, None)? {
             return Ok(refused);
         }
         let kind = kind.0.as_str();
@@ -630,9 +634,6 @@ impl<'py> IntoPyObject<'py> for Transcript {
     }
 }
 
-/// `to_chunk` is called on each item as it comes and returns its chunks
-/// then: an `async def` would return a coroutine for every item, which no
-/// turn could read. Refused when the turn is asked for, not item by item.
 /// Refuses a turn's source that cannot give a stream (a list, a plain
 /// iterator): found from outside, it became a stored turn `failed` with
 /// the provider blamed. A callable is called on the loop, and what it
@@ -656,6 +657,9 @@ fn check_source(source: &Bound<'_, PyAny>) -> PyResult<()> {
     )))
 }
 
+/// `to_chunk` is called on each item as it comes and returns its chunks
+/// then: an `async def` would return a coroutine for every item, which no
+/// turn could read. Refused when the turn is asked for, not item by item.
 fn check_to_chunk(to_chunk: &Bound<'_, PyAny>) -> PyResult<()> {
     let py = to_chunk.py();
     let asynchronous = py

@@ -235,7 +235,8 @@ fn recovered_cause(candidate: &RecoveryCandidate) -> String {
     }
 }
 
-/// A session of a piece as read: id, state, version, outcome, open turn, owner.
+/// A session of a piece as read: id, state, version, outcome, open turn,
+/// owner, when it was released (if it was).
 type PieceColumns = (
     i64,
     String,

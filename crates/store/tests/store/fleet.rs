@@ -751,23 +751,7 @@ pub(crate) fn g8_g12_recovery_leaves_a_session_released_after_it_read_its_candid
         }
         let (oldest, newest) = (ids[0], ids[ids.len() - 1]);
         // Recovery takes the newest first: the oldest is in its last piece.
-        let release = format!(
-            "UPDATE sessions SET released_at = 1, version = version + 1 WHERE id = {oldest}"
-        );
-        match b {
-            Backend::Sqlite => db.execute(&format!(
-                "CREATE TRIGGER released_meanwhile AFTER UPDATE OF state ON sessions \
-                 WHEN NEW.id = {newest} AND NEW.state = 'finalized' BEGIN {release}; END;"
-            )),
-            Backend::Postgres => db.execute(&format!(
-                "CREATE FUNCTION released_meanwhile() RETURNS trigger AS $$ \
-                 BEGIN IF NEW.id = {newest} AND NEW.state = 'finalized' THEN {release}; END IF; \
-                 RETURN NEW; END $$ LANGUAGE plpgsql; \
-                 CREATE TRIGGER released_meanwhile AFTER UPDATE ON sessions \
-                 FOR EACH ROW EXECUTE FUNCTION released_meanwhile();"
-            )),
-            Backend::Memory => unreachable!("a database test"),
-        }
+        release_when_finalized(&db, b, newest, oldest);
         expire(&*store, crashed).await;
         let report = store
             .recover(RecoverOptions::now_on_this_host())
@@ -844,23 +828,7 @@ pub(crate) fn g8_g12_recovery_leaves_a_session_released_while_its_piece_is_writt
             ids.push(id.get());
         }
         let (oldest, newest) = (ids[0], ids[2]);
-        let release = format!(
-            "UPDATE sessions SET released_at = 1, version = version + 1 WHERE id = {newest}"
-        );
-        match b {
-            Backend::Sqlite => db.execute(&format!(
-                "CREATE TRIGGER released_meanwhile AFTER UPDATE OF state ON sessions \
-                 WHEN NEW.id = {oldest} AND NEW.state = 'finalized' BEGIN {release}; END;"
-            )),
-            Backend::Postgres => db.execute(&format!(
-                "CREATE FUNCTION released_meanwhile() RETURNS trigger AS $$ \
-                 BEGIN IF NEW.id = {oldest} AND NEW.state = 'finalized' THEN {release}; END IF; \
-                 RETURN NEW; END $$ LANGUAGE plpgsql; \
-                 CREATE TRIGGER released_meanwhile AFTER UPDATE ON sessions \
-                 FOR EACH ROW EXECUTE FUNCTION released_meanwhile();"
-            )),
-            Backend::Memory => unreachable!("a database test"),
-        }
+        release_when_finalized(&db, b, oldest, newest);
         expire(&*store, crashed).await;
         let report = store
             .recover(RecoverOptions::now_on_this_host())
@@ -872,4 +840,27 @@ pub(crate) fn g8_g12_recovery_leaves_a_session_released_while_its_piece_is_writt
         let detail = store.session_detail(newest).await.unwrap();
         assert_eq!(detail.session.state, State::Registered, "{detail:?}");
     });
+}
+
+/// A trigger that releases session `released` (as a peer's sweep does:
+/// `released_at` set, its version moved) in the transaction that
+/// finalizes session `when`: a release that lands between two of
+/// recovery's steps, at a moment a test chooses.
+fn release_when_finalized(db: &TestDb, b: Backend, when: u64, released: u64) {
+    let release =
+        format!("UPDATE sessions SET released_at = 1, version = version + 1 WHERE id = {released}");
+    match b {
+        Backend::Sqlite => db.execute(&format!(
+            "CREATE TRIGGER released_meanwhile AFTER UPDATE OF state ON sessions \
+             WHEN NEW.id = {when} AND NEW.state = 'finalized' BEGIN {release}; END;"
+        )),
+        Backend::Postgres => db.execute(&format!(
+            "CREATE FUNCTION released_meanwhile() RETURNS trigger AS $$ \
+             BEGIN IF NEW.id = {when} AND NEW.state = 'finalized' THEN {release}; END IF; \
+             RETURN NEW; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER released_meanwhile AFTER UPDATE ON sessions \
+             FOR EACH ROW EXECUTE FUNCTION released_meanwhile();"
+        )),
+        Backend::Memory => unreachable!("a database test"),
+    }
 }
