@@ -78,7 +78,8 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         | Event::SkipDrain
         | Event::LeaseLost
         | Event::BeginHandoff { .. }
-        | Event::Adopt { .. } => return None,
+        | Event::Adopt { .. }
+        | Event::AdoptTree { .. } => return None,
     };
     Some(asked)
 }

@@ -18,9 +18,9 @@ use crate::sessions::Sessions;
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::view::SessionView;
 use crate::{
-    Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Move, Outcome, Policy, Scope, SessionId, ShutdownSummary, State, Sweep, Transition,
-    Transitions, WorkId, WorkKind,
+    Adoptee, Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize,
+    Handled, Hold, Move, Outcome, Policy, Scope, SessionId, ShutdownSummary, State, Sweep,
+    Transition, Transitions, WorkId, WorkKind,
 };
 
 /// The sans-IO lifecycle kernel for one tree (or forest) of agent sessions.
@@ -181,13 +181,17 @@ impl Core {
                 holds,
                 scope,
             } => {
-                let carried = handoff::Carried {
+                let one = Adoptee {
+                    session,
+                    parent,
                     turns,
                     last_outcome,
                     holds,
+                    scope,
                 };
-                self.adopt(now, session, parent, scope, carried)
+                self.adopt(now, vec![one])
             }
+            Event::AdoptTree { members } => self.adopt(now, members),
         };
         if !self.interrupts.is_empty() {
             self.interrupt_delegations(now);

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::{Budget, CancelMode, Outcome, Scope, SessionId, WorkId};
+use crate::{Adoptee, Budget, CancelMode, Outcome, Scope, SessionId, WorkId};
 
 /// An input to the core: something that happened, or something asked of it.
 ///
@@ -28,7 +28,7 @@ use crate::{Budget, CancelMode, Outcome, Scope, SessionId, WorkId};
 ///
 /// A session this core handed off ([`Effect::HandOff`](crate::Effect::HandOff))
 /// is another process's to use: every input naming it but a work's report
-/// (a `NoOp`) and [`Event::Adopt`] is refused with
+/// (a `NoOp`), [`Event::Adopt`] and [`Event::AdoptTree`] is refused with
 /// [`Error::HandedOff`](crate::Error::HandedOff).
 ///
 /// An id the core was never given is refused with
@@ -307,6 +307,24 @@ pub enum Event {
         /// Whose it is, for the LRU cap, as for [`Register`](Self::Register):
         /// room is made for it only among sessions of this scope.
         scope: Scope,
+    },
+    /// Take over a tree of sessions another process released, as one (SPEC
+    /// §12, G1): every member is adopted as [`Adopt`](Self::Adopt) adopts
+    /// one, or none is. A member whose parent is another member is adopted
+    /// under it (the core orders parents before their children, whatever
+    /// the order given); the others under their parent when this core may
+    /// give it one, as roots otherwise. Refused, adopting nothing and
+    /// evicting nothing: while shutting down; with
+    /// [`DuplicateSession`](crate::Error::DuplicateSession) for the first
+    /// member this core keeps or finalized (or named twice); and with
+    /// [`NoRoomToAdopt`](crate::Error::NoRoomToAdopt) when the LRU cap has
+    /// no room for them all. A tree is never split between processes: a
+    /// child left released here could be adopted elsewhere under a parent
+    /// this core owns, and closing the parent would not wind it down
+    /// first. An empty tree is a `NoOp`.
+    AdoptTree {
+        /// The tree's sessions.
+        members: Vec<Adoptee>,
     },
 }
 

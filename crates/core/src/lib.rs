@@ -95,6 +95,7 @@
 //! # Ok::<(), settle_core::Error>(())
 //! ```
 
+mod adoptee;
 mod answer;
 mod budget;
 mod core;
@@ -113,6 +114,7 @@ mod tree;
 mod view;
 pub mod vocabulary;
 
+pub use crate::adoptee::Adoptee;
 pub use crate::answer::{answer_finalized, answer_finalized_parent};
 pub use crate::core::Core;
 pub use budget::{Budget, BudgetLimit};

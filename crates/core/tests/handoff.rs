@@ -7,8 +7,8 @@
 mod support;
 
 use settle_core::{
-    Effect, EndReason, Error, Event, HandOff, Handled, Hold, Holds, Outcome, Policy, Scope,
-    SessionId, State, Sweep, WorkId,
+    Adoptee, Effect, EndReason, Error, Event, HandOff, Handled, Hold, Holds, Outcome, Policy,
+    Scope, SessionId, State, Sweep, WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -338,4 +338,78 @@ fn g12_an_adoption_at_the_cap_evicts_no_session_and_is_refused() {
     }
     assert_eq!(h.core.state(SessionId(10)), None);
     assert!(!h.core.is_handed_off(SessionId(10)));
+}
+
+fn adoptee(session: u64, parent: Option<u64>) -> Adoptee {
+    Adoptee {
+        session: SessionId(session),
+        parent: parent.map(SessionId),
+        turns: 1,
+        last_outcome: Some(Outcome::Completed),
+        holds: Holds::default(),
+        scope: Scope::SHARED,
+    }
+}
+
+/// G1, G12: a tree moves whole or not at all, and the core decides it. A
+/// process with room for a tree's parent but not its child took the parent
+/// and left the child released (another process could then adopt it under
+/// a parent this one owns, and closing that parent would not wind the
+/// child down first); the rule lived in the runtime's loop over single
+/// adoptions. Refused, the tree leaves no trace in the core; admitted,
+/// each member is under its parent whatever order the tree came in.
+#[test]
+fn g1_g12_a_tree_is_adopted_whole_or_not_at_all() {
+    let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(3)));
+    let mine = [h.register(1, None), h.register(2, None)];
+    let logged = h.log.len();
+    let tree = vec![adoptee(10, None), adoptee(11, Some(10))];
+    assert_eq!(
+        h.try_ev(Event::AdoptTree {
+            members: tree.clone()
+        }),
+        Err(Error::NoRoomToAdopt { cap: 3 })
+    );
+    assert_eq!(h.log.len(), logged, "a refused tree orders nothing");
+    for id in [10, 11] {
+        assert_eq!(h.core.state(SessionId(id)), None, "session {id} taken");
+    }
+    // A member this core already has refuses the tree, naming it.
+    assert_eq!(
+        h.try_ev(Event::AdoptTree {
+            members: vec![adoptee(12, None), adoptee(2, Some(12))]
+        }),
+        Err(Error::DuplicateSession(SessionId(2)))
+    );
+    assert_eq!(h.core.state(SessionId(12)), None);
+    // With room for all of it: the child given first still goes under its
+    // parent, and the parent's close winds the child down first (G1).
+    h.ev(Event::UserClose { session: mine[0] });
+    let grandchild = adoptee(22, Some(21));
+    assert_eq!(
+        h.try_ev(Event::AdoptTree {
+            members: vec![grandchild, adoptee(21, Some(20)), adoptee(20, Some(99))]
+        }),
+        Err(Error::NoRoomToAdopt { cap: 3 }),
+        "three more do not fit beside one"
+    );
+    h.ev(Event::UserClose { session: mine[1] });
+    h.ev(Event::AdoptTree {
+        members: vec![grandchild, adoptee(21, Some(20)), adoptee(20, Some(99))],
+    });
+    let parent = |id: u64| h.core.session(SessionId(id)).unwrap().parent();
+    assert_eq!(parent(20), None, "its parent lives elsewhere: a root here");
+    assert_eq!(parent(21), Some(SessionId(20)));
+    assert_eq!(parent(22), Some(SessionId(21)));
+    h.ev(Event::UserClose {
+        session: SessionId(20),
+    });
+    let order: Vec<u64> = h.finalized().iter().map(|(id, _)| id.get()).collect();
+    assert_eq!(order, vec![1, 2, 22, 21, 20], "children finalized first");
+    assert_eq!(
+        h.try_ev(Event::AdoptTree {
+            members: Vec::new()
+        }),
+        Ok(Handled::NoOp)
+    );
 }

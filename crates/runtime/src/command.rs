@@ -93,12 +93,12 @@ pub(crate) enum Command {
         drain: Duration,
         reply: Option<oneshot::Sender<ShutdownReport>>,
     },
-    /// The store gave this process a released session: the core takes it on.
+    /// The store gave this process a released tree of sessions (parents
+    /// first, each with its recorded principal's scope, for the LRU cap):
+    /// the core takes it on whole, or none of it.
     Adopt {
-        adopted: settle_store::Adopted,
-        /// Its recorded principal's scope, for the LRU cap.
-        scope: settle_core::Scope,
-        reply: Reply<Arc<SessionShared>>,
+        tree: Vec<(settle_store::Adopted, settle_core::Scope)>,
+        reply: Reply<Vec<Arc<SessionShared>>>,
     },
     /// The store says this session, unknown to the core, is finalized.
     Finalized { session: SessionId },

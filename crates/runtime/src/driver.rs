@@ -26,7 +26,9 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_core::{CancelMode, Core, Effect, Event, Handled, Scope, SessionId, State, WorkId};
+use settle_core::{
+    Adoptee, CancelMode, Core, Effect, Event, Handled, Scope, SessionId, State, WorkId,
+};
 use settle_store::SessionStore;
 use settle_stream::Request as TurnRequest;
 use settle_stream::{Provider, TurnOptions, WorkSignal};
@@ -484,11 +486,7 @@ impl Driver {
             Command::Handoff { drain, reply } => {
                 self.begin_shutdown(drain, reply, Event::BeginHandoff { drain });
             }
-            Command::Adopt {
-                adopted,
-                scope,
-                reply,
-            } => self.adopt(adopted, scope, reply),
+            Command::Adopt { tree, reply } => self.adopt(tree, reply),
             Command::Finalized { session } => {
                 self.core.remember_finalized(session);
             }
@@ -569,35 +567,42 @@ impl Driver {
         None
     }
 
-    /// The store gave this process `adopted` (SPEC §12): the core takes it
-    /// on, or refuses (a shutdown began, the cap is full) and the caller
-    /// releases it again.
+    /// The store gave this process `tree` (SPEC §12): the core takes it on
+    /// whole, or refuses it (a shutdown began, the cap has no room for all
+    /// of it) and the caller releases it again. Answered in the tree's
+    /// order.
     fn adopt(
         &mut self,
-        adopted: settle_store::Adopted,
-        scope: Scope,
-        reply: Reply<Arc<SessionShared>>,
+        tree: Vec<(settle_store::Adopted, Scope)>,
+        reply: Reply<Vec<Arc<SessionShared>>>,
     ) {
-        let session = adopted.session;
-        let event = Event::Adopt {
-            session,
-            parent: adopted.parent,
-            turns: adopted.turns,
-            last_outcome: adopted.last_outcome,
-            holds: adopted.holds,
-            scope,
-        };
-        match self.core.handle(self.now, event) {
+        let members = tree
+            .iter()
+            .map(|(adopted, scope)| Adoptee {
+                session: adopted.session,
+                parent: adopted.parent,
+                turns: adopted.turns,
+                last_outcome: adopted.last_outcome,
+                holds: adopted.holds,
+                scope: *scope,
+            })
+            .collect();
+        match self.core.handle(self.now, Event::AdoptTree { members }) {
             Err(refused) => {
                 let _ = reply.send(Err(refused.into()));
             }
             Ok(_) => {
-                let parent = self.core.session(session).and_then(|s| s.parent());
-                let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
-                let shared =
-                    SessionShared::new(session, adopted.name.into(), parent, None, parent_span);
-                self.sessions.insert(session, shared.clone());
-                let _ = reply.send(Ok(shared));
+                let mut taken = Vec::with_capacity(tree.len());
+                for (adopted, _) in tree {
+                    let session = adopted.session;
+                    let parent = self.core.session(session).and_then(|s| s.parent());
+                    let parent_span = parent.and_then(|p| self.sessions.get(&p)).map(|p| &p.span);
+                    let shared =
+                        SessionShared::new(session, adopted.name.into(), parent, None, parent_span);
+                    self.sessions.insert(session, shared.clone());
+                    taken.push(shared);
+                }
+                let _ = reply.send(Ok(taken));
             }
         }
         self.execute();

@@ -91,15 +91,16 @@ impl Kernel {
     /// lease expired, its open turn then `interrupted`, G8), with the rest
     /// of its tree (every live session from its topmost live ancestor
     /// down): one transaction of conditional updates in the store, then
-    /// the core takes each on, parents first, with its turn count; each
-    /// one's conversation comes with it.
+    /// the core takes the tree on whole (or none of it), each with its
+    /// turn count; each one's conversation comes with it.
     ///
     /// # Errors
     /// [`StoreError::Elsewhere`] (as [`RuntimeError::Store`]) when another
     /// live process owns it (or some of its tree) or won the race, with
     /// that process's URL; [`RuntimeError::SessionClosed`] once it is
-    /// finalized; what the core answers an adoption (a shutdown began, the
-    /// cap is full), after which it is released again.
+    /// finalized; what the core answers an adoption (a shutdown began, no
+    /// room under the cap for the whole tree), after which the whole tree
+    /// is released again.
     pub async fn adopt(&self, session: SessionId) -> Result<Adoption, RuntimeError> {
         if self.is_shutting_down() {
             return Err(settle_core::Error::ShuttingDown.into());
@@ -121,67 +122,33 @@ impl Kernel {
             .and_then(|p| tree.iter().position(|m| m.session == p))
             .map_or(0, |p| p + 1);
         tree.insert(at, adopted);
-        let mut taken = Vec::with_capacity(tree.len());
-        let mut refused: Vec<SessionId> = Vec::new();
-        let mut again = Vec::new();
-        let mut asked_refused = None;
-        let mut first_refused = None;
-        for member in tree {
-            let (id, holds) = (member.session, member.holds);
-            // One of the tree refused: none of it is taken (below), so the
-            // rest is not asked for.
-            if !refused.is_empty() {
-                again.push((id, holds));
-                continue;
+        let members: Vec<(SessionId, Holds, Option<String>, u32)> = tree
+            .iter()
+            .map(|m| (m.session, m.holds, m.principal.clone(), m.turns))
+            .collect();
+        let tree = tree
+            .into_iter()
+            .map(|m| {
+                let scope = self.scope_of(m.principal.as_deref());
+                (m, scope)
+            })
+            .collect();
+        // The core takes the tree on whole or not at all (G1: a child left
+        // released could be adopted elsewhere under a parent this process
+        // owns); refused (a shutdown began, no room under the cap for all
+        // of it: an adoption evicts nothing), every member is released
+        // again, for a process with room to take it whole.
+        let taken = match self.ask(|reply| Command::Adopt { tree, reply }).await {
+            Ok(taken) => taken,
+            Err(refused) => {
+                let again = members.iter().map(|m| (m.0, m.1)).collect();
+                release_again(self.store(), owner, again, self.store_timeout()).await;
+                return Err(refused);
             }
-            // Under a parent the core refused, it would be a root here.
-            let orphaned = member.parent.is_some_and(|p| refused.contains(&p));
-            let (principal, turns) = (member.principal.clone(), member.turns);
-            let answer = match orphaned {
-                true => Err(RuntimeError::SessionClosed(id)),
-                false => {
-                    let scope = self.scope_of(member.principal.as_deref());
-                    self.ask(|reply| Command::Adopt {
-                        adopted: member,
-                        scope,
-                        reply,
-                    })
-                    .await
-                }
-            };
-            match answer {
-                Ok(shared) => taken.push((shared, principal, turns, holds)),
-                Err(error) => {
-                    refused.push(id);
-                    again.push((id, holds));
-                    match id == session {
-                        true => asked_refused = Some(error),
-                        false => first_refused = Some(error),
-                    }
-                }
-            }
-        }
-        // A tree moves whole, or not at all (G1): with one of it refused
-        // here (a cap with no room for it all: an adoption evicts nothing),
-        // what was taken is withdrawn, children first, and released with
-        // the rest, for a process with room to take it whole.
-        if !refused.is_empty() {
-            for (shared, _, _, holds) in taken.drain(..).rev() {
-                let _ = self.send(Command::Withdraw {
-                    session: shared.id,
-                    error: "its tree could not be adopted here whole; released again".to_owned(),
-                });
-                again.push((shared.id, holds));
-            }
-        }
-        // Not taken on here: nobody else may wait for them.
-        release_again(self.store(), owner, again, self.store_timeout()).await;
-        if let Some(refused) = asked_refused.or(first_refused) {
-            return Err(refused);
-        }
+        };
         let mut asked = None;
         let mut with = Vec::with_capacity(taken.len().saturating_sub(1));
-        for (shared, principal, turns, holds) in taken {
+        for (shared, (_, holds, principal, turns)) in taken.into_iter().zip(members) {
             let id = shared.id;
             let detail = self
                 .read_store(

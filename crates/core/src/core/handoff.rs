@@ -6,18 +6,9 @@ use std::time::Instant;
 
 use super::Core;
 use crate::answer::Asks;
+use crate::hash::SessionMap;
 use crate::session::{Intent, Session};
-use crate::{Cause, Effect, Error, HandOff, Handled, Holds, Outcome, Scope, SessionId};
-
-/// What an adopted session brings from the process that released it.
-pub(super) struct Carried {
-    /// Turns it ran there.
-    pub turns: u32,
-    /// How its last turn ended.
-    pub last_outcome: Option<Outcome>,
-    /// The holds it was released with.
-    pub holds: Holds,
-}
+use crate::{Adoptee, Cause, Effect, Error, HandOff, Handled, SessionId};
 
 impl Core {
     /// Whether `id` is to be released, not finalized, once it is idle: a
@@ -64,42 +55,49 @@ impl Core {
         }));
     }
 
-    /// [`Event::Adopt`](crate::Event::Adopt).
-    pub(super) fn adopt(
-        &mut self,
-        now: Instant,
-        id: SessionId,
-        parent: Option<SessionId>,
-        scope: Scope,
-        carried: Carried,
-    ) -> Result<Handled, Error> {
-        let Carried {
-            turns,
-            last_outcome,
-            holds,
-        } = carried;
-        if self.sessions.contains_key(&id) || self.forgotten.contains(id) {
-            return Err(Error::DuplicateSession(id));
+    /// [`Event::Adopt`](crate::Event::Adopt) and
+    /// [`Event::AdoptTree`](crate::Event::AdoptTree): every member, or none
+    /// (G1: a tree is never split between processes).
+    pub(super) fn adopt(&mut self, now: Instant, members: Vec<Adoptee>) -> Result<Handled, Error> {
+        if members.is_empty() {
+            return Ok(Handled::NoOp);
+        }
+        let members = parents_first(members);
+        let mut named = SessionMap::default();
+        for m in &members {
+            let taken =
+                self.sessions.contains_key(&m.session) || self.forgotten.contains(m.session);
+            if taken || named.insert(m.session, ()).is_some() {
+                return Err(Error::DuplicateSession(m.session));
+            }
         }
         if self.shutdown.is_some() {
             return Err(Error::ShuttingDown);
         }
-        // Under its parent only when this core may give it one.
-        let parent = parent.filter(|p| self.answer(*p, Asks::Parent).is_none());
-        // No eviction for it (G12): sessions this core serves may be in
-        // use, and the adopted one stays released if it is refused.
-        if let Some(cap) = self.policy.lru_cap.filter(|&cap| self.open >= cap) {
+        // No eviction for them (G12): sessions this core serves may be in
+        // use, and the tree stays released, whole, if it is refused.
+        if let Some(cap) = self
+            .policy
+            .lru_cap
+            .filter(|&cap| self.open.saturating_add(members.len()) > cap)
+        {
             return Err(Error::NoRoomToAdopt { cap });
         }
-        let mut s = Session::new(parent, now);
-        s.scope = scope;
-        s.turns = turns;
-        s.entry_turns = turns;
-        s.last_outcome = last_outcome;
-        // Held where it was, held here: no automatic path takes it (G3).
-        s.holds = holds;
-        self.enter(now, id, s, Vec::new(), Cause::Adopted)?;
-        self.handed_off.remove(&id);
+        for m in members {
+            // Under its parent only when this core may give it one: a
+            // member adopted just before it always can (registered, idle,
+            // not closing).
+            let parent = m.parent.filter(|p| self.answer(*p, Asks::Parent).is_none());
+            let mut s = Session::new(parent, now);
+            s.scope = m.scope;
+            s.turns = m.turns;
+            s.entry_turns = m.turns;
+            s.last_outcome = m.last_outcome;
+            // Held where it was, held here: no automatic path takes it (G3).
+            s.holds = m.holds;
+            self.enter(now, m.session, s, Vec::new(), Cause::Adopted)?;
+            self.handed_off.remove(&m.session);
+        }
         Ok(Handled::Applied)
     }
 
@@ -108,4 +106,34 @@ impl Core {
     pub fn is_handed_off(&self, id: SessionId) -> bool {
         self.handed_off.contains_key(&id)
     }
+}
+
+/// `members` with each one after the member that is its parent (the order
+/// given kept otherwise): a child adopted before its parent would find no
+/// parent here and become a root. A cycle of parents (no tree any store
+/// writes) is left in the order given.
+fn parents_first(members: Vec<Adoptee>) -> Vec<Adoptee> {
+    let at: SessionMap<usize> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.session, i))
+        .collect();
+    let depth = |mut i: usize| {
+        let mut depth = 0usize;
+        while let Some(&p) = members[i].parent.as_ref().and_then(|p| at.get(p)) {
+            depth += 1;
+            if depth > members.len() {
+                return 0;
+            }
+            i = p;
+        }
+        depth
+    };
+    let depths: Vec<usize> = (0..members.len()).map(depth).collect();
+    if depths.windows(2).all(|w| w[0] <= w[1]) {
+        return members;
+    }
+    let mut keyed: Vec<(usize, Adoptee)> = depths.into_iter().zip(members).collect();
+    keyed.sort_by_key(|&(depth, _)| depth);
+    keyed.into_iter().map(|(_, m)| m).collect()
 }

@@ -60,13 +60,13 @@ impl Ctx<'_> {
             }
             _ => None,
         });
-        ended.or_else(|| match *self.step {
-            Step::Adopt {
-                session: adopted,
-                last_outcome,
-                ..
-            } if adopted == session.get() && self.applied() => last_outcome,
-            _ => seen.last_turn.get(&session.get()).copied(),
+        let adopted = match self.applied() {
+            true => self.step.adopted(),
+            false => Vec::new(),
+        };
+        ended.or_else(|| match adopted.iter().find(|m| m.0 == session.get()) {
+            Some(&(_, _, last_outcome, _)) => last_outcome,
+            None => seen.last_turn.get(&session.get()).copied(),
         })
     }
 
@@ -191,21 +191,17 @@ fn holds_are_recorded_as_they_change(seen: &Observed, ctx: &Ctx) {
     // One adopted by this step comes with the holds it was released with
     // (and may be finalized in the same step, its holds dropped: adopted
     // under an ancestor that the adoption's own eviction winds down).
-    let adopted = match *ctx.step {
-        Step::Adopt {
-            session,
-            holds: (input, delegation),
-            ..
-        } if ctx.applied() => Some((session, input, delegation)),
-        _ => None,
+    let adopted = match ctx.applied() {
+        true => ctx.step.adopted(),
+        false => Vec::new(),
     };
     let count = |id: u64, kind: settle_core::Hold| {
-        let before = match adopted {
-            Some((session, input, delegation)) if session == id => u32::from(match kind {
+        let before = match adopted.iter().find(|m| m.0 == id) {
+            Some(&(_, _, _, (input, delegation))) => u32::from(match kind {
                 settle_core::Hold::PendingInput => input,
                 settle_core::Hold::Delegation => delegation,
             }),
-            _ => seen.holds.get(&(id, kind)).copied().unwrap_or(0),
+            None => seen.holds.get(&(id, kind)).copied().unwrap_or(0),
         };
         let after = match (ctx.step, changed) {
             (Step::Hold(..), Some((c, k))) if c == id && k == kind => before + 1,
@@ -405,11 +401,15 @@ fn g12_handoff_and_adoption(seen: &Observed, core: &Core, ctx: &Ctx) {
             "G12: an input about {id} ordered something"
         );
     }
-    if let (Step::Adopt { session, turns, .. }, true) = (ctx.step, ctx.applied()) {
+    let adopted = match ctx.applied() {
+        true => ctx.step.adopted(),
+        false => Vec::new(),
+    };
+    for &(session, turns, ..) in &adopted {
         // It enters registered, as adopted (the same input may still wind
         // it down, as a registration's: an eviction's delegations).
         let entered = ctx.effects.iter().find_map(|e| match e {
-            Effect::Transition(t) if t.session.get() == *session => Some(t),
+            Effect::Transition(t) if t.session.get() == session => Some(t),
             _ => None,
         });
         let entered = entered.expect("an adoption is recorded");
@@ -418,9 +418,35 @@ fn g12_handoff_and_adoption(seen: &Observed, core: &Core, ctx: &Ctx) {
             (None, State::Registered, Cause::Adopted),
             "G12: adopted open and idle"
         );
-        if let Some(view) = core.session(SessionId(*session)) {
-            assert!(view.turns() >= *turns, "G12: its turns go on");
+        if let Some(view) = core.session(SessionId(session)) {
+            assert!(view.turns() >= turns, "G12: its turns go on");
         }
+    }
+    // A tree adopted whole (G1): its child under its parent here.
+    if let (
+        Step::Adopt {
+            session,
+            child: Some(c),
+            ..
+        },
+        true,
+    ) = (ctx.step, ctx.applied())
+    {
+        let parent = core.session(SessionId(c.session)).and_then(|v| v.parent());
+        assert_eq!(
+            parent,
+            Some(SessionId(*session)),
+            "G1: session {} adopted apart from its parent {session}",
+            c.session
+        );
+    }
+    // Refused, a tree leaves nothing behind: no member entered.
+    if let (Step::Adopt { .. }, Answer::Handled(Err(_))) = (ctx.step, ctx.answer) {
+        assert!(
+            ctx.effects.is_empty(),
+            "G1: a refused adoption ordered {:?}",
+            ctx.effects
+        );
     }
 }
 

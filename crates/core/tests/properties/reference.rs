@@ -808,7 +808,10 @@ impl Model {
             }
             _ => Answer::Handled(self.handle(step)),
         };
-        if let Step::Register { session, .. } | Step::Adopt { session, .. } = *step {
+        if let Step::Register { session, .. } = *step {
+            self.next_id = self.next_id.max(session + 1);
+        }
+        for (session, ..) in step.adopted() {
             self.next_id = self.next_id.max(session + 1);
         }
         // Delegations of the sessions finalized by the input are interrupted,
@@ -870,48 +873,81 @@ impl Model {
                 parent,
                 turns,
                 last_outcome,
-                holds: (pending_input, delegation),
+                holds,
                 scope,
+                child,
             } => {
-                if self.sessions.contains_key(&session) || self.tombstones.contains_key(&session) {
-                    return Err(Error::DuplicateSession(SessionId(session)));
+                let top = (session, parent, turns, last_outcome, holds, scope);
+                let members: Vec<_> = match child {
+                    None => vec![top],
+                    Some(c) => {
+                        let under = (
+                            c.session,
+                            Some(session),
+                            c.turns,
+                            c.last_outcome,
+                            c.holds,
+                            c.scope,
+                        );
+                        // Parents first; a child named first goes second,
+                        // unless the two name each other (no tree: the
+                        // order given).
+                        let cycle = parent == Some(c.session) && c.session != session;
+                        match c.first && cycle {
+                            true => vec![under, top],
+                            false => vec![top, under],
+                        }
+                    }
+                };
+                // Every member or none (G1): each id free, no shutdown,
+                // room for all under the cap (an adoption evicts nothing,
+                // G12).
+                for (i, m) in members.iter().enumerate() {
+                    let taken =
+                        self.sessions.contains_key(&m.0) || self.tombstones.contains_key(&m.0);
+                    if taken || members[..i].iter().any(|o| o.0 == m.0) {
+                        return Err(Error::DuplicateSession(SessionId(m.0)));
+                    }
                 }
                 if self.shutdown.is_some() {
                     return Err(Error::ShuttingDown);
                 }
-                // Under its parent only when this core may give it one.
-                let parent = parent.filter(|p| {
-                    self.sessions.get(p).is_some_and(|ps| {
-                        matches!(ps.state, State::Registered | State::Running)
-                            && ps.intent.is_none()
-                    })
-                });
-                // An adoption evicts nothing (G12): at the cap it is refused.
                 if let Some(cap) = self.policy.lru_cap {
-                    if self.open_count() >= cap {
+                    if self.open_count() + members.len() > cap {
                         return Err(Error::NoRoomToAdopt { cap });
                     }
                 }
-                self.handed_off.remove(&session);
-                // A withdrawn id may come back, as a registration's never does.
-                self.forgotten.remove(&session);
-                // A budget over the parent it is adopted under counts it too.
-                let budgeted = parent
-                    .and_then(|p| self.sessions.get(&p))
-                    .is_some_and(|p| p.budgeted);
-                self.sessions.insert(
-                    session,
-                    RefSession {
-                        turns,
-                        entry_turns: turns,
-                        last_outcome,
-                        budgeted,
-                        // Held where it was, held here (G3).
-                        holds: [u32::from(pending_input), u32::from(delegation)],
-                        scope,
-                        ..RefSession::new(parent, now)
-                    },
-                );
+                for (session, parent, turns, last_outcome, (pending_input, delegation), scope) in
+                    members
+                {
+                    // Under its parent only when this core may give it one.
+                    let parent = parent.filter(|p| {
+                        self.sessions.get(p).is_some_and(|ps| {
+                            matches!(ps.state, State::Registered | State::Running)
+                                && ps.intent.is_none()
+                        })
+                    });
+                    self.handed_off.remove(&session);
+                    // A withdrawn id may come back, as a registration's never does.
+                    self.forgotten.remove(&session);
+                    // A budget over the parent it is adopted under counts it too.
+                    let budgeted = parent
+                        .and_then(|p| self.sessions.get(&p))
+                        .is_some_and(|p| p.budgeted);
+                    self.sessions.insert(
+                        session,
+                        RefSession {
+                            turns,
+                            entry_turns: turns,
+                            last_outcome,
+                            budgeted,
+                            // Held where it was, held here (G3).
+                            holds: [u32::from(pending_input), u32::from(delegation)],
+                            scope,
+                            ..RefSession::new(parent, now)
+                        },
+                    );
+                }
                 Ok(Applied)
             }
             Step::BeginHandoff { drain } => self.begin_shutdown(drain, true),

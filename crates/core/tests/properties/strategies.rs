@@ -43,6 +43,42 @@ impl Span {
     }
 }
 
+/// A child adopted in one tree with its parent ([`Step::Adopt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdoptedChild {
+    pub session: u64,
+    pub turns: u32,
+    pub last_outcome: Option<Outcome>,
+    /// The holds it was released with: input, delegation.
+    pub holds: (u16, u16),
+    pub scope: u64,
+    /// Named before its parent in the event (the core orders them).
+    pub first: bool,
+}
+
+/// A session an applied [`Step::Adopt`] took on: its id, turns, last
+/// outcome and holds (input, delegation).
+pub type AdoptedMember = (u64, u32, Option<Outcome>, (u16, u16));
+
+impl Step {
+    /// The sessions an [`Step::Adopt`] names, parent first.
+    pub fn adopted(&self) -> Vec<AdoptedMember> {
+        match *self {
+            Step::Adopt {
+                session,
+                turns,
+                last_outcome,
+                holds,
+                child,
+                ..
+            } => std::iter::once((session, turns, last_outcome, holds))
+                .chain(child.map(|c| (c.session, c.turns, c.last_outcome, c.holds)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// One generated input: an [`Event`], a wake of the clock, or a `forget`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -96,6 +132,9 @@ pub enum Step {
         holds: (u16, u16),
         /// Whose it is, for the LRU cap.
         scope: u64,
+        /// A child released with it: the two are one tree, adopted whole or
+        /// not at all (`Event::AdoptTree`).
+        child: Option<AdoptedChild>,
     },
     /// The fake clock moves on; the driver wakes the core if it is due.
     Tick {
@@ -229,6 +268,7 @@ impl Step {
                 last_outcome,
                 holds: (pending_input, delegation),
                 scope,
+                child: None,
             } => Event::Adopt {
                 session: sid(session),
                 parent: parent.map(sid),
@@ -240,6 +280,49 @@ impl Step {
                 },
                 scope: Scope(scope),
             },
+            Step::Adopt {
+                session,
+                parent,
+                turns,
+                last_outcome,
+                holds,
+                scope,
+                child: Some(child),
+            } => {
+                let adoptee = |session: u64,
+                               parent: Option<u64>,
+                               turns,
+                               last_outcome,
+                               holds: (u16, u16),
+                               scope| {
+                    settle_core::Adoptee {
+                        session: sid(session),
+                        parent: parent.map(sid),
+                        turns,
+                        last_outcome,
+                        holds: settle_core::Holds {
+                            pending_input: holds.0,
+                            delegation: holds.1,
+                        },
+                        scope: Scope(scope),
+                    }
+                };
+                let top = adoptee(session, parent, turns, last_outcome, holds, scope);
+                let under = adoptee(
+                    child.session,
+                    Some(session),
+                    child.turns,
+                    child.last_outcome,
+                    child.holds,
+                    child.scope,
+                );
+                Event::AdoptTree {
+                    members: match child.first {
+                        true => vec![under, top],
+                        false => vec![top, under],
+                    },
+                }
+            }
             Step::Tick { .. } | Step::Forget(_) => return None,
         })
     }
@@ -462,6 +545,26 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
         3 => Just((0u16, 0u16)),
         1 => (0u16..2, 0u16..2),
     ];
+    // Now and then with a child in the same tree: a fresh id, or one of
+    // those above (refused, the tree with it).
+    let child = (
+        prop_oneof![4 => Just(next + 1), 1 => select(adoptable.clone())],
+        0u32..4,
+        last.clone(),
+        holds.clone(),
+        0u64..2,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(session, turns, last_outcome, holds, scope, first)| AdoptedChild {
+                session,
+                turns,
+                last_outcome,
+                holds,
+                scope,
+                first,
+            },
+        );
     let adopt = (
         prop_oneof![4 => Just(next), 1 => select(adoptable)],
         select(adopt_parents),
@@ -469,15 +572,17 @@ pub fn step(model: &Model) -> BoxedStrategy<Step> {
         last,
         holds,
         0u64..2,
+        prop_oneof![2 => Just(None), 1 => child.prop_map(Some)],
     )
         .prop_map(
-            |(session, parent, turns, last_outcome, holds, scope)| Step::Adopt {
+            |(session, parent, turns, last_outcome, holds, scope, child)| Step::Adopt {
                 session,
                 parent,
                 turns,
                 last_outcome,
                 holds,
                 scope,
+                child,
             },
         );
     choices.push((if shutting_down { 1 } else { 4 }, adopt.boxed()));

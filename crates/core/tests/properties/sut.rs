@@ -278,35 +278,29 @@ impl StateMachineTest for CoreUnderTest {
             }
             _ => {}
         }
-        if let (
-            Answer::Handled(Ok(Handled::Applied)),
-            Step::Adopt {
-                session,
-                turns,
-                last_outcome,
-                holds: (pending_input, delegation),
-                ..
-            },
-        ) = (&answer, &step)
-        {
+        let adopted = match answer {
+            Answer::Handled(Ok(Handled::Applied)) => step.adopted(),
+            _ => Vec::new(),
+        };
+        for (session, turns, last_outcome, (pending_input, delegation)) in adopted {
             // It comes with the holds it was released with (G3).
             for (hold, n) in [
-                (Hold::PendingInput, *pending_input),
-                (Hold::Delegation, *delegation),
+                (Hold::PendingInput, pending_input),
+                (Hold::Delegation, delegation),
             ] {
-                sut.seen.holds.insert((*session, hold), u32::from(n));
+                sut.seen.holds.insert((session, hold), u32::from(n));
             }
             // Its record starts again here (a withdrawn id may come back).
             match last_outcome {
-                Some(outcome) => sut.seen.last_turn.insert(*session, *outcome),
-                None => sut.seen.last_turn.remove(session),
+                Some(outcome) => sut.seen.last_turn.insert(session, outcome),
+                None => sut.seen.last_turn.remove(&session),
             };
             // Its parent is the one the core gave it (its own, or none).
-            let view = sut.core.session(SessionId(*session)).expect("adopted");
+            let view = sut.core.session(SessionId(session)).expect("adopted");
             let parent = view.parent().map(|p| p.get());
-            sut.seen.parents.insert(*session, parent);
-            sut.seen.entry_turns.insert(*session, *turns);
-            sut.seen.handed_off.remove(session);
+            sut.seen.parents.insert(session, parent);
+            sut.seen.entry_turns.insert(session, turns);
+            sut.seen.handed_off.remove(&session);
         }
         if let (Answer::Forgot(true), Some(id)) = (&answer, step.session()) {
             sut.seen.forgotten.insert(id);
