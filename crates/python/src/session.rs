@@ -342,9 +342,9 @@ impl PySession {
         // hear (found from outside: a loop read `Cancelled` as a user's
         // stop and went on).
         let closed = handle.clone();
-        let cancelled = move || match closed.is_closed() {
-            true => errors::runtime(settle_runtime::RuntimeError::SessionClosed(closed.id())),
-            false => errors::Cancelled::new_err("the turn's start was stopped"),
+        let cancelled = move || match closed.start_refused_if_closed() {
+            Some(refused) => errors::runtime(refused),
+            None => errors::Cancelled::new_err("the turn's start was stopped"),
         };
         let stopped = gone.clone();
         awaitable_with(

@@ -70,6 +70,23 @@ impl SessionHandle {
         self.shared.end().is_some()
     }
 
+    /// What a start through this handle that never reached the kernel (a
+    /// frontend stopped it on the way) answers its caller when the session
+    /// is finalized: the core's table for a start of a finalized session
+    /// (G10, `SessionClosed`), the same as a start the kernel refused.
+    /// `None` while the session is not finalized: the stop is the caller's
+    /// to report.
+    pub fn start_refused_if_closed(&self) -> Option<RuntimeError> {
+        if !self.is_closed() {
+            return None;
+        }
+        let start = Event::StartTurn { session: self.id() };
+        match settle_core::answer_finalized(&start) {
+            Some(Err(refused)) => Some(refused.into()),
+            _ => None,
+        }
+    }
+
     /// The kernel it belongs to.
     pub fn kernel(&self) -> &Kernel {
         &self.kernel
