@@ -1495,6 +1495,7 @@ impl Core {
             _ => None,
         };
         let last_outcome = s.last_outcome;
+        let outcome = last_outcome.or(s.last_task_outcome);
         // A handoff releases an idle session instead, unless the lease is
         // lost: it is then no longer this process's to release (G8).
         if finalize == Some(Intent::HandOff) && state == State::Registered && !self.lease_lost {
@@ -1538,6 +1539,7 @@ impl Core {
                 session: id,
                 reason,
                 last_outcome,
+                outcome,
                 commit_memory: last_outcome == Some(Outcome::Completed),
                 in_shutdown: shutting_down,
             }));

@@ -203,6 +203,10 @@ pub struct Finalize {
     pub reason: EndReason,
     /// The outcome of its last turn, if it ran any.
     pub last_outcome: Option<Outcome>,
+    /// What its record says it ended with (SPEC §7: of the last turn or of
+    /// the work): its last turn's outcome, or, when it ran no turn, its
+    /// last task's. Memory and the end hook follow `last_outcome` only.
+    pub outcome: Option<Outcome>,
     /// Whether memory may be committed: only when the last turn completed (G7).
     pub commit_memory: bool,
     /// Whether a shutdown had begun when it was ordered (it is then part of

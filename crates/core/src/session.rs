@@ -29,6 +29,9 @@ pub(crate) struct Session {
     /// registered here): a withdrawal admits it while `turns` is still that.
     pub entry_turns: u32,
     pub last_outcome: Option<Outcome>,
+    /// How its last task ended: what its record says it ended with when it
+    /// ran no turn (SPEC §7).
+    pub last_task_outcome: Option<Outcome>,
     /// The close intent: once set, the session admits no new turn and is
     /// finalized as soon as it may be.
     pub intent: Option<Intent>,
@@ -114,6 +117,7 @@ impl Session {
             tasks: 0,
             entry_turns: 0,
             last_outcome: None,
+            last_task_outcome: None,
             intent: None,
             holds: Holds::default(),
             transport: Transport::default(),
@@ -133,8 +137,9 @@ impl Session {
     /// a turn's outcome is the last outcome, and a running session left
     /// without work is idle from `now`. Says where that leaves the session.
     pub fn work_ended(&mut self, kind: WorkKind, outcome: Outcome, now: Instant) -> Left {
-        if kind == WorkKind::Turn {
-            self.last_outcome = Some(outcome);
+        match kind {
+            WorkKind::Turn => self.last_outcome = Some(outcome),
+            WorkKind::Task => self.last_task_outcome = Some(outcome),
         }
         if !self.works.is_empty() {
             return Left::Busy;

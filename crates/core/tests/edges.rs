@@ -62,6 +62,7 @@ fn end_hook_flags_follow_the_last_outcome() {
             session: SessionId(1),
             reason: EndReason::Completed,
             last_outcome,
+            outcome: last_outcome,
             commit_memory: false,
             in_shutdown: false,
         };

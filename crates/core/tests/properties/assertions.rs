@@ -70,6 +70,26 @@ impl Ctx<'_> {
         })
     }
 
+    /// The outcome of `session`'s last task as the effects before the
+    /// `i`-th one tell, else as ended before the step (none for a session
+    /// this step adopted: its record starts again here).
+    fn last_task_before(&self, seen: &Observed, i: usize, session: SessionId) -> Option<Outcome> {
+        let ended = self.before(i).iter().rev().find_map(|e| match e {
+            Effect::EndWork { work, outcome }
+                if work.session == session && work.kind == WorkKind::Task =>
+            {
+                Some(*outcome)
+            }
+            _ => None,
+        });
+        let adopted = self.applied() && self.step.adopted().iter().any(|m| m.0 == session.get());
+        match (ended, adopted) {
+            (Some(outcome), _) => Some(outcome),
+            (None, true) => None,
+            (None, false) => seen.last_task.get(&session.get()).copied(),
+        }
+    }
+
     /// The effects before the `i`-th one.
     fn before(&self, i: usize) -> &[Effect] {
         &self.effects[..i]
@@ -868,6 +888,14 @@ fn g7_memory_only_from_completed_turns(seen: &Observed, ctx: &Ctx) {
         assert_eq!(
             f.last_outcome, last,
             "G7: session {id}: the last turn's outcome"
+        );
+        // The record's outcome (SPEC §7): of the last turn, or of the
+        // work when it ran no turn.
+        let work = ctx.last_task_before(seen, i, f.session);
+        assert_eq!(
+            f.outcome,
+            last.or(work),
+            "session {id}: the outcome its record says"
         );
         let completed = last == Some(Outcome::Completed);
         assert_eq!(

@@ -100,6 +100,8 @@ pub struct RefSession {
     pub tasks: u32,
     /// Of its last turn (tasks have no transcript).
     pub last_outcome: Option<Outcome>,
+    /// Of its last task: its record's outcome when it ran no turn.
+    pub last_task_outcome: Option<Outcome>,
     pub intent: Option<Intent>,
     /// Once finalized.
     pub end_reason: Option<EndReason>,
@@ -148,6 +150,7 @@ impl RefSession {
             entry_turns: 0,
             tasks: 0,
             last_outcome: None,
+            last_task_outcome: None,
             intent: None,
             end_reason: None,
             holds: [0; 2],
@@ -443,6 +446,7 @@ impl Model {
         s.orphan_at = None;
         s.has_slot = false;
         let last_outcome = s.last_outcome;
+        let outcome = last_outcome.or(s.last_task_outcome);
         // SPEC §4 step 6: what it delegated to is interrupted after the input.
         // Not its own ancestors (G1: a wind-down never cancels its caller).
         if let Some(to) = self.delegations.remove(&id) {
@@ -467,6 +471,7 @@ impl Model {
             session: SessionId(id),
             reason,
             last_outcome,
+            outcome,
             commit_memory: last_outcome == Some(Outcome::Completed),
             in_shutdown: shutting_down,
         }));
@@ -557,8 +562,9 @@ impl Model {
         let now = self.now;
         let s = self.s(work.session.get());
         s.works.retain(|w| w.id != work);
-        if work.kind == WorkKind::Turn {
-            s.last_outcome = Some(outcome);
+        match work.kind {
+            WorkKind::Turn => s.last_outcome = Some(outcome),
+            WorkKind::Task => s.last_task_outcome = Some(outcome),
         }
         if s.works.is_empty() && s.state == State::Running {
             // A turn ended: the session stays open for the next one.
@@ -890,10 +896,10 @@ impl Model {
                             c.scope,
                         );
                         // Parents first; a child named first goes second,
-                        // unless the two name each other (no tree: the
-                        // order given).
-                        let cycle = parent == Some(c.session) && c.session != session;
-                        match c.first && cycle {
+                        // unless the parent's own parent is one of the two
+                        // (a loop, no tree: the order given).
+                        let looped = parent == Some(session) || parent == Some(c.session);
+                        match c.first && looped {
                             true => vec![under, top],
                             false => vec![top, under],
                         }

@@ -58,6 +58,8 @@ pub struct Observed {
     pub ended: HashMap<WorkId, Outcome>,
     /// The outcome of each session's last turn.
     pub last_turn: HashMap<u64, Outcome>,
+    /// The outcome of each session's last task.
+    pub last_task: HashMap<u64, Outcome>,
     pub holds: HashMap<(u64, Hold), u32>,
     pub transports: HashMap<u64, u32>,
     /// `FlushTranscripts` was ordered: the shutdown began.
@@ -122,9 +124,10 @@ impl Observed {
             }
             Effect::EndWork { work, outcome } => {
                 self.ended.insert(*work, *outcome);
-                if work.turn_no().is_some() {
-                    self.last_turn.insert(work.session.get(), *outcome);
-                }
+                match work.turn_no() {
+                    Some(_) => self.last_turn.insert(work.session.get(), *outcome),
+                    None => self.last_task.insert(work.session.get(), *outcome),
+                };
             }
             Effect::FlushTranscripts => self.flushed = true,
             Effect::Finalize(f) => {
@@ -295,6 +298,7 @@ impl StateMachineTest for CoreUnderTest {
                 Some(outcome) => sut.seen.last_turn.insert(session, outcome),
                 None => sut.seen.last_turn.remove(&session),
             };
+            sut.seen.last_task.remove(&session);
             // Its parent is the one the core gave it (its own, or none).
             let view = sut.core.session(SessionId(session)).expect("adopted");
             let parent = view.parent().map(|p| p.get());

@@ -150,7 +150,7 @@ impl Recorder {
                     .at(job.at)
                     .after_steps(steps);
                 request.turn_end = job.turn_end.take();
-                if let Some(outcome) = plan.last_outcome {
+                if let Some(outcome) = plan.outcome {
                     request = request.with_outcome(outcome);
                 }
                 Some((

@@ -280,3 +280,33 @@ async fn a_kernels_first_event_timeout_bounds_the_wait_for_a_turns_first_event()
         runtime.shutdown(Duration::ZERO).await;
     }
 }
+
+/// SPEC §7: a session's outcome is "of the last turn or of the work". A
+/// session whose only work was a task that ignored its cancel said `null`
+/// though its timeline read `settle deadline passed: work detached` (found
+/// from outside, through the Python package); one whose task completed
+/// said `null` too. A turn's outcome still wins over a task's, and only a
+/// turn's completion commits memory (G7).
+#[tokio::test(start_paused = true)]
+async fn g5_a_session_whose_only_work_was_a_task_ends_with_that_works_outcome() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b.settle_timeout(Duration::from_secs(1))).await;
+    let stubborn = kernel.register("stubborn", None).await.unwrap();
+    let _task = stubborn
+        .spawn(|_ctx| std::future::pending::<()>())
+        .await
+        .unwrap();
+    let closed = stubborn.clone();
+    let closing = tokio::spawn(async move { closed.close().await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    closing.await.unwrap().unwrap();
+    let d = detail(&store, stubborn.id()).await;
+    assert_eq!(d.session.state, State::Finalized);
+    assert_eq!(d.session.outcome, Some(Outcome::Detached));
+
+    let tool = kernel.register("tool", None).await.unwrap();
+    tool.spawn(|_ctx| async {}).await.unwrap().await.unwrap();
+    tool.finish().await.unwrap();
+    let d = detail(&store, tool.id()).await;
+    assert_eq!(d.session.outcome, Some(Outcome::Completed));
+}
