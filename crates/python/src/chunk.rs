@@ -36,14 +36,22 @@ impl PyChunk {
     /// A chunk of `kind` (`"text"`, `"reasoning"`, `"tool_call"`, `"usage"`,
     /// `"data"`...) carrying `data`: a string for text, any JSON-like value
     /// for the others. What a `to_chunk` callable may return. Raises
-    /// `BadInput` for a kind that is not one, or a string in either that
-    /// is not UTF-8 (a lone surrogate).
+    /// `BadInput` for a kind that is not one, text that is not a `str`, or
+    /// a string in either that is not UTF-8 (a lone surrogate).
     #[new]
     fn new(kind: Text, data: &Bound<'_, PyAny>) -> PyResult<Self> {
         let Text(kind) = kind;
         let kind: ChunkKind = kind
             .parse()
             .map_err(|e| crate::errors::BadInput::new_err(format!("{e}")))?;
+        // Text is a string: a number or a list would be stored as its JSON
+        // text, which nobody meant.
+        if kind == ChunkKind::Text && !data.is_instance_of::<PyString>() {
+            return Err(crate::errors::BadInput::new_err(format!(
+                "a text chunk carries a str, not {}; pass the text, or another kind (\"data\") for a value",
+                data.get_type().name()?
+            )));
+        }
         let value = convert::to_json(data)?;
         Ok(PyChunk {
             chunk: Chunk::json(kind, &value),

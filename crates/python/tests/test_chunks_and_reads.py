@@ -324,3 +324,17 @@ async def test_g11_a_list_that_holds_itself_or_nests_too_deep_fails_its_turn_not
     assert first.startswith("failed"), out
     assert "deeper than 64" in first, out
     assert second == "['after'] completed", out
+
+
+async def test_a_list_or_tuple_is_its_chunks_in_order_and_a_text_chunk_is_a_str(kernel):
+    # Found from outside: ("text", "hi") read as two text chunks surprised a
+    # user the docs had told "anything else goes through to_chunk"; the
+    # docs now say so. Chunk("text", 5) was stored as "5": text is a str.
+    session = await kernel.register("s")
+    async with await session.turn(Stream([("text", "hi"), ["a", None, settle.Chunk("text", "b")]])) as turn:
+        got = [c.text async for c in turn]
+    assert got == ["text", "hi", "a", "b"]
+    for data in (5, ["x"], {"text": "x"}, None):
+        with pytest.raises(settle.BadInput, match="a text chunk carries a str"):
+            settle.Chunk("text", data)
+    assert settle.Chunk("data", 5).data == 5

@@ -142,8 +142,8 @@ class Chunk:
         """A chunk of ``kind`` (``"text"``, ``"reasoning"``, ``"tool_call"``,
         ``"usage"``, ``"data"``...) carrying ``data`` (a string for text, any
         JSON-like value for the others): what a ``to_chunk`` may return.
-        Raises ``BadInput`` for a kind that is not one, or data that cannot
-        be stored."""
+        Raises ``BadInput`` for a kind that is not one, text that is not a
+        ``str``, or data that cannot be stored."""
     @property
     def kind(self) -> str:
         """What it carries: ``"text"``, ``"reasoning"``, ``"tool_call"``, ``"usage"``, ..."""
@@ -294,8 +294,12 @@ class Session:
         ``create(..., stream=True)``), or an async iterable. The kernel opens
         it on this loop, stores each chunk, and closes it exactly once (G4).
         ``input`` is what the turn sends: a prompt, or a list (or tuple) of
-        ``{"role", "content"}`` messages. ``to_chunk`` turns items that are
-        not chunks into chunks. ``idle_timeout`` and
+        ``{"role", "content"}`` messages. Its items are chunks: a ``str``
+        (text), a ``settle.Chunk``, an OpenAI-shaped chunk (the ``openai``
+        package's object or the same as a dict), ``None`` (a keepalive), or
+        a list or tuple of those, each in order (``("text", "hi")`` is two
+        text chunks). ``to_chunk`` turns items that are not chunks into
+        chunks; anything else fails the turn ``BadInput``. ``idle_timeout`` and
         ``first_event_timeout`` (seconds, ``0`` disables) are this turn's own.
 
         Resolves to a ``Turn`` once its start is stored; cancelling the
