@@ -359,6 +359,10 @@ async fn bare_server(sizes: Sizes, schedule: Arc<Schedule>) -> Result<std::net::
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    // Nagle's algorithm off, as the gateway serves its connections.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(listener, router).await });
     Ok(addr)
 }

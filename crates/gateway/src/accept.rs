@@ -5,6 +5,8 @@
 //! so a client that sent half a request head and then nothing kept the
 //! process alive for good. Here, each connection:
 //!
+//! - is a TCP connection with Nagle's algorithm off (each frame sent at
+//!   once);
 //! - takes a place among the gateway's connections when accepted, or is
 //!   closed at once when there is none (reading a request from it would
 //!   cost what the limit protects);
@@ -17,6 +19,7 @@
 //! An upgraded connection leaves this loop (hyper hands its socket to the
 //! WebSocket task) with its place: see [`connection`](crate::connection).
 
+use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +42,19 @@ use crate::slots::Slot;
 #[derive(Debug, Clone)]
 pub(crate) struct Peer(pub Arc<str>);
 
+/// Turns Nagle's algorithm off on a TCP connection (`TCP_NODELAY`): a
+/// turn's chunks are small frames written one after another, and with it
+/// on each waits for the peer's acknowledgement of the one before, which
+/// a client may delay by tens of milliseconds. Another kind of
+/// connection (a listener of one's own) is its owner's to set up.
+fn sends_at_once(io: &mut dyn Any) {
+    if let Some(tcp) = io.downcast_mut::<tokio::net::TcpStream>() {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "could not turn Nagle's algorithm off on a connection");
+        }
+    }
+}
+
 /// Accepts connections from `listener` until `stop`, serving `router` on
 /// each in a task of `tracker`'s.
 pub(crate) async fn accept<L>(
@@ -53,11 +69,12 @@ pub(crate) async fn accept<L>(
     L::Addr: Debug,
 {
     loop {
-        let (io, peer) = tokio::select! {
+        let (mut io, peer) = tokio::select! {
             biased;
             () = stop.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
+        sends_at_once(&mut io);
         let Some(slot) = shared.slots.any() else {
             tracing::warn!(
                 ?peer,

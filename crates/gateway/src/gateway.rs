@@ -296,7 +296,9 @@ impl Gateway {
     }
 
     /// Serves on `listener` (a [`tokio::net::TcpListener`], or any
-    /// [`Listener`]) until the kernel has shut down, whoever began it
+    /// [`Listener`]: a TCP connection is served with Nagle's algorithm off,
+    /// so that each chunk's frame leaves at once; another kind of
+    /// connection is served as it is set up) until the kernel has shut down, whoever began it
     /// ([`shutdown`](Self::shutdown), a signal, a lost lease): then it
     /// tells every connection `server.shutdown`, refuses new sessions and
     /// turns, lets the kernel drain and finalize, delivers every turn's and
