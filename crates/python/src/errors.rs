@@ -156,13 +156,13 @@ pub(crate) fn turn_refused(error: RuntimeError) -> PyErr {
     runtime(error)
 }
 
-/// Why a task gave no result, as an exception.
-pub(crate) fn task(error: TaskError) -> PyErr {
-    let message = error.to_string();
+/// Why a task gave no result: the class of exception its awaiters get, as
+/// a maker of one from the error's message.
+pub(crate) fn task_error_class(error: &TaskError) -> fn(String) -> PyErr {
     match error {
-        TaskError::Detached => Detached::new_err(message),
-        TaskError::Stopped => ShuttingDown::new_err(message),
-        TaskError::Panicked(_) => Error::new_err(message),
+        TaskError::Detached => Detached::new_err,
+        TaskError::Stopped => ShuttingDown::new_err,
+        TaskError::Panicked(_) => Error::new_err,
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use pyo3::prelude::*;
 use pyo3::types::PyType;
+use pyo3::{PyTraverseError, PyVisit};
 use settle_runtime::{TaskContext, TaskHandle};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -158,7 +159,7 @@ impl TaskControl {
     }
 
     fn failed(&self, error: Bound<'_, PyAny>) {
-        self.shared.report(Ended::Raised(PyErr::from_value(error)));
+        self.shared.report(Ended::Raised(error.unbind()));
         self.shared.let_go_of_task();
     }
 
@@ -225,7 +226,7 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
             Ok(())
         })();
         if let Err(error) = started {
-            starting.report(Ended::Raised(error));
+            starting.report(Ended::Raised(error.into_value(py).into_any()));
         }
     });
     tokio::select! {
@@ -318,7 +319,10 @@ impl PyTask {
     /// `settle.ShuttingDown` when the kernel stopped first. As an
     /// `asyncio.Task`, it may be awaited by several callers at once and
     /// again after it ended: each gets the same value, or the same
-    /// exception.
+    /// exception it raised (cancelled, detached or stopped, each gets an
+    /// exception of that class of its own, as each awaiter of a cancelled
+    /// `asyncio.Task` gets its own `CancelledError`). Once nobody holds
+    /// it, it is collected with what it kept, cycles included.
     ///
     /// As with an `asyncio.Task`, cancelling the asyncio task that awaits
     /// it cancels the settle task too (its coroutine gets `CancelledError`
@@ -347,6 +351,14 @@ impl PyTask {
     /// Waits for the coroutine's result, as `join()` does.
     fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.join(py)?.call_method0("__await__")
+    }
+
+    /// Shows the collector what the task keeps (see `TaskEnd::traverse`).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self.end.peek() {
+            Some(end) => end.traverse(&visit),
+            None => Ok(()),
+        }
     }
 
     /// `settle.Task[int]`: the type of a task whose coroutine returns an

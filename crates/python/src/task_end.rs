@@ -1,6 +1,8 @@
 //! A settle task's end, kept for every awaiter: like an `asyncio.Task`, a
 //! `settle.Task` may be awaited by several callers at once and again after
-//! it ended, and each is told the same (its value, or the same exception).
+//! it ended, and each is told the same (its value, or the same exception it
+//! raised; the kernel's word, a cancel or a detach, as an exception of its
+//! own each).
 //!
 //! The first awaiter waits on the kernel's handle; the end is kept once it
 //! has it, and each awaiter's copy of it is made on its own loop's thread,
@@ -9,6 +11,7 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 use settle_runtime::{TaskHandle, WorkCanceller};
 use tokio::sync::{Mutex, OnceCell};
 
@@ -17,7 +20,8 @@ use crate::errors;
 /// How the coroutine ended, as its asyncio task reports it.
 pub(crate) enum Ended {
     Returned(Py<PyAny>),
-    Raised(PyErr),
+    /// The exception it raised (an instance).
+    Raised(Py<PyAny>),
     Cancelled,
 }
 
@@ -31,7 +35,23 @@ pub(crate) struct TaskEnd {
 
 /// The end as awaiters are told it, handed to Python as is, once per awaiter.
 #[derive(Clone)]
-pub(crate) struct Told(Arc<PyResult<Py<PyAny>>>);
+pub(crate) struct Told(Arc<Kept>);
+
+/// A task's end as it is kept, as Python objects the collector sees
+/// ([`TaskEnd::traverse`]): an exception's traceback holds the frames
+/// that awaited the task, which hold the task.
+enum Kept {
+    /// What the coroutine returned.
+    Value(Py<PyAny>),
+    /// What it raised: every awaiter gets this same exception, as from an
+    /// `asyncio.Task`.
+    Raised(Py<PyAny>),
+    /// The kernel's word (it was cancelled, detached, or the kernel
+    /// stopped): each awaiter gets an exception of its own, as each
+    /// awaiter of a cancelled `asyncio.Task` gets a `CancelledError` of
+    /// its own, so that none is kept where a traceback could tie it.
+    Said(fn(String) -> PyErr, String),
+}
 
 impl TaskEnd {
     pub fn new(handle: TaskHandle<Ended>) -> Self {
@@ -55,18 +75,33 @@ impl TaskEnd {
                 let mut handle = self.handle.lock().await;
                 // Polled again only if an earlier awaiter was dropped
                 // before it had the end: the handle has not answered yet.
-                let ended = match (&mut *handle).await {
-                    Ok(Ended::Returned(value)) => Ok(value),
-                    Ok(Ended::Raised(error)) => Err(error),
-                    Ok(Ended::Cancelled) => Err(errors::Cancelled::new_err(
-                        "the task was cancelled and gave no result",
-                    )),
-                    Err(error) => Err(errors::task(error)),
+                let kept = match (&mut *handle).await {
+                    Ok(Ended::Returned(value)) => Kept::Value(value),
+                    Ok(Ended::Raised(error)) => Kept::Raised(error),
+                    Ok(Ended::Cancelled) => Kept::Said(
+                        errors::Cancelled::new_err,
+                        "the task was cancelled and gave no result".to_owned(),
+                    ),
+                    Err(error) => {
+                        let said = error.to_string();
+                        Kept::Said(errors::task_error_class(&error), said)
+                    }
                 };
-                Told(Arc::new(ended))
+                Told(Arc::new(kept))
             })
             .await
             .clone()
+    }
+
+    /// Shows the collector the end this task keeps (`__traverse__`), as an
+    /// `asyncio.Task` shows its result and exception: a cycle through it
+    /// (an exception whose traceback holds the frame that held the task, a
+    /// result that holds its task) is then collected.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self.end.get().map(|told| &*told.0) {
+            Some(Kept::Value(object) | Kept::Raised(object)) => visit.call(object),
+            Some(Kept::Said(..)) | None => Ok(()),
+        }
     }
 }
 
@@ -75,11 +110,12 @@ impl<'py> IntoPyObject<'py> for Told {
     type Output = Bound<'py, PyAny>;
     type Error = PyErr;
 
-    /// The value, or the same exception raised again.
+    /// The value, or the exception raised again.
     fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
         match &*self.0 {
-            Ok(value) => Ok(value.bind(py).clone()),
-            Err(error) => Err(error.clone_ref(py)),
+            Kept::Value(value) => Ok(value.bind(py).clone()),
+            Kept::Raised(error) => Err(PyErr::from_value(error.bind(py).clone())),
+            Kept::Said(class, message) => Err(class(message.clone())),
         }
     }
 }

@@ -439,3 +439,50 @@ async def test_g1_cancel_reaches_a_settle_task_while_another_task_awaits_it(kern
     task.cancel()
     with pytest.raises(settle.Cancelled):
         await asyncio.wait_for(awaiter, PATIENCE)
+
+
+async def test_a_task_that_raised_or_returned_is_collected_once_nobody_holds_it(kernel):
+    # Found from outside (a soak of an agent framework whose tools raise):
+    # a settle.Task kept its end where the collector could not see it, and
+    # the end's traceback held the frame that held the Task: every failing
+    # tool kept its Task, its exception, its frames and its session alive
+    # for good. As for an asyncio.Task, the cycle is the collector's now.
+    import gc
+    import weakref
+
+    class Boom(Exception):
+        pass
+
+    class Result:
+        pass
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise Boom("tool failed")
+
+    ends: list = []
+
+    async def once(i: int) -> None:
+        session = await kernel.register(f"s{i}")
+        task = await session.spawn(fails())
+        try:
+            await task
+        except Boom as error:
+            ends.append(weakref.ref(error))
+        result = Result()
+        result.task = await session.spawn(asyncio.sleep(0, result))  # returns what holds it
+        assert await result.task is result
+        ends.append(weakref.ref(result))
+        stopped = await session.spawn(asyncio.sleep(3600))
+        stopped.cancel()
+        try:
+            await stopped
+        except settle.Cancelled as error:
+            ends.append(weakref.ref(error))
+        await session.finish()
+
+    for i in range(5):
+        await once(i)
+    gc.collect()
+    left = [type(r()).__name__ for r in ends if r() is not None]
+    assert left == [], f"kept after gc.collect(): {left}"

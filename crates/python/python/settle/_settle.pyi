@@ -236,7 +236,11 @@ class Task(Generic[_T]):
 
     As an ``asyncio.Task``, it may be awaited by several callers at once
     and again after it ended: each gets the same value, or the same
-    exception. ``cancel()`` reaches it while another task awaits it.
+    exception it raised (cancelled, detached or stopped, each gets an
+    exception of that class of its own, as each awaiter of a cancelled
+    ``asyncio.Task`` gets its own ``CancelledError``). ``cancel()`` reaches
+    it while another task awaits it. Once nobody holds it, it is collected
+    with what it kept, cycles through its result or exception included.
     """
 
     @property
