@@ -728,6 +728,7 @@ impl Driver {
             WorkSignal::Ended(end) => {
                 if let Some(handle) = self.works.get_mut(&work) {
                     handle.error = end.error().cloned();
+                    handle.reported_end();
                 }
                 Event::WorkEnded {
                     work,

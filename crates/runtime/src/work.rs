@@ -27,9 +27,13 @@ use crate::command::WorkEnd;
 use crate::event::LifecycleEvent;
 use crate::shared::SessionShared;
 
-/// The driver's grip on a work. Dropping it revokes the work's write access.
+/// The driver's grip on a work. Dropping it revokes the write access of a
+/// work that has not reported its end.
 pub(crate) struct WorkHandle {
     grip: Grip,
+    /// The work reported its own end: what it still does (a task handing
+    /// its caller its result) is not a late write (G10).
+    reported_end: bool,
     /// Why it failed, as its last report said.
     pub error: Option<TurnError>,
     /// Who waits for its end.
@@ -67,6 +71,7 @@ impl WorkHandle {
                 revoked,
                 abort,
             },
+            reported_end: false,
             error: None,
             outcome: Some(outcome),
             cancelled_at: None,
@@ -88,6 +93,15 @@ impl WorkHandle {
             span.record("otel.status_code", "ERROR");
         }
         let _ = (&self.span, outcome);
+    }
+
+    /// The work reported its end (a task: its code returned or panicked,
+    /// and it is handing its caller the result). Dropping the handle then
+    /// revokes nothing: a revoke racing the hand-over refused a result
+    /// that was not late (G10 is for detached work). A detach still
+    /// revokes ([`detach`](Self::detach)).
+    pub fn reported_end(&mut self) {
+        self.reported_end = true;
     }
 
     /// An immediate cancel: the work's own token (which ends a turn's
@@ -128,8 +142,9 @@ impl WorkHandle {
 
 impl Drop for WorkHandle {
     fn drop(&mut self) {
-        // A turn's control detaches on drop; a task's writes are revoked.
-        if let Grip::Task { revoked, .. } = &self.grip {
+        // A turn's control detaches on drop; a task's writes are revoked,
+        // unless it ended by itself.
+        if let (Grip::Task { revoked, .. }, false) = (&self.grip, self.reported_end) {
             revoked.cancel();
         }
     }
@@ -231,6 +246,7 @@ pub(crate) fn spawn_turn(
         .spawn(tracker, sink, Keyed::new(work, reports));
     let handle = WorkHandle {
         grip: Grip::Turn(Some(control)),
+        reported_end: false,
         error: None,
         outcome: Some(outcome_tx),
         cancelled_at: None,
