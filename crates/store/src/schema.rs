@@ -88,6 +88,10 @@ diesel::table! {
         no -> BigInt,
         outcome -> Nullable<Text>,
         started_at -> BigInt,
+        /// When it ended; null for a turn still open, and for one its
+        /// session's finalize ended when the session's row says it all
+        /// (the session's `outcome` and `finalized_at`, no error): the
+        /// readers fill it in from there.
         ended_at -> Nullable<BigInt>,
         /// PostgreSQL: the next chunk's number, claimed by each append. On
         /// SQLite (schema version 7 on) the number is read from the turn's
