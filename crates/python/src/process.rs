@@ -106,12 +106,6 @@ impl<T> ForkSafe<T> {
         }
     }
 
-    /// The value, in any process: for the collector's traversal, which
-    /// reads and never uses it.
-    pub fn peek(&self) -> Option<&T> {
-        self.value.as_ref()
-    }
-
     /// The value and the runtime, in its own process only.
     pub fn get(&self) -> PyResult<(&T, &Here)> {
         let here = self.owner.check()?;

@@ -23,7 +23,7 @@ use crate::deliver::{Landing, Mailbox};
 use crate::errors;
 use crate::process::{ForkSafe, Owner};
 use crate::stranded::Stranded;
-use crate::task_end::{Ended, TaskEnd};
+use crate::task_end::{Ended, Given, TaskEnd};
 
 #[derive(Default)]
 struct Control {
@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     /// The mailbox of the caller's loop, where the coroutine runs.
     mailbox: Arc<Mailbox>,
     coroutine: Mutex<Option<Py<PyAny>>>,
+    /// What the coroutine returned or raised.
+    pub given: Arc<Given>,
     ended: Mutex<Option<oneshot::Sender<Ended>>>,
     control: Mutex<Control>,
     /// Cancelled when the kernel detaches the task (its write access).
@@ -47,6 +49,7 @@ impl Shared {
         let shared = Arc::new(Shared {
             mailbox,
             coroutine: Mutex::new(Some(coroutine)),
+            given: Arc::default(),
             ended: Mutex::new(None),
             control: Mutex::new(Control::default()),
             context: Mutex::new(None),
@@ -154,12 +157,14 @@ impl TaskControl {
     }
 
     fn finished(&self, result: Py<PyAny>) {
-        self.shared.report(Ended::Returned(result));
+        self.shared.given.returned(result);
+        self.shared.report(Ended::Returned);
         self.shared.let_go_of_task();
     }
 
     fn failed(&self, error: Bound<'_, PyAny>) {
-        self.shared.report(Ended::Raised(error.unbind()));
+        self.shared.given.raised(&error);
+        self.shared.report(Ended::Raised);
         self.shared.let_go_of_task();
     }
 
@@ -226,7 +231,10 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
             Ok(())
         })();
         if let Err(error) = started {
-            starting.report(Ended::Raised(error.into_value(py).into_any()));
+            starting
+                .given
+                .raised(error.into_value(py).bind(py).as_any());
+            starting.report(Ended::Raised);
         }
     });
     tokio::select! {
@@ -290,7 +298,7 @@ impl PyTask {
     pub fn new(handle: TaskHandle<Ended>, owner: Owner, shared: Arc<Shared>) -> Self {
         let work = handle.work().no;
         PyTask {
-            end: ForkSafe::new(Arc::new(TaskEnd::new(handle)), owner),
+            end: ForkSafe::new(Arc::new(TaskEnd::new(handle, shared.given.clone())), owner),
             work,
             shared,
         }
@@ -355,10 +363,7 @@ impl PyTask {
 
     /// Shows the collector what the task keeps (see `TaskEnd::traverse`).
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self.end.peek() {
-            Some(end) => end.traverse(&visit),
-            None => Ok(()),
-        }
+        self.shared.given.traverse(&visit)
     }
 
     /// `settle.Task[int]`: the type of a task whose coroutine returns an

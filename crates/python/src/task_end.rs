@@ -17,12 +17,113 @@ use tokio::sync::{Mutex, OnceCell};
 
 use crate::errors;
 
-/// How the coroutine ended, as its asyncio task reports it.
+/// How the coroutine ended, as its asyncio task reports it to the kernel:
+/// what it returned or raised is in its [`Given`], not in the kernel's
+/// channel, where the collector could not see it.
 pub(crate) enum Ended {
-    Returned(Py<PyAny>),
-    /// The exception it raised (an instance).
-    Raised(Py<PyAny>),
+    Returned,
+    Raised,
     Cancelled,
+}
+
+/// What the coroutine gave (its value, or the exception it raised with
+/// the traceback it had then), put here by its asyncio task before it
+/// reports its end, and kept for every awaiter. Its settle.Task shows it
+/// to the collector ([`traverse`](Self::traverse)) from the moment it is
+/// here, awaited or not, as an `asyncio.Task` shows its result and
+/// exception: a cycle through it (an exception whose traceback holds a
+/// frame that holds the task, a result that holds its task) is collected.
+#[derive(Default)]
+pub(crate) struct Given(std::sync::Mutex<Option<Gave>>);
+
+enum Gave {
+    Value(Py<PyAny>),
+    Raised {
+        exception: Py<PyAny>,
+        traceback: Option<Py<PyAny>>,
+    },
+}
+
+impl Given {
+    /// The coroutine returned `value`.
+    pub fn returned(&self, value: Py<PyAny>) {
+        self.put(Gave::Value(value));
+    }
+
+    /// The coroutine raised `exception` (an instance).
+    pub fn raised(&self, exception: &Bound<'_, PyAny>) {
+        let traceback = exception
+            .getattr(pyo3::intern!(exception.py(), "__traceback__"))
+            .ok()
+            .filter(|tb| !tb.is_none())
+            .map(Bound::unbind);
+        self.put(Gave::Raised {
+            exception: exception.clone().unbind(),
+            traceback,
+        });
+    }
+
+    fn put(&self, gave: Gave) {
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(gave);
+    }
+
+    /// Shows the collector what is kept (a settle.Task's `__traverse__`;
+    /// only its task visits it). Skipped while it is being read:
+    /// traversal must not wait.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Ok(slot) = self.0.try_lock() else {
+            return Ok(());
+        };
+        match &*slot {
+            Some(Gave::Value(value)) => visit.call(value),
+            Some(Gave::Raised {
+                exception,
+                traceback,
+            }) => {
+                visit.call(exception)?;
+                visit.call(traceback)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The value, or the exception raised again with the traceback it had
+    /// when the coroutine raised it (as `asyncio.Task.result()` does: an
+    /// exception raised to many awaiters does not grow a traceback entry
+    /// each).
+    fn hand<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (value, exception, traceback) = {
+            let slot = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &*slot {
+                Some(Gave::Value(value)) => (Some(value.bind(py).clone()), None, None),
+                Some(Gave::Raised {
+                    exception,
+                    traceback,
+                }) => (
+                    None,
+                    Some(exception.bind(py).clone()),
+                    traceback.as_ref().map(|tb| tb.bind(py).clone()),
+                ),
+                None => (None, None, None),
+            }
+        };
+        match (value, exception) {
+            (Some(value), _) => Ok(value),
+            (None, Some(exception)) => {
+                let traceback = traceback.unwrap_or_else(|| py.None().into_bound(py));
+                let _ = exception.call_method1(pyo3::intern!(py, "with_traceback"), (traceback,));
+                Err(PyErr::from_value(exception))
+            }
+            (None, None) => Err(errors::error("the task's end was not kept")),
+        }
+    }
 }
 
 /// What the awaiters of one task share: its handle, what cancels it while
@@ -30,6 +131,7 @@ pub(crate) enum Ended {
 pub(crate) struct TaskEnd {
     handle: Mutex<TaskHandle<Ended>>,
     canceller: WorkCanceller,
+    given: Arc<Given>,
     end: OnceCell<Told>,
 }
 
@@ -37,15 +139,10 @@ pub(crate) struct TaskEnd {
 #[derive(Clone)]
 pub(crate) struct Told(Arc<Kept>);
 
-/// A task's end as it is kept, as Python objects the collector sees
-/// ([`TaskEnd::traverse`]): an exception's traceback holds the frames
-/// that awaited the task, which hold the task.
 enum Kept {
-    /// What the coroutine returned.
-    Value(Py<PyAny>),
-    /// What it raised: every awaiter gets this same exception, as from an
-    /// `asyncio.Task`.
-    Raised(Py<PyAny>),
+    /// What the coroutine gave: every awaiter gets the same value, or the
+    /// same exception, as from an `asyncio.Task`.
+    Given(Arc<Given>),
     /// The kernel's word (it was cancelled, detached, or the kernel
     /// stopped): each awaiter gets an exception of its own, as each
     /// awaiter of a cancelled `asyncio.Task` gets a `CancelledError` of
@@ -54,10 +151,11 @@ enum Kept {
 }
 
 impl TaskEnd {
-    pub fn new(handle: TaskHandle<Ended>) -> Self {
+    pub fn new(handle: TaskHandle<Ended>, given: Arc<Given>) -> Self {
         TaskEnd {
             canceller: handle.canceller(),
             handle: Mutex::new(handle),
+            given,
             end: OnceCell::new(),
         }
     }
@@ -76,8 +174,7 @@ impl TaskEnd {
                 // Polled again only if an earlier awaiter was dropped
                 // before it had the end: the handle has not answered yet.
                 let kept = match (&mut *handle).await {
-                    Ok(Ended::Returned(value)) => Kept::Value(value),
-                    Ok(Ended::Raised(error)) => Kept::Raised(error),
+                    Ok(Ended::Returned | Ended::Raised) => Kept::Given(self.given.clone()),
                     Ok(Ended::Cancelled) => Kept::Said(
                         errors::Cancelled::new_err,
                         "the task was cancelled and gave no result".to_owned(),
@@ -92,17 +189,6 @@ impl TaskEnd {
             .await
             .clone()
     }
-
-    /// Shows the collector the end this task keeps (`__traverse__`), as an
-    /// `asyncio.Task` shows its result and exception: a cycle through it
-    /// (an exception whose traceback holds the frame that held the task, a
-    /// result that holds its task) is then collected.
-    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self.end.get().map(|told| &*told.0) {
-            Some(Kept::Value(object) | Kept::Raised(object)) => visit.call(object),
-            Some(Kept::Said(..)) | None => Ok(()),
-        }
-    }
 }
 
 impl<'py> IntoPyObject<'py> for Told {
@@ -113,8 +199,7 @@ impl<'py> IntoPyObject<'py> for Told {
     /// The value, or the exception raised again.
     fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
         match &*self.0 {
-            Kept::Value(value) => Ok(value.bind(py).clone()),
-            Kept::Raised(error) => Err(PyErr::from_value(error.bind(py).clone())),
+            Kept::Given(given) => given.hand(py),
             Kept::Said(class, message) => Err(class(message.clone())),
         }
     }

@@ -486,3 +486,49 @@ async def test_a_task_that_raised_or_returned_is_collected_once_nobody_holds_it(
     gc.collect()
     left = [type(r()).__name__ for r in ends if r() is not None]
     assert left == [], f"kept after gc.collect(): {left}"
+
+
+async def test_a_task_nobody_awaited_is_collected_with_what_holds_it(kernel):
+    # Found from outside: an end no caller had awaited yet was kept where
+    # the collector could not see it, so an object keeping its tasks in a
+    # list, whose tool raised unawaited, stayed alive with them for good.
+    import gc
+    import weakref
+
+    class Agent:
+        def __init__(self) -> None:
+            self.tasks: list = []
+
+        async def tool(self) -> None:
+            await asyncio.sleep(0)
+            raise KeyError("unawaited")
+
+    held: list = []
+    for i in range(5):
+        session = await kernel.register(f"s{i}")
+        agent = Agent()
+        agent.tasks.append(await session.spawn(agent.tool()))
+        held.append(weakref.ref(agent))
+        await session.finish()  # the tool has ended: the session waited for it
+        del agent
+    gc.collect()
+    assert [r for r in held if r() is not None] == []
+
+
+async def test_an_exception_raised_to_many_awaiters_does_not_grow_its_traceback(kernel):
+    import traceback
+
+    session = await kernel.register("s")
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise KeyError("again")
+
+    task = await session.spawn(fails())
+    lengths = []
+    for _ in range(20):
+        try:
+            await task
+        except KeyError as error:
+            lengths.append(len(traceback.extract_tb(error.__traceback__)))
+    assert len(set(lengths)) == 1, lengths
