@@ -16,7 +16,7 @@ use settle_core::{
 };
 
 use crate::reference::{Answer, Model, RefPolicy};
-use crate::strategies::{Span, Step};
+use crate::strategies::{AdoptedMember, Span, Step};
 use crate::sut::{Observed, Sut};
 
 /// One step as the driver saw it.
@@ -46,48 +46,52 @@ impl Ctx<'_> {
         self.base + Duration::from_millis(self.now_ms)
     }
 
+    /// How the last work of `kind` of `session` ended among the effects
+    /// before the `i`-th one, if one did.
+    fn ended_before(&self, i: usize, session: SessionId, kind: WorkKind) -> Option<Outcome> {
+        self.before(i).iter().rev().find_map(|e| match e {
+            Effect::EndWork { work, outcome } if work.session == session && work.kind == kind => {
+                Some(*outcome)
+            }
+            _ => None,
+        })
+    }
+
+    /// What this step adopted of `session`, if it did: its record starts
+    /// again here.
+    fn adopted(&self, session: SessionId) -> Option<AdoptedMember> {
+        match self.applied() {
+            true => self
+                .step
+                .adopted()
+                .into_iter()
+                .find(|m| m.0 == session.get()),
+            false => None,
+        }
+    }
+
     /// The outcome of `session`'s last turn as the effects before the `i`-th
     /// one tell: the last turn ended among them, else the one ended before
     /// the step, or the one it was adopted with when this step adopted it
     /// (its record starts again here, and may end in this same step: an
     /// eviction that makes room for it can wind its new parent down).
     fn last_turn_before(&self, seen: &Observed, i: usize, session: SessionId) -> Option<Outcome> {
-        let ended = self.before(i).iter().rev().find_map(|e| match e {
-            Effect::EndWork { work, outcome }
-                if work.session == session && work.kind == WorkKind::Turn =>
-            {
-                Some(*outcome)
-            }
-            _ => None,
-        });
-        let adopted = match self.applied() {
-            true => self.step.adopted(),
-            false => Vec::new(),
-        };
-        ended.or_else(|| match adopted.iter().find(|m| m.0 == session.get()) {
-            Some(&(_, _, last_outcome, _)) => last_outcome,
-            None => seen.last_turn.get(&session.get()).copied(),
-        })
+        self.ended_before(i, session, WorkKind::Turn)
+            .or_else(|| match self.adopted(session) {
+                Some((_, _, last_outcome, _)) => last_outcome,
+                None => seen.last_turn.get(&session.get()).copied(),
+            })
     }
 
     /// The outcome of `session`'s last task as the effects before the
     /// `i`-th one tell, else as ended before the step (none for a session
-    /// this step adopted: its record starts again here).
+    /// this step adopted).
     fn last_task_before(&self, seen: &Observed, i: usize, session: SessionId) -> Option<Outcome> {
-        let ended = self.before(i).iter().rev().find_map(|e| match e {
-            Effect::EndWork { work, outcome }
-                if work.session == session && work.kind == WorkKind::Task =>
-            {
-                Some(*outcome)
-            }
-            _ => None,
-        });
-        let adopted = self.applied() && self.step.adopted().iter().any(|m| m.0 == session.get());
-        match (ended, adopted) {
-            (Some(outcome), _) => Some(outcome),
-            (None, true) => None,
-            (None, false) => seen.last_task.get(&session.get()).copied(),
-        }
+        self.ended_before(i, session, WorkKind::Task)
+            .or_else(|| match self.adopted(session) {
+                Some(_) => None,
+                None => seen.last_task.get(&session.get()).copied(),
+            })
     }
 
     /// The effects before the `i`-th one.
