@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
-use settle_core::{Core, Event, Handled, SessionId};
+use settle_core::{Core, Event, Handled, SessionId, WorkId};
 
 struct Counting;
 
@@ -188,9 +188,22 @@ fn check_workload() {
     let ops = workload(0x005e_771e, SLOTS, EVENTS);
     let mut core = Core::new(bench_policy());
     let now = Instant::now();
+    // A start is answered with its turn's work, numbered from 1 per session.
+    let mut turns: HashMap<u64, u32> = HashMap::new();
     for op in &ops {
         match event(*op) {
-            Some(e) => assert_eq!(core.handle(now, e), Ok(Handled::Applied), "{op:?}"),
+            Some(e) => {
+                let handled = core.handle(now, e);
+                let expected = match *op {
+                    Op::Start(id) => {
+                        let no = turns.entry(id).or_insert(0);
+                        *no += 1;
+                        Handled::Started(WorkId::turn(SessionId(id), *no))
+                    }
+                    _ => Handled::Applied,
+                };
+                assert_eq!(handled, Ok(expected), "{op:?}");
+            }
             None => {
                 let Op::Forget(id) = *op else { unreachable!() };
                 assert!(core.forget(SessionId(id)), "{op:?}");
