@@ -1,9 +1,9 @@
-//! One member of a tree adopted from another process (SPEC §12).
+//! A session adopted from another process, alone or in its tree (SPEC §12).
 
 use crate::{Holds, Outcome, Scope, SessionId};
 
-/// A session another process released, as [`Event::AdoptTree`](crate::Event::AdoptTree)
-/// names it: what [`Event::Adopt`](crate::Event::Adopt) carries for one.
+/// A session another process released, as [`Event::Adopt`](crate::Event::Adopt)
+/// carries it and each member of an [`Event::AdoptTree`](crate::Event::AdoptTree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Adoptee {
     /// The session's identity (its row id).

@@ -78,7 +78,7 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
         | Event::SkipDrain
         | Event::LeaseLost
         | Event::BeginHandoff { .. }
-        | Event::Adopt { .. }
+        | Event::Adopt(_)
         | Event::AdoptTree { .. } => return None,
     };
     Some(asked)

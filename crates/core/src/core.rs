@@ -18,9 +18,9 @@ use crate::sessions::Sessions;
 use crate::tree::{open_descendants_bottom_up, open_sessions_bottom_up};
 use crate::view::SessionView;
 use crate::{
-    Adoptee, Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize,
-    Handled, Hold, Move, Outcome, Policy, Scope, SessionId, ShutdownSummary, State, Sweep,
-    Transition, Transitions, WorkId, WorkKind,
+    Budget, BudgetLimit, CancelMode, Cause, Effect, EndReason, Error, Event, Finalize, Handled,
+    Hold, Move, Outcome, Policy, Scope, SessionId, ShutdownSummary, State, Sweep, Transition,
+    Transitions, WorkId, WorkKind,
 };
 
 /// The sans-IO lifecycle kernel for one tree (or forest) of agent sessions.
@@ -173,24 +173,7 @@ impl Core {
             Event::SkipDrain => Ok(self.skip_drain(now)),
             Event::LeaseLost => Ok(self.lease_lost(now)),
             Event::BeginHandoff { drain } => Ok(self.begin(now, drain, true)),
-            Event::Adopt {
-                session,
-                parent,
-                turns,
-                last_outcome,
-                holds,
-                scope,
-            } => {
-                let one = Adoptee {
-                    session,
-                    parent,
-                    turns,
-                    last_outcome,
-                    holds,
-                    scope,
-                };
-                self.adopt(now, vec![one])
-            }
+            Event::Adopt(one) => self.adopt(now, vec![one]),
             Event::AdoptTree { members } => self.adopt(now, members),
         };
         if !self.interrupts.is_empty() {

@@ -279,35 +279,21 @@ pub enum Event {
     /// Take over a session another process released (SPEC §12): it is
     /// registered here as it was left, open and idle, with its turn count
     /// (its next turn is `turns + 1`) and the outcome of its last turn.
-    /// Under `parent` when this core has that parent registered or running
-    /// and not closing; otherwise (its parent lives elsewhere, or is gone)
-    /// as a root of this core. Refused like a registration: while shutting
-    /// down, for an id this core keeps or finalized; at the LRU cap it is
-    /// refused [`NoRoomToAdopt`](crate::Error::NoRoomToAdopt), evicting
-    /// nothing (G12: the sessions it would evict may be in use). A session this core released itself may be adopted
-    /// back. **A driver asks the store first**: its conditional update
+    /// Under its `parent` when this core has that parent registered or
+    /// running and not closing; otherwise (its parent lives elsewhere, or is
+    /// gone) as a root of this core. Refused like a registration: while
+    /// shutting down, for an id this core keeps or finalized; at the LRU cap
+    /// it is refused [`NoRoomToAdopt`](crate::Error::NoRoomToAdopt),
+    /// evicting nothing (G12: the sessions it would evict may be in use). A
+    /// session this core released itself may be adopted back. The tree of
+    /// one of [`AdoptTree`](Self::AdoptTree). **A driver asks the store first**: its conditional update
     /// decides which process wins the session, and only the winner feeds
     /// `Adopt`; a refusal means the driver releases the session again.
     /// (Fed before the store answers, the core could reap the session or
     /// hand it off while the store still has it released, and a sweeper of
     /// another process finalize it too.) [`Withdraw`](Self::Withdraw) admits
     /// an adopted session until it runs a work or has a child.
-    Adopt {
-        /// The session's identity (its row id).
-        session: SessionId,
-        /// Its parent, as the store has it.
-        parent: Option<SessionId>,
-        /// Turns it ran before.
-        turns: u32,
-        /// How its last turn ended.
-        last_outcome: Option<Outcome>,
-        /// The holds it had when it was released (SPEC §5): held, it is
-        /// reclaimable by no automatic path here either.
-        holds: Holds,
-        /// Whose it is, for the LRU cap, as for [`Register`](Self::Register):
-        /// room is made for it only among sessions of this scope.
-        scope: Scope,
-    },
+    Adopt(Adoptee),
     /// Take over a tree of sessions another process released, as one (SPEC
     /// §12, G1): every member is adopted as [`Adopt`](Self::Adopt) adopts
     /// one, or none is. A member whose parent is another member is adopted

@@ -9,8 +9,9 @@ mod support;
 use std::time::Duration;
 
 use settle_core::{
-    CancelMode, Cause, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Finalize, Handled,
-    Hold, Outcome, Policy, Scope, SessionId, State, Sweep, TurnError, TurnErrorKind, WorkId,
+    Adoptee, CancelMode, Cause, Deadline, DeadlineKind, Effect, EndReason, Error, Event, Finalize,
+    Handled, Hold, Outcome, Policy, Scope, SessionId, State, Sweep, TurnError, TurnErrorKind,
+    WorkId,
 };
 use support::{Harness, MS, SEC};
 
@@ -1105,13 +1106,15 @@ fn an_adopted_held_session_wound_down_by_an_eviction_drops_its_holds_first() {
     for (id, parent) in [(3, Some(1)), (4, None), (5, Some(1))] {
         h.register(id, parent);
     }
-    let adopt = |session, parent, holds| Event::Adopt {
-        session: s(session),
-        parent: Some(s(parent)),
-        turns: 0,
-        last_outcome: None,
-        holds,
-        scope: Scope::SHARED,
+    let adopt = |session, parent, holds| {
+        Event::Adopt(Adoptee {
+            session: s(session),
+            parent: Some(s(parent)),
+            turns: 0,
+            last_outcome: None,
+            holds,
+            scope: Scope::SHARED,
+        })
     };
     h.ev(adopt(6, 3, settle_core::Holds::default()));
     let held = settle_core::Holds {

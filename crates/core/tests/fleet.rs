@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use settle_core::{
-    Core, Effect, EndReason, Event, Holds, Outcome, Policy, Scope, SessionId, State, WorkId,
+    Adoptee, Core, Effect, EndReason, Event, Holds, Outcome, Policy, Scope, SessionId, State,
+    WorkId,
 };
 
 const NODES: usize = 2;
@@ -303,14 +304,14 @@ impl Fleet {
                     return;
                 };
                 let row = self.rows[&session.get()].clone();
-                let event = Event::Adopt {
+                let event = Event::Adopt(Adoptee {
                     session,
                     parent: None,
                     turns: row.turns,
                     last_outcome: row.last_outcome,
                     holds: row.holds,
                     scope: Scope::SHARED,
-                };
+                });
                 if self.input(n, event).is_err() {
                     // Refused (a shutdown began): released again at once.
                     let now = self.now;

@@ -181,14 +181,14 @@ fn g12_a_handed_off_session_is_another_processs_to_use() {
 fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
     let mut h = Harness::with(Policy::default().idle_ttl(Some(10 * SEC)).lru_cap(None));
     let s = SessionId(7);
-    h.ev(Event::Adopt {
+    h.ev(Event::Adopt(Adoptee {
         session: s,
         parent: Some(SessionId(3)),
         turns: 2,
         last_outcome: Some(Outcome::Completed),
         holds: Holds::default(),
         scope: Scope::SHARED,
-    });
+    }));
     assert_eq!(h.state(s), State::Registered);
     // Its parent lives elsewhere: a root here.
     assert_eq!(h.core.session(s).unwrap().parent(), None);
@@ -200,14 +200,14 @@ fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
     });
     // Adopting it twice is refused; so is adopting during a shutdown.
     assert_eq!(
-        h.try_ev(Event::Adopt {
+        h.try_ev(Event::Adopt(Adoptee {
             session: s,
             parent: None,
             turns: 2,
             last_outcome: None,
             holds: Holds::default(),
             scope: Scope::SHARED,
-        }),
+        })),
         Err(Error::DuplicateSession(s))
     );
     h.advance(10 * SEC);
@@ -218,14 +218,14 @@ fn g12_an_adopted_session_goes_on_with_its_turns_and_is_reclaimed_like_any() {
 fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
     let mut h = Harness::quiet();
     let s = SessionId(9);
-    h.ev(Event::Adopt {
+    h.ev(Event::Adopt(Adoptee {
         session: s,
         parent: None,
         turns: 4,
         last_outcome: None,
         holds: Holds::default(),
         scope: Scope::SHARED,
-    });
+    }));
     assert_eq!(
         h.try_ev(Event::Withdraw { session: s }),
         Ok(Handled::Applied)
@@ -234,14 +234,14 @@ fn g12_an_adoption_the_store_gave_to_another_process_is_withdrawn() {
     assert!(h.finalized().is_empty());
     h.ev(Event::BeginShutdown { drain: SEC });
     assert_eq!(
-        h.try_ev(Event::Adopt {
+        h.try_ev(Event::Adopt(Adoptee {
             session: SessionId(10),
             parent: None,
             turns: 0,
             last_outcome: None,
             holds: Holds::default(),
             scope: Scope::SHARED,
-        }),
+        })),
         Err(Error::ShuttingDown)
     );
 }
@@ -284,14 +284,14 @@ fn g3_g12_a_held_session_is_released_with_its_holds_and_adopted_held() {
             .orphan_grace(SEC)
             .lru_cap(None),
     );
-    there.ev(Event::Adopt {
+    there.ev(Event::Adopt(Adoptee {
         session: held,
         parent: None,
         turns: 0,
         last_outcome: None,
         holds,
         scope: Scope::SHARED,
-    });
+    }));
     there.ev(Event::TransportAttached {
         session: held,
         close_on_disconnect: false,
@@ -323,14 +323,14 @@ fn g3_g12_a_held_session_is_released_with_its_holds_and_adopted_held() {
 fn g12_an_adoption_at_the_cap_evicts_no_session_and_is_refused() {
     let mut h = Harness::with(Policy::default().idle_ttl(None).lru_cap(Some(2)));
     let mine = [h.register(1, None), h.register(2, None)];
-    let adopt = Event::Adopt {
+    let adopt = Event::Adopt(Adoptee {
         session: SessionId(10),
         parent: None,
         turns: 3,
         last_outcome: Some(Outcome::Completed),
         holds: Holds::default(),
         scope: Scope::SHARED,
-    };
+    });
     assert_eq!(h.try_ev(adopt), Err(Error::NoRoomToAdopt { cap: 2 }));
     assert!(h.finalized().is_empty(), "{:?}", h.finalized());
     for id in mine {

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::strategy::Union;
 use settle_core::{
-    Budget, CancelMode, Event, Hold, Outcome, Scope, SessionId, State, Sweep, WorkId,
+    Adoptee, Budget, CancelMode, Event, Hold, Outcome, Scope, SessionId, State, Sweep, WorkId,
 };
 
 use crate::reference::{Model, RefPolicy};
@@ -269,7 +269,7 @@ impl Step {
                 holds: (pending_input, delegation),
                 scope,
                 child: None,
-            } => Event::Adopt {
+            } => Event::Adopt(Adoptee {
                 session: sid(session),
                 parent: parent.map(sid),
                 turns,
@@ -279,7 +279,7 @@ impl Step {
                     delegation,
                 },
                 scope: Scope(scope),
-            },
+            }),
             Step::Adopt {
                 session,
                 parent,
