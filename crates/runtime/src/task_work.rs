@@ -3,6 +3,7 @@
 //! started with. The handle side, what the caller holds, is in `task.rs`.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 
 use futures_util::FutureExt;
@@ -36,7 +37,12 @@ where
         Box::pin(async move {
             let work = ctx.work;
             let (token, revoked) = (ctx.token.clone(), ctx.revoked.clone());
-            let ended = std::panic::AssertUnwindSafe(make(ctx)).catch_unwind().await;
+            // The closure's own code before its future (building a
+            // command, a client) may panic too: it ends the task the same way.
+            let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| make(ctx))) {
+                Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
+                Err(panic) => Err(panic),
+            };
             // Labelled as it ended: a cancel that lands after it returned
             // does not make it cancelled.
             let (end, result) = match ended {

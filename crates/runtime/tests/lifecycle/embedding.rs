@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use settle_runtime::{
-    process, CancelMode, Chunk, EndReason, LifecycleEvent, Outcome, TaskError, TurnRequest,
+    process, CancelMode, Chunk, EndReason, LifecycleEvent, Outcome, State, TaskError, TurnRequest,
 };
 use settle_store::MemoryStore;
 
@@ -95,6 +95,28 @@ async fn g1_a_session_waits_for_its_tasks_and_a_panicking_task_says_why() {
     // Finishing cancels the task; it unwinds at once with its own answer.
     assert_eq!(slow.join().await, Ok(0));
     assert_eq!(finishing.await.unwrap().unwrap(), EndReason::Completed);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A task whose closure panics before it returns its future ends as one
+/// whose future panicked: its caller hears why, and its session goes back
+/// to idle (G5: nothing waits on a work that can no longer report).
+#[tokio::test(start_paused = true)]
+async fn g5_a_task_whose_closure_panics_before_its_future_ends_panicked() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("agent", None).await.unwrap();
+    let broken = session
+        .spawn(|_| -> std::future::Ready<u32> { panic!("no tool to build") })
+        .await
+        .unwrap();
+    let joined = tokio::time::timeout(Duration::from_secs(1), broken.join()).await;
+    assert_eq!(
+        joined,
+        Ok(Err(TaskError::Panicked("no tool to build".into())))
+    );
+    assert_eq!(session.state().await.unwrap(), State::Registered);
+    assert_eq!(session.finish().await.unwrap(), EndReason::Completed);
     kernel.shutdown(Duration::ZERO).await;
 }
 
