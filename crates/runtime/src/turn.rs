@@ -18,8 +18,11 @@ use crate::command::Command;
 ///
 /// Dropping a `Turn` before its stream has ended cancels the turn (its
 /// provider stream is closed, G4): a consumer that goes away does not leave a
-/// stream running and spending. Once the stream has ended, or after
-/// [`outcome`](Self::outcome) or [`result`](Self::result), dropping it does
+/// stream running and spending. So does dropping the future of
+/// [`outcome`](Self::outcome), [`result`](Self::result), [`end`](Self::end)
+/// or [`reply`](Self::reply) before it is ready (a timeout around it, its
+/// task aborted): the wait given up on takes the turn with it. Once the
+/// stream has ended, or once one of those has answered, dropping it does
 /// nothing.
 ///
 /// # The next turn after a cancelled one
@@ -257,14 +260,18 @@ impl Turn {
     }
 
     async fn finish(mut self) -> (Outcome, Option<TurnError>) {
-        self.cancel_on_drop = None;
         // Nobody reads the rest: the work must not wait for a reader
         // (back-pressure), so its hand-offs fail and it persists on.
         self.chunks.close();
-        match self.outcome.take() {
+        let end = match self.outcome.take() {
             Some(rx) => rx.await.unwrap_or((Outcome::Interrupted, None)),
             None => (Outcome::Interrupted, None),
-        }
+        };
+        // Told its end: the handle has nothing left to cancel. Until then
+        // it is still armed, so a wait given up on (a timeout, an aborted
+        // task) drops it as a consumer gone, and the turn is cancelled.
+        self.cancel_on_drop = None;
+        end
     }
 }
 

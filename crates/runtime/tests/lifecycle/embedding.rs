@@ -191,6 +191,45 @@ async fn g4_a_turn_dropped_mid_stream_closes_its_provider_stream() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
+/// A wait for a turn's end given up on (a timeout, an aborted task) is a
+/// consumer gone before the stream ended: the turn is cancelled and its
+/// provider stream closed, whichever of `outcome`, `result`, `end` or
+/// `reply` was waiting (G4).
+#[tokio::test(start_paused = true)]
+async fn g4_a_wait_for_a_turns_end_given_up_cancels_the_turn() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let session = kernel.register("agent", None).await.unwrap();
+    let p = provider((0..4).map(|_| hang(&["one"], 10 * MS)));
+    for (n, how) in ["outcome", "result", "end", "reply"]
+        .into_iter()
+        .enumerate()
+    {
+        let turn = start(&session, &p).await;
+        let wait = async move {
+            match how {
+                "outcome" => drop(turn.outcome().await),
+                "result" => drop(turn.result().await),
+                "end" => drop(turn.end().await),
+                _ => drop(turn.reply().await),
+            }
+        };
+        let waited = tokio::time::timeout(100 * MS, wait).await;
+        assert!(
+            waited.is_err(),
+            "{how}: the turn hangs, so the wait times out"
+        );
+        settle_tasks().await;
+        tokio::time::sleep(50 * MS).await;
+        assert_eq!(p.stats().close_started, n + 1, "{how}: {:?}", p.stats());
+        assert_eq!(session.state().await.unwrap(), State::Registered, "{how}");
+    }
+    let d = detail(&store, session.id()).await;
+    let outcomes: Vec<_> = d.turns.iter().map(|t| t.outcome).collect();
+    assert_eq!(outcomes, vec![Some(Outcome::Cancelled); 4]);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
 /// The state of process `pid` as /proc tells it (`None` once it is gone).
 fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
