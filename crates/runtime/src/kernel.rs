@@ -342,7 +342,9 @@ impl Kernel {
             let _ = self.send(Command::Withdraw { session, error });
         };
         let stopped = self.stopped();
-        crate::told::RegisterTold::registered(send, withdraw, deadline, patience, stopped).await
+        let commands = self.commands();
+        crate::told::RegisterTold::registered(send, withdraw, commands, deadline, patience, stopped)
+            .await
     }
 
     pub(crate) fn commands(&self) -> mpsc::WeakUnboundedSender<Command> {

@@ -594,6 +594,11 @@ impl Kernel {
     /// process `LiveElsewhere`; only an id the store has never had is
     /// `Lifecycle(UnknownSession)`.
     ///
+    /// Dropping the returned future before it is ready (a timeout around
+    /// it, its task aborted) gives the registration up: a session made for
+    /// it meanwhile, which nobody can hold, is cancelled once made, as one
+    /// whose guard was dropped is, rather than left live.
+    ///
     /// # Errors
     /// [`RuntimeError::Lifecycle`] when the core refuses, [`RuntimeError::Store`]
     /// or [`RuntimeError::StoreTimeout`] when the row cannot be written;

@@ -19,7 +19,9 @@
 //!   caller is told (its next ask finds it gone), and its row, if the store
 //!   writes it after all, is ended, as one refused at the store timeout
 //!   that may have been written is; one still waiting in the driver for
-//!   its ids is dropped there, never registered.
+//!   its ids is dropped there, never registered. A caller that stops
+//!   waiting before either (its future dropped) never takes the session it
+//!   is told: the answer ends it ([`UnclaimedSession`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -238,8 +240,10 @@ impl Announced {
 /// registered as once the driver has (so that a caller giving up has the
 /// kernel withdraw it).
 pub(crate) struct RegisterWaiter {
-    reply: Reply<Arc<SessionShared>>,
+    reply: Reply<UnclaimedSession>,
     session: Option<SessionId>,
+    /// Where a registration nobody took is ended.
+    commands: mpsc::WeakUnboundedSender<Command>,
 }
 
 /// The caller of a registration, until told.
@@ -248,7 +252,41 @@ pub(crate) type RegisterTold = Told<RegisterWaiter>;
 impl RegisterWaiter {
     /// Tells the caller `answer`.
     pub(crate) fn tell(self, answer: Result<Arc<SessionShared>, RuntimeError>) {
-        let _ = self.reply.send(answer);
+        let commands = self.commands;
+        let _ = self.reply.send(answer.map(|shared| UnclaimedSession {
+            shared: Some(shared),
+            commands,
+        }));
+    }
+}
+
+/// A registered session on its way to its caller. A caller that gave up
+/// before it was told (a timeout around its wait, its task aborted) never
+/// takes it: the answer is dropped unsent, or unread in the channel, and
+/// the session, which nobody can hold, is ended as an abandoned one is
+/// (`Event::Abandoned`: cancelled, or left to a shutdown that began),
+/// instead of staying live for the process's life.
+pub(crate) struct UnclaimedSession {
+    shared: Option<Arc<SessionShared>>,
+    commands: mpsc::WeakUnboundedSender<Command>,
+}
+
+impl UnclaimedSession {
+    /// Taken by its caller, who is given its handle.
+    fn claim(mut self) -> Option<Arc<SessionShared>> {
+        self.shared.take()
+    }
+}
+
+impl Drop for UnclaimedSession {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        if let Some(commands) = self.commands.upgrade() {
+            let event = Event::Abandoned { session: shared.id };
+            let _ = commands.send(Command::Core { event, reply: None });
+        }
     }
 }
 
@@ -267,6 +305,7 @@ impl RegisterTold {
     pub(crate) async fn registered(
         send: impl FnOnce(RegisterTold) -> Result<(), RuntimeError>,
         withdraw: impl FnOnce(SessionId, String),
+        commands: mpsc::WeakUnboundedSender<Command>,
         deadline: tokio::time::Instant,
         patience: Duration,
         stopped: impl std::future::Future<Output = ()>,
@@ -275,10 +314,14 @@ impl RegisterTold {
         let slot = Told::new(RegisterWaiter {
             reply,
             session: None,
+            commands,
         });
         send(slot.clone())?;
         let (waiter, last) = match slot.wait(answer, deadline, stopped).await {
-            Ok(answer) => return answer.ok_or(RuntimeError::Stopped)?,
+            Ok(answer) => {
+                let registered = answer.ok_or(RuntimeError::Stopped)??;
+                return registered.claim().ok_or(RuntimeError::Stopped);
+            }
             Err(given_up) => given_up,
         };
         let what = "registering a session";

@@ -230,7 +230,7 @@ async fn g5_a_steady_stream_of_commands_does_not_delay_a_detach() {
     kernel.shutdown(Duration::ZERO).await;
 }
 
-/// A store whose registering batches never answer while `stall` is set.
+/// A store whose registering batches wait while `stall` is set.
 #[derive(Clone)]
 struct Stalling {
     inner: MemoryStore,
@@ -267,7 +267,7 @@ impl SessionStore for Stalling {
     async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush().await
     }
-    /// A batch that registers a session never answers while `stall` is set.
+    /// A batch that registers a session waits while `stall` is set.
     async fn apply(
         &self,
         batch: Vec<settle_store::LifecycleWrite>,
@@ -275,8 +275,8 @@ impl SessionStore for Stalling {
         let registers = batch
             .iter()
             .any(|w| matches!(w, settle_store::LifecycleWrite::Register(_)));
-        if registers && self.stall.load(std::sync::atomic::Ordering::SeqCst) {
-            std::future::pending::<()>().await;
+        while registers && self.stall.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(MS).await;
         }
         self.inner.apply(batch).await
     }
@@ -376,6 +376,45 @@ async fn g5_a_stalled_registration_stalls_nothing_else() {
     store
         .stall
         .store(false, std::sync::atomic::Ordering::SeqCst);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A registration its caller gave up on before it was answered (a timeout
+/// around it, its task aborted) is ended once it is made: nobody can hold
+/// its session, so it is cancelled as an abandoned one is, not left live
+/// for the process's life holding a place (G3).
+#[tokio::test(start_paused = true)]
+async fn g3_a_registration_given_up_by_its_caller_is_not_left_live() {
+    let store = Stalling {
+        inner: MemoryStore::new(),
+        stall: Arc::default(),
+    };
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .lru_cap(None)
+        .start()
+        .await
+        .unwrap();
+    store.stall.store(true, std::sync::atomic::Ordering::SeqCst);
+    let given_up = tokio::time::timeout(10 * MS, kernel.register("late", None)).await;
+    assert!(given_up.is_err(), "{given_up:?}");
+    store
+        .stall
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(100 * MS).await;
+    settle_tasks().await;
+    let tracked = kernel.tracked().await.unwrap();
+    assert_eq!(tracked.core_sessions, 0, "{tracked:?}");
+    let rows = store
+        .inner
+        .list_sessions(settle_store::SessionFilter::default())
+        .await
+        .unwrap();
+    let ends: Vec<_> = rows.iter().map(|r| (r.state, r.end_reason)).collect();
+    assert_eq!(
+        ends,
+        vec![(settle_store::State::Finalized, Some(EndReason::Cancelled))]
+    );
     kernel.shutdown(Duration::ZERO).await;
 }
 
