@@ -65,9 +65,12 @@ impl<C: Close + ?Sized> Close for Box<C> {
 /// politely). A close that acknowledges takes milliseconds.
 pub const ASYNC_CLOSE_BOUND: Duration = Duration::from_secs(10);
 
-/// Close `stream` and never fail: try the async close, fall back to the sync
-/// close if it errors or panics, give it up if it has not returned within
-/// [`ASYNC_CLOSE_BOUND`], and log what went wrong.
+/// Close `stream` and never fail: the async close (the sync one in place
+/// when the stream says it has nothing to wait for), given up if it has not
+/// returned within [`ASYNC_CLOSE_BOUND`], and what went wrong logged. A
+/// close that fails or panics is the stream's one close all the same: it is
+/// not tried again another way (G4; the stream's owner drops it after, which
+/// releases what it holds).
 ///
 /// This is the only closer the wrappers use, so every path logs the same way.
 pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
@@ -97,8 +100,7 @@ pub async fn close_best_effort<C: Close + ?Sized>(stream: &mut C) {
             return;
         }
     };
-    tracing::warn!(%error, "async close of a provider stream failed; trying the sync close");
-    close_now_logged(stream);
+    tracing::warn!(%error, "async close of a provider stream failed; the stream is dropped");
 }
 
 /// Close `stream` as [`close_best_effort`] does, but wait for it at most

@@ -294,17 +294,25 @@ async fn g4_an_async_close_that_never_returns_is_given_up_at_its_bound_and_the_s
     assert_eq!(log.holders(), 1, "the dropped stream is still held");
 }
 
+/// A close that panics or fails is swallowed, and it is the stream's one
+/// close: it is not tried again another way (G4, and the `Close` trait's
+/// word that the wrappers never close twice).
 #[tokio::test(start_paused = true)]
-async fn g4_a_panicking_close_is_swallowed() {
-    let log = Log::default();
-    let mut inner = Recording::new(&log, [Step::Hang]).close_kind(CloseKind::Panics);
-    close_best_effort(&mut inner).await;
-    let mut stream = Guarded::new(Recording::new(&log, [Step::Fail]).close_kind(CloseKind::Panics));
-    assert!(stream.next().await.unwrap().is_err());
-    assert!(stream.next().await.is_none());
-    drop(Guarded::new(
-        Recording::new(&log, [Step::Hang]).close_kind(CloseKind::Panics),
-    ));
+async fn g4_a_panicking_or_failing_close_is_swallowed_and_not_tried_again() {
+    for kind in [CloseKind::Panics, CloseKind::AsyncFails] {
+        let log = Log::default();
+        let mut inner = Recording::new(&log, [Step::Hang]).close_kind(kind);
+        close_best_effort(&mut inner).await;
+        assert_eq!(log.count("close"), 1, "{kind:?}: {:?}", log.entries());
+        let mut stream = Guarded::new(Recording::new(&log, [Step::Fail]).close_kind(kind));
+        assert!(stream.next().await.unwrap().is_err());
+        assert!(stream.next().await.is_none());
+        assert_eq!(log.count("close"), 2, "{kind:?}: {:?}", log.entries());
+        let mut stream = Guarded::new(Recording::new(&log, [Step::Hang]).close_kind(kind));
+        stream.close().await.unwrap();
+        drop(stream);
+        assert_eq!(log.count("close"), 3, "{kind:?}: {:?}", log.entries());
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -64,6 +64,9 @@ pub enum CloseKind {
     AsyncOnly(Duration),
     /// The close panics.
     Panics,
+    /// The async close fails (the provider says it could not close); the
+    /// sync close works.
+    AsyncFails,
 }
 
 pub struct Recording {
@@ -141,13 +144,17 @@ impl Close for Recording {
                 self.log.push("closed");
                 Ok(())
             }
+            CloseKind::AsyncFails => {
+                self.log.push("close");
+                Err(CloseError::Failed("the server did not acknowledge".into()))
+            }
             _ => self.close_now(),
         }
     }
 
     fn close_now(&mut self) -> Result<(), CloseError> {
         match self.close {
-            CloseKind::Sync => {
+            CloseKind::Sync | CloseKind::AsyncFails => {
                 self.log.push("close");
                 self.log.push("closed");
                 Ok(())
