@@ -166,13 +166,16 @@ impl KernelBuilder {
             },
         );
         let driver = tokio::spawn(driver.run());
-        let stopped_tx = stopped.clone();
+        // Cancelled once this task ends, or is dropped with the runtime it
+        // runs on (a program that drops its runtime without a shutdown):
+        // either way the kernel has stopped, and its handles say so at once.
+        let stopped_on_drop = stopped.clone().drop_guard();
         let finished = tokio::spawn(async move {
+            let _stopped = stopped_on_drop;
             let _ = driver.await;
             // The recorder ends once the driver's last record is applied.
             let _ = recorder.await;
             lease.abort();
-            stopped_tx.cancel();
         });
         Ok(Kernel {
             inner: Arc::new(Inner {
@@ -232,6 +235,14 @@ struct Inner {
 /// it. When the last clone (and the last
 /// [`SessionHandle`](crate::SessionHandle)) is dropped, the kernel shuts down
 /// with no drain. A [`WeakKernel`] does not keep it alive.
+///
+/// Its tasks run on the tokio runtime it was started on, which must run
+/// until [`shutdown`](Self::shutdown) returns; its methods (and its
+/// handles') are called from within a tokio runtime with its time driver
+/// on (`enable_all`), that one or another, as they wait with tokio's
+/// timers. A kernel whose runtime was dropped without a shutdown has
+/// stopped: its methods answer `Stopped`, and what it left live is
+/// recovered as a crashed process's is.
 #[derive(Clone)]
 pub struct Kernel {
     inner: Arc<Inner>,
@@ -550,7 +561,10 @@ impl Kernel {
     /// settled and finalized. Returns what it did once every session is
     /// finalized and every write applied, or once the shutdown's budget
     /// (drain + settle timeout + flush budget) ran out on a stalled store:
-    /// then [`ShutdownReport::left_recoverable`] names what was left.
+    /// then [`ShutdownReport::left_recoverable`] names what was left. Asked
+    /// of a kernel that stopped without one (the tokio runtime it was
+    /// started on was dropped), it returns at once a report that says so,
+    /// [`ShutdownReport::stopped_without_shutdown`].
     pub async fn shutdown(&self, drain: Duration) -> ShutdownReport {
         let (tx, rx) = oneshot::channel();
         let answered = match self.send(Command::Shutdown {
@@ -563,7 +577,18 @@ impl Kernel {
         self.finished().await;
         answered
             .or_else(|| self.inner.last_report.get().cloned())
-            .unwrap_or_default()
+            .unwrap_or_else(|| self.stopped_without_shutdown())
+    }
+
+    /// The report of a shutdown asked of a kernel that had stopped without
+    /// one (its runtime dropped): nothing was drained or finalized by it,
+    /// and what it left live is recovered as a crashed process's is.
+    fn stopped_without_shutdown(&self) -> ShutdownReport {
+        ShutdownReport {
+            stopped_without_shutdown: true,
+            store_failures: self.store_failures(),
+            ..ShutdownReport::default()
+        }
     }
 
     /// Shuts down with the configured drain timeout.

@@ -6,7 +6,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_runtime::{EndReason, Kernel, LifecycleEvent, Outcome, State, TurnRequest};
+use settle_runtime::{
+    EndReason, Kernel, LifecycleEvent, Outcome, RuntimeError, State, TurnRequest,
+};
 use settle_store::{MemoryStore, RecoverOptions, SessionStore, Store};
 use settle_stream::{ScriptedEnd, ScriptedProvider, TurnScript};
 
@@ -316,4 +318,52 @@ async fn g9_a_kernel_shut_down_and_dropped_lets_go_of_its_store() {
         "{} references to the store are left after the shutdown",
         Arc::strong_count(&store) - 1
     );
+}
+
+/// A kernel whose tokio runtime was dropped without a shutdown has stopped:
+/// its handles say so at once (not after the store timeout, waiting for a
+/// stop nobody will announce), and a shutdown asked for after it says it
+/// found the kernel stopped, not that it finalized nothing cleanly (G9).
+#[test]
+fn g9_a_kernel_whose_runtime_was_dropped_says_it_stopped_at_once() {
+    let store = MemoryStore::new();
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (kernel, session) = first.block_on(async {
+        let kernel = Kernel::builder(Arc::new(store.clone()))
+            .idle_timeout(None)
+            .store_timeout(Duration::from_secs(10))
+            .start()
+            .await
+            .unwrap();
+        let session = kernel.register("left", None).await.unwrap();
+        (kernel, session)
+    });
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let asked = tokio::time::Instant::now();
+        let state = session.state().await;
+        assert!(matches!(state, Err(RuntimeError::Stopped)), "{state:?}");
+        let finished = session.finish().await;
+        assert!(
+            matches!(finished, Err(RuntimeError::Stopped)),
+            "{finished:?}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "the handles waited {:?} to say the kernel stopped",
+            asked.elapsed()
+        );
+        let report = kernel.shutdown(Duration::ZERO).await;
+        assert!(report.stopped_without_shutdown, "{report:?}");
+        assert!(!report.flushed_in_budget, "{report:?}");
+    });
 }
