@@ -10,7 +10,7 @@
 //! | `settle.Chunk` | itself |
 //! | `None` | none (a keepalive) |
 //! | a list or tuple | each element, in order |
-//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::OpenAiChunks`): one with no `choices`, `usage` or `error` (a server's keepalive) none, `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn; a `finish_reason` of `length` or `content_filter` fails it `truncated` at the stream's end (the usage after it still counts), and `stop` says the reply is whole (a cancel after it, a budget its usage exhausts, cuts nothing: `completed`) |
+//! | an OpenAI-shaped chunk: the `openai` package's `ChatCompletionChunk`, or the same as a dict | as the Rust OpenAI provider reads one (`settle_stream::OpenAiChunks`): one with no `choices`, `usage` or `error` (a server's keepalive) none, `choices[0].delta.reasoning_content` (or `reasoning`) a reasoning chunk, `delta.content` text, each of `delta.tool_calls` a tool-call chunk, `usage` a usage chunk; an `error` fails the turn; a `finish_reason` of `length` or `content_filter` fails it `truncated` at the stream's end (the usage after it still counts), and `stop` says the reply is whole (a cancel after it, a budget its usage exhausts, cuts nothing: `completed`); a stream that ends after a chunk with a choice and before any `finish_reason` fails `protocol` (the reply may be cut short) |
 //!
 //! Anything else is refused with `settle.BadInput` (and fails the turn,
 //! saying why): pass `to_chunk=` to read it. So is a string anywhere in an

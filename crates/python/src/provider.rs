@@ -438,11 +438,25 @@ impl PumpSink {
     }
 
     /// The stream ended normally: as its OpenAI-shaped chunks said, a cut
-    /// reply with its truncation.
+    /// reply with its truncation; one that none of them said was done
+    /// fails `protocol`, as the Rust provider fails a stream that ends
+    /// before `data: [DONE]` (the `openai` package ends its stream quietly
+    /// when the connection closes mid-reply).
     fn end(&self) {
-        let cut = self.shared.reply.lock().ok().and_then(|mut r| r.end());
-        let _ = self.shared.items.send(match cut {
-            Some(cut) => Item::Ended(cut),
+        let end = self.shared.reply.lock().ok().and_then(|mut reply| {
+            reply.end().or_else(|| {
+                reply.is_unfinished().then(|| {
+                    StreamError::from(StreamErrorKind::Protocol(
+                        "the stream ended before a chunk's `finish_reason` said the reply was \
+                         done; the reply may be cut short (a connection closed mid-reply ends \
+                         the `openai` package's stream as if the reply were whole)"
+                            .to_owned(),
+                    ))
+                })
+            })
+        });
+        let _ = self.shared.items.send(match end {
+            Some(end) => Item::Ended(end),
             None => Item::End,
         });
     }

@@ -95,6 +95,12 @@ class SseServer:
                         return
                 except asyncio.TimeoutError:
                     pass
+            # As servers do: the last chunk says why the reply ended.
+            if not any(c.get("choices") and c["choices"][0].get("finish_reason") for c in chunks):
+                called = any(c.get("choices") and "tool_calls" in c["choices"][0].get("delta", {}) for c in chunks)
+                finish = {"index": 0, "delta": {}, "finish_reason": "tool_calls" if called else "stop"}
+                body = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "local", "choices": [finish]}
+                writer.write(f"data: {json.dumps(body)}\n\n".encode())
             writer.write(b"data: [DONE]\n\n")
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):

@@ -17,6 +17,7 @@ OPENAI_DICTS = [
     {"choices": [{"index": 0, "delta": {"content": "Checking."}}]},
     {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}}]},
     {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     {"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 9, "total_tokens": 13}},
 ]
 
@@ -61,7 +62,7 @@ async def test_an_openai_chunk_reads_as_the_rust_provider_reads_its_event(kernel
         ),
         # `"error": null` on every chunk, as some servers send, is no error.
         (
-            [{"choices": [{"index": 0, "delta": {"content": "fine"}}], "error": None}],
+            [{"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}], "error": None}],
             ["fine"],
             ("completed", None),
         ),
@@ -74,6 +75,39 @@ async def test_an_openai_chunk_reads_as_the_rust_provider_reads_its_event(kernel
         assert turn.outcome == outcome, (items, turn.error)
         if says is not None:
             assert says in " ".join(turn.error), turn.error
+
+
+async def test_g7_an_openai_reply_that_never_said_it_was_done_fails_and_offers_no_cut_call(kernel):
+    """Found from outside: a connection that dies mid-reply ends the
+    ``openai`` package's stream quietly (no ``[DONE]``, no error), and the
+    turn ended ``completed``: its cut text committed to memory, its cut
+    tool call (``{"path": "/home/user``) given back as a call to run and,
+    after ``resume``, as pending. A reply of OpenAI-shaped chunks whose
+    stream ends before any of them said it was done (``finish_reason``)
+    fails ``protocol``, as the Rust provider fails a stream that ends
+    before ``data: [DONE]``."""
+    cut = [
+        {"choices": [{"index": 0, "delta": {"content": "Deleting. "}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "delete_files", "arguments": "{\"path\": \"/home/user"}}]}}]},
+    ]
+    session = await kernel.register("s")
+    async with await session.turn(Stream(cut), input="tidy up") as turn:
+        got = [c.kind async for c in turn]
+    assert got == ["text", "tool_call"]
+    assert turn.outcome == "failed", turn.error
+    assert turn.error[0] == "protocol", turn.error
+    assert "finish_reason" in turn.error[1], turn.error
+    await session.finish()
+    resumed = await kernel.resume(session, "again")
+    assert resumed.pending_tool_calls == []
+    await resumed.session.finish()
+    # A whole reply says so, and the usage servers send after it still counts.
+    whole = [*cut[:1], {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, {"choices": [], "usage": {"total_tokens": 3}}]
+    session = await kernel.register("s")
+    async with await session.turn(Stream(whole)) as turn:
+        got = [c.kind async for c in turn]
+    assert (got, turn.outcome) == (["text", "usage"], "completed"), turn.error
+    await session.finish()
 
 
 def _openai_chunk(**fields):

@@ -15,6 +15,7 @@ WEATHER_CALL = [
     {"choices": [{"index": 0, "delta": {"content": "Checking."}}]},
     {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}}]},
     {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
 ]
 PROMPT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}]
 

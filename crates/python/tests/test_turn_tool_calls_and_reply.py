@@ -21,6 +21,7 @@ INTERLEAVED = [
     piece(0, arguments='{"path":'),
     piece(1, arguments='ile":"a.txt"}'),
     piece(0, arguments='"/tmp"}'),
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     {"choices": [], "usage": {"completion_tokens": 7, "prompt_tokens": 11, "total_tokens": 18}},
 ]
 

@@ -57,6 +57,8 @@ pub struct OpenAiChunks {
     cut: Option<Truncation>,
     /// A finish reason said the reply is done (whole or cut).
     finished: bool,
+    /// A chunk carried a choice: a reply is under way.
+    replying: bool,
 }
 
 impl OpenAiChunks {
@@ -66,6 +68,11 @@ impl OpenAiChunks {
         value: &Value,
         quote: &dyn Fn(&str) -> String,
     ) -> Vec<Result<StreamEvent, StreamError>> {
+        let replying = value
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|choices| !choices.is_empty());
+        self.replying |= replying;
         let mut out = decode(value, quote, &mut self.cut, &mut self.finished);
         if out.is_empty() {
             out.push(Ok(StreamEvent::KeepAlive));
@@ -83,6 +90,15 @@ impl OpenAiChunks {
     /// ends as that said.
     pub fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// Whether a reply was under way (a chunk carried a choice) and no
+    /// finish reason said it was done: a stream that ends now may have been
+    /// cut short (a connection closed mid-reply), which a client that ends
+    /// its stream quietly at a close without `[DONE]` (the `openai`
+    /// package) does not say.
+    pub fn is_unfinished(&self) -> bool {
+        self.replying && !self.finished
     }
 
     /// At the stream's end: the error it ends with when a finish reason
