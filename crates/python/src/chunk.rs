@@ -14,7 +14,10 @@
 //!
 //! Anything else is refused with `settle.BadInput` (and fails the turn,
 //! saying why): pass `to_chunk=` to read it. So is a string anywhere in an
-//! item that is not UTF-8 (a lone surrogate).
+//! item that is not UTF-8 (a lone surrogate), but for a character split
+//! across two items: the high half a string ends with and the low half the
+//! next string in the same place starts with are one character
+//! ([`SplitSurrogates`]).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -23,6 +26,7 @@ use settle_stream::{Chunk, OpenAiChunks, StreamError, StreamEvent};
 
 use crate::args::Text;
 use crate::convert;
+use crate::split_surrogates::SplitSurrogates;
 
 /// One piece of a turn's output, as the store acknowledged it: text, or a
 /// structured chunk (reasoning, a tool-call piece, usage, data).
@@ -101,10 +105,21 @@ impl PyChunk {
 pub(crate) fn chunks_of(
     item: &Bound<'_, PyAny>,
     out: &mut Vec<StreamEvent>,
-    reply: &mut OpenAiChunks,
+    reply: &mut Reading,
     quote: &dyn Fn(&str) -> String,
 ) -> PyResult<Option<StreamError>> {
     chunks_at(item, out, reply, quote, 0)
+}
+
+/// What a turn's source said so far, for reading its next item: its
+/// OpenAI-shaped chunks as the Rust provider reads them, and the first half
+/// of a character split across two of its strings.
+#[derive(Debug, Default)]
+pub(crate) struct Reading {
+    /// The reply its OpenAI-shaped chunks make.
+    pub chunks: OpenAiChunks,
+    /// A character its last string in a place ended half-way through.
+    pub split: SplitSurrogates,
 }
 
 /// [`chunks_of`] for an item `depth` lists or tuples deep. A list that
@@ -113,7 +128,7 @@ pub(crate) fn chunks_of(
 fn chunks_at(
     item: &Bound<'_, PyAny>,
     out: &mut Vec<StreamEvent>,
-    reply: &mut OpenAiChunks,
+    reply: &mut Reading,
     quote: &dyn Fn(&str) -> String,
     depth: usize,
 ) -> PyResult<Option<StreamError>> {
@@ -122,8 +137,9 @@ fn chunks_at(
     }
     if let Ok(text) = item.cast::<PyString>() {
         // A lone surrogate fails the turn with `BadInput`, as the same
-        // string inside an OpenAI-shaped chunk does.
-        let text = convert::utf8(text)?;
+        // string inside an OpenAI-shaped chunk does, unless it is half of
+        // a character the next `str` completes.
+        let text = reply.split.text(text, &[])?;
         if !text.is_empty() {
             out.push(StreamEvent::Chunk(Chunk::text(text)));
         }
@@ -163,14 +179,14 @@ fn chunks_at(
         return Ok(None);
     }
     if item.is_instance_of::<PyDict>() || item.hasattr("model_dump")? {
-        let value = convert::to_json(item)?;
+        let value = convert::to_json_joining(item, &mut reply.split)?;
         if value.get("choices").is_some()
             || value.get("usage").is_some()
             || value.get("error").is_some()
             || is_openai_chunk(item, &value)?
         {
             // Read as the Rust provider reads the same chunk in an SSE event.
-            for event in reply.read(&value, quote) {
+            for event in reply.chunks.read(&value, quote) {
                 match event {
                     Ok(StreamEvent::KeepAlive) => {}
                     Ok(event) => out.push(event),

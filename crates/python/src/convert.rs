@@ -7,6 +7,8 @@ use pyo3::types::{
 };
 use serde_json::{Map, Number, Value};
 
+use crate::split_surrogates::{SplitSurrogates, Step};
+
 /// How deep a value may nest before it is refused (a cycle, or a value no
 /// model sends).
 pub(crate) const MAX_DEPTH: usize = 64;
@@ -19,10 +21,35 @@ pub(crate) const MAX_DEPTH: usize = 64;
 /// is not UTF-8 (a lone surrogate), wherever it is and whether it is given
 /// or made by `str()`.
 pub(crate) fn to_json(value: &Bound<'_, PyAny>) -> PyResult<Value> {
-    to_json_at(value, 0)
+    to_json_at(value, 0, &mut None)
 }
 
-fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+/// [`to_json`] for an item of a turn's source: a character split across
+/// one of its strings and the string in the same place of the item before
+/// (`split` holds its first half) is joined ([`SplitSurrogates`]).
+pub(crate) fn to_json_joining(
+    value: &Bound<'_, PyAny>,
+    split: &mut SplitSurrogates,
+) -> PyResult<Value> {
+    let mut joining = Some(Joining {
+        split,
+        path: Vec::new(),
+    });
+    to_json_at(value, 0, &mut joining)
+}
+
+/// The split characters of a source's items, and where in the item the
+/// conversion is.
+struct Joining<'a> {
+    split: &'a mut SplitSurrogates,
+    path: Vec<Step>,
+}
+
+fn to_json_at(
+    value: &Bound<'_, PyAny>,
+    depth: usize,
+    joining: &mut Option<Joining<'_>>,
+) -> PyResult<Value> {
     if depth > MAX_DEPTH {
         return Err(crate::errors::BadInput::new_err(format!(
             "a value nests deeper than {MAX_DEPTH} levels; it cannot be stored"
@@ -56,13 +83,24 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
             });
     }
     if let Ok(text) = value.cast::<PyString>() {
-        return Ok(Value::String(utf8(text)?));
+        return Ok(Value::String(match joining {
+            Some(j) => j.split.text(text, &j.path)?,
+            None => utf8(text)?,
+        }));
     }
     if let Ok(list) = value.cast::<PyList>() {
-        return list.iter().map(|v| to_json_at(&v, depth + 1)).collect();
+        return list
+            .iter()
+            .enumerate()
+            .map(|(at, v)| at_step(Step::At(at), &v, depth, joining).map(|(_, v)| v))
+            .collect();
     }
     if let Ok(tuple) = value.cast::<PyTuple>() {
-        return tuple.iter().map(|v| to_json_at(&v, depth + 1)).collect();
+        return tuple
+            .iter()
+            .enumerate()
+            .map(|(at, v)| at_step(Step::At(at), &v, depth, joining).map(|(_, v)| v))
+            .collect();
     }
     if let Ok(dict) = value.cast::<PyDict>() {
         let mut map = Map::new();
@@ -71,7 +109,10 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
                 Ok(key) => utf8(key)?,
                 Err(_) => utf8(&key.str()?)?,
             };
-            map.insert(key, to_json_at(&item, depth + 1)?);
+            let (step, value) = at_step(Step::Key(key), &item, depth, joining)?;
+            if let Step::Key(key) = step {
+                map.insert(key, value);
+            }
         }
         return Ok(Value::Object(map));
     }
@@ -84,9 +125,29 @@ fn to_json_at(value: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         let kwargs = PyDict::new(value.py());
         kwargs.set_item("exclude_none", true)?;
         let dumped = value.call_method("model_dump", (), Some(&kwargs))?;
-        return to_json_at(&dumped, depth + 1);
+        return to_json_at(&dumped, depth + 1, joining);
     }
     Ok(Value::String(utf8(&value.str()?)?))
+}
+
+/// `value`, one `step` below the value being converted: the step given
+/// back (a dict's key, moved in and out of the path, not copied).
+fn at_step(
+    step: Step,
+    value: &Bound<'_, PyAny>,
+    depth: usize,
+    joining: &mut Option<Joining<'_>>,
+) -> PyResult<(Step, Value)> {
+    let Some(j) = joining.as_mut() else {
+        return Ok((step, to_json_at(value, depth + 1, joining)?));
+    };
+    j.path.push(step);
+    let converted = to_json_at(value, depth + 1, joining);
+    let step = joining
+        .as_mut()
+        .and_then(|j| j.path.pop())
+        .unwrap_or(Step::At(0));
+    Ok((step, converted?))
 }
 
 /// `value` as a Python object (through `json.loads`).

@@ -99,6 +99,7 @@ mod resume;
 mod secrets;
 mod session;
 mod signals;
+mod split_surrogates;
 mod stranded;
 mod task;
 mod task_end;

@@ -31,8 +31,8 @@ use futures_util::Stream;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use settle_stream::{
-    Chunk, Close, CloseError, OpenAiChunks, Provider, ProviderStream, Request, StreamError,
-    StreamErrorKind, StreamEvent,
+    Chunk, Close, CloseError, Provider, ProviderStream, Request, StreamError, StreamErrorKind,
+    StreamEvent,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -256,8 +256,9 @@ struct Shared {
     closed: CancellationToken,
     room: Room,
     source: Arc<Source>,
-    /// The turn's OpenAI-shaped chunks, read as the Rust provider reads them.
-    reply: Mutex<OpenAiChunks>,
+    /// The turn's OpenAI-shaped chunks, read as the Rust provider reads
+    /// them, and a character split across two of its strings.
+    reply: Mutex<crate::chunk::Reading>,
 }
 
 impl crate::let_go::HoldsTask for Shared {
@@ -444,7 +445,14 @@ impl PumpSink {
     /// when the connection closes mid-reply).
     fn end(&self) {
         let end = self.shared.reply.lock().ok().and_then(|mut reply| {
-            reply.end().or_else(|| {
+            // Said as the same string refused mid-stream is: bad input
+            // from the source.
+            let split = reply.split.left().map(|left| {
+                let message = format!("BadInput: {left}");
+                StreamError::from(StreamErrorKind::Provider { message })
+            });
+            let reply = &mut reply.chunks;
+            split.or_else(|| reply.end()).or_else(|| {
                 reply.is_unfinished().then(|| {
                     StreamError::from(StreamErrorKind::Protocol(
                         "the stream ended before a chunk's `finish_reason` said the reply was \
@@ -548,7 +556,7 @@ impl Provider for PyProvider {
             closed: CancellationToken::new(),
             room: Room::default(),
             source: self.source.clone(),
-            reply: Mutex::new(OpenAiChunks::default()),
+            reply: Mutex::new(crate::chunk::Reading::default()),
         });
         if let Ok(mut pump) = self.source.watch.pump.lock() {
             *pump = Arc::downgrade(&shared);

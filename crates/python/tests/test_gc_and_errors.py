@@ -188,10 +188,10 @@ async def test_g11_a_turn_whose_source_yields_a_lone_surrogate_fails_as_for_an_o
     session = await kernel.register("s")
     errors = []
     for items, to_chunk in (
-        ([{"choices": [{"index": 0, "delta": {"content": "\ud800"}}]}], None),
-        (["\ud800"], None),
-        ([("ok", "\ud800")], None),
-        ([1], lambda _: "\ud800"),
+        ([{"choices": [{"index": 0, "delta": {"content": "\udc80"}}]}], None),
+        (["\udc80"], None),
+        ([("\udc80", "ok")], None),
+        ([1], lambda _: "\udc80"),
     ):
         async with await session.turn(Stream(items), to_chunk=to_chunk) as turn:
             assert [c async for c in turn] == []
@@ -199,6 +199,52 @@ async def test_g11_a_turn_whose_source_yields_a_lone_surrogate_fails_as_for_an_o
         errors.append(turn.error)
     assert "BadInput" in errors[0][1] and "surrogate" in errors[0][1], errors[0]
     assert errors == [errors[0]] * len(errors), errors
+
+
+async def test_g7_a_character_split_across_two_items_is_joined(kernel):
+    """Found from outside: a server (or a proxy) that cuts its text by UTF-16
+    code units sends an emoji as a high surrogate in one event and its low
+    surrogate in the next; the turn failed ``BadInput`` at the first half,
+    where the ``openai`` package alone reads the reply. The high half a
+    string ends with is joined to the low half the next string in the same
+    place starts with: in ``str`` items, in a delta's content, in a tool
+    call's arguments. A half nothing completes still fails."""
+
+    def content(text, finish=None):
+        return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+    def arguments(text):
+        call = {"index": 0, "function": {"arguments": text}}
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+    cases = [
+        (["Hi \ud83d", "\ude00 there"], "text", ["Hi ", "\U0001f600 there"]),
+        ([content("Hi "), content("\ud83d"), content("\ude00"), content(" there", "stop")], "text", ["Hi ", "\U0001f600", " there"]),
+        (
+            [arguments('{"face": "\ud83d'), arguments('\ude00"}'), content(None, "tool_calls")],
+            "tool_call",
+            None,
+        ),
+    ]
+    for items, kind, texts in cases:
+        session = await kernel.register("s")
+        async with await session.turn(Stream(items)) as turn:
+            got = [c async for c in turn]
+        assert turn.outcome == "completed", (items, turn.error)
+        assert {c.kind for c in got} == {kind}, got
+        if texts is not None:
+            assert [c.text for c in got] == texts
+        else:
+            assert turn.tool_calls()[0]["arguments"] == '{"face": "\U0001f600"}'
+        await session.finish()
+    for items in (["\ud83d", "no low half"], ["\ude00"], ["ends half-way \ud83d"]):
+        session = await kernel.register("s")
+        async with await session.turn(Stream(items)) as turn:
+            async for _ in turn:
+                pass
+        assert turn.outcome == "failed", (items, turn.error)
+        assert "BadInput" in turn.error[1] and "surrogate" in turn.error[1], turn.error
+        await session.finish()
 
 
 async def test_g11_a_float_that_is_nan_or_infinite_fails_the_turn_instead_of_being_dropped(kernel):
