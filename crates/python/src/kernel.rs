@@ -9,7 +9,9 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use settle_core::{SessionId, State};
-use settle_runtime::{Config, Kernel, ShutdownReport, WeakKernel};
+use settle_runtime::{
+    Config, Kernel, ShutdownReport, WeakKernel, DEFAULT_MAX_HISTORY_BYTES, DEFAULT_MAX_PROMPT_BYTES,
+};
 use settle_store::{MemoryStore, SessionStore, Store};
 use tokio_util::sync::CancellationToken;
 
@@ -109,6 +111,30 @@ impl<'py> IntoPyObject<'py> for Report {
     }
 }
 
+/// A recovery's report on its way to Python.
+struct Recovered(settle_store::RecoveryReport);
+
+impl<'py> IntoPyObject<'py> for Recovered {
+    type Target = PyDict;
+    type Output = Bound<'py, PyDict>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        let Recovered(report) = self;
+        let ids = |ids: &[SessionId]| ids.iter().map(|id| id.get()).collect::<Vec<u64>>();
+        let dict = PyDict::new(py);
+        dict.set_item("recovered", ids(&report.recovered))?;
+        let turns: Vec<(u64, u32)> = report
+            .interrupted_turns
+            .iter()
+            .map(|(id, turn)| (id.get(), *turn))
+            .collect();
+        dict.set_item("interrupted_turns", turns)?;
+        dict.set_item("finalized_elsewhere", ids(&report.finalized_elsewhere))?;
+        Ok(dict)
+    }
+}
+
 /// A list of rows on its way to Python.
 struct Rows(Vec<settle_store::SessionRow>);
 
@@ -161,6 +187,18 @@ impl PyKernel {
     /// without bound, so bound the turns of sources you do not trust
     /// (`settle serve` and `settle chat` use 100,000 chunks and 64 MiB).
     ///
+    /// `max_prompt_bytes` (1 MiB by default) and `max_history_bytes` (16
+    /// MiB) bound what a turn sends: each message of its `input`, and the
+    /// whole of it; a turn over either raises `BadInput` at `turn()`,
+    /// nothing sent or written. `None` for no limit. A conversation whose
+    /// replies are unbounded outgrows the second: raise it, or bound the
+    /// replies (`max_turn_bytes`).
+    ///
+    /// `recover=True` first finalizes the sessions crashed processes left
+    /// live (`recover()`, as `settle recover` does): for a program that
+    /// restarts after a crash on the same database and continues its
+    /// conversations (`resume`).
+    ///
     /// Do not open the same SQLite file with Python's `sqlite3` module in
     /// this process: the package carries its own SQLite, and two copies in
     /// one process do not see each other's locks (a write of one can land
@@ -199,7 +237,7 @@ impl PyKernel {
     /// secret that is not a string, `StoreError` when the store fails.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (db = Some(StorePath("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, secrets = None, lease_ttl = 30.0))]
+    #[pyo3(signature = (db = Some(StorePath("settle.db".to_owned())), *, settle_timeout = 1.0, drain_timeout = 5.0, idle_timeout = Some(DEFAULT_IDLE_SECONDS), idle_ttl = None, lru_cap = None, store_timeout = 10.0, max_turn_chunks = None, max_turn_bytes = None, max_prompt_bytes = Some(Whole(DEFAULT_MAX_PROMPT_BYTES)), max_history_bytes = Some(Whole(DEFAULT_MAX_HISTORY_BYTES)), secrets = None, lease_ttl = 30.0, recover = false))]
     fn open<'py>(
         py: Python<'py>,
         db: Option<StorePath>,
@@ -211,8 +249,11 @@ impl PyKernel {
         store_timeout: f64,
         max_turn_chunks: Option<Whole<usize>>,
         max_turn_bytes: Option<Whole<usize>>,
+        max_prompt_bytes: Option<Whole<usize>>,
+        max_history_bytes: Option<Whole<usize>>,
         secrets: Option<Bound<'py, PyAny>>,
         lease_ttl: f64,
+        recover: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let secrets = Arc::new(Secrets::new(Secrets::given(secrets.as_ref())?));
         // A lease of no time would be lost at once.
@@ -227,6 +268,8 @@ impl PyKernel {
         let (db, lru_cap) = (db.map(|d| d.0), lru_cap.map(|c| c.0));
         let max_turn_chunks = at_least_one(max_turn_chunks, "max_turn_chunks")?;
         let max_turn_bytes = at_least_one(max_turn_bytes, "max_turn_bytes")?;
+        let max_prompt_bytes = some_room(max_prompt_bytes, "max_prompt_bytes")?;
+        let max_history_bytes = some_room(max_history_bytes, "max_history_bytes")?;
         let settle = seconds(settle_timeout, "settle_timeout")?;
         let store_timeout = seconds(store_timeout, "store_timeout")?;
         let drain = seconds(drain_timeout, "drain_timeout")?;
@@ -267,7 +310,10 @@ impl PyKernel {
                     .store_timeout(store_timeout)
                     .lease_ttl(lease_ttl)
                     .max_turn_chunks(max_turn_chunks)
-                    .max_turn_bytes(max_turn_bytes);
+                    .max_turn_bytes(max_turn_bytes)
+                    .max_prompt_bytes(max_prompt_bytes)
+                    .max_history_bytes(max_history_bytes)
+                    .recover_on_start(recover);
                 let bound = config.shutdown_bound(drain);
                 let reported = Arc::new(AtomicBool::new(false));
                 let kernel = Kernel::builder(store)
@@ -438,6 +484,32 @@ impl PyKernel {
             async move {
                 let rows = kernel.list_sessions(state).await.map_err(errors::runtime)?;
                 Ok(Rows(rows))
+            },
+        )
+    }
+
+    /// Finalizes the sessions crashed processes left live (G8), as `settle
+    /// recover` does, and resolves to what it did: `recovered` (ids,
+    /// children before parents, each finalized `recovered` with its
+    /// transcript kept), `interrupted_turns` (`[id, turn]` pairs, the turns
+    /// that were open) and `finalized_elsewhere` (ids another process
+    /// finalized or took meanwhile). A session is taken once its owner is
+    /// gone: its lease ran out, or it ran on this machine and its process
+    /// no longer exists; never a live process's, this kernel's among them.
+    /// Idempotent, and safe beside another recoverer; a recovered session
+    /// can then be resumed (`resume`). `Kernel.open(..., recover=True)`
+    /// runs it once at the start. Raises `StoreError` when the store fails.
+    fn recover<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (kernel, here) = self.kernel.get()?;
+        let kernel = kernel.clone();
+        awaitable(
+            py,
+            here,
+            CancellationToken::new(),
+            OnCancel::Abort,
+            async move {
+                let report = kernel.recover().await.map_err(errors::runtime)?;
+                Ok(Recovered(report))
             },
         )
     }
@@ -717,6 +789,17 @@ fn session_id(obj: &Bound<'_, PyAny>) -> PyResult<SessionId> {
 
 /// A turn's bound given as a whole number: at least 1 (a bound of 0 ends
 /// every turn at its first chunk), or `None` for none.
+/// A limit of a turn's request in bytes: `None` for none; `0`, which
+/// would refuse every request, is refused.
+fn some_room(limit: Option<Whole<usize>>, name: &str) -> PyResult<Option<usize>> {
+    match limit.map(|b| b.0) {
+        Some(0) => Err(errors::BadInput::new_err(format!(
+            "{name}=0 refuses every turn's request: give a number of bytes, or None for no limit"
+        ))),
+        limit => Ok(limit),
+    }
+}
+
 fn at_least_one(bound: Option<Whole<usize>>, name: &str) -> PyResult<Option<usize>> {
     match bound.map(|b| b.0) {
         Some(0) => Err(errors::BadInput::new_err(format!(

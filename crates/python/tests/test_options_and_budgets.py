@@ -187,3 +187,40 @@ async def test_the_usage_after_a_finish_counts_and_a_whole_reply_is_not_cut_by_i
         if finish == "length":
             assert turn.error[0] == "truncated", turn.error
         assert await asyncio.wait_for(session.finalized(), PATIENCE) == "budget_exhausted", finish
+
+
+async def test_the_limits_of_what_a_turn_sends_are_options_of_the_kernel(tmp_path):
+    """Found from outside: the limits of a turn's request (1 MiB a message,
+    16 MiB the whole) applied from Python unseen and could not be changed:
+    one long reply made every later turn of its conversation refuse. They
+    are ``Kernel.open`` options; ``None`` lifts them, ``0`` is refused."""
+    kernel = await settle.Kernel.open(None)
+    try:
+        session = await kernel.register("s")
+        with pytest.raises(settle.BadInput, match="max_prompt_bytes"):
+            await session.turn(Stream(["x"]), input="y" * (1024 * 1024 + 1))
+        await session.finish()
+    finally:
+        await kernel.shutdown(0.0)
+    kernel = await settle.Kernel.open(None, max_prompt_bytes=16, max_history_bytes=None)
+    try:
+        session = await kernel.register("s")
+        with pytest.raises(settle.BadInput, match="max_prompt_bytes"):
+            await session.turn(Stream(["x"]), input="y" * 17)
+        long = [{"role": "user", "content": "y" * 16}] * 100
+        async with await session.turn(Stream(["ok"]), input=long) as turn:
+            assert [c.text async for c in turn] == ["ok"]
+        await session.finish()
+    finally:
+        await kernel.shutdown(0.0)
+    kernel = await settle.Kernel.open(None, max_prompt_bytes=None, max_history_bytes=64)
+    try:
+        session = await kernel.register("s")
+        with pytest.raises(settle.BadInput, match="max_history_bytes"):
+            await session.turn(Stream(["x"]), input=[{"role": "user", "content": "y" * 40}] * 2)
+        await session.finish()
+    finally:
+        await kernel.shutdown(0.0)
+    for option in ("max_prompt_bytes", "max_history_bytes"):
+        with pytest.raises(settle.BadInput, match=option):
+            await settle.Kernel.open(None, **{option: 0})

@@ -89,6 +89,40 @@ async def test_g8_a_loop_killed_while_its_tool_runs_resumes_with_the_call_pendin
             await kernel.shutdown(0.0)
 
 
+async def test_g8_a_restarted_program_recovers_what_its_crashed_run_left_without_the_cli(db):
+    """Found from outside: a program restarted after a ``kill -9`` could not
+    continue the conversations its crashed run held (``resume`` refused a
+    session left ``running``, pointing to ``settle recover``), and ``pip
+    install`` gives no ``settle`` command. ``kernel.recover()`` does what it
+    does, and ``Kernel.open(..., recover=True)`` at the start."""
+    asks = [piece(0, id="call_1", name="sleep", arguments=""), piece(0, arguments='{"seconds": 3600}')]
+    async with SseServer(replies=[asks], interval=0.01) as server:
+        id = await kill_when(db, server, "[tool] sleep")
+    kernel = await settle.Kernel.open(db)
+    try:
+        with pytest.raises(settle.BadInput):
+            await kernel.resume(id, "agent again")
+        report = await kernel.recover()
+        assert report["recovered"] == [id], report
+        assert report["finalized_elsewhere"] == [], report
+        [row] = [r for r in await kernel.sessions() if r["id"] == id]
+        assert row["end_reason"] == "recovered"
+        resumed = await kernel.resume(id, "agent again")
+        assert [c["id"] for c in resumed.pending_tool_calls] == ["call_1"]
+        assert (await kernel.recover())["recovered"] == []
+        await resumed.session.finish()
+    finally:
+        await kernel.shutdown(0.0)
+    async with SseServer(replies=[asks], interval=0.01) as server:
+        id = await kill_when(db, server, "[tool] sleep")
+    kernel = await settle.Kernel.open(db, recover=True)
+    try:
+        [row] = [r for r in await kernel.sessions() if r["id"] == id]
+        assert (row["state"], row["end_reason"]) == ("finalized", "recovered")
+    finally:
+        await kernel.shutdown(0.0)
+
+
 async def test_g7_a_loop_killed_mid_tool_call_resumes_without_the_cut_call(db):
     # The call's arguments were cut by the kill: running it would run
     # something the model never asked for. The text after it keeps coming

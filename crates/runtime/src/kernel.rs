@@ -472,6 +472,29 @@ impl Kernel {
             .await
     }
 
+    /// Finalizes the sessions crashed processes left live (G8), as
+    /// `settle recover` does: each `recovered`, its open turn marked
+    /// `interrupted`, its transcript kept, children before parents, once
+    /// its owner is gone (its lease ran out by the store's clock, or it ran
+    /// on this machine and its process no longer exists); never a live
+    /// owner's, this kernel's among them. Idempotent, and safe beside
+    /// another recoverer. A session it recovered can then be resumed. What
+    /// [`recover_on_start`](crate::Config::recover_on_start) runs once at
+    /// the start; this is for a process that lives on while others die.
+    ///
+    /// # Errors
+    /// When the store fails; it is not bounded by the store timeout (a
+    /// recovery of many sessions takes as long as it takes, committed in
+    /// pieces: one stopped half-way leaves the rest for the next).
+    pub async fn recover(&self) -> Result<settle_store::RecoveryReport, RuntimeError> {
+        let options = settle_store::RecoverOptions::now_on_this_host();
+        self.inner
+            .store
+            .recover(options)
+            .await
+            .map_err(|e| RuntimeError::from_store("recovering sessions", e))
+    }
+
     /// Turn `turn` of `id` (its last when `None`) with at most `max_chunks`
     /// of its chunks from `from_seq`, and how many turns the session has:
     /// one page of a transcript, read without the rest of the session

@@ -397,15 +397,28 @@ class Kernel:
         store_timeout: float = 10.0,
         max_turn_chunks: Optional[int] = None,
         max_turn_bytes: Optional[int] = None,
+        max_prompt_bytes: Optional[int] = 1048576,
+        max_history_bytes: Optional[int] = 16777216,
         secrets: Union[str, Iterable[str], None] = None,
         lease_ttl: float = 30.0,
+        recover: bool = False,
     ) -> _Call[Kernel]:
         """Opens the store at ``db`` (an SQLite file's path, a ``str`` or a
         ``pathlib.Path``, or a ``postgres://`` URL; ``None`` for a store in
         memory) and starts a kernel on it. Times are in seconds.
         ``idle_ttl`` and ``lru_cap`` (the reclaimers of idle sessions) are
         off unless given; ``store_timeout`` bounds each write waited for;
-        ``max_turn_chunks`` and ``max_turn_bytes`` bound one turn's stream.
+        ``max_turn_chunks`` and ``max_turn_bytes`` bound one turn's stream
+        (unbounded by default). ``max_prompt_bytes`` and
+        ``max_history_bytes`` bound what a turn sends, each message of its
+        ``input`` and the whole of it (1 MiB and 16 MiB by default, ``None``
+        for no limit): a turn over either raises ``BadInput`` at ``turn()``.
+        A conversation whose replies are unbounded outgrows the second:
+        raise it, or bound the replies.
+
+        ``recover=True`` first finalizes the sessions crashed processes left
+        live (``recover()``), for a program that restarts on the same
+        database after a crash and continues its conversations.
 
         ``lease_ttl`` is how long this process's lease on its sessions lasts
         unrenewed (renewed at a third of it): a store that answers nothing
@@ -461,6 +474,17 @@ class Kernel:
         between turns is written in batches: a session may read ``running``
         for up to 100 ms (a second while the store is busy) after its turn
         ended; ``session.state()`` asks the kernel and is never behind."""
+    def recover(self) -> _Call[Dict[str, Any]]:
+        """Finalizes the sessions crashed processes left live (G8), as
+        ``settle recover`` does: each once its owner is gone (its lease ran
+        out, or it ran on this machine and its process no longer exists),
+        finalized ``recovered`` with its transcript kept, its open turn
+        ``interrupted``; never a live process's, this kernel's among them.
+        Resolves to ``recovered`` (ids, children first),
+        ``interrupted_turns`` (``[id, turn]`` pairs) and
+        ``finalized_elsewhere`` (ids another process took meanwhile).
+        Idempotent; a recovered session can be resumed. Raises
+        ``StoreError`` when the store fails."""
     def shutdown(self, drain: Optional[float] = None) -> _Call[Dict[str, Any]]:
         """Shuts down (G9): no new session or turn, idle sessions finalized,
         running turns drained for ``drain`` seconds (default: the kernel's
