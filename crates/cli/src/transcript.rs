@@ -46,6 +46,8 @@ pub struct InputMessage {
     pub tool_calls: Option<Value>,
     /// The call a tool message answers.
     pub tool_call_id: Option<String>,
+    /// Which participant of its role wrote it (the API's `name`), when given.
+    pub name: Option<String>,
 }
 
 /// An [`InputMessage`] spelled as it was sent.
@@ -57,6 +59,8 @@ struct SentMessage {
     tool_calls: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
 }
 
 impl From<InputMessage> for SentMessage {
@@ -66,6 +70,7 @@ impl From<InputMessage> for SentMessage {
             content: message.parts.unwrap_or(Value::String(message.content)),
             tool_calls: message.tool_calls,
             tool_call_id: message.tool_call_id,
+            name: message.name,
         }
     }
 }
@@ -79,6 +84,7 @@ impl InputMessage {
             parts: None,
             tool_calls: None,
             tool_call_id: None,
+            name: None,
         }
     }
 
@@ -112,6 +118,7 @@ impl InputMessage {
             parts,
             tool_calls: message.get("tool_calls").filter(|v| !v.is_null()).cloned(),
             tool_call_id: text("tool_call_id").map(str::to_owned),
+            name: text("name").map(str::to_owned),
             ..InputMessage::new(text("role").unwrap_or_default(), content)
         }
     }

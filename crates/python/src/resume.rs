@@ -42,10 +42,13 @@ impl PyResumed {
     /// The messages of the session it continues, oldest first, as dicts
     /// spelled as a turn's `input` in `session.transcript()`: `role` and
     /// `content`, with `tool_calls` (`[{"id", "type", "function": {"name",
-    /// "arguments"}}]`) and `tool_call_id` when a message has them. They
-    /// are what its last turn that had an input was sent, then that turn's
-    /// reply unless it failed; a reply that asked for tools is the
-    /// assistant message with its tool calls. `[]` when it ran no turn with
+    /// "arguments"}}]`), `tool_call_id` and `name` when a message has
+    /// them. They are what its last turn that had an input was sent, then
+    /// that turn's reply unless it failed; a reply that asked for tools is
+    /// the assistant message with its tool calls. A reply cut short (its
+    /// turn cancelled, or interrupted by a crash) is given as far as it was
+    /// stored, as the model's message: check the session's last turn
+    /// (`transcript()`) to drop or mark it. `[]` when it ran no turn with
     /// an input.
     #[getter]
     fn history(&self, py: Python<'_>) -> Py<PyList> {

@@ -243,7 +243,8 @@ impl PySession {
     /// exactly once, on end, error, idle timeout, cancel and drop, and when
     /// the cancel lands while it is being opened (G4). `input` is what the
     /// turn sends (a prompt, or `[{"role", "content"}]` messages, with
-    /// `tool_calls` and `tool_call_id` where they have them; a content may
+    /// `tool_calls`, `tool_call_id` and `name` where they have them; other
+    /// fields are not kept; a content may
     /// be a `str`, a list of parts (`[{"type": "text", "text"}, {"type":
     /// "image_url", ...}]`, kept as given) or `None`, stored as `""`),
     /// stored as the turn's input. `to_chunk`
@@ -268,10 +269,14 @@ impl PySession {
     /// waits for that turn's end rather than being refused. Raises
     /// `settle.TurnRunning` while the session's turn before still runs
     /// (`cancel_turn()` stops it), `settle.StoreError` when the store does
-    /// not take the start within the store timeout, and `settle.Cancelled`
-    /// when `cancel_turn()` stopped this start; `settle.BadInput` at the
-    /// call for a `source` that cannot give a stream (a list, a plain
-    /// iterator).
+    /// not take the start within the store timeout, `settle.Cancelled`
+    /// when `cancel_turn()` stopped this start, `settle.SessionClosed` once
+    /// the session is finalized (`SessionClosing` while it closes),
+    /// `settle.ShuttingDown` once a shutdown has begun,
+    /// `settle.BudgetExhausted` when its budget has no turn left, and
+    /// `settle.BadInput` for an `input` over a limit or that is not one,
+    /// and at the call for a `source` that cannot give a stream (a list, a
+    /// plain iterator). Each is a `settle.Error`.
     #[pyo3(signature = (source, *, input = None, to_chunk = None, idle_timeout = None, first_event_timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn turn<'py>(

@@ -119,3 +119,17 @@ async def test_nothing_is_resumed_once_a_shutdown_began(kernel):
     await kernel.shutdown(0.0)
     with pytest.raises(settle.ShuttingDown):
         await kernel.resume(done.id, "late")
+
+
+async def test_a_message_s_name_is_kept_and_given_back(kernel):
+    """Found from outside: a message's ``name`` (who of a chat room's users
+    wrote it) was dropped from the stored input and from ``history``: after
+    a restart the model saw who said what no more."""
+    chat = await kernel.register("room")
+    said = [{"role": "user", "name": "alice", "content": "I vote yes"}, {"role": "user", "name": "bob", "content": "I vote no"}]
+    await run(chat, ["Tied."], said)
+    assert (await chat.transcript())[0]["input"] == said
+    await chat.finish()
+    resumed = await kernel.resume(chat, "again")
+    assert resumed.history == [*said, {"role": "assistant", "content": "Tied."}]
+    await resumed.session.finish()

@@ -78,6 +78,19 @@ impl Role {
 /// assert_eq!(message.parts.as_ref(), Some(&parts));
 /// assert_eq!(serde_json::to_value(&message).unwrap()["content"], parts);
 /// ```
+///
+/// A message's `name` (one participant of a chat room among others) is
+/// kept and sent as given:
+///
+/// ```
+/// use serde_json::json;
+/// use settle_stream::Message;
+///
+/// let said = json!({"role": "user", "name": "alice", "content": "I vote yes"});
+/// let message: Message = serde_json::from_value(said.clone()).unwrap();
+/// assert_eq!(message.name.as_deref(), Some("alice"));
+/// assert_eq!(serde_json::to_value(&message).unwrap(), said);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "WireMessage", into = "WireMessage")]
 #[non_exhaustive]
@@ -95,6 +108,9 @@ pub struct Message {
     pub tool_calls: Option<Value>,
     /// The call this (tool) message answers.
     pub tool_call_id: Option<String>,
+    /// Who of several participants of its role wrote it (the API's
+    /// `name`: one user of a chat room among others), as given.
+    pub name: Option<String>,
 }
 
 /// A [`Message`] as the chat-completion API spells it: `content` a string
@@ -109,6 +125,8 @@ struct WireMessage {
     tool_calls: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
 }
 
 impl TryFrom<WireMessage> for Message {
@@ -134,6 +152,7 @@ impl TryFrom<WireMessage> for Message {
             parts,
             tool_calls: wire.tool_calls,
             tool_call_id: wire.tool_call_id,
+            name: wire.name,
         })
     }
 }
@@ -145,6 +164,7 @@ impl From<Message> for WireMessage {
             content: message.parts.unwrap_or(Value::String(message.content)),
             tool_calls: message.tool_calls,
             tool_call_id: message.tool_call_id,
+            name: message.name,
         }
     }
 }
@@ -172,6 +192,7 @@ impl Message {
             parts: None,
             tool_calls: None,
             tool_call_id: None,
+            name: None,
         }
     }
 

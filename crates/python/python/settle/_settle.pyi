@@ -310,9 +310,12 @@ class Session:
         awaiter cancels the turn. Raises ``TurnRunning`` while the session's
         turn before still runs, ``Cancelled`` when ``cancel_turn()`` stopped
         this start, ``StoreError`` when the store did not take the start in
-        time, ``SessionClosed`` once the session is finalized, ``BadInput``
-        for an ``input`` that is not one, and at the call for a ``source``
-        that cannot give a stream (a list, a plain iterator)."""
+        time, ``SessionClosed`` once the session is finalized
+        (``SessionClosing`` while it closes), ``ShuttingDown`` once a
+        shutdown has begun, ``BudgetExhausted`` when its budget has no turn
+        left, ``BadInput`` for an ``input`` over a limit or that is not one,
+        and at the call for a ``source`` that cannot give a stream (a list,
+        a plain iterator). Each is a ``settle.Error``."""
     def spawn(self, coroutine: Awaitable[_T]) -> _Call[Task[_T]]:
         """Runs ``coroutine`` as an asyncio task under this session's
         lifecycle (G1, G5, G6): cancelled on its loop when the session (or
@@ -373,9 +376,13 @@ class Resumed:
     @property
     def history(self) -> List[Dict[str, Any]]:
         """The messages of the session it continues, oldest first, as message
-        dicts (``role``, ``content``, with ``tool_calls`` and
-        ``tool_call_id`` where they have them); ``[]`` when it ran no turn
-        with an input."""
+        dicts (``role``, ``content``, with ``tool_calls``, ``tool_call_id``
+        and ``name`` where they have them): what its last turn with an input
+        was sent, then that turn's reply unless it failed. A reply cut
+        short (its turn cancelled, or interrupted by a crash) is given as
+        far as it was stored, as the model's message: check the session's
+        last turn (``transcript()``) to drop or mark it. ``[]`` when it ran
+        no turn with an input."""
     @property
     def pending_tool_calls(self) -> List[_ToolCall]:
         """The tool calls of its last reply that no tool has answered yet, as
@@ -397,8 +404,8 @@ class Kernel:
         store_timeout: float = 10.0,
         max_turn_chunks: Optional[int] = None,
         max_turn_bytes: Optional[int] = None,
-        max_prompt_bytes: Optional[int] = 1048576,
-        max_history_bytes: Optional[int] = 16777216,
+        max_prompt_bytes: Optional[int] = ...,
+        max_history_bytes: Optional[int] = ...,
         secrets: Union[str, Iterable[str], None] = None,
         lease_ttl: float = 30.0,
         recover: bool = False,
