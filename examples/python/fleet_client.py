@@ -11,20 +11,22 @@ process it names), runs a second turn with the whole conversation behind
 it, and closes the session.
 """
 import asyncio, json, sys
+from typing import Any, Dict, Optional, Tuple
 import websockets
+from websockets.asyncio.client import ClientConnection
 
 NODES = sys.argv[1:] or ["ws://127.0.0.1:8765/ws"]
 
 
-async def rpc(ws, n, method, **params):
+async def rpc(ws: ClientConnection, n: int, method: str, **params: Any) -> Dict[str, Any]:
     await ws.send(json.dumps({"jsonrpc": "2.0", "id": n, "method": method, "params": params}))
     while True:
-        msg = json.loads(await ws.recv())
+        msg: Dict[str, Any] = json.loads(await ws.recv())
         if msg.get("id") == n:
             return msg
 
 
-async def turn(ws, session, prompt):
+async def turn(ws: ClientConnection, session: int, prompt: str) -> None:
     await rpc(ws, 2, "turn.start", id=session, prompt=prompt)
     async for frame in ws:
         msg = json.loads(frame)
@@ -35,7 +37,7 @@ async def turn(ws, session, prompt):
             return
 
 
-async def attach(session, avoid):
+async def attach(session: int, avoid: str) -> Tuple[ClientConnection, str]:
     """Connects to a process other than `avoid` and attaches `session` there."""
     urls = [u for u in NODES if u != avoid] or NODES
     url = urls[0]
@@ -53,14 +55,15 @@ async def attach(session, avoid):
         if answer["error"]["data"]["kind"] != "elsewhere":
             raise RuntimeError(answer["error"])
         # Owned by a live process: go there. Not released yet: wait a little.
-        url = answer["error"]["data"]["owner"] or url
+        owner: Optional[str] = answer["error"]["data"]["owner"]
+        url = owner or url
         await asyncio.sleep(0.05)
 
 
-async def main():
+async def main() -> None:
     url = NODES[0]
     ws = await websockets.connect(url)
-    session = (await rpc(ws, 1, "session.create", name="py"))["result"]["id"]
+    session: int = (await rpc(ws, 1, "session.create", name="py"))["result"]["id"]
     await turn(ws, session, "first")
     print("ready", flush=True)
     # Connected until the process goes: a redeploy hands the session off.

@@ -9,7 +9,9 @@ cancels that child, closes its stream and finalizes it before the root (G1).
 """
 
 import argparse, asyncio, os
+from typing import List
 import openai, settle
+from openai.types.chat import ChatCompletionMessageParam
 
 
 async def port_scan(host: str) -> str:  # a tool: a subprocess, cancelled with its session
@@ -19,7 +21,7 @@ async def port_scan(host: str) -> str:  # a tool: a subprocess, cancelled with i
 
 
 async def agent(session: settle.Session, model: openai.AsyncOpenAI, name: str, prompt: str) -> None:
-    messages = [{"role": "user", "content": prompt}]
+    messages: List[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
     stream = lambda: model.chat.completions.create(model=name, messages=messages, stream=True)
     async with await session.turn(stream, input=messages) as turn:
         async for chunk in turn:  # each chunk is stored before it is seen (G7)

@@ -10,13 +10,14 @@ Standard library only; not a model, and not for a network.
 """
 
 import argparse, json, time
+from typing import Any, Dict, List
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REPLY = "A stand-in model's reply, streamed a word at a time so that a turn is mid-stream for a while."
 FILL = {"string": "/etc/hostname", "number": 0.1, "integer": 1, "boolean": True}
 
 
-def deltas(request: dict) -> list:
+def deltas(request: Dict[str, Any]) -> List[Dict[str, Any]]:
     """What to stream for a request: the first tool's call, or the reply's words."""
     messages, tools = request.get("messages") or [], request.get("tools") or []
     answered = bool(messages) and messages[-1].get("role") == "tool"
@@ -61,12 +62,12 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client closed the stream: a cancelled turn
         self.close_connection = True
 
-    def event(self, choice: dict) -> None:
+    def event(self, choice: Dict[str, Any]) -> None:
         chunk = {"id": "stand-in", "object": "chat.completion.chunk", "created": int(time.time()), "model": "stand-in", "choices": [choice]}
         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         self.wfile.flush()
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the standard library's name)
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the standard library's name)
         pass
 
 

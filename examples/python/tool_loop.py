@@ -9,7 +9,9 @@ answers in text. Killed mid-loop, it goes on where it was with --resume.
 """
 
 import argparse, asyncio, json, os
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Sequence
 import openai, settle
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 
 async def read_file(path: str) -> str:
@@ -22,12 +24,12 @@ async def sleep(seconds: float) -> str:
     return f"slept {seconds} s"
 
 
-TOOLS = {"read_file": read_file, "sleep": sleep}
-SCHEMAS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+TOOLS: Dict[str, Callable[..., Awaitable[str]]] = {"read_file": read_file, "sleep": sleep}
+SCHEMAS: List[ChatCompletionToolParam] = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
            {"type": "function", "function": {"name": "sleep", "parameters": {"type": "object", "properties": {"seconds": {"type": "number"}}}}}]
 
 
-async def call(session: settle.Session, tool: dict) -> str:  # a tool's failure is the model's to read
+async def call(session: settle.Session, tool: Mapping[str, Any]) -> str:  # a tool's failure is the model's to read
     print(f"[tool] {tool['name']} {tool['arguments']}", flush=True)
     try:
         return str(await (await session.spawn(TOOLS[tool["name"]](**json.loads(tool["arguments"] or "{}")))))
@@ -37,7 +39,8 @@ async def call(session: settle.Session, tool: dict) -> str:  # a tool's failure 
         return f"error: {type(error).__name__}: {error}"
 
 
-async def agent(session: settle.Session, model: openai.AsyncOpenAI, name: str, messages: list, pending=()) -> str:
+async def agent(session: settle.Session, model: openai.AsyncOpenAI, name: str,
+                messages: List[ChatCompletionMessageParam], pending: Sequence[Mapping[str, Any]] = ()) -> str:
     while True:
         results = await asyncio.gather(*(call(session, tool) for tool in pending))  # at once
         messages += [{"role": "tool", "content": r, "tool_call_id": t["id"]} for t, r in zip(pending, results)]
@@ -62,7 +65,8 @@ async def main(args: argparse.Namespace) -> None:
             resumed = await kernel.resume(args.resume, "agent")
             session, messages, pending = resumed.session, resumed.history, resumed.pending_tool_calls
         else:
-            session, messages, pending = await kernel.register("agent"), [{"role": "user", "content": args.prompt}], []
+            messages = [{"role": "user", "content": args.prompt}]
+            session, pending = await kernel.register("agent"), []
         print(f"[session {session.id}]", flush=True)
         print("\n[answer]", await agent(session, model, args.model, messages, pending))
         await session.finish()

@@ -171,7 +171,62 @@ class _Reply(TypedDict):
     tool_calls: List[_ToolCall]
     usage: List[Any]
     data: List[Any]
-    message: Dict[str, Any]
+    #: A message dict (``role``, ``content``, ``tool_calls``); typed ``Any``
+    #: so that it goes where a model client's message type is expected (the
+    #: ``openai`` package's ``ChatCompletionMessageParam``) without a cast.
+    message: Any
+
+class _SessionRow(TypedDict):
+    """A session as the store has it, the fields of ``settle sessions --json`` (times in seconds since the Unix epoch)."""
+
+    id: int
+    name: str
+    parent: Optional[int]
+    state: str
+    outcome: Optional[str]
+    end_reason: Optional[str]
+    turns: int
+    chunks: int
+    created_at: float
+    finalized_at: Optional[float]
+    resumed_from: Optional[int]
+
+class _TurnError(TypedDict):
+    """Why a turn failed."""
+
+    kind: str
+    message: str
+
+class _TurnRow(TypedDict):
+    """A turn as the store has it, what ``settle show`` prints (times in seconds since the Unix epoch)."""
+
+    no: int
+    outcome: Optional[str]
+    started_at: float
+    ended_at: Optional[float]
+    input: Any
+    text: str
+    error: Optional[_TurnError]
+    chunks: List[Chunk]
+
+class _ShutdownReport(TypedDict):
+    """What a shutdown did."""
+
+    finalized: Dict[int, str]
+    drained: List[int]
+    cancelled: List[int]
+    detached: List[int]
+    left_recoverable: List[int]
+    store_failures: int
+    lease_lost: bool
+    lease_lost_why: Optional[str]
+
+class _RecoveryReport(TypedDict):
+    """What a recovery did."""
+
+    recovered: List[int]
+    interrupted_turns: List[Tuple[int, int]]
+    finalized_elsewhere: List[int]
 
 _ChunkLike = Union[str, Chunk, None, Dict[str, Any], List[Any], Tuple[Any, ...], Any]
 _Source = Union[Callable[[], Any], Any]
@@ -357,7 +412,7 @@ class Session:
     def state(self) -> _Call[str]:
         """Resolves to its state as the kernel has it now: ``"registered"``,
         ``"running"``, ``"cancelling"``, ``"settled"`` or ``"finalized"``."""
-    def transcript(self) -> _Call[List[Dict[str, Any]]]:
+    def transcript(self) -> _Call[List[_TurnRow]]:
         """Resolves to its turns as the store has them: dicts with ``no``,
         ``outcome``, ``started_at``, ``ended_at``, ``input``, ``text``,
         ``error`` (``{"kind", "message"}`` or ``None``) and ``chunks``
@@ -374,7 +429,7 @@ class Resumed:
     def resumed_from(self) -> int:
         """The id of the session it continues."""
     @property
-    def history(self) -> List[Dict[str, Any]]:
+    def history(self) -> List[Any]:
         """The messages of the session it continues, oldest first, as message
         dicts (``role``, ``content``, with ``tool_calls``, ``tool_call_id``
         and ``name`` where they have them): what its last turn with an input
@@ -474,14 +529,14 @@ class Kernel:
         ``pending_tool_calls`` of its last reply. Raises ``BadInput`` when
         ``id`` is unknown or not finalized, ``ShuttingDown`` during a
         shutdown, ``StoreError`` when the store fails."""
-    def sessions(self, state: Optional[str] = None) -> _Call[List[Dict[str, Any]]]:
+    def sessions(self, state: Optional[str] = None) -> _Call[List[_SessionRow]]:
         """The store's sessions (those in ``state``), oldest first, as dicts
         with the fields of ``settle sessions --json``; ``BadInput`` for a
         state that is not one. Read from the store, where a session's state
         between turns is written in batches: a session may read ``running``
         for up to 100 ms (a second while the store is busy) after its turn
         ended; ``session.state()`` asks the kernel and is never behind."""
-    def recover(self) -> _Call[Dict[str, Any]]:
+    def recover(self) -> _Call[_RecoveryReport]:
         """Finalizes the sessions crashed processes left live (G8), as
         ``settle recover`` does: each once its owner is gone (its lease ran
         out, or it ran on this machine and its process no longer exists),
@@ -492,7 +547,7 @@ class Kernel:
         ``finalized_elsewhere`` (ids another process took meanwhile).
         Idempotent; a recovered session can be resumed. Raises
         ``StoreError`` when the store fails."""
-    def shutdown(self, drain: Optional[float] = None) -> _Call[Dict[str, Any]]:
+    def shutdown(self, drain: Optional[float] = None) -> _Call[_ShutdownReport]:
         """Shuts down (G9): no new session or turn, idle sessions finalized,
         running turns drained for ``drain`` seconds (default: the kernel's
         drain timeout), then cancelled, settled and finalized. Resolves to a
