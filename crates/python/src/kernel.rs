@@ -363,7 +363,8 @@ impl PyKernel {
     /// cap a new session evicts only idle sessions of its own scope, and
     /// raises `Error` rather than end another scope's. Without one it is
     /// in its parent's scope (`Session.child` too), a root in the shared
-    /// one.
+    /// one. Cancelling the task that awaits it before it answers cancels
+    /// the session it makes, which nobody would hold.
     #[pyo3(signature = (name, parent = None, *, budget = None, scope = None))]
     fn register<'py>(
         &self,
@@ -394,7 +395,8 @@ impl PyKernel {
                         .await
                 }
             };
-            Ok(PySession::new(session.map_err(errors::runtime)?, ties))
+            let session = session.map_err(errors::runtime)?;
+            Ok(crate::registered::Registered::new(session, ties))
         })
     }
 

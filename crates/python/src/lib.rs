@@ -94,6 +94,7 @@ mod process;
 mod provider;
 mod reads;
 mod ready;
+mod registered;
 mod reply;
 mod resume;
 mod secrets;

@@ -85,7 +85,7 @@ impl PyResumed {
 
 /// A resumption on its way to Python.
 pub(crate) struct Resumption {
-    session: PySession,
+    session: crate::registered::Registered,
     from: u64,
     history: Vec<Message>,
     pending: Vec<ToolCall>,
@@ -98,7 +98,7 @@ impl Resumption {
             from: resumed.from.get(),
             history: resumed.history,
             pending: resumed.pending_tool_calls,
-            session: PySession::new(resumed.session, ties),
+            session: crate::registered::Registered::new(resumed.session, ties),
         }
     }
 }
@@ -109,11 +109,15 @@ impl<'py> IntoPyObject<'py> for Resumption {
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        // Converted first: the session is claimed only once the rest of
+        // the answer is on its way.
+        let history = crate::reply::messages(py, &self.history)?.unbind();
+        let pending = crate::reply::tool_calls(py, &self.pending)?.unbind();
         let resumed = PyResumed {
-            session: Py::new(py, self.session)?,
+            session: Py::new(py, self.session.claim())?,
             from: self.from,
-            history: crate::reply::messages(py, &self.history)?.unbind(),
-            pending: crate::reply::tool_calls(py, &self.pending)?.unbind(),
+            history,
+            pending,
         };
         Bound::new(py, resumed)
     }

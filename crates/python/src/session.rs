@@ -232,7 +232,8 @@ impl PySession {
                 None => handle.child(name).await,
                 Some(budget) => handle.child_with_budget(name, budget).await,
             };
-            Ok(PySession::new(child.map_err(errors::runtime)?, ties))
+            let child = child.map_err(errors::runtime)?;
+            Ok(crate::registered::Registered::new(child, ties))
         })
     }
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import settle
-from conftest import Stream
+from conftest import PATIENCE, Stream
 
 
 async def test_g3_the_lru_cap_evicts_an_idle_session_never_a_running_one(db):
@@ -74,3 +74,41 @@ async def test_by_default_no_session_a_program_holds_is_reclaimed_behind_its_bac
         assert turn.outcome == "completed"
     finally:
         await kernel.shutdown(0.0)
+
+
+async def test_g3_a_registration_whose_task_was_cancelled_is_not_left_live(kernel):
+    """Found from outside: a ``register()`` (or ``child()``) whose task was
+    cancelled (``asyncio.wait_for``) still registered its session: the
+    caller never had it, and it stayed live until shutdown (138 of 138).
+    Cancelling the task cancels the call, as the README says: a session it
+    made meanwhile is cancelled once made."""
+    root = await kernel.register("root")
+    held = [root]
+    given_up = 0
+    for n in range(200):
+        call = kernel.register(f"s{n}") if n % 2 else root.child(f"c{n}")
+        try:
+            held.append(await asyncio.wait_for(call, timeout=0 if n % 3 else 0.0005))
+        except asyncio.TimeoutError:
+            given_up += 1
+    assert given_up > 0
+    mine = {s.id for s in held}
+
+    async def left() -> set:
+        rows = await kernel.sessions()
+        return {r["id"] for r in rows if r["state"] != "finalized"}
+
+    rows: set = set()
+
+    async def settled() -> bool:
+        nonlocal rows
+        rows = await left()
+        return rows == mine
+
+    deadline = asyncio.get_running_loop().time() + PATIENCE
+    while not await settled():
+        assert asyncio.get_running_loop().time() < deadline, (sorted(rows - mine), given_up)
+        await asyncio.sleep(0.05)
+    for session in held[1:]:
+        await session.finish()
+    await root.finish()
