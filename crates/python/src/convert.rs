@@ -92,14 +92,14 @@ fn to_json_at(
         return list
             .iter()
             .enumerate()
-            .map(|(at, v)| at_step(Step::At(at), &v, depth, joining).map(|(_, v)| v))
+            .map(|(at, v)| at_step(element(at, &v, joining), &v, depth, joining).map(|(_, v)| v))
             .collect();
     }
     if let Ok(tuple) = value.cast::<PyTuple>() {
         return tuple
             .iter()
             .enumerate()
-            .map(|(at, v)| at_step(Step::At(at), &v, depth, joining).map(|(_, v)| v))
+            .map(|(at, v)| at_step(element(at, &v, joining), &v, depth, joining).map(|(_, v)| v))
             .collect();
     }
     if let Ok(dict) = value.cast::<PyDict>() {
@@ -128,6 +128,21 @@ fn to_json_at(
         return to_json_at(&dumped, depth + 1, joining);
     }
     Ok(Value::String(utf8(&value.str()?)?))
+}
+
+/// The step to the element `value` at position `at` of a list: its
+/// `index` when it is a dict that has a whole one (which call a tool-call
+/// piece continues), else its position; looked up only while joining.
+fn element(at: usize, value: &Bound<'_, PyAny>, joining: &Option<Joining<'_>>) -> Step {
+    if joining.is_none() {
+        return Step::At(at);
+    }
+    let index = value
+        .cast::<PyDict>()
+        .ok()
+        .and_then(|dict| dict.get_item("index").ok().flatten())
+        .and_then(|index| index.extract::<usize>().ok());
+    Step::At(index.unwrap_or(at))
 }
 
 /// `value`, one `step` below the value being converted: the step given

@@ -21,7 +21,9 @@ use crate::errors::BadInput;
 pub(crate) enum Step {
     /// A dict's key.
     Key(String),
-    /// A list's or a tuple's position.
+    /// A list's or a tuple's element: its `index` when it is a dict that
+    /// has one (an OpenAI chunk's choice, a tool call's piece: what says
+    /// which call a piece continues), else its position.
     At(usize),
 }
 
@@ -51,6 +53,13 @@ impl SplitSurrogates {
             .position(|(at, _)| *at == place)
             .map(|i| self.waiting.swap_remove(i).1);
         let mut units = utf16(text)?;
+        if units.is_empty() {
+            // Nothing between the halves: the high one waits on.
+            if let Some(high) = held {
+                self.waiting.push((place, high));
+            }
+            return Ok(String::new());
+        }
         if let Some(high) = held {
             match units.first() {
                 Some(low) if is_low(*low) => units.insert(0, high),

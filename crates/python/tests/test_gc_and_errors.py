@@ -213,12 +213,13 @@ async def test_g7_a_character_split_across_two_items_is_joined(kernel):
     def content(text, finish=None):
         return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
 
-    def arguments(text):
-        call = {"index": 0, "function": {"arguments": text}}
+    def arguments(text, index=0):
+        call = {"index": index, "function": {"arguments": text}}
         return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
 
     cases = [
         (["Hi \ud83d", "\ude00 there"], "text", ["Hi ", "\U0001f600 there"]),
+        (["Hi \ud83d", "", "\ude00"], "text", ["Hi ", "\U0001f600"]),
         ([content("Hi "), content("\ud83d"), content("\ude00"), content(" there", "stop")], "text", ["Hi ", "\U0001f600", " there"]),
         (
             [arguments('{"face": "\ud83d'), arguments('\ude00"}'), content(None, "tool_calls")],
@@ -237,7 +238,10 @@ async def test_g7_a_character_split_across_two_items_is_joined(kernel):
         else:
             assert turn.tool_calls()[0]["arguments"] == '{"face": "\U0001f600"}'
         await session.finish()
-    for items in (["\ud83d", "no low half"], ["\ude00"], ["ends half-way \ud83d"]):
+    # Halves of two different calls are no character, whichever list
+    # position their pieces come at.
+    other_call = [arguments('{"a": "\ud83d'), arguments('\ude00"}', index=1), content(None, "tool_calls")]
+    for items in (["\ud83d", "no low half"], ["\ude00"], ["ends half-way \ud83d"], other_call):
         session = await kernel.register("s")
         async with await session.turn(Stream(items)) as turn:
             async for _ in turn:
