@@ -108,7 +108,7 @@ pub fn markdown(detail: &SessionDetail) -> String {
                 let _ = writeln!(
                     out,
                     "\n**{}:**\n\n{}",
-                    message.role,
+                    inline(&message.speaker()),
                     message.shown().trim_end()
                 );
             }

@@ -482,7 +482,7 @@ pub fn show_text(detail: &SessionDetail) -> String {
         if let Some(input) = input {
             let before = previous.as_ref().map(|(i, r)| (i.as_slice(), r.as_str()));
             for message in transcript::new_messages(before, &input) {
-                out.push_str(&format!("  {}:\n", message.role));
+                out.push_str(&format!("  {}:\n", one_line(&message.speaker())));
                 out.push_str(&indented(&message.shown(), "    "));
             }
             previous = Some((input, reply.text.clone()));

@@ -88,6 +88,15 @@ impl InputMessage {
         }
     }
 
+    /// Who wrote it, for people: its role, and its `name` when it has one
+    /// (`user (alice)`).
+    pub fn speaker(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{} ({name})", self.role),
+            None => self.role.clone(),
+        }
+    }
+
     /// What it says, for people: its text, and a `[type]` line for each
     /// part it was sent with that has no text (`[image_url]`, `[file]`).
     pub fn shown(&self) -> String {
@@ -255,6 +264,16 @@ mod tests {
             serde_json::to_value(&text).unwrap(),
             serde_json::json!({"role": "user", "content": "hi"})
         );
+    }
+
+    #[test]
+    fn a_message_s_name_is_kept_spelled_and_shown_with_its_role() {
+        let stored = serde_json::json!({"role": "user", "content": "I vote yes", "name": "alice"});
+        let message = InputMessage::from_json(&stored);
+        assert_eq!(message.name.as_deref(), Some("alice"));
+        assert_eq!(message.speaker(), "user (alice)");
+        assert_eq!(serde_json::to_value(&message).unwrap(), stored);
+        assert_eq!(user("hi").speaker(), "user");
     }
 
     #[test]
