@@ -363,7 +363,9 @@ impl PyTurn {
     /// JSON, unparsed). Once the turn has ended, read to its end, these
     /// are all of its calls; before that, those of the chunks yielded so
     /// far (`[]` before the first), and a turn closed early keeps those it
-    /// yielded (the store has every chunk: `session.transcript()`).
+    /// yielded (the store has every chunk: `session.transcript()`). A
+    /// turn that did not complete (`failed`, `cancelled`) may have cut its
+    /// last call short: run calls once `outcome` is `completed`.
     fn tool_calls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let calls = match self.gathered.lock() {
             Ok(gathered) => gathered.calls.calls().to_vec(),

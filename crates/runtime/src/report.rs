@@ -58,9 +58,10 @@ pub struct ShutdownReport {
     pub handoff: bool,
     /// Sessions released in the store for another process to adopt, in order.
     pub released: Vec<SessionId>,
-    /// The kernel had stopped before this shutdown was asked for, without
-    /// one (the tokio runtime it was started on was dropped): nothing was
-    /// drained, finalized or flushed by it, and the sessions it left live
+    /// The kernel had stopped before this shutdown was asked for, with no
+    /// shutdown completed (the tokio runtime it was started on was dropped,
+    /// before or during one): nothing more was drained, finalized or
+    /// flushed, and the sessions it left live
     /// are in the store as a crashed process leaves them, for `settle
     /// recover` once this process has exited or its lease has run out (G8).
     #[cfg_attr(feature = "serde", serde(default))]

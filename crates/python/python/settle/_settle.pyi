@@ -260,7 +260,9 @@ class Turn:
         """The model's tool calls, each put together from its streamed pieces
         (by ``index``), in the order they began: ``{"id", "name",
         "arguments"}`` dicts. All of them once the turn was read to its end;
-        before that, those of the chunks yielded so far."""
+        before that, those of the chunks yielded so far. A turn that did not
+        complete (``failed``, ``cancelled``) may have cut its last call
+        short: run calls once ``outcome`` is ``completed``."""
     def reply(self) -> _Reply:
         """The reply its chunks make: ``text``, ``reasoning``, ``tool_calls``,
         ``usage``, ``data``, and ``message``, the assistant message to put in
@@ -519,7 +521,9 @@ class Kernel:
         names whose it is for ``lru_cap`` (a tenant, a user): at the cap a
         new session evicts only idle sessions of its scope and raises
         ``Error`` rather than end another's; without one it is in its
-        parent's scope, a root in the shared one."""
+        parent's scope, a root in the shared one. Cancelling the task that
+        awaits it before it answers cancels the session it makes, which
+        nobody would hold."""
     def session(self, id: int) -> _Call[Session]:
         """A handle on session ``id``, open or finalized (its methods then raise ``SessionClosed``); ``SessionClosed`` while this kernel's finalize of it is not written yet; ``BadInput`` when unknown or another process's."""
     def resume(self, id: Union[Session, int], name: str) -> _Call[Resumed]:
