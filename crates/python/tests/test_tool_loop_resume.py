@@ -100,7 +100,7 @@ async def test_g8_a_restarted_program_recovers_what_its_crashed_run_left_without
         id = await kill_when(db, server, "[tool] sleep")
     kernel = await settle.Kernel.open(db)
     try:
-        with pytest.raises(settle.BadInput):
+        with pytest.raises(settle.BadInput, match=r"the kernel's `recover\(\)`"):
             await kernel.resume(id, "agent again")
         report = await kernel.recover()
         assert report["recovered"] == [id], report

@@ -33,7 +33,7 @@ pub enum RuntimeError {
         writing: bool,
     },
     /// The session cannot be continued yet: it is not finalized.
-    #[error("session {session} is {state}: only a finalized session can be resumed; if its process crashed, run `settle recover` first")]
+    #[error("session {session} is {state}: only a finalized session can be resumed; if its process crashed, recover it first (`settle recover`, or the kernel's `recover()`)")]
     NotResumable {
         /// The session.
         session: SessionId,
@@ -43,7 +43,7 @@ pub enum RuntimeError {
     /// The session is live in the store but not in this kernel: another
     /// process owns it (a live one, or one that crashed and left it for
     /// recovery), so this kernel cannot drive it.
-    #[error("session {session} is {state} in the store, owned by another kernel (another process's, or another kernel's of this process), not this one; if that process crashed, `settle recover` finalizes it once its lease has run out, and a finalized session can be resumed")]
+    #[error("session {session} is {state} in the store, owned by another kernel (another process's, or another kernel's of this process), not this one; if that process crashed, recovery (`settle recover`, or the kernel's `recover()`) finalizes it once its lease has run out or, on this machine, its process is gone, and a finalized session can be resumed")]
     LiveElsewhere {
         /// The session.
         session: SessionId,
