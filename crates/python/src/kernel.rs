@@ -148,6 +148,22 @@ impl<'py> IntoPyObject<'py> for Rows {
     }
 }
 
+impl PyKernel {
+    /// An awaitable of `work` on a clone of the kernel, on its runtime,
+    /// dropped at once when its awaiter is cancelled: the call of every
+    /// method that only asks the kernel something (a read, a wait).
+    fn ask<'py, F, Fut, T>(&self, py: Python<'py>, work: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: FnOnce(Kernel) -> Fut,
+        Fut: std::future::Future<Output = PyResult<T>> + Send + 'static,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let (kernel, here) = self.kernel.get()?;
+        let work = work(kernel.clone());
+        awaitable(py, here, CancellationToken::new(), OnCancel::Abort, work)
+    }
+}
+
 #[pymethods]
 impl PyKernel {
     /// Opens the store at `db` (an SQLite file's path, a `str` or an
@@ -407,25 +423,18 @@ impl PyKernel {
     /// known to give a handle. Raises `BadInput` when it is unknown, and
     /// when the store has it live but another process owns it (the
     /// message says so: one a crashed process left is recovered with
-    /// `settle recover`, then resumed); `StoreError` when the store cannot
+    /// `recover()` or `settle recover`, then resumed); `StoreError` when the store cannot
     /// say in time.
     fn session<'py>(&self, py: Python<'py>, id: Whole<u64>) -> PyResult<Bound<'py, PyAny>> {
         let Whole(id) = id;
-        let (kernel, here) = self.kernel.get()?;
-        let (kernel, ties) = (kernel.clone(), self.ties.clone());
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                let session = kernel
-                    .session(SessionId(id))
-                    .await
-                    .map_err(errors::runtime)?;
-                Ok(PySession::new(session, ties))
-            },
-        )
+        let ties = self.ties.clone();
+        self.ask(py, |kernel| async move {
+            let session = kernel
+                .session(SessionId(id))
+                .await
+                .map_err(errors::runtime)?;
+            Ok(PySession::new(session, ties))
+        })
     }
 
     /// Registers a new root session named `name` that continues the
@@ -439,7 +448,7 @@ impl PyKernel {
     ///
     /// Raises `BadInput` when `id` is unknown or not finalized (it may
     /// still be live, here or in another process; one left by a crash is
-    /// recovered with `settle recover` first), `ShuttingDown` during a
+    /// recovered first, with `recover()` or `settle recover`), `ShuttingDown` during a
     /// shutdown, `StoreError` when the store fails.
     fn resume<'py>(
         &self,
@@ -476,18 +485,10 @@ impl PyKernel {
             .map(|Text(s)| s.parse::<State>())
             .transpose()
             .map_err(|e| errors::BadInput::new_err(e.to_string()))?;
-        let (kernel, here) = self.kernel.get()?;
-        let kernel = kernel.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                let rows = kernel.list_sessions(state).await.map_err(errors::runtime)?;
-                Ok(Rows(rows))
-            },
-        )
+        self.ask(py, |kernel| async move {
+            let rows = kernel.list_sessions(state).await.map_err(errors::runtime)?;
+            Ok(Rows(rows))
+        })
     }
 
     /// Finalizes the sessions crashed processes left live (G8), as `settle
@@ -502,18 +503,10 @@ impl PyKernel {
     /// can then be resumed (`resume`). `Kernel.open(..., recover=True)`
     /// runs it once at the start. Raises `StoreError` when the store fails.
     fn recover<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (kernel, here) = self.kernel.get()?;
-        let kernel = kernel.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                let report = kernel.recover().await.map_err(errors::runtime)?;
-                Ok(Recovered(report))
-            },
-        )
+        self.ask(py, |kernel| async move {
+            let report = kernel.recover().await.map_err(errors::runtime)?;
+            Ok(Recovered(report))
+        })
     }
 
     /// Shuts down (G9): no new session or turn, transcripts flushed, idle
@@ -566,18 +559,10 @@ impl PyKernel {
 
     /// Resolves once the kernel has stopped: its shutdown is complete.
     fn stopped<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (kernel, here) = self.kernel.get()?;
-        let kernel = kernel.clone();
-        awaitable(
-            py,
-            here,
-            CancellationToken::new(),
-            OnCancel::Abort,
-            async move {
-                kernel.stopped().await;
-                Ok(crate::awaitable::Nothing)
-            },
-        )
+        self.ask(py, |kernel| async move {
+            kernel.stopped().await;
+            Ok(crate::awaitable::Nothing)
+        })
     }
 
     /// Installs handlers of SIGINT, SIGTERM and SIGHUP on the running loop
