@@ -349,13 +349,9 @@ impl Kernel {
         let patience = self.store_timeout();
         let deadline = crate::clock::after(patience);
         let send = |reply| self.send(make(reply));
-        let withdraw = |session, error| {
-            let _ = self.send(Command::Withdraw { session, error });
-        };
         let stopped = self.stopped();
         let commands = self.commands();
-        crate::told::RegisterTold::registered(send, withdraw, commands, deadline, patience, stopped)
-            .await
+        crate::told::RegisterTold::registered(send, commands, deadline, patience, stopped).await
     }
 
     pub(crate) fn commands(&self) -> mpsc::WeakUnboundedSender<Command> {

@@ -293,8 +293,8 @@ impl Drop for UnclaimedSession {
 impl RegisterTold {
     /// Waits for the registration `send` hands to the kernel, at the latest
     /// until `deadline` (the store timeout, `patience`, from the ask). At
-    /// the bound, a registration the driver made is withdrawn (`withdraw`,
-    /// with the error the caller is given) before this returns, so that
+    /// the bound, a registration the driver made is withdrawn (through
+    /// `commands`, with the error the caller is given) before this returns, so that
     /// the caller's next ask finds it gone; one it has not made yet never
     /// will be.
     ///
@@ -304,7 +304,6 @@ impl RegisterTold {
     /// stopped without saying.
     pub(crate) async fn registered(
         send: impl FnOnce(RegisterTold) -> Result<(), RuntimeError>,
-        withdraw: impl FnOnce(SessionId, String),
         commands: mpsc::WeakUnboundedSender<Command>,
         deadline: tokio::time::Instant,
         patience: Duration,
@@ -333,8 +332,9 @@ impl RegisterTold {
                 writing: true,
             },
         };
-        if let Some(session) = waiter.session {
-            withdraw(session, error.to_string());
+        if let (Some(session), Some(commands)) = (waiter.session, waiter.commands.upgrade()) {
+            let error = error.to_string();
+            let _ = commands.send(Command::Withdraw { session, error });
         }
         Err(error)
     }
