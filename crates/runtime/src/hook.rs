@@ -1,3 +1,4 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,30 +63,83 @@ pub(crate) struct HookRunner {
     hook: Option<Arc<dyn SessionEndHook>>,
     limit: Duration,
     permits: Arc<tokio::sync::Semaphore>,
-    tracker: tokio_util::task::TaskTracker,
     /// Told once the hook fired last has started (or its task is gone).
     last_started: Arc<std::sync::Mutex<Option<oneshot::Receiver<()>>>>,
     /// Cancelled once a shutdown's budget is spent: a hook still waiting
     /// for the concurrency limit starts without it.
     rush: tokio_util::sync::CancellationToken,
-    /// The hooks fired that have not returned (or been given up on).
-    unreturned: Arc<std::sync::atomic::AtomicUsize>,
+    /// The hooks fired that have not returned, and those of them waiting
+    /// for the kernel's shutdown.
+    calls: Arc<HookCalls>,
+}
+
+/// The hooks of one kernel in flight: how many were fired and have not
+/// returned (or been given up on), and how many of those are waiting in a
+/// [`Kernel::shutdown`](crate::Kernel::shutdown) they called themselves,
+/// which waits for every hook but them.
+#[derive(Debug, Default)]
+pub(crate) struct HookCalls {
+    unreturned: AtomicUsize,
+    in_shutdown: AtomicUsize,
+    /// Told whenever either count goes down or `in_shutdown` goes up.
+    changed: tokio::sync::Notify,
+}
+
+tokio::task_local! {
+    /// The calls of the kernel whose hook the current task is running.
+    static RUNNING_HOOK_OF: Arc<HookCalls>;
+}
+
+impl HookCalls {
+    /// How many hooks a shutdown still waits for.
+    fn awaited(&self) -> usize {
+        self.unreturned
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.in_shutdown.load(Ordering::SeqCst))
+    }
+
+    /// When the current task is one of these hooks, counts it as waiting
+    /// for the shutdown until the guard is dropped; `None` otherwise (a
+    /// hook of another kernel, or no hook at all).
+    pub fn shutdown_asked_by_own_hook(self: &Arc<Self>) -> Option<InShutdown> {
+        let own = RUNNING_HOOK_OF
+            .try_with(|running| Arc::ptr_eq(running, self))
+            .unwrap_or(false);
+        if !own {
+            return None;
+        }
+        self.in_shutdown.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        Some(InShutdown(self.clone()))
+    }
+}
+
+/// A hook waiting in the shutdown it asked for, counted in `in_shutdown`
+/// until dropped.
+pub(crate) struct InShutdown(Arc<HookCalls>);
+
+impl Drop for InShutdown {
+    fn drop(&mut self) {
+        self.0.in_shutdown.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
 }
 
 /// One hook fired and not yet returned, counted in `unreturned` until
 /// dropped.
-struct Unreturned(Arc<std::sync::atomic::AtomicUsize>);
+struct Unreturned(Arc<HookCalls>);
 
 impl Unreturned {
-    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Unreturned(count.clone())
+    fn new(calls: &Arc<HookCalls>) -> Self {
+        calls.unreturned.fetch_add(1, Ordering::SeqCst);
+        Unreturned(calls.clone())
     }
 }
 
 impl Drop for Unreturned {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.unreturned.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
     }
 }
 
@@ -95,20 +149,14 @@ impl Drop for Unreturned {
 const START_GRACE: Duration = Duration::from_millis(50);
 
 impl HookRunner {
-    pub fn new(
-        hook: Option<Arc<dyn SessionEndHook>>,
-        limit: Duration,
-        concurrency: usize,
-        tracker: tokio_util::task::TaskTracker,
-    ) -> Self {
+    pub fn new(hook: Option<Arc<dyn SessionEndHook>>, limit: Duration, concurrency: usize) -> Self {
         HookRunner {
             hook,
             limit,
             permits: Arc::new(tokio::sync::Semaphore::new(concurrency.max(1))),
-            tracker,
             last_started: Arc::default(),
             rush: tokio_util::sync::CancellationToken::new(),
-            unreturned: Arc::default(),
+            calls: Arc::default(),
         }
     }
 
@@ -129,14 +177,15 @@ impl HookRunner {
             Some(session) => tracing::info_span!(parent: &session, "on_session_end"),
             None => tracing::info_span!("on_session_end", session = end.session.0),
         };
-        let unreturned = Unreturned::new(&self.unreturned);
+        let unreturned = Unreturned::new(&self.calls);
+        let calls = self.calls.clone();
         let (started, starts) = oneshot::channel();
         let before = self
             .last_started
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .replace(starts);
-        self.tracker.spawn(tracing::Instrument::instrument(
+        tokio::spawn(tracing::Instrument::instrument(
             async move {
                 if let Some(before) = before {
                     // Sent, or its task is gone: either way it is no longer first.
@@ -152,7 +201,8 @@ impl HookRunner {
                     () = rush.cancelled() => None,
                 };
                 let session = end.session;
-                let call = std::panic::AssertUnwindSafe(hook.on_session_end(end)).catch_unwind();
+                let call = RUNNING_HOOK_OF.scope(calls, hook.on_session_end(end));
+                let call = std::panic::AssertUnwindSafe(call).catch_unwind();
                 let mut call = std::pin::pin!(tokio::time::timeout(limit, call));
                 // Its first poll is its start: the next hook waits for it.
                 let first = futures_util::poll!(call.as_mut());
@@ -173,8 +223,12 @@ impl HookRunner {
                 };
                 match ended {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => tracing::warn!(%session, "on_session_end hook panicked; carrying on"),
-                    Err(_) => tracing::warn!(%session, ?limit, "on_session_end hook overran its timeout; abandoned"),
+                    Ok(Err(_)) => {
+                        tracing::warn!(%session, "on_session_end hook panicked; carrying on")
+                    }
+                    Err(_) => {
+                        tracing::warn!(%session, ?limit, "on_session_end hook overran its timeout; abandoned")
+                    }
                 }
             },
             span,
@@ -187,11 +241,20 @@ impl HookRunner {
     /// called after the shutdown returns. Returns how many were still
     /// running then (abandoned).
     pub async fn settle(&self, until: tokio::time::Instant) -> usize {
-        self.tracker.close();
-        if tokio::time::timeout_at(until, self.tracker.wait())
-            .await
-            .is_ok()
-        {
+        let all_returned = async {
+            loop {
+                let changed = self.calls.changed.notified();
+                let mut changed = std::pin::pin!(changed);
+                changed.as_mut().enable();
+                // A hook waiting in this very shutdown is not waited for: it
+                // would wait for the shutdown, and the shutdown for it.
+                if self.calls.awaited() == 0 {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        if tokio::time::timeout_at(until, all_returned).await.is_ok() {
             return 0;
         }
         self.rush.cancel();
@@ -203,6 +266,11 @@ impl HookRunner {
         if let Some(last) = last {
             let _ = tokio::time::timeout(START_GRACE, last).await;
         }
-        self.unreturned.load(std::sync::atomic::Ordering::SeqCst)
+        self.calls.awaited()
+    }
+
+    /// The count of this kernel's hooks in flight, which its shutdown reads.
+    pub fn calls(&self) -> Arc<HookCalls> {
+        self.calls.clone()
     }
 }

@@ -108,12 +108,8 @@ impl KernelBuilder {
         let lease_lost_why = Arc::new(std::sync::OnceLock::new());
         let stopped = tokio_util::sync::CancellationToken::new();
         let works = TaskTracker::new();
-        let hooks = HookRunner::new(
-            hook,
-            config.hook_timeout,
-            config.hook_concurrency,
-            TaskTracker::new(),
-        );
+        let hooks = HookRunner::new(hook, config.hook_timeout, config.hook_concurrency);
+        let hook_calls = hooks.calls();
         let recorder = Recorder {
             store: store.clone(),
             owner,
@@ -194,6 +190,7 @@ impl KernelBuilder {
                 shutting_down,
                 stopped,
                 finished: tokio::sync::Mutex::new(Some(finished)),
+                hook_calls,
             }),
         })
     }
@@ -227,6 +224,9 @@ struct Inner {
     /// Cancelled once the driver and the recorder have stopped.
     stopped: tokio_util::sync::CancellationToken,
     finished: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Its `on_session_end` hooks in flight: a shutdown asked by one of
+    /// them does not wait for that one.
+    hook_calls: Arc<crate::hook::HookCalls>,
 }
 
 /// A running `settle` kernel: what a frontend holds. Cheap to clone.
@@ -583,8 +583,14 @@ impl Kernel {
     /// then [`ShutdownReport::left_recoverable`] names what was left. Asked
     /// of a kernel that stopped without one (the tokio runtime it was
     /// started on was dropped), it returns at once a report that says so,
-    /// [`ShutdownReport::stopped_without_shutdown`].
+    /// [`ShutdownReport::stopped_without_shutdown`]. Called from this
+    /// kernel's own `on_session_end` hook, it waits for every other hook,
+    /// not for the one that called it.
     pub async fn shutdown(&self, drain: Duration) -> ShutdownReport {
+        // Asked by one of this kernel's own end hooks (a program that stops
+        // once its root agent ended): the shutdown waits for every hook but
+        // that one, which waits for it.
+        let _asked_by_hook = self.inner.hook_calls.shutdown_asked_by_own_hook();
         let (tx, rx) = oneshot::channel();
         let answered = match self.send(Command::Shutdown {
             drain,

@@ -353,3 +353,66 @@ async fn g1_a_trees_end_hooks_start_children_first() {
         "trees whose hooks started parent first: {out_of_order:?}"
     );
 }
+
+/// Shuts the kernel down from its own hook once the session named "last"
+/// ended, as a program that exits when its root agent is done does; keeps
+/// the report and when it came.
+struct ShutsDownAfterLast {
+    kernel: Arc<std::sync::OnceLock<settle_runtime::Kernel>>,
+    answered: Arc<Mutex<Option<(settle_runtime::ShutdownReport, Instant)>>>,
+}
+
+#[async_trait]
+impl SessionEndHook for ShutsDownAfterLast {
+    async fn on_session_end(&self, end: SessionEnd) {
+        if end.name != "last" {
+            return;
+        }
+        let Some(kernel) = self.kernel.get() else {
+            return;
+        };
+        let report = kernel.shutdown(Duration::ZERO).await;
+        *self.answered.lock().unwrap() = Some((report, Instant::now()));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn g9_a_shutdown_asked_from_an_end_hook_does_not_wait_for_that_hook() {
+    let store = MemoryStore::new();
+    let kernel = Arc::new(std::sync::OnceLock::new());
+    let answered = Arc::new(Mutex::new(None));
+    let hook = ShutsDownAfterLast {
+        kernel: kernel.clone(),
+        answered: answered.clone(),
+    };
+    let config = Config::default().hook_timeout(Duration::from_secs(5));
+    let runtime = runtime_on(&store, |b| b.with_config(config).on_session_end(hook)).await;
+    assert!(kernel.set(runtime.clone()).is_ok());
+    let other = runtime.register("other", None).await.unwrap();
+    let last = runtime.register("last", None).await.unwrap();
+
+    let began = Instant::now();
+    assert_eq!(last.finish().await.unwrap(), EndReason::Completed);
+    // The program waits for the shutdown its hook began.
+    let report = runtime.shutdown(Duration::ZERO).await;
+    let took = began.elapsed();
+    assert!(took < 100 * MS, "the shutdown took {took:?}");
+    assert_eq!(report.hooks_abandoned, 0, "{report:?}");
+    assert_eq!(
+        detail(&store, other.id()).await.session.end_reason,
+        Some(EndReason::Shutdown)
+    );
+    // The hook's own call was answered with the same report, in time.
+    let (from_hook, at) = answered
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the hook's shutdown returned");
+    assert!(
+        at - began < 100 * MS,
+        "the hook's shutdown took {:?}",
+        at - began
+    );
+    assert_eq!(from_hook.hooks_abandoned, 0, "{from_hook:?}");
+    assert_eq!(from_hook.finalized, report.finalized);
+}
