@@ -246,6 +246,17 @@ impl Recorder {
     /// tried again wait behind them instead (see `retry.rs`).
     fn hand(&mut self, mut pending: Pending) -> Option<InFlight> {
         self.retries.divert(&mut pending, write_session);
+        if self.stalled() {
+            // The store has not answered for a store timeout: a work's end
+            // waits for it no longer. Its reader is told now, its write
+            // applied once the store takes it; so a reader is not held
+            // much past the store timeout, however many calls wait on the
+            // stalled store before its end's.
+            for answer in pending.answers.iter_mut().chain(pending.after.iter_mut()) {
+                answer.tell_turn_end_now();
+            }
+            self.retries.tell_turn_ends(std::time::Duration::ZERO);
+        }
         let now = tokio::time::Instant::now();
         let copies = pending
             .writes
@@ -253,6 +264,15 @@ impl Recorder {
             .map(|w| retry::tried_again(w).then(|| (w.clone(), now)))
             .collect();
         self.hand_with(pending, copies, false)
+    }
+
+    /// Whether the store is known not to be answering: it has not taken
+    /// the writes that wait to be tried again (or are being tried) for a
+    /// store timeout or longer. (A blip it heals from sooner tells a work's
+    /// end once it is written, as when the store is well.)
+    fn stalled(&self) -> bool {
+        self.retries
+            .stalled_for(self.store_timeout, tokio::time::Instant::now())
     }
 
     /// Hands a batch whose writes come with their copies (see [`InFlight`]).

@@ -153,8 +153,11 @@ impl Recorder {
                     }
                     continue;
                 }
+                // Left in flight: the records that come meanwhile are
+                // taken, and the readers of works' ends they carry told at
+                // once that the store is stalled (see `hand`).
                 () = sleep_until(retry_due), if retry_due.is_some() => {
-                    self.retry().await;
+                    self.retry_in_flight().await;
                     continue;
                 }
                 () = sleep_until(holds_due), if holds_due.is_some() => {

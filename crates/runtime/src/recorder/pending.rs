@@ -63,6 +63,28 @@ impl Answer {
         }
     }
 
+    /// Tells the reader of a turn's end how it ended, before its write is
+    /// committed (once: the answer then tells no one of it): a turn's
+    /// end, alone or carried by its session's finalize, whose reader may
+    /// wait no longer for a store that is not answering. The write itself
+    /// is still applied, and its other answers given, once the store takes
+    /// it.
+    pub(super) fn tell_turn_end_now(&mut self) {
+        match self {
+            Answer::TurnEnded { notify, end, .. } => {
+                if let Some(notify) = notify.take() {
+                    let _ = notify.send(end.clone());
+                }
+            }
+            Answer::Finalized(job) => {
+                if let Some((notify, end)) = job.turn_notify.take() {
+                    let _ = notify.send(end);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Notes what the store said of a registration or a turn's start that
     /// is to be tried again, for its caller if told at its own bound
     /// meanwhile.

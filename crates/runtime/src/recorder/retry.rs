@@ -57,18 +57,15 @@ pub(super) struct Queued {
 }
 
 impl Queued {
-    /// If this is a turn's end that has waited `patience` (the store
-    /// timeout) by `now`, tells the turn's reader how it ended (once); the
-    /// write itself stays queued.
+    /// If this is a turn's end (alone or carried by its session's
+    /// finalize) that has waited `patience` (the store timeout) by `now`,
+    /// tells the turn's reader how it ended (once); the write itself stays
+    /// queued.
     pub(super) fn tell_turn_end(&mut self, patience: Duration, now: Instant) {
         if now.duration_since(self.since) < patience {
             return;
         }
-        if let Answer::TurnEnded { notify, end, .. } = &mut self.answer {
-            if let Some(notify) = notify.take() {
-                let _ = notify.send(end.clone());
-            }
-        }
+        self.answer.tell_turn_end_now();
     }
 }
 
@@ -85,6 +82,10 @@ pub(crate) struct Retries {
     /// (see `backoff.rs`).
     wait: Option<Backoff>,
     next: Option<Instant>,
+    /// Since when the store has not taken what waits here: from the
+    /// first try of the oldest write that waits, until the store takes
+    /// every one of them.
+    stalled_since: Option<Instant>,
     /// The longest wait between two tries, once a shutdown has begun (see
     /// [`Retries::hurry`]).
     cap: Option<Duration>,
@@ -187,6 +188,7 @@ impl Retries {
                 *latest = last.clone();
             })
             .or_insert((1, last));
+        self.stalled_since.get_or_insert(queued.since);
         self.queue.push_back((session, queued));
         if self.next.is_none() {
             let wait = self.wait.get_or_insert_with(Backoff::new).current();
@@ -283,7 +285,15 @@ impl Retries {
     pub(super) fn healed(&mut self) {
         if self.queue.is_empty() {
             self.wait = None;
+            self.stalled_since = None;
         }
+    }
+
+    /// Whether the store has not taken the writes that wait here (or are
+    /// tried again now) for `patience` or longer by `now`.
+    pub(super) fn stalled_for(&self, patience: Duration, now: Instant) -> bool {
+        self.stalled_since
+            .is_some_and(|since| now.duration_since(since) >= patience)
     }
 
     /// Tells the readers of turns whose end has waited `patience` (the store
@@ -385,6 +395,7 @@ impl Retries {
     pub(super) fn give_up(&mut self) -> Vec<Queued> {
         self.next = None;
         self.wait = None;
+        self.stalled_since = None;
         self.take().into_iter().map(|(_, q)| q).collect()
     }
 }
@@ -417,8 +428,28 @@ impl super::Recorder {
     }
 
     /// One more try of every waiting write, as one batch, after telling
-    /// the waiters who may not wait any longer that their write failed.
+    /// the waiters who may not wait any longer that their write failed;
+    /// returns once the store answered it.
     pub(super) async fn retry(&mut self) {
+        if let Some(mut batch) = self.start_retry().await {
+            let results = (&mut batch.results).await;
+            self.answer_batch(batch, results).await;
+        }
+    }
+
+    /// One more try of every waiting write, as one batch left in flight:
+    /// the recorder goes on taking records (and telling the readers of
+    /// works' ends that the store is stalled) while the store answers it.
+    pub(super) async fn retry_in_flight(&mut self) {
+        if let Some(batch) = self.start_retry().await {
+            self.in_flight = Some(batch);
+        }
+    }
+
+    /// Starts one more try of every waiting write: the batch handed to the
+    /// store, or `None` when there is nothing to try (or a shutdown's
+    /// budget is spent, and what waited is given up).
+    async fn start_retry(&mut self) -> Option<super::pending::InFlight> {
         self.hurry_in_shutdown();
         // The batch in flight first: a write of it the store did not take
         // is queued now, before the writes decided after it are taken
@@ -433,11 +464,11 @@ impl super::Recorder {
             for q in self.retries.give_up() {
                 self.answer(q.answer, Err(q.last)).await;
             }
-            return;
+            return None;
         }
         let taken = self.retries.take();
         if taken.is_empty() {
-            return;
+            return None;
         }
         let mut pending = Pending::default();
         let mut copies = Vec::with_capacity(taken.len());
@@ -446,10 +477,7 @@ impl super::Recorder {
             pending.writes.push(q.write);
             pending.answers.push(q.answer);
         }
-        if let Some(mut batch) = self.hand_with(pending, copies, true) {
-            let results = (&mut batch.results).await;
-            self.answer_batch(batch, results).await;
-        }
+        self.hand_with(pending, copies, true)
     }
 
     /// Tries the waiting writes until the store takes them all or, in a

@@ -213,3 +213,112 @@ async fn g9_the_last_handle_of_a_store_the_shutdown_gave_up_on_is_dropped_at_onc
         "dropping the last handle took {took:?}"
     );
 }
+
+/// A coordinator finished while the file is locked for several store
+/// timeouts: its children's turns are cancelled at once, and their readers
+/// are told the end by the store timeout (the end is written once the lock
+/// goes), not held until the store answers: a coordinator awaiting its
+/// children is not held for the whole outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_turn_cancelled_on_a_locked_store_is_told_its_end_by_the_store_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, store, kernel) = on_a_file(&dir).await;
+    let root = kernel.register("root", None).await.unwrap();
+    let long = TurnScript::new(numbered("c", 100_000)).chunk_delay(Duration::from_millis(5));
+    let mut readers = Vec::new();
+    for i in 0..3 {
+        let child = root.child(format!("child-{i}")).await.unwrap();
+        let mut turn = start(&child, &provider([long.clone()])).await;
+        assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+        readers.push(tokio::spawn(async move {
+            while turn.next_chunk().await.is_some() {}
+
+            let end = turn.end().await;
+
+            (end, std::time::Instant::now())
+        }));
+    }
+    let lock = Lock::take(&path);
+    let finishing = tokio::spawn({
+        let root = root.clone();
+        async move { root.finish().await }
+    });
+    // Four store timeouts, within the store's busy timeout (5 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let released = std::time::Instant::now();
+
+    lock.release();
+    for reader in readers {
+        let ((outcome, _), ended) = reader.await.unwrap();
+        assert!(
+            matches!(outcome, Outcome::Cancelled | Outcome::Failed),
+            "{outcome:?}"
+        );
+        assert!(
+            ended < released,
+            "a reader was told its end {:?} after the lock went, not by the store timeout",
+            ended - released
+        );
+    }
+    finishing
+        .await
+        .unwrap()
+        .expect("the root is finished once the store takes it");
+    kernel.shutdown(Duration::from_millis(100)).await;
+    let rows = store.list_sessions(SessionFilter::default()).await.unwrap();
+    assert!(rows.iter().all(|r| r.state == State::Finalized), "{rows:?}");
+}
+
+/// On a store known to be stalled (a write already given up on at the
+/// store timeout, waiting to be tried again), a turn cancelled later is
+/// told its end at once: its reader does not wait a whole store timeout
+/// more for a write handed behind the stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_turn_cancelled_on_a_store_known_stalled_is_told_its_end_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locked.db");
+    let path = path.to_str().unwrap().to_owned();
+    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
+    let timeout = Duration::from_millis(1500);
+    let kernel = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .settle_timeout(Duration::from_millis(300))
+        .store_timeout(timeout)
+        .start()
+        .await
+        .unwrap();
+    // One chunk, then nothing until cancelled: no append stalls on the lock.
+    let quiet = hang(&["c-0"], Duration::from_millis(5));
+    let mut turns = Vec::new();
+    for i in 0..2 {
+        let session = kernel.register(format!("s-{i}"), None).await.unwrap();
+        let mut turn = start(&session, &provider([quiet.clone()])).await;
+        assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+        turns.push(turn);
+    }
+    let second = turns.pop().unwrap();
+    let first = turns.pop().unwrap();
+    let lock = Lock::take(&path);
+    // The first turn's end stalls on the lock and is given up on at the
+    // store timeout: the store is known stalled from then on.
+    first.cancel();
+    let (outcome, _) = first.end().await;
+    assert_eq!(outcome, Outcome::Cancelled);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancelled = std::time::Instant::now();
+    second.cancel();
+    let (outcome, _) = second.end().await;
+    let waited = cancelled.elapsed();
+    assert_eq!(outcome, Outcome::Cancelled);
+    assert!(
+        waited < timeout / 2,
+        "told {waited:?} after its cancel, on a store stalled already"
+    );
+    lock.release();
+    kernel.shutdown(Duration::ZERO).await;
+    let rows = store.list_sessions(SessionFilter::default()).await.unwrap();
+    for row in &rows {
+        let d = store.session_detail(row.id).await.unwrap();
+        assert!(d.turns.iter().all(|t| t.outcome.is_some()), "{d:?}");
+    }
+}
