@@ -140,8 +140,8 @@ struct RunArgs {
     /// How long any other store call may take before it fails (default 10s).
     #[arg(long, allow_hyphen_values = true, hide = true, value_parser = duration::parse_nonzero)]
     store_timeout: Option<Duration>,
-    /// How long this process's lease on its sessions lasts, renewed at a
-    /// third of it (default 30s).
+    /// How long this process's lease on its sessions lasts, renewed every
+    /// tenth of it (default 30s).
     #[arg(long, allow_hyphen_values = true, hide = true, value_parser = duration::parse_nonzero)]
     lease_ttl: Option<Duration>,
 }

@@ -102,8 +102,9 @@ pub struct ServeArgs {
     /// of handing the sessions off to the other processes of the fleet.
     #[arg(long)]
     no_handoff: bool,
-    /// How long this process's lease on its sessions lasts (renewed at a
-    /// third of it); a peer takes over its sessions once it has lapsed.
+    /// How long this process's lease on its sessions lasts (renewed every
+    /// tenth of it); a peer takes over its sessions once it has lapsed, and
+    /// a store that answers no renewal for that long stops this process.
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_nonzero, default_value = "30s")]
     lease_ttl: Duration,
     /// Play the turns of this script book instead of asking a model server.

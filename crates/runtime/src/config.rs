@@ -79,7 +79,9 @@ pub struct Config {
     /// How many `on_session_end` hooks may run at once.
     pub hook_concurrency: usize,
     /// How long this process's lease on its live sessions lasts; it is renewed
-    /// at a third of that. Another process recovers them only after it lapses (G8).
+    /// every tenth of that, so a store outage of up to nine tenths of it is
+    /// ridden out wherever it falls, and one of the whole of it stops the
+    /// kernel. Another process recovers them only after it lapses (G8).
     pub lease_ttl: Duration,
     /// Run recovery for sessions of dead owners when the kernel starts.
     pub recover_on_start: bool,
@@ -186,7 +188,7 @@ macro_rules! settings {
             hook_timeout: Duration => hook_timeout;
             /// How many `on_session_end` hooks may run at once.
             hook_concurrency: usize => hook_concurrency;
-            /// How long this process's lease lasts (renewed at a third of it).
+            /// How long this process's lease lasts (renewed every tenth of it).
             lease_ttl: Duration => lease_ttl;
             /// Recover the sessions of dead owners when the kernel starts.
             recover_on_start: bool => recover_on_start;

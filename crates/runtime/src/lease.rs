@@ -12,11 +12,18 @@ use crate::bus::EventBus;
 use crate::command::Command;
 use crate::event::LifecycleEvent;
 
-/// Renews the lease at a third of its TTL. The lease counts as lost when the
-/// store says it expired, or when no renewal has succeeded for a whole TTL
-/// (measured from the last success's request, so the local view is never
-/// more optimistic than the store's): then the driver is told, which stops
-/// starting anything and cancels every work, and the loop ends.
+/// How many renewals a lease gets in its TTL: an outage of the store that
+/// begins just before one is due is ridden out for all but a tenth of the
+/// TTL (with a renewal every third of it, as at first, an outage of two
+/// thirds of the TTL could stop the kernel, against its documented bound).
+const RENEWALS_PER_TTL: u32 = 10;
+
+/// Renews the lease every tenth of its TTL. The lease counts as lost when
+/// the store says it expired, or once no renewal has succeeded for a whole
+/// TTL (measured from the last success's request, so the local view is
+/// never more optimistic than the store's), at that instant, whether or not
+/// a renewal is in flight: then the driver is told, which stops starting
+/// anything and cancels every work, and the loop ends.
 pub(crate) async fn renew(
     store: Arc<dyn SessionStore>,
     owner: OwnerId,
@@ -25,7 +32,7 @@ pub(crate) async fn renew(
     events: EventBus,
     why: Arc<std::sync::OnceLock<String>>,
 ) {
-    let every = (ttl / 3).max(Duration::from_millis(10));
+    let every = (ttl / RENEWALS_PER_TTL).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval_at(Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut valid_until = Instant::now() + ttl;
@@ -33,10 +40,24 @@ pub(crate) async fn renew(
     // expired after them (the store came back, or answers reads only) is
     // told with their cause, a full disk say, not as an expiry alone.
     let mut failing: Option<String> = None;
+    let expired = |failing: &Option<String>| match failing {
+        Some(cause) => format!("the lease could not be renewed before it expired: {cause}"),
+        None => "the lease could not be renewed before it expired".to_owned(),
+    };
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = tokio::time::sleep_until(valid_until) => {
+                // Between two renewals, the last ones having failed.
+                let message = expired(&failing);
+                return lost(message, &why, &events, &commands);
+            }
+        }
         let asked = Instant::now();
-        let message = match tokio::time::timeout(every, store.renew_lease(owner, ttl)).await {
+        // Not past the lease's end: a renewal that has not answered by then
+        // is too late, whatever it says after.
+        let answer_by = (asked + every).min(valid_until);
+        let message = match tokio::time::timeout_at(answer_by, store.renew_lease(owner, ttl)).await {
             Ok(Ok(_)) => {
                 crate::meter::lease_renewal(true);
                 valid_until = asked + ttl;
@@ -55,7 +76,8 @@ pub(crate) async fn renew(
                 format!("the lease could not be renewed before it expired: {error}")
             }
             Err(_) if Instant::now() >= valid_until => format!(
-                "the lease could not be renewed before it expired: the store did not answer within {every:?}"
+                "the lease could not be renewed before it expired: the store did not answer within {:?}",
+                answer_by.saturating_duration_since(asked)
             ),
             Ok(Err(error)) => {
                 crate::meter::lease_renewal(false);
@@ -69,14 +91,23 @@ pub(crate) async fn renew(
                 continue;
             }
         };
-        tracing::error!(%message, "this process lost its lease on its sessions");
-        let _ = why.set(message.clone());
-        events.emit(None, || LifecycleEvent::LeaseLost {
-            message: message.clone(),
-        });
-        if let Some(commands) = commands.upgrade() {
-            let _ = commands.send(Command::LeaseLost);
-        }
-        return;
+        return lost(message, &why, &events, &commands);
+    }
+}
+
+/// Says the lease is lost, once, and tells the driver.
+fn lost(
+    message: String,
+    why: &std::sync::OnceLock<String>,
+    events: &EventBus,
+    commands: &mpsc::WeakUnboundedSender<Command>,
+) {
+    tracing::error!(%message, "this process lost its lease on its sessions");
+    let _ = why.set(message.clone());
+    events.emit(None, || LifecycleEvent::LeaseLost {
+        message: message.clone(),
+    });
+    if let Some(commands) = commands.upgrade() {
+        let _ = commands.send(Command::LeaseLost);
     }
 }

@@ -852,6 +852,46 @@ async fn g8_a_lease_lost_to_failing_renewals_is_reported_with_the_stores_failure
     );
 }
 
+/// G8: a store that answers no renewal for most of a lease's TTL, however
+/// the outage falls between two renewals, does not stop the kernel: the
+/// lease is renewed often enough that its last success is never long
+/// before the outage began. And one that answers none for the whole TTL
+/// stops it by the time the lease expires, not a renewal period later.
+#[tokio::test(start_paused = true)]
+async fn g8_an_outage_shorter_than_the_lease_is_ridden_out_wherever_it_falls() {
+    let ttl = Duration::from_secs(30);
+    let store = Faulty::default();
+    let kernel = Kernel::builder(Arc::new(store.clone()))
+        .idle_timeout(None)
+        .lease_ttl(ttl)
+        .start()
+        .await
+        .unwrap();
+    let idle = kernel.register("idle", None).await.unwrap();
+    // The outage begins just before a renewal at a third of the TTL would
+    // come (the renewal before it came at the first third), and lasts
+    // 85% of the TTL.
+    tokio::time::sleep(ttl * 2 / 3 - Duration::from_millis(100)).await;
+    store.fail_renewals.store(true, Ordering::SeqCst);
+    tokio::time::sleep(ttl * 85 / 100).await;
+    store.fail_renewals.store(false, Ordering::SeqCst);
+    tokio::time::sleep(ttl / 2).await;
+    assert!(kernel.lease_lost().is_none(), "{:?}", kernel.lease_lost());
+    assert_eq!(idle.state().await.unwrap(), State::Registered);
+
+    // Now for good: the kernel stops once its last renewal is a TTL old.
+    store.fail_renewals.store(true, Ordering::SeqCst);
+    let began = Instant::now();
+    kernel.shutdown_begun().await;
+    let took = began.elapsed();
+    assert!(
+        took <= ttl && took >= ttl * 85 / 100,
+        "the lease was counted lost {took:?} into the outage"
+    );
+    let report = kernel.shutdown(Duration::ZERO).await;
+    assert!(report.lease_lost, "{report:?}");
+}
+
 /// G8: a renewal the store answers with `LeaseLost` stops the kernel at once:
 /// a `LeaseLost` event, no new session or turn, the running turn cancelled
 /// without waiting for a drain, and a report that says so and names what
