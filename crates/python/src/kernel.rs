@@ -240,8 +240,9 @@ impl PyKernel {
     ///
     /// `lease_ttl` (seconds, 30 by default) is how long this process's
     /// lease on its sessions lasts unrenewed (it is renewed every tenth of
-    /// it, so an outage of nine tenths of it, 27 s, is always ridden out). A store that answers nothing for that long (another process
-    /// holding its lock, a full disk, a server down) stops the kernel
+    /// it, so an outage of 26 s of 30 is always ridden out). A store that
+    /// answers nothing for that long (another process holding its lock, a
+    /// full disk, a server down) stops the kernel
     /// (`shutting_down` becomes true, calls raise `ShuttingDown`), its live
     /// sessions left for `settle recover` or a fleet's peer, since they
     /// may be taken over meanwhile; a program opens a new kernel once the

@@ -78,10 +78,11 @@ pub struct Config {
     pub hook_timeout: Duration,
     /// How many `on_session_end` hooks may run at once.
     pub hook_concurrency: usize,
-    /// How long this process's lease on its live sessions lasts; it is renewed
-    /// every tenth of that, so a store outage of up to nine tenths of it is
-    /// ridden out wherever it falls, and one of the whole of it stops the
-    /// kernel. Another process recovers them only after it lapses (G8).
+    /// How long this process's lease on its live sessions lasts; it is
+    /// renewed every tenth of that (a failed renewal tried again after a
+    /// thirtieth), so a store outage of 26 s of a 30 s lease is ridden out
+    /// wherever it falls, and one of the whole of it stops the kernel.
+    /// Another process recovers them only after it lapses (G8).
     pub lease_ttl: Duration,
     /// Run recovery for sessions of dead owners when the kernel starts.
     pub recover_on_start: bool,

@@ -12,13 +12,18 @@ use crate::bus::EventBus;
 use crate::command::Command;
 use crate::event::LifecycleEvent;
 
-/// How many renewals a lease gets in its TTL: an outage of the store that
-/// begins just before one is due is ridden out for all but a tenth of the
-/// TTL (with a renewal every third of it, as at first, an outage of two
-/// thirds of the TTL could stop the kernel, against its documented bound).
+/// How many renewals a lease gets in its TTL, and how much sooner than
+/// that a failed one is tried again: the last success before an outage is
+/// at most a tenth of the TTL old when it begins, and the first try after
+/// it comes at most a thirtieth of the TTL after it ends, so an outage of
+/// all but those (26 s of 30) is always ridden out. (With a renewal every
+/// third of the TTL, as at first, an outage of two thirds of it could stop
+/// the kernel, against its documented bound.)
 const RENEWALS_PER_TTL: u32 = 10;
+const RETRIES_PER_RENEWAL: u32 = 3;
 
-/// Renews the lease every tenth of its TTL. The lease counts as lost when
+/// Renews the lease every tenth of its TTL, a failed renewal tried again
+/// after a thirtieth. The lease counts as lost when
 /// the store says it expired, or once no renewal has succeeded for a whole
 /// TTL (measured from the last success's request, so the local view is
 /// never more optimistic than the store's), at that instant, whether or not
@@ -33,6 +38,7 @@ pub(crate) async fn renew(
     why: Arc<std::sync::OnceLock<String>>,
 ) {
     let every = (ttl / RENEWALS_PER_TTL).max(Duration::from_millis(10));
+    let again = every / RETRIES_PER_RENEWAL;
     let mut tick = tokio::time::interval_at(Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut valid_until = Instant::now() + ttl;
@@ -83,11 +89,13 @@ pub(crate) async fn renew(
                 crate::meter::lease_renewal(false);
                 tracing::warn!(%error, "failed to renew this process's lease; trying again");
                 failing = Some(error.to_string());
+                tick.reset_after(again);
                 continue;
             }
             Err(_) => {
                 tracing::warn!(?every, "the store did not answer a lease renewal in time; trying again");
                 failing = Some(format!("the store did not answer within {every:?}"));
+                tick.reset_after(again);
                 continue;
             }
         };

@@ -485,8 +485,8 @@ class Kernel:
         database after a crash and continues its conversations.
 
         ``lease_ttl`` is how long this process's lease on its sessions lasts
-        unrenewed (renewed every tenth of it, so an outage of up to nine
-        tenths of it is always ridden out): a store that answers nothing
+        unrenewed (renewed every tenth of it, so an outage of 26 s of 30 is
+        always ridden out): a store that answers nothing
         for that long (a lock held by another process, a full disk, a
         server down) stops the kernel, its live sessions left for
         ``settle recover`` (or a peer in a fleet), for they may be taken
