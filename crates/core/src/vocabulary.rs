@@ -265,6 +265,9 @@ vocabulary! {
         /// caller's limit): it ended at the chunk past it, which was not
         /// stored.
         TooLarge => "too_large",
+        /// A task's own code failed: it returned an error it reports as its
+        /// outcome (`spawn_with_outcome`), or raised (Python).
+        Task => "task",
     }
 }
 

@@ -395,8 +395,11 @@ impl PySession {
     /// session is not finalized while it runs. Resolves to a `settle.Task`;
     /// its awaiter cancelled before it has the task (before the spawn
     /// resolves, or as it does), the task it started is cancelled too.
-    /// Raises `BadInput` at once for what cannot be awaited (a function
-    /// rather than the coroutine its call makes).
+    /// Its record says how it ended: `completed` when it returned, `failed`
+    /// when it raised (error kind `task`, naming the exception's class,
+    /// never its words), `cancelled` when it raised `CancelledError` of its
+    /// own or was cancelled. Raises `BadInput` at once for what cannot be
+    /// awaited (a function rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let awaited = coroutine.bind(py);
         // Refused before the kernel sees it: closed unawaited, as one the
@@ -434,7 +437,7 @@ impl PySession {
             async move {
                 let theirs = shared.clone();
                 let spawned = handle
-                    .spawn(move |context| crate::task::run(context, theirs))
+                    .spawn_with_outcome(move |context| crate::task::run(context, theirs))
                     .await;
                 match spawned {
                     // Cancelled if its awaiter is gone before it gets there.

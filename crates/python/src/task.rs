@@ -163,8 +163,9 @@ impl TaskControl {
     }
 
     fn failed(&self, error: Bound<'_, PyAny>) {
+        let class = crate::task_end::class_name(&error);
         self.shared.given.raised(&error);
-        self.shared.report(Ended::Raised);
+        self.shared.report(Ended::Raised(class));
         self.shared.let_go_of_task();
     }
 
@@ -231,10 +232,11 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
             Ok(())
         })();
         if let Err(error) = started {
-            starting
-                .given
-                .raised(error.into_value(py).bind(py).as_any());
-            starting.report(Ended::Raised);
+            let error = error.into_value(py);
+            let error = error.bind(py).as_any();
+            let class = crate::task_end::class_name(error);
+            starting.given.raised(error);
+            starting.report(Ended::Raised(class));
         }
     });
     tokio::select! {

@@ -19,11 +19,43 @@ use crate::errors;
 
 /// How the coroutine ended, as its asyncio task reports it to the kernel:
 /// what it returned or raised is in its [`Given`], not in the kernel's
-/// channel, where the collector could not see it.
+/// channel, where the collector could not see it. A coroutine that raised
+/// is recorded `failed` with the name of its exception's class (never its
+/// words, which may hold a secret); one that raised `CancelledError` of
+/// its own `cancelled` (the kernel's cancel is recorded so whatever it
+/// reports).
 pub(crate) enum Ended {
     Returned,
-    Raised,
+    /// The qualified name of the class of what it raised.
+    Raised(String),
     Cancelled,
+}
+
+impl settle_runtime::TaskOutcome for Ended {
+    fn task_outcome(&self) -> Result<(), settle_runtime::TaskFailure> {
+        match self {
+            Ended::Returned => Ok(()),
+            Ended::Raised(class) => Err(settle_runtime::TaskFailure::Failed(format!(
+                "the coroutine raised {class}"
+            ))),
+            Ended::Cancelled => Err(settle_runtime::TaskFailure::Cancelled),
+        }
+    }
+}
+
+/// The name a raised exception is recorded by: its class's qualified name,
+/// with its module unless it is a builtin (`ValueError`,
+/// `openai.APIConnectionError`).
+pub(crate) fn class_name(error: &Bound<'_, PyAny>) -> String {
+    let class = error.get_type();
+    let name = class
+        .qualname()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "an exception".to_owned());
+    match class.module().map(|m| m.to_string()) {
+        Ok(module) if module != "builtins" => format!("{module}.{name}"),
+        _ => name,
+    }
 }
 
 /// What the coroutine gave (its value, or the exception it raised with
@@ -174,7 +206,7 @@ impl TaskEnd {
                 // Polled again only if an earlier awaiter was dropped
                 // before it had the end: the handle has not answered yet.
                 let kept = match (&mut *handle).await {
-                    Ok(Ended::Returned | Ended::Raised) => Kept::Given(self.given.clone()),
+                    Ok(Ended::Returned | Ended::Raised(_)) => Kept::Given(self.given.clone()),
                     Ok(Ended::Cancelled) => Kept::Said(
                         errors::Cancelled::new_err,
                         "the task was cancelled and gave no result".to_owned(),

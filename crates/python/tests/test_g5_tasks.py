@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 
 import pytest
 
 import settle
-from conftest import PATIENCE, Stream, eventually
+from conftest import PATIENCE, Stream, eventually, settle_json
 
 
 async def test_g1_a_spawned_coroutine_gives_its_result(kernel):
@@ -34,6 +35,45 @@ async def test_g1_a_spawned_coroutine_raises_what_it_raised(kernel):
     task = await session.spawn(tool())
     with pytest.raises(KeyError):
         await task.join()
+
+
+async def test_g7_a_coroutine_is_recorded_as_it_ended(kernel, db):
+    """Found from outside: a tool that raised, or cancelled itself, was
+    stored ``completed``. Its record says ``failed`` (error kind ``task``,
+    naming the exception's class, never its words, which may hold a secret)
+    or ``cancelled``; the awaiter gets what it raised all the same."""
+
+    async def raises() -> None:
+        raise ValueError("token=sk-live-123 was refused")
+
+    async def gives_up() -> None:
+        raise asyncio.CancelledError()
+
+    async def returns() -> int:
+        return 7
+
+    ids = {}
+    for name, tool in [("raises", raises), ("gives_up", gives_up), ("returns", returns)]:
+        session = await kernel.register(name)
+        ids[name] = session.id
+        task = await session.spawn(tool())
+        try:
+            await task
+        except BaseException as error:  # what each raised, checked below
+            assert name != "returns", error
+            assert isinstance(error, ValueError if name == "raises" else settle.Cancelled), error
+        await session.finish()
+    await kernel.shutdown(0.0)
+    rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
+    assert rows["raises"]["outcome"] == "failed", rows
+    assert rows["gives_up"]["outcome"] == "cancelled", rows
+    assert rows["returns"]["outcome"] == "completed", rows
+    shown = settle_json(db, "show", str(ids["raises"]), "--json")
+    causes = [step["cause"] for step in shown["timeline"]]
+    assert "task ended: failed" in causes, causes
+    assert "sk-live-123" not in json.dumps(shown)
+    shown = settle_json(db, "show", str(ids["gives_up"]), "--json")
+    assert all(step["to"] != "cancelling" for step in shown["timeline"]), shown["timeline"]
 
 
 async def test_g1_cancelling_the_session_cancels_its_coroutine_on_its_loop(kernel):

@@ -232,6 +232,7 @@ mod shared;
 pub mod signals;
 mod task;
 mod task_context;
+mod task_outcome;
 mod task_work;
 mod told;
 mod tracked;
@@ -269,6 +270,7 @@ pub use settle_stream::{
 };
 pub use task::TaskHandle;
 pub use task_context::TaskContext;
+pub use task_outcome::{TaskFailure, TaskOutcome};
 #[doc(hidden)]
 pub use tracked::Tracked;
 pub use turn::{Turn, TurnReply, TurnResults};

@@ -252,7 +252,48 @@ impl SessionHandle {
         Fut: std::future::Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        let (start, result) = crate::task_work::prepare(make);
+        self.start_task(crate::task_work::prepare(make)).await
+    }
+
+    /// As [`spawn`](Self::spawn), a task whose output says how it ended
+    /// ([`TaskOutcome`](crate::TaskOutcome)): a tool returning `Err` is
+    /// recorded `failed` (error kind `task`, with the error's words), one
+    /// that says it stopped on its own `cancelled`; its caller gets the
+    /// output all the same. (A task of [`spawn`](Self::spawn) that returns
+    /// is recorded `completed` whatever it returned.)
+    ///
+    /// ```ignore
+    /// let scan = session
+    ///     .spawn_with_outcome(|ctx| async move { run_scan(ctx).await }) // -> Result<Report, ScanError>
+    ///     .await?;
+    /// let report = scan.join().await?; // an Err is stored as the task's failure
+    /// ```
+    ///
+    /// # Errors
+    /// As [`spawn`](Self::spawn).
+    pub async fn spawn_with_outcome<F, Fut, T>(
+        &self,
+        make: F,
+    ) -> Result<TaskHandle<T>, RuntimeError>
+    where
+        F: FnOnce(TaskContext) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: crate::TaskOutcome + Send + 'static,
+    {
+        self.start_task(crate::task_work::prepare_labelled(make, |output: &T| {
+            output.task_outcome()
+        }))
+        .await
+    }
+
+    /// Asks the kernel to start a prepared task and returns its handle.
+    async fn start_task<T>(
+        &self,
+        (start, result): (
+            crate::task_work::StartTask,
+            tokio::sync::oneshot::Receiver<Result<T, String>>,
+        ),
+    ) -> Result<TaskHandle<T>, RuntimeError> {
         let session = self.id();
         let started = self
             .kernel

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::task_context::TaskContext;
+use crate::task_outcome::TaskFailure;
 
 /// A task as the driver keeps it until the core admits it: the user's
 /// closure, boxed, with what reports its end.
@@ -25,12 +26,28 @@ pub(crate) type StartTask = Box<
 >;
 
 /// Boxes `make` into what the driver starts once the core admits the task,
-/// and the receiving half of its result.
+/// and the receiving half of its result; the task is recorded `completed`
+/// when it returns (`cancelled` if it was cancelled meanwhile).
 pub(crate) fn prepare<F, Fut, T>(make: F) -> (StartTask, oneshot::Receiver<Result<T, String>>)
 where
     F: FnOnce(TaskContext) -> Fut + Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
     T: Send + 'static,
+{
+    prepare_labelled(make, |_: &T| Ok(()))
+}
+
+/// As [`prepare`], the end of a task that returned (and was not cancelled
+/// meanwhile) labelled by what `label` says of its output.
+pub(crate) fn prepare_labelled<F, Fut, T, L>(
+    make: F,
+    label: L,
+) -> (StartTask, oneshot::Receiver<Result<T, String>>)
+where
+    F: FnOnce(TaskContext) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+    L: FnOnce(&T) -> Result<(), TaskFailure> + Send + 'static,
 {
     let (result_tx, result) = oneshot::channel();
     let start: StartTask = Box::new(move |ctx: TaskContext, reports| {
@@ -47,9 +64,16 @@ where
             // does not make it cancelled.
             let (end, result) = match ended {
                 Ok(value) => {
-                    let end = match token.is_cancelled() {
-                        true => StreamEnd::Cancelled(CancelledBy::Request),
-                        false => StreamEnd::Completed,
+                    let end = match (token.is_cancelled(), label(&value)) {
+                        (true, _) => StreamEnd::Cancelled(CancelledBy::Request),
+                        (false, Ok(())) => StreamEnd::Completed,
+                        (false, Err(TaskFailure::Failed(message))) => {
+                            StreamEnd::Failed(TurnError::new(TurnErrorKind::Task, message))
+                        }
+                        // It stopped on its own: not cancelled again (G6).
+                        (false, Err(TaskFailure::Cancelled)) => {
+                            StreamEnd::Cancelled(CancelledBy::Provider)
+                        }
                     };
                     (end, Ok(value))
                 }

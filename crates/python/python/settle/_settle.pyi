@@ -379,8 +379,12 @@ class Session:
         an ancestor) is cancelled or finishes, or the shutdown's drain ends;
         detached if it ignores that past the settle timeout, its later
         writes then raising ``SessionClosed`` (G10). Resolves to a ``Task``.
-        Raises ``BadInput`` at once for what cannot be awaited (a function
-        rather than the coroutine its call makes)."""
+        Its record says how it ended: ``completed`` when it returned,
+        ``failed`` when it raised (error kind ``task``, naming the
+        exception's class, never its words), ``cancelled`` when it raised
+        ``CancelledError`` of its own or was cancelled. Raises ``BadInput``
+        at once for what cannot be awaited (a function rather than the
+        coroutine its call makes)."""
     def finish(self) -> _Call[str]:
         """The agent is done: its live descendants are cancelled, settled and
         finalized first, then it is (G1). Resolves to its end reason

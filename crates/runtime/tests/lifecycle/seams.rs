@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_runtime::{
-    EndReason, Kernel, LifecycleEvent, RuntimeError, SessionHandle, State, TaskError, TurnRequest,
-    WorkKind,
+    EndReason, Kernel, LifecycleEvent, Outcome, RuntimeError, SessionHandle, SessionId, State,
+    TaskError, TurnRequest, WorkKind,
 };
 use settle_store::{MemoryStore, Store};
 use settle_stream::ScriptedProvider;
@@ -594,5 +594,108 @@ async fn g5_a_turn_asked_right_after_cancel_turn_is_called_waits_for_the_cancell
     assert_eq!(read_chunks(&mut next, 1).await, ["b"]);
     assert_eq!(next.outcome().await, settle_runtime::Outcome::Completed);
     assert_eq!(turn.outcome().await, settle_runtime::Outcome::Cancelled);
+    kernel.shutdown(Duration::ZERO).await;
+}
+
+/// A tool's own account of how it ended: what `spawn_with_outcome` reads
+/// off its output, in the test's own type.
+enum Scan {
+    Found(u32),
+    GaveUp,
+}
+
+impl settle_runtime::TaskOutcome for Scan {
+    fn task_outcome(&self) -> Result<(), settle_runtime::TaskFailure> {
+        match self {
+            Scan::Found(_) => Ok(()),
+            Scan::GaveUp => Err(settle_runtime::TaskFailure::Cancelled),
+        }
+    }
+}
+
+/// Found from outside: a tool that failed was recorded `completed` (its
+/// caller got the error, the store said "task ended: completed"). A task
+/// spawned with `spawn_with_outcome` is recorded as its output says: an
+/// `Err` `failed` with its words (kind `task`), a task that gave up on its
+/// own `cancelled`, and never cancelled again (G6); `spawn` keeps
+/// recording a task that returned `completed`.
+#[tokio::test(start_paused = true)]
+async fn g7_a_task_is_recorded_as_its_output_says_it_ended() {
+    let store = MemoryStore::new();
+    let kernel = runtime_on(&store, |b| b).await;
+    let mut events = kernel.subscribe();
+    let outcome_of = |events: &[LifecycleEvent], id: SessionId| {
+        events
+            .iter()
+            .find_map(|e| match e {
+                LifecycleEvent::WorkEnded {
+                    session,
+                    work,
+                    outcome,
+                    error,
+                } if *session == id && work.kind == WorkKind::Task => {
+                    Some((*outcome, error.clone()))
+                }
+                _ => None,
+            })
+            .expect("the task's end was announced")
+    };
+
+    let failing = kernel.register("failing", None).await.unwrap();
+    let task = failing
+        .spawn_with_outcome(|_| async { Err::<u32, _>("no host answered on port 22") })
+        .await
+        .unwrap();
+    assert_eq!(
+        task.join().await.unwrap(),
+        Err("no host answered on port 22")
+    );
+    let gave_up = kernel.register("gave-up", None).await.unwrap();
+    let task = gave_up
+        .spawn_with_outcome(|_| async { Scan::GaveUp })
+        .await
+        .unwrap();
+    assert!(matches!(task.join().await.unwrap(), Scan::GaveUp));
+    let found = kernel.register("found", None).await.unwrap();
+    let task = found
+        .spawn_with_outcome(|_| async { Scan::Found(3) })
+        .await
+        .unwrap();
+    assert!(matches!(task.join().await.unwrap(), Scan::Found(3)));
+    let plain = kernel.register("plain", None).await.unwrap();
+    let task = plain
+        .spawn(|_| async { Err::<u32, _>("said nothing of it") })
+        .await
+        .unwrap();
+    assert!(task.join().await.unwrap().is_err());
+    for session in [&failing, &gave_up, &found, &plain] {
+        session.finish().await.unwrap();
+    }
+    let seen = drain(&mut events);
+
+    let (outcome, error) = outcome_of(&seen, failing.id());
+    assert_eq!(outcome, Outcome::Failed);
+    let error = error.expect("a failed task says why");
+    assert_eq!(error.kind, settle_runtime::TurnErrorKind::Task);
+    assert_eq!(error.message, "no host answered on port 22");
+    assert_eq!(outcome_of(&seen, gave_up.id()).0, Outcome::Cancelled);
+    assert_eq!(outcome_of(&seen, found.id()).0, Outcome::Completed);
+    assert_eq!(outcome_of(&seen, plain.id()).0, Outcome::Completed);
+    // Stored so: the session's outcome is its last work's, and the timeline
+    // says how the task ended; the one that gave up was not cancelled.
+    let d = detail(&store, failing.id()).await;
+    assert_eq!(d.session.outcome, Some(Outcome::Failed), "{d:?}");
+    assert!(
+        d.timeline.iter().any(|t| t.cause == "task ended: failed"),
+        "{:?}",
+        d.timeline
+    );
+    let d = detail(&store, gave_up.id()).await;
+    assert_eq!(d.session.outcome, Some(Outcome::Cancelled), "{d:?}");
+    assert!(
+        d.timeline.iter().all(|t| t.to != State::Cancelling),
+        "{:?}",
+        d.timeline
+    );
     kernel.shutdown(Duration::ZERO).await;
 }
