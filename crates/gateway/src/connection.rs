@@ -1,7 +1,10 @@
 //! One WebSocket connection: a transport for every session it attaches to.
 //!
-//! Its task reads requests one at a time and answers them in order; a writer
-//! task sends what its [`Outbox`] queues. When the connection ends, however
+//! Its task carries out requests one at a time and answers them in order;
+//! while one is carried out (it may wait on the store) the socket is still
+//! read, so that pings are answered and pongs heard, and the requests read
+//! meanwhile wait their turn (see [`ReadAhead`]). A writer task sends what
+//! its [`Outbox`] queues. When the connection ends, however
 //! it ends (the client closed it or vanished, its queue overflowed, the
 //! gateway closed it), it detaches all its transports at once; what happens
 //! to the sessions then (the orphan reap after the grace, the
@@ -9,7 +12,8 @@
 //!
 //! A keepalive ping goes out every interval; a client that has sent nothing
 //! (not even the pong its WebSocket library answers with) for two intervals
-//! is taken for gone: a half-open connection detaches like a closed one. A
+//! while its socket was read is taken for gone: a half-open connection
+//! detaches like a closed one. A
 //! connection attached to no session (a finalized session leaves it) that
 //! sends no request for the connection idle timeout is closed; either way
 //! the client is told why in a closing frame, if it still reads. One that
@@ -33,6 +37,7 @@ use crate::methods::{self, Caller};
 use crate::outbox::{self, Frame, Inbox, Outbox};
 use crate::protocol::{self, code, ErrorKind, RpcError};
 use crate::rate::Bucket;
+use crate::read_ahead::ReadAhead;
 use crate::shared::Shared;
 use crate::table::ConnId;
 
@@ -74,7 +79,9 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
     let mut limited = false;
     // Whether a closing frame saying why the gateway ends it was queued.
     let mut closing_sent = false;
-    loop {
+    // What was read while a request was carried out, to be carried out next.
+    let mut ahead = ReadAhead::new(shared.limits.read_ahead());
+    'serve: loop {
         let frame = tokio::select! {
             biased;
             () = outbox.is_cut() => break,
@@ -84,14 +91,11 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
                 break;
             }
             () = tick(&mut ticks) => {
-                if let Some(every) = keepalive.filter(|every| heard.elapsed() > every.saturating_mul(2)) {
+                if let Some(closing) = beat(keepalive, &mut heard, ahead.reads(), &outbox) {
                     tracing::warn!(conn = conn.0, %principal, "closed a connection: no word from the client for two keepalive intervals");
-                    // Told why, if it still reads; a half-open socket is
-                    // cut at the closing bound like any other.
-                    closing_sent = outbox.push(Frame::Close(Closing::silent(every)));
+                    closing_sent = outbox.push(Frame::Close(closing));
                     break;
                 }
-                outbox.push(Frame::Ping);
                 continue;
             }
             () = idle.as_mut(), if idle_after.is_some() => {
@@ -118,14 +122,20 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
                 }
                 continue;
             }
-            frame = stream.next() => frame,
+            // What was read while the last request was carried out comes
+            // first, in the order it was read.
+            () = std::future::ready(()), if ahead.has_kept() => ahead.take().unwrap_or(None),
+            frame = stream.next(), if ahead.reads() => {
+                heard = Instant::now();
+                frame
+            }
         };
-        heard = Instant::now();
         match frame {
             Some(Ok(Message::Text(text))) => {
-                idle_since = heard;
+                let now = Instant::now();
+                idle_since = now;
                 if let Some(bucket) = bucket.as_mut() {
-                    if !bucket.take(heard) {
+                    if !bucket.take(now) {
                         if !limited {
                             tracing::warn!(conn = conn.0, %principal, "refused requests: over the connection's rate");
                         }
@@ -141,14 +151,36 @@ pub(crate) async fn serve(socket: WebSocket, shared: Arc<Shared>, principal: Pri
                     outbox: &outbox,
                     attached: &mut attached,
                 };
-                // A request in flight (a read the store does not answer)
-                // does not keep a connection past its cut: at the closing
-                // bound of a shutdown it ends like any other (G9), its
-                // request dropped unanswered.
-                tokio::select! {
-                    biased;
-                    () = outbox.is_cut() => break,
-                    () = handle(&shared, &mut caller, text.as_str()) => {}
+                let request = handle(&shared, &mut caller, text.as_str());
+                let mut request = std::pin::pin!(request);
+                loop {
+                    tokio::select! {
+                        biased;
+                        // A request in flight (a read the store does not
+                        // answer) does not keep a connection past its cut:
+                        // at the closing bound of a shutdown it ends like
+                        // any other (G9), its request dropped unanswered.
+                        () = outbox.is_cut() => break 'serve,
+                        () = request.as_mut() => break,
+                        // The keepalive goes on while the request waits: a
+                        // client that answers its pings is not taken for
+                        // gone, one that does not is (its request dropped
+                        // unanswered, as at a cut).
+                        () = tick(&mut ticks) => {
+                            if let Some(closing) = beat(keepalive, &mut heard, ahead.reads(), &outbox) {
+                                tracing::warn!(conn = conn.0, %principal, "closed a connection: no word from the client for two keepalive intervals");
+                                closing_sent = outbox.push(Frame::Close(closing));
+                                break 'serve;
+                            }
+                        }
+                        // Read meanwhile: the WebSocket layer answers a
+                        // ping as it reads it, and any frame is a word
+                        // from the client; a request waits its turn.
+                        read = stream.next(), if ahead.reads() => {
+                            heard = Instant::now();
+                            ahead.keep(read);
+                        }
+                    }
                 }
             }
             Some(Ok(Message::Binary(_))) => {
@@ -233,6 +265,30 @@ async fn detach(shared: &Shared, conn: ConnId, id: SessionId) {
             Err(error) => tracing::warn!(session = %id, %error, "could not detach a transport"),
         }
     }
+}
+
+/// What the keepalive does at a tick: pings the client, or, when nothing
+/// was heard from it for two intervals, gives the closing frame that says
+/// so (told why, if it still reads; a half-open socket is cut at the
+/// closing bound like any other). While its socket is not `reading` (its
+/// read-ahead is full, or it ended) the client cannot be heard: its silence
+/// is not its own, and counts from when reading goes on.
+fn beat(
+    keepalive: Option<Duration>,
+    heard: &mut Instant,
+    reading: bool,
+    outbox: &Outbox,
+) -> Option<Closing> {
+    let every = keepalive?;
+    if !reading {
+        *heard = Instant::now();
+        return None;
+    }
+    if heard.elapsed() > every.saturating_mul(2) {
+        return Some(Closing::silent(every));
+    }
+    outbox.push(Frame::Ping);
+    None
 }
 
 async fn tick(ticks: &mut Option<Interval>) {

@@ -124,6 +124,7 @@ mod principals;
 pub mod protocol;
 mod pump;
 mod rate;
+mod read_ahead;
 mod reading;
 mod scripted;
 mod shared;

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::outbox::Bounds;
+use crate::read_ahead;
 
 /// The default bound of the bytes of conversation held in memory: 1 GiB,
 /// sixty-four sessions at the kernel's default `max_history_bytes`, and far
@@ -59,6 +60,16 @@ impl Limits {
         Bounds {
             frames: self.queue_frames,
             bytes: self.queue_bytes,
+        }
+    }
+
+    /// What a connection may have read while one of its requests is
+    /// carried out (see `read_ahead.rs`): a few requests, and no more bytes
+    /// than one message may hold.
+    pub fn read_ahead(&self) -> read_ahead::Bounds {
+        read_ahead::Bounds {
+            requests: read_ahead::REQUESTS,
+            bytes: self.max_message_bytes,
         }
     }
 }
