@@ -15,6 +15,7 @@ use std::borrow::Cow;
 
 use serde_json::{json, Map, Value};
 use settle_core::Error as CoreError;
+use settle_core::State;
 use settle_runtime::RuntimeError;
 use settle_store::StoreError;
 
@@ -54,6 +55,12 @@ pub enum ErrorKind {
     /// to `data.owner`, its URL, and attach there; `data.owner` null: it was
     /// handed off and nobody owns it now, and `session.attach` adopts it.
     Elsewhere,
+    /// The session is live in the store, and no process of this gateway
+    /// serves it: the process that ran it stopped without ending it (a
+    /// crash, a lost lease), or another program on the database runs it.
+    /// `session.read` reads it; recovery (`settle recover`) ends it once
+    /// that process is gone (G8).
+    LeftForRecovery,
 }
 
 impl ErrorKind {
@@ -69,6 +76,7 @@ impl ErrorKind {
         ErrorKind::RateLimited,
         ErrorKind::TooLarge,
         ErrorKind::Elsewhere,
+        ErrorKind::LeftForRecovery,
     ];
 
     /// The spelling in `data.kind`.
@@ -84,6 +92,7 @@ impl ErrorKind {
             ErrorKind::RateLimited => "rate_limited",
             ErrorKind::TooLarge => "too_large",
             ErrorKind::Elsewhere => "elsewhere",
+            ErrorKind::LeftForRecovery => "left_for_recovery",
         }
     }
 }
@@ -109,6 +118,7 @@ pub(crate) mod code {
     pub const RATE_LIMITED: i64 = -32006;
     pub const TOO_LARGE: i64 = -32007;
     pub const ELSEWHERE: i64 = -32008;
+    pub const LEFT_FOR_RECOVERY: i64 = -32009;
 }
 
 /// An error answer: its JSON-RPC code, its kind and a sentence.
@@ -161,6 +171,25 @@ impl RpcError {
         )
     }
 
+    /// Session `id` is `state` in the store, and served by no process of
+    /// this gateway: another process owns it, most likely one that stopped
+    /// without ending it (G8). Said only to its own principal.
+    pub fn left_for_recovery(id: u64, state: State) -> Self {
+        RpcError::new(
+            code::LEFT_FOR_RECOVERY,
+            ErrorKind::LeftForRecovery,
+            // No run between quote marks is longer than a message may
+            // quote (see `bounded_message`), whatever the id.
+            format!(
+                "session {id} is {state} in the store, but no process serves it here: the \
+                 process that ran it stopped without ending it (a crash, a lost lease), or \
+                 another program runs it; `session.read` reads what it stored, and once that \
+                 process is gone, `settle recover` (or the kernel's `recover()`) ends it \
+                 `recovered`, its chunks kept"
+            ),
+        )
+    }
+
     pub fn not_found(id: u64) -> Self {
         RpcError::new(
             code::NOT_FOUND,
@@ -183,10 +212,14 @@ impl RpcError {
         use settle_runtime::RuntimeError as R;
         let (code, kind) = match error {
             e if e.is_session_closed() => (code::SESSION_CLOSED, ErrorKind::SessionClosed),
-            // A session live in another process is served to no one here
-            // (in a fleet, `elsewhere` says where): as one that is not.
-            R::Lifecycle(CoreError::UnknownSession(id)) | R::LiveElsewhere { session: id, .. } => {
-                return RpcError::not_found(id.get())
+            R::Lifecycle(CoreError::UnknownSession(id)) => return RpcError::not_found(id.get()),
+            // A session live in another process, which this gateway does
+            // not serve (in a fleet, `elsewhere` says where, before this):
+            // one a process that stopped left, or another program's. It
+            // exists, and its principal is told so (a method asks whose
+            // it is first: to another principal it is `not_found`).
+            R::LiveElsewhere { session, state } => {
+                return RpcError::left_for_recovery(session.get(), *state)
             }
             R::Lifecycle(CoreError::HandedOff(id)) => return RpcError::elsewhere(id.get(), None),
             R::Store(StoreError::Elsewhere { session, advertise }) => {
@@ -481,6 +514,23 @@ mod tests {
         assert!(error.message.contains("`id`"), "{}", error.message);
         let notification = parse(r#"{"jsonrpc":"2.0","method":"session.create"}"#).unwrap();
         assert_eq!(notification.id, None);
+    }
+
+    #[test]
+    fn a_session_left_for_recovery_is_said_whole_whatever_its_id_and_state() {
+        let error = RpcError::left_for_recovery(u64::MAX, State::Cancelling);
+        assert_eq!(error.code, code::LEFT_FOR_RECOVERY);
+        assert_eq!(error.kind.as_str(), "left_for_recovery");
+        assert!(
+            !error.message.contains("characters in all"),
+            "{}",
+            error.message
+        );
+        assert!(
+            error.message.ends_with("its chunks kept"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]
