@@ -54,7 +54,10 @@ _T = TypeVar("_T")
 class _Call(asyncio.Future[_T], Coroutine[Any, Any, _T]):
     """What every kernel call returns (``settle._bridge.Call``): an
     ``asyncio.Future`` that ``asyncio.create_task`` and
-    ``TaskGroup.create_task`` also take as a coroutine."""
+    ``TaskGroup.create_task`` also take as a coroutine. Being a coroutine
+    too, it is refused by ``asyncio.wait`` (which refuses every coroutine):
+    give ``wait`` the task ``create_task`` makes of it; ``gather``,
+    ``wait_for`` and ``as_completed`` take it as it is."""
 
     def send(self, value: Any) -> Any:
         """A step of a task that runs the call as its coroutine."""
