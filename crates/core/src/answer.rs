@@ -86,7 +86,8 @@ pub(crate) fn subject(event: &Event) -> Option<(SessionId, Asks)> {
 
 /// Whether the handler of `event` applies the table itself, on the one
 /// lookup it makes ([`admit`]): the hottest inputs (a work starting, a
-/// work's report), so they find their session once.
+/// work's report, an agent finishing, a cancel), so they find their
+/// session once.
 pub(crate) fn admitted_by_handler(event: &Event) -> bool {
     matches!(
         event,
@@ -94,6 +95,9 @@ pub(crate) fn admitted_by_handler(event: &Event) -> bool {
             | Event::StartTask { .. }
             | Event::WorkEnded { .. }
             | Event::WorkExited { .. }
+            | Event::AgentFinished { .. }
+            | Event::Cancel { .. }
+            | Event::UserClose { .. }
     )
 }
 

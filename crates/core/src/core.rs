@@ -656,8 +656,17 @@ impl Core {
         // otherwise finishing winds the subtree down first (G1).
         let wind_down = self.shutdown.as_ref().is_none_or(|s| s.drained);
         let shutting_down = self.shutdown.is_some();
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return Err(Error::UnknownSession(id));
+        // The table on `Event`, on the one lookup of the session.
+        let s = match answer::admit(
+            &mut self.sessions,
+            &self.forgotten,
+            &self.handed_off,
+            id,
+            Asks::End,
+            shutting_down,
+        ) {
+            Ok(s) => s,
+            Err(answered) => return answered,
         };
         if !s.state.is_active() {
             return Ok(Handled::NoOp);
@@ -688,6 +697,10 @@ impl Core {
         Ok(Handled::Applied)
     }
 
+    /// Cancels `id` and winds its subtree down. The table on [`Event`] is
+    /// applied here, on the session's one lookup: a finalized session's
+    /// cancel is answered as the table says (an internal caller drops the
+    /// answer).
     fn cancel(
         &mut self,
         now: Instant,
@@ -697,8 +710,17 @@ impl Core {
         cause: Cause,
         descendants: EndReason,
     ) -> Result<Handled, Error> {
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return Err(Error::UnknownSession(id));
+        // The table on `Event`, on the one lookup of the session.
+        let s = match answer::admit(
+            &mut self.sessions,
+            &self.forgotten,
+            &self.handed_off,
+            id,
+            Asks::End,
+            self.shutdown.is_some(),
+        ) {
+            Ok(s) => s,
+            Err(answered) => return answered,
         };
         // G6: already cancelled, or already ended on its own.
         if !s.state.is_active() {
