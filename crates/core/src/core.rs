@@ -390,13 +390,16 @@ impl Core {
             Err(_) if self.sessions.contains_key(&id) => return Err(Error::DuplicateSession(id)),
             Err(refused) => return Err(refused),
         };
-        let mut s = Session::new(parent, now);
-        s.scope = scope;
         // At the cap the room is made once the registration is committed
         // (`Event::Committed`): one the store refuses evicts no one.
-        s.room_owed = !victims.is_empty();
-        let owed = s.room_owed;
-        self.enter(now, id, s, Vec::new(), Cause::Registered)?;
+        let owed = !victims.is_empty();
+        let make = || {
+            let mut s = Session::new(parent, now);
+            s.scope = scope;
+            s.room_owed = owed;
+            s
+        };
+        self.enter(now, id, parent, make, Vec::new(), Cause::Registered)?;
         self.owing += usize::from(owed);
         Ok(match owed {
             true => Handled::EvictsOnCommit,
@@ -437,25 +440,28 @@ impl Core {
         Handled::Applied
     }
 
-    /// Keeps the new record `s` of `id` (registered or adopted), under its
-    /// parent, and evicts `victims` to make room for it; refused, changing
-    /// nothing, when `id` is kept already.
+    /// Keeps the new record of `id` (registered or adopted), which `make`
+    /// makes under `parent`, and evicts `victims` to make room for it;
+    /// refused, changing nothing, when `id` is kept already. The record is
+    /// made where it is kept, not moved there.
     fn enter(
         &mut self,
         now: Instant,
         id: SessionId,
-        mut s: Session,
+        parent: Option<SessionId>,
+        make: impl FnOnce() -> Session,
         victims: Vec<SessionId>,
         cause: Cause,
     ) -> Result<(), Error> {
-        let parent = s.parent;
         // A budget over the parent counts this session too.
-        s.budgeted = parent
+        let budgeted = parent
             .and_then(|p| self.sessions.get(&p))
             .is_some_and(|p| p.budgeted);
-        let Some(s) = self.sessions.insert_new(id, s) else {
+        let Some(s) = self.sessions.insert_new(id, make) else {
             return Err(Error::DuplicateSession(id));
         };
+        debug_assert_eq!(s.parent, parent);
+        s.budgeted = budgeted;
         index(s, id, false, &mut self.deadlines);
         let mut parent_was_childless = false;
         if let Some(p) = parent.and_then(|p| self.sessions.get_mut(&p)) {

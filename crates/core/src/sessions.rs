@@ -40,11 +40,17 @@ impl Sessions {
         self.records.contains_key(id)
     }
 
-    /// Keeps `session` as the record of `id` and returns it, or `None`
-    /// (keeping nothing) when `id` is kept already: one lookup either way.
-    pub fn insert_new(&mut self, id: SessionId, session: Session) -> Option<&mut Session> {
+    /// Keeps the record `make` makes as the record of `id` and returns it,
+    /// or `None` (making nothing) when `id` is kept already: one lookup
+    /// either way, and the record is made once its slot is found.
+    #[inline]
+    pub fn insert_new(
+        &mut self,
+        id: SessionId,
+        make: impl FnOnce() -> Session,
+    ) -> Option<&mut Session> {
         match self.records.entry(id) {
-            Entry::Vacant(slot) => Some(slot.insert(session)),
+            Entry::Vacant(slot) => Some(slot.insert(make())),
             Entry::Occupied(_) => None,
         }
     }
@@ -103,10 +109,12 @@ mod tests {
         let now = Instant::now();
         let mut sessions = Sessions::default();
         let (a, b) = (SessionId(1), SessionId(2));
-        assert!(sessions.insert_new(a, Session::new(None, now)).is_some());
+        assert!(sessions.insert_new(a, || Session::new(None, now)).is_some());
         assert!(sessions.contains_key(&a));
         assert!(
-            sessions.insert_new(a, Session::new(Some(b), now)).is_none(),
+            sessions
+                .insert_new(a, || Session::new(Some(b), now))
+                .is_none(),
             "a kept id is not kept twice"
         );
         assert_eq!(
@@ -116,7 +124,9 @@ mod tests {
         );
         assert!(sessions.remove(&a).is_some());
         // `b` is kept after `a` left.
-        assert!(sessions.insert_new(b, Session::new(Some(a), now)).is_some());
+        assert!(sessions
+            .insert_new(b, || Session::new(Some(a), now))
+            .is_some());
         assert!(!sessions.contains_key(&a), "a dropped record is gone");
         assert!(sessions.remove(&a).is_none());
         assert_eq!(sessions.get(&b).and_then(|s| s.parent), Some(a));
@@ -130,7 +140,7 @@ mod tests {
         let mut sessions = Sessions::default();
         for id in 1..=64 {
             assert!(sessions
-                .insert_new(SessionId(id), Session::new(None, now))
+                .insert_new(SessionId(id), || Session::new(None, now))
                 .is_some());
         }
         for id in (1..=64).step_by(3) {

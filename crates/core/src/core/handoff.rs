@@ -88,14 +88,17 @@ impl Core {
             // member adopted just before it always can (registered, idle,
             // not closing).
             let parent = m.parent.filter(|p| self.answer(*p, Asks::Parent).is_none());
-            let mut s = Session::new(parent, now);
-            s.scope = m.scope;
-            s.turns = m.turns;
-            s.entry_turns = m.turns;
-            s.last_outcome = m.last_outcome;
-            // Held where it was, held here: no automatic path takes it (G3).
-            s.holds = m.holds;
-            self.enter(now, m.session, s, Vec::new(), Cause::Adopted)?;
+            let make = || {
+                let mut s = Session::new(parent, now);
+                s.scope = m.scope;
+                s.turns = m.turns;
+                s.entry_turns = m.turns;
+                s.last_outcome = m.last_outcome;
+                // Held where it was, held here: no automatic path takes it (G3).
+                s.holds = m.holds;
+                s
+            };
+            self.enter(now, m.session, parent, make, Vec::new(), Cause::Adopted)?;
             self.handed_off.remove(&m.session);
         }
         Ok(Handled::Applied)
