@@ -437,12 +437,20 @@ impl Driver {
                             HoldsTold {
                                 hold: Some(hold),
                                 reply,
+                                asked: tokio::time::Instant::now(),
                             },
                         ));
                         None
                     }
                     (&Event::Release { session, .. }, Some(reply)) => {
-                        self.holds_told = Some((session, HoldsTold { hold: None, reply }));
+                        self.holds_told = Some((
+                            session,
+                            HoldsTold {
+                                hold: None,
+                                reply,
+                                asked: tokio::time::Instant::now(),
+                            },
+                        ));
                         None
                     }
                     (_, reply) => reply,

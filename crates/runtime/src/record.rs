@@ -91,6 +91,9 @@ pub(crate) struct HoldsTold {
     /// store refused is taken back before its caller is told why.
     pub hold: Option<settle_core::Hold>,
     pub reply: crate::command::Reply<settle_core::Handled>,
+    /// When the driver took the call: its store timeout counts from here,
+    /// not from when the recorder comes to it behind other writes.
+    pub asked: tokio::time::Instant,
 }
 
 pub(crate) struct FinalizeJob {

@@ -60,11 +60,17 @@ impl Recorder {
         // This record is the session's newest: one owed before is stale.
         self.owed_holds.owed.remove(&session);
         let taken_back = matches!(&told, Some(HoldsTold { hold: Some(_), .. }));
+        // A caller's store timeout counts from its call, also when the
+        // record waited here behind other writes.
+        let asked = told
+            .as_ref()
+            .map_or_else(tokio::time::Instant::now, |told| told.asked);
         let written = match taken_back {
-            true => self.write_hold(session, holds).await,
+            true => self.write_hold(session, holds, asked).await,
             false => {
+                let left = self.store_timeout.saturating_sub(asked.elapsed());
                 let call = self.store.record_holds(self.owner, session, holds);
-                self.bounded(call).await
+                within(self.bound().min(left), self.deadline.clone(), call).await
             }
         };
         if let Err(unwritten) = &written {
@@ -79,7 +85,7 @@ impl Recorder {
                 self.failed(Some(session), "record a session's holds", unwritten);
             }
         }
-        let Some(HoldsTold { hold, reply }) = told else {
+        let Some(HoldsTold { hold, reply, .. }) = told else {
             return;
         };
         match (written, hold) {
@@ -100,11 +106,15 @@ impl Recorder {
 
     /// The record of a hold its caller waits for: tried again while the
     /// store fails in a way that may heal (a lock, a full disk), as a
-    /// registration is, until the store timeout from its first try, so a
+    /// registration is, until the store timeout from its call (`started`), so a
     /// blip shorter than that holds; what the store said last once it is
     /// spent.
-    async fn write_hold(&mut self, session: SessionId, holds: Holds) -> Result<(), Unwritten> {
-        let started = tokio::time::Instant::now();
+    async fn write_hold(
+        &mut self,
+        session: SessionId,
+        holds: Holds,
+        started: tokio::time::Instant,
+    ) -> Result<(), Unwritten> {
         let mut backoff = Backoff::new();
         let mut said = false;
         loop {

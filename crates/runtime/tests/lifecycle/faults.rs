@@ -2448,6 +2448,41 @@ async fn g12_a_hold_refused_at_the_store_timeout_says_the_whole_wait() {
     kernel.shutdown(DRAIN).await;
 }
 
+/// Found from outside: a hold asked while other writes waited on a stalled
+/// store was refused 15 to 25 s after its call, its store timeout counted
+/// from when the recorder came to it. It is counted from the call, as a
+/// registration's and a turn's start are.
+#[tokio::test(start_paused = true)]
+async fn g12_a_hold_behind_writes_on_a_stalled_store_is_refused_at_the_store_timeout_from_its_call()
+{
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let session = kernel.register("waiting", None).await.unwrap();
+    let other = kernel.register("other", None).await.unwrap();
+    // The store answers no batch, and no record of holds either.
+    store.hold_answers.store(true, Ordering::SeqCst);
+    store.slow_holds_ms.store(5_000, Ordering::SeqCst);
+    store.fail_holds.store(usize::MAX, Ordering::SeqCst);
+    let closing = tokio::spawn(async move { other.close().await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let asked = Instant::now();
+    let refused = session.hold(Hold::PendingInput).await.unwrap_err();
+    let waited = asked.elapsed();
+    assert!(
+        matches!(refused, RuntimeError::StoreTimeout { .. }),
+        "{refused:?}"
+    );
+    assert!(
+        waited <= Duration::from_secs(11),
+        "refused {waited:?} after its call"
+    );
+    store.fail_holds.store(0, Ordering::SeqCst);
+    store.slow_holds_ms.store(0, Ordering::SeqCst);
+    store.answers.add_permits(usize::MAX >> 4);
+    closing.abort();
+    kernel.shutdown(DRAIN).await;
+}
+
 /// G12 with holds (SPEC §5): a release whose record a blip refused is
 /// written once the store takes writes again, as a turn's end is, so that
 /// a crash after the blip does not leave an adopter a session held for
