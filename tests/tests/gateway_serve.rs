@@ -208,3 +208,45 @@ fn g11_bad_options_are_refused_with_exit_2_before_the_store_is_touched() {
         assert!(!sandbox.db().exists(), "{args:?} created the database");
     }
 }
+
+/// A gateway killed mid-turn and started again by its supervisor with
+/// `--recover` ends what its crashed run left live before it serves (as
+/// `settle recover` does: only owners whose lease ran out or whose process
+/// is gone), so its clients find those sessions ended `recovered`, their
+/// turn `interrupted`, and can resume them, with no operator. Without it,
+/// they are left for `settle recover` (`left_for_recovery`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_a_gateway_started_with_recover_ends_what_its_crashed_run_left() {
+    let sandbox = Sandbox::new();
+    let (mut serving, addr) = serve(&sandbox, &[]);
+    let mut client = connect(&addr).await;
+    let running = create(&mut client, "running").await;
+    let idle = create(&mut client, "idle").await;
+    client
+        .ok("turn.start", json!({ "id": running, "prompt": "long" }))
+        .await;
+    assert_eq!(client.expect("turn.chunk").await["text"], "l1");
+    serving.signal(Signal::SIGKILL);
+    serving.exits_within(PATIENCE, "the gateway after SIGKILL");
+
+    let (mut serving, addr) = serve(&sandbox, &["--recover"]);
+    let mut client = connect(&addr).await;
+    let listed = client.ok("sessions.list", json!({})).await;
+    let rows = listed["sessions"].as_array().unwrap();
+    for name in ["running", "idle"] {
+        let row = by_name(rows, name);
+        assert_eq!(row["state"], "finalized", "{rows:#?}");
+        assert_eq!(row["end_reason"], "recovered", "{rows:#?}");
+    }
+    let read = client.ok("session.read", json!({ "id": running })).await;
+    assert_eq!(read["outcome"], "interrupted", "{read:#?}");
+    assert_eq!(read["chunks"][0]["text"], "l1", "{read:#?}");
+    assert_eq!(
+        client
+            .refused("session.attach", json!({ "id": idle }))
+            .await,
+        "session_closed"
+    );
+    serving.signal(Signal::SIGTERM);
+    serving.exits_within(PATIENCE, "the gateway after SIGTERM");
+}

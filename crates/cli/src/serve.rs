@@ -107,6 +107,15 @@ pub struct ServeArgs {
     /// a store that answers no renewal for that long stops this process.
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_nonzero, default_value = "30s")]
     lease_ttl: Duration,
+    /// Before serving, end the sessions a crashed run of a gateway on this
+    /// store left live (`recovered`, their last turn `interrupted`), as
+    /// `settle recover` does: only those of owners whose lease ran out or,
+    /// on this host, whose process is gone; a live process's are never
+    /// taken. For a supervisor that restarts the gateway after a crash: its
+    /// clients then resume those sessions instead of finding them
+    /// `left_for_recovery`. (In a fleet the other processes adopt them.)
+    #[arg(long)]
+    recover: bool,
     /// Play the turns of this script book instead of asking a model server.
     #[arg(long, hide = true, value_name = "FILE")]
     scripted: Option<PathBuf>,
@@ -204,6 +213,7 @@ pub async fn run(db: &str, args: ServeArgs) -> Result<u8, Failure> {
         .retry(args.server.retry())
         .advertise(Some(advertise))
         .lease_ttl(args.lease_ttl)
+        .recover_on_start(args.recover)
         .orphan_grace(args.orphan_grace)
         .idle_ttl(idle_ttl)
         .lru_cap(Some(
