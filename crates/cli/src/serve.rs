@@ -113,7 +113,8 @@ pub struct ServeArgs {
     /// on this host, whose process is gone; a live process's are never
     /// taken. For a supervisor that restarts the gateway after a crash: its
     /// clients then resume those sessions instead of finding them
-    /// `left_for_recovery`. (In a fleet the other processes adopt them.)
+    /// `left_for_recovery`. In a fleet, leave it off: the other processes
+    /// adopt such sessions, and this would end them instead.
     #[arg(long)]
     recover: bool,
     /// Play the turns of this script book instead of asking a model server.
