@@ -296,6 +296,40 @@ async def test_a_source_failing_with_an_exception_whose_str_raises_fails_the_tur
     assert failing.closes == 1
 
 
+async def test_a_source_failing_with_an_exception_that_cannot_be_described_fails_the_turn(kernel):
+    """Found from outside, again: an exception whose ``__str__`` raises
+    ``CancelledError`` or ``GeneratorExit`` (neither an ``Exception``), or
+    whose class's metaclass refuses to give its name, still killed the
+    pump before it told the kernel, silently for ``CancelledError``, and
+    the turn ran on. It fails, said as well as it can be."""
+
+    class Meta(type):
+        def __getattribute__(cls, name: str) -> object:
+            if name in ("__qualname__", "__module__", "__name__"):
+                raise RuntimeError("meta boom")
+            return super().__getattribute__(name)
+
+    class Nameless(Exception, metaclass=Meta):
+        pass
+
+    class StrCancels(Exception):
+        def __str__(self) -> str:
+            raise asyncio.CancelledError()
+
+    class StrExits(Exception):
+        def __str__(self) -> str:
+            raise GeneratorExit()
+
+    for error in [Nameless("x"), StrCancels("x"), StrExits("x")]:
+        session = await kernel.register("s")
+        failing = Stream(["a"], fail=error)
+        async with await session.turn(failing, idle_timeout=0) as turn:
+            texts = await asyncio.wait_for(_texts(turn), 10)
+        assert texts == ["a"]
+        assert turn.outcome == "failed", (error, turn.error)
+        assert failing.closes == 1
+
+
 async def test_a_failures_message_is_told_on_one_line_and_bounded(kernel):
     """Found from outside: a source's exception message (or a chunk's
     ``error``) with line breaks and terminal escapes, or of 50 MB, was kept

@@ -161,11 +161,16 @@ async def _close_within(stream: Any, iterator: Any, bound: float) -> None:
 def _said(error: BaseException) -> str:
     """What a source's failure says: its type and its message; its type
     alone when its ``__str__`` fails (a library's exception reading an
-    attribute it never set), so that the turn still ends saying why."""
-    name = type(error).__name__
+    attribute it never set, or raising ``CancelledError`` there), and
+    neither when its class will not give its name, so that the turn still
+    ends saying why: nothing raised while describing it escapes."""
+    try:
+        name = str(type(error).__name__)
+    except BaseException:
+        name = "an exception whose class gives no name"
     try:
         text = str(error)
-    except Exception:
+    except BaseException:
         return f"{name} (its message could not be read: its __str__ raised)"
     return f"{name}: {text}"
 
