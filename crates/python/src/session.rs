@@ -396,8 +396,8 @@ impl PySession {
     /// its awaiter cancelled before it has the task (before the spawn
     /// resolves, or as it does), the task it started is cancelled too.
     /// Its record says how it ended: `completed` when it returned, `failed`
-    /// when it raised (error kind `task`, naming the exception's class,
-    /// never its words), `cancelled` when it raised `CancelledError` of its
+    /// when it raised (what it raised goes to its awaiter, never to the
+    /// store), `cancelled` when it raised `CancelledError` of its
     /// own or was cancelled. Raises `BadInput` at once for what cannot be
     /// awaited (a function rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {

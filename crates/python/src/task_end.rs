@@ -20,8 +20,9 @@ use crate::errors;
 /// How the coroutine ended, as its asyncio task reports it to the kernel:
 /// what it returned or raised is in its [`Given`], not in the kernel's
 /// channel, where the collector could not see it. A coroutine that raised
-/// is recorded `failed` with the name of its exception's class (never its
-/// words, which may hold a secret); one that raised `CancelledError` of
+/// is recorded `failed`, its end announced with the name of its
+/// exception's class (never its words, which may hold a secret); one that
+/// raised `CancelledError` of
 /// its own `cancelled` (the kernel's cancel is recorded so whatever it
 /// reports).
 pub(crate) enum Ended {
@@ -43,7 +44,7 @@ impl settle_runtime::TaskOutcome for Ended {
     }
 }
 
-/// The name a raised exception is recorded by: its class's qualified name,
+/// The name a raised exception's end is announced with: its class's qualified name,
 /// with its module unless it is a builtin (`ValueError`,
 /// `openai.APIConnectionError`).
 pub(crate) fn class_name(error: &Bound<'_, PyAny>) -> String {

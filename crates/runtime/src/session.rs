@@ -257,7 +257,8 @@ impl SessionHandle {
 
     /// As [`spawn`](Self::spawn), a task whose output says how it ended
     /// ([`TaskOutcome`](crate::TaskOutcome)): a tool returning `Err` is
-    /// recorded `failed` (error kind `task`, with the error's words), one
+    /// recorded `failed` (its error, kind `task` with the error's words,
+    /// announced in its `WorkEnded` event), one
     /// that says it stopped on its own `cancelled`; its caller gets the
     /// output all the same. (A task of [`spawn`](Self::spawn) that returns
     /// is recorded `completed` whatever it returned.)

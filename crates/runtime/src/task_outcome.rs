@@ -9,8 +9,10 @@ use std::fmt::Display;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskFailure {
-    /// It failed: recorded `failed`, with this message and the error kind
-    /// `task`. The message is stored: keep secrets out of it.
+    /// It failed: recorded `failed` (the session's last outcome, its
+    /// timeline's "task ended: failed"), and announced with this message
+    /// and the error kind `task` (`LifecycleEvent::WorkEnded`, the log):
+    /// keep secrets out of it.
     Failed(String),
     /// It stopped on its own, not cancelled by the kernel: recorded
     /// `cancelled`, and not cancelled again (G6).
