@@ -207,6 +207,10 @@ impl Turn {
     /// stopped before it could say. It is told once the store has the
     /// turn's end, or at the store timeout if the store has not taken it by
     /// then (a lock, a full disk): the end is written once the store heals.
+    /// (When the store stalls with other writes waiting on it before the
+    /// turn's end, a cancelled turn's end may be told up to twice the
+    /// store timeout after the cancel: measured from outside, 10 to 20 s
+    /// with the default 10 s.)
     pub async fn outcome(self) -> Outcome {
         self.finish().await.0
     }
