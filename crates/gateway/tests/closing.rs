@@ -19,6 +19,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+use pipes::Pipes;
+
 /// How long a test waits for a frame: virtual time, past every timer of
 /// these tests.
 const PATIENCE: Duration = Duration::from_secs(300);
@@ -26,25 +30,6 @@ const PATIENCE: Duration = Duration::from_secs(300);
 /// The opcodes of the frames these tests read (RFC 6455 §5.2).
 const TEXT: u8 = 0x1;
 const CLOSE: u8 = 0x8;
-
-/// In-memory connections, as an axum listener.
-struct Pipes(mpsc::UnboundedReceiver<DuplexStream>);
-
-impl axum::serve::Listener for Pipes {
-    type Io = DuplexStream;
-    type Addr = ();
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.0.recv().await {
-            Some(io) => (io, ()),
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(())
-    }
-}
 
 /// A gateway serving in the background on pipes.
 struct Served {

@@ -26,6 +26,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+use pipes::Pipes;
+
 /// How long a test waits for a frame: virtual time, past every timer of
 /// these tests.
 const PATIENCE: Duration = Duration::from_secs(600);
@@ -122,25 +126,6 @@ impl SessionStore for Holdable {
         principal: Option<String>,
     ) -> Result<(), StoreError> {
         self.inner.set_principal(session, principal).await
-    }
-}
-
-/// In-memory connections, as an axum listener.
-struct Pipes(mpsc::UnboundedReceiver<DuplexStream>);
-
-impl axum::serve::Listener for Pipes {
-    type Io = DuplexStream;
-    type Addr = ();
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.0.recv().await {
-            Some(io) => (io, ()),
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(())
     }
 }
 
