@@ -37,3 +37,24 @@ pub(crate) fn after(bound: std::time::Duration) -> tokio::time::Instant {
     now.checked_add(bound)
         .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600))
 }
+
+/// A measured wait as a person reads it: to the millisecond ("10.002s",
+/// not "10.001886575s"), for the messages that say how long was waited.
+pub(crate) fn to_millis(waited: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_measured_wait_is_said_to_the_millisecond() {
+        let waited = Duration::new(10, 1_886_575);
+        assert_eq!(format!("{:?}", super::to_millis(waited)), "10.001s");
+        assert_eq!(
+            format!("{:?}", super::to_millis(Duration::from_secs(10))),
+            "10s"
+        );
+    }
+}

@@ -83,7 +83,7 @@ pub(crate) async fn renew(
             }
             Err(_) if Instant::now() >= valid_until => format!(
                 "the lease could not be renewed before it expired: the store did not answer within {:?}",
-                answer_by.saturating_duration_since(asked)
+                crate::clock::to_millis(answer_by.saturating_duration_since(asked))
             ),
             Ok(Err(error)) => {
                 crate::meter::lease_renewal(false);

@@ -55,7 +55,9 @@ pub(super) async fn within<T>(
             Ok(Err(_)) => Err(Unwritten::from_store(StoreError::Panicked { call: "writing" })),
             Err(_) => Err(Unwritten::TimedOut(bound)),
         },
-        at = shutdown_ends => Err(Unwritten::TimedOut(at.saturating_duration_since(started))),
+        at = shutdown_ends => Err(Unwritten::TimedOut(crate::clock::to_millis(
+            at.saturating_duration_since(started),
+        ))),
     }
 }
 

@@ -129,7 +129,9 @@ impl Recorder {
             if !may_heal(unwritten) || spent || self.budget_spent() {
                 // A try cut at what was left: the caller waited for all.
                 return match unwritten {
-                    Unwritten::TimedOut(_) => Err(Unwritten::TimedOut(started.elapsed())),
+                    Unwritten::TimedOut(_) => Err(Unwritten::TimedOut(crate::clock::to_millis(
+                        started.elapsed(),
+                    ))),
                     _ => written,
                 };
             }
