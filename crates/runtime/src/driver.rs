@@ -22,7 +22,7 @@
 //! core decided comes out as effects, and only effects are executed.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +131,9 @@ pub(crate) struct Parts {
     /// Where the last shutdown's report is kept (the recorder writes it;
     /// the driver does when the recorder is gone).
     pub last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// Set by the recorder while the store has taken nothing for a store
+    /// timeout (see `Recorder::note_stall`).
+    pub store_stalled: Arc<AtomicBool>,
 }
 
 pub(crate) struct Driver {
@@ -180,6 +183,9 @@ pub(crate) struct Driver {
     /// `RecordHolds` effect takes it to the recorder.
     holds_told: Option<(SessionId, HoldsTold)>,
     last_report: Arc<std::sync::OnceLock<ShutdownReport>>,
+    /// The store has taken nothing for a store timeout: a turn's end is
+    /// told its reader as soon as it is decided, not when written.
+    store_stalled: Arc<AtomicBool>,
     done: bool,
 }
 
@@ -217,6 +223,7 @@ impl Driver {
             recorder_lost: None,
             holds_told: None,
             last_report: parts.last_report,
+            store_stalled: parts.store_stalled,
             done: false,
         }
     }
@@ -859,7 +866,9 @@ impl Driver {
                             error: error.clone(),
                         });
                     let at = self.wall_now;
-                    let notify = crate::record::told_if_store_failed(notify, outcome, &error);
+                    let stalled = self.store_stalled.load(Ordering::Relaxed);
+                    let notify =
+                        crate::record::told_if_store_failed(notify, outcome, &error, stalled);
                     self.recorder.push(Record::EndTurn {
                         work,
                         outcome,

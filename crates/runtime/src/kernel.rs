@@ -110,8 +110,10 @@ impl KernelBuilder {
         let works = TaskTracker::new();
         let hooks = HookRunner::new(hook, config.hook_timeout, config.hook_concurrency);
         let hook_calls = hooks.calls();
+        let store_stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let recorder = Recorder {
             store: store.clone(),
+            store_stalled: store_stalled.clone(),
             owner,
             hooks,
             works: works.clone(),
@@ -159,6 +161,7 @@ impl KernelBuilder {
                 failures: failures.clone(),
                 shutting_down: shutting_down.clone(),
                 last_report: last_report.clone(),
+                store_stalled,
             },
         );
         let driver = tokio::spawn(driver.run());

@@ -231,19 +231,22 @@ impl Outbox {
     }
 }
 
-/// A turn the store failed (its chunk was not taken) is told how it ended
-/// at once, and `None` is left to tell later: its end's write waits on the
-/// same store, behind the other turns' ends, and gives its reader nothing
-/// to wait for (the write goes on as any other). Any other turn's `notify`
-/// is given back, to be told once its end is written.
+/// A turn the store failed (its chunk was not taken), or one that ended
+/// while the store has taken nothing for a store timeout (`stalled`), is
+/// told how it ended at once, and `None` is left to tell later: its end's
+/// write waits on the same store, behind the other turns' ends, and gives
+/// its reader nothing to wait for (the write goes on as any other). Any
+/// other turn's `notify` is given back, to be told once its end is written.
 pub(crate) fn told_if_store_failed(
     notify: Option<oneshot::Sender<WorkEnd>>,
     outcome: Outcome,
     error: &Option<TurnError>,
+    stalled: bool,
 ) -> Option<oneshot::Sender<WorkEnd>> {
-    let store_failed = error
-        .as_ref()
-        .is_some_and(|e| e.kind == settle_core::TurnErrorKind::Store);
+    let store_failed = stalled
+        || error
+            .as_ref()
+            .is_some_and(|e| e.kind == settle_core::TurnErrorKind::Store);
     match notify {
         Some(told) if store_failed => {
             let _ = told.send((outcome, error.clone()));

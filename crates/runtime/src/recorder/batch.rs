@@ -266,6 +266,15 @@ impl Recorder {
         self.hand_with(pending, copies, false)
     }
 
+    /// Tells the driver whether the store is known stalled now, so that a
+    /// turn's end it decides while the recorder waits on another store
+    /// call (a hold's record, ids, a batch in flight) is told its reader at
+    /// once rather than when the recorder comes to it.
+    pub(super) fn note_stall(&self) {
+        self.store_stalled
+            .store(self.stalled(), std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether the store is known not to be answering: it has not taken
     /// the writes that wait to be tried again (or are being tried) for a
     /// store timeout or longer. (A blip it heals from sooner tells a work's
@@ -416,6 +425,7 @@ impl Recorder {
         if retry && !requeued {
             self.retries.healed();
         }
+        self.note_stall();
         for answer in after {
             self.answer(answer, Ok(Applied::Done)).await;
         }

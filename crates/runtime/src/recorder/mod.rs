@@ -100,6 +100,10 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 pub(crate) struct Recorder {
     pub store: Arc<dyn SessionStore>,
+    /// Set while the store has taken nothing for a store timeout, for the
+    /// driver, which then tells a turn's end as soon as it decides it
+    /// (see `note_stall`).
+    pub store_stalled: Arc<std::sync::atomic::AtomicBool>,
     pub owner: OwnerId,
     pub hooks: HookRunner,
     /// The works' tracker, to count what outlives the shutdown.

@@ -464,6 +464,7 @@ impl super::Recorder {
             for q in self.retries.give_up() {
                 self.answer(q.answer, Err(q.last)).await;
             }
+            self.note_stall();
             return None;
         }
         let taken = self.retries.take();
@@ -494,6 +495,7 @@ impl super::Recorder {
                 for q in self.retries.give_up() {
                     self.answer(q.answer, Err(q.last)).await;
                 }
+                self.note_stall();
                 break;
             }
             let at = self.retries.due().unwrap_or_else(Instant::now).min(until);

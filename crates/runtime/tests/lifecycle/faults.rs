@@ -2537,3 +2537,49 @@ async fn g12_a_release_the_store_refused_is_written_once_it_heals() {
         "a release written after the blip was said as failed: {said:?}"
     );
 }
+
+/// A turn cancelled while the recorder waits on another store call (a
+/// hold's record) on a store already known stalled is told its end at
+/// once, not once that call is given up: found from outside, readers were
+/// told up to twice the store timeout after their cancel.
+#[tokio::test(start_paused = true)]
+async fn g9_a_turn_cancelled_behind_another_store_call_on_a_stalled_store_is_told_at_once() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let quiet = hang(&["c-0"], Duration::from_millis(5));
+    let first = kernel.register("first", None).await.unwrap();
+    let second = kernel.register("second", None).await.unwrap();
+    let holder = kernel.register("holder", None).await.unwrap();
+    let mut turns = Vec::new();
+    for session in [&first, &second] {
+        let mut turn = start(session, &provider([quiet.clone()])).await;
+        assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+        turns.push(turn);
+    }
+    let second_turn = turns.pop().unwrap();
+    let first_turn = turns.pop().unwrap();
+    // The store answers no batch and no record of holds from here on.
+    store.hold_answers.store(true, Ordering::SeqCst);
+    store.slow_holds_ms.store(5_000, Ordering::SeqCst);
+    store.fail_holds.store(usize::MAX, Ordering::SeqCst);
+    // The first turn's end is given up on at the store timeout: the store
+    // is known stalled from then on.
+    first_turn.cancel();
+    assert_eq!(first_turn.end().await.0, Outcome::Cancelled);
+    // The recorder now waits on a hold's record for up to a store timeout.
+    let holding = tokio::spawn(async move { holder.hold(Hold::PendingInput).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancelled = Instant::now();
+    second_turn.cancel();
+    assert_eq!(second_turn.end().await.0, Outcome::Cancelled);
+    let waited = cancelled.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "told {waited:?} after its cancel, on a store known stalled"
+    );
+    assert!(holding.await.unwrap().is_err());
+    store.fail_holds.store(0, Ordering::SeqCst);
+    store.slow_holds_ms.store(0, Ordering::SeqCst);
+    store.answers.add_permits(usize::MAX >> 4);
+    kernel.shutdown(DRAIN).await;
+}
