@@ -74,6 +74,7 @@ mod scripted;
 mod secrets;
 mod signal;
 mod sink;
+mod split_surrogates;
 mod sse;
 mod sync;
 mod tool_call;

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::close::Close;
 use crate::secrets::{shown_url, Secrets};
+use crate::split_surrogates::{Refused, SplitSurrogates};
 use crate::sse::SseDecoder;
 use crate::{
     CloseError, Message, OpenAiChunks, Provider, ProviderStream, Request, StreamError,
@@ -481,6 +482,12 @@ impl Serialize for Extra<'_> {
 type ResponseBody = Pin<Box<dyn Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send>>;
 
 /// The event stream of one chat completion.
+///
+/// Each `data:` event is read as [`OpenAiChunks`] says. A character a
+/// server split across two events (the halves of a UTF-16 surrogate pair,
+/// `"\ud83d"` ending one event's string and `"\ude00"` starting the next
+/// one's in the same place) is joined; half a character nothing completes
+/// fails the reply with a protocol error, as any lone surrogate.
 pub struct OpenAiStream {
     // `None` once closed: dropping it drops the response body and with it
     // the connection.
@@ -502,6 +509,8 @@ pub struct OpenAiStream {
     had_event: bool,
     /// What the reply's chunks said so far (a cut, told at the end).
     chunks: OpenAiChunks,
+    /// The high halves of characters split across events, waiting.
+    split: SplitSurrogates,
     /// The body's failure (not SSE), told once the events it completed
     /// before the failing line are yielded.
     failed: Option<StreamError>,
@@ -555,6 +564,7 @@ impl OpenAiStream {
             not_events: None,
             had_event: false,
             chunks: OpenAiChunks::default(),
+            split: SplitSurrogates::default(),
             failed: None,
         }
     }
@@ -572,12 +582,16 @@ impl OpenAiStream {
         if data == "[DONE]" {
             return false;
         }
-        let value: Value = match serde_json::from_str(data) {
+        let value: Value = match self.split.parse(data) {
             Ok(value) => value,
-            Err(e) => {
+            Err(refused) => {
+                let what = match refused {
+                    Refused::NotJson(e) => format!("is not JSON ({e})"),
+                    Refused::Lone(words) => format!("cannot be stored: {words}"),
+                };
                 self.pending
                     .push_back(Err(StreamErrorKind::Protocol(format!(
-                        "an event from {} is not JSON ({e}): {}",
+                        "an event from {} {what}: {}",
                         self.url,
                         self.secrets.shown(data, false)
                     ))
@@ -590,6 +604,23 @@ impl OpenAiStream {
         let quote = |message: &str| secrets.shown(message, false);
         self.pending.extend(self.chunks.read(&value, &quote));
         true
+    }
+}
+
+impl OpenAiStream {
+    /// At the reply's end: the error it ends with, if any: half a
+    /// character nothing completed, else a cut a finish reason said.
+    fn end(&mut self) -> Option<StreamError> {
+        if let Some(words) = self.split.left() {
+            return Some(
+                StreamErrorKind::Protocol(format!(
+                    "the reply from {} cannot be stored: {words}",
+                    self.url
+                ))
+                .into(),
+            );
+        }
+        self.chunks.end()
     }
 }
 
@@ -614,11 +645,7 @@ impl Stream for OpenAiStream {
                 this.had_event = true;
                 if !this.decode(&data) {
                     this.body = None;
-                    // A reply a finish reason said was cut ends so.
-                    match this.chunks.end() {
-                        Some(cut) => return Poll::Ready(Some(Err(cut))),
-                        None => return Poll::Ready(None),
-                    }
+                    return Poll::Ready(this.end().map(Err));
                 }
                 continue;
             }
@@ -651,10 +678,7 @@ impl Stream for OpenAiStream {
                 // without `[DONE]` ends it as that said.
                 Poll::Ready(None) if this.chunks.is_finished() => {
                     this.body = None;
-                    match this.chunks.end() {
-                        Some(cut) => return Poll::Ready(Some(Err(cut))),
-                        None => return Poll::Ready(None),
-                    }
+                    return Poll::Ready(this.end().map(Err));
                 }
                 Poll::Ready(None) => match this.not_events.as_deref().filter(|_| !this.had_event) {
                     // A whole answer that is not a stream (a chat completion

@@ -657,3 +657,60 @@ fn a_base_url_without_a_scheme_is_refused_with_an_example() {
     let error = OpenAiProvider::new(OpenAiConfig::new("not a url", "m")).unwrap_err();
     assert_eq!(error.turn_error().kind, TurnErrorKind::Connect);
 }
+
+/// Found from outside: a server that cuts its text by UTF-16 code units
+/// sends an emoji as `"\ud83d"` at the end of one event's string and
+/// `"\ude00"` at the start of the next one's in the same place. Each event
+/// alone holds a lone surrogate, which JSON parsers refuse, and the turn
+/// failed where the `openai` package (and this package's Python bridge)
+/// reads the reply whole. The halves are joined, in text and in a tool
+/// call's arguments (a piece's place is its `index`); a half nothing
+/// completes is still refused, as any lone surrogate.
+#[tokio::test]
+async fn g7_a_character_split_across_two_events_is_joined() {
+    let server = serve(Script::Events(&[
+        r#"{"choices":[{"index":0,"delta":{"content":"smile \ud83d"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"\ude00 and \ud83d"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":""}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"\ude03!"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"say","arguments":"{\"t\":\"\ud83d"}},{"index":1,"id":"c2","type":"function","function":{"name":"say","arguments":"{}"}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":""}},{"function":{"arguments":"\ude00\"}"},"index":0}]},"finish_reason":"tool_calls"}]}"#,
+    ]))
+    .await;
+    let (chunks, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+    assert!(error.is_none(), "{error:?}");
+    let text: String = chunks.iter().filter_map(Chunk::as_text).collect();
+    assert_eq!(text, "smile \u{1f600} and \u{1f603}!");
+    // Each call's pieces, in order, by its `index`.
+    let mut arguments = [String::new(), String::new()];
+    for call in chunks.iter().filter(|c| c.kind() == ChunkKind::ToolCall) {
+        let call = call.to_json();
+        let index = call["index"].as_u64().unwrap() as usize;
+        arguments[index].push_str(call["function"]["arguments"].as_str().unwrap());
+    }
+    assert_eq!(arguments, ["{\"t\":\"\u{1f600}\"}", "{}"]);
+
+    // Halves nothing completes fail the turn, as a lone surrogate does.
+    const LONE: [&[&str]; 4] = [
+        // A high half the next string in its place does not complete.
+        &[
+            r#"{"choices":[{"delta":{"content":"a\ud83d"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"b"}}]}"#,
+        ],
+        // A low half with no high half before it.
+        &[r#"{"choices":[{"delta":{"content":"\ude00b"}}]}"#],
+        // A high half in the middle of a string.
+        &[r#"{"choices":[{"delta":{"content":"a\ud83db"}}]}"#],
+        // A high half at the reply's end.
+        &[r#"{"choices":[{"delta":{"content":"a\ud83d"}}]}"#],
+    ];
+    for events in LONE {
+        let server = serve(Script::Events(events)).await;
+        let (_, error) = drain(&provider(&server), &Request::prompt("hi")).await;
+        let turn = error
+            .expect("a lone surrogate must fail the turn")
+            .turn_error();
+        assert_eq!(turn.kind, TurnErrorKind::Protocol, "{events:?}: {turn}");
+        assert!(turn.message.contains("surrogate"), "{events:?}: {turn}");
+    }
+}
