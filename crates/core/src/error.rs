@@ -2,6 +2,7 @@ use crate::{EndReason, SessionId, State, WorkId};
 
 /// Why the core refused an input. Nothing changed when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The id was never registered (or was forgotten after finalize).
     #[error("session {0} is not known; register it before sending events for it")]

@@ -23,6 +23,7 @@ use crate::excerpt::bounded_message;
 
 /// The stable kind of an error, in its `data.kind` (SPEC §10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The session is finalized: it takes no more turns, holds or transports.
     SessionClosed,

@@ -115,6 +115,7 @@ impl From<&StreamError> for TurnError {
 /// The kinds of [`StreamError`]. Each message says what happened and where,
 /// so a person can act on it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StreamErrorKind {
     /// The provider reported an error in the stream (an `error` object, a
     /// scripted failure).
