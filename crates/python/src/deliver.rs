@@ -264,18 +264,26 @@ impl Mailbox {
     }
 
     /// The loop is closed: every queued job (and every later one) runs its
-    /// fallback, here.
+    /// fallback, here. The first time, the bridge lets go of what was
+    /// still pending on the loop (`_bridge.loop_closed`).
     fn close(&self, py: Python<'_>) {
-        let jobs = match self.mail.lock() {
+        let (jobs, first) = match self.mail.lock() {
             Ok(mut mail) => {
-                mail.closed = true;
+                let first = !std::mem::replace(&mut mail.closed, true);
                 mail.scheduled = false;
-                std::mem::take(&mut mail.jobs)
+                (std::mem::take(&mut mail.jobs), first)
             }
             Err(_) => return,
         };
         for job in jobs {
             job(py, Landing::Closed);
+        }
+        if let (true, Some(event_loop)) = (first, self.event_loop.bind(py).upgrade()) {
+            let forgotten = crate::awaitable::bridge(py)
+                .and_then(|b| b.call_method1(pyo3::intern!(py, "loop_closed"), (event_loop,)));
+            if let Err(error) = forgotten {
+                tracing::debug!(%error, "could not let go of a closed loop's work");
+            }
         }
     }
 }

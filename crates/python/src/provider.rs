@@ -109,7 +109,7 @@ impl Stranded for PumpWatch {
         if !shared.send_opened(Err("the turn's event loop closed".into())) {
             let _ = shared.items.send(Item::Cancelled);
         }
-        shared.closed.cancel();
+        shared.abandon();
     }
 }
 
@@ -284,7 +284,7 @@ impl Shared {
         self.source.mailbox.post(move |py, landing| {
             if let Landing::Closed = landing {
                 // Its loop is closed: the pump will never run again.
-                shared.closed.cancel();
+                shared.abandon();
                 return;
             }
             // A pump closing its source already (its stream ended or
@@ -314,6 +314,19 @@ impl Shared {
 
     fn close_requested(&self) -> bool {
         self.control.lock().map_or(true, |c| c.close_requested)
+    }
+
+    /// The pump's loop closed with the pump pending: it will never run
+    /// again, and counts as closed. Its task is let go of: it holds this
+    /// (through its sink), so kept here it made a cycle through Rust that
+    /// the collector cannot see, and the pump, its stream and the
+    /// stream's connection stayed until the process exited. Let go of,
+    /// they are freed at the next collection (a closed loop cannot run
+    /// the stream's `aclose()`).
+    fn abandon(&self) {
+        let task = self.control.lock().ok().and_then(|mut c| c.task.take());
+        drop(task);
+        self.closed.cancel();
     }
 
     /// The stream took a chunk of `bytes`: the pump goes on if it waited

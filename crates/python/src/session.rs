@@ -422,7 +422,8 @@ impl PySession {
             )));
         }
         let (handle, here) = self.handle.get()?;
-        let shared = TaskShared::new(here.deliver.mailbox(&running_loop(py)?)?, coroutine);
+        let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
+        let shared = TaskShared::new(mailbox, coroutine, self.ties.settle);
         let (handle, owner) = (handle.clone(), self.ties.owner.clone());
         // The task of a spawn whose awaiter was cancelled after the call
         // resolved, before it resumed, is cancelled as one it never had.

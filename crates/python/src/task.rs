@@ -10,6 +10,7 @@
 //! control in a context variable, and each writing call checks it.
 
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -42,10 +43,13 @@ pub(crate) struct Shared {
     control: Mutex<Control>,
     /// Cancelled when the kernel detaches the task (its write access).
     context: Mutex<Option<TaskContext>>,
+    /// The kernel's settle timeout (G5): what its loop's end gives the
+    /// coroutine to unwind.
+    settle: Duration,
 }
 
 impl Shared {
-    pub fn new(mailbox: Arc<Mailbox>, coroutine: Py<PyAny>) -> Arc<Self> {
+    pub fn new(mailbox: Arc<Mailbox>, coroutine: Py<PyAny>, settle: Duration) -> Arc<Self> {
         let shared = Arc::new(Shared {
             mailbox,
             coroutine: Mutex::new(Some(coroutine)),
@@ -53,6 +57,7 @@ impl Shared {
             ended: Mutex::new(None),
             control: Mutex::new(Control::default()),
             context: Mutex::new(None),
+            settle,
         });
         let stranded: Weak<dyn Stranded> = Arc::downgrade(&shared) as Weak<Shared>;
         shared.mailbox.watch(stranded);
@@ -93,8 +98,10 @@ impl Shared {
         let shared = self.clone();
         self.mailbox.post(move |py, landing| {
             // A closed loop runs nothing more: the kernel detaches the task
-            // at the settle deadline.
+            // at the settle deadline, and the task is let go of here (it
+            // holds this control: kept, it would never be collected).
             if let Landing::Closed = landing {
+                shared.let_go_of_task();
                 return;
             }
             let task = match shared.control.lock() {
@@ -123,11 +130,13 @@ impl crate::let_go::HoldsTask for Shared {
 impl Stranded for Shared {
     /// Reports the coroutine cancelled when its loop closed with its
     /// asyncio task still pending: it will never run again, so nothing else
-    /// would report it (see [`Mailbox::loop_closed`]).
+    /// would report it (see [`Mailbox::loop_closed`]). The task is let go
+    /// of, so that the collector frees it with what its coroutine holds.
     fn end_if_loop_closed(&self, py: Python<'_>) {
         let unreported = self.ended.lock().is_ok_and(|ended| ended.is_some());
         if unreported && self.mailbox.loop_closed(py) {
             self.report(Ended::Cancelled);
+            self.let_go_of_task();
         }
     }
 }
@@ -228,7 +237,11 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
                     shared: starting.clone(),
                 },
             )?;
-            bridge(py)?.call_method1("start_task", (event_loop, coroutine.bind(py), control))?;
+            let bound = starting.settle.as_secs_f64();
+            bridge(py)?.call_method1(
+                "start_task",
+                (event_loop, coroutine.bind(py), control, bound),
+            )?;
             Ok(())
         })();
         if let Err(error) = started {

@@ -27,7 +27,14 @@ What it guarantees (the numbers are the project's, see its README):
 - G2: every session is finalized exactly once.
 - G4: a turn's stream is closed exactly once (``aclose()``, else ``close()``)
   on end, error, idle timeout, cancel and drop, including a cancel that lands
-  while it is being opened.
+  while it is being opened, and at the end of its event loop: a turn or
+  task still running as ``asyncio.run`` ends (one started while it was
+  cancelling the program's tasks among them) is cancelled on the loop
+  before it closes, its stream closed there (within the settle timeout).
+  A loop closed by hand gets the same from ``loop.shutdown_asyncgens()``
+  before ``loop.close()``; closed without it, it can close nothing more:
+  the kernel ends what it left as cancelled and lets go of it, and an HTTP
+  stream's connection stays with its client's pool.
 - G5: cancelled work (a turn, a spawned coroutine) gets ``settle_timeout``
   seconds to unwind, then it is detached.
 - G7: a chunk a turn yields is already stored.

@@ -35,26 +35,39 @@ CURRENT_TASK: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
 KERNEL_CLOSE = "settle: the kernel closes the turn's stream"
 
 
+#: What the cancel of a pump or a settle task by its loop's end says (see
+#: ``_OnLoop``): another's than the kernel's, so a pump bounds its close.
+LOOP_END = "settle: the event loop is ending"
+
+
 def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
     """Starts a turn's pump on ``loop``, from its thread."""
     # The pump attaches its task itself, in its first step: a task
     # cancelled before that would run neither its body nor its `finally`
     # (which closes the stream). A close asked for before the attach is
     # seen by the pump, first thing.
-    loop.create_task(_pump(source, to_chunk, sink))
+    on = _on(loop)
+    on.pending[loop.create_task(_pump(source, to_chunk, sink, on))] = sink.close_bound()
 
 
-async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
+async def _pump(source: Any, to_chunk: Any, sink: Any, on: "_OnLoop") -> None:
+    me = asyncio.current_task()
     stream = None
     iterator = None
     # Cancelled by another than the kernel (the loop is closing): its
     # cancel does not say it is the kernel's.
     theirs = False
     try:
-        if sink.attach(asyncio.current_task()):
+        if sink.attach(me):
             # The turn was cancelled while its stream was being opened.
             await _close_source(source)
             sink.cancelled()
+            return
+        if on.ending:
+            # Started as its loop ends (after `shutdown_asyncgens()`):
+            # nothing opened now would be closed on it.
+            await _close_source(source)
+            sink.fail(LOOP_ENDED)
             return
         made = source() if callable(source) and not hasattr(source, "__aiter__") else source
         if inspect.isawaitable(made):
@@ -112,7 +125,10 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
         sink.fail(_said(error))
     finally:
         try:
-            if stream is not None:
+            # Not in a step of its task: the pump is being collected, its
+            # loop closed under it (see `loop_closed`). Nothing can be
+            # awaited there: its stream goes with it, to the collector.
+            if stream is not None and _stepping(me):
                 # The kernel's close, from now on, waits for this one
                 # instead of cancelling it half way (G4: closed once, to
                 # its end).
@@ -123,6 +139,22 @@ async def _pump(source: Any, to_chunk: Any, sink: Any) -> None:
                     await close_stream(stream, iterator)
         finally:
             sink.closed()
+            on.left(me)
+
+
+#: What a turn started as its loop ends fails with.
+LOOP_ENDED = (
+    "the turn's event loop was ending (its shutdown_asyncgens() had run): its stream was not opened"
+)
+
+
+def _stepping(task: Any) -> bool:
+    """Whether ``task`` is the task running now: not so for a coroutine
+    being closed by the collector (then no loop runs, or another task)."""
+    try:
+        return asyncio.current_task() is task
+    except RuntimeError:  # no running loop
+        return False
 
 
 def _cancelled_twice() -> bool:
@@ -283,7 +315,17 @@ def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> No
     if inspect.iscoroutine(source):
         source.close()
     elif loop is not None:
-        loop.create_task(_close_source(source))
+        # Waited for by the loop's end (not cancelled: a close is let run).
+        on = _on(loop)
+        on.pending[loop.create_task(_close_unopened(source, on))] = None
+
+
+async def _close_unopened(source: Any, on: "_OnLoop") -> None:
+    me = asyncio.current_task()
+    try:
+        await _close_source(source)
+    finally:
+        on.left(me)
 
 
 async def _close_source(source: Any) -> None:
@@ -347,29 +389,203 @@ def let_go(task: "asyncio.Task[Any]") -> None:
 # --- tasks --------------------------------------------------------------
 
 
-def start_task(loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any) -> None:
-    """Starts a settle task's coroutine on ``loop``, from its thread."""
+def start_task(
+    loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any, bound: float
+) -> None:
+    """Starts a settle task's coroutine on ``loop``, from its thread;
+    ``bound`` is the kernel's settle timeout, what the loop's end gives it
+    to unwind."""
     # As for a pump: the task attaches itself in its first step.
-    loop.create_task(_run_task(coroutine, control))
+    on = _on(loop)
+    on.pending[loop.create_task(_run_task(coroutine, control, on))] = bound
 
 
-async def _run_task(coroutine: Any, control: Any) -> None:
+async def _run_task(coroutine: Any, control: Any, on: "_OnLoop") -> None:
+    me = asyncio.current_task()
     CURRENT_TASK.set(control)
-    if control.attach(asyncio.current_task()):
-        coroutine.close()
-        control.cancelled()
-        return
     try:
-        result = await coroutine
-    except asyncio.CancelledError:
-        control.cancelled()
-        raise
-    except BaseException as error:  # reported to whoever joins the task
-        control.failed(error)
-        if not isinstance(error, Exception):
+        if control.attach(me) or on.ending:
+            # Cancelled before it ran, or started as its loop ends.
+            coroutine.close()
+            control.cancelled()
+            return
+        try:
+            result = await coroutine
+        except asyncio.CancelledError:
+            control.cancelled()
             raise
-    else:
-        control.finished(result)
+        except BaseException as error:  # reported to whoever joins the task
+            control.failed(error)
+            if not isinstance(error, Exception):
+                raise
+        else:
+            control.finished(result)
+    finally:
+        on.left(me)
+
+
+# --- the loop's end -----------------------------------------------------
+
+#: How much longer than a pump's close bound (the settle timeout) the
+#: loop's end waits for it: the steps it runs once its close is done or
+#: given up.
+_END_MARGIN = 0.25
+
+
+class _OnLoop:
+    """The pumps and settle tasks still running on one event loop, and
+    what ends them before it closes.
+
+    ``asyncio.run`` (and ``asyncio.Runner``) ends its loop in three steps:
+    it cancels the tasks it finds and waits for them, then it closes the
+    async generators first iterated on the loop
+    (``loop.shutdown_asyncgens()``), then it closes the loop. A pump
+    started after the first step took its list (a task's cleanup starting
+    a turn, a start in flight) was never cancelled, and the loop closed
+    under it with its stream open. So each loop running work of the
+    kernel's has an async generator of its own among those the loop closes
+    (``_at_loop_end``): its close cancels what is still pending here and
+    waits for it (bounded by the settle timeout and a margin), each stream
+    closed on the loop, once (G4); what starts on the loop after that
+    closes its source without opening it. A program that closes its loop
+    by hand gets the same by calling ``shutdown_asyncgens()`` first, as
+    asyncio asks.
+
+    The generator lives only while work runs here: it is made for the
+    first pump or task, and finished at once (nothing to wait for) when
+    the last one ends, so nothing of this keeps an idle loop alive."""
+
+    __slots__ = ("pending", "ending", "_loop", "_end")
+
+    def __init__(self, loop: Any) -> None:
+        #: Each task still running, with how long its end may take once
+        #: cancelled (the settle timeout); `None` for a close of a source,
+        #: which is let run, never cancelled.
+        self.pending: "dict[asyncio.Task[Any], Optional[float]]" = {}
+        self.ending = False
+        self._loop = weakref.ref(loop)
+        self._end: Any = _at_loop_end(self)
+        # Its first step, here on the running loop: the loop's hook notes
+        # it among the generators it closes as it ends.
+        try:
+            self._end.asend(None).send(None)
+        except StopIteration:
+            pass
+
+    def left(self, task: Any) -> None:
+        """``task`` ended: forgotten; once none is left, the loop is let go of."""
+        self.pending.pop(task, None)
+        if self.pending or self.ending:
+            return
+        loop = self._loop()
+        if loop is not None and _ON_LOOP.get(loop) is self:
+            del _ON_LOOP[loop]
+        self.retire()
+
+    def retire(self) -> None:
+        """Finishes the generator at once: nothing pending, nothing to wait for."""
+        end, self._end = self._end, None
+        if end is None:
+            return
+        try:
+            end.aclose().send(None)
+        except (StopIteration, RuntimeError):
+            pass
+
+    def running(self) -> bool:
+        """Whether its loop is the one running now (not so when the
+        collector finishes the generator)."""
+        try:
+            return asyncio.get_running_loop() is self._loop()
+        except RuntimeError:  # no running loop
+            return False
+
+    async def end(self) -> None:
+        """The loop ends: what runs here is cancelled, as ``asyncio.run``
+        cancels the tasks it knows of, and waited for, bounded. Then what
+        starts on the loop closes its source unopened (``ending`` stays
+        set), and nothing here holds the loop any more."""
+        self.ending = True
+        loop = asyncio.get_running_loop()
+        bounds = [bound for bound in self.pending.values() if bound is not None]
+        deadline = loop.time() + max(bounds, default=0.0) + _END_MARGIN
+        for task, bound in list(self.pending.items()):
+            # One that has not run its first step yet is left to it: it
+            # sees `ending` there (cancelled now, it would run neither its
+            # body nor its `finally`).
+            if bound is not None and not _created(task):
+                task.cancel(LOOP_END)
+        while self.pending:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(list(self.pending), timeout=left)
+        # Past the bound (a coroutine that ignores its cancel): the loop
+        # closes under it, as under any task left pending; the kernel
+        # detaches it at the settle deadline.
+        for task in self.pending:
+            _quiet(task)
+        self.pending.clear()
+        # The generator (this frame's) holds the loop through its
+        # finalizer: let go of, so the loop is collected once the program
+        # lets go of it too.
+        self._end = None
+
+
+#: The work running on each loop (see ``_OnLoop``).
+_ON_LOOP: "weakref.WeakKeyDictionary[Any, _OnLoop]" = weakref.WeakKeyDictionary()
+
+
+def _on(loop: Any) -> _OnLoop:
+    """The work of ``loop``, made for its first task (from its thread, as it runs)."""
+    on = _ON_LOOP.get(loop)
+    if on is None:
+        on = _ON_LOOP[loop] = _OnLoop(loop)
+    return on
+
+
+async def _at_loop_end(on: _OnLoop) -> Any:
+    """The generator ``loop.shutdown_asyncgens()`` closes as the loop ends
+    (see ``_OnLoop``)."""
+    try:
+        yield
+    finally:
+        # Nothing pending: finished by `retire`. Not on its loop: finished
+        # by the collector, when no loop could run the end.
+        if on.pending and on.running():
+            await on.end()
+
+
+def _created(task: Any) -> bool:
+    """Whether ``task`` has not run its first step yet."""
+    coroutine = task.get_coro()
+    return inspect.iscoroutine(coroutine) and (
+        inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED
+    )
+
+
+def _quiet(task: Any) -> None:
+    """``task`` is left pending on a loop that closes: asyncio would log
+    that it "was destroyed but it is pending" when it is collected. The
+    kernel has ended it already (cancelled, or detached)."""
+    try:
+        task._log_destroy_pending = False
+    except AttributeError:  # another loop's task type: it may say so
+        pass
+
+
+def loop_closed(loop: Any) -> None:
+    """The kernel found ``loop`` closed (see ``Mailbox::close``): what was
+    still pending on it never runs again. It is let go of without a word
+    (the kernel ends each as cancelled), and collected with what it holds:
+    a stream that cannot be closed on a closed loop is freed."""
+    on = _ON_LOOP.pop(loop, None)
+    if on is None:
+        return
+    for task in on.pending:
+        _quiet(task)
+    on.pending.clear()
+    on.retire()
 
 
 # The shutdown signals' handler of each loop that has one (see the Rust

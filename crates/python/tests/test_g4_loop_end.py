@@ -1,0 +1,198 @@
+"""G4 at the end of an event loop: a turn still running as its loop ends has
+its stream closed on that loop before the loop closes, when the loop's end
+runs ``shutdown_asyncgens()`` (``asyncio.run``, ``asyncio.Runner``, a program
+that closes its loop by the book); and a loop closed under a turn without it
+has its pump let go of, so that what the kernel held is freed at the next
+collection rather than kept until the process exits. Each runs in a child
+interpreter, with an OpenAI-compatible server on a thread of its own that
+outlives the loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_script
+
+pytest.importorskip("openai")
+
+TESTS = str(Path(__file__).parent)
+
+#: What the scripts share: a server on its own thread (its own loop), which
+#: notes when each connection was closed by the client, and a stream that
+#: counts its closes.
+COMMON = """
+import asyncio, gc, json, sys, threading, time, weakref
+sys.path.insert(0, sys.argv[2])
+from sse_server import SseServer
+import openai, settle
+
+box = {}
+
+def serve():
+    async def run():
+        async with SseServer(forever=True, interval=0.01) as server:
+            box["server"] = server
+            await asyncio.Event().wait()
+    asyncio.run(run())
+
+threading.Thread(target=serve, daemon=True).start()
+while "server" not in box:
+    time.sleep(0.01)
+server = box["server"]
+client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+def create():
+    return client.chat.completions.create(
+        model="local", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+
+class Counted:
+    closes = 0
+    made = []
+    def __init__(self):
+        Counted.made.append(weakref.ref(self))
+    def __aiter__(self):
+        return self
+    async def __anext__(self):
+        await asyncio.sleep(0.01)
+        return "c"
+    async def aclose(self):
+        Counted.closes += 1
+
+def closed_within(seconds):
+    deadline = time.monotonic() + seconds
+    while not server.closed_at and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return server.closed_at[0] if server.closed_at else None
+"""
+
+LATE_TURN_SCRIPT = COMMON + """
+async def main():
+    # Kept past the loop: nothing of the kernel's own winds the turns down.
+    kernel = box["kernel"] = await settle.Kernel.open(sys.argv[1], settle_timeout=1.0)
+    session = box["session"] = await kernel.register("s")
+    other = await kernel.register("t")
+
+    async def agent():
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            # Its own cleanup as asyncio.run cancels it: two last turns,
+            # read a little and left running. Their pumps start after
+            # asyncio.run took the list of the tasks it cancels.
+            turn = await session.turn(create)
+            async for _ in turn:
+                break
+            counted = await other.turn(lambda: Counted())
+            async for _ in counted:
+                break
+            box["turns"] = [turn, counted]
+
+    asyncio.create_task(agent())
+    await asyncio.sleep(0)
+
+asyncio.run(main())
+returned = time.monotonic()
+closed = closed_within(3.0)
+print(json.dumps({
+    "requests": server.requests,
+    "closed_after_return": None if closed is None else closed - returned,
+    "closes": Counted.closes,
+}), flush=True)
+
+async def read_back():
+    turns = await box["session"].transcript()
+    print(json.dumps([t["outcome"] for t in turns]), flush=True)
+    await box["kernel"].shutdown(0.0)
+
+asyncio.run(read_back())
+"""
+
+BY_HAND_SCRIPT = COMMON + """
+async def main():
+    kernel = box["kernel"] = await settle.Kernel.open(sys.argv[1], settle_timeout=1.0)
+    session = await kernel.register("s")
+    other = await kernel.register("t")
+    turn = await session.turn(create)
+    await turn.__anext__()
+    counted = await other.turn(lambda: Counted())
+    await counted.__anext__()
+    box["turns"] = [turn, counted]
+
+loop = asyncio.new_event_loop()
+loop.run_until_complete(main())
+if sys.argv[3] == "shutdown_asyncgens":
+    # What asyncio's documentation asks before close.
+    loop.run_until_complete(loop.shutdown_asyncgens())
+loop.close()
+closed_at = time.monotonic()
+closed = closed_within(1.0)
+if sys.argv[3] != "shutdown_asyncgens":
+    # The kernel finds the loop closed (it looks about once a second) and
+    # lets go of the turns' pumps: the collector frees their streams.
+    time.sleep(2.5)
+    gc.collect()
+print(json.dumps({
+    "closed_after_close": None if closed is None else closed - closed_at,
+    "closes": Counted.closes,
+    "alive": sum(made() is not None for made in Counted.made),
+}), flush=True)
+box["kernel"].begin_shutdown(0.0)
+"""
+
+#: What the loop's end must not say: a close tried on a closed loop, a
+#: pump left pending, a coroutine closed with an await in its way.
+QUIET = ("Event loop is closed", "Task was destroyed", "never awaited", "Exception ignored")
+
+
+def test_g4_turns_started_as_asyncio_run_ends_have_their_streams_closed_before_it_returns(db):
+    """Found from outside: a turn whose pump started after ``asyncio.run``
+    took the list of tasks it cancels (a task's cleanup starting it, or a
+    start in flight) was never cancelled: the loop closed under it with its
+    HTTP connection open, and the kernel's side held the pump, so the
+    connection stayed open until the process exited. The loop's end
+    (``shutdown_asyncgens``) now cancels what is still pending on it and
+    waits, bounded by the settle timeout, for its streams to close."""
+    out = run_script(LATE_TURN_SCRIPT, db, TESTS, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    said = json.loads(lines[0])
+    assert said["requests"] == 1, said
+    # Seen by the server within its poll of the connection: closed before
+    # asyncio.run returned, not at exit.
+    assert said["closed_after_return"] is not None, (said, out.stderr)
+    assert said["closed_after_return"] < 1.0, said
+    assert said["closes"] == 1, said  # G4: exactly once
+    assert json.loads(lines[1]) == ["cancelled"], out.stdout
+    for words in QUIET:
+        assert words not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("how", ["shutdown_asyncgens", "close"])
+def test_g4_a_loop_closed_by_hand_under_running_turns_does_not_keep_their_streams(db, how):
+    """A loop run by hand and closed with turns running. Closed by the book
+    (``shutdown_asyncgens()`` first), their streams are closed on it before
+    it closes, once each (G4): before, their HTTP connections stayed open
+    until the process exited. Closed without it, nothing can run on it any
+    more, so no stream can be closed there: the kernel lets go of the
+    pumps once it finds the loop closed, and the collector frees them with
+    their streams; before, the kernel's side held each pump (a cycle through
+    Rust the collector cannot see) until the process exited. (An HTTP
+    client's pool still holds a connection whose response was never closed:
+    only the loop could close it.) Neither says anything on stderr."""
+    out = run_script(BY_HAND_SCRIPT, db, TESTS, how, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = json.loads(out.stdout.splitlines()[0])
+    if how == "shutdown_asyncgens":
+        assert said["closed_after_close"] is not None, (said, out.stderr)
+        assert said["closed_after_close"] < 1.0, said
+        assert said["closes"] == 1, said
+    else:
+        # Freed, not closed: a closed loop runs no aclose().
+        assert said["closes"] == 0, said
+        assert said["alive"] == 0, said
+    for words in QUIET:
+        assert words not in out.stderr, out.stderr
