@@ -8,9 +8,15 @@
 //! burst, a reader that does work per chunk), the next chunk is already
 //! persisted and waiting in the turn's channel; it is then taken at once
 //! (`Turn::try_next_chunk`) and handed back in a [`Ready`].
+//!
+//! A [`Ready`] is also a coroutine in the sense `asyncio` checks (`send`,
+//! `throw`, `close`, as `collections.abc.Coroutine` asks), as the read that
+//! waits is (`_bridge.Next`): `asyncio.create_task(turn.__anext__())` runs
+//! it as it runs the coroutine an `openai` stream's `__anext__` gives.
 
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
+use pyo3::types::PyType;
 use settle_stream::Chunk;
 
 use crate::awaitable::pass_once;
@@ -48,6 +54,34 @@ impl Ready {
             turn,
         }
     }
+
+    /// The read ends without giving its chunk: the turn is cancelled, as
+    /// for a read dropped first (see `Drop`).
+    fn give_up(&mut self) {
+        if self.chunk.take().is_some() {
+            // In a forked child there is no runtime to cancel it on, and
+            // nothing to do (see `Drop`).
+            let _ = self.turn.get().cancel_soon();
+        }
+    }
+}
+
+/// What `throw(error, value)` raises, as a generator's `throw` would: an
+/// exception instance as it is; a class, made with `value` (itself when it
+/// is one of the class already).
+fn thrown(error: Bound<'_, PyAny>, value: Option<Bound<'_, PyAny>>) -> PyErr {
+    if error.cast::<PyType>().is_err() {
+        return PyErr::from_value(error);
+    }
+    let made = match value {
+        Some(value) if value.is_instance(&error).unwrap_or(false) => Ok(value),
+        Some(value) if !value.is_none() => error.call1((value,)),
+        _ => error.call0(),
+    };
+    match made {
+        Ok(made) => PyErr::from_value(made),
+        Err(failed) => failed,
+    }
 }
 
 #[pymethods]
@@ -75,6 +109,32 @@ impl Ready {
         self.turn.get().saw(&chunk);
         let chunk = Py::new(py, PyChunk { chunk })?;
         Err(PyStopIteration::new_err((chunk,)))
+    }
+
+    /// A step of a task that runs this read as its coroutine, as
+    /// `__next__` (a read takes nothing sent in).
+    fn send(&mut self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+        self.__next__(py)
+    }
+
+    /// A cancel (or another exception) thrown into the read by its task:
+    /// the read gives no chunk and the turn is cancelled, as when the task
+    /// awaiting it is cancelled; then the exception is raised.
+    #[pyo3(signature = (error, value = None, _traceback = None))]
+    fn throw(
+        &mut self,
+        error: Bound<'_, PyAny>,
+        value: Option<Bound<'_, PyAny>>,
+        _traceback: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.give_up();
+        Err(thrown(error, value))
+    }
+
+    /// Closed before it gave its chunk: the turn is cancelled, as when the
+    /// read is dropped. Nothing once it has given it.
+    fn close(&mut self) {
+        self.give_up();
     }
 }
 

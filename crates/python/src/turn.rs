@@ -114,8 +114,9 @@ impl CancelAtOnce {
 /// Cancelling the task that awaits its next chunk cancels the turn, as for
 /// any await of it: `asyncio.wait_for(turn.__anext__(), 0.1)` ends it at
 /// its first timeout. To look for chunks with a timeout and go on, read
-/// the turn in a task of its own and wait for that task
-/// (`asyncio.wait({reader}, timeout=0.1)`).
+/// the turn in a task of its own and wait for that task (`reader =
+/// asyncio.create_task(turn.__anext__())`, then
+/// `asyncio.wait({reader}, timeout=0.1)`).
 #[pyclass(name = "Turn", module = "settle", frozen)]
 pub(crate) struct PyTurn {
     turn: ForkSafe<Arc<tokio::sync::Mutex<Option<Turn>>>>,
@@ -303,7 +304,9 @@ impl PyTurn {
     /// cancels the turn. A chunk the store already has is given without a
     /// round trip through the kernel's threads; awaiting it still passes
     /// the event loop once, so a reader that is behind its stream lets
-    /// other tasks run and can be cancelled at every chunk.
+    /// other tasks run and can be cancelled at every chunk. Either read is
+    /// a coroutine as `asyncio` sees one (`send`, `throw`, `close`), as an
+    /// `openai` stream's `__anext__` gives: `asyncio.create_task` takes it.
     fn __anext__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let (py, this) = (slf.py(), slf.get());
         let (turn, here) = this.turn.get()?;

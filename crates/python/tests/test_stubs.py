@@ -158,6 +158,7 @@ def test_a_task_is_generic_at_run_time_as_in_the_stubs():
 
 
 TYPED_PROGRAM = """
+import asyncio
 import pathlib
 from typing import List
 
@@ -180,7 +181,9 @@ async def main() -> None:
     annotated: settle.Task[int] = task
     word: str = await task  # E: the task's result is an int
     messages: List[dict[str, object]] = [{"role": "user", "content": "hi"}]
-    await session.turn(lambda: None, input=messages)
+    turn = await session.turn(lambda: None, input=messages)
+    reader = asyncio.create_task(turn.__anext__())
+    assert_type(await reader, settle.Chunk)
     print(annotated, word)
 """
 
@@ -188,7 +191,8 @@ async def main() -> None:
 def test_the_stubs_type_what_a_program_writes(tmp_path):
     """Under ``mypy --strict``: a task is typed by its coroutine's result,
     a store's path may be a ``pathlib.Path``, a turn's input any list of
-    message mappings; and a wrong use is still an error."""
+    message mappings, a turn's next chunk a coroutine ``create_task``
+    takes; and a wrong use is still an error."""
     pytest.importorskip("mypy")
     program = tmp_path / "typed.py"
     program.write_text(TYPED_PROGRAM)

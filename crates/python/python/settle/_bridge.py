@@ -291,7 +291,13 @@ class Next:
     future, and ``gather``, which notes the chunk in the turn's reply once
     the awaiting task has it, in that task's own step. A chunk whose task
     was cancelled after the future got it but before the task resumed is
-    never seen, and so no part of ``turn.reply()``."""
+    never seen, and so no part of ``turn.reply()``.
+
+    Also a coroutine in the sense ``asyncio`` checks (``send``, ``throw``
+    and ``close``, as ``collections.abc.Coroutine`` asks), as the
+    ``__anext__`` of ``openai``'s and ``aiohttp``'s streams give one:
+    ``asyncio.create_task(turn.__anext__())`` (or ``anext(turn)``) runs it
+    as its coroutine. ``await`` takes ``__await__``, as before."""
 
     __slots__ = ("_future", "_gather")
 
@@ -305,6 +311,39 @@ class Next:
         if gather is not None:
             gather(chunk)
         return chunk
+
+    def send(self, value: Any) -> Any:
+        """A step of a task that runs this read as its coroutine: the
+        future, for the task to wait on, until it is done; then the chunk
+        (noted in the reply, as ``__await__`` notes it), or what the read
+        raised (``StopAsyncIteration`` at the turn's end)."""
+        future = self._future
+        if not future.done():
+            future._asyncio_future_blocking = True
+            return future
+        chunk = future.result()
+        gather, self._gather = self._gather, None
+        if gather is not None:
+            gather(chunk)
+        raise StopIteration(chunk)
+
+    def throw(self, error: Any, *rest: Any) -> Any:
+        """A cancel (or another exception) thrown into the read by its
+        task: the read's future is cancelled, which cancels the turn (as
+        cancelling a task awaiting it does), and the exception is raised."""
+        self._gather = None
+        self._future.cancel()
+        if isinstance(error, type):
+            value = rest[0] if rest else None
+            error = value if isinstance(value, error) else error() if value is None else error(value)
+        raise error
+
+    def close(self) -> None:
+        """Closed before it gave its chunk: the turn is cancelled, as when
+        the read is dropped. Nothing once it has given it."""
+        gather, self._gather = self._gather, None
+        if gather is not None:
+            self._future.cancel()
 
 
 def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> None:

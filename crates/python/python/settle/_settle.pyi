@@ -241,7 +241,9 @@ class Turn:
     Cancelling the task that awaits its next chunk cancels the turn:
     ``asyncio.wait_for(turn.__anext__(), 0.1)`` ends it at its first
     timeout. To wait for chunks with a timeout and go on, read the turn in
-    a task of its own and wait for that task (``asyncio.wait({reader}, timeout=0.1)``).
+    a task of its own and wait for that task: ``reader =
+    asyncio.create_task(turn.__anext__())``, then ``asyncio.wait({reader},
+    timeout=0.1)``.
     """
 
     @property
@@ -273,9 +275,12 @@ class Turn:
         read to its end; before that, that of the chunks yielded so far."""
     def __aiter__(self) -> Turn:
         """The turn itself: ``async for chunk in turn``."""
-    def __anext__(self) -> Awaitable[Chunk]:
+    def __anext__(self) -> Coroutine[Any, Any, Chunk]:
         """The next chunk, once the store has it (G7); ``StopAsyncIteration``
-        at the turn's end. Cancelling its awaiter cancels the turn."""
+        at the turn's end. Cancelling its awaiter cancels the turn. A
+        coroutine, as an ``openai`` stream's ``__anext__`` gives:
+        ``asyncio.create_task(turn.__anext__())`` (or ``anext(turn)``) reads
+        it in a task of its own, whose cancel cancels the turn too."""
     def aclose(self) -> _Call[None]:
         """Ends the turn here: cancels it unless it already ended (G6), and
         resolves once it has settled (its stream closed, G4); then
