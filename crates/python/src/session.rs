@@ -396,9 +396,10 @@ impl PySession {
     /// its awaiter cancelled before it has the task (before the spawn
     /// resolves, or as it does), the task it started is cancelled too.
     /// Its record says how it ended: `completed` when it returned, `failed`
-    /// when it raised (what it raised goes to its awaiter, never to the
-    /// store), `cancelled` when it raised `CancelledError` of its
-    /// own or was cancelled. Raises `BadInput` at once for what cannot be
+    /// when it raised (a `GeneratorExit` too; the record names the class,
+    /// and what it raised goes to its awaiter, never to the store),
+    /// `cancelled` when it raised `CancelledError` of its own or was
+    /// cancelled. Raises `BadInput` at once for what cannot be
     /// awaited (a function rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let awaited = coroutine.bind(py);
@@ -423,7 +424,9 @@ impl PySession {
         }
         let (handle, here) = self.handle.get()?;
         let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
-        let shared = TaskShared::new(mailbox, coroutine, self.ties.settle);
+        // Its end's value is held by the `settle.Task` (or by this call
+        // until it makes one): nobody else could be told it.
+        let (shared, given) = TaskShared::new(mailbox, coroutine, self.ties.settle);
         let (handle, owner) = (handle.clone(), self.ties.owner.clone());
         // The task of a spawn whose awaiter was cancelled after the call
         // resolved, before it resumed, is cancelled as one it never had.
@@ -442,7 +445,7 @@ impl PySession {
                     .await;
                 match spawned {
                     // Cancelled if its awaiter is gone before it gets there.
-                    Ok(task) => Ok(Spawned::new(PyTask::new(task, owner, shared))),
+                    Ok(task) => Ok(Spawned::new(PyTask::new(task, owner, shared, given))),
                     Err(error) => {
                         // Never started: closed unawaited, so Python does
                         // not warn that it was never awaited.

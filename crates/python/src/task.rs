@@ -37,8 +37,15 @@ pub(crate) struct Shared {
     /// The mailbox of the caller's loop, where the coroutine runs.
     mailbox: Arc<Mailbox>,
     coroutine: Mutex<Option<Py<PyAny>>>,
-    /// What the coroutine returned or raised.
-    pub given: Arc<Given>,
+    /// Where what the coroutine returned or raised goes: its
+    /// `settle.Task`'s, held weakly here. This is held by the asyncio
+    /// task's control, which the task's frames and context hold, and what
+    /// the coroutine raised holds those frames (its traceback): held
+    /// strongly here, that cycle went through Rust, where the collector
+    /// cannot see it, and every task that raised was kept for good once
+    /// its `settle.Task` was let go of. The `settle.Task` holds it and
+    /// shows it to the collector.
+    given: Weak<Given>,
     ended: Mutex<Option<oneshot::Sender<Ended>>>,
     control: Mutex<Control>,
     /// Cancelled when the kernel detaches the task (its write access).
@@ -49,11 +56,19 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(mailbox: Arc<Mailbox>, coroutine: Py<PyAny>, settle: Duration) -> Arc<Self> {
+    /// What the kernel's side and the asyncio task of `coroutine` share,
+    /// and where what it gives goes (for its `settle.Task` to hold: see
+    /// `given`).
+    pub fn new(
+        mailbox: Arc<Mailbox>,
+        coroutine: Py<PyAny>,
+        settle: Duration,
+    ) -> (Arc<Self>, Arc<Given>) {
+        let given = Arc::new(Given::default());
         let shared = Arc::new(Shared {
             mailbox,
             coroutine: Mutex::new(Some(coroutine)),
-            given: Arc::default(),
+            given: Arc::downgrade(&given),
             ended: Mutex::new(None),
             control: Mutex::new(Control::default()),
             context: Mutex::new(None),
@@ -61,7 +76,15 @@ impl Shared {
         });
         let stranded: Weak<dyn Stranded> = Arc::downgrade(&shared) as Weak<Shared>;
         shared.mailbox.watch(stranded);
-        shared
+        (shared, given)
+    }
+
+    /// Hands what the coroutine gave to its `settle.Task`; nothing when
+    /// nobody holds that any more (nobody could be told).
+    fn give(&self, give: impl FnOnce(&Given)) {
+        if let Some(given) = self.given.upgrade() {
+            give(&given);
+        }
     }
 
     /// Closes the coroutine unawaited when it never started (the spawn was
@@ -166,14 +189,14 @@ impl TaskControl {
     }
 
     fn finished(&self, result: Py<PyAny>) {
-        self.shared.given.returned(result);
+        self.shared.give(|given| given.returned(result));
         self.shared.report(Ended::Returned);
         self.shared.let_go_of_task();
     }
 
     fn failed(&self, error: Bound<'_, PyAny>) {
         let class = crate::task_end::class_name(&error);
-        self.shared.given.raised(&error);
+        self.shared.give(|given| given.raised(&error));
         self.shared.report(Ended::Raised(class));
         self.shared.let_go_of_task();
     }
@@ -248,7 +271,7 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
             let error = error.into_value(py);
             let error = error.bind(py).as_any();
             let class = crate::task_end::class_name(error);
-            starting.given.raised(error);
+            starting.give(|given| given.raised(error));
             starting.report(Ended::Raised(class));
         }
     });
@@ -307,15 +330,23 @@ pub(crate) struct PyTask {
     work: u32,
     /// What it shares with its asyncio task (for a loop that closed).
     shared: Arc<Shared>,
+    /// What its coroutine gave, shown to the collector (`__traverse__`).
+    given: Arc<Given>,
 }
 
 impl PyTask {
-    pub fn new(handle: TaskHandle<Ended>, owner: Owner, shared: Arc<Shared>) -> Self {
+    pub fn new(
+        handle: TaskHandle<Ended>,
+        owner: Owner,
+        shared: Arc<Shared>,
+        given: Arc<Given>,
+    ) -> Self {
         let work = handle.work().no;
         PyTask {
-            end: ForkSafe::new(Arc::new(TaskEnd::new(handle, shared.given.clone())), owner),
+            end: ForkSafe::new(Arc::new(TaskEnd::new(handle, given.clone())), owner),
             work,
             shared,
+            given,
         }
     }
 }
@@ -378,7 +409,7 @@ impl PyTask {
 
     /// Shows the collector what the task keeps (see `TaskEnd::traverse`).
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        self.shared.given.traverse(&visit)
+        self.given.traverse(&visit)
     }
 
     /// `settle.Task[int]`: the type of a task whose coroutine returns an

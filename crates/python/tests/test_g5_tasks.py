@@ -12,7 +12,7 @@ import time
 import pytest
 
 import settle
-from conftest import PATIENCE, Stream, eventually, settle_json
+from conftest import PATIENCE, Stream, eventually, run_script, settle_json
 
 
 async def test_g1_a_spawned_coroutine_gives_its_result(kernel):
@@ -74,6 +74,85 @@ async def test_g7_a_coroutine_is_recorded_as_it_ended(kernel, db):
     assert "sk-live-123" not in json.dumps(shown)
     shown = settle_json(db, "show", str(ids["gives_up"]), "--json")
     assert all(step["to"] != "cancelling" for step in shown["timeline"]), shown["timeline"]
+
+
+GENERATOR_EXIT_SCRIPT = """
+import asyncio, gc, sys, weakref
+import settle
+
+class Held:
+    pass
+
+#: What the tools' frames held: kept for as long as what they raised is.
+held = []
+
+async def stream():
+    yield "a"
+
+async def raises():
+    mine = Held()
+    held.append(weakref.ref(mine))
+    raise GeneratorExit("token=sk-live-123 was refused")
+
+async def closed_under_it():
+    # Awaits an async generator that is closed under it (thrown the
+    # GeneratorExit a close throws): it ends with that GeneratorExit.
+    mine = Held()
+    held.append(weakref.ref(mine))
+    items = stream()
+    await items.__anext__()
+    await items.athrow(GeneratorExit)
+
+async def main():
+    kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.3)
+    for name, tool in [("raises", raises), ("closed_under_it", closed_under_it)]:
+        session = await kernel.register(name)
+        task = await session.spawn(tool())
+        try:
+            await task
+        except GeneratorExit as error:
+            print(name, "awaiter got", type(error).__name__, flush=True)
+        await session.finish()
+        del task
+    # Nobody holds the tasks any more: what they raised is collected.
+    gc.collect()
+    print("kept", sum(r() is not None for r in held), flush=True)
+    await kernel.shutdown(0.0)
+
+asyncio.run(main())
+gc.collect()
+print("end", flush=True)
+"""
+
+
+def test_g7_a_coroutine_ending_with_generator_exit_is_recorded_failed_and_nothing_is_logged(db):
+    """Found from outside: a tool coroutine that ended with
+    ``GeneratorExit`` (raised, or thrown in by an async generator closed
+    under it) had asyncio log "Task exception was never retrieved", with
+    the exception's words: the bridge's asyncio task raised again every
+    exception that is not an ``Exception``, and nobody awaits that task.
+    Only a stop of the program (``KeyboardInterrupt``, ``SystemExit``) is
+    raised again now; the end is recorded ``failed`` (the record names the
+    exception's class, never its words) and the awaiter gets what the
+    coroutine raised, as from an ``asyncio.Task``. Once nobody holds the
+    task, what it raised is collected."""
+    out = run_script(GENERATOR_EXIT_SCRIPT, db, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == [
+        "raises awaiter got GeneratorExit",
+        "closed_under_it awaiter got GeneratorExit",
+        "kept 0",
+        "end",
+    ], out.stdout + out.stderr
+    assert "never retrieved" not in out.stderr, out.stderr
+    assert "sk-live-123" not in out.stderr, out.stderr
+    rows = {row["name"]: row for row in settle_json(db, "sessions", "--json")}
+    for name in ("raises", "closed_under_it"):
+        assert rows[name]["outcome"] == "failed", rows
+        shown = settle_json(db, "show", str(rows[name]["id"]), "--json")
+        assert "task ended: failed" in [step["cause"] for step in shown["timeline"]], shown
+        assert "sk-live-123" not in json.dumps(shown)
 
 
 async def test_g1_cancelling_the_session_cancels_its_coroutine_on_its_loop(kernel):
@@ -526,6 +605,40 @@ async def test_a_task_that_raised_or_returned_is_collected_once_nobody_holds_it(
     gc.collect()
     left = [type(r()).__name__ for r in ends if r() is not None]
     assert left == [], f"kept after gc.collect(): {left}"
+
+
+@pytest.mark.parametrize("awaited", [True, False], ids=["awaited", "unawaited"])
+async def test_a_task_that_raised_lets_go_of_its_frames_once_nobody_holds_it(kernel, awaited):
+    # Found with the GeneratorExit of a tool: what a coroutine raised holds
+    # its traceback, whose frames hold the bridge's control of the task,
+    # which held what the coroutine raised, through Rust: a cycle the
+    # collector cannot see. Every tool that raised kept its frames (and
+    # whatever they held) after its settle.Task was let go of. The end's
+    # value is the settle.Task's alone now, which shows it to the collector.
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    held: list = []
+
+    async def tool() -> None:
+        mine = Held()
+        held.append(weakref.ref(mine))
+        await asyncio.sleep(0)
+        raise ValueError("tool failed")
+
+    for i in range(3):
+        session = await kernel.register(f"s{i}")
+        task = await session.spawn(tool())
+        if awaited:
+            with pytest.raises(ValueError):
+                await task
+        await session.finish()  # the tool has ended: the session waited for it
+        del task
+    gc.collect()
+    assert [r for r in held if r() is not None] == []
 
 
 async def test_a_task_nobody_awaited_is_collected_with_what_holds_it(kernel):

@@ -454,8 +454,19 @@ async def _run_task(coroutine: Any, control: Any, on: "_OnLoop") -> None:
             control.cancelled()
             raise
         except BaseException as error:  # reported to whoever joins the task
+            if isinstance(error, GeneratorExit) and not _stepping(me):
+                # Not the coroutine's end: this one is being closed by the
+                # collector, its loop closed under it (see `loop_closed`).
+                control.cancelled()
+                raise
             control.failed(error)
-            if not isinstance(error, Exception):
+            # The program's own stop goes on up (asyncio takes these out
+            # of the loop). Anything else (a `GeneratorExit` the coroutine
+            # ended with, a framework's own kind) raised again would only
+            # sit on this task, which nobody awaits, and asyncio would log
+            # it, words and all, as never retrieved: the settle task's
+            # awaiters get it.
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
         else:
             control.finished(result)

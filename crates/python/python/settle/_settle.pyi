@@ -388,9 +388,10 @@ class Session:
         detached if it ignores that past the settle timeout, its later
         writes then raising ``SessionClosed`` (G10). Resolves to a ``Task``.
         Its record says how it ended: ``completed`` when it returned,
-        ``failed`` when it raised (what it raised goes to its awaiter,
-        never to the store), ``cancelled`` when it raised
-        ``CancelledError`` of its own or was cancelled. Raises ``BadInput``
+        ``failed`` when it raised (a ``GeneratorExit`` too; the record
+        names the class, and what it raised goes to its awaiter, never to
+        the store), ``cancelled`` when it raised ``CancelledError`` of its
+        own or was cancelled. Raises ``BadInput``
         at once for what cannot be awaited (a function rather than the
         coroutine its call makes)."""
     def finish(self) -> _Call[str]:
