@@ -372,3 +372,36 @@ async def test_a_list_or_tuple_is_its_chunks_in_order_and_a_text_chunk_is_a_str(
         with pytest.raises(settle.BadInput, match="a text chunk carries a str"):
             settle.Chunk("text", data)
     assert settle.Chunk("data", 5).data == 5
+
+
+async def test_g4_a_stream_class_given_as_the_source_is_made_and_closed_once(kernel):
+    """Found from outside: a class of async iterators given as a turn's
+    source (``session.turn(Replies)``, a factory as any callable is) was
+    taken for a stream, since the class has ``__aiter__``: the turn failed
+    and closing it logged an error. A class is called, as a factory is, and
+    the stream it made is closed once."""
+    made = []
+
+    class Replies:
+        def __init__(self) -> None:
+            self.items = ["made ", "by a class"]
+            self.closed = 0
+            made.append(self)
+
+        def __aiter__(self) -> "Replies":
+            return self
+
+        async def __anext__(self) -> str:
+            if not self.items:
+                raise StopAsyncIteration
+            return self.items.pop(0)
+
+        async def aclose(self) -> None:
+            self.closed += 1
+
+    session = await kernel.register("s")
+    async with await session.turn(Replies) as turn:
+        got = [c.text async for c in turn]
+    assert turn.outcome == "completed", turn.error
+    assert got == ["made ", "by a class"]
+    await eventually(lambda: len(made) == 1 and made[0].closed == 1, "the stream made closed once")

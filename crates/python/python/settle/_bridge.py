@@ -69,7 +69,10 @@ async def _pump(source: Any, to_chunk: Any, sink: Any, on: "_OnLoop") -> None:
             await _close_source(source)
             sink.fail(LOOP_ENDED)
             return
-        made = source() if callable(source) and not hasattr(source, "__aiter__") else source
+        # A callable makes the stream: a class of async iterators too
+        # (its `__aiter__` is its instances', not its own).
+        makes = callable(source) and (isinstance(source, type) or not hasattr(source, "__aiter__"))
+        made = source() if makes else source
         if inspect.isawaitable(made):
             made = await made
         if not hasattr(made, "__aiter__"):
@@ -372,7 +375,7 @@ async def _close_source(source: Any) -> None:
     a callable that makes a stream was never called: nothing to close."""
     if inspect.iscoroutine(source):
         source.close()
-    elif hasattr(source, "__aiter__"):
+    elif hasattr(source, "__aiter__") and not isinstance(source, type):
         await close_stream(source)
 
 

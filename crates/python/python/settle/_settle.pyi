@@ -360,7 +360,8 @@ class Session:
     ) -> _Call[Turn]:
         """Starts a turn over ``source``: a callable returning an async
         iterable (or an awaitable of one, as ``openai``'s
-        ``create(..., stream=True)``), or an async iterable. The kernel opens
+        ``create(..., stream=True)``; a class of async iterators is such a
+        callable), or an async iterable. The kernel opens
         it on this loop, stores each chunk, and closes it exactly once (G4).
         ``input`` is what the turn sends: a prompt, or a list (or tuple) of
         ``{"role", "content"}`` messages. Its items are chunks: a ``str``
