@@ -344,7 +344,10 @@ pub(crate) fn memory_step(
 fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError> {
     let raw = sid(id)?;
     on_db!(db, |c| {
-        let rows: Vec<(i64, String)> = chunks::table
+        // Joined as the rows are read: a long reply of small chunks is
+        // held once, not as one row (a `String` and its tuple, each far
+        // larger than a token's text) per chunk.
+        let rows = chunks::table
             .inner_join(
                 turns::table.on(turns::session
                     .eq(chunks::session)
@@ -355,10 +358,11 @@ fn commit_memory(db: Db<'_>, id: SessionId, at: i64) -> Result<usize, StoreError
             .filter(turns::outcome.eq(Outcome::Completed.as_str()))
             .order((chunks::turn_no.asc(), chunks::seq.asc()))
             .select((chunks::turn_no, chunks::text))
-            .load(c)
+            .load_iter::<(i64, String), diesel::connection::DefaultLoadingMode>(c)
             .context("reading completed turns for memory")?;
         let mut per_turn: Vec<(i64, String)> = Vec::new();
-        for (turn, text) in rows {
+        for row in rows {
+            let (turn, text) = row.context("reading completed turns for memory")?;
             match per_turn.last_mut() {
                 Some((t, content)) if *t == turn => content.push_str(&text),
                 _ => per_turn.push((turn, text)),
