@@ -74,6 +74,20 @@ def test_the_stubs_match_the_native_module():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_the_packages_python_is_clean_under_mypy_strict():
+    """The package's own Python (the bridge, ``__init__``, the stubs) type-checks
+    under ``mypy --strict``, as a program that uses it strictly checks it."""
+    pytest.importorskip("mypy")
+    folder = Path(settle.__file__).parent
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_the_package_says_how_it_was_built():
     """``settle.BUILD_PROFILE``, not only ``settle._settle``'s: what a
     program checks before it measures (a debug build is slower)."""

@@ -15,7 +15,7 @@ import logging
 import os
 import types
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _log = logging.getLogger("settle")
 
@@ -82,7 +82,8 @@ async def _pump(source: Any, to_chunk: Any, sink: Any, on: "_OnLoop") -> None:
         stream = made
         iterator = stream.__aiter__()
         # What the pump iterates, should the kernel detach it (see `let_go`).
-        _ITERATED[asyncio.current_task()] = iterator
+        if me is not None:
+            _ITERATED[me] = iterator
         sink.opened()
         while True:
             try:
@@ -281,6 +282,7 @@ class CancelsAtOnce(Call):
     start: it passes the loop once)."""
 
     __slots__ = ("_on_cancel",)
+    _on_cancel: Optional[Callable[["CancelsAtOnce"], None]]
 
     def cancel(self, msg: Any = None) -> bool:
         on_cancel, self._on_cancel = self._on_cancel, None
