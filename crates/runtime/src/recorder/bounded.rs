@@ -26,6 +26,14 @@ pub(super) async fn within<T>(
     mut deadline: watch::Receiver<Option<tokio::time::Instant>>,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, Unwritten> {
+    // No time left (a shutdown's budget spent): the call is not made at
+    // all. Polled even once, it would be handed to the store (a write
+    // queued on its writer), and committed whenever the store took it:
+    // after the writes given up on before it, which the report says are
+    // left for recovery, a parent's finalize over its child's (G1).
+    if bound.is_zero() {
+        return Err(Unwritten::TimedOut(Duration::ZERO));
+    }
     let started = tokio::time::Instant::now();
     // The deadline as it stands: a second signal skipping the drain
     // brings it closer while the call is in flight.

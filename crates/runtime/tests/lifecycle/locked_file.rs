@@ -322,3 +322,68 @@ async fn g9_a_turn_cancelled_on_a_store_known_stalled_is_told_its_end_at_once() 
         assert!(d.turns.iter().all(|t| t.outcome.is_some()), "{d:?}");
     }
 }
+
+/// Found from outside: a shutdown while the file was locked past its
+/// budget reported every session left for recovery, yet once the lock
+/// went the store held the root (and a child) finalized `shutdown` over
+/// children still `running`: the writes given up on when the budget ran
+/// out were dropped, and a finalize decided after that was still handed to
+/// the store (polled once with no time to wait, which queues it on the
+/// store's writer) and committed when the lock went. A write with no time
+/// left is not handed at all: nothing the report says was left for
+/// recovery is written later, and no parent is finalized over a child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_a_shutdown_on_a_locked_store_writes_nothing_it_left_for_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, store, kernel) = on_a_file(&dir).await;
+    let root = kernel.register("root", None).await.unwrap();
+    let quiet = hang(&["c-0"], Duration::from_millis(5));
+    let mut turns = Vec::new();
+    for i in 0..4 {
+        let child = root.child(format!("child-{i}")).await.unwrap();
+        let mut turn = start(&child, &provider([quiet.clone()])).await;
+        assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+        turns.push(turn);
+    }
+    let _idle = root.child("idle").await.unwrap();
+    let stubborn = root.child("stubborn").await.unwrap();
+    // A tool that ignores its cancel: detached at the settle deadline.
+    let _tool = stubborn
+        .spawn(|_ctx| async move { tokio::time::sleep(Duration::from_secs(60)).await })
+        .await
+        .unwrap();
+    let lock = Lock::take(&path);
+    // Every store write of the shutdown stalls on the lock past its budget
+    // (the drain, the settle timeout, then the store's time).
+    let report = kernel.shutdown(Duration::from_millis(200)).await;
+    assert!(report.finalized.is_empty(), "{report:?}");
+    // The lock goes; whatever the store's writer still holds lands now.
+    lock.release();
+    drop(turns);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rows = store.list_sessions(SessionFilter::default()).await.unwrap();
+    let finalized = |id| {
+        rows.iter()
+            .any(|r| r.id == id && r.state == State::Finalized)
+    };
+    for row in &rows {
+        if let Some(parent) = row.parent {
+            assert!(
+                !finalized(parent) || row.state == State::Finalized,
+                "session {} ({}) is {:?} under its finalized parent {parent}: {rows:#?}",
+                row.id,
+                row.name,
+                row.state
+            );
+        }
+    }
+    for (id, _) in &report.finalized {
+        assert!(finalized(*id), "reported finalized, not in the store: {id}");
+    }
+    for id in &report.left_recoverable {
+        assert!(
+            !finalized(*id),
+            "reported left for recovery, finalized later: {id}: {rows:#?}"
+        );
+    }
+}
