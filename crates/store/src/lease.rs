@@ -262,16 +262,23 @@ pub(crate) fn renew_lease(
     ttl: Duration,
 ) -> Result<SystemTime, StoreError> {
     let raw = owner.raw()?;
-    let now = store_now(db.reborrow())?;
-    let expires = now.saturating_add(duration_millis(ttl));
-    let renewed = on_db!(db.reborrow(), |c| diesel::update(
-        owners::table
-            .filter(owners::id.eq(raw))
-            .filter(owners::lease_expires_at.gt(now))
-    )
-    .set(owners::lease_expires_at.eq(expires))
-    .execute(c))
-    .context("renewing a lease")?;
+    // The clock is read once the write lock is held (SQLite's `BEGIN
+    // IMMEDIATE`): read before, it would be as old as the wait for a lock
+    // another process holds, and a lease that ran out meanwhile would be
+    // renewed (G8).
+    let (renewed, expires) = write_tx!(db.reborrow(), |c| {
+        let now = store_now(Db::from(&mut *c))?;
+        let expires = now.saturating_add(duration_millis(ttl));
+        let renewed = diesel::update(
+            owners::table
+                .filter(owners::id.eq(raw))
+                .filter(owners::lease_expires_at.gt(now)),
+        )
+        .set(owners::lease_expires_at.eq(expires))
+        .execute(c)
+        .context("renewing a lease")?;
+        Ok::<_, StoreError>((renewed, expires))
+    })?;
     if renewed == 1 {
         return Ok(from_millis(expires));
     }

@@ -286,3 +286,36 @@ fn g8_on_postgres_a_write_held_by_a_lock_does_not_starve_the_lease_renewal() {
         append.await.unwrap();
     });
 }
+
+/// Found from outside: on SQLite, a lease renewal asked while another
+/// process held the file's write lock read the clock before it waited for
+/// the lock, then renewed a lease that had run out while it waited (by
+/// the clock then): the process went on writing as the owner of a lease
+/// another process could already have recovered, and the store held a
+/// lease renewed after it lapsed. The renewal reads the clock once it
+/// holds the write lock: one that lapsed meanwhile is lost.
+#[test]
+fn g8_a_renewal_that_waited_for_the_write_lock_past_its_lease_is_refused() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let db = TestDb::new(Backend::Sqlite).unwrap();
+    let options = settle_store::StoreOptions::default().with_busy_timeout(Duration::from_secs(30));
+    let store = std::sync::Arc::new(settle_store::Store::open_with(&db.url, options).unwrap());
+    rt().block_on(async {
+        let me = crate::owner(&*store, Duration::from_millis(800)).await;
+        let mut holder = diesel::sqlite::SqliteConnection::establish(&db.url).unwrap();
+        holder.batch_execute("BEGIN EXCLUSIVE").unwrap();
+        let renewal = tokio::spawn({
+            let store = store.clone();
+            async move { settle_store::SessionStore::renew_lease(&*store, me, HOUR).await }
+        });
+        // The lease runs out while the renewal waits for the lock.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        holder.batch_execute("COMMIT").unwrap();
+        let renewed = renewal.await.unwrap();
+        assert!(
+            matches!(renewed, Err(StoreError::LeaseLost(_))),
+            "a lease that ran out while its renewal waited was renewed: {renewed:?}"
+        );
+    });
+}
