@@ -114,6 +114,7 @@ impl KernelBuilder {
         let recorder = Recorder {
             store: store.clone(),
             store_stalled: store_stalled.clone(),
+            calls_stalled: Default::default(),
             owner,
             hooks,
             works: works.clone(),

@@ -207,10 +207,11 @@ impl Turn {
     /// stopped before it could say. It is told once the store has the
     /// turn's end, or at the store timeout if the store has not taken it by
     /// then (a lock, a full disk): the end is written once the store heals.
-    /// (When the store stalls with other writes waiting on it before the
-    /// turn's end, a cancelled turn's end may be told up to twice the
-    /// store timeout after the cancel: measured from outside, 10 to 20 s
-    /// with the default 10 s.)
+    /// The store timeout counts from when the end's write is first tried,
+    /// wherever the write waits then: behind other store calls once the
+    /// store is known stalled (none of them answered within the store
+    /// timeout), or tried again after the store refused it. A cancelled
+    /// turn's end comes after its work unwinds (up to the settle timeout).
     pub async fn outcome(self) -> Outcome {
         self.finish().await.0
     }

@@ -200,7 +200,7 @@ impl Recorder {
         let Some(mut batch) = self.hand(pending) else {
             return;
         };
-        let results = (&mut batch.results).await;
+        let results = batch.results_telling(self.store_timeout).await;
         self.answer_batch(batch, results).await;
     }
 
@@ -236,7 +236,7 @@ impl Recorder {
     /// Waits for the batch in flight, if any, and answers it.
     pub(super) async fn land(&mut self) {
         if let Some(mut batch) = self.in_flight.take() {
-            let results = (&mut batch.results).await;
+            let results = batch.results_telling(self.store_timeout).await;
             self.answer_batch(batch, results).await;
         }
     }
@@ -279,9 +279,12 @@ impl Recorder {
     /// the writes that wait to be tried again (or are being tried) for a
     /// store timeout or longer. (A blip it heals from sooner tells a work's
     /// end once it is written, as when the store is well.)
-    fn stalled(&self) -> bool {
-        self.retries
-            .stalled_for(self.store_timeout, tokio::time::Instant::now())
+    pub(super) fn stalled(&self) -> bool {
+        self.calls_stalled
+            .load(std::sync::atomic::Ordering::Relaxed)
+            || self
+                .retries
+                .stalled_for(self.store_timeout, tokio::time::Instant::now())
     }
 
     /// Hands a batch whose writes come with their copies (see [`InFlight`]).
@@ -340,6 +343,11 @@ impl Recorder {
             retry,
             ..
         } = batch;
+        if results.is_ok() {
+            // The store took a transaction: answering again.
+            self.calls_stalled
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         let results: Vec<Result<Applied, Unwritten>> = match results {
             Ok(results) => results
                 .into_iter()

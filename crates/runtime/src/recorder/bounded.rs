@@ -69,6 +69,24 @@ pub(super) async fn within<T>(
     }
 }
 
+/// What a store call of the recorder's own says of the store: one not
+/// answered within its bound marks it stalled (`calls`, and the driver's
+/// flag), one answered marks it answering again.
+pub(super) fn note_answer<T>(
+    calls: &std::sync::atomic::AtomicBool,
+    driver: &std::sync::atomic::AtomicBool,
+    answered: &Result<T, Unwritten>,
+) {
+    match answered {
+        Err(Unwritten::TimedOut(_)) => {
+            calls.store(true, Ordering::Relaxed);
+            driver.store(true, Ordering::Relaxed);
+        }
+        Ok(_) => calls.store(false, Ordering::Relaxed),
+        Err(Unwritten::Failed(_)) => {}
+    }
+}
+
 impl Recorder {
     /// The bound of a store call now.
     pub(super) fn bound(&self) -> Duration {
@@ -83,6 +101,9 @@ impl Recorder {
     /// Runs a store call within its bound. (Not an `async fn`: the future
     /// holds no reference to the recorder, whose batch in flight is not
     /// `Sync`.)
+    /// A call that was not answered within its bound marks the store
+    /// stalled (for the readers of works' ends, and the driver) until one
+    /// is answered.
     pub(super) fn bounded<T, F>(
         &self,
         call: F,
@@ -90,7 +111,13 @@ impl Recorder {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        within(self.bound(), self.deadline.clone(), call)
+        let call = within(self.bound(), self.deadline.clone(), call);
+        let (calls, driver) = (self.calls_stalled.clone(), self.store_stalled.clone());
+        async move {
+            let answered = call.await;
+            note_answer(&calls, &driver, &answered);
+            answered
+        }
     }
 
     /// Counts a store call that gave no answer, logs it and tells the

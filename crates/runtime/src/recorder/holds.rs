@@ -7,7 +7,7 @@
 
 use settle_core::{Handled, Holds, SessionId};
 
-use super::bounded::within;
+use super::bounded::{note_answer, within};
 use super::retry::may_heal;
 use super::unwritten::Unwritten;
 use super::Recorder;
@@ -70,7 +70,9 @@ impl Recorder {
             false => {
                 let left = self.store_timeout.saturating_sub(asked.elapsed());
                 let call = self.store.record_holds(self.owner, session, holds);
-                within(self.bound().min(left), self.deadline.clone(), call).await
+                let written = within(self.bound().min(left), self.deadline.clone(), call).await;
+                note_answer(&self.calls_stalled, &self.store_stalled, &written);
+                written
             }
         };
         if let Err(unwritten) = &written {
@@ -121,6 +123,7 @@ impl Recorder {
             let left = self.store_timeout.saturating_sub(started.elapsed());
             let call = self.store.record_holds(self.owner, session, holds);
             let written = within(self.bound().min(left), self.deadline.clone(), call).await;
+            note_answer(&self.calls_stalled, &self.store_stalled, &written);
             let Err(unwritten) = &written else {
                 return written;
             };

@@ -104,6 +104,10 @@ pub(crate) struct Recorder {
     /// driver, which then tells a turn's end as soon as it decides it
     /// (see `note_stall`).
     pub store_stalled: Arc<std::sync::atomic::AtomicBool>,
+    /// Set when a store call of the recorder's own (ids, a hold's record,
+    /// a release, a flush) was not answered within its bound, until one
+    /// is: the store is then known stalled too (see `stalled`).
+    pub calls_stalled: Arc<std::sync::atomic::AtomicBool>,
     pub owner: OwnerId,
     pub hooks: HookRunner,
     /// The works' tracker, to count what outlives the shutdown.
@@ -142,9 +146,11 @@ impl Recorder {
             self.hurry_in_shutdown();
             let retry_due = self.retries.due();
             let holds_due = self.owed_holds.due();
+            let store_timeout = self.store_timeout;
             let in_flight = async {
                 match self.in_flight.as_mut() {
-                    Some(batch) => batch.results.as_mut().await,
+                    // Its turns' readers told at their deadline meanwhile.
+                    Some(batch) => batch.results_telling(store_timeout).await,
                     None => std::future::pending().await,
                 }
             };
@@ -190,9 +196,37 @@ impl Recorder {
             }
             let mut pending = Pending::for_records(taken);
             let now = tokio::time::Instant::now();
-            for record in batch.drain(..).flatten() {
-                self.take(record, &mut pending, &mut held, now).await;
+            // The store calls a record makes are waited for in turn, each
+            // up to the store timeout: once the store is known stalled, the
+            // readers of the works' ends that wait behind them are told now
+            // (their writes stay in order), not one store timeout per call
+            // ahead of them later.
+            // `told_upto`: the groups whose ends were told ahead so far;
+            // records that come meanwhile are taken into this round too.
+            let mut groups = std::mem::take(&mut batch);
+            let (mut at, mut told_upto) = (0, 0);
+            while at < groups.len() {
+                let mut queue = std::mem::take(&mut groups[at]).into_iter();
+                at += 1;
+                let mut told_here = told_upto >= at;
+                while let Some(mut record) = queue.next() {
+                    if self.stalled() {
+                        if !told_here {
+                            told_here = true;
+                            tell_ends(std::iter::once(&mut record));
+                            tell_ends(queue.as_mut_slice().iter_mut());
+                        }
+                        while let Ok(more) = records.try_recv() {
+                            groups.push(more);
+                        }
+                        tell_ends(groups[told_upto.max(at)..].iter_mut().flatten());
+                        told_upto = groups.len();
+                    }
+                    self.take(record, &mut pending, &mut held, now).await;
+                }
             }
+            groups.clear();
+            batch = groups;
             let closed = received == 0 && records.is_closed() && records.is_empty();
             if closed {
                 held.release_old(None, &mut pending);
@@ -248,6 +282,32 @@ impl Recorder {
             | Record::StartTurn { .. }
             | Record::EndTurn { .. }
             | Record::Finalize(_) => {}
+        }
+    }
+}
+
+/// Tells the readers of the works' ends `records` carry how they ended,
+/// now, without writing them (see the recorder's loop): a turn's end, alone
+/// or carried by its session's finalize. Each is told once.
+fn tell_ends<'a>(records: impl Iterator<Item = &'a mut Record>) {
+    for record in records {
+        match record {
+            Record::EndTurn {
+                outcome,
+                error,
+                notify,
+                ..
+            } => {
+                if let Some(notify) = notify.take() {
+                    let _ = notify.send((*outcome, error.clone()));
+                }
+            }
+            Record::Finalize(job) => {
+                if let Some((notify, end)) = job.turn_notify.take() {
+                    let _ = notify.send(end);
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -85,6 +85,15 @@ impl Answer {
         }
     }
 
+    /// Whether it has a turn's end to tell a reader (not told yet).
+    pub(super) fn tells_turn_end(&self) -> bool {
+        match self {
+            Answer::TurnEnded { notify, .. } => notify.is_some(),
+            Answer::Finalized(job) => job.turn_notify.is_some(),
+            _ => false,
+        }
+    }
+
     /// Notes what the store said of a registration or a turn's start that
     /// is to be tried again, for its caller if told at its own bound
     /// meanwhile.
@@ -138,4 +147,51 @@ pub(crate) struct InFlight {
     pub(super) copies: Vec<Option<(LifecycleWrite, tokio::time::Instant)>>,
     /// Whether the batch is a retry of writes that failed before.
     pub(super) retry: bool,
+}
+
+impl InFlight {
+    /// When the first reader of a turn's end this batch carries, not told
+    /// yet, has waited `patience` (the store timeout) since its write was
+    /// first tried: a try again of a write the store refused before that
+    /// may be in flight past it.
+    pub(super) fn tell_due(&self, patience: std::time::Duration) -> Option<tokio::time::Instant> {
+        self.answers
+            .iter()
+            .zip(&self.copies)
+            .filter(|(answer, _)| answer.tells_turn_end())
+            .filter_map(|(_, copy)| copy.as_ref().map(|(_, since)| *since + patience))
+            .min()
+    }
+
+    /// Tells the readers of the turns' ends that have waited `patience` by
+    /// `now`; their writes stay in flight.
+    pub(super) fn tell_waited(&mut self, patience: std::time::Duration, now: tokio::time::Instant) {
+        for (answer, copy) in self.answers.iter_mut().zip(&self.copies) {
+            if copy
+                .as_ref()
+                .is_some_and(|(_, since)| now.duration_since(*since) >= patience)
+            {
+                answer.tell_turn_end_now();
+            }
+        }
+    }
+
+    /// The store's results, the readers of turns' ends told at their
+    /// deadline meanwhile (see [`tell_due`](Self::tell_due)).
+    pub(super) async fn results_telling(&mut self, patience: std::time::Duration) -> BatchResults {
+        loop {
+            let due = self.tell_due(patience);
+            let wait = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                results = self.results.as_mut() => return results,
+                () = wait => self.tell_waited(patience, tokio::time::Instant::now()),
+            }
+        }
+    }
 }

@@ -432,7 +432,7 @@ impl super::Recorder {
     /// returns once the store answered it.
     pub(super) async fn retry(&mut self) {
         if let Some(mut batch) = self.start_retry().await {
-            let results = (&mut batch.results).await;
+            let results = batch.results_telling(self.store_timeout).await;
             self.answer_batch(batch, results).await;
         }
     }

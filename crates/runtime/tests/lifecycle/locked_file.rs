@@ -387,3 +387,122 @@ async fn g1_a_shutdown_on_a_locked_store_writes_nothing_it_left_for_recovery() {
         );
     }
 }
+
+/// Found from outside: on a locked file, a turn cancelled while other
+/// store calls waited ahead of its end (two holds asked a moment before,
+/// each a store call of its own) was told its end only once each of those
+/// had waited its whole store timeout (4× the store timeout in a longer
+/// run). Once one call goes unanswered for a store timeout the store is
+/// known stalled, and the ends waiting behind the other calls are told at
+/// once (their writes keep their order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_turns_end_behind_other_store_calls_on_a_stalled_store_is_told_by_the_store_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _store, kernel) = on_a_file(&dir).await;
+    let quiet = hang(&["c-0"], Duration::from_millis(5));
+    let session = kernel.register("reader", None).await.unwrap();
+    let mut turn = start(&session, &provider([quiet])).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+    let mut holders = Vec::new();
+    for i in 0..3 {
+        holders.push(kernel.register(format!("holder-{i}"), None).await.unwrap());
+    }
+    let lock = Lock::take(&path);
+    // Three holds' records, each a store call of its own, ahead of the
+    // turn's end.
+    let holds: Vec<_> = holders
+        .iter()
+        .map(|h| {
+            let h = h.clone();
+            tokio::spawn(async move { h.hold(settle_runtime::Hold::PendingInput).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cancelled = std::time::Instant::now();
+    turn.cancel();
+    let (outcome, _) = turn.end().await;
+    let told = cancelled.elapsed();
+    lock.release();
+    for hold in holds {
+        let _ = hold.await.unwrap();
+    }
+    assert_eq!(outcome, Outcome::Cancelled);
+    // The store timeout (1 s), the settle timeout it may take to unwind
+    // (0.3 s) and a margin; behind the calls ahead of it, 1.9 s before.
+    assert!(
+        told < Duration::from_millis(1_700),
+        "told {told:?} after the cancel, with a 1 s store timeout"
+    );
+    kernel.shutdown(Duration::from_millis(100)).await;
+}
+
+/// A turn streaming while the file is locked (its next append waiting on
+/// the lock), cancelled: its reader is told its end by the store timeout
+/// after the cancel, as the gateway's `turn.ended` promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_streaming_turn_cancelled_on_a_locked_store_is_told_its_end_by_the_store_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _store, kernel) = on_a_file(&dir).await;
+    let long = TurnScript::new(numbered("c", 100_000)).chunk_delay(Duration::from_millis(5));
+    let session = kernel.register("streaming", None).await.unwrap();
+    let mut turn = start(&session, &provider([long])).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+    let lock = Lock::take(&path);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancelled = std::time::Instant::now();
+    turn.cancel();
+    while turn.next_chunk().await.is_some() {}
+    let (outcome, _) = turn.end().await;
+    let told = cancelled.elapsed();
+    lock.release();
+    assert!(
+        matches!(outcome, Outcome::Cancelled | Outcome::Failed),
+        "{outcome:?}"
+    );
+    assert!(
+        told < Duration::from_millis(1_700),
+        "told {told:?} after the cancel, with a 1 s store timeout"
+    );
+    kernel.shutdown(Duration::from_millis(100)).await;
+}
+
+/// Found from outside: `turn.ended` came about twice the store timeout
+/// after a cancel on a locked file. A turn's end whose write the store
+/// refused before the store timeout (its busy timeout is shorter) is tried
+/// again, and while that try was in flight its reader's deadline passed
+/// unseen: it was told only when the try failed in turn. Its reader is
+/// told at the store timeout, wherever its write is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_turns_end_tried_again_is_told_at_the_store_timeout_not_when_the_try_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locked.db");
+    let path = path.to_str().unwrap().to_owned();
+    // The store gives up on the lock after 900 ms, before the kernel's
+    // store timeout (1 s): the first write fails and is tried again.
+    let options =
+        settle_store::StoreOptions::default().with_busy_timeout(Duration::from_millis(900));
+    let store = Arc::new(Store::open_with(&path, options).unwrap());
+    let kernel = Kernel::builder(store.clone())
+        .idle_timeout(None)
+        .settle_timeout(Duration::from_millis(300))
+        .store_timeout(Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    let quiet = hang(&["c-0"], Duration::from_millis(5));
+    let session = kernel.register("reader", None).await.unwrap();
+    let mut turn = start(&session, &provider([quiet])).await;
+    assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
+    let lock = Lock::take(&path);
+    let cancelled = std::time::Instant::now();
+    turn.cancel();
+    let (outcome, _) = turn.end().await;
+    let told = cancelled.elapsed();
+    lock.release();
+    assert_eq!(outcome, Outcome::Cancelled);
+    assert!(
+        told < Duration::from_millis(1_400),
+        "told {told:?} after the cancel, with a 1 s store timeout"
+    );
+    kernel.shutdown(Duration::from_millis(100)).await;
+}
