@@ -256,18 +256,20 @@ impl SessionHandle {
     }
 
     /// As [`spawn`](Self::spawn), a task whose output says how it ended
-    /// ([`TaskOutcome`](crate::TaskOutcome)): a tool returning `Err` is
-    /// recorded `failed` (its error, kind `task` with the error's words,
-    /// announced in its `WorkEnded` event), one
-    /// that says it stopped on its own `cancelled`; its caller gets the
-    /// output all the same. (A task of [`spawn`](Self::spawn) that returns
-    /// is recorded `completed` whatever it returned.)
+    /// ([`TaskOutcome`](crate::TaskOutcome)): a tool returning `Err` ends
+    /// `failed` (its error, kind `task` with the error's words, announced
+    /// in its `WorkEnded` event), one that says it stopped on its own
+    /// `cancelled`; its caller gets the output all the same. The store
+    /// records a task's end when it is the last work of its session to end
+    /// (the session's outcome, "task ended: failed" in its timeline); it
+    /// keeps no row per task. (A task of [`spawn`](Self::spawn) that
+    /// returns ends `completed` whatever it returned.)
     ///
     /// ```ignore
     /// let scan = session
     ///     .spawn_with_outcome(|ctx| async move { run_scan(ctx).await }) // -> Result<Report, ScanError>
     ///     .await?;
-    /// let report = scan.join().await?; // an Err is stored as the task's failure
+    /// let report = scan.join().await?; // an Err ends the task `failed`
     /// ```
     ///
     /// # Errors

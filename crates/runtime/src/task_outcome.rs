@@ -9,10 +9,13 @@ use std::fmt::Display;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskFailure {
-    /// It failed: recorded `failed` (the session's last outcome, its
-    /// timeline's "task ended: failed"), and announced with this message
-    /// and the error kind `task` (`LifecycleEvent::WorkEnded`, the log):
-    /// keep secrets out of it.
+    /// It failed: announced with this message and the error kind `task`
+    /// (`LifecycleEvent::WorkEnded`, the log: keep secrets out of it), and
+    /// recorded `failed` in the store when it is the last work of its
+    /// session to end (the session's last outcome, its timeline's "task
+    /// ended: failed"). The store keeps no row per task: one that ends
+    /// while other work of its session runs is told only by its event and
+    /// to its awaiter.
     Failed(String),
     /// It stopped on its own, not cancelled by the kernel: recorded
     /// `cancelled`, and not cancelled again (G6).
