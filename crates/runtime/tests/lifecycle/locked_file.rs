@@ -54,9 +54,17 @@ impl Lock {
 /// few seconds outlasts the one and not the other) and a 300 ms settle
 /// timeout.
 async fn on_a_file(dir: &tempfile::TempDir) -> (String, Arc<Store>, Kernel) {
+    on_a_file_with(dir, settle_store::StoreOptions::default()).await
+}
+
+/// [`on_a_file`] with the store's `options`.
+async fn on_a_file_with(
+    dir: &tempfile::TempDir,
+    options: settle_store::StoreOptions,
+) -> (String, Arc<Store>, Kernel) {
     let path = dir.path().join("locked.db");
     let path = path.to_str().unwrap().to_owned();
-    let store = Arc::new(Store::open_async(path.clone()).await.unwrap());
+    let store = Arc::new(Store::open_with(&path, options).unwrap());
     let kernel = Kernel::builder(store.clone())
         .idle_timeout(None)
         .settle_timeout(Duration::from_millis(300))
@@ -65,6 +73,16 @@ async fn on_a_file(dir: &tempfile::TempDir) -> (String, Arc<Store>, Kernel) {
         .await
         .unwrap();
     (path, store, kernel)
+}
+
+/// Cancels `turn` and reads it to its end: how it ended, and how long
+/// after the cancel its reader was told.
+async fn told_after_cancel(mut turn: settle_runtime::Turn) -> (Outcome, Duration) {
+    let cancelled = std::time::Instant::now();
+    turn.cancel();
+    while turn.next_chunk().await.is_some() {}
+    let (outcome, _) = turn.end().await;
+    (outcome, cancelled.elapsed())
 }
 
 /// A coordinator finished while the file is locked past the store timeout:
@@ -418,10 +436,7 @@ async fn g9_a_turns_end_behind_other_store_calls_on_a_stalled_store_is_told_by_t
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let cancelled = std::time::Instant::now();
-    turn.cancel();
-    let (outcome, _) = turn.end().await;
-    let told = cancelled.elapsed();
+    let (outcome, told) = told_after_cancel(turn).await;
     lock.release();
     for hold in holds {
         let _ = hold.await.unwrap();
@@ -449,11 +464,7 @@ async fn g9_a_streaming_turn_cancelled_on_a_locked_store_is_told_its_end_by_the_
     assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
     let lock = Lock::take(&path);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let cancelled = std::time::Instant::now();
-    turn.cancel();
-    while turn.next_chunk().await.is_some() {}
-    let (outcome, _) = turn.end().await;
-    let told = cancelled.elapsed();
+    let (outcome, told) = told_after_cancel(turn).await;
     lock.release();
     assert!(
         matches!(outcome, Outcome::Cancelled | Outcome::Failed),
@@ -475,29 +486,17 @@ async fn g9_a_streaming_turn_cancelled_on_a_locked_store_is_told_its_end_by_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g9_a_turns_end_tried_again_is_told_at_the_store_timeout_not_when_the_try_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locked.db");
-    let path = path.to_str().unwrap().to_owned();
     // The store gives up on the lock after 900 ms, before the kernel's
     // store timeout (1 s): the first write fails and is tried again.
     let options =
         settle_store::StoreOptions::default().with_busy_timeout(Duration::from_millis(900));
-    let store = Arc::new(Store::open_with(&path, options).unwrap());
-    let kernel = Kernel::builder(store.clone())
-        .idle_timeout(None)
-        .settle_timeout(Duration::from_millis(300))
-        .store_timeout(Duration::from_secs(1))
-        .start()
-        .await
-        .unwrap();
+    let (path, _store, kernel) = on_a_file_with(&dir, options).await;
     let quiet = hang(&["c-0"], Duration::from_millis(5));
     let session = kernel.register("reader", None).await.unwrap();
     let mut turn = start(&session, &provider([quiet])).await;
     assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
     let lock = Lock::take(&path);
-    let cancelled = std::time::Instant::now();
-    turn.cancel();
-    let (outcome, _) = turn.end().await;
-    let told = cancelled.elapsed();
+    let (outcome, told) = told_after_cancel(turn).await;
     lock.release();
     assert_eq!(outcome, Outcome::Cancelled);
     assert!(
