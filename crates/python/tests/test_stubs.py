@@ -78,9 +78,10 @@ def test_the_packages_python_is_clean_under_mypy_strict():
     """The package's own Python (the bridge, ``__init__``, the stubs) type-checks
     under ``mypy --strict``, as a program that uses it strictly checks it."""
     pytest.importorskip("mypy")
-    folder = Path(settle.__file__).parent
+    # As a package found where it is installed (`-p`): a path inside
+    # site-packages would make mypy take site-packages for a source root.
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(folder)],
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "-p", "settle"],
         capture_output=True,
         text=True,
         timeout=300,
