@@ -46,24 +46,11 @@ pub struct Served {
     serving: Option<JoinHandle<Result<ShutdownReport, GatewayError>>>,
 }
 
-/// In-memory connections, as an axum listener.
-pub struct Pipes(mpsc::UnboundedReceiver<DuplexStream>);
-
-impl axum::serve::Listener for Pipes {
-    type Io = DuplexStream;
-    type Addr = ();
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.0.recv().await {
-            Some(io) => (io, ()),
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(())
-    }
-}
+// In-memory connections, as an axum listener: the gateway crate's own
+// tests' listener, one file for both.
+#[path = "../../../crates/gateway/tests/support/pipes.rs"]
+mod pipes;
+use pipes::Pipes;
 
 impl Served {
     /// A gateway on 127.0.0.1 (port chosen by the system).
