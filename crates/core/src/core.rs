@@ -693,7 +693,7 @@ impl Core {
         let m = move_state(s, id, to, cause, shutting_down, &mut self.deadlines);
         self.moved(now, id, m);
         if wind_down {
-            self.cancel_subtree(now, id, EndReason::ParentFinished);
+            self.cancel_subtree(now, id, CancelMode::Immediate, EndReason::ParentFinished);
         }
         // Finishing from inside its own turn: the turn is not wanted any more.
         if busy {
@@ -737,8 +737,10 @@ impl Core {
         if s.intent == Some(Intent::HandOff) {
             s.intent = Some(Intent::End(reason));
         }
+        // A graceful cancel is graceful for the whole subtree: each
+        // descendant's turn may finish, as the session's own may.
         if !s.children.is_empty() {
-            self.cancel_subtree(now, id, descendants);
+            self.cancel_subtree(now, id, mode, descendants);
         }
         self.cancel_one(now, id, mode, reason, cause);
         self.cascade(now, id, cause);
@@ -815,7 +817,7 @@ impl Core {
     }
 
     fn cancel_descendants(&mut self, now: Instant, id: SessionId) -> Result<Handled, Error> {
-        if self.cancel_subtree(now, id, EndReason::Cancelled) == 0 {
+        if self.cancel_subtree(now, id, CancelMode::Immediate, EndReason::Cancelled) == 0 {
             return Ok(Handled::NoOp);
         }
         Ok(Handled::Applied)
@@ -1242,7 +1244,10 @@ impl Core {
         true
     }
 
-    /// Cancels every open descendant of `id`, deepest first; returns how many.
+    /// Cancels every open descendant of `id`, deepest first, in `mode` (a
+    /// graceful cancel lets each descendant's turn finish, as the session's
+    /// own; a finishing agent's wind-down and a descendants' cancel are
+    /// immediate); returns how many.
     ///
     /// A subtree's cancel is two orders, not two per session: every
     /// session's move to `cancelling` (or `settled`) is gathered into one
@@ -1251,7 +1256,13 @@ impl Core {
     /// cancelled session settle and finalize as far as it may (children
     /// before parents, G1): what those cascades order comes after the two
     /// sets, so a session's cancel is still ordered before its end.
-    fn cancel_subtree(&mut self, now: Instant, id: SessionId, reason: EndReason) -> usize {
+    fn cancel_subtree(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        mode: CancelMode,
+        reason: EndReason,
+    ) -> usize {
         let order = open_descendants_bottom_up(&self.sessions, id);
         // A subtree wound down is closed, not handed off on the way: a
         // child's finalize must not release a descendant above it (SPEC §12).
@@ -1262,7 +1273,7 @@ impl Core {
                 }
             }
         }
-        let (mode, cause) = (CancelMode::Immediate, Cause::AncestorWindingDown);
+        let cause = Cause::AncestorWindingDown;
         self.gathering = Some(Box::new(Gathered {
             at: now,
             cause,

@@ -132,12 +132,15 @@ pub enum Event {
         /// The session let go of.
         session: SessionId,
     },
-    /// Cancel the session: its descendants first, then its own works. The
-    /// session settles when its works have exited (or were detached, G5).
+    /// Cancel the session: its descendants first, then its own works, all in
+    /// `mode` (a graceful cancel lets every running turn of the subtree
+    /// finish, each bounded by its settle deadline). The session settles when
+    /// its works have exited (or were detached, G5).
     Cancel {
         /// The session to cancel.
         session: SessionId,
-        /// Graceful (finish the current turn) or immediate (close the stream now).
+        /// Graceful (finish the current turn) or immediate (close the stream
+        /// now), for the session and each of its descendants.
         mode: CancelMode,
     },
     /// Cancel only the turn in flight (a user pressing Ctrl-C in a chat): the

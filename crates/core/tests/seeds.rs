@@ -78,6 +78,86 @@ fn g1_root_finishing_settles_a_mid_turn_child_before_any_finalize() {
     );
 }
 
+/// A graceful cancel of a session is graceful for its whole subtree: the
+/// descendants' running turns are asked to finish (not cut) like the
+/// session's own, each bounded by its settle deadline (G5), and the subtree
+/// is still finalized children first (G1) once they have.
+#[test]
+fn g1_a_graceful_cancel_lets_the_descendants_turns_finish_before_the_parent_closes() {
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    let grandchild = h.register(3, Some(2));
+    h.attached_turn(root);
+    h.attached_turn(child);
+    h.attached_turn(grandchild);
+
+    let effects = h.effects_of(Event::Cancel {
+        session: root,
+        mode: CancelMode::Graceful,
+    });
+    let cancelled: Vec<(SessionId, CancelMode)> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CancelWork { work, mode } => Some((work.session, *mode)),
+            _ => None,
+        })
+        .collect();
+    let graceful = CancelMode::Graceful;
+    assert_eq!(
+        cancelled,
+        vec![(grandchild, graceful), (child, graceful), (root, graceful)],
+        "every turn of the subtree is let finish, descendants first"
+    );
+    assert_eq!(h.closes_of(child) + h.closes_of(grandchild), 0);
+
+    // The child's and the grandchild's turns complete on their own.
+    h.ev(Event::WorkEnded {
+        work: WorkId::turn(child, 1),
+        outcome: Outcome::Completed,
+    });
+    h.ev(Event::WorkEnded {
+        work: WorkId::turn(grandchild, 1),
+        outcome: Outcome::Completed,
+    });
+    assert!(h.finalized().iter().all(|(s, _)| *s != root));
+    h.ev(Event::WorkEnded {
+        work: WorkId::turn(root, 1),
+        outcome: Outcome::Completed,
+    });
+    assert_eq!(
+        h.finalized(),
+        vec![
+            (grandchild, EndReason::Cancelled),
+            (child, EndReason::Cancelled),
+            (root, EndReason::Cancelled),
+        ]
+    );
+    for s in [grandchild, child] {
+        assert!(
+            h.finalize_of(s).unwrap().commit_memory,
+            "a finished turn is a completed one"
+        );
+    }
+}
+
+/// An immediate cancel stays immediate for the whole subtree.
+#[test]
+fn g1_an_immediate_cancel_cuts_the_descendants_turns() {
+    let mut h = Harness::new();
+    let root = h.register(1, None);
+    let child = h.register(2, Some(1));
+    h.attached_turn(child);
+    let effects = h.effects_of(Event::Cancel {
+        session: root,
+        mode: CancelMode::Immediate,
+    });
+    assert!(effects.iter().any(|e| matches!(
+        e,
+        Effect::CancelWork { work, mode: CancelMode::Immediate } if work.session == child
+    )));
+}
+
 #[test]
 fn g1_cancel_descendants_never_cancels_the_caller() {
     let mut h = Harness::new();

@@ -482,8 +482,9 @@ impl PySession {
     }
 
     /// Cancels the session: its descendants first, then its own turn and
-    /// tasks (G1, G5); `immediate=False` lets the current turn finish and
-    /// starts no more. Raises `AlreadyFinalized` when it was (G2).
+    /// tasks (G1, G5); `immediate=False` lets the running turns of the
+    /// session and of its descendants finish (each within the settle
+    /// timeout) and starts no more. Raises `AlreadyFinalized` when it was (G2).
     #[pyo3(signature = (*, immediate = true))]
     fn cancel<'py>(&self, py: Python<'py>, immediate: bool) -> PyResult<Bound<'py, PyAny>> {
         if let Some(refused) = self.refused_if_detached(py, None)? {

@@ -342,7 +342,10 @@ impl SessionHandle {
         }
     }
 
-    /// Cancels the session: descendants first, then its own works (G1, G5).
+    /// Cancels the session: descendants first, then its own works (G1, G5),
+    /// all in `mode`: [`CancelMode::Graceful`] lets the running turns of the
+    /// session and of its descendants finish (each bounded by the settle
+    /// timeout) and starts no more; [`CancelMode::Immediate`] cuts them.
     /// Queued to the kernel when this is called, as
     /// [`finish`](Self::finish) is.
     ///

@@ -537,7 +537,7 @@ impl Model {
     /// does anything in it settle or finalize: a session waiting for its
     /// children to be reclaimed (a dropped transport's close) ends with the
     /// subtree's reason, whatever order its children finalize in.
-    fn cancel_subtree(&mut self, id: u64, reason: EndReason) -> usize {
+    fn cancel_subtree(&mut self, id: u64, mode: CancelMode, reason: EndReason) -> usize {
         let mut n = 0;
         let order = self.descendants_bottom_up(id);
         // Closed, not handed off on the way (SPEC §12).
@@ -549,7 +549,7 @@ impl Model {
         }
         for d in order {
             if matches!(self.sessions[&d].state, State::Registered | State::Running) {
-                self.mark_cancelled(d, CancelMode::Immediate, reason);
+                self.mark_cancelled(d, mode, reason);
                 n += 1;
             }
         }
@@ -1228,7 +1228,7 @@ impl Model {
                     State::Cancelling
                 };
                 if !draining {
-                    self.cancel_subtree(id, EndReason::ParentFinished);
+                    self.cancel_subtree(id, CancelMode::Immediate, EndReason::ParentFinished);
                 }
                 self.cancel_works(id, CancelMode::Immediate, false);
                 self.fixpoint();
@@ -1388,7 +1388,7 @@ impl Model {
                 if !self.to_end(id)? {
                     return Ok(AlreadyFinalized);
                 }
-                match self.cancel_subtree(id, EndReason::Cancelled) {
+                match self.cancel_subtree(id, CancelMode::Immediate, EndReason::Cancelled) {
                     0 => Ok(NoOp),
                     _ => Ok(Applied),
                 }
@@ -1564,7 +1564,8 @@ impl Model {
         if s.intent == Some(Intent::HandOff) {
             s.intent = Some(Intent::End(reason));
         }
-        self.cancel_subtree(id, descendants);
+        // Graceful for the whole subtree, or immediate for it.
+        self.cancel_subtree(id, mode, descendants);
         self.cancel_one(id, mode, reason);
         Ok(Handled::Applied)
     }

@@ -403,8 +403,9 @@ class Session:
         finalized (G2). Cancelling the awaiter stops the wait, not the finish."""
     def cancel(self, *, immediate: bool = True) -> _Call[None]:
         """Cancels the session: its descendants first, then its own turn and
-        tasks (G1, G5); ``immediate=False`` lets the current turn finish and
-        starts no more. Raises ``AlreadyFinalized`` when it was (G2)."""
+        tasks (G1, G5); ``immediate=False`` lets the running turns of the
+        session and of its descendants finish (each within the settle
+        timeout) and starts no more. Raises ``AlreadyFinalized`` when it was (G2)."""
     def cancel_turn(self) -> _Call[bool]:
         """Stops the session's turn (and its starts in flight) without its
         ``Turn``; queued to the kernel at the call, so the next turn waits

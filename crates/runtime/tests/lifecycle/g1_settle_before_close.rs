@@ -167,3 +167,43 @@ async fn g1_a_leaf_finishing_inside_its_turn_writes_nothing_after_its_finalize()
     assert!(store.memories(agent.id()).await.unwrap().is_empty());
     runtime.shutdown(Duration::ZERO).await;
 }
+
+/// A graceful cancel of a coordinator lets its children's running turns
+/// finish, as its own: their streams are not cut, their turns complete and
+/// their memory is committed; they are finalized before it (G1).
+#[tokio::test(start_paused = true)]
+async fn g1_a_graceful_cancel_of_a_coordinator_lets_its_childrens_turns_finish() {
+    let store = MemoryStore::new();
+    let runtime = runtime_on(&store, |b| b).await;
+    let mut events = runtime.subscribe();
+
+    let root = runtime.register("coordinator", None).await.unwrap();
+    let child = runtime.register("recon", Some(root.id())).await.unwrap();
+    let root_provider = provider([complete(&["plan", "summary"], 100 * MS)]);
+    let child_provider = provider([complete(&["port 22", "port 80", "done"], 100 * MS)]);
+
+    let mut child_turn = start(&child, &child_provider).await;
+    let root_turn = start(&root, &root_provider).await;
+    read_chunks(&mut child_turn, 1).await;
+
+    applied(root.cancel(settle_runtime::CancelMode::Graceful).await);
+
+    assert_eq!(child_turn.outcome().await, Outcome::Completed);
+    assert_eq!(root_turn.outcome().await, Outcome::Completed);
+    assert_eq!(root.finalized().await.unwrap(), EndReason::Cancelled);
+    let child_row = detail(&store, child.id()).await;
+    assert_eq!(child_row.turns[0].outcome, Some(Outcome::Completed));
+    assert_eq!(
+        child_row.turns[0].chunks.len(),
+        3,
+        "the child's turn ran out"
+    );
+    assert_eq!(
+        finalized(&drain(&mut events)),
+        vec![
+            (child.id(), EndReason::Cancelled),
+            (root.id(), EndReason::Cancelled),
+        ]
+    );
+    runtime.shutdown(Duration::ZERO).await;
+}
