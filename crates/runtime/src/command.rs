@@ -74,6 +74,12 @@ pub(crate) enum Command {
         event: Event,
         reply: Option<Reply<Handled>>,
     },
+    /// A hold or a release (`event`) whose caller waits for its record,
+    /// until told by the recorder or its own patience (see `told.rs`).
+    Holds {
+        event: Event,
+        told: crate::told::HoldTold,
+    },
     /// A handle for a session this kernel knows.
     Lookup {
         session: SessionId,
@@ -127,6 +133,7 @@ pub(crate) enum Ack {
     HoldUnwritten {
         session: SessionId,
         hold: settle_core::Hold,
+        /// The caller, taken from its slot: it did not give up.
         reply: Reply<settle_core::Handled>,
         error: RuntimeError,
     },

@@ -434,41 +434,29 @@ impl Driver {
             } => self.start(Event::StartTask { session }, Start::Task { start, reply }),
             Command::Core { event, reply } => {
                 let skipping = matches!(event, Event::SkipDrain);
-                // A hold's or a release's caller is answered by the
-                // recorder once the holds it changed are committed; any
-                // other answer (a no-op, a refusal) is the core's, now.
-                let reply = match (&event, reply) {
-                    (&Event::Hold { session, hold }, Some(reply)) => {
-                        self.holds_told = Some((
-                            session,
-                            HoldsTold {
-                                hold: Some(hold),
-                                reply,
-                                asked: tokio::time::Instant::now(),
-                            },
-                        ));
-                        None
-                    }
-                    (&Event::Release { session, .. }, Some(reply)) => {
-                        self.holds_told = Some((
-                            session,
-                            HoldsTold {
-                                hold: None,
-                                reply,
-                                asked: tokio::time::Instant::now(),
-                            },
-                        ));
-                        None
-                    }
-                    (_, reply) => reply,
-                };
                 let result = self.input(event);
                 if skipping {
                     self.skip_drain_budget();
                 }
-                let reply = reply.or_else(|| self.holds_told.take().map(|(_, told)| told.reply));
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map_err(RuntimeError::from));
+                }
+            }
+            // A hold's or a release's caller is answered by the recorder
+            // once the holds it changed are committed (or by its own
+            // patience); any other answer (a no-op, a refusal) is the
+            // core's, now.
+            Command::Holds { event, told } => {
+                let (session, hold) = match event {
+                    Event::Hold { session, hold } => (session, Some(hold)),
+                    Event::Release { session, .. } => (session, None),
+                    _ => return,
+                };
+                let asked = tokio::time::Instant::now();
+                self.holds_told = Some((session, HoldsTold { hold, told, asked }));
+                let result = self.input(event);
+                if let Some((_, unrecorded)) = self.holds_told.take() {
+                    unrecorded.told.tell(result.map_err(RuntimeError::from));
                 }
             }
             // The core's state of it says what a missing entry means: its

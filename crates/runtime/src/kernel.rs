@@ -358,6 +358,20 @@ impl Kernel {
         crate::told::RegisterTold::registered(send, commands, deadline, patience, stopped).await
     }
 
+    /// Sends a hold or a release and waits for its record, within the
+    /// store timeout of this ask (see `told.rs`).
+    pub(crate) async fn holds_command(&self, event: Event) -> Result<Handled, RuntimeError> {
+        let patience = self.store_timeout();
+        let deadline = crate::clock::after(patience);
+        let send = |told| {
+            let event = event.clone();
+            self.send(Command::Holds { event, told })
+        };
+        let (stopped, commands) = (self.stopped(), self.commands());
+        crate::told::HoldTold::changed(event.clone(), send, commands, deadline, patience, stopped)
+            .await
+    }
+
     pub(crate) fn commands(&self) -> mpsc::WeakUnboundedSender<Command> {
         self.inner.commands.downgrade()
     }

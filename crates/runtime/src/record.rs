@@ -90,7 +90,10 @@ pub(crate) struct HoldsTold {
     /// The hold asked for; `None` for a release. A hold whose record the
     /// store refused is taken back before its caller is told why.
     pub hold: Option<settle_core::Hold>,
-    pub reply: crate::command::Reply<settle_core::Handled>,
+    /// The caller, until told: by the recorder once the record is
+    /// committed (or refused), or by its own patience at its store
+    /// timeout, which takes a hold back itself.
+    pub told: crate::told::HoldTold,
     /// When the driver took the call: its store timeout counts from here,
     /// not from when the recorder comes to it behind other writes.
     pub asked: tokio::time::Instant,

@@ -399,7 +399,8 @@ impl SessionHandle {
     /// Marks the session as waiting on `hold`: no automatic path reclaims
     /// it, in this process or (SPEC §12) in one that adopts it. Answered
     /// once the hold's record is committed, so that a process killed right
-    /// after leaves it held for its adopter.
+    /// after leaves it held for its adopter, and at the latest at the store
+    /// timeout from this call, wherever its record waits.
     ///
     /// # Errors
     /// `SessionClosed` when finalized; [`RuntimeError::Store`] or
@@ -408,26 +409,29 @@ impl SessionHandle {
     /// tried again up to the store timeout, as a registration is): the
     /// hold is then taken back (not held; asking again holds once).
     pub async fn hold(&self, hold: Hold) -> Result<Handled, RuntimeError> {
-        self.event(Event::Hold {
+        let event = Event::Hold {
             session: self.id(),
             hold,
-        })
-        .await
+        };
+        let answered = self.kernel.holds_command(event.clone()).await;
+        self.answered(answered, &event).await
     }
 
     /// Ends a hold. Answered once its record is written or the store's
-    /// refusal said (logged and counted): the release is in effect here
+    /// refusal said (logged and counted), at the latest at the store
+    /// timeout from this call: the release is in effect here
     /// either way, and a record the store did not take leaves the session
     /// held only for an adopter, which then reclaims nothing.
     ///
     /// # Errors
     /// When the kernel stopped.
     pub async fn release(&self, hold: Hold) -> Result<Handled, RuntimeError> {
-        self.event(Event::Release {
+        let event = Event::Release {
             session: self.id(),
             hold,
-        })
-        .await
+        };
+        let answered = self.kernel.holds_command(event.clone()).await;
+        self.answered(answered, &event).await
     }
 
     /// Records that this session delegated to `to`: if this session is

@@ -1,6 +1,6 @@
 //! Who waits for a write a caller asked for (a registration, a turn's
-//! start): told once, either by the recorder when the store answers, or by
-//! the caller's own patience.
+//! start, a hold's record): told once, either by the recorder when the
+//! store answers, or by the caller's own patience.
 //!
 //! The recorder hands writes to the store one batch after another, and
 //! waits in its own loop for a batch ahead (and for a try again of writes a
@@ -21,12 +21,19 @@
 //!   that may have been written is; one still waiting in the driver for
 //!   its ids is dropped there, never registered. A caller that stops
 //!   waiting before either (its future dropped) never takes the session it
-//!   is told: the answer ends it ([`UnclaimedSession`]).
+//!   is told: the answer ends it ([`UnclaimedSession`]);
+//! - a hold is taken back by its caller (a release queued to the kernel)
+//!   before the caller is told it failed, so that a hold said failed is not
+//!   in effect; its record, if the store writes it after all, is followed
+//!   by the record of its taking back. A release is in effect here
+//!   whatever its record does: its caller is answered at the bound as if
+//!   it were written, and a record the store refused is owed, as the
+//!   recorder's own answer says.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use settle_core::{Event, SessionId, WorkId};
+use settle_core::{Event, Handled, SessionId, WorkId};
 use settle_store::StoreError;
 use tokio::sync::{mpsc, oneshot};
 
@@ -47,6 +54,13 @@ pub(crate) struct Told<W>(Arc<Mutex<Slot<W>>>);
 impl<W> Clone for Told<W> {
     fn clone(&self) -> Self {
         Told(self.0.clone())
+    }
+}
+
+impl<W> std::fmt::Debug for Told<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let waiting = self.0.lock().is_ok_and(|slot| slot.waiters.is_some());
+        f.debug_struct("Told").field("waiting", &waiting).finish()
     }
 }
 
@@ -350,6 +364,61 @@ impl RegisterTold {
         if let Some(waiter) = self.take() {
             waiter.tell(answer);
         }
+    }
+}
+
+/// The caller of a hold or a release, until told.
+pub(crate) type HoldTold = Told<Reply<Handled>>;
+
+impl HoldTold {
+    /// Tells the caller `answer`, unless it was told already (it gave up).
+    pub(crate) fn tell(&self, answer: Result<Handled, RuntimeError>) {
+        if let Some(reply) = self.take() {
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// Waits for the hold or release `event` that `send` hands to the
+    /// kernel, at the latest until `deadline` (the store timeout,
+    /// `patience`, from the ask). At the bound a hold is taken back
+    /// (through `commands`: a release queued behind it) before its caller
+    /// is told the store's last error, or that it did not answer; a
+    /// release is answered as applied (it is in effect here either way).
+    ///
+    /// # Errors
+    /// As the kernel refuses it; for a hold, the store's error at the
+    /// bound; `Stopped` when the kernel stopped without saying.
+    pub(crate) async fn changed(
+        event: Event,
+        send: impl FnOnce(HoldTold) -> Result<(), RuntimeError>,
+        commands: mpsc::WeakUnboundedSender<Command>,
+        deadline: tokio::time::Instant,
+        patience: Duration,
+        stopped: impl std::future::Future<Output = ()>,
+    ) -> Result<Handled, RuntimeError> {
+        let (reply, answer) = oneshot::channel();
+        let slot = Told::new(reply);
+        send(slot.clone())?;
+        let last = match slot.wait(answer, deadline, stopped).await {
+            Ok(answer) => return answer.ok_or(RuntimeError::Stopped)?,
+            Err((_, last)) => last,
+        };
+        let Event::Hold { session, hold } = event else {
+            return Ok(Handled::Applied);
+        };
+        if let Some(commands) = commands.upgrade() {
+            let event = Event::Release { session, hold };
+            let _ = commands.send(Command::Core { event, reply: None });
+        }
+        let what = "recording a session's hold";
+        Err(match last {
+            Some(last) => RuntimeError::from_store(what, last),
+            None => RuntimeError::StoreTimeout {
+                what,
+                after: patience,
+                writing: true,
+            },
+        })
     }
 }
 

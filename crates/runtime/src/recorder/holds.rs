@@ -87,7 +87,11 @@ impl Recorder {
                 self.failed(Some(session), "record a session's holds", unwritten);
             }
         }
-        let Some(HoldsTold { hold, reply, .. }) = told else {
+        // A caller that gave up at its store timeout was told, and took
+        // its hold back itself.
+        let Some((HoldsTold { hold, .. }, reply)) =
+            told.and_then(|told| told.told.take().map(|reply| (told, reply)))
+        else {
             return;
         };
         match (written, hold) {

@@ -505,3 +505,60 @@ async fn g9_a_turns_end_tried_again_is_told_at_the_store_timeout_not_when_the_tr
     );
     kernel.shutdown(Duration::from_millis(100)).await;
 }
+
+/// Found from outside: on a locked file, holds asked one after another
+/// were each answered only once the records ahead of theirs had waited
+/// their store timeouts (6.5 s with a 3 s store timeout). Each caller
+/// keeps its own store timeout from its ask, as a registration's does: at
+/// that bound it is told the store did not answer, and its hold is taken
+/// back first (it is not in effect for a hold it was told failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_holds_asked_on_a_locked_store_are_each_answered_by_their_store_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _store, kernel) = on_a_file(&dir).await;
+    let mut holders = Vec::new();
+    for i in 0..4 {
+        holders.push(kernel.register(format!("holder-{i}"), None).await.unwrap());
+    }
+    // Lifecycle writes ahead of the holds' records: a turn's end and a
+    // finalize, in a batch the lock stalls, tried again.
+    let busy = kernel.register("busy", None).await.unwrap();
+    let turn = start(&busy, &provider([hang(&["c-0"], Duration::from_millis(5))])).await;
+    let lock = Lock::take(&path);
+    let closing = tokio::spawn(async move {
+        let _ = told_after_cancel(turn).await;
+        busy.close().await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let holds: Vec<_> = holders
+        .iter()
+        .map(|h| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let asked = std::time::Instant::now();
+                let held = h.hold(settle_runtime::Hold::PendingInput).await;
+                (held, asked.elapsed())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for hold in holds {
+        answers.push(hold.await.unwrap());
+    }
+    lock.release();
+    let _ = closing.await;
+    for (held, after) in &answers {
+        assert!(held.is_err(), "held on a locked store: {held:?}");
+        // The store timeout (1 s) and a margin; 4 s before.
+        assert!(
+            *after < Duration::from_millis(1_600),
+            "told {after:?} after the ask, with a 1 s store timeout: {answers:?}"
+        );
+    }
+    // Each hold its caller was told failed was taken back.
+    for h in &holders {
+        let released = h.release(settle_runtime::Hold::PendingInput).await;
+        assert_eq!(released.unwrap(), settle_runtime::Handled::NoOp);
+    }
+    kernel.shutdown(Duration::from_millis(100)).await;
+}
