@@ -72,3 +72,24 @@ async def test_g10_a_write_through_a_finished_child_raises_session_closed(kernel
     with pytest.raises(settle.AlreadyFinalized):
         await child.finish()
     assert await child.close() == "parent_finished"
+
+
+async def test_g1_a_graceful_cancel_lets_the_childrens_turns_finish_before_the_root_closes(kernel):
+    root = await kernel.register("root")
+    children = [await root.child(f"child-{n}") for n in range(2)]
+    streams = [Stream(["a", "b", "c"], delay=0.03) for _ in children]
+    turns = [await child.turn(stream) for child, stream in zip(children, streams)]
+    readers = [asyncio.create_task(read_all(turn)) for turn in turns]
+    for stream in streams:
+        await asyncio.wait_for(stream.first_item.wait(), 10)
+
+    await root.cancel(immediate=False)
+
+    # Each child's turn ran to its end, not cut at its first chunk.
+    assert [await reader for reader in readers] == [["a", "b", "c"]] * 2
+    assert [turn.outcome for turn in turns] == ["completed"] * 2
+    assert await root.finalized() == "cancelled"
+    rows = {row["id"]: row for row in await kernel.sessions()}
+    for child in children:
+        assert rows[child.id]["outcome"] == "completed"
+        assert rows[child.id]["finalized_at"] <= rows[root.id]["finalized_at"]
