@@ -74,10 +74,13 @@ pub(crate) enum Command {
         event: Event,
         reply: Option<Reply<Handled>>,
     },
-    /// A hold or a release (`event`) whose caller waits for its record,
-    /// until told by the recorder or its own patience (see `told.rs`).
+    /// A hold of `session` (or, with `release`, its release) whose caller
+    /// waits for its record, until told by the recorder or its own
+    /// patience (see `told.rs`).
     Holds {
-        event: Event,
+        session: SessionId,
+        hold: settle_core::Hold,
+        release: bool,
         told: crate::told::HoldTold,
     },
     /// A handle for a session this kernel knows.

@@ -446,15 +446,20 @@ impl Driver {
             // once the holds it changed are committed (or by its own
             // patience); any other answer (a no-op, a refusal) is the
             // core's, now.
-            Command::Holds { event, told } => {
-                let (session, hold) = match event {
-                    Event::Hold { session, hold } => (session, Some(hold)),
-                    Event::Release { session, .. } => (session, None),
-                    _ => return,
+            Command::Holds {
+                session,
+                hold,
+                release,
+                told,
+            } => {
+                let (event, hold) = match release {
+                    false => (Event::Hold { session, hold }, Some(hold)),
+                    true => (Event::Release { session, hold }, None),
                 };
                 let asked = tokio::time::Instant::now();
                 self.holds_told = Some((session, HoldsTold { hold, told, asked }));
                 let result = self.input(event);
+                // Not handed to the recorder: no record to wait for.
                 if let Some((_, unrecorded)) = self.holds_told.take() {
                     unrecorded.told.tell(result.map_err(RuntimeError::from));
                 }

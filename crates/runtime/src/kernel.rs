@@ -358,17 +358,28 @@ impl Kernel {
         crate::told::RegisterTold::registered(send, commands, deadline, patience, stopped).await
     }
 
-    /// Sends a hold or a release and waits for its record, within the
-    /// store timeout of this ask (see `told.rs`).
-    pub(crate) async fn holds_command(&self, event: Event) -> Result<Handled, RuntimeError> {
+    /// Sends a hold of `session` (or, with `release`, its release) and
+    /// waits for its record, within the store timeout of this ask (see
+    /// `told.rs`).
+    pub(crate) async fn holds_command(
+        &self,
+        session: SessionId,
+        hold: settle_core::Hold,
+        release: bool,
+    ) -> Result<Handled, RuntimeError> {
         let patience = self.store_timeout();
         let deadline = crate::clock::after(patience);
         let send = |told| {
-            let event = event.clone();
-            self.send(Command::Holds { event, told })
+            self.send(Command::Holds {
+                session,
+                hold,
+                release,
+                told,
+            })
         };
         let (stopped, commands) = (self.stopped(), self.commands());
-        crate::told::HoldTold::changed(event.clone(), send, commands, deadline, patience, stopped)
+        let taken_back = (!release).then_some(Event::Release { session, hold });
+        crate::told::HoldTold::changed(taken_back, send, commands, deadline, patience, stopped)
             .await
     }
 

@@ -413,7 +413,7 @@ impl SessionHandle {
             session: self.id(),
             hold,
         };
-        let answered = self.kernel.holds_command(event.clone()).await;
+        let answered = self.kernel.holds_command(self.id(), hold, false).await;
         self.answered(answered, &event).await
     }
 
@@ -430,7 +430,7 @@ impl SessionHandle {
             session: self.id(),
             hold,
         };
-        let answered = self.kernel.holds_command(event.clone()).await;
+        let answered = self.kernel.holds_command(self.id(), hold, true).await;
         self.answered(answered, &event).await
     }
 

@@ -378,18 +378,19 @@ impl HoldTold {
         }
     }
 
-    /// Waits for the hold or release `event` that `send` hands to the
-    /// kernel, at the latest until `deadline` (the store timeout,
-    /// `patience`, from the ask). At the bound a hold is taken back
-    /// (through `commands`: a release queued behind it) before its caller
+    /// Waits for the hold or release that `send` hands to the kernel, at
+    /// the latest until `deadline` (the store timeout, `patience`, from the
+    /// ask). At the bound a hold is taken back (`taken_back`, the release
+    /// of a hold, through `commands`: queued behind it) before its caller
     /// is told the store's last error, or that it did not answer; a
-    /// release is answered as applied (it is in effect here either way).
+    /// release (no `taken_back`) is answered as applied: it is in effect
+    /// here either way.
     ///
     /// # Errors
     /// As the kernel refuses it; for a hold, the store's error at the
     /// bound; `Stopped` when the kernel stopped without saying.
     pub(crate) async fn changed(
-        event: Event,
+        taken_back: Option<Event>,
         send: impl FnOnce(HoldTold) -> Result<(), RuntimeError>,
         commands: mpsc::WeakUnboundedSender<Command>,
         deadline: tokio::time::Instant,
@@ -403,11 +404,10 @@ impl HoldTold {
             Ok(answer) => return answer.ok_or(RuntimeError::Stopped)?,
             Err((_, last)) => last,
         };
-        let Event::Hold { session, hold } = event else {
+        let Some(event) = taken_back else {
             return Ok(Handled::Applied);
         };
         if let Some(commands) = commands.upgrade() {
-            let event = Event::Release { session, hold };
             let _ = commands.send(Command::Core { event, reply: None });
         }
         let what = "recording a session's hold";
