@@ -143,9 +143,64 @@ print(json.dumps({
 box["kernel"].begin_shutdown(0.0)
 """
 
+LATE_TOOL_SCRIPT = COMMON + """
+async def main():
+    kernel = box["kernel"] = await settle.Kernel.open(sys.argv[1], settle_timeout=1.0)
+    session = box["session"] = await kernel.register("s")
+    reading = asyncio.Event()
+
+    async def tool():
+        # A tool that reads a model's stream itself, mid-read as the loop ends.
+        stream = await create()
+        async for _ in stream:
+            reading.set()
+
+    async def agent():
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            # Its cleanup as asyncio.run cancels it: a turn and a tool,
+            # started after asyncio.run took the list of tasks it cancels,
+            # each left mid-read of an HTTP stream.
+            turn = await session.turn(create)
+            async for _ in turn:
+                break
+            box["turn"] = turn
+            box["tool"] = await session.spawn(tool())
+            await reading.wait()
+
+    asyncio.create_task(agent())
+    await asyncio.sleep(0)
+
+asyncio.run(main())
+returned = time.monotonic()
+deadline = time.monotonic() + 3.0
+while len(server.closed_at) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({
+    "requests": server.requests,
+    "closed_after_return": [at - returned for at in server.closed_at],
+}), flush=True)
+
+async def read_back():
+    print(json.dumps([t["outcome"] for t in await box["session"].transcript()]), flush=True)
+    await box["kernel"].shutdown(0.0)
+
+asyncio.run(read_back())
+"""
+
 #: What the loop's end must not say: a close tried on a closed loop, a
 #: pump left pending, a coroutine closed with an await in its way.
-QUIET = ("Event loop is closed", "Task was destroyed", "never awaited", "Exception ignored")
+QUIET = (
+    "Event loop is closed",
+    "Task was destroyed",
+    "never awaited",
+    "Exception ignored",
+    # `shutdown_asyncgens()` closing a stream's generator while a pump (or
+    # a tool) is still in the middle of a step of it.
+    "already running",
+    "an error occurred during closing of asynchronous generator",
+)
 
 
 def test_g4_turns_started_as_asyncio_run_ends_have_their_streams_closed_before_it_returns(db):
@@ -166,6 +221,31 @@ def test_g4_turns_started_as_asyncio_run_ends_have_their_streams_closed_before_i
     assert said["closed_after_return"] is not None, (said, out.stderr)
     assert said["closed_after_return"] < 1.0, said
     assert said["closes"] == 1, said  # G4: exactly once
+    assert json.loads(lines[1]) == ["cancelled"], out.stdout
+    for words in QUIET:
+        assert words not in out.stderr, out.stderr
+
+
+def test_g4_loop_end_closes_pending_turns_and_tools_before_the_loop_closes_their_generators(db):
+    """Found from outside: at the end of ``asyncio.run`` with a turn and a
+    tool started late (a task's cleanup) and each mid-read of an ``openai``
+    stream, asyncio logged "aclose(): asynchronous generator is already
+    running" for every generator of the streams (the ``openai`` stream's,
+    ``httpx``'s, ``httpcore``'s). ``shutdown_asyncgens()`` closes every
+    async generator first iterated on the loop at once, the package's
+    (whose close cancels what is pending) among them: the others were
+    closed while the pump and the tool were still inside a step of them.
+    Now what is pending is cancelled and waited for before the loop closes
+    any generator: each stream is closed once, by whoever read it, and the
+    loop's end says nothing."""
+    out = run_script(LATE_TOOL_SCRIPT, db, TESTS, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    said = json.loads(lines[0])
+    assert said["requests"] == 2, said
+    # Both connections closed as the loop ended, not at exit.
+    assert len(said["closed_after_return"]) == 2, (said, out.stderr)
+    assert all(at < 1.0 for at in said["closed_after_return"]), said
     assert json.loads(lines[1]) == ["cancelled"], out.stdout
     for words in QUIET:
         assert words not in out.stderr, out.stderr

@@ -506,11 +506,22 @@ class _OnLoop:
     by hand gets the same by calling ``shutdown_asyncgens()`` first, as
     asyncio asks.
 
+    ``shutdown_asyncgens()`` closes every generator it has at once, and a
+    stream's own generators (the ``openai`` stream's, ``httpx``'s) are
+    among them: closed while a pump or a tool was still inside a step of
+    them, each would fail ("asynchronous generator is already running",
+    logged by the loop) and be left to its reader's cancel. So while work
+    runs here, the loop's ``shutdown_asyncgens`` is wrapped, on the loop
+    object itself (``_ahead_of_generators``): the end runs first, and the
+    loop closes its generators once nothing of the kernel's is inside one.
+    A loop whose methods cannot be set on it (a type without an instance
+    ``__dict__``) has the generator alone.
+
     The generator lives only while work runs here: it is made for the
     first pump or task, and finished at once (nothing to wait for) when
     the last one ends, so nothing of this keeps an idle loop alive."""
 
-    __slots__ = ("pending", "ending", "_loop", "_end")
+    __slots__ = ("pending", "ending", "_loop", "_end", "_wrapped", "__weakref__")
 
     def __init__(self, loop: Any) -> None:
         #: Each task still running, with how long its end may take once
@@ -526,6 +537,7 @@ class _OnLoop:
             self._end.asend(None).send(None)
         except StopIteration:
             pass
+        self._wrapped = _ahead_of_generators(loop, self)
 
     def left(self, task: Any) -> None:
         """``task`` ended: forgotten; once none is left, the loop is let go of."""
@@ -538,7 +550,12 @@ class _OnLoop:
         self.retire()
 
     def retire(self) -> None:
-        """Finishes the generator at once: nothing pending, nothing to wait for."""
+        """Finishes the generator at once, and gives the loop its own
+        ``shutdown_asyncgens`` back: nothing pending, nothing to wait for."""
+        wrapped, self._wrapped = self._wrapped, None
+        loop = self._loop()
+        if wrapped is not None and loop is not None:
+            _unwrap(loop, wrapped)
         end, self._end = self._end, None
         if end is None:
             return
@@ -581,10 +598,6 @@ class _OnLoop:
         for task in self.pending:
             _quiet(task)
         self.pending.clear()
-        # The generator (this frame's) holds the loop through its
-        # finalizer: let go of, so the loop is collected once the program
-        # lets go of it too.
-        self._end = None
 
 
 #: The work running on each loop (see ``_OnLoop``).
@@ -605,10 +618,52 @@ async def _at_loop_end(on: _OnLoop) -> Any:
     try:
         yield
     finally:
-        # Nothing pending: finished by `retire`. Not on its loop: finished
+        # Nothing pending: finished by `retire`, or by the wrapped
+        # `shutdown_asyncgens` once the end ran. Not on its loop: finished
         # by the collector, when no loop could run the end.
         if on.pending and on.running():
             await on.end()
+            # This generator holds the loop through its finalizer: let go
+            # of, so the loop is collected once the program lets go of it.
+            on._end = None
+
+
+def _ahead_of_generators(loop: Any, on: _OnLoop) -> Any:
+    """Wraps ``loop.shutdown_asyncgens`` (on the loop object, not its type)
+    so that ``on``'s end runs before the loop closes any async generator
+    (see ``_OnLoop``); gives the wrapper, or ``None`` when the loop's
+    methods cannot be set on it. The wrapper holds neither the loop nor
+    ``on`` (weak references): it keeps nothing alive."""
+    own = weakref.ref(loop)
+    work = weakref.ref(on)
+
+    async def shutdown_asyncgens() -> None:
+        loop = own()
+        if loop is None:  # the loop this runs on: not collected
+            return
+        on = work()
+        if on is not None:
+            if on.pending and on.running():
+                await on.end()
+            # Nothing of the kernel's runs here now: the end's generator is
+            # finished at once, the loop given its own method back.
+            on.retire()
+        _unwrap(loop, shutdown_asyncgens)
+        await loop.shutdown_asyncgens()
+
+    try:
+        loop.shutdown_asyncgens = shutdown_asyncgens
+    except AttributeError:  # a loop type whose instances have no `__dict__`
+        return None
+    return shutdown_asyncgens
+
+
+def _unwrap(loop: Any, wrapper: Any) -> None:
+    """Gives ``loop`` its own ``shutdown_asyncgens`` back, if ``wrapper`` is
+    still what it has (a program may have set its own since)."""
+    attributes = getattr(loop, "__dict__", None)
+    if attributes is not None and attributes.get("shutdown_asyncgens") is wrapper:
+        del attributes["shutdown_asyncgens"]
 
 
 def _created(task: Any) -> bool:
