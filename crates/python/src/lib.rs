@@ -68,7 +68,9 @@
 //! - A spawned coroutine runs as an asyncio task on the caller's loop
 //!   (`task.rs`); the kernel cancels it with `Task.cancel()` there, detaches
 //!   it at the settle deadline (G5), and its later writes raise
-//!   `SessionClosed` (G10).
+//!   `SessionClosed` (G10). A coroutine closed under its task (its
+//!   `close()` called as it waits) is noticed by its loop, which looks
+//!   twice a second while settle tasks run there: the task ends `failed`.
 //! - A loop closed without cancelling its tasks leaves their pumps and
 //!   coroutines pending for good; the deliverer finds such a loop closed
 //!   within about a second and ends what it left as cancelled, so the

@@ -399,7 +399,11 @@ impl PySession {
     /// when it raised (a `GeneratorExit` too; the record names the class,
     /// and what it raised goes to its awaiter, never to the store),
     /// `cancelled` when it raised `CancelledError` of its own or was
-    /// cancelled. Raises `BadInput` at once for what cannot be
+    /// cancelled. A coroutine closed while it runs (`coroutine.close()`
+    /// called as it waits in an `await`) has ended with the close's
+    /// `GeneratorExit`: its loop notices within about half a second and
+    /// the task ends `failed`, its awaiters given a `GeneratorExit`.
+    /// Raises `BadInput` at once for what cannot be
     /// awaited (a function rather than the coroutine its call makes).
     fn spawn<'py>(&self, py: Python<'py>, coroutine: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let awaited = coroutine.bind(py);

@@ -685,3 +685,51 @@ async def test_an_exception_raised_to_many_awaiters_does_not_grow_its_traceback(
         except KeyError as error:
             lengths.append(len(traceback.extract_tb(error.__traceback__)))
     assert len(set(lengths)) == 1, lengths
+
+
+async def test_g5_a_tools_coroutine_closed_while_it_runs_ends_its_task_failed(kernel, db):
+    """Found from outside: ``coro.close()`` on a tool's coroutine while its
+    task ran (suspended in an ``await``) left the task waiting for good: the
+    close ends the coroutine, but the asyncio task that ran it still waited
+    for the future the coroutine had been waiting on, which nobody would
+    complete any more (``asyncio.sleep`` cancels its timer as it is closed),
+    so its ``join()`` never returned and it was never recorded as ended.
+    Now the loop notices a coroutine closed under its task, and the task
+    ends ``failed`` with the ``GeneratorExit`` the close ended it with (as
+    for a coroutine that ends with one), given to its awaiters; a close
+    whose future completes later ends the same."""
+    started = {}
+    woken = {}
+
+    async def sleeps(name: str) -> None:
+        started[name].set()
+        await asyncio.sleep(3600)
+
+    async def waits(name: str) -> None:
+        started[name].set()
+        await woken[name]
+
+    ids = {}
+    for name, tool in [("sleeps", sleeps), ("on_a_future", waits), ("woken_later", waits)]:
+        session = await kernel.register(name)
+        ids[name] = session.id
+        started[name] = asyncio.Event()
+        woken[name] = asyncio.get_running_loop().create_future()
+        coroutine = tool(name)
+        task = await session.spawn(coroutine)
+        await started[name].wait()
+        coroutine.close()
+        if name == "woken_later":
+            # Its task is woken before the loop looks: it resumes a closed
+            # coroutine ("cannot reuse already awaited coroutine").
+            woken[name].set_result(None)
+        with pytest.raises(GeneratorExit):
+            await asyncio.wait_for(task.join(), PATIENCE)
+        # Ended: the session finishes at once, nothing to cancel.
+        assert await asyncio.wait_for(session.finish(), PATIENCE) == "completed"
+    await kernel.shutdown(0.0)
+    for name, id in ids.items():
+        shown = settle_json(db, "show", str(id), "--json")
+        causes = [step["cause"] for step in shown["timeline"]]
+        assert "task ended: failed" in causes, (name, causes)
+        assert all(step["to"] != "cancelling" for step in shown["timeline"]), (name, shown)

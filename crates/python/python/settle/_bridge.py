@@ -444,6 +444,15 @@ def start_task(
     on.pending[loop.create_task(_run_task(coroutine, control, on))] = bound
 
 
+#: What the cancel of a settle task whose coroutine was closed under it
+#: says (see ``_OnLoop.watch``).
+CLOSED_UNDER = "settle: the task's coroutine was closed while it ran"
+
+#: What such a task's awaiters get: the ``GeneratorExit`` its close ended
+#: the coroutine with (as for a coroutine that ends with one).
+CLOSED_WORDS = "the task's coroutine was closed (its close() was called) while it ran"
+
+
 async def _run_task(coroutine: Any, control: Any, on: "_OnLoop") -> None:
     me = asyncio.current_task()
     CURRENT_TASK.set(control)
@@ -453,9 +462,17 @@ async def _run_task(coroutine: Any, control: Any, on: "_OnLoop") -> None:
             coroutine.close()
             control.cancelled()
             return
+        if me is not None and inspect.iscoroutine(coroutine):
+            on.watch(me, coroutine)
         try:
             result = await coroutine
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as error:
+            if error.args[:1] == (CLOSED_UNDER,) and _closed(coroutine):
+                # Its coroutine was closed under it: it ended with the
+                # close's `GeneratorExit`, and the cancel that woke this
+                # task from the future nobody completes is spent.
+                control.failed(GeneratorExit(CLOSED_WORDS))
+                return
             control.cancelled()
             raise
         except BaseException as error:  # reported to whoever joins the task
@@ -464,6 +481,10 @@ async def _run_task(coroutine: Any, control: Any, on: "_OnLoop") -> None:
                 # collector, its loop closed under it (see `loop_closed`).
                 control.cancelled()
                 raise
+            if _sent_to_closed(error, coroutine):
+                # Closed under it, and woken before the loop noticed: the
+                # same end as when it noticed.
+                error = GeneratorExit(CLOSED_WORDS)
             control.failed(error)
             # The program's own stop goes on up (asyncio takes these out
             # of the loop). Anything else (a `GeneratorExit` the coroutine
@@ -479,7 +500,31 @@ async def _run_task(coroutine: Any, control: Any, on: "_OnLoop") -> None:
         on.left(me)
 
 
+def _closed(coroutine: Any) -> bool:
+    """Whether ``coroutine`` has ended (returned, raised, or was closed)."""
+    return bool(inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED)
+
+
+def _sent_to_closed(error: BaseException, coroutine: Any) -> bool:
+    """Whether ``error`` is what resuming ``coroutine`` after it was closed
+    raises ("cannot reuse already awaited coroutine"): a ``RuntimeError``
+    raised at the ``await`` itself (its traceback has no frame of the
+    coroutine's), not one the coroutine raised."""
+    trace = error.__traceback__
+    return (
+        type(error) is RuntimeError
+        and trace is not None
+        and trace.tb_next is None
+        and inspect.iscoroutine(coroutine)
+        and _closed(coroutine)
+    )
+
+
 # --- the loop's end -----------------------------------------------------
+
+#: How often a loop running settle tasks looks for a coroutine closed
+#: under its task (see ``_OnLoop.watch``).
+_WATCH_EVERY = 0.5
 
 #: How much longer than a pump's close bound (the settle timeout) the
 #: loop's end waits for it: the steps it runs once its close is done or
@@ -521,7 +566,7 @@ class _OnLoop:
     first pump or task, and finished at once (nothing to wait for) when
     the last one ends, so nothing of this keeps an idle loop alive."""
 
-    __slots__ = ("pending", "ending", "_loop", "_end", "_wrapped", "__weakref__")
+    __slots__ = ("pending", "ending", "watched", "_loop", "_end", "_wrapped", "_look", "__weakref__")
 
     def __init__(self, loop: Any) -> None:
         #: Each task still running, with how long its end may take once
@@ -529,6 +574,9 @@ class _OnLoop:
         #: which is let run, never cancelled.
         self.pending: "dict[asyncio.Task[Any], Optional[float]]" = {}
         self.ending = False
+        #: Each settle task's coroutine, while it runs (see `watch`).
+        self.watched: "dict[asyncio.Task[Any], Any]" = {}
+        self._look: Optional[asyncio.TimerHandle] = None
         self._loop = weakref.ref(loop)
         self._end: Any = _at_loop_end(self)
         # Its first step, here on the running loop: the loop's hook notes
@@ -539,9 +587,41 @@ class _OnLoop:
             pass
         self._wrapped = _ahead_of_generators(loop, self)
 
+    def watch(self, task: Any, coroutine: Any) -> None:
+        """Watches the coroutine a settle task runs, from the task's first
+        step: closed under it (``coroutine.close()`` called while the task
+        waits in one of its ``await``), the coroutine has ended, but its
+        task still waits for the future the coroutine waited on, which
+        nobody may ever complete (``asyncio.sleep`` cancels its timer as it
+        is closed), and would never end nor be recorded as ended. Nothing
+        tells of a close: the loop looks every ``_WATCH_EVERY`` seconds,
+        while settle tasks run on it, and cancels the task of such a
+        coroutine (``CLOSED_UNDER``), which then ends ``failed`` with the
+        close's ``GeneratorExit``."""
+        self.watched[task] = coroutine
+        if self._look is None:
+            self._look = asyncio.get_running_loop().call_later(_WATCH_EVERY, self._closed_under)
+
+    def _closed_under(self) -> None:
+        self._look = None
+        for task, coroutine in list(self.watched.items()):
+            # Its task resumes in the step its coroutine ends in: ended and
+            # still waiting, it was closed from outside.
+            if not task.done() and _closed(coroutine):
+                task.cancel(CLOSED_UNDER)
+        if self.watched and not self.ending:
+            self._look = asyncio.get_running_loop().call_later(_WATCH_EVERY, self._closed_under)
+
+    def _stop_watching(self) -> None:
+        self.watched.clear()
+        look, self._look = self._look, None
+        if look is not None:
+            look.cancel()
+
     def left(self, task: Any) -> None:
         """``task`` ended: forgotten; once none is left, the loop is let go of."""
         self.pending.pop(task, None)
+        self.watched.pop(task, None)
         if self.pending or self.ending:
             return
         loop = self._loop()
@@ -552,6 +632,7 @@ class _OnLoop:
     def retire(self) -> None:
         """Finishes the generator at once, and gives the loop its own
         ``shutdown_asyncgens`` back: nothing pending, nothing to wait for."""
+        self._stop_watching()
         wrapped, self._wrapped = self._wrapped, None
         loop = self._loop()
         if wrapped is not None and loop is not None:
@@ -578,6 +659,7 @@ class _OnLoop:
         starts on the loop closes its source unopened (``ending`` stays
         set), and nothing here holds the loop any more."""
         self.ending = True
+        self._stop_watching()
         loop = asyncio.get_running_loop()
         bounds = [bound for bound in self.pending.values() if bound is not None]
         deadline = loop.time() + max(bounds, default=0.0) + _END_MARGIN

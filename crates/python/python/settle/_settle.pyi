@@ -392,7 +392,11 @@ class Session:
         ``failed`` when it raised (a ``GeneratorExit`` too; the record
         names the class, and what it raised goes to its awaiter, never to
         the store), ``cancelled`` when it raised ``CancelledError`` of its
-        own or was cancelled. Raises ``BadInput``
+        own or was cancelled. A coroutine closed while it runs
+        (``coroutine.close()`` called as it waits in an ``await``) has
+        ended with the close's ``GeneratorExit``: its loop notices within
+        about half a second and the task ends ``failed``, its awaiters
+        given a ``GeneratorExit``. Raises ``BadInput``
         at once for what cannot be awaited (a function rather than the
         coroutine its call makes)."""
     def finish(self) -> _Call[str]:
