@@ -71,10 +71,16 @@
 //!   `SessionClosed` (G10). A coroutine closed under its task (its
 //!   `close()` called as it waits) is noticed by its loop, which looks
 //!   twice a second while settle tasks run there: the task ends `failed`.
-//! - A loop closed without cancelling its tasks leaves their pumps and
-//!   coroutines pending for good; the deliverer finds such a loop closed
-//!   within about a second and ends what it left as cancelled, so the
-//!   sessions go idle (`stranded.rs`).
+//! - A loop's end cancels the pumps and coroutines still pending on it and
+//!   waits for them (bounded by the settle timeout), each stream closed on
+//!   it, before it closes any async generator or closes: the package wraps
+//!   the loop's `shutdown_asyncgens` and `close` while work runs there
+//!   (`_OnLoop` in `settle/_bridge.py`), so a loop closed by hand without
+//!   `shutdown_asyncgens()` gets the same. A loop that cannot be wrapped
+//!   (its type's instances have no `__dict__`) and is closed without it
+//!   leaves their pumps and coroutines pending for good; the deliverer
+//!   finds such a loop closed within about a second and ends what it left
+//!   as cancelled, so the sessions go idle (`stranded.rs`).
 //! - A forked child that touches its parent's objects gets `settle.Error`
 //!   (`process.rs`); interpreter exit shuts every kernel down, each within
 //!   its own bound (drain + settle timeout + flush budget), and says on

@@ -31,9 +31,14 @@ What it guarantees (the numbers are the project's, see its README):
   task still running as ``asyncio.run`` ends (one started while it was
   cancelling the program's tasks among them) is cancelled on the loop
   before it closes, its stream closed there (within the settle timeout).
-  A loop closed by hand gets the same from ``loop.shutdown_asyncgens()``
-  before ``loop.close()``; closed without it, it can close nothing more:
-  the kernel ends what it left as cancelled and lets go of it, and an HTTP
+  A loop closed by hand gets the same, whether ``loop.shutdown_asyncgens()``
+  was called before ``loop.close()`` or not: while the kernel's work runs on
+  a loop, both are wrapped on the loop object, and ``close()`` on a loop
+  with work pending first runs it until that work has ended (bounded as
+  above; the program's other tasks step meanwhile). Only a loop whose
+  methods cannot be set on it (a type without an instance ``__dict__``),
+  closed without ``shutdown_asyncgens()``, can close nothing more: the
+  kernel ends what it left as cancelled and lets go of it, and an HTTP
   stream's connection stays with its client's pool.
 - G5: cancelled work (a turn, a spawned coroutine) gets ``settle_timeout``
   seconds to unwind, then it is detached.

@@ -557,10 +557,23 @@ class _OnLoop:
     them, each would fail ("asynchronous generator is already running",
     logged by the loop) and be left to its reader's cancel. So while work
     runs here, the loop's ``shutdown_asyncgens`` is wrapped, on the loop
-    object itself (``_ahead_of_generators``): the end runs first, and the
+    object itself (``_ahead_of_the_loop``): the end runs first, and the
     loop closes its generators once nothing of the kernel's is inside one.
+
+    A loop closed without ``shutdown_asyncgens()`` (``loop.close()`` after
+    ``run_until_complete``, as some frameworks do) could run nothing more:
+    its pumps' streams would never be closed (an HTTP client's pool kept
+    the connection of a response never closed, its socket open, until the
+    process exited). So its ``close`` is wrapped too: with work pending
+    here and the loop not running, the end runs on it first (the loop run
+    until it is done: at most the settle timeout and a margin, the
+    program's other tasks stepping meanwhile), then it closes.
+
     A loop whose methods cannot be set on it (a type without an instance
-    ``__dict__``) has the generator alone.
+    ``__dict__``) has the generator alone; closed without
+    ``shutdown_asyncgens()``, what it left pending is ended as cancelled
+    by the kernel once it finds the loop closed (``loop_closed``), and
+    freed with its streams by the collector, unclosed.
 
     The generator lives only while work runs here: it is made for the
     first pump or task, and finished at once (nothing to wait for) when
@@ -585,7 +598,7 @@ class _OnLoop:
             self._end.asend(None).send(None)
         except StopIteration:
             pass
-        self._wrapped = _ahead_of_generators(loop, self)
+        self._wrapped = _ahead_of_the_loop(loop, self)
 
     def watch(self, task: Any, coroutine: Any) -> None:
         """Watches the coroutine a settle task runs, from the task's first
@@ -631,7 +644,8 @@ class _OnLoop:
 
     def retire(self) -> None:
         """Finishes the generator at once, and gives the loop its own
-        ``shutdown_asyncgens`` back: nothing pending, nothing to wait for."""
+        ``shutdown_asyncgens`` and ``close`` back: nothing pending, nothing
+        to wait for."""
         self._stop_watching()
         wrapped, self._wrapped = self._wrapped, None
         loop = self._loop()
@@ -710,14 +724,16 @@ async def _at_loop_end(on: _OnLoop) -> Any:
             on._end = None
 
 
-def _ahead_of_generators(loop: Any, on: _OnLoop) -> Any:
-    """Wraps ``loop.shutdown_asyncgens`` (on the loop object, not its type)
-    so that ``on``'s end runs before the loop closes any async generator
-    (see ``_OnLoop``); gives the wrapper, or ``None`` when the loop's
-    methods cannot be set on it. The wrapper holds neither the loop nor
-    ``on`` (weak references): it keeps nothing alive."""
+def _ahead_of_the_loop(loop: Any, on: _OnLoop) -> "Optional[dict[str, Any]]":
+    """Wraps ``loop.shutdown_asyncgens`` and ``loop.close`` (on the loop
+    object, not its type) so that ``on``'s end runs before the loop closes
+    any async generator, or closes (see ``_OnLoop``); gives the wrappers by
+    name, or ``None`` when the loop's methods cannot be set on it. They
+    hold neither the loop nor ``on`` (weak references): they keep nothing
+    alive. Each gives the loop its own methods back once it ran."""
     own = weakref.ref(loop)
     work = weakref.ref(on)
+    wrappers: "dict[str, Any]" = {}
 
     async def shutdown_asyncgens() -> None:
         loop = own()
@@ -728,24 +744,52 @@ def _ahead_of_generators(loop: Any, on: _OnLoop) -> Any:
             if on.pending and on.running():
                 await on.end()
             # Nothing of the kernel's runs here now: the end's generator is
-            # finished at once, the loop given its own method back.
+            # finished at once, the loop given its own methods back.
             on.retire()
-        _unwrap(loop, shutdown_asyncgens)
+        _unwrap(loop, wrappers)
         await loop.shutdown_asyncgens()
 
+    def close() -> None:
+        loop = own()
+        if loop is None:  # the loop this is called on: not collected
+            return
+        on = work()
+        if on is not None:
+            if on.pending and not loop.is_running() and not loop.is_closed():
+                # Closed without `shutdown_asyncgens()`: nothing could run
+                # on it after, so its work ends on it now, as that would
+                # have ended it (its streams closed there, once each).
+                try:
+                    loop.run_until_complete(on.end())
+                except RuntimeError as error:  # another loop runs in this thread
+                    _log.warning(
+                        "the kernel's work on a closing event loop could not be ended on it (%s): "
+                        "the kernel ends it as cancelled once it finds the loop closed",
+                        error,
+                    )
+            on.retire()
+        _unwrap(loop, wrappers)
+        loop.close()
+
+    wrappers["shutdown_asyncgens"] = shutdown_asyncgens
+    wrappers["close"] = close
     try:
-        loop.shutdown_asyncgens = shutdown_asyncgens
+        for name, wrapper in wrappers.items():
+            setattr(loop, name, wrapper)
     except AttributeError:  # a loop type whose instances have no `__dict__`
         return None
-    return shutdown_asyncgens
+    return wrappers
 
 
-def _unwrap(loop: Any, wrapper: Any) -> None:
-    """Gives ``loop`` its own ``shutdown_asyncgens`` back, if ``wrapper`` is
-    still what it has (a program may have set its own since)."""
+def _unwrap(loop: Any, wrappers: "dict[str, Any]") -> None:
+    """Gives ``loop`` its own methods back, each that is still the wrapper
+    set on it (a program may have set its own since)."""
     attributes = getattr(loop, "__dict__", None)
-    if attributes is not None and attributes.get("shutdown_asyncgens") is wrapper:
-        del attributes["shutdown_asyncgens"]
+    if attributes is None:
+        return
+    for name, wrapper in wrappers.items():
+        if attributes.get(name) is wrapper:
+            del attributes[name]
 
 
 def _created(task: Any) -> bool:
