@@ -29,10 +29,11 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use pyo3::exceptions::PyGeneratorExit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyModule, PySet, PyWeakrefReference};
+use pyo3::types::{PyDict, PyModule, PySet, PyType, PyWeakrefReference};
 use pyo3::IntoPyObjectExt;
 use tokio_util::sync::CancellationToken;
 
@@ -121,6 +122,43 @@ pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     BRIDGE
         .get_or_try_init(py, || py.import("settle._bridge").map(Bound::unbind))
         .map(|module| module.bind(py))
+}
+
+/// `CO_COROUTINE`, the flag of a native coroutine's code (`inspect`).
+const CO_COROUTINE: u32 = 0x80;
+
+/// Whether an `__aexit__` called with the exception class `kind` and
+/// `traceback` is the close of the coroutine in the block: a
+/// `GeneratorExit` left by a coroutine's frame (its `close()`, which the
+/// collector calls on a coroutine its closed loop left pending, whatever
+/// loop runs meanwhile, and the interpreter's exit), or one with no event
+/// loop running in this thread. Nothing can be awaited there (a
+/// coroutine being closed that suspends "ignored GeneratorExit"), so the
+/// exit must make no awaitable of a loop, nor one that suspends. (An
+/// async generator's `aclose()` may await: its exits wait as ever.)
+pub(crate) fn closing_coroutine(
+    py: Python<'_>,
+    kind: &Bound<'_, PyAny>,
+    traceback: &Bound<'_, PyAny>,
+) -> bool {
+    let generator_exit = kind
+        .cast::<PyType>()
+        .is_ok_and(|kind| kind.is_subclass_of::<PyGeneratorExit>().unwrap_or(false));
+    if !generator_exit {
+        return false;
+    }
+    let flags = traceback
+        .getattr(intern!(py, "tb_frame"))
+        .and_then(|frame| frame.getattr(intern!(py, "f_code")))
+        .and_then(|code| code.getattr(intern!(py, "co_flags")))
+        .and_then(|flags| flags.extract::<u32>());
+    flags.is_ok_and(|flags| flags & CO_COROUTINE != 0) || running_loop(py).is_err()
+}
+
+/// An awaitable done at once that needs no event loop (a coroutine that
+/// returns `None` at its first step): what an exit off any loop gives.
+pub(crate) fn done_at_once(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    bridge(py)?.call_method0(intern!(py, "nothing"))
 }
 
 /// The running event loop of the calling thread.

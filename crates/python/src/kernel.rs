@@ -599,15 +599,24 @@ impl PyKernel {
 
     /// Shuts down as `shutdown()` does, with the kernel's drain timeout,
     /// and resolves to `False`: an exception raised in the `async with`
-    /// block goes on up (the report is `shutdown()`'s to give).
+    /// block goes on up (the report is `shutdown()`'s to give). Left by
+    /// the close of its coroutine (`close()`: the collector, or the
+    /// interpreter's exit, closing a coroutine its closed loop left
+    /// pending), it begins the shutdown and waits for nothing.
     fn __aexit__<'py>(
         &self,
         py: Python<'py>,
-        _kind: Bound<'py, PyAny>,
+        kind: Bound<'py, PyAny>,
         _value: Bound<'py, PyAny>,
-        _traceback: Bound<'py, PyAny>,
+        traceback: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (kernel, here) = self.kernel.get()?;
+        if crate::awaitable::closing_coroutine(py, &kind, &traceback) {
+            // The block's coroutine is being closed: nothing can be
+            // awaited, so the shutdown begins and is not waited for.
+            kernel.begin_shutdown(self.drain);
+            return crate::awaitable::done_at_once(py);
+        }
         let (kernel, drain) = (kernel.clone(), self.drain);
         finishing(py, here, async move {
             kernel.shutdown(drain).await;

@@ -419,14 +419,24 @@ impl PyTurn {
     /// exception (the reading task cancelled, an error in the block), it
     /// waits for the turn's end at most the settle timeout and a margin
     /// (G5), so that a cancel is not held while the store stalls; the end
-    /// is kept (`outcome`) and written once the store answers.
+    /// is kept (`outcome`) and written once the store answers. Left by the
+    /// close of its coroutine (`close()`: the collector, or the
+    /// interpreter's exit, closing a coroutine its closed loop left
+    /// pending), it waits for nothing (a coroutine being closed can await
+    /// nothing): the turn is cancelled and settles on the kernel's
+    /// threads, as when it is dropped.
     fn __aexit__<'py>(
         &self,
         py: Python<'py>,
         kind: Bound<'py, PyAny>,
         _value: Bound<'py, PyAny>,
-        _traceback: Bound<'py, PyAny>,
+        traceback: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if crate::awaitable::closing_coroutine(py, &kind, &traceback) {
+            // A forked child's turn is not its own to cancel: nothing then.
+            let _ = self.cancel_soon();
+            return crate::awaitable::done_at_once(py);
+        }
         let bound = (!kind.is_none()).then(|| self.settle.saturating_add(EXIT_MARGIN));
         self.end_here(py, bound)
     }

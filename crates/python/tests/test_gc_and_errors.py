@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import settle
-from conftest import Stream, eventually
+from conftest import Stream, eventually, run_script
 
 
 async def ended_turns(session):
@@ -837,3 +837,78 @@ async def test_g8_a_store_silent_for_a_whole_lease_stops_the_kernel_and_lease_tt
             await kernel.register("late")
     finally:
         await kernel.shutdown(0.0)
+
+
+#: A program's reader left pending on a loop closed without cancelling its
+#: tasks (as some frameworks close theirs): its coroutine, inside the
+#: kernel's and the turn's ``async with``, is closed later by the
+#: collector (``collect``) or at interpreter exit (``exit``), on no loop.
+LEFT_INSIDE_ASYNC_WITH_SCRIPT = """
+import asyncio, gc, sys, time
+import settle
+
+async def items():
+    while True:
+        await asyncio.sleep(0.01)
+        yield "x"
+
+async def reader(db, box):
+    async with await settle.Kernel.open(db, settle_timeout=0.3) as kernel:
+        box.append(kernel)
+        session = await kernel.register("s")
+        box.append(session)
+        async with await session.turn(items) as turn:
+            async for _ in turn:
+                pass
+
+async def main(box):
+    asyncio.ensure_future(reader(sys.argv[1], box))
+    while len(box) < 2:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+
+box = []
+loop = asyncio.new_event_loop()
+loop.run_until_complete(main(box))
+type(loop).close(loop)
+if sys.argv[2] != "exit":
+    # The kernel finds the loop closed (it looks about once a second) and
+    # lets go of what the reader waited on: the collector can take it.
+    time.sleep(2.5)
+    if sys.argv[2] == "collect":
+        gc.collect()
+    kernel, session = box
+    async def after():
+        if sys.argv[2] == "collect_on_another_loop":
+            gc.collect()
+        await kernel.stopped()
+        print("stopped", [t["outcome"] for t in await session.transcript()], flush=True)
+    asyncio.run(after())
+print("end", flush=True)
+"""
+
+
+@pytest.mark.parametrize("when", ["collect", "collect_on_another_loop", "exit"])
+def test_g4_g9_a_reader_closed_off_its_loop_inside_async_with_ends_its_turn_and_kernel_quietly(db, when):
+    """Found from outside: a program's coroutine left pending inside
+    ``async with kernel`` and ``async with turn`` (its loop closed under
+    it), closed later by the collector or at interpreter exit, had each
+    ``__aexit__`` raise ``settle.Error`` ("settle's calls run on the event
+    loop of the code that awaits them...") into the close, which Python
+    printed as "Exception ignored": the exits asked for the running loop
+    to make their awaitable, and no loop runs there; collected while
+    another loop ran, the exits' awaitables suspended the closing
+    coroutine ("coroutine ignored GeneratorExit"). Either way the kernel
+    was never shut down. Now the exit of a coroutine being closed awaits
+    nothing: the turn is cancelled and settles on the kernel's threads (as
+    when it is dropped), and the kernel's shutdown begins without being
+    waited for."""
+    out = run_script(LEFT_INSIDE_ASYNC_WITH_SCRIPT, db, when, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    if when != "exit":
+        assert lines == ["stopped ['cancelled']", "end"], out.stdout + out.stderr
+    else:
+        assert lines == ["end"], out.stdout + out.stderr
+    assert "Exception ignored" not in out.stderr, out.stderr
+    assert "settle.Error" not in out.stderr, out.stderr

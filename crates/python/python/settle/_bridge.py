@@ -351,6 +351,12 @@ class Next:
             self._future.cancel()
 
 
+async def nothing() -> None:
+    """Done at its first step, on no loop: what a ``Turn``'s or a
+    ``Kernel``'s ``__aexit__`` gives when the coroutine in the block is
+    being closed (it can await nothing that suspends)."""
+
+
 def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> None:
     """Closes a turn's source that the kernel never opened (the turn was
     cancelled first), from ``loop``'s thread; ``loop`` is ``None`` when it

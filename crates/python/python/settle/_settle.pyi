@@ -292,7 +292,7 @@ class Turn:
     def __aenter__(self) -> _Call[Turn]:
         """The turn itself, for ``async with``."""
     def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[None]:
-        """Ends the turn as ``aclose()`` does; left by an exception (the reading task cancelled), waits for its end at most the settle timeout and a second (G5), so a stalled store never holds a cancel."""
+        """Ends the turn as ``aclose()`` does; left by an exception (the reading task cancelled), waits for its end at most the settle timeout and a second (G5), so a stalled store never holds a cancel. Left by the close of its coroutine (``close()``: the collector, or the interpreter's exit, closing a coroutine its closed loop left pending), it waits for nothing (a coroutine being closed can await nothing): the turn is cancelled and settles on the kernel's threads."""
 
 @final
 class Task(Generic[_T]):
@@ -606,7 +606,10 @@ class Kernel:
         """The kernel itself, for ``async with``."""
     def __aexit__(self, kind: Any, value: Any, traceback: Any) -> _Call[bool]:
         """Shuts down as ``shutdown()`` does, with the kernel's drain timeout,
-        and resolves to ``False``: an exception raised in the block goes on up."""
+        and resolves to ``False``: an exception raised in the block goes on up.
+        Left by the close of its coroutine (``close()``: the collector, or the
+        interpreter's exit, closing a coroutine its closed loop left pending),
+        it begins the shutdown and waits for nothing."""
 
 def shutdown_all(timeout: Optional[float] = None) -> None:
     """What interpreter exit runs: shuts down every kernel this process still
