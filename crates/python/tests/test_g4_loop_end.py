@@ -177,7 +177,15 @@ print(json.dumps({
 }), flush=True)
 
 async def read_back():
-    print(json.dumps([t["outcome"] for t in await box["session"].transcript()]), flush=True)
+    # The turn's end is written by the kernel's threads once its pump
+    # reported it: read once it is (or after a generous bound).
+    deadline = time.monotonic() + 20
+    while True:
+        outcomes = [t["outcome"] for t in await box["session"].transcript()]
+        if None not in outcomes or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    print(json.dumps(outcomes), flush=True)
     await box["kernel"].shutdown(0.0)
 
 asyncio.run(read_back())
