@@ -116,3 +116,99 @@ fn a_log_that_cannot_be_written_loses_its_lines_not_the_run() {
     let status = wait_within(&mut child, PATIENCE).expect("settle run ended");
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// One upgrade from a web origin the gateway does not allow (a line in its
+/// log each), read to its answer: the status line. Waits at most
+/// [`PATIENCE`] for it, so that a gateway that stopped answering fails the
+/// test instead of hanging it.
+fn refused_origin(addr: &str) -> String {
+    use std::io::Write;
+    let mut socket = std::net::TcpStream::connect(addr).expect("connect to the gateway");
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    socket
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+              Origin: http://page.example\r\n\r\n",
+        )
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match socket.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!("the gateway stopped answering ({e}) after its log filled"),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// A child process killed when the test ends, however it ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A gateway's standard error is a pipe nobody reads any more (a log
+/// shipper that hung, a pager left paused): any client can make it log (a
+/// refused origin is a line each), and a log line written straight to a
+/// full pipe blocked the thread that wrote it. Once a few hundred lines
+/// filled the pipe, every worker thread was blocked in a write: no client
+/// was answered, `/healthz` neither, and SIGTERM ended nothing (G9's exit
+/// bound). Lines that cannot be written now are dropped, counted, never
+/// waited for.
+#[test]
+fn g9_a_log_nobody_reads_stalls_neither_the_gateway_nor_its_exit() {
+    use nix::fcntl::{fcntl, FcntlArg};
+    use std::io::{BufRead, BufReader, Write};
+
+    let sandbox = Sandbox::new();
+    let book = settle_tests::long_book(&sandbox);
+    // The read end is the test's alone (close-on-exec): nobody reads it,
+    // and the gateway's writes wait as they would on a reader that hung.
+    let (unread, log) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("a pipe");
+    // The smallest pipe there is: a page of lines fills it.
+    let _ = fcntl(&log, FcntlArg::F_SETPIPE_SZ(4096));
+    let mut cmd = sandbox.command(&["serve", "--listen", "127.0.0.1:0", "--scripted", &book]);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log));
+    let mut child = Reaped(cmd.spawn().expect("start settle serve"));
+    drop(cmd);
+    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line
+        .trim_end()
+        .rsplit("://")
+        .next()
+        .and_then(|rest| rest.strip_suffix("/ws"))
+        .unwrap_or_else(|| panic!("not a listening line: {line:?}"))
+        .to_owned();
+
+    // Far more than the pipe holds.
+    for _ in 0..1000 {
+        let status = refused_origin(&addr);
+        assert!(status.contains(" 403 "), "{status}");
+    }
+    let mut health = std::net::TcpStream::connect(&addr).unwrap();
+    health.set_read_timeout(Some(PATIENCE)).unwrap();
+    health
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = health.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.0.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = wait_within(&mut child.0, PATIENCE).expect("settle serve exited on SIGTERM");
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    drop(unread);
+}

@@ -44,6 +44,7 @@ pub mod export;
 pub mod input_limits;
 pub mod listing;
 pub mod live;
+pub mod log_sink;
 pub mod model_server;
 pub mod open_files;
 pub mod outfile;
@@ -115,8 +116,14 @@ pub fn stdout_failure() -> Option<Failure> {
 /// Writes `text` to standard error, ignoring a failure: `eprintln!` panics
 /// when standard error cannot be written, and a process whose log sits on
 /// the disk its store just filled must still say what it can and exit with
-/// its own code.
+/// its own code. Once [`log_sink::install_stderr`] put standard error behind
+/// a queue (a gateway), the line is queued there, never waited on longer
+/// than standard error keeps taking lines.
 pub fn complain(text: &str) {
+    if let Some(sink) = log_sink::stderr_sink() {
+        sink.say(text.as_bytes().to_vec(), log_sink::STALL);
+        return;
+    }
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(text.as_bytes());
     let _ = err.flush();

@@ -267,8 +267,11 @@ fn main() -> ExitCode {
             ExitCode::from(failure.code)
         }
     };
-    // Everything was said. A read still blocked on a store that stopped
-    // answering is left behind rather than waited for (G9's exit bound).
+    // Everything was said: written, unless standard error stopped taking
+    // lines (the process does not wait on it).
+    settle_cli::log_sink::flush_stderr();
+    // A read still blocked on a store that stopped answering is left behind
+    // rather than waited for (G9's exit bound).
     runtime.shutdown_timeout(EXIT_GRACE);
     code
 }
@@ -335,12 +338,18 @@ fn init_tracing(serving: bool) {
     // A log line that cannot be written is lost, never reported with
     // `eprintln!` (the default), which panics on the same failing stderr:
     // a work, the recorder or the driver panicked on a full disk.
-    let _ = tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .try_init();
+        .log_internal_errors(false);
+    // A gateway's clients make it log (a line per refused origin, per
+    // message it could not read): a standard error nobody reads any more
+    // must stall none of its threads (G9), so its lines are queued, bounded,
+    // and written by a thread of their own (see `log_sink`).
+    let _ = match serving.then(settle_cli::log_sink::install_stderr).flatten() {
+        Some(sink) => log.with_writer(sink.clone()).try_init(),
+        None => log.with_writer(std::io::stderr).try_init(),
+    };
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
