@@ -323,16 +323,21 @@ impl fmt::Display for DbError {
                  (a server restart, a dropped connection); it is opened again for the next write",
             );
         }
-        let text = self.0.to_string();
-        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-        if let Some(first) = lines.next() {
-            f.write_str(first)?;
-        }
-        for line in lines {
-            write!(f, " {line}")?;
-        }
-        Ok(())
+        f.write_str(&one_line(&self.0.to_string()))
     }
+}
+
+/// A database's message on one line: each of its lines trimmed (libpq
+/// indents its hints and ends with a line break), the empty ones left
+/// out, the rest joined by a space.
+pub(crate) fn one_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut joined = lines.next().unwrap_or_default().to_owned();
+    for line in lines {
+        joined.push(' ');
+        joined.push_str(line);
+    }
+    joined
 }
 
 impl std::error::Error for DbError {

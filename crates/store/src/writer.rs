@@ -212,8 +212,35 @@ fn repair(conn: &mut AnyConn, reconnect: Option<&str>) -> bool {
             true
         }
         Err(e) => {
-            tracing::warn!(error = %e, "the store's writer connection is lost; will try again before the next write");
+            let error = why_lost(&e);
+            tracing::warn!(%error, "the store's writer connection is lost; will try again before the next write");
             false
         }
+    }
+}
+
+/// Why the writer's connection could not be established again, on the one
+/// log line that says it (libpq's message spans several).
+fn why_lost(e: &diesel::ConnectionError) -> String {
+    crate::error::one_line(&e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_writer_connection_is_said_on_one_log_line() {
+        // libpq's words for a server that is down, line breaks included.
+        let refused = diesel::ConnectionError::BadConnection(
+            "connection to server at \"127.0.0.1\", port 5432 failed: Connection refused\n\
+             \tIs the server running on that host and accepting TCP/IP connections?\n"
+                .to_owned(),
+        );
+        assert_eq!(
+            why_lost(&refused),
+            "connection to server at \"127.0.0.1\", port 5432 failed: Connection refused \
+             Is the server running on that host and accepting TCP/IP connections?"
+        );
     }
 }
