@@ -14,6 +14,14 @@
 //! while the writer makes progress, and the exit waits for the queue the
 //! same way ([`flush_stderr`]), so that a slow terminal loses nothing and a
 //! stuck one holds nothing.
+//!
+//! Not `tracing-appender`'s non-blocking writer, which is otherwise this:
+//! at exit with its queue full (standard error stuck), its guard reports
+//! the failed shutdown with `println!`, to standard output, which a
+//! gateway's supervisor usually reads as it reads standard error; stuck
+//! there too, the exit would block in that write (or panic, on a closed
+//! pipe). It also counts dropped lines without saying where in the log
+//! they went missing.
 
 use std::collections::VecDeque;
 use std::io::Write;
