@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
+use crate::refusals::{refused, Refusal};
 use crate::shared::Shared;
 use crate::slots::Slot;
 
@@ -76,7 +77,9 @@ pub(crate) async fn accept<L>(
         };
         sends_at_once(&mut io);
         let Some(slot) = shared.slots.any() else {
-            tracing::warn!(
+            refused!(
+                shared.refusals,
+                Refusal::AtCapacity,
                 ?peer,
                 limit = shared.limits.max_connections,
                 "refused a connection: the gateway has its maximum of connections open"
@@ -121,10 +124,16 @@ impl Served {
         };
         match handshake {
             Ok(Ok(io)) => self.http(io, peer).await,
-            Ok(Err(error)) => {
-                tracing::warn!(?peer, %error, "dropped a connection: its TLS handshake failed");
-            }
-            Err(_) => tracing::warn!(
+            Ok(Err(error)) => refused!(
+                self.shared.refusals,
+                Refusal::Handshake,
+                ?peer,
+                %error,
+                "dropped a connection: its TLS handshake failed"
+            ),
+            Err(_) => refused!(
+                self.shared.refusals,
+                Refusal::Handshake,
                 ?peer,
                 ?timeout,
                 "dropped a connection: no TLS handshake within the header timeout"
@@ -177,7 +186,9 @@ impl Served {
             }
         };
         match served {
-            Err(error) if error.is_timeout() => tracing::warn!(
+            Err(error) if error.is_timeout() => refused!(
+                shared.refusals,
+                Refusal::HeaderTimeout,
                 ?peer,
                 ?timeout,
                 "dropped a connection: no complete request header within the header timeout"

@@ -238,6 +238,7 @@ impl GatewayBuilder {
                 slots,
                 fleet: self.fleet,
                 adopting: crate::fleet::Adopting::default(),
+                refusals: crate::refusals::Refusals::default(),
             }),
         }
     }
@@ -350,6 +351,7 @@ impl Gateway {
                 connection::close_all(&shared.connections, CLOSE_GRACE),
                 connection::wait_at_most(&http, 2 * CLOSE_GRACE, "HTTP connections")
             );
+            shared.refusals.say_unwritten();
             report
         };
         let ((), report) = tokio::join!(accepting, wind_down);

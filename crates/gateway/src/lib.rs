@@ -126,6 +126,7 @@ mod pump;
 mod rate;
 mod read_ahead;
 mod reading;
+mod refusals;
 mod scripted;
 mod shared;
 mod slots;

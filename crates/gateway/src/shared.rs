@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub fleet: Option<Fleet>,
     /// The sessions being adopted from the fleet, one lock each.
     pub adopting: crate::fleet::Adopting,
+    /// The log lines of clients it does not serve, written in runs.
+    pub refusals: crate::refusals::Refusals,
 }
 
 impl Shared {

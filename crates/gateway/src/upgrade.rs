@@ -20,6 +20,7 @@ use axum::Extension;
 use crate::accept::Peer;
 use crate::auth;
 use crate::connection;
+use crate::refusals::{refused, Refusal};
 use crate::shared::Shared;
 use crate::slots::Slot;
 
@@ -56,7 +57,13 @@ pub(crate) async fn upgrade(
     let peer = peer.map(|Extension(Peer(p))| p);
     let peer = peer.as_deref().unwrap_or("unknown");
     if let Some(origin) = shared.origins.refused(&headers) {
-        tracing::warn!(%peer, %origin, "refused an upgrade: its origin is not allowed");
+        refused!(
+            shared.refusals,
+            Refusal::Origin,
+            %peer,
+            %origin,
+            "refused an upgrade: its origin is not allowed"
+        );
         return refused(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -66,7 +73,9 @@ pub(crate) async fn upgrade(
     let principal = match auth::authenticate(shared.tokens.as_ref(), &headers) {
         Ok(principal) => principal,
         Err(why) => {
-            tracing::warn!(
+            refused!(
+                shared.refusals,
+                Refusal::Unauthenticated,
                 %peer,
                 reason = why.message(),
                 "refused an upgrade: not authenticated"
@@ -85,7 +94,14 @@ pub(crate) async fn upgrade(
     let own = match shared.slots.of(&principal) {
         Ok(own) => own,
         Err(limit) => {
-            tracing::warn!(%peer, %principal, limit, "refused an upgrade: the principal has its maximum of connections open");
+            refused!(
+                shared.refusals,
+                Refusal::PrincipalAtCapacity,
+                %peer,
+                %principal,
+                limit,
+                "refused an upgrade: the principal has its maximum of connections open"
+            );
             return refused(
                 StatusCode::TOO_MANY_REQUESTS,
                 "over_capacity",
