@@ -125,19 +125,9 @@ impl Sink {
     /// writer takes a line within `stall` each time; dropped, as a log line
     /// is, once it does not.
     pub fn say(&self, line: Vec<u8>, stall: Duration) {
-        let mut state = self.shared.lock();
-        while state.bytes > 0 && state.bytes + line.len() > self.shared.capacity {
-            let before = state.written;
-            state = self
-                .shared
-                .progressed
-                .wait_timeout(state, stall)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-            if state.written == before {
-                break;
-            }
-        }
+        let capacity = self.shared.capacity;
+        let full = |state: &State| state.bytes > 0 && state.bytes + line.len() > capacity;
+        let (state, _) = self.wait_while(full, stall);
         self.queue(state, line);
     }
 
@@ -145,8 +135,20 @@ impl Sink {
     /// takes a line within `stall` each time. Whether everything was
     /// written.
     pub fn flush(&self, stall: Duration) -> bool {
+        let waiting = |state: &State| !state.entries.is_empty() || state.writing;
+        self.wait_while(waiting, stall).1
+    }
+
+    /// Waits while `waiting` holds, as long as the writer takes a line
+    /// within `stall` each time: the state, locked, and whether `waiting`
+    /// stopped holding (rather than the writer stalling).
+    fn wait_while(
+        &self,
+        waiting: impl Fn(&State) -> bool,
+        stall: Duration,
+    ) -> (MutexGuard<'_, State>, bool) {
         let mut state = self.shared.lock();
-        while !state.entries.is_empty() || state.writing {
+        while waiting(&state) {
             let before = state.written;
             state = self
                 .shared
@@ -154,11 +156,11 @@ impl Sink {
                 .wait_timeout(state, stall)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-            if state.written == before && (!state.entries.is_empty() || state.writing) {
-                return false;
+            if state.written == before && waiting(&state) {
+                return (state, false);
             }
         }
-        true
+        (state, true)
     }
 }
 
