@@ -85,6 +85,38 @@ async fn told_after_cancel(mut turn: settle_runtime::Turn) -> (Outcome, Duration
     (outcome, cancelled.elapsed())
 }
 
+/// `n` idle sessions registered on `kernel`, to be held.
+async fn holders(kernel: &Kernel, n: usize) -> Vec<settle_runtime::SessionHandle> {
+    let mut holders = Vec::with_capacity(n);
+    for i in 0..n {
+        holders.push(kernel.register(format!("holder-{i}"), None).await.unwrap());
+    }
+    holders
+}
+
+/// A hold of each of `holders`, asked at once, each on a task of its own:
+/// how it was answered, and how long after its ask.
+fn ask_holds(
+    holders: &[settle_runtime::SessionHandle],
+) -> Vec<
+    tokio::task::JoinHandle<(
+        Result<settle_runtime::Handled, settle_runtime::RuntimeError>,
+        Duration,
+    )>,
+> {
+    holders
+        .iter()
+        .map(|h| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let asked = std::time::Instant::now();
+                let held = h.hold(settle_runtime::Hold::PendingInput).await;
+                (held, asked.elapsed())
+            })
+        })
+        .collect()
+}
+
 /// A coordinator finished while the file is locked past the store timeout:
 /// its children's transitions and turn ends, handed while the lock was
 /// held, land when it goes and are tried again after; the store answers
@@ -421,20 +453,11 @@ async fn g9_a_turns_end_behind_other_store_calls_on_a_stalled_store_is_told_by_t
     let session = kernel.register("reader", None).await.unwrap();
     let mut turn = start(&session, &provider([quiet])).await;
     assert_eq!(read_chunks(&mut turn, 1).await, ["c-0"]);
-    let mut holders = Vec::new();
-    for i in 0..3 {
-        holders.push(kernel.register(format!("holder-{i}"), None).await.unwrap());
-    }
+    let holders = holders(&kernel, 3).await;
     let lock = Lock::take(&path);
     // Three holds' records, each a store call of its own, ahead of the
     // turn's end.
-    let holds: Vec<_> = holders
-        .iter()
-        .map(|h| {
-            let h = h.clone();
-            tokio::spawn(async move { h.hold(settle_runtime::Hold::PendingInput).await })
-        })
-        .collect();
+    let holds = ask_holds(&holders);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (outcome, told) = told_after_cancel(turn).await;
     lock.release();
@@ -516,10 +539,7 @@ async fn g9_a_turns_end_tried_again_is_told_at_the_store_timeout_not_when_the_tr
 async fn g3_holds_asked_on_a_locked_store_are_each_answered_by_their_store_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let (path, _store, kernel) = on_a_file(&dir).await;
-    let mut holders = Vec::new();
-    for i in 0..4 {
-        holders.push(kernel.register(format!("holder-{i}"), None).await.unwrap());
-    }
+    let holders = holders(&kernel, 4).await;
     // Lifecycle writes ahead of the holds' records: a turn's end and a
     // finalize, in a batch the lock stalls, tried again.
     let busy = kernel.register("busy", None).await.unwrap();
@@ -530,17 +550,7 @@ async fn g3_holds_asked_on_a_locked_store_are_each_answered_by_their_store_timeo
         busy.close().await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let holds: Vec<_> = holders
-        .iter()
-        .map(|h| {
-            let h = h.clone();
-            tokio::spawn(async move {
-                let asked = std::time::Instant::now();
-                let held = h.hold(settle_runtime::Hold::PendingInput).await;
-                (held, asked.elapsed())
-            })
-        })
-        .collect();
+    let holds = ask_holds(&holders);
     let mut answers = Vec::new();
     for hold in holds {
         answers.push(hold.await.unwrap());
