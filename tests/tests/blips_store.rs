@@ -27,12 +27,17 @@ use settle_tests::{Running, Sandbox, PATIENCE};
 /// sandbox's SQLite file or on `db`; its address.
 fn serve(sandbox: &Sandbox, db: Option<&str>) -> (Running, String) {
     let book = settle_tests::long_book(sandbox);
+    serve_book(sandbox, db, &book)
+}
+
+/// [`serve`] with the script book at `book`.
+fn serve_book(sandbox: &Sandbox, db: Option<&str>, book: &str) -> (Running, String) {
     let mut args = vec![
         "serve",
         "--listen",
         "127.0.0.1:0",
         "--scripted",
-        &book,
+        book,
         "--drain-timeout",
         "20s",
         "--max-sessions",
@@ -180,6 +185,92 @@ async fn g7_a_store_locked_while_a_turn_ends_heals_and_the_session_goes_on() {
     assert!(status.code().is_some(), "{stderr}");
 }
 
+/// A blip that many streaming turns meet is said in a few lines, not one a
+/// turn: the first failure of each kind is written with its session and
+/// the database's words, the others within the quiet period after it are
+/// counted, and the count is said (with the next line of its kind, or as
+/// the gateway stops). A PostgreSQL restart under a few thousand streaming
+/// sessions wrote a line for each of them (200 lines for 200 in a look
+/// from outside), at the default log level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_blip_met_by_many_turns_is_logged_in_a_few_lines_with_its_count() {
+    const TURNS: usize = 24;
+    let Some(cluster) = common::own_cluster() else {
+        return;
+    };
+    let _alone = ONE_SERVER_BLIP_AT_A_TIME.lock().await;
+    let pg = common::PgDb::new(&cluster.admin_url);
+    let sandbox = Sandbox::new();
+    // Turns of 12 s: every one still streams when the server goes down.
+    let chunks: Vec<String> = (1..=120).map(|i| format!("\"l{i}\"")).collect();
+    let book = sandbox.write(
+        "book.toml",
+        &format!(
+            "[default]\nchunks = [\"ok\"]\n\n[prompt.long]\nchunks = [{}]\nchunk_delay_ms = 100\n",
+            chunks.join(", ")
+        ),
+    );
+    let (mut serving, addr) = serve_book(&sandbox, Some(&pg.url), &book.to_string_lossy());
+    let mut clients = Vec::new();
+    for i in 0..TURNS {
+        let mut client = connect(&addr).await;
+        let id = create(&mut client, &format!("blip{i}")).await;
+        client
+            .ok("turn.start", json!({ "id": id, "prompt": "long" }))
+            .await;
+        assert_eq!(client.expect("turn.chunk").await["text"], "l1");
+        clients.push(client);
+    }
+    // Down for 3 s, within the runtime's 10 s store timeout: every
+    // streaming turn's next chunk fails (at once: the connection is gone)
+    // and is tried again until the server is back.
+    let down = tokio::task::spawn_blocking(move || cluster.down_for(Duration::from_secs(3)));
+    let mut ends = Vec::new();
+    for client in &mut clients {
+        ends.push(ended(client).await);
+    }
+    assert!(down.await.unwrap(), "pg_ctl stop/start failed");
+    serving.signal(Signal::SIGTERM);
+    let status = serving.exits_within(PATIENCE, "the gateway after SIGTERM");
+    let stderr = serving.stderr_text();
+    for end in &ends {
+        assert_eq!(end["outcome"], "completed", "{ends:#?}\n{stderr}");
+    }
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.parse::<u64>().ok())
+    };
+    let written: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("failed to persist a chunk"))
+        .collect();
+    assert!(
+        (1..=2).contains(&written.len()),
+        "{} lines for one blip met by {TURNS} turns:\n{stderr}",
+        written.len()
+    );
+    let with_next: u64 = written
+        .iter()
+        .filter_map(|l| field(l, "unlogged_before="))
+        .sum();
+    let at_the_end: u64 = stderr
+        .lines()
+        .filter(|l| l.contains("more chunks failed to persist"))
+        .filter_map(|l| field(l, "count="))
+        .sum();
+    assert!(
+        written.len() as u64 + with_next + at_the_end >= TURNS as u64,
+        "the lines do not count every turn the blip met ({} written, {with_next} \
+         said with the next, {at_the_end} said at the end):\n{stderr}",
+        written.len()
+    );
+    assert!(status.code().is_some(), "{stderr}");
+}
+
+/// The tests that stop or restart this binary's PostgreSQL server, one at
+/// a time (each counts what its own blip did).
+static ONE_SERVER_BLIP_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// One soak client's record: its session, and each turn it was announced
 /// with what it was told of its end.
 struct Told {
@@ -270,6 +361,7 @@ async fn g7_a_gateway_on_a_postgresql_restarted_every_few_seconds_loses_no_annou
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
+    let _alone = ONE_SERVER_BLIP_AT_A_TIME.lock().await;
     let clients = knob("SETTLE_SOAK_CLIENTS", 200);
     let secs = knob("SETTLE_SOAK_SECS", 20);
     let pg = common::PgDb::new(&cluster.admin_url);

@@ -5,18 +5,14 @@
 //! of attempts would grow the log without bound (about 100 bytes each: a
 //! third of a gigabyte an hour at a thousand a second). Each kind is
 //! logged in runs: the first refusal of a kind is written; those that
-//! follow within [`QUIET`] of the last one written are counted, and the
+//! follow within [`QUIET`](settle_runtime::log_runs::QUIET) of the last one written are counted, and the
 //! count is said with the next one written (at most one line per kind
-//! every [`QUIET`]) and, for a run still unsaid, when the gateway stops.
+//! every `QUIET`) and, for a run still unsaid, when the gateway stops.
 
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use settle_runtime::LogRuns;
 
-use tokio::time::Instant;
-
-/// How long after a refusal's line another of its kind is counted rather
-/// than written.
-pub(crate) const QUIET: Duration = Duration::from_secs(10);
+#[cfg(test)]
+use settle_runtime::log_runs::QUIET;
 
 /// A kind of refusal, each with its own runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,18 +54,10 @@ impl Refusal {
     }
 }
 
-/// One kind's run: when its last line was written, and how many of it
-/// came since without one.
-#[derive(Debug, Default, Clone, Copy)]
-struct Run {
-    written: Option<Instant>,
-    unwritten: u64,
-}
-
 /// The runs of every kind of refusal (see the [module documentation](self)).
 #[derive(Debug, Default)]
 pub(crate) struct Refusals {
-    runs: Mutex<[Run; Refusal::ALL.len()]>,
+    runs: LogRuns<{ Refusal::ALL.len() }>,
 }
 
 impl Refusals {
@@ -77,31 +65,16 @@ impl Refusals {
     /// written now, `n` being how many of its kind went unwritten before
     /// it; `None` when it is counted instead.
     pub(crate) fn write(&self, kind: Refusal) -> Option<u64> {
-        let now = Instant::now();
-        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-        let run = &mut runs[kind as usize];
-        match run.written {
-            Some(at) if now.saturating_duration_since(at) < QUIET => {
-                run.unwritten += 1;
-                None
-            }
-            _ => {
-                run.written = Some(now);
-                Some(std::mem::take(&mut run.unwritten))
-            }
-        }
+        self.runs.write(kind as usize)
     }
 
     /// The refusals counted and not said yet, by kind, each taken: for the
     /// gateway's last lines.
     fn take_unwritten(&self) -> Vec<(Refusal, u64)> {
-        let mut runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-        Refusal::ALL
+        self.runs
+            .take_unwritten()
             .into_iter()
-            .filter_map(|kind| {
-                let n = std::mem::take(&mut runs[kind as usize].unwritten);
-                (n > 0).then_some((kind, n))
-            })
+            .filter_map(|(kind, n)| Some((*Refusal::ALL.get(kind)?, n)))
             .collect()
     }
 
@@ -123,11 +96,7 @@ impl Refusals {
 /// went unwritten before it (see [`Refusals::write`]).
 macro_rules! refused {
     ($refusals:expr, $kind:expr, $($line:tt)+) => {
-        match $refusals.write($kind) {
-            Some(0) => tracing::warn!($($line)+),
-            Some(unlogged_before) => tracing::warn!(unlogged_before, $($line)+),
-            None => {}
-        }
+        settle_runtime::log_in_runs!($refusals.write($kind), warn, $($line)+)
     };
 }
 pub(crate) use refused;
@@ -136,9 +105,8 @@ pub(crate) use refused;
 mod tests {
     use super::*;
 
-    /// A flood of one kind writes one line each [`QUIET`], carrying how
-    /// many went unwritten; another kind has runs of its own; the count of
-    /// a run still unsaid is taken once, at the end.
+    /// Each kind of refusal has runs of its own, and the counts said at
+    /// the end name their kinds.
     #[tokio::test(start_paused = true)]
     async fn a_flood_of_refusals_writes_one_line_a_quiet_period_with_its_count() {
         let refusals = Refusals::default();
@@ -146,15 +114,12 @@ mod tests {
         for _ in 0..500 {
             assert_eq!(refusals.write(Refusal::Origin), None);
         }
-        // Another kind is written at once.
         assert_eq!(refusals.write(Refusal::AtCapacity), Some(0));
-        tokio::time::advance(QUIET - Duration::from_millis(1)).await;
-        assert_eq!(refusals.write(Refusal::Origin), None);
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(refusals.write(Refusal::Origin), Some(501));
-        assert_eq!(refusals.write(Refusal::Origin), None);
-        assert_eq!(refusals.write(Refusal::AtCapacity), Some(0));
-        assert_eq!(refusals.take_unwritten(), [(Refusal::Origin, 1)]);
+        tokio::time::advance(QUIET).await;
+        assert_eq!(refusals.write(Refusal::Origin), Some(500));
+        assert_eq!(refusals.write(Refusal::HeaderTimeout), Some(0));
+        assert_eq!(refusals.write(Refusal::HeaderTimeout), None);
+        assert_eq!(refusals.take_unwritten(), [(Refusal::HeaderTimeout, 1)]);
         assert!(refusals.take_unwritten().is_empty(), "said once");
     }
 }

@@ -22,7 +22,9 @@
 //! core decided comes out as effects, and only effects are executed.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::store_failures::StoreFailures;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,7 +128,7 @@ pub(crate) struct Parts {
     pub events: EventBus,
     pub works: TaskTracker,
     pub ids: IdBlock,
-    pub failures: Arc<AtomicUsize>,
+    pub failures: Arc<StoreFailures>,
     pub shutting_down: CancellationToken,
     /// Where the last shutdown's report is kept (the recorder writes it;
     /// the driver does when the recorder is gone).
@@ -171,7 +173,7 @@ pub(crate) struct Driver {
     works: HashMap<WorkId, WorkHandle>,
     shutdown_waiters: Vec<oneshot::Sender<ShutdownReport>>,
     /// Store writes that failed, counted by the works' chunk writes too.
-    failures: Arc<AtomicUsize>,
+    failures: Arc<StoreFailures>,
     /// Told when a shutdown begins, for frontends waiting to start more.
     shutting_down: CancellationToken,
     /// The metrics moved by the effects it executes.
@@ -343,11 +345,10 @@ impl Driver {
             "the store's recorder stopped (it panicked): nothing more can be written; \
              shutting down, every live session left for `settle recover`"
         );
-        self.failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.failures.add();
         self.recorder_lost = Some(ShutdownReport {
             left_recoverable: self.sessions.keys().copied().collect(),
-            store_failures: self.failures.load(std::sync::atomic::Ordering::Relaxed),
+            store_failures: self.failures.count(),
             ..ShutdownReport::default()
         });
         let zero = Duration::ZERO;

@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::store_failures::StoreFailures;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ impl KernelBuilder {
         let (ack_tx, acks) = mpsc::unbounded_channel();
         let (deadline_tx, deadline) = tokio::sync::watch::channel(None);
         let events = EventBus::new();
-        let failures = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(StoreFailures::default());
         let shutting_down = tokio_util::sync::CancellationToken::new();
         let last_report = Arc::new(std::sync::OnceLock::new());
         let lease_lost_why = Arc::new(std::sync::OnceLock::new());
@@ -170,11 +170,15 @@ impl KernelBuilder {
         // runs on (a program that drops its runtime without a shutdown):
         // either way the kernel has stopped, and its handles say so at once.
         let stopped_on_drop = stopped.clone().drop_guard();
+        let said = failures.clone();
         let finished = tokio::spawn(async move {
             let _stopped = stopped_on_drop;
             let _ = driver.await;
             // The recorder ends once the driver's last record is applied.
             let _ = recorder.await;
+            // Nothing writes any more: the store failures counted and not
+            // logged one by one are said now.
+            said.say_unwritten();
             lease.abort();
         });
         Ok(Kernel {
@@ -205,7 +209,7 @@ settings!(setters!(KernelBuilder, [config]));
 struct Inner {
     commands: mpsc::UnboundedSender<Command>,
     events: EventBus,
-    failures: Arc<AtomicUsize>,
+    failures: Arc<StoreFailures>,
     drain: Duration,
     /// How long a cancelled work is given to unwind (G5).
     settle: Duration,
@@ -688,7 +692,7 @@ impl Kernel {
     /// when any did): one a store blip held back and a later try wrote is
     /// not counted.
     pub fn store_failures(&self) -> usize {
-        self.inner.failures.load(Ordering::Relaxed)
+        self.inner.failures.count()
     }
 }
 

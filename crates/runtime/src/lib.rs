@@ -219,6 +219,7 @@ mod ids;
 mod kernel;
 mod lease;
 mod limits;
+pub mod log_runs;
 pub mod meter;
 pub mod process;
 mod record;
@@ -230,6 +231,7 @@ mod sent;
 mod session;
 mod shared;
 pub mod signals;
+mod store_failures;
 mod task;
 mod task_context;
 mod task_outcome;
@@ -251,6 +253,7 @@ pub use fleet::{Adoption, FleetSweep};
 pub use guard::SessionGuard;
 pub use hook::{SessionEnd, SessionEndHook};
 pub use kernel::{Kernel, KernelBuilder, WeakKernel};
+pub use log_runs::LogRuns;
 pub use report::ShutdownReport;
 pub use resume::Resumed;
 pub use session::{SessionHandle, MAX_NAME_CHARS};
@@ -271,6 +274,8 @@ pub use settle_stream::{
 pub use task::TaskHandle;
 pub use task_context::TaskContext;
 pub use task_outcome::{TaskFailure, TaskOutcome};
+#[doc(hidden)]
+pub use tracing as __tracing;
 #[doc(hidden)]
 pub use tracked::Tracked;
 pub use turn::{Turn, TurnReply, TurnResults};

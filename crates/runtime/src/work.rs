@@ -4,7 +4,7 @@
 //! tracked future with its own token. The driver executes the core's orders
 //! on a [`WorkHandle`]: cancel, close the stream, detach.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::store_failures::{store_failure, StoreFailure, StoreFailures};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,7 +163,7 @@ pub(crate) struct TurnContext<'a> {
     /// How long a cancelled turn's last chunk may keep its reader waiting
     /// for the store's answer (G5's bound).
     pub settle_timeout: Duration,
-    pub failures: Arc<AtomicUsize>,
+    pub failures: Arc<StoreFailures>,
     pub events: EventBus,
     pub options: TurnOptions,
     /// How many persisted chunks may wait for the consumer of the turn.
@@ -265,7 +265,7 @@ struct Persisting {
     started: Option<oneshot::Receiver<Result<(), StoreError>>>,
     store: Arc<dyn SessionStore>,
     store_timeout: Duration,
-    failures: Arc<AtomicUsize>,
+    failures: Arc<StoreFailures>,
     consumer: Option<ChunkSender>,
     shared: Arc<SessionShared>,
     events: EventBus,
@@ -280,8 +280,8 @@ struct Persisting {
 
 impl Persisting {
     fn failed(&self, message: String) -> SinkError {
-        tracing::warn!(%message, "stopping the turn");
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        store_failure!(self.failures, StoreFailure::TurnStopped, warn, session = %self.work.session, %message, "stopping the turn");
+        self.failures.add();
         self.events
             .emit(Some(&self.shared), || LifecycleEvent::StoreFailed {
                 session: Some(self.work.session),
@@ -317,7 +317,10 @@ impl ChunkSink for Persisting {
             None => NewChunk::structured(chunk.kind(), chunk.to_json()),
         };
         let retrying = |error: &StoreError| {
-            tracing::warn!(
+            store_failure!(
+                self.failures,
+                StoreFailure::ChunkRetried,
+                warn,
                 session = %place.session,
                 %error,
                 "failed to persist a chunk; trying again until the store takes it"

@@ -123,7 +123,7 @@ impl Recorder {
     /// Counts a store call that gave no answer, logs it and tells the
     /// subscribers (`StoreFailed`).
     pub(super) fn failed(&self, session: Option<SessionId>, what: &str, unwritten: &Unwritten) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.failures.add();
         // Once the lease is lost every write is refused, as it must be:
         // the one line that says so is the kernel's, not one per write. So
         // once a shutdown's time for the store is spent: every write left
@@ -147,7 +147,14 @@ impl Recorder {
                  so the writes left are not waited for (the shutdown's report names \
                  the sessions they leave)"
             ),
-            _ => tracing::error!(?session, error = %unwritten, "failed to {what}"),
+            _ => crate::store_failures::store_failure!(
+                self.failures,
+                crate::store_failures::StoreFailure::WriteFailed,
+                error,
+                ?session,
+                error = %unwritten,
+                "failed to {what}"
+            ),
         }
         self.events.emit(None, || LifecycleEvent::StoreFailed {
             session,

@@ -65,7 +65,6 @@ mod retry;
 mod shutdown;
 mod unwritten;
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,7 +115,7 @@ pub(crate) struct Recorder {
     pub events: EventBus,
     pub acks: mpsc::UnboundedSender<Ack>,
     pub commands: mpsc::WeakUnboundedSender<Command>,
-    pub failures: Arc<AtomicUsize>,
+    pub failures: Arc<crate::store_failures::StoreFailures>,
     pub report: ShutdownReport,
     /// Once a shutdown began: when its budget runs out (set by the driver
     /// the moment it begins, so a call already in flight is cut at it too).

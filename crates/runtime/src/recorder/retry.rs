@@ -404,7 +404,14 @@ impl super::Recorder {
     /// Says that a write failed and will be tried again: one line, and a
     /// [`StoreRetrying`](crate::LifecycleEvent::StoreRetrying) event.
     pub(super) fn retrying(&self, session: SessionId, what: &str, unwritten: &Unwritten) {
-        tracing::warn!(%session, error = %unwritten, "failed to {what}; trying again");
+        crate::store_failures::store_failure!(
+            self.failures,
+            crate::store_failures::StoreFailure::WriteRetried,
+            warn,
+            %session,
+            error = %unwritten,
+            "failed to {what}; trying again"
+        );
         self.events
             .emit(None, || crate::LifecycleEvent::StoreRetrying {
                 session: Some(session),

@@ -3,8 +3,6 @@
 //! finalized, what the shutdown did, handed to its waiters and kept for late
 //! askers. (Each finalize adds its session to it in `finalize.rs`.)
 
-use std::sync::atomic::Ordering;
-
 use settle_core::ShutdownSummary;
 use tokio::sync::oneshot;
 
@@ -40,7 +38,7 @@ impl Recorder {
         report.drained = summary.drained;
         report.cancelled = summary.cancelled;
         report.detached = summary.detached.iter().map(|w| w.session).collect();
-        report.store_failures = self.failures.load(Ordering::Relaxed);
+        report.store_failures = self.failures.count();
         report.lease_lost = summary.lease_lost;
         report.lease_lost_why = match summary.lease_lost {
             true => self.lease_lost_why.get().cloned(),
