@@ -23,8 +23,6 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use crate::store_failures::StoreFailures;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +46,7 @@ use crate::ids::IdBlock;
 use crate::record::{FinalizeJob, HoldsTold, Outbox, Record};
 use crate::report::ShutdownReport;
 use crate::shared::SessionShared;
+use crate::store_failures::StoreFailures;
 use crate::task_work::{self, StartTask};
 use crate::tracked::Tracked;
 use crate::unclaimed::Unclaimed;

@@ -1,4 +1,3 @@
-use crate::store_failures::StoreFailures;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use crate::ids::{IdBlock, BLOCK};
 use crate::limits::InputLimits;
 use crate::recorder::Recorder;
 use crate::report::ShutdownReport;
+use crate::store_failures::StoreFailures;
 use crate::tracked::Tracked;
 
 /// Builds a [`Kernel`]. Every field of [`Config`] has a setter here too.

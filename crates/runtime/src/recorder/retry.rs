@@ -401,7 +401,8 @@ impl Retries {
 }
 
 impl super::Recorder {
-    /// Says that a write failed and will be tried again: one line, and a
+    /// Says that a write failed and will be tried again: a line in the
+    /// runs of its kind (`store_failures.rs`), and a
     /// [`StoreRetrying`](crate::LifecycleEvent::StoreRetrying) event.
     pub(super) fn retrying(&self, session: SessionId, what: &str, unwritten: &Unwritten) {
         crate::store_failures::store_failure!(
