@@ -97,6 +97,7 @@ mod errors;
 mod handover;
 mod kernel;
 mod let_go;
+mod log_lines;
 mod other_sqlite;
 mod process;
 mod provider;
@@ -145,5 +146,11 @@ fn _settle(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<chunk::PyChunk>()?;
     module.add_class::<budget::PyBudget>()?;
     module.add_function(wrap_pyfunction!(kernel::shutdown_all, module)?)?;
+    // Private: set, not added to `__all__`.
+    module.setattr(
+        "_next_log_line",
+        wrap_pyfunction!(log_lines::_next_log_line, module)?,
+    )?;
+    log_lines::install();
     Ok(())
 }

@@ -74,11 +74,23 @@ and send ``history`` with their results as the next turn's ``input=``.
 
 Errors are exceptions under ``settle.Error``. A forked child that uses its
 parent's kernel gets ``settle.Error`` (open a new kernel in the child).
+
+The kernel's log lines go to ``logging``'s logger ``settle``: warnings and
+errors by default (a store that blipped and the writes tried again, logged
+in runs rather than one a session; a work detached at the settle deadline;
+sessions left for recovery), or what the ``SETTLE_LOG`` variable asks (an
+env-filter, as for the ``settle`` command). The kernel never waits for the
+interpreter to log: its lines are queued for a thread of the package's own,
+and one that does not fit is dropped and counted.
 """
 
 from __future__ import annotations
 
 import atexit as _atexit
+import logging as _logging
+import os as _os
+import threading as _threading
+from typing import Tuple as _Tuple
 
 from settle._settle import (
     BUILD_PROFILE,
@@ -101,6 +113,7 @@ from settle._settle import (
     Task,
     Turn,
     TurnRunning,
+    _next_log_line,
     shutdown_all as _shutdown_all,
 )
 
@@ -127,7 +140,52 @@ __all__ = [
     "TurnRunning",
 ]
 
+#: Where the kernel's log lines go: warnings and errors by default (a store
+#: that blipped and the writes tried again, a work detached at the settle
+#: deadline, sessions left for recovery), or what ``SETTLE_LOG`` asks.
+_log = _logging.getLogger("settle")
+
+
+def _forward(line: _Tuple[int, str, str]) -> None:
+    level, module, text = line
+    _log.log(level, "%s", text, extra={"settle_module": module})
+
+
+def _forward_log_lines() -> None:
+    """The package's thread: hands the kernel's log lines to ``logging`` as
+    they come. The kernel's threads never wait for the interpreter to log:
+    they queue each line, and this thread waits for them with the GIL
+    released (a line that does not fit the queue is dropped and counted,
+    and the count is logged)."""
+    while True:
+        line = _next_log_line(1.0)
+        if line is not None:
+            _forward(line)
+
+
+def _start_forwarding() -> None:
+    _threading.Thread(target=_forward_log_lines, name="settle-log", daemon=True).start()
+
+
+def _forward_the_last_lines() -> None:
+    """At exit, after the kernels' shutdown: the lines it made that the
+    thread has not handed on yet."""
+    while True:
+        line = _next_log_line(0.0)
+        if line is None:
+            return
+        _forward(line)
+
+
+_start_forwarding()
+# A forked child has no thread but the one that forked: it starts its own.
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_start_forwarding)
+
 # Interpreter exit shuts down every kernel still open (G9), each within its
 # own bound (drain + settle timeout + flush budget), and says on stderr how
-# many sessions any of them left for `settle recover`.
+# many sessions any of them left for `settle recover`; then the log lines
+# that shutdown made are handed to ``logging`` (exit handlers run last
+# registered first).
+_atexit.register(_forward_the_last_lines)
 _atexit.register(_shutdown_all)

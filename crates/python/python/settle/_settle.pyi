@@ -611,6 +611,11 @@ class Kernel:
         interpreter's exit, closing a coroutine its closed loop left pending),
         it begins the shutdown and waits for nothing."""
 
+def _next_log_line(timeout: float) -> Optional[Tuple[int, str, str]]:
+    """The kernel's next log line as ``(logging level, module, text)``,
+    waiting at most ``timeout`` seconds with the GIL released; ``None``
+    when none came. The package's own thread forwards them to ``logging``."""
+
 def shutdown_all(timeout: Optional[float] = None) -> None:
     """What interpreter exit runs: shuts down every kernel this process still
     holds, each within its own bound (drain + settle timeout + flush budget,

@@ -1,0 +1,151 @@
+//! The kernel's log lines, for Python's `logging` (logger `settle`): a
+//! store that blipped and the writes tried again, a work detached at the
+//! settle deadline, a shutdown's sessions left for recovery. Without this
+//! a Python program saw none of them.
+//!
+//! The lines are made on the kernel's own threads (its runtime's workers,
+//! the store's writer), which must never wait for the interpreter: a
+//! bridge that takes the GIL to log there (as `pyo3-log` does) would let a
+//! busy interpreter, or one blocked on the kernel, stall the kernel. So a
+//! line is formatted where it is made and queued (at most [`QUEUED`]; one
+//! that does not fit is dropped and counted, never waited for), and a
+//! thread of the package's own takes the queue with the GIL released while
+//! it waits, and hands each line to `logging` (`settle/__init__.py`). The
+//! level is `SETTLE_LOG`'s (the command line's variable, an env-filter),
+//! warnings and errors by default. A process whose global `tracing`
+//! subscriber is already set (another extension's) keeps it.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tracing::field::{Field, Visit};
+use tracing::Level;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// How many lines wait for the forwarding thread at most.
+const QUEUED: usize = 1024;
+
+/// A line: its `logging` level number, the module that made it, its text.
+type Line = (u8, String, String);
+
+struct Queue {
+    tx: SyncSender<Line>,
+    rx: Mutex<Receiver<Line>>,
+    dropped: AtomicU64,
+}
+
+fn queue() -> &'static Queue {
+    static QUEUE: OnceLock<Queue> = OnceLock::new();
+    QUEUE.get_or_init(|| {
+        let (tx, rx) = sync_channel(QUEUED);
+        Queue {
+            tx,
+            rx: Mutex::new(rx),
+            dropped: AtomicU64::new(0),
+        }
+    })
+}
+
+/// `logging`'s number for `level`.
+fn logging_level(level: &Level) -> u8 {
+    if *level == Level::ERROR {
+        40
+    } else if *level == Level::WARN {
+        30
+    } else if *level == Level::INFO {
+        20
+    } else {
+        10
+    }
+}
+
+/// An event's message, then its fields as `name=value`, as the command
+/// line's log writes them.
+#[derive(Default)]
+struct Text {
+    message: String,
+    fields: String,
+}
+
+impl Visit for Text {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => self.message.push_str(value),
+            name => {
+                let _ = write!(self.fields, " {name}={value}");
+            }
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => {
+                let _ = write!(self.message, "{value:?}");
+            }
+            name => {
+                let _ = write!(self.fields, " {name}={value:?}");
+            }
+        }
+    }
+}
+
+/// The layer that queues each line for Python.
+struct ToPython;
+
+impl<S: tracing::Subscriber> Layer<S> for ToPython {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let meta = event.metadata();
+        let mut text = Text::default();
+        event.record(&mut text);
+        text.message.push_str(&text.fields);
+        let line = (
+            logging_level(meta.level()),
+            meta.target().to_owned(),
+            text.message,
+        );
+        let queue = queue();
+        if let Err(TrySendError::Full(_)) = queue.tx.try_send(line) {
+            queue.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sends the kernel's log lines to the queue Python reads, unless the
+/// process has a global subscriber already.
+pub(crate) fn install() {
+    let filter = EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::registry()
+        .with(ToPython.with_filter(filter))
+        .try_init();
+}
+
+/// The next line, waiting at most `timeout` seconds with the GIL released
+/// (`None` when none came), or first how many were dropped since the last
+/// call, when some were.
+#[pyfunction]
+pub(crate) fn _next_log_line(py: Python<'_>, timeout: f64) -> Option<Line> {
+    let queue = queue();
+    let dropped = queue.dropped.swap(0, Ordering::Relaxed);
+    if dropped > 0 {
+        return Some((
+            30,
+            "settle".to_owned(),
+            format!("{dropped} log lines were dropped: the queue to Python's logging was full"),
+        ));
+    }
+    let wait = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
+    py.detach(|| {
+        queue
+            .rx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .recv_timeout(wait)
+            .ok()
+    })
+}

@@ -1,0 +1,81 @@
+"""The kernel's log lines reach Python's ``logging`` (logger ``settle``),
+without the kernel ever waiting for the interpreter."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import settle
+from conftest import PATIENCE, eventually, run_script
+
+
+def _opening_past_its_cancel(opening: asyncio.Event):
+    """A source whose open finishes a second after its cancel (past the
+    settle timeout), as an SDK finishing its connect."""
+
+    async def open_stream():
+        opening.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(1.0)
+        raise RuntimeError("opened too late")
+
+    return open_stream
+
+
+async def test_g5_a_detach_at_the_settle_deadline_is_a_warning_in_pythons_logging(kernel, caplog):
+    caplog.set_level(logging.WARNING, logger="settle")
+    session = await kernel.register("s")
+    opening = asyncio.Event()
+    turn = await session.turn(_opening_past_its_cancel(opening))
+    await asyncio.wait_for(opening.wait(), PATIENCE)
+    await turn.aclose()
+    assert turn.outcome == "detached"
+
+    def said() -> list:
+        return [
+            r
+            for r in caplog.records
+            if r.name == "settle" and "detached" in r.getMessage()
+        ]
+
+    await eventually(said, "the detach's warning in logging")
+    [record] = said()
+    assert record.levelno == logging.WARNING
+    assert record.settle_module.startswith("settle_runtime")
+    assert f"session {session.id} turn" in record.getMessage()
+
+
+def test_g9_the_lines_a_shutdown_makes_reach_logging_before_the_interpreter_ends(tmp_path):
+    """A shutdown right before the program ends detaches the task that
+    ignores its cancel; the warning that says so reaches ``logging``
+    before the interpreter ends (what the package's thread has not handed
+    on yet is handed on at exit)."""
+    out = run_script(
+        """
+        import asyncio, logging, sys
+        import settle
+        logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+
+        async def main():
+            kernel = await settle.Kernel.open(sys.argv[1], settle_timeout=0.2)
+            session = await kernel.register("s")
+            async def stubborn():
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    await asyncio.sleep(1.0)  # past the settle timeout
+            await session.spawn(stubborn())
+            await asyncio.sleep(0.1)
+            print("spawned", flush=True)
+            await kernel.shutdown(0.0)
+
+        asyncio.run(main())
+        """,
+        str(tmp_path / "exit.db"),
+    )
+    assert "spawned" in out.stdout, out
+    lines = [l for l in out.stdout.splitlines() if l.startswith("settle WARNING")]
+    assert any("detached" in l for l in lines), out
