@@ -25,7 +25,6 @@ use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
 use tracing::Level;
 use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// How many lines wait for the forwarding thread at most.
@@ -117,12 +116,13 @@ impl<S: tracing::Subscriber> Layer<S> for ToPython {
 }
 
 /// Sends the kernel's log lines to the queue Python reads, unless the
-/// process has a global subscriber already.
+/// process has a global subscriber already. Only `tracing`'s: the `log`
+/// crate's logger is left to whoever sets it (another extension's
+/// `pyo3-log`, say).
 pub(crate) fn install() {
     let filter = EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::registry()
-        .with(ToPython.with_filter(filter))
-        .try_init();
+    let subscriber = tracing_subscriber::registry().with(ToPython.with_filter(filter));
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 /// The next line, waiting at most `timeout` seconds with the GIL released
