@@ -15,10 +15,9 @@
 //! warnings and errors by default. A process whose global `tracing`
 //! subscriber is already set (another extension's) keeps it.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -33,22 +32,19 @@ const QUEUED: usize = 1024;
 /// A line: its `logging` level number, the module that made it, its text.
 type Line = (u8, String, String);
 
+/// The lines waiting, and how many were dropped since the last taken. A
+/// reader waits on the condition variable with the lock released, so a
+/// reader that takes what is there without waiting (the exit's last
+/// lines) never waits for one that is waiting.
+#[derive(Default)]
 struct Queue {
-    tx: SyncSender<Line>,
-    rx: Mutex<Receiver<Line>>,
-    dropped: AtomicU64,
+    lines: Mutex<(VecDeque<Line>, u64)>,
+    came: Condvar,
 }
 
 fn queue() -> &'static Queue {
     static QUEUE: OnceLock<Queue> = OnceLock::new();
-    QUEUE.get_or_init(|| {
-        let (tx, rx) = sync_channel(QUEUED);
-        Queue {
-            tx,
-            rx: Mutex::new(rx),
-            dropped: AtomicU64::new(0),
-        }
-    })
+    QUEUE.get_or_init(Queue::default)
 }
 
 /// `logging`'s number for `level`.
@@ -109,8 +105,12 @@ impl<S: tracing::Subscriber> Layer<S> for ToPython {
             text.message,
         );
         let queue = queue();
-        if let Err(TrySendError::Full(_)) = queue.tx.try_send(line) {
-            queue.dropped.fetch_add(1, Ordering::Relaxed);
+        let mut waiting = queue.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.0.len() < QUEUED {
+            waiting.0.push_back(line);
+            queue.came.notify_one();
+        } else {
+            waiting.1 += 1;
         }
     }
 }
@@ -131,21 +131,23 @@ pub(crate) fn install() {
 #[pyfunction]
 pub(crate) fn _next_log_line(py: Python<'_>, timeout: f64) -> Option<Line> {
     let queue = queue();
-    let dropped = queue.dropped.swap(0, Ordering::Relaxed);
-    if dropped > 0 {
-        return Some((
-            30,
-            "settle".to_owned(),
-            format!("{dropped} log lines were dropped: the queue to Python's logging was full"),
-        ));
-    }
     let wait = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::ZERO);
     py.detach(|| {
-        queue
-            .rx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .recv_timeout(wait)
-            .ok()
+        let waiting = queue.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut waiting, _) = queue
+            .came
+            .wait_timeout_while(waiting, wait, |(lines, dropped)| {
+                lines.is_empty() && *dropped == 0
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        let dropped = std::mem::take(&mut waiting.1);
+        if dropped > 0 {
+            return Some((
+                30,
+                "settle".to_owned(),
+                format!("{dropped} log lines were dropped: the queue to Python's logging was full"),
+            ));
+        }
+        waiting.0.pop_front()
     })
 }
