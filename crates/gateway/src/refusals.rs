@@ -68,8 +68,8 @@ impl Refusals {
         self.runs.write(kind as usize)
     }
 
-    /// The refusals counted and not said yet, by kind, each taken: for the
-    /// gateway's last lines.
+    /// The refusals counted and not said yet, by kind, each taken.
+    #[cfg(test)]
     fn take_unwritten(&self) -> Vec<(Refusal, u64)> {
         self.runs
             .take_unwritten()
@@ -81,13 +81,8 @@ impl Refusals {
     /// As the gateway stops: one line for each kind with refusals counted
     /// since its last line.
     pub(crate) fn say_unwritten(&self) {
-        for (kind, n) in self.take_unwritten() {
-            tracing::warn!(
-                count = n,
-                "{n} more {} since the last such line, not logged one by one",
-                kind.what()
-            );
-        }
+        self.runs
+            .say_unwritten(|kind| Refusal::ALL.get(kind).map_or("", |k| k.what()));
     }
 }
 

@@ -83,6 +83,19 @@ impl<const N: usize> LogRuns<N> {
             })
             .collect()
     }
+
+    /// As the owner stops: one warning for each kind with lines counted
+    /// since its last one, `what(kind)` saying what they were ("upgrades
+    /// refused for their origin").
+    pub fn say_unwritten(&self, what: impl Fn(usize) -> &'static str) {
+        for (kind, count) in self.take_unwritten() {
+            tracing::warn!(
+                count,
+                "{count} more {} since the last such line, not logged one by one",
+                what(kind)
+            );
+        }
+    }
 }
 
 /// Logs a line (`tracing::$level!` with the fields and message given) if

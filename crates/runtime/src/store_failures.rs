@@ -74,16 +74,8 @@ impl StoreFailures {
     /// As the kernel stops: one line for each kind with lines counted
     /// since its last one.
     pub(crate) fn say_unwritten(&self) {
-        for (kind, count) in self.runs.take_unwritten() {
-            let Some(kind) = StoreFailure::ALL.get(kind) else {
-                continue;
-            };
-            tracing::warn!(
-                count,
-                "{count} more {} since the last such line, not logged one by one",
-                kind.what()
-            );
-        }
+        self.runs
+            .say_unwritten(|kind| StoreFailure::ALL.get(kind).map_or("", |k| k.what()));
     }
 }
 
