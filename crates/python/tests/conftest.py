@@ -38,9 +38,29 @@ def db(tmp_path: Path) -> str:
     return str(tmp_path / "settle.db")
 
 
+#: The settle timeout of the ``kernel`` fixture: far above how long any
+#: cancelled work here takes to unwind, even on a loaded machine, so that a
+#: test expecting ``cancelled`` never reads ``detached`` because the deadline
+#: came first. Tests of the deadline itself use ``quick_kernel``.
+SETTLE_TIMEOUT = 10.0
+
+#: The settle timeout of ``quick_kernel``: short, for the tests whose work
+#: ignores its cancel and is detached at the deadline.
+QUICK_SETTLE_TIMEOUT = 0.3
+
+
 @pytest.fixture
 async def kernel(db: str) -> AsyncIterator[settle.Kernel]:
-    k = await settle.Kernel.open(db, settle_timeout=0.3, drain_timeout=2.0)
+    k = await settle.Kernel.open(db, settle_timeout=SETTLE_TIMEOUT, drain_timeout=2.0)
+    yield k
+    await k.shutdown(0.0)
+
+
+@pytest.fixture
+async def quick_kernel(db: str) -> AsyncIterator[settle.Kernel]:
+    """A kernel whose settle deadline comes soon: for work that ignores its
+    cancel and is detached at it (G5)."""
+    k = await settle.Kernel.open(db, settle_timeout=QUICK_SETTLE_TIMEOUT, drain_timeout=2.0)
     yield k
     await k.shutdown(0.0)
 

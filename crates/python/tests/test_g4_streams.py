@@ -200,12 +200,12 @@ def _finishing_its_open(opening: asyncio.Event, made: list):
     return open_stream
 
 
-async def test_g5_a_source_finishing_its_open_despite_the_cancel_is_detached_at_the_settle_deadline(kernel):
+async def test_g5_a_source_finishing_its_open_despite_the_cancel_is_detached_at_the_settle_deadline(quick_kernel):
     """The open that ignores its cancel (an SDK that finishes its connect
     anyway): the turn is not over while its work still runs. It is
     detached at the settle deadline (G5), its session takes no new turn
     before, and the stream it hands over late is closed exactly once."""
-    session = await kernel.register("s")
+    session = await quick_kernel.register("s")
     opening = asyncio.Event()
     late: list = []
     turn = await session.turn(_finishing_its_open(opening, late))
@@ -218,11 +218,11 @@ async def test_g5_a_source_finishing_its_open_despite_the_cancel_is_detached_at_
     assert late[0].closes == 1
 
 
-async def test_g1_a_parent_finishing_while_a_childs_open_ignores_its_cancel_waits_for_the_child(kernel):
+async def test_g1_a_parent_finishing_while_a_childs_open_ignores_its_cancel_waits_for_the_child(quick_kernel):
     """G1 with the same open: the child is settled (detached at the settle
     deadline) before its parent is finalized, not finalized with its
     work still running."""
-    root = await kernel.register("root")
+    root = await quick_kernel.register("root")
     child = await root.child("child")
     opening = asyncio.Event()
     turn = await child.turn(_finishing_its_open(opening, []))

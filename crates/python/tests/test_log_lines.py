@@ -26,9 +26,9 @@ def _opening_past_its_cancel(opening: asyncio.Event):
     return open_stream
 
 
-async def test_g5_a_detach_at_the_settle_deadline_is_a_warning_in_pythons_logging(kernel, caplog):
+async def test_g5_a_detach_at_the_settle_deadline_is_a_warning_in_pythons_logging(quick_kernel, caplog):
     caplog.set_level(logging.WARNING, logger="settle")
-    session = await kernel.register("s")
+    session = await quick_kernel.register("s")
     opening = asyncio.Event()
     turn = await session.turn(_opening_past_its_cancel(opening))
     await asyncio.wait_for(opening.wait(), PATIENCE)
