@@ -131,6 +131,7 @@ impl KernelBuilder {
             retries: Default::default(),
             owed_holds: Default::default(),
             spent_said: Default::default(),
+            reserving: None,
         };
         let recorder = tokio::spawn(recorder.run(records));
         let lease = tokio::spawn(crate::lease::renew(

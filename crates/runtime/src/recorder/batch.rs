@@ -161,6 +161,11 @@ impl Recorder {
                     Answer::Finalized(job),
                 ))
             }
+            Record::ReserveIds { count } => {
+                // Not a barrier: it touches the id counter only.
+                self.reserve_ids(count);
+                None
+            }
             other => {
                 // Everything before a barrier is committed first.
                 held.release_old(None, pending);

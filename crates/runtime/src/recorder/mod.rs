@@ -61,6 +61,7 @@ mod handoff;
 mod held;
 mod holds;
 mod pending;
+mod reserve;
 mod retry;
 mod shutdown;
 mod unwritten;
@@ -68,13 +69,12 @@ mod unwritten;
 use std::sync::Arc;
 use std::time::Duration;
 
-use settle_store::{OwnerId, SessionStore, StoreError};
+use settle_store::{OwnerId, SessionStore};
 use tokio::sync::{mpsc, watch};
 
 use self::held::{hold_for, Held};
 use self::pending::{InFlight, Pending};
 use self::retry::Retries;
-use self::unwritten::Unwritten;
 use crate::bus::EventBus;
 use crate::command::{Ack, Command};
 use crate::hook::HookRunner;
@@ -134,6 +134,8 @@ pub(crate) struct Recorder {
     /// Whether the shutdown's time for the store's writes was said to have
     /// run out (once: every write left fails then).
     pub spent_said: std::cell::Cell<bool>,
+    /// The reservation of session ids in flight, if any (see `reserve`).
+    pub reserving: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Recorder {
@@ -243,21 +245,13 @@ impl Recorder {
         }
         self.land().await;
         self.settle_retries().await;
+        self.reserved().await;
     }
 
     /// A record that is not a lifecycle write, applied between batches.
     async fn control(&mut self, record: Record) {
         match record {
-            Record::ReserveIds { count } => {
-                let ack = match self.bounded(self.store.reserve_ids(count)).await {
-                    Ok(range) => Ack::Ids(range),
-                    Err(Unwritten::Failed(error)) => {
-                        Ack::IdsFailed(Arc::try_unwrap(error).unwrap_or(StoreError::Unavailable))
-                    }
-                    Err(Unwritten::TimedOut(_)) => Ack::IdsFailed(StoreError::Unavailable),
-                };
-                let _ = self.acks.send(ack);
-            }
+            Record::ReserveIds { count } => self.reserve_ids(count),
             Record::Flush => {
                 if !self.retries.is_empty() {
                     self.retry().await;

@@ -97,6 +97,12 @@ struct Faulty {
     fail_holds: Arc<AtomicUsize>,
     /// Every record of a session's holds that was committed, in order.
     holds_written: Arc<std::sync::Mutex<Vec<(SessionId, Holds)>>>,
+    /// Whether a reservation of session ids waits for the test's permit
+    /// in `reserves` before it is made, as one queued on a busy writer.
+    hold_reserves: Arc<AtomicBool>,
+    reserves: Arc<tokio::sync::Semaphore>,
+    /// How many ids each reservation asked for, in order.
+    reserved: Arc<std::sync::Mutex<Vec<u32>>>,
 }
 
 impl Default for Faulty {
@@ -125,6 +131,9 @@ impl Default for Faulty {
             slow_holds_ms: Arc::default(),
             fail_holds: Arc::default(),
             holds_written: Arc::default(),
+            hold_reserves: Arc::default(),
+            reserves: Arc::new(tokio::sync::Semaphore::new(0)),
+            reserved: Arc::default(),
         }
     }
 }
@@ -271,6 +280,14 @@ impl SessionStore for Faulty {
         self.inner.renew_lease(owner, ttl).await
     }
     async fn reserve_ids(&self, count: u32) -> Result<std::ops::Range<u64>, StoreError> {
+        if self.hold_reserves.load(Ordering::SeqCst) {
+            if let Ok(permit) = self.reserves.acquire().await {
+                permit.forget();
+            }
+        }
+        if let Ok(mut reserved) = self.reserved.lock() {
+            reserved.push(count);
+        }
         self.inner.reserve_ids(count).await
     }
     fn append_chunk(&self, id: SessionId, turn: u32, chunk: NewChunk) -> ChunkReceipt {
@@ -2582,4 +2599,90 @@ async fn g9_a_turn_cancelled_behind_another_store_call_on_a_stalled_store_is_tol
     store.slow_holds_ms.store(0, Ordering::SeqCst);
     store.answers.add_permits(usize::MAX >> 4);
     kernel.shutdown(DRAIN).await;
+}
+
+/// Registrations that have their ids are committed while a reservation of
+/// more ids waits on the store (queued behind a busy writer): it touches
+/// the id counter only, so it is no barrier that the writes decided before
+/// it must pass first, and nothing waits a store round trip for it but the
+/// registrations that have no id yet.
+#[tokio::test(start_paused = true)]
+async fn registrations_holding_their_ids_are_not_held_behind_a_reservation_in_flight() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    store.hold_reserves.store(true, Ordering::SeqCst);
+    // The block reserved at the start holds 1,024 ids: room for these
+    // all; the next is asked for halfway through it, and waits.
+    let registered = futures_util::future::join_all(
+        (0..900).map(|i| kernel.register(format!("child-{i}"), Some(root.id()))),
+    );
+    let answered = tokio::time::timeout(Duration::from_secs(5), registered)
+        .await
+        .expect("every registration with its id is answered while the reservation waits");
+    assert!(answered.iter().all(Result::is_ok));
+    assert_eq!(store.reserved.lock().unwrap().len(), 1, "the start's only");
+    store.reserves.add_permits(1);
+    let later: Vec<_> = futures_util::future::join_all(
+        (0..200).map(|i| kernel.register(format!("later-{i}"), Some(root.id()))),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<_, _>>()
+    .unwrap();
+    let ids: std::collections::HashSet<SessionId> = answered
+        .iter()
+        .flatten()
+        .chain(&later)
+        .map(|h| h.id())
+        .chain([root.id()])
+        .collect();
+    assert_eq!(ids.len(), 1_101, "every id once");
+}
+
+/// A burst of registrations larger than a block of ids waits for a few
+/// reservations, not one per block: each time registrations had to wait
+/// for ids, the next reservation asks for twice as many.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_registrations_reserves_blocks_that_grow_while_it_outruns_them() {
+    let store = Faulty::default();
+    let kernel = kernel_on(&store).await;
+    let root = kernel.register("root", None).await.unwrap();
+    store.hold_reserves.store(true, Ordering::SeqCst);
+    let n = 3_000;
+    let answered = Arc::new(AtomicUsize::new(0));
+    let burst = {
+        let (kernel, answered, parent) = (kernel.clone(), answered.clone(), root.id());
+        tokio::spawn(async move {
+            futures_util::future::join_all((0..n).map(|i| {
+                let (kernel, answered) = (kernel.clone(), answered.clone());
+                async move {
+                    let handle = kernel.register(format!("child-{i}"), Some(parent)).await;
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    handle
+                }
+            }))
+            .await
+        })
+    };
+    // Each reservation is let through once the burst has stopped for want
+    // of ids.
+    let mut permits = 0;
+    while answered.load(Ordering::SeqCst) < n {
+        tokio::time::sleep(MS).await;
+        let before = answered.load(Ordering::SeqCst);
+        tokio::time::sleep(MS).await;
+        if answered.load(Ordering::SeqCst) == before && before < n {
+            store.reserves.add_permits(1);
+            permits += 1;
+            assert!(permits <= 10, "the burst never finished");
+        }
+    }
+    let handles = burst.await.unwrap();
+    assert!(handles.iter().all(Result::is_ok));
+    // The start's block (1,024), the one asked for halfway through it
+    // before the burst ran dry (1,024), then one twice as large: 4,096
+    // ids for 3,001 sessions.
+    let reserved = store.reserved.lock().unwrap().clone();
+    assert_eq!(reserved, [1_024, 1_024, 2_048]);
 }
