@@ -26,14 +26,19 @@ pub(crate) enum StoreFailure {
     TurnStopped,
     /// A lifecycle write given up on.
     WriteFailed,
+    /// A session whose registration was refused to its caller, written
+    /// after all (its commit's answer was lost, or came past the store
+    /// timeout), and finalized.
+    Withdrawn,
 }
 
 impl StoreFailure {
-    const ALL: [StoreFailure; 4] = [
+    const ALL: [StoreFailure; 5] = [
         StoreFailure::ChunkRetried,
         StoreFailure::WriteRetried,
         StoreFailure::TurnStopped,
         StoreFailure::WriteFailed,
+        StoreFailure::Withdrawn,
     ];
 
     /// What the failures were, as a run's last line says.
@@ -43,6 +48,9 @@ impl StoreFailure {
             StoreFailure::WriteRetried => "lifecycle writes failed and were tried again",
             StoreFailure::TurnStopped => "turns stopped for a store failure",
             StoreFailure::WriteFailed => "lifecycle writes failed",
+            StoreFailure::Withdrawn => {
+                "sessions whose registration was refused were written after all and finalized"
+            }
         }
     }
 }

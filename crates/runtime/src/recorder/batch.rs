@@ -569,10 +569,15 @@ impl Recorder {
     /// to its caller) was answered.
     fn withdrawn(&mut self, session: SessionId, result: &Result<Applied, Unwritten>) {
         match result {
-            Ok(Applied::Finalized(settle_store::Finalized::Won(_))) => tracing::warn!(
-                %session,
-                "a session whose registration was refused was written after all; it is finalized"
-            ),
+            Ok(Applied::Finalized(settle_store::Finalized::Won(_))) => {
+                crate::store_failures::store_failure!(
+                    self.failures,
+                    crate::store_failures::StoreFailure::Withdrawn,
+                    warn,
+                    %session,
+                    "a session whose registration was refused was written after all; it is finalized"
+                )
+            }
             // Given up at the end of a shutdown: recovery ends it.
             Err(unwritten) if retry::may_heal(unwritten) => {
                 let what = "end a session whose registration was refused";
