@@ -132,6 +132,7 @@ impl KernelBuilder {
             owed_holds: Default::default(),
             spent_said: Default::default(),
             reserving: None,
+            releasing: Vec::new(),
         };
         let recorder = tokio::spawn(recorder.run(records));
         let lease = tokio::spawn(crate::lease::renew(

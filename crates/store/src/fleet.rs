@@ -204,66 +204,124 @@ pub(crate) fn locate(mut db: Db<'_>, id: SessionId) -> Result<Whereabouts, Store
 /// Release `id`, idle and owned by `me`, for another process to adopt,
 /// with its `holds` (kept for the adopter; held, it is not reaped).
 pub(crate) fn release(
-    mut db: Db<'_>,
+    db: Db<'_>,
     me: OwnerId,
     id: SessionId,
     holds: Holds,
     at: SystemTime,
 ) -> Result<(), StoreError> {
-    let raw = sid(id)?;
+    let one = Release {
+        session: id,
+        holds,
+        at,
+    };
+    release_all(db, me, vec![one])?
+        .pop()
+        .unwrap_or(Err(StoreError::UnknownSession(id)))
+}
+
+/// One session to release for adoption ([`SessionStore::release_all`](crate::SessionStore::release_all)):
+/// its id, its holds (kept for its adopter) and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// The session, idle and owned by the releasing process.
+    pub session: SessionId,
+    /// Its holds, kept for its adopter ([`Adopted::holds`]).
+    pub holds: Holds,
+    /// When it is released (its timeline step's time).
+    pub at: SystemTime,
+}
+
+/// Release each of `sessions` as [`release`] does, in one transaction: the
+/// lease checked once, each row then checked, moved and given its timeline
+/// step on its own, so that one refused (not idle, not `me`'s) leaves the
+/// others released. A database failure fails the whole transaction (`Err`):
+/// none is released.
+pub(crate) fn release_all(
+    mut db: Db<'_>,
+    me: OwnerId,
+    sessions: Vec<Release>,
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     write_tx!(db.reborrow(), |c| {
         let mut db = Db::from(c);
-        let (mine, now, r) = my_move(db.reborrow(), me, id, raw)?;
-        if r.state == State::Finalized {
-            return Err(StoreError::SessionClosed(id));
+        bound_lock_waits(db.reborrow())?;
+        let now = crate::lease::store_now(db.reborrow())?;
+        let mine = holds_lease(db.reborrow(), me, now)?;
+        let mut results = Vec::with_capacity(sessions.len());
+        for one in &sessions {
+            results.push(release_one(db.reborrow(), me, mine, now, one)?);
         }
-        // Released by this owner already: a try whose answer was lost
-        // (the connection died after the commit) landed, and this one is
-        // done.
-        if r.owner == mine && r.released_at.is_some() {
-            return Ok(());
-        }
-        if r.owner != mine || r.released_at.is_some() {
-            return Err(StoreError::HandedOff {
-                session: id,
-                owner: me,
-            });
-        }
-        if r.state != State::Registered || r.open_turn.is_some() {
-            return Err(StoreError::StateMismatch {
-                session: id,
-                expected: State::Registered,
-                found: r.state,
-            });
-        }
-        let moved = on_db!(db.reborrow(), |c| diesel::update(
-            sessions::table
-                .filter(sessions::id.eq(raw))
-                .filter(sessions::version.eq(r.version)),
-        )
-        .set((
-            sessions::released_at.eq(Some(now)),
-            sessions::version.eq(sessions::version + 1),
-        ))
-        .execute(c))
-        .context("releasing a session")?;
-        if moved != 1 {
-            // Its row is locked by this transaction on SQLite and was read
-            // in it on PostgreSQL: another writer got there in between.
-            return Err(StoreError::HandedOff {
-                session: id,
-                owner: me,
-            });
-        }
-        keep_holds(db.reborrow(), raw, holds)?;
-        let step = Step {
-            at: to_millis(at),
-            from: Some(State::Registered),
-            to: State::Registered,
-            cause: "handoff",
-        };
-        record(db, raw, step)
+        Ok(results)
     })
+}
+
+/// Releases one session in the transaction of [`release_all`]: `Err` for
+/// a database failure (the transaction's), `Ok(Err)` for this session's
+/// refusal.
+fn release_one(
+    mut db: Db<'_>,
+    me: OwnerId,
+    mine: i64,
+    now: i64,
+    one: &Release,
+) -> Result<Result<(), StoreError>, StoreError> {
+    let id = one.session;
+    let raw = match sid(id) {
+        Ok(raw) => raw,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    let Some(r) = row(db.reborrow(), raw)? else {
+        return Ok(Err(StoreError::UnknownSession(id)));
+    };
+    if r.state == State::Finalized {
+        return Ok(Err(StoreError::SessionClosed(id)));
+    }
+    // Released by this owner already: a try whose answer was lost (the
+    // connection died after the commit) landed, and this one is done.
+    if r.owner == mine && r.released_at.is_some() {
+        return Ok(Ok(()));
+    }
+    if r.owner != mine || r.released_at.is_some() {
+        return Ok(Err(StoreError::HandedOff {
+            session: id,
+            owner: me,
+        }));
+    }
+    if r.state != State::Registered || r.open_turn.is_some() {
+        return Ok(Err(StoreError::StateMismatch {
+            session: id,
+            expected: State::Registered,
+            found: r.state,
+        }));
+    }
+    let moved = on_db!(db.reborrow(), |c| diesel::update(
+        sessions::table
+            .filter(sessions::id.eq(raw))
+            .filter(sessions::version.eq(r.version)),
+    )
+    .set((
+        sessions::released_at.eq(Some(now)),
+        sessions::version.eq(sessions::version + 1),
+    ))
+    .execute(c))
+    .context("releasing a session")?;
+    if moved != 1 {
+        // Its row is locked by this transaction on SQLite and was read in
+        // it on PostgreSQL: another writer got there in between.
+        return Ok(Err(StoreError::HandedOff {
+            session: id,
+            owner: me,
+        }));
+    }
+    keep_holds(db.reborrow(), raw, one.holds)?;
+    let step = Step {
+        at: to_millis(one.at),
+        from: Some(State::Registered),
+        to: State::Registered,
+        cause: "handoff",
+    };
+    record(db, raw, step)?;
+    Ok(Ok(()))
 }
 
 /// The first steps of a move of `me`'s on session `id` (`raw`): the lock

@@ -174,7 +174,7 @@ pub use batch::{Applied, LifecycleWrite};
 pub use chunk::{ChunkAck, ChunkReceipt, NewChunk};
 pub use durability::Durability;
 pub use error::{DbError, OpenError, StoreError};
-pub use fleet::{Adopted, PeerRelease, Whereabouts};
+pub use fleet::{Adopted, PeerRelease, Release, Whereabouts};
 pub use input::{Conversation, TurnInput};
 pub use latch::{
     FinalizeReport, FinalizeRequest, FinalizeStep, Finalized, StepFailure, TimelineStep, TurnEnding,

@@ -216,6 +216,25 @@ pub trait SessionStore: Send + Sync {
         Err(StoreError::Unsupported("handing sessions off"))
     }
 
+    /// Release each of `sessions` as [`release`](Self::release) does, with
+    /// a result for each in order: a process handing off many idle
+    /// sessions at once (a shutdown with handoff) releases them in one
+    /// call. The database store does it in one transaction, `owner`'s lease
+    /// checked once and each row on its own (one refused leaves the others
+    /// released; a database failure fails them all). By default, one
+    /// [`release`](Self::release) after another.
+    async fn release_all(
+        &self,
+        owner: OwnerId,
+        sessions: Vec<crate::fleet::Release>,
+    ) -> Vec<Result<(), StoreError>> {
+        let mut results = Vec::with_capacity(sessions.len());
+        for one in sessions {
+            results.push(self.release(owner, one.session, one.holds, one.at).await);
+        }
+        results
+    }
+
     /// Record `session`'s `holds` (its counts now) while `owner` owns it,
     /// live and not released, so that a process adopting it keeps them
     /// ([`Adopted::holds`]), after a handoff or after `owner` crashed and

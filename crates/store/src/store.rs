@@ -387,6 +387,21 @@ impl SessionStore for Store {
             .await
     }
 
+    async fn release_all(
+        &self,
+        owner: OwnerId,
+        sessions: Vec<crate::fleet::Release>,
+    ) -> Vec<Result<(), StoreError>> {
+        let n = sessions.len();
+        match self
+            .write(move |db| crate::fleet::release_all(db, owner, sessions))
+            .await
+        {
+            Ok(results) => results,
+            Err(failed) => vec![Err(failed); n],
+        }
+    }
+
     async fn record_holds(
         &self,
         owner: OwnerId,

@@ -37,7 +37,23 @@ impl Recorder {
         held: &mut Held,
         now: tokio::time::Instant,
     ) {
+        // Releases queued go before anything behind them.
+        if !matches!(record, Record::Release { .. }) {
+            self.release_queued().await;
+        }
         let write = match record {
+            Record::Release { session, holds, at } => {
+                // Everything before a release is committed first (a
+                // barrier); the releases that follow one another are one
+                // store call.
+                if self.releasing.is_empty() {
+                    held.release_old(None, pending);
+                    self.commit(std::mem::take(pending)).await;
+                }
+                self.releasing
+                    .push(settle_store::Release { session, holds, at });
+                None
+            }
             Record::CreateSession {
                 shared,
                 at,

@@ -136,6 +136,10 @@ pub(crate) struct Recorder {
     pub spent_said: std::cell::Cell<bool>,
     /// The reservation of session ids in flight, if any (see `reserve`).
     pub reserving: Option<tokio::task::JoinHandle<()>>,
+    /// Sessions to release for adoption, queued while releases come one
+    /// after another, released as one call before any other record is
+    /// taken (see `handoff`).
+    pub releasing: Vec<settle_store::Release>,
 }
 
 impl Recorder {
@@ -238,6 +242,7 @@ impl Recorder {
                     held.release_old(Some(limit), &mut pending);
                 }
             }
+            self.release_queued().await;
             self.launch(std::mem::take(&mut pending)).await;
             if closed && held.writes.is_empty() {
                 break;
@@ -258,7 +263,11 @@ impl Recorder {
                 }
                 self.flush().await;
             }
-            Record::Release { session, holds, at } => self.release(session, holds, at).await,
+            Record::Release { session, holds, at } => {
+                self.releasing
+                    .push(settle_store::Release { session, holds, at });
+                self.release_queued().await;
+            }
             Record::Holds {
                 session,
                 holds,

@@ -235,6 +235,8 @@ struct SlowAdopt {
     delay: Duration,
     adopts_refused: AtomicU32,
     releases_unanswered: AtomicU32,
+    /// How many sessions each release call was asked to release, in order.
+    release_calls: std::sync::Mutex<Vec<usize>>,
 }
 
 impl SlowAdopt {
@@ -244,6 +246,7 @@ impl SlowAdopt {
             delay,
             adopts_refused: AtomicU32::new(0),
             releases_unanswered: AtomicU32::new(0),
+            release_calls: Default::default(),
         }
     }
 }
@@ -329,6 +332,21 @@ impl SessionStore for SlowAdopt {
         batch: Vec<settle_store::LifecycleWrite>,
     ) -> Vec<Result<settle_store::Applied, StoreError>> {
         self.inner.apply_as(writer, batch).await
+    }
+    async fn release_all(
+        &self,
+        owner: settle_store::OwnerId,
+        sessions: Vec<settle_store::Release>,
+    ) -> Vec<Result<(), StoreError>> {
+        self.release_calls.lock().unwrap().push(sessions.len());
+        if self.releases_unanswered.load(Ordering::SeqCst) == 0 {
+            return self.inner.release_all(owner, sessions).await;
+        }
+        let mut results = Vec::new();
+        for one in sessions {
+            results.push(self.release(owner, one.session, one.holds, one.at).await);
+        }
+        results
     }
     async fn release(
         &self,
@@ -429,6 +447,34 @@ async fn g12_a_release_or_an_adoption_the_store_fails_once_is_tried_again() {
     let adopted = b.adopt(idle.id()).await.expect("adopted on the first ask");
     assert_eq!(adopted.session.id(), idle.id());
     assert_eq!(flaky.adopts_refused.load(Ordering::SeqCst), 0);
+    b.shutdown(Duration::ZERO).await;
+}
+
+/// A handoff of many idle sessions releases them in one store call (one
+/// transaction on the database store), not one transaction a session, and
+/// each is adopted elsewhere as one released alone is.
+#[tokio::test]
+async fn g12_a_handoff_releases_its_idle_sessions_in_one_store_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store = Store::open(path.to_str().unwrap()).unwrap();
+    let counted = Arc::new(SlowAdopt::new(store, Duration::ZERO));
+    let shared: Arc<dyn SessionStore> = counted.clone();
+    let a = node(&shared, "ws://a/ws").await;
+    let mut idle = Vec::new();
+    for i in 0..50 {
+        idle.push(a.register(format!("idle-{i}"), None).await.unwrap().id());
+    }
+    let report = a.handoff(Duration::from_secs(5)).await;
+    let mut released = report.released.clone();
+    released.sort_unstable();
+    assert_eq!(released, idle, "{report:?}");
+    assert!(report.left_recoverable.is_empty(), "{report:?}");
+    assert_eq!(*counted.release_calls.lock().unwrap(), [50]);
+    let b = node(&shared, "ws://b/ws").await;
+    for &id in &idle {
+        assert_eq!(b.adopt(id).await.unwrap().session.id(), id);
+    }
     b.shutdown(Duration::ZERO).await;
 }
 

@@ -864,3 +864,90 @@ fn release_when_finalized(db: &TestDb, b: Backend, when: u64, released: u64) {
         Backend::Memory => unreachable!("a database test"),
     }
 }
+
+/// A handoff of many sessions in one call: each idle one of the caller's is
+/// released with its holds and its timeline step, and adopted as one
+/// released alone is; one that is not idle, one already finalized and one
+/// another process owns are refused on their own, in their place, leaving
+/// the others released; a session released already by the caller (a try
+/// whose answer was lost) is taken as done.
+pub(crate) fn g12_releasing_many_sessions_at_once_refuses_each_that_may_not_go_alone(b: Backend) {
+    let Some(db) = TestDb::new(b) else { return };
+    rt().block_on(async {
+        let (a, other) = (open(&db), open(&db));
+        let node_a = node(&*a, "ws://a/ws").await;
+        let node_b = node(&*other, "ws://b/ws").await;
+        let idle: Vec<SessionId> = {
+            let mut ids = Vec::new();
+            for _ in 0..5 {
+                ids.push(conversation(&*a, node_a).await);
+            }
+            ids
+        };
+        let running = conversation(&*a, node_a).await;
+        write::transition(
+            &*a,
+            running,
+            State::Registered,
+            State::Running,
+            Cause::TurnStarted,
+            now(),
+        )
+        .await
+        .unwrap();
+        let elsewhere = conversation(&*other, node_b).await;
+        let released_before = conversation(&*a, node_a).await;
+        a.release(node_a, released_before, Holds::default(), now())
+            .await
+            .unwrap();
+        let held = Holds {
+            pending_input: 1,
+            delegation: 0,
+        };
+        let mut asked: Vec<settle_store::Release> = idle
+            .iter()
+            .map(|&session| settle_store::Release {
+                session,
+                holds: Holds::default(),
+                at: now(),
+            })
+            .collect();
+        asked[0].holds = held;
+        for session in [running, elsewhere, released_before] {
+            asked.insert(
+                2,
+                settle_store::Release {
+                    session,
+                    holds: Holds::default(),
+                    at: now(),
+                },
+            );
+        }
+        let results = a.release_all(node_a, asked.clone()).await;
+        assert_eq!(results.len(), asked.len());
+        for (one, result) in asked.iter().zip(&results) {
+            let s = one.session;
+            match result {
+                Ok(()) => assert!(idle.contains(&s) || s == released_before, "{s}: {result:?}"),
+                Err(StoreError::StateMismatch { session, .. }) => {
+                    assert_eq!((s, *session), (running, running))
+                }
+                Err(StoreError::HandedOff { session, .. }) => {
+                    assert_eq!((s, *session), (elsewhere, elsewhere))
+                }
+                Err(other) => panic!("{s}: {other:?}"),
+            }
+        }
+        for &id in &idle {
+            assert_eq!(a.locate(id).await.unwrap(), Whereabouts::Released, "{id}");
+            let detail = a.session_detail(id).await.unwrap();
+            assert_eq!(causes(&detail).last().map(String::as_str), Some("handoff"));
+        }
+        assert_ne!(a.locate(running).await.unwrap(), Whereabouts::Released);
+        assert_ne!(a.locate(elsewhere).await.unwrap(), Whereabouts::Released);
+        // Adopted as one released alone is, its holds with it.
+        let adopted = other.adopt(node_b, idle[0], now()).await.unwrap();
+        assert_eq!(adopted.holds, held);
+        assert_eq!(adopted.turns, 1);
+    });
+}

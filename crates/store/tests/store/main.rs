@@ -111,6 +111,7 @@ on_backends! {
         batch::a_turn_ended_by_its_finalize_reads_ended_without_its_own_row_write,
         batch::g2_the_set_latch_answers_as_the_rules_do,
         fleet::g12_two_processes_racing_to_adopt_a_released_session_adopt_it_once,
+        fleet::g12_releasing_many_sessions_at_once_refuses_each_that_may_not_go_alone,
         fleet::g12_g8_the_former_owner_never_writes_a_released_or_adopted_session,
         fleet::g12_g2_a_released_session_nobody_adopts_is_reaped_once,
         fleet::g3_g12_a_held_release_is_not_reaped_and_its_holds_go_to_its_adopter,
