@@ -38,7 +38,7 @@ impl Recorder {
         now: tokio::time::Instant,
     ) {
         // Releases queued go before anything behind them.
-        if !matches!(record, Record::Release { .. }) {
+        if !self.releasing.is_empty() && !matches!(record, Record::Release { .. }) {
             self.release_queued().await;
         }
         let write = match record {

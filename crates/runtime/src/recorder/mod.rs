@@ -256,17 +256,11 @@ impl Recorder {
     /// A record that is not a lifecycle write, applied between batches.
     async fn control(&mut self, record: Record) {
         match record {
-            Record::ReserveIds { count } => self.reserve_ids(count),
             Record::Flush => {
                 if !self.retries.is_empty() {
                     self.retry().await;
                 }
                 self.flush().await;
-            }
-            Record::Release { session, holds, at } => {
-                self.releasing
-                    .push(settle_store::Release { session, holds, at });
-                self.release_queued().await;
             }
             Record::Holds {
                 session,
@@ -277,8 +271,12 @@ impl Recorder {
                 self.settle_retries().await;
                 self.complete_shutdown(summary, waiters).await;
             }
-            // Lifecycle writes never reach here.
-            Record::CreateSession { .. }
+            // Lifecycle writes, and the records `take` handles itself (a
+            // reservation beside the writes, a release queued with those
+            // that follow it), never reach here.
+            Record::ReserveIds { .. }
+            | Record::Release { .. }
+            | Record::CreateSession { .. }
             | Record::Transition { .. }
             | Record::Transitions { .. }
             | Record::StartTurn { .. }
