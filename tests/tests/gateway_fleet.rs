@@ -1069,3 +1069,43 @@ async fn g12_g3_tree_members_adopted_unattached_are_orphans_reaped_after_the_gra
     }
     assert_eq!(b.stop(), 143);
 }
+
+/// G8, G12: a session a live program owns that advertises no address (one
+/// embedding the kernel, the Python package) cannot be reached through the
+/// fleet's gateways, and they say so: `left_for_recovery` (no process
+/// serves it here; `session.read` reads it), never `elsewhere` with no
+/// owner, which tells a client it was handed off and that
+/// `session.attach` adopts it (a client following that retried the attach
+/// for as long as the program ran). The program keeps its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_g12_a_session_a_live_program_owns_without_an_address_is_not_said_handed_off() {
+    let Some(pg) = fleet_db() else { return };
+    let sandbox = Sandbox::new();
+    let model = ModelServer::start().await;
+    let store: Arc<dyn settle_store::SessionStore> =
+        Arc::new(settle_store::Store::open(&pg.url).unwrap());
+    let program = settle_runtime::Kernel::builder(store)
+        .start()
+        .await
+        .unwrap();
+    let session = program.register("embedded", None).await.unwrap();
+    let id = session.id().get();
+    let mut a = Node::start(&sandbox, &pg.url, &model, "30s");
+    let mut client = connect(&a.addr).await;
+    for (method, params) in [
+        ("session.attach", json!({ "id": id })),
+        ("turn.start", json!({ "id": id, "prompt": "hi" })),
+        ("session.close", json!({ "id": id })),
+    ] {
+        let error = refusal(&mut client, method, params).await;
+        assert_eq!(
+            error["data"]["kind"], "left_for_recovery",
+            "{method}: {error}"
+        );
+    }
+    client.ok("session.read", json!({ "id": id })).await;
+    assert_eq!(row(&pg.url, id)["state"], "registered", "untouched");
+    assert_eq!(a.stop(), 143);
+    drop(session);
+    program.shutdown(Duration::from_secs(5)).await;
+}

@@ -113,9 +113,27 @@ impl Shared {
                 }
                 Whereabouts::Owned {
                     owner,
-                    advertise,
+                    advertise: Some(url),
                     live: true,
-                } if owner != mine => return Err(RpcError::elsewhere(id.get(), advertise)),
+                } if owner != mine => return Err(RpcError::elsewhere(id.get(), Some(url))),
+                // A live program that serves no gateway owns it (one that
+                // embeds the kernel): nobody here can reach it, and it was
+                // not handed off, which `elsewhere` with no owner would
+                // say (a client would retry its attach for as long as the
+                // program ran). Said as any session live in another
+                // process this gateway does not serve: `left_for_recovery`,
+                // with its state.
+                Whereabouts::Owned {
+                    owner,
+                    advertise: None,
+                    live: true,
+                } if owner != mine => match self.kernel.session(id).await {
+                    Err(error) => return Err(RpcError::from_runtime(&error)),
+                    // Finalized meanwhile: read from the store, as below.
+                    Ok(handle) => {
+                        return Ok(Arc::new(Entry::new(handle, self.table.held().clone())))
+                    }
+                },
                 Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
                     let adopting = self.adopting.begin();
                     let mut adoption = match self.kernel.adopt(id).await {
