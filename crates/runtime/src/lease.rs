@@ -46,18 +46,31 @@ pub(crate) async fn renew(
     // expired after them (the store came back, or answers reads only) is
     // told with their cause, a full disk say, not as an expiry alone.
     let mut failing: Option<String> = None;
+    // With no renewal failing, the lease can only run out between two
+    // ticks when this process did not run for most of a TTL (stopped by a
+    // signal, a machine paused, a runtime blocked by a caller's work): no
+    // renewal was asked, so the store is not to blame.
     let expired = |failing: &Option<String>| match failing {
         Some(cause) => format!("the lease could not be renewed before it expired: {cause}"),
-        None => "the lease could not be renewed before it expired".to_owned(),
+        None => {
+            "the lease could not be renewed before it expired: this process did not run in time \
+                 to renew it, as when it is stopped, its machine paused or its runtime blocked"
+                .to_owned()
+        }
     };
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            // Biased: on waking after such a pause, the tick and the
+            // lease's end are both due; a renewal asked then would be past
+            // the end at once, and said as a store that did not answer.
+            biased;
             () = tokio::time::sleep_until(valid_until) => {
-                // Between two renewals, the last ones having failed.
+                // Between two renewals: the last ones failed, or none
+                // could be asked in time.
                 let message = expired(&failing);
                 return lost(message, &why, &events, &commands);
             }
+            _ = tick.tick() => {}
         }
         let asked = Instant::now();
         // Not past the lease's end: a renewal that has not answered by then

@@ -880,6 +880,37 @@ async fn g8_a_lease_lost_to_failing_renewals_is_reported_with_the_stores_failure
     );
 }
 
+/// G8: a process that did not run for longer than its lease's TTL (stopped
+/// by a signal, a paused machine) loses its lease, and says why as it is:
+/// no renewal could be made in time, not that the store did not answer
+/// (in "0ns"), which pointed an operator at a database nobody had asked.
+/// On waking, the renewal's tick and the lease's end were both due, and
+/// which one the renewer took was left to chance.
+#[tokio::test(start_paused = true)]
+async fn g8_a_lease_lost_while_the_process_did_not_run_does_not_blame_the_store() {
+    let ttl = Duration::from_secs(3);
+    for _ in 0..8 {
+        let kernel = Kernel::builder(Arc::new(Faulty::default()))
+            .idle_timeout(None)
+            .lease_ttl(ttl)
+            .start()
+            .await
+            .unwrap();
+        let _idle = kernel.register("idle", None).await.unwrap();
+        // Every timer due at once, as after a pause.
+        tokio::time::advance(2 * ttl).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let report = kernel.shutdown(Duration::ZERO).await;
+        assert!(report.lease_lost, "{report:?}");
+        let why = report.lease_lost_why.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("could not be renewed") && why.contains("did not run"),
+            "{why}"
+        );
+        assert!(!why.contains("did not answer"), "{why}");
+    }
+}
+
 /// G8: a store that answers no renewal for most of a lease's TTL, however
 /// the outage falls between two renewals, does not stop the kernel: the
 /// lease is renewed often enough that its last success is never long
