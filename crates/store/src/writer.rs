@@ -216,12 +216,24 @@ fn repair(conn: &mut AnyConn, reconnect: Option<&str>, outage: &mut Outage) -> b
     match PgConnection::establish(url) {
         Ok(fresh) => {
             *c = fresh;
-            let (tries, lost_for) = outage.healed(Instant::now());
-            tracing::info!(
-                tries,
-                ?lost_for,
-                "the store's writer connection was lost and is established again"
-            );
+            let (tries, lost_for, said) = outage.healed(Instant::now());
+            // Said at the level its loss was, so that whoever read one
+            // line reads the other (`serve` logs warnings only, by
+            // default); a connection established again at the first try
+            // had no outage line to end.
+            if said {
+                tracing::warn!(
+                    tries,
+                    ?lost_for,
+                    "the store's writer connection was lost and is established again"
+                );
+            } else {
+                tracing::info!(
+                    tries,
+                    ?lost_for,
+                    "the store's writer connection was lost and is established again"
+                );
+            }
             true
         }
         Err(e) => {
@@ -256,14 +268,16 @@ impl Outage {
     }
 
     /// The connection is established again at `now`: how many tries it
-    /// took (this one included) and how long it was lost; the outage ends.
-    fn healed(&mut self, now: Instant) -> (u32, Duration) {
+    /// took (this one included), how long it was lost, and whether its loss
+    /// was said (a try had failed before); the outage ends.
+    fn healed(&mut self, now: Instant) -> (u32, Duration, bool) {
+        let said = self.tries > 0;
         let tries = self.tries.saturating_add(1);
         let lost_for = self
             .since
             .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
         *self = Outage::default();
-        (tries, lost_for)
+        (tries, lost_for, said)
     }
 
     /// As the writer stops: says an outage that has not ended.
@@ -296,12 +310,27 @@ mod tests {
         for i in 1..20 {
             assert!(!outage.failed(t0 + Duration::from_millis(250 * i)));
         }
-        let (tries, lost_for) = outage.healed(t0 + Duration::from_secs(5));
-        assert_eq!((tries, lost_for), (21, Duration::from_secs(5)));
+        let (tries, lost_for, said) = outage.healed(t0 + Duration::from_secs(5));
+        assert_eq!((tries, lost_for, said), (21, Duration::from_secs(5), true));
         assert!(
             outage.failed(t0 + Duration::from_secs(9)),
             "a new outage is said again"
         );
+    }
+
+    /// The line that ends an outage is a warning when the outage's start
+    /// was one (`serve` logs warnings only, and showed the start alone).
+    #[test]
+    fn an_outage_whose_start_was_said_says_its_end_too() {
+        let t0 = Instant::now();
+        let mut at_once = Outage::default();
+        assert!(
+            !at_once.healed(t0).2,
+            "back at the first try: nothing was said"
+        );
+        let mut said = Outage::default();
+        assert!(said.failed(t0));
+        assert!(said.healed(t0 + Duration::from_secs(1)).2);
     }
 
     #[test]
