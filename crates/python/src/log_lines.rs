@@ -60,33 +60,49 @@ fn logging_level(level: &Level) -> u8 {
     }
 }
 
-/// An event's message, then its fields as `name=value`, as the command
-/// line's log writes them.
+/// An event's fields in order, a space between, as the command line's log
+/// (`tracing_subscriber`'s default format) writes them: a field named
+/// `message` (the event's text, and one the event names so) by its value
+/// alone, the others as `name=value`, a string quoted.
 #[derive(Default)]
 struct Text {
-    message: String,
-    fields: String,
+    line: String,
+    started: bool,
+}
+
+impl Text {
+    /// The space before each field but the first: a `message` field after
+    /// the event's text was glued onto it ("stopping the turncould not
+    /// persist a chunk").
+    fn next(&mut self) -> &mut String {
+        if self.started {
+            self.line.push(' ');
+        }
+        self.started = true;
+        &mut self.line
+    }
 }
 
 impl Visit for Text {
     fn record_str(&mut self, field: &Field, value: &str) {
         match field.name() {
-            "message" => self.message.push_str(value),
-            name => {
-                let _ = write!(self.fields, " {name}={value}");
-            }
+            "message" => self.next().push_str(value),
+            _ => self.record_debug(field, &value),
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "message" => {
-                let _ = write!(self.message, "{value:?}");
-            }
-            name => {
-                let _ = write!(self.fields, " {name}={value:?}");
-            }
-        }
+        let name = field.name();
+        let line = self.next();
+        let _ = match name {
+            "message" => write!(line, "{value:?}"),
+            // A raw identifier (`r#type = ...`) is named without its prefix.
+            name => write!(
+                line,
+                "{}={value:?}",
+                name.strip_prefix("r#").unwrap_or(name)
+            ),
+        };
     }
 }
 
@@ -98,11 +114,10 @@ impl<S: tracing::Subscriber> Layer<S> for ToPython {
         let meta = event.metadata();
         let mut text = Text::default();
         event.record(&mut text);
-        text.message.push_str(&text.fields);
         let line = (
             logging_level(meta.level()),
             meta.target().to_owned(),
-            text.message,
+            text.line,
         );
         let queue = queue();
         let mut waiting = queue.lines.lock().unwrap_or_else(PoisonError::into_inner);

@@ -92,3 +92,53 @@ def test_an_interpreter_that_imported_settle_exits_without_waiting_for_the_log_t
     took = time.monotonic() - started
     assert out.returncode == 0, out
     assert took < 0.9, f"an interpreter that only imported settle took {took:.2f} s to exit"
+
+
+async def test_a_line_whose_event_has_a_message_field_reads_as_the_command_lines_does(db, caplog):
+    """Found from outside: a field named ``message`` was glued onto the
+    event's text ("stopping the turncould not persist a chunk: ..."). The
+    line reads as the command line's log writes it: the text, then each
+    field in order, a space between (a ``message`` field by its value
+    alone, the others as ``name=value``)."""
+    import subprocess
+    import sys
+
+    from conftest import LOCKER
+
+    caplog.set_level(logging.WARNING, logger="settle")
+    async with await settle.Kernel.open(db, settle_timeout=0.5, store_timeout=0.5) as kernel:
+        session = await kernel.register("s")
+        go = asyncio.Event()
+
+        async def source():
+            await go.wait()
+            yield "a"
+
+        turn = await session.turn(source)
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, db, "5"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            assert locker.stdout.readline().strip() == "locked"
+            go.set()
+            async with turn:
+                async for _ in turn:
+                    pass
+            assert turn.outcome == "failed", turn.outcome
+
+            def said() -> list:
+                return [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.name == "settle" and "stopping the turn" in r.getMessage()
+                ]
+
+            await eventually(said, "the turn's stop in logging")
+        finally:
+            locker.kill()
+            locker.wait()
+    [line] = said()
+    assert line.startswith(
+        f"stopping the turn session={session.id} could not persist a chunk: "
+    ), line
