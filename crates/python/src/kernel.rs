@@ -474,7 +474,9 @@ impl PyKernel {
     /// Resolves to the sessions of the store (those in `state`, if given),
     /// oldest first, as dicts with the fields of `settle sessions --json`
     /// (`id`, `name`, `parent`, `state`, `outcome`, `end_reason`, `turns`,
-    /// `chunks`, `created_at`, `finalized_at`, `resumed_from`). Raises
+    /// `chunks`, `created_at`, `finalized_at`, `resumed_from`, `owner`: where
+    /// clients reach the live process that owns it, the address it
+    /// advertised, or `None`, as once it is finalized). Raises
     /// `BadInput` for a state that is not one (a string that is not
     /// UTF-8 among them). Read from the store, where a session's state
     /// between turns is written in batches: a session may read `running`

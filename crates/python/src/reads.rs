@@ -32,6 +32,10 @@ pub(crate) fn session<'py>(py: Python<'py>, row: &SessionRow) -> PyResult<Bound<
     dict.set_item("created_at", seconds(row.created_at))?;
     dict.set_item("finalized_at", row.finalized_at.map(seconds))?;
     dict.set_item("resumed_from", row.resumed_from.map(|p| p.get()))?;
+    // Where clients reach the live process that owns it (the address it
+    // advertised); `None` once finalized or released, or when its owner
+    // advertised nothing or lost its lease.
+    dict.set_item("owner", row.owner.as_deref())?;
     Ok(dict)
 }
 

@@ -234,7 +234,9 @@ async def test_what_python_wrote_reads_the_same_through_show_and_export(db, kern
     listed = {row["id"]: row for row in settle_json(db, "sessions", "--json")}
     assert set(ours) == set(listed) == {root.id, child.id}
     for id, row in ours.items():
-        for field in ("name", "parent", "state", "outcome", "end_reason", "turns", "chunks"):
+        # The same fields, none missing (the owner's address was).
+        assert set(row) == set(listed[id]), id
+        for field in ("name", "parent", "state", "outcome", "end_reason", "turns", "chunks", "owner"):
             assert listed[id][field] == row[field], (id, field)
 
     for session in (root, child):
@@ -405,3 +407,21 @@ async def test_g4_a_stream_class_given_as_the_source_is_made_and_closed_once(ker
     assert turn.outcome == "completed", turn.error
     assert got == ["made ", "by a class"]
     await eventually(lambda: len(made) == 1 and made[0].closed == 1, "the stream made closed once")
+
+
+async def test_a_sessions_row_names_its_live_owners_address_as_the_command_line_does(db, kernel):
+    """``owner`` is where clients reach the live process that owns the
+    session (the address it advertised), as ``settle sessions --json``
+    says it; null once the session is finalized."""
+    import sqlite3
+
+    live = await kernel.register("live")
+    done = await kernel.register("done")
+    await done.finish()
+    # The address a serving process advertises, given to this one's row.
+    with sqlite3.connect(db, timeout=PATIENCE) as connection:
+        connection.execute("UPDATE owners SET advertise = 'ws://10.0.0.7:8080'")
+    ours = {row["id"]: row for row in await kernel.sessions()}
+    listed = {row["id"]: row for row in settle_json(db, "sessions", "--json")}
+    assert ours[live.id]["owner"] == listed[live.id]["owner"] == "ws://10.0.0.7:8080"
+    assert ours[done.id]["owner"] is listed[done.id]["owner"] is None

@@ -193,6 +193,10 @@ class _SessionRow(TypedDict):
     created_at: float
     finalized_at: Optional[float]
     resumed_from: Optional[int]
+    #: Where clients reach the live process that owns it (the address it
+    #: advertised); ``None`` once it is finalized or released, or when its
+    #: owner advertised nothing or lost its lease.
+    owner: Optional[str]
 
 class _TurnError(TypedDict):
     """Why a turn failed."""
@@ -555,7 +559,9 @@ class Kernel:
         shutdown, ``StoreError`` when the store fails."""
     def sessions(self, state: Optional[str] = None) -> _Call[List[_SessionRow]]:
         """The store's sessions (those in ``state``), oldest first, as dicts
-        with the fields of ``settle sessions --json``; ``BadInput`` for a
+        with the fields of ``settle sessions --json`` (``owner``: where
+        clients reach the live process that owns one, the address it
+        advertised, or ``None``); ``BadInput`` for a
         state that is not one. Read from the store, where a session's state
         between turns is written in batches: a session may read ``running``
         for up to 100 ms (a second while the store is busy) after its turn
