@@ -51,6 +51,12 @@ pub(crate) struct Source {
     pub source: Py<PyAny>,
     /// The caller's item-to-chunk function, if any.
     pub to_chunk: Option<Py<PyAny>>,
+    /// The copy of the caller's `contextvars` context taken at `turn()`,
+    /// which the pump runs in (as an asyncio task runs in a copy of its
+    /// creator's), so that the source sees the caller's request ids and
+    /// tracing spans. Taken by the pump's start: from then on its asyncio
+    /// task holds it, where the collector sees it.
+    pub caller_context: Mutex<Option<Py<PyAny>>>,
     /// The turn's watch on its pump.
     pub watch: Arc<PumpWatch>,
     /// The kernel's secrets, masked wherever the turn's error is made from
@@ -134,8 +140,13 @@ impl Drop for PyProvider {
                 Landing::Loop(event_loop) => Some(event_loop),
                 Landing::Closed => None,
             };
+            // Its close runs in the caller's context too, as its pump would.
+            let caller_context = source.caller_context.lock().ok().and_then(|mut c| c.take());
             if let Ok(bridge) = bridge(py) {
-                let _ = bridge.call_method1("close_unopened", (event_loop, source.source.bind(py)));
+                let _ = bridge.call_method1(
+                    "close_unopened",
+                    (event_loop, source.source.bind(py), caller_context),
+                );
             }
         });
     }
@@ -632,9 +643,22 @@ fn start_pump(py: Python<'_>, event_loop: &Bound<'_, PyAny>, shared: &Arc<Shared
     )?;
     let source = &shared.source;
     let to_chunk = source.to_chunk.as_ref().map(|f| f.bind(py).clone());
+    // The kernel opens a turn's source once.
+    let caller_context = source
+        .caller_context
+        .lock()
+        .ok()
+        .and_then(|mut c| c.take())
+        .ok_or_else(|| crate::errors::error("the turn's stream was started already"))?;
     bridge(py)?.call_method1(
         "start_pump",
-        (event_loop, source.source.bind(py), to_chunk, sink),
+        (
+            event_loop,
+            source.source.bind(py),
+            to_chunk,
+            sink,
+            caller_context,
+        ),
     )?;
     Ok(())
 }

@@ -264,6 +264,11 @@ impl PySession {
     /// Python, e.g. `openai`'s `max_retries`: the kernel never re-opens a
     /// source it was given.)
     ///
+    /// The source (its call, its iteration, `to_chunk`) runs in a copy of
+    /// the caller's `contextvars` context, taken at this call, as an
+    /// asyncio task runs in a copy of its creator's: it sees the caller's
+    /// request ids and tracing spans, and what it sets stays its own.
+    ///
     /// Resolves to a `settle.Turn` once the turn's start is stored.
     /// Cancelling the task awaiting it cancels the turn it makes (its
     /// source closed once); the next `turn(...)` through this object
@@ -303,9 +308,9 @@ impl PySession {
             let (handle, here) = self.handle.get()?;
             let request = request(input.as_ref())?;
             let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
-            Ok((options, handle, here, request, mailbox))
+            Ok((options, handle, here, request, mailbox, caller_context(py)?))
         })();
-        let (options, handle, here, request, mailbox) = match checked {
+        let (options, handle, here, request, mailbox, caller_context) = match checked {
             Ok(checked) => checked,
             Err(error) => return Err(refused(py, source.bind(py), error)),
         };
@@ -315,6 +320,7 @@ impl PySession {
                 mailbox,
                 source,
                 to_chunk,
+                caller_context: std::sync::Mutex::new(Some(caller_context)),
                 watch: watch.clone(),
                 secrets: self.ties.secrets.clone(),
                 close_bound: self.ties.settle,
@@ -392,7 +398,11 @@ impl PySession {
     /// finishes, or the shutdown's drain ends, the task is cancelled on its
     /// loop; if it ignores that past the settle timeout it is detached, and
     /// its later writes through a session raise `SessionClosed` (G10). The
-    /// session is not finalized while it runs. Resolves to a `settle.Task`;
+    /// session is not finalized while it runs. It runs in a copy of the
+    /// caller's `contextvars` context, taken at this call, as a task of
+    /// `asyncio.create_task` does: it sees the caller's request ids and
+    /// tracing spans, and what it sets reaches neither the caller nor
+    /// another task. Resolves to a `settle.Task`;
     /// its awaiter cancelled before it has the task (before the spawn
     /// resolves, or as it does), the task it started is cancelled too.
     /// Its record says how it ended: `completed` when it returned, `failed`
@@ -430,7 +440,8 @@ impl PySession {
         let mailbox = here.deliver.mailbox(&running_loop(py)?)?;
         // Its end's value is held by the `settle.Task` (or by this call
         // until it makes one): nobody else could be told it.
-        let (shared, given) = TaskShared::new(mailbox, coroutine, self.ties.settle);
+        let caller_context = caller_context(py)?;
+        let (shared, given) = TaskShared::new(mailbox, coroutine, caller_context, self.ties.settle);
         let (handle, owner) = (handle.clone(), self.ties.owner.clone());
         // The task of a spawn whose awaiter was cancelled after the call
         // resolved, before it resumed, is cancelled as one it never had.
@@ -691,4 +702,16 @@ fn check_to_chunk(to_chunk: &Bound<'_, PyAny>) -> PyResult<()> {
         ));
     }
     Ok(())
+}
+
+/// A copy of the calling task's `contextvars` context, for the work a
+/// `spawn()` or a `turn()` starts to run in: it is started later, from the
+/// drain of the loop's mailbox, whose context is nobody's, and request
+/// ids, tracing spans and tenants must reach it as they reach a task the
+/// caller's own `create_task` makes.
+fn caller_context(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    Ok(py
+        .import(pyo3::intern!(py, "contextvars"))?
+        .call_method0(pyo3::intern!(py, "copy_context"))?
+        .unbind())
 }

@@ -32,11 +32,20 @@ struct Control {
     cancel_requested: bool,
 }
 
+/// A coroutine not started yet, and the context it will run in: the copy
+/// of the caller's `contextvars` taken at `spawn()` (request ids, tracing
+/// spans), as an asyncio task runs in a copy of its creator's.
+struct Unstarted {
+    coroutine: Py<PyAny>,
+    caller_context: Py<PyAny>,
+}
+
 /// What the kernel's side and the asyncio task share.
 pub(crate) struct Shared {
     /// The mailbox of the caller's loop, where the coroutine runs.
     mailbox: Arc<Mailbox>,
-    coroutine: Mutex<Option<Py<PyAny>>>,
+    /// Taken by its asyncio task's start, or by `discard`.
+    coroutine: Mutex<Option<Unstarted>>,
     /// Where what the coroutine returned or raised goes: its
     /// `settle.Task`'s, held weakly here. This is held by the asyncio
     /// task's control, which the task's frames and context hold, and what
@@ -58,16 +67,20 @@ pub(crate) struct Shared {
 impl Shared {
     /// What the kernel's side and the asyncio task of `coroutine` share,
     /// and where what it gives goes (for its `settle.Task` to hold: see
-    /// `given`).
+    /// `given`); the coroutine runs in `caller_context`.
     pub fn new(
         mailbox: Arc<Mailbox>,
         coroutine: Py<PyAny>,
+        caller_context: Py<PyAny>,
         settle: Duration,
     ) -> (Arc<Self>, Arc<Given>) {
         let given = Arc::new(Given::default());
         let shared = Arc::new(Shared {
             mailbox,
-            coroutine: Mutex::new(Some(coroutine)),
+            coroutine: Mutex::new(Some(Unstarted {
+                coroutine,
+                caller_context,
+            })),
             given: Arc::downgrade(&given),
             ended: Mutex::new(None),
             control: Mutex::new(Control::default()),
@@ -90,11 +103,11 @@ impl Shared {
     /// Closes the coroutine unawaited when it never started (the spawn was
     /// refused), so Python does not warn that it was never awaited.
     pub fn discard(&self) {
-        let Some(coroutine) = self.coroutine.lock().ok().and_then(|mut c| c.take()) else {
+        let Some(unstarted) = self.coroutine.lock().ok().and_then(|mut c| c.take()) else {
             return;
         };
         self.mailbox.post(move |py, _| {
-            let _ = coroutine.bind(py).call_method0("close");
+            let _ = unstarted.coroutine.bind(py).call_method0("close");
         });
     }
 
@@ -243,8 +256,12 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
     let starting = shared.clone();
     shared.mailbox.post(move |py, landing| {
         let started = (|| -> PyResult<()> {
-            let coroutine = starting.coroutine.lock().ok().and_then(|mut c| c.take());
-            let Some(coroutine) = coroutine else {
+            let unstarted = starting.coroutine.lock().ok().and_then(|mut c| c.take());
+            let Some(Unstarted {
+                coroutine,
+                caller_context,
+            }) = unstarted
+            else {
                 return Ok(());
             };
             let Landing::Loop(event_loop) = landing else {
@@ -263,7 +280,13 @@ pub(crate) async fn run(context: TaskContext, shared: Arc<Shared>) -> Ended {
             let bound = starting.settle.as_secs_f64();
             bridge(py)?.call_method1(
                 "start_task",
-                (event_loop, coroutine.bind(py), control, bound),
+                (
+                    event_loop,
+                    coroutine.bind(py),
+                    control,
+                    bound,
+                    caller_context,
+                ),
             )?;
             Ok(())
         })();

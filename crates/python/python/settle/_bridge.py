@@ -13,6 +13,7 @@ import contextvars
 import inspect
 import logging
 import os
+import sys
 import types
 import weakref
 from typing import Any, Callable, Optional
@@ -40,17 +41,28 @@ KERNEL_CLOSE = "settle: the kernel closes the turn's stream"
 LOOP_END = "settle: the event loop is ending"
 
 
-def start_pump(loop: asyncio.AbstractEventLoop, source: Any, to_chunk: Any, sink: Any) -> None:
-    """Starts a turn's pump on ``loop``, from its thread."""
+def start_pump(
+    loop: asyncio.AbstractEventLoop,
+    source: Any,
+    to_chunk: Any,
+    sink: Any,
+    context: contextvars.Context,
+) -> None:
+    """Starts a turn's pump on ``loop``, from its thread, in ``context``: the
+    copy of its caller's taken by ``turn()``."""
     # The pump attaches its task itself, in its first step: a task
     # cancelled before that would run neither its body nor its `finally`
     # (which closes the stream). A close asked for before the attach is
     # seen by the pump, first thing.
     on = _on(loop)
-    on.pending[loop.create_task(_pump(source, to_chunk, sink, on))] = sink.close_bound()
+    pump = _pump(source, to_chunk, sink, on)
+    on.pending[_create_task(loop, pump, context)] = sink.close_bound()
 
 
 async def _pump(source: Any, to_chunk: Any, sink: Any, on: "_OnLoop") -> None:
+    # The caller's context may be a settle task's: the pump is not that
+    # task, and its source's writes are not refused as that task's (G10).
+    CURRENT_TASK.set(None)
     me = asyncio.current_task()
     stream = None
     iterator = None
@@ -357,17 +369,29 @@ async def nothing() -> None:
     being closed (it can await nothing that suspends)."""
 
 
-def close_unopened(loop: Optional[asyncio.AbstractEventLoop], source: Any) -> None:
+def close_unopened(
+    loop: Optional[asyncio.AbstractEventLoop],
+    source: Any,
+    context: Optional[contextvars.Context] = None,
+) -> None:
     """Closes a turn's source that the kernel never opened (the turn was
     cancelled first), from ``loop``'s thread; ``loop`` is ``None`` when it
     is closed. A coroutine is closed unawaited at once (nothing to await),
-    a stream on ``loop`` (``aclose()`` is awaited), if it still runs."""
+    a stream on ``loop`` (``aclose()`` is awaited), if it still runs, in
+    ``context`` (the copy of the caller's taken by ``turn()``; without one,
+    in a copy of the current context: the caller's, at its call)."""
     if inspect.iscoroutine(source):
         source.close()
     elif loop is not None:
         # Waited for by the loop's end (not cancelled: a close is let run).
         on = _on(loop)
-        on.pending[loop.create_task(_close_unopened(source, on))] = None
+        closing = _close_unopened(source, on)
+        if context is None:
+            on.pending[loop.create_task(closing)] = None
+            return
+        # Not the caller's settle task, as for a pump (G10).
+        context.run(CURRENT_TASK.set, None)
+        on.pending[_create_task(loop, closing, context)] = None
 
 
 async def _close_unopened(source: Any, on: "_OnLoop") -> None:
@@ -440,14 +464,36 @@ def let_go(task: "asyncio.Task[Any]") -> None:
 
 
 def start_task(
-    loop: asyncio.AbstractEventLoop, coroutine: Any, control: Any, bound: float
+    loop: asyncio.AbstractEventLoop,
+    coroutine: Any,
+    control: Any,
+    bound: float,
+    context: contextvars.Context,
 ) -> None:
-    """Starts a settle task's coroutine on ``loop``, from its thread;
-    ``bound`` is the kernel's settle timeout, what the loop's end gives it
-    to unwind."""
+    """Starts a settle task's coroutine on ``loop``, from its thread, in
+    ``context``: the copy of its caller's taken by ``spawn()``. ``bound`` is
+    the kernel's settle timeout, what the loop's end gives it to unwind."""
     # As for a pump: the task attaches itself in its first step.
     on = _on(loop)
-    on.pending[loop.create_task(_run_task(coroutine, control, on))] = bound
+    on.pending[_create_task(loop, _run_task(coroutine, control, on), context)] = bound
+
+
+#: Whether ``loop.create_task`` takes the context its task runs in (Python
+#: 3.11 and after).
+_CREATE_TASK_TAKES_CONTEXT = sys.version_info >= (3, 11)
+
+
+def _create_task(
+    loop: asyncio.AbstractEventLoop, coroutine: Any, context: contextvars.Context
+) -> "asyncio.Task[Any]":
+    """A task of ``coroutine`` on ``loop`` that runs in ``context``, as one
+    made by its caller's own ``create_task`` runs in a copy of the caller's
+    (request ids, tracing spans): these are made from the drain of the
+    loop's mailbox, whose context is nobody's."""
+    if _CREATE_TASK_TAKES_CONTEXT:
+        return loop.create_task(coroutine, context=context)
+    # A task made within `context` runs in a copy of it.
+    return context.run(loop.create_task, coroutine)
 
 
 #: What the cancel of a settle task whose coroutine was closed under it

@@ -375,6 +375,10 @@ class Session:
         text chunks). ``to_chunk`` turns items that are not chunks into
         chunks; anything else fails the turn ``BadInput``. ``idle_timeout`` and
         ``first_event_timeout`` (seconds, ``0`` disables) are this turn's own.
+        The source (its call, its iteration, ``to_chunk``) runs in a copy of
+        the caller's ``contextvars`` context, taken at this call, as an
+        asyncio task runs in a copy of its creator's: it sees the caller's
+        request ids and tracing spans, and what it sets stays its own.
 
         Resolves to a ``Turn`` once its start is stored; cancelling the
         awaiter cancels the turn. Raises ``TurnRunning`` while the session's
@@ -391,8 +395,11 @@ class Session:
         lifecycle (G1, G5, G6): cancelled on its loop when the session (or
         an ancestor) is cancelled or finishes, or the shutdown's drain ends;
         detached if it ignores that past the settle timeout, its later
-        writes then raising ``SessionClosed`` (G10). Resolves to a ``Task``.
-        Its record says how it ended: ``completed`` when it returned,
+        writes then raising ``SessionClosed`` (G10). It runs in a copy of the
+        caller's ``contextvars`` context, taken at this call, as a task of
+        ``asyncio.create_task`` does: it sees the caller's request ids and
+        tracing spans, and what it sets reaches neither the caller nor
+        another task. Resolves to a ``Task``. Its record says how it ended: ``completed`` when it returned,
         ``failed`` when it raised (a ``GeneratorExit`` too; the record
         names the class, and what it raised goes to its awaiter, never to
         the store), ``cancelled`` when it raised ``CancelledError`` of its
