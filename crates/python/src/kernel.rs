@@ -309,6 +309,9 @@ impl PyKernel {
                         if let Some(refusal) = file.as_deref().and_then(other_sqlite::refusal) {
                             return Err(errors::BadInput::new_err(refusal));
                         }
+                        if let Some(file) = &file {
+                            other_sqlite::begin(file);
+                        }
                         let store = Store::open_async(db)
                             .await
                             .map_err(|e| errors::BadInput::new_err(e.to_string()))?;

@@ -8,8 +8,9 @@
 //! transaction, and closing the file in one copy drops the locks the other
 //! holds, for other processes as well. So `Kernel.open` refuses an SQLite
 //! file that is open in this process when no kernel of this process ever
-//! opened it: any handle on it then belongs to another copy. Once a kernel
-//! opened the file, the handles on it may be the kernel's own, so nothing
+//! opened it, or began to: any handle on it then belongs to another copy.
+//! Once a kernel opened the file (or began to: an open given up under a
+//! timeout goes on, its handles its own), the handles on it may be the kernel's own, so nothing
 //! more is checked; the docs say to read through the kernel instead.
 //! Linux only (`/proc/self/fd`); elsewhere nothing is checked.
 
@@ -19,6 +20,17 @@ use std::sync::Mutex;
 
 /// The files (device, inode) a kernel of this process opened.
 static OPENED: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());
+
+/// The files, by path, a kernel of this process began to open: an open
+/// given up before it ended (`Kernel.open` under a timeout) goes on opening
+/// on its own thread, so the handles on such a file may be its own, and
+/// one made by that open has no identity above to be known by.
+static BEGUN: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+/// `db` as one spelling, so that an open and the check after it agree.
+fn absolute(db: &Path) -> PathBuf {
+    std::path::absolute(db).unwrap_or_else(|_| db.to_owned())
+}
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -40,6 +52,12 @@ fn files_of(db: &Path) -> Vec<PathBuf> {
 /// Why the SQLite file `db` must not be opened: it is open in this process
 /// and no kernel of this process opened it. `None` when it may be.
 pub(crate) fn refusal(db: &Path) -> Option<String> {
+    if BEGUN
+        .lock()
+        .map_or(true, |begun| begun.contains(&absolute(db)))
+    {
+        return None;
+    }
     let db_id = identity(db)?;
     if OPENED.lock().map_or(true, |opened| opened.contains(&db_id)) {
         return None;
@@ -65,5 +83,13 @@ pub(crate) fn refusal(db: &Path) -> Option<String> {
 pub(crate) fn opened(db: &Path) {
     if let (Some(id), Ok(mut opened)) = (identity(db), OPENED.lock()) {
         opened.insert(id);
+    }
+}
+
+/// A kernel of this process begins to open `db` (checked first with
+/// [`refusal`]): from now on, handles on it may be its own.
+pub(crate) fn begin(db: &Path) {
+    if let Ok(mut begun) = BEGUN.lock() {
+        begun.insert(absolute(db));
     }
 }

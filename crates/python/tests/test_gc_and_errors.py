@@ -457,6 +457,24 @@ async def test_a_database_a_kernel_of_this_process_opened_opens_again(tmp_path):
     await first.shutdown(0.0)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checked through /proc/self/fd")
+async def test_a_database_whose_open_was_given_up_opens_again_at_once(tmp_path):
+    """An open given up under a timeout goes on opening on its own thread:
+    its handles on the file are a kernel's, not another copy of SQLite's,
+    so opening again right away is not refused as if Python's `sqlite3`
+    had the file (it was, on this machine, for timeouts of 20-30 ms)."""
+    for i, timeout in enumerate([0.001, 0.005, 0.01, 0.02, 0.03, 0.05]):
+        path = str(tmp_path / f"s{i}.db")
+        try:
+            first = await asyncio.wait_for(settle.Kernel.open(path), timeout)
+        except asyncio.TimeoutError:
+            first = None
+        kernel = await settle.Kernel.open(path)
+        await kernel.shutdown(0.0)
+        if first is not None:
+            await first.shutdown(0.0)
+
+
 async def test_g10_a_session_winding_down_refuses_new_work_as_session_closing(tmp_path):
     """A child used while its parent's finish winds it down (a grandchild's
     task still settling): a turn, a task and a child are refused with
