@@ -217,6 +217,31 @@ impl PyTurn {
         }
     }
 
+    /// Keeps the turn's end in `ending` once the kernel has told it, when
+    /// nobody settled the turn (its session closed or finished while
+    /// nobody read it): `outcome` says it then, as the store does. A read
+    /// or a close holding the turn keeps the end itself.
+    fn refresh(&self) {
+        if self.ending.lock().map_or(true, |ending| ending.is_some()) {
+            return;
+        }
+        let Ok((turn, _)) = self.turn.get() else {
+            return;
+        };
+        let Ok(mut slot) = turn.try_lock() else {
+            return;
+        };
+        let Some(end) = slot.as_mut().and_then(|turn| turn.try_end().cloned()) else {
+            return;
+        };
+        if end.0 == Outcome::Detached {
+            self.pump.let_go();
+        }
+        if let Ok(mut ending) = self.ending.lock() {
+            ending.get_or_insert(end);
+        }
+    }
+
     /// The next chunk if the store has it and it waits in the turn's
     /// channel; `None` when it has to be waited for, when the turn was
     /// cancelled, and while another read holds the turn.
@@ -281,6 +306,7 @@ impl PyTurn {
     /// stopped first); `None` while it runs.
     #[getter]
     fn outcome(&self) -> Option<&'static str> {
+        self.refresh();
         let ending = self.ending.lock().ok()?;
         ending.as_ref().map(|(outcome, _)| outcome.as_str())
     }
@@ -288,6 +314,7 @@ impl PyTurn {
     /// Why it failed or timed out, as `(kind, message)`; `None` otherwise.
     #[getter]
     fn error(&self) -> Option<(&'static str, String)> {
+        self.refresh();
         let ending = self.ending.lock().ok()?;
         ending
             .as_ref()

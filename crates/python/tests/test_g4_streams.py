@@ -147,6 +147,28 @@ async def test_g4_a_dropped_turn_is_cancelled_and_its_stream_closed(kernel):
     assert stream.closes == 1
 
 
+async def test_a_turn_nobody_reads_says_its_end_once_its_session_closed_or_finished(kernel):
+    """``turn.outcome`` is ``None`` until the end comes, then says it: also
+    for a turn nobody read, whose session was closed or finished under it
+    (it read ``None`` for good then, while the store said ``cancelled``).
+    Its error says the same, and the handle still reads the end alike."""
+    for end in ("close", "finish"):
+        session = await kernel.register(end)
+        stream = Stream(["tick"], delay=0.01, forever=True)
+        turn = await session.turn(stream)
+        await asyncio.wait_for(stream.first_item.wait(), 10)
+        assert turn.outcome is None
+        await getattr(session, end)()
+        await eventually(lambda: turn.outcome is not None, f"the outcome after {end}")
+        assert turn.outcome == "cancelled"
+        assert turn.error is None
+        [stored] = await _transcript_when_ended(session)
+        assert stored["outcome"] == turn.outcome
+        await turn.aclose()
+        assert turn.outcome == "cancelled"
+        assert stream.closes == 1
+
+
 async def _transcript_when_ended(session):
     for _ in range(1000):
         turns = await session.transcript()

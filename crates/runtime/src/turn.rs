@@ -62,6 +62,8 @@ pub struct Turn {
     /// How many times its opening was retried (the driver counts).
     retries: Arc<AtomicU32>,
     outcome: Option<oneshot::Receiver<crate::command::WorkEnd>>,
+    /// Its end, once [`try_end`](Turn::try_end) found it told.
+    ended: Option<crate::command::WorkEnd>,
     /// Where a cancel goes; set until the turn is known to be over.
     cancel_on_drop: Option<mpsc::WeakUnboundedSender<Command>>,
 }
@@ -79,6 +81,7 @@ impl Turn {
             calls: ToolCalls::default(),
             retries,
             outcome: Some(outcome),
+            ended: None,
             cancel_on_drop: None,
         }
     }
@@ -216,6 +219,30 @@ impl Turn {
         self.finish().await.0
     }
 
+    /// How the turn ended, if its end has been told, without waiting for it
+    /// and without giving up the handle: the chunks not read yet can still
+    /// be read, and [`end`](Self::end) answers the same. `None` while the
+    /// turn runs (or its end is not written yet: it is told as
+    /// [`outcome`](Self::outcome) says). For a frontend whose handle is
+    /// asked how its turn ended after its session was closed, without
+    /// reading it.
+    pub fn try_end(&mut self) -> Option<&(Outcome, Option<TurnError>)> {
+        if self.ended.is_none() {
+            let told = match self.outcome.as_mut().map(oneshot::Receiver::try_recv) {
+                Some(Ok(end)) => Some(end),
+                Some(Err(oneshot::error::TryRecvError::Closed)) => {
+                    Some((Outcome::Interrupted, None))
+                }
+                Some(Err(oneshot::error::TryRecvError::Empty)) | None => None,
+            };
+            if told.is_some() {
+                self.outcome = None;
+                self.ended = told;
+            }
+        }
+        self.ended.as_ref()
+    }
+
     /// How the turn ended, with the reason when it failed or timed out:
     /// `Ok(outcome)` unless the turn failed (`Failed`, `IdleTimeout`), whose
     /// [`TurnError`] says why (an HTTP status, a refused connection, a
@@ -268,9 +295,10 @@ impl Turn {
         // Nobody reads the rest: the work must not wait for a reader
         // (back-pressure), so its hand-offs fail and it persists on.
         self.chunks.close();
-        let end = match self.outcome.take() {
-            Some(rx) => rx.await.unwrap_or((Outcome::Interrupted, None)),
-            None => (Outcome::Interrupted, None),
+        let end = match (self.ended.take(), self.outcome.take()) {
+            (Some(end), _) => end,
+            (None, Some(rx)) => rx.await.unwrap_or((Outcome::Interrupted, None)),
+            (None, None) => (Outcome::Interrupted, None),
         };
         // Told its end: the handle has nothing left to cancel. Until then
         // it is still armed, so a wait given up on (a timeout, an aborted
