@@ -48,6 +48,11 @@ pub fn install() -> Result<Signals, Failure> {
 /// what finishes them only when no other process serves the database: run
 /// earlier, it would finalize sessions a peer is about to adopt.
 pub fn say_left(report: &settle_runtime::ShutdownReport, fleet: bool) {
+    crate::errln!("{}", left_line(report, fleet));
+}
+
+/// [`say_left`]'s line.
+fn left_line(report: &settle_runtime::ShutdownReport, fleet: bool) -> String {
     let left = report.left_recoverable.len();
     let sessions = if left == 1 { "session" } else { "sessions" };
     let finish = match fleet {
@@ -65,12 +70,45 @@ pub fn say_left(report: &settle_runtime::ShutdownReport, fleet: bool) {
             .as_deref()
             .map(|why| format!(" ({})", crate::escape::one_line(why)))
             .unwrap_or_default();
-        crate::errln!(
+        if left == 0 {
+            // Nothing to recover: no advice to run anything (a process
+            // paused past its lease with no session said "up to 0
+            // sessions", and to run `settle recover`).
+            return format!(
+                "settle: this process lost its lease on its sessions{why}, so it stopped; it left no session for recovery"
+            );
+        }
+        format!(
             "settle: this process lost its lease on its sessions{why}, so it stopped; up to {left} {sessions} left for recovery (another process may have taken them already): {finish}"
-        );
+        )
     } else {
-        crate::errln!(
+        format!(
             "settle: up to {left} {sessions} left unfinalized (the store did not commit them in time; some may have landed since); {finish}"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::left_line;
+    use settle_runtime::{SessionId, ShutdownReport};
+
+    #[test]
+    fn a_lease_lost_with_nothing_left_advises_nothing_to_run() {
+        let mut report = ShutdownReport::default();
+        report.lease_lost = true;
+        report.lease_lost_why = Some("the lease could not be renewed before it expired".into());
+        let line = left_line(&report, false);
+        assert!(
+            line.ends_with("so it stopped; it left no session for recovery"),
+            "{line}"
+        );
+        assert!(!line.contains("settle recover"), "{line}");
+        report.left_recoverable = vec![SessionId(7)];
+        let line = left_line(&report, false);
+        assert!(
+            line.contains("up to 1 session left for recovery") && line.contains("settle recover"),
+            "{line}"
         );
     }
 }
