@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use settle_runtime::{Adoption, RuntimeError, SessionId};
+use settle_runtime::{Adoption, RuntimeError, SessionHandle, SessionId};
 use settle_store::{StoreError, Whereabouts};
 use tokio::sync::watch;
 
@@ -130,9 +130,7 @@ impl Shared {
                 } if owner != mine => match self.kernel.session(id).await {
                     Err(error) => return Err(RpcError::from_runtime(&error)),
                     // Finalized meanwhile: read from the store, as below.
-                    Ok(handle) => {
-                        return Ok(Arc::new(Entry::new(handle, self.table.held().clone())))
-                    }
+                    Ok(handle) => return Ok(self.read_only(handle)),
                 },
                 Whereabouts::Released | Whereabouts::Owned { live: false, .. } if adopt => {
                     let adopting = self.adopting.begin();
@@ -166,11 +164,17 @@ impl Shared {
                         .session(id)
                         .await
                         .map_err(|e| RpcError::from_runtime(&e))?;
-                    return Ok(Arc::new(Entry::new(handle, self.table.held().clone())));
+                    return Ok(self.read_only(handle));
                 }
                 _ => return Err(not_found()),
             }
         }
+    }
+
+    /// A finalized session's entry, which this process reads from the
+    /// store and does not add to its table.
+    fn read_only(&self, handle: SessionHandle) -> Arc<Entry> {
+        Arc::new(Entry::new(handle, self.table.held().clone()))
     }
 
     /// Serves `adoption` here: its principal's, with its conversation.

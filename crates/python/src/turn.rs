@@ -231,14 +231,8 @@ impl PyTurn {
         let Ok(mut slot) = turn.try_lock() else {
             return;
         };
-        let Some(end) = slot.as_mut().and_then(|turn| turn.try_end().cloned()) else {
-            return;
-        };
-        if end.0 == Outcome::Detached {
-            self.pump.let_go();
-        }
-        if let Ok(mut ending) = self.ending.lock() {
-            ending.get_or_insert(end);
+        if let Some(end) = slot.as_mut().and_then(|turn| turn.try_end().cloned()) {
+            keep_end(end, &self.ending, &self.pump);
         }
     }
 
@@ -278,7 +272,12 @@ async fn cancel_and_settle(
 /// detached (G5: its source ignores its cancel) has its pump let go of
 /// first, so that its loop's end does not wait for it.
 async fn settle_turn(turn: Turn, ending: &Mutex<Ending>, pump: &PumpWatch) {
-    let end = turn.end().await;
+    keep_end(turn.end().await, ending, pump);
+}
+
+/// Keeps `end` in `ending`; a turn the kernel detached has its pump let go
+/// of first.
+fn keep_end(end: (Outcome, Option<TurnError>), ending: &Mutex<Ending>, pump: &PumpWatch) {
     if end.0 == Outcome::Detached {
         pump.let_go();
     }
